@@ -1,0 +1,61 @@
+// BlockPool: the paged KV store of one device (or one tensor-parallel rank).
+//
+// One allocation is carved into `num_blocks` fixed-size blocks; a block holds
+// `layout.block_tokens` token slots for every layer and every KV head of this rank, K and V
+// (see kernels::PagedKvLayout for the layout inside a block). Sequences hold block ids;
+// freeing returns a block to the pool at once, so the memory a sequence gives back is
+// exactly measurable.
+//
+// Thread safety: Allocate/Free/counters are guarded by a mutex; the block memory itself is
+// written by whoever owns the block.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/tensor.h"
+
+namespace recall::cache {
+
+class BlockPool {
+ public:
+  // InvalidArgument if the layout has a non-positive dimension or num_blocks < 1;
+  // ResourceExhausted if the allocation fails.
+  static absl::StatusOr<std::unique_ptr<BlockPool>> Create(const kernels::PagedKvLayout& layout,
+                                                           int64_t num_blocks);
+  // As many blocks as fit in `bytes` (at least one block's worth required).
+  static absl::StatusOr<std::unique_ptr<BlockPool>> CreateWithBytes(
+      const kernels::PagedKvLayout& layout, int64_t bytes);
+
+  ~BlockPool();
+  BlockPool(const BlockPool&) = delete;
+  BlockPool& operator=(const BlockPool&) = delete;
+
+  // A free block id, or ResourceExhausted when none is left.
+  absl::StatusOr<int32_t> Allocate();
+  // REQUIRES: `block` was returned by Allocate() and not freed since.
+  void Free(int32_t block);
+
+  int64_t num_blocks() const { return num_blocks_; }
+  int64_t free_blocks() const;
+  int64_t used_blocks() const { return num_blocks_ - free_blocks(); }
+  int64_t block_bytes() const { return layout_.BlockFloats() * static_cast<int64_t>(sizeof(float)); }
+  const kernels::PagedKvLayout& layout() const { return layout_; }
+  float* base() const { return base_; }
+
+ private:
+  BlockPool(const kernels::PagedKvLayout& layout, int64_t num_blocks, float* base);
+
+  const kernels::PagedKvLayout layout_;
+  const int64_t num_blocks_;
+  float* const base_;
+  mutable absl::Mutex mu_;
+  std::vector<int32_t> free_list_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint8_t> in_use_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace recall::cache

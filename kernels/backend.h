@@ -1,0 +1,89 @@
+// Backend: every numeric op the transformer runtime needs, behind one interface.
+//
+// Contract (all ops):
+// - Activations are fp32, row-major, caller-owned; the backend allocates nothing on the
+//   caller's behalf per call beyond its own reusable workspace.
+// - Weights (Matrix) may be f32, f16 or bf16; the output is always fp32.
+// - Shapes are given as arguments and documented per op as [dim0, dim1, ...].
+// - Ops are synchronous on the CPU backend. A backend instance is used by one thread at a
+//   time (it may use its own worker threads inside an op).
+// The CPU backend (kernels/cpu) is the reference; every other backend is tested against it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "kernels/sampling_params.h"
+#include "kernels/tensor.h"
+
+namespace recall::kernels {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* Name() const = 0;
+
+  // out[i, :] = table[tokens[i], :] as fp32.
+  // table: [vocab, dim]; tokens: [n]; out: [n, dim]. REQUIRES: 0 <= tokens[i] < vocab.
+  virtual void Embedding(const Matrix& table, const int32_t* tokens, int n, float* out) = 0;
+
+  // out[i, :] = x[i, :] / sqrt(mean(x[i, :]^2) + eps) * weight.
+  // x, out: [n, dim] (may alias); weight: [dim] fp32.
+  virtual void RmsNorm(const float* x, const float* weight, int n, int dim, float eps,
+                       float* out) = 0;
+
+  // Rotates every head of x in place by its token's position.
+  // x: [n, n_heads, head_dim]; positions: [n]; freq_i = theta^(-2i/head_dim).
+  virtual void Rope(float* x, const int32_t* positions, int n, int n_heads, int head_dim,
+                    float theta, RopeStyle style) = 0;
+
+  // y = x * w^T.  x: [n, w.cols]; y: [n, w.rows].  Small n uses the GEMV path.
+  virtual void MatMul(const float* x, int n, const Matrix& w, float* y) = 0;
+
+  // x[i, :] += bias.  x: [n, dim]; bias: [dim].
+  virtual void AddBias(float* x, const float* bias, int n, int dim) = 0;
+
+  // x += y elementwise.  x, y: [count].
+  virtual void Add(float* x, const float* y, int64_t count) = 0;
+
+  // out = silu(gate) * up.  gate, up, out: [count] (out may alias gate).
+  virtual void SiluMul(const float* gate, const float* up, int64_t count, float* out) = 0;
+
+  // Row-wise softmax in place.  x: [rows, cols].
+  virtual void Softmax(float* x, int rows, int cols) = 0;
+
+  // Writes the K/V rows of n new tokens of one layer into the paged cache, appending at
+  // slot start_slots[h] for KV head h.  k, v: [n, n_kv_heads, head_dim]; start_slots:
+  // [n_kv_heads].  REQUIRES: the sequence's blocks cover start_slots[h] + n slots.
+  virtual void StoreKv(const PagedKv& kv, int layer, const float* k, const float* v, int n,
+                       const int32_t* start_slots) = 0;
+
+  // Causal attention of n new queries over one sequence's paged cache of one layer, after
+  // StoreKv has appended their K/V.  Query i of KV head h's group attends to slots
+  // [0, kv_lens[h] - n + i].  GQA: query head qh uses KV head qh / (n_heads / n_kv_heads).
+  // q: [n, n_heads, head_dim]; kv_lens: [n_kv_heads]; out: [n, n_heads, head_dim].
+  virtual void PrefillAttention(const PagedKv& kv, int layer, const int32_t* kv_lens,
+                                const float* q, int n, int n_heads, float scale, float* out) = 0;
+
+  // Attention of one query per head over slots [0, kv_lens[h]) of one sequence and layer.
+  // q: [n_heads, head_dim]; out: [n_heads, head_dim].  If probs is not null it receives the
+  // softmax probabilities: probs[qh * probs_stride + s] for s < kv_lens[kv head of qh]
+  // (the eviction policies consume them; same pass, no recomputation).
+  virtual void DecodeAttention(const PagedKv& kv, int layer, const int32_t* kv_lens,
+                               const float* q, int n_heads, float scale, float* out,
+                               float* probs, int64_t probs_stride) = 0;
+
+  // Picks the next token from logits [vocab] (modified in place: penalties, temperature).
+  // history: [n_history] tokens already in the sequence, for the repetition penalty.
+  virtual int32_t Sample(float* logits, int vocab, const SamplingParams& params, Rng& rng,
+                         const int32_t* history, int n_history) = 0;
+};
+
+struct CpuBackendOptions {
+  int num_threads = 0;  // 0 = hardware concurrency
+};
+
+// The CPU backend; always available.
+std::unique_ptr<Backend> CreateCpuBackend(const CpuBackendOptions& options = {});
+
+}  // namespace recall::kernels

@@ -1,0 +1,31 @@
+// Sampling parameters for one sequence, with their defaults.
+#pragma once
+
+#include <cstdint>
+
+namespace recall::kernels {
+
+struct SamplingParams {
+  float temperature = 1.0f;         // 0 = greedy (argmax; ties to the lowest id)
+  int top_k = 0;                    // 0 = off; otherwise keep the k most likely tokens
+  float top_p = 1.0f;               // nucleus mass in (0, 1]; 1 = off
+  float repetition_penalty = 1.0f;  // CTRL-style: logit/p if > 0 else logit*p, over history
+  uint64_t seed = 0;                // seeds the per-sequence RNG
+};
+
+// xorshift64* state; one per sequence so sampling is reproducible per seed.
+struct Rng {
+  uint64_t state;
+  explicit Rng(uint64_t seed) : state(seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull) {
+    if (state == 0) state = 0x2545F4914F6CDD1Dull;
+  }
+  uint64_t NextU64() {
+    state ^= state >> 12;
+    state ^= state << 25;
+    state ^= state >> 27;
+    return state * 0x2545F4914F6CDD1Dull;
+  }
+  float NextFloat() { return static_cast<float>(NextU64() >> 40) / 16777216.0f; }  // [0, 1)
+};
+
+}  // namespace recall::kernels

@@ -1,0 +1,55 @@
+// Helpers shared by the test suites.
+#pragma once
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <unistd.h>
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace recall::testing {
+
+// The shared/ data folder: $RECALL_SHARED_DIR, else the folder beside the source tree.
+inline std::string SharedDir() {
+  if (const char* env = std::getenv("RECALL_SHARED_DIR"); env != nullptr && *env != '\0') {
+    return env;
+  }
+  return RECALL_SHARED_DIR_DEFAULT;
+}
+
+inline std::string SharedPath(const std::string& relative) { return SharedDir() + "/" + relative; }
+
+inline std::string SourcePath(const std::string& relative) {
+  return std::string(RECALL_SOURCE_DIR) + "/" + relative;
+}
+
+inline std::string ReadFileOrEmpty(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A fresh empty directory under the test temp dir, removed by the caller if it wants.
+inline std::string MakeTempDir(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "recall_" + name + "_" +
+                          std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+}  // namespace recall::testing
+
+// Skips the current test (with a message naming the file) when shared data is missing.
+#define RECALL_REQUIRE_SHARED_FILE(relative)                                              \
+  do {                                                                                    \
+    const std::string recall_shared_path_ = ::recall::testing::SharedPath(relative);      \
+    if (!std::filesystem::exists(recall_shared_path_)) {                                  \
+      GTEST_SKIP() << "shared data missing: " << recall_shared_path_                      \
+                   << " (set RECALL_SHARED_DIR to the shared/ folder)";                   \
+    }                                                                                     \
+  } while (0)

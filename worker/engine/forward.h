@@ -1,0 +1,61 @@
+// ForwardPass: one transformer step over a batch of sequences of different lengths.
+//
+// Each batch item is a sequence (its SequenceCache) and the new tokens to run through the
+// model: a prefill chunk (n > 1) or a decode step (n = 1). All items' tokens go through the
+// matmuls together ([total_tokens, dim] x W^T); attention runs per sequence over its own
+// paged cache. New K/V are appended to the caches. Optionally returns the logits of each
+// item's last token.
+//
+// Not thread safe; one ForwardPass per engine thread. Workspaces are allocated once for
+// `max_batch_tokens` and reused (no allocation per step).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "cache/sequence_cache.h"
+#include "kernels/backend.h"
+#include "worker/model/model.h"
+
+namespace recall::engine {
+
+struct BatchItem {
+  cache::SequenceCache* cache = nullptr;
+  const int32_t* tokens = nullptr;  // [n]
+  int n = 0;
+  bool want_logits = true;  // logits of the last token of this item
+  // Optional: receives the decode attention probabilities (n must be 1), per layer and query
+  // head: probs[(layer * n_heads + qh) * probs_stride + slot]. For eviction policies.
+  float* attn_probs = nullptr;
+  int64_t probs_stride = 0;
+};
+
+struct ForwardOptions {
+  int max_batch_tokens = 512;  // upper bound on sum of n over a batch
+};
+
+class ForwardPass {
+ public:
+  ForwardPass(const model::Model& model, kernels::Backend& backend,
+              const ForwardOptions& options = {});
+
+  // Runs the batch. `logits` receives [number of items with want_logits, vocab] in batch
+  // order. InvalidArgument if the batch exceeds max_batch_tokens, a token id is out of range
+  // or a sequence would pass the model's context length; ResourceExhausted if the block pool
+  // cannot hold the new tokens (in which case no cache was modified).
+  absl::Status Run(std::span<const BatchItem> batch, float* logits);
+
+  const model::Model& model() const { return model_; }
+
+ private:
+  const model::Model& model_;
+  kernels::Backend& backend_;
+  ForwardOptions options_;
+  // Workspaces [max_batch_tokens, ...].
+  std::vector<float> x_, xb_, q_, k_, v_, att_, hb_, hb2_, last_;
+  std::vector<int32_t> tokens_, positions_;
+};
+
+}  // namespace recall::engine

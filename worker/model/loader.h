@@ -1,0 +1,26 @@
+// Model loaders. Every failure is a Status whose message names the file and the problem
+// (truncated, size mismatch, unknown architecture, ...); loaders never crash on bad files.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "worker/model/model.h"
+
+namespace recall::model {
+
+// llama2.c checkpoint (run.c format): header of 7 int32 (dim, hidden_dim, n_layers, n_heads,
+// n_kv_heads, vocab_size, seq_len; vocab_size < 0 means an untied classifier follows), then
+// fp32 weights in llama2.c order. RoPE interleaved, theta 10000, eps 1e-5.
+absl::StatusOr<std::unique_ptr<Model>> LoadLlama2c(const std::string& path);
+
+// Hugging Face directory: config.json plus model.safetensors, or sharded
+// model-0000x-of-0000y.safetensors with model.safetensors.index.json. Llama, Mistral,
+// Qwen2 and Qwen3 families; f32, f16, bf16 tensors. RoPE half-split.
+absl::StatusOr<std::unique_ptr<Model>> LoadHuggingFace(const std::string& dir);
+
+// A directory is loaded as Hugging Face, a file as llama2.c.
+absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& path);
+
+}  // namespace recall::model

@@ -1,0 +1,39 @@
+// The shape and numerics of a decoder-only transformer, independent of its file format.
+#pragma once
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "kernels/tensor.h"
+
+namespace recall::model {
+
+enum class Arch { kLlama, kMistral, kQwen2, kQwen3 };
+const char* ArchName(Arch arch);
+
+struct ModelConfig {
+  Arch arch = Arch::kLlama;
+  int dim = 0;          // hidden size
+  int hidden_dim = 0;   // MLP intermediate size
+  int n_layers = 0;
+  int n_heads = 0;      // query heads
+  int n_kv_heads = 0;   // key/value heads (GQA when < n_heads)
+  int head_dim = 0;     // usually dim / n_heads (Qwen3 may differ)
+  int vocab_size = 0;
+  int max_seq_len = 0;  // trained context length
+  float rope_theta = 10000.0f;
+  float norm_eps = 1e-5f;
+  kernels::RopeStyle rope_style = kernels::RopeStyle::kHalfSplit;
+  bool tied_embeddings = false;  // lm_head shares the token embedding
+  bool qkv_bias = false;         // Qwen2
+  bool qk_norm = false;          // Qwen3: RMSNorm over each q/k head before RoPE
+  kernels::DType weight_dtype = kernels::DType::kF32;
+  int bos_token_id = 1;
+  int eos_token_id = 2;
+
+  // Checks that the numbers are positive and consistent (heads divide, etc.); the message
+  // names the field and the limit.
+  absl::Status Validate() const;
+};
+
+}  // namespace recall::model
