@@ -69,7 +69,7 @@ class SequenceCache {
   int block_tokens_;
   std::vector<int32_t> block_table_;
   std::vector<int32_t> lengths_;    // [n_layers * n_kv_heads]
-  std::vector<int32_t> positions_;  // [n_layers * n_kv_heads][capacity], grows with blocks
+  std::vector<std::vector<int32_t>> positions_;  // [n_layers * n_kv_heads][length]
   int32_t next_position_ = 0;
 };
 

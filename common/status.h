@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 #define RECALL_STATUS_CONCAT_INNER_(a, b) a##b
 #define RECALL_STATUS_CONCAT_(a, b) RECALL_STATUS_CONCAT_INNER_(a, b)
@@ -34,7 +35,7 @@
 namespace recall {
 
 // Prefixes `status`'s message with `context` ("file.bin: ..."), keeping the code.
-inline absl::Status Annotate(const absl::Status& status, std::string_view context) {
+inline absl::Status Annotate(const absl::Status& status, absl::string_view context) {
   if (status.ok()) return status;
   return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
 }

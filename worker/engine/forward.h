@@ -48,6 +48,7 @@ class ForwardPass {
   absl::Status Run(std::span<const BatchItem> batch, float* logits);
 
   const model::Model& model() const { return model_; }
+  kernels::Backend& backend() const { return backend_; }
 
  private:
   const model::Model& model_;
@@ -55,7 +56,7 @@ class ForwardPass {
   ForwardOptions options_;
   // Workspaces [max_batch_tokens, ...].
   std::vector<float> x_, xb_, q_, k_, v_, att_, hb_, hb2_, last_;
-  std::vector<int32_t> tokens_, positions_;
+  std::vector<int32_t> tokens_, positions_, kv_lens_;
 };
 
 }  // namespace recall::engine

@@ -1,0 +1,198 @@
+// `recall generate` runs the engine in-process (no coordinator, no worker): the quickest
+// way to see a model work. The serving path (`recall serve`) comes with the worker issue.
+#include "client/cli/generate_command.h"
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "cache/block_pool.h"
+#include "client/cli/args.h"
+#include "common/status.h"
+#include "kernels/backend.h"
+#include "worker/engine/forward.h"
+#include "worker/engine/generator.h"
+#include "worker/model/chat_template.h"
+#include "worker/model/loader.h"
+#include "worker/model/tokenizer.h"
+
+namespace recall::cli {
+namespace {
+
+constexpr char kUsage[] = R"(usage: recall generate --model PATH [options]
+
+  --model PATH            a llama2.c checkpoint (.bin) or a Hugging Face directory
+  --tokenizer PATH        tokenizer.bin (llama2.c), tokenizer.model or tokenizer.json;
+                          default: the one inside a Hugging Face directory
+  --prompt TEXT           the prompt (default: empty; a llama2.c model starts from BOS)
+  --max-tokens N          tokens to generate at most (default 256)
+  --temperature T         0 = greedy (default 1.0)
+  --top-p P               nucleus sampling mass in (0, 1] (default 0.9)
+  --top-k K               keep the K most likely tokens, 0 = off (default 0)
+  --repetition-penalty R  > 1 discourages repeats (default 1.0)
+  --seed S                sampling seed (default: from the clock)
+  --stop TEXT             stop before this text (repeatable)
+  --chat                  wrap the prompt in the model's chat template
+  --chat-format NAME      chatml, llama2, llama3 or plain (default: guessed from the vocab)
+  --system TEXT           system message for --chat
+  --threads N             CPU threads (default: all cores)
+  --kv-cache-mb MB        KV block pool size (default: one full context)
+  --echo                  print the prompt before the generated text
+  --stats                 print token counts, speed and KV bytes to stderr
+)";
+
+struct Loaded {
+  std::unique_ptr<model::Model> model;
+  std::unique_ptr<model::Tokenizer> tokenizer;
+  bool hf_tokenizer = false;
+};
+
+absl::StatusOr<Loaded> LoadAll(const Args& args) {
+  Loaded out;
+  const std::string model_path = args.GetString("model");
+  RECALL_ASSIGN_OR_RETURN(out.model, model::LoadModel(model_path));
+  std::string tok_path = args.GetString("tokenizer");
+  if (tok_path.empty()) {
+    if (!std::filesystem::is_directory(model_path)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--tokenizer: required for the llama2.c checkpoint ", model_path,
+          " (e.g. its tokenizer.bin)"));
+    }
+    tok_path = model_path;
+  }
+  RECALL_ASSIGN_OR_RETURN(out.tokenizer,
+                          model::LoadTokenizer(tok_path, out.model->config.vocab_size));
+  out.hf_tokenizer = std::filesystem::is_directory(tok_path)
+                         ? std::filesystem::exists(tok_path + "/tokenizer.json")
+                         : tok_path.size() >= 5 && tok_path.substr(tok_path.size() - 5) == ".json";
+  if (out.tokenizer->vocab_size() > out.model->config.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tokenizer: its vocabulary (", out.tokenizer->vocab_size(),
+        " tokens) is larger than the model's (", out.model->config.vocab_size, ")"));
+  }
+  return out;
+}
+
+model::ChatFormat GuessChatFormat(const model::Tokenizer& tok) {
+  if (tok.PieceToId("<|im_start|>")) return model::ChatFormat::kChatML;
+  if (tok.PieceToId("<|start_header_id|>")) return model::ChatFormat::kLlama3;
+  if (tok.PieceToId("[INST]")) return model::ChatFormat::kLlama2;
+  return model::ChatFormat::kPlain;
+}
+
+absl::Status Run(const Args& args) {
+  if (!args.Has("model")) return absl::InvalidArgumentError("--model is required");
+  RECALL_ASSIGN_OR_RETURN(const int64_t max_tokens, args.GetInt("max-tokens", 256, 1, 1 << 20));
+  RECALL_ASSIGN_OR_RETURN(const double temperature, args.GetDouble("temperature", 1.0, 0, 100));
+  RECALL_ASSIGN_OR_RETURN(const double top_p, args.GetDouble("top-p", 0.9, 1e-6, 1.0));
+  RECALL_ASSIGN_OR_RETURN(const int64_t top_k, args.GetInt("top-k", 0, 0, 1 << 20));
+  RECALL_ASSIGN_OR_RETURN(const double rep,
+                          args.GetDouble("repetition-penalty", 1.0, 1e-3, 100));
+  const int64_t clock_seed = std::chrono::steady_clock::now().time_since_epoch().count();
+  RECALL_ASSIGN_OR_RETURN(const int64_t seed,
+                          args.GetInt("seed", clock_seed & 0x7fffffff, 0, INT64_MAX));
+  RECALL_ASSIGN_OR_RETURN(const int64_t threads, args.GetInt("threads", 0, 0, 1024));
+  RECALL_ASSIGN_OR_RETURN(const int64_t kv_mb, args.GetInt("kv-cache-mb", 0, 0, 1 << 24));
+
+  RECALL_ASSIGN_OR_RETURN(Loaded loaded, LoadAll(args));
+  const model::ModelConfig& config = loaded.model->config;
+  const model::Tokenizer& tok = *loaded.tokenizer;
+
+  std::string prompt_text = args.GetString("prompt");
+  engine::GenerateOptions options;
+  options.max_tokens = static_cast<int>(max_tokens);
+  options.sampling.temperature = static_cast<float>(temperature);
+  options.sampling.top_p = static_cast<float>(top_p);
+  options.sampling.top_k = static_cast<int>(top_k);
+  options.sampling.repetition_penalty = static_cast<float>(rep);
+  options.sampling.seed = static_cast<uint64_t>(seed);
+  options.stop_strings = args.GetAll("stop");
+  if (tok.eos_id() >= 0) options.stop_token_ids.push_back(tok.eos_id());
+  if (!loaded.hf_tokenizer && tok.bos_id() >= 0) {
+    // llama2.c convention (run.c): a BOS token delimits sequences, so it ends the output.
+    options.stop_token_ids.push_back(tok.bos_id());
+  }
+  if (args.Has("chat") || args.Has("chat-format")) {
+    model::ChatFormat format = GuessChatFormat(tok);
+    if (args.Has("chat-format")) {
+      RECALL_ASSIGN_OR_RETURN(format, model::ParseChatFormat(args.GetString("chat-format")));
+    }
+    std::vector<model::ChatMessage> messages;
+    if (args.Has("system")) messages.push_back({"system", args.GetString("system")});
+    messages.push_back({"user", prompt_text});
+    RECALL_ASSIGN_OR_RETURN(prompt_text, model::RenderChat(format, messages, true));
+    for (const std::string& stop : model::ChatStopStrings(format)) {
+      if (std::optional<int32_t> id = tok.PieceToId(stop)) {
+        options.stop_token_ids.push_back(*id);
+      } else {
+        options.stop_strings.push_back(stop);
+      }
+    }
+  }
+  const std::vector<int32_t> prompt = tok.Encode(prompt_text, /*add_bos=*/!loaded.hf_tokenizer);
+  if (prompt.empty()) {
+    return absl::InvalidArgumentError("--prompt: empty, and the tokenizer has no BOS to start from");
+  }
+
+  std::unique_ptr<kernels::Backend> backend =
+      kernels::CreateCpuBackend({static_cast<int>(threads)});
+  kernels::PagedKvLayout layout{config.n_layers, config.n_kv_heads, config.head_dim, 16};
+  std::unique_ptr<cache::BlockPool> pool;
+  if (kv_mb > 0) {
+    RECALL_ASSIGN_OR_RETURN(pool, cache::BlockPool::CreateWithBytes(layout, kv_mb << 20));
+  } else {
+    RECALL_ASSIGN_OR_RETURN(
+        pool, cache::BlockPool::Create(layout, (config.max_seq_len + layout.block_tokens - 1) /
+                                                   layout.block_tokens));
+  }
+  engine::ForwardPass forward(*loaded.model, *backend, {256});
+  options.prefill_chunk = 256;
+
+  if (args.Has("echo")) {
+    std::cout << tok.Decode(prompt) << std::flush;
+  }
+  RECALL_ASSIGN_OR_RETURN(
+      engine::GenerateResult result,
+      engine::Generate(forward, *pool, tok, prompt, options,
+                       [](const std::string& delta) { std::cout << delta << std::flush; }));
+  std::cout << std::endl;
+  if (args.Has("stats")) {
+    const int n = static_cast<int>(result.tokens.size());
+    std::fprintf(stderr,
+                 "prompt_tokens=%d generated_tokens=%d finish=%s prefill_tok_s=%.1f "
+                 "decode_tok_s=%.1f peak_kv_bytes=%lld\n",
+                 result.prompt_tokens, n, engine::FinishReasonName(result.finish_reason),
+                 result.prompt_tokens / std::max(result.prefill_seconds, 1e-9),
+                 n / std::max(result.decode_seconds, 1e-9),
+                 static_cast<long long>(result.peak_kv_bytes));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunGenerate(const std::vector<std::string>& argv) {
+  absl::StatusOr<Args> args = Args::Parse(
+      argv,
+      {"model", "tokenizer", "prompt", "max-tokens", "temperature", "top-p", "top-k",
+       "repetition-penalty", "seed", "stop", "chat-format", "system", "threads", "kv-cache-mb"},
+      {"chat", "echo", "stats", "help"});
+  if (!args.ok()) {
+    std::cerr << "recall generate: " << args.status().message() << "\n\n" << kUsage;
+    return 2;
+  }
+  if (args->Has("help")) {
+    std::cout << kUsage;
+    return 0;
+  }
+  absl::Status st = Run(*args);
+  if (!st.ok()) {
+    std::cerr << "recall generate: " << st.message() << "\n";
+    return st.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  return 0;
+}
+
+}  // namespace recall::cli

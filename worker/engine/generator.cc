@@ -1,0 +1,166 @@
+#include "worker/engine/generator.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "cache/sequence_cache.h"
+#include "common/clock.h"
+#include "common/status.h"
+#include "kernels/backend.h"
+
+namespace recall::engine {
+
+const char* FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kLength: return "length";
+    case FinishReason::kStopToken: return "stop_token";
+    case FinishReason::kStopString: return "stop_string";
+    case FinishReason::kContext: return "context";
+  }
+  return "?";
+}
+
+namespace {
+
+absl::Status ValidateOptions(const GenerateOptions& o) {
+  if (o.max_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("max_tokens must be >= 1, got ", o.max_tokens));
+  }
+  if (o.prefill_chunk < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefill_chunk must be >= 1, got ", o.prefill_chunk));
+  }
+  const kernels::SamplingParams& s = o.sampling;
+  if (!(s.temperature >= 0.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("temperature must be >= 0, got ", s.temperature));
+  }
+  if (!(s.top_p > 0.0f && s.top_p <= 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1], got ", s.top_p));
+  }
+  if (s.top_k < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0, got ", s.top_k));
+  }
+  if (!(s.repetition_penalty > 0.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("repetition_penalty must be > 0, got ", s.repetition_penalty));
+  }
+  for (const std::string& stop : o.stop_strings) {
+    if (stop.empty()) return absl::InvalidArgumentError("stop strings must not be empty");
+  }
+  return absl::OkStatus();
+}
+
+// Length of the longest suffix of `text` that is a proper prefix of some stop string: that
+// much text must be held back from the stream until the next token decides it.
+size_t HeldBack(const std::string& text, const std::vector<std::string>& stops) {
+  size_t hold = 0;
+  for (const std::string& stop : stops) {
+    const size_t max_len = std::min(text.size(), stop.size() - 1);
+    for (size_t len = max_len; len > hold; --len) {
+      if (text.compare(text.size() - len, len, stop, 0, len) == 0) {
+        hold = len;
+        break;
+      }
+    }
+  }
+  return hold;
+}
+
+}  // namespace
+
+absl::StatusOr<GenerateResult> Generate(ForwardPass& forward, cache::BlockPool& pool,
+                                        const model::Tokenizer& tokenizer,
+                                        const std::vector<int32_t>& prompt,
+                                        const GenerateOptions& options,
+                                        const TextCallback& on_text) {
+  RECALL_RETURN_IF_ERROR(ValidateOptions(options));
+  if (prompt.empty()) return absl::InvalidArgumentError("prompt: needs at least one token");
+  const model::ModelConfig& config = forward.model().config;
+  if (static_cast<int>(prompt.size()) >= config.max_seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt: ", prompt.size(),
+                                                   " tokens leave no room in the context of ",
+                                                   config.max_seq_len, " tokens"));
+  }
+
+  GenerateResult result;
+  result.prompt_tokens = static_cast<int>(prompt.size());
+  cache::SequenceCache seq(&pool);
+  std::vector<float> logits(static_cast<size_t>(config.vocab_size));
+  kernels::Rng rng(options.sampling.seed);
+  std::vector<int32_t> history = prompt;
+  history.reserve(prompt.size() + options.max_tokens);
+
+  // Prefill in chunks; only the last chunk's last token needs logits.
+  Stopwatch watch;
+  for (size_t start = 0; start < prompt.size(); start += options.prefill_chunk) {
+    const int n = static_cast<int>(std::min<size_t>(options.prefill_chunk, prompt.size() - start));
+    BatchItem item;
+    item.cache = &seq;
+    item.tokens = prompt.data() + start;
+    item.n = n;
+    item.want_logits = start + n == prompt.size();
+    RECALL_RETURN_IF_ERROR(forward.Run({&item, 1}, logits.data()));
+  }
+  result.prefill_seconds = watch.ElapsedSeconds();
+  result.peak_kv_bytes = seq.bytes_held();
+  watch.Reset();
+
+  model::TokenStreamDecoder stream(tokenizer);
+  // Text is decoded over prompt + output so that context-dependent pieces (a leading space
+  // after BOS) decode as the tokenizer would; only the output part is kept.
+  for (int32_t id : prompt) stream.Next(id);
+  stream.Flush();
+  size_t emitted = 0;
+  kernels::Backend& backend = forward.backend();
+
+  while (true) {
+    const int32_t next = backend.Sample(logits.data(), config.vocab_size, options.sampling, rng,
+                                         history.data(), static_cast<int>(history.size()));
+    if (std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(), next) !=
+        options.stop_token_ids.end()) {
+      result.finish_reason = FinishReason::kStopToken;
+      break;
+    }
+    result.tokens.push_back(next);
+    history.push_back(next);
+    result.text += stream.Next(next);
+
+    bool stopped = false;
+    for (const std::string& stop : options.stop_strings) {
+      const size_t at = result.text.find(stop, emitted > stop.size() ? emitted - stop.size() : 0);
+      if (at != std::string::npos) {
+        result.text.resize(at);
+        stopped = true;
+      }
+    }
+    if (stopped) {
+      result.finish_reason = FinishReason::kStopString;
+      break;
+    }
+    const size_t safe = result.text.size() - HeldBack(result.text, options.stop_strings);
+    if (on_text && safe > emitted) on_text(result.text.substr(emitted, safe - emitted));
+    emitted = std::max(emitted, safe);
+
+    if (static_cast<int>(result.tokens.size()) >= options.max_tokens) {
+      result.finish_reason = FinishReason::kLength;
+      break;
+    }
+    if (seq.next_position() >= config.max_seq_len) {
+      result.finish_reason = FinishReason::kContext;
+      break;
+    }
+    BatchItem item;
+    item.cache = &seq;
+    item.tokens = &result.tokens.back();
+    item.n = 1;
+    RECALL_RETURN_IF_ERROR(forward.Run({&item, 1}, logits.data()));
+    result.peak_kv_bytes = std::max(result.peak_kv_bytes, seq.bytes_held());
+  }
+  if (result.finish_reason != FinishReason::kStopString) result.text += stream.Flush();
+  if (on_text && result.text.size() > emitted) on_text(result.text.substr(emitted));
+  result.decode_seconds = watch.ElapsedSeconds();
+  return result;
+}
+
+}  // namespace recall::engine

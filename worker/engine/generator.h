@@ -1,0 +1,54 @@
+// Generate: run one sequence from a prompt to a finish condition (max tokens, a stop token,
+// a stop string, or the context limit), streaming text deltas.
+//
+// Used by `recall generate` and the golden tests; the serving scheduler (worker issue) runs
+// many sequences through the same ForwardPass.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cache/block_pool.h"
+#include "kernels/sampling_params.h"
+#include "worker/engine/forward.h"
+#include "worker/model/tokenizer.h"
+
+namespace recall::engine {
+
+struct GenerateOptions {
+  int max_tokens = 256;                  // generated tokens at most (>= 1)
+  kernels::SamplingParams sampling;      // temperature 1, no top-k/top-p, seed 0
+  std::vector<int32_t> stop_token_ids;   // e.g. EOS; not part of the output text
+  std::vector<std::string> stop_strings; // output ends before the first occurrence
+  int prefill_chunk = 256;               // prompt tokens per forward pass
+};
+
+enum class FinishReason { kLength, kStopToken, kStopString, kContext };
+const char* FinishReasonName(FinishReason reason);
+
+struct GenerateResult {
+  std::vector<int32_t> tokens;  // generated ids (without a final stop token)
+  std::string text;             // generated text (stop string excluded)
+  FinishReason finish_reason = FinishReason::kLength;
+  int prompt_tokens = 0;
+  double prefill_seconds = 0;
+  double decode_seconds = 0;
+  int64_t peak_kv_bytes = 0;
+};
+
+// Called with each new piece of text as soon as it cannot belong to a stop string.
+using TextCallback = std::function<void(const std::string& delta)>;
+
+// Runs `prompt` (token ids; non-empty) through a fresh sequence in `pool`. The sequence's
+// blocks are returned to the pool before returning. InvalidArgument for bad options or a
+// prompt longer than the context; ResourceExhausted if the pool is too small.
+absl::StatusOr<GenerateResult> Generate(ForwardPass& forward, cache::BlockPool& pool,
+                                        const model::Tokenizer& tokenizer,
+                                        const std::vector<int32_t>& prompt,
+                                        const GenerateOptions& options,
+                                        const TextCallback& on_text = nullptr);
+
+}  // namespace recall::engine
