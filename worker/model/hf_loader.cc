@@ -1,0 +1,258 @@
+// Hugging Face loader: config.json plus model.safetensors (or shards listed in
+// model.safetensors.index.json). Matrices are zero-copy views into the mapped files in the
+// file's dtype; norm weights and biases are converted to owned fp32.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status.h"
+#include "nlohmann/json.hpp"
+#include "worker/model/file_storage.h"
+#include "worker/model/half.h"
+#include "worker/model/loader.h"
+#include "worker/model/random_model.h"
+#include "worker/model/safetensors.h"
+
+namespace recall::model {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr char kSingleFile[] = "model.safetensors";
+constexpr char kIndexFile[] = "model.safetensors.index.json";
+
+// Where each tensor lives: one file, or shards named by an index's weight_map.
+class TensorSource {
+ public:
+  absl::Status Open(const std::string& dir) {
+    const std::string single = dir + "/" + kSingleFile;
+    const std::string index = dir + "/" + kIndexFile;
+    if (fs::exists(single)) {
+      RECALL_ASSIGN_OR_RETURN(files_[kSingleFile], SafetensorsFile::Open(single));
+      single_ = files_[kSingleFile].get();
+      return absl::OkStatus();
+    }
+    if (!fs::exists(index)) {
+      return absl::NotFoundError(absl::StrCat(dir, ": no ", kSingleFile, " and no ", kIndexFile));
+    }
+    RECALL_RETURN_IF_ERROR(ReadIndex(index));
+    for (const auto& [name, shard] : weight_map_) {
+      if (files_.count(shard)) continue;
+      RECALL_ASSIGN_OR_RETURN(files_[shard], SafetensorsFile::Open(dir + "/" + shard));
+    }
+    return absl::OkStatus();
+  }
+
+  // The tensor, or nullptr if the model does not have it. `file` gets the file to blame.
+  absl::StatusOr<const SafetensorsTensor*> Find(const std::string& name, std::string* file) const {
+    if (single_ != nullptr) {
+      *file = single_->path();
+      return single_->Find(name);
+    }
+    auto it = weight_map_.find(name);
+    if (it == weight_map_.end()) {
+      *file = index_path_;
+      return nullptr;
+    }
+    const SafetensorsFile& shard = *files_.at(it->second);
+    *file = shard.path();
+    const SafetensorsTensor* t = shard.Find(name);
+    if (t == nullptr) {
+      return absl::NotFoundError(absl::StrCat(index_path_, ": tensor \"", name, "\" is mapped to ",
+                                              shard.path(), ", which does not contain it"));
+    }
+    return t;
+  }
+
+  void MoveStorageInto(Model* model) {
+    for (auto& [name, file] : files_) model->storage.push_back(file->ReleaseStorage());
+  }
+
+ private:
+  absl::Status ReadIndex(const std::string& path) {
+    index_path_ = path;
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    try {
+      const json j = json::parse(ss.str());
+      auto wm = j.find("weight_map");
+      if (!j.is_object() || wm == j.end() || !wm->is_object()) {
+        return absl::InvalidArgumentError(path + ": missing object \"weight_map\"");
+      }
+      for (const auto& [name, shard] : wm->items()) {
+        if (!shard.is_string()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(path, ": weight_map entry \"", name, "\" is not a file name"));
+        }
+        const std::string file = shard.get<std::string>();
+        if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..") {
+          return absl::InvalidArgumentError(absl::StrCat(
+              path, ": weight_map entry \"", name, "\" names an invalid shard \"", file, "\""));
+        }
+        weight_map_[name] = file;
+      }
+    } catch (const json::exception& e) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": invalid JSON: ", e.what()));
+    }
+    return absl::OkStatus();
+  }
+
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;
+  const SafetensorsFile* single_ = nullptr;
+  std::string index_path_;
+  std::map<std::string, std::string> weight_map_;
+};
+
+std::string Shape(std::initializer_list<int64_t> dims) {
+  return absl::StrCat("[", absl::StrJoin(dims, ", "), "]");
+}
+
+// Builds the Model's views, checking every tensor against the config.
+class Builder {
+ public:
+  Builder(const TensorSource& source, Model* model) : source_(source), model_(model) {}
+
+  // A [rows, cols] matrix in the file's dtype; a view unless the data is misaligned.
+  absl::StatusOr<kernels::Matrix> Matrix(const std::string& name, int64_t rows, int64_t cols) {
+    RECALL_ASSIGN_OR_RETURN(const SafetensorsTensor* t, Get(name, {rows, cols}));
+    kernels::Matrix m;
+    m.dtype = t->dtype;
+    m.rows = rows;
+    m.cols = cols;
+    m.data = t->data;
+    if (reinterpret_cast<uintptr_t>(t->data) % kernels::DTypeSize(t->dtype) != 0) {
+      RECALL_ASSIGN_OR_RETURN(std::unique_ptr<HeapStorage> copy, HeapStorage::Create(t->bytes));
+      std::memcpy(copy->MutableData(), t->data, t->bytes);
+      m.data = copy->data();
+      model_->storage.push_back(std::move(copy));
+    }
+    elements_[static_cast<int>(t->dtype)] += t->numel();
+    return m;
+  }
+
+  // A [n] vector converted to an owned fp32 [1, n] matrix.
+  absl::StatusOr<kernels::Matrix> Vector(const std::string& name, int64_t n) {
+    RECALL_ASSIGN_OR_RETURN(const SafetensorsTensor* t, Get(name, {n}));
+    RECALL_ASSIGN_OR_RETURN(std::unique_ptr<HeapStorage> out,
+                            HeapStorage::Create(static_cast<size_t>(n) * sizeof(float)));
+    float* dst = static_cast<float*>(out->MutableData());
+    for (int64_t i = 0; i < n; ++i) dst[i] = LoadAsF32(t->data, t->dtype, i);
+    kernels::Matrix m{out->data(), kernels::DType::kF32, 1, n};
+    model_->storage.push_back(std::move(out));
+    return m;
+  }
+
+  absl::StatusOr<bool> Has(const std::string& name) const {
+    std::string file;
+    RECALL_ASSIGN_OR_RETURN(const SafetensorsTensor* t, source_.Find(name, &file));
+    return t != nullptr;
+  }
+
+  // The dtype holding most matrix elements.
+  kernels::DType MainDType() const {
+    int best = 0;
+    for (int i = 1; i < 3; ++i) {
+      if (elements_[i] > elements_[best]) best = i;
+    }
+    return static_cast<kernels::DType>(best);
+  }
+
+ private:
+  absl::StatusOr<const SafetensorsTensor*> Get(const std::string& name,
+                                               std::initializer_list<int64_t> shape) {
+    std::string file;
+    RECALL_ASSIGN_OR_RETURN(const SafetensorsTensor* t, source_.Find(name, &file));
+    if (t == nullptr) {
+      return absl::NotFoundError(absl::StrCat(file, ": missing tensor \"", name, "\""));
+    }
+    if (!std::equal(t->shape.begin(), t->shape.end(), shape.begin(), shape.end())) {
+      return absl::InvalidArgumentError(absl::StrCat(file, ": tensor \"", name, "\" has shape ",
+                                                     t->ShapeString(), ", expected ", Shape(shape),
+                                                     " from config.json"));
+    }
+    return t;
+  }
+
+  const TensorSource& source_;
+  Model* model_;
+  int64_t elements_[3] = {0, 0, 0};
+};
+
+absl::Status LoadLayer(Builder& b, const ModelConfig& c, int l, LayerWeights& w) {
+  const std::string p = absl::StrCat("model.layers.", l, ".");
+  const int64_t D = c.dim, H = c.hidden_dim, hd = c.head_dim;
+  const int64_t q = c.n_heads * hd, kv = c.n_kv_heads * hd;
+  RECALL_ASSIGN_OR_RETURN(w.attn_norm, b.Vector(p + "input_layernorm.weight", D));
+  RECALL_ASSIGN_OR_RETURN(w.wq, b.Matrix(p + "self_attn.q_proj.weight", q, D));
+  RECALL_ASSIGN_OR_RETURN(w.wk, b.Matrix(p + "self_attn.k_proj.weight", kv, D));
+  RECALL_ASSIGN_OR_RETURN(w.wv, b.Matrix(p + "self_attn.v_proj.weight", kv, D));
+  RECALL_ASSIGN_OR_RETURN(w.wo, b.Matrix(p + "self_attn.o_proj.weight", D, q));
+  if (c.qkv_bias) {
+    RECALL_ASSIGN_OR_RETURN(w.bq, b.Vector(p + "self_attn.q_proj.bias", q));
+    RECALL_ASSIGN_OR_RETURN(w.bk, b.Vector(p + "self_attn.k_proj.bias", kv));
+    RECALL_ASSIGN_OR_RETURN(w.bv, b.Vector(p + "self_attn.v_proj.bias", kv));
+  }
+  if (c.qk_norm) {
+    RECALL_ASSIGN_OR_RETURN(w.q_norm, b.Vector(p + "self_attn.q_norm.weight", hd));
+    RECALL_ASSIGN_OR_RETURN(w.k_norm, b.Vector(p + "self_attn.k_norm.weight", hd));
+  }
+  RECALL_ASSIGN_OR_RETURN(w.ffn_norm, b.Vector(p + "post_attention_layernorm.weight", D));
+  RECALL_ASSIGN_OR_RETURN(w.w_gate, b.Matrix(p + "mlp.gate_proj.weight", H, D));
+  RECALL_ASSIGN_OR_RETURN(w.w_up, b.Matrix(p + "mlp.up_proj.weight", H, D));
+  RECALL_ASSIGN_OR_RETURN(w.w_down, b.Matrix(p + "mlp.down_proj.weight", D, H));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Model>> LoadHuggingFace(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    return absl::NotFoundError(absl::StrCat(dir, ": not a directory"));
+  }
+  const std::string config_path = dir + "/config.json";
+  if (!fs::exists(config_path, ec)) {
+    return absl::NotFoundError(absl::StrCat(config_path,
+                                            ": missing (a Hugging Face model "
+                                            "directory needs config.json)"));
+  }
+  auto model = std::make_unique<Model>();
+  RECALL_ASSIGN_OR_RETURN(model->config, ReadHfConfig(config_path));
+  ModelConfig& c = model->config;
+
+  TensorSource source;
+  RECALL_RETURN_IF_ERROR(source.Open(dir));
+  Builder b(source, model.get());
+  RECALL_ASSIGN_OR_RETURN(model->tok_embeddings,
+                          b.Matrix("model.embed_tokens.weight", c.vocab_size, c.dim));
+  model->layers.resize(c.n_layers);
+  for (int l = 0; l < c.n_layers; ++l) {
+    RECALL_RETURN_IF_ERROR(LoadLayer(b, c, l, model->layers[l]));
+  }
+  RECALL_ASSIGN_OR_RETURN(model->final_norm, b.Vector("model.norm.weight", c.dim));
+  RECALL_ASSIGN_OR_RETURN(bool has_lm_head, b.Has("lm_head.weight"));
+  if (!has_lm_head) c.tied_embeddings = true;
+  if (c.tied_embeddings) {
+    model->lm_head = model->tok_embeddings;
+  } else {
+    RECALL_ASSIGN_OR_RETURN(model->lm_head, b.Matrix("lm_head.weight", c.vocab_size, c.dim));
+  }
+  c.weight_dtype = b.MainDType();
+  model->source = dir;
+  source.MoveStorageInto(model.get());
+  return model;
+}
+
+}  // namespace recall::model
