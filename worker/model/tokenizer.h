@@ -42,6 +42,11 @@ class Tokenizer {
 };
 
 // Buffers partial UTF-8 between tokens so a stream of deltas is always valid UTF-8.
+// Bytes that can never form a character come out as U+FFFD; Flush returns an incomplete
+// tail as U+FFFD. Feed every id, BOS included: TokenBytes sees the previous id (prev is -1
+// for the first), so the concatenated deltas equal Decode(ids) (for SentencePiece when the
+// ids start with BOS: otherwise its Decode also drops the first piece's leading space).
+// Thread safety: one decoder per stream (not thread safe); the tokenizer may be shared.
 class TokenStreamDecoder {
  public:
   explicit TokenStreamDecoder(const Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
@@ -56,6 +61,22 @@ class TokenStreamDecoder {
   std::string pending_;
 };
 
+// Loaders. Errors name the file: NotFound when it is missing, DataLoss when it is
+// truncated or unparsable, InvalidArgument when it is well-formed but malformed or uses an
+// unsupported feature.
+//
+// llama2.c tokenizer.bin (tokenizer_llama2c.cc): Encode is run.c's encode, Decode/TokenBytes
+// what run.c prints (leading space dropped after BOS, "<0xHH>" pieces as raw bytes,
+// unprintable single bytes dropped). vocab_size <= 0 reads tokens up to the end of file.
+// BOS = 1, EOS = 2.
+// SentencePiece (tokenizer_sentencepiece.cc): Encode/Decode are libsentencepiece's; Decode
+// always drops control tokens. TokenBytes drops a piece's leading space only after BOS.
+// For both: with parse_special, literal "<s>"/"</s>" in the text become BOS/EOS and the text
+// between them is encoded segment by segment (how Meta's Llama 2 chat code encodes turns).
+// Hugging Face tokenizer.json (tokenizer_hf.cc): byte-level BPE only. bos_id() is what the
+// post_processor puts first (-1 if nothing, e.g. SmolLM2) and add_bos adds exactly that;
+// eos_id() comes from generation_config.json / config.json / tokenizer_config.json beside
+// the file (-1 if none). Decode replaces ill-formed UTF-8 with U+FFFD, as the library does.
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadLlama2cTokenizer(const std::string& path,
                                                                 int vocab_size);
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePieceTokenizer(const std::string& path);

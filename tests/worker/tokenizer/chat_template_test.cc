@@ -1,0 +1,91 @@
+// Chat templates: exact rendered strings for every format.
+#include "worker/model/chat_template.h"
+
+#include "absl/status/status.h"
+#include "gtest/gtest.h"
+
+namespace recall::model {
+namespace {
+
+const std::vector<ChatMessage> kConversation = {
+    {"system", "You are helpful."},
+    {"user", "Hi!"},
+    {"assistant", "Hello. How can I help?"},
+    {"user", "Tell me a joke."},
+};
+
+std::string Render(ChatFormat format, const std::vector<ChatMessage>& messages, bool prompt) {
+  absl::StatusOr<std::string> text = RenderChat(format, messages, prompt);
+  EXPECT_TRUE(text.ok()) << text.status();
+  return text.ok() ? *text : "";
+}
+
+TEST(ChatTemplateTest, ChatML) {
+  EXPECT_EQ(Render(ChatFormat::kChatML, kConversation, true),
+            "<|im_start|>system\nYou are helpful.<|im_end|>\n"
+            "<|im_start|>user\nHi!<|im_end|>\n"
+            "<|im_start|>assistant\nHello. How can I help?<|im_end|>\n"
+            "<|im_start|>user\nTell me a joke.<|im_end|>\n"
+            "<|im_start|>assistant\n");
+  EXPECT_EQ(Render(ChatFormat::kChatML, {{"user", "x"}}, false), "<|im_start|>user\nx<|im_end|>\n");
+  EXPECT_EQ(ChatStopStrings(ChatFormat::kChatML), std::vector<std::string>{"<|im_end|>"});
+}
+
+TEST(ChatTemplateTest, Llama2FoldsTheSystemPromptIntoTheFirstUserTurn) {
+  const std::string expected =
+      "<s>[INST] <<SYS>>\nYou are helpful.\n<</SYS>>\n\nHi! [/INST] Hello. How can I help? </s>"
+      "<s>[INST] Tell me a joke. [/INST]";
+  EXPECT_EQ(Render(ChatFormat::kLlama2, kConversation, true), expected);
+  EXPECT_EQ(Render(ChatFormat::kLlama2, kConversation, false), expected);  // nothing to add
+  EXPECT_EQ(Render(ChatFormat::kLlama2, {{"user", "Hi"}}, true), "<s>[INST] Hi [/INST]");
+  EXPECT_EQ(Render(ChatFormat::kLlama2, {{"system", "S"}}, true),
+            "<s>[INST] <<SYS>>\nS\n<</SYS>>\n\n [/INST]");
+  EXPECT_EQ(ChatStopStrings(ChatFormat::kLlama2), std::vector<std::string>{"</s>"});
+}
+
+TEST(ChatTemplateTest, Llama3) {
+  EXPECT_EQ(Render(ChatFormat::kLlama3, kConversation, true),
+            "<|begin_of_text|>"
+            "<|start_header_id|>system<|end_header_id|>\n\nYou are helpful.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nHi!<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\nHello. How can I help?<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nTell me a joke.<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_EQ(Render(ChatFormat::kLlama3, {}, false), "<|begin_of_text|>");
+  EXPECT_EQ(ChatStopStrings(ChatFormat::kLlama3), std::vector<std::string>{"<|eot_id|>"});
+}
+
+TEST(ChatTemplateTest, Plain) {
+  EXPECT_EQ(Render(ChatFormat::kPlain, kConversation, true),
+            "system: You are helpful.\nuser: Hi!\nassistant: Hello. How can I help?\n"
+            "user: Tell me a joke.\nassistant:");
+  EXPECT_EQ(Render(ChatFormat::kPlain, {{"user", "a\nb"}}, false), "user: a\nb\n");
+  EXPECT_EQ(ChatStopStrings(ChatFormat::kPlain), std::vector<std::string>{"\nuser:"});
+}
+
+TEST(ChatTemplateTest, UnknownRoleIsInvalidArgument) {
+  for (ChatFormat format :
+       {ChatFormat::kPlain, ChatFormat::kChatML, ChatFormat::kLlama2, ChatFormat::kLlama3}) {
+    absl::StatusOr<std::string> text = RenderChat(format, {{"user", "a"}, {"robot", "b"}}, true);
+    ASSERT_FALSE(text.ok()) << ChatFormatName(format);
+    EXPECT_EQ(text.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(text.status().message().find("robot"), std::string::npos) << text.status();
+  }
+}
+
+TEST(ChatTemplateTest, FormatNamesRoundTrip) {
+  for (ChatFormat format :
+       {ChatFormat::kPlain, ChatFormat::kChatML, ChatFormat::kLlama2, ChatFormat::kLlama3}) {
+    absl::StatusOr<ChatFormat> parsed = ParseChatFormat(ChatFormatName(format));
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(*parsed, format);
+  }
+  EXPECT_EQ(*ParseChatFormat("ChatML"), ChatFormat::kChatML);
+  absl::StatusOr<ChatFormat> bad = ParseChatFormat("vicuna");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("chatml"), std::string::npos) << bad.status();
+}
+
+}  // namespace
+}  // namespace recall::model

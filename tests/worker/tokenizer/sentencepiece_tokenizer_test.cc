@@ -1,0 +1,124 @@
+// SentencePiece tokenizer.model: our wrapper against libsentencepiece itself, and the
+// llama2.c tokenizer.bin of the same vocabulary against both.
+#include <algorithm>
+
+#include "absl/status/status.h"
+#include "gtest/gtest.h"
+#include "tests/common/test_util.h"
+#include "tests/worker/tokenizer/sp_reference.h"
+#include "tests/worker/tokenizer/tokenizer_test_util.h"
+#include "worker/model/tokenizer.h"
+
+namespace recall::model {
+namespace {
+
+using ::recall::testing::SharedPath;
+
+constexpr char kModel[] = "tokenizers/llama2-32k/tokenizer.model";
+constexpr char kBin[] = "tokenizers/llama2-32k/tokenizer.bin";
+
+class SentencePieceTokenizerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    RECALL_REQUIRE_SHARED_FILE(kModel);
+    auto tok = LoadSentencePieceTokenizer(SharedPath(kModel));
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    tok_ = *std::move(tok);
+    reference_ = std::make_unique<testing::SentencePieceReference>(SharedPath(kModel));
+    ASSERT_EQ(reference_->error(), "");
+  }
+
+  std::vector<int32_t> Reference(const std::string& text, bool add_bos) const {
+    std::vector<int32_t> ids;
+    if (add_bos) ids.push_back(1);
+    for (int id : reference_->Encode(text)) ids.push_back(id);
+    return ids;
+  }
+
+  std::unique_ptr<Tokenizer> tok_;
+  std::unique_ptr<testing::SentencePieceReference> reference_;
+};
+
+TEST_F(SentencePieceTokenizerTest, VocabularyAndSpecialIds) {
+  EXPECT_EQ(tok_->vocab_size(), 32000);
+  EXPECT_EQ(tok_->bos_id(), 1);
+  EXPECT_EQ(tok_->eos_id(), 2);
+  EXPECT_EQ(tok_->PieceToId("\xE2\x96\x81the"), 278);  // "▁the"
+  EXPECT_EQ(tok_->PieceToId("<unk>"), 0);
+  EXPECT_EQ(tok_->PieceToId("definitely-not-a-piece"), std::nullopt);
+}
+
+TEST_F(SentencePieceTokenizerTest, EncodeAndDecodeMatchTheLibraryOnTheCorpus) {
+  for (const std::string& text : testing::LoadCorpus()) {
+    const std::vector<int32_t> ids = tok_->Encode(text, true, false);
+    EXPECT_EQ(ids, Reference(text, true)) << text;
+    EXPECT_EQ(tok_->Encode(text, false, true), Reference(text, false)) << text;  // no "<s>"
+    const std::vector<int> ref_ids(ids.begin(), ids.end());
+    EXPECT_EQ(tok_->Decode(ids), reference_->Decode(ref_ids)) << text;
+  }
+}
+
+TEST_F(SentencePieceTokenizerTest, StreamingAfterBosMatchesDecode) {
+  for (const std::string& text : testing::LoadCorpus()) {
+    const std::vector<int32_t> ids = tok_->Encode(text, true);
+    TokenStreamDecoder stream(*tok_);
+    std::string streamed;
+    for (int32_t id : ids) streamed += stream.Next(id);
+    streamed += stream.Flush();
+    EXPECT_EQ(streamed, tok_->Decode(ids)) << text;
+  }
+}
+
+TEST_F(SentencePieceTokenizerTest, ParseSpecialTurnsLiteralMarkersIntoBosAndEos) {
+  std::vector<int32_t> expected = {1};
+  // The text between the markers is one segment, encoded with its own dummy prefix.
+  for (int32_t id : Reference("[INST] hi [/INST] ok ", false)) expected.push_back(id);
+  expected.push_back(2);
+  EXPECT_EQ(tok_->Encode("<s>[INST] hi [/INST] ok </s>", false, true), expected);
+  EXPECT_EQ(tok_->Encode("<s>x</s>", false, false), Reference("<s>x</s>", false));
+}
+
+// The llama2.c export of the same vocabulary encodes like SentencePiece wherever both are
+// plain BPE over the same pieces and scores: ASCII text.
+TEST_F(SentencePieceTokenizerTest, Llama2cBinOfTheSameVocabularyAgreesOnAscii) {
+  RECALL_REQUIRE_SHARED_FILE(kBin);
+  auto bin = LoadLlama2cTokenizer(SharedPath(kBin), 32000);
+  ASSERT_TRUE(bin.ok()) << bin.status();
+  int compared = 0;
+  std::vector<std::string> texts = testing::LoadCorpus();
+  texts.push_back("The model said: \"It's 3:45pm; let's go!\" (really?)\n\tIndented line.");
+  texts.push_back("snake_case, CamelCase, kebab-case; x = y * 2 + z[0] / 7 % 3");
+  for (const std::string& text : texts) {
+    if (text.empty() || !testing::IsAscii(text)) continue;
+    const std::vector<int32_t> ids = (*bin)->Encode(text, true, false);
+    EXPECT_EQ(ids, Reference(text, true)) << text;
+    // run.c prints no unprintable single bytes; where there are none the texts agree.
+    const bool printable = std::all_of(text.begin(), text.end(), [](char c) {
+      return (c >= 0x20 && c < 0x7F) || c == '\t' || c == '\n' || c == '\r';
+    });
+    if (printable) {
+      EXPECT_EQ((*bin)->Decode(ids), tok_->Decode(ids)) << text;
+    }
+    ++compared;
+  }
+  EXPECT_GE(compared, 30);
+}
+
+TEST(SentencePieceTokenizerErrorTest, MissingAndCorruptFiles) {
+  const std::string dir = ::recall::testing::MakeTempDir("sp_errors");
+  auto missing = LoadSentencePieceTokenizer(dir + "/absent.model");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find(dir + "/absent.model"), std::string::npos);
+
+  const std::string corrupt = dir + "/corrupt.model";
+  testing::WriteFile(corrupt, "this is not a protobuf \xFF\xFF\xFF\xFF");
+  auto bad = LoadSentencePieceTokenizer(corrupt);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss) << bad.status();
+  EXPECT_NE(bad.status().message().find(corrupt), std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace recall::model
