@@ -1,0 +1,179 @@
+// Speed benchmark of the CPU runtime: decode tokens/s at batch 1 and 8 and prefill tokens/s
+// for a random-weight model with the shape of SmolLM2-135M (../shared/tokenizers/smollm2/
+// config.json), in fp32 and bf16 weights. Baselines measured in the same run:
+//   - memory bandwidth (STREAM-like copy) -> the decode roofline: bandwidth / bytes per token
+//   - cblas_sgemm GFLOP/s at a prefill-like shape -> the prefill target
+// Targets (issue 2): batch-1 decode >= 70% of the roofline; prefill >= 60% of sgemm.
+//
+// usage: recall_speed_bench [--config PATH] [--threads N] [--steps N] [--prompt N]
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "cache/block_pool.h"
+#include "common/clock.h"
+#include "kernels/backend.h"
+#include "worker/engine/forward.h"
+#include "worker/model/random_model.h"
+
+namespace recall::bench {
+namespace {
+
+struct Flags {
+  std::string config = std::string(RECALL_SHARED_DIR_DEFAULT) + "/tokenizers/smollm2/config.json";
+  int threads = 0;
+  int steps = 32;
+  int prompt = 512;
+};
+
+// Bytes a decode step streams from memory: every weight matrix once (the embedding lookup
+// reads one row), plus the KV cache of each sequence.
+double WeightBytesPerStep(const model::Model& m) {
+  double bytes = static_cast<double>(m.lm_head.bytes()) + m.final_norm.bytes();
+  for (const model::LayerWeights& l : m.layers) {
+    for (const kernels::Matrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down,
+                                     &l.attn_norm, &l.ffn_norm}) {
+      bytes += static_cast<double>(w->bytes());
+    }
+  }
+  return bytes;
+}
+
+double MatmulFlopsPerToken(const model::Model& m) {
+  double flops = 2.0 * static_cast<double>(m.lm_head.numel());
+  for (const model::LayerWeights& l : m.layers) {
+    for (const kernels::Matrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+      flops += 2.0 * static_cast<double>(w->numel());
+    }
+  }
+  return flops;
+}
+
+struct Result {
+  double decode1_tps, decode8_tps, prefill_tps;
+  double bytes_per_step, kv_bytes_per_token_b1;
+};
+
+Result RunModel(const model::Model& model, kernels::Backend& backend, const Flags& f) {
+  const model::ModelConfig& c = model.config;
+  const kernels::PagedKvLayout layout{c.n_layers, c.n_kv_heads, c.head_dim, 16};
+  const int per_seq_blocks = (f.prompt + f.steps + 15) / 16 + 1;
+  auto pool = cache::BlockPool::Create(layout, 8 * per_seq_blocks + 8);
+  if (!pool.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(pool.status().message()).c_str());
+    std::exit(1);
+  }
+  engine::ForwardPass forward(model, backend, {f.prompt});
+  std::vector<float> logits(static_cast<size_t>(8) * c.vocab_size);
+  std::vector<int32_t> prompt(f.prompt);
+  for (int i = 0; i < f.prompt; ++i) prompt[i] = (i * 7919 + 13) % c.vocab_size;
+  Result r{};
+
+  // Prefill: one pass of `prompt` tokens (after one warm-up pass).
+  {
+    cache::SequenceCache warm(pool->get());
+    engine::BatchItem item{&warm, prompt.data(), f.prompt};
+    (void)forward.Run({&item, 1}, logits.data());
+  }
+  cache::SequenceCache seq(pool->get());
+  {
+    engine::BatchItem item{&seq, prompt.data(), f.prompt};
+    Stopwatch w;
+    (void)forward.Run({&item, 1}, logits.data());
+    r.prefill_tps = f.prompt / w.ElapsedSeconds();
+  }
+  // Decode batch 1, continuing the sequence above (context = prompt + steps).
+  {
+    int32_t tok = 1;
+    engine::BatchItem item{&seq, &tok, 1};
+    (void)forward.Run({&item, 1}, logits.data());  // warm-up
+    Stopwatch w;
+    for (int s = 0; s < f.steps; ++s) {
+      tok = (tok * 31 + 7) % c.vocab_size;
+      (void)forward.Run({&item, 1}, logits.data());
+    }
+    r.decode1_tps = f.steps / w.ElapsedSeconds();
+    r.kv_bytes_per_token_b1 =
+        static_cast<double>(seq.max_length()) * c.n_layers * c.n_kv_heads * 2 * c.head_dim * 4;
+  }
+  seq.Release();
+  // Decode batch 8: 8 sequences with 64-token contexts, one token each per step.
+  {
+    std::vector<std::unique_ptr<cache::SequenceCache>> seqs;
+    std::vector<int32_t> toks(8, 1);
+    std::vector<engine::BatchItem> items;
+    for (int i = 0; i < 8; ++i) {
+      seqs.push_back(std::make_unique<cache::SequenceCache>(pool->get()));
+      engine::BatchItem p{seqs.back().get(), prompt.data() + i, 64};
+      (void)forward.Run({&p, 1}, logits.data());
+      items.push_back({seqs.back().get(), &toks[i], 1});
+    }
+    (void)forward.Run(items, logits.data());  // warm-up
+    Stopwatch w;
+    for (int s = 0; s < f.steps; ++s) (void)forward.Run(items, logits.data());
+    r.decode8_tps = 8.0 * f.steps / w.ElapsedSeconds();
+  }
+  r.bytes_per_step = WeightBytesPerStep(model);
+  return r;
+}
+
+int Main(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--config")) f.config = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--threads")) f.threads = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--steps")) f.steps = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--prompt")) f.prompt = std::atoi(argv[i + 1]);
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", argv[i]);
+      return 2;
+    }
+  }
+  auto config = model::ReadHfConfig(f.config);
+  if (!config.ok()) {
+    std::printf("SKIP: cannot read the SmolLM2 config (%s)\n",
+                std::string(config.status().message()).c_str());
+    return 0;
+  }
+  config->max_seq_len = std::max(config->max_seq_len, f.prompt + f.steps + 2);
+  std::unique_ptr<kernels::Backend> backend = kernels::CreateCpuBackend({f.threads});
+
+  const double bw = MeasureCopyBandwidthGBs();
+  const int k = config->dim, n = config->hidden_dim;
+  const double sgemm = MeasureSgemmGflops(f.prompt, n, k);
+  std::printf("machine: copy bandwidth %.2f GB/s; cblas_sgemm %dx%dx%d %.1f GFLOP/s\n", bw,
+              f.prompt, n, k, sgemm);
+  std::printf("model: SmolLM2-135M shape (dim %d, %d layers, %d/%d heads, vocab %d), random "
+              "weights; prompt %d, %d decode steps\n\n",
+              config->dim, config->n_layers, config->n_heads, config->n_kv_heads,
+              config->vocab_size, f.prompt, f.steps);
+  std::printf("%-5s %12s %10s %10s %9s %12s %10s %10s %9s\n", "dtype", "weights_MB", "dec_b1",
+              "roofline", "b1/roof", "dec_b8", "prefill", "GFLOP/s", "pf/sgemm");
+  for (kernels::DType dtype : {kernels::DType::kF32, kernels::DType::kBF16}) {
+    auto model = model::MakeRandomModel(*config, dtype, 1);
+    if (!model.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(model.status().message()).c_str());
+      return 1;
+    }
+    const Result r = RunModel(**model, *backend, f);
+    // Roofline at batch 1: weights + this sequence's KV cache streamed once per token.
+    const double roof = bw * 1e9 / (r.bytes_per_step + r.kv_bytes_per_token_b1);
+    const double pf_gflops = r.prefill_tps * MatmulFlopsPerToken(**model) / 1e9;
+    std::printf("%-5s %12.1f %10.1f %10.1f %8.0f%% %12.1f %10.1f %10.1f %8.0f%%\n",
+                kernels::DTypeName(dtype), r.bytes_per_step / 1e6, r.decode1_tps, roof,
+                100.0 * r.decode1_tps / roof, r.decode8_tps, r.prefill_tps, pf_gflops,
+                100.0 * pf_gflops / sgemm);
+  }
+  std::printf("\n(dec_* and prefill in tokens/s; roofline = bandwidth / bytes read per token; "
+              "prefill GFLOP/s counts matmul FLOPs only)\n");
+  return 0;
+}
+
+}  // namespace
+}  // namespace recall::bench
+
+int main(int argc, char** argv) { return recall::bench::Main(argc, argv); }

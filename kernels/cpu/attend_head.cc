@@ -1,0 +1,217 @@
+#include "kernels/cpu/attend_head.h"
+
+#include <algorithm>
+
+#include "kernels/cpu/convert.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/simd_math.h"
+
+namespace recall::kernels::cpu {
+namespace {
+
+inline float Dot(const float* a, const float* b, int n) {
+  int i = 0;
+  float s = 0.0f;
+#if defined(__AVX2__) && defined(__FMA__)
+  if (n >= 8) {
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(Load8(a + i), Load8(b + i), acc);
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    s = _mm_cvtss_f32(r);
+  }
+#endif
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// The portable kernel: run.c's loops.
+void AttendHeadGeneric(const PagedKv& kv, int layer, int h, int len, const float* q, float scale,
+                       float* p, float* out) {
+  const int hd = kv.layout.head_dim;
+  const int bt = kv.layout.block_tokens;
+  for (int s0 = 0; s0 < len; s0 += bt) {
+    const float* k = kv.K(layer, h, s0);
+    const int cnt = std::min(bt, len - s0);
+    for (int r = 0; r < cnt; ++r) p[s0 + r] = Dot(q, k + r * hd, hd) * scale;
+  }
+  SoftmaxRow(p, len);
+  std::fill(out, out + hd, 0.0f);
+  for (int s0 = 0; s0 < len; s0 += bt) {
+    const float* v = kv.V(layer, h, s0);
+    const int cnt = std::min(bt, len - s0);
+    for (int r = 0; r < cnt; ++r) {
+      const float a = p[s0 + r];
+      const float* vr = v + r * hd;
+      for (int i = 0; i < hd; ++i) out[i] += a * vr[i];
+    }
+  }
+}
+
+#if defined(RECALL_CPU_AVX512)
+constexpr int kGroup = 16;  // keys per group: one zmm of scores
+
+inline __mmask16 FirstLanes(int n) {
+  return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
+}
+
+// rows[j] = the K (is_v = 0) or V row of slot s0 + min(j, cnt - 1) of (layer, head h), for
+// j < 16: one group of keys, padded by repeating the last row. REQUIRES: 1 <= cnt <= 16.
+inline void GroupRows(const PagedKv& kv, int layer, int h, int is_v, int s0, int cnt,
+                      const float** rows) {
+  const int bt = kv.layout.block_tokens, hd = kv.layout.head_dim;
+  int in_block = s0 % bt;
+  const float* row = kv.Row(layer, h, is_v, s0);
+  for (int j = 0; j < kGroup; ++j) {
+    rows[j] = row;
+    if (j + 1 < cnt) {
+      if (++in_block == bt) {
+        in_block = 0;
+        row = kv.Row(layer, h, is_v, s0 + j + 1);
+      } else {
+        row += hd;
+      }
+    }
+  }
+}
+
+// Lane j of the result = the sum of the lanes of v[j] (16 horizontal sums in 45 ops).
+inline __m512 Transpose16Sum(const __m512* v) {
+  __m512 t[8], u[4], w[2];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                         _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < 4; ++i) {
+    u[i] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < 2; ++i) {
+    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  return _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// Softmax of p[0, len) in place: subtract the max, exp, divide by the sum.
+inline void SoftmaxInPlace(float* p, int len) {
+  __m512 mx = _mm512_set1_ps(-3.402823466e38f);
+  for (int i = 0; i < len; i += 16) {
+    mx = _mm512_mask_max_ps(mx, FirstLanes(len - i), mx,
+                            _mm512_maskz_loadu_ps(FirstLanes(len - i), p + i));
+  }
+  const __m512 vmax = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+  __m512 sum = _mm512_setzero_ps();
+  for (int i = 0; i < len; i += 16) {
+    const __mmask16 m = FirstLanes(len - i);
+    const __m512 e =
+        _mm512_maskz_mov_ps(m, Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, p + i), vmax)));
+    _mm512_mask_storeu_ps(p + i, m, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  const __m512 vsum = _mm512_set1_ps(_mm512_reduce_add_ps(sum));
+  for (int i = 0; i < len; i += 16) {
+    const __mmask16 m = FirstLanes(len - i);
+    _mm512_mask_storeu_ps(p + i, m, _mm512_div_ps(_mm512_maskz_loadu_ps(m, p + i), vsum));
+  }
+}
+
+// NC = head_dim / 16 rounded up; the last chunk is masked by `tail`.
+template <int NC>
+void AttendHeadAvx512(const PagedKv& kv, int layer, int h, int len, const float* q, float scale,
+                      float* p, float* out) {
+  const __mmask16 tail = FirstLanes(kv.layout.head_dim - 16 * (NC - 1));
+  auto mask = [tail](int c) { return c == NC - 1 ? tail : __mmask16(0xFFFF); };
+  __m512 qv[NC];
+#pragma GCC unroll 8
+  for (int c = 0; c < NC; ++c) qv[c] = Load16(q + 16 * c, mask(c));
+
+  // Scores, 16 keys per group; rows past len repeat the last key and are not stored.
+  const __m512 vscale = _mm512_set1_ps(scale);
+  const float* rows[kGroup];
+  for (int s0 = 0; s0 < len; s0 += kGroup) {
+    const int cnt = std::min(kGroup, len - s0);
+    GroupRows(kv, layer, h, 0, s0, cnt, rows);
+    __m512 acc[kGroup];
+#pragma GCC unroll 16
+    for (int j = 0; j < kGroup; ++j) {
+      __m512 a = _mm512_mul_ps(qv[0], Load16(rows[j], mask(0)));
+#pragma GCC unroll 8
+      for (int c = 1; c < NC; ++c) {
+        a = _mm512_fmadd_ps(qv[c], Load16(rows[j] + 16 * c, mask(c)), a);
+      }
+      acc[j] = a;
+    }
+    _mm512_mask_storeu_ps(p + s0, FirstLanes(cnt), _mm512_mul_ps(Transpose16Sum(acc), vscale));
+  }
+
+  SoftmaxInPlace(p, len);
+
+  // out = sum_s p[s] V[s], even and odd slots in separate accumulators; padding rows of a
+  // group get weight 0.
+  __m512 oa[NC], ob[NC];
+#pragma GCC unroll 8
+  for (int c = 0; c < NC; ++c) oa[c] = ob[c] = _mm512_setzero_ps();
+  for (int s0 = 0; s0 < len; s0 += kGroup) {
+    const int cnt = std::min(kGroup, len - s0);
+    GroupRows(kv, layer, h, 1, s0, cnt, rows);
+    const __m512 pv = _mm512_maskz_loadu_ps(FirstLanes(cnt), p + s0);
+    alignas(64) float w[kGroup];
+    _mm512_store_ps(w, pv);
+#pragma GCC unroll 16
+    for (int j = 0; j < kGroup; j += 2) {
+      const __m512 pa = _mm512_set1_ps(w[j]), pb = _mm512_set1_ps(w[j + 1]);
+#pragma GCC unroll 8
+      for (int c = 0; c < NC; ++c) {
+        oa[c] = _mm512_fmadd_ps(pa, Load16(rows[j] + 16 * c, mask(c)), oa[c]);
+        ob[c] = _mm512_fmadd_ps(pb, Load16(rows[j + 1] + 16 * c, mask(c)), ob[c]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int c = 0; c < NC; ++c) {
+    _mm512_mask_storeu_ps(out + 16 * c, mask(c), _mm512_add_ps(oa[c], ob[c]));
+  }
+}
+#endif  // RECALL_CPU_AVX512
+
+}  // namespace
+
+void AttendHead(const PagedKv& kv, int layer, int h, int len, const float* q, float scale, float* p,
+                float* out) {
+  const int hd = kv.layout.head_dim;
+  if (len <= 0) {
+    std::fill(out, out + hd, 0.0f);
+    return;
+  }
+#if defined(RECALL_CPU_AVX512)
+  switch ((hd + 15) / 16) {
+    case 1:
+      return AttendHeadAvx512<1>(kv, layer, h, len, q, scale, p, out);
+    case 2:
+      return AttendHeadAvx512<2>(kv, layer, h, len, q, scale, p, out);
+    case 3:
+      return AttendHeadAvx512<3>(kv, layer, h, len, q, scale, p, out);
+    case 4:
+      return AttendHeadAvx512<4>(kv, layer, h, len, q, scale, p, out);
+    case 5:
+      return AttendHeadAvx512<5>(kv, layer, h, len, q, scale, p, out);
+    case 6:
+      return AttendHeadAvx512<6>(kv, layer, h, len, q, scale, p, out);
+    case 7:
+      return AttendHeadAvx512<7>(kv, layer, h, len, q, scale, p, out);
+    case 8:
+      return AttendHeadAvx512<8>(kv, layer, h, len, q, scale, p, out);
+    default:
+      break;
+  }
+#endif
+  AttendHeadGeneric(kv, layer, h, len, q, scale, p, out);
+}
+
+}  // namespace recall::kernels::cpu

@@ -1,0 +1,107 @@
+#include "kernels/cpu/sampling.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "common/logging.h"
+#include "kernels/cpu/elementwise.h"
+
+namespace recall::kernels::cpu {
+
+int32_t ArgMax(const float* x, int n) {
+  int32_t best = 0;
+  for (int i = 1; i < n; ++i) {
+    if (x[i] > x[best]) best = i;
+  }
+  return best;
+}
+
+void Sampler::ApplyRepetitionPenalty(float* logits, int vocab, float penalty,
+                                     const int32_t* history, int n_history) {
+  if (static_cast<int>(seen_.size()) < vocab) seen_.resize(vocab, 0);
+  for (int i = 0; i < n_history; ++i) {
+    const int32_t tok = history[i];
+    if (tok < 0 || tok >= vocab || seen_[tok]) continue;
+    seen_[tok] = 1;
+    logits[tok] = logits[tok] > 0.0f ? logits[tok] / penalty : logits[tok] * penalty;
+  }
+  for (int i = 0; i < n_history; ++i) {
+    const int32_t tok = history[i];
+    if (tok >= 0 && tok < vocab) seen_[tok] = 0;
+  }
+}
+
+int32_t Sampler::Sample(float* logits, int vocab, const SamplingParams& params, Rng& rng,
+                        const int32_t* history, int n_history) {
+  RECALL_CHECK(vocab >= 1) << "vocab " << vocab;
+  if (params.repetition_penalty != 1.0f && params.repetition_penalty > 0.0f) {
+    ApplyRepetitionPenalty(logits, vocab, params.repetition_penalty, history, n_history);
+  }
+  if (params.temperature <= 0.0f) return ArgMax(logits, vocab);
+
+  for (int i = 0; i < vocab; ++i) logits[i] /= params.temperature;
+  if (static_cast<int>(probs_.size()) < vocab) {
+    probs_.resize(vocab);
+    order_.resize(vocab);
+  }
+  float* probs = probs_.data();
+  std::copy(logits, logits + vocab, probs);
+  SoftmaxRow(probs, vocab);
+
+  // More likely first; equal scaled logits rank the lower id first.
+  auto before = [logits](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  int32_t* order = order_.data();
+  int count = vocab;  // candidates are order[0, count)
+  bool sorted = false;
+  const bool use_top_p = params.top_p > 0.0f && params.top_p < 1.0f;
+  if (params.top_k > 0 && params.top_k < vocab) {
+    std::iota(order, order + vocab, 0);
+    count = params.top_k;
+    std::partial_sort(order, order + count, order + vocab, before);
+    sorted = true;
+  } else if (use_top_p) {
+    // As in run.c: a token below (1 - top_p) / (vocab - 1) cannot be in the nucleus.
+    const float cutoff = vocab > 1 ? (1.0f - params.top_p) / (vocab - 1) : 0.0f;
+    count = 0;
+    for (int i = 0; i < vocab; ++i) {
+      if (probs[i] >= cutoff) order[count++] = i;
+    }
+    if (count == 0) {
+      std::iota(order, order + vocab, 0);
+      count = vocab;
+    }
+    std::sort(order, order + count, before);
+    sorted = true;
+  } else {
+    std::iota(order, order + vocab, 0);
+  }
+
+  float mass = 0.0f;
+  for (int i = 0; i < count; ++i) mass += probs[order[i]];
+  if (use_top_p && sorted) {
+    const float target = params.top_p * mass;
+    float cum = 0.0f;
+    int keep = count;
+    for (int i = 0; i < count; ++i) {
+      cum += probs[order[i]];
+      if (cum >= target) {
+        keep = i + 1;
+        break;
+      }
+    }
+    count = keep;
+    mass = cum;
+  }
+
+  const float r = rng.NextFloat() * mass;
+  float cdf = 0.0f;
+  for (int i = 0; i < count; ++i) {
+    cdf += probs[order[i]];
+    if (r < cdf) return order[i];
+  }
+  return order[count - 1];  // rounding
+}
+
+}  // namespace recall::kernels::cpu

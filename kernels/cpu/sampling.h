@@ -1,0 +1,38 @@
+// Sampler: picks the next token from logits (Backend::Sample).
+//   1. repetition penalty over the distinct tokens of history (logit > 0 ? logit / p :
+//      logit * p), also when greedy;
+//   2. temperature 0: argmax, ties to the lowest id (the rng is not advanced);
+//   3. otherwise logits /= temperature, softmax, keep the top_k most likely (if top_k > 0),
+//      then the smallest most-likely prefix whose mass reaches top_p of the kept mass (if
+//      top_p < 1), renormalise and draw with one rng.NextFloat().
+// Candidates are ranked by scaled logit, ties to the lowest id, so top_k = 1 and a tiny
+// top_p give exactly the greedy token. Workspaces grow once to the vocabulary size.
+// Not thread safe: one caller at a time.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/sampling_params.h"
+
+namespace recall::kernels::cpu {
+
+class Sampler {
+ public:
+  // logits: [vocab], modified in place (penalty, temperature); history: [n_history].
+  int32_t Sample(float* logits, int vocab, const SamplingParams& params, Rng& rng,
+                 const int32_t* history, int n_history);
+
+ private:
+  void ApplyRepetitionPenalty(float* logits, int vocab, float penalty, const int32_t* history,
+                              int n_history);
+
+  std::vector<uint8_t> seen_;   // [vocab] marks during the penalty pass; all zero between
+  std::vector<float> probs_;    // [vocab]
+  std::vector<int32_t> order_;  // candidate ids, most likely first
+};
+
+// Index of the largest value; ties to the lowest index. REQUIRES: n >= 1.
+int32_t ArgMax(const float* x, int n);
+
+}  // namespace recall::kernels::cpu
