@@ -45,7 +45,7 @@ void RepairCoreSelection() {
   gotoblas_dynamic_quit();
   gotoblas_dynamic_init();
   unsetenv("OPENBLAS_CORETYPE");
-  RECALL_LOG(INFO) << "OpenBLAS picked the '" << before << "' kernels for this CPU; using '"
+  RECALL_LOG(DEBUG) << "OpenBLAS picked the '" << before << "' kernels for this CPU; using '"
                    << BlasCoreName() << "' (set OPENBLAS_CORETYPE to override)";
 #endif
 }
