@@ -1,0 +1,118 @@
+#include "cache/eviction/eviction_policy.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "cache/eviction/full_policy.h"
+#include "cache/eviction/h2o_policy.h"
+#include "cache/eviction/lazy_policy.h"
+#include "cache/eviction/streaming_policy.h"
+#include "cache/eviction/tova_policy.h"
+#include "common/logging.h"
+
+namespace recall::cache::eviction {
+
+void HeadState::Reserve(int slots) {
+  ts.reserve(static_cast<size_t>(slots));
+  mri.reserve(static_cast<size_t>(slots));
+  score.reserve(static_cast<size_t>(slots));
+}
+
+void AppendSlots(HeadState* state, int n, int t) {
+  RECALL_CHECK(n >= 0) << "AppendSlots: n = " << n;
+  state->ts.insert(state->ts.end(), static_cast<size_t>(n), t - 1);
+  state->mri.insert(state->mri.end(), static_cast<size_t>(n), 0);
+  state->score.insert(state->score.end(), static_cast<size_t>(n), 0.0f);
+}
+
+void CompactState(HeadState* state, const std::vector<int32_t>& keep) {
+  const int len = state->size();
+  int32_t prev = -1;
+  for (size_t i = 0; i < keep.size(); ++i) {
+    const int32_t src = keep[i];
+    RECALL_CHECK(src > prev && src < len) << "CompactState: keep list must ascend within length";
+    prev = src;
+    state->ts[i] = state->ts[static_cast<size_t>(src)];
+    state->mri[i] = state->mri[static_cast<size_t>(src)];
+    state->score[i] = state->score[static_cast<size_t>(src)];
+  }
+  state->ts.resize(keep.size());
+  state->mri.resize(keep.size());
+  state->score.resize(keep.size());
+}
+
+const std::vector<std::string>& PolicyNames() {
+  static const std::vector<std::string>* const kNames =
+      new std::vector<std::string>{"full", "streaming", "h2o", "tova", "lazy"};
+  return *kNames;
+}
+
+absl::StatusOr<std::unique_ptr<EvictionPolicy>> CreatePolicy(const PolicyOptions& options) {
+  if (options.window < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("eviction policy: window must be >= 1, got ", options.window));
+  }
+  if (!(options.alpha >= 0.0f && options.alpha <= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("eviction policy: alpha must be in [0, 1], got ", options.alpha));
+  }
+  if (options.sinks < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("eviction policy: sinks must be >= 0, got ", options.sinks));
+  }
+  if (!(options.value_protection >= 0.0f && options.value_protection < 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "eviction policy: value_protection must be in [0, 1), got ", options.value_protection));
+  }
+  const std::string& n = options.name;
+  if (n == "full") return std::make_unique<FullKvPolicy>(options);
+  if (n == "streaming") return std::make_unique<StreamingPolicy>(options);
+  if (n == "h2o") return std::make_unique<H2oPolicy>(options);
+  if (n == "tova") return std::make_unique<TovaPolicy>(options);
+  if (n == "lazy") return std::make_unique<LazyPolicy>(options);
+  return absl::InvalidArgumentError(absl::StrCat("eviction policy: unknown name '", n,
+                                                 "'; valid names: ",
+                                                 absl::StrJoin(PolicyNames(), ", ")));
+}
+
+void ReduceGqaMax(const float* probs, int n_heads, int n_kv_heads, int64_t stride,
+                  const int32_t* lengths, float* out) {
+  RECALL_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0)
+      << "ReduceGqaMax: n_heads " << n_heads << " not a multiple of n_kv_heads " << n_kv_heads;
+  const int group = n_heads / n_kv_heads;
+  for (int kh = 0; kh < n_kv_heads; ++kh) {
+    const int len = lengths[kh];
+    RECALL_CHECK(len >= 0 && len <= stride) << "ReduceGqaMax: length " << len << " > stride";
+    float* o = out + kh * stride;
+    const float* first = probs + static_cast<int64_t>(kh) * group * stride;
+    std::copy(first, first + len, o);
+    for (int g = 1; g < group; ++g) {
+      const float* p = first + g * stride;
+      for (int j = 0; j < len; ++j) o[j] = std::max(o[j], p[j]);
+    }
+  }
+}
+
+void AverageOverHeads(const float* probs, int n_heads, int64_t stride, int len, float* out) {
+  RECALL_CHECK(n_heads > 0 && len <= stride) << "AverageOverHeads: bad shape";
+  std::copy(probs, probs + len, out);
+  for (int h = 1; h < n_heads; ++h) {
+    const float* p = probs + h * stride;
+    for (int j = 0; j < len; ++j) out[j] += p[j];
+  }
+  const float inv = 1.0f / static_cast<float>(n_heads);
+  for (int j = 0; j < len; ++j) out[j] *= inv;
+}
+
+float ValueRange(const float* v_row, int head_dim) {
+  if (head_dim <= 0) return 0.0f;
+  float lo = v_row[0], hi = v_row[0];
+  for (int d = 1; d < head_dim; ++d) {
+    lo = std::min(lo, v_row[d]);
+    hi = std::max(hi, v_row[d]);
+  }
+  return hi - lo;
+}
+
+}  // namespace recall::cache::eviction

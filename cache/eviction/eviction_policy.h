@@ -1,0 +1,168 @@
+// EvictionPolicy: decides which KV slots of one (sequence, layer, KV head) to keep.
+//
+// Contract. A policy object is immutable after creation and holds no per-sequence data: all
+// per-slot state lives in a HeadState owned by the caller (one per sequence, layer and KV
+// head, or one per layer for layer-shared policies such as TOVA). The state's arrays are in
+// SLOT ORDER, parallel to the SequenceCache slots, so the same keep list compacts both
+// (SequenceCache::Compact + CompactState).
+//
+// Step protocol for decode step t (t = 1 is the first decode step after prefill), after the
+// step's K/V were appended to the cache:
+//   1. AppendSlots(&state, n, t) for the n slots appended since the last step (for t = 1 this
+//      covers the whole prompt plus the first decoded token); new slots get ts = t - 1.
+//   2. policy.Observe(&state, p, len, t): p[0..len) are this step's attention probabilities
+//      of the slots (per KV head: max over its G query heads, see ReduceGqaMax; for
+//      layer_shared() policies: the mean over the layer's query heads, see
+//      AverageOverHeads). O(len), allocates nothing.
+//   3. if policy.ShouldEvict(len, budget, t): policy.SelectKeep(state, len, budget, t, ctx,
+//      &keep) writes strictly ascending slot indices; the caller compacts cache and state.
+//
+// Ranking and ties. Every policy ranks candidate slots by (score descending, slot index
+// ascending): among equal scores the OLDER slot (smaller index; slots stay in position
+// order under compaction) is kept and the newer one evicted. Everything is deterministic:
+// no randomness, no dependence on thread count, so two runs and two tensor-parallel ranks
+// that see the same probabilities keep the same slots.
+//
+// Value protection (VaSE lesson, EVICTION.md section 3): with
+// PolicyOptions::value_protection = f > 0 and SelectContext::value_range set, every policy
+// first keeps the floor(f * budget) candidate slots with the largest value range (max - min
+// of V over head_dim), then fills the remaining quota by its own score. Slots the policy
+// always keeps (recent window, sinks) are not candidates and do not use the quota.
+//
+// Thread safety: policies are immutable and may be shared across threads; a HeadState and a
+// SelectScratch are used by one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace recall::cache::eviction {
+
+// One Options struct for every policy; each policy reads the fields it needs.
+struct PolicyOptions {
+  // "full", "streaming", "h2o", "tova", "lazy".
+  std::string name = "full";
+  // W: LazyEviction's observation window and protected recent window; H2O's recent window.
+  // Lazy evicts only at steps t with t % window == 0. Must be >= 1.
+  int window = 32;
+  // LazyEviction importance threshold: slot j is important at a step iff p_j >= alpha.
+  // Default 1e-4 (the released default for Qwen-7B; use 5e-4 for Llama-3-8B).
+  float alpha = 1e-4f;
+  // StreamingLLM attention sinks: the first `sinks` slots are always kept.
+  int sinks = 4;
+  // Fraction of the budget reserved for the largest-value-range slots, in [0, 1); 0 = off.
+  float value_protection = 0.0f;
+  // Seed for stochastic policies (VaSE, later); deterministic policies ignore it.
+  uint64_t seed = 0;
+};
+
+// Per-slot state of one (sequence, layer, KV head), in slot order. All arrays have the same
+// size, which must equal the cache's length for that (layer, head) between steps.
+struct HeadState {
+  std::vector<int32_t> ts;   // LazyEviction: last step the slot was important
+  std::vector<int32_t> mri;  // LazyEviction: maximum recurrence interval
+  std::vector<float> score;  // H2O: accumulated attention; TOVA: last step's attention
+
+  int size() const { return static_cast<int>(ts.size()); }
+  // Pre-sizes the arrays so that appends up to `slots` do not allocate.
+  void Reserve(int slots);
+};
+
+// Appends `n` slots appended before step t's Observe: ts = t - 1, mri = 0, score = 0.
+// Prompt tokens seen at the first decode step (t = 1) thus start with ts = 0.
+void AppendSlots(HeadState* state, int n, int t);
+
+// Keeps only the slots in `keep` (strictly ascending, within size), moving them to the
+// front in order: the same operation as SequenceCache::Compact. CHECKs the precondition.
+void CompactState(HeadState* state, const std::vector<int32_t>& keep);
+
+// Scratch memory reused by SelectKeep (no allocation after warm-up).
+struct SelectScratch {
+  std::vector<double> score;
+  std::vector<int32_t> order;
+};
+
+// Everything SelectKeep needs besides the state. `value_range` may be null (then value
+// protection is off for this call). session/layer/head/eviction_count seed stochastic
+// policies reproducibly (identical on every tensor-parallel rank).
+struct SelectContext {
+  const float* value_range = nullptr;  // [len] max - min of V over head_dim, per slot
+  uint64_t session = 0;
+  int layer = 0;
+  int head = 0;
+  int64_t eviction_count = 0;
+  SelectScratch* scratch = nullptr;  // REQUIRES: non-null
+};
+
+class EvictionPolicy {
+ public:
+  explicit EvictionPolicy(const PolicyOptions& options) : options_(options) {}
+  virtual ~EvictionPolicy() = default;
+  EvictionPolicy(const EvictionPolicy&) = delete;
+  EvictionPolicy& operator=(const EvictionPolicy&) = delete;
+
+  virtual absl::string_view name() const = 0;
+
+  // True if the policy reads attention probabilities (Observe is a no-op otherwise and the
+  // caller may skip computing them).
+  virtual bool needs_attention() const { return true; }
+  // True if one keep set is shared by all KV heads of a layer (TOVA): the caller keeps one
+  // HeadState per layer, feeds it the mean over the layer's query heads and compacts every
+  // head with the same keep list.
+  virtual bool layer_shared() const { return false; }
+  // Smallest budget the policy accepts (e.g. the recent window). Budgets below it are
+  // raised to it by the caller (BudgetOptions::reserved).
+  virtual int min_budget() const { return 1; }
+
+  // Updates `state` with step t's probabilities p[0..len).
+  // REQUIRES: state->size() == len, t >= 1.
+  virtual void Observe(HeadState* state, const float* p, int len, int t) const = 0;
+
+  // Whether to evict at step t with `len` slots and budget `budget` tokens.
+  virtual bool ShouldEvict(int len, int budget, int t) const = 0;
+
+  // Writes to *keep the strictly ascending slot indices to keep, exactly min(len, budget)
+  // of them. REQUIRES: state.size() == len, budget >= min_budget(), ctx.scratch != null.
+  virtual void SelectKeep(const HeadState& state, int len, int budget, int t,
+                          const SelectContext& ctx, std::vector<int32_t>* keep) const = 0;
+
+  const PolicyOptions& options() const { return options_; }
+
+ private:
+  const PolicyOptions options_;
+};
+
+// The names CreatePolicy accepts, in order, for messages and parameterized tests.
+const std::vector<std::string>& PolicyNames();
+
+// InvalidArgument for an unknown name (the message lists the valid names) or an
+// out-of-range option (the message names the field and the limit).
+absl::StatusOr<std::unique_ptr<EvictionPolicy>> CreatePolicy(const PolicyOptions& options);
+
+// GQA reduction for one layer: out[kh * stride + j] = max over the G = n_heads / n_kv_heads
+// query heads qh = kh * G + g of probs[qh * stride + j], for j < lengths[kh].
+//   probs:   [n_heads, stride]    one layer's slice of BatchItem::attn_probs
+//   lengths: [n_kv_heads]          slots per KV head
+//   out:     [n_kv_heads, stride]
+// Deviation from the released LazyEviction code, which keeps KV per query head and so one
+// state per query head: we keep KV per KV head, so a slot is important for its KV head iff
+// it is important for ANY query head of the group (max >= alpha), its ts is the latest
+// step any of them found it important, and it is kept or evicted for all G heads together.
+// With G = 1 (or n_kv_heads = n_heads) this is the identity, i.e. the per-query-head mode.
+// REQUIRES: n_heads % n_kv_heads == 0, lengths[kh] <= stride.
+void ReduceGqaMax(const float* probs, int n_heads, int n_kv_heads, int64_t stride,
+                  const int32_t* lengths, float* out);
+
+// TOVA's per-layer reduction: out[j] = mean over the layer's n_heads query heads of
+// probs[qh * stride + j], j < len.  probs: [n_heads, stride], out: [len].
+void AverageOverHeads(const float* probs, int n_heads, int64_t stride, int len, float* out);
+
+// Value range of one V row: max_d v_row[d] - min_d v_row[d]. v_row: [head_dim].
+float ValueRange(const float* v_row, int head_dim);
+
+}  // namespace recall::cache::eviction

@@ -1,0 +1,112 @@
+// SessionEvictor: applies one EvictionPolicy to one sequence's SequenceCache, step by step.
+//
+// Owns the per-(layer, KV head) HeadStates (one per layer for layer_shared() policies), the
+// per-layer budgets (BudgetAllocator) and all scratch. Usage in the decode loop, after the
+// forward pass appended the step's token and filled BatchItem::attn_probs:
+//
+//   RECALL_RETURN_IF_ERROR(evictor->Step(probs, stride));   // may compact + trim the cache
+//
+// Step(probs, stride):
+//   1. t = ++step (t = 1 at the first call: the first decode step after prefill).
+//   2. Brings every state up to the cache length: slots appended since the last step
+//      (the whole prompt at t = 1) get AppendSlots(.., t), i.e. ts = t - 1.
+//   3. Per layer l with budget C_l (BudgetAllocator over next_position()):
+//      - per-KV-head policies: p = ReduceGqaMax over the layer's query heads (max over the
+//        G heads of each KV head's group); Observe; if ShouldEvict: SelectKeep (value
+//        ranges from the cache's V rows when value_protection > 0), then
+//        SequenceCache::Compact + CompactState with the same keep list.
+//      - layer_shared() policies (TOVA): p = AverageOverHeads over all query heads, one
+//        state, one keep list applied to every KV head of the layer (value range: max over
+//        the layer's KV heads).
+//   4. TrimBlocks() if anything was compacted, so the pool gets the memory back at once.
+//
+// probs: [n_layers, n_heads, stride] laid out as BatchItem::attn_probs:
+// probs[(layer * n_heads + qh) * stride + slot]; may be null iff !policy.needs_attention().
+// The cache must not be compacted by anyone else between steps (CHECKed).
+//
+// Hot path: after warm-up (scratch grown to the largest length seen) Step allocates only
+// when a state or keep list grows past its previous capacity; Reserve(max_len) avoids
+// even that.
+//
+// Not thread safe: one sequence is stepped by one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "cache/eviction/budget.h"
+#include "cache/eviction/eviction_policy.h"
+#include "cache/sequence_cache.h"
+
+namespace recall::cache::eviction {
+
+struct SessionEvictorOptions {
+  PolicyOptions policy;
+  BudgetOptions budget;  // `reserved` is raised to the policy's min_budget()
+  int n_heads = 0;       // query heads of the model (this rank)
+  uint64_t session = 0;  // seeds stochastic policies together with PolicyOptions::seed
+};
+
+class SessionEvictor {
+ public:
+  // InvalidArgument for bad policy/budget options or n_heads not a positive multiple of the
+  // cache's n_kv_heads. The cache must outlive the evictor.
+  static absl::StatusOr<std::unique_ptr<SessionEvictor>> Create(
+      const SessionEvictorOptions& options, SequenceCache* cache);
+
+  // One decode step, see above. InvalidArgument if probs is null while the policy needs
+  // attention, or stride < the longest (layer, head) length; nothing is changed then.
+  absl::Status Step(const float* probs, int64_t stride);
+
+  // Pre-sizes states and scratch for `max_len` slots per head (optional).
+  void Reserve(int max_len);
+
+  int step() const { return step_; }
+  const EvictionPolicy& policy() const { return *policy_; }
+  // Number of (layer, KV head) compactions performed, and slots evicted in total.
+  int64_t evictions() const { return evictions_; }
+  int64_t evicted_slots() const { return evicted_slots_; }
+  // KV bytes the sequence held: the most at the start of any step (after the append), and
+  // after the last step.
+  int64_t peak_kv_bytes() const { return peak_bytes_; }
+  int64_t final_kv_bytes() const { return cache_->bytes_held(); }
+  // Budgets used at the last step, [n_layers].
+  const std::vector<int32_t>& budgets() const { return budgets_; }
+  // State of (layer, head); for layer_shared() policies head must be 0.
+  const HeadState& state(int layer, int head) const;
+  // The keep list of the last SelectKeep call of the last Step (for tests and TP checksums).
+  const std::vector<int32_t>& last_keep() const { return keep_; }
+
+ private:
+  SessionEvictor(const SessionEvictorOptions& options, std::unique_ptr<EvictionPolicy> policy,
+                 BudgetAllocator budgets, SequenceCache* cache);
+
+  // Computes value ranges of slots [0, len) of (layer, head) into value_range_ (max with
+  // what is there when `accumulate`).
+  void ComputeValueRanges(int layer, int head, int len, bool accumulate);
+
+  SessionEvictorOptions options_;
+  std::unique_ptr<EvictionPolicy> policy_;
+  BudgetAllocator allocator_;
+  SequenceCache* cache_;
+  int n_layers_;
+  int n_kv_heads_;
+  int head_dim_;
+  int states_per_layer_;
+  std::vector<HeadState> states_;  // [n_layers * states_per_layer]
+  std::vector<int32_t> budgets_;
+  int step_ = 0;
+  int64_t evictions_ = 0;
+  int64_t evicted_slots_ = 0;
+  int64_t peak_bytes_ = 0;
+  // Scratch.
+  std::vector<float> reduced_;  // [n_kv_heads * stride] or [stride]
+  std::vector<float> value_range_;
+  std::vector<int32_t> keep_;
+  SelectScratch select_;
+};
+
+}  // namespace recall::cache::eviction
