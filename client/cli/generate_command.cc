@@ -39,8 +39,18 @@ constexpr char kUsage[] = R"(usage: recall generate --model PATH [options]
   --system TEXT           system message for --chat
   --threads N             CPU threads (default: all cores)
   --kv-cache-mb MB        KV block pool size (default: one full context)
+  --policy NAME           KV eviction while decoding: full (default), streaming, h2o,
+                          tova, lazy
+  --budget N              KV budget in tokens per layer and KV head (default 256)
+  --budget-frac F         KV budget as a fraction of the sequence length, in (0, 1]
+  --window W              eviction window (lazy: evict every W steps, keep the last W;
+                          h2o: recent window) (default 32)
+  --alpha A               lazy importance threshold (default 1e-4)
+  --layer-budgets SPEC    uniform (default), pyramid, or a profile file with one weight
+                          per layer
+  --value-protection F    keep this fraction of the budget for the largest-value tokens
   --echo                  print the prompt before the generated text
-  --stats                 print token counts, speed and KV bytes to stderr
+  --stats                 print token counts, speed, KV bytes and evictions to stderr
 )";
 
 struct Loaded {
@@ -82,6 +92,39 @@ model::ChatFormat GuessChatFormat(const model::Tokenizer& tok) {
   return model::ChatFormat::kPlain;
 }
 
+absl::StatusOr<std::optional<cache::eviction::SessionEvictorOptions>> EvictionFromArgs(
+    const Args& args) {
+  const std::string policy = args.GetString("policy", "full");
+  if (policy == "full" && !args.Has("budget") && !args.Has("budget-frac")) return std::nullopt;
+  if (args.Has("budget") && args.Has("budget-frac")) {
+    return absl::InvalidArgumentError("--budget and --budget-frac are exclusive; give one");
+  }
+  cache::eviction::SessionEvictorOptions o;
+  o.policy.name = policy;
+  RECALL_ASSIGN_OR_RETURN(const int64_t window, args.GetInt("window", 32, 1, 1 << 20));
+  o.policy.window = static_cast<int>(window);
+  RECALL_ASSIGN_OR_RETURN(const double alpha, args.GetDouble("alpha", 1e-4, 0, 1));
+  o.policy.alpha = static_cast<float>(alpha);
+  RECALL_ASSIGN_OR_RETURN(const double vp, args.GetDouble("value-protection", 0, 0, 0.99));
+  o.policy.value_protection = static_cast<float>(vp);
+  if (args.Has("budget-frac")) {
+    RECALL_ASSIGN_OR_RETURN(const double f, args.GetDouble("budget-frac", 1, 1e-6, 1));
+    o.budget.unit = cache::eviction::BudgetOptions::Unit::kFraction;
+    o.budget.budget = f;
+  } else {
+    RECALL_ASSIGN_OR_RETURN(const int64_t c, args.GetInt("budget", 256, 1, 1 << 24));
+    o.budget.budget = static_cast<double>(c);
+  }
+  const std::string layers = args.GetString("layer-budgets", "uniform");
+  if (layers == "pyramid") {
+    o.budget.kind = cache::eviction::BudgetOptions::Kind::kPyramid;
+  } else if (layers != "uniform") {
+    o.budget.kind = cache::eviction::BudgetOptions::Kind::kProfile;
+    o.budget.profile_path = layers;
+  }
+  return o;
+}
+
 absl::Status Run(const Args& args) {
   if (!args.Has("model")) return absl::InvalidArgumentError("--model is required");
   RECALL_ASSIGN_OR_RETURN(const int64_t max_tokens, args.GetInt("max-tokens", 256, 1, 1 << 20));
@@ -96,6 +139,8 @@ absl::Status Run(const Args& args) {
   RECALL_ASSIGN_OR_RETURN(const int64_t threads, args.GetInt("threads", 0, 0, 1024));
   RECALL_ASSIGN_OR_RETURN(const int64_t kv_mb, args.GetInt("kv-cache-mb", 0, 0, 1 << 24));
 
+  RECALL_ASSIGN_OR_RETURN(std::optional<cache::eviction::SessionEvictorOptions> eviction,
+                          EvictionFromArgs(args));
   RECALL_ASSIGN_OR_RETURN(Loaded loaded, LoadAll(args));
   const model::ModelConfig& config = loaded.model->config;
   const model::Tokenizer& tok = *loaded.tokenizer;
@@ -109,6 +154,7 @@ absl::Status Run(const Args& args) {
   options.sampling.repetition_penalty = static_cast<float>(rep);
   options.sampling.seed = static_cast<uint64_t>(seed);
   options.stop_strings = args.GetAll("stop");
+  options.eviction = eviction;
   if (tok.eos_id() >= 0) options.stop_token_ids.push_back(tok.eos_id());
   if (!loaded.hf_tokenizer && tok.bos_id() >= 0) {
     // llama2.c convention (run.c): a BOS token delimits sequences, so it ends the output.
@@ -158,15 +204,23 @@ absl::Status Run(const Args& args) {
       engine::Generate(forward, *pool, tok, prompt, options,
                        [](const std::string& delta) { std::cout << delta << std::flush; }));
   std::cout << std::endl;
+  if (args.Has("stats") || eviction.has_value()) {
+    std::fprintf(stderr, "kv: policy=%s peak_kv_bytes=%lld final_kv_bytes=%lld evictions=%lld "
+                 "evicted_slots=%lld\n",
+                 eviction ? eviction->policy.name.c_str() : "full",
+                 static_cast<long long>(result.peak_kv_bytes),
+                 static_cast<long long>(result.final_kv_bytes),
+                 static_cast<long long>(result.evictions),
+                 static_cast<long long>(result.evicted_slots));
+  }
   if (args.Has("stats")) {
     const int n = static_cast<int>(result.tokens.size());
     std::fprintf(stderr,
                  "prompt_tokens=%d generated_tokens=%d finish=%s prefill_tok_s=%.1f "
-                 "decode_tok_s=%.1f peak_kv_bytes=%lld\n",
+                 "decode_tok_s=%.1f\n",
                  result.prompt_tokens, n, engine::FinishReasonName(result.finish_reason),
                  result.prompt_tokens / std::max(result.prefill_seconds, 1e-9),
-                 n / std::max(result.decode_seconds, 1e-9),
-                 static_cast<long long>(result.peak_kv_bytes));
+                 n / std::max(result.decode_seconds, 1e-9));
   }
   return absl::OkStatus();
 }
@@ -177,7 +231,9 @@ int RunGenerate(const std::vector<std::string>& argv) {
   absl::StatusOr<Args> args = Args::Parse(
       argv,
       {"model", "tokenizer", "prompt", "max-tokens", "temperature", "top-p", "top-k",
-       "repetition-penalty", "seed", "stop", "chat-format", "system", "threads", "kv-cache-mb"},
+       "repetition-penalty", "seed", "stop", "chat-format", "system", "threads", "kv-cache-mb",
+       "policy", "budget", "budget-frac", "window", "alpha", "layer-budgets",
+       "value-protection"},
       {"chat", "echo", "stats", "help"});
   if (!args.ok()) {
     std::cerr << "recall generate: " << args.status().message() << "\n\n" << kUsage;

@@ -91,6 +91,20 @@ absl::StatusOr<GenerateResult> Generate(ForwardPass& forward, cache::BlockPool& 
   std::vector<int32_t> history = prompt;
   history.reserve(prompt.size() + options.max_tokens);
 
+  std::unique_ptr<cache::eviction::SessionEvictor> evictor;
+  std::vector<float> probs;
+  int64_t probs_stride = 0;
+  if (options.eviction.has_value()) {
+    cache::eviction::SessionEvictorOptions eo = *options.eviction;
+    eo.n_heads = config.n_heads;
+    RECALL_ASSIGN_OR_RETURN(evictor, cache::eviction::SessionEvictor::Create(eo, &seq));
+    if (evictor->policy().needs_attention()) {
+      // A head never holds more slots than the context.
+      probs_stride = config.max_seq_len;
+      probs.resize(static_cast<size_t>(config.n_layers) * config.n_heads * probs_stride);
+    }
+  }
+
   // Prefill in chunks; only the last chunk's last token needs logits.
   Stopwatch watch;
   for (size_t start = 0; start < prompt.size(); start += options.prefill_chunk) {
@@ -154,8 +168,18 @@ absl::StatusOr<GenerateResult> Generate(ForwardPass& forward, cache::BlockPool& 
     item.cache = &seq;
     item.tokens = &result.tokens.back();
     item.n = 1;
+    item.attn_probs = probs.empty() ? nullptr : probs.data();
+    item.probs_stride = probs_stride;
     RECALL_RETURN_IF_ERROR(forward.Run({&item, 1}, logits.data()));
     result.peak_kv_bytes = std::max(result.peak_kv_bytes, seq.bytes_held());
+    if (evictor != nullptr) {
+      RECALL_RETURN_IF_ERROR(evictor->Step(item.attn_probs, probs_stride));
+    }
+  }
+  result.final_kv_bytes = seq.bytes_held();
+  if (evictor != nullptr) {
+    result.evictions = evictor->evictions();
+    result.evicted_slots = evictor->evicted_slots();
   }
   if (result.finish_reason != FinishReason::kStopString) result.text += stream.Flush();
   if (on_text && result.text.size() > emitted) on_text(result.text.substr(emitted));

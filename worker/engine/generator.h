@@ -7,11 +7,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "cache/block_pool.h"
+#include "cache/eviction/session_evictor.h"
 #include "kernels/sampling_params.h"
 #include "worker/engine/forward.h"
 #include "worker/model/tokenizer.h"
@@ -24,6 +26,9 @@ struct GenerateOptions {
   std::vector<int32_t> stop_token_ids;   // e.g. EOS; not part of the output text
   std::vector<std::string> stop_strings; // output ends before the first occurrence
   int prefill_chunk = 256;               // prompt tokens per forward pass
+  // KV eviction while decoding (the prompt is prefilled whole, then evictable); unset means
+  // the full cache.
+  std::optional<cache::eviction::SessionEvictorOptions> eviction;
 };
 
 enum class FinishReason { kLength, kStopToken, kStopString, kContext };
@@ -36,7 +41,10 @@ struct GenerateResult {
   int prompt_tokens = 0;
   double prefill_seconds = 0;
   double decode_seconds = 0;
-  int64_t peak_kv_bytes = 0;
+  int64_t peak_kv_bytes = 0;   // most KV bytes the sequence held at any point
+  int64_t final_kv_bytes = 0;  // KV bytes held when generation ended
+  int64_t evictions = 0;       // (layer, KV head) compactions done by the eviction policy
+  int64_t evicted_slots = 0;   // token slots evicted in total
 };
 
 // Called with each new piece of text as soon as it cannot belong to a stop string.

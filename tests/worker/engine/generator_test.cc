@@ -151,3 +151,48 @@ TEST_F(GeneratorTest, BadOptionsNameTheField) {
 
 }  // namespace
 }  // namespace recall::engine
+
+namespace recall::engine {
+namespace {
+
+TEST_F(GeneratorTest, EvictionKeepsTheCacheWithinBudgetAndIsDeterministic) {
+  // Prompt 6 + 50 generated = 56 tokens through a lazy cache of C = 16, W = 8: the cache
+  // peaks at C + W and ends at C (+ the tokens appended since the last eviction).
+  GenerateOptions o;
+  o.max_tokens = 50;
+  o.sampling.temperature = 0;
+  cache::eviction::SessionEvictorOptions eo;
+  eo.policy.name = "lazy";
+  eo.policy.window = 8;
+  eo.budget.budget = 16;
+  o.eviction = eo;
+  auto a = Run(o), b = Run(o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(a->tokens, b->tokens) << "eviction must be deterministic";
+  EXPECT_GT(a->evictions, 0);
+  const int64_t block_bytes = pool_->block_bytes();  // 8 tokens per block
+  EXPECT_LE(a->peak_kv_bytes, 4 * block_bytes) << "C + W = 24 slots, plus one partial block";
+  EXPECT_LE(a->final_kv_bytes, 3 * block_bytes);
+  EXPECT_EQ(pool_->free_blocks(), pool_->num_blocks());
+
+  o.eviction.reset();
+  auto full = Run(o);
+  ASSERT_TRUE(full.ok());
+  EXPECT_EQ(full->evictions, 0);
+  EXPECT_EQ(full->final_kv_bytes, 7 * block_bytes) << "56 slots in blocks of 8";
+}
+
+TEST_F(GeneratorTest, BadEvictionOptionsAreRejected) {
+  GenerateOptions o;
+  cache::eviction::SessionEvictorOptions eo;
+  eo.policy.name = "lru";
+  o.eviction = eo;
+  const absl::Status st = Run(o).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("lazy"), std::string::npos) << st.message();
+  EXPECT_EQ(pool_->free_blocks(), pool_->num_blocks()) << "the prompt's blocks go back";
+}
+
+}  // namespace
+}  // namespace recall::engine
