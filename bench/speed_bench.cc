@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "bench/policy_overhead.h"
 #include "cache/block_pool.h"
 #include "common/clock.h"
 #include "kernels/backend.h"
@@ -139,7 +140,7 @@ int Main(int argc, char** argv) {
                 std::string(config.status().message()).c_str());
     return 0;
   }
-  config->max_seq_len = std::max(config->max_seq_len, f.prompt + f.steps + 2);
+  config->max_seq_len = std::max(config->max_seq_len, f.prompt + f.steps + 128);
   std::unique_ptr<kernels::Backend> backend = kernels::CreateCpuBackend({f.threads});
 
   const double bw = MeasureCopyBandwidthGBs();
@@ -170,6 +171,16 @@ int Main(int argc, char** argv) {
   }
   std::printf("\n(dec_* and prefill in tokens/s; roofline = bandwidth / bytes read per token; "
               "prefill GFLOP/s counts matmul FLOPs only)\n");
+
+  // Eviction bookkeeping: decode-step time per policy vs FullKV at the same length (bf16).
+  auto model = model::MakeRandomModel(*config, kernels::DType::kBF16, 1);
+  if (model.ok()) {
+    PolicyOverheadOptions po;
+    po.prompt = f.prompt;
+    std::printf("\ndecode step with eviction, bf16, budget C = %d, W = %d, %d steps:\n",
+                po.prompt, po.window, po.steps);
+    RunPolicyOverhead(**model, *backend, po);
+  }
   return 0;
 }
 

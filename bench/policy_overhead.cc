@@ -1,0 +1,85 @@
+#include "bench/policy_overhead.h"
+
+#include <cstdio>
+#include <memory>
+
+#include "cache/block_pool.h"
+#include "cache/eviction/session_evictor.h"
+#include "common/clock.h"
+#include "worker/engine/forward.h"
+
+namespace recall::bench {
+namespace {
+
+// Mean seconds per decode step for `policy` ("" = plain FullKV: no probabilities, no
+// evictor), after prefilling `prompt` tokens.
+double StepSeconds(const model::Model& model, kernels::Backend& backend, cache::BlockPool& pool,
+                   const PolicyOverheadOptions& o, const std::string& policy) {
+  const model::ModelConfig& c = model.config;
+  engine::ForwardPass forward(model, backend, {o.prompt});
+  cache::SequenceCache seq(&pool);
+  std::vector<int32_t> prompt(o.prompt);
+  for (int i = 0; i < o.prompt; ++i) prompt[i] = (i * 7919 + 13) % c.vocab_size;
+  std::vector<float> logits(c.vocab_size);
+  engine::BatchItem pre{&seq, prompt.data(), o.prompt};
+  if (!forward.Run({&pre, 1}, logits.data()).ok()) return -1;
+
+  std::unique_ptr<cache::eviction::SessionEvictor> evictor;
+  const int64_t stride = o.prompt + o.steps + 8;
+  std::vector<float> probs;
+  if (!policy.empty()) {
+    cache::eviction::SessionEvictorOptions eo;
+    eo.policy.name = policy;
+    eo.policy.window = o.window;
+    eo.budget.budget = o.prompt;
+    eo.n_heads = c.n_heads;
+    auto created = cache::eviction::SessionEvictor::Create(eo, &seq);
+    if (!created.ok()) {
+      std::printf("%-10s %s\n", policy.c_str(), std::string(created.status().message()).c_str());
+      return -1;
+    }
+    evictor = std::move(*created);
+    if (evictor->policy().needs_attention()) {
+      probs.resize(static_cast<size_t>(c.n_layers) * c.n_heads * stride);
+    }
+  }
+  int32_t tok = 1;
+  engine::BatchItem item{&seq, &tok, 1};
+  item.attn_probs = probs.empty() ? nullptr : probs.data();
+  item.probs_stride = stride;
+  Stopwatch w;
+  for (int s = 0; s < o.steps; ++s) {
+    tok = (tok * 31 + 7) % c.vocab_size;
+    if (!forward.Run({&item, 1}, logits.data()).ok()) return -1;
+    if (evictor != nullptr && !evictor->Step(item.attn_probs, stride).ok()) return -1;
+  }
+  return w.ElapsedSeconds() / o.steps;
+}
+
+}  // namespace
+
+void RunPolicyOverhead(const model::Model& model, kernels::Backend& backend,
+                       const PolicyOverheadOptions& o) {
+  const model::ModelConfig& c = model.config;
+  auto pool = cache::BlockPool::Create({c.n_layers, c.n_kv_heads, c.head_dim, 16},
+                                       (o.prompt + o.steps + o.window) / 16 + 4);
+  if (!pool.ok()) {
+    std::printf("policy overhead: %s\n", std::string(pool.status().message()).c_str());
+    return;
+  }
+  // Warm up, then measure the baseline twice around the policies to expose drift.
+  StepSeconds(model, backend, **pool, o, "");
+  const double base = StepSeconds(model, backend, **pool, o, "");
+  std::printf("%-10s %12s %10s\n", "policy", "step_ms", "overhead");
+  std::printf("%-10s %12.3f %9s\n", "(plain)", base * 1e3, "-");
+  for (const std::string& policy : o.policies) {
+    const double t = StepSeconds(model, backend, **pool, o, policy);
+    if (t < 0) continue;
+    std::printf("%-10s %12.3f %+9.1f%%\n", policy.c_str(), t * 1e3, 100.0 * (t / base - 1.0));
+  }
+  const double base2 = StepSeconds(model, backend, **pool, o, "");
+  std::printf("%-10s %12.3f %9s  (baseline again: drift %+.1f%%)\n", "(plain)", base2 * 1e3,
+              "-", 100.0 * (base2 / base - 1.0));
+}
+
+}  // namespace recall::bench
