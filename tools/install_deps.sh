@@ -9,6 +9,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libsentencepiece-dev libopenblas-dev nlohmann-json3-dev libpcre2-dev
   libsqlite3-dev
+  gnuplot-nox
 )
 
 missing=()

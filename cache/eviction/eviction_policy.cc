@@ -7,8 +7,11 @@
 #include "cache/eviction/full_policy.h"
 #include "cache/eviction/h2o_policy.h"
 #include "cache/eviction/lazy_policy.h"
+#include "cache/eviction/rkv_policy.h"
+#include "cache/eviction/snapkv_policy.h"
 #include "cache/eviction/streaming_policy.h"
 #include "cache/eviction/tova_policy.h"
+#include "cache/eviction/vase_policy.h"
 #include "common/logging.h"
 
 namespace recall::cache::eviction {
@@ -43,8 +46,8 @@ void CompactState(HeadState* state, const std::vector<int32_t>& keep) {
 }
 
 const std::vector<std::string>& PolicyNames() {
-  static const std::vector<std::string>* const kNames =
-      new std::vector<std::string>{"full", "streaming", "h2o", "tova", "lazy"};
+  static const std::vector<std::string>* const kNames = new std::vector<std::string>{
+      "full", "streaming", "h2o", "tova", "lazy", "vase", "rkv", "snapkv"};
   return *kNames;
 }
 
@@ -65,12 +68,27 @@ absl::StatusOr<std::unique_ptr<EvictionPolicy>> CreatePolicy(const PolicyOptions
     return absl::InvalidArgumentError(absl::StrCat(
         "eviction policy: value_protection must be in [0, 1), got ", options.value_protection));
   }
+  if (options.interval < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("eviction policy: interval must be >= 1, got ", options.interval));
+  }
+  if (options.query_window < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("eviction policy: query_window must be >= 1, got ", options.query_window));
+  }
+  if (!(options.lambda >= 0.0f && options.lambda <= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("eviction policy: lambda must be in [0, 1], got ", options.lambda));
+  }
   const std::string& n = options.name;
   if (n == "full") return std::make_unique<FullKvPolicy>(options);
   if (n == "streaming") return std::make_unique<StreamingPolicy>(options);
   if (n == "h2o") return std::make_unique<H2oPolicy>(options);
   if (n == "tova") return std::make_unique<TovaPolicy>(options);
   if (n == "lazy") return std::make_unique<LazyPolicy>(options);
+  if (n == "vase") return std::make_unique<VasePolicy>(options);
+  if (n == "rkv") return std::make_unique<RkvPolicy>(options);
+  if (n == "snapkv") return std::make_unique<SnapKvPolicy>(options);
   return absl::InvalidArgumentError(absl::StrCat("eviction policy: unknown name '", n,
                                                  "'; valid names: ",
                                                  absl::StrJoin(PolicyNames(), ", ")));

@@ -20,8 +20,12 @@
 // Ranking and ties. Every policy ranks candidate slots by (score descending, slot index
 // ascending): among equal scores the OLDER slot (smaller index; slots stay in position
 // order under compaction) is kept and the newer one evicted. Everything is deterministic:
-// no randomness, no dependence on thread count, so two runs and two tensor-parallel ranks
-// that see the same probabilities keep the same slots.
+// no dependence on thread count, and no randomness except VaSE's sampling, which is a pure
+// function of PolicyOptions::seed and the SelectContext seed fields; so two runs and two
+// tensor-parallel ranks that see the same probabilities keep the same slots.
+//
+// Prefill-time policies (compresses_prefill(), SnapKV) do their work once, through
+// SessionEvictor::CompressPrefill, before step 1; they never evict at decode.
 //
 // Value protection (VaSE lesson, EVICTION.md section 3): with
 // PolicyOptions::value_protection = f > 0 and SelectContext::value_range set, every policy
@@ -45,28 +49,43 @@ namespace recall::cache::eviction {
 
 // One Options struct for every policy; each policy reads the fields it needs.
 struct PolicyOptions {
-  // "full", "streaming", "h2o", "tova", "lazy".
+  // "full", "streaming", "h2o", "tova", "lazy", "vase", "rkv", "snapkv".
   std::string name = "full";
-  // W: LazyEviction's observation window and protected recent window; H2O's recent window.
-  // Lazy evicts only at steps t with t % window == 0. Must be >= 1.
+  // W: LazyEviction's observation window and protected recent window; H2O's recent window;
+  // VaSE's eviction interval and attention window (the paper uses 64); SnapKV's prefill
+  // observation window and protected window (32 to 64). Lazy and VaSE evict only at steps t
+  // with t % window == 0. Must be >= 1.
   int window = 32;
   // LazyEviction importance threshold: slot j is important at a step iff p_j >= alpha.
   // Default 1e-4 (the released default for Qwen-7B; use 5e-4 for Llama-3-8B).
   float alpha = 1e-4f;
-  // StreamingLLM attention sinks: the first `sinks` slots are always kept.
+  // StreamingLLM and VaSE attention sinks: the first `sinks` slots are always kept.
   int sinks = 4;
   // Fraction of the budget reserved for the largest-value-range slots, in [0, 1); 0 = off.
+  // VaSE always protects such a quota: this fraction if > 0, else 0.25 (kVaseValueQuota).
   float value_protection = 0.0f;
-  // Seed for stochastic policies (VaSE, later); deterministic policies ignore it.
+  // Seed for stochastic policies (VaSE); deterministic policies ignore it.
   uint64_t seed = 0;
+  // R-KV: compress every `interval` decode steps (t % interval == 0). Must be >= 1.
+  int interval = 128;
+  // R-KV: the importance is the mean attention of the last `query_window` queries (clipped to
+  // `interval`); the last `query_window` slots are always kept. Must be >= 1.
+  int query_window = 8;
+  // R-KV: score = lambda * importance - (1 - lambda) * redundancy. In [0, 1].
+  float lambda = 0.1f;
 };
 
 // Per-slot state of one (sequence, layer, KV head), in slot order. All arrays have the same
 // size, which must equal the cache's length for that (layer, head) between steps.
 struct HeadState {
-  std::vector<int32_t> ts;   // LazyEviction: last step the slot was important
+  // LazyEviction: last step the slot was important. Every other policy leaves it as
+  // AppendSlots set it (t - 1 for a slot appended before step t), which VaSE reads to know
+  // how many of the window's queries saw the slot.
+  std::vector<int32_t> ts;
   std::vector<int32_t> mri;  // LazyEviction: maximum recurrence interval
-  std::vector<float> score;  // H2O: accumulated attention; TOVA: last step's attention
+  // H2O: accumulated attention; TOVA: last step's attention; VaSE, R-KV: attention summed over
+  // the current observation window; SnapKV (prefill only): the pooled window score.
+  std::vector<float> score;
 
   int size() const { return static_cast<int>(ts.size()); }
   // Pre-sizes the arrays so that appends up to `slots` do not allocate.
@@ -85,13 +104,20 @@ void CompactState(HeadState* state, const std::vector<int32_t>& keep);
 struct SelectScratch {
   std::vector<double> score;
   std::vector<int32_t> order;
+  std::vector<double> aux;  // per-slot intermediate scores (pooling, redundancy)
+  std::vector<double> aux2;
+  std::vector<float> rows;  // normalized key rows (R-KV)
 };
 
 // Everything SelectKeep needs besides the state. `value_range` may be null (then value
-// protection is off for this call). session/layer/head/eviction_count seed stochastic
-// policies reproducibly (identical on every tensor-parallel rank).
+// protection is off for this call) unless the policy needs_value_range(); `keys` is set
+// for policies that needs_keys(). session/layer/head/eviction_count seed stochastic
+// policies reproducibly (identical on every tensor-parallel rank: SessionEvictor passes the
+// model-global KV head index and the number of earlier evictions of this (layer, head)).
 struct SelectContext {
   const float* value_range = nullptr;  // [len] max - min of V over head_dim, per slot
+  const float* keys = nullptr;         // [len, head_dim] K rows of the slots, in slot order
+  int head_dim = 0;
   uint64_t session = 0;
   int layer = 0;
   int head = 0;
@@ -118,6 +144,13 @@ class EvictionPolicy {
   // Smallest budget the policy accepts (e.g. the recent window). Budgets below it are
   // raised to it by the caller (BudgetOptions::reserved).
   virtual int min_budget() const { return 1; }
+  // True if SelectKeep needs SelectContext::value_range even with value_protection = 0.
+  virtual bool needs_value_range() const { return false; }
+  // True if SelectKeep needs SelectContext::keys.
+  virtual bool needs_keys() const { return false; }
+  // True if the policy compresses the prompt once at prefill from the last prompt queries
+  // (SnapKV): the engine must call SessionEvictor::CompressPrefill before the first Step.
+  virtual bool compresses_prefill() const { return false; }
 
   // Updates `state` with step t's probabilities p[0..len).
   // REQUIRES: state->size() == len, t >= 1.

@@ -9,6 +9,11 @@ namespace recall::cache::eviction::internal {
 
 void KeepTopK(const PolicyOptions& options, int budget, int begin, int end, int k,
               const SelectContext& ctx, std::vector<int32_t>* keep) {
+  KeepTopK(options.value_protection, budget, begin, end, k, ctx, keep);
+}
+
+void KeepTopK(float value_protection, int budget, int begin, int end, int k,
+              const SelectContext& ctx, std::vector<int32_t>* keep) {
   RECALL_CHECK(ctx.scratch != nullptr) << "SelectContext::scratch is required";
   RECALL_CHECK(0 <= begin && begin <= end) << "bad candidate range";
   const int n = end - begin;
@@ -23,8 +28,8 @@ void KeepTopK(const PolicyOptions& options, int budget, int begin, int end, int 
   for (int i = 0; i < n; ++i) s.order[static_cast<size_t>(i)] = begin + i;
 
   int q = 0;
-  if (options.value_protection > 0.0f && ctx.value_range != nullptr) {
-    q = std::min(k, static_cast<int>(std::floor(options.value_protection * budget)));
+  if (value_protection > 0.0f && ctx.value_range != nullptr) {
+    q = std::min(k, static_cast<int>(std::floor(value_protection * budget)));
   }
   if (q > 0) {
     const float* vr = ctx.value_range;
@@ -47,6 +52,24 @@ void KeepTopK(const PolicyOptions& options, int budget, int begin, int end, int 
 
 void KeepRange(int begin, int end, std::vector<int32_t>* keep) {
   for (int j = begin; j < end; ++j) keep->push_back(j);
+}
+
+void AvgPool(const double* x, int n, int kernel, double* out) {
+  const int r = kernel / 2;
+  for (int j = 0; j < n; ++j) {
+    double sum = 0.0;
+    for (int i = std::max(0, j - r); i <= std::min(n - 1, j + r); ++i) sum += x[i];
+    out[j] = sum / kernel;
+  }
+}
+
+void MaxPool(const double* x, int n, int kernel, double* out) {
+  const int r = kernel / 2;
+  for (int j = 0; j < n; ++j) {
+    double m = x[j];
+    for (int i = std::max(0, j - r); i <= std::min(n - 1, j + r); ++i) m = std::max(m, x[i]);
+    out[j] = m;
+  }
 }
 
 }  // namespace recall::cache::eviction::internal

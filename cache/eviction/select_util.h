@@ -18,6 +18,17 @@ namespace recall::cache::eviction::internal {
 void KeepTopK(const PolicyOptions& options, int budget, int begin, int end, int k,
               const SelectContext& ctx, std::vector<int32_t>* keep);
 
+// As above with the value-protection fraction given explicitly (VaSE's built-in quota).
+void KeepTopK(float value_protection, int budget, int begin, int end, int k,
+              const SelectContext& ctx, std::vector<int32_t>* keep);
+
+// Pools x[0..n) with a centred window of `kernel` (odd) slots, stride 1, padding kernel / 2:
+// out[j] = sum (avg) or max (max) of x[i] for |i - j| <= kernel / 2, 0 <= i < n. The average
+// divides by `kernel` even at the edges (torch avg_pool1d, count_include_pad = True); the
+// max ignores the padding (torch max_pool1d). REQUIRES: out != x.
+void AvgPool(const double* x, int n, int kernel, double* out);
+void MaxPool(const double* x, int n, int kernel, double* out);
+
 // Appends begin, begin + 1, ..., end - 1 to *keep.
 void KeepRange(int begin, int end, std::vector<int32_t>* keep);
 

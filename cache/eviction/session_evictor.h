@@ -19,6 +19,15 @@
 //        state, one keep list applied to every KV head of the layer (value range: max over
 //        the layer's KV heads).
 //   4. TrimBlocks() if anything was compacted, so the pool gets the memory back at once.
+// SelectKeep gets the value ranges of the slots when value_protection > 0 or the policy
+// needs_value_range() (VaSE), the slots' K rows gathered to [len, head_dim] when it
+// needs_keys() (R-KV), and as seed context (session, layer, kv_head_offset + head, number of
+// earlier evictions of that (layer, head)), which does not depend on how many heads this
+// rank holds.
+//
+// Prefill-time policies (policy().compresses_prefill(), SnapKV): after the prompt's forward
+// pass and before the first Step, the engine calls CompressPrefill with the last
+// w = min(policy window, prompt length) prompt queries of every layer.
 //
 // probs: [n_layers, n_heads, stride] laid out as BatchItem::attn_probs:
 // probs[(layer * n_heads + qh) * stride + slot]; may be null iff !policy.needs_attention().
@@ -48,6 +57,8 @@ struct SessionEvictorOptions {
   BudgetOptions budget;  // `reserved` is raised to the policy's min_budget()
   int n_heads = 0;       // query heads of the model (this rank)
   uint64_t session = 0;  // seeds stochastic policies together with PolicyOptions::seed
+  // Model-global index of this rank's KV head 0 (tensor parallelism), for the seed context.
+  int kv_head_offset = 0;
 };
 
 class SessionEvictor {
@@ -58,8 +69,25 @@ class SessionEvictor {
       const SessionEvictorOptions& options, SequenceCache* cache);
 
   // One decode step, see above. InvalidArgument if probs is null while the policy needs
-  // attention, or stride < the longest (layer, head) length; nothing is changed then.
+  // attention, or stride < the longest (layer, head) length; FailedPrecondition for a
+  // compresses_prefill() policy before CompressPrefill; nothing is changed then.
   absl::Status Step(const float* probs, int64_t stride);
+
+  // One-time prompt compression for policies that compresses_prefill() (SnapKV). Call once,
+  // after the whole prompt's K/V are in the cache and before the first Step.
+  //   window_queries: [n_layers, w, n_heads, head_dim]: for every layer, the query vectors
+  //                   (after RoPE, before any scaling) of the LAST w prompt tokens, oldest
+  //                   first, all n_heads query heads of this rank;
+  //   w:              min(policy().options().window, prompt length);
+  //   scale:          the attention logit scale; 0 means 1 / sqrt(head_dim).
+  // Per layer l and KV head h with more slots than the layer's budget C_l: SnapKV's window
+  // scores over the cached K rows, then Compact to C_l slots; then TrimBlocks.
+  // FailedPrecondition if the policy does not compress at prefill, or Step or CompressPrefill
+  // was called already; InvalidArgument if window_queries is null or w is not the value
+  // above (nothing changed then). For such policies Step is FailedPrecondition until
+  // CompressPrefill succeeded (even when the prompt fits the budget), so an engine that does
+  // not wire the hook fails loudly instead of silently running FullKV.
+  absl::Status CompressPrefill(const float* window_queries, int w, float scale = 0.0f);
 
   // Pre-sizes states and scratch for `max_len` slots per head (optional).
   void Reserve(int max_len);
@@ -87,6 +115,10 @@ class SessionEvictor {
   // Computes value ranges of slots [0, len) of (layer, head) into value_range_ (max with
   // what is there when `accumulate`).
   void ComputeValueRanges(int layer, int head, int len, bool accumulate);
+  // Copies the K rows of slots [0, len) of (layer, head) into keys_ ([len, head_dim]).
+  void GatherKeys(int layer, int head, int len);
+  // Fills ctx's value_range / keys for (layer, head) as the policy needs.
+  void PrepareContext(int layer, int head, int len, SelectContext* ctx);
 
   SessionEvictorOptions options_;
   std::unique_ptr<EvictionPolicy> policy_;
@@ -97,14 +129,18 @@ class SessionEvictor {
   int head_dim_;
   int states_per_layer_;
   std::vector<HeadState> states_;  // [n_layers * states_per_layer]
+  std::vector<int64_t> state_evictions_;  // [n_layers * states_per_layer] evictions so far
   std::vector<int32_t> budgets_;
   int step_ = 0;
+  bool prefill_compressed_ = false;  // CompressPrefill succeeded
   int64_t evictions_ = 0;
   int64_t evicted_slots_ = 0;
   int64_t peak_bytes_ = 0;
   // Scratch.
   std::vector<float> reduced_;  // [n_kv_heads * stride] or [stride]
   std::vector<float> value_range_;
+  std::vector<float> keys_;  // [len, head_dim]
+  HeadState prefill_state_;
   std::vector<int32_t> keep_;
   SelectScratch select_;
 };

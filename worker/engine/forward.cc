@@ -28,6 +28,23 @@ ForwardPass::ForwardPass(const model::Model& model, kernels::Backend& backend,
   positions_.resize(t);
 }
 
+void ForwardPass::CaptureWindowQueries(std::span<const BatchItem> batch, int layer) {
+  const int q_dim = model_.config.n_heads * model_.config.head_dim;
+  int off = 0;
+  for (const BatchItem& item : batch) {
+    if (item.window_queries != nullptr) {
+      for (int i = 0; i < item.n; ++i) {
+        const int rel = positions_[off + i] - item.window_first;
+        if (rel < 0 || rel >= item.window_w) continue;
+        std::copy_n(q_.data() + static_cast<size_t>(off + i) * q_dim, q_dim,
+                    item.window_queries +
+                        (static_cast<size_t>(layer) * item.window_w + rel) * q_dim);
+      }
+    }
+    off += item.n;
+  }
+}
+
 absl::Status ForwardPass::Run(std::span<const BatchItem> batch, float* logits) {
   const model::ModelConfig& c = model_.config;
   // ---- Validate the whole batch before touching any cache.
@@ -108,6 +125,7 @@ absl::Status ForwardPass::Run(std::span<const BatchItem> batch, float* logits) {
     backend_.Rope(q_.data(), positions_.data(), total, c.n_heads, hd, c.rope_theta, c.rope_style);
     backend_.Rope(k_.data(), positions_.data(), total, c.n_kv_heads, hd, c.rope_theta,
                   c.rope_style);
+    CaptureWindowQueries(batch, l);
 
     off = 0;
     for (const BatchItem& item : batch) {

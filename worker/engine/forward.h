@@ -30,6 +30,12 @@ struct BatchItem {
   // head: probs[(layer * n_heads + qh) * probs_stride + slot]. For eviction policies.
   float* attn_probs = nullptr;
   int64_t probs_stride = 0;
+  // Optional (SnapKV's observation window): receives the queries (after q/k-norm and RoPE,
+  // unscaled) of the tokens at positions [window_first, window_first + window_w), per layer:
+  // window_queries[((layer * window_w) + (pos - window_first)) * n_heads * head_dim + ...].
+  float* window_queries = nullptr;
+  int window_w = 0;
+  int window_first = 0;
 };
 
 struct ForwardOptions {
@@ -51,6 +57,9 @@ class ForwardPass {
   kernels::Backend& backend() const { return backend_; }
 
  private:
+  // Copies the window queries of items that asked for them (see BatchItem).
+  void CaptureWindowQueries(std::span<const BatchItem> batch, int layer);
+
   const model::Model& model_;
   kernels::Backend& backend_;
   ForwardOptions options_;

@@ -104,6 +104,14 @@ absl::StatusOr<GenerateResult> Generate(ForwardPass& forward, cache::BlockPool& 
       probs.resize(static_cast<size_t>(config.n_layers) * config.n_heads * probs_stride);
     }
   }
+  // Prefill-time compression (SnapKV) scores the prompt by its last `window` queries.
+  std::vector<float> window_queries;
+  int window_w = 0;
+  if (evictor != nullptr && evictor->policy().compresses_prefill()) {
+    window_w = std::min<int>(evictor->policy().options().window, static_cast<int>(prompt.size()));
+    window_queries.resize(static_cast<size_t>(config.n_layers) * window_w * config.n_heads *
+                          config.head_dim);
+  }
 
   // Prefill in chunks; only the last chunk's last token needs logits.
   Stopwatch watch;
@@ -114,10 +122,16 @@ absl::StatusOr<GenerateResult> Generate(ForwardPass& forward, cache::BlockPool& 
     item.tokens = prompt.data() + start;
     item.n = n;
     item.want_logits = start + n == prompt.size();
+    if (window_w > 0) {
+      item.window_queries = window_queries.data();
+      item.window_w = window_w;
+      item.window_first = static_cast<int>(prompt.size()) - window_w;
+    }
     RECALL_RETURN_IF_ERROR(forward.Run({&item, 1}, logits.data()));
   }
   result.prefill_seconds = watch.ElapsedSeconds();
   result.peak_kv_bytes = seq.bytes_held();
+  if (window_w > 0) RECALL_RETURN_IF_ERROR(evictor->CompressPrefill(window_queries.data(), window_w));
   watch.Reset();
 
   model::TokenStreamDecoder stream(tokenizer);

@@ -18,8 +18,8 @@ TEST(CreatePolicyTest, EveryListedNameCreatesThePolicyOfThatName) {
     ASSERT_TRUE(policy.ok()) << name << ": " << policy.status();
     EXPECT_EQ((*policy)->name(), name);
   }
-  EXPECT_EQ(PolicyNames(),
-            (std::vector<std::string>{"full", "streaming", "h2o", "tova", "lazy"}));
+  EXPECT_EQ(PolicyNames(), (std::vector<std::string>{"full", "streaming", "h2o", "tova", "lazy",
+                                                     "vase", "rkv", "snapkv"}));
 }
 
 TEST(CreatePolicyTest, UnknownNameIsInvalidArgumentListingValidNames) {
@@ -29,7 +29,7 @@ TEST(CreatePolicyTest, UnknownNameIsInvalidArgumentListingValidNames) {
   ASSERT_EQ(policy.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(policy.status().message(),
             "eviction policy: unknown name 'snapkv2'; valid names: full, streaming, h2o, tova, "
-            "lazy");
+            "lazy, vase, rkv, snapkv");
 }
 
 TEST(CreatePolicyTest, OutOfRangeOptionsNameTheField) {
@@ -37,7 +37,7 @@ TEST(CreatePolicyTest, OutOfRangeOptionsNameTheField) {
     PolicyOptions options;
     std::string field;
   };
-  std::vector<Case> cases(4);
+  std::vector<Case> cases(7);
   cases[0].options.window = 0;
   cases[0].field = "window";
   cases[1].options.alpha = -1.0f;
@@ -46,6 +46,12 @@ TEST(CreatePolicyTest, OutOfRangeOptionsNameTheField) {
   cases[2].field = "sinks";
   cases[3].options.value_protection = 1.0f;
   cases[3].field = "value_protection";
+  cases[4].options.interval = 0;
+  cases[4].field = "interval";
+  cases[5].options.query_window = 0;
+  cases[5].field = "query_window";
+  cases[6].options.lambda = 1.5f;
+  cases[6].field = "lambda";
   for (Case& c : cases) {
     c.options.name = "lazy";
     absl::StatusOr<std::unique_ptr<EvictionPolicy>> policy = CreatePolicy(c.options);

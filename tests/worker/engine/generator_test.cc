@@ -196,3 +196,32 @@ TEST_F(GeneratorTest, BadEvictionOptionsAreRejected) {
 
 }  // namespace
 }  // namespace recall::engine
+
+namespace recall::engine {
+namespace {
+
+TEST_F(GeneratorTest, SnapKvCompressesThePromptOnceThenGrows) {
+  // A 41-token prompt compressed to C = 16 right after prefill (W = 4 window queries), then
+  // 10 generated tokens (9 of them forwarded): 25 slots, i.e. 4 blocks of 8.
+  const std::vector<int32_t> prompt = tok_.Encode("abcdefghijklmnopqrstuvwxyzabcdefghijklmn", true);
+  ASSERT_EQ(prompt.size(), 41u);
+  GenerateOptions o;
+  o.max_tokens = 10;
+  o.sampling.temperature = 0;
+  cache::eviction::SessionEvictorOptions eo;
+  eo.policy.name = "snapkv";
+  eo.policy.window = 4;
+  eo.budget.budget = 16;
+  o.eviction = eo;
+  auto r = Generate(*forward_, *pool_, tok_, prompt, o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->tokens.size(), 10u);
+  EXPECT_EQ(r->peak_kv_bytes, 6 * pool_->block_bytes()) << "the whole prompt before compression";
+  EXPECT_EQ(r->final_kv_bytes, 4 * pool_->block_bytes());
+  auto again = Generate(*forward_, *pool_, tok_, prompt, o);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->tokens, r->tokens);
+}
+
+}  // namespace
+}  // namespace recall::engine

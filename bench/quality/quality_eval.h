@@ -1,0 +1,77 @@
+// Teacher-forced and free-running comparison of evicting KV caches against the full cache,
+// for many (policy, budget) configurations at once.
+//
+// For one text, every configuration runs as one item of the same ForwardPass batch, with
+// the full-cache reference as item 0 of that batch (so the reference and "full" at any
+// budget see identical arithmetic). Each evicting item has its own SequenceCache and
+// SessionEvictor, stepped after every decode forward with the item's attention
+// probabilities (EVICTION.md section 6):
+//   - teacher-forced: the text is fed token by token after a `prefix`-token prefill; at each
+//     position KL(full || evicted) of the next-token distributions (softmax in double) and
+//     top-1 agreement, counted over positions after the run's first eviction (a policy that
+//     never evicts counts the positions after its cache first exceeds the budget);
+//   - recall probes: the probability of each probe word (product over its tokens);
+//   - free-running greedy: from the first `greedy_prefix` tokens, greedy decoding; the
+//     number of tokens equal to the full cache's continuation before the first difference,
+//     capped at length - greedy_prefix.
+// Not thread safe (uses the ForwardPass).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "bench/quality/eval_set.h"
+#include "cache/block_pool.h"
+#include "worker/engine/forward.h"
+
+namespace recall::bench {
+
+struct QualityConfig {
+  std::string policy;
+  double budget_fraction = 0;  // of the text length
+  int budget_tokens = 0;       // C per (layer, KV head) = ceil(fraction * length)
+};
+
+struct QualityEvalOptions {
+  int window = 16;
+  float alpha = 1e-4f;
+  int sinks = 4;
+  int prefix = 16;          // teacher-forced prefill
+  int greedy_prefix = 384;  // greedy prompt
+};
+
+// Sums over texts; divided out by the report.
+struct QualityStats {
+  double kl_sum = 0;
+  int64_t top1_agree = 0;
+  int64_t positions = 0;
+  double nll_sum = 0;       // -log p(text token), evicted, over the counted positions
+  double nll_full_sum = 0;  // the same positions with the full cache
+  int64_t first_eviction_pos_sum = 0;
+  int64_t runs_evicted = 0;
+  int64_t greedy_tokens_sum = 0;
+  int64_t greedy_runs = 0;
+  int64_t greedy_cap_sum = 0;
+  int64_t greedy_full_matches = 0;  // runs that never diverged
+  double recall_prob_sum = 0;
+  double recall_prob_full_sum = 0;
+  int64_t probes = 0;
+  int64_t peak_kv_bytes_max = 0;
+  double peak_kv_bytes_sum = 0;
+  double final_kv_bytes_sum = 0;
+  double full_kv_bytes_sum = 0;
+  int64_t evictions = 0;
+  int64_t evicted_slots = 0;
+  int64_t texts = 0;
+};
+
+// Evaluates every configuration on `text`, adding to stats[i] for configs[i].
+// `probes` are this text's probes. InvalidArgument for bad options or an unknown policy.
+absl::Status EvaluateText(engine::ForwardPass& forward, cache::BlockPool& pool,
+                          const EvalText& text, const std::vector<RecallProbe>& probes,
+                          const std::vector<QualityConfig>& configs,
+                          const QualityEvalOptions& options, std::vector<QualityStats>* stats);
+
+}  // namespace recall::bench

@@ -1,0 +1,170 @@
+#include "bench/quality/report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace recall::bench {
+namespace {
+
+double Div(double a, double b) { return b > 0 ? a / b : std::nan(""); }
+
+struct Means {
+  double kl, top1, ppl, ppl_full, greedy, greedy_cap, recall, recall_full, first_evict;
+  double peak, final_bytes, full_bytes;
+};
+
+Means MeansOf(const QualityStats& s) {
+  Means m;
+  m.kl = Div(s.kl_sum, s.positions);
+  m.top1 = Div(s.top1_agree, s.positions);
+  m.ppl = std::exp(Div(s.nll_sum, s.positions));
+  m.ppl_full = std::exp(Div(s.nll_full_sum, s.positions));
+  m.greedy = Div(s.greedy_tokens_sum, s.greedy_runs);
+  m.greedy_cap = Div(s.greedy_cap_sum, s.greedy_runs);
+  m.recall = Div(s.recall_prob_sum, s.probes);
+  m.recall_full = Div(s.recall_prob_full_sum, s.probes);
+  m.first_evict = Div(s.first_eviction_pos_sum, s.runs_evicted);
+  m.peak = Div(s.peak_kv_bytes_sum, s.texts);
+  m.final_bytes = Div(s.final_kv_bytes_sum, s.texts);
+  m.full_bytes = Div(s.full_kv_bytes_sum, s.texts);
+  return m;
+}
+
+// JSON has no NaN: write null.
+nlohmann::json Num(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); }
+
+}  // namespace
+
+nlohmann::json ResultsJson(const std::vector<QualityConfig>& configs,
+                           const std::vector<QualityStats>& stats) {
+  nlohmann::json out = nlohmann::json::array();
+  for (size_t i = 0; i < configs.size(); ++i) {
+    const QualityStats& s = stats[i];
+    const Means m = MeansOf(s);
+    out.push_back({
+        {"policy", configs[i].policy},
+        {"budget_fraction", configs[i].budget_fraction},
+        {"budget_tokens", configs[i].budget_tokens},
+        {"kl_mean", Num(m.kl)},
+        {"top1_agreement", Num(m.top1)},
+        {"positions_counted", s.positions},
+        {"first_counted_position_mean", Num(m.first_evict)},
+        {"perplexity", Num(m.ppl)},
+        {"perplexity_full_same_positions", Num(m.ppl_full)},
+        {"greedy_tokens_to_divergence_mean", Num(m.greedy)},
+        {"greedy_cap", Num(m.greedy_cap)},
+        {"greedy_runs", s.greedy_runs},
+        {"greedy_runs_never_diverged", s.greedy_full_matches},
+        {"recall_prob_mean", Num(m.recall)},
+        {"recall_prob_full_mean", Num(m.recall_full)},
+        {"recall_prob_ratio", Num(Div(m.recall, m.recall_full))},
+        {"recall_probes", s.probes},
+        {"peak_kv_bytes_mean", Num(m.peak)},
+        {"peak_kv_bytes_max", s.peak_kv_bytes_max},
+        {"final_kv_bytes_mean", Num(m.final_bytes)},
+        {"full_kv_bytes_mean", Num(m.full_bytes)},
+        {"peak_kv_fraction_of_full", Num(Div(m.peak, m.full_bytes))},
+        {"final_kv_fraction_of_full", Num(Div(m.final_bytes, m.full_bytes))},
+        {"evictions", s.evictions},
+        {"evicted_slots", s.evicted_slots},
+        {"texts", s.texts},
+    });
+  }
+  return out;
+}
+
+void PrintTable(const std::vector<QualityConfig>& configs,
+                const std::vector<QualityStats>& stats) {
+  std::printf("%-10s %6s %4s %10s %7s %6s %7s %7s %9s %8s %8s %6s %6s\n", "policy", "budget",
+              "C", "KL", "top1", "npos", "ppl", "ppl_f", "greedy", "recall", "rec_f", "peak",
+              "final");
+  for (size_t i = 0; i < configs.size(); ++i) {
+    const Means m = MeansOf(stats[i]);
+    std::printf("%-10s %5.0f%% %4d %10.3e %6.2f%% %6lld %7.3f %7.3f %4.1f/%-4.0f %8.4f %8.4f "
+                "%5.0f%% %5.0f%%\n",
+                configs[i].policy.c_str(), 100 * configs[i].budget_fraction,
+                configs[i].budget_tokens, m.kl, 100 * m.top1,
+                static_cast<long long>(stats[i].positions), m.ppl, m.ppl_full, m.greedy,
+                m.greedy_cap, m.recall, m.recall_full, 100 * Div(m.peak, m.full_bytes),
+                100 * Div(m.final_bytes, m.full_bytes));
+  }
+}
+
+absl::Status WriteJson(const std::string& path, const nlohmann::json& json) {
+  std::ofstream f(path);
+  if (!f) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open for writing"));
+  f << json.dump(2) << "\n";
+  if (!f) return absl::DataLossError(absl::StrCat(path, ": write failed"));
+  return absl::OkStatus();
+}
+
+absl::Status WritePlot(const std::string& png_path, const std::string& title,
+                       const std::vector<QualityConfig>& configs,
+                       const std::vector<QualityStats>& stats) {
+  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) {
+    return absl::FailedPreconditionError(
+        "gnuplot not found (apt-get install gnuplot-nox): no PNG written");
+  }
+  // One data block per policy (gnuplot "index"), budgets ascending as given.
+  std::vector<std::string> policies;
+  for (const QualityConfig& c : configs) {
+    if (std::find(policies.begin(), policies.end(), c.policy) == policies.end()) {
+      policies.push_back(c.policy);
+    }
+  }
+  const std::string dat = png_path + ".dat", gp = png_path + ".gp";
+  {
+    std::ofstream f(dat);
+    if (!f) return absl::PermissionDeniedError(absl::StrCat(dat, ": cannot open for writing"));
+    for (const std::string& p : policies) {
+      f << "# " << p << ": budget% top1% kl greedy recall_ratio peak_kv%\n";
+      for (size_t i = 0; i < configs.size(); ++i) {
+        if (configs[i].policy != p) continue;
+        const Means m = MeansOf(stats[i]);
+        auto v = [](double x) { return std::isfinite(x) ? absl::StrCat(x) : std::string("NaN"); };
+        f << 100 * configs[i].budget_fraction << " " << v(100 * m.top1) << " "
+          << v(m.kl > 0 ? m.kl : std::nan("")) << " "  // log axis: KL 0 not drawn
+          << v(m.greedy) << " "
+          << v(Div(m.recall, m.recall_full)) << " " << v(100 * Div(m.peak, m.full_bytes))
+          << "\n";
+      }
+      f << "\n\n";
+    }
+  }
+  {
+    std::ofstream f(gp);
+    if (!f) return absl::PermissionDeniedError(absl::StrCat(gp, ": cannot open for writing"));
+    f << "set terminal pngcairo size 1400,1000 font 'Sans,11'\n"
+      << "set output '" << png_path << "'\n"
+      << "names = \"" << absl::StrJoin(policies, " ") << "\"\n"
+      << "set multiplot layout 2,2 title \"" << title << "\"\n"
+      << "set grid\nset key bottom right\nset xlabel 'KV budget (% of 512-token context)'\n"
+      << "set ylabel 'top-1 agreement with FullKV (%)'\n"
+      << "plot for [i=0:" << policies.size() - 1 << "] '" << dat
+      << "' index i using 1:2 with linespoints lw 2 title word(names, i+1)\n"
+      << "set logscale y\nset key top right\nset ylabel 'mean KL(full || evicted) (nats; FullKV = 0 not drawn)'\n"
+      << "plot for [i=0:" << policies.size() - 1 << "] '" << dat
+      << "' index i using 1:3 with linespoints lw 2 title word(names, i+1)\n"
+      << "unset logscale y\nset key top left\n"
+      << "set ylabel 'greedy tokens until first divergence'\n"
+      << "plot for [i=0:" << policies.size() - 1 << "] '" << dat
+      << "' index i using 1:4 with linespoints lw 2 title word(names, i+1)\n"
+      << "set key bottom right\nset ylabel 'recall probe: p(evicted) / p(full)'\n"
+      << "plot for [i=0:" << policies.size() - 1 << "] '" << dat
+      << "' index i using 1:5 with linespoints lw 2 title word(names, i+1)\n"
+      << "unset multiplot\n";
+  }
+  const std::string cmd = absl::StrCat("gnuplot '", gp, "'");
+  if (std::system(cmd.c_str()) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("'", cmd, "' failed: no PNG written"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace recall::bench

@@ -1,0 +1,30 @@
+// Output of the quality benchmark: the table, the JSON with every figure, and the PNG plot
+// (drawn by gnuplot, when installed, from a data file written beside the PNG).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "bench/quality/quality_eval.h"
+#include "nlohmann/json.hpp"
+
+namespace recall::bench {
+
+// The per-configuration figures as JSON objects (means over texts and positions).
+nlohmann::json ResultsJson(const std::vector<QualityConfig>& configs,
+                           const std::vector<QualityStats>& stats);
+
+// Prints one row per configuration.
+void PrintTable(const std::vector<QualityConfig>& configs,
+                const std::vector<QualityStats>& stats);
+
+absl::Status WriteJson(const std::string& path, const nlohmann::json& json);
+
+// Writes path + ".dat" and path + ".gp" and runs gnuplot on them. FailedPrecondition if
+// gnuplot is absent or fails (the caller warns and goes on).
+absl::Status WritePlot(const std::string& png_path, const std::string& title,
+                       const std::vector<QualityConfig>& configs,
+                       const std::vector<QualityStats>& stats);
+
+}  // namespace recall::bench
