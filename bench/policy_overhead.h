@@ -13,12 +13,13 @@ struct PolicyOverheadOptions {
   int prompt = 512;   // tokens prefilled before timing; also the budget C
   int steps = 64;     // timed decode steps
   int window = 32;    // W: lazy evicts every W steps, so the length stays in [C, C + W]
-  std::vector<std::string> policies = {"full", "streaming", "h2o", "tova", "lazy"};
+  std::vector<std::string> policies = {"full", "streaming", "h2o", "tova", "rkv", "vase", "lazy"};
 };
 
 // Prints one line per policy: mean step time (forward + attention probabilities + policy
-// bookkeeping and evictions) and its overhead over a plain FullKV step (no probabilities,
-// no evictor) over the same lengths.
+// bookkeeping and evictions), its difference from a plain FullKV step (no probabilities, no
+// evictor) over the same lengths, and the time spent inside SessionEvictor::Step with its
+// share of the step. (SnapKV works at prefill only and is not listed.)
 void RunPolicyOverhead(const model::Model& model, kernels::Backend& backend,
                        const PolicyOverheadOptions& options);
 

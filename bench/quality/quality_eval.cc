@@ -68,16 +68,30 @@ absl::StatusOr<std::vector<Run>> MakeRuns(engine::ForwardPass& forward, cache::B
   return runs;
 }
 
-// Prefills tokens[0, n) into every run, one at a time; logits: [runs, vocab].
+// Prefills tokens[0, n) into every run, one at a time; logits: [runs, vocab]. Prefill-time
+// policies (SnapKV) then compress the prompt from its last `window` queries.
 absl::Status Prefill(engine::ForwardPass& forward, std::vector<Run>& runs,
                      const int32_t* tokens, int n, float* logits) {
-  const int vocab = forward.model().config.vocab_size;
+  const model::ModelConfig& mc = forward.model().config;
+  std::vector<float> window_queries;
   for (size_t i = 0; i < runs.size(); ++i) {
     engine::BatchItem item;
     item.cache = runs[i].seq.get();
     item.tokens = tokens;
     item.n = n;
-    RECALL_RETURN_IF_ERROR(forward.Run({&item, 1}, logits + i * vocab));
+    SessionEvictor* evictor = runs[i].evictor.get();
+    const bool compress = evictor != nullptr && evictor->policy().compresses_prefill();
+    if (compress) {
+      item.window_w = std::min(evictor->policy().options().window, n);
+      item.window_first = n - item.window_w;
+      window_queries.resize(static_cast<size_t>(mc.n_layers) * item.window_w * mc.n_heads *
+                            mc.head_dim);
+      item.window_queries = window_queries.data();
+    }
+    RECALL_RETURN_IF_ERROR(forward.Run({&item, 1}, logits + i * mc.vocab_size));
+    if (compress) {
+      RECALL_RETURN_IF_ERROR(evictor->CompressPrefill(window_queries.data(), item.window_w));
+    }
   }
   return absl::OkStatus();
 }
