@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "cache/block_pool.h"
 #include "client/cli/args.h"
+#include "client/cli/load_model.h"
 #include "common/status.h"
 #include "kernels/backend.h"
 #include "worker/engine/forward.h"
@@ -52,38 +53,6 @@ constexpr char kUsage[] = R"(usage: recall generate --model PATH [options]
   --echo                  print the prompt before the generated text
   --stats                 print token counts, speed, KV bytes and evictions to stderr
 )";
-
-struct Loaded {
-  std::unique_ptr<model::Model> model;
-  std::unique_ptr<model::Tokenizer> tokenizer;
-  bool hf_tokenizer = false;
-};
-
-absl::StatusOr<Loaded> LoadAll(const Args& args) {
-  Loaded out;
-  const std::string model_path = args.GetString("model");
-  RECALL_ASSIGN_OR_RETURN(out.model, model::LoadModel(model_path));
-  std::string tok_path = args.GetString("tokenizer");
-  if (tok_path.empty()) {
-    if (!std::filesystem::is_directory(model_path)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--tokenizer: required for the llama2.c checkpoint ", model_path,
-          " (e.g. its tokenizer.bin)"));
-    }
-    tok_path = model_path;
-  }
-  RECALL_ASSIGN_OR_RETURN(out.tokenizer,
-                          model::LoadTokenizer(tok_path, out.model->config.vocab_size));
-  out.hf_tokenizer = std::filesystem::is_directory(tok_path)
-                         ? std::filesystem::exists(tok_path + "/tokenizer.json")
-                         : tok_path.size() >= 5 && tok_path.substr(tok_path.size() - 5) == ".json";
-  if (out.tokenizer->vocab_size() > out.model->config.vocab_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--tokenizer: its vocabulary (", out.tokenizer->vocab_size(),
-        " tokens) is larger than the model's (", out.model->config.vocab_size, ")"));
-  }
-  return out;
-}
 
 model::ChatFormat GuessChatFormat(const model::Tokenizer& tok) {
   if (tok.PieceToId("<|im_start|>")) return model::ChatFormat::kChatML;

@@ -1,10 +1,12 @@
 // recall: the command line. Subcommands:
-//   generate   run a model in-process and print generated text
+//   generate          run a model in-process and print generated text
+//   calibrate-window  print LazyEviction's window W for a model
 #include <cstring>
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include "client/cli/calibrate_command.h"
 #include "client/cli/generate_command.h"
 
 namespace {
@@ -12,7 +14,8 @@ namespace {
 constexpr char kUsage[] = R"(usage: recall <command> [options]
 
 commands:
-  generate   load a model locally and generate text (recall generate --help)
+  generate          load a model locally and generate text (recall generate --help)
+  calibrate-window  LazyEviction's window W for a model (recall calibrate-window --help)
 )";
 
 }  // namespace
@@ -25,6 +28,7 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   const std::vector<std::string> rest(argv + 2, argv + argc);
   if (command == "generate") return recall::cli::RunGenerate(rest);
+  if (command == "calibrate-window") return recall::cli::RunCalibrateWindow(rest);
   std::cerr << "recall: unknown command '" << command << "'\n\n" << kUsage;
   return 2;
 }

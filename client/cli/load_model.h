@@ -1,0 +1,24 @@
+// Loading a model and its tokenizer from the --model / --tokenizer flags (shared by the
+// `recall` subcommands that run a model in-process).
+#pragma once
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "client/cli/args.h"
+#include "worker/model/model.h"
+#include "worker/model/tokenizer.h"
+
+namespace recall::cli {
+
+struct Loaded {
+  std::unique_ptr<model::Model> model;
+  std::unique_ptr<model::Tokenizer> tokenizer;
+  bool hf_tokenizer = false;
+};
+
+// --model PATH (llama2.c file or Hugging Face dir) and --tokenizer PATH (required for a
+// llama2.c file). InvalidArgument naming the flag; loader errors name the file.
+absl::StatusOr<Loaded> LoadAll(const Args& args);
+
+}  // namespace recall::cli
