@@ -40,8 +40,8 @@ constexpr char kUsage[] = R"(usage: recall generate --model PATH [options]
   --system TEXT           system message for --chat
   --threads N             CPU threads (default: all cores)
   --kv-cache-mb MB        KV block pool size (default: one full context)
-  --policy NAME           KV eviction while decoding: full (default), streaming, h2o,
-                          tova, lazy
+  --policy NAME           KV eviction: full (default), streaming, h2o, tova, lazy, vase,
+                          rkv (while decoding), snapkv (the prompt, after prefill)
   --budget N              KV budget in tokens per layer and KV head (default 256)
   --budget-frac F         KV budget as a fraction of the sequence length, in (0, 1]
   --window W              eviction window (lazy: evict every W steps, keep the last W;
