@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "common/logging.h"
+#include "common/status.h"
 
 namespace recall::cache {
 
@@ -22,6 +23,7 @@ int SequenceCache::max_length() const {
 }
 
 absl::Status SequenceCache::Reserve(int n) {
+  RECALL_CHECK(!offloaded()) << "Reserve on an offloaded cache; RestoreFromHost first";
   const int64_t want = static_cast<int64_t>(max_length()) + n;
   const int64_t blocks_needed = (want + block_tokens_ - 1) / block_tokens_;
   const size_t before = block_table_.size();
@@ -100,9 +102,47 @@ int SequenceCache::TrimBlocks() {
 void SequenceCache::Release() {
   for (int32_t block : block_table_) pool_->Free(block);
   block_table_.clear();
+  offloaded_blocks_ = 0;
+  host_.clear();
+  host_.shrink_to_fit();
   std::fill(lengths_.begin(), lengths_.end(), 0);
   for (auto& pos : positions_) pos.clear();
   next_position_ = 0;
+}
+
+void SequenceCache::OffloadToHost() {
+  if (offloaded() || block_table_.empty()) return;
+  const int64_t block_floats = pool_->layout().BlockFloats();
+  host_.resize(static_cast<size_t>(block_floats) * block_table_.size());
+  for (size_t b = 0; b < block_table_.size(); ++b) {
+    std::memcpy(host_.data() + b * block_floats,
+                pool_->base() + static_cast<int64_t>(block_table_[b]) * block_floats,
+                static_cast<size_t>(block_floats) * sizeof(float));
+    pool_->Free(block_table_[b]);
+  }
+  offloaded_blocks_ = static_cast<int>(block_table_.size());
+  block_table_.clear();
+}
+
+absl::Status SequenceCache::RestoreFromHost() {
+  if (!offloaded()) return absl::OkStatus();
+  RECALL_CHECK(block_table_.empty()) << "offloaded cache was appended to";
+  const int blocks = offloaded_blocks_;
+  offloaded_blocks_ = 0;  // Reserve refuses an offloaded cache
+  absl::Status st = Reserve(blocks * block_tokens_ - max_length());
+  if (!st.ok()) {
+    offloaded_blocks_ = blocks;
+    return st;
+  }
+  const int64_t block_floats = pool_->layout().BlockFloats();
+  for (size_t b = 0; b < block_table_.size(); ++b) {
+    std::memcpy(pool_->base() + static_cast<int64_t>(block_table_[b]) * block_floats,
+                host_.data() + b * block_floats, static_cast<size_t>(block_floats) * sizeof(float));
+  }
+  offloaded_blocks_ = 0;
+  host_.clear();
+  host_.shrink_to_fit();
+  return absl::OkStatus();
 }
 
 }  // namespace recall::cache

@@ -59,8 +59,20 @@ class SequenceCache {
   int64_t bytes_held() const { return num_blocks() * pool_->block_bytes(); }
   int capacity() const { return num_blocks() * block_tokens_; }
 
-  // Returns every block to the pool and resets the sequence to empty.
+  // Returns every block to the pool and resets the sequence to empty (an offloaded copy
+  // included).
   void Release();
+
+  // Offload to host memory: copies the used slots of every held block to a host buffer and
+  // returns the blocks to the pool; lengths, positions and next_position stay, so policy
+  // state kept beside the cache remains valid. RestoreFromHost allocates blocks again and
+  // copies the contents back (ResourceExhausted, still offloaded, when the pool cannot
+  // supply them). While offloaded the cache must not be stepped. Offloading an empty or
+  // already offloaded cache does nothing.
+  void OffloadToHost();
+  absl::Status RestoreFromHost();
+  bool offloaded() const { return offloaded_blocks_ > 0; }
+  int64_t host_bytes() const { return static_cast<int64_t>(host_.size() * sizeof(float)); }
 
  private:
   BlockPool* pool_;
@@ -71,6 +83,8 @@ class SequenceCache {
   std::vector<int32_t> lengths_;    // [n_layers * n_kv_heads]
   std::vector<std::vector<int32_t>> positions_;  // [n_layers * n_kv_heads][length]
   int32_t next_position_ = 0;
+  int offloaded_blocks_ = 0;  // blocks the host copy stands for
+  std::vector<float> host_;   // their contents, block after block
 };
 
 }  // namespace recall::cache

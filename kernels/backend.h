@@ -40,6 +40,12 @@ class Backend {
   // y = x * w^T.  x: [n, w.cols]; y: [n, w.rows].  Small n uses the GEMV path.
   virtual void MatMul(const float* x, int n, const Matrix& w, float* y) = 0;
 
+  // The most rows one MatMul call may take while each row's result stays bitwise
+  // independent of how many other rows are in the call (batch invariance: a sequence's
+  // output must not depend on what it is batched with). Callers that need invariance split
+  // larger calls into pieces of at most this many rows.
+  virtual int BatchInvariantRows() const = 0;
+
   // x[i, :] += bias.  x: [n, dim]; bias: [dim].
   virtual void AddBias(float* x, const float* bias, int n, int dim) = 0;
 

@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cache/block_pool.h"
-#include "client/cli/args.h"
+#include "common/args.h"
 #include "client/cli/load_model.h"
 #include "common/status.h"
 #include "kernels/backend.h"

@@ -5,7 +5,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "client/cli/args.h"
+#include "common/args.h"
 #include "worker/model/model.h"
 #include "worker/model/tokenizer.h"
 

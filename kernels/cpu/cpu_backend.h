@@ -24,6 +24,8 @@ class CpuBackend final : public Backend {
   void Rope(float* x, const int32_t* positions, int n, int n_heads, int head_dim, float theta,
             RopeStyle style) override;
   void MatMul(const float* x, int n, const Matrix& w, float* y) override;
+  // The GEMV path: every output is one row's dot product in a fixed order.
+  int BatchInvariantRows() const override { return cpu::MatMul::kGemvMaxInputs; }
   void AddBias(float* x, const float* bias, int n, int dim) override;
   void Add(float* x, const float* y, int64_t count) override;
   void SiluMul(const float* gate, const float* up, int64_t count, float* out) override;

@@ -102,5 +102,46 @@ TEST_F(SequenceCacheTest, HeadsMayHoldDifferentLengths) {
   EXPECT_EQ(seq.TrimBlocks(), 1);
 }
 
+TEST_F(SequenceCacheTest, OffloadFreesBlocksAndRestoreBringsTheSameContentsBack) {
+  SequenceCache seq(pool_.get());
+  Append(seq, 10);
+  std::vector<int32_t> keep = {0, 3, 9};
+  seq.Compact(1, 0, keep);
+  const int blocks = seq.num_blocks();
+  const int64_t free_before = pool_->free_blocks();
+  seq.OffloadToHost();
+  EXPECT_TRUE(seq.offloaded());
+  EXPECT_EQ(seq.num_blocks(), 0);
+  EXPECT_EQ(pool_->free_blocks(), free_before + blocks);
+  EXPECT_EQ(seq.host_bytes(), blocks * pool_->block_bytes());
+  EXPECT_EQ(seq.length(1, 0), 3);
+  EXPECT_EQ(seq.position(1, 0, 2), 9);
+  // Another sequence takes (and scribbles on) the freed blocks meanwhile.
+  SequenceCache other(pool_.get());
+  Append(other, 8);
+  ASSERT_TRUE(seq.RestoreFromHost().ok());
+  EXPECT_FALSE(seq.offloaded());
+  EXPECT_EQ(seq.num_blocks(), blocks);
+  EXPECT_EQ(seq.host_bytes(), 0);
+  const kernels::PagedKv kv = seq.View();
+  EXPECT_EQ(kv.K(0, 1, 7)[0], 7 + 0.5f);
+  EXPECT_EQ(kv.V(1, 0, 2)[3], -(9 + 100.0f));  // the compacted slot kept its row
+  Append(seq, 1);  // and the cache is usable again
+  EXPECT_EQ(seq.next_position(), 11);
+}
+
+TEST_F(SequenceCacheTest, RestoreWithoutRoomFailsAndStaysOffloaded) {
+  SequenceCache seq(pool_.get());
+  Append(seq, 12);  // 3 blocks of 4
+  seq.OffloadToHost();
+  SequenceCache hog(pool_.get());
+  ASSERT_TRUE(hog.Reserve(15 * 4).ok());  // 15 of the 16 blocks
+  EXPECT_EQ(seq.RestoreFromHost().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(seq.offloaded());
+  hog.Release();
+  EXPECT_TRUE(seq.RestoreFromHost().ok());
+  EXPECT_EQ(seq.View().K(1, 1, 11)[0], 11 + 0.5f + 100.0f);
+}
+
 }  // namespace
 }  // namespace recall::cache

@@ -28,6 +28,18 @@ ForwardPass::ForwardPass(const model::Model& model, kernels::Backend& backend,
   positions_.resize(t);
 }
 
+void ForwardPass::MatMul(const float* x, int n, const kernels::Matrix& w, float* y) {
+  if (!options_.batch_invariant) {
+    backend_.MatMul(x, n, w, y);
+    return;
+  }
+  const int piece = std::max(1, backend_.BatchInvariantRows());
+  for (int r = 0; r < n; r += piece) {
+    backend_.MatMul(x + static_cast<size_t>(r) * w.cols, std::min(piece, n - r), w,
+                    y + static_cast<size_t>(r) * w.rows);
+  }
+}
+
 void ForwardPass::CaptureWindowQueries(std::span<const BatchItem> batch, int layer) {
   const int q_dim = model_.config.n_heads * model_.config.head_dim;
   int off = 0;
@@ -109,9 +121,9 @@ absl::Status ForwardPass::Run(std::span<const BatchItem> batch, float* logits) {
   for (int l = 0; l < c.n_layers; ++l) {
     const model::LayerWeights& w = model_.layers[l];
     backend_.RmsNorm(x, w.attn_norm.f32(), total, dim, c.norm_eps, xb_.data());
-    backend_.MatMul(xb_.data(), total, w.wq, q_.data());
-    backend_.MatMul(xb_.data(), total, w.wk, k_.data());
-    backend_.MatMul(xb_.data(), total, w.wv, v_.data());
+    MatMul(xb_.data(), total, w.wq, q_.data());
+    MatMul(xb_.data(), total, w.wk, k_.data());
+    MatMul(xb_.data(), total, w.wv, v_.data());
     if (c.qkv_bias) {
       backend_.AddBias(q_.data(), w.bq.f32(), total, q_dim);
       backend_.AddBias(k_.data(), w.bk.f32(), total, kv_dim);
@@ -149,14 +161,14 @@ absl::Status ForwardPass::Run(std::span<const BatchItem> batch, float* logits) {
       off += item.n;
     }
 
-    backend_.MatMul(att_.data(), total, w.wo, xb_.data());
+    MatMul(att_.data(), total, w.wo, xb_.data());
     backend_.Add(x, xb_.data(), static_cast<int64_t>(total) * dim);
     backend_.RmsNorm(x, w.ffn_norm.f32(), total, dim, c.norm_eps, xb_.data());
-    backend_.MatMul(xb_.data(), total, w.w_gate, hb_.data());
-    backend_.MatMul(xb_.data(), total, w.w_up, hb2_.data());
+    MatMul(xb_.data(), total, w.w_gate, hb_.data());
+    MatMul(xb_.data(), total, w.w_up, hb2_.data());
     backend_.SiluMul(hb_.data(), hb2_.data(), static_cast<int64_t>(total) * c.hidden_dim,
                      hb_.data());
-    backend_.MatMul(hb_.data(), total, w.w_down, xb_.data());
+    MatMul(hb_.data(), total, w.w_down, xb_.data());
     backend_.Add(x, xb_.data(), static_cast<int64_t>(total) * dim);
   }
 
@@ -179,7 +191,7 @@ absl::Status ForwardPass::Run(std::span<const BatchItem> batch, float* logits) {
   }
   if (n_out > 0 && logits != nullptr) {
     backend_.RmsNorm(last_.data(), model_.final_norm.f32(), n_out, dim, c.norm_eps, last_.data());
-    backend_.MatMul(last_.data(), n_out, model_.lm_head, logits);
+    MatMul(last_.data(), n_out, model_.lm_head, logits);
   }
   return absl::OkStatus();
 }

@@ -40,6 +40,11 @@ struct BatchItem {
 
 struct ForwardOptions {
   int max_batch_tokens = 512;  // upper bound on sum of n over a batch
+  // Every row's result independent of the rest of the batch (matmuls split into pieces of
+  // Backend::BatchInvariantRows()), so a sequence's greedy output is the same alone or
+  // batched. On the CPU the split costs little: a piece of 24 rows streams the weights once,
+  // about what sgemm achieves.
+  bool batch_invariant = false;
 };
 
 class ForwardPass {
@@ -57,6 +62,8 @@ class ForwardPass {
   kernels::Backend& backend() const { return backend_; }
 
  private:
+  // y = x * w^T over n rows, split per options_.batch_invariant.
+  void MatMul(const float* x, int n, const kernels::Matrix& w, float* y);
   // Copies the window queries of items that asked for them (see BatchItem).
   void CaptureWindowQueries(std::span<const BatchItem> batch, int layer);
 

@@ -7,6 +7,8 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "kernels/backend.h"
+#include "worker/engine/stop_text.h"
+#include "worker/engine/turn_request.h"
 
 namespace recall::engine {
 
@@ -30,41 +32,11 @@ absl::Status ValidateOptions(const GenerateOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("prefill_chunk must be >= 1, got ", o.prefill_chunk));
   }
-  const kernels::SamplingParams& s = o.sampling;
-  if (!(s.temperature >= 0.0f)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("temperature must be >= 0, got ", s.temperature));
-  }
-  if (!(s.top_p > 0.0f && s.top_p <= 1.0f)) {
-    return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1], got ", s.top_p));
-  }
-  if (s.top_k < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0, got ", s.top_k));
-  }
-  if (!(s.repetition_penalty > 0.0f)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("repetition_penalty must be > 0, got ", s.repetition_penalty));
-  }
+  RECALL_RETURN_IF_ERROR(ValidateSampling(o.sampling, ""));
   for (const std::string& stop : o.stop_strings) {
     if (stop.empty()) return absl::InvalidArgumentError("stop strings must not be empty");
   }
   return absl::OkStatus();
-}
-
-// Length of the longest suffix of `text` that is a proper prefix of some stop string: that
-// much text must be held back from the stream until the next token decides it.
-size_t HeldBack(const std::string& text, const std::vector<std::string>& stops) {
-  size_t hold = 0;
-  for (const std::string& stop : stops) {
-    const size_t max_len = std::min(text.size(), stop.size() - 1);
-    for (size_t len = max_len; len > hold; --len) {
-      if (text.compare(text.size() - len, len, stop, 0, len) == 0) {
-        hold = len;
-        break;
-      }
-    }
-  }
-  return hold;
 }
 
 }  // namespace
@@ -139,7 +111,7 @@ absl::StatusOr<GenerateResult> Generate(ForwardPass& forward, cache::BlockPool& 
   // after BOS) decode as the tokenizer would; only the output part is kept.
   for (int32_t id : prompt) stream.Next(id);
   stream.Flush();
-  size_t emitted = 0;
+  StopText stop_text(options.stop_strings);
   kernels::Backend& backend = forward.backend();
 
   while (true) {
@@ -152,23 +124,12 @@ absl::StatusOr<GenerateResult> Generate(ForwardPass& forward, cache::BlockPool& 
     }
     result.tokens.push_back(next);
     history.push_back(next);
-    result.text += stream.Next(next);
-
-    bool stopped = false;
-    for (const std::string& stop : options.stop_strings) {
-      const size_t at = result.text.find(stop, emitted > stop.size() ? emitted - stop.size() : 0);
-      if (at != std::string::npos) {
-        result.text.resize(at);
-        stopped = true;
-      }
-    }
-    if (stopped) {
+    if (stop_text.Append(stream.Next(next))) {
       result.finish_reason = FinishReason::kStopString;
       break;
     }
-    const size_t safe = result.text.size() - HeldBack(result.text, options.stop_strings);
-    if (on_text && safe > emitted) on_text(result.text.substr(emitted, safe - emitted));
-    emitted = std::max(emitted, safe);
+    const std::string ready = stop_text.TakeReady();
+    if (on_text && !ready.empty()) on_text(ready);
 
     if (static_cast<int>(result.tokens.size()) >= options.max_tokens) {
       result.finish_reason = FinishReason::kLength;
@@ -195,8 +156,10 @@ absl::StatusOr<GenerateResult> Generate(ForwardPass& forward, cache::BlockPool& 
     result.evictions = evictor->evictions();
     result.evicted_slots = evictor->evicted_slots();
   }
-  if (result.finish_reason != FinishReason::kStopString) result.text += stream.Flush();
-  if (on_text && result.text.size() > emitted) on_text(result.text.substr(emitted));
+  if (result.finish_reason != FinishReason::kStopString) stop_text.Append(stream.Flush());
+  const std::string rest = stop_text.TakeAll();
+  if (on_text && !rest.empty()) on_text(rest);
+  result.text = stop_text.text();
   result.decode_seconds = watch.ElapsedSeconds();
   return result;
 }

@@ -90,7 +90,13 @@ absl::StatusOr<std::string> RenderChat(ChatFormat format, const std::vector<Chat
   std::string out;
   switch (format) {
     case ChatFormat::kPlain:
-      for (const ChatMessage& m : messages) absl::StrAppend(&out, m.role, ": ", m.content, "\n");
+      // "role: content"; no extra space when the content already starts with one (a reply
+      // generated after "assistant:" usually does), so a rendered reply is exactly the
+      // generation prompt followed by the generated text.
+      for (const ChatMessage& m : messages) {
+        const bool spaced = !m.content.empty() && m.content[0] == ' ';
+        absl::StrAppend(&out, m.role, spaced ? ":" : ": ", m.content, "\n");
+      }
       if (add_generation_prompt) out += "assistant:";
       break;
     case ChatFormat::kChatML:

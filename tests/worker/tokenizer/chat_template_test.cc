@@ -60,6 +60,10 @@ TEST(ChatTemplateTest, Plain) {
             "system: You are helpful.\nuser: Hi!\nassistant: Hello. How can I help?\n"
             "user: Tell me a joke.\nassistant:");
   EXPECT_EQ(Render(ChatFormat::kPlain, {{"user", "a\nb"}}, false), "user: a\nb\n");
+  // A reply that starts with a space (as generated after "assistant:") is not spaced
+  // again, so the rendered reply is the generation prompt plus the generated text.
+  EXPECT_EQ(Render(ChatFormat::kPlain, {{"user", "Hi"}, {"assistant", " Once"}}, false),
+            "user: Hi\nassistant: Once\n");
   EXPECT_EQ(ChatStopStrings(ChatFormat::kPlain), std::vector<std::string>{"\nuser:"});
 }
 

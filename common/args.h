@@ -1,4 +1,4 @@
-// A small command-line parser for the `recall` subcommands: --name value or --name=value,
+// A small command-line parser for the `recall` subcommands and the server binaries: --name value or --name=value,
 // boolean switches, repeated flags. Every error names the flag and what was expected.
 #pragma once
 
@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace recall::cli {
+namespace recall {
 
 class Args {
  public:
@@ -32,4 +32,4 @@ class Args {
   std::vector<std::string> positional_;
 };
 
-}  // namespace recall::cli
+}  // namespace recall

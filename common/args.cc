@@ -1,4 +1,4 @@
-#include "client/cli/args.h"
+#include "common/args.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
-namespace recall::cli {
+namespace recall {
 
 absl::StatusOr<Args> Args::Parse(const std::vector<std::string>& argv,
                                  const std::vector<std::string>& known_flags,
@@ -98,4 +98,4 @@ absl::StatusOr<double> Args::GetDouble(const std::string& name, double fallback,
   return v;
 }
 
-}  // namespace recall::cli
+}  // namespace recall

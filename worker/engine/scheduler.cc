@@ -1,0 +1,192 @@
+// Scheduler: construction, the thread-safe API, and metrics. The engine loop is in
+// scheduler_step.cc, memory admission in scheduler_memory.cc.
+#include "worker/engine/scheduler.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "cache/eviction/eviction_policy.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "worker/engine/scheduler_turn.h"
+
+namespace recall::engine {
+
+Scheduler::Metrics::Metrics(metrics::Registry* r) {
+  if (r == nullptr) {
+    owned = std::make_unique<metrics::Registry>();
+    r = owned.get();
+  }
+  registry = r;
+  const std::string turns = "recall_worker_turns_total";
+  const std::string turns_help = "Turns ended, by outcome";
+  finished_length = r->GetCounter(turns, turns_help, "outcome=\"length\"");
+  finished_stop = r->GetCounter(turns, turns_help, "outcome=\"stop\"");
+  finished_context = r->GetCounter(turns, turns_help, "outcome=\"context\"");
+  failed = r->GetCounter(turns, turns_help, "outcome=\"error\"");
+  cancelled = r->GetCounter(turns, turns_help, "outcome=\"cancelled\"");
+  rejected = r->GetCounter("recall_worker_rejected_turns_total",
+                           "Turns refused because the waiting queue was full");
+  prompt_tokens = r->GetCounter("recall_worker_prefill_tokens_total", "Prompt tokens prefilled");
+  cached_tokens = r->GetCounter("recall_worker_cached_tokens_total",
+                                "Prompt tokens reused from resident session caches");
+  generated_tokens = r->GetCounter("recall_worker_generated_tokens_total", "Tokens generated");
+  evictions = r->GetCounter("recall_worker_evictions_total",
+                            "KV compactions of a (layer, KV head) by the eviction policy");
+  evicted_tokens = r->GetCounter("recall_worker_evicted_tokens_total", "KV token slots evicted");
+  offloads = r->GetCounter("recall_worker_offloads_total",
+                           "Idle session caches moved to host memory");
+  restores = r->GetCounter("recall_worker_restores_total",
+                           "Session caches brought back from host memory");
+  drops_memory = r->GetCounter("recall_worker_memory_drops_total",
+                               "Idle session caches dropped to make room (rebuilt later)");
+  preemptions = r->GetCounter("recall_worker_preemptions_total",
+                              "Running turns paused to host memory to make room");
+  rebuilds = r->GetCounter("recall_worker_rebuilds_total",
+                           "Turns whose session cache was rebuilt from the transcript");
+  ttft = r->GetHistogram("recall_worker_time_to_first_token_seconds",
+                         "From submit to the first generated token",
+                         metrics::ExponentialBuckets(0.005, 2, 14));
+  tpot = r->GetHistogram("recall_worker_time_per_output_token_seconds",
+                         "Between consecutive generated tokens of a turn",
+                         metrics::ExponentialBuckets(0.001, 2, 14));
+  step_seconds = r->GetHistogram("recall_worker_step_seconds", "One batched forward step",
+                                 metrics::ExponentialBuckets(0.001, 2, 14));
+  batch_tokens = r->GetHistogram("recall_worker_batch_tokens", "Tokens per forward step",
+                                 metrics::ExponentialBuckets(1, 2, 11));
+}
+
+absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const model::Model& model,
+                                                             kernels::Backend& backend,
+                                                             cache::BlockPool& pool,
+                                                             const model::Tokenizer& tokenizer,
+                                                             const SchedulerOptions& options,
+                                                             metrics::Registry* metrics) {
+  if (options.max_batch_tokens < 1 || options.prefill_chunk < 1 ||
+      options.prefill_chunk > options.max_batch_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prefill_chunk (", options.prefill_chunk, ") must be in [1, max_batch_tokens = ",
+        options.max_batch_tokens, "]"));
+  }
+  if (options.max_active < 1 || options.max_queued < 0 || options.host_cache_bytes < 0) {
+    return absl::InvalidArgumentError("max_active must be >= 1; max_queued, host bytes >= 0");
+  }
+  if (options.limits.max_tokens < 1) {
+    return absl::InvalidArgumentError("limits.max_tokens must be >= 1");
+  }
+  const auto& names = cache::eviction::PolicyNames();
+  if (std::find(names.begin(), names.end(), options.default_policy) == names.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("default policy \"", options.default_policy, "\" is unknown"));
+  }
+  return std::unique_ptr<Scheduler>(
+      new Scheduler(model, backend, pool, tokenizer, options, metrics));
+}
+
+Scheduler::Scheduler(const model::Model& model, kernels::Backend& backend, cache::BlockPool& pool,
+                     const model::Tokenizer& tokenizer, const SchedulerOptions& options,
+                     metrics::Registry* registry)
+    : model_(model),
+      backend_(backend),
+      pool_(pool),
+      tokenizer_(tokenizer),
+      options_(options),
+      forward_(model, backend,
+               ForwardOptions{.max_batch_tokens = options.max_batch_tokens,
+                              .batch_invariant = options.batch_invariant}),
+      metrics_(std::make_unique<Metrics>(registry)) {
+  logits_.resize(static_cast<size_t>(options.max_active) * model.config.vocab_size);
+  {
+    absl::MutexLock lock(&mu_);
+    load_.kv_blocks_total = pool.num_blocks();
+    load_.kv_blocks_free = pool.free_blocks();
+    load_.kv_block_bytes = pool.block_bytes();
+  }
+  metrics::Registry* r = metrics_->registry;
+  auto gauge = [&](const char* name, const char* help, auto field) {
+    r->AddCallbackGauge(name, help, [this, field] {
+      absl::MutexLock lock(&mu_);
+      return static_cast<double>(load_.*field);
+    });
+  };
+  gauge("recall_worker_kv_blocks_total", "KV blocks in the pool", &LoadSnapshot::kv_blocks_total);
+  gauge("recall_worker_kv_blocks_free", "Free KV blocks", &LoadSnapshot::kv_blocks_free);
+  gauge("recall_worker_active_turns", "Turns in the running batch", &LoadSnapshot::active_turns);
+  gauge("recall_worker_queued_turns", "Turns waiting for memory", &LoadSnapshot::queued_turns);
+  gauge("recall_worker_resident_sessions", "Session caches in the pool",
+        &LoadSnapshot::resident_sessions);
+  gauge("recall_worker_offloaded_sessions", "Session caches in host memory",
+        &LoadSnapshot::offloaded_sessions);
+  gauge("recall_worker_host_cache_bytes", "Host bytes of offloaded caches",
+        &LoadSnapshot::host_bytes_used);
+  gauge("recall_worker_tokens_per_second", "Tokens processed per second over the last 10 s",
+        &LoadSnapshot::tokens_per_second);
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Scheduler::~Scheduler() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+std::vector<std::string> Scheduler::policies() const { return cache::eviction::PolicyNames(); }
+
+absl::StatusOr<std::shared_ptr<TurnStream>> Scheduler::Submit(TurnRequest request) {
+  RECALL_RETURN_IF_ERROR(ValidateTurnRequest(request, options_.limits, policies()));
+  std::vector<std::string> stops = options_.stop_strings;
+  stops.insert(stops.end(), request.stop.begin(), request.stop.end());
+  absl::MutexLock lock(&mu_);
+  if (stop_) return absl::UnavailableError("the worker is shutting down");
+  if (busy_sessions_.count(request.session_id) > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session_id: session \"", request.session_id,
+        "\" already has a turn running; send the next turn when it ends"));
+  }
+  if (static_cast<int>(incoming_.size()) + load_.queued_turns >= options_.max_queued +
+                                                                     options_.max_active) {
+    metrics_->rejected->Increment();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the worker is full: ", load_.active_turns, " turns running and ", load_.queued_turns,
+        " waiting (queue limit ", options_.max_queued, "); retry after ",
+        options_.retry_after_ms, " ms"));
+  }
+  if (request.request_id.empty()) request.request_id = absl::StrCat("r", next_request_++);
+  busy_sessions_.insert(request.session_id);
+  auto turn = std::make_shared<Turn>(std::move(request), std::move(stops));
+  std::shared_ptr<TurnStream> stream = turn->stream;
+  incoming_.push_back(std::move(turn));
+  return stream;
+}
+
+absl::StatusOr<int64_t> Scheduler::Post(Command command) {
+  auto done = command.done;
+  {
+    absl::MutexLock lock(&mu_);
+    commands_.push_back(std::move(command));
+  }
+  return done->get_future().get();
+}
+
+int Scheduler::AbortRequest(const std::string& request_id) {
+  return static_cast<int>(*Post({Command::Kind::kAbortRequest, request_id}));
+}
+
+int Scheduler::AbortSession(const std::string& session_id) {
+  return static_cast<int>(*Post({Command::Kind::kAbortSession, session_id}));
+}
+
+int Scheduler::AbortAll() { return static_cast<int>(*Post({Command::Kind::kAbortAll, ""})); }
+
+absl::StatusOr<int64_t> Scheduler::DropSession(const std::string& session_id) {
+  return Post({Command::Kind::kDrop, session_id});
+}
+
+LoadSnapshot Scheduler::Load() const {
+  absl::MutexLock lock(&mu_);
+  return load_;
+}
+
+}  // namespace recall::engine

@@ -1,0 +1,181 @@
+// Scheduler: serves many conversation sessions on one model with continuous batching.
+//
+// One engine thread runs steps. Each step:
+//   1. applies aborts and drops that arrived since the last step;
+//   2. admits waiting turns (FIFO) whose memory fits: a turn needs the blocks of its new
+//      tokens (plus its session's offloaded blocks, if any). To make room it offloads idle
+//      sessions' caches to host memory (least recently used first), or drops them when the
+//      host budget is full (they are rebuilt from the transcript on their next turn). When
+//      nothing more can be freed the turn keeps waiting;
+//   3. builds one batch: a decode token for every decoding turn, then whole prefill chunks
+//      (prefill_chunk tokens, fixed boundaries per turn) while max_batch_tokens allows, so a
+//      long prompt never stalls decoding sessions; at least one chunk per step;
+//   4. before running, makes sure the pool can take the batch's new blocks (offloading idle
+//      sessions, then preempting the most recently admitted turn to host memory: it resumes
+//      later exactly where it was);
+//   5. runs the forward pass (batch invariant: a session's greedy output does not depend
+//      on what it is batched with), then per turn: eviction step, sampling, stop checks,
+//      streaming, finishing.
+//
+// Turns of one session run one at a time (a second turn while one runs is
+// FailedPrecondition). Submit and the control calls are thread safe; they hand work to the
+// engine thread and never run model code themselves.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "cache/block_pool.h"
+#include "common/metrics/registry.h"
+#include "kernels/backend.h"
+#include "worker/engine/forward.h"
+#include "worker/engine/session.h"
+#include "worker/engine/turn_request.h"
+#include "worker/engine/turn_stream.h"
+#include "worker/model/model.h"
+#include "worker/model/tokenizer.h"
+
+namespace recall::engine {
+
+struct SchedulerOptions {
+  int max_batch_tokens = 256;   // tokens per forward pass
+  int prefill_chunk = 64;       // prompt tokens per chunk (<= max_batch_tokens)
+  int max_active = 64;          // turns in the running batch at most
+  int max_queued = 256;         // turns waiting for memory at most; past it, ResourceExhausted
+  int64_t host_cache_bytes = int64_t{4} << 30;  // offloaded caches at most
+  int retry_after_ms = 1000;    // the hint in ResourceExhausted messages
+  TurnLimits limits;
+  model::ChatFormat chat_format = model::ChatFormat::kPlain;
+  std::vector<int32_t> stop_token_ids;    // end a reply (EOS, <|im_end|>, ...)
+  std::vector<std::string> stop_strings;  // end a reply (the chat format's)
+  // Session cache defaults (CacheRequest fields that a turn leaves unset).
+  std::string default_policy = "full";
+  int default_budget_tokens = 1024;
+  std::optional<double> default_budget_fraction;
+  int default_window = 32;
+  double default_alpha = 1e-4;
+  bool batch_invariant = true;
+};
+
+struct LoadSnapshot {
+  int64_t kv_blocks_total = 0;
+  int64_t kv_blocks_free = 0;
+  int64_t kv_block_bytes = 0;
+  int active_turns = 0;
+  int queued_turns = 0;
+  int resident_sessions = 0;
+  int offloaded_sessions = 0;
+  double tokens_per_second = 0;  // prefill + decode tokens over the last ~10 s
+  int64_t host_bytes_used = 0;
+};
+
+class Scheduler {
+ public:
+  // The model, backend, pool and tokenizer must outlive the scheduler. `metrics` may be
+  // null. InvalidArgument for bad options.
+  static absl::StatusOr<std::unique_ptr<Scheduler>> Create(const model::Model& model,
+                                                           kernels::Backend& backend,
+                                                           cache::BlockPool& pool,
+                                                           const model::Tokenizer& tokenizer,
+                                                           const SchedulerOptions& options,
+                                                           metrics::Registry* metrics = nullptr);
+  ~Scheduler();  // aborts every turn (their streams end with Cancelled) and stops the thread
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a turn. InvalidArgument for a bad request (see ValidateTurnRequest);
+  // FailedPrecondition when the session already has a turn running or waiting;
+  // ResourceExhausted (retryable, with a hint) when the waiting queue is full. Errors found
+  // later (session not resident without history, a turn longer than the context, a turn
+  // that can never fit the pool) end the stream with that status before any token.
+  absl::StatusOr<std::shared_ptr<TurnStream>> Submit(TurnRequest request);
+
+  // Abort running or waiting turns; their streams end with Cancelled and their sessions'
+  // caches are dropped (a partial reply is not part of the transcript). Returns how many.
+  int AbortRequest(const std::string& request_id);
+  int AbortSession(const std::string& session_id);
+  int AbortAll();
+
+  // Frees a session's cache (resident or offloaded); a running turn of it is aborted.
+  // Returns the device bytes freed; NotFound if the scheduler does not hold the session.
+  absl::StatusOr<int64_t> DropSession(const std::string& session_id);
+
+  LoadSnapshot Load() const;
+  std::vector<std::string> policies() const;
+  const SchedulerOptions& options() const { return options_; }
+  const model::Model& model() const { return model_; }
+
+ private:
+  struct Turn;     // a queued or running turn (scheduler.cc)
+  struct Command;  // abort / drop, applied by the engine thread
+
+  Scheduler(const model::Model& model, kernels::Backend& backend, cache::BlockPool& pool,
+            const model::Tokenizer& tokenizer, const SchedulerOptions& options,
+            metrics::Registry* metrics);
+
+  // Hands a command to the engine thread and waits for its result.
+  absl::StatusOr<int64_t> Post(Command command);
+
+  // Engine thread (scheduler_step.cc).
+  void Loop();
+  bool Step();  // false when idle
+  void ApplyCommands();
+  void Admit();
+  absl::Status Prepare(Turn& turn);  // session lookup, prompt tokens, context check
+  void RunBatch();
+  void AfterForward(Turn& turn, float* logits);
+  void SampleNext(Turn& turn, float* logits);  // logits are overwritten
+  void FinishTurn(Turn& turn, absl::Status status);
+  void EndTurn(Turn& turn);  // removes it from active_, frees the session's busy flag
+
+  // Memory (scheduler_memory.cc).
+  int64_t BlocksToAdmit(const Turn& turn) const;
+  int64_t BlocksForBatch() const;
+  bool MakeRoom(int64_t blocks, const Session* keep);  // offload / drop idle sessions
+  bool PreemptOne();
+  void OffloadOrDrop(Session& s);
+  void DropCache(Session& s);
+  absl::Status EnsureResident(Turn& turn);
+  absl::Status CreateCache(Session& s, const Turn& turn);
+
+  const model::Model& model_;
+  kernels::Backend& backend_;
+  cache::BlockPool& pool_;
+  const model::Tokenizer& tokenizer_;
+  const SchedulerOptions options_;
+  ForwardPass forward_;
+
+  // Shared with submitters.
+  mutable absl::Mutex mu_;
+  std::deque<std::shared_ptr<Turn>> incoming_ ABSL_GUARDED_BY(mu_);
+  std::vector<Command> commands_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> busy_sessions_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t next_request_ ABSL_GUARDED_BY(mu_) = 0;
+  LoadSnapshot load_ ABSL_GUARDED_BY(mu_);
+
+  // Engine thread only.
+  std::map<std::string, std::unique_ptr<Session>> sessions_;
+  std::deque<std::shared_ptr<Turn>> waiting_;
+  std::vector<std::shared_ptr<Turn>> active_;
+  std::vector<float> logits_;
+  int64_t step_ = 0;
+  int64_t host_bytes_ = 0;
+  std::deque<std::pair<double, int64_t>> token_times_;  // (seconds, tokens) for tokens/s
+
+  struct Metrics;
+  std::unique_ptr<Metrics> metrics_;
+  std::thread thread_;
+};
+
+}  // namespace recall::engine

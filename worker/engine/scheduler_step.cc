@@ -1,0 +1,473 @@
+// Scheduler: the engine thread (commands, admission, batching, sampling, finishing).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "worker/engine/scheduler.h"
+#include "worker/engine/scheduler_turn.h"
+
+namespace recall::engine {
+
+void Scheduler::Loop() {
+  while (true) {
+    {
+      // Running or waiting turns always make progress (Admit admits or fails the first
+      // waiting turn when nothing runs), so the thread sleeps only with neither.
+      const bool engine_busy = !active_.empty() || !waiting_.empty();
+      absl::MutexLock lock(&mu_);
+      auto has_work = [this, engine_busy]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return engine_busy || stop_ || !incoming_.empty() || !commands_.empty();
+      };
+      mu_.Await(absl::Condition(&has_work));
+      if (stop_) {
+        // Abort what is left, answer pending commands, then exit.
+        for (auto& t : incoming_) waiting_.push_back(std::move(t));
+        incoming_.clear();
+        commands_.push_back({Command::Kind::kAbortAll, ""});
+      }
+    }
+    ApplyCommands();
+    bool stopping;
+    {
+      absl::MutexLock lock(&mu_);
+      stopping = stop_;
+    }
+    if (stopping) return;
+    Step();
+  }
+}
+
+bool Scheduler::Step() {
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& t : incoming_) waiting_.push_back(std::move(t));
+    incoming_.clear();
+  }
+  // A session with a turn waiting is not offloaded or dropped to make room for others.
+  for (auto& t : waiting_) {
+    auto it = sessions_.find(t->req.session_id);
+    if (it != sessions_.end()) it->second->busy = true;
+  }
+  Admit();
+  if (!active_.empty()) RunBatch();
+  // Publish the load.
+  const double now = RealClock::Get().NowNanos() * 1e-9;
+  while (!token_times_.empty() && token_times_.front().first < now - 10) token_times_.pop_front();
+  int64_t tokens = 0;
+  for (const auto& [when, n] : token_times_) tokens += n;
+  int resident = 0, offloaded = 0;
+  for (const auto& [id, s] : sessions_) {
+    resident += s->resident() ? 1 : 0;
+    offloaded += s->offloaded() ? 1 : 0;
+  }
+  absl::MutexLock lock(&mu_);
+  load_.kv_blocks_free = pool_.free_blocks();
+  load_.active_turns = static_cast<int>(active_.size());
+  load_.queued_turns = static_cast<int>(waiting_.size());
+  load_.resident_sessions = resident;
+  load_.offloaded_sessions = offloaded;
+  load_.host_bytes_used = host_bytes_;
+  load_.tokens_per_second =
+      token_times_.empty() ? 0.0 : tokens / std::max(1.0, now - token_times_.front().first);
+  return !active_.empty();
+}
+
+void Scheduler::ApplyCommands() {
+  std::vector<Command> commands;
+  {
+    absl::MutexLock lock(&mu_);
+    commands.swap(commands_);
+  }
+  for (Command& c : commands) {
+    std::vector<std::shared_ptr<Turn>> hit;
+    auto matches = [&](const Turn& t) {
+      switch (c.kind) {
+        case Command::Kind::kAbortRequest: return t.req.request_id == c.key;
+        case Command::Kind::kAbortSession:
+        case Command::Kind::kDrop: return t.req.session_id == c.key;
+        case Command::Kind::kAbortAll: return true;
+      }
+      return false;
+    };
+    for (auto& t : active_) if (matches(*t)) hit.push_back(t);
+    for (auto& t : waiting_) if (matches(*t)) hit.push_back(t);
+    for (auto& t : hit) {
+      FinishTurn(*t, absl::CancelledError(absl::StrCat("turn ", t->req.request_id, " aborted")));
+    }
+    if (c.kind != Command::Kind::kDrop) {
+      c.done->set_value(static_cast<int64_t>(hit.size()));
+      continue;
+    }
+    auto it = sessions_.find(c.key);
+    if (it == sessions_.end()) {
+      c.done->set_value(hit.empty() ? absl::NotFoundError(absl::StrCat(
+                                          "session_id: this worker holds no session \"",
+                                          c.key, "\""))
+                                    : absl::StatusOr<int64_t>(0));
+      continue;
+    }
+    const int64_t freed = it->second->resident() ? it->second->cache->bytes_held() : 0;
+    DropCache(*it->second);
+    c.done->set_value(freed);
+  }
+}
+
+void Scheduler::Admit() {
+  while (!waiting_.empty() && static_cast<int>(active_.size()) < options_.max_active) {
+    std::shared_ptr<Turn> t = waiting_.front();
+    if (!t->prepared) {
+      absl::Status st = Prepare(*t);
+      if (!st.ok()) {
+        FinishTurn(*t, st);
+        continue;
+      }
+    }
+    const int64_t need = BlocksToAdmit(*t);
+    if (need > pool_.num_blocks()) {
+      FinishTurn(*t, absl::ResourceExhaustedError(absl::StrCat(
+                         "the turn needs ", need, " KV blocks but the whole pool has ",
+                         pool_.num_blocks(), ": use a smaller budget or a shorter transcript")));
+      continue;
+    }
+    if (pool_.free_blocks() < need && !MakeRoom(need, t->session)) {
+      if (active_.empty()) {  // nothing will free memory: should not happen, never hang
+        FinishTurn(*t, absl::ResourceExhaustedError(absl::StrCat(
+                           "cannot free ", need, " KV blocks; retry after ",
+                           options_.retry_after_ms, " ms")));
+        continue;
+      }
+      return;  // wait for running turns to end
+    }
+    absl::Status st = EnsureResident(*t);
+    if (!st.ok()) {
+      FinishTurn(*t, st);
+      continue;
+    }
+    waiting_.pop_front();
+    t->touched = true;
+    t->admitted_at = ++step_;
+    t->session->last_used = step_;
+    active_.push_back(std::move(t));
+  }
+}
+
+absl::Status Scheduler::Prepare(Turn& t) {
+  const TurnRequest& r = t.req;
+  const model::ModelConfig& config = model_.config;
+  auto it = sessions_.find(r.session_id);
+  Session* s = it == sessions_.end() ? nullptr : it->second.get();
+  const bool same_history =
+      s != nullptr && s->cache != nullptr &&
+      static_cast<int>(s->messages.size()) == r.history_length &&
+      (r.history.empty() ||
+       std::equal(r.history.begin(), r.history.end(), s->messages.begin(),
+                  [](const model::ChatMessage& a, const model::ChatMessage& b) {
+                    return a.role == b.role && a.content == b.content;
+                  }));
+  if (same_history) {
+    std::vector<model::ChatMessage> all = s->messages;
+    all.insert(all.end(), r.messages.begin(), r.messages.end());
+    RECALL_ASSIGN_OR_RETURN(std::string full,
+                            model::RenderChat(options_.chat_format, all, true));
+    if (absl::StartsWith(full, s->rendered) && full.size() > s->rendered.size()) {
+      std::vector<int32_t> tokens = s->pending;
+      const std::vector<int32_t> more =
+          tokenizer_.Encode(std::string_view(full).substr(s->rendered.size()), false);
+      tokens.insert(tokens.end(), more.begin(), more.end());
+      const int64_t context = static_cast<int64_t>(s->cache->next_position()) + tokens.size();
+      if (context >= config.max_seq_len) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "messages: the conversation needs ", context, " tokens of context (",
+            s->cache->next_position(), " so far + ", tokens.size(),
+            " new), the model's context length is ", config.max_seq_len));
+      }
+      t.session = s;
+      t.prompt = std::move(tokens);
+      t.prompt_render = std::move(full);
+      t.cached_tokens = static_cast<int>(s->tokens.size());
+      t.prompt_tokens = static_cast<int>(context);
+      t.prepared = true;
+      s->busy = true;
+      return absl::OkStatus();
+    }
+  }
+  // Rebuild from the transcript in the request.
+  if (static_cast<int>(r.history.size()) != r.history_length) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "history: session \"", r.session_id, "\" is not on this worker; ",
+        "session not resident: resend with history (", r.history_length, " messages)"));
+  }
+  std::vector<model::ChatMessage> all = r.history;
+  all.insert(all.end(), r.messages.begin(), r.messages.end());
+  RECALL_ASSIGN_OR_RETURN(std::string full, model::RenderChat(options_.chat_format, all, true));
+  std::vector<int32_t> tokens = tokenizer_.Encode(full, true);
+  if (tokens.empty()) return absl::InvalidArgumentError("messages: render to no tokens");
+  if (static_cast<int64_t>(tokens.size()) >= config.max_seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "messages: the transcript is ", tokens.size(), " tokens, the model's context length is ",
+        config.max_seq_len));
+  }
+  if (s != nullptr) {
+    DropCache(*s);
+  }
+  auto fresh = std::make_unique<Session>();
+  fresh->id = r.session_id;
+  fresh->messages = r.history;
+  s = fresh.get();
+  sessions_[r.session_id] = std::move(fresh);
+  if (r.history_length > 0) {
+    t.rebuilt = true;
+    metrics_->rebuilds->Increment();
+  }
+  t.session = s;
+  t.prompt = std::move(tokens);
+  t.prompt_render = std::move(full);
+  t.prompt_tokens = static_cast<int>(t.prompt.size());
+  t.prepared = true;
+  s->busy = true;
+  return absl::OkStatus();
+}
+
+void Scheduler::RunBatch() {
+  std::vector<BatchItem> items;
+  std::vector<Turn*> owners;
+  while (true) {
+    items.clear();
+    owners.clear();
+    int budget = options_.max_batch_tokens;
+    for (auto& t : active_) {
+      t->chunk = 0;
+      if (!t->decoding) continue;
+      BatchItem item;
+      item.cache = t->session->cache.get();
+      item.tokens = &t->next;
+      item.n = 1;
+      if (!t->probs.empty()) {
+        item.attn_probs = t->probs.data();
+        item.probs_stride = model_.config.max_seq_len;
+      }
+      t->chunk = 1;
+      --budget;
+      items.push_back(item);
+      owners.push_back(t.get());
+    }
+    for (auto& t : active_) {
+      if (t->decoding) continue;
+      const int chunk = static_cast<int>(
+          std::min<size_t>(options_.prefill_chunk, t->prompt.size() - t->fed));
+      if (chunk > budget && !items.empty()) break;  // FIFO: later prefills wait their turn
+      BatchItem item;
+      item.cache = t->session->cache.get();
+      item.tokens = t->prompt.data() + t->fed;
+      item.n = chunk;
+      item.want_logits = t->fed + chunk == t->prompt.size();
+      if (t->window_w > 0) {
+        item.window_queries = t->window_queries.data();
+        item.window_w = t->window_w;
+        item.window_first = t->window_first;
+      }
+      t->chunk = chunk;
+      budget -= chunk;
+      items.push_back(item);
+      owners.push_back(t.get());
+    }
+    // Blocks the batch appends.
+    int64_t need = 0;
+    for (const BatchItem& item : items) {
+      const int64_t bt = pool_.layout().block_tokens;
+      need += (item.cache->max_length() + item.n + bt - 1) / bt - item.cache->num_blocks();
+    }
+    if (need <= pool_.free_blocks() || MakeRoom(need, nullptr)) break;
+    if (!PreemptOne()) {
+      // A single turn that outgrew the pool: end it rather than hang.
+      FinishTurn(*active_.back(),
+                 absl::ResourceExhaustedError(absl::StrCat(
+                     "the KV pool is exhausted (", pool_.num_blocks(),
+                     " blocks); retry after ", options_.retry_after_ms, " ms")));
+      if (active_.empty()) return;
+    }
+  }
+
+  int n_logits = 0;
+  int tokens = 0;
+  for (const BatchItem& item : items) {
+    n_logits += item.want_logits ? 1 : 0;
+    tokens += item.n;
+  }
+  Stopwatch watch;
+  absl::Status st = forward_.Run(items, logits_.data());
+  metrics_->step_seconds->Observe(watch.ElapsedSeconds());
+  metrics_->batch_tokens->Observe(tokens);
+  if (!st.ok()) {
+    RECALL_LOG(ERROR) << "forward pass failed: " << st;
+    for (Turn* t : owners) FinishTurn(*t, st);
+    return;
+  }
+  token_times_.emplace_back(RealClock::Get().NowNanos() * 1e-9, tokens);
+
+  int li = 0;
+  std::vector<Turn*> ended;
+  for (size_t i = 0; i < items.size(); ++i) {
+    Turn& t = *owners[i];
+    float* logits = nullptr;
+    if (items[i].want_logits) {
+      logits = logits_.data() + static_cast<size_t>(li++) * model_.config.vocab_size;
+    }
+    AfterForward(t, logits);
+    if (t.done) ended.push_back(&t);
+  }
+  for (Turn* t : ended) FinishTurn(*t, absl::OkStatus());
+}
+
+void Scheduler::AfterForward(Turn& t, float* logits) {
+  Session& s = *t.session;
+  t.peak_kv_bytes = std::max(t.peak_kv_bytes, s.cache->bytes_held());
+  if (!t.decoding) {
+    s.tokens.insert(s.tokens.end(), t.prompt.begin() + t.fed, t.prompt.begin() + t.fed + t.chunk);
+    t.fed += t.chunk;
+    metrics_->prompt_tokens->Increment(t.chunk);
+    if (t.fed < t.prompt.size()) return;
+    t.decoding = true;
+    if (t.window_w > 0) {
+      absl::Status st = s.evictor->CompressPrefill(t.window_queries.data(), t.window_w);
+      if (!st.ok()) RECALL_LOG(ERROR) << "CompressPrefill: " << st;
+      s.prefill_compressed = true;
+      t.window_w = 0;
+      t.window_queries = {};
+    }
+    // The stream decoder continues after the prompt's last token.
+    t.decoder = std::make_unique<model::TokenStreamDecoder>(tokenizer_);
+    t.decoder->Next(t.prompt.back());
+    t.decoder->Flush();
+  } else {
+    s.tokens.push_back(t.next);
+    if (s.evictor != nullptr) {
+      absl::Status st = s.evictor->Step(t.probs.empty() ? nullptr : t.probs.data(),
+                                        model_.config.max_seq_len);
+      if (!st.ok()) RECALL_LOG(ERROR) << "eviction step: " << st;
+    }
+  }
+  SampleNext(t, logits);
+}
+
+void Scheduler::SampleNext(Turn& t, float* logits) {
+  Session& s = *t.session;
+  const int vocab = model_.config.vocab_size;
+  // Logprobs are of the model's distribution (before temperature and the other sampling
+  // transforms, which Sample applies in place).
+  if (t.req.logprobs) t.raw_logits.assign(logits, logits + vocab);
+  const int32_t id = backend_.Sample(logits, vocab, t.req.sampling, t.rng, s.tokens.data(),
+                                     static_cast<int>(s.tokens.size()));
+  const double now = t.since_submit.ElapsedSeconds();
+  if (t.first_token_s < 0) {
+    t.first_token_s = now;
+    metrics_->ttft->Observe(now);
+  } else {
+    metrics_->tpot->Observe(now - t.last_token_s);
+  }
+  t.last_token_s = now;
+  if (std::find(options_.stop_token_ids.begin(), options_.stop_token_ids.end(), id) !=
+      options_.stop_token_ids.end()) {
+    t.finish = TurnFinish::kStop;
+    t.done = true;
+    return;
+  }
+  float logprob = 0;
+  if (t.req.logprobs) {
+    const std::vector<float>& raw = t.raw_logits;
+    const float max = *std::max_element(raw.begin(), raw.end());
+    double sum = 0;
+    for (float v : raw) sum += std::exp(static_cast<double>(v - max));
+    logprob = static_cast<float>(raw[id] - max - std::log(sum));
+  }
+  t.generated.push_back(id);
+  t.next = id;
+  metrics_->generated_tokens->Increment();
+  t.stream->PushToken(id, t.req.logprobs, logprob);
+  const std::string piece = t.decoder->Next(id);
+  t.gen_text += piece;
+  if (t.stop_text.Append(piece)) {
+    t.finish = TurnFinish::kStop;
+    t.done = true;
+    return;
+  }
+  t.stream->PushText(t.stop_text.TakeReady());
+  if (static_cast<int>(t.generated.size()) >= t.req.max_tokens) {
+    t.finish = TurnFinish::kLength;
+    t.done = true;
+  } else if (s.cache->next_position() >= model_.config.max_seq_len) {
+    t.finish = TurnFinish::kContext;
+    t.done = true;
+  }
+}
+
+void Scheduler::FinishTurn(Turn& t, absl::Status status) {
+  std::shared_ptr<Turn> keep;  // t may be owned only by the container it is removed from
+  auto take = [&](auto& list) {
+    for (auto it = list.begin(); it != list.end(); ++it) {
+      if (it->get() == &t) {
+        keep = *it;
+        list.erase(it);
+        return;
+      }
+    }
+  };
+  take(active_);
+  if (keep == nullptr) take(waiting_);
+  Session* s = t.session;
+  if (status.ok()) {
+    if (t.finish != TurnFinish::kStop || !t.stop_text.stopped()) {
+      const std::string tail = t.decoder->Flush();
+      t.gen_text += tail;
+      t.stop_text.Append(tail);
+    }
+    t.stream->PushText(t.stop_text.TakeAll());
+    TurnSummary sum;
+    sum.finish = t.finish;
+    sum.text = t.stop_text.text();
+    // The sampled token that ended the reply by length/context/stop string is not in the
+    // cache yet: it is fed first at the next turn. A stop token is not part of the text.
+    const bool stop_token = t.finish == TurnFinish::kStop && !t.stop_text.stopped();
+    if (!stop_token && !t.generated.empty()) s->pending = {t.next};
+    s->messages.insert(s->messages.end(), t.req.messages.begin(), t.req.messages.end());
+    s->messages.push_back({"assistant", sum.text});
+    s->rendered = t.prompt_render + t.gen_text;
+    sum.prompt_tokens = t.prompt_tokens;
+    sum.cached_tokens = t.cached_tokens;
+    sum.generated_tokens = static_cast<int>(t.generated.size());
+    sum.kv_bytes = s->cache->bytes_held();
+    sum.peak_kv_bytes = t.peak_kv_bytes;
+    if (s->evictor != nullptr) {
+      sum.evictions = s->evictor->evictions() - t.evictions_at_start;
+      sum.evicted_tokens = s->evictor->evicted_slots() - t.evicted_at_start;
+    }
+    sum.rebuilt = t.rebuilt;
+    metrics_->cached_tokens->Increment(t.cached_tokens);
+    metrics_->evictions->Increment(static_cast<double>(sum.evictions));
+    metrics_->evicted_tokens->Increment(static_cast<double>(sum.evicted_tokens));
+    (t.finish == TurnFinish::kLength   ? metrics_->finished_length
+     : t.finish == TurnFinish::kStop ? metrics_->finished_stop
+                                     : metrics_->finished_context)
+        ->Increment();
+    t.stream->Finish(absl::OkStatus(), std::move(sum));
+  } else {
+    (absl::IsCancelled(status) ? metrics_->cancelled : metrics_->failed)->Increment();
+    t.stream->Finish(status);
+    // A partly run turn leaves the cache out of step with the transcript: drop it.
+    if (t.touched && s != nullptr) DropCache(*s);
+  }
+  auto it = sessions_.find(t.req.session_id);
+  if (it != sessions_.end()) {
+    it->second->busy = false;
+    it->second->last_used = step_;
+    if (it->second->cache == nullptr) sessions_.erase(it);  // never got a cache
+  }
+  absl::MutexLock lock(&mu_);
+  busy_sessions_.erase(t.req.session_id);
+}
+
+}  // namespace recall::engine

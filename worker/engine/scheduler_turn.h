@@ -1,0 +1,97 @@
+// Scheduler internals shared by scheduler*.cc: a turn's state while queued or running, the
+// commands other threads hand to the engine thread, and the metrics it updates.
+#pragma once
+
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/metrics/registry.h"
+#include "kernels/sampling_params.h"
+#include "worker/engine/scheduler.h"
+#include "worker/engine/stop_text.h"
+#include "worker/model/tokenizer.h"
+
+namespace recall::engine {
+
+struct Scheduler::Turn {
+  Turn(TurnRequest r, std::vector<std::string> stops)
+      : req(std::move(r)), rng(req.sampling.seed), stop_text(std::move(stops)) {}
+
+  TurnRequest req;
+  std::shared_ptr<TurnStream> stream = std::make_shared<TurnStream>();
+  Stopwatch since_submit;
+
+  // Set by Prepare.
+  bool prepared = false;
+  Session* session = nullptr;
+  std::vector<int32_t> prompt;  // tokens fed this turn before generating
+  std::string prompt_render;    // the chat text up to the generation prompt
+  int cached_tokens = 0;
+  int prompt_tokens = 0;
+  bool rebuilt = false;
+
+  // Running.
+  bool touched = false;   // admitted at least once: the session's cache holds this turn
+  int64_t admitted_at = 0;
+  size_t fed = 0;         // prompt tokens fed
+  int chunk = 0;          // tokens of this turn in the current batch
+  bool decoding = false;
+  int32_t next = -1;      // sampled and to be fed at the next step
+  std::vector<int32_t> generated;
+  kernels::Rng rng;
+  std::unique_ptr<model::TokenStreamDecoder> decoder;
+  StopText stop_text;
+  std::string gen_text;   // decoded text of every generated token
+  TurnFinish finish = TurnFinish::kLength;
+  bool done = false;
+  std::vector<float> raw_logits;      // when logprobs are requested
+  std::vector<float> probs;           // attention probabilities for the evictor
+  std::vector<float> window_queries;  // SnapKV's observation window
+  int window_w = 0;
+  int window_first = 0;
+  int64_t peak_kv_bytes = 0;
+  int64_t evictions_at_start = 0;
+  int64_t evicted_at_start = 0;
+  double first_token_s = -1;
+  double last_token_s = -1;
+};
+
+struct Scheduler::Command {
+  enum class Kind { kAbortRequest, kAbortSession, kAbortAll, kDrop };
+  Kind kind;
+  std::string key;
+  std::shared_ptr<std::promise<absl::StatusOr<int64_t>>> done =
+      std::make_shared<std::promise<absl::StatusOr<int64_t>>>();
+};
+
+struct Scheduler::Metrics {
+  explicit Metrics(metrics::Registry* r);
+
+  std::unique_ptr<metrics::Registry> owned;  // when the caller gave none
+  metrics::Registry* registry;
+  metrics::Counter* finished_length;
+  metrics::Counter* finished_stop;
+  metrics::Counter* finished_context;
+  metrics::Counter* failed;
+  metrics::Counter* cancelled;
+  metrics::Counter* rejected;
+  metrics::Counter* prompt_tokens;   // tokens prefilled
+  metrics::Counter* cached_tokens;   // prompt tokens reused from resident caches
+  metrics::Counter* generated_tokens;
+  metrics::Counter* evictions;
+  metrics::Counter* evicted_tokens;
+  metrics::Counter* offloads;
+  metrics::Counter* restores;
+  metrics::Counter* drops_memory;
+  metrics::Counter* preemptions;
+  metrics::Counter* rebuilds;
+  metrics::Histogram* ttft;
+  metrics::Histogram* tpot;
+  metrics::Histogram* step_seconds;
+  metrics::Histogram* batch_tokens;
+};
+
+}  // namespace recall::engine

@@ -1,0 +1,54 @@
+// What the engine needs to run one turn of a session (the wire format is converted to this
+// at the service edge), and its validation.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "kernels/sampling_params.h"
+#include "worker/model/chat_template.h"
+
+namespace recall::engine {
+
+// Per-session KV cache settings; unset fields take the scheduler's defaults.
+struct CacheRequest {
+  std::optional<std::string> policy;
+  std::optional<int> budget_tokens;
+  std::optional<double> budget_fraction;
+  std::optional<int> window;
+  std::optional<double> alpha;
+};
+
+struct TurnRequest {
+  std::string session_id;
+  std::string request_id;                   // unique among running turns; made when empty
+  std::vector<model::ChatMessage> messages; // this turn's new messages
+  int history_length = 0;                   // messages before this turn
+  std::vector<model::ChatMessage> history;  // those messages, or empty when not sent
+  kernels::SamplingParams sampling;
+  int max_tokens = 256;
+  std::vector<std::string> stop;            // extra stop strings
+  bool logprobs = false;
+  CacheRequest cache;
+};
+
+// Limits a request is checked against.
+struct TurnLimits {
+  int max_tokens = 4096;             // upper bound of max_tokens
+  size_t max_session_id_bytes = 128;
+  size_t max_stop_strings = 16;
+  size_t max_stop_bytes = 256;
+};
+
+// InvalidArgument naming the field (as on the wire: "sampling.top_p", "messages[2].role",
+// ...) and the limit. Does not check what depends on the session (residency, context).
+absl::Status ValidateTurnRequest(const TurnRequest& request, const TurnLimits& limits,
+                                 const std::vector<std::string>& known_policies);
+
+// Sampling values alone; `prefix` is prepended to field names ("sampling." on the wire).
+absl::Status ValidateSampling(const kernels::SamplingParams& s, const std::string& prefix);
+
+}  // namespace recall::engine
