@@ -55,6 +55,10 @@ absl::StatusOr<BudgetAllocator> BudgetAllocator::Create(const BudgetOptions& opt
     return absl::InvalidArgumentError(
         absl::StrCat("budget: reserved must be >= 0, got ", options.reserved));
   }
+  if (!(options.head_safeguard >= 0.0 && options.head_safeguard <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "budget: head_safeguard must be in [0, 1], got ", options.head_safeguard));
+  }
   if (options.unit == BudgetOptions::Unit::kTokens &&
       !(options.budget >= 1.0 && options.budget <= 2147483647.0 &&
         options.budget == std::floor(options.budget))) {

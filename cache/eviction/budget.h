@@ -47,6 +47,12 @@ struct BudgetOptions {
   std::string profile_path;
   // Tokens every layer gets before the weighted split (>= 0).
   int reserved = 0;
+  // Ada-KV (head_adaptive.h): each layer keeps budget_l * n_kv_heads slots chosen across its
+  // KV heads instead of budget_l per head, every head keeping at least `head_safeguard` (in
+  // [0, 1]) of its own selection budget. Applied by SessionEvictor; the allocator itself
+  // still returns per-head budgets. Not for layer-shared policies (TOVA).
+  bool head_adaptive = false;
+  double head_safeguard = 0.2;  // kAdaKvSafeguard
 };
 
 // Parses a profile: one positive finite number per non-empty line; '#' starts a comment.

@@ -81,6 +81,18 @@ absl::StatusOr<std::unique_ptr<EvictionPolicy>> CreatePolicy(const PolicyOptions
         absl::StrCat("eviction policy: lambda must be in [0, 1], got ", options.lambda));
   }
   const std::string& n = options.name;
+  if (options.meta_score == PolicyOptions::MetaScore::kCaote && n != "h2o" && n != "tova" &&
+      n != "snapkv" && n != "lazy") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "eviction policy: meta_score caote needs a policy whose score is a non-negative "
+        "attention estimate (h2o, tova, snapkv, lazy), got '",
+        n, "'"));
+  }
+  if (options.meta_score == PolicyOptions::MetaScore::kCaoteCurrentQuery && n == "snapkv") {
+    return absl::InvalidArgumentError(
+        "eviction policy: meta_score caote_current_query needs a decode-time policy; snapkv "
+        "compresses at prefill (use meta_score caote)");
+  }
   if (n == "full") return std::make_unique<FullKvPolicy>(options);
   if (n == "streaming") return std::make_unique<StreamingPolicy>(options);
   if (n == "h2o") return std::make_unique<H2oPolicy>(options);

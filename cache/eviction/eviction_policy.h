@@ -33,6 +33,13 @@
 // of V over head_dim), then fills the remaining quota by its own score. Slots the policy
 // always keeps (recent window, sinks) are not candidates and do not use the quota.
 //
+// Two-phase selection (SessionEvictor only; SelectKeep alone ignores both options): with
+// PolicyOptions::meta_score (CAOTE, caote.h) or BudgetOptions::head_adaptive (Ada-KV,
+// head_adaptive.h), SessionEvictor first runs SelectKeep in scoring mode (SelectContext::capture
+// set, see candidate_set.h), which yields the slots the policy always keeps and the scores of
+// the others; it then rescores (CAOTE) and chooses the kept candidates itself, per head or over
+// all heads of the layer. With neither option the result is exactly SelectKeep's.
+//
 // Thread safety: policies are immutable and may be shared across threads; a HeadState and a
 // SelectScratch are used by one thread at a time.
 #pragma once
@@ -46,6 +53,8 @@
 #include "absl/strings/string_view.h"
 
 namespace recall::cache::eviction {
+
+struct CandidateSet;  // candidate_set.h
 
 // One Options struct for every policy; each policy reads the fields it needs.
 struct PolicyOptions {
@@ -73,6 +82,22 @@ struct PolicyOptions {
   int query_window = 8;
   // R-KV: score = lambda * importance - (1 - lambda) * redundancy. In [0, 1].
   float lambda = 0.1f;
+
+  // Value-aware meta-score (CAOTE, EVICTION.md section 4), applied by SessionEvictor on top of
+  // the policy (see caote.h for the exact formula):
+  //  - kNone: the policy's own ranking.
+  //  - kCaote: CAOTE as a meta-heuristic over the policy's score: the candidates' scores,
+  //    normalised to sum to 1, stand for the attention probabilities a_j, and the candidates
+  //    are ranked by c_j = a_j / (1 - a_j) * ||o - v_j|| with o = sum_i a_i v_i. Only for
+  //    policies whose score is a non-negative attention estimate: h2o, tova, snapkv, lazy.
+  //  - kCaoteCurrentQuery: a_j is the current decode step's attention probability of slot j
+  //    (per KV head: the mean over its G query heads) over all cached slots, o the step's
+  //    attention output for that head; c_j replaces the policy's score. Decode-time policies
+  //    only (not snapkv); Step then needs probabilities even for policies that do not.
+  // The policy's structure is kept either way: always-kept slots (recent window, sinks), when
+  // to evict, and value protection.
+  enum class MetaScore { kNone, kCaote, kCaoteCurrentQuery };
+  MetaScore meta_score = MetaScore::kNone;
 };
 
 // Per-slot state of one (sequence, layer, KV head), in slot order. All arrays have the same
@@ -123,6 +148,9 @@ struct SelectContext {
   int head = 0;
   int64_t eviction_count = 0;
   SelectScratch* scratch = nullptr;  // REQUIRES: non-null
+  // Scoring mode (candidate_set.h): if non-null, SelectKeep appends to *keep only the slots it
+  // always keeps and records its candidates and their scores here instead of choosing.
+  CandidateSet* capture = nullptr;
 };
 
 class EvictionPolicy {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "cache/eviction/candidate_set.h"
 #include "common/logging.h"
 
 namespace recall::cache::eviction::internal {
@@ -16,6 +17,10 @@ void KeepTopK(float value_protection, int budget, int begin, int end, int k,
               const SelectContext& ctx, std::vector<int32_t>* keep) {
   RECALL_CHECK(ctx.scratch != nullptr) << "SelectContext::scratch is required";
   RECALL_CHECK(0 <= begin && begin <= end) << "bad candidate range";
+  if (ctx.capture != nullptr) {
+    CaptureCandidates(value_protection, begin, end, ctx);
+    return;
+  }
   const int n = end - begin;
   if (k <= 0) return;
   if (k >= n) {

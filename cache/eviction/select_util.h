@@ -15,6 +15,8 @@ namespace recall::cache::eviction::internal {
 // largest value range; then the remaining k - q by ctx.scratch->score[j] (which the policy
 // filled for j in [begin, end)). Both rankings order by (value descending, slot ascending),
 // so ties keep the older slot. REQUIRES: scratch->score.size() >= end, 0 <= begin <= end.
+// In scoring mode (ctx.capture != null) appends nothing and records the candidates instead
+// (candidate_set.h).
 void KeepTopK(const PolicyOptions& options, int budget, int begin, int end, int k,
               const SelectContext& ctx, std::vector<int32_t>* keep);
 

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cache/eviction/caote.h"
 #include "cache/eviction/snapkv_policy.h"
 #include "common/logging.h"
 
@@ -21,6 +23,11 @@ absl::StatusOr<std::unique_ptr<SessionEvictor>> SessionEvictor::Create(
     return absl::InvalidArgumentError(absl::StrCat("session evictor: n_heads ", options.n_heads,
                                                    " must be a positive multiple of n_kv_heads ",
                                                    n_kv_heads));
+  }
+  if (options.budget.head_adaptive && (*policy)->layer_shared()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session evictor: head_adaptive needs per-KV-head budgets; policy '",
+                     (*policy)->name(), "' keeps one token set for all heads of a layer"));
   }
   BudgetOptions budget = options.budget;
   budget.reserved = std::max(budget.reserved, (*policy)->min_budget());
@@ -43,7 +50,11 @@ SessionEvictor::SessionEvictor(const SessionEvictorOptions& options,
       states_per_layer_(policy_->layer_shared() ? 1 : n_kv_heads_),
       states_(static_cast<size_t>(n_layers_) * states_per_layer_),
       state_evictions_(static_cast<size_t>(n_layers_) * states_per_layer_, 0),
-      budgets_(static_cast<size_t>(n_layers_)) {}
+      budgets_(static_cast<size_t>(n_layers_)),
+      needs_probs_(policy_->needs_attention() ||
+                   options.policy.meta_score == PolicyOptions::MetaScore::kCaoteCurrentQuery),
+      candidates_(static_cast<size_t>(n_kv_heads_)),
+      head_keeps_(static_cast<size_t>(n_kv_heads_)) {}
 
 void SessionEvictor::Reserve(int max_len) {
   for (HeadState& s : states_) s.Reserve(max_len);
@@ -56,6 +67,24 @@ void SessionEvictor::Reserve(int max_len) {
   select_.aux.reserve(static_cast<size_t>(max_len));
   select_.aux2.reserve(static_cast<size_t>(max_len));
   if (policy_->needs_keys()) select_.rows.reserve(static_cast<size_t>(max_len) * head_dim_);
+  const bool head_adaptive = options_.budget.head_adaptive;
+  if (options_.policy.meta_score == PolicyOptions::MetaScore::kNone && !head_adaptive) return;
+  const size_t n = static_cast<size_t>(max_len);
+  for (size_t h = 0; h < (head_adaptive ? candidates_.size() : 1); ++h) {
+    candidates_[h].always.reserve(n);
+    candidates_[h].score.reserve(n);
+    candidates_[h].value_range.reserve(n);
+    head_keeps_[h].reserve(n);
+  }
+  if (head_adaptive) {
+    adaptive_.pool.reserve(n * candidates_.size());
+    adaptive_.order.reserve(n);
+  }
+  if (options_.policy.meta_score != PolicyOptions::MetaScore::kNone) {
+    values_.reserve(n * head_dim_);
+    for (std::vector<double>* v : {&caote_a_, &caote_c_, &caote_sum_}) v->reserve(n);
+    caote_o_.reserve(static_cast<size_t>(head_dim_));
+  }
 }
 
 const HeadState& SessionEvictor::state(int layer, int head) const {
@@ -83,6 +112,15 @@ void SessionEvictor::GatherKeys(int layer, int head, int len) {
   }
 }
 
+void SessionEvictor::GatherValues(int layer, int head, int begin, int end) {
+  const kernels::PagedKv kv = cache_->View();
+  values_.resize(static_cast<size_t>(end - begin) * head_dim_);
+  for (int s = begin; s < end; ++s) {
+    const float* v = kv.V(layer, head, s);
+    std::copy(v, v + head_dim_, values_.data() + static_cast<int64_t>(s - begin) * head_dim_);
+  }
+}
+
 void SessionEvictor::PrepareContext(int layer, int head, int len, SelectContext* ctx) {
   ctx->value_range = nullptr;
   ctx->keys = nullptr;
@@ -103,6 +141,84 @@ void SessionEvictor::PrepareContext(int layer, int head, int len, SelectContext*
   ctx->layer = layer;
   ctx->head = policy_->layer_shared() ? 0 : options_.kv_head_offset + head;
   ctx->eviction_count = state_evictions_[static_cast<size_t>(layer) * states_per_layer_ + head];
+}
+
+void SessionEvictor::ApplyMetaScore(int layer, int head, int len, const float* layer_probs,
+                                    int64_t stride, CandidateSet* c) {
+  const PolicyOptions::MetaScore meta = options_.policy.meta_score;
+  const int m = c->num_candidates();
+  if (meta == PolicyOptions::MetaScore::kNone || m == 0) return;
+  const bool shared = policy_->layer_shared();
+  caote_sum_.assign(static_cast<size_t>(m), 0.0);
+  if (meta == PolicyOptions::MetaScore::kCaote) {
+    caote_a_.resize(static_cast<size_t>(m));
+    NormalizeScores(c->score.data() + c->begin, m, caote_a_.data());
+  }
+  for (int h = shared ? 0 : head; h < (shared ? n_kv_heads_ : head + 1); ++h) {
+    if (meta == PolicyOptions::MetaScore::kCaote) {
+      GatherValues(layer, h, c->begin, c->end);
+      caote_c_.resize(static_cast<size_t>(m));
+      CaoteScores(caote_a_.data(), m, values_.data(), head_dim_, &caote_o_, caote_c_.data());
+      for (int i = 0; i < m; ++i) {
+        caote_sum_[static_cast<size_t>(i)] += caote_c_[static_cast<size_t>(i)];
+      }
+    } else {
+      caote_a_.resize(static_cast<size_t>(len));
+      GroupMeanAttention(layer_probs, options_.n_heads, n_kv_heads_, stride, h, len,
+                         caote_a_.data());
+      GatherValues(layer, h, 0, len);
+      caote_c_.resize(static_cast<size_t>(len));
+      CaoteScores(caote_a_.data(), len, values_.data(), head_dim_, &caote_o_, caote_c_.data());
+      for (int i = 0; i < m; ++i) {
+        caote_sum_[static_cast<size_t>(i)] += caote_c_[static_cast<size_t>(c->begin + i)];
+      }
+    }
+  }
+  std::copy(caote_sum_.begin(), caote_sum_.end(), c->score.begin() + c->begin);
+}
+
+void SessionEvictor::ScoreHead(int layer, int head, const HeadState& state, int len, int t,
+                               const float* layer_probs, int64_t stride, const SelectContext& ctx) {
+  CandidateSet* c = &candidates_[static_cast<size_t>(head)];
+  ScoreCandidates(*policy_, state, len, t, ctx, c);
+  ApplyMetaScore(ctx.layer, head, len, layer_probs, stride, c);
+}
+
+void SessionEvictor::SelectForHead(int layer, int head, const HeadState& state, int len, int budget,
+                                   int t, const float* layer_probs, int64_t stride,
+                                   const SelectContext& ctx) {
+  if (options_.policy.meta_score == PolicyOptions::MetaScore::kNone) {
+    policy_->SelectKeep(state, len, budget, t, ctx, &keep_);
+    return;
+  }
+  RECALL_CHECK(ctx.layer == layer) << "context prepared for another layer";
+  ScoreHead(layer, head, state, len, t, layer_probs, stride, ctx);
+  SelectUniform(candidates_[static_cast<size_t>(head)], budget, &select_, &keep_);
+}
+
+void SessionEvictor::CompactHead(int layer, int head, int len, const std::vector<int32_t>& keep,
+                                 bool with_state) {
+  const size_t idx = static_cast<size_t>(layer) * states_per_layer_ + head;
+  ++state_evictions_[idx];
+  cache_->Compact(layer, head, keep);
+  if (with_state) CompactState(&states_[idx], keep);
+  ++evictions_;
+  evicted_slots_ += len - static_cast<int64_t>(keep.size());
+}
+
+bool SessionEvictor::CompactHeadAdaptive(int layer, int budget, bool with_state) {
+  SelectHeadAdaptive(candidates_.data(), n_kv_heads_, budget, options_.budget.head_safeguard,
+                     &adaptive_, &head_keeps_);
+  bool compacted = false;
+  for (int h = 0; h < n_kv_heads_; ++h) {
+    const std::vector<int32_t>& keep = head_keeps_[static_cast<size_t>(h)];
+    const int len = cache_->length(layer, h);
+    if (static_cast<int>(keep.size()) == len) continue;
+    CompactHead(layer, h, len, keep, with_state);
+    compacted = true;
+  }
+  keep_.assign(head_keeps_.back().begin(), head_keeps_.back().end());
+  return compacted;
 }
 
 absl::Status SessionEvictor::CompressPrefill(const float* window_queries, int w, float scale) {
@@ -140,12 +256,14 @@ absl::Status SessionEvictor::CompressPrefill(const float* window_queries, int w,
   ctx.session = options_.session;
   ctx.scratch = &select_;
   bool compacted = false;
+  const bool head_adaptive = options_.budget.head_adaptive;
   for (int l = 0; l < n_layers_; ++l) {
     const int budget = budgets_[static_cast<size_t>(l)];
     const float* q = window_queries + static_cast<int64_t>(l) * w * n_heads * head_dim_;
+    // Every head holds the whole prompt, so the layer is over budget iff each head is.
+    if (prompt <= budget) continue;
     for (int h = 0; h < n_kv_heads_; ++h) {
-      const int len = cache_->length(l, h);
-      if (len <= budget) continue;
+      const int len = prompt;
       GatherKeys(l, h, len);
       prefill_state_.ts.clear();
       prefill_state_.mri.clear();
@@ -154,14 +272,16 @@ absl::Status SessionEvictor::CompressPrefill(const float* window_queries, int w,
       SnapKvPolicy::WindowScores(keys_.data(), len, q, w, n_heads, h * group, group, head_dim_,
                                  scale, &select_, prefill_state_.score.data());
       PrepareContext(l, h, len, &ctx);
-      policy_->SelectKeep(prefill_state_, len, budget, 0, ctx, &keep_);
+      if (head_adaptive) {
+        ScoreHead(l, h, prefill_state_, len, 0, nullptr, 0, ctx);
+        continue;
+      }
+      SelectForHead(l, h, prefill_state_, len, budget, 0, nullptr, 0, ctx);
       if (static_cast<int>(keep_.size()) == len) continue;
-      cache_->Compact(l, h, keep_);
-      ++state_evictions_[static_cast<size_t>(l) * states_per_layer_ + h];
-      ++evictions_;
-      evicted_slots_ += len - static_cast<int64_t>(keep_.size());
+      CompactHead(l, h, len, keep_, /*with_state=*/false);
       compacted = true;
     }
+    if (head_adaptive) compacted |= CompactHeadAdaptive(l, budget, /*with_state=*/false);
   }
   if (compacted) cache_->TrimBlocks();
   prefill_compressed_ = true;
@@ -170,11 +290,12 @@ absl::Status SessionEvictor::CompressPrefill(const float* window_queries, int w,
 
 absl::Status SessionEvictor::Step(const float* probs, int64_t stride) {
   const bool needs = policy_->needs_attention();
-  if (needs && probs == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("session evictor: policy '", policy_->name(),
-                                                   "' needs attention probabilities"));
+  if (needs_probs_ && probs == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session evictor: policy '", policy_->name(), "'",
+        needs ? "" : " with meta_score caote_current_query", " needs attention probabilities"));
   }
-  if (needs && stride < cache_->max_length()) {
+  if (needs_probs_ && stride < cache_->max_length()) {
     return absl::InvalidArgumentError(absl::StrCat("session evictor: probs_stride ", stride,
                                                    " < cache length ", cache_->max_length()));
   }
@@ -195,7 +316,8 @@ absl::Status SessionEvictor::Step(const float* probs, int64_t stride) {
 
   for (int l = 0; l < n_layers_; ++l) {
     const int budget = budgets_[static_cast<size_t>(l)];
-    const float* layer_probs = needs ? probs + static_cast<int64_t>(l) * n_heads * stride : nullptr;
+    const float* layer_probs =
+        needs_probs_ ? probs + static_cast<int64_t>(l) * n_heads * stride : nullptr;
     const int32_t* lengths = cache_->lengths(l);
     // Bring the states up to the cache lengths.
     for (int h = 0; h < states_per_layer_; ++h) {
@@ -218,7 +340,7 @@ absl::Status SessionEvictor::Step(const float* probs, int64_t stride) {
       }
       if (!policy_->ShouldEvict(len, budget, t)) continue;
       PrepareContext(l, 0, len, &ctx);
-      policy_->SelectKeep(s, len, budget, t, ctx, &keep_);
+      SelectForHead(l, 0, s, len, budget, t, layer_probs, stride, ctx);
       if (static_cast<int>(keep_.size()) == len) continue;
       ++state_evictions_[static_cast<size_t>(l)];
       for (int h = 0; h < n_kv_heads_; ++h) {
@@ -234,19 +356,33 @@ absl::Status SessionEvictor::Step(const float* probs, int64_t stride) {
       reduced_.resize(static_cast<size_t>(n_kv_heads_) * stride);
       ReduceGqaMax(layer_probs, n_heads, n_kv_heads_, stride, lengths, reduced_.data());
     }
+    HeadState* layer_states = &states_[static_cast<size_t>(l) * states_per_layer_];
+    int64_t layer_len = 0;
     for (int h = 0; h < n_kv_heads_; ++h) {
-      HeadState& s = states_[static_cast<size_t>(l) * states_per_layer_ + h];
+      if (needs) policy_->Observe(&layer_states[h], reduced_.data() + h * stride, lengths[h], t);
+      layer_len += lengths[h];
+    }
+    if (options_.budget.head_adaptive) {
+      const int64_t layer_budget = static_cast<int64_t>(budget) * n_kv_heads_;
+      constexpr int64_t kMax = std::numeric_limits<int>::max();
+      if (!policy_->ShouldEvict(static_cast<int>(std::min(layer_len, kMax)),
+                                static_cast<int>(std::min(layer_budget, kMax)), t)) {
+        continue;
+      }
+      for (int h = 0; h < n_kv_heads_; ++h) {
+        PrepareContext(l, h, lengths[h], &ctx);
+        ScoreHead(l, h, layer_states[h], lengths[h], t, layer_probs, stride, ctx);
+      }
+      compacted |= CompactHeadAdaptive(l, budget, /*with_state=*/true);
+      continue;
+    }
+    for (int h = 0; h < n_kv_heads_; ++h) {
       const int len = lengths[h];
-      if (needs) policy_->Observe(&s, reduced_.data() + h * stride, len, t);
       if (!policy_->ShouldEvict(len, budget, t)) continue;
       PrepareContext(l, h, len, &ctx);
-      policy_->SelectKeep(s, len, budget, t, ctx, &keep_);
+      SelectForHead(l, h, layer_states[h], len, budget, t, layer_probs, stride, ctx);
       if (static_cast<int>(keep_.size()) == len) continue;
-      ++state_evictions_[static_cast<size_t>(l) * states_per_layer_ + h];
-      cache_->Compact(l, h, keep_);
-      CompactState(&s, keep_);
-      ++evictions_;
-      evicted_slots_ += len - static_cast<int64_t>(keep_.size());
+      CompactHead(l, h, len, keep_, /*with_state=*/true);
       compacted = true;
     }
   }

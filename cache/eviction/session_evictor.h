@@ -25,6 +25,14 @@
 // earlier evictions of that (layer, head)), which does not depend on how many heads this
 // rank holds.
 //
+// Two-phase selection. With PolicyOptions::meta_score != kNone (CAOTE, caote.h) the keep list
+// comes from ScoreCandidates (the policy's always-kept slots and candidate scores), the CAOTE
+// rescoring of the candidates (V rows read from the cache; kCaoteCurrentQuery also needs
+// probs) and SelectUniform. With BudgetOptions::head_adaptive (Ada-KV, head_adaptive.h) a
+// layer is evicted when policy.ShouldEvict(sum of its heads' lengths, n_kv_heads * C_l, t)
+// says so, and SelectHeadAdaptive chooses n_kv_heads * C_l slots over all its heads, so the
+// heads' lengths then differ (last_keep() is the last head's list).
+//
 // Prefill-time policies (policy().compresses_prefill(), SnapKV): after the prompt's forward
 // pass and before the first Step, the engine calls CompressPrefill with the last
 // w = min(policy window, prompt length) prompt queries of every layer.
@@ -47,7 +55,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "cache/eviction/budget.h"
+#include "cache/eviction/candidate_set.h"
 #include "cache/eviction/eviction_policy.h"
+#include "cache/eviction/head_adaptive.h"
 #include "cache/sequence_cache.h"
 
 namespace recall::cache::eviction {
@@ -70,7 +80,8 @@ class SessionEvictor {
 
   // One decode step, see above. InvalidArgument if probs is null while the policy needs
   // attention, or stride < the longest (layer, head) length; FailedPrecondition for a
-  // compresses_prefill() policy before CompressPrefill; nothing is changed then.
+  // compresses_prefill() policy before CompressPrefill; nothing is changed then. probs are
+  // needed as well when meta_score is kCaoteCurrentQuery.
   absl::Status Step(const float* probs, int64_t stride);
 
   // One-time prompt compression for policies that compresses_prefill() (SnapKV). Call once,
@@ -119,6 +130,24 @@ class SessionEvictor {
   void GatherKeys(int layer, int head, int len);
   // Fills ctx's value_range / keys for (layer, head) as the policy needs.
   void PrepareContext(int layer, int head, int len, SelectContext* ctx);
+  // Copies the V rows of slots [begin, end) of (layer, head) into values_.
+  void GatherValues(int layer, int head, int begin, int end);
+  // Writes to keep_ the slots (layer, head) keeps (head 0 for layer-shared policies): the
+  // policy's SelectKeep, or with a meta score the two-phase selection. ctx must be prepared.
+  void SelectForHead(int layer, int head, const HeadState& state, int len, int budget, int t,
+                     const float* layer_probs, int64_t stride, const SelectContext& ctx);
+  // ScoreCandidates + ApplyMetaScore for (layer, head) into candidates_[head].
+  void ScoreHead(int layer, int head, const HeadState& state, int len, int t,
+                 const float* layer_probs, int64_t stride, const SelectContext& ctx);
+  // Replaces c's candidate scores by CAOTE's (no-op for kNone). Per-KV-head policies: scores
+  // of (layer, head); layer-shared ones: summed over the layer's KV heads.
+  void ApplyMetaScore(int layer, int head, int len, const float* layer_probs, int64_t stride,
+                      CandidateSet* c);
+  // Head-adaptive eviction of one layer (candidates_ filled for every head): chooses and
+  // compacts. Returns true if anything was compacted.
+  bool CompactHeadAdaptive(int layer, int budget, bool with_state);
+  // Compacts (layer, head) to `keep` (and its state if with_state) and counts it.
+  void CompactHead(int layer, int head, int len, const std::vector<int32_t>& keep, bool with_state);
 
   SessionEvictorOptions options_;
   std::unique_ptr<EvictionPolicy> policy_;
@@ -143,6 +172,13 @@ class SessionEvictor {
   HeadState prefill_state_;
   std::vector<int32_t> keep_;
   SelectScratch select_;
+  // Two-phase selection (meta score, head-adaptive budgets).
+  bool needs_probs_;                              // Step needs probs
+  std::vector<CandidateSet> candidates_;          // [n_kv_heads]
+  std::vector<std::vector<int32_t>> head_keeps_;  // [n_kv_heads]
+  HeadAdaptiveScratch adaptive_;
+  std::vector<float> values_;  // [len, head_dim] gathered V rows
+  std::vector<double> caote_a_, caote_c_, caote_o_, caote_sum_;
 };
 
 }  // namespace recall::cache::eviction
