@@ -1,5 +1,7 @@
 #include "common/args.h"
 
+#include <cctype>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -96,6 +98,35 @@ absl::StatusOr<double> Args::GetDouble(const std::string& name, double fallback,
         absl::StrCat("--", name, ": ", v, " is outside [", min, ", ", max, "]"));
   }
   return v;
+}
+
+absl::StatusOr<int64_t> Args::GetBytes(const std::string& name, int64_t fallback,
+                                       int64_t min) const {
+  if (!Has(name)) return fallback;
+  const std::string s = GetString(name);
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  std::string unit(end);
+  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  double scale = 0;
+  if (unit.empty() || unit == "b") scale = 1;
+  if (unit == "k" || unit == "kib") scale = 1024.0;
+  if (unit == "m" || unit == "mib") scale = 1024.0 * 1024;
+  if (unit == "g" || unit == "gib") scale = 1024.0 * 1024 * 1024;
+  if (unit == "kb") scale = 1e3;
+  if (unit == "mb") scale = 1e6;
+  if (unit == "gb") scale = 1e9;
+  if (s.empty() || end == s.c_str() || scale == 0 || !std::isfinite(v) || v < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", name, ": '", s, "' is not a size (bytes, or a number with K/M/G, KiB/MiB/GiB, "
+        "KB/MB/GB)"));
+  }
+  const double bytes = v * scale;
+  if (bytes < static_cast<double>(min) || bytes > 9e18) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, ": ", s, " is below the minimum of ", min, " bytes"));
+  }
+  return static_cast<int64_t>(bytes);
 }
 
 }  // namespace recall

@@ -25,6 +25,8 @@ class Args {
                                  int64_t max) const;
   absl::StatusOr<double> GetDouble(const std::string& name, double fallback, double min,
                                    double max) const;
+  // A byte size: "1048576", "512M", "2GiB", "1.5GB" (K/M/G are binary; KB/MB/GB decimal).
+  absl::StatusOr<int64_t> GetBytes(const std::string& name, int64_t fallback, int64_t min) const;
   const std::vector<std::string>& positional() const { return positional_; }
 
  private:

@@ -9,7 +9,7 @@
 #include "cache/block_pool.h"
 #include "cache/eviction/session_evictor.h"
 #include "common/args.h"
-#include "client/cli/load_model.h"
+#include "worker/model/load_from_flags.h"
 #include "common/status.h"
 #include "kernels/backend.h"
 #include "worker/engine/forward.h"
@@ -40,7 +40,7 @@ absl::Status Run(const Args& args) {
   RECALL_ASSIGN_OR_RETURN(const double pct, args.GetDouble("percentile", 80, 1e-9, 100));
   RECALL_ASSIGN_OR_RETURN(const int64_t seed, args.GetInt("seed", 1, 0, INT64_MAX));
   RECALL_ASSIGN_OR_RETURN(const int64_t threads, args.GetInt("threads", 0, 0, 1024));
-  RECALL_ASSIGN_OR_RETURN(Loaded loaded, LoadAll(args));
+  RECALL_ASSIGN_OR_RETURN(model::Loaded loaded, model::LoadAll(args));
   const model::ModelConfig& c = loaded.model->config;
   RECALL_ASSIGN_OR_RETURN(const int64_t tokens,
                           args.GetInt("tokens", std::min(c.max_seq_len, 2048), 2, c.max_seq_len));

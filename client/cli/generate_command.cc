@@ -10,11 +10,12 @@
 #include "absl/strings/str_cat.h"
 #include "cache/block_pool.h"
 #include "common/args.h"
-#include "client/cli/load_model.h"
+#include "worker/model/load_from_flags.h"
 #include "common/status.h"
 #include "kernels/backend.h"
 #include "worker/engine/forward.h"
 #include "worker/engine/generator.h"
+#include "worker/model/chat_stops.h"
 #include "worker/model/chat_template.h"
 #include "worker/model/loader.h"
 #include "worker/model/tokenizer.h"
@@ -53,13 +54,6 @@ constexpr char kUsage[] = R"(usage: recall generate --model PATH [options]
   --echo                  print the prompt before the generated text
   --stats                 print token counts, speed, KV bytes and evictions to stderr
 )";
-
-model::ChatFormat GuessChatFormat(const model::Tokenizer& tok) {
-  if (tok.PieceToId("<|im_start|>")) return model::ChatFormat::kChatML;
-  if (tok.PieceToId("<|start_header_id|>")) return model::ChatFormat::kLlama3;
-  if (tok.PieceToId("[INST]")) return model::ChatFormat::kLlama2;
-  return model::ChatFormat::kPlain;
-}
 
 absl::StatusOr<std::optional<cache::eviction::SessionEvictorOptions>> EvictionFromArgs(
     const Args& args) {
@@ -110,7 +104,7 @@ absl::Status Run(const Args& args) {
 
   RECALL_ASSIGN_OR_RETURN(std::optional<cache::eviction::SessionEvictorOptions> eviction,
                           EvictionFromArgs(args));
-  RECALL_ASSIGN_OR_RETURN(Loaded loaded, LoadAll(args));
+  RECALL_ASSIGN_OR_RETURN(model::Loaded loaded, model::LoadAll(args));
   const model::ModelConfig& config = loaded.model->config;
   const model::Tokenizer& tok = *loaded.tokenizer;
 
@@ -124,28 +118,23 @@ absl::Status Run(const Args& args) {
   options.sampling.seed = static_cast<uint64_t>(seed);
   options.stop_strings = args.GetAll("stop");
   options.eviction = eviction;
-  if (tok.eos_id() >= 0) options.stop_token_ids.push_back(tok.eos_id());
-  if (!loaded.hf_tokenizer && tok.bos_id() >= 0) {
-    // llama2.c convention (run.c): a BOS token delimits sequences, so it ends the output.
-    options.stop_token_ids.push_back(tok.bos_id());
+  const bool chat = args.Has("chat") || args.Has("chat-format");
+  model::ChatFormat format = model::GuessChatFormat(tok);
+  if (args.Has("chat-format")) {
+    RECALL_ASSIGN_OR_RETURN(format, model::ParseChatFormat(args.GetString("chat-format")));
   }
-  if (args.Has("chat") || args.Has("chat-format")) {
-    model::ChatFormat format = GuessChatFormat(tok);
-    if (args.Has("chat-format")) {
-      RECALL_ASSIGN_OR_RETURN(format, model::ParseChatFormat(args.GetString("chat-format")));
-    }
+  if (chat) {
     std::vector<model::ChatMessage> messages;
     if (args.Has("system")) messages.push_back({"system", args.GetString("system")});
     messages.push_back({"user", prompt_text});
     RECALL_ASSIGN_OR_RETURN(prompt_text, model::RenderChat(format, messages, true));
-    for (const std::string& stop : model::ChatStopStrings(format)) {
-      if (std::optional<int32_t> id = tok.PieceToId(stop)) {
-        options.stop_token_ids.push_back(*id);
-      } else {
-        options.stop_strings.push_back(stop);
-      }
-    }
   }
+  // llama2.c convention (run.c): a BOS token delimits sequences, so it ends the output.
+  const model::ReplyStops stops =
+      model::StopsFor(format, tok, /*bos_ends_sequence=*/!loaded.hf_tokenizer, chat);
+  options.stop_token_ids = stops.token_ids;
+  options.stop_strings.insert(options.stop_strings.end(), stops.strings.begin(),
+                              stops.strings.end());
   const std::vector<int32_t> prompt = tok.Encode(prompt_text, /*add_bos=*/!loaded.hf_tokenizer);
   if (prompt.empty()) {
     return absl::InvalidArgumentError("--prompt: empty, and the tokenizer has no BOS to start from");

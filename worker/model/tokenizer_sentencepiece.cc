@@ -109,8 +109,9 @@ class SentencePieceTokenizer final : public Tokenizer {
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePieceTokenizer(const std::string& path) {
   // Read the file ourselves for uniform NotFound/IO errors; the library parses the proto.
   RECALL_ASSIGN_OR_RETURN(const std::string data, internal::ReadFileBytes(path));
-  auto sp = std::make_unique<internal::SentencePieceProcessor>();
   std::string error;
+  std::unique_ptr<internal::SentencePieceProcessor> sp = internal::NewSentencePieceProcessor(&error);
+  if (sp == nullptr) return absl::FailedPreconditionError(absl::StrCat(path, ": ", error));
   if (!sp->LoadFromSerializedProto(data, &error)) {
     return absl::DataLossError(
         absl::StrCat(path, ": not a valid SentencePiece model (", error, ")"));

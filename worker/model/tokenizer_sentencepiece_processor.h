@@ -1,8 +1,13 @@
-// A std-only facade over sentencepiece::SentencePieceProcessor.
+// A std-only facade over sentencepiece::SentencePieceProcessor, loaded from a separate
+// module (librecall_sentencepiece.so) with dlopen(RTLD_LOCAL | RTLD_DEEPBIND).
 //
-// sentencepiece_processor.h declares `namespace absl { using std::string_view; }`, which
-// clashes with Debian's Abseil; so only tokenizer_sentencepiece_processor.cc includes it,
-// and that file includes no Abseil header. This facade exposes what the tokenizer needs.
+// Why a module: Debian's libsentencepiece carries its own copy of protobuf-lite and exports
+// its symbols. Linked into a binary that also uses libprotobuf (gRPC), the two copies
+// interpose each other and the process crashes during static initialisation. Loaded
+// locally and deep-bound, the library keeps its protobuf to itself.
+//
+// sentencepiece_processor.h also declares `namespace absl { using std::string_view; }`, which
+// clashes with Debian's Abseil; only the module's source includes it.
 // Thread safety: const methods are safe to call concurrently (as the library's).
 #pragma once
 
@@ -15,30 +20,29 @@ namespace recall::model::internal {
 
 class SentencePieceProcessor {
  public:
-  SentencePieceProcessor();
-  ~SentencePieceProcessor();
-  SentencePieceProcessor(const SentencePieceProcessor&) = delete;
-  SentencePieceProcessor& operator=(const SentencePieceProcessor&) = delete;
+  virtual ~SentencePieceProcessor() = default;
 
   // Parses a serialized ModelProto; false with the library's message in *error.
-  bool LoadFromSerializedProto(const std::string& data, std::string* error);
+  virtual bool LoadFromSerializedProto(const std::string& data, std::string* error) = 0;
 
   // False with *error on failure.
-  bool Encode(std::string_view text, std::vector<int>* ids, std::string* error) const;
-  bool Decode(const std::vector<int>& ids, std::string* text, std::string* error) const;
+  virtual bool Encode(std::string_view text, std::vector<int>* ids, std::string* error) const = 0;
+  virtual bool Decode(const std::vector<int>& ids, std::string* text,
+                      std::string* error) const = 0;
 
-  int GetPieceSize() const;
-  std::string IdToPiece(int id) const;
-  int PieceToId(std::string_view piece) const;
-  bool IsControl(int id) const;
-  bool IsByte(int id) const;
-  bool IsUnknown(int id) const;
-  int bos_id() const;
-  int eos_id() const;
-
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
+  virtual int GetPieceSize() const = 0;
+  virtual std::string IdToPiece(int id) const = 0;
+  virtual int PieceToId(std::string_view piece) const = 0;
+  virtual bool IsControl(int id) const = 0;
+  virtual bool IsByte(int id) const = 0;
+  virtual bool IsUnknown(int id) const = 0;
+  virtual int bos_id() const = 0;
+  virtual int eos_id() const = 0;
 };
+
+// A new processor from the module, or null with *error saying why the module could not be
+// loaded. The module is looked for at $RECALL_SENTENCEPIECE_MODULE, where the build put it,
+// and beside the running executable.
+std::unique_ptr<SentencePieceProcessor> NewSentencePieceProcessor(std::string* error);
 
 }  // namespace recall::model::internal

@@ -1,0 +1,27 @@
+#include "worker/model/chat_stops.h"
+
+namespace recall::model {
+
+ChatFormat GuessChatFormat(const Tokenizer& tok) {
+  if (tok.PieceToId("<|im_start|>")) return ChatFormat::kChatML;
+  if (tok.PieceToId("<|start_header_id|>")) return ChatFormat::kLlama3;
+  if (tok.PieceToId("[INST]")) return ChatFormat::kLlama2;
+  return ChatFormat::kPlain;
+}
+
+ReplyStops StopsFor(ChatFormat format, const Tokenizer& tok, bool bos_ends_sequence, bool chat) {
+  ReplyStops out;
+  if (tok.eos_id() >= 0) out.token_ids.push_back(tok.eos_id());
+  if (bos_ends_sequence && tok.bos_id() >= 0) out.token_ids.push_back(tok.bos_id());
+  if (!chat) return out;
+  for (const std::string& stop : ChatStopStrings(format)) {
+    if (std::optional<int32_t> id = tok.PieceToId(stop)) {
+      out.token_ids.push_back(*id);
+    } else {
+      out.strings.push_back(stop);
+    }
+  }
+  return out;
+}
+
+}  // namespace recall::model

@@ -1,0 +1,219 @@
+// recall-worker: serves one model over gRPC (proto/recall/v1/worker.proto) to the
+// coordinator, with continuous batching over per-session budgeted KV caches.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/args.h"
+#include "common/metrics/http_server.h"
+#include "common/status.h"
+#include "grpcpp/ext/health_check_service_server_builder_option.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "kernels/backend.h"
+#include "worker/engine/scheduler.h"
+#include "worker/model/chat_stops.h"
+#include "worker/model/load_from_flags.h"
+#include "worker/service/worker_service.h"
+
+namespace recall::service {
+namespace {
+
+constexpr char kUsage[] = R"(usage: recall-worker --model PATH [options]
+
+Serves a model to the coordinator over gRPC (recall.v1.Worker), with the standard
+grpc.health.v1 health service and Prometheus metrics over HTTP.
+
+model:
+  --model PATH            llama2.c checkpoint or Hugging Face folder
+  --tokenizer PATH        tokenizer (required for llama2.c checkpoints)
+  --random-weights        --model is a config.json (or its folder); random weights of that
+                          shape in --dtype (f32, bf16, f16; default bf16), for benchmarks
+  --chat-format NAME      chatml, llama2, llama3 or plain (default: guessed from the vocab)
+serving:
+  --listen HOST:PORT      gRPC address (default 127.0.0.1:50051; port 0 picks a free one)
+  --metrics-port N        Prometheus /metrics on HOST:N (default: off; 0 picks a free one)
+  --port-file PATH        write "grpc=PORT metrics=PORT" here once listening
+  --threads N             CPU threads for the model (default: all cores)
+memory:
+  --kv-cache-bytes SIZE   KV pool size, e.g. 512M or 2GiB (default: --kv-cache-fraction)
+  --kv-cache-fraction F   KV pool as a fraction of available memory (default 0.25)
+  --host-cache-bytes SIZE host memory for offloaded idle sessions (default 4GiB)
+scheduling:
+  --max-batch-tokens N    tokens per forward step (default 256)
+  --prefill-chunk N       prompt tokens per chunk (default 64)
+  --max-active N          turns in the running batch (default 64)
+  --max-queued N          turns waiting for memory before RESOURCE_EXHAUSTED (default 256)
+  --max-tokens-limit N    upper bound of a turn's max_tokens (default: the context length)
+session cache defaults (a turn's CacheSettings override them):
+  --policy NAME           full (default), lazy, h2o, tova, streaming, snapkv, rkv, vase
+  --budget N              tokens per layer and KV head (default 1024)
+  --budget-frac F         or a fraction of the sequence, in (0, 1]
+  --window W              eviction window (default 32)
+  --alpha A               LazyEviction threshold (default 1e-4)
+)";
+
+// The available physical memory from /proc/meminfo (0 if unknown).
+int64_t AvailableMemoryBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kb;
+  std::string unit;
+  while (in >> key >> kb >> unit) {
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return 0;
+}
+
+absl::Status Run(const std::vector<std::string>& argv) {
+  RECALL_ASSIGN_OR_RETURN(
+      const Args args,
+      Args::Parse(argv,
+                  {"model", "tokenizer", "dtype", "chat-format", "listen", "metrics-port",
+                   "port-file", "threads", "kv-cache-bytes", "kv-cache-fraction",
+                   "host-cache-bytes", "max-batch-tokens", "prefill-chunk", "max-active",
+                   "max-queued", "max-tokens-limit", "policy", "budget", "budget-frac", "window",
+                   "alpha"},
+                  {"random-weights", "help"}));
+  if (args.Has("help")) {
+    std::cout << kUsage;
+    return absl::OkStatus();
+  }
+  RECALL_ASSIGN_OR_RETURN(model::Loaded loaded, model::LoadAll(args));
+  const model::ModelConfig& config = loaded.model->config;
+  const model::Tokenizer& tok = *loaded.tokenizer;
+
+  engine::SchedulerOptions o;
+  RECALL_ASSIGN_OR_RETURN(const int64_t threads, args.GetInt("threads", 0, 0, 1024));
+  RECALL_ASSIGN_OR_RETURN(const int64_t mbt, args.GetInt("max-batch-tokens", 256, 1, 1 << 16));
+  RECALL_ASSIGN_OR_RETURN(const int64_t chunk, args.GetInt("prefill-chunk", 64, 1, mbt));
+  RECALL_ASSIGN_OR_RETURN(const int64_t active, args.GetInt("max-active", 64, 1, 4096));
+  RECALL_ASSIGN_OR_RETURN(const int64_t queued, args.GetInt("max-queued", 256, 0, 1 << 20));
+  RECALL_ASSIGN_OR_RETURN(const int64_t limit, args.GetInt("max-tokens-limit", config.max_seq_len,
+                                                           1, config.max_seq_len));
+  RECALL_ASSIGN_OR_RETURN(o.host_cache_bytes,
+                          args.GetBytes("host-cache-bytes", int64_t{4} << 30, 0));
+  o.max_batch_tokens = static_cast<int>(mbt);
+  o.prefill_chunk = static_cast<int>(chunk);
+  o.max_active = static_cast<int>(active);
+  o.max_queued = static_cast<int>(queued);
+  o.limits.max_tokens = static_cast<int>(limit);
+  o.chat_format = model::GuessChatFormat(tok);
+  if (args.Has("chat-format")) {
+    RECALL_ASSIGN_OR_RETURN(o.chat_format, model::ParseChatFormat(args.GetString("chat-format")));
+  }
+  const model::ReplyStops stops =
+      model::StopsFor(o.chat_format, tok, /*bos_ends_sequence=*/!loaded.hf_tokenizer, true);
+  o.stop_token_ids = stops.token_ids;
+  o.stop_strings = stops.strings;
+  o.default_policy = args.GetString("policy", "full");
+  if (args.Has("budget") && args.Has("budget-frac")) {
+    return absl::InvalidArgumentError("--budget and --budget-frac are exclusive; give one");
+  }
+  RECALL_ASSIGN_OR_RETURN(const int64_t budget, args.GetInt("budget", 1024, 1, 1 << 24));
+  o.default_budget_tokens = static_cast<int>(budget);
+  if (args.Has("budget-frac")) {
+    RECALL_ASSIGN_OR_RETURN(o.default_budget_fraction, args.GetDouble("budget-frac", 1, 1e-6, 1));
+  }
+  RECALL_ASSIGN_OR_RETURN(const int64_t window, args.GetInt("window", 32, 1, 1 << 20));
+  o.default_window = static_cast<int>(window);
+  RECALL_ASSIGN_OR_RETURN(o.default_alpha, args.GetDouble("alpha", 1e-4, 1e-12, 0.999999));
+
+  // KV pool.
+  kernels::PagedKvLayout layout{config.n_layers, config.n_kv_heads, config.head_dim, 16};
+  RECALL_ASSIGN_OR_RETURN(const double fraction, args.GetDouble("kv-cache-fraction", 0.25, 1e-6, 0.95));
+  int64_t kv_bytes = static_cast<int64_t>(fraction * AvailableMemoryBytes());
+  if (args.Has("kv-cache-bytes")) {
+    RECALL_ASSIGN_OR_RETURN(kv_bytes, args.GetBytes("kv-cache-bytes", 0, 1));
+  }
+  const int64_t block_bytes = layout.BlockFloats() * static_cast<int64_t>(sizeof(float));
+  if (kv_bytes < block_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("--kv-cache-bytes: ", kv_bytes,
+                                                   " bytes is less than one KV block (",
+                                                   block_bytes, " bytes)"));
+  }
+  RECALL_ASSIGN_OR_RETURN(std::unique_ptr<cache::BlockPool> pool,
+                          cache::BlockPool::CreateWithBytes(layout, kv_bytes));
+  std::unique_ptr<kernels::Backend> backend =
+      kernels::CreateCpuBackend({static_cast<int>(threads)});
+
+  metrics::Registry registry;
+  RECALL_ASSIGN_OR_RETURN(std::unique_ptr<engine::Scheduler> scheduler,
+                          engine::Scheduler::Create(*loaded.model, *backend, *pool, tok, o,
+                                                    &registry));
+  std::string model_name = args.GetString("model");
+  while (model_name.size() > 1 && model_name.back() == '/') model_name.pop_back();
+  model_name = model_name.substr(model_name.find_last_of('/') + 1);
+  WorkerService service(*scheduler, {model_name, 1, "0.1.0"});
+
+  // Signals: handled by sigwait below, so block them before gRPC starts its threads.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  const std::string listen = args.GetString("listen", "127.0.0.1:50051");
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  builder.SetMaxReceiveMessageSize(64 << 20);  // full transcripts
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("--listen: cannot listen on ", listen));
+  }
+  server->GetHealthCheckService()->SetServingStatus(true);
+
+  std::unique_ptr<metrics::HttpServer> http;
+  if (args.Has("metrics-port")) {
+    RECALL_ASSIGN_OR_RETURN(const int64_t mport, args.GetInt("metrics-port", 0, 0, 65535));
+    const std::string host = listen.substr(0, listen.find_last_of(':'));
+    RECALL_ASSIGN_OR_RETURN(http, metrics::HttpServer::Start(host, static_cast<int>(mport),
+                                                             &registry));
+  }
+  std::fprintf(stderr,
+               "recall-worker: serving %s (%s chat) on %s, port %d; KV pool %lld blocks of %lld "
+               "bytes (%.1f MiB); metrics %s\n",
+               model_name.c_str(), model::ChatFormatName(o.chat_format), listen.c_str(), port,
+               static_cast<long long>(pool->num_blocks()), static_cast<long long>(block_bytes),
+               pool->num_blocks() * block_bytes / 1048576.0,
+               http ? absl::StrCat("on port ", http->port()).c_str() : "off");
+  if (args.Has("port-file")) {
+    const std::string path = args.GetString("port-file");
+    const std::string tmp = path + ".tmp";
+    {
+      std::ofstream out(tmp);
+      out << "grpc=" << port << " metrics=" << (http ? http->port() : 0) << "\n";
+    }
+    std::rename(tmp.c_str(), path.c_str());  // readers never see a partial file
+  }
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  std::fprintf(stderr, "recall-worker: signal %d, shutting down\n", sig);
+  server->GetHealthCheckService()->SetServingStatus(false);
+  scheduler->AbortAll();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace recall::service
+
+int main(int argc, char** argv) {
+  const absl::Status st = recall::service::Run(std::vector<std::string>(argv + 1, argv + argc));
+  if (!st.ok()) {
+    std::fprintf(stderr, "recall-worker: %s\n", std::string(st.message()).c_str());
+    return st.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  return 0;
+}
