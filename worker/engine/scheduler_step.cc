@@ -9,6 +9,7 @@
 #include "common/status.h"
 #include "worker/engine/scheduler.h"
 #include "worker/engine/scheduler_turn.h"
+#include "worker/engine/turn_prompt.h"
 
 namespace recall::engine {
 
@@ -160,23 +161,21 @@ absl::Status Scheduler::Prepare(Turn& t) {
   const model::ModelConfig& config = model_.config;
   auto it = sessions_.find(r.session_id);
   Session* s = it == sessions_.end() ? nullptr : it->second.get();
+  // The worker's copy of the transcript is usable when it has as many messages as the
+  // request says came before, and they equal the request's history when one is sent.
   const bool same_history =
-      s != nullptr && s->cache != nullptr &&
-      static_cast<int>(s->messages.size()) == r.history_length &&
+      s != nullptr && static_cast<int>(s->messages.size()) == r.history_length &&
       (r.history.empty() ||
        std::equal(r.history.begin(), r.history.end(), s->messages.begin(),
                   [](const model::ChatMessage& a, const model::ChatMessage& b) {
                     return a.role == b.role && a.content == b.content;
                   }));
-  if (same_history) {
-    std::vector<model::ChatMessage> all = s->messages;
-    all.insert(all.end(), r.messages.begin(), r.messages.end());
-    RECALL_ASSIGN_OR_RETURN(std::string full,
-                            model::RenderChat(options_.chat_format, all, true));
-    if (absl::StartsWith(full, s->rendered) && full.size() > s->rendered.size()) {
+  if (same_history && s->cache != nullptr && s->reusable) {
+    RECALL_ASSIGN_OR_RETURN(std::optional<std::string> more_text,
+                            ContinuationText(options_.chat_format, s->messages, r.messages));
+    if (more_text.has_value()) {
       std::vector<int32_t> tokens = s->pending;
-      const std::vector<int32_t> more =
-          tokenizer_.Encode(std::string_view(full).substr(s->rendered.size()), false);
+      const std::vector<int32_t> more = tokenizer_.Encode(*more_text, false);
       tokens.insert(tokens.end(), more.begin(), more.end());
       const int64_t context = static_cast<int64_t>(s->cache->next_position()) + tokens.size();
       if (context >= config.max_seq_len) {
@@ -185,23 +184,29 @@ absl::Status Scheduler::Prepare(Turn& t) {
             s->cache->next_position(), " so far + ", tokens.size(),
             " new), the model's context length is ", config.max_seq_len));
       }
-      t.session = s;
-      t.prompt = std::move(tokens);
-      t.prompt_render = std::move(full);
-      t.cached_tokens = static_cast<int>(s->tokens.size());
-      t.prompt_tokens = static_cast<int>(context);
-      t.prepared = true;
-      s->busy = true;
-      return absl::OkStatus();
+      if (!tokens.empty()) {
+        t.session = s;
+        t.prompt = std::move(tokens);
+        t.cached_tokens = static_cast<int>(s->tokens.size());
+        t.prompt_tokens = static_cast<int>(context);
+        t.prepared = true;
+        s->busy = true;
+        return absl::OkStatus();
+      }
     }
   }
-  // Rebuild from the transcript in the request.
-  if (static_cast<int>(r.history.size()) != r.history_length) {
+  // Rebuild: from the request's history, else from the worker's own copy.
+  std::vector<model::ChatMessage> all;
+  if (static_cast<int>(r.history.size()) == r.history_length) {
+    all = r.history;
+  } else if (same_history) {
+    all = s->messages;
+  } else {
     return absl::FailedPreconditionError(absl::StrCat(
         "history: session \"", r.session_id, "\" is not on this worker; ",
         "session not resident: resend with history (", r.history_length, " messages)"));
   }
-  std::vector<model::ChatMessage> all = r.history;
+  const std::vector<model::ChatMessage> history = all;
   all.insert(all.end(), r.messages.begin(), r.messages.end());
   RECALL_ASSIGN_OR_RETURN(std::string full, model::RenderChat(options_.chat_format, all, true));
   std::vector<int32_t> tokens = tokenizer_.Encode(full, true);
@@ -211,12 +216,10 @@ absl::Status Scheduler::Prepare(Turn& t) {
         "messages: the transcript is ", tokens.size(), " tokens, the model's context length is ",
         config.max_seq_len));
   }
-  if (s != nullptr) {
-    DropCache(*s);
-  }
+  if (s != nullptr) DropCache(*s);
   auto fresh = std::make_unique<Session>();
   fresh->id = r.session_id;
-  fresh->messages = r.history;
+  fresh->messages = history;
   s = fresh.get();
   sessions_[r.session_id] = std::move(fresh);
   if (r.history_length > 0) {
@@ -225,7 +228,6 @@ absl::Status Scheduler::Prepare(Turn& t) {
   }
   t.session = s;
   t.prompt = std::move(tokens);
-  t.prompt_render = std::move(full);
   t.prompt_tokens = static_cast<int>(t.prompt.size());
   t.prepared = true;
   s->busy = true;
@@ -387,15 +389,13 @@ void Scheduler::SampleNext(Turn& t, float* logits) {
   t.generated.push_back(id);
   t.next = id;
   metrics_->generated_tokens->Increment();
-  t.stream->PushToken(id, t.req.logprobs, logprob);
-  const std::string piece = t.decoder->Next(id);
-  t.gen_text += piece;
-  if (t.stop_text.Append(piece)) {
+  const bool stopped = t.stop_text.Append(t.decoder->Next(id));
+  t.stream->PushToken(id, t.req.logprobs, logprob, t.stop_text.TakeReady());
+  if (stopped) {
     t.finish = TurnFinish::kStop;
     t.done = true;
     return;
   }
-  t.stream->PushText(t.stop_text.TakeReady());
   if (static_cast<int>(t.generated.size()) >= t.req.max_tokens) {
     t.finish = TurnFinish::kLength;
     t.done = true;
@@ -418,12 +418,15 @@ void Scheduler::FinishTurn(Turn& t, absl::Status status) {
   };
   take(active_);
   if (keep == nullptr) take(waiting_);
+  {
+    // Before the stream ends, so a client may send the session's next turn at once.
+    absl::MutexLock lock(&mu_);
+    busy_sessions_.erase(t.req.session_id);
+  }
   Session* s = t.session;
   if (status.ok()) {
     if (t.finish != TurnFinish::kStop || !t.stop_text.stopped()) {
-      const std::string tail = t.decoder->Flush();
-      t.gen_text += tail;
-      t.stop_text.Append(tail);
+      t.stop_text.Append(t.decoder->Flush());
     }
     t.stream->PushText(t.stop_text.TakeAll());
     TurnSummary sum;
@@ -435,7 +438,8 @@ void Scheduler::FinishTurn(Turn& t, absl::Status status) {
     if (!stop_token && !t.generated.empty()) s->pending = {t.next};
     s->messages.insert(s->messages.end(), t.req.messages.begin(), t.req.messages.end());
     s->messages.push_back({"assistant", sum.text});
-    s->rendered = t.prompt_render + t.gen_text;
+    // A reply cut at a stop string leaves tokens past the cut in the cache: rebuild next time.
+    s->reusable = !t.stop_text.stopped();
     sum.prompt_tokens = t.prompt_tokens;
     sum.cached_tokens = t.cached_tokens;
     sum.generated_tokens = static_cast<int>(t.generated.size());
@@ -466,8 +470,6 @@ void Scheduler::FinishTurn(Turn& t, absl::Status status) {
     it->second->last_used = step_;
     if (it->second->cache == nullptr) sessions_.erase(it);  // never got a cache
   }
-  absl::MutexLock lock(&mu_);
-  busy_sessions_.erase(t.req.session_id);
 }
 
 }  // namespace recall::engine

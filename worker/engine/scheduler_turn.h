@@ -28,7 +28,6 @@ struct Scheduler::Turn {
   bool prepared = false;
   Session* session = nullptr;
   std::vector<int32_t> prompt;  // tokens fed this turn before generating
-  std::string prompt_render;    // the chat text up to the generation prompt
   int cached_tokens = 0;
   int prompt_tokens = 0;
   bool rebuilt = false;
@@ -44,7 +43,6 @@ struct Scheduler::Turn {
   kernels::Rng rng;
   std::unique_ptr<model::TokenStreamDecoder> decoder;
   StopText stop_text;
-  std::string gen_text;   // decoded text of every generated token
   TurnFinish finish = TurnFinish::kLength;
   bool done = false;
   std::vector<float> raw_logits;      // when logprobs are requested

@@ -2,10 +2,10 @@
 //
 // The cache holds the K/V of `tokens` (after eviction, a budgeted subset of them); `pending`
 // are tokens that were sampled but not yet fed (the last token of a reply that ended by
-// length). `rendered` is the text all of them stand for: the chat rendering of `messages`
-// up to the last reply's generation prompt, followed by that reply's generated text. A
-// follow-up turn renders messages + new messages; when that text starts with `rendered`,
-// only the rest is tokenized and prefilled. Otherwise the cache is rebuilt.
+// length). `messages` is the transcript as this worker saw it, ending with its last reply.
+// A follow-up turn appends ContinuationText (turn_prompt.h) to the cache; when that is not
+// possible (a reply cut at a stop string, a template without stable prefixes) the cache is
+// rebuilt from the transcript.
 #pragma once
 
 #include <cstdint>
@@ -22,12 +22,12 @@ namespace recall::engine {
 struct Session {
   std::string id;
   std::vector<model::ChatMessage> messages;
-  std::string rendered;
   std::vector<int32_t> tokens;   // every token fed to the cache, in order
   std::vector<int32_t> pending;  // sampled, not fed yet
   std::unique_ptr<cache::SequenceCache> cache;
   std::unique_ptr<cache::eviction::SessionEvictor> evictor;  // null: full cache
   bool prefill_compressed = false;  // a compresses_prefill() policy ran once
+  bool reusable = true;             // the cache can be continued (see above)
   bool busy = false;                // a turn is running or waiting
   int64_t last_used = 0;            // scheduler step of the last activity (LRU)
 

@@ -11,11 +11,12 @@ const char* TurnFinishName(TurnFinish finish) {
   return "?";
 }
 
-void TurnStream::PushToken(int32_t id, bool has_logprob, float logprob) {
+void TurnStream::PushToken(int32_t id, bool has_logprob, float logprob, std::string_view text) {
   absl::MutexLock lock(&mu_);
   if (finished_) return;
   pending_.token_ids.push_back(id);
   if (has_logprob) pending_.logprobs.push_back(logprob);
+  pending_.text.append(text);
 }
 
 void TurnStream::PushText(std::string_view text) {

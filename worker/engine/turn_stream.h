@@ -45,8 +45,9 @@ struct TurnUpdate {
 class TurnStream {
  public:
   // ---- Engine side.
-  // A sampled token (logprob NaN-free when requested; pass has_logprob = false otherwise).
-  void PushToken(int32_t id, bool has_logprob, float logprob);
+  // A sampled token with the text it releases (possibly empty), in one update so a reader
+  // that keeps up gets one message per token. has_logprob: logprob is requested.
+  void PushToken(int32_t id, bool has_logprob, float logprob, std::string_view text);
   void PushText(std::string_view text);
   // The end: an error status, or OK with the summary. Later pushes are ignored.
   void Finish(absl::Status status, TurnSummary summary = {});

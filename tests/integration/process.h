@@ -1,0 +1,104 @@
+// Runs a server binary as a real child process for integration tests: starts it with
+// --port-file, waits until the file appears, and stops it (SIGTERM, then SIGKILL) at the end.
+#pragma once
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace recall::testing {
+
+class ServerProcess {
+ public:
+  // Starts `binary args... --port-file <tmp>`; ports() is filled once it listens.
+  // Returns false (with *error) if it exits or does not listen within `timeout`.
+  bool Start(const std::string& binary, std::vector<std::string> args, const std::string& tmp_dir,
+             std::string* error, std::chrono::seconds timeout = std::chrono::seconds(60)) {
+    port_file_ = tmp_dir + "/ports." + std::to_string(counter_++);
+    std::filesystem::remove(port_file_);
+    args.insert(args.begin(), binary);
+    args.push_back("--port-file");
+    args.push_back(port_file_);
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    if (posix_spawn(&pid_, binary.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
+      *error = "cannot spawn " + binary;
+      pid_ = -1;
+      return false;
+    }
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        *error = binary + " exited before listening (status " + std::to_string(status) + ")";
+        pid_ = -1;
+        return false;
+      }
+      std::ifstream in(port_file_);
+      std::string word;
+      while (in >> word) {
+        const size_t eq = word.find('=');
+        if (eq != std::string::npos) ports_[word.substr(0, eq)] = std::stoi(word.substr(eq + 1));
+      }
+      if (!ports_.empty()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    *error = binary + " did not listen within the timeout";
+    Stop();
+    return false;
+  }
+
+  int port(const std::string& name) const {
+    auto it = ports_.find(name);
+    return it == ports_.end() ? 0 : it->second;
+  }
+
+  // SIGTERM, then SIGKILL after 10 s. Returns the exit status (or -1).
+  int Stop() {
+    if (pid_ <= 0) return -1;
+    kill(pid_, SIGTERM);
+    int status = -1;
+    for (int i = 0; i < 1000; ++i) {
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return status;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    kill(pid_, SIGKILL);
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return status;
+  }
+
+  // Kills it at once (failure injection).
+  void Kill() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+  ~ServerProcess() { Stop(); }
+
+ private:
+  static inline int counter_ = 0;
+  pid_t pid_ = -1;
+  std::string port_file_;
+  std::map<std::string, int> ports_;
+};
+
+}  // namespace recall::testing

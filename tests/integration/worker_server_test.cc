@@ -1,0 +1,329 @@
+// recall-worker as a real process over loopback gRPC, on stories260K: health, info,
+// concurrent multi-turn sessions (batched equals alone for greedy, cache reuse across
+// turns), cancellation freeing blocks, a slow reader getting coalesced tokens, pool
+// exhaustion (offload / queue / RESOURCE_EXHAUSTED, never a crash), metrics, and every bad
+// input getting its status code.
+#include <atomic>
+#include <thread>
+
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "recall/v1/worker.grpc.pb.h"
+#include "tests/common/test_util.h"
+#include "tests/integration/http_get.h"
+#include "tests/integration/process.h"
+
+namespace recall {
+namespace {
+
+constexpr char kModel[] = "models/stories260K/stories260K.bin";
+constexpr char kTokenizer[] = "models/stories260K/tok512.bin";
+
+struct TurnResult {
+  grpc::Status status;
+  std::vector<int32_t> tokens;
+  std::string text;
+  int token_events = 0;
+  bool has_done = false;
+  v1::TurnDone done;
+};
+
+class Worker {
+ public:
+  bool Start(std::vector<std::string> extra, std::string* error) {
+    std::vector<std::string> args = {"--model", testing::SharedPath(kModel), "--tokenizer",
+                                     testing::SharedPath(kTokenizer), "--listen", "127.0.0.1:0",
+                                     "--metrics-port", "0", "--threads", "2"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    if (!process_.Start(RECALL_WORKER_BINARY, args, testing::MakeTempDir("worker"), error)) {
+      return false;
+    }
+    channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(process_.port("grpc")),
+                                   grpc::InsecureChannelCredentials());
+    stub_ = v1::Worker::NewStub(channel_);
+    return true;
+  }
+
+  // A channel whose HTTP/2 flow-control window is tiny, so that a reader that falls behind
+  // really backs up the server's writes (the default window holds a whole short reply).
+  void UseSmallWindow() {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 256);
+    args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+    channel_ = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(process_.port("grpc")),
+                                         grpc::InsecureChannelCredentials(), args);
+    stub_ = v1::Worker::NewStub(channel_);
+  }
+
+  TurnResult Run(const v1::RunTurnRequest& request, int read_delay_ms = 0) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    auto reader = stub_->RunTurn(&ctx, request);
+    if (read_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(read_delay_ms));
+    TurnResult r;
+    v1::TurnEvent ev;
+    while (reader->Read(&ev)) {
+      if (ev.has_tokens()) {
+        ++r.token_events;
+        r.tokens.insert(r.tokens.end(), ev.tokens().token_ids().begin(),
+                        ev.tokens().token_ids().end());
+        r.text += ev.tokens().text();
+      } else if (ev.has_done()) {
+        r.has_done = true;
+        r.done = ev.done();
+      }
+    }
+    r.status = reader->Finish();
+    return r;
+  }
+
+  v1::LoadReport Load() {
+    grpc::ClientContext ctx;
+    v1::LoadReport load;
+    EXPECT_TRUE(stub_->GetLoad(&ctx, v1::GetLoadRequest(), &load).ok());
+    return load;
+  }
+
+  v1::Worker::Stub& stub() { return *stub_; }
+  std::shared_ptr<grpc::Channel> channel() { return channel_; }
+  int metrics_port() const { return process_.port("metrics"); }
+  int Stop() { return process_.Stop(); }
+
+ private:
+  testing::ServerProcess process_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Worker::Stub> stub_;
+};
+
+v1::RunTurnRequest Turn(const std::string& session, const std::string& text, int max_tokens,
+                        int history_length = 0) {
+  v1::RunTurnRequest r;
+  r.set_session_id(session);
+  auto* m = r.add_messages();
+  m->set_role("user");
+  m->set_content(text);
+  r.set_history_length(history_length);
+  r.mutable_sampling()->set_temperature(0);
+  r.mutable_sampling()->set_max_tokens(max_tokens);
+  return r;
+}
+
+class WorkerServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    RECALL_REQUIRE_SHARED_FILE(kModel);
+    std::string error;
+    ASSERT_TRUE(worker_.Start({"--kv-cache-bytes", "16M"}, &error)) << error;
+  }
+  Worker worker_;
+};
+
+const std::vector<std::string> kPrompts = {"Once upon a time", "Lily had a red ball",
+                                           "The dog ran to the park", "Tom was sad"};
+
+TEST_F(WorkerServerTest, HealthAndInfo) {
+  auto health = grpc::health::v1::Health::NewStub(worker_.channel());
+  grpc::ClientContext ctx;
+  grpc::health::v1::HealthCheckResponse resp;
+  ASSERT_TRUE(health->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &resp).ok());
+  EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+
+  grpc::ClientContext ictx;
+  v1::InfoResponse info;
+  ASSERT_TRUE(worker_.stub().Info(&ictx, v1::InfoRequest(), &info).ok());
+  EXPECT_EQ(info.context_length(), 512);
+  EXPECT_EQ(info.tp_size(), 1);
+  EXPECT_EQ(info.default_cache().policy(), "full");
+  EXPECT_NE(std::find(info.policies().begin(), info.policies().end(), "lazy"),
+            info.policies().end());
+  EXPECT_EQ(info.max_tokens_limit(), 512);
+}
+
+TEST_F(WorkerServerTest, ConcurrentMultiTurnSessionsMatchSessionsRunAlone) {
+  const int kTurns = 3;
+  const std::vector<std::string> followups = {"", "What happened next?", "And then?"};
+  // Alone: one session at a time.
+  std::vector<std::vector<std::string>> alone(kPrompts.size());
+  for (size_t s = 0; s < kPrompts.size(); ++s) {
+    for (int t = 0; t < kTurns; ++t) {
+      TurnResult r = worker_.Run(
+          Turn("alone" + std::to_string(s), t == 0 ? kPrompts[s] : followups[t], 30, 2 * t));
+      ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+      alone[s].push_back(r.text);
+    }
+  }
+  // Concurrently, turns interleaved across sessions.
+  std::vector<std::vector<TurnResult>> together(kPrompts.size());
+  std::vector<std::thread> threads;
+  for (size_t s = 0; s < kPrompts.size(); ++s) {
+    threads.emplace_back([&, s] {
+      for (int t = 0; t < kTurns; ++t) {
+        together[s].push_back(worker_.Run(
+            Turn("conc" + std::to_string(s), t == 0 ? kPrompts[s] : followups[t], 30, 2 * t)));
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (size_t s = 0; s < kPrompts.size(); ++s) {
+    for (int t = 0; t < kTurns; ++t) {
+      const TurnResult& r = together[s][t];
+      ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+      ASSERT_TRUE(r.has_done);
+      EXPECT_EQ(r.text, alone[s][t]) << "session " << s << " turn " << t;
+      EXPECT_EQ(r.done.usage().generated_tokens(), static_cast<int>(r.tokens.size()));
+      if (t > 0) {
+        // Follow-ups reuse the cache: only the new message is prefilled.
+        EXPECT_GT(r.done.usage().cached_tokens(), 0);
+        EXPECT_LT(r.done.usage().prompt_tokens() - r.done.usage().cached_tokens(), 40);
+        EXPECT_FALSE(r.done.rebuilt());
+      }
+    }
+  }
+}
+
+TEST_F(WorkerServerTest, CancellingTheStreamStopsTheTurnAndFreesItsBlocks) {
+  const int64_t total = worker_.Load().kv_blocks_total();
+  grpc::ClientContext ctx;
+  auto reader = worker_.stub().RunTurn(&ctx, Turn("cancel", "Once upon a time", 500));
+  v1::TurnEvent ev;
+  ASSERT_TRUE(reader->Read(&ev));
+  ctx.TryCancel();
+  while (reader->Read(&ev)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  v1::LoadReport load;
+  for (int i = 0; i < 200; ++i) {
+    load = worker_.Load();
+    if (load.kv_blocks_free() == total && load.active_turns() == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(load.kv_blocks_free(), total);
+  EXPECT_EQ(load.active_turns(), 0);
+}
+
+TEST_F(WorkerServerTest, ASlowReaderGetsCoalescedTokensAndTheWholeText) {
+  TurnResult fast = worker_.Run(Turn("fast", "Once upon a time", 200));
+  ASSERT_TRUE(fast.status.ok());
+  EXPECT_EQ(fast.token_events, static_cast<int>(fast.tokens.size()))
+      << "a reader that keeps up gets one message per token";
+  worker_.UseSmallWindow();
+  TurnResult slow = worker_.Run(Turn("slow", "Once upon a time", 200), /*read_delay_ms=*/1500);
+  ASSERT_TRUE(slow.status.ok());
+  EXPECT_EQ(slow.text, fast.text);
+  EXPECT_EQ(slow.tokens, fast.tokens);
+  EXPECT_LT(slow.token_events, static_cast<int>(slow.tokens.size()) / 2)
+      << "pending tokens should have been coalesced into few messages";
+}
+
+TEST_F(WorkerServerTest, BadInputsGetTheirCodes) {
+  struct Case {
+    std::string name;
+    v1::RunTurnRequest request;
+    grpc::StatusCode code;
+    std::string mentions;
+  };
+  std::vector<Case> cases;
+  auto add = [&](const std::string& name, grpc::StatusCode code, const std::string& mentions,
+                 auto edit) {
+    v1::RunTurnRequest r = Turn("bad-" + name, "Once upon a time", 10);
+    edit(r);
+    cases.push_back({name, r, code, mentions});
+  };
+  using grpc::StatusCode;
+  add("negative temperature", StatusCode::INVALID_ARGUMENT, "sampling.temperature",
+      [](auto& r) { r.mutable_sampling()->set_temperature(-1); });
+  add("top_p zero", StatusCode::INVALID_ARGUMENT, "sampling.top_p",
+      [](auto& r) { r.mutable_sampling()->set_top_p(0); });
+  add("top_p above one", StatusCode::INVALID_ARGUMENT, "(0, 1]",
+      [](auto& r) { r.mutable_sampling()->set_top_p(1.5f); });
+  add("max_tokens zero", StatusCode::INVALID_ARGUMENT, "sampling.max_tokens",
+      [](auto& r) { r.mutable_sampling()->set_max_tokens(0); });
+  add("max_tokens over the limit", StatusCode::INVALID_ARGUMENT, "512",
+      [](auto& r) { r.mutable_sampling()->set_max_tokens(100000); });
+  add("invalid utf-8", StatusCode::INVALID_ARGUMENT, "messages[0].content",
+      [](auto& r) { r.mutable_messages(0)->set_content("ok \xc3\x28 bad"); });
+  add("unknown policy", StatusCode::INVALID_ARGUMENT, "cache.policy",
+      [](auto& r) { r.mutable_cache()->set_policy("fifo"); });
+  add("unknown role", StatusCode::INVALID_ARGUMENT, "messages[0].role",
+      [](auto& r) { r.mutable_messages(0)->set_role("robot"); });
+  add("no session id", StatusCode::INVALID_ARGUMENT, "session_id",
+      [](auto& r) { r.clear_session_id(); });
+  add("no messages", StatusCode::INVALID_ARGUMENT, "messages",
+      [](auto& r) { r.clear_messages(); });
+  add("unknown session without history", StatusCode::FAILED_PRECONDITION, "resend with history",
+      [](auto& r) { r.set_history_length(4); });
+  add("longer than the context", StatusCode::INVALID_ARGUMENT, "context length", [](auto& r) {
+    std::string text;
+    for (int i = 0; i < 200; ++i) text += "the cat sat. ";
+    r.mutable_messages(0)->set_content(text);
+  });
+  for (const Case& c : cases) {
+    TurnResult r = worker_.Run(c.request);
+    EXPECT_EQ(r.status.error_code(), c.code) << c.name << ": " << r.status.error_message();
+    EXPECT_NE(r.status.error_message().find(c.mentions), std::string::npos)
+        << c.name << ": " << r.status.error_message();
+    EXPECT_TRUE(r.tokens.empty()) << c.name;
+  }
+  grpc::ClientContext ctx;
+  v1::DropSessionRequest drop;
+  drop.set_session_id("never-seen");
+  v1::DropSessionResponse resp;
+  EXPECT_EQ(worker_.stub().DropSession(&ctx, drop, &resp).error_code(), StatusCode::NOT_FOUND);
+  grpc::ClientContext actx;
+  v1::AbortResponse aresp;
+  EXPECT_EQ(worker_.stub().Abort(&actx, v1::AbortRequest(), &aresp).error_code(),
+            StatusCode::INVALID_ARGUMENT);
+  // The worker is fine after all that.
+  EXPECT_TRUE(worker_.Run(Turn("after", "Once upon a time", 5)).status.ok());
+}
+
+TEST_F(WorkerServerTest, MetricsCountTurnsAndTokens) {
+  ASSERT_TRUE(worker_.Run(Turn("m", "Once upon a time", 10)).status.ok());
+  const std::string text = testing::HttpGet(worker_.metrics_port(), "/metrics");
+  EXPECT_NE(text.find("# TYPE recall_worker_turns_total counter"), std::string::npos) << text;
+  EXPECT_EQ(text.find("recall_worker_generated_tokens_total 0\n"), std::string::npos);
+  EXPECT_NE(text.find("recall_worker_kv_blocks_total "), std::string::npos);
+  EXPECT_NE(text.find("recall_worker_time_to_first_token_seconds_bucket"), std::string::npos);
+}
+
+TEST(WorkerServerPressureTest, PoolExhaustionOffloadsQueuesOrRefusesButNeverCrashes) {
+  RECALL_REQUIRE_SHARED_FILE(kModel);
+  Worker worker;
+  std::string error;
+  // 12 blocks of 20 KiB: about two sessions of ~90 tokens resident at a time; one turn
+  // running and one waiting at most.
+  ASSERT_TRUE(worker.Start({"--kv-cache-bytes", "245760", "--max-active", "2", "--max-queued",
+                            "1"},
+                           &error))
+      << error;
+  std::vector<TurnResult> results(8);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&, i] {
+      results[i] = worker.Run(Turn("p" + std::to_string(i), kPrompts[i % 4], 60));
+    });
+  }
+  for (auto& t : threads) t.join();
+  int ok = 0, refused = 0;
+  for (const TurnResult& r : results) {
+    if (r.status.ok()) {
+      ++ok;
+    } else {
+      EXPECT_EQ(r.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+          << r.status.error_message();
+      EXPECT_NE(r.status.error_message().find("retry after"), std::string::npos);
+      ++refused;
+    }
+  }
+  EXPECT_GE(ok, 3);
+  EXPECT_GE(refused, 1);
+  // Idle sessions were offloaded to make room, and the worker still serves.
+  const std::string metrics = testing::HttpGet(worker.metrics_port(), "/metrics");
+  EXPECT_EQ(metrics.find("recall_worker_offloads_total 0\n"), std::string::npos) << metrics;
+  EXPECT_TRUE(worker.Run(Turn("p0", "and then?", 10, 2)).status.ok());
+  EXPECT_EQ(worker.Stop(), 0) << "clean exit on SIGTERM";
+}
+
+}  // namespace
+}  // namespace recall
