@@ -52,6 +52,8 @@ scheduling:
   --max-active N          turns in the running batch (default 64)
   --max-queued N          turns waiting for memory before RESOURCE_EXHAUSTED (default 256)
   --max-tokens-limit N    upper bound of a turn's max_tokens (default: the context length)
+  --no-batch-invariant    let batched matmuls use sgemm (faster prefill on some CPUs; a
+                          session's greedy output may then depend on its batch)
 session cache defaults (a turn's CacheSettings override them):
   --policy NAME           full (default), lazy, h2o, tova, streaming, snapkv, rkv, vase
   --budget N              tokens per layer and KV head (default 1024)
@@ -81,7 +83,7 @@ absl::Status Run(const std::vector<std::string>& argv) {
                    "host-cache-bytes", "max-batch-tokens", "prefill-chunk", "max-active",
                    "max-queued", "max-tokens-limit", "policy", "budget", "budget-frac", "window",
                    "alpha"},
-                  {"random-weights", "help"}));
+                  {"random-weights", "no-batch-invariant", "help"}));
   if (args.Has("help")) {
     std::cout << kUsage;
     return absl::OkStatus();
@@ -105,6 +107,7 @@ absl::Status Run(const std::vector<std::string>& argv) {
   o.max_active = static_cast<int>(active);
   o.max_queued = static_cast<int>(queued);
   o.limits.max_tokens = static_cast<int>(limit);
+  o.batch_invariant = !args.Has("no-batch-invariant");
   o.chat_format = model::GuessChatFormat(tok);
   if (args.Has("chat-format")) {
     RECALL_ASSIGN_OR_RETURN(o.chat_format, model::ParseChatFormat(args.GetString("chat-format")));
