@@ -205,8 +205,6 @@ TEST_F(WorkerServerTest, CancellingTheStreamStopsTheTurnAndFreesItsBlocks) {
 TEST_F(WorkerServerTest, ASlowReaderGetsCoalescedTokensAndTheWholeText) {
   TurnResult fast = worker_.Run(Turn("fast", "Once upon a time", 200));
   ASSERT_TRUE(fast.status.ok());
-  EXPECT_EQ(fast.token_events, static_cast<int>(fast.tokens.size()))
-      << "a reader that keeps up gets one message per token";
   worker_.UseSmallWindow();
   TurnResult slow = worker_.Run(Turn("slow", "Once upon a time", 200), /*read_delay_ms=*/1500);
   ASSERT_TRUE(slow.status.ok());
