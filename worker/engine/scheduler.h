@@ -131,7 +131,8 @@ class Scheduler {
   bool Step();  // false when idle
   void ApplyCommands();
   void Admit();
-  absl::Status Prepare(Turn& turn);  // session lookup, prompt tokens, context check
+  absl::Status Prepare(Turn& turn);  // PrepareContext, then the resumed reply tokens
+  absl::Status PrepareContext(Turn& turn);  // session lookup, prompt tokens, context check
   void RunBatch();
   void AfterForward(Turn& turn, float* logits);
   void SampleNext(Turn& turn, float* logits);  // logits are overwritten

@@ -156,7 +156,7 @@ void Scheduler::Admit() {
   }
 }
 
-absl::Status Scheduler::Prepare(Turn& t) {
+absl::Status Scheduler::PrepareContext(Turn& t) {
   const TurnRequest& r = t.req;
   const model::ModelConfig& config = model_.config;
   auto it = sessions_.find(r.session_id);
@@ -231,6 +231,29 @@ absl::Status Scheduler::Prepare(Turn& t) {
   t.prompt_tokens = static_cast<int>(t.prompt.size());
   t.prepared = true;
   s->busy = true;
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::Prepare(Turn& t) {
+  const std::vector<int32_t>& resume = t.req.resume_tokens;
+  for (size_t i = 0; i < resume.size(); ++i) {
+    if (resume[i] < 0 || resume[i] >= model_.config.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("resume_tokens[", i, "]: ", resume[i],
+                                                     " is outside [0, ",
+                                                     model_.config.vocab_size, ")"));
+    }
+  }
+  RECALL_RETURN_IF_ERROR(PrepareContext(t));
+  if (!resume.empty()) {
+    if (t.session->cache != nullptr &&
+        t.session->cache->next_position() + t.prompt.size() + resume.size() >=
+            static_cast<size_t>(model_.config.max_seq_len)) {
+      t.session->busy = false;
+      return absl::InvalidArgumentError("resume_tokens: do not fit the context");
+    }
+    t.prompt.insert(t.prompt.end(), resume.begin(), resume.end());
+    t.n_resume = static_cast<int>(resume.size());
+  }
   return absl::OkStatus();
 }
 
@@ -343,8 +366,17 @@ void Scheduler::AfterForward(Turn& t, float* logits) {
     }
     // The stream decoder continues after the prompt's last token.
     t.decoder = std::make_unique<model::TokenStreamDecoder>(tokenizer_);
-    t.decoder->Next(t.prompt.back());
+    const size_t context_end = t.prompt.size() - t.n_resume;
+    t.decoder->Next(t.prompt[context_end - 1]);
     t.decoder->Flush();
+    // Resumed reply tokens: the client has them and the text the dead worker released for
+    // them (the same StopText logic released the same text); what it held back is still
+    // to come.
+    for (size_t i = context_end; i < t.prompt.size(); ++i) {
+      t.generated.push_back(t.prompt[i]);
+      t.stop_text.Append(t.decoder->Next(t.prompt[i]));
+    }
+    t.stop_text.TakeReady();
   } else {
     s.tokens.push_back(t.next);
     if (s.evictor != nullptr) {

@@ -27,7 +27,8 @@ struct Scheduler::Turn {
   // Set by Prepare.
   bool prepared = false;
   Session* session = nullptr;
-  std::vector<int32_t> prompt;  // tokens fed this turn before generating
+  std::vector<int32_t> prompt;  // tokens fed this turn before generating (resume included)
+  int n_resume = 0;             // of them, the reply tokens the client already has
   int cached_tokens = 0;
   int prompt_tokens = 0;
   bool rebuilt = false;

@@ -80,6 +80,11 @@ absl::Status ValidateTurnRequest(const TurnRequest& r, const TurnLimits& limits,
     }
     if (!model::utf8::IsValid(r.stop[i])) return Invalid(at, "is not valid UTF-8");
   }
+  if (static_cast<int>(r.resume_tokens.size()) >= r.max_tokens) {
+    return Invalid("resume_tokens", absl::StrCat(r.resume_tokens.size(),
+                                                 " tokens leave nothing to generate under "
+                                                 "max_tokens ", r.max_tokens));
+  }
   const CacheRequest& c = r.cache;
   if (c.policy.has_value() && std::find(known_policies.begin(), known_policies.end(),
                                         *c.policy) == known_policies.end()) {

@@ -33,6 +33,8 @@ struct TurnRequest {
   std::vector<std::string> stop;            // extra stop strings
   bool logprobs = false;
   CacheRequest cache;
+  // Failover: reply tokens the client already has; fed after the prompt, not re-streamed.
+  std::vector<int32_t> resume_tokens;
 };
 
 // Limits a request is checked against.

@@ -50,6 +50,7 @@ engine::TurnRequest FromProto(const v1::RunTurnRequest& r, int default_max_token
   out.max_tokens = s.has_max_tokens() ? s.max_tokens() : default_max_tokens;
   out.stop.assign(s.stop().begin(), s.stop().end());
   out.logprobs = s.has_logprobs() && s.logprobs();
+  out.resume_tokens.assign(r.resume_tokens().begin(), r.resume_tokens().end());
   const v1::CacheSettings& c = r.cache();
   if (c.has_policy()) out.cache.policy = c.policy();
   if (c.has_budget_tokens()) out.cache.budget_tokens = c.budget_tokens();

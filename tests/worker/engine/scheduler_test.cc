@@ -270,6 +270,30 @@ TEST_F(SchedulerTest, LazyEvictionKeepsTheSessionWithinItsBudget) {
   }
 }
 
+TEST_F(SchedulerTest, ResumedTurnContinuesWithoutRepeatingDeliveredTokens) {
+  Start(512);
+  Collected whole = Run(Turn("orig", "Once upon a time", 40));
+  ASSERT_TRUE(whole.status.ok());
+  ASSERT_GT(whole.token_ids.size(), 20u);
+  // Another worker (here: a fresh session) resumes after the first 12 delivered tokens.
+  TurnRequest r = Turn("failover", "Once upon a time", 40);
+  r.resume_tokens.assign(whole.token_ids.begin(), whole.token_ids.begin() + 12);
+  Collected rest = Run(r);
+  ASSERT_TRUE(rest.status.ok()) << rest.status;
+  const std::vector<int32_t> expected(whole.token_ids.begin() + 12, whole.token_ids.end());
+  EXPECT_EQ(rest.token_ids, expected) << "the rest of the reply, nothing repeated";
+  EXPECT_EQ(rest.summary.generated_tokens, static_cast<int>(whole.token_ids.size()));
+  // The text streamed by the resumed turn continues exactly where the delivered text ended.
+  EXPECT_EQ(rest.summary.text, whole.summary.text);
+  EXPECT_EQ(whole.text.substr(whole.text.size() - rest.text.size()), rest.text);
+
+  TurnRequest bad = Turn("bad", "x", 5);
+  bad.resume_tokens = {1, 2, 3, 4, 5};
+  EXPECT_EQ(Run(bad).status.code(), absl::StatusCode::kInvalidArgument);
+  bad.resume_tokens = {100000};
+  EXPECT_NE(std::string(Run(bad).status.message()).find("resume_tokens[0]"), std::string::npos);
+}
+
 TEST_F(SchedulerTest, BadRequestsNameTheField) {
   Start(64);
   TurnRequest r = Turn("x", "hi", 5);
