@@ -22,7 +22,7 @@
 
 #include "grpcpp/grpcpp.h"
 #include "recall/v1/worker.grpc.pb.h"
-#include "tests/integration/process.h"
+#include "common/subprocess.h"
 
 namespace recall::bench {
 namespace {
@@ -127,7 +127,7 @@ double Percentile(std::vector<double> v, double p) {
   return v[std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5))];
 }
 
-bool StartWorker(testing::ServerProcess& worker, const Flags& f, std::vector<std::string> extra) {
+bool StartWorker(ServerProcess& worker, const Flags& f, std::vector<std::string> extra) {
   std::vector<std::string> args = {"--model", f.config_dir, "--random-weights", "--dtype", "bf16",
                                    "--listen", "127.0.0.1:0", "--max-tokens-limit", "2048"};
   if (f.threads > 0) {
@@ -203,7 +203,7 @@ struct Capacity {
 Capacity MeasureCapacity(const Flags& f, const char* pool, int n, int gen,
                          const v1::CacheSettings* cache) {
   Capacity c;
-  testing::ServerProcess worker;
+  ServerProcess worker;
   if (!StartWorker(worker, f, {"--kv-cache-bytes", pool, "--host-cache-bytes", "0"})) return c;
   Client client(worker.port("grpc"));
   double kv = 0;
@@ -249,7 +249,7 @@ int Main(int argc, char** argv) {
               "%d compute thread(s)\n", f.threads);
   std::printf("\n1. throughput: %d sessions x %d turns, %d generated tokens per turn, greedy\n",
               f.sessions, f.turns, f.max_tokens);
-  testing::ServerProcess worker;
+  ServerProcess worker;
   if (!StartWorker(worker, f, {"--kv-cache-bytes", "1G"})) return 1;
   Client client(worker.port("grpc"));
   client.Turn("warmup", Text(99, 20), 0, 4);

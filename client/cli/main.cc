@@ -1,4 +1,7 @@
 // recall: the command line. Subcommands:
+//   serve             a coordinator + one worker on this machine
+//   chat              a multi-turn chat against a coordinator
+//   sessions          list, show, delete sessions
 //   generate          run a model in-process and print generated text
 //   calibrate-window  print LazyEviction's window W for a model
 #include <cstring>
@@ -7,13 +10,18 @@
 #include <vector>
 
 #include "client/cli/calibrate_command.h"
+#include "client/cli/chat_command.h"
 #include "client/cli/generate_command.h"
+#include "client/cli/serve_command.h"
 
 namespace {
 
 constexpr char kUsage[] = R"(usage: recall <command> [options]
 
 commands:
+  serve             a coordinator and one worker on this machine (recall serve --help)
+  chat              a multi-turn chat with a coordinator (recall chat --help)
+  sessions          list | show ID | delete ID (recall sessions --help)
   generate          load a model locally and generate text (recall generate --help)
   calibrate-window  LazyEviction's window W for a model (recall calibrate-window --help)
 )";
@@ -27,6 +35,9 @@ int main(int argc, char** argv) {
   }
   const std::string command = argv[1];
   const std::vector<std::string> rest(argv + 2, argv + argc);
+  if (command == "serve") return recall::cli::RunServe(rest);
+  if (command == "chat") return recall::cli::RunChat(rest);
+  if (command == "sessions") return recall::cli::RunSessions(rest);
   if (command == "generate") return recall::cli::RunGenerate(rest);
   if (command == "calibrate-window") return recall::cli::RunCalibrateWindow(rest);
   std::cerr << "recall: unknown command '" << command << "'\n\n" << kUsage;

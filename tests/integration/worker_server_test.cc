@@ -12,7 +12,7 @@
 #include "recall/v1/worker.grpc.pb.h"
 #include "tests/common/test_util.h"
 #include "tests/integration/http_get.h"
-#include "tests/integration/process.h"
+#include "common/subprocess.h"
 
 namespace recall {
 namespace {
@@ -91,7 +91,7 @@ class Worker {
   int Stop() { return process_.Stop(); }
 
  private:
-  testing::ServerProcess process_;
+  ServerProcess process_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Worker::Stub> stub_;
 };

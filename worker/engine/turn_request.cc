@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
-#include "worker/model/tokenizer_utf8.h"
+#include "common/utf8.h"
 
 namespace recall::engine {
 namespace {
@@ -23,7 +23,7 @@ absl::Status ValidateMessages(const std::vector<model::ChatMessage>& messages,
       return Invalid(at + ".role", absl::StrCat("\"", m.role,
                                                 "\" is not one of system, user, assistant"));
     }
-    if (!model::utf8::IsValid(m.content)) return Invalid(at + ".content", "is not valid UTF-8");
+    if (!utf8::IsValid(m.content)) return Invalid(at + ".content", "is not valid UTF-8");
   }
   return absl::OkStatus();
 }
@@ -52,7 +52,7 @@ absl::Status ValidateTurnRequest(const TurnRequest& r, const TurnLimits& limits,
     return Invalid("session_id", absl::StrCat(r.session_id.size(), " bytes; at most ",
                                               limits.max_session_id_bytes));
   }
-  if (!model::utf8::IsValid(r.session_id)) return Invalid("session_id", "is not valid UTF-8");
+  if (!utf8::IsValid(r.session_id)) return Invalid("session_id", "is not valid UTF-8");
   if (r.messages.empty()) return Invalid("messages", "a turn needs at least one new message");
   RECALL_RETURN_IF_ERROR(ValidateMessages(r.messages, "messages"));
   if (r.history_length < 0) {
@@ -78,7 +78,7 @@ absl::Status ValidateTurnRequest(const TurnRequest& r, const TurnLimits& limits,
     if (r.stop[i].size() > limits.max_stop_bytes) {
       return Invalid(at, absl::StrCat(r.stop[i].size(), " bytes; at most ", limits.max_stop_bytes));
     }
-    if (!model::utf8::IsValid(r.stop[i])) return Invalid(at, "is not valid UTF-8");
+    if (!utf8::IsValid(r.stop[i])) return Invalid(at, "is not valid UTF-8");
   }
   if (static_cast<int>(r.resume_tokens.size()) >= r.max_tokens) {
     return Invalid("resume_tokens", absl::StrCat(r.resume_tokens.size(),

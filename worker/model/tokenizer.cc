@@ -9,7 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "worker/model/tokenizer_internal.h"
-#include "worker/model/tokenizer_utf8.h"
+#include "common/utf8.h"
 
 namespace recall::model {
 namespace internal {

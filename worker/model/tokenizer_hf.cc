@@ -26,7 +26,7 @@
 #include "worker/model/tokenizer_hf_pretokenizer.h"
 #include "worker/model/tokenizer_internal.h"
 #include "worker/model/tokenizer_nfc.h"
-#include "worker/model/tokenizer_utf8.h"
+#include "common/utf8.h"
 
 namespace recall::model {
 namespace {

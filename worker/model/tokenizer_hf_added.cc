@@ -1,7 +1,7 @@
 #include "worker/model/tokenizer_hf_added.h"
 
 #include "common/status.h"
-#include "worker/model/tokenizer_utf8.h"
+#include "common/utf8.h"
 
 namespace recall::model::hf {
 namespace {

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "worker/model/tokenizer_nfc_tables.h"
-#include "worker/model/tokenizer_utf8.h"
+#include "common/utf8.h"
 
 namespace recall::model {
 namespace {

@@ -2,9 +2,9 @@
 // Rust's from_utf8_lossy) and NFC.
 #include "gtest/gtest.h"
 #include "worker/model/tokenizer_nfc.h"
-#include "worker/model/tokenizer_utf8.h"
+#include "common/utf8.h"
 
-namespace recall::model::utf8 {
+namespace recall::utf8 {
 namespace {
 
 constexpr char kFffd[] = "\xEF\xBF\xBD";
@@ -40,7 +40,7 @@ TEST(Utf8Test, CodePointsRoundTrip) {
 }
 
 }  // namespace
-}  // namespace recall::model::utf8
+}  // namespace recall::utf8
 
 namespace recall::model {
 namespace {
@@ -61,4 +61,4 @@ TEST(NfcTest, ComposesReordersAndDecomposesSingletons) {
 }
 
 }  // namespace
-}  // namespace recall::model
+}  // namespace recall::utf8

@@ -1,4 +1,4 @@
-// UTF-8 helpers shared by the tokenizers and TokenStreamDecoder.
+// UTF-8 helpers: validation (requests, tokenizers) and lossy decoding (TokenStreamDecoder).
 //
 // Well-formedness follows the Unicode standard (Table 3-7); ill-formed input is replaced by
 // U+FFFD one "maximal subpart" at a time, which is what Rust's String::from_utf8_lossy (and
@@ -10,7 +10,7 @@
 #include <string>
 #include <string_view>
 
-namespace recall::model::utf8 {
+namespace recall::utf8 {
 
 inline constexpr std::string_view kReplacementChar = "\xEF\xBF\xBD";  // U+FFFD
 
@@ -41,4 +41,4 @@ void AppendCodePoint(char32_t code_point, std::string* out);
 // (advancing pos by one).
 int32_t DecodeCodePoint(std::string_view text, size_t* pos);
 
-}  // namespace recall::model::utf8
+}  // namespace recall::utf8

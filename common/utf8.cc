@@ -1,8 +1,8 @@
-#include "worker/model/tokenizer_utf8.h"
+#include "common/utf8.h"
 
 #include <cstdint>
 
-namespace recall::model::utf8 {
+namespace recall::utf8 {
 namespace {
 
 // The allowed range of the second byte for a lead byte (Table 3-7); later bytes are 80..BF.
@@ -111,4 +111,4 @@ int32_t DecodeCodePoint(std::string_view text, size_t* pos) {
   return cp;
 }
 
-}  // namespace recall::model::utf8
+}  // namespace recall::utf8

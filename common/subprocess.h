@@ -1,5 +1,6 @@
-// Runs a server binary as a real child process for integration tests: starts it with
-// --port-file, waits until the file appears, and stops it (SIGTERM, then SIGKILL) at the end.
+// ServerProcess: runs a server binary as a child process (recall serve, integration tests,
+// benchmarks): starts it with --port-file, waits until the file appears, and stops it
+// (SIGTERM, then SIGKILL) at the end.
 #pragma once
 
 #include <signal.h>
@@ -18,7 +19,7 @@
 
 extern char** environ;
 
-namespace recall::testing {
+namespace recall {
 
 class ServerProcess {
  public:
@@ -101,4 +102,4 @@ class ServerProcess {
   std::map<std::string, int> ports_;
 };
 
-}  // namespace recall::testing
+}  // namespace recall

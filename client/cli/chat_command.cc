@@ -1,0 +1,172 @@
+#include "client/cli/chat_command.h"
+
+#include <unistd.h>
+
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "client/sdk/client.h"
+#include "common/args.h"
+#include "common/status.h"
+
+namespace recall::cli {
+namespace {
+
+constexpr char kChatUsage[] = R"(usage: recall chat --server HOST:PORT [options]
+
+A multi-turn chat with a Recall coordinator. Interactive on a terminal; otherwise reads one
+user message per line from standard input and prints each reply as it streams.
+
+  --server HOST:PORT    the coordinator (default 127.0.0.1:50050)
+  --api-key KEY         sent as "authorization: Bearer KEY"
+  --session ID          continue an existing session instead of starting one
+  --system TEXT         system prompt of a new session
+  --max-tokens N        per reply (default 256)
+  --temperature T       default 0.7 (0 = greedy)
+  --seed N              sampling seed
+  --policy NAME         KV policy of a new session (e.g. lazy), --budget-frac F, --window W
+commands (a line starting with /):
+  /new       start a new session       /history   print the transcript
+  /stats     usage of the last reply   /quit      leave (also end of input)
+)";
+
+constexpr char kSessionsUsage[] = R"(usage: recall sessions list|show ID|delete ID --server HOST:PORT [--api-key KEY]
+)";
+
+absl::StatusOr<std::unique_ptr<Client>> ConnectFromArgs(const Args& args) {
+  ClientOptions o;
+  o.address = args.GetString("server", "127.0.0.1:50050");
+  o.api_key = args.GetString("api-key");
+  return Client::Connect(o);
+}
+
+absl::Status Chat(const Args& args) {
+  RECALL_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, ConnectFromArgs(args));
+  v1::SamplingParams sampling;
+  RECALL_ASSIGN_OR_RETURN(const int64_t max_tokens, args.GetInt("max-tokens", 256, 1, 1 << 20));
+  RECALL_ASSIGN_OR_RETURN(const double temperature, args.GetDouble("temperature", 0.7, 0, 100));
+  sampling.set_max_tokens(static_cast<int>(max_tokens));
+  sampling.set_temperature(static_cast<float>(temperature));
+  if (args.Has("seed")) {
+    RECALL_ASSIGN_OR_RETURN(const int64_t seed, args.GetInt("seed", 0, 0, INT64_MAX));
+    sampling.set_seed(static_cast<uint64_t>(seed));
+  }
+  v1::CreateSessionRequest create;
+  create.set_system_prompt(args.GetString("system"));
+  if (args.Has("policy")) create.mutable_cache()->set_policy(args.GetString("policy"));
+  if (args.Has("budget-frac")) {
+    RECALL_ASSIGN_OR_RETURN(const double f, args.GetDouble("budget-frac", 1, 1e-6, 1));
+    create.mutable_cache()->set_budget_fraction(static_cast<float>(f));
+  }
+  if (args.Has("window")) {
+    RECALL_ASSIGN_OR_RETURN(const int64_t w, args.GetInt("window", 32, 1, 1 << 20));
+    create.mutable_cache()->set_window(static_cast<int>(w));
+  }
+  std::string session_id = args.GetString("session");
+  auto new_session = [&]() -> absl::Status {
+    RECALL_ASSIGN_OR_RETURN(v1::Session s, client->CreateSession(create));
+    session_id = s.session_id();
+    std::cerr << "[session " << session_id << "]\n";
+    return absl::OkStatus();
+  };
+  if (session_id.empty()) {
+    RECALL_RETURN_IF_ERROR(new_session());
+  }
+  const bool tty = isatty(STDIN_FILENO);
+  v1::ConverseDone last;
+  std::string line;
+  while (true) {
+    if (tty) std::cout << "> " << std::flush;
+    if (!std::getline(std::cin, line)) break;
+    if (line.empty()) continue;
+    if (line == "/quit") break;
+    if (line == "/new") {
+      RECALL_RETURN_IF_ERROR(new_session());
+      continue;
+    }
+    if (line == "/history") {
+      RECALL_ASSIGN_OR_RETURN(v1::Session s, client->GetSession(session_id));
+      for (const v1::ChatMessage& m : s.messages()) std::cout << m.role() << ": " << m.content() << "\n";
+      continue;
+    }
+    if (line == "/stats") {
+      std::cout << "prompt " << last.usage().prompt_tokens() << " (cached "
+                << last.usage().cached_tokens() << "), generated "
+                << last.usage().generated_tokens() << ", KV " << last.kv_bytes()
+                << " bytes, evictions " << last.evictions() << ", worker " << last.worker()
+                << ", failovers " << last.failovers() << "\n";
+      continue;
+    }
+    if (!tty) std::cout << "user: " << line << "\nassistant:" << std::flush;
+    absl::StatusOr<v1::ConverseDone> done = client->Converse(
+        session_id, line, sampling, [](const std::string& text) { std::cout << text << std::flush; });
+    std::cout << "\n";
+    if (!done.ok()) {
+      std::cerr << "recall chat: " << done.status().message() << "\n";
+      if (!tty) return done.status();
+      continue;
+    }
+    last = *done;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Sessions(const Args& args) {
+  RECALL_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, ConnectFromArgs(args));
+  const std::vector<std::string>& pos = args.positional();
+  const std::string verb = pos.empty() ? "list" : pos[0];
+  if (verb == "list") {
+    std::string token;
+    do {
+      RECALL_ASSIGN_OR_RETURN(v1::ListSessionsResponse page, client->ListSessions(100, token));
+      for (const v1::Session& s : page.sessions()) {
+        std::cout << s.session_id() << "  " << s.model() << "  turns=" << s.turns() << "\n";
+      }
+      token = page.next_page_token();
+    } while (!token.empty());
+    return absl::OkStatus();
+  }
+  if (pos.size() != 2) return absl::InvalidArgumentError(absl::StrCat(verb, ": needs a session id"));
+  if (verb == "show") {
+    RECALL_ASSIGN_OR_RETURN(v1::Session s, client->GetSession(pos[1]));
+    std::cout << s.DebugString();
+    return absl::OkStatus();
+  }
+  if (verb == "delete") return client->DeleteSession(pos[1]);
+  return absl::InvalidArgumentError(absl::StrCat("unknown sessions command \"", verb, "\""));
+}
+
+int Report(const char* name, const absl::Status& st, const char* usage) {
+  if (st.ok()) return 0;
+  std::cerr << "recall " << name << ": " << st.message() << "\n";
+  if (st.code() == absl::StatusCode::kInvalidArgument) std::cerr << "\n" << usage;
+  return st.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+}  // namespace
+
+int RunChat(const std::vector<std::string>& argv) {
+  absl::StatusOr<Args> args = Args::Parse(
+      argv,
+      {"server", "api-key", "session", "system", "max-tokens", "temperature", "seed", "policy",
+       "budget-frac", "window"},
+      {"help"});
+  if (!args.ok()) return Report("chat", args.status(), kChatUsage);
+  if (args->Has("help")) {
+    std::cout << kChatUsage;
+    return 0;
+  }
+  return Report("chat", Chat(*args), kChatUsage);
+}
+
+int RunSessions(const std::vector<std::string>& argv) {
+  absl::StatusOr<Args> args = Args::Parse(argv, {"server", "api-key"}, {"help"});
+  if (!args.ok()) return Report("sessions", args.status(), kSessionsUsage);
+  if (args->Has("help")) {
+    std::cout << kSessionsUsage;
+    return 0;
+  }
+  return Report("sessions", Sessions(*args), kSessionsUsage);
+}
+
+}  // namespace recall::cli

@@ -1,0 +1,13 @@
+// `recall chat`: a multi-turn chat against a coordinator (interactive, or one user message
+// per line on standard input), and `recall sessions` (list, show, delete).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace recall::cli {
+
+int RunChat(const std::vector<std::string>& argv);
+int RunSessions(const std::vector<std::string>& argv);
+
+}  // namespace recall::cli

@@ -1,0 +1,51 @@
+#include "coordinator/auth.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+
+namespace recall::coordinator {
+
+absl::StatusOr<ApiKeys> ApiKeys::Load(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("--api-keys: cannot read ", path));
+  ApiKeys keys;
+  keys.enabled_ = true;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    const size_t hash = line.find('#');
+    if (hash != std::string::npos) line.resize(hash);
+    std::istringstream words(line);
+    std::string key, tenant, extra;
+    if (!(words >> key)) continue;
+    if (!(words >> tenant) || (words >> extra)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ":", n, ": expected \"<key> <tenant>\""));
+    }
+    keys.tenant_by_key_[key] = tenant;
+  }
+  if (keys.tenant_by_key_.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": no keys"));
+  }
+  return keys;
+}
+
+absl::StatusOr<std::string> ApiKeys::Authenticate(const grpc::ServerContext& context) const {
+  if (!enabled_) return std::string("default");
+  const auto& md = context.client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end()) {
+    return absl::UnauthenticatedError("authorization: missing; send \"Bearer <api key>\"");
+  }
+  std::string value(it->second.data(), it->second.size());
+  const std::string prefix = "Bearer ";
+  if (value.rfind(prefix, 0) == 0) value = value.substr(prefix.size());
+  auto key = tenant_by_key_.find(value);
+  if (key == tenant_by_key_.end()) {
+    return absl::UnauthenticatedError("authorization: unknown API key");
+  }
+  return key->second;
+}
+
+}  // namespace recall::coordinator

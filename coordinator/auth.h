@@ -1,0 +1,29 @@
+// API keys: a file of "<key> <tenant>" lines ('#' comments, blank lines ignored). A call
+// carries its key in the "authorization" metadata as "Bearer <key>". Without a key file
+// (local use, `recall serve`) every caller is the tenant "default".
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
+
+namespace recall::coordinator {
+
+class ApiKeys {
+ public:
+  static ApiKeys Open() { return ApiKeys(); }  // no keys: auth off
+  // InvalidArgument naming the file and line for a malformed line; NotFound if missing.
+  static absl::StatusOr<ApiKeys> Load(const std::string& path);
+
+  // The caller's tenant, or UNAUTHENTICATED (missing or unknown key).
+  absl::StatusOr<std::string> Authenticate(const grpc::ServerContext& context) const;
+  bool enabled() const { return enabled_; }
+
+ private:
+  bool enabled_ = false;
+  std::map<std::string, std::string> tenant_by_key_;
+};
+
+}  // namespace recall::coordinator

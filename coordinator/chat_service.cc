@@ -1,0 +1,171 @@
+// ChatService: sessions (create, get, list, delete) and models. Converse and Generate are
+// in converse.cc.
+#include "coordinator/chat_service.h"
+
+#include <chrono>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/grpc_status.h"
+
+namespace recall::coordinator {
+namespace {
+
+std::string NewSessionId() {
+  static std::mutex mu;
+  static std::mt19937_64 rng(std::random_device{}());
+  std::lock_guard<std::mutex> lock(mu);
+  return absl::StrCat("s-", absl::Hex(rng(), absl::kZeroPad16), absl::Hex(rng(), absl::kZeroPad16));
+}
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+void ToProto(const SessionRecord& r, bool with_messages, v1::Session* out) {
+  out->set_session_id(r.id);
+  out->set_model(r.model);
+  out->mutable_cache()->ParseFromString(r.cache_settings);
+  out->mutable_metadata()->insert(r.metadata.begin(), r.metadata.end());
+  out->set_created_unix_ms(r.created_unix_ms);
+  int users = 0, replies = 0;
+  for (const StoredMessage& m : r.messages) {
+    users += m.role == "user";
+    replies += m.role == "assistant";
+    if (with_messages) {
+      v1::ChatMessage* pm = out->add_messages();
+      pm->set_role(m.role);
+      pm->set_content(m.content);
+    }
+  }
+  out->set_turns(with_messages ? std::min(users, replies) : r.message_count / 2);
+}
+
+}  // namespace
+
+ChatService::ChatService(SessionStore& store, WorkerRegistry& workers, ApiKeys keys,
+                         CoordinatorOptions options, metrics::Registry& metrics)
+    : store_(store), workers_(workers), keys_(std::move(keys)), options_(options),
+      metrics_(metrics) {}
+
+bool ChatService::BeginTurn(const std::string& key) {
+  absl::MutexLock lock(&mu_);
+  return running_.insert(key).second;
+}
+
+void ChatService::EndTurn(const std::string& key) {
+  absl::MutexLock lock(&mu_);
+  running_.erase(key);
+}
+
+grpc::Status ChatService::CreateSession(grpc::ServerContext* context,
+                                        const v1::CreateSessionRequest* request,
+                                        v1::Session* response) {
+  RECALL_GRPC_ASSIGN_OR_RETURN(const std::string tenant, keys_.Authenticate(*context));
+  if (request->system_prompt().size() > options_.max_message_bytes) {
+    return Invalid("system_prompt", absl::StrCat(request->system_prompt().size(),
+                                                 " bytes; at most ", options_.max_message_bytes));
+  }
+  if (!IsUtf8(request->system_prompt())) return Invalid("system_prompt", "is not valid UTF-8");
+  if (request->metadata_size() > 64) {
+    return Invalid("metadata", absl::StrCat(request->metadata_size(), " entries; at most 64"));
+  }
+  RECALL_GRPC_ASSIGN_OR_RETURN(const int count, store_.CountSessions(tenant));
+  if (count >= options_.max_sessions_per_tenant) {
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat("tenant has ", count, " sessions, the limit is ",
+                                     options_.max_sessions_per_tenant,
+                                     "; delete some (not retryable)"));
+  }
+  std::string model = request->model();
+  std::set<std::string> served;
+  for (const WorkerView& w : workers_.Snapshot()) {
+    if (!w.info.model().empty()) served.insert(w.info.model());
+  }
+  if (model.empty() && served.size() == 1) model = *served.begin();
+  if (!model.empty() && !served.empty() && served.count(model) == 0) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        absl::StrCat("model: no worker serves \"", model, "\""));
+  }
+  SessionRecord r;
+  r.id = NewSessionId();
+  r.tenant = tenant;
+  r.model = model;
+  request->cache().SerializeToString(&r.cache_settings);
+  r.metadata.insert(request->metadata().begin(), request->metadata().end());
+  r.created_unix_ms = NowMs();
+  RECALL_GRPC_RETURN_IF_ERROR(store_.Create(r));
+  if (!request->system_prompt().empty()) {
+    RECALL_GRPC_RETURN_IF_ERROR(
+        store_.Append(tenant, r.id, 0, {"system", request->system_prompt()}));
+    r.messages.push_back({"system", request->system_prompt()});
+  }
+  metrics_.GetCounter("recall_coordinator_sessions_created_total", "Sessions created")
+      ->Increment();
+  ToProto(r, true, response);
+  return grpc::Status::OK;
+}
+
+grpc::Status ChatService::GetSession(grpc::ServerContext* context,
+                                     const v1::GetSessionRequest* request,
+                                     v1::Session* response) {
+  RECALL_GRPC_ASSIGN_OR_RETURN(const std::string tenant, keys_.Authenticate(*context));
+  RECALL_GRPC_ASSIGN_OR_RETURN(const SessionRecord r, store_.Get(tenant, request->session_id()));
+  ToProto(r, true, response);
+  return grpc::Status::OK;
+}
+
+grpc::Status ChatService::ListSessions(grpc::ServerContext* context,
+                                       const v1::ListSessionsRequest* request,
+                                       v1::ListSessionsResponse* response) {
+  RECALL_GRPC_ASSIGN_OR_RETURN(const std::string tenant, keys_.Authenticate(*context));
+  int size = request->page_size() == 0 ? 50 : request->page_size();
+  if (size < 0 || size > 1000) {
+    return Invalid("page_size", absl::StrCat("must be in [1, 1000], got ", size));
+  }
+  RECALL_GRPC_ASSIGN_OR_RETURN(std::vector<SessionRecord> page,
+                               store_.List(tenant, request->page_token(), size + 1));
+  const bool more = static_cast<int>(page.size()) > size;
+  if (more) page.pop_back();
+  for (const SessionRecord& r : page) ToProto(r, false, response->add_sessions());
+  if (more) response->set_next_page_token(page.back().id);
+  return grpc::Status::OK;
+}
+
+grpc::Status ChatService::DeleteSession(grpc::ServerContext* context,
+                                        const v1::DeleteSessionRequest* request,
+                                        v1::DeleteSessionResponse*) {
+  RECALL_GRPC_ASSIGN_OR_RETURN(const std::string tenant, keys_.Authenticate(*context));
+  RECALL_GRPC_ASSIGN_OR_RETURN(const SessionRecord r, store_.Get(tenant, request->session_id()));
+  RECALL_GRPC_RETURN_IF_ERROR(store_.Delete(tenant, r.id));
+  // Best effort: the worker's cache is derived state and would age out anyway.
+  if (auto stub = workers_.Stub(r.worker); stub != nullptr) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    v1::DropSessionRequest drop;
+    drop.set_session_id(r.id);
+    v1::DropSessionResponse ignored;
+    stub->DropSession(&ctx, drop, &ignored);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ChatService::ListModels(grpc::ServerContext* context, const v1::ListModelsRequest*,
+                                     v1::ListModelsResponse* response) {
+  RECALL_GRPC_ASSIGN_OR_RETURN(const std::string tenant, keys_.Authenticate(*context));
+  std::map<std::string, v1::ModelInfo> models;
+  for (const WorkerView& w : workers_.Snapshot()) {
+    if (w.info.model().empty()) continue;
+    v1::ModelInfo& m = models[w.info.model()];
+    m.set_name(w.info.model());
+    m.set_context_length(w.info.context_length());
+    if (m.policies().empty()) *m.mutable_policies() = w.info.policies();
+    m.set_workers(m.workers() + (w.healthy && !w.draining ? 1 : 0));
+  }
+  for (auto& [name, m] : models) *response->add_models() = m;
+  return grpc::Status::OK;
+}
+
+}  // namespace recall::coordinator

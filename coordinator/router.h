@@ -1,0 +1,31 @@
+// Router: which worker serves a session's turn.
+//
+// A session sticks to its bound worker while that worker is healthy (its KV cache lives
+// there). A new (or orphaned) session goes by weighted rendezvous hashing, a consistent
+// hash: every healthy, non-draining worker gets the score -w / ln(u), u = hash(session,
+// worker) in (0, 1), with weight w = (free KV blocks + 1) / (total + 1) / (1 + queued turns);
+// the highest score wins. Adding or losing a worker moves only the sessions that hashed to
+// it. Bounded load: workers whose active + queued turns exceed `load_factor` times the mean
+// (plus one) are skipped while any other worker is within the bound.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "coordinator/worker_registry.h"
+
+namespace recall::coordinator {
+
+struct RouteDecision {
+  std::string worker;
+  bool sticky = false;  // the session's bound worker
+};
+
+// `exclude`: workers that just failed this turn. nullopt when no worker can take it.
+std::optional<RouteDecision> Route(const std::vector<WorkerView>& workers,
+                                   const std::string& session_id, const std::string& bound,
+                                   const std::vector<std::string>& exclude,
+                                   double load_factor = 1.25);
+
+}  // namespace recall::coordinator

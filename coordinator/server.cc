@@ -1,0 +1,62 @@
+#include "coordinator/server.h"
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace recall::coordinator {
+
+absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
+    const CoordinatorConfig& config) {
+  std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
+  std::error_code ec;
+  std::filesystem::create_directories(config.data_dir, ec);
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--data-dir: cannot create ", config.data_dir, ": ", ec.message()));
+  }
+  RECALL_ASSIGN_OR_RETURN(s->store_, OpenSqliteStore(config.data_dir + "/sessions.db"));
+  ApiKeys keys = ApiKeys::Open();
+  if (!config.api_keys_path.empty()) {
+    RECALL_ASSIGN_OR_RETURN(keys, ApiKeys::Load(config.api_keys_path));
+  }
+  s->registry_ = std::make_unique<WorkerRegistry>();
+  for (const std::string& w : config.workers) s->registry_->Add(w);
+  metrics::Registry& m = s->metrics_;
+  WorkerRegistry* reg = s->registry_.get();
+  m.AddCallbackGauge("recall_coordinator_healthy_workers", "Workers answering heartbeats", [reg] {
+    double n = 0;
+    for (const WorkerView& w : reg->Snapshot()) n += w.healthy ? 1 : 0;
+    return n;
+  });
+  s->service_ = std::make_unique<ChatService>(*s->store_, *s->registry_, std::move(keys),
+                                              config.options, s->metrics_);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(), &s->port_);
+  builder.RegisterService(s->service_.get());
+  builder.SetMaxReceiveMessageSize(static_cast<int>(config.options.max_message_bytes) + 4096);
+  s->server_ = builder.BuildAndStart();
+  if (s->server_ == nullptr || s->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("--listen: cannot listen on ", config.listen));
+  }
+  s->server_->GetHealthCheckService()->SetServingStatus(true);
+  if (config.metrics_port >= 0) {
+    const std::string host = config.listen.substr(0, config.listen.find_last_of(':'));
+    RECALL_ASSIGN_OR_RETURN(s->http_,
+                            metrics::HttpServer::Start(host, config.metrics_port, &s->metrics_));
+  }
+  return s;
+}
+
+void CoordinatorServer::Shutdown(std::chrono::milliseconds grace) {
+  if (server_ == nullptr) return;
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  server_->Shutdown(std::chrono::system_clock::now() + grace);
+  server_.reset();
+}
+
+CoordinatorServer::~CoordinatorServer() { Shutdown(); }
+
+}  // namespace recall::coordinator

@@ -1,0 +1,50 @@
+// CoordinatorServer: the coordinator's gRPC server (recall.v1.Chat + grpc.health.v1), its
+// session store, worker registry and metrics endpoint, started from one config. Used by
+// recall-coordinator and by `recall serve`.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/metrics/http_server.h"
+#include "coordinator/chat_service.h"
+#include "grpcpp/grpcpp.h"
+
+namespace recall::coordinator {
+
+struct CoordinatorConfig {
+  std::string listen = "127.0.0.1:50050";
+  std::vector<std::string> workers;   // worker addresses
+  std::string data_dir = ".";         // the SQLite file sessions.db lives here
+  std::string api_keys_path;          // empty: no auth (tenant "default")
+  int metrics_port = -1;              // -1: off; 0: any free port
+  CoordinatorOptions options;
+};
+
+class CoordinatorServer {
+ public:
+  // Unavailable when it cannot listen; errors from the store or the key file.
+  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(const CoordinatorConfig& config);
+  ~CoordinatorServer();
+
+  int port() const { return port_; }
+  int metrics_port() const { return http_ ? http_->port() : 0; }
+  WorkerRegistry& workers() { return *registry_; }
+  // Stops accepting calls; running streams get `grace` to finish.
+  void Shutdown(std::chrono::milliseconds grace = std::chrono::seconds(5));
+
+ private:
+  CoordinatorServer() = default;
+
+  metrics::Registry metrics_;
+  std::unique_ptr<SessionStore> store_;
+  std::unique_ptr<WorkerRegistry> registry_;
+  std::unique_ptr<ChatService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<metrics::HttpServer> http_;
+  int port_ = 0;
+};
+
+}  // namespace recall::coordinator

@@ -1,0 +1,228 @@
+// SessionStore on SQLite: one connection guarded by a mutex, WAL journal, synchronous=FULL
+// so an appended message is on disk when Append returns.
+#include <sqlite3.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/status.h"
+#include "coordinator/session_store.h"
+#include "nlohmann/json.hpp"
+
+namespace recall::coordinator {
+namespace {
+
+constexpr char kSchema[] = R"sql(
+PRAGMA journal_mode=WAL;
+PRAGMA synchronous=FULL;
+PRAGMA foreign_keys=ON;
+CREATE TABLE IF NOT EXISTS sessions (
+  id TEXT PRIMARY KEY,
+  tenant TEXT NOT NULL,
+  model TEXT NOT NULL,
+  cache BLOB NOT NULL,
+  metadata TEXT NOT NULL,
+  created_ms INTEGER NOT NULL,
+  worker TEXT NOT NULL DEFAULT '');
+CREATE INDEX IF NOT EXISTS sessions_by_tenant ON sessions(tenant, id);
+CREATE TABLE IF NOT EXISTS messages (
+  session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+  idx INTEGER NOT NULL,
+  role TEXT NOT NULL,
+  content BLOB NOT NULL,
+  PRIMARY KEY (session_id, idx));
+)sql";
+
+// A prepared statement that finalizes itself.
+class Stmt {
+ public:
+  Stmt(sqlite3* db, const char* sql) { rc_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr); }
+  ~Stmt() { sqlite3_finalize(stmt_); }
+  bool ok() const { return rc_ == SQLITE_OK; }
+  Stmt& Bind(int i, const std::string& s) {
+    sqlite3_bind_blob(stmt_, i, s.data(), static_cast<int>(s.size()), SQLITE_TRANSIENT);
+    return *this;
+  }
+  Stmt& BindText(int i, const std::string& s) {
+    sqlite3_bind_text(stmt_, i, s.data(), static_cast<int>(s.size()), SQLITE_TRANSIENT);
+    return *this;
+  }
+  Stmt& Bind(int i, int64_t v) {
+    sqlite3_bind_int64(stmt_, i, v);
+    return *this;
+  }
+  int Step() { return sqlite3_step(stmt_); }
+  std::string Text(int col) const {
+    const void* p = sqlite3_column_blob(stmt_, col);
+    return p == nullptr ? "" : std::string(static_cast<const char*>(p),
+                                           static_cast<size_t>(sqlite3_column_bytes(stmt_, col)));
+  }
+  int64_t Int(int col) const { return sqlite3_column_int64(stmt_, col); }
+
+ private:
+  sqlite3_stmt* stmt_ = nullptr;
+  int rc_;
+};
+
+class SqliteStore final : public SessionStore {
+ public:
+  explicit SqliteStore(sqlite3* db) : db_(db) {}
+  ~SqliteStore() override { sqlite3_close(db_); }
+
+  absl::Status Create(const SessionRecord& r) override {
+    absl::MutexLock lock(&mu_);
+    Stmt s(db_, "INSERT INTO sessions (id, tenant, model, cache, metadata, created_ms, worker) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)");
+    nlohmann::json meta = r.metadata;
+    s.BindText(1, r.id).BindText(2, r.tenant).BindText(3, r.model).Bind(4, r.cache_settings)
+        .BindText(5, meta.dump()).Bind(6, r.created_unix_ms).BindText(7, r.worker);
+    const int rc = s.Step();
+    if (rc == SQLITE_CONSTRAINT) {
+      return absl::AlreadyExistsError(absl::StrCat("session_id: \"", r.id, "\" exists"));
+    }
+    return Check(rc, "create session");
+  }
+
+  absl::StatusOr<SessionRecord> Get(const std::string& tenant, const std::string& id) override {
+    absl::MutexLock lock(&mu_);
+    SessionRecord r;
+    RECALL_RETURN_IF_ERROR(LoadHeader(tenant, id, &r));
+    Stmt m(db_, "SELECT role, content FROM messages WHERE session_id = ? ORDER BY idx");
+    m.BindText(1, id);
+    int rc;
+    while ((rc = m.Step()) == SQLITE_ROW) r.messages.push_back({m.Text(0), m.Text(1)});
+    if (rc != SQLITE_DONE) return Check(rc, "read transcript");
+    return r;
+  }
+
+  absl::StatusOr<std::vector<SessionRecord>> List(const std::string& tenant,
+                                                  const std::string& after,
+                                                  int limit) override {
+    absl::MutexLock lock(&mu_);
+    Stmt s(db_, "SELECT id, model, cache, metadata, created_ms, worker, "
+                "(SELECT COUNT(*) FROM messages WHERE session_id = sessions.id) "
+                "FROM sessions WHERE tenant = ? AND id > ? ORDER BY id LIMIT ?");
+    s.BindText(1, tenant).BindText(2, after).Bind(3, limit);
+    std::vector<SessionRecord> out;
+    int rc;
+    while ((rc = s.Step()) == SQLITE_ROW) {
+      SessionRecord r;
+      r.tenant = tenant;
+      Fill(s, &r);
+      out.push_back(std::move(r));
+    }
+    if (rc != SQLITE_DONE) return Check(rc, "list sessions");
+    return out;
+  }
+
+  absl::Status Delete(const std::string& tenant, const std::string& id) override {
+    absl::MutexLock lock(&mu_);
+    Stmt s(db_, "DELETE FROM sessions WHERE tenant = ? AND id = ?");
+    s.BindText(1, tenant).BindText(2, id);
+    RECALL_RETURN_IF_ERROR(Check(s.Step(), "delete session"));
+    if (sqlite3_changes(db_) == 0) return NotFound(id);
+    return absl::OkStatus();
+  }
+
+  absl::Status Append(const std::string& tenant, const std::string& id, int index,
+                      const StoredMessage& message) override {
+    absl::MutexLock lock(&mu_);
+    SessionRecord r;
+    RECALL_RETURN_IF_ERROR(LoadHeader(tenant, id, &r));
+    if (r.message_count != index) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "session \"", id, "\" has ", r.message_count, " messages, not ", index,
+          ": another turn changed it"));
+    }
+    Stmt s(db_, "INSERT INTO messages (session_id, idx, role, content) VALUES (?, ?, ?, ?)");
+    s.BindText(1, id).Bind(2, index).BindText(3, message.role).Bind(4, message.content);
+    return Check(s.Step(), "append message");
+  }
+
+  absl::Status Truncate(const std::string& tenant, const std::string& id, int index) override {
+    absl::MutexLock lock(&mu_);
+    SessionRecord r;
+    RECALL_RETURN_IF_ERROR(LoadHeader(tenant, id, &r));
+    Stmt s(db_, "DELETE FROM messages WHERE session_id = ? AND idx >= ?");
+    s.BindText(1, id).Bind(2, index);
+    return Check(s.Step(), "truncate transcript");
+  }
+
+  absl::Status Bind(const std::string& tenant, const std::string& id,
+                    const std::string& worker) override {
+    absl::MutexLock lock(&mu_);
+    Stmt s(db_, "UPDATE sessions SET worker = ? WHERE tenant = ? AND id = ?");
+    s.BindText(1, worker).BindText(2, tenant).BindText(3, id);
+    return Check(s.Step(), "bind session");
+  }
+
+  absl::StatusOr<int> CountSessions(const std::string& tenant) override {
+    absl::MutexLock lock(&mu_);
+    Stmt s(db_, "SELECT COUNT(*) FROM sessions WHERE tenant = ?");
+    s.BindText(1, tenant);
+    if (s.Step() != SQLITE_ROW) return Check(SQLITE_ERROR, "count sessions");
+    return static_cast<int>(s.Int(0));
+  }
+
+ private:
+  static absl::Status NotFound(const std::string& id) {
+    return absl::NotFoundError(absl::StrCat("session_id: no session \"", id, "\""));
+  }
+
+  absl::Status Check(int rc, const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (rc == SQLITE_OK || rc == SQLITE_DONE || rc == SQLITE_ROW) return absl::OkStatus();
+    return absl::UnavailableError(
+        absl::StrCat("session store: ", what, ": ", sqlite3_errmsg(db_), " (retryable)"));
+  }
+
+  static void Fill(const Stmt& s, SessionRecord* r) {
+    r->id = s.Text(0);
+    r->model = s.Text(1);
+    r->cache_settings = s.Text(2);
+    r->metadata = nlohmann::json::parse(s.Text(3), nullptr, false)
+                      .get<std::map<std::string, std::string>>();
+    r->created_unix_ms = s.Int(4);
+    r->worker = s.Text(5);
+    r->message_count = static_cast<int>(s.Int(6));
+  }
+
+  absl::Status LoadHeader(const std::string& tenant, const std::string& id, SessionRecord* r)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Stmt s(db_, "SELECT id, model, cache, metadata, created_ms, worker, "
+                "(SELECT COUNT(*) FROM messages WHERE session_id = sessions.id) "
+                "FROM sessions WHERE tenant = ? AND id = ?");
+    s.BindText(1, tenant).BindText(2, id);
+    const int rc = s.Step();
+    if (rc == SQLITE_DONE) return NotFound(id);
+    if (rc != SQLITE_ROW) return Check(rc, "read session");
+    r->tenant = tenant;
+    Fill(s, r);
+    return absl::OkStatus();
+  }
+
+  absl::Mutex mu_;
+  sqlite3* db_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string& path) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db,
+                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
+                      nullptr) != SQLITE_OK) {
+    const std::string err = db ? sqlite3_errmsg(db) : "out of memory";
+    sqlite3_close(db);
+    return absl::UnavailableError(absl::StrCat("session store ", path, ": ", err));
+  }
+  sqlite3_busy_timeout(db, 5000);
+  char* err = nullptr;
+  if (sqlite3_exec(db, kSchema, nullptr, nullptr, &err) != SQLITE_OK) {
+    const std::string msg = err ? err : "?";
+    sqlite3_free(err);
+    sqlite3_close(db);
+    return absl::DataLossError(absl::StrCat("session store ", path, ": ", msg));
+  }
+  return std::unique_ptr<SessionStore>(new SqliteStore(db));
+}
+
+}  // namespace recall::coordinator

@@ -1,0 +1,62 @@
+// WorkerRegistry: the workers a coordinator routes to, and their health and load.
+//
+// Workers are given by address (--workers) or added later with Add (a worker's
+// registration). A background thread calls each worker's GetLoad every `heartbeat`; that
+// call is the heartbeat: a worker that misses `max_misses` in a row is marked down (no
+// turns go to it) and comes back when it answers again. Drain(address) keeps a worker
+// serving its bound sessions' running turns but routes no new sessions to it.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "recall/v1/worker.grpc.pb.h"
+
+namespace recall::coordinator {
+
+struct WorkerView {
+  std::string address;
+  bool healthy = false;
+  bool draining = false;
+  v1::LoadReport load;
+  v1::InfoResponse info;
+  std::shared_ptr<v1::Worker::Stub> stub;
+};
+
+class WorkerRegistry {
+ public:
+  WorkerRegistry(absl::Duration heartbeat = absl::Milliseconds(500), int max_misses = 3);
+  ~WorkerRegistry();
+
+  void Add(const std::string& address);
+  void Drain(const std::string& address);
+  // Marks a worker down at once (a stream to it broke); the heartbeat revives it.
+  void ReportFailure(const std::string& address);
+  // Polls every worker once now (also done by the background thread).
+  void PollAll();
+
+  std::vector<WorkerView> Snapshot() const;
+  std::shared_ptr<v1::Worker::Stub> Stub(const std::string& address) const;
+
+ private:
+  struct Entry {
+    WorkerView view;
+    int misses = 0;
+  };
+  void Loop();
+
+  const absl::Duration heartbeat_;
+  const int max_misses_;
+  mutable absl::Mutex mu_;
+  std::vector<Entry> workers_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace recall::coordinator
