@@ -27,7 +27,8 @@ class ServerProcess {
   // Returns false (with *error) if it exits or does not listen within `timeout`.
   bool Start(const std::string& binary, std::vector<std::string> args, const std::string& tmp_dir,
              std::string* error, std::chrono::seconds timeout = std::chrono::seconds(60)) {
-    port_file_ = tmp_dir + "/ports." + std::to_string(counter_++);
+    port_file_ = tmp_dir + "/ports." + std::to_string(getpid()) + "." + std::to_string(counter_++);
+    ports_.clear();
     std::filesystem::remove(port_file_);
     args.insert(args.begin(), binary);
     args.push_back("--port-file");

@@ -81,7 +81,7 @@ grpc::Status ChatService::StreamTurn(grpc::ServerContext* context, const std::st
   const int max_tokens =
       base.sampling().has_max_tokens() ? base.sampling().max_tokens() : options_.default_max_tokens;
   for (int attempt = 0; attempt < options_.max_attempts + 1; ++attempt) {
-    if (static_cast<int>(reply->tokens.size()) >= max_tokens) {
+    if (!reply->tokens.empty() && static_cast<int>(reply->tokens.size()) >= max_tokens) {
       // A worker died after delivering the whole reply but before its final event.
       reply->done.set_finish_reason(v1::FINISH_REASON_LENGTH);
       reply->done.mutable_usage()->set_generated_tokens(static_cast<int>(reply->tokens.size()));

@@ -1,0 +1,252 @@
+// recall-coordinator with two recall-worker processes (stories260K) over loopback gRPC:
+// multi-turn chats with sticky routing and cache reuse; a worker killed with SIGKILL in
+// the middle of a reply, whose stream completes on the other worker with no token lost or
+// repeated; a coordinator restart that keeps every session (SQLite); API keys and tenants;
+// bad requests with their codes and the transcript left unchanged.
+#include <signal.h>
+
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include "common/subprocess.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "recall/v1/chat.grpc.pb.h"
+#include "recall/v1/worker.grpc.pb.h"
+#include "tests/common/test_util.h"
+
+namespace recall {
+namespace {
+
+constexpr char kModel[] = "models/stories260K/stories260K.bin";
+constexpr char kTokenizer[] = "models/stories260K/tok512.bin";
+
+struct Reply {
+  grpc::Status status;
+  std::string text;
+  std::vector<int32_t> tokens;
+  v1::ConverseDone done;
+};
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    RECALL_REQUIRE_SHARED_FILE(kModel);
+    dir_ = testing::MakeTempDir("coordinator");
+    std::ofstream(dir_ + "/keys") << "# key tenant\nkey-a tenant-a\nkey-b tenant-b\n";
+    for (int i = 0; i < 2; ++i) {
+      std::string error;
+      ASSERT_TRUE(workers_[i].Start(RECALL_WORKER_BINARY,
+                                    {"--model", testing::SharedPath(kModel), "--tokenizer",
+                                     testing::SharedPath(kTokenizer), "--listen", "127.0.0.1:0",
+                                     "--kv-cache-bytes", "16M", "--threads", "1"},
+                                    dir_, &error))
+          << error;
+    }
+    StartCoordinator();
+  }
+
+  void StartCoordinator() {
+    std::string error;
+    const std::string workers = "127.0.0.1:" + std::to_string(workers_[0].port("grpc")) +
+                                ",127.0.0.1:" + std::to_string(workers_[1].port("grpc"));
+    ASSERT_TRUE(coordinator_.Start(RECALL_COORDINATOR_BINARY,
+                                   {"--workers", workers, "--listen", "127.0.0.1:0", "--data-dir",
+                                    dir_, "--api-keys", dir_ + "/keys", "--max-message-bytes",
+                                    "2000", "--max-sessions", "20"},
+                                   dir_, &error))
+        << error;
+    stub_ = v1::Chat::NewStub(grpc::CreateChannel(
+        "127.0.0.1:" + std::to_string(coordinator_.port("grpc")),
+        grpc::InsecureChannelCredentials()));
+  }
+
+  static void Auth(grpc::ClientContext* ctx, const std::string& key) {
+    if (!key.empty()) ctx->AddMetadata("authorization", "Bearer " + key);
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+  }
+
+  std::string Create(const std::string& key = "key-a", grpc::Status* status = nullptr) {
+    grpc::ClientContext ctx;
+    Auth(&ctx, key);
+    v1::CreateSessionRequest req;
+    req.set_system_prompt("Tell a story.");
+    v1::Session s;
+    grpc::Status st = stub_->CreateSession(&ctx, req, &s);
+    if (status != nullptr) *status = st;
+    EXPECT_TRUE(st.ok() || status != nullptr) << st.error_message();
+    return s.session_id();
+  }
+
+  // One turn; `on_first_tokens` runs once after the first token event arrives.
+  Reply Say(const std::string& session, const std::string& message, int max_tokens = 30,
+            const std::string& key = "key-a", std::function<void()> on_first_tokens = nullptr) {
+    grpc::ClientContext ctx;
+    Auth(&ctx, key);
+    v1::ConverseRequest req;
+    req.set_session_id(session);
+    req.set_message(message);
+    req.mutable_sampling()->set_temperature(0);
+    req.mutable_sampling()->set_max_tokens(max_tokens);
+    auto reader = stub_->Converse(&ctx, req);
+    Reply r;
+    v1::ConverseEvent ev;
+    while (reader->Read(&ev)) {
+      if (ev.has_done()) {
+        r.done = ev.done();
+        continue;
+      }
+      r.text += ev.tokens().text();
+      r.tokens.insert(r.tokens.end(), ev.tokens().token_ids().begin(),
+                      ev.tokens().token_ids().end());
+      if (on_first_tokens) {
+        on_first_tokens();
+        on_first_tokens = nullptr;
+      }
+    }
+    r.status = reader->Finish();
+    return r;
+  }
+
+  v1::Session Get(const std::string& session, const std::string& key = "key-a",
+                  grpc::Status* status = nullptr) {
+    grpc::ClientContext ctx;
+    Auth(&ctx, key);
+    v1::GetSessionRequest req;
+    req.set_session_id(session);
+    v1::Session s;
+    grpc::Status st = stub_->GetSession(&ctx, req, &s);
+    if (status != nullptr) *status = st;
+    return s;
+  }
+
+  // The index of the worker with a turn running, or -1.
+  int BusyWorker() {
+    for (int i = 0; i < 2; ++i) {
+      auto stub = v1::Worker::NewStub(grpc::CreateChannel(
+          "127.0.0.1:" + std::to_string(workers_[i].port("grpc")),
+          grpc::InsecureChannelCredentials()));
+      grpc::ClientContext ctx;
+      v1::LoadReport load;
+      if (stub->GetLoad(&ctx, v1::GetLoadRequest(), &load).ok() && load.active_turns() > 0) {
+        return i;
+      }
+    }
+    return -1;
+  }
+
+  std::string dir_;
+  ServerProcess workers_[2];
+  ServerProcess coordinator_;
+  std::unique_ptr<v1::Chat::Stub> stub_;
+};
+
+TEST_F(CoordinatorTest, MultiTurnChatsStickToTheirWorkerAndReuseTheCache) {
+  std::set<std::string> used;
+  for (int s = 0; s < 4; ++s) {
+    const std::string id = Create();
+    std::string worker;
+    for (int turn = 0; turn < 3; ++turn) {
+      Reply r = Say(id, turn == 0 ? "Once upon a time" : "What happened next?");
+      ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+      EXPECT_FALSE(r.tokens.empty());
+      if (turn == 0) {
+        worker = r.done.worker();
+      } else {
+        EXPECT_EQ(r.done.worker(), worker) << "a session sticks to its worker";
+        EXPECT_GT(r.done.usage().cached_tokens(), 0) << "and reuses its cache";
+      }
+      used.insert(r.done.worker());
+    }
+    const v1::Session stored = Get(id);
+    ASSERT_EQ(stored.messages_size(), 7);  // system + 3 x (user, assistant)
+    EXPECT_EQ(stored.messages(0).role(), "system");
+    EXPECT_EQ(stored.messages(6).role(), "assistant");
+    EXPECT_EQ(stored.turns(), 3);
+  }
+  EXPECT_GE(used.size(), 1u);
+}
+
+TEST_F(CoordinatorTest, WorkerKilledMidReplyTheStreamCompletesElsewhereWithNothingLost) {
+  // Reference: the same first turn, uninterrupted (greedy is deterministic).
+  const Reply reference = Say(Create(), "Once upon a time", 200);
+  ASSERT_TRUE(reference.status.ok());
+  ASSERT_GT(reference.tokens.size(), 50u);
+
+  const std::string id = Create();
+  int killed = -1;
+  Reply r = Say(id, "Once upon a time", 200, "key-a", [&] {
+    killed = BusyWorker();
+    if (killed >= 0) workers_[killed].Kill();  // SIGKILL, mid-stream
+  });
+  ASSERT_GE(killed, 0) << "no worker was running the turn";
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.done.failovers(), 1);
+  EXPECT_EQ(r.tokens, reference.tokens) << "no token lost or repeated";
+  EXPECT_EQ(r.text, reference.text);
+  // The transcript holds the whole reply, and the next turn is served by the survivor.
+  const v1::Session stored = Get(id);
+  ASSERT_EQ(stored.messages_size(), 3);
+  EXPECT_EQ(stored.messages(2).content(), reference.text);
+  Reply next = Say(id, "And then?");
+  ASSERT_TRUE(next.status.ok()) << next.status.error_message();
+  EXPECT_EQ(next.done.worker(), "127.0.0.1:" + std::to_string(workers_[1 - killed].port("grpc")));
+}
+
+TEST_F(CoordinatorTest, SessionsSurviveACoordinatorRestart) {
+  const std::string id = Create();
+  ASSERT_TRUE(Say(id, "Once upon a time").status.ok());
+  const v1::Session before = Get(id);
+  coordinator_.Stop();
+  StartCoordinator();
+  grpc::Status st;
+  const v1::Session after = Get(id, "key-a", &st);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(after.SerializeAsString(), before.SerializeAsString());
+  Reply r = Say(id, "What happened next?");
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(Get(id).messages_size(), 5);
+}
+
+TEST_F(CoordinatorTest, KeysTenantsAndBadRequestsGetTheirCodes) {
+  const std::string id = Create();
+  grpc::Status st;
+  Get(id, "", &st);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  Get(id, "wrong-key", &st);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  Get(id, "key-b", &st);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND) << "another tenant's session";
+  EXPECT_EQ(Say(id, "hi", 5, "key-b").status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(Say("s-nope", "hi").status.error_code(), grpc::StatusCode::NOT_FOUND);
+
+  Reply big = Say(id, std::string(3000, 'a'));
+  EXPECT_EQ(big.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(big.status.error_message().find("message"), std::string::npos);
+  EXPECT_EQ(Say(id, "bad \xff utf-8").status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // A bad sampling value is refused by the worker; the stored transcript does not keep
+  // the user message of a turn that did not happen.
+  Reply bad = Say(id, "hi", 0);
+  EXPECT_EQ(bad.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(bad.status.error_message().find("max_tokens"), std::string::npos);
+  EXPECT_EQ(Get(id).messages_size(), 1);
+  ASSERT_TRUE(Say(id, "Once upon a time").status.ok());
+  EXPECT_EQ(Get(id).messages_size(), 3);
+
+  // Sessions per tenant (limit 20 in this fixture; one exists).
+  grpc::Status created;
+  int made = 1;
+  while (made < 30) {
+    Create("key-a", &created);
+    if (!created.ok()) break;
+    ++made;
+  }
+  EXPECT_EQ(made, 20);
+  EXPECT_EQ(created.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  Create("key-b", &created);
+  EXPECT_TRUE(created.ok()) << "the limit is per tenant";
+}
+
+}  // namespace
+}  // namespace recall
