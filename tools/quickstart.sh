@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs dependencies, builds, and runs the main job: today, text generation from the
-# stories260K model in ../shared (later: `recall serve` plus a chat).
+# Installs dependencies, builds, and runs the main job: `recall serve` (a coordinator and one
+# worker) on the stories260K model in ../shared, then a scripted multi-turn chat against it
+# with `recall chat`, then stops the server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install_deps.sh
@@ -11,7 +12,16 @@ if [ ! -f "$MODEL" ]; then
   echo "quickstart: $MODEL not found; set RECALL_SHARED_DIR to the shared/ folder" >&2
   exit 1
 fi
-exec ./build/client/recall generate --model "$MODEL" \
-  --tokenizer "$SHARED/models/stories260K/tok512.bin" \
-  --prompt "${PROMPT:-Once upon a time}" --max-tokens "${MAX_TOKENS:-200}" \
-  --temperature 0.8 --top-p 0.9 --seed "${SEED:-42}" --stats
+DATA="$(mktemp -d)"
+./build/client/recall serve --model "$MODEL" --tokenizer "$SHARED/models/stories260K/tok512.bin" \
+  --listen 127.0.0.1:0 --data-dir "$DATA" --port-file "$DATA/port" \
+  --policy lazy --budget-frac 0.5 --window 32 &
+SERVE=$!
+trap 'kill $SERVE 2>/dev/null; wait $SERVE 2>/dev/null; rm -rf "$DATA"' EXIT
+for _ in $(seq 600); do [ -f "$DATA/port" ] && break; sleep 0.1; done
+if [ ! -f "$DATA/port" ]; then echo "quickstart: recall serve did not start" >&2; exit 1; fi
+SERVER="127.0.0.1:$(sed 's/grpc=//' "$DATA/port")"
+printf '%s\n' "Once upon a time, there was a little cat named Tom." \
+  "What did Tom find in the garden?" "How did the story end?" "/stats" |
+  ./build/client/recall chat --server "$SERVER" --max-tokens "${MAX_TOKENS:-80}" \
+    --temperature 0.8 --seed "${SEED:-42}"
