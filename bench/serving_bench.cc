@@ -22,7 +22,7 @@
 
 #include "grpcpp/grpcpp.h"
 #include "recall/v1/worker.grpc.pb.h"
-#include "common/subprocess.h"
+#include "bench/serving_util.h"
 
 namespace recall::bench {
 namespace {
@@ -43,23 +43,6 @@ struct Flags {
   bool capacity = true;
   std::vector<std::string> worker_flags;  // extra recall-worker flags (--worker-flag X)
 };
-
-// Deterministic filler text of about `words` words.
-std::string Text(int seed, int words) {
-  static const char* kWords[] = {"the", "river", "market", "quiet", "engine", "morning",
-                                 "letter", "garden", "blue", "question", "stone", "window",
-                                 "travel", "answer", "bright", "story", "north", "music"};
-  std::string out;
-  uint32_t x = 2463534242u + seed * 7919u;
-  for (int i = 0; i < words; ++i) {
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    out += kWords[x % (sizeof(kWords) / sizeof(kWords[0]))];
-    out += (i % 12 == 11) ? ". " : " ";
-  }
-  return out;
-}
 
 struct TurnStats {
   bool ok = false;
@@ -121,12 +104,6 @@ class Client {
   std::unique_ptr<v1::Worker::Stub> stub_;
 };
 
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5))];
-}
-
 bool StartWorker(ServerProcess& worker, const Flags& f, std::vector<std::string> extra) {
   std::vector<std::string> args = {"--model", f.config_dir, "--random-weights", "--dtype", "bf16",
                                    "--listen", "127.0.0.1:0", "--max-tokens-limit", "2048"};
@@ -136,12 +113,7 @@ bool StartWorker(ServerProcess& worker, const Flags& f, std::vector<std::string>
   }
   args.insert(args.end(), extra.begin(), extra.end());
   args.insert(args.end(), f.worker_flags.begin(), f.worker_flags.end());
-  std::string error;
-  if (!worker.Start(RECALL_WORKER_BINARY, args, "/tmp", &error)) {
-    std::printf("FAIL: %s\n", error.c_str());
-    return false;
-  }
-  return true;
+  return StartServer(worker, RECALL_WORKER_BINARY, args);
 }
 
 // Runs every session's turns; `concurrent` runs the sessions in parallel threads.
@@ -157,7 +129,7 @@ RunResult RunSessions(Client& client, const Flags& f, const std::string& prefix,
   std::mutex mu;
   auto session = [&](int i) {
     for (int t = 0; t < f.turns; ++t) {
-      const std::string text = t == 0 ? Text(i, f.prompt_words) : Text(1000 * t + i, 12);
+      const std::string text = t == 0 ? FillerText(i, f.prompt_words) : FillerText(1000 * t + i, 12);
       TurnStats s = client.Turn(prefix + std::to_string(i), text, 2 * t, f.max_tokens);
       std::lock_guard<std::mutex> lock(mu);
       if (!s.ok) {
@@ -209,7 +181,7 @@ Capacity MeasureCapacity(const Flags& f, const char* pool, int n, int gen,
   double kv = 0;
   int ok = 0;
   for (int i = 0; i < n; ++i) {
-    TurnStats s = client.Turn("fit" + std::to_string(i), Text(i, f.prompt_words * 3), 0, gen,
+    TurnStats s = client.Turn("fit" + std::to_string(i), FillerText(i, f.prompt_words * 3), 0, gen,
                               cache);
     if (!s.ok) {
       std::printf("  turn failed: %s\n", s.error.c_str());
@@ -252,7 +224,7 @@ int Main(int argc, char** argv) {
   ServerProcess worker;
   if (!StartWorker(worker, f, {"--kv-cache-bytes", "1G"})) return 1;
   Client client(worker.port("grpc"));
-  client.Turn("warmup", Text(99, 20), 0, 4);
+  client.Turn("warmup", FillerText(99, 20), 0, 4);
   const RunResult one = RunSessions(client, f, "seq", false);
   const RunResult all = RunSessions(client, f, "conc", true);
   PrintRun("one at a time (base)", one);

@@ -1,0 +1,210 @@
+// Coordinator benchmark: what the coordinator adds, on stories260K (real weights, fast on
+// the CPU, so the hop's cost is visible next to a decode step).
+//
+//   1. Latency: N concurrent sessions x T turns sent straight to a worker (RunTurn: the
+//      baseline) and through the coordinator (Converse); client-side time to first token and
+//      time per output token, p50/p99, and their ratios coordinator / direct.
+//   2. Scaling: the same load through the coordinator with 1 and then 2 workers; generated
+//      tokens/s and the ratio. Every worker runs one compute thread; on a machine with fewer
+//      cores than workers + clients the ratio mostly measures the cores.
+//
+// usage: recall_coordinator_bench [--sessions N] [--turns N] [--max-tokens N]
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include "bench/serving_util.h"
+#include "grpcpp/grpcpp.h"
+#include "recall/v1/chat.grpc.pb.h"
+#include "recall/v1/worker.grpc.pb.h"
+
+namespace recall::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+const std::string kShared = RECALL_SHARED_DIR_DEFAULT;
+
+struct Stats {
+  std::vector<double> ttft, tpot;
+  int generated = 0;
+  int failed = 0;
+  double seconds = 0;
+};
+
+// Reads a stream of events with token ids; records TTFT and per-token gaps.
+template <typename Reader, typename Event, typename Tokens>
+void Read(Reader& reader, Clock::time_point start, Tokens tokens_of, Stats* st, std::mutex* mu) {
+  Event ev;
+  int n = 0;
+  Clock::time_point first, last;
+  while (reader->Read(&ev)) {
+    const int k = tokens_of(ev);
+    if (k == 0) continue;
+    last = Clock::now();
+    if (n == 0) first = last;
+    n += k;
+  }
+  const bool ok = reader->Finish().ok();
+  std::lock_guard<std::mutex> lock(*mu);
+  if (!ok || n == 0) {
+    ++st->failed;
+    return;
+  }
+  st->generated += n;
+  st->ttft.push_back(std::chrono::duration<double>(first - start).count());
+  if (n > 1) st->tpot.push_back(std::chrono::duration<double>(last - first).count() / (n - 1));
+}
+
+Stats Direct(int port, int sessions, int turns, int max_tokens) {
+  auto stub = v1::Worker::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                                      grpc::InsecureChannelCredentials()));
+  Stats st;
+  std::mutex mu;
+  const auto t0 = Clock::now();
+  std::vector<std::thread> threads;
+  for (int s = 0; s < sessions; ++s) {
+    threads.emplace_back([&, s] {
+      for (int t = 0; t < turns; ++t) {
+        v1::RunTurnRequest r;
+        r.set_session_id("direct" + std::to_string(s));
+        auto* m = r.add_messages();
+        m->set_role("user");
+        m->set_content(t == 0 ? "Once upon a time" : FillerText(t * 100 + s, 6));
+        r.set_history_length(2 * t);
+        r.mutable_sampling()->set_temperature(0);
+        r.mutable_sampling()->set_max_tokens(max_tokens);
+        grpc::ClientContext ctx;
+        const auto start = Clock::now();
+        auto reader = stub->RunTurn(&ctx, r);
+        Read<decltype(reader), v1::TurnEvent>(
+            reader, start, [](const v1::TurnEvent& e) { return e.tokens().token_ids_size(); },
+            &st, &mu);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  st.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return st;
+}
+
+Stats ViaCoordinator(int port, int sessions, int turns, int max_tokens) {
+  auto stub = v1::Chat::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                                    grpc::InsecureChannelCredentials()));
+  Stats st;
+  std::mutex mu;
+  const auto t0 = Clock::now();
+  std::vector<std::thread> threads;
+  for (int s = 0; s < sessions; ++s) {
+    threads.emplace_back([&, s] {
+      grpc::ClientContext cctx;
+      v1::Session session;
+      if (!stub->CreateSession(&cctx, v1::CreateSessionRequest(), &session).ok()) {
+        std::lock_guard<std::mutex> lock(mu);
+        ++st.failed;
+        return;
+      }
+      for (int t = 0; t < turns; ++t) {
+        v1::ConverseRequest r;
+        r.set_session_id(session.session_id());
+        r.set_message(t == 0 ? "Once upon a time" : FillerText(t * 100 + s, 6));
+        r.mutable_sampling()->set_temperature(0);
+        r.mutable_sampling()->set_max_tokens(max_tokens);
+        grpc::ClientContext ctx;
+        const auto start = Clock::now();
+        auto reader = stub->Converse(&ctx, r);
+        Read<decltype(reader), v1::ConverseEvent>(
+            reader, start, [](const v1::ConverseEvent& e) { return e.tokens().token_ids_size(); },
+            &st, &mu);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  st.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return st;
+}
+
+void Print(const char* name, const Stats& s) {
+  std::printf("  %-26s %7.1f gen tok/s  TTFT p50 %6.2f ms p99 %6.2f ms  TPOT p50 %5.2f ms "
+              "p99 %5.2f ms%s\n",
+              name, s.generated / s.seconds, 1e3 * Percentile(s.ttft, 0.5),
+              1e3 * Percentile(s.ttft, 0.99), 1e3 * Percentile(s.tpot, 0.5),
+              1e3 * Percentile(s.tpot, 0.99), s.failed ? "  (some turns FAILED)" : "");
+}
+
+bool StartWorkerProcess(ServerProcess& w) {
+  return StartServer(w, RECALL_WORKER_BINARY,
+                     {"--model", kShared + "/models/stories260K/stories260K.bin", "--tokenizer",
+                      kShared + "/models/stories260K/tok512.bin", "--listen", "127.0.0.1:0",
+                      "--kv-cache-bytes", "64M", "--threads", "1"});
+}
+
+bool StartCoordinatorProcess(ServerProcess& c, const std::vector<ServerProcess*>& workers,
+                             const std::string& dir) {
+  std::string list;
+  for (ServerProcess* w : workers) {
+    list += (list.empty() ? "" : ",") + std::string("127.0.0.1:") + std::to_string(w->port("grpc"));
+  }
+  std::filesystem::remove_all(dir);
+  return StartServer(c, RECALL_COORDINATOR_BINARY,
+                     {"--workers", list, "--listen", "127.0.0.1:0", "--data-dir", dir});
+}
+
+int Main(int argc, char** argv) {
+  int sessions = 8, turns = 3, max_tokens = 64;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    const int v = std::atoi(argv[i + 1]);
+    if (k == "--sessions") sessions = v;
+    else if (k == "--turns") turns = v;
+    else if (k == "--max-tokens") max_tokens = v;
+    else {
+      std::printf("unknown flag %s\n", k.c_str());
+      return 2;
+    }
+  }
+  if (!std::filesystem::exists(kShared + "/models/stories260K/stories260K.bin")) {
+    std::printf("SKIP: %s/models/stories260K is missing\n", kShared.c_str());
+    return 0;
+  }
+  std::printf("coordinator benchmark: stories260K, %d concurrent sessions x %d turns x %d "
+              "tokens, greedy, 1 compute thread per worker\n\n1. latency, one worker\n",
+              sessions, turns, max_tokens);
+  ServerProcess w1, w2, coordinator;
+  if (!StartWorkerProcess(w1) || !StartWorkerProcess(w2)) return 1;
+  if (!StartCoordinatorProcess(coordinator, {&w1}, "/tmp/recall_coordinator_bench")) return 1;
+  Direct(w1.port("grpc"), 2, 1, 8);  // warm up
+  const Stats direct = Direct(w1.port("grpc"), sessions, turns, max_tokens);
+  const Stats via = ViaCoordinator(coordinator.port("grpc"), sessions, turns, max_tokens);
+  Print("direct to the worker (base)", direct);
+  Print("through the coordinator", via);
+  std::printf("  ratios coordinator / direct: TTFT p50 %.2fx p99 %.2fx, TPOT p50 %.2fx p99 "
+              "%.2fx, tokens/s %.2fx\n",
+              Percentile(via.ttft, 0.5) / Percentile(direct.ttft, 0.5),
+              Percentile(via.ttft, 0.99) / Percentile(direct.ttft, 0.99),
+              Percentile(via.tpot, 0.5) / Percentile(direct.tpot, 0.5),
+              Percentile(via.tpot, 0.99) / Percentile(direct.tpot, 0.99),
+              (via.generated / via.seconds) / (direct.generated / direct.seconds));
+  coordinator.Stop();
+
+  std::printf("\n2. scaling through the coordinator, %d sessions\n", 2 * sessions);
+  if (!StartCoordinatorProcess(coordinator, {&w1}, "/tmp/recall_coordinator_bench")) return 1;
+  const Stats one = ViaCoordinator(coordinator.port("grpc"), 2 * sessions, turns, max_tokens);
+  coordinator.Stop();
+  if (!StartCoordinatorProcess(coordinator, {&w1, &w2}, "/tmp/recall_coordinator_bench")) {
+    return 1;
+  }
+  const Stats two = ViaCoordinator(coordinator.port("grpc"), 2 * sessions, turns, max_tokens);
+  Print("1 worker (base)", one);
+  Print("2 workers", two);
+  std::printf("  ratio 2 workers / 1 worker = %.2fx generated tokens/s (%u cores here)\n",
+              (two.generated / two.seconds) / (one.generated / one.seconds),
+              std::thread::hardware_concurrency());
+  return 0;
+}
+
+}  // namespace
+}  // namespace recall::bench
+
+int main(int argc, char** argv) { return recall::bench::Main(argc, argv); }
