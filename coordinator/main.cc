@@ -21,6 +21,8 @@ each session to a worker, stores transcripts in SQLite and fails turns over when
   --workers LIST          worker addresses, comma separated
   --listen HOST:PORT      gRPC address (default 127.0.0.1:50050; port 0 picks one)
   --data-dir DIR          where sessions.db lives (default .)
+  --store URL             redis://HOST:PORT to share sessions between coordinator replicas
+                          (run Redis with appendonly yes, appendfsync always); default SQLite
   --api-keys FILE         "<key> <tenant>" per line; without it every caller is tenant "default"
   --metrics-port N        Prometheus /metrics (default off; 0 picks a free port)
   --port-file PATH        write "grpc=PORT metrics=PORT" once listening
@@ -33,7 +35,7 @@ absl::Status Run(const std::vector<std::string>& argv) {
   RECALL_ASSIGN_OR_RETURN(
       const Args args,
       Args::Parse(argv,
-                  {"workers", "listen", "data-dir", "api-keys", "metrics-port", "port-file",
+                  {"workers", "listen", "data-dir", "store", "api-keys", "metrics-port", "port-file",
                    "max-message-bytes", "max-turns", "max-sessions"},
                   {"help"}));
   if (args.Has("help")) {
@@ -47,6 +49,7 @@ absl::Status Run(const std::vector<std::string>& argv) {
   }
   if (c.workers.empty()) return absl::InvalidArgumentError("--workers: give at least one");
   c.data_dir = args.GetString("data-dir", ".");
+  c.store_url = args.GetString("store");
   c.api_keys_path = args.GetString("api-keys");
   if (args.Has("metrics-port")) {
     RECALL_ASSIGN_OR_RETURN(const int64_t p, args.GetInt("metrics-port", 0, 0, 65535));
@@ -65,8 +68,9 @@ absl::Status Run(const std::vector<std::string>& argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   RECALL_ASSIGN_OR_RETURN(std::unique_ptr<CoordinatorServer> server, CoordinatorServer::Start(c));
-  std::fprintf(stderr, "recall-coordinator: serving on %s (port %d), %zu worker(s), store %s/sessions.db\n",
-               c.listen.c_str(), server->port(), c.workers.size(), c.data_dir.c_str());
+  std::fprintf(stderr, "recall-coordinator: serving on %s (port %d), %zu worker(s), store %s\n",
+               c.listen.c_str(), server->port(), c.workers.size(),
+               c.store_url.empty() ? (c.data_dir + "/sessions.db").c_str() : c.store_url.c_str());
   if (args.Has("port-file")) {
     const std::string path = args.GetString("port-file");
     {

@@ -16,7 +16,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     return absl::InvalidArgumentError(
         absl::StrCat("--data-dir: cannot create ", config.data_dir, ": ", ec.message()));
   }
-  RECALL_ASSIGN_OR_RETURN(s->store_, OpenSqliteStore(config.data_dir + "/sessions.db"));
+  RECALL_ASSIGN_OR_RETURN(s->store_, OpenStore(config.store_url.empty()
+                                                   ? config.data_dir + "/sessions.db"
+                                                   : config.store_url));
   ApiKeys keys = ApiKeys::Open();
   if (!config.api_keys_path.empty()) {
     RECALL_ASSIGN_OR_RETURN(keys, ApiKeys::Load(config.api_keys_path));

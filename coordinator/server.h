@@ -18,6 +18,7 @@ struct CoordinatorConfig {
   std::string listen = "127.0.0.1:50050";
   std::vector<std::string> workers;   // worker addresses
   std::string data_dir = ".";         // the SQLite file sessions.db lives here
+  std::string store_url;              // "redis://HOST:PORT" for a shared store; empty: SQLite
   std::string api_keys_path;          // empty: no auth (tenant "default")
   int metrics_port = -1;              // -1: off; 0: any free port
   CoordinatorOptions options;

@@ -61,4 +61,10 @@ class SessionStore {
 // SQLite (WAL, synchronous=FULL) in `path`; the file is created if missing.
 absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string& path);
 
+// Redis at host:port (redis_store.cc); Unavailable when it cannot connect.
+absl::StatusOr<std::unique_ptr<SessionStore>> OpenRedisStore(const std::string& host, int port);
+
+// "redis://HOST:PORT" or "sqlite://PATH" (also a bare path: SQLite).
+absl::StatusOr<std::unique_ptr<SessionStore>> OpenStore(const std::string& url);
+
 }  // namespace recall::coordinator

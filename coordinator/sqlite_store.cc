@@ -2,6 +2,7 @@
 // so an appended message is on disk when Append returns.
 #include <sqlite3.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/status.h"
@@ -223,6 +224,20 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string&
     return absl::DataLossError(absl::StrCat("session store ", path, ": ", msg));
   }
   return std::unique_ptr<SessionStore>(new SqliteStore(db));
+}
+
+absl::StatusOr<std::unique_ptr<SessionStore>> OpenStore(const std::string& url) {
+  const std::string redis = "redis://", sqlite = "sqlite://";
+  if (url.rfind(redis, 0) == 0) {
+    const std::string rest = url.substr(redis.size());
+    const size_t colon = rest.rfind(':');
+    int port = 6379;
+    if (colon != std::string::npos && !absl::SimpleAtoi(rest.substr(colon + 1), &port)) {
+      return absl::InvalidArgumentError(absl::StrCat("--store: bad port in ", url));
+    }
+    return OpenRedisStore(rest.substr(0, colon), port);
+  }
+  return OpenSqliteStore(url.rfind(sqlite, 0) == 0 ? url.substr(sqlite.size()) : url);
 }
 
 }  // namespace recall::coordinator

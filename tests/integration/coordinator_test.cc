@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "recall/v1/chat.grpc.pb.h"
 #include "recall/v1/worker.grpc.pb.h"
+#include "tests/common/redis_server.h"
 #include "tests/common/test_util.h"
 
 namespace recall {
@@ -246,6 +247,62 @@ TEST_F(CoordinatorTest, KeysTenantsAndBadRequestsGetTheirCodes) {
   EXPECT_EQ(created.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   Create("key-b", &created);
   EXPECT_TRUE(created.ok()) << "the limit is per tenant";
+}
+
+TEST(CoordinatorRedisTest, TwoCoordinatorsShareSessionsThroughRedis) {
+  RECALL_REQUIRE_SHARED_FILE(kModel);
+  if (!testing::RedisServer::Available()) GTEST_SKIP() << "redis-server is not installed";
+  const std::string dir = testing::MakeTempDir("coordinator_redis");
+  testing::RedisServer redis;
+  ASSERT_TRUE(redis.Start(dir));
+  ServerProcess worker, a, b;
+  std::string error;
+  ASSERT_TRUE(worker.Start(RECALL_WORKER_BINARY,
+                           {"--model", testing::SharedPath(kModel), "--tokenizer",
+                            testing::SharedPath(kTokenizer), "--listen", "127.0.0.1:0",
+                            "--kv-cache-bytes", "16M", "--threads", "1"},
+                           dir, &error))
+      << error;
+  const std::string w = "127.0.0.1:" + std::to_string(worker.port("grpc"));
+  for (ServerProcess* c : {&a, &b}) {
+    ASSERT_TRUE(c->Start(RECALL_COORDINATOR_BINARY,
+                         {"--workers", w, "--listen", "127.0.0.1:0", "--store", redis.url()}, dir,
+                         &error))
+        << error;
+  }
+  auto stub = [](ServerProcess& c) {
+    return v1::Chat::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(c.port("grpc")),
+                                                 grpc::InsecureChannelCredentials()));
+  };
+  auto sa = stub(a), sb = stub(b);
+  grpc::ClientContext cctx;
+  v1::Session session;
+  ASSERT_TRUE(sa->CreateSession(&cctx, v1::CreateSessionRequest(), &session).ok());
+  auto say = [&](v1::Chat::Stub& s, const std::string& text) {
+    grpc::ClientContext ctx;
+    v1::ConverseRequest req;
+    req.set_session_id(session.session_id());
+    req.set_message(text);
+    req.mutable_sampling()->set_temperature(0);
+    req.mutable_sampling()->set_max_tokens(20);
+    auto reader = s.Converse(&ctx, req);
+    v1::ConverseEvent ev;
+    v1::ConverseDone done;
+    while (reader->Read(&ev)) {
+      if (ev.has_done()) done = ev.done();
+    }
+    EXPECT_TRUE(reader->Finish().ok());
+    return done;
+  };
+  say(*sa, "Once upon a time");
+  const v1::ConverseDone second = say(*sb, "What happened next?");  // the other replica
+  EXPECT_GT(second.usage().cached_tokens(), 0) << "same worker, same cache";
+  grpc::ClientContext gctx;
+  v1::GetSessionRequest get;
+  get.set_session_id(session.session_id());
+  v1::Session stored;
+  ASSERT_TRUE(sa->GetSession(&gctx, get, &stored).ok());
+  EXPECT_EQ(stored.messages_size(), 4);
 }
 
 }  // namespace

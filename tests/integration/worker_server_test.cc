@@ -289,8 +289,9 @@ TEST(WorkerServerPressureTest, PoolExhaustionOffloadsQueuesOrRefusesButNeverCras
   RECALL_REQUIRE_SHARED_FILE(kModel);
   Worker worker;
   std::string error;
-  // 12 blocks of 20 KiB: about two sessions of ~90 tokens resident at a time; one turn
-  // running and one waiting at most.
+  // 240 KiB: 60 blocks of 4 KiB (16 tokens of one layer), room for 12 x 16 tokens in all
+  // 5 layers: about two sessions of ~90 tokens resident at a time; one turn running and one
+  // waiting at most.
   ASSERT_TRUE(worker.Start({"--kv-cache-bytes", "245760", "--max-active", "2", "--max-queued",
                             "1"},
                            &error))
@@ -319,7 +320,11 @@ TEST(WorkerServerPressureTest, PoolExhaustionOffloadsQueuesOrRefusesButNeverCras
   // Idle sessions were offloaded to make room, and the worker still serves.
   const std::string metrics = testing::HttpGet(worker.metrics_port(), "/metrics");
   EXPECT_EQ(metrics.find("recall_worker_offloads_total 0\n"), std::string::npos) << metrics;
-  EXPECT_TRUE(worker.Run(Turn("p0", "and then?", 10, 2)).status.ok());
+  {
+    TurnResult last = worker.Run(Turn("p0", "and then?", 10, 2));
+    EXPECT_TRUE(last.status.ok()) << last.status.error_message() << " | p0 first: "
+                                  << results[0].status.error_message() << " | " << metrics;
+  }
   EXPECT_EQ(worker.Stop(), 0) << "clean exit on SIGTERM";
 }
 

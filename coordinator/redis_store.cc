@@ -1,0 +1,247 @@
+// SessionStore on Redis (several coordinator replicas sharing sessions). Layout:
+//   recall:s:<id>        hash: tenant, model, cache, metadata (JSON), created_ms, worker
+//   recall:m:<id>        list of messages, each a JSON object {"role", "content"}
+//   recall:t:<tenant>    sorted set of the tenant's session ids (score 0: ordered by id)
+// Every check-and-write (create if absent, append at an index, tenant checks) is one Lua
+// script, so replicas cannot interleave. Durability is Redis's: run it with
+// `appendonly yes` and `appendfsync always` for "stored before it is sent to a worker".
+// One connection guarded by a mutex, reconnected after an I/O error.
+#include <hiredis/hiredis.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/status.h"
+#include "coordinator/session_store.h"
+#include "nlohmann/json.hpp"
+
+namespace recall::coordinator {
+namespace {
+
+using Reply = std::unique_ptr<redisReply, decltype(&freeReplyObject)>;
+
+constexpr char kCreate[] = R"lua(
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'tenant', ARGV[1], 'model', ARGV[2], 'cache', ARGV[3],
+           'metadata', ARGV[4], 'created_ms', ARGV[5], 'worker', ARGV[6])
+redis.call('ZADD', KEYS[2], 0, ARGV[7])
+return 1)lua";
+
+// KEYS: session, messages. ARGV: tenant, index, message. -1 not found, -2 wrong index.
+constexpr char kAppend[] = R"lua(
+if redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[1] then return -1 end
+local n = redis.call('LLEN', KEYS[2])
+if n ~= tonumber(ARGV[2]) then return -2 - n end
+redis.call('RPUSH', KEYS[2], ARGV[3])
+return 1)lua";
+
+// KEYS: session, messages, tenant set. ARGV: tenant, id.
+constexpr char kDelete[] = R"lua(
+if redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[1] then return -1 end
+redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('ZREM', KEYS[3], ARGV[2])
+return 1)lua";
+
+// KEYS: session, messages. ARGV: tenant, index.
+constexpr char kTruncate[] = R"lua(
+if redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[1] then return -1 end
+local i = tonumber(ARGV[2])
+if i == 0 then redis.call('DEL', KEYS[2]) else redis.call('LTRIM', KEYS[2], 0, i - 1) end
+return 1)lua";
+
+// KEYS: session. ARGV: tenant, worker.
+constexpr char kBind[] = R"lua(
+if redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[1] then return -1 end
+redis.call('HSET', KEYS[1], 'worker', ARGV[2])
+return 1)lua";
+
+std::string SessionKey(const std::string& id) { return "recall:s:" + id; }
+std::string MessagesKey(const std::string& id) { return "recall:m:" + id; }
+std::string TenantKey(const std::string& t) { return "recall:t:" + t; }
+
+absl::Status NotFound(const std::string& id) {
+  return absl::NotFoundError(absl::StrCat("session_id: no session \"", id, "\""));
+}
+
+class RedisStore final : public SessionStore {
+ public:
+  RedisStore(std::string host, int port) : host_(std::move(host)), port_(port) {}
+  ~RedisStore() override {
+    if (ctx_ != nullptr) redisFree(ctx_);
+  }
+
+  absl::Status Connect() {
+    absl::MutexLock lock(&mu_);
+    return EnsureConnected();
+  }
+
+  absl::Status Create(const SessionRecord& r) override {
+    nlohmann::json meta = r.metadata;
+    absl::MutexLock lock(&mu_);
+    RECALL_ASSIGN_OR_RETURN(
+        Reply rep, Command({"EVAL", kCreate, "2", SessionKey(r.id), TenantKey(r.tenant), r.tenant,
+                            r.model, r.cache_settings, meta.dump(),
+                            std::to_string(r.created_unix_ms), r.worker, r.id}));
+    if (rep->integer == 0) {
+      return absl::AlreadyExistsError(absl::StrCat("session_id: \"", r.id, "\" exists"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<SessionRecord> Get(const std::string& tenant, const std::string& id) override {
+    absl::MutexLock lock(&mu_);
+    SessionRecord r;
+    absl::Status st = LoadHeader(tenant, id, &r);
+    if (!st.ok()) return st;
+    RECALL_ASSIGN_OR_RETURN(Reply rep, Command({"LRANGE", MessagesKey(id), "0", "-1"}));
+    for (size_t i = 0; i < rep->elements; ++i) {
+      const nlohmann::json m =
+          nlohmann::json::parse(std::string(rep->element[i]->str, rep->element[i]->len));
+      r.messages.push_back({m.at("role").get<std::string>(), m.at("content").get<std::string>()});
+    }
+    r.message_count = static_cast<int>(r.messages.size());
+    return r;
+  }
+
+  absl::StatusOr<std::vector<SessionRecord>> List(const std::string& tenant,
+                                                  const std::string& after, int limit) override {
+    absl::MutexLock lock(&mu_);
+    RECALL_ASSIGN_OR_RETURN(
+        Reply ids, Command({"ZRANGEBYLEX", TenantKey(tenant), after.empty() ? "-" : "(" + after,
+                            "+", "LIMIT", "0", std::to_string(limit)}));
+    std::vector<SessionRecord> out;
+    for (size_t i = 0; i < ids->elements; ++i) {
+      SessionRecord r;
+      const std::string id(ids->element[i]->str, ids->element[i]->len);
+      if (LoadHeader(tenant, id, &r).ok()) out.push_back(std::move(r));
+    }
+    return out;
+  }
+
+  absl::Status Delete(const std::string& tenant, const std::string& id) override {
+    absl::MutexLock lock(&mu_);
+    RECALL_ASSIGN_OR_RETURN(Reply rep, Command({"EVAL", kDelete, "3", SessionKey(id),
+                                                      MessagesKey(id), TenantKey(tenant), tenant,
+                                                      id}));
+    return rep->integer < 0 ? NotFound(id) : absl::OkStatus();
+  }
+
+  absl::Status Append(const std::string& tenant, const std::string& id, int index,
+                      const StoredMessage& message) override {
+    const nlohmann::json m = {{"role", message.role}, {"content", message.content}};
+    absl::MutexLock lock(&mu_);
+    RECALL_ASSIGN_OR_RETURN(
+        Reply rep, Command({"EVAL", kAppend, "2", SessionKey(id), MessagesKey(id), tenant,
+                            std::to_string(index), m.dump()}));
+    if (rep->integer == -1) return NotFound(id);
+    if (rep->integer < -1) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "session \"", id, "\" has ", -2 - rep->integer, " messages, not ", index,
+          ": another turn changed it"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Truncate(const std::string& tenant, const std::string& id, int index) override {
+    absl::MutexLock lock(&mu_);
+    RECALL_ASSIGN_OR_RETURN(Reply rep, Command({"EVAL", kTruncate, "2", SessionKey(id),
+                                                      MessagesKey(id), tenant,
+                                                      std::to_string(index)}));
+    return rep->integer < 0 ? NotFound(id) : absl::OkStatus();
+  }
+
+  absl::Status Bind(const std::string& tenant, const std::string& id,
+                    const std::string& worker) override {
+    absl::MutexLock lock(&mu_);
+    RECALL_ASSIGN_OR_RETURN(
+        Reply rep, Command({"EVAL", kBind, "1", SessionKey(id), tenant, worker}));
+    return rep->integer < 0 ? NotFound(id) : absl::OkStatus();
+  }
+
+  absl::StatusOr<int> CountSessions(const std::string& tenant) override {
+    absl::MutexLock lock(&mu_);
+    RECALL_ASSIGN_OR_RETURN(Reply rep, Command({"ZCARD", TenantKey(tenant)}));
+    return static_cast<int>(rep->integer);
+  }
+
+ private:
+  absl::Status EnsureConnected() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (ctx_ != nullptr && ctx_->err == 0) return absl::OkStatus();
+    if (ctx_ != nullptr) redisFree(ctx_);
+    timeval timeout{5, 0};
+    ctx_ = redisConnectWithTimeout(host_.c_str(), port_, timeout);
+    if (ctx_ == nullptr || ctx_->err != 0) {
+      const std::string err = ctx_ ? ctx_->errstr : "out of memory";
+      return absl::UnavailableError(absl::StrCat("session store redis://", host_, ":", port_,
+                                                 ": ", err, " (retryable)"));
+    }
+    redisSetTimeout(ctx_, timeout);
+    return absl::OkStatus();
+  }
+
+  // Runs one command (binary-safe arguments); errors as Unavailable (retryable).
+  absl::StatusOr<Reply> Command(const std::vector<std::string>& args)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    absl::Status st = EnsureConnected();
+    if (!st.ok()) return st;
+    std::vector<const char*> argv;
+    std::vector<size_t> lens;
+    for (const std::string& a : args) {
+      argv.push_back(a.data());
+      lens.push_back(a.size());
+    }
+    Reply rep(static_cast<redisReply*>(redisCommandArgv(ctx_, static_cast<int>(argv.size()),
+                                                        argv.data(), lens.data())),
+              freeReplyObject);
+    if (rep == nullptr) {
+      return absl::UnavailableError(
+          absl::StrCat("session store redis: ", ctx_->errstr, " (retryable)"));
+    }
+    if (rep->type == REDIS_REPLY_ERROR) {
+      return absl::InternalError(absl::StrCat("session store redis: ", rep->str));
+    }
+    return rep;
+  }
+
+  absl::Status LoadHeader(const std::string& tenant, const std::string& id, SessionRecord* r)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    RECALL_ASSIGN_OR_RETURN(
+        Reply rep, Command({"HMGET", SessionKey(id), "tenant", "model", "cache", "metadata",
+                            "created_ms", "worker"}));
+    auto field = [&](int i) {
+      const redisReply* e = rep->element[i];
+      return e->type == REDIS_REPLY_STRING ? std::string(e->str, e->len) : std::string();
+    };
+    if (rep->elements != 6 || rep->element[0]->type != REDIS_REPLY_STRING || field(0) != tenant) {
+      return NotFound(id);
+    }
+    r->id = id;
+    r->tenant = tenant;
+    r->model = field(1);
+    r->cache_settings = field(2);
+    r->metadata = nlohmann::json::parse(field(3)).get<std::map<std::string, std::string>>();
+    int64_t created = 0;
+    (void)absl::SimpleAtoi(field(4), &created);
+    r->created_unix_ms = created;
+    r->worker = field(5);
+    RECALL_ASSIGN_OR_RETURN(Reply len, Command({"LLEN", MessagesKey(id)}));
+    r->message_count = static_cast<int>(len->integer);
+    return absl::OkStatus();
+  }
+
+  const std::string host_;
+  const int port_;
+  absl::Mutex mu_;
+  redisContext* ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SessionStore>> OpenRedisStore(const std::string& host, int port) {
+  auto store = std::make_unique<RedisStore>(host, port);
+  absl::Status st = store->Connect();
+  if (!st.ok()) return st;
+  return std::unique_ptr<SessionStore>(std::move(store));
+}
+
+}  // namespace recall::coordinator
