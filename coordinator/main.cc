@@ -13,12 +13,13 @@
 namespace recall::coordinator {
 namespace {
 
-constexpr char kUsage[] = R"(usage: recall-coordinator --workers HOST:PORT[,HOST:PORT...] [options]
+constexpr char kUsage[] = R"(usage: recall-coordinator [--workers HOST:PORT[,HOST:PORT...]] [options]
 
 Serves recall.v1.Chat (sessions, Converse, Generate, ListModels) and grpc.health.v1, routes
 each session to a worker, stores transcripts in SQLite and fails turns over when a worker dies.
 
-  --workers LIST          worker addresses, comma separated
+  --workers LIST          worker addresses, comma separated (workers started with
+                          --coordinator register themselves as well)
   --listen HOST:PORT      gRPC address (default 127.0.0.1:50050; port 0 picks one)
   --data-dir DIR          where sessions.db lives (default .)
   --store URL             redis://HOST:PORT to share sessions between coordinator replicas
@@ -47,7 +48,7 @@ absl::Status Run(const std::vector<std::string>& argv) {
   for (absl::string_view w : absl::StrSplit(args.GetString("workers"), ',', absl::SkipEmpty())) {
     c.workers.emplace_back(w);
   }
-  if (c.workers.empty()) return absl::InvalidArgumentError("--workers: give at least one");
+  // Workers may also register themselves (recall-worker --coordinator).
   c.data_dir = args.GetString("data-dir", ".");
   c.store_url = args.GetString("store");
   c.api_keys_path = args.GetString("api-keys");

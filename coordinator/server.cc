@@ -19,11 +19,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   RECALL_ASSIGN_OR_RETURN(s->store_, OpenStore(config.store_url.empty()
                                                    ? config.data_dir + "/sessions.db"
                                                    : config.store_url));
-  ApiKeys keys = ApiKeys::Open();
   if (!config.api_keys_path.empty()) {
-    RECALL_ASSIGN_OR_RETURN(keys, ApiKeys::Load(config.api_keys_path));
+    RECALL_ASSIGN_OR_RETURN(s->keys_, ApiKeys::Load(config.api_keys_path));
   }
-  s->registry_ = std::make_unique<WorkerRegistry>();
+  s->registry_ = std::make_unique<WorkerRegistry>(&s->metrics_);
   for (const std::string& w : config.workers) s->registry_->Add(w);
   metrics::Registry& m = s->metrics_;
   WorkerRegistry* reg = s->registry_.get();
@@ -32,12 +31,14 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     for (const WorkerView& w : reg->Snapshot()) n += w.healthy ? 1 : 0;
     return n;
   });
-  s->service_ = std::make_unique<ChatService>(*s->store_, *s->registry_, std::move(keys),
+  s->service_ = std::make_unique<ChatService>(*s->store_, *s->registry_, s->keys_,
                                               config.options, s->metrics_);
+  s->registry_service_ = std::make_unique<RegistryService>(*s->registry_, s->keys_);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(), &s->port_);
   builder.RegisterService(s->service_.get());
+  builder.RegisterService(s->registry_service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.options.max_message_bytes) + 4096);
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "common/metrics/http_server.h"
 #include "coordinator/chat_service.h"
+#include "coordinator/registry_service.h"
 #include "grpcpp/grpcpp.h"
 
 namespace recall::coordinator {
@@ -42,7 +43,9 @@ class CoordinatorServer {
   metrics::Registry metrics_;
   std::unique_ptr<SessionStore> store_;
   std::unique_ptr<WorkerRegistry> registry_;
+  ApiKeys keys_ = ApiKeys::Open();
   std::unique_ptr<ChatService> service_;
+  std::unique_ptr<RegistryService> registry_service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<metrics::HttpServer> http_;
   int port_ = 0;

@@ -4,8 +4,10 @@
 
 namespace recall::coordinator {
 
-WorkerRegistry::WorkerRegistry(absl::Duration heartbeat, int max_misses)
-    : heartbeat_(heartbeat), max_misses_(max_misses), thread_([this] { Loop(); }) {}
+WorkerRegistry::WorkerRegistry(metrics::Registry* metrics, absl::Duration heartbeat,
+                               int max_misses)
+    : metrics_(metrics), heartbeat_(heartbeat), max_misses_(max_misses),
+      thread_([this] { Loop(); }) {}
 
 WorkerRegistry::~WorkerRegistry() {
   {
@@ -26,6 +28,27 @@ void WorkerRegistry::Add(const std::string& address) {
     e.view.stub = v1::Worker::NewStub(
         grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
     workers_.push_back(std::move(e));
+  }
+  if (metrics_ != nullptr) {
+    const std::string label = "worker=\"" + address + "\"";
+    auto gauge = [&](const char* name, const char* help, auto read) {
+      metrics_->AddCallbackGauge(name, help, [this, address, read] {
+        for (const WorkerView& w : Snapshot()) {
+          if (w.address == address) return static_cast<double>(read(w));
+        }
+        return 0.0;
+      }, label);
+    };
+    gauge("recall_coordinator_worker_up", "1 while the worker answers heartbeats",
+          [](const WorkerView& w) { return w.healthy ? 1 : 0; });
+    gauge("recall_coordinator_worker_sessions", "Session caches the worker holds",
+          [](const WorkerView& w) {
+            return w.load.resident_sessions() + w.load.offloaded_sessions();
+          });
+    gauge("recall_coordinator_worker_kv_blocks_free", "Free KV blocks on the worker",
+          [](const WorkerView& w) { return w.load.kv_blocks_free(); });
+    gauge("recall_coordinator_worker_turns", "Active + queued turns on the worker",
+          [](const WorkerView& w) { return w.load.active_turns() + w.load.queued_turns(); });
   }
   PollAll();
 }

@@ -1,7 +1,7 @@
 // WorkerRegistry: the workers a coordinator routes to, and their health and load.
 //
-// Workers are given by address (--workers) or added later with Add (a worker's
-// registration). A background thread calls each worker's GetLoad every `heartbeat`; that
+// Workers are given by address (--workers) or added later with Add (a worker registering
+// itself through recall.v1.Registry, see registry_service.h). A background thread calls each worker's GetLoad every `heartbeat`; that
 // call is the heartbeat: a worker that misses `max_misses` in a row is marked down (no
 // turns go to it) and comes back when it answers again. Drain(address) keeps a worker
 // serving its bound sessions' running turns but routes no new sessions to it.
@@ -15,6 +15,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/metrics/registry.h"
 #include "grpcpp/grpcpp.h"
 #include "recall/v1/worker.grpc.pb.h"
 
@@ -31,7 +32,10 @@ struct WorkerView {
 
 class WorkerRegistry {
  public:
-  WorkerRegistry(absl::Duration heartbeat = absl::Milliseconds(500), int max_misses = 3);
+  // With `metrics`, each worker gets gauges (up, sessions, free KV blocks, active and
+  // queued turns) labelled worker="<address>".
+  explicit WorkerRegistry(metrics::Registry* metrics = nullptr,
+                          absl::Duration heartbeat = absl::Milliseconds(500), int max_misses = 3);
   ~WorkerRegistry();
 
   void Add(const std::string& address);
@@ -51,6 +55,7 @@ class WorkerRegistry {
   };
   void Loop();
 
+  metrics::Registry* const metrics_;
   const absl::Duration heartbeat_;
   const int max_misses_;
   mutable absl::Mutex mu_;

@@ -305,5 +305,50 @@ TEST(CoordinatorRedisTest, TwoCoordinatorsShareSessionsThroughRedis) {
   EXPECT_EQ(stored.messages_size(), 4);
 }
 
+TEST(CoordinatorRegistrationTest, AWorkerRegistersItselfAndServes) {
+  RECALL_REQUIRE_SHARED_FILE(kModel);
+  const std::string dir = testing::MakeTempDir("coordinator_register");
+  ServerProcess coordinator, worker;
+  std::string error;
+  ASSERT_TRUE(coordinator.Start(RECALL_COORDINATOR_BINARY,
+                                {"--listen", "127.0.0.1:0", "--data-dir", dir}, dir, &error))
+      << error;
+  const std::string address = "127.0.0.1:" + std::to_string(coordinator.port("grpc"));
+  ASSERT_TRUE(worker.Start(RECALL_WORKER_BINARY,
+                           {"--model", testing::SharedPath(kModel), "--tokenizer",
+                            testing::SharedPath(kTokenizer), "--listen", "127.0.0.1:0",
+                            "--kv-cache-bytes", "16M", "--threads", "1", "--coordinator",
+                            address},
+                           dir, &error))
+      << error;
+  auto stub = v1::Chat::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  v1::ListModelsResponse models;
+  for (int i = 0; i < 100; ++i) {
+    grpc::ClientContext ctx;
+    models.Clear();
+    ASSERT_TRUE(stub->ListModels(&ctx, v1::ListModelsRequest(), &models).ok());
+    if (models.models_size() == 1 && models.models(0).workers() == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(models.models_size(), 1);
+  EXPECT_EQ(models.models(0).name(), "stories260K.bin");
+  EXPECT_EQ(models.models(0).context_length(), 512);
+  grpc::ClientContext cctx;
+  v1::Session session;
+  ASSERT_TRUE(stub->CreateSession(&cctx, v1::CreateSessionRequest(), &session).ok());
+  EXPECT_EQ(session.model(), "stories260K.bin");
+  grpc::ClientContext ctx;
+  v1::ConverseRequest req;
+  req.set_session_id(session.session_id());
+  req.set_message("Once upon a time");
+  req.mutable_sampling()->set_max_tokens(10);
+  auto reader = stub->Converse(&ctx, req);
+  v1::ConverseEvent ev;
+  int events = 0;
+  while (reader->Read(&ev)) ++events;
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_GT(events, 1);
+}
+
 }  // namespace
 }  // namespace recall

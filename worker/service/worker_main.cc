@@ -22,6 +22,8 @@
 #include "worker/model/chat_stops.h"
 #include "worker/model/load_from_flags.h"
 #include "worker/service/worker_service.h"
+#include "recall/v1/registry.grpc.pb.h"
+#include <thread>
 
 namespace recall::service {
 namespace {
@@ -41,6 +43,11 @@ serving:
   --listen HOST:PORT      gRPC address (default 127.0.0.1:50051; port 0 picks a free one)
   --metrics-port N        Prometheus /metrics on HOST:N (default: off; 0 picks a free one)
   --port-file PATH        write "grpc=PORT metrics=PORT" here once listening
+  --coordinator HOST:PORT register with this coordinator (every 5 s, so a restarted
+                          coordinator finds this worker again)
+  --advertise HOST:PORT   the address the coordinator dials (default: --listen's host and
+                          the bound port)
+  --api-key KEY           for --coordinator when it checks keys
   --threads N             CPU threads for the model (default: all cores)
 memory:
   --kv-cache-bytes SIZE   KV pool size, e.g. 512M or 2GiB (default: --kv-cache-fraction)
@@ -62,6 +69,53 @@ session cache defaults (a turn's CacheSettings override them):
   --alpha A               LazyEviction threshold (default 1e-4)
 )";
 
+// Registers with a coordinator now and every 5 s until destroyed (recall.v1.Registry).
+class Registration {
+ public:
+  Registration(const std::string& coordinator, const std::string& advertise, std::string key)
+      : stub_(v1::Registry::NewStub(
+            grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials()))),
+        key_(std::move(key)),
+        thread_([this, coordinator, advertise] {
+          bool reported = false;
+          absl::MutexLock lock(&mu_);
+          while (!stop_) {
+            grpc::ClientContext ctx;
+            ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+            if (!key_.empty()) ctx.AddMetadata("authorization", "Bearer " + key_);
+            v1::RegisterRequest req;
+            req.set_address(advertise);
+            v1::RegisterResponse resp;
+            mu_.Unlock();
+            const grpc::Status st = stub_->Register(&ctx, req, &resp);
+            mu_.Lock();
+            if (st.ok() != reported) {
+              std::fprintf(stderr, "recall-worker: %s with coordinator %s as %s%s%s\n",
+                           st.ok() ? "registered" : "cannot register", coordinator.c_str(),
+                           advertise.c_str(), st.ok() ? "" : ": ",
+                           st.ok() ? "" : st.error_message().c_str());
+              reported = st.ok();
+            }
+            auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
+            mu_.AwaitWithTimeout(absl::Condition(&stopping), absl::Seconds(5));
+          }
+        }) {}
+  ~Registration() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+  }
+
+ private:
+  std::unique_ptr<v1::Registry::Stub> stub_;
+  const std::string key_;
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
 // The available physical memory from /proc/meminfo (0 if unknown).
 int64_t AvailableMemoryBytes() {
   std::ifstream in("/proc/meminfo");
@@ -82,7 +136,7 @@ absl::Status Run(const std::vector<std::string>& argv) {
                    "port-file", "threads", "kv-cache-bytes", "kv-cache-fraction",
                    "host-cache-bytes", "max-batch-tokens", "prefill-chunk", "max-active",
                    "max-queued", "max-tokens-limit", "policy", "budget", "budget-frac", "window",
-                   "alpha"},
+                   "alpha", "coordinator", "advertise", "api-key"},
                   {"random-weights", "no-batch-invariant", "help"}));
   if (args.Has("help")) {
     std::cout << kUsage;
@@ -136,11 +190,12 @@ absl::Status Run(const std::vector<std::string>& argv) {
   if (args.Has("kv-cache-bytes")) {
     RECALL_ASSIGN_OR_RETURN(kv_bytes, args.GetBytes("kv-cache-bytes", 0, 1));
   }
+  // A block holds block_tokens slots of one layer: a token needs a block in every layer.
   const int64_t block_bytes = layout.BlockFloats() * static_cast<int64_t>(sizeof(float));
-  if (kv_bytes < block_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("--kv-cache-bytes: ", kv_bytes,
-                                                   " bytes is less than one KV block (",
-                                                   block_bytes, " bytes)"));
+  if (kv_bytes < block_bytes * layout.n_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv-cache-bytes: ", kv_bytes, " bytes is less than one KV block per layer (",
+        layout.n_layers, " x ", block_bytes, " bytes)"));
   }
   RECALL_ASSIGN_OR_RETURN(std::unique_ptr<cache::BlockPool> pool,
                           cache::BlockPool::CreateWithBytes(layout, kv_bytes));
@@ -200,8 +255,18 @@ absl::Status Run(const std::vector<std::string>& argv) {
     std::rename(tmp.c_str(), path.c_str());  // readers never see a partial file
   }
 
+  std::unique_ptr<Registration> registration;
+  if (args.Has("coordinator")) {
+    const std::string advertise =
+        args.GetString("advertise", absl::StrCat(listen.substr(0, listen.find_last_of(':')), ":",
+                                                 port));
+    registration = std::make_unique<Registration>(args.GetString("coordinator"), advertise,
+                                                  args.GetString("api-key"));
+  }
+
   int sig = 0;
   sigwait(&signals, &sig);
+  registration.reset();
   std::fprintf(stderr, "recall-worker: signal %d, shutting down\n", sig);
   server->GetHealthCheckService()->SetServingStatus(false);
   scheduler->AbortAll();
