@@ -26,6 +26,8 @@ each session to a worker, stores transcripts in SQLite and fails turns over when
                           (run Redis with appendonly yes, appendfsync always); default SQLite
   --api-keys FILE         "<key> <tenant>" per line; without it every caller is tenant "default"
   --metrics-port N        Prometheus /metrics (default off; 0 picks a free port)
+  --tls-cert FILE, --tls-key FILE   serve TLS (PEM)
+  --tls-client-ca FILE    require client certificates signed by this CA (mTLS)
   --port-file PATH        write "grpc=PORT metrics=PORT" once listening
   --max-message-bytes N   user message / system prompt limit (default 262144)
   --max-turns N           exchanges per session (default 10000)
@@ -36,7 +38,7 @@ absl::Status Run(const std::vector<std::string>& argv) {
   RECALL_ASSIGN_OR_RETURN(
       const Args args,
       Args::Parse(argv,
-                  {"workers", "listen", "data-dir", "store", "api-keys", "metrics-port", "port-file",
+                  {"workers", "listen", "data-dir", "store", "api-keys", "tls-cert", "tls-key", "tls-client-ca", "metrics-port", "port-file",
                    "max-message-bytes", "max-turns", "max-sessions"},
                   {"help"}));
   if (args.Has("help")) {
@@ -51,6 +53,15 @@ absl::Status Run(const std::vector<std::string>& argv) {
   // Workers may also register themselves (recall-worker --coordinator).
   c.data_dir = args.GetString("data-dir", ".");
   c.store_url = args.GetString("store");
+  c.tls_cert = args.GetString("tls-cert");
+  c.tls_key = args.GetString("tls-key");
+  c.tls_client_ca = args.GetString("tls-client-ca");
+  if (c.tls_cert.empty() != c.tls_key.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
+  }
+  if (!c.tls_client_ca.empty() && c.tls_cert.empty()) {
+    return absl::InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key");
+  }
   c.api_keys_path = args.GetString("api-keys");
   if (args.Has("metrics-port")) {
     RECALL_ASSIGN_OR_RETURN(const int64_t p, args.GetInt("metrics-port", 0, 0, 65535));

@@ -1,6 +1,8 @@
 #include "coordinator/server.h"
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -34,9 +36,30 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   s->service_ = std::make_unique<ChatService>(*s->store_, *s->registry_, s->keys_,
                                               config.options, s->metrics_);
   s->registry_service_ = std::make_unique<RegistryService>(*s->registry_, s->keys_);
+  std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
+  if (!config.tls_cert.empty() || !config.tls_key.empty()) {
+    auto read = [](const std::string& flag, const std::string& path) -> absl::StatusOr<std::string> {
+      std::ifstream in(path, std::ios::binary);
+      if (!in) return absl::NotFoundError(absl::StrCat("--", flag, ": cannot read ", path));
+      std::stringstream ss;
+      ss << in.rdbuf();
+      return ss.str();
+    };
+    grpc::SslServerCredentialsOptions ssl(
+        config.tls_client_ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                                     : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+    RECALL_ASSIGN_OR_RETURN(pair.private_key, read("tls-key", config.tls_key));
+    RECALL_ASSIGN_OR_RETURN(pair.cert_chain, read("tls-cert", config.tls_cert));
+    ssl.pem_key_cert_pairs.push_back(pair);
+    if (!config.tls_client_ca.empty()) {
+      RECALL_ASSIGN_OR_RETURN(ssl.pem_root_certs, read("tls-client-ca", config.tls_client_ca));
+    }
+    creds = grpc::SslServerCredentials(ssl);
+  }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(), &s->port_);
+  builder.AddListeningPort(config.listen, creds, &s->port_);
   builder.RegisterService(s->service_.get());
   builder.RegisterService(s->registry_service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.options.max_message_bytes) + 4096);

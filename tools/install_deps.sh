@@ -8,7 +8,7 @@ PACKAGES=(
   libabsl-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libgtest-dev libgmock-dev libbenchmark-dev
   libsentencepiece-dev libopenblas-dev nlohmann-json3-dev libpcre2-dev
-  libsqlite3-dev libhiredis-dev redis-server
+  libsqlite3-dev libhiredis-dev redis-server openssl
   gnuplot-nox
 )
 

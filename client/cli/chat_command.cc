@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "client/sdk/client.h"
@@ -19,6 +21,8 @@ user message per line from standard input and prints each reply as it streams.
 
   --server HOST:PORT    the coordinator (default 127.0.0.1:50050)
   --api-key KEY         sent as "authorization: Bearer KEY"
+  --tls-ca FILE         connect with TLS, trusting this CA (PEM)
+  --tls-cert FILE, --tls-key FILE   client certificate for mTLS
   --session ID          continue an existing session instead of starting one
   --system TEXT         system prompt of a new session
   --max-tokens N        per reply (default 256)
@@ -31,12 +35,29 @@ commands (a line starting with /):
 )";
 
 constexpr char kSessionsUsage[] = R"(usage: recall sessions list|show ID|delete ID --server HOST:PORT [--api-key KEY]
+                       [--tls-ca FILE [--tls-cert FILE --tls-key FILE]]
 )";
+
+absl::StatusOr<std::string> ReadPem(const Args& args, const std::string& flag) {
+  if (!args.Has(flag)) return std::string();
+  std::ifstream in(args.GetString(flag), std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("--", flag, ": cannot read ", args.GetString(flag)));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
 
 absl::StatusOr<std::unique_ptr<Client>> ConnectFromArgs(const Args& args) {
   ClientOptions o;
   o.address = args.GetString("server", "127.0.0.1:50050");
   o.api_key = args.GetString("api-key");
+  if (args.Has("tls-ca") || args.Has("tls-cert")) {
+    grpc::SslCredentialsOptions ssl;
+    RECALL_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem(args, "tls-ca"));
+    RECALL_ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadPem(args, "tls-cert"));
+    RECALL_ASSIGN_OR_RETURN(ssl.pem_private_key, ReadPem(args, "tls-key"));
+    o.credentials = grpc::SslCredentials(ssl);
+  }
   return Client::Connect(o);
 }
 
@@ -148,7 +169,7 @@ int Report(const char* name, const absl::Status& st, const char* usage) {
 int RunChat(const std::vector<std::string>& argv) {
   absl::StatusOr<Args> args = Args::Parse(
       argv,
-      {"server", "api-key", "session", "system", "max-tokens", "temperature", "seed", "policy",
+      {"server", "api-key", "tls-ca", "tls-cert", "tls-key", "session", "system", "max-tokens", "temperature", "seed", "policy",
        "budget-frac", "window"},
       {"help"});
   if (!args.ok()) return Report("chat", args.status(), kChatUsage);
@@ -160,7 +181,7 @@ int RunChat(const std::vector<std::string>& argv) {
 }
 
 int RunSessions(const std::vector<std::string>& argv) {
-  absl::StatusOr<Args> args = Args::Parse(argv, {"server", "api-key"}, {"help"});
+  absl::StatusOr<Args> args = Args::Parse(argv, {"server", "api-key", "tls-ca", "tls-cert", "tls-key"}, {"help"});
   if (!args.ok()) return Report("sessions", args.status(), kSessionsUsage);
   if (args->Has("help")) {
     std::cout << kSessionsUsage;

@@ -1,0 +1,97 @@
+// recall-coordinator over TLS and mTLS, with certificates made by openssl for the test: a
+// client that trusts the CA gets through; a plaintext client, a client that does not trust
+// the CA, or (under mTLS) a client without a certificate does not.
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "common/subprocess.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "recall/v1/chat.grpc.pb.h"
+#include "tests/common/test_util.h"
+
+namespace recall {
+namespace {
+
+std::string Read(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class CoordinatorTlsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (std::system("command -v openssl > /dev/null") != 0) GTEST_SKIP() << "no openssl";
+    dir_ = testing::MakeTempDir("tls");
+    // A CA, a server certificate for localhost, a client certificate, all signed by the CA.
+    const std::string script =
+        "cd " + dir_ + " && "
+        "openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 "
+        "  -subj /CN=recall-test-ca 2>/dev/null && "
+        "openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr "
+        "  -subj /CN=localhost 2>/dev/null && "
+        "printf 'subjectAltName=DNS:localhost' > san.ext && "
+        "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+        "  -out server.pem -days 2 -extfile san.ext 2>/dev/null && "
+        "openssl req -newkey rsa:2048 -nodes -keyout client.key -out client.csr "
+        "  -subj /CN=client 2>/dev/null && "
+        "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+        "  -out client.pem -days 2 2>/dev/null && "
+        "openssl req -x509 -newkey rsa:2048 -nodes -keyout other.key -out other.pem -days 2 "
+        "  -subj /CN=other-ca 2>/dev/null";
+    ASSERT_EQ(std::system(script.c_str()), 0) << "openssl failed";
+  }
+
+  void StartCoordinator(bool mtls) {
+    std::vector<std::string> args = {"--listen", "127.0.0.1:0", "--data-dir", dir_,
+                                     "--tls-cert", dir_ + "/server.pem", "--tls-key",
+                                     dir_ + "/server.key"};
+    if (mtls) {
+      args.push_back("--tls-client-ca");
+      args.push_back(dir_ + "/ca.pem");
+    }
+    std::string error;
+    ASSERT_TRUE(coordinator_.Start(RECALL_COORDINATOR_BINARY, args, dir_, &error)) << error;
+  }
+
+  grpc::Status ListModels(std::shared_ptr<grpc::ChannelCredentials> creds) {
+    auto stub = v1::Chat::NewStub(grpc::CreateChannel(
+        "localhost:" + std::to_string(coordinator_.port("grpc")), creds));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::ListModelsResponse resp;
+    return stub->ListModels(&ctx, v1::ListModelsRequest(), &resp);
+  }
+
+  std::shared_ptr<grpc::ChannelCredentials> Tls(const std::string& ca, bool with_cert) {
+    grpc::SslCredentialsOptions o;
+    o.pem_root_certs = Read(dir_ + "/" + ca);
+    if (with_cert) {
+      o.pem_cert_chain = Read(dir_ + "/client.pem");
+      o.pem_private_key = Read(dir_ + "/client.key");
+    }
+    return grpc::SslCredentials(o);
+  }
+
+  std::string dir_;
+  ServerProcess coordinator_;
+};
+
+TEST_F(CoordinatorTlsTest, TlsAcceptsClientsThatTrustTheCaOnly) {
+  StartCoordinator(/*mtls=*/false);
+  EXPECT_TRUE(ListModels(Tls("ca.pem", false)).ok());
+  EXPECT_FALSE(ListModels(grpc::InsecureChannelCredentials()).ok());
+  EXPECT_FALSE(ListModels(Tls("other.pem", false)).ok());
+}
+
+TEST_F(CoordinatorTlsTest, MutualTlsRequiresAClientCertificate) {
+  StartCoordinator(/*mtls=*/true);
+  EXPECT_TRUE(ListModels(Tls("ca.pem", true)).ok());
+  EXPECT_FALSE(ListModels(Tls("ca.pem", false)).ok());
+}
+
+}  // namespace
+}  // namespace recall
