@@ -71,7 +71,7 @@ void RunPolicyOverhead(const model::Model& model, kernels::Backend& backend,
                        const PolicyOverheadOptions& o) {
   const model::ModelConfig& c = model.config;
   auto pool = cache::BlockPool::Create({c.n_layers, c.n_kv_heads, c.head_dim, 16},
-                                       (o.prompt + o.steps + o.window) / 16 + 4);
+                                       c.n_layers * ((o.prompt + o.steps + o.window) / 16 + 4));
   if (!pool.ok()) {
     std::printf("policy overhead: %s\n", std::string(pool.status().message()).c_str());
     return;

@@ -63,7 +63,7 @@ Result RunModel(const model::Model& model, kernels::Backend& backend, const Flag
   const model::ModelConfig& c = model.config;
   const kernels::PagedKvLayout layout{c.n_layers, c.n_kv_heads, c.head_dim, 16};
   const int per_seq_blocks = (f.prompt + f.steps + 15) / 16 + 1;
-  auto pool = cache::BlockPool::Create(layout, 8 * per_seq_blocks + 8);
+  auto pool = cache::BlockPool::Create(layout, c.n_layers * (8 * per_seq_blocks + 8));
   if (!pool.ok()) {
     std::fprintf(stderr, "%s\n", std::string(pool.status().message()).c_str());
     std::exit(1);

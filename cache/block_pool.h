@@ -1,10 +1,11 @@
 // BlockPool: the paged KV store of one device (or one tensor-parallel rank).
 //
 // One allocation is carved into `num_blocks` fixed-size blocks; a block holds
-// `layout.block_tokens` token slots for every layer and every KV head of this rank, K and V
-// (see kernels::PagedKvLayout for the layout inside a block). Sequences hold block ids;
-// freeing returns a block to the pool at once, so the memory a sequence gives back is
-// exactly measurable.
+// `layout.block_tokens` token slots of one layer, for every KV head of this rank, K and V
+// (see kernels::PagedKvLayout for the layout inside a block). A sequence holds a block table
+// per layer, so room for `t` tokens in every layer takes n_layers * ceil(t / block_tokens)
+// blocks: size pools in bytes, or multiply block counts by n_layers. Freeing returns a block
+// to the pool at once, so the memory a sequence gives back is exactly measurable.
 //
 // Thread safety: Allocate/Free/counters are guarded by a mutex; the block memory itself is
 // written by whoever owns the block.

@@ -13,8 +13,13 @@ SequenceCache::SequenceCache(BlockPool* pool)
       n_layers_(pool->layout().n_layers),
       n_kv_heads_(pool->layout().n_kv_heads),
       block_tokens_(pool->layout().block_tokens),
+      tables_(static_cast<size_t>(n_layers_)),
+      table_ptrs_(static_cast<size_t>(n_layers_), nullptr),
+      counts_(static_cast<size_t>(n_layers_), 0),
+      target_(static_cast<size_t>(n_layers_), 0),
       lengths_(static_cast<size_t>(n_layers_) * n_kv_heads_, 0),
-      positions_(static_cast<size_t>(n_layers_) * n_kv_heads_) {}
+      positions_(static_cast<size_t>(n_layers_) * n_kv_heads_),
+      offloaded_counts_(static_cast<size_t>(n_layers_), 0) {}
 
 SequenceCache::~SequenceCache() { Release(); }
 
@@ -22,29 +27,78 @@ int SequenceCache::max_length() const {
   return lengths_.empty() ? 0 : *std::max_element(lengths_.begin(), lengths_.end());
 }
 
+int SequenceCache::max_length(int layer) const {
+  const int32_t* len = lengths(layer);
+  return *std::max_element(len, len + n_kv_heads_);
+}
+
+void SequenceCache::SyncTables() {
+  total_blocks_ = 0;
+  for (size_t l = 0; l < tables_.size(); ++l) {
+    table_ptrs_[l] = tables_[l].data();
+    counts_[l] = static_cast<int32_t>(tables_[l].size());
+    total_blocks_ += counts_[l];
+  }
+}
+
+absl::Status SequenceCache::GrowToTargets() {
+  absl::Status status;
+  for (size_t l = 0; l < tables_.size() && status.ok(); ++l) {
+    std::vector<int32_t>& table = tables_[l];
+    while (static_cast<int32_t>(table.size()) < target_[l]) {
+      absl::StatusOr<int32_t> block = pool_->Allocate();
+      if (!block.ok()) {
+        status = block.status();
+        break;
+      }
+      table.push_back(*block);
+    }
+  }
+  if (!status.ok()) {
+    // Leave the sequence exactly as it was: every layer back to its previous count.
+    for (size_t l = 0; l < tables_.size(); ++l) ShrinkLayer(static_cast<int>(l), counts_[l]);
+  }
+  SyncTables();
+  return status;
+}
+
+int SequenceCache::ShrinkLayer(int layer, int keep) {
+  std::vector<int32_t>& table = tables_[static_cast<size_t>(layer)];
+  int freed = 0;
+  while (static_cast<int>(table.size()) > keep) {
+    pool_->Free(table.back());
+    table.pop_back();
+    ++freed;
+  }
+  return freed;
+}
+
 absl::Status SequenceCache::Reserve(int n) {
   RECALL_CHECK(!offloaded()) << "Reserve on an offloaded cache; RestoreFromHost first";
-  const int64_t want = static_cast<int64_t>(max_length()) + n;
-  const int64_t blocks_needed = (want + block_tokens_ - 1) / block_tokens_;
-  const size_t before = block_table_.size();
-  while (static_cast<int64_t>(block_table_.size()) < blocks_needed) {
-    absl::StatusOr<int32_t> block = pool_->Allocate();
-    if (!block.ok()) {
-      // Leave the sequence exactly as it was.
-      while (block_table_.size() > before) {
-        pool_->Free(block_table_.back());
-        block_table_.pop_back();
-      }
-      return block.status();
-    }
-    block_table_.push_back(*block);
+  bool grows = false;
+  for (int l = 0; l < n_layers_; ++l) {
+    const int64_t want = static_cast<int64_t>(max_length(l)) + n;
+    target_[l] = static_cast<int32_t>((want + block_tokens_ - 1) / block_tokens_);
+    grows |= target_[l] > counts_[l];
   }
-  return absl::OkStatus();
+  return grows ? GrowToTargets() : absl::OkStatus();
+}
+
+int SequenceCache::BlocksNeededFor(int n) const {
+  int need = 0;
+  for (int l = 0; l < n_layers_; ++l) {
+    const int64_t want = static_cast<int64_t>(max_length(l)) + n;
+    const int blocks = std::max(static_cast<int>((want + block_tokens_ - 1) / block_tokens_),
+                                offloaded_counts_[l]);
+    need += std::max(0, blocks - counts_[l]);
+  }
+  return need;
 }
 
 void SequenceCache::CommitAppend(const int32_t* positions, int n) {
   for (size_t lh = 0; lh < lengths_.size(); ++lh) {
-    RECALL_CHECK(lengths_[lh] + n <= capacity()) << "CommitAppend without Reserve";
+    RECALL_CHECK(lengths_[lh] + n <= capacity(static_cast<int>(lh) / n_kv_heads_))
+        << "CommitAppend without Reserve";
     std::vector<int32_t>& pos = positions_[lh];
     pos.resize(static_cast<size_t>(lengths_[lh]));
     pos.insert(pos.end(), positions, positions + n);
@@ -57,8 +111,8 @@ kernels::PagedKv SequenceCache::View() const {
   kernels::PagedKv view;
   view.layout = pool_->layout();
   view.pool = pool_->base();
-  view.block_table = block_table_.data();
-  view.num_blocks = static_cast<int>(block_table_.size());
+  view.block_tables = table_ptrs_.data();
+  view.block_counts = counts_.data();
   return view;
 }
 
@@ -70,8 +124,8 @@ int32_t SequenceCache::position(int layer, int head, int slot) const {
 
 void SequenceCache::Compact(int layer, int head, const std::vector<int32_t>& keep) {
   const size_t lh = static_cast<size_t>(layer) * n_kv_heads_ + head;
-  const kernels::PagedKv view = View();
-  const size_t row_bytes = static_cast<size_t>(view.layout.head_dim) * sizeof(float);
+  const kernels::PagedKvHead rows = View().Head(layer, head);
+  const size_t row_bytes = static_cast<size_t>(rows.head_dim) * sizeof(float);
   std::vector<int32_t>& pos = positions_[lh];
   int32_t prev = -1;
   for (size_t i = 0; i < keep.size(); ++i) {
@@ -80,8 +134,8 @@ void SequenceCache::Compact(int layer, int head, const std::vector<int32_t>& kee
     prev = src;
     const int dst = static_cast<int>(i);
     if (src == dst) continue;
-    std::memcpy(view.K(layer, head, dst), view.K(layer, head, src), row_bytes);
-    std::memcpy(view.V(layer, head, dst), view.V(layer, head, src), row_bytes);
+    std::memcpy(rows.K(dst), rows.K(src), row_bytes);
+    std::memcpy(rows.V(dst), rows.V(src), row_bytes);
     pos[i] = pos[static_cast<size_t>(src)];
   }
   lengths_[lh] = static_cast<int32_t>(keep.size());
@@ -89,19 +143,18 @@ void SequenceCache::Compact(int layer, int head, const std::vector<int32_t>& kee
 }
 
 int SequenceCache::TrimBlocks() {
-  const int needed = (max_length() + block_tokens_ - 1) / block_tokens_;
   int freed = 0;
-  while (static_cast<int>(block_table_.size()) > needed) {
-    pool_->Free(block_table_.back());
-    block_table_.pop_back();
-    ++freed;
+  for (int l = 0; l < n_layers_; ++l) {
+    freed += ShrinkLayer(l, (max_length(l) + block_tokens_ - 1) / block_tokens_);
   }
+  if (freed > 0) SyncTables();
   return freed;
 }
 
 void SequenceCache::Release() {
-  for (int32_t block : block_table_) pool_->Free(block);
-  block_table_.clear();
+  for (int l = 0; l < n_layers_; ++l) ShrinkLayer(l, 0);
+  SyncTables();
+  std::fill(offloaded_counts_.begin(), offloaded_counts_.end(), 0);
   offloaded_blocks_ = 0;
   host_.clear();
   host_.shrink_to_fit();
@@ -111,34 +164,37 @@ void SequenceCache::Release() {
 }
 
 void SequenceCache::OffloadToHost() {
-  if (offloaded() || block_table_.empty()) return;
+  if (offloaded() || total_blocks_ == 0) return;
   const int64_t block_floats = pool_->layout().BlockFloats();
-  host_.resize(static_cast<size_t>(block_floats) * block_table_.size());
-  for (size_t b = 0; b < block_table_.size(); ++b) {
-    std::memcpy(host_.data() + b * block_floats,
-                pool_->base() + static_cast<int64_t>(block_table_[b]) * block_floats,
-                static_cast<size_t>(block_floats) * sizeof(float));
-    pool_->Free(block_table_[b]);
+  const size_t block_bytes = static_cast<size_t>(block_floats) * sizeof(float);
+  host_.resize(static_cast<size_t>(block_floats) * total_blocks_);
+  float* dst = host_.data();
+  for (int l = 0; l < n_layers_; ++l) {
+    for (int32_t block : tables_[static_cast<size_t>(l)]) {
+      std::memcpy(dst, pool_->base() + static_cast<int64_t>(block) * block_floats, block_bytes);
+      dst += block_floats;
+    }
+    offloaded_counts_[static_cast<size_t>(l)] = counts_[static_cast<size_t>(l)];
+    offloaded_blocks_ += ShrinkLayer(l, 0);
   }
-  offloaded_blocks_ = static_cast<int>(block_table_.size());
-  block_table_.clear();
+  SyncTables();
 }
 
 absl::Status SequenceCache::RestoreFromHost() {
   if (!offloaded()) return absl::OkStatus();
-  RECALL_CHECK(block_table_.empty()) << "offloaded cache was appended to";
-  const int blocks = offloaded_blocks_;
-  offloaded_blocks_ = 0;  // Reserve refuses an offloaded cache
-  absl::Status st = Reserve(blocks * block_tokens_ - max_length());
-  if (!st.ok()) {
-    offloaded_blocks_ = blocks;
-    return st;
-  }
+  RECALL_CHECK(total_blocks_ == 0) << "offloaded cache was appended to";
+  target_ = offloaded_counts_;
+  RECALL_RETURN_IF_ERROR(GrowToTargets());  // still offloaded on failure
   const int64_t block_floats = pool_->layout().BlockFloats();
-  for (size_t b = 0; b < block_table_.size(); ++b) {
-    std::memcpy(pool_->base() + static_cast<int64_t>(block_table_[b]) * block_floats,
-                host_.data() + b * block_floats, static_cast<size_t>(block_floats) * sizeof(float));
+  const size_t block_bytes = static_cast<size_t>(block_floats) * sizeof(float);
+  const float* src = host_.data();
+  for (const std::vector<int32_t>& table : tables_) {
+    for (int32_t block : table) {
+      std::memcpy(pool_->base() + static_cast<int64_t>(block) * block_floats, src, block_bytes);
+      src += block_floats;
+    }
   }
+  std::fill(offloaded_counts_.begin(), offloaded_counts_.end(), 0);
   offloaded_blocks_ = 0;
   host_.clear();
   host_.shrink_to_fit();

@@ -1,11 +1,13 @@
 // SequenceCache: one sequence's slice of the BlockPool.
 //
-// Per layer and per KV head the cache holds `length(layer, head)` slots; slot s of every
-// (layer, head) lives in block block_table[s / block_tokens]. Each slot records the token
-// position it came from, so that tokens can later be compacted (evicted) and their positions
-// still known. The number of blocks held is set by the longest (layer, head); blocks are
-// returned to the pool as soon as no (layer, head) needs them (TrimBlocks) and all of them
-// on destruction.
+// Per layer and per KV head the cache holds `length(layer, head)` slots; every layer has its
+// own block table, and slot s of (layer, head) lives in block s / block_tokens of the layer's
+// table. Each slot records the token position it came from, so that tokens can later be
+// compacted (evicted) and their positions still known. A layer holds as many blocks as its
+// longest KV head needs, so per-layer budgets (PyramidKV, profiles) hold less memory in the
+// layers with smaller budgets; within a layer the longest head sets the blocks (Ada-KV's
+// uneven heads do not free memory). Blocks are returned to the pool as soon as no head of
+// their layer needs them (TrimBlocks) and all of them on destruction.
 //
 // Not thread safe: a sequence is stepped by one thread at a time.
 #pragma once
@@ -27,21 +29,29 @@ class SequenceCache {
   SequenceCache& operator=(const SequenceCache&) = delete;
 
   // Makes room for `n` more slots after the current length of every (layer, head),
-  // allocating blocks as needed. ResourceExhausted (and nothing allocated) if the pool
-  // cannot supply them.
+  // allocating blocks per layer as needed. ResourceExhausted (and nothing allocated, in any
+  // layer) if the pool cannot supply them.
   absl::Status Reserve(int n);
+
+  // Blocks the pool must supply for Reserve(n) to succeed: the sum over layers of
+  // ceil((max_length(l) + n) / block_tokens) - num_blocks(l), counting none for a layer that
+  // already has room. For an offloaded cache, what RestoreFromHost and then Reserve(n) take.
+  int BlocksNeededFor(int n) const;
 
   // Records that `n` tokens at positions[0..n) were appended to every (layer, head) (the
   // K/V rows are written by Backend::StoreKv). REQUIRES: Reserve(n) succeeded.
   void CommitAppend(const int32_t* positions, int n);
 
-  // The view the kernels read and write.
+  // The view the kernels read and write. Valid until the next call that changes the blocks
+  // held (Reserve, TrimBlocks, Release, OffloadToHost, RestoreFromHost).
   kernels::PagedKv View() const;
 
   // Slots per KV head for `layer`: [n_kv_heads].
   const int32_t* lengths(int layer) const { return &lengths_[static_cast<size_t>(layer) * n_kv_heads_]; }
   int length(int layer, int head) const { return lengths(layer)[head]; }
+  // The longest (layer, head), and the longest head of one layer.
   int max_length() const;
+  int max_length(int layer) const;
   // Position of the token in slot `slot` of (layer, head).
   int32_t position(int layer, int head, int slot) const;
 
@@ -52,39 +62,55 @@ class SequenceCache {
   // positions together to the front. REQUIRES: keep is strictly ascending, within length.
   void Compact(int layer, int head, const std::vector<int32_t>& keep);
 
-  // Returns blocks that no (layer, head) uses any more. Returns how many were freed.
+  // Returns, in every layer, the blocks that no head of that layer uses any more. Returns
+  // how many were freed in all.
   int TrimBlocks();
 
-  int num_blocks() const { return static_cast<int>(block_table_.size()); }
+  // Blocks held: in all (every layer's table) and by one layer.
+  int num_blocks() const { return total_blocks_; }
+  int num_blocks(int layer) const { return counts_[static_cast<size_t>(layer)]; }
   int64_t bytes_held() const { return num_blocks() * pool_->block_bytes(); }
-  int capacity() const { return num_blocks() * block_tokens_; }
+  // Slots every head of `layer` has room for.
+  int capacity(int layer) const { return num_blocks(layer) * block_tokens_; }
 
   // Returns every block to the pool and resets the sequence to empty (an offloaded copy
   // included).
   void Release();
 
-  // Offload to host memory: copies the used slots of every held block to a host buffer and
-  // returns the blocks to the pool; lengths, positions and next_position stay, so policy
-  // state kept beside the cache remains valid. RestoreFromHost allocates blocks again and
-  // copies the contents back (ResourceExhausted, still offloaded, when the pool cannot
-  // supply them). While offloaded the cache must not be stepped. Offloading an empty or
-  // already offloaded cache does nothing.
+  // Offload to host memory: copies every layer's held blocks to a host buffer and returns
+  // the blocks to the pool; lengths, positions and next_position stay, so policy state kept
+  // beside the cache remains valid. RestoreFromHost allocates the same number of blocks per
+  // layer again and copies the contents back (ResourceExhausted, still offloaded, when the
+  // pool cannot supply them). While offloaded the cache must not be stepped. Offloading an
+  // empty or already offloaded cache does nothing.
   void OffloadToHost();
   absl::Status RestoreFromHost();
   bool offloaded() const { return offloaded_blocks_ > 0; }
   int64_t host_bytes() const { return static_cast<int64_t>(host_.size() * sizeof(float)); }
 
  private:
+  // Grows every layer l to target_[l] blocks (never shrinks); all or nothing.
+  absl::Status GrowToTargets();
+  // Frees the blocks of layer l past the first `keep`.
+  int ShrinkLayer(int layer, int keep);
+  // Refreshes table_ptrs_ / counts_ / total_blocks_ after tables_ changed.
+  void SyncTables();
+
   BlockPool* pool_;
   int n_layers_;
   int n_kv_heads_;
   int block_tokens_;
-  std::vector<int32_t> block_table_;
-  std::vector<int32_t> lengths_;    // [n_layers * n_kv_heads]
+  std::vector<std::vector<int32_t>> tables_;  // [n_layers][blocks of the layer]
+  std::vector<const int32_t*> table_ptrs_;    // [n_layers] tables_[l].data(), for View()
+  std::vector<int32_t> counts_;               // [n_layers] tables_[l].size()
+  int total_blocks_ = 0;
+  std::vector<int32_t> target_;               // [n_layers] scratch of GrowToTargets
+  std::vector<int32_t> lengths_;              // [n_layers * n_kv_heads]
   std::vector<std::vector<int32_t>> positions_;  // [n_layers * n_kv_heads][length]
   int32_t next_position_ = 0;
-  int offloaded_blocks_ = 0;  // blocks the host copy stands for
-  std::vector<float> host_;   // their contents, block after block
+  std::vector<int32_t> offloaded_counts_;  // [n_layers] blocks the host copy holds per layer
+  int offloaded_blocks_ = 0;               // their sum
+  std::vector<float> host_;  // their contents, layer after layer, block after block
 };
 
 }  // namespace recall::cache

@@ -60,7 +60,7 @@ class Backend {
 
   // Writes the K/V rows of n new tokens of one layer into the paged cache, appending at
   // slot start_slots[h] for KV head h.  k, v: [n, n_kv_heads, head_dim]; start_slots:
-  // [n_kv_heads].  REQUIRES: the sequence's blocks cover start_slots[h] + n slots.
+  // [n_kv_heads].  REQUIRES: the layer's blocks cover start_slots[h] + n slots.
   virtual void StoreKv(const PagedKv& kv, int layer, const float* k, const float* v, int n,
                        const int32_t* start_slots) = 0;
 

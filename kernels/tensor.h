@@ -38,10 +38,12 @@ enum class RopeStyle : uint8_t {
   kHalfSplit = 1,    // Hugging Face Llama: rotate pairs (i, i + head_dim/2)
 };
 
-// How a paged KV block is laid out. A block holds `block_tokens` token slots for every layer
-// and every KV head of this rank, K and V, in fp32:
-//   block[layer][kv_head][0 = K, 1 = V][slot_in_block][head_dim]
-// so the K (or V) rows of one (layer, head) inside one block are contiguous.
+// How a paged KV block is laid out. A block holds `block_tokens` token slots of ONE layer,
+// for every KV head of this rank, K and V, in fp32:
+//   block[kv_head][0 = K, 1 = V][slot_in_block][head_dim]
+// so the K (or V) rows of one head inside one block are contiguous. Every layer of a
+// sequence has its own block table (PagedKv::block_tables), so each layer holds as many
+// blocks as its own longest KV head needs. n_layers is the number of those tables.
 struct PagedKvLayout {
   int n_layers = 0;
   int n_kv_heads = 0;
@@ -49,28 +51,49 @@ struct PagedKvLayout {
   int block_tokens = 16;
 
   int64_t BlockFloats() const {
-    return static_cast<int64_t>(n_layers) * n_kv_heads * 2 * block_tokens * head_dim;
+    return static_cast<int64_t>(n_kv_heads) * 2 * block_tokens * head_dim;
   }
   // Offset in floats, inside a block, of the K row (is_v = 0) or V row (is_v = 1).
-  int64_t Offset(int layer, int head, int is_v, int slot_in_block) const {
-    return (((static_cast<int64_t>(layer) * n_kv_heads + head) * 2 + is_v) * block_tokens +
-            slot_in_block) *
-           head_dim;
+  int64_t Offset(int head, int is_v, int slot_in_block) const {
+    return ((static_cast<int64_t>(head) * 2 + is_v) * block_tokens + slot_in_block) * head_dim;
   }
 };
 
-// One sequence's view of the pool: slot s of (layer, head) lives in block
-// block_table[s / block_tokens] at row s % block_tokens.
+// The rows of one (layer, KV head) of one sequence, with the layer's block table looked up
+// once: slot s lives in block block_table[s / block_tokens] at row s % block_tokens. The
+// view the attention kernels walk.
+struct PagedKvHead {
+  float* base = nullptr;                 // pool + Offset(head, 0, 0)
+  const int32_t* block_table = nullptr;  // the layer's block ids
+  int64_t block_floats = 0;
+  int block_tokens = 0;
+  int head_dim = 0;
+
+  // The K (is_v = 0) or V (is_v = 1) row of slot `slot`.
+  float* Row(int is_v, int slot) const {
+    return base + static_cast<int64_t>(block_table[slot / block_tokens]) * block_floats +
+           (static_cast<int64_t>(is_v) * block_tokens + slot % block_tokens) * head_dim;
+  }
+  float* K(int slot) const { return Row(0, slot); }
+  float* V(int slot) const { return Row(1, slot); }
+};
+
+// One sequence's view of the pool: layer l has block_counts[l] blocks, listed in
+// block_tables[l]; slot s of (l, head) lives in block block_tables[l][s / block_tokens].
 struct PagedKv {
   PagedKvLayout layout;
-  float* pool = nullptr;                 // base of the block pool
-  const int32_t* block_table = nullptr;  // [num_blocks] block ids
-  int num_blocks = 0;
+  float* pool = nullptr;                         // base of the block pool
+  const int32_t* const* block_tables = nullptr;  // [n_layers] -> [block_counts[l]] block ids
+  const int32_t* block_counts = nullptr;         // [n_layers]
 
+  PagedKvHead Head(int layer, int head) const {
+    return PagedKvHead{pool + layout.Offset(head, 0, 0), block_tables[layer], layout.BlockFloats(),
+                       layout.block_tokens, layout.head_dim};
+  }
+  // Slots layer `layer` has room for.
+  int capacity(int layer) const { return block_counts[layer] * layout.block_tokens; }
   float* Row(int layer, int head, int is_v, int slot) const {
-    const int b = slot / layout.block_tokens;
-    return pool + static_cast<int64_t>(block_table[b]) * layout.BlockFloats() +
-           layout.Offset(layer, head, is_v, slot % layout.block_tokens);
+    return Head(layer, head).Row(is_v, slot);
   }
   float* K(int layer, int head, int slot) const { return Row(layer, head, 0, slot); }
   float* V(int layer, int head, int slot) const { return Row(layer, head, 1, slot); }

@@ -134,7 +134,8 @@ int Main(int argc, char** argv) {
   const int k_runs = static_cast<int>(configs.size()) + 1;
   constexpr int kBlockTokens = 16;
   const kernels::PagedKvLayout layout{mc.n_layers, mc.n_kv_heads, mc.head_dim, kBlockTokens};
-  auto pool = cache::BlockPool::Create(layout, k_runs * (length / kBlockTokens + 2) + 8);
+  auto pool =
+      cache::BlockPool::Create(layout, mc.n_layers * (k_runs * (length / kBlockTokens + 2) + 8));
   if (!pool.ok()) return Fail(pool.status());
   engine::ForwardPass forward(**model, *backend,
                               {std::max({f.prefix, f.greedy_prefix, k_runs, length})});

@@ -94,29 +94,29 @@ const HeadState& SessionEvictor::state(int layer, int head) const {
 }
 
 void SessionEvictor::ComputeValueRanges(int layer, int head, int len, bool accumulate) {
-  const kernels::PagedKv kv = cache_->View();
+  const kernels::PagedKvHead rows = cache_->View().Head(layer, head);
   if (!accumulate) value_range_.assign(static_cast<size_t>(len), 0.0f);
   for (int s = 0; s < len; ++s) {
-    const float r = ValueRange(kv.V(layer, head, s), head_dim_);
+    const float r = ValueRange(rows.V(s), head_dim_);
     value_range_[static_cast<size_t>(s)] =
         accumulate ? std::max(value_range_[static_cast<size_t>(s)], r) : r;
   }
 }
 
 void SessionEvictor::GatherKeys(int layer, int head, int len) {
-  const kernels::PagedKv kv = cache_->View();
+  const kernels::PagedKvHead rows = cache_->View().Head(layer, head);
   keys_.resize(static_cast<size_t>(len) * head_dim_);
   for (int s = 0; s < len; ++s) {
-    const float* k = kv.K(layer, head, s);
+    const float* k = rows.K(s);
     std::copy(k, k + head_dim_, keys_.data() + static_cast<int64_t>(s) * head_dim_);
   }
 }
 
 void SessionEvictor::GatherValues(int layer, int head, int begin, int end) {
-  const kernels::PagedKv kv = cache_->View();
+  const kernels::PagedKvHead rows = cache_->View().Head(layer, head);
   values_.resize(static_cast<size_t>(end - begin) * head_dim_);
   for (int s = begin; s < end; ++s) {
-    const float* v = kv.V(layer, head, s);
+    const float* v = rows.V(s);
     std::copy(v, v + head_dim_, values_.data() + static_cast<int64_t>(s - begin) * head_dim_);
   }
 }

@@ -55,7 +55,7 @@ absl::Status Run(const Args& args) {
       kernels::CreateCpuBackend({static_cast<int>(threads)});
   const kernels::PagedKvLayout layout{c.n_layers, c.n_kv_heads, c.head_dim, 16};
   RECALL_ASSIGN_OR_RETURN(std::unique_ptr<cache::BlockPool> pool,
-                          cache::BlockPool::Create(layout, (tokens + 15) / 16 + 1));
+                          cache::BlockPool::Create(layout, c.n_layers * ((tokens + 15) / 16 + 1)));
   engine::ForwardPass forward(*loaded.model, *backend, {static_cast<int>(prompt.size())});
   const int64_t stride = tokens;
   std::vector<float> probs(static_cast<size_t>(c.n_layers) * c.n_heads * stride);

@@ -147,9 +147,11 @@ absl::Status Run(const Args& args) {
   if (kv_mb > 0) {
     RECALL_ASSIGN_OR_RETURN(pool, cache::BlockPool::CreateWithBytes(layout, kv_mb << 20));
   } else {
+    // One full context in every layer (a block holds one layer's slots).
+    const int64_t blocks_per_layer =
+        (config.max_seq_len + layout.block_tokens - 1) / layout.block_tokens;
     RECALL_ASSIGN_OR_RETURN(
-        pool, cache::BlockPool::Create(layout, (config.max_seq_len + layout.block_tokens - 1) /
-                                                   layout.block_tokens));
+        pool, cache::BlockPool::Create(layout, layout.n_layers * blocks_per_layer));
   }
   engine::ForwardPass forward(*loaded.model, *backend, {256});
   options.prefill_chunk = 256;

@@ -27,19 +27,19 @@ inline float Dot(const float* a, const float* b, int n) {
 }
 
 // The portable kernel: run.c's loops.
-void AttendHeadGeneric(const PagedKv& kv, int layer, int h, int len, const float* q, float scale,
-                       float* p, float* out) {
-  const int hd = kv.layout.head_dim;
-  const int bt = kv.layout.block_tokens;
+void AttendHeadGeneric(const PagedKvHead& kv, int len, const float* q, float scale, float* p,
+                       float* out) {
+  const int hd = kv.head_dim;
+  const int bt = kv.block_tokens;
   for (int s0 = 0; s0 < len; s0 += bt) {
-    const float* k = kv.K(layer, h, s0);
+    const float* k = kv.K(s0);
     const int cnt = std::min(bt, len - s0);
     for (int r = 0; r < cnt; ++r) p[s0 + r] = Dot(q, k + r * hd, hd) * scale;
   }
   SoftmaxRow(p, len);
   std::fill(out, out + hd, 0.0f);
   for (int s0 = 0; s0 < len; s0 += bt) {
-    const float* v = kv.V(layer, h, s0);
+    const float* v = kv.V(s0);
     const int cnt = std::min(bt, len - s0);
     for (int r = 0; r < cnt; ++r) {
       const float a = p[s0 + r];
@@ -56,19 +56,18 @@ inline __mmask16 FirstLanes(int n) {
   return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
 }
 
-// rows[j] = the K (is_v = 0) or V row of slot s0 + min(j, cnt - 1) of (layer, head h), for
-// j < 16: one group of keys, padded by repeating the last row. REQUIRES: 1 <= cnt <= 16.
-inline void GroupRows(const PagedKv& kv, int layer, int h, int is_v, int s0, int cnt,
-                      const float** rows) {
-  const int bt = kv.layout.block_tokens, hd = kv.layout.head_dim;
+// rows[j] = the K (is_v = 0) or V row of slot s0 + min(j, cnt - 1) of the head, for j < 16:
+// one group of keys, padded by repeating the last row. REQUIRES: 1 <= cnt <= 16.
+inline void GroupRows(const PagedKvHead& kv, int is_v, int s0, int cnt, const float** rows) {
+  const int bt = kv.block_tokens, hd = kv.head_dim;
   int in_block = s0 % bt;
-  const float* row = kv.Row(layer, h, is_v, s0);
+  const float* row = kv.Row(is_v, s0);
   for (int j = 0; j < kGroup; ++j) {
     rows[j] = row;
     if (j + 1 < cnt) {
       if (++in_block == bt) {
         in_block = 0;
-        row = kv.Row(layer, h, is_v, s0 + j + 1);
+        row = kv.Row(is_v, s0 + j + 1);
       } else {
         row += hd;
       }
@@ -123,9 +122,9 @@ inline void SoftmaxInPlace(float* p, int len) {
 
 // NC = head_dim / 16 rounded up; the last chunk is masked by `tail`.
 template <int NC>
-void AttendHeadAvx512(const PagedKv& kv, int layer, int h, int len, const float* q, float scale,
-                      float* p, float* out) {
-  const __mmask16 tail = FirstLanes(kv.layout.head_dim - 16 * (NC - 1));
+void AttendHeadAvx512(const PagedKvHead& kv, int len, const float* q, float scale, float* p,
+                      float* out) {
+  const __mmask16 tail = FirstLanes(kv.head_dim - 16 * (NC - 1));
   auto mask = [tail](int c) { return c == NC - 1 ? tail : __mmask16(0xFFFF); };
   __m512 qv[NC];
 #pragma GCC unroll 8
@@ -136,7 +135,7 @@ void AttendHeadAvx512(const PagedKv& kv, int layer, int h, int len, const float*
   const float* rows[kGroup];
   for (int s0 = 0; s0 < len; s0 += kGroup) {
     const int cnt = std::min(kGroup, len - s0);
-    GroupRows(kv, layer, h, 0, s0, cnt, rows);
+    GroupRows(kv, 0, s0, cnt, rows);
     __m512 acc[kGroup];
 #pragma GCC unroll 16
     for (int j = 0; j < kGroup; ++j) {
@@ -159,7 +158,7 @@ void AttendHeadAvx512(const PagedKv& kv, int layer, int h, int len, const float*
   for (int c = 0; c < NC; ++c) oa[c] = ob[c] = _mm512_setzero_ps();
   for (int s0 = 0; s0 < len; s0 += kGroup) {
     const int cnt = std::min(kGroup, len - s0);
-    GroupRows(kv, layer, h, 1, s0, cnt, rows);
+    GroupRows(kv, 1, s0, cnt, rows);
     const __m512 pv = _mm512_maskz_loadu_ps(FirstLanes(cnt), p + s0);
     alignas(64) float w[kGroup];
     _mm512_store_ps(w, pv);
@@ -182,9 +181,9 @@ void AttendHeadAvx512(const PagedKv& kv, int layer, int h, int len, const float*
 
 }  // namespace
 
-void AttendHead(const PagedKv& kv, int layer, int h, int len, const float* q, float scale, float* p,
+void AttendHead(const PagedKvHead& kv, int len, const float* q, float scale, float* p,
                 float* out) {
-  const int hd = kv.layout.head_dim;
+  const int hd = kv.head_dim;
   if (len <= 0) {
     std::fill(out, out + hd, 0.0f);
     return;
@@ -192,26 +191,26 @@ void AttendHead(const PagedKv& kv, int layer, int h, int len, const float* q, fl
 #if defined(RECALL_CPU_AVX512)
   switch ((hd + 15) / 16) {
     case 1:
-      return AttendHeadAvx512<1>(kv, layer, h, len, q, scale, p, out);
+      return AttendHeadAvx512<1>(kv, len, q, scale, p, out);
     case 2:
-      return AttendHeadAvx512<2>(kv, layer, h, len, q, scale, p, out);
+      return AttendHeadAvx512<2>(kv, len, q, scale, p, out);
     case 3:
-      return AttendHeadAvx512<3>(kv, layer, h, len, q, scale, p, out);
+      return AttendHeadAvx512<3>(kv, len, q, scale, p, out);
     case 4:
-      return AttendHeadAvx512<4>(kv, layer, h, len, q, scale, p, out);
+      return AttendHeadAvx512<4>(kv, len, q, scale, p, out);
     case 5:
-      return AttendHeadAvx512<5>(kv, layer, h, len, q, scale, p, out);
+      return AttendHeadAvx512<5>(kv, len, q, scale, p, out);
     case 6:
-      return AttendHeadAvx512<6>(kv, layer, h, len, q, scale, p, out);
+      return AttendHeadAvx512<6>(kv, len, q, scale, p, out);
     case 7:
-      return AttendHeadAvx512<7>(kv, layer, h, len, q, scale, p, out);
+      return AttendHeadAvx512<7>(kv, len, q, scale, p, out);
     case 8:
-      return AttendHeadAvx512<8>(kv, layer, h, len, q, scale, p, out);
+      return AttendHeadAvx512<8>(kv, len, q, scale, p, out);
     default:
       break;
   }
 #endif
-  AttendHeadGeneric(kv, layer, h, len, q, scale, p, out);
+  AttendHeadGeneric(kv, len, q, scale, p, out);
 }
 
 }  // namespace recall::kernels::cpu

@@ -20,12 +20,13 @@ void Attention::StoreKv(const PagedKv& kv, int layer, const float* k, const floa
                         const int32_t* start_slots) {
   const int nkv = kv.layout.n_kv_heads, hd = kv.layout.head_dim;
   const size_t bytes = static_cast<size_t>(hd) * sizeof(float);
-  for (int i = 0; i < n; ++i) {
-    for (int h = 0; h < nkv; ++h) {
+  for (int h = 0; h < nkv; ++h) {
+    const PagedKvHead rows = kv.Head(layer, h);
+    for (int i = 0; i < n; ++i) {
       const int64_t src = (static_cast<int64_t>(i) * nkv + h) * hd;
       const int slot = start_slots[h] + i;
-      std::memcpy(kv.K(layer, h, slot), k + src, bytes);
-      std::memcpy(kv.V(layer, h, slot), v + src, bytes);
+      std::memcpy(rows.K(slot), k + src, bytes);
+      std::memcpy(rows.V(slot), v + src, bytes);
     }
   }
 }
@@ -49,7 +50,7 @@ void Attention::Prefill(const PagedKv& kv, int layer, const int32_t* kv_lens, co
       const int h = qh / group;
       const int len = kv_lens[h] - n + i + 1;
       const int64_t off = (static_cast<int64_t>(i) * n_heads + qh) * hd;
-      AttendHead(kv, layer, h, len, q + off, scale, p, out + off);
+      AttendHead(kv.Head(layer, h), len, q + off, scale, p, out + off);
     }
   });
 }
@@ -67,7 +68,7 @@ void Attention::Decode(const PagedKv& kv, int layer, const int32_t* kv_lens, con
     for (int64_t qh = b; qh < e; ++qh) {
       const int h = static_cast<int>(qh) / group;
       float* p = probs != nullptr ? probs + qh * probs_stride : Scratch(t);
-      AttendHead(kv, layer, h, kv_lens[h], q + qh * hd, scale, p, out + qh * hd);
+      AttendHead(kv.Head(layer, h), kv_lens[h], q + qh * hd, scale, p, out + qh * hd);
     }
   });
 }

@@ -27,10 +27,10 @@ TEST(BlockPool, HandsOutEveryBlockOnceThenReportsExhaustion) {
   EXPECT_TRUE((*pool)->Allocate().ok());
 }
 
-TEST(BlockPool, BlockBytesCoverAllLayersHeadsKAndV) {
+TEST(BlockPool, BlockBytesCoverOneLayersHeadsKAndV) {
   auto pool = BlockPool::Create(SmallLayout(), 1);
   ASSERT_TRUE(pool.ok());
-  EXPECT_EQ((*pool)->block_bytes(), 2 * 3 * 2 * 8 * 4 * 4);  // L*H*(K,V)*B*d*sizeof(float)
+  EXPECT_EQ((*pool)->block_bytes(), 3 * 2 * 8 * 4 * 4);  // H*(K,V)*B*d*sizeof(float)
 }
 
 TEST(BlockPool, RejectsBadLayoutAndSizes) {
@@ -41,7 +41,7 @@ TEST(BlockPool, RejectsBadLayoutAndSizes) {
   auto tiny = BlockPool::CreateWithBytes(SmallLayout(), 10);
   EXPECT_EQ(tiny.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(tiny.status().message().find("less than one block"), std::string::npos);
-  auto sized = BlockPool::CreateWithBytes(SmallLayout(), 3 * 1536 + 100);
+  auto sized = BlockPool::CreateWithBytes(SmallLayout(), 3 * 768 + 100);
   ASSERT_TRUE(sized.ok());
   EXPECT_EQ((*sized)->num_blocks(), 3);
 }

@@ -10,7 +10,7 @@ namespace {
 class SequenceCacheTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto pool = BlockPool::Create(layout_, 16);
+    auto pool = BlockPool::Create(layout_, 32);  // 16 blocks of 4 tokens per layer
     ASSERT_TRUE(pool.ok());
     pool_ = std::move(*pool);
   }
@@ -42,33 +42,42 @@ TEST_F(SequenceCacheTest, AppendAllocatesBlocksAndReleaseReturnsEveryOne) {
   {
     SequenceCache seq(pool_.get());
     Append(seq, 5);
-    EXPECT_EQ(seq.num_blocks(), 2);
+    EXPECT_EQ(seq.num_blocks(), 4);  // two blocks in each of the two layers
+    EXPECT_EQ(seq.num_blocks(1), 2);
     Append(seq, 3);
-    EXPECT_EQ(seq.num_blocks(), 2);  // 8 slots fit in two blocks of 4
+    EXPECT_EQ(seq.num_blocks(), 4);  // 8 slots fit in two blocks of 4
     Append(seq, 1);
-    EXPECT_EQ(seq.num_blocks(), 3);
+    EXPECT_EQ(seq.num_blocks(), 6);
+    EXPECT_EQ(seq.capacity(0), 12);
+    EXPECT_EQ(seq.bytes_held(), 6 * pool_->block_bytes());
     EXPECT_EQ(seq.next_position(), 9);
-    EXPECT_EQ(pool_->free_blocks(), 13);
+    EXPECT_EQ(pool_->free_blocks(), 26);
     EXPECT_EQ(seq.position(1, 1, 8), 8);
     EXPECT_EQ(seq.View().K(1, 1, 8)[0], 8 + 0.5f + 100.0f);
   }
-  EXPECT_EQ(pool_->free_blocks(), 16) << "destroying the sequence must return all blocks";
+  EXPECT_EQ(pool_->free_blocks(), 32) << "destroying the sequence must return all blocks";
 }
 
 TEST_F(SequenceCacheTest, ReserveFailureLeavesSequenceUnchanged) {
   SequenceCache big(pool_.get());
-  Append(big, 4 * 14);  // 14 blocks
+  Append(big, 4 * 13);  // 13 blocks per layer
   SequenceCache seq(pool_.get());
-  Append(seq, 4);  // 1 block; 1 left in the pool
-  const absl::Status st = seq.Reserve(9);  // needs 3 more blocks
+  Append(seq, 4);  // 1 block per layer; 4 left in the pool
+  EXPECT_EQ(seq.BlocksNeededFor(9), 6);
+  // Needs 3 more blocks per layer: layer 0 gets its 3, layer 1 fails, all go back.
+  const absl::Status st = seq.Reserve(9);
   EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(seq.num_blocks(), 1);
-  EXPECT_EQ(pool_->free_blocks(), 1);
+  EXPECT_EQ(seq.num_blocks(), 2);
+  EXPECT_EQ(seq.num_blocks(0), 1);
+  EXPECT_EQ(seq.num_blocks(1), 1);
+  EXPECT_EQ(pool_->free_blocks(), 4);
+  Append(seq, 1);  // still usable
+  EXPECT_EQ(seq.num_blocks(), 4);
 }
 
 TEST_F(SequenceCacheTest, CompactMovesKVAndPositionsTogetherAndTrimFreesBlocks) {
   SequenceCache seq(pool_.get());
-  Append(seq, 10);  // 3 blocks
+  Append(seq, 10);  // 3 blocks per layer
   const std::vector<int32_t> keep = {0, 3, 7, 9};
   for (int l = 0; l < 2; ++l) {
     for (int h = 0; h < 2; ++h) seq.Compact(l, h, keep);
@@ -83,9 +92,9 @@ TEST_F(SequenceCacheTest, CompactMovesKVAndPositionsTogetherAndTrimFreesBlocks) 
       }
     }
   }
-  EXPECT_EQ(seq.TrimBlocks(), 2);
-  EXPECT_EQ(seq.num_blocks(), 1);
-  EXPECT_EQ(pool_->free_blocks(), 15);
+  EXPECT_EQ(seq.TrimBlocks(), 4);
+  EXPECT_EQ(seq.num_blocks(), 2);
+  EXPECT_EQ(pool_->free_blocks(), 30);
   EXPECT_EQ(seq.next_position(), 10) << "positions keep counting after eviction";
 }
 
@@ -95,11 +104,12 @@ TEST_F(SequenceCacheTest, HeadsMayHoldDifferentLengths) {
   seq.Compact(0, 1, {1, 2});
   EXPECT_EQ(seq.length(0, 0), 8);
   EXPECT_EQ(seq.length(0, 1), 2);
-  EXPECT_EQ(seq.TrimBlocks(), 0) << "head (0,0) still needs both blocks";
+  EXPECT_EQ(seq.TrimBlocks(), 0) << "head (0,0) still needs both blocks of layer 0";
   for (int l = 0; l < 2; ++l) {
     for (int h = 0; h < 2; ++h) seq.Compact(l, h, {0});
   }
-  EXPECT_EQ(seq.TrimBlocks(), 1);
+  EXPECT_EQ(seq.TrimBlocks(), 2);  // one per layer
+  EXPECT_EQ(seq.num_blocks(), 2);
 }
 
 TEST_F(SequenceCacheTest, OffloadFreesBlocksAndRestoreBringsTheSameContentsBack) {
@@ -132,15 +142,68 @@ TEST_F(SequenceCacheTest, OffloadFreesBlocksAndRestoreBringsTheSameContentsBack)
 
 TEST_F(SequenceCacheTest, RestoreWithoutRoomFailsAndStaysOffloaded) {
   SequenceCache seq(pool_.get());
-  Append(seq, 12);  // 3 blocks of 4
+  Append(seq, 12);  // 3 blocks of 4 per layer
   seq.OffloadToHost();
   SequenceCache hog(pool_.get());
-  ASSERT_TRUE(hog.Reserve(15 * 4).ok());  // 15 of the 16 blocks
+  ASSERT_TRUE(hog.Reserve(15 * 4).ok());  // 30 of the 32 blocks
   EXPECT_EQ(seq.RestoreFromHost().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(seq.offloaded());
   hog.Release();
   EXPECT_TRUE(seq.RestoreFromHost().ok());
   EXPECT_EQ(seq.View().K(1, 1, 11)[0], 11 + 0.5f + 100.0f);
+}
+
+// Scenario: each layer holds the blocks its own longest head needs. Layer 0 is compacted to
+// 3 slots, layer 1 keeps all 10: TrimBlocks frees 2 blocks of layer 0 only, the rows of both
+// layers stay where the kernels read them, and growing, offloading and restoring keep the
+// per-layer counts.
+TEST_F(SequenceCacheTest, LayersHoldBlocksForTheirOwnLengths) {
+  SequenceCache seq(pool_.get());
+  Append(seq, 10);  // 3 blocks per layer
+  const std::vector<int32_t> keep = {0, 4, 9};
+  for (int h = 0; h < 2; ++h) seq.Compact(0, h, keep);
+  EXPECT_EQ(seq.max_length(0), 3);
+  EXPECT_EQ(seq.max_length(1), 10);
+  EXPECT_EQ(seq.TrimBlocks(), 2);
+  EXPECT_EQ(seq.num_blocks(0), 1);
+  EXPECT_EQ(seq.num_blocks(1), 3);
+  EXPECT_EQ(seq.num_blocks(), 4);
+  EXPECT_EQ(seq.bytes_held(), 4 * pool_->block_bytes());
+  EXPECT_EQ(pool_->free_blocks(), 28);
+  EXPECT_EQ(seq.capacity(0), 4);
+  EXPECT_EQ(seq.View().capacity(1), 12);
+  auto check = [&](int extra) {
+    for (int h = 0; h < 2; ++h) {
+      for (int i = 0; i < 3; ++i) {
+        EXPECT_EQ(seq.View().K(0, h, i)[1], keep[i] + 0.5f * h) << h << "," << i;
+      }
+      for (int s = 0; s < 10 + extra; ++s) {
+        EXPECT_EQ(seq.View().V(1, h, s)[2], -(s + 0.5f * h + 100.0f)) << h << "," << s;
+      }
+    }
+  };
+  check(0);
+  // 3 more tokens: layer 0 needs 6 slots (2 blocks, +1), layer 1 13 slots (4 blocks, +1).
+  EXPECT_EQ(seq.BlocksNeededFor(3), 2);
+  EXPECT_EQ(seq.BlocksNeededFor(2), 1) << "12 slots still fit layer 1's 3 blocks";
+  Append(seq, 3);
+  EXPECT_EQ(seq.num_blocks(0), 2);
+  EXPECT_EQ(seq.num_blocks(1), 4);
+  EXPECT_EQ(seq.length(0, 1), 6);
+  EXPECT_EQ(seq.View().K(0, 1, 5)[0], 12 + 0.5f);
+  check(3);
+  // Offload and restore with different counts per layer.
+  seq.OffloadToHost();
+  EXPECT_EQ(seq.num_blocks(), 0);
+  EXPECT_EQ(seq.host_bytes(), 6 * pool_->block_bytes());
+  EXPECT_EQ(seq.BlocksNeededFor(0), 6) << "an offloaded cache needs its blocks back";
+  EXPECT_EQ(seq.BlocksNeededFor(4), 8) << "10 and 17 slots: 3 and 5 blocks";
+  SequenceCache other(pool_.get());
+  Append(other, 8);
+  ASSERT_TRUE(seq.RestoreFromHost().ok());
+  EXPECT_EQ(seq.num_blocks(0), 2);
+  EXPECT_EQ(seq.num_blocks(1), 4);
+  check(3);
 }
 
 }  // namespace

@@ -24,7 +24,7 @@ class PagedAttentionTest
     : public ::testing::TestWithParam<std::tuple<int, int, std::pair<int, int>>> {
  protected:
   static constexpr int kLayers = 2, kKvHeads = 2, kBlockTokens = 4, kPoolBlocks = 24;
-  static constexpr int kLayer = 1;  // the layer under test (offset inside each block)
+  static constexpr int kLayer = 1;  // the layer under test (layer 0 has its own blocks)
   static constexpr int kNew = 6;    // tokens in the new chunk
 
   void SetUp() override {
@@ -37,12 +37,18 @@ class PagedAttentionTest
     pool_.assign(kPoolBlocks * layout_.BlockFloats(), kSentinel);
     expected_pool_ = pool_;
     std::mt19937 rng(head_dim_ * 10 + n_heads_ + start_slots_[0]);
-    // Shuffled: logical block b lives in pool block table_[b].
-    table_.resize(kPoolBlocks);
-    std::iota(table_.begin(), table_.end(), 0);
-    std::shuffle(table_.begin(), table_.end(), rng);
-    table_.resize((std::max(kv_lens_[0], kv_lens_[1]) + kBlockTokens - 1) / kBlockTokens);
-    kv_ = PagedKv{layout_, pool_.data(), table_.data(), static_cast<int>(table_.size())};
+    // Shuffled: logical block b of kLayer lives in pool block table_[b]; layer 0's table
+    // holds other blocks, which no kernel call on kLayer may touch.
+    std::vector<int32_t> ids(kPoolBlocks);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    const size_t blocks = (std::max(kv_lens_[0], kv_lens_[1]) + kBlockTokens - 1) / kBlockTokens;
+    table_.assign(ids.begin(), ids.begin() + blocks);
+    other_table_.assign(ids.begin() + blocks, ids.begin() + 2 * blocks);
+    tables_[0] = other_table_.data();
+    tables_[kLayer] = table_.data();
+    counts_[0] = counts_[kLayer] = static_cast<int32_t>(blocks);
+    kv_ = PagedKv{layout_, pool_.data(), tables_, counts_};
     std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
     for (int h = 0; h < kKvHeads; ++h) {
       keys_[h].resize(static_cast<size_t>(kv_lens_[h]) * head_dim_);
@@ -65,8 +71,7 @@ class PagedAttentionTest
   int64_t Address(int h, int is_v, int slot) const {
     const int64_t block = table_[slot / kBlockTokens];
     return block * layout_.BlockFloats() +
-           ((((int64_t{kLayer} * kKvHeads + h) * 2 + is_v) * kBlockTokens) + slot % kBlockTokens) *
-               head_dim_;
+           (((int64_t{h} * 2 + is_v) * kBlockTokens) + slot % kBlockTokens) * head_dim_;
   }
 
   // The new chunk as StoreKv takes it: [kNew, kKvHeads, head_dim].
@@ -98,7 +103,9 @@ class PagedAttentionTest
   int head_dim_ = 0, n_heads_ = 0;
   PagedKvLayout layout_;
   std::vector<float> pool_, expected_pool_;
-  std::vector<int32_t> table_;
+  std::vector<int32_t> table_, other_table_;
+  const int32_t* tables_[kLayers] = {};
+  int32_t counts_[kLayers] = {};
   PagedKv kv_;
   // KV heads hold different numbers of tokens (as after eviction); both get kNew more.
   int32_t start_slots_[kKvHeads] = {};

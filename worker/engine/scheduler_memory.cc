@@ -12,13 +12,13 @@
 namespace recall::engine {
 
 int64_t Scheduler::BlocksToAdmit(const Turn& t) const {
-  const int64_t bt = pool_.layout().block_tokens;
   const Session* s = t.session;
-  const int64_t len = s->cache != nullptr ? s->cache->max_length() : 0;
-  const int64_t held = s->resident() ? s->cache->num_blocks() : 0;
-  // The rest of the prompt (prefill does not evict) plus the first generated token.
-  const int64_t remaining = static_cast<int64_t>(t.prompt.size() - t.fed) + 1;
-  return std::max<int64_t>(0, (len + remaining + bt - 1) / bt - held);
+  // The rest of the prompt (prefill does not evict) plus the first generated token, in every
+  // layer; an offloaded cache counts the blocks its restore takes.
+  const int remaining = static_cast<int>(t.prompt.size() - t.fed) + 1;
+  if (s->cache != nullptr) return s->cache->BlocksNeededFor(remaining);
+  const int64_t bt = pool_.layout().block_tokens;
+  return pool_.layout().n_layers * ((remaining + bt - 1) / bt);
 }
 
 bool Scheduler::MakeRoom(int64_t blocks, const Session* keep) {

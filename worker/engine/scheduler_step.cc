@@ -300,12 +300,9 @@ void Scheduler::RunBatch() {
       items.push_back(item);
       owners.push_back(t.get());
     }
-    // Blocks the batch appends.
+    // Blocks the batch appends (per layer, see SequenceCache::BlocksNeededFor).
     int64_t need = 0;
-    for (const BatchItem& item : items) {
-      const int64_t bt = pool_.layout().block_tokens;
-      need += (item.cache->max_length() + item.n + bt - 1) / bt - item.cache->num_blocks();
-    }
+    for (const BatchItem& item : items) need += item.cache->BlocksNeededFor(item.n);
     if (need <= pool_.free_blocks() || MakeRoom(need, nullptr)) break;
     if (!PreemptOne()) {
       // A single turn that outgrew the pool: end it rather than hang.

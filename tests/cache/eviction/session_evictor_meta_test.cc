@@ -22,7 +22,7 @@ class SessionEvictorMetaTest : public ::testing::Test {
   using RowFn = std::function<float(int pos, int l, int h, int d)>;
 
   void SetUp() override {
-    auto pool = BlockPool::Create(layout_, 64);
+    auto pool = BlockPool::Create(layout_, 128);  // 64 blocks of 4 tokens per layer
     ASSERT_TRUE(pool.ok());
     pool_ = std::move(*pool);
   }
@@ -139,8 +139,9 @@ TEST_F(SessionEvictorMetaTest, HeadAdaptiveBudgetsFollowTheGlobalTopK) {
   }
 }
 
-// Scenario: the longest head sets the blocks held (the block table is shared by all heads):
-// after the head-adaptive eviction above, 9 slots need 3 blocks where uniform mode needs 2.
+// Scenario: the longest head of a layer sets the blocks that layer holds (its block table is
+// shared by its heads): after the head-adaptive eviction above, 9 slots need 3 blocks per
+// layer where uniform mode needs 2.
 TEST_F(SessionEvictorMetaTest, HeadAdaptiveMemoryFollowsTheLongestHead) {
   SequenceCache seq(pool_.get());
   SessionEvictorOptions o = Options("h2o", 6, 2);
@@ -152,7 +153,7 @@ TEST_F(SessionEvictorMetaTest, HeadAdaptiveMemoryFollowsTheLongestHead) {
       [](int kh, int s) { return kh == 0 ? (s == 0 ? 0.9f : 0.001f) : 0.05f + 0.001f * s; }, 13);
   ASSERT_TRUE(ev->Step(probs.data(), kStride).ok());
   EXPECT_EQ(seq.max_length(), 9);
-  EXPECT_EQ(seq.num_blocks(), 3);
+  EXPECT_EQ(seq.num_blocks(), 2 * 3);
 }
 
 // Scenario: lazy, W = 4, C = 8, head-adaptive, prompt 6, 60 pseudo-random steps (both layers

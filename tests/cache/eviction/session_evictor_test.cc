@@ -18,7 +18,7 @@ class SessionEvictorTest : public ::testing::Test {
   static constexpr int kLayers = 2, kKv = 2, kHeads = 4, kDim = 4, kStride = 128;
 
   void SetUp() override {
-    auto pool = BlockPool::Create(layout_, 64);
+    auto pool = BlockPool::Create(layout_, 128);  // 64 blocks of 4 tokens per layer
     ASSERT_TRUE(pool.ok());
     pool_ = std::move(*pool);
   }
@@ -93,20 +93,20 @@ class SessionEvictorTest : public ::testing::Test {
   std::unique_ptr<BlockPool> pool_;
 };
 
-// Scenario: streaming, C = 8 (4 sinks), 21 slots (6 blocks) at step 1. Eviction keeps
-// positions 0..3 and 17..20 in every (layer, head), V moves with its token, and the cache
-// gives 4 of its 6 blocks back to the pool at once.
+// Scenario: streaming, C = 8 (4 sinks), 21 slots (6 blocks per layer) at step 1. Eviction
+// keeps positions 0..3 and 17..20 in every (layer, head), V moves with its token, and the
+// cache gives 8 of its 12 blocks back to the pool at once.
 TEST_F(SessionEvictorTest, StreamingEvictionReturnsBlocksToThePool) {
   SequenceCache seq(pool_.get());
   std::unique_ptr<SessionEvictor> ev = MakeEvictor(&seq, "streaming", 8, 32);
   ASSERT_NE(ev, nullptr);
   Append(seq, 21);
-  EXPECT_EQ(pool_->used_blocks(), 6);
+  EXPECT_EQ(pool_->used_blocks(), 12);
   ASSERT_TRUE(ev->Step(nullptr, 0).ok()) << "streaming needs no attention";
-  EXPECT_EQ(seq.num_blocks(), 2);
-  EXPECT_EQ(pool_->used_blocks(), 2);
-  EXPECT_EQ(ev->peak_kv_bytes(), 6 * pool_->block_bytes());
-  EXPECT_EQ(ev->final_kv_bytes(), 2 * pool_->block_bytes());
+  EXPECT_EQ(seq.num_blocks(), 4);
+  EXPECT_EQ(pool_->used_blocks(), 4);
+  EXPECT_EQ(ev->peak_kv_bytes(), 12 * pool_->block_bytes());
+  EXPECT_EQ(ev->final_kv_bytes(), 4 * pool_->block_bytes());
   EXPECT_EQ(ev->evictions(), kLayers * kKv);
   EXPECT_EQ(ev->evicted_slots(), kLayers * kKv * 13);
   const std::vector<int32_t> expected = {0, 1, 2, 3, 17, 18, 19, 20};
@@ -123,8 +123,8 @@ TEST_F(SessionEvictorTest, StreamingEvictionReturnsBlocksToThePool) {
 }
 
 // Scenario: lazy, C = 8, W = 4, prompt 5, 40 decode steps. Length per head peaks at C + W =
-// 12 slots (3 blocks) and after every eviction step (t % 4 == 0 once over budget) is exactly
-// C = 8 slots, i.e. exactly 2 blocks held; states stay in step with the cache.
+// 12 slots (3 blocks per layer) and after every eviction step (t % 4 == 0 once over budget) is
+// exactly C = 8 slots, i.e. exactly 2 blocks per layer held; states stay in step with the cache.
 TEST_F(SessionEvictorTest, LazyHoldsExactlyTheBudgetAfterEachEviction) {
   SequenceCache seq(pool_.get());
   std::unique_ptr<SessionEvictor> ev = MakeEvictor(&seq, "lazy", 8, 4);
@@ -148,13 +148,13 @@ TEST_F(SessionEvictorTest, LazyHoldsExactlyTheBudgetAfterEachEviction) {
       }
     }
     if (t % 4 == 0) {
-      EXPECT_EQ(seq.num_blocks(), 2) << "t=" << t;
-      EXPECT_EQ(pool_->used_blocks(), 2) << "t=" << t;
+      EXPECT_EQ(seq.num_blocks(), 4) << "t=" << t;
+      EXPECT_EQ(pool_->used_blocks(), 4) << "t=" << t;
     }
   }
   EXPECT_EQ(max_len, 12);
-  EXPECT_EQ(ev->peak_kv_bytes(), 3 * pool_->block_bytes());
-  EXPECT_EQ(ev->final_kv_bytes(), 2 * pool_->block_bytes());
+  EXPECT_EQ(ev->peak_kv_bytes(), 6 * pool_->block_bytes());
+  EXPECT_EQ(ev->final_kv_bytes(), 4 * pool_->block_bytes());
   EXPECT_EQ(ev->budgets(), (std::vector<int32_t>{8, 8}));
 }
 

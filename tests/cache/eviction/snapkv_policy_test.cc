@@ -55,7 +55,7 @@ TEST(SnapKvPolicyTest, NeverEvictsAtDecode) {
 class SnapKvSessionTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto pool = BlockPool::Create(layout_, 32);
+    auto pool = BlockPool::Create(layout_, 64);  // 32 blocks of 4 tokens per layer
     ASSERT_TRUE(pool.ok());
     pool_ = std::move(*pool);
     seq_ = std::make_unique<SequenceCache>(pool_.get());
@@ -106,11 +106,11 @@ TEST_F(SnapKvSessionTest, CompressPrefillKeepsTopPooledWindowAttentionPlusWindow
   std::unique_ptr<SessionEvictor> ev = Make("snapkv", 7);
   ASSERT_NE(ev, nullptr);
   Append(16);
-  EXPECT_EQ(seq_->num_blocks(), 4);
+  EXPECT_EQ(seq_->num_blocks(), 2 * 4);
   ASSERT_TRUE(ev->CompressPrefill(queries_.data(), 4, 1.0f).ok());
   EXPECT_EQ(Kept(0), (std::vector<int32_t>{7, 8, 9, 12, 13, 14, 15}));
   EXPECT_EQ(Kept(1), (std::vector<int32_t>{2, 3, 4, 12, 13, 14, 15}));
-  EXPECT_EQ(seq_->num_blocks(), 2) << "blocks go back at once";
+  EXPECT_EQ(seq_->num_blocks(), 2 * 2) << "blocks go back at once";
   EXPECT_EQ(ev->evictions(), 2);
   EXPECT_EQ(ev->evicted_slots(), 18);
   for (int t = 1; t <= 5; ++t) {

@@ -142,19 +142,20 @@ TEST_P(ForwardTest, BadBatchesAreRejectedWithoutTouchingCaches) {
 }
 
 TEST_P(ForwardTest, PoolExhaustionLeavesEveryCacheAsItWas) {
-  auto small = cache::BlockPool::Create({2, 2, 16, 4}, 3);  // 12 slots in all
+  auto small = cache::BlockPool::Create({2, 2, 16, 4}, 2 * 3);  // 12 slots in both layers
   ASSERT_TRUE(small.ok());
   cache::SequenceCache a(small->get()), b(small->get());
   const std::vector<int32_t> t = Tokens(8, 1);
-  BatchItem first{&a, t.data(), 5};  // 2 blocks
+  BatchItem first{&a, t.data(), 5};  // 2 blocks per layer
   ASSERT_TRUE(forward_->Run({&first, 1}, nullptr).ok());
-  std::vector<BatchItem> items = {{&b, t.data(), 3}, {&a, t.data(), 4}};  // b: 1 block, a: +1
+  // b: 1 block per layer, a: +1 per layer.
+  std::vector<BatchItem> items = {{&b, t.data(), 3}, {&a, t.data(), 4}};
   const absl::Status st = forward_->Run(items, nullptr);
   EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(a.next_position(), 5);
-  EXPECT_EQ(a.num_blocks(), 2);
+  EXPECT_EQ(a.num_blocks(), 2 * 2);
   EXPECT_EQ(b.num_blocks(), 0) << "blocks taken for b must be given back";
-  EXPECT_EQ((*small)->free_blocks(), 1);
+  EXPECT_EQ((*small)->free_blocks(), 2);
 }
 
 TEST_P(ForwardTest, ContextLimitIsEnforced) {

@@ -48,7 +48,7 @@ class GeneratorTest : public ::testing::Test {
     ASSERT_TRUE(m.ok()) << m.status();
     model_ = std::move(*m);
     backend_ = kernels::CreateCpuBackend({1});
-    pool_ = std::move(*cache::BlockPool::Create({2, 1, 16, 8}, 16));
+    pool_ = std::move(*cache::BlockPool::Create({2, 1, 16, 8}, 2 * 16));  // 16 per layer
     forward_ = std::make_unique<ForwardPass>(*model_, *backend_, ForwardOptions{64});
   }
   absl::StatusOr<GenerateResult> Run(const GenerateOptions& o, std::string* streamed = nullptr) {
@@ -171,7 +171,8 @@ TEST_F(GeneratorTest, EvictionKeepsTheCacheWithinBudgetAndIsDeterministic) {
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(a->tokens, b->tokens) << "eviction must be deterministic";
   EXPECT_GT(a->evictions, 0);
-  const int64_t block_bytes = pool_->block_bytes();  // 8 tokens per block
+  // 8 tokens of both layers; the pool's blocks hold 8 tokens of one layer.
+  const int64_t block_bytes = 2 * pool_->block_bytes();
   EXPECT_LE(a->peak_kv_bytes, 4 * block_bytes) << "C + W = 24 slots, plus one partial block";
   EXPECT_LE(a->final_kv_bytes, 3 * block_bytes);
   EXPECT_EQ(pool_->free_blocks(), pool_->num_blocks());
@@ -216,8 +217,10 @@ TEST_F(GeneratorTest, SnapKvCompressesThePromptOnceThenGrows) {
   auto r = Generate(*forward_, *pool_, tok_, prompt, o);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->tokens.size(), 10u);
-  EXPECT_EQ(r->peak_kv_bytes, 6 * pool_->block_bytes()) << "the whole prompt before compression";
-  EXPECT_EQ(r->final_kv_bytes, 4 * pool_->block_bytes());
+  // Both layers hold the same number of blocks (uniform budget).
+  EXPECT_EQ(r->peak_kv_bytes, 2 * 6 * pool_->block_bytes())
+      << "the whole prompt before compression";
+  EXPECT_EQ(r->final_kv_bytes, 2 * 4 * pool_->block_bytes());
   auto again = Generate(*forward_, *pool_, tok_, prompt, o);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->tokens, r->tokens);

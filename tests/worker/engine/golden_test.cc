@@ -30,7 +30,7 @@ std::string RunGreedy(const model::Model& model, const model::Tokenizer& tok,
   std::unique_ptr<kernels::Backend> backend = kernels::CreateCpuBackend();
   const model::ModelConfig& c = model.config;
   auto pool = cache::BlockPool::Create({c.n_layers, c.n_kv_heads, c.head_dim, 16},
-                                       (c.max_seq_len + 15) / 16);
+                                       c.n_layers * ((c.max_seq_len + 15) / 16));
   EXPECT_TRUE(pool.ok()) << pool.status();
   ForwardPass forward(model, *backend, {256});
   const std::vector<int32_t> prompt = tok.Encode(gc.prompt, /*add_bos=*/true);

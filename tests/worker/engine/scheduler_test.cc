@@ -31,10 +31,12 @@ class SchedulerTest : public ::testing::Test {
     backend_ = kernels::CreateCpuBackend({2});
   }
 
-  // A scheduler over a pool of `blocks` blocks of 16 tokens.
+  // A scheduler over a pool with room for `blocks` blocks of 16 tokens in every layer (the
+  // pool's blocks hold one layer each: blocks * n_layers of them).
   void Start(int64_t blocks, SchedulerOptions o = {}) {
     const model::ModelConfig& c = model_->config;
-    auto pool = cache::BlockPool::Create({c.n_layers, c.n_kv_heads, c.head_dim, 16}, blocks);
+    auto pool = cache::BlockPool::Create({c.n_layers, c.n_kv_heads, c.head_dim, 16},
+                                         blocks * c.n_layers);
     ASSERT_TRUE(pool.ok()) << pool.status();
     pool_ = std::move(*pool);
     o.stop_token_ids = {2};
@@ -240,7 +242,7 @@ TEST_F(SchedulerTest, TurnThatCanNeverFitIsResourceExhausted) {
   TurnRequest r = Turn("big", std::string(300, 'a'), 5);
   Collected c = Run(r);
   EXPECT_EQ(c.status.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(pool_->free_blocks(), 2);
+  EXPECT_EQ(pool_->free_blocks(), 2 * model_->config.n_layers);
 }
 
 TEST_F(SchedulerTest, TurnLongerThanTheContextIsInvalidArgument) {
@@ -266,7 +268,8 @@ TEST_F(SchedulerTest, LazyEvictionKeepsTheSessionWithinItsBudget) {
   EXPECT_GT(l.summary.evictions, 0);
   if (l.summary.generated_tokens > 100) {
     EXPECT_LT(l.summary.kv_bytes, f.summary.kv_bytes);
-    EXPECT_LE(l.summary.kv_bytes, (64 + 16 + 16) / 16 * pool_->block_bytes());
+    EXPECT_LE(l.summary.kv_bytes,
+              (64 + 16 + 16) / 16 * model_->config.n_layers * pool_->block_bytes());
   }
 }
 
