@@ -130,6 +130,45 @@ absl::StatusOr<v1::ConverseDone> Client::Generate(const v1::GenerateRequest& req
   return ReadReply(reader, on_text);
 }
 
+std::unique_ptr<ReplyStream> Client::ConverseStream(const std::string& session_id,
+                                                    const std::string& message,
+                                                    const v1::SamplingParams& sampling) {
+  v1::ConverseRequest req;
+  req.set_session_id(session_id);
+  req.set_message(message);
+  *req.mutable_sampling() = sampling;
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  Prepare(ctx.get());
+  auto reader = stub_->Converse(ctx.get(), req);
+  return std::make_unique<ReplyStream>(std::move(ctx), std::move(reader));
+}
+
+ReplyStream::~ReplyStream() {
+  if (!finished_) {
+    context_->TryCancel();
+    v1::ConverseEvent ev;
+    while (reader_->Read(&ev)) {
+    }
+    reader_->Finish();
+  }
+}
+
+bool ReplyStream::Next(std::string* text) {
+  if (finished_) return false;
+  v1::ConverseEvent ev;
+  while (reader_->Read(&ev)) {
+    if (ev.has_done()) {
+      done_ = ev.done();
+    } else if (!ev.tokens().text().empty()) {
+      *text = ev.tokens().text();
+      return true;
+    }
+  }
+  status_ = ToAbsl(reader_->Finish());
+  finished_ = true;
+  return false;
+}
+
 absl::StatusOr<std::unique_ptr<Session>> Client::StartSession(
     const v1::CreateSessionRequest& request) {
   absl::StatusOr<v1::Session> s = CreateSession(request);
@@ -140,6 +179,10 @@ absl::StatusOr<std::unique_ptr<Session>> Client::StartSession(
 absl::StatusOr<v1::ConverseDone> Session::Send(const std::string& message,
                                                const TextCallback& on_text) {
   return client_.Converse(id(), message, sampling_, on_text);
+}
+
+std::unique_ptr<ReplyStream> Session::Stream(const std::string& message) {
+  return client_.ConverseStream(id(), message, sampling_);
 }
 
 absl::StatusOr<std::vector<v1::ChatMessage>> Session::History() {

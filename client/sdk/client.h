@@ -35,6 +35,32 @@ using TextCallback = std::function<void(const std::string& text)>;
 
 class Session;
 
+// A reply read piece by piece (the iterator form of Converse):
+//   auto reply = session->Stream("Hi");
+//   std::string text;
+//   while (reply->Next(&text)) std::cout << text;
+//   if (!reply->status().ok()) ...
+class ReplyStream {
+ public:
+  ReplyStream(std::unique_ptr<grpc::ClientContext> context,
+              std::unique_ptr<grpc::ClientReader<v1::ConverseEvent>> reader)
+      : context_(std::move(context)), reader_(std::move(reader)) {}
+  ~ReplyStream();  // cancels the turn if the reply was not read to its end
+
+  // The next piece of text (tokens whose text is held back come with a later piece);
+  // false at the end of the reply.
+  bool Next(std::string* text);
+  absl::Status status() const { return status_; }
+  const v1::ConverseDone& done() const { return done_; }
+
+ private:
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<grpc::ClientReader<v1::ConverseEvent>> reader_;
+  absl::Status status_;
+  v1::ConverseDone done_;
+  bool finished_ = false;
+};
+
 class Client {
  public:
   static std::unique_ptr<Client> Connect(ClientOptions options);
@@ -53,6 +79,10 @@ class Client {
                                             const TextCallback& on_text);
   absl::StatusOr<v1::ConverseDone> Generate(const v1::GenerateRequest& request,
                                             const TextCallback& on_text);
+  // Converse as an iterator.
+  std::unique_ptr<ReplyStream> ConverseStream(const std::string& session_id,
+                                              const std::string& message,
+                                              const v1::SamplingParams& sampling);
 
   // A new session wrapped for multi-turn use.
   absl::StatusOr<std::unique_ptr<Session>> StartSession(const v1::CreateSessionRequest& request);
@@ -75,6 +105,7 @@ class Session {
   v1::SamplingParams& sampling() { return sampling_; }
 
   absl::StatusOr<v1::ConverseDone> Send(const std::string& message, const TextCallback& on_text);
+  std::unique_ptr<ReplyStream> Stream(const std::string& message);
   absl::StatusOr<std::vector<v1::ChatMessage>> History();
   // Deletes the session on the server.
   absl::Status Close();
