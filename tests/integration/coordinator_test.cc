@@ -5,6 +5,7 @@
 // bad requests with their codes and the transcript left unchanged.
 #include <signal.h>
 
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <thread>
@@ -169,32 +170,6 @@ TEST_F(CoordinatorTest, MultiTurnChatsStickToTheirWorkerAndReuseTheCache) {
   EXPECT_GE(used.size(), 1u);
 }
 
-TEST_F(CoordinatorTest, WorkerKilledMidReplyTheStreamCompletesElsewhereWithNothingLost) {
-  // Reference: the same first turn, uninterrupted (greedy is deterministic).
-  const Reply reference = Say(Create(), "Once upon a time", 200);
-  ASSERT_TRUE(reference.status.ok());
-  ASSERT_GT(reference.tokens.size(), 50u);
-
-  const std::string id = Create();
-  int killed = -1;
-  Reply r = Say(id, "Once upon a time", 200, "key-a", [&] {
-    killed = BusyWorker();
-    if (killed >= 0) workers_[killed].Kill();  // SIGKILL, mid-stream
-  });
-  ASSERT_GE(killed, 0) << "no worker was running the turn";
-  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
-  EXPECT_EQ(r.done.failovers(), 1);
-  EXPECT_EQ(r.tokens, reference.tokens) << "no token lost or repeated";
-  EXPECT_EQ(r.text, reference.text);
-  // The transcript holds the whole reply, and the next turn is served by the survivor.
-  const v1::Session stored = Get(id);
-  ASSERT_EQ(stored.messages_size(), 3);
-  EXPECT_EQ(stored.messages(2).content(), reference.text);
-  Reply next = Say(id, "And then?");
-  ASSERT_TRUE(next.status.ok()) << next.status.error_message();
-  EXPECT_EQ(next.done.worker(), "127.0.0.1:" + std::to_string(workers_[1 - killed].port("grpc")));
-}
-
 TEST_F(CoordinatorTest, SessionsSurviveACoordinatorRestart) {
   const std::string id = Create();
   ASSERT_TRUE(Say(id, "Once upon a time").status.ok());
@@ -348,6 +323,55 @@ TEST(CoordinatorRegistrationTest, AWorkerRegistersItselfAndServes) {
   while (reader->Read(&ev)) ++events;
   EXPECT_TRUE(reader->Finish().ok());
   EXPECT_GT(events, 1);
+}
+
+// Workers with random weights of SmolLM2-135M's shape: tens of ms per token on the CPU, so
+// the kill after the first token event surely lands mid-reply even on a loaded machine.
+class FailoverTest : public CoordinatorTest {
+ protected:
+  void SetUp() override {
+    const std::string config = testing::SharedPath("tokenizers/smollm2/config.json");
+    if (!std::filesystem::exists(config)) GTEST_SKIP() << "shared data missing: " << config;
+    dir_ = testing::MakeTempDir("failover");
+    std::ofstream(dir_ + "/keys") << "key-a tenant-a\n";
+    for (int i = 0; i < 2; ++i) {
+      std::string error;
+      ASSERT_TRUE(workers_[i].Start(RECALL_WORKER_BINARY,
+                                    {"--model", testing::SharedPath("tokenizers/smollm2"),
+                                     "--random-weights", "--listen", "127.0.0.1:0",
+                                     "--kv-cache-bytes", "64M", "--threads", "1"},
+                                    dir_, &error))
+          << error;
+    }
+    StartCoordinator();
+  }
+};
+
+TEST_F(FailoverTest, WorkerKilledMidReplyTheStreamCompletesElsewhereWithNothingLost) {
+  // Reference: the same first turn, uninterrupted (greedy is deterministic, and both
+  // workers hold the same weights).
+  const Reply reference = Say(Create(), "Once upon a time", 48);
+  ASSERT_TRUE(reference.status.ok()) << reference.status.error_message();
+  ASSERT_GT(reference.tokens.size(), 20u);
+
+  const std::string id = Create();
+  int killed = -1;
+  Reply r = Say(id, "Once upon a time", 48, "key-a", [&] {
+    killed = BusyWorker();
+    if (killed >= 0) workers_[killed].Kill();  // SIGKILL, mid-stream
+  });
+  ASSERT_GE(killed, 0) << "no worker was running the turn";
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.done.failovers(), 1);
+  EXPECT_EQ(r.tokens, reference.tokens) << "no token lost or repeated";
+  EXPECT_EQ(r.text, reference.text);
+  // The transcript holds the whole reply, and the next turn is served by the survivor.
+  const v1::Session stored = Get(id);
+  ASSERT_EQ(stored.messages_size(), 3);
+  EXPECT_EQ(stored.messages(2).content(), reference.text);
+  Reply next = Say(id, "And then?", 8);
+  ASSERT_TRUE(next.status.ok()) << next.status.error_message();
+  EXPECT_EQ(next.done.worker(), "127.0.0.1:" + std::to_string(workers_[1 - killed].port("grpc")));
 }
 
 }  // namespace
