@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/status.h"
 
 namespace recall::engine {
 
@@ -38,6 +39,15 @@ void ForwardPass::MatMul(const float* x, int n, const kernels::Matrix& w, float*
     backend_.MatMul(x + static_cast<size_t>(r) * w.cols, std::min(piece, n - r), w,
                     y + static_cast<size_t>(r) * w.rows);
   }
+}
+
+absl::Status ForwardPass::AddReduced(float* x, float* y, int total) {
+  const int64_t count = static_cast<int64_t>(total) * model_.config.dim;
+  if (options_.comm != nullptr) {
+    RECALL_RETURN_IF_ERROR(options_.comm->AllReduce(x, count, kernels::ReduceOp::kSum));
+  }
+  backend_.Add(y, x, count);
+  return absl::OkStatus();
 }
 
 void ForwardPass::CaptureWindowQueries(std::span<const BatchItem> batch, int layer) {
@@ -90,13 +100,31 @@ absl::Status ForwardPass::Run(std::span<const BatchItem> batch, float* logits) {
                                                    " tokens exceeds max_batch_tokens ",
                                                    options_.max_batch_tokens));
   }
-  // ---- Reserve cache room; on failure give back what this call took.
-  for (size_t i = 0; i < batch.size(); ++i) {
-    absl::Status st = batch[i].cache->Reserve(batch[i].n);
+  // ---- Reserve cache room; on failure (on any rank) give back what this call took.
+  absl::Status reserved = absl::OkStatus();
+  size_t n_reserved = 0;
+  for (; n_reserved < batch.size() && reserved.ok(); ++n_reserved) {
+    reserved = batch[n_reserved].cache->Reserve(batch[n_reserved].n);
+  }
+  if (!reserved.ok()) --n_reserved;
+  const auto give_back = [&] {
+    for (size_t j = 0; j < n_reserved; ++j) batch[j].cache->TrimBlocks();
+  };
+  if (options_.comm != nullptr) {
+    int32_t all_ok = reserved.ok() ? 1 : 0;
+    absl::Status st = options_.comm->AllReduce(&all_ok, 1, kernels::ReduceOp::kMin);
     if (!st.ok()) {
-      for (size_t j = 0; j < i; ++j) batch[j].cache->TrimBlocks();
+      give_back();
       return st;
     }
+    if (all_ok == 0 && reserved.ok()) {
+      reserved = absl::ResourceExhaustedError(
+          "KV block pool of another tensor-parallel rank cannot hold the batch");
+    }
+  }
+  if (!reserved.ok()) {
+    give_back();
+    return reserved;
   }
 
   // ---- Gather tokens and positions.
@@ -162,14 +190,20 @@ absl::Status ForwardPass::Run(std::span<const BatchItem> batch, float* logits) {
     }
 
     MatMul(att_.data(), total, w.wo, xb_.data());
-    backend_.Add(x, xb_.data(), static_cast<int64_t>(total) * dim);
+    if (absl::Status st = AddReduced(xb_.data(), x, total); !st.ok()) {
+      give_back();
+      return st;
+    }
     backend_.RmsNorm(x, w.ffn_norm.f32(), total, dim, c.norm_eps, xb_.data());
     MatMul(xb_.data(), total, w.w_gate, hb_.data());
     MatMul(xb_.data(), total, w.w_up, hb2_.data());
     backend_.SiluMul(hb_.data(), hb2_.data(), static_cast<int64_t>(total) * c.hidden_dim,
                      hb_.data());
     MatMul(hb_.data(), total, w.w_down, xb_.data());
-    backend_.Add(x, xb_.data(), static_cast<int64_t>(total) * dim);
+    if (absl::Status st = AddReduced(xb_.data(), x, total); !st.ok()) {
+      give_back();
+      return st;
+    }
   }
 
   // ---- Commit the appended tokens to every cache.

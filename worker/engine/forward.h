@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "cache/sequence_cache.h"
 #include "kernels/backend.h"
+#include "kernels/comm/communicator.h"
 #include "worker/model/model.h"
 
 namespace recall::engine {
@@ -45,6 +46,12 @@ struct ForwardOptions {
   // batched. On the CPU the split costs little: a piece of 24 rows streams the weights once,
   // about what sgemm achieves.
   bool batch_invariant = false;
+  // Tensor parallelism: this rank's communicator, or null for one rank. With it, the model is
+  // a shard (tp/shard.h): the outputs of wo and w_down are partial sums, all-reduced before
+  // the residual add, and the ranks agree on cache reservations (if one rank's pool cannot
+  // hold the batch, every rank fails the call with ResourceExhausted and changes nothing).
+  // Every rank must run the same batch (same tokens, same sequences' positions).
+  kernels::Communicator* comm = nullptr;
 };
 
 class ForwardPass {
@@ -64,6 +71,9 @@ class ForwardPass {
  private:
   // y = x * w^T over n rows, split per options_.batch_invariant.
   void MatMul(const float* x, int n, const kernels::Matrix& w, float* y);
+  // y += x over the batch's rows, summed over the tensor-parallel ranks first (x is this rank's
+  // partial sum). x: [total, dim].
+  absl::Status AddReduced(float* x, float* y, int total);
   // Copies the window queries of items that asked for them (see BatchItem).
   void CaptureWindowQueries(std::span<const BatchItem> batch, int layer);
 

@@ -16,6 +16,7 @@
 #include "cache/eviction/session_evictor.h"
 #include "kernels/sampling_params.h"
 #include "worker/engine/forward.h"
+#include "worker/engine/sequence.h"
 #include "worker/model/tokenizer.h"
 
 namespace recall::engine {
@@ -50,7 +51,18 @@ struct GenerateResult {
 // Called with each new piece of text as soon as it cannot belong to a stop string.
 using TextCallback = std::function<void(const std::string& delta)>;
 
-// Runs `prompt` (token ids; non-empty) through a fresh sequence in `pool`. The sequence's
+// Runs `prompt` (token ids; non-empty) through `seq` (fresh) and samples with `sampler`
+// (tensor parallelism: rank 0's backend; the sampled token is what every rank appends next).
+// `config` is the (full) model's. GenerateOptions::eviction is ignored: the sequence was made
+// with its evictor. InvalidArgument for bad options or a prompt longer than the context.
+absl::StatusOr<GenerateResult> Generate(Sequence& seq, kernels::Backend& sampler,
+                                        const model::ModelConfig& config,
+                                        const model::Tokenizer& tokenizer,
+                                        const std::vector<int32_t>& prompt,
+                                        const GenerateOptions& options,
+                                        const TextCallback& on_text = nullptr);
+
+// Runs `prompt` (token ids; non-empty) through a fresh LocalSequence in `pool`. The sequence's
 // blocks are returned to the pool before returning. InvalidArgument for bad options or a
 // prompt longer than the context; ResourceExhausted if the pool is too small.
 absl::StatusOr<GenerateResult> Generate(ForwardPass& forward, cache::BlockPool& pool,
