@@ -9,6 +9,7 @@
 #include "cache/eviction/caote.h"
 #include "cache/eviction/snapkv_policy.h"
 #include "common/logging.h"
+#include "common/status.h"
 
 namespace recall::cache::eviction {
 
@@ -29,6 +30,28 @@ absl::StatusOr<std::unique_ptr<SessionEvictor>> SessionEvictor::Create(
         absl::StrCat("session evictor: head_adaptive needs per-KV-head budgets; policy '",
                      (*policy)->name(), "' keeps one token set for all heads of a layer"));
   }
+  const EvictionPolicy& p = **policy;
+  if (options.share_tokens) {
+    const char* why = options.budget.head_adaptive ? "head_adaptive budgets are per KV head"
+                      : p.needs_keys()              ? "it scores each KV head by its own keys"
+                      : p.compresses_prefill()      ? "it compresses the prompt per KV head"
+                                                    : nullptr;
+    if (why != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "session evictor: share_tokens does not apply to policy '", p.name(), "': ", why));
+    }
+  }
+  if (options.comm != nullptr) {
+    const int tp = options.comm->size();
+    const int total = options.total_kv_heads > 0 ? options.total_kv_heads : n_kv_heads;
+    if (total < n_kv_heads || (static_cast<int64_t>(tp) * n_kv_heads) % total != 0 ||
+        options.kv_head_offset < 0 || options.kv_head_offset + n_kv_heads > total) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "session evictor: KV heads [", options.kv_head_offset, ", ",
+          options.kv_head_offset + n_kv_heads, ") of rank ", options.comm->rank(), " of ", tp,
+          " do not tile the model's total_kv_heads ", total));
+    }
+  }
   BudgetOptions budget = options.budget;
   budget.reserved = std::max(budget.reserved, (*policy)->min_budget());
   absl::StatusOr<BudgetAllocator> allocator = BudgetAllocator::Create(budget, n_layers);
@@ -47,14 +70,22 @@ SessionEvictor::SessionEvictor(const SessionEvictorOptions& options,
       n_layers_(cache->View().layout.n_layers),
       n_kv_heads_(cache->View().layout.n_kv_heads),
       head_dim_(cache->View().layout.head_dim),
-      states_per_layer_(policy_->layer_shared() ? 1 : n_kv_heads_),
+      shared_(policy_->layer_shared() || options.share_tokens),
+      states_per_layer_(shared_ ? 1 : n_kv_heads_),
       states_(static_cast<size_t>(n_layers_) * states_per_layer_),
       state_evictions_(static_cast<size_t>(n_layers_) * states_per_layer_, 0),
       budgets_(static_cast<size_t>(n_layers_)),
       needs_probs_(policy_->needs_attention() ||
                    options.policy.meta_score == PolicyOptions::MetaScore::kCaoteCurrentQuery),
       candidates_(static_cast<size_t>(n_kv_heads_)),
-      head_keeps_(static_cast<size_t>(n_kv_heads_)) {}
+      head_keeps_(static_cast<size_t>(n_kv_heads_)) {
+  tp_heads_.n_local = n_kv_heads_;
+  tp_heads_.offset = options.kv_head_offset;
+  tp_heads_.n_total = options.total_kv_heads > 0 ? options.total_kv_heads : n_kv_heads_;
+  if (options.comm != nullptr) {
+    tp_heads_.replicas = options.comm->size() * n_kv_heads_ / tp_heads_.n_total;
+  }
+}
 
 void SessionEvictor::Reserve(int max_len) {
   for (HeadState& s : states_) s.Reserve(max_len);
@@ -121,34 +152,40 @@ void SessionEvictor::GatherValues(int layer, int head, int begin, int end) {
   }
 }
 
-void SessionEvictor::PrepareContext(int layer, int head, int len, SelectContext* ctx) {
+absl::Status SessionEvictor::PrepareContext(int layer, int head, int len, SelectContext* ctx) {
   ctx->value_range = nullptr;
   ctx->keys = nullptr;
   ctx->head_dim = head_dim_;
   if (options_.policy.value_protection > 0.0f || policy_->needs_value_range()) {
-    if (policy_->layer_shared()) {
+    if (shared_) {
       for (int h = 0; h < n_kv_heads_; ++h) ComputeValueRanges(layer, h, len, h > 0);
+      if (options_.comm != nullptr) {
+        RECALL_RETURN_IF_ERROR(
+            options_.comm->AllReduce(value_range_.data(), len, kernels::ReduceOp::kMax));
+      }
     } else {
       ComputeValueRanges(layer, head, len, false);
     }
     ctx->value_range = value_range_.data();
   }
   if (policy_->needs_keys()) {
-    RECALL_CHECK(!policy_->layer_shared()) << "needs_keys() is per KV head";
+    RECALL_CHECK(!shared_) << "needs_keys() is per KV head";
     GatherKeys(layer, head, len);
     ctx->keys = keys_.data();
   }
   ctx->layer = layer;
-  ctx->head = policy_->layer_shared() ? 0 : options_.kv_head_offset + head;
+  ctx->head = shared_ ? 0 : options_.kv_head_offset + head;
   ctx->eviction_count = state_evictions_[static_cast<size_t>(layer) * states_per_layer_ + head];
+  return absl::OkStatus();
 }
 
-void SessionEvictor::ApplyMetaScore(int layer, int head, int len, const float* layer_probs,
-                                    int64_t stride, CandidateSet* c) {
+absl::Status SessionEvictor::ApplyMetaScore(int layer, int head, int len,
+                                            const float* layer_probs, int64_t stride,
+                                            CandidateSet* c) {
   const PolicyOptions::MetaScore meta = options_.policy.meta_score;
   const int m = c->num_candidates();
-  if (meta == PolicyOptions::MetaScore::kNone || m == 0) return;
-  const bool shared = policy_->layer_shared();
+  if (meta == PolicyOptions::MetaScore::kNone || m == 0) return absl::OkStatus();
+  const bool shared = shared_;
   caote_sum_.assign(static_cast<size_t>(m), 0.0);
   if (meta == PolicyOptions::MetaScore::kCaote) {
     caote_a_.resize(static_cast<size_t>(m));
@@ -174,26 +211,32 @@ void SessionEvictor::ApplyMetaScore(int layer, int head, int len, const float* l
       }
     }
   }
+  if (shared && options_.comm != nullptr) {
+    RECALL_RETURN_IF_ERROR(options_.comm->AllReduce(caote_sum_.data(), m, kernels::ReduceOp::kSum));
+  }
   std::copy(caote_sum_.begin(), caote_sum_.end(), c->score.begin() + c->begin);
+  return absl::OkStatus();
 }
 
-void SessionEvictor::ScoreHead(int layer, int head, const HeadState& state, int len, int t,
-                               const float* layer_probs, int64_t stride, const SelectContext& ctx) {
+absl::Status SessionEvictor::ScoreHead(int layer, int head, const HeadState& state, int len,
+                                       int t, const float* layer_probs, int64_t stride,
+                                       const SelectContext& ctx) {
   CandidateSet* c = &candidates_[static_cast<size_t>(head)];
   ScoreCandidates(*policy_, state, len, t, ctx, c);
-  ApplyMetaScore(ctx.layer, head, len, layer_probs, stride, c);
+  return ApplyMetaScore(ctx.layer, head, len, layer_probs, stride, c);
 }
 
-void SessionEvictor::SelectForHead(int layer, int head, const HeadState& state, int len, int budget,
-                                   int t, const float* layer_probs, int64_t stride,
-                                   const SelectContext& ctx) {
+absl::Status SessionEvictor::SelectForHead(int layer, int head, const HeadState& state, int len,
+                                           int budget, int t, const float* layer_probs,
+                                           int64_t stride, const SelectContext& ctx) {
   if (options_.policy.meta_score == PolicyOptions::MetaScore::kNone) {
     policy_->SelectKeep(state, len, budget, t, ctx, &keep_);
-    return;
+    return absl::OkStatus();
   }
   RECALL_CHECK(ctx.layer == layer) << "context prepared for another layer";
-  ScoreHead(layer, head, state, len, t, layer_probs, stride, ctx);
+  RECALL_RETURN_IF_ERROR(ScoreHead(layer, head, state, len, t, layer_probs, stride, ctx));
   SelectUniform(candidates_[static_cast<size_t>(head)], budget, &select_, &keep_);
+  return absl::OkStatus();
 }
 
 void SessionEvictor::CompactHead(int layer, int head, int len, const std::vector<int32_t>& keep,
@@ -206,9 +249,9 @@ void SessionEvictor::CompactHead(int layer, int head, int len, const std::vector
   evicted_slots_ += len - static_cast<int64_t>(keep.size());
 }
 
-bool SessionEvictor::CompactHeadAdaptive(int layer, int budget, bool with_state) {
-  SelectHeadAdaptive(candidates_.data(), n_kv_heads_, budget, options_.budget.head_safeguard,
-                     &adaptive_, &head_keeps_);
+absl::StatusOr<bool> SessionEvictor::CompactHeadAdaptive(int layer, int budget,
+                                                         bool with_state) {
+  RECALL_RETURN_IF_ERROR(SelectAdaptive(layer, budget));
   bool compacted = false;
   for (int h = 0; h < n_kv_heads_; ++h) {
     const std::vector<int32_t>& keep = head_keeps_[static_cast<size_t>(h)];
@@ -271,21 +314,29 @@ absl::Status SessionEvictor::CompressPrefill(const float* window_queries, int w,
       AppendSlots(&prefill_state_, len, 0);
       SnapKvPolicy::WindowScores(keys_.data(), len, q, w, n_heads, h * group, group, head_dim_,
                                  scale, &select_, prefill_state_.score.data());
-      PrepareContext(l, h, len, &ctx);
+      RECALL_RETURN_IF_ERROR(PrepareContext(l, h, len, &ctx));
       if (head_adaptive) {
-        ScoreHead(l, h, prefill_state_, len, 0, nullptr, 0, ctx);
+        RECALL_RETURN_IF_ERROR(ScoreHead(l, h, prefill_state_, len, 0, nullptr, 0, ctx));
         continue;
       }
-      SelectForHead(l, h, prefill_state_, len, budget, 0, nullptr, 0, ctx);
+      RECALL_RETURN_IF_ERROR(SelectForHead(l, h, prefill_state_, len, budget, 0, nullptr, 0, ctx));
+      if (options_.verify_keep) {
+        replica_digest_.Add(l);
+        replica_digest_.Add(options_.kv_head_offset + h);
+        replica_digest_.Add(keep_);
+      }
       if (static_cast<int>(keep_.size()) == len) continue;
       CompactHead(l, h, len, keep_, /*with_state=*/false);
       compacted = true;
     }
-    if (head_adaptive) compacted |= CompactHeadAdaptive(l, budget, /*with_state=*/false);
+    if (head_adaptive) {
+      RECALL_ASSIGN_OR_RETURN(const bool any, CompactHeadAdaptive(l, budget, /*with_state=*/false));
+      compacted |= any;
+    }
   }
   if (compacted) cache_->TrimBlocks();
   prefill_compressed_ = true;
-  return absl::OkStatus();
+  return VerifyStep(0);
 }
 
 absl::Status SessionEvictor::Step(const float* probs, int64_t stride) {
@@ -304,6 +355,7 @@ absl::Status SessionEvictor::Step(const float* probs, int64_t stride) {
         "session evictor: policy '", policy_->name(),
         "' compresses the prompt: call CompressPrefill after prefill, before the first Step"));
   }
+  RECALL_RETURN_IF_ERROR(AgreeOnStep());
   const int t = ++step_;
   peak_bytes_ = std::max(peak_bytes_, cache_->bytes_held());
   allocator_.Allocate(cache_->next_position(), budgets_.data());
@@ -327,20 +379,23 @@ absl::Status SessionEvictor::Step(const float* probs, int64_t stride) {
                                     << ") was compacted outside the evictor";
       AppendSlots(&s, len - s.size(), t);
     }
-    if (policy_->layer_shared()) {
+    if (shared_) {
       const int len = lengths[0];
       for (int h = 1; h < n_kv_heads_; ++h) {
-        RECALL_CHECK(lengths[h] == len) << "layer-shared policy needs equal head lengths";
+        RECALL_CHECK(lengths[h] == len) << "a shared token set needs equal head lengths";
       }
       HeadState& s = states_[static_cast<size_t>(l)];
       if (needs) {
-        reduced_.resize(static_cast<size_t>(stride));
-        AverageOverHeads(layer_probs, n_heads, stride, len, reduced_.data());
+        RECALL_RETURN_IF_ERROR(ReduceShared(layer_probs, stride, len));
         policy_->Observe(&s, reduced_.data(), len, t);
       }
       if (!policy_->ShouldEvict(len, budget, t)) continue;
-      PrepareContext(l, 0, len, &ctx);
-      SelectForHead(l, 0, s, len, budget, t, layer_probs, stride, ctx);
+      RECALL_RETURN_IF_ERROR(PrepareContext(l, 0, len, &ctx));
+      RECALL_RETURN_IF_ERROR(SelectForHead(l, 0, s, len, budget, t, layer_probs, stride, ctx));
+      if (options_.verify_keep) {
+        common_digest_.Add(l);
+        common_digest_.Add(keep_);
+      }
       if (static_cast<int>(keep_.size()) == len) continue;
       ++state_evictions_[static_cast<size_t>(l)];
       for (int h = 0; h < n_kv_heads_; ++h) {
@@ -363,31 +418,40 @@ absl::Status SessionEvictor::Step(const float* probs, int64_t stride) {
       layer_len += lengths[h];
     }
     if (options_.budget.head_adaptive) {
-      const int64_t layer_budget = static_cast<int64_t>(budget) * n_kv_heads_;
+      RECALL_ASSIGN_OR_RETURN(layer_len, LayerLength(layer_len));
+      const int64_t layer_budget = static_cast<int64_t>(budget) * tp_heads_.n_total;
       constexpr int64_t kMax = std::numeric_limits<int>::max();
       if (!policy_->ShouldEvict(static_cast<int>(std::min(layer_len, kMax)),
                                 static_cast<int>(std::min(layer_budget, kMax)), t)) {
         continue;
       }
       for (int h = 0; h < n_kv_heads_; ++h) {
-        PrepareContext(l, h, lengths[h], &ctx);
-        ScoreHead(l, h, layer_states[h], lengths[h], t, layer_probs, stride, ctx);
+        RECALL_RETURN_IF_ERROR(PrepareContext(l, h, lengths[h], &ctx));
+        RECALL_RETURN_IF_ERROR(
+            ScoreHead(l, h, layer_states[h], lengths[h], t, layer_probs, stride, ctx));
       }
-      compacted |= CompactHeadAdaptive(l, budget, /*with_state=*/true);
+      RECALL_ASSIGN_OR_RETURN(const bool any, CompactHeadAdaptive(l, budget, /*with_state=*/true));
+      compacted |= any;
       continue;
     }
     for (int h = 0; h < n_kv_heads_; ++h) {
       const int len = lengths[h];
       if (!policy_->ShouldEvict(len, budget, t)) continue;
-      PrepareContext(l, h, len, &ctx);
-      SelectForHead(l, h, layer_states[h], len, budget, t, layer_probs, stride, ctx);
+      RECALL_RETURN_IF_ERROR(PrepareContext(l, h, len, &ctx));
+      RECALL_RETURN_IF_ERROR(
+          SelectForHead(l, h, layer_states[h], len, budget, t, layer_probs, stride, ctx));
+      if (options_.verify_keep) {
+        replica_digest_.Add(l);
+        replica_digest_.Add(options_.kv_head_offset + h);
+        replica_digest_.Add(keep_);
+      }
       if (static_cast<int>(keep_.size()) == len) continue;
       CompactHead(l, h, len, keep_, /*with_state=*/true);
       compacted = true;
     }
   }
   if (compacted) cache_->TrimBlocks();
-  return absl::OkStatus();
+  return VerifyStep(t);
 }
 
 }  // namespace recall::cache::eviction

@@ -58,6 +58,7 @@
 #include "cache/eviction/candidate_set.h"
 #include "cache/eviction/eviction_policy.h"
 #include "cache/eviction/head_adaptive.h"
+#include "cache/eviction/tp_sync.h"
 #include "cache/sequence_cache.h"
 
 namespace recall::cache::eviction {
@@ -69,6 +70,33 @@ struct SessionEvictorOptions {
   uint64_t session = 0;  // seeds stochastic policies together with PolicyOptions::seed
   // Model-global index of this rank's KV head 0 (tensor parallelism), for the seed context.
   int kv_head_offset = 0;
+
+  // One token set for all KV heads of a layer (EVICTION.md section 5, "one token set shared by
+  // all heads"): a slot's probability for the layer is the max over all the layer's query
+  // heads (every rank's: all-reduced MAX, which is exact), the policy keeps one state per
+  // layer, identical on every rank, and every head keeps the same slots. Value ranges are the
+  // max over the layer's KV heads (all ranks'); CAOTE sums over them (all ranks'). For
+  // decode-time policies that need no keys (not snapkv, not rkv); layer-shared policies (TOVA)
+  // always work this way (their mean over query heads is summed over ranks in double).
+  bool share_tokens = false;
+  // Tensor parallelism: this rank's communicator, or null for one rank. With a communicator
+  // the cache holds this rank's KV heads, n_heads is the rank's query heads, kv_head_offset
+  // its first KV head and total_kv_heads the model's (0 means the cache's n_kv_heads). Every
+  // rank's evictor must be created with the same options (but for kv_head_offset) and
+  // stepped in lockstep. Modes:
+  //  - uniform per-head counts (neither share_tokens nor budget.head_adaptive): each rank
+  //    decides for its own heads; no communication beyond the step broadcast (TOVA excepted);
+  //  - share_tokens: as above, one all-reduce per layer and step;
+  //  - budget.head_adaptive (Ada-KV): the candidate sets of all ranks are all-gathered when a
+  //    layer evicts, so every rank computes the same exact global top-k over all KV heads.
+  // Each Step starts by broadcasting rank 0's step counter (the request-level decision);
+  // a rank whose counter differs fails the step (Internal).
+  kernels::Communicator* comm = nullptr;
+  int total_kv_heads = 0;
+  // Debug check: every Step (and CompressPrefill) all-gathers a checksum of the kept indices
+  // and fails loudly (Internal, naming the ranks) if the ranks disagree. Costs one small
+  // all-gather per step.
+  bool verify_keep = false;
 };
 
 class SessionEvictor {
@@ -123,29 +151,46 @@ class SessionEvictor {
   SessionEvictor(const SessionEvictorOptions& options, std::unique_ptr<EvictionPolicy> policy,
                  BudgetAllocator budgets, SequenceCache* cache);
 
+  // ---- Tensor parallelism and token sharing (session_evictor_tp.cc).
+  // Broadcasts rank 0's step counter; Internal if this rank's next step differs.
+  absl::Status AgreeOnStep();
+  // One probability per slot for a shared-token layer into reduced_[0, len): the mean over
+  // the layer's query heads (layer-shared policies) or their max, over every rank.
+  absl::Status ReduceShared(const float* layer_probs, int64_t stride, int len);
+  // Head-adaptive selection of one layer (candidates_ filled for every local head) into
+  // head_keeps_, over every rank's heads when there is a communicator.
+  absl::Status SelectAdaptive(int layer, int budget);
+  // The layer's total length for head-adaptive ShouldEvict: summed over the ranks (each
+  // model-global KV head counted once).
+  absl::StatusOr<int64_t> LayerLength(int64_t local);
+  // Compares this step's digests across ranks (verify_keep); resets them.
+  absl::Status VerifyStep(int t);
+
   // Computes value ranges of slots [0, len) of (layer, head) into value_range_ (max with
   // what is there when `accumulate`).
   void ComputeValueRanges(int layer, int head, int len, bool accumulate);
   // Copies the K rows of slots [0, len) of (layer, head) into keys_ ([len, head_dim]).
   void GatherKeys(int layer, int head, int len);
-  // Fills ctx's value_range / keys for (layer, head) as the policy needs.
-  void PrepareContext(int layer, int head, int len, SelectContext* ctx);
+  // Fills ctx's value_range / keys for (layer, head) as the policy needs (value ranges over
+  // every head of the layer, all ranks', for shared token sets).
+  absl::Status PrepareContext(int layer, int head, int len, SelectContext* ctx);
   // Copies the V rows of slots [begin, end) of (layer, head) into values_.
   void GatherValues(int layer, int head, int begin, int end);
   // Writes to keep_ the slots (layer, head) keeps (head 0 for layer-shared policies): the
   // policy's SelectKeep, or with a meta score the two-phase selection. ctx must be prepared.
-  void SelectForHead(int layer, int head, const HeadState& state, int len, int budget, int t,
-                     const float* layer_probs, int64_t stride, const SelectContext& ctx);
+  absl::Status SelectForHead(int layer, int head, const HeadState& state, int len, int budget,
+                             int t, const float* layer_probs, int64_t stride,
+                             const SelectContext& ctx);
   // ScoreCandidates + ApplyMetaScore for (layer, head) into candidates_[head].
-  void ScoreHead(int layer, int head, const HeadState& state, int len, int t,
-                 const float* layer_probs, int64_t stride, const SelectContext& ctx);
+  absl::Status ScoreHead(int layer, int head, const HeadState& state, int len, int t,
+                         const float* layer_probs, int64_t stride, const SelectContext& ctx);
   // Replaces c's candidate scores by CAOTE's (no-op for kNone). Per-KV-head policies: scores
   // of (layer, head); layer-shared ones: summed over the layer's KV heads.
-  void ApplyMetaScore(int layer, int head, int len, const float* layer_probs, int64_t stride,
-                      CandidateSet* c);
+  absl::Status ApplyMetaScore(int layer, int head, int len, const float* layer_probs,
+                              int64_t stride, CandidateSet* c);
   // Head-adaptive eviction of one layer (candidates_ filled for every head): chooses and
   // compacts. Returns true if anything was compacted.
-  bool CompactHeadAdaptive(int layer, int budget, bool with_state);
+  absl::StatusOr<bool> CompactHeadAdaptive(int layer, int budget, bool with_state);
   // Compacts (layer, head) to `keep` (and its state if with_state) and counts it.
   void CompactHead(int layer, int head, int len, const std::vector<int32_t>& keep, bool with_state);
 
@@ -156,7 +201,9 @@ class SessionEvictor {
   int n_layers_;
   int n_kv_heads_;
   int head_dim_;
+  bool shared_;  // one token set per layer: layer_shared() policy or share_tokens
   int states_per_layer_;
+  TpHeads tp_heads_;
   std::vector<HeadState> states_;  // [n_layers * states_per_layer]
   std::vector<int64_t> state_evictions_;  // [n_layers * states_per_layer] evictions so far
   std::vector<int32_t> budgets_;
@@ -179,6 +226,13 @@ class SessionEvictor {
   HeadAdaptiveScratch adaptive_;
   std::vector<float> values_;  // [len, head_dim] gathered V rows
   std::vector<double> caote_a_, caote_c_, caote_o_, caote_sum_;
+  // Tensor parallelism.
+  std::vector<double> sums_;                        // [len] layer-shared mean numerators
+  GatherScratch gather_;
+  std::vector<CandidateSet> global_candidates_;     // [total_kv_heads]
+  std::vector<std::vector<int32_t>> global_keeps_;  // [total_kv_heads]
+  KeepDigest common_digest_;   // decisions every rank must share
+  KeepDigest replica_digest_;  // decisions for this rank's own heads
 };
 
 }  // namespace recall::cache::eviction
