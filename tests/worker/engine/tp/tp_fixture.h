@@ -1,0 +1,66 @@
+// Shared setup of the tensor-parallel tests: stories260K (8 query heads, 4 KV heads) and its
+// tokenizer, loaded once; helpers that run one greedy generation on a TpGroup of a given size.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/common/test_util.h"
+#include "worker/engine/generator.h"
+#include "worker/engine/tp/tp_group.h"
+#include "worker/engine/tp/tp_sequence.h"
+#include "worker/model/loader.h"
+#include "worker/model/tokenizer.h"
+
+namespace recall::engine::tp {
+
+inline constexpr char kModelFile[] = "models/stories260K/stories260K.bin";
+inline constexpr char kTokenizerFile[] = "models/stories260K/tok512.bin";
+
+class TpFixture : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!std::filesystem::exists(testing::SharedPath(kModelFile))) return;
+    auto m = model::LoadLlama2c(testing::SharedPath(kModelFile));
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = std::move(*m).release();
+    auto t = model::LoadTokenizer(testing::SharedPath(kTokenizerFile), 512);
+    ASSERT_TRUE(t.ok()) << t.status();
+    tok_ = std::move(*t).release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete tok_;
+    model_ = nullptr;
+    tok_ = nullptr;
+  }
+  void SetUp() override { RECALL_REQUIRE_SHARED_FILE(kModelFile); }
+
+  static std::unique_ptr<TpGroup> MakeGroup(int tp) {
+    TpGroupOptions o;
+    o.tp = tp;
+    o.threads_per_rank = 1;
+    o.kv_bytes_per_rank = 8ll << 20;
+    auto g = TpGroup::Create(*model_, o);
+    EXPECT_TRUE(g.ok()) << g.status();
+    return g.ok() ? std::move(*g) : nullptr;
+  }
+
+  // Greedy generation of `max_tokens` after `prompt` on `seq`.
+  static absl::StatusOr<GenerateResult> Greedy(TpGroup& group, Sequence& seq,
+                                               const std::string& prompt, int max_tokens) {
+    GenerateOptions o;
+    o.sampling.temperature = 0.0f;
+    o.max_tokens = max_tokens;
+    o.prefill_chunk = 64;
+    return Generate(seq, group.backend(0), model_->config, *tok_, tok_->Encode(prompt, true), o);
+  }
+
+  static inline model::Model* model_ = nullptr;
+  static inline model::Tokenizer* tok_ = nullptr;
+};
+
+}  // namespace recall::engine::tp
