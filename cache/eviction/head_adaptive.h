@@ -23,9 +23,9 @@
 //  - The SequenceCache shares block tables across (layer, head), so the blocks held follow
 //    the LONGEST head: uneven heads save attention work but can hold more memory than
 //    uniform mode at the same budget.
-//  - Tensor parallelism: SessionEvictor sees only its rank's KV heads, so the global top-k is
-//    over those heads (exact with one rank). EVICTION.md section 5's all-gather of the scores
-//    across ranks is not implemented.
+//  - Tensor parallelism: with a communicator, SessionEvictor all-gathers every rank's candidate
+//    sets (tp_sync.h) and runs this selection over all the model's KV heads on every rank, so
+//    the global top-k is exact and the same as with one rank (EVICTION.md section 5).
 //  - Layer-shared policies (TOVA) keep one set for all heads, which contradicts per-head
 //    budgets; SessionEvictor::Create rejects the combination.
 #pragma once

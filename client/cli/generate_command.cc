@@ -14,6 +14,8 @@
 #include "common/status.h"
 #include "kernels/backend.h"
 #include "worker/engine/forward.h"
+#include "worker/engine/tp/tp_group.h"
+#include "worker/engine/tp/tp_sequence.h"
 #include "worker/engine/generator.h"
 #include "worker/model/chat_stops.h"
 #include "worker/model/chat_template.h"
@@ -51,6 +53,13 @@ constexpr char kUsage[] = R"(usage: recall generate --model PATH [options]
   --layer-budgets SPEC    uniform (default), pyramid, or a profile file with one weight
                           per layer
   --value-protection F    keep this fraction of the budget for the largest-value tokens
+  --tp N                  tensor parallelism: run on N ranks (CPU ranks are threads; N must
+                          divide the query heads and the MLP width) (default 1)
+  --device NAME           cpu (default) or cuda (needs the CUDA backend)
+  --tp-eviction MODE      how ranks (and heads) agree on evictions: uniform (per-head counts,
+                          default), shared (one token set per layer), head-adaptive (Ada-KV
+                          global top-k over all KV heads)
+  --tp-verify             check every step that all ranks kept the same tokens (debug)
   --echo                  print the prompt before the generated text
   --stats                 print token counts, speed, KV bytes and evictions to stderr
 )";
@@ -78,6 +87,16 @@ absl::StatusOr<std::optional<cache::eviction::SessionEvictorOptions>> EvictionFr
     RECALL_ASSIGN_OR_RETURN(const int64_t c, args.GetInt("budget", 256, 1, 1 << 24));
     o.budget.budget = static_cast<double>(c);
   }
+  const std::string mode = args.GetString("tp-eviction", "uniform");
+  if (mode == "shared") {
+    o.share_tokens = true;
+  } else if (mode == "head-adaptive") {
+    o.budget.head_adaptive = true;
+  } else if (mode != "uniform") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tp-eviction: \"", mode, "\" is not one of uniform, shared, head-adaptive"));
+  }
+  o.verify_keep = args.Has("tp-verify");
   const std::string layers = args.GetString("layer-budgets", "uniform");
   if (layers == "pyramid") {
     o.budget.kind = cache::eviction::BudgetOptions::Kind::kPyramid;
@@ -101,6 +120,8 @@ absl::Status Run(const Args& args) {
                           args.GetInt("seed", clock_seed & 0x7fffffff, 0, INT64_MAX));
   RECALL_ASSIGN_OR_RETURN(const int64_t threads, args.GetInt("threads", 0, 0, 1024));
   RECALL_ASSIGN_OR_RETURN(const int64_t kv_mb, args.GetInt("kv-cache-mb", 0, 0, 1 << 24));
+  RECALL_ASSIGN_OR_RETURN(const int64_t tp, args.GetInt("tp", 1, 1, 64));
+  const std::string device = args.GetString("device", "cpu");
 
   RECALL_ASSIGN_OR_RETURN(std::optional<cache::eviction::SessionEvictorOptions> eviction,
                           EvictionFromArgs(args));
@@ -140,29 +161,42 @@ absl::Status Run(const Args& args) {
     return absl::InvalidArgumentError("--prompt: empty, and the tokenizer has no BOS to start from");
   }
 
-  std::unique_ptr<kernels::Backend> backend =
-      kernels::CreateCpuBackend({static_cast<int>(threads)});
-  kernels::PagedKvLayout layout{config.n_layers, config.n_kv_heads, config.head_dim, 16};
-  std::unique_ptr<cache::BlockPool> pool;
-  if (kv_mb > 0) {
-    RECALL_ASSIGN_OR_RETURN(pool, cache::BlockPool::CreateWithBytes(layout, kv_mb << 20));
-  } else {
-    // One full context in every layer (a block holds one layer's slots).
-    const int64_t blocks_per_layer =
-        (config.max_seq_len + layout.block_tokens - 1) / layout.block_tokens;
-    RECALL_ASSIGN_OR_RETURN(
-        pool, cache::BlockPool::Create(layout, layout.n_layers * blocks_per_layer));
-  }
-  engine::ForwardPass forward(*loaded.model, *backend, {256});
-  options.prefill_chunk = 256;
-
   if (args.Has("echo")) {
     std::cout << tok.Decode(prompt) << std::flush;
   }
-  RECALL_ASSIGN_OR_RETURN(
-      engine::GenerateResult result,
-      engine::Generate(forward, *pool, tok, prompt, options,
-                       [](const std::string& delta) { std::cout << delta << std::flush; }));
+  const auto print = [](const std::string& delta) { std::cout << delta << std::flush; };
+  options.prefill_chunk = 256;
+  kernels::PagedKvLayout layout{config.n_layers, config.n_kv_heads, config.head_dim, 16};
+  // Default pool: one full context in every layer (a block holds one layer's slots).
+  const int64_t full_context_blocks =
+      layout.n_layers * ((config.max_seq_len + layout.block_tokens - 1) / layout.block_tokens);
+  engine::GenerateResult result;
+  if (tp > 1 || device != "cpu") {
+    engine::tp::TpGroupOptions go;
+    go.tp = static_cast<int>(tp);
+    go.device = device;
+    if (threads > 0) go.threads_per_rank = std::max<int>(1, static_cast<int>(threads / tp));
+    go.kv_bytes_per_rank = kv_mb > 0 ? (kv_mb << 20) / tp
+                                     : full_context_blocks * layout.BlockFloats() * 4 / tp + 4096;
+    go.forward.max_batch_tokens = 256;
+    RECALL_ASSIGN_OR_RETURN(std::unique_ptr<engine::tp::TpGroup> group,
+                            engine::tp::TpGroup::Create(*loaded.model, go));
+    RECALL_ASSIGN_OR_RETURN(std::unique_ptr<engine::tp::TpSequence> seq,
+                            engine::tp::TpSequence::Create(*group, eviction));
+    RECALL_ASSIGN_OR_RETURN(result, engine::Generate(*seq, group->backend(0), config, tok, prompt,
+                                                     options, print));
+  } else {
+    std::unique_ptr<kernels::Backend> backend =
+        kernels::CreateCpuBackend({static_cast<int>(threads)});
+    std::unique_ptr<cache::BlockPool> pool;
+    if (kv_mb > 0) {
+      RECALL_ASSIGN_OR_RETURN(pool, cache::BlockPool::CreateWithBytes(layout, kv_mb << 20));
+    } else {
+      RECALL_ASSIGN_OR_RETURN(pool, cache::BlockPool::Create(layout, full_context_blocks));
+    }
+    engine::ForwardPass forward(*loaded.model, *backend, {256});
+    RECALL_ASSIGN_OR_RETURN(result, engine::Generate(forward, *pool, tok, prompt, options, print));
+  }
   std::cout << std::endl;
   if (args.Has("stats") || eviction.has_value()) {
     std::fprintf(stderr, "kv: policy=%s peak_kv_bytes=%lld final_kv_bytes=%lld evictions=%lld "
@@ -193,8 +227,8 @@ int RunGenerate(const std::vector<std::string>& argv) {
       {"model", "tokenizer", "prompt", "max-tokens", "temperature", "top-p", "top-k",
        "repetition-penalty", "seed", "stop", "chat-format", "system", "threads", "kv-cache-mb",
        "policy", "budget", "budget-frac", "window", "alpha", "layer-budgets",
-       "value-protection"},
-      {"chat", "echo", "stats", "help"});
+       "value-protection", "tp", "device", "tp-eviction"},
+      {"chat", "echo", "stats", "help", "tp-verify"});
   if (!args.ok()) {
     std::cerr << "recall generate: " << args.status().message() << "\n\n" << kUsage;
     return 2;
