@@ -490,6 +490,8 @@ def main():
         psc = pod.get("securityContext") or {}
         if pod.get("automountServiceAccountToken") is not False:
             bad.append(f"{w['metadata']['name']}: service account token mounted")
+        if pod.get("enableServiceLinks") is not False:
+            bad.append(f"{w['metadata']['name']}: Service links would add RECALL_* variables")
         for x in (pod.get("initContainers") or []) + pod["containers"]:
             sc = x.get("securityContext") or {}
             who = f"{w['metadata']['name']}/{x['name']}"
@@ -510,8 +512,9 @@ def main():
             image = x.get("image", "")
             if ":" not in image.rsplit("/", 1)[-1] or image.endswith(":latest"):
                 bad.append(f"{who}: image {image!r} has no pinned tag")
-    c.check("every container: non-root, no privilege escalation, read-only root, capabilities "
-            "dropped, cpu/memory requests and limits, a pinned image tag", not bad, "; ".join(bad))
+    c.check("every pod: no service account token, no Service links; every container: non-root, "
+            "no privilege escalation, read-only root, capabilities dropped, cpu/memory requests "
+            "and limits, a pinned image tag", not bad, "; ".join(bad))
 
     # ---- HPA and PDBs -------------------------------------------------------------------
     hpas = by_kind.get("HorizontalPodAutoscaler", [])
