@@ -124,7 +124,7 @@ bad=()
 for f in "$here"/values/bad/*.yaml; do
   b=$(basename "$f" .yaml)
   if "$render" --chart "$chart" -f "$f" --values-only --values-out "$work/bad-$b.json" 2>"$work/bad-$b.log"; then
-    bad+=("bad/$b=$work/bad-$b.json")
+    bad+=("bad/$b=$work/bad-$b.json=$f")
   else
     fail "values bad/$b: cannot be read: $(cat "$work/bad-$b.log")"
   fi

@@ -6,7 +6,8 @@ python3-jsonschema, draft 7), and that values.yaml documents every knob.
                      --bad NAME=MERGED.json ... --documented values.yaml
 
 --good: merged values (chart defaults + the scenario's files, as the renderer wrote them)
-that must pass; --bad: merged values that must be rejected. Prints PASS/FAIL per file.
+that must pass; --bad: NAME=MERGED.json=SOURCE.yaml, merged values that must be rejected
+where SOURCE's "# rejected at: PATH" line says. Prints PASS/FAIL per file.
 """
 import argparse
 import json
@@ -84,10 +85,15 @@ def main():
         report(not errs, f"values {name}: accepted by values.schema.json" +
                "".join(f"\n     {where(e)}: {e.message}" for e in errs))
     for item in o.bad:
-        name, file = item.split("=", 1)
+        # NAME=MERGED.json=SOURCE.yaml; SOURCE's "# rejected at: PATH" names where the error
+        # must be, so that a file is not rejected for some other reason.
+        name, file, source = (item.split("=") + [""])[:3]
         errs = errors(file)
-        report(bool(errs), f"values {name}: rejected by values.schema.json" +
-               (f" ({where(errs[0])}: {errs[0].message[:140]})" if errs else " -- but it was accepted"))
+        m = re.search(r"^# rejected at: (\S+)", open(source, encoding="utf-8").read(), re.M) if source else None
+        at = [e for e in errs if m is None or where(e) == m.group(1)]
+        report(bool(at), f"values {name}: rejected by values.schema.json" +
+               (f" at {where(at[0])}: {at[0].message[:120]}" if at else
+                f" -- but {'it was accepted' if not errs else 'not at ' + m.group(1) + ': ' + '; '.join(where(e) for e in errs)}"))
     if o.documented:
         missing = documented(o.documented)
         report(not missing, f"values: every knob in {o.documented} is documented" +
