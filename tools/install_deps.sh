@@ -10,6 +10,9 @@ PACKAGES=(
   libsentencepiece-dev libopenblas-dev nlohmann-json3-dev libpcre2-dev
   libsqlite3-dev libhiredis-dev redis-server openssl
   gnuplot-nox
+  # the Helm chart and Dockerfile checks (helm/test/check.sh, tests/docker)
+  golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v2-dev
+  yamllint python3-jsonschema python3-yaml shellcheck
 )
 
 missing=()
