@@ -124,15 +124,23 @@ void ReduceGqaMax(const float* probs, int n_heads, int n_kv_heads, int64_t strid
   }
 }
 
+void SumOverHeads(const float* probs, int n_heads, int64_t stride, int len, double* sums) {
+  RECALL_CHECK(n_heads > 0 && len <= stride) << "SumOverHeads: bad shape";
+  std::fill(sums, sums + len, 0.0);
+  for (int h = 0; h < n_heads; ++h) {
+    const float* p = probs + h * stride;
+    for (int j = 0; j < len; ++j) sums[j] += p[j];
+  }
+}
+
 void AverageOverHeads(const float* probs, int n_heads, int64_t stride, int len, float* out) {
   RECALL_CHECK(n_heads > 0 && len <= stride) << "AverageOverHeads: bad shape";
-  std::copy(probs, probs + len, out);
-  for (int h = 1; h < n_heads; ++h) {
-    const float* p = probs + h * stride;
-    for (int j = 0; j < len; ++j) out[j] += p[j];
+  const double inv = 1.0 / n_heads;
+  for (int j = 0; j < len; ++j) {
+    double sum = 0.0;  // heads in SumOverHeads' order, so both give the same mean
+    for (int h = 0; h < n_heads; ++h) sum += probs[h * stride + j];
+    out[j] = static_cast<float>(sum * inv);
   }
-  const float inv = 1.0f / static_cast<float>(n_heads);
-  for (int j = 0; j < len; ++j) out[j] *= inv;
 }
 
 float ValueRange(const float* v_row, int head_dim) {

@@ -220,8 +220,13 @@ void ReduceGqaMax(const float* probs, int n_heads, int n_kv_heads, int64_t strid
                   const int32_t* lengths, float* out);
 
 // TOVA's per-layer reduction: out[j] = mean over the layer's n_heads query heads of
-// probs[qh * stride + j], j < len.  probs: [n_heads, stride], out: [len].
+// probs[qh * stride + j], j < len, summed in double (SumOverHeads).  probs: [n_heads, stride],
+// out: [len].
 void AverageOverHeads(const float* probs, int n_heads, int64_t stride, int len, float* out);
+
+// sums[j] = sum over the n_heads query heads of probs[qh * stride + j], j < len, in double
+// (so that tensor-parallel ranks can add their partial sums without changing the float mean).
+void SumOverHeads(const float* probs, int n_heads, int64_t stride, int len, double* sums);
 
 // Value range of one V row: max_d v_row[d] - min_d v_row[d]. v_row: [head_dim].
 float ValueRange(const float* v_row, int head_dim);

@@ -15,7 +15,8 @@
 //        G heads of each KV head's group); Observe; if ShouldEvict: SelectKeep (value
 //        ranges from the cache's V rows when value_protection > 0), then
 //        SequenceCache::Compact + CompactState with the same keep list.
-//      - layer_shared() policies (TOVA): p = AverageOverHeads over all query heads, one
+//      - layer_shared() policies (TOVA): p = the mean over all query heads (SumOverHeads,
+//        all ranks' heads under tensor parallelism), one
 //        state, one keep list applied to every KV head of the layer (value range: max over
 //        the layer's KV heads).
 //   4. TrimBlocks() if anything was compacted, so the pool gets the memory back at once.

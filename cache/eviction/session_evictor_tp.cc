@@ -30,11 +30,8 @@ absl::Status SessionEvictor::ReduceShared(const float* probs, int64_t stride, in
   if (policy_->layer_shared()) {
     // The mean over every query head of the layer, summed in double so that the order in
     // which ranks add their heads does not change the float result.
-    sums_.assign(static_cast<size_t>(len), 0.0);
-    for (int qh = 0; qh < n_heads; ++qh) {
-      const float* p = probs + qh * stride;
-      for (int j = 0; j < len; ++j) sums_[static_cast<size_t>(j)] += p[j];
-    }
+    sums_.resize(static_cast<size_t>(len));
+    SumOverHeads(probs, n_heads, stride, len, sums_.data());
     int total_heads = n_heads;
     if (comm != nullptr) {
       RECALL_RETURN_IF_ERROR(comm->AllReduce(sums_.data(), len, kernels::ReduceOp::kSum));
@@ -46,13 +43,9 @@ absl::Status SessionEvictor::ReduceShared(const float* probs, int64_t stride, in
     }
     return absl::OkStatus();
   }
-  std::copy(probs, probs + len, reduced_.begin());
-  for (int qh = 1; qh < n_heads; ++qh) {
-    const float* p = probs + qh * stride;
-    for (int j = 0; j < len; ++j) {
-      reduced_[static_cast<size_t>(j)] = std::max(reduced_[static_cast<size_t>(j)], p[j]);
-    }
-  }
+  // The max over every query head of the layer: one group holding all of them.
+  const int32_t lengths[1] = {len};
+  ReduceGqaMax(probs, n_heads, 1, stride, lengths, reduced_.data());
   if (comm != nullptr) {
     RECALL_RETURN_IF_ERROR(comm->AllReduce(reduced_.data(), len, kernels::ReduceOp::kMax));
   }

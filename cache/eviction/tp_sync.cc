@@ -64,7 +64,8 @@ absl::Status GatherCandidates(kernels::Communicator& comm, const TpHeads& heads,
   RECALL_RETURN_IF_ERROR(comm.AllGather(scratch->send.data(), scratch->recv.data(), max_size,
                                         kernels::CommDType::kF64));
   global->resize(static_cast<size_t>(heads.n_total));
-  std::vector<bool> seen(static_cast<size_t>(heads.n_total), false);
+  std::vector<bool>& seen = scratch->seen;
+  seen.assign(static_cast<size_t>(heads.n_total), false);
   for (int r = 0; r < n; ++r) {
     const double* in = scratch->recv.data() + static_cast<int64_t>(r) * max_size;
     const int offset = static_cast<int>(in[0]), n_local = static_cast<int>(in[1]);
@@ -78,8 +79,8 @@ absl::Status GatherCandidates(kernels::Communicator& comm, const TpHeads& heads,
       }
       CandidateSet* target = &(*global)[static_cast<size_t>(g)];
       if (seen[static_cast<size_t>(g)]) {
-        CandidateSet replica;  // a replicated head: the first rank holding it speaks for it
-        i += Decode(in + i, &replica);
+        // A replicated head: the first rank holding it speaks for it.
+        i += Decode(in + i, &scratch->replica);
         continue;
       }
       seen[static_cast<size_t>(g)] = true;

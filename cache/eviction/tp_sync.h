@@ -33,6 +33,8 @@ struct TpHeads {
 struct GatherScratch {
   std::vector<double> send, recv;
   std::vector<int64_t> sizes;
+  std::vector<bool> seen;  // [n_total] a rank already spoke for this KV head
+  CandidateSet replica;    // where a replicated head's second copy is decoded
 };
 
 // local[0..heads.n_local): this rank's candidate sets; on return (*global)[g] for every

@@ -10,8 +10,7 @@ namespace recall::engine::tp {
 
 absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::Create(const model::Model& full,
                                                          const TpGroupOptions& options) {
-  RECALL_ASSIGN_OR_RETURN(TpLayout first, MakeTpLayout(full.config, options.tp, 0));
-  (void)first;
+  RECALL_RETURN_IF_ERROR(MakeTpLayout(full.config, options.tp, 0).status());  // tp fits the model
   if (options.device != "cpu") {
     if (options.device == "cuda") {
       return absl::UnimplementedError(
