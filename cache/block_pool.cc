@@ -10,7 +10,8 @@
 namespace recall::cache {
 
 absl::StatusOr<std::unique_ptr<BlockPool>> BlockPool::Create(const kernels::PagedKvLayout& layout,
-                                                             int64_t num_blocks) {
+                                                             int64_t num_blocks,
+                                                             kernels::Memory& memory) {
   if (layout.n_layers <= 0 || layout.n_kv_heads <= 0 || layout.head_dim <= 0 ||
       layout.block_tokens <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -27,37 +28,39 @@ absl::StatusOr<std::unique_ptr<BlockPool>> BlockPool::Create(const kernels::Page
     return absl::InvalidArgumentError("block pool: size overflows");
   }
   const size_t bytes = static_cast<size_t>(floats * num_blocks) * sizeof(float);
-  // 64-byte alignment for SIMD loads; rounded up as aligned_alloc requires.
-  const size_t rounded = (bytes + 63) / 64 * 64;
-  void* mem = std::aligned_alloc(64, rounded);
-  if (mem == nullptr) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("block pool: cannot allocate ", bytes, " bytes for ", num_blocks, " blocks"));
+  absl::StatusOr<void*> mem = memory.Allocate(bytes);  // 64-byte aligned
+  if (!mem.ok()) {
+    return absl::ResourceExhaustedError(absl::StrCat("block pool: cannot allocate ", bytes,
+                                                     " bytes for ", num_blocks, " blocks in ",
+                                                     memory.Name(), " memory: ",
+                                                     mem.status().message()));
   }
-  return std::unique_ptr<BlockPool>(new BlockPool(layout, num_blocks, static_cast<float*>(mem)));
+  return std::unique_ptr<BlockPool>(
+      new BlockPool(layout, num_blocks, static_cast<float*>(*mem), memory));
 }
 
 absl::StatusOr<std::unique_ptr<BlockPool>> BlockPool::CreateWithBytes(
-    const kernels::PagedKvLayout& layout, int64_t bytes) {
+    const kernels::PagedKvLayout& layout, int64_t bytes, kernels::Memory& memory) {
   const int64_t block_bytes = layout.BlockFloats() * static_cast<int64_t>(sizeof(float));
-  if (block_bytes <= 0) return Create(layout, 0);  // reports the bad layout
+  if (block_bytes <= 0) return Create(layout, 0, memory);  // reports the bad layout
   if (bytes < block_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("kv cache bytes: ", bytes,
                                                    " is less than one block (", block_bytes,
                                                    " bytes)"));
   }
-  return Create(layout, bytes / block_bytes);
+  return Create(layout, bytes / block_bytes, memory);
 }
 
-BlockPool::BlockPool(const kernels::PagedKvLayout& layout, int64_t num_blocks, float* base)
-    : layout_(layout), num_blocks_(num_blocks), base_(base) {
+BlockPool::BlockPool(const kernels::PagedKvLayout& layout, int64_t num_blocks, float* base,
+                     kernels::Memory& memory)
+    : layout_(layout), num_blocks_(num_blocks), base_(base), memory_(memory) {
   free_list_.reserve(static_cast<size_t>(num_blocks));
   // Hand out low ids first.
   for (int64_t i = num_blocks - 1; i >= 0; --i) free_list_.push_back(static_cast<int32_t>(i));
   in_use_.assign(static_cast<size_t>(num_blocks), 0);
 }
 
-BlockPool::~BlockPool() { std::free(base_); }
+BlockPool::~BlockPool() { memory_.Free(base_); }
 
 absl::StatusOr<int32_t> BlockPool::Allocate() {
   absl::MutexLock lock(&mu_);

@@ -18,6 +18,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "kernels/memory.h"
 #include "kernels/tensor.h"
 
 namespace recall::cache {
@@ -25,12 +26,15 @@ namespace recall::cache {
 class BlockPool {
  public:
   // InvalidArgument if the layout has a non-positive dimension or num_blocks < 1;
-  // ResourceExhausted if the allocation fails.
-  static absl::StatusOr<std::unique_ptr<BlockPool>> Create(const kernels::PagedKvLayout& layout,
-                                                           int64_t num_blocks);
+  // ResourceExhausted if the allocation fails. The blocks live in `memory` (host memory, or
+  // a GPU backend's device memory); `memory` must outlive the pool.
+  static absl::StatusOr<std::unique_ptr<BlockPool>> Create(
+      const kernels::PagedKvLayout& layout, int64_t num_blocks,
+      kernels::Memory& memory = kernels::HostMemory());
   // As many blocks as fit in `bytes` (at least one block's worth required).
   static absl::StatusOr<std::unique_ptr<BlockPool>> CreateWithBytes(
-      const kernels::PagedKvLayout& layout, int64_t bytes);
+      const kernels::PagedKvLayout& layout, int64_t bytes,
+      kernels::Memory& memory = kernels::HostMemory());
 
   ~BlockPool();
   BlockPool(const BlockPool&) = delete;
@@ -47,13 +51,17 @@ class BlockPool {
   int64_t block_bytes() const { return layout_.BlockFloats() * static_cast<int64_t>(sizeof(float)); }
   const kernels::PagedKvLayout& layout() const { return layout_; }
   float* base() const { return base_; }
+  // Where the blocks live; SequenceCache moves rows through it.
+  kernels::Memory& memory() const { return memory_; }
 
  private:
-  BlockPool(const kernels::PagedKvLayout& layout, int64_t num_blocks, float* base);
+  BlockPool(const kernels::PagedKvLayout& layout, int64_t num_blocks, float* base,
+            kernels::Memory& memory);
 
   const kernels::PagedKvLayout layout_;
   const int64_t num_blocks_;
   float* const base_;
+  kernels::Memory& memory_;
   mutable absl::Mutex mu_;
   std::vector<int32_t> free_list_ ABSL_GUARDED_BY(mu_);
   std::vector<uint8_t> in_use_ ABSL_GUARDED_BY(mu_);

@@ -124,19 +124,20 @@ int32_t SequenceCache::position(int layer, int head, int slot) const {
 
 void SequenceCache::Compact(int layer, int head, const std::vector<int32_t>& keep) {
   const size_t lh = static_cast<size_t>(layer) * n_kv_heads_ + head;
-  const kernels::PagedKvHead rows = View().Head(layer, head);
-  const size_t row_bytes = static_cast<size_t>(rows.head_dim) * sizeof(float);
   std::vector<int32_t>& pos = positions_[lh];
   int32_t prev = -1;
+  bool moves = false;
   for (size_t i = 0; i < keep.size(); ++i) {
     const int32_t src = keep[i];
     RECALL_CHECK(src > prev && src < lengths_[lh]) << "keep list must ascend within length";
     prev = src;
-    const int dst = static_cast<int>(i);
-    if (src == dst) continue;
-    std::memcpy(rows.K(dst), rows.K(src), row_bytes);
-    std::memcpy(rows.V(dst), rows.V(src), row_bytes);
+    if (src == static_cast<int32_t>(i)) continue;
+    moves = true;
     pos[i] = pos[static_cast<size_t>(src)];
+  }
+  if (moves) {
+    pool_->memory().CompactRows(View().Head(layer, head), keep.data(),
+                                static_cast<int>(keep.size()));
   }
   lengths_[lh] = static_cast<int32_t>(keep.size());
   pos.resize(keep.size());
@@ -171,7 +172,8 @@ void SequenceCache::OffloadToHost() {
   float* dst = host_.data();
   for (int l = 0; l < n_layers_; ++l) {
     for (int32_t block : tables_[static_cast<size_t>(l)]) {
-      std::memcpy(dst, pool_->base() + static_cast<int64_t>(block) * block_floats, block_bytes);
+      pool_->memory().CopyOut(dst, pool_->base() + static_cast<int64_t>(block) * block_floats,
+                              block_bytes);
       dst += block_floats;
     }
     offloaded_counts_[static_cast<size_t>(l)] = counts_[static_cast<size_t>(l)];
@@ -190,7 +192,8 @@ absl::Status SequenceCache::RestoreFromHost() {
   const float* src = host_.data();
   for (const std::vector<int32_t>& table : tables_) {
     for (int32_t block : table) {
-      std::memcpy(pool_->base() + static_cast<int64_t>(block) * block_floats, src, block_bytes);
+      pool_->memory().CopyIn(pool_->base() + static_cast<int64_t>(block) * block_floats, src,
+                             block_bytes);
       src += block_floats;
     }
   }

@@ -1,27 +1,53 @@
 // Backend: every numeric op the transformer runtime needs, behind one interface.
 //
 // Contract (all ops):
-// - Activations are fp32, row-major, caller-owned; the backend allocates nothing on the
-//   caller's behalf per call beyond its own reusable workspace.
+// - Activations are fp32, row-major, caller-owned, in the backend's memory (memory(): host
+//   memory on the CPU, device memory on a GPU), as are weights, the KV pool, and the token
+//   and position arrays of Embedding and Rope. Host arrays: PagedKv's block tables and
+//   counts, kv_lens / start_slots of the per-sequence attention ops, KvBatch's host_ copies,
+//   and Sample's logits and history. The backend allocates nothing on the caller's behalf
+//   per call beyond its own reusable workspace.
 // - Weights (Matrix) may be f32, f16 or bf16; the output is always fp32.
 // - Shapes are given as arguments and documented per op as [dim0, dim1, ...].
-// - Ops are synchronous on the CPU backend. A backend instance is used by one thread at a
-//   time (it may use its own worker threads inside an op).
+// - Ops are synchronous on the CPU backend; a GPU backend queues them in order on its stream,
+//   and Memory::CopyOut (and Sample) wait for them. A backend instance is used by one thread
+//   at a time (it may use its own worker threads inside an op).
 // The CPU backend (kernels/cpu) is the reference; every other backend is tested against it.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
+#include "absl/status/status.h"
+#include "kernels/kv_batch.h"
+#include "kernels/memory.h"
 #include "kernels/sampling_params.h"
 #include "kernels/tensor.h"
 
 namespace recall::kernels {
 
+// The largest op shapes a caller will use, so a backend can size its workspaces up front.
+struct WorkspaceNeeds {
+  int max_tokens = 0;     // rows of any op (a step's tokens)
+  int64_t max_cols = 0;   // the widest MatMul input
+  int max_heads = 0;      // query heads
+  int head_dim = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* Name() const = 0;
+
+  // Where this backend's ops read and write (see the contract above).
+  virtual Memory& memory() { return HostMemory(); }
+  // Allocates the workspaces ops of these shapes need (ResourceExhausted when they do not
+  // fit); larger shapes later grow them. The CPU backend needs nothing.
+  virtual absl::Status ReserveWorkspace(const WorkspaceNeeds& needs) { return absl::OkStatus(); }
+  // The first error an op met (a GPU backend's ops are void and asynchronous: a failed launch,
+  // a faulted stream or an allocation that failed inside an op shows up here); ok on the CPU.
+  virtual absl::Status Health() { return absl::OkStatus(); }
 
   // out[i, :] = table[tokens[i], :] as fp32.
   // table: [vocab, dim]; tokens: [n]; out: [n, dim]. REQUIRES: 0 <= tokens[i] < vocab.
@@ -79,10 +105,27 @@ class Backend {
                                const float* q, int n_heads, float scale, float* out,
                                float* probs, int64_t probs_stride) = 0;
 
+  // StoreKv for every item of a step's batch (kernels/kv_batch.h). k, v: [total_tokens,
+  // n_kv_heads, head_dim]. The default loops over the items on the host (host_ arrays) and
+  // calls StoreKv; GPU backends do the whole batch in one launch.
+  virtual void StoreKvBatch(const KvBatch& batch, int layer, const float* k, const float* v);
+
+  // PrefillAttention / DecodeAttention for every item of the batch, after StoreKvBatch: an
+  // item with one new token is a decode step (with its probs, if asked for), others are
+  // prefill chunks. q, out: [total_tokens, n_heads, head_dim]. Same loop as above by default.
+  virtual void AttentionBatch(const KvBatch& batch, int layer, const float* q, int n_heads,
+                              float scale, float* out);
+
   // Picks the next token from logits [vocab] (modified in place: penalties, temperature).
   // history: [n_history] tokens already in the sequence, for the repetition penalty.
   virtual int32_t Sample(float* logits, int vocab, const SamplingParams& params, Rng& rng,
                          const int32_t* history, int n_history) = 0;
+
+ private:
+  // The default batch ops' per-item view of one layer (grow-once scratch).
+  PagedKv ItemView(const KvBatch& batch, int item, int layer);
+  std::vector<const int32_t*> item_tables_;
+  std::vector<int32_t> item_counts_, item_lens_;
 };
 
 struct CpuBackendOptions {

@@ -11,22 +11,39 @@ namespace recall::engine {
 
 ForwardPass::ForwardPass(const model::Model& model, kernels::Backend& backend,
                          const ForwardOptions& options)
-    : model_(model), backend_(backend), options_(options) {
-  const model::ModelConfig& c = model.config;
-  const size_t t = static_cast<size_t>(std::max(1, options.max_batch_tokens));
+    : model_(model), backend_(backend), memory_(backend.memory()), options_(options) {
+  workspace_status_ = AllocateWorkspaces();
+}
+
+absl::Status ForwardPass::Ensure(kernels::Buffer& buffer, size_t bytes) {
+  if (buffer.get() != nullptr && buffer.bytes() >= bytes) return absl::OkStatus();
+  buffer = kernels::Buffer();  // free first: device memory is the scarce resource
+  RECALL_ASSIGN_OR_RETURN(buffer, kernels::Buffer::Allocate(memory_, bytes));
+  return absl::OkStatus();
+}
+
+absl::Status ForwardPass::AllocateWorkspaces() {
+  const model::ModelConfig& c = model_.config;
+  const size_t t = static_cast<size_t>(std::max(1, options_.max_batch_tokens));
   const size_t q_dim = static_cast<size_t>(c.n_heads) * c.head_dim;
   const size_t kv_dim = static_cast<size_t>(c.n_kv_heads) * c.head_dim;
-  x_.resize(t * c.dim);
-  xb_.resize(t * std::max<size_t>(c.dim, q_dim));
-  q_.resize(t * q_dim);
-  k_.resize(t * kv_dim);
-  v_.resize(t * kv_dim);
-  att_.resize(t * q_dim);
-  hb_.resize(t * c.hidden_dim);
-  hb2_.resize(t * c.hidden_dim);
-  last_.resize(t * c.dim);
-  tokens_.resize(t);
-  positions_.resize(t);
+  const size_t f = sizeof(float);
+  RECALL_RETURN_IF_ERROR(Ensure(x_, t * c.dim * f));
+  RECALL_RETURN_IF_ERROR(Ensure(xb_, t * std::max<size_t>(c.dim, q_dim) * f));
+  RECALL_RETURN_IF_ERROR(Ensure(q_, t * q_dim * f));
+  RECALL_RETURN_IF_ERROR(Ensure(k_, t * kv_dim * f));
+  RECALL_RETURN_IF_ERROR(Ensure(v_, t * kv_dim * f));
+  RECALL_RETURN_IF_ERROR(Ensure(att_, t * q_dim * f));
+  RECALL_RETURN_IF_ERROR(Ensure(hb_, t * c.hidden_dim * f));
+  RECALL_RETURN_IF_ERROR(Ensure(hb2_, t * c.hidden_dim * f));
+  RECALL_RETURN_IF_ERROR(Ensure(last_, t * c.dim * f));
+  host_positions_.resize(t);
+  kernels::WorkspaceNeeds needs;
+  needs.max_tokens = static_cast<int>(t);
+  needs.max_cols = std::max<int64_t>({c.dim, static_cast<int64_t>(q_dim), c.hidden_dim});
+  needs.max_heads = c.n_heads;
+  needs.head_dim = c.head_dim;
+  return backend_.ReserveWorkspace(needs);
 }
 
 void ForwardPass::MatMul(const float* x, int n, const kernels::Matrix& w, float* y) {
@@ -56,18 +73,138 @@ void ForwardPass::CaptureWindowQueries(std::span<const BatchItem> batch, int lay
   for (const BatchItem& item : batch) {
     if (item.window_queries != nullptr) {
       for (int i = 0; i < item.n; ++i) {
-        const int rel = positions_[off + i] - item.window_first;
+        const int rel = host_positions_[off + i] - item.window_first;
         if (rel < 0 || rel >= item.window_w) continue;
-        std::copy_n(q_.data() + static_cast<size_t>(off + i) * q_dim, q_dim,
-                    item.window_queries +
-                        (static_cast<size_t>(layer) * item.window_w + rel) * q_dim);
+        memory_.CopyOut(item.window_queries +
+                            (static_cast<size_t>(layer) * item.window_w + rel) * q_dim,
+                        F(q_) + static_cast<size_t>(off + i) * q_dim, q_dim * sizeof(float));
       }
     }
     off += item.n;
   }
 }
 
+absl::Status ForwardPass::StageBatch(std::span<const BatchItem> batch, int total) {
+  const model::ModelConfig& c = model_.config;
+  const int n_items = static_cast<int>(batch.size());
+  const int n_layers = c.n_layers, n_kv = c.n_kv_heads;
+  // Sizes of the int sections.
+  size_t n_tables = 0;
+  for (const BatchItem& item : batch) n_tables += static_cast<size_t>(item.cache->num_blocks());
+  const size_t il = static_cast<size_t>(n_items) * n_layers;
+  const size_t o_tokens = 0, o_pos = o_tokens + total, o_item = o_pos + total,
+               o_begin = o_item + total, o_start = o_begin + n_items + 1,
+               o_tbegin = o_start + il * n_kv, o_tcount = o_tbegin + il,
+               o_tables = o_tcount + il, n_ints = o_tables + n_tables;
+  host_meta_.resize(n_ints);
+  int32_t* m = host_meta_.data();
+  int off = 0, max_new = 0, max_len = 0;
+  size_t t_off = 0;
+  bool any_probs = false;
+  for (int i = 0; i < n_items; ++i) {
+    const BatchItem& item = batch[static_cast<size_t>(i)];
+    const int32_t p0 = item.cache->next_position();
+    m[o_begin + i] = off;
+    for (int j = 0; j < item.n; ++j) {
+      m[o_tokens + off + j] = item.tokens[j];
+      m[o_pos + off + j] = p0 + j;
+      m[o_item + off + j] = i;
+      host_positions_[off + j] = p0 + j;
+    }
+    off += item.n;
+    max_new = std::max(max_new, item.n);
+    const kernels::PagedKv view = item.cache->View();
+    for (int l = 0; l < n_layers; ++l) {
+      const size_t idx = static_cast<size_t>(i) * n_layers + l;
+      const int32_t* lens = item.cache->lengths(l);
+      for (int h = 0; h < n_kv; ++h) {
+        m[o_start + idx * n_kv + h] = lens[h];
+        max_len = std::max(max_len, lens[h] + item.n);
+      }
+      m[o_tbegin + idx] = static_cast<int32_t>(t_off);
+      m[o_tcount + idx] = view.block_counts[l];
+      std::copy_n(view.block_tables[l], view.block_counts[l], m + o_tables + t_off);
+      t_off += static_cast<size_t>(view.block_counts[l]);
+    }
+    any_probs |= item.attn_probs != nullptr;
+  }
+  m[o_begin + n_items] = off;
+
+  // Probability destinations: the items' own host rows when the backend writes host memory,
+  // else a device scratch copied out after the step.
+  host_probs_.assign(static_cast<size_t>(n_items), nullptr);
+  host_probs_strides_.assign(static_cast<size_t>(n_items), 0);
+  if (any_probs) {
+    const int64_t rows = static_cast<int64_t>(n_layers) * c.n_heads;
+    int64_t scratch_floats = 0;
+    for (int i = 0; i < n_items; ++i) {
+      const BatchItem& item = batch[static_cast<size_t>(i)];
+      if (item.attn_probs == nullptr) continue;
+      host_probs_strides_[static_cast<size_t>(i)] = item.probs_stride;
+      scratch_floats += rows * item.probs_stride;
+    }
+    if (!memory_.host_accessible()) {
+      RECALL_RETURN_IF_ERROR(Ensure(probs_, static_cast<size_t>(scratch_floats) * sizeof(float)));
+    }
+    int64_t p_off = 0;
+    for (int i = 0; i < n_items; ++i) {
+      const BatchItem& item = batch[static_cast<size_t>(i)];
+      if (item.attn_probs == nullptr) continue;
+      if (memory_.host_accessible()) {
+        host_probs_[static_cast<size_t>(i)] = item.attn_probs;
+      } else {
+        host_probs_[static_cast<size_t>(i)] = F(probs_) + p_off;
+        p_off += rows * item.probs_stride;
+      }
+    }
+  }
+
+  // One copy to backend memory (none for host memory).
+  const int32_t* dm = m;
+  kv_.probs = nullptr;
+  kv_.probs_stride = nullptr;
+  if (!memory_.host_accessible()) {
+    RECALL_RETURN_IF_ERROR(Ensure(meta_, n_ints * sizeof(int32_t)));
+    memory_.CopyIn(meta_.get(), m, n_ints * sizeof(int32_t));
+    dm = meta_.as<int32_t>();
+    if (any_probs) {
+      RECALL_RETURN_IF_ERROR(Ensure(probs_ptrs_, n_items * sizeof(float*)));
+      RECALL_RETURN_IF_ERROR(Ensure(probs_strides_, n_items * sizeof(int64_t)));
+      memory_.CopyIn(probs_ptrs_.get(), host_probs_.data(), n_items * sizeof(float*));
+      memory_.CopyIn(probs_strides_.get(), host_probs_strides_.data(), n_items * sizeof(int64_t));
+      kv_.probs = probs_ptrs_.as<float*>();
+      kv_.probs_stride = probs_strides_.as<int64_t>();
+    }
+  } else if (any_probs) {
+    kv_.probs = host_probs_.data();
+    kv_.probs_stride = host_probs_strides_.data();
+  }
+  tokens_ = dm + o_tokens;
+  positions_ = dm + o_pos;
+  kv_.layout = batch[0].cache->View().layout;
+  kv_.pool = batch[0].cache->View().pool;
+  kv_.n_items = n_items;
+  kv_.total_tokens = total;
+  kv_.max_new_tokens = max_new;
+  kv_.max_kv_len = max_len;
+  kv_.token_begin = dm + o_begin;
+  kv_.token_item = dm + o_item;
+  kv_.kv_start = dm + o_start;
+  kv_.table_begin = dm + o_tbegin;
+  kv_.table_count = dm + o_tcount;
+  kv_.tables = dm + o_tables;
+  kv_.host_token_begin = m + o_begin;
+  kv_.host_kv_start = m + o_start;
+  kv_.host_table_begin = m + o_tbegin;
+  kv_.host_table_count = m + o_tcount;
+  kv_.host_tables = m + o_tables;
+  kv_.host_probs = any_probs ? host_probs_.data() : nullptr;
+  kv_.host_probs_stride = host_probs_strides_.data();
+  return absl::OkStatus();
+}
+
 absl::Status ForwardPass::Run(std::span<const BatchItem> batch, float* logits) {
+  RECALL_RETURN_IF_ERROR(workspace_status_);
   const model::ModelConfig& c = model_.config;
   // ---- Validate the whole batch before touching any cache.
   int total = 0;
@@ -80,6 +217,10 @@ absl::Status ForwardPass::Run(std::span<const BatchItem> batch, float* logits) {
     if (item.attn_probs != nullptr && item.n != 1) {
       return absl::InvalidArgumentError(
           absl::StrCat("batch item ", i, ": attention probabilities need a decode step (n = 1)"));
+    }
+    if (item.cache->View().pool != batch[0].cache->View().pool) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch item ", i, ": every sequence of a batch must use the same pool"));
     }
     for (int j = 0; j < item.n; ++j) {
       if (item.tokens[j] < 0 || item.tokens[j] >= c.vocab_size) {
@@ -100,6 +241,7 @@ absl::Status ForwardPass::Run(std::span<const BatchItem> batch, float* logits) {
                                                    " tokens exceeds max_batch_tokens ",
                                                    options_.max_batch_tokens));
   }
+  if (batch.empty()) return absl::OkStatus();
   // ---- Reserve cache room; on failure (on any rank) give back what this call took.
   absl::Status reserved = absl::OkStatus();
   size_t n_reserved = 0;
@@ -122,112 +264,101 @@ absl::Status ForwardPass::Run(std::span<const BatchItem> batch, float* logits) {
           "KV block pool of another tensor-parallel rank cannot hold the batch");
     }
   }
+  if (reserved.ok()) reserved = StageBatch(batch, total);
   if (!reserved.ok()) {
     give_back();
     return reserved;
   }
 
-  // ---- Gather tokens and positions.
-  int off = 0;
-  for (const BatchItem& item : batch) {
-    const int32_t p0 = item.cache->next_position();
-    for (int j = 0; j < item.n; ++j) {
-      tokens_[off + j] = item.tokens[j];
-      positions_[off + j] = p0 + j;
-    }
-    off += item.n;
-  }
-
   const int dim = c.dim, hd = c.head_dim;
   const int q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads * hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  float* x = x_.data();
-  backend_.Embedding(model_.tok_embeddings, tokens_.data(), total, x);
-  std::vector<int32_t>& kv_lens = kv_lens_;
-  kv_lens.resize(static_cast<size_t>(c.n_kv_heads));
+  float* x = F(x_);
+  float *xb = F(xb_), *q = F(q_), *k = F(k_), *v = F(v_), *att = F(att_), *hb = F(hb_),
+        *hb2 = F(hb2_);
+  backend_.Embedding(model_.tok_embeddings, tokens_, total, x);
 
   for (int l = 0; l < c.n_layers; ++l) {
     const model::LayerWeights& w = model_.layers[l];
-    backend_.RmsNorm(x, w.attn_norm.f32(), total, dim, c.norm_eps, xb_.data());
-    MatMul(xb_.data(), total, w.wq, q_.data());
-    MatMul(xb_.data(), total, w.wk, k_.data());
-    MatMul(xb_.data(), total, w.wv, v_.data());
+    backend_.RmsNorm(x, w.attn_norm.f32(), total, dim, c.norm_eps, xb);
+    MatMul(xb, total, w.wq, q);
+    MatMul(xb, total, w.wk, k);
+    MatMul(xb, total, w.wv, v);
     if (c.qkv_bias) {
-      backend_.AddBias(q_.data(), w.bq.f32(), total, q_dim);
-      backend_.AddBias(k_.data(), w.bk.f32(), total, kv_dim);
-      backend_.AddBias(v_.data(), w.bv.f32(), total, kv_dim);
+      backend_.AddBias(q, w.bq.f32(), total, q_dim);
+      backend_.AddBias(k, w.bk.f32(), total, kv_dim);
+      backend_.AddBias(v, w.bv.f32(), total, kv_dim);
     }
     if (c.qk_norm) {
-      backend_.RmsNorm(q_.data(), w.q_norm.f32(), total * c.n_heads, hd, c.norm_eps, q_.data());
-      backend_.RmsNorm(k_.data(), w.k_norm.f32(), total * c.n_kv_heads, hd, c.norm_eps,
-                       k_.data());
+      backend_.RmsNorm(q, w.q_norm.f32(), total * c.n_heads, hd, c.norm_eps, q);
+      backend_.RmsNorm(k, w.k_norm.f32(), total * c.n_kv_heads, hd, c.norm_eps, k);
     }
-    backend_.Rope(q_.data(), positions_.data(), total, c.n_heads, hd, c.rope_theta, c.rope_style);
-    backend_.Rope(k_.data(), positions_.data(), total, c.n_kv_heads, hd, c.rope_theta,
-                  c.rope_style);
+    backend_.Rope(q, positions_, total, c.n_heads, hd, c.rope_theta, c.rope_style);
+    backend_.Rope(k, positions_, total, c.n_kv_heads, hd, c.rope_theta, c.rope_style);
     CaptureWindowQueries(batch, l);
 
-    off = 0;
-    for (const BatchItem& item : batch) {
-      const kernels::PagedKv kv = item.cache->View();
-      const int32_t* lens = item.cache->lengths(l);
-      backend_.StoreKv(kv, l, k_.data() + static_cast<size_t>(off) * kv_dim,
-                       v_.data() + static_cast<size_t>(off) * kv_dim, item.n, lens);
-      for (int h = 0; h < c.n_kv_heads; ++h) kv_lens[h] = lens[h] + item.n;
-      const float* q = q_.data() + static_cast<size_t>(off) * q_dim;
-      float* out = att_.data() + static_cast<size_t>(off) * q_dim;
-      if (item.n == 1) {
-        float* probs = item.attn_probs == nullptr
-                           ? nullptr
-                           : item.attn_probs + static_cast<int64_t>(l) * c.n_heads *
-                                                   item.probs_stride;
-        backend_.DecodeAttention(kv, l, kv_lens.data(), q, c.n_heads, scale, out, probs,
-                                 item.probs_stride);
-      } else {
-        backend_.PrefillAttention(kv, l, kv_lens.data(), q, item.n, c.n_heads, scale, out);
-      }
-      off += item.n;
-    }
+    backend_.StoreKvBatch(kv_, l, k, v);
+    backend_.AttentionBatch(kv_, l, q, c.n_heads, scale, att);
 
-    MatMul(att_.data(), total, w.wo, xb_.data());
-    if (absl::Status st = AddReduced(xb_.data(), x, total); !st.ok()) {
+    MatMul(att, total, w.wo, xb);
+    if (absl::Status st = AddReduced(xb, x, total); !st.ok()) {
       give_back();
       return st;
     }
-    backend_.RmsNorm(x, w.ffn_norm.f32(), total, dim, c.norm_eps, xb_.data());
-    MatMul(xb_.data(), total, w.w_gate, hb_.data());
-    MatMul(xb_.data(), total, w.w_up, hb2_.data());
-    backend_.SiluMul(hb_.data(), hb2_.data(), static_cast<int64_t>(total) * c.hidden_dim,
-                     hb_.data());
-    MatMul(hb_.data(), total, w.w_down, xb_.data());
-    if (absl::Status st = AddReduced(xb_.data(), x, total); !st.ok()) {
+    backend_.RmsNorm(x, w.ffn_norm.f32(), total, dim, c.norm_eps, xb);
+    MatMul(xb, total, w.w_gate, hb);
+    MatMul(xb, total, w.w_up, hb2);
+    backend_.SiluMul(hb, hb2, static_cast<int64_t>(total) * c.hidden_dim, hb);
+    MatMul(hb, total, w.w_down, xb);
+    if (absl::Status st = AddReduced(xb, x, total); !st.ok()) {
       give_back();
       return st;
     }
   }
 
   // ---- Commit the appended tokens to every cache.
-  off = 0;
+  int off = 0;
   for (const BatchItem& item : batch) {
-    item.cache->CommitAppend(positions_.data() + off, item.n);
+    item.cache->CommitAppend(host_positions_.data() + off, item.n);
     off += item.n;
   }
 
   // ---- Logits of the last token of each item that wants them.
   int n_out = 0;
   off = 0;
+  float* last = F(last_);
   for (const BatchItem& item : batch) {
     off += item.n;
     if (!item.want_logits) continue;
-    std::copy_n(x + static_cast<size_t>(off - 1) * dim, dim,
-                last_.data() + static_cast<size_t>(n_out) * dim);
+    memory_.Copy(last + static_cast<size_t>(n_out) * dim, x + static_cast<size_t>(off - 1) * dim,
+                 dim * sizeof(float));
     ++n_out;
   }
   if (n_out > 0 && logits != nullptr) {
-    backend_.RmsNorm(last_.data(), model_.final_norm.f32(), n_out, dim, c.norm_eps, last_.data());
-    MatMul(last_.data(), n_out, model_.lm_head, logits);
+    backend_.RmsNorm(last, model_.final_norm.f32(), n_out, dim, c.norm_eps, last);
+    if (memory_.host_accessible()) {
+      MatMul(last, n_out, model_.lm_head, logits);
+    } else {
+      const size_t bytes = static_cast<size_t>(n_out) * c.vocab_size * sizeof(float);
+      RECALL_RETURN_IF_ERROR(Ensure(logits_, bytes));
+      MatMul(last, n_out, model_.lm_head, F(logits_));
+      memory_.CopyOut(logits, logits_.get(), bytes);
+    }
   }
-  return absl::OkStatus();
+  // ---- Attention probabilities staged in device memory go to the items' host rows.
+  if (!memory_.host_accessible() && kv_.probs != nullptr) {
+    const size_t rows = static_cast<size_t>(c.n_layers) * c.n_heads;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const BatchItem& item = batch[i];
+      if (item.attn_probs == nullptr) continue;
+      const size_t stride = static_cast<size_t>(item.probs_stride) * sizeof(float);
+      const size_t width =
+          std::min<size_t>(item.probs_stride, item.cache->max_length()) * sizeof(float);
+      memory_.CopyOutRows(item.attn_probs, stride, host_probs_[i], stride, width, rows);
+    }
+  }
+  // A GPU backend's failed op (void, asynchronous) surfaces here.
+  return backend_.Health();
 }
 
 }  // namespace recall::engine

@@ -6,8 +6,11 @@
 // paged cache. New K/V are appended to the caches. Optionally returns the logits of each
 // item's last token.
 //
-// Not thread safe; one ForwardPass per engine thread. Workspaces are allocated once for
-// `max_batch_tokens` and reused (no allocation per step).
+// Not thread safe; one ForwardPass per engine thread. Workspaces live in the backend's memory
+// (device memory on a GPU), are allocated once for `max_batch_tokens` and reused; the step's
+// metadata (tokens, positions, block tables, lengths) is staged on the host and copied to
+// the backend in one transfer per step (kernels/kv_batch.h). Host buffers (logits,
+// attention probabilities, window queries) are filled by copies out of backend memory.
 #pragma once
 
 #include <cstdint>
@@ -56,6 +59,8 @@ struct ForwardOptions {
 
 class ForwardPass {
  public:
+  // The model's weights must be in the backend's memory (model::UploadModel for a GPU).
+  // Allocation failures of the workspaces surface as the status of the first Run.
   ForwardPass(const model::Model& model, kernels::Backend& backend,
               const ForwardOptions& options = {});
 
@@ -76,13 +81,33 @@ class ForwardPass {
   absl::Status AddReduced(float* x, float* y, int total);
   // Copies the window queries of items that asked for them (see BatchItem).
   void CaptureWindowQueries(std::span<const BatchItem> batch, int layer);
+  // Allocates the workspaces (once).
+  absl::Status AllocateWorkspaces();
+  // Fills the step's metadata and kv_ (KvBatch) for `batch` (caches already reserved) and
+  // copies it to backend memory. `total`: the batch's token count.
+  absl::Status StageBatch(std::span<const BatchItem> batch, int total);
+  // Grows `buffer` to at least `bytes` (keeps it when large enough).
+  absl::Status Ensure(kernels::Buffer& buffer, size_t bytes);
+  float* F(const kernels::Buffer& b) const { return b.as<float>(); }
 
   const model::Model& model_;
   kernels::Backend& backend_;
+  kernels::Memory& memory_;
   ForwardOptions options_;
-  // Workspaces [max_batch_tokens, ...].
-  std::vector<float> x_, xb_, q_, k_, v_, att_, hb_, hb2_, last_;
-  std::vector<int32_t> tokens_, positions_, kv_lens_;
+  absl::Status workspace_status_;
+  // Workspaces [max_batch_tokens, ...] in backend memory.
+  kernels::Buffer x_, xb_, q_, k_, v_, att_, hb_, hb2_, last_;
+  kernels::Buffer logits_, probs_;  // device backends only: grow to the largest batch's need
+  kernels::Buffer meta_, probs_ptrs_, probs_strides_;  // the staged metadata
+  // Host staging of the metadata: ints are laid out [tokens | positions | token_item |
+  // token_begin | kv_start | table_begin | table_count | tables].
+  std::vector<int32_t> host_meta_;
+  std::vector<float*> host_probs_;
+  std::vector<int64_t> host_probs_strides_;
+  std::vector<int32_t> host_positions_;  // the step's positions (for commits and captures)
+  kernels::KvBatch kv_;
+  const int32_t* tokens_ = nullptr;     // backend memory
+  const int32_t* positions_ = nullptr;  // backend memory
 };
 
 }  // namespace recall::engine

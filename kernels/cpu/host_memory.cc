@@ -1,0 +1,52 @@
+// HostMemory: the Memory of the CPU backend (kernels/memory.h).
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/memory.h"
+
+namespace recall::kernels {
+namespace {
+
+class HostMemoryImpl final : public Memory {
+ public:
+  const char* Name() const override { return "host"; }
+  bool host_accessible() const override { return true; }
+  absl::StatusOr<void*> Allocate(size_t bytes) override {
+    const size_t rounded = (bytes + 63) / 64 * 64 + (bytes == 0 ? 64 : 0);
+    void* p = std::aligned_alloc(64, rounded);
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat("host memory: cannot allocate ", bytes,
+                                                       " bytes"));
+    }
+    return p;
+  }
+  void Free(void* p) override { std::free(p); }
+  void CopyIn(void* dst, const void* src, size_t bytes) override { std::memmove(dst, src, bytes); }
+  void CopyOut(void* dst, const void* src, size_t bytes) override { std::memmove(dst, src, bytes); }
+  void Copy(void* dst, const void* src, size_t bytes) override { std::memmove(dst, src, bytes); }
+  void CopyOutRows(void* dst, size_t dst_stride, const void* src, size_t src_stride,
+                   size_t row_bytes, size_t rows) override {
+    for (size_t r = 0; r < rows; ++r) {
+      std::memmove(static_cast<char*>(dst) + r * dst_stride,
+                   static_cast<const char*>(src) + r * src_stride, row_bytes);
+    }
+  }
+  void CompactRows(const PagedKvHead& rows, const int32_t* keep, int n) override {
+    const size_t row_bytes = static_cast<size_t>(rows.head_dim) * sizeof(float);
+    for (int i = 0; i < n; ++i) {
+      if (keep[i] == i) continue;
+      std::memcpy(rows.K(i), rows.K(keep[i]), row_bytes);
+      std::memcpy(rows.V(i), rows.V(keep[i]), row_bytes);
+    }
+  }
+};
+
+}  // namespace
+
+Memory& HostMemory() {
+  static HostMemoryImpl* memory = new HostMemoryImpl();
+  return *memory;
+}
+
+}  // namespace recall::kernels

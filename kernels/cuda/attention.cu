@@ -1,0 +1,265 @@
+// Paged attention of the CUDA backend: StoreKv and split-KV attention over a whole batch
+// (kernels/kv_batch.h), and the row moves of cache compaction.
+//
+// Attention: one block of 4 warps per (KV split, query head, token). Each warp walks every
+// 4th slot of its split: a lane holds head_dim / 32 elements of q, the dot product is a warp
+// reduction, and an online softmax keeps (max, sum, weighted V) per warp; the warps merge in
+// shared memory and write one partial per split. A combine kernel merges the splits (and
+// saves each row's max and sum); decode items that asked for probabilities got their raw
+// scores written during the walk, and a third kernel turns them into probabilities with the
+// saved max and sum. The number of splits grows when the batch has few (token, head) rows, so
+// a single long-context sequence still fills the GPU.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cuda/launch.h"
+
+namespace recall::kernels::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+
+struct Row {  // where one token's attention reads from
+  int item, j, il, len;
+};
+
+__device__ Row FindRow(const KvBatch& b, int layer, int t, int h) {
+  Row r;
+  r.item = b.token_item[t];
+  r.j = t - b.token_begin[r.item];
+  r.il = r.item * b.layout.n_layers + layer;
+  r.len = b.kv_start[r.il * b.layout.n_kv_heads + h] + r.j + 1;
+  return r;
+}
+
+__device__ int64_t BlockFloats(const PagedKvLayout& l) {
+  return static_cast<int64_t>(l.n_kv_heads) * 2 * l.block_tokens * l.head_dim;
+}
+
+__global__ void StoreKvKernel(KvBatch b, int layer, const float* k, const float* v) {
+  const int t = blockIdx.x, h = blockIdx.y;
+  const int hd = b.layout.head_dim, bt = b.layout.block_tokens, n_kv = b.layout.n_kv_heads;
+  const int item = b.token_item[t];
+  const int j = t - b.token_begin[item];
+  const int il = item * b.layout.n_layers + layer;
+  const int slot = b.kv_start[il * n_kv + h] + j;
+  const int32_t block = b.tables[b.table_begin[il] + slot / bt];
+  float* dst = b.pool + block * BlockFloats(b.layout) +
+               (static_cast<int64_t>(h) * 2 * bt + slot % bt) * hd;
+  const int64_t src = (static_cast<int64_t>(t) * n_kv + h) * hd;
+  for (int e = threadIdx.x; e < hd; e += blockDim.x) {
+    dst[e] = k[src + e];
+    dst[static_cast<int64_t>(bt) * hd + e] = v[src + e];
+  }
+}
+
+__device__ float WarpSum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// R: elements of q per lane (head_dim <= 32 * R).
+template <int R>
+__global__ void __launch_bounds__(kWarps * 32)
+    AttentionSplitKernel(KvBatch b, int layer, const float* q, int n_heads, float scale, int chunk,
+                         int n_splits, float* partials) {
+  const int split = blockIdx.x, qh = blockIdx.y, t = blockIdx.z;
+  const int hd = b.layout.head_dim, bt = b.layout.block_tokens, n_kv = b.layout.n_kv_heads;
+  const int h = qh / (n_heads / n_kv);
+  const Row row = FindRow(b, layer, t, h);
+  const int s0 = split * chunk;
+  const int s1 = min(row.len, s0 + chunk);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+  float qr[R], acc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int e = lane + 32 * r;
+    qr[r] = e < hd ? q[(static_cast<int64_t>(t) * n_heads + qh) * hd + e] : 0.0f;
+    acc[r] = 0.0f;
+  }
+  const int32_t* table = b.tables + b.table_begin[row.il];
+  const int64_t block_floats = BlockFloats(b.layout);
+  const int64_t k_off = static_cast<int64_t>(h) * 2 * bt * hd;
+  const int64_t v_off = k_off + static_cast<int64_t>(bt) * hd;
+  float* probs = nullptr;
+  if (b.probs != nullptr && b.token_begin[row.item + 1] - b.token_begin[row.item] == 1 &&
+      b.probs[row.item] != nullptr) {
+    probs = b.probs[row.item] + (static_cast<int64_t>(layer) * n_heads + qh) * b.probs_stride[row.item];
+  }
+
+  float m = -INFINITY, l = 0.0f;
+  for (int s = s0 + warp; s < s1; s += kWarps) {
+    const float* base = b.pool + table[s / bt] * block_floats + static_cast<int64_t>(s % bt) * hd;
+    const float* K = base + k_off;
+    const float* V = base + v_off;
+    float d = 0.0f;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int e = lane + 32 * r;
+      if (e < hd) d += qr[r] * K[e];
+    }
+    d = WarpSum(d) * scale;
+    if (probs != nullptr && lane == 0) probs[s] = d;
+    const float m_new = fmaxf(m, d);
+    const float corr = expf(m - m_new);
+    const float p = expf(d - m_new);
+    l = l * corr + p;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int e = lane + 32 * r;
+      acc[r] = acc[r] * corr + (e < hd ? p * V[e] : 0.0f);
+    }
+    m = m_new;
+  }
+
+  // Merge the warps.
+  __shared__ float s_m[kWarps], s_l[kWarps];
+  __shared__ float s_acc[kWarps][32 * R];
+  if (lane == 0) {
+    s_m[warp] = m;
+    s_l[warp] = l;
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) s_acc[warp][lane + 32 * r] = acc[r];
+  __syncthreads();
+  float M = -INFINITY;
+  for (int w = 0; w < kWarps; ++w) M = fmaxf(M, s_m[w]);
+  float* out = partials + ((static_cast<int64_t>(t) * n_heads + qh) * n_splits + split) * (hd + 2);
+  float w_scale[kWarps];
+  float L = 0.0f;
+  for (int w = 0; w < kWarps; ++w) {
+    w_scale[w] = s_m[w] == -INFINITY ? 0.0f : expf(s_m[w] - M);
+    L += s_l[w] * w_scale[w];
+  }
+  for (int e = threadIdx.x; e < hd; e += blockDim.x) {
+    float a = 0.0f;
+    for (int w = 0; w < kWarps; ++w) a += s_acc[w][e] * w_scale[w];
+    out[2 + e] = a;
+  }
+  if (threadIdx.x == 0) {
+    out[0] = M;
+    out[1] = L;
+  }
+}
+
+__global__ void CombineKernel(const float* partials, int n_heads, int hd, int n_splits, float* out,
+                              float* stats) {
+  const int qh = blockIdx.x, t = blockIdx.y;
+  const int64_t rowi = static_cast<int64_t>(t) * n_heads + qh;
+  const float* p = partials + rowi * n_splits * (hd + 2);
+  float M = -INFINITY;
+  for (int s = 0; s < n_splits; ++s) M = fmaxf(M, p[s * (hd + 2)]);
+  float L = 0.0f;
+  for (int s = 0; s < n_splits; ++s) {
+    const float ms = p[s * (hd + 2)];
+    if (ms != -INFINITY) L += p[s * (hd + 2) + 1] * expf(ms - M);
+  }
+  for (int e = threadIdx.x; e < hd; e += blockDim.x) {
+    float a = 0.0f;
+    for (int s = 0; s < n_splits; ++s) {
+      const float ms = p[s * (hd + 2)];
+      if (ms != -INFINITY) a += p[s * (hd + 2) + 2 + e] * expf(ms - M);
+    }
+    out[rowi * hd + e] = a / L;
+  }
+  if (threadIdx.x == 0) {
+    stats[rowi * 2] = M;
+    stats[rowi * 2 + 1] = L;
+  }
+}
+
+__global__ void ProbsKernel(KvBatch b, int layer, int n_heads, const float* stats) {
+  const int qh = blockIdx.x, t = blockIdx.y;
+  const int h = qh / (n_heads / b.layout.n_kv_heads);
+  const Row row = FindRow(b, layer, t, h);
+  if (b.token_begin[row.item + 1] - b.token_begin[row.item] != 1 || b.probs[row.item] == nullptr) {
+    return;
+  }
+  float* probs =
+      b.probs[row.item] + (static_cast<int64_t>(layer) * n_heads + qh) * b.probs_stride[row.item];
+  const int64_t rowi = static_cast<int64_t>(t) * n_heads + qh;
+  const float M = stats[rowi * 2], L = stats[rowi * 2 + 1];
+  for (int s = threadIdx.x; s < row.len; s += blockDim.x) probs[s] = expf(probs[s] - M) / L;
+}
+
+__global__ void GatherRowsKernel(const float* base, const int64_t* pairs, int hd, int64_t v_offset,
+                                 float* scratch) {
+  const int64_t src = pairs[2 * blockIdx.x];
+  float* dst = scratch + static_cast<int64_t>(blockIdx.x) * 2 * hd;
+  for (int e = threadIdx.x; e < hd; e += blockDim.x) {
+    dst[e] = base[src + e];
+    dst[hd + e] = base[src + v_offset + e];
+  }
+}
+
+__global__ void ScatterRowsKernel(float* base, const int64_t* pairs, int hd, int64_t v_offset,
+                                  const float* scratch) {
+  const int64_t dst = pairs[2 * blockIdx.x + 1];
+  const float* src = scratch + static_cast<int64_t>(blockIdx.x) * 2 * hd;
+  for (int e = threadIdx.x; e < hd; e += blockDim.x) {
+    base[dst + e] = src[e];
+    base[dst + v_offset + e] = src[hd + e];
+  }
+}
+
+int Threads(int hd) { return std::min(256, std::max(32, (hd + 31) / 32 * 32)); }
+
+// The largest (token, head) rows times splits a launch uses: at most 4 blocks per SM beyond
+// the rows themselves.
+int Splits(int rows, int max_kv_len, int sm_count) {
+  const int want = (4 * sm_count + rows - 1) / std::max(1, rows);
+  return std::max(1, std::min({want, 64, (max_kv_len + 31) / 32}));
+}
+
+}  // namespace
+
+void LaunchStoreKv(const KvBatch& b, int layer, const float* k, const float* v,
+                   cudaStream_t stream) {
+  if (b.total_tokens <= 0) return;
+  StoreKvKernel<<<dim3(b.total_tokens, b.layout.n_kv_heads), Threads(b.layout.head_dim), 0,
+                  stream>>>(b, layer, k, v);
+}
+
+int64_t AttentionPartialFloats(int max_tokens, int max_heads, int head_dim, int sm_count) {
+  return (static_cast<int64_t>(max_tokens) * max_heads + 4 * sm_count + 64) * (head_dim + 2);
+}
+
+void LaunchAttention(const KvBatch& b, int layer, const float* q, int n_heads, float scale,
+                     float* out, const AttentionScratch& scratch, cudaStream_t stream) {
+  if (b.total_tokens <= 0) return;
+  const int hd = b.layout.head_dim;
+  const int rows = b.total_tokens * n_heads;
+  const int n_splits = Splits(rows, b.max_kv_len, scratch.sm_count);
+  const int chunk = (b.max_kv_len + n_splits - 1) / n_splits;
+  const dim3 grid(n_splits, n_heads, b.total_tokens);
+  const int threads = kWarps * 32;
+  if (hd <= 32) {
+    AttentionSplitKernel<1><<<grid, threads, 0, stream>>>(b, layer, q, n_heads, scale, chunk,
+                                                         n_splits, scratch.partials);
+  } else if (hd <= 64) {
+    AttentionSplitKernel<2><<<grid, threads, 0, stream>>>(b, layer, q, n_heads, scale, chunk,
+                                                         n_splits, scratch.partials);
+  } else if (hd <= 128) {
+    AttentionSplitKernel<4><<<grid, threads, 0, stream>>>(b, layer, q, n_heads, scale, chunk,
+                                                         n_splits, scratch.partials);
+  } else {
+    AttentionSplitKernel<8><<<grid, threads, 0, stream>>>(b, layer, q, n_heads, scale, chunk,
+                                                         n_splits, scratch.partials);
+  }
+  CombineKernel<<<dim3(n_heads, b.total_tokens), Threads(hd), 0, stream>>>(
+      scratch.partials, n_heads, hd, n_splits, out, scratch.stats);
+  if (b.probs != nullptr) {
+    ProbsKernel<<<dim3(n_heads, b.total_tokens), 256, 0, stream>>>(b, layer, n_heads,
+                                                                   scratch.stats);
+  }
+}
+
+void LaunchMoveRows(float* base, const int64_t* pairs, int m, int head_dim, int64_t v_offset,
+                    float* scratch, cudaStream_t stream) {
+  if (m <= 0) return;
+  GatherRowsKernel<<<m, Threads(head_dim), 0, stream>>>(base, pairs, head_dim, v_offset, scratch);
+  ScatterRowsKernel<<<m, Threads(head_dim), 0, stream>>>(base, pairs, head_dim, v_offset, scratch);
+}
+
+}  // namespace recall::kernels::cuda

@@ -1,0 +1,276 @@
+// The CUDA backend (kernels/cuda_backend.h).
+#include "kernels/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/cuda/cuda_raii.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "kernels/cpu/sampling.h"
+#include "kernels/cuda/cuda_memory.h"
+#include "kernels/cuda/launch.h"
+
+namespace recall::kernels {
+namespace cuda {
+namespace {
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(int device, recall::cuda::Stream stream, cublasHandle_t blas, int sm_count)
+      : device_(device), stream_(std::move(stream)), blas_(blas), sm_count_(sm_count),
+        memory_(device, stream_.get()) {}
+  ~CudaBackend() override {
+    cudaStreamSynchronize(stream_.get());
+    if (blas_ != nullptr) cublasDestroy(blas_);
+  }
+
+  const char* Name() const override { return "cuda"; }
+  Memory& memory() override { return memory_; }
+  absl::Status Health() override { return memory_.status(); }
+
+  absl::Status ReserveWorkspace(const WorkspaceNeeds& needs) override {
+    RECALL_RETURN_IF_ERROR(GrowRounding(static_cast<int64_t>(needs.max_tokens) * needs.max_cols));
+    return GrowAttention(needs.max_tokens, needs.max_heads, needs.head_dim);
+  }
+
+  void Embedding(const Matrix& table, const int32_t* tokens, int n, float* out) override {
+    LaunchEmbedding(table, tokens, n, out, s());
+    Launched("embedding");
+  }
+  void RmsNorm(const float* x, const float* weight, int n, int dim, float eps,
+               float* out) override {
+    LaunchRmsNorm(x, weight, n, dim, eps, out, s());
+    Launched("rmsnorm");
+  }
+  void Rope(float* x, const int32_t* positions, int n, int n_heads, int head_dim, float theta,
+            RopeStyle style) override {
+    LaunchRope(x, positions, n, n_heads, head_dim, theta, style, s());
+    Launched("rope");
+  }
+  void MatMul(const float* x, int n, const Matrix& w, float* y) override;
+  // cuBLAS may pick another algorithm (and summation order) for another row count, so only
+  // a row alone is guaranteed to give the same bits.
+  int BatchInvariantRows() const override { return 1; }
+  void AddBias(float* x, const float* bias, int n, int dim) override {
+    LaunchAddBias(x, bias, n, dim, s());
+    Launched("add_bias");
+  }
+  void Add(float* x, const float* y, int64_t count) override {
+    LaunchAdd(x, y, count, s());
+    Launched("add");
+  }
+  void SiluMul(const float* gate, const float* up, int64_t count, float* out) override {
+    LaunchSiluMul(gate, up, count, out, s());
+    Launched("silu_mul");
+  }
+  void Softmax(float* x, int rows, int cols) override {
+    LaunchSoftmax(x, rows, cols, s());
+    Launched("softmax");
+  }
+
+  void StoreKvBatch(const KvBatch& batch, int layer, const float* k, const float* v) override {
+    LaunchStoreKv(batch, layer, k, v, s());
+    Launched("store_kv");
+  }
+  void AttentionBatch(const KvBatch& batch, int layer, const float* q, int n_heads, float scale,
+                      float* out) override {
+    if (!memory_.Check(batch.layout.head_dim <= 256 ? cudaSuccess : cudaErrorInvalidValue,
+                       "attention: head_dim above 256") ||
+        !GrowAttention(batch.total_tokens, n_heads, batch.layout.head_dim).ok()) {
+      return;
+    }
+    AttentionScratch scratch{attn_partials_.as<float>(), attn_partial_floats_,
+                             attn_stats_.as<float>(), attn_stat_floats_, sm_count_};
+    LaunchAttention(batch, layer, q, n_heads, scale, out, scratch, s());
+    Launched("attention");
+  }
+
+  // The per-sequence ops stage a one-item batch (host block tables and lengths) first.
+  void StoreKv(const PagedKv& kv, int layer, const float* k, const float* v, int n,
+               const int32_t* start_slots) override {
+    const KvBatch b = StageOne(kv, layer, start_slots, n, nullptr, 0);
+    StoreKvBatch(b, 0, k, v);
+  }
+  void PrefillAttention(const PagedKv& kv, int layer, const int32_t* kv_lens, const float* q,
+                        int n, int n_heads, float scale, float* out) override {
+    StageStarts(kv, kv_lens, n);
+    const KvBatch b = StageOne(kv, layer, starts_.data(), n, nullptr, 0);
+    AttentionBatch(b, 0, q, n_heads, scale, out);
+  }
+  void DecodeAttention(const PagedKv& kv, int layer, const int32_t* kv_lens, const float* q,
+                       int n_heads, float scale, float* out, float* probs,
+                       int64_t probs_stride) override {
+    StageStarts(kv, kv_lens, 1);
+    const KvBatch b = StageOne(kv, layer, starts_.data(), 1, probs, probs_stride);
+    AttentionBatch(b, 0, q, n_heads, scale, out);
+  }
+
+  int32_t Sample(float* logits, int vocab, const SamplingParams& params, Rng& rng,
+                 const int32_t* history, int n_history) override {
+    return sampler_.Sample(logits, vocab, params, rng, history, n_history);
+  }
+
+ private:
+  cudaStream_t s() const { return stream_.get(); }
+  void Launched(const char* what) { memory_.Check(cudaGetLastError(), what); }
+
+  absl::Status Grow(recall::cuda::DeviceBuffer& buffer, size_t bytes) {
+    if (buffer.bytes() >= bytes) return absl::OkStatus();
+    buffer = recall::cuda::DeviceBuffer();
+    RECALL_ASSIGN_OR_RETURN(buffer, recall::cuda::DeviceBuffer::Allocate(bytes));
+    return absl::OkStatus();
+  }
+  absl::Status GrowRounding(int64_t elements) {
+    return Grow(rounded_, static_cast<size_t>(std::max<int64_t>(elements, 1)) * 2);
+  }
+  absl::Status GrowAttention(int tokens, int heads, int head_dim) {
+    const int64_t partials = AttentionPartialFloats(tokens, heads, head_dim, sm_count_);
+    const int64_t stats = static_cast<int64_t>(tokens) * heads * 2;
+    if (partials <= attn_partial_floats_ && stats <= attn_stat_floats_) return absl::OkStatus();
+    cudaStreamSynchronize(s());  // the old buffers may still be read
+    const int64_t p = std::max(partials, attn_partial_floats_);
+    const int64_t st = std::max(stats, attn_stat_floats_);
+    absl::Status status = Grow(attn_partials_, static_cast<size_t>(p) * sizeof(float));
+    if (status.ok()) status = Grow(attn_stats_, static_cast<size_t>(st) * sizeof(float));
+    if (!status.ok()) {
+      memory_.Check(cudaErrorMemoryAllocation, "attention scratch");
+      attn_partial_floats_ = attn_stat_floats_ = 0;
+      return status;
+    }
+    attn_partial_floats_ = p;
+    attn_stat_floats_ = st;
+    return absl::OkStatus();
+  }
+
+  // starts_[h] = kv_lens[h] - n (slots before the new tokens).
+  void StageStarts(const PagedKv& kv, const int32_t* kv_lens, int n) {
+    starts_.resize(static_cast<size_t>(kv.layout.n_kv_heads));
+    for (int h = 0; h < kv.layout.n_kv_heads; ++h) starts_[h] = kv_lens[h] - n;
+  }
+
+  // A one-item, one-layer KvBatch over layer `layer` of `kv` (host tables), in device memory.
+  KvBatch StageOne(const PagedKv& kv, int layer, const int32_t* start_slots, int n, float* probs,
+                   int64_t probs_stride) {
+    const int n_kv = kv.layout.n_kv_heads;
+    const int count = kv.block_counts[layer];
+    // [token_begin 2 | token_item n | kv_start n_kv | table_begin 1 | table_count 1 | tables]
+    one_.assign(static_cast<size_t>(2 + n + n_kv + 2 + count), 0);
+    one_[1] = n;
+    int max_len = 0;
+    for (int h = 0; h < n_kv; ++h) {
+      one_[2 + n + h] = start_slots[h];
+      max_len = std::max(max_len, start_slots[h] + n);
+    }
+    one_[2 + n + n_kv + 1] = count;
+    std::copy_n(kv.block_tables[layer], count, one_.begin() + 2 + n + n_kv + 2);
+    const size_t bytes = one_.size() * sizeof(int32_t) + 2 * sizeof(int64_t);
+    if (!Grow(one_device_, bytes + 64).ok()) memory_.Check(cudaErrorMemoryAllocation, "staging");
+    char* d = static_cast<char*>(one_device_.get());
+    int64_t tail[2] = {reinterpret_cast<int64_t>(probs), probs_stride};
+    memory_.CopyIn(d, tail, sizeof(tail));
+    memory_.CopyIn(d + sizeof(tail), one_.data(), one_.size() * sizeof(int32_t));
+    const int32_t* m = reinterpret_cast<const int32_t*>(d + sizeof(tail));
+    KvBatch b;
+    b.layout = kv.layout;
+    b.layout.n_layers = 1;
+    b.pool = kv.pool;
+    b.n_items = 1;
+    b.total_tokens = n;
+    b.max_new_tokens = n;
+    b.max_kv_len = max_len;
+    b.token_begin = m;
+    b.token_item = m + 2;
+    b.kv_start = m + 2 + n;
+    b.table_begin = m + 2 + n + n_kv;
+    b.table_count = m + 2 + n + n_kv + 1;
+    b.tables = m + 2 + n + n_kv + 2;
+    if (probs != nullptr) {
+      b.probs = reinterpret_cast<float* const*>(d);
+      b.probs_stride = reinterpret_cast<const int64_t*>(d) + 1;
+    }
+    return b;
+  }
+
+  int device_;
+  recall::cuda::Stream stream_;
+  cublasHandle_t blas_;
+  int sm_count_;
+  CudaMemory memory_;
+  cpu::Sampler sampler_;
+  recall::cuda::DeviceBuffer rounded_;  // MatMul's input rounded to the weights' type
+  recall::cuda::DeviceBuffer attn_partials_, attn_stats_;
+  int64_t attn_partial_floats_ = 0, attn_stat_floats_ = 0;
+  std::vector<int32_t> starts_, one_;
+  recall::cuda::DeviceBuffer one_device_;
+};
+
+void CudaBackend::MatMul(const float* x, int n, const Matrix& w, float* y) {
+  if (n <= 0) return;
+  const float one = 1.0f, zero = 0.0f;
+  const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
+  cublasStatus_t st;
+  if (w.dtype == DType::kF32) {
+    // y^T [rows, n] = W [rows, cols] (row-major, i.e. column-major W^T) x x^T.
+    st = cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w.f32(), cols, x, cols,
+                     &zero, y, rows);
+  } else {
+    if (!GrowRounding(static_cast<int64_t>(n) * cols).ok()) {
+      memory_.Check(cudaErrorMemoryAllocation, "matmul input rounding buffer");
+      return;
+    }
+    LaunchRoundTo(x, static_cast<int64_t>(n) * cols, w.dtype, rounded_.get(), s());
+    Launched("round_to");
+    const cudaDataType_t type = w.dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_16F;
+    st = cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w.data, type, cols,
+                      rounded_.get(), type, cols, &zero, y, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F,
+                      CUBLAS_GEMM_DEFAULT);
+  }
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    memory_.Check(cudaErrorUnknown, absl::StrCat("cublas matmul: ", cublasGetStatusString(st),
+                                                 " (", rows, "x", cols, ", n ", n, ")")
+                                        .c_str());
+  }
+}
+
+}  // namespace
+}  // namespace cuda
+
+int CudaDeviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOptions& options) {
+  const int count = CudaDeviceCount();
+  if (count == 0) {
+    return absl::FailedPreconditionError("device cuda: no CUDA device is visible to this process");
+  }
+  if (options.device < 0 || options.device >= count) {
+    return absl::FailedPreconditionError(absl::StrCat("device cuda: device ", options.device,
+                                                      " does not exist (", count, " visible)"));
+  }
+  RECALL_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
+  cudaDeviceProp prop;
+  RECALL_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, options.device));
+  RECALL_ASSIGN_OR_RETURN(recall::cuda::Stream stream, recall::cuda::Stream::Create());
+  cublasHandle_t blas = nullptr;
+  if (const cublasStatus_t st = cublasCreate(&blas); st != CUBLAS_STATUS_SUCCESS) {
+    return absl::InternalError(
+        absl::StrCat("device cuda: cublasCreate failed: ", cublasGetStatusString(st)));
+  }
+  cublasSetStream(blas, stream.get());
+  cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH);  // fp32 stays fp32 (no TF32)
+  return std::unique_ptr<Backend>(
+      new cuda::CudaBackend(options.device, std::move(stream), blas, prop.multiProcessorCount));
+}
+
+}  // namespace recall::kernels

@@ -1,0 +1,108 @@
+#include "kernels/cuda/cuda_memory.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/cuda/cuda_status.h"
+#include "common/logging.h"
+#include "kernels/cuda/launch.h"
+
+namespace recall::kernels::cuda {
+
+CudaMemory::~CudaMemory() {
+  if (d_pairs_ != nullptr) cudaFree(d_pairs_);
+  if (d_rows_ != nullptr) cudaFree(d_rows_);
+}
+
+bool CudaMemory::Check(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return true;
+  absl::MutexLock lock(&mu_);
+  if (first_error_.ok()) first_error_ = recall::cuda::CudaStatus(err, what);
+  return false;
+}
+
+absl::Status CudaMemory::status() const {
+  absl::MutexLock lock(&mu_);
+  return first_error_;
+}
+
+absl::StatusOr<void*> CudaMemory::Allocate(size_t bytes) {
+  cudaSetDevice(device_);
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, bytes == 0 ? 256 : bytes);  // 256-byte aligned
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // an out-of-memory answer is not sticky; clear it
+    return absl::ResourceExhaustedError(absl::StrCat("cuda device ", device_, ": cannot allocate ",
+                                                     bytes, " bytes (", cudaGetErrorName(err),
+                                                     ")"));
+  }
+  return p;
+}
+
+void CudaMemory::Free(void* p) {
+  if (p != nullptr) Check(cudaFree(p), "cudaFree");
+}
+
+void CudaMemory::CopyIn(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync H2D");
+  Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize after H2D");
+}
+
+void CudaMemory::CopyOut(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync D2H");
+  Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize after D2H");
+}
+
+void CudaMemory::Copy(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync D2D");
+}
+
+void CudaMemory::CopyOutRows(void* dst, size_t dst_stride, const void* src, size_t src_stride,
+                             size_t row_bytes, size_t rows) {
+  if (rows == 0 || row_bytes == 0) return;
+  Check(cudaMemcpy2DAsync(dst, dst_stride, src, src_stride, row_bytes, rows,
+                          cudaMemcpyDeviceToHost, stream_),
+        "cudaMemcpy2DAsync D2H");
+  Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize after D2H rows");
+}
+
+void CudaMemory::CompactRows(const PagedKvHead& rows, const int32_t* keep, int n) {
+  pairs_.clear();
+  const float* base = rows.base;
+  for (int i = 0; i < n; ++i) {
+    if (keep[i] == i) continue;
+    pairs_.push_back(rows.K(keep[i]) - base);
+    pairs_.push_back(rows.K(i) - base);
+  }
+  const int m = static_cast<int>(pairs_.size() / 2);
+  if (m == 0) return;
+  const size_t pair_bytes = pairs_.size() * sizeof(int64_t);
+  const size_t row_bytes = static_cast<size_t>(m) * 2 * rows.head_dim * sizeof(float);
+  // The buffers are reused by the next call: wait until the previous moves are done.
+  if (!Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize before compaction")) return;
+  if (pair_bytes > d_pairs_bytes_) {
+    if (d_pairs_ != nullptr) cudaFree(d_pairs_);
+    d_pairs_ = nullptr;
+    d_pairs_bytes_ = 0;
+    if (!Check(cudaMalloc(&d_pairs_, pair_bytes * 2), "cudaMalloc (compaction list)")) return;
+    d_pairs_bytes_ = pair_bytes * 2;
+  }
+  if (row_bytes > d_rows_bytes_) {
+    if (d_rows_ != nullptr) cudaFree(d_rows_);
+    d_rows_ = nullptr;
+    d_rows_bytes_ = 0;
+    void* p = nullptr;
+    if (!Check(cudaMalloc(&p, row_bytes * 2), "cudaMalloc (compaction rows)")) return;
+    d_rows_ = static_cast<float*>(p);
+    d_rows_bytes_ = row_bytes * 2;
+  }
+  Check(cudaMemcpyAsync(d_pairs_, pairs_.data(), pair_bytes, cudaMemcpyHostToDevice, stream_),
+        "cudaMemcpyAsync (compaction list)");
+  LaunchMoveRows(rows.base, static_cast<const int64_t*>(d_pairs_), m, rows.head_dim,
+                 static_cast<int64_t>(rows.block_tokens) * rows.head_dim, d_rows_, stream_);
+  Check(cudaGetLastError(), "compaction kernels");
+  // pairs_ (pageable host memory) was consumed by the copy before cudaMemcpyAsync returned.
+}
+
+}  // namespace recall::kernels::cuda

@@ -1,0 +1,54 @@
+// CudaMemory: device memory of one GPU as a kernels::Memory, ordered on the backend's stream.
+// Copies to and from the host synchronize the stream (so they see every op queued before);
+// device-to-device copies and row compaction are queued on it. The first CUDA error is kept
+// and reported by status().
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/memory.h"
+
+namespace recall::kernels::cuda {
+
+class CudaMemory final : public Memory {
+ public:
+  CudaMemory(int device, cudaStream_t stream) : device_(device), stream_(stream) {}
+  ~CudaMemory() override;
+
+  const char* Name() const override { return "cuda device"; }
+  bool host_accessible() const override { return false; }
+  absl::StatusOr<void*> Allocate(size_t bytes) override;
+  void Free(void* p) override;
+  void CopyIn(void* dst, const void* host_src, size_t bytes) override;
+  void CopyOut(void* host_dst, const void* src, size_t bytes) override;
+  void Copy(void* dst, const void* src, size_t bytes) override;
+  void CopyOutRows(void* host_dst, size_t dst_stride, const void* src, size_t src_stride,
+                   size_t row_bytes, size_t rows) override;
+  void CompactRows(const PagedKvHead& rows, const int32_t* keep, int n) override;
+
+  // Records `err` (the first error wins); returns whether it was a success.
+  bool Check(cudaError_t err, const char* what);
+  // The first error seen, or ok.
+  absl::Status status() const;
+  cudaStream_t stream() const { return stream_; }
+  int device() const { return device_; }
+
+ private:
+  int device_;
+  cudaStream_t stream_;
+  mutable absl::Mutex mu_;
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+  // CompactRows' move list (host, then device) and row scratch; grow once.
+  std::vector<int64_t> pairs_;
+  void* d_pairs_ = nullptr;
+  size_t d_pairs_bytes_ = 0;
+  float* d_rows_ = nullptr;
+  size_t d_rows_bytes_ = 0;
+};
+
+}  // namespace recall::kernels::cuda

@@ -1,0 +1,209 @@
+// Elementwise and row-wise kernels of the CUDA backend: embedding, RMSNorm, RoPE, bias, add,
+// SiLU-mul, softmax, rounding to bf16/f16. The float formulas follow the CPU reference
+// (kernels/cpu/elementwise.cc); reductions run in a different order, so results agree to
+// rounding, not bit for bit.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cuda/launch.h"
+
+namespace recall::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+int Blocks(int64_t count, int threads = kThreads) {
+  return static_cast<int>(std::min<int64_t>((count + threads - 1) / threads, 65535 * 8));
+}
+
+__device__ float WarpSum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ float WarpMax(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Sum (or max) over the block; every thread gets the result. `shared` holds 32 floats.
+__device__ float BlockSum(float v, float* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = WarpSum(v);
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  const int warps = (blockDim.x + 31) >> 5;
+  v = lane < warps ? shared[lane] : 0.0f;
+  return WarpSum(v);
+}
+__device__ float BlockMax(float v, float* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = WarpMax(v);
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  const int warps = (blockDim.x + 31) >> 5;
+  v = lane < warps ? shared[lane] : -INFINITY;
+  return WarpMax(v);
+}
+
+__device__ float ToFloat(const void* p, int dtype, int64_t i) {
+  if (dtype == static_cast<int>(DType::kF32)) return static_cast<const float*>(p)[i];
+  if (dtype == static_cast<int>(DType::kBF16)) {
+    return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  }
+  return __half2float(static_cast<const __half*>(p)[i]);
+}
+
+__global__ void EmbeddingKernel(const void* table, int dtype, int64_t dim, const int32_t* tokens,
+                                float* out) {
+  const int64_t row = static_cast<int64_t>(tokens[blockIdx.x]) * dim;
+  float* o = out + blockIdx.x * dim;
+  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) o[j] = ToFloat(table, dtype, row + j);
+}
+
+__global__ void RmsNormKernel(const float* x, const float* w, int dim, float eps, float* out) {
+  __shared__ float shared[32];
+  const float* xi = x + static_cast<int64_t>(blockIdx.x) * dim;
+  float* oi = out + static_cast<int64_t>(blockIdx.x) * dim;
+  float ss = 0.0f;
+  for (int j = threadIdx.x; j < dim; j += blockDim.x) ss += xi[j] * xi[j];
+  ss = BlockSum(ss, shared);
+  ss /= dim;
+  ss += eps;
+  ss = 1.0f / sqrtf(ss);
+  // Every thread has read its own elements above; writing them is safe when out == x.
+  for (int j = threadIdx.x; j < dim; j += blockDim.x) oi[j] = w[j] * (ss * xi[j]);
+}
+
+__global__ void RopeKernel(float* x, const int32_t* positions, int n_heads, int head_dim,
+                           float theta, int interleaved) {
+  const int pairs = head_dim / 2;
+  const float pos = static_cast<float>(positions[blockIdx.x]);
+  float* row = x + static_cast<int64_t>(blockIdx.x) * n_heads * head_dim;
+  for (int k = threadIdx.x; k < n_heads * pairs; k += blockDim.x) {
+    const int h = k / pairs, i = k % pairs;
+    const float freq =
+        1.0f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+    const float val = pos * freq;
+    const float fcr = cosf(val), fci = sinf(val);
+    float* v = row + h * head_dim;
+    float* p0 = interleaved ? v + 2 * i : v + i;
+    float* p1 = interleaved ? p0 + 1 : p0 + pairs;
+    const float v0 = *p0, v1 = *p1;
+    *p0 = v0 * fcr - v1 * fci;
+    *p1 = v0 * fci + v1 * fcr;
+  }
+}
+
+__global__ void AddBiasKernel(float* x, const float* bias, int64_t n_total, int dim) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n_total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    x[i] += bias[i % dim];
+  }
+}
+
+__global__ void AddKernel(float* x, const float* y, int64_t count) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    x[i] += y[i];
+  }
+}
+
+__global__ void SiluMulKernel(const float* gate, const float* up, int64_t count, float* out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float val = gate[i];
+    val *= (1.0f / (1.0f + expf(-val)));
+    out[i] = val * up[i];
+  }
+}
+
+__global__ void SoftmaxKernel(float* x, int cols) {
+  __shared__ float shared[32];
+  float* row = x + static_cast<int64_t>(blockIdx.x) * cols;
+  float m = -INFINITY;
+  for (int j = threadIdx.x; j < cols; j += blockDim.x) m = fmaxf(m, row[j]);
+  m = BlockMax(m, shared);
+  float sum = 0.0f;
+  for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+    const float e = expf(row[j] - m);
+    row[j] = e;
+    sum += e;
+  }
+  sum = BlockSum(sum, shared);
+  for (int j = threadIdx.x; j < cols; j += blockDim.x) row[j] /= sum;
+}
+
+__global__ void RoundToBf16Kernel(const float* x, int64_t count, __nv_bfloat16* out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = __float2bfloat16_rn(x[i]);
+  }
+}
+__global__ void RoundToF16Kernel(const float* x, int64_t count, __half* out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = __float2half_rn(x[i]);
+  }
+}
+
+int RowThreads(int dim) { return std::min(kThreads, std::max(32, (dim + 31) / 32 * 32)); }
+
+}  // namespace
+
+void LaunchEmbedding(const Matrix& table, const int32_t* tokens, int n, float* out,
+                     cudaStream_t stream) {
+  if (n <= 0) return;
+  EmbeddingKernel<<<n, RowThreads(static_cast<int>(table.cols)), 0, stream>>>(
+      table.data, static_cast<int>(table.dtype), table.cols, tokens, out);
+}
+
+void LaunchRmsNorm(const float* x, const float* weight, int n, int dim, float eps, float* out,
+                   cudaStream_t stream) {
+  if (n <= 0) return;
+  RmsNormKernel<<<n, RowThreads(dim), 0, stream>>>(x, weight, dim, eps, out);
+}
+
+void LaunchRope(float* x, const int32_t* positions, int n, int n_heads, int head_dim, float theta,
+                RopeStyle style, cudaStream_t stream) {
+  if (n <= 0) return;
+  RopeKernel<<<n, RowThreads(n_heads * head_dim / 2), 0, stream>>>(
+      x, positions, n_heads, head_dim, theta, style == RopeStyle::kInterleaved ? 1 : 0);
+}
+
+void LaunchAddBias(float* x, const float* bias, int n, int dim, cudaStream_t stream) {
+  const int64_t total = static_cast<int64_t>(n) * dim;
+  if (total <= 0) return;
+  AddBiasKernel<<<Blocks(total), kThreads, 0, stream>>>(x, bias, total, dim);
+}
+
+void LaunchAdd(float* x, const float* y, int64_t count, cudaStream_t stream) {
+  if (count <= 0) return;
+  AddKernel<<<Blocks(count), kThreads, 0, stream>>>(x, y, count);
+}
+
+void LaunchSiluMul(const float* gate, const float* up, int64_t count, float* out,
+                   cudaStream_t stream) {
+  if (count <= 0) return;
+  SiluMulKernel<<<Blocks(count), kThreads, 0, stream>>>(gate, up, count, out);
+}
+
+void LaunchSoftmax(float* x, int rows, int cols, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  SoftmaxKernel<<<rows, RowThreads(cols), 0, stream>>>(x, cols);
+}
+
+void LaunchRoundTo(const float* x, int64_t count, DType to, void* out, cudaStream_t stream) {
+  if (count <= 0) return;
+  if (to == DType::kBF16) {
+    RoundToBf16Kernel<<<Blocks(count), kThreads, 0, stream>>>(x, count,
+                                                              static_cast<__nv_bfloat16*>(out));
+  } else {
+    RoundToF16Kernel<<<Blocks(count), kThreads, 0, stream>>>(x, count, static_cast<__half*>(out));
+  }
+}
+
+}  // namespace recall::kernels::cuda

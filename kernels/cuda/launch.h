@@ -1,0 +1,57 @@
+// Launchers of the CUDA backend's kernels (kernels/cuda/*.cu). Each queues its kernel on
+// `stream` and returns at once; launch errors are read by the caller (cudaGetLastError).
+// Pointers are device memory unless a comment says otherwise. Shapes as in kernels/backend.h.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/kv_batch.h"
+#include "kernels/tensor.h"
+
+namespace recall::kernels::cuda {
+
+// ---- elementwise.cu
+void LaunchEmbedding(const Matrix& table, const int32_t* tokens, int n, float* out,
+                     cudaStream_t stream);
+void LaunchRmsNorm(const float* x, const float* weight, int n, int dim, float eps, float* out,
+                   cudaStream_t stream);
+void LaunchRope(float* x, const int32_t* positions, int n, int n_heads, int head_dim, float theta,
+                RopeStyle style, cudaStream_t stream);
+void LaunchAddBias(float* x, const float* bias, int n, int dim, cudaStream_t stream);
+void LaunchAdd(float* x, const float* y, int64_t count, cudaStream_t stream);
+void LaunchSiluMul(const float* gate, const float* up, int64_t count, float* out,
+                   cudaStream_t stream);
+void LaunchSoftmax(float* x, int rows, int cols, cudaStream_t stream);
+// out[i] = x[i] rounded to `to` (kBF16 or kF16). out: [count] of 2-byte elements.
+void LaunchRoundTo(const float* x, int64_t count, DType to, void* out, cudaStream_t stream);
+
+// ---- attention.cu
+// Appends the batch's K/V rows (Backend::StoreKvBatch).
+void LaunchStoreKv(const KvBatch& batch, int layer, const float* k, const float* v,
+                   cudaStream_t stream);
+
+// Scratch of LaunchAttention: `partials` holds AttentionPartialFloats(...) floats, `stats`
+// 2 floats per (token, query head).
+struct AttentionScratch {
+  float* partials = nullptr;
+  int64_t partial_floats = 0;
+  float* stats = nullptr;
+  int64_t stat_floats = 0;
+  int sm_count = 1;
+};
+// Floats of `partials` any batch of up to max_tokens tokens and max_heads heads needs.
+int64_t AttentionPartialFloats(int max_tokens, int max_heads, int head_dim, int sm_count);
+// Split-KV attention of every token of the batch (Backend::AttentionBatch), with the decode
+// items' probabilities when asked for. REQUIRES: head_dim <= 256, n_heads % n_kv_heads == 0.
+void LaunchAttention(const KvBatch& batch, int layer, const float* q, int n_heads, float scale,
+                     float* out, const AttentionScratch& scratch, cudaStream_t stream);
+
+// Moves K/V rows: pairs[2 * i] is the source and pairs[2 * i + 1] the destination offset (in
+// floats from `base`) of the K row of move i; its V row is v_offset floats further. Rows are
+// first gathered into `scratch` ([m, 2, head_dim]), so moves may overlap.
+void LaunchMoveRows(float* base, const int64_t* pairs, int m, int head_dim, int64_t v_offset,
+                    float* scratch, cudaStream_t stream);
+
+}  // namespace recall::kernels::cuda

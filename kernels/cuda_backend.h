@@ -1,0 +1,29 @@
+// The CUDA backend: the Backend interface (kernels/backend.h) on one NVIDIA GPU. Activations,
+// weights and the KV pool live in device memory (Backend::memory()); ops are queued in order
+// on the backend's own stream. Matmuls go through cuBLAS (bf16/f16 weights: the activations
+// are rounded to the weights' type and accumulated in fp32; f32 weights: fp32 SGEMM without
+// TF32); every other op is one of our kernels (kernels/cuda/). Sampling runs the CPU
+// reference sampler on the logits the forward pass copies back.
+//
+// Built when RECALL_WITH_CUDA is on; otherwise CreateCudaBackend answers Unimplemented.
+#pragma once
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+
+namespace recall::kernels {
+
+struct CudaBackendOptions {
+  int device = 0;  // CUDA device ordinal
+};
+
+// FailedPrecondition when no CUDA device is present (or `device` is out of range);
+// Unimplemented in builds without CUDA.
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOptions& options = {});
+
+// Number of CUDA devices this process sees (0 without CUDA or a driver).
+int CudaDeviceCount();
+
+}  // namespace recall::kernels

@@ -1,0 +1,14 @@
+// CreateCudaBackend in builds without CUDA (RECALL_WITH_CUDA off).
+#include "kernels/cuda_backend.h"
+
+namespace recall::kernels {
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOptions&) {
+  return absl::UnimplementedError(
+      "device cuda: this build has no CUDA backend (configure with -DRECALL_WITH_CUDA=ON on a "
+      "machine with the CUDA toolkit)");
+}
+
+int CudaDeviceCount() { return 0; }
+
+}  // namespace recall::kernels
