@@ -1,0 +1,189 @@
+// The engine end to end on a GPU: stories260K's greedy text equals llama2.c's golden output;
+// a batch of sequences gives the CPU's logits and attention probabilities; an eviction run
+// keeps, in every layer and KV head, the token positions the CPU keeps.
+#include <filesystem>
+#include <map>
+
+#include "cache/block_pool.h"
+#include "tests/common/test_util.h"
+#include "tests/cuda/cuda_test_util.h"
+#include "worker/engine/forward.h"
+#include "worker/engine/generator.h"
+#include "worker/engine/sequence.h"
+#include "worker/model/loader.h"
+#include "worker/model/tokenizer.h"
+#include "worker/model/upload.h"
+
+namespace recall::engine {
+namespace {
+
+constexpr char kModel[] = "models/stories260K/stories260K.bin";
+constexpr char kTokenizer[] = "models/stories260K/tok512.bin";
+
+// A model, its tokenizer and one engine (backend, weights, pool, forward pass) per device.
+class CudaEngineTest : public kernels::CudaTest {
+ protected:
+  struct Engine {
+    const model::Model* model = nullptr;
+    std::unique_ptr<model::Model> uploaded;
+    std::unique_ptr<cache::BlockPool> pool;
+    std::unique_ptr<ForwardPass> forward;
+  };
+
+  void SetUp() override {
+    kernels::CudaTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    RECALL_REQUIRE_SHARED_FILE(kModel);
+    auto model = model::LoadLlama2c(testing::SharedPath(kModel));
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = std::move(*model);
+    auto tok = model::LoadTokenizer(testing::SharedPath(kTokenizer), 512);
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    tok_ = std::move(*tok);
+    MakeEngine(*cpu_, false, cpu_engine_);
+    MakeEngine(*gpu_, true, gpu_engine_);
+  }
+
+  void MakeEngine(kernels::Backend& backend, bool upload, Engine& e) {
+    const model::ModelConfig& c = model_->config;
+    e.model = model_.get();
+    if (upload) {
+      auto up = model::UploadModel(*model_, backend.memory());
+      ASSERT_TRUE(up.ok()) << up.status();
+      e.uploaded = std::move(*up);
+      e.model = e.uploaded.get();
+    }
+    auto pool = cache::BlockPool::Create({c.n_layers, c.n_kv_heads, c.head_dim, 16},
+                                         4 * c.n_layers * ((c.max_seq_len + 15) / 16),
+                                         backend.memory());
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    e.pool = std::move(*pool);
+    e.forward = std::make_unique<ForwardPass>(*e.model, backend, ForwardOptions{512});
+  }
+
+  std::unique_ptr<model::Model> model_;
+  std::unique_ptr<model::Tokenizer> tok_;
+  Engine cpu_engine_, gpu_engine_;
+};
+
+std::string Golden(const char* file) {
+  std::string text = testing::ReadFileOrEmpty(testing::SharedPath(file));
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  return text;
+}
+
+TEST_F(CudaEngineTest, GreedyTextEqualsRunCGolden) {
+  struct Case { const char* prompt; int steps; const char* golden; int chunk; };
+  for (const Case& gc :
+       {Case{"Once upon a time", 256, "models/stories260K/golden_greedy_once_upon_a_time_n256.txt", 256},
+        Case{"Once upon a time", 256, "models/stories260K/golden_greedy_once_upon_a_time_n256.txt", 1},
+        Case{"", 512, "models/stories260K/golden_greedy_noprompt_n512.txt", 256}}) {
+    const std::vector<int32_t> prompt = tok_->Encode(gc.prompt, /*add_bos=*/true);
+    GenerateOptions options;
+    options.sampling.temperature = 0.0f;
+    options.max_tokens = gc.steps - static_cast<int>(prompt.size()) + 1;
+    options.stop_token_ids = {1};
+    options.prefill_chunk = gc.chunk;
+    auto result = Generate(*gpu_engine_.forward, *gpu_engine_.pool, *tok_, prompt, options);
+    ASSERT_TRUE(result.ok()) << result.status();
+    std::vector<int32_t> all = prompt;
+    all.insert(all.end(), result->tokens.begin(), result->tokens.end());
+    EXPECT_EQ(tok_->Decode(all), Golden(gc.golden)) << "prompt '" << gc.prompt << "' chunk "
+                                                    << gc.chunk;
+    EXPECT_EQ(gpu_engine_.pool->free_blocks(), gpu_engine_.pool->num_blocks());
+  }
+}
+
+// Three sequences of different lengths prefilled in one batch, then decoded together with
+// one of them asking for attention probabilities: logits and probabilities match the CPU's.
+TEST_F(CudaEngineTest, BatchedStepsMatchTheCpu) {
+  const model::ModelConfig& c = model_->config;
+  const std::vector<std::vector<int32_t>> prompts = {
+      tok_->Encode("Once upon a time", true), tok_->Encode("The cat sat on the mat and", true),
+      tok_->Encode("Lily", true)};
+  const int64_t stride = 64;
+  std::map<int, std::vector<float>> logits, probs;
+  for (Engine* e : {&cpu_engine_, &gpu_engine_}) {
+    std::vector<std::unique_ptr<cache::SequenceCache>> caches;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      caches.push_back(std::make_unique<cache::SequenceCache>(e->pool.get()));
+    }
+    std::vector<BatchItem> batch(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      batch[i].cache = caches[i].get();
+      batch[i].tokens = prompts[i].data();
+      batch[i].n = static_cast<int>(prompts[i].size());
+    }
+    std::vector<float>& lg = logits[e == &gpu_engine_];
+    std::vector<float> step(prompts.size() * c.vocab_size);
+    ASSERT_TRUE(e->forward->Run(batch, step.data()).ok());
+    lg.insert(lg.end(), step.begin(), step.end());
+    std::vector<float>& pr = probs[e == &gpu_engine_];
+    for (int s = 0; s < 6; ++s) {
+      std::vector<int32_t> next(prompts.size());
+      std::vector<float> p(static_cast<size_t>(c.n_layers) * c.n_heads * stride, 0.0f);
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        next[i] = (17 * s + 5 * static_cast<int>(i)) % c.vocab_size;  // the same on both
+        batch[i].tokens = &next[i];
+        batch[i].n = 1;
+        batch[i].attn_probs = i == 1 ? p.data() : nullptr;
+        batch[i].probs_stride = i == 1 ? stride : 0;
+      }
+      absl::Status st = e->forward->Run(batch, step.data());
+      ASSERT_TRUE(st.ok()) << st;
+      lg.insert(lg.end(), step.begin(), step.end());
+      // Only the slots the sequence holds are defined.
+      const int len = caches[1]->max_length();
+      for (int r = 0; r < c.n_layers * c.n_heads; ++r) {
+        pr.insert(pr.end(), p.begin() + r * stride, p.begin() + r * stride + len);
+      }
+    }
+  }
+  EXPECT_LT(kernels::RelErr(logits[1], logits[0]), 1e-4);
+  EXPECT_LT(kernels::RelErr(probs[1], probs[0]), 1e-4);
+}
+
+// (layer, KV head) -> positions of the kept slots.
+using KeepSets = std::map<std::pair<int, int>, std::vector<int32_t>>;
+
+TEST_F(CudaEngineTest, EvictionKeepsTheCpuKeepSets) {
+  for (const char* policy : {"lazy", "h2o"}) {
+    cache::eviction::SessionEvictorOptions o;
+    o.policy.name = policy;
+    o.policy.window = 16;
+    o.policy.alpha = 1e-3f;
+    o.budget.budget = 48;
+    std::map<int, std::vector<int32_t>> tokens;
+    std::map<int, KeepSets> keep;
+    std::map<int, int64_t> evictions;
+    for (Engine* e : {&cpu_engine_, &gpu_engine_}) {
+      const int key = e == &gpu_engine_;
+      auto seq = LocalSequence::Create(*e->forward, *e->pool, o);
+      ASSERT_TRUE(seq.ok()) << seq.status();
+      GenerateOptions g;
+      g.sampling.temperature = 0.0f;
+      g.max_tokens = 220;
+      kernels::Backend& sampler = e == &gpu_engine_ ? *gpu_ : *cpu_;
+      auto result = Generate(**seq, sampler, model_->config, *tok_,
+                             tok_->Encode("Once upon a time, there was a little girl", true), g);
+      ASSERT_TRUE(result.ok()) << result.status();
+      tokens[key] = result->tokens;
+      evictions[key] = result->evictions;
+      const cache::SequenceCache& cache = (*seq)->cache();
+      for (int l = 0; l < model_->config.n_layers; ++l) {
+        for (int h = 0; h < model_->config.n_kv_heads; ++h) {
+          for (int s = 0; s < cache.length(l, h); ++s) {
+            keep[key][{l, h}].push_back(cache.position(l, h, s));
+          }
+        }
+      }
+    }
+    EXPECT_GT(evictions[0], 0) << policy << ": the run must evict";
+    EXPECT_EQ(evictions[1], evictions[0]) << policy;
+    EXPECT_EQ(tokens[1], tokens[0]) << policy;
+    EXPECT_EQ(keep[1], keep[0]) << policy;
+  }
+}
+
+}  // namespace
+}  // namespace recall::engine

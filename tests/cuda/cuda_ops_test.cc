@@ -1,0 +1,275 @@
+// Every op of the CUDA backend against the CPU reference over a grid of shapes and dtypes.
+// Outputs are poisoned with NaN first, so an unwritten element fails. Tolerances (relative
+// error ||gpu - cpu|| / ||cpu||): exact for embedding and KV stores; 1e-5 for fp32
+// arithmetic (other summation orders, libm vs CUDA expf/cosf; 1e-4 for a 49152-wide softmax,
+// whose sequential CPU sum is itself that far off); 1e-2 for bf16/f16 matmuls
+// (the GPU rounds the activations to the weights' type, the CPU keeps them fp32).
+#include <algorithm>
+#include <numeric>
+
+#include "tests/cuda/cuda_test_util.h"
+#include "worker/model/half.h"
+
+namespace recall::kernels {
+namespace {
+
+std::vector<uint16_t> ToHalf(const std::vector<float>& v, DType t) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    out[i] = t == DType::kBF16 ? model::F32ToBf16(v[i]) : model::F32ToF16(v[i]);
+  }
+  return out;
+}
+
+// A host matrix of `dtype` holding `values` (rounded), and its device copy.
+struct TestMatrix {
+  std::vector<float> f32;
+  std::vector<uint16_t> half;
+  Matrix host;
+  std::unique_ptr<DeviceVec<float>> dev_f32;
+  std::unique_ptr<DeviceVec<uint16_t>> dev_half;
+  Matrix device;
+
+  TestMatrix(Backend& gpu, DType dtype, int64_t rows, int64_t cols, uint32_t seed) {
+    f32 = RandomVec(static_cast<size_t>(rows * cols), seed, -0.5f, 0.5f);
+    host = Matrix{f32.data(), DType::kF32, rows, cols};
+    if (dtype != DType::kF32) {
+      half = ToHalf(f32, dtype);
+      host = Matrix{half.data(), dtype, rows, cols};
+      dev_half = std::make_unique<DeviceVec<uint16_t>>(gpu, half);
+      device = Matrix{dev_half->get(), dtype, rows, cols};
+    } else {
+      dev_f32 = std::make_unique<DeviceVec<float>>(gpu, f32);
+      device = Matrix{dev_f32->get(), dtype, rows, cols};
+    }
+  }
+};
+
+TEST_F(CudaTest, EmbeddingIsExactForEveryDtype) {
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (int dim : {8, 64, 576}) {
+      for (int n : {1, 33}) {
+        TestMatrix table(*gpu_, dt, 100, dim, 7 + dim);
+        std::vector<int32_t> tokens(n);
+        for (int i = 0; i < n; ++i) tokens[i] = (i * 37 + 11) % 100;
+        std::vector<float> ref(static_cast<size_t>(n) * dim);
+        cpu_->Embedding(table.host, tokens.data(), n, ref.data());
+        DeviceVec<int32_t> d_tokens(*gpu_, tokens);
+        auto out = DeviceVec<float>::Poisoned(*gpu_, ref.size());
+        gpu_->Embedding(table.device, d_tokens.get(), n, out.get());
+        EXPECT_EQ(out.Download(), ref) << DTypeName(dt) << " dim " << dim << " n " << n;
+      }
+    }
+  }
+}
+
+TEST_F(CudaTest, RmsNormMatchesReference) {
+  for (int dim : {8, 64, 576, 4096}) {
+    for (int n : {1, 7, 64}) {
+      const auto x = RandomVec(static_cast<size_t>(n) * dim, n + dim, -3, 3);
+      const auto w = RandomVec(dim, dim, 0.5f, 1.5f);
+      std::vector<float> ref(x.size());
+      cpu_->RmsNorm(x.data(), w.data(), n, dim, 1e-5f, ref.data());
+      DeviceVec<float> dx(*gpu_, x), dw(*gpu_, w);
+      auto out = DeviceVec<float>::Poisoned(*gpu_, x.size());
+      gpu_->RmsNorm(dx.get(), dw.get(), n, dim, 1e-5f, out.get());
+      EXPECT_LT(RelErr(out.Download(), ref), 1e-6) << "dim " << dim << " n " << n;
+      // In place (out == x), as the forward pass's q/k norms use it.
+      gpu_->RmsNorm(dx.get(), dw.get(), n, dim, 1e-5f, dx.get());
+      EXPECT_LT(RelErr(dx.Download(), ref), 1e-6) << "in place, dim " << dim;
+    }
+  }
+}
+
+TEST_F(CudaTest, RopeMatchesReferenceInBothLayouts) {
+  for (RopeStyle style : {RopeStyle::kInterleaved, RopeStyle::kHalfSplit}) {
+    for (int hd : {8, 64, 128}) {
+      for (int heads : {1, 3, 32}) {
+        const int n = 17;
+        std::vector<int32_t> pos(n);
+        for (int i = 0; i < n; ++i) pos[i] = (i * 977) % 8192;
+        const auto x = RandomVec(static_cast<size_t>(n) * heads * hd, hd * heads);
+        std::vector<float> ref = x;
+        cpu_->Rope(ref.data(), pos.data(), n, heads, hd, 10000.0f, style);
+        DeviceVec<float> dx(*gpu_, x);
+        DeviceVec<int32_t> dpos(*gpu_, pos);
+        gpu_->Rope(dx.get(), dpos.get(), n, heads, hd, 10000.0f, style);
+        EXPECT_LT(RelErr(dx.Download(), ref), 1e-5)
+            << "style " << int(style) << " hd " << hd << " heads " << heads;
+      }
+    }
+  }
+}
+
+TEST_F(CudaTest, ElementwiseOpsMatchReference) {
+  for (int64_t count : {int64_t{1}, int64_t{1000}, int64_t{1} << 20}) {
+    const auto a = RandomVec(count, 1, -6, 6), b = RandomVec(count, 2, -2, 2);
+    {  // Add
+      std::vector<float> ref = a;
+      cpu_->Add(ref.data(), b.data(), count);
+      DeviceVec<float> da(*gpu_, a), db(*gpu_, b);
+      gpu_->Add(da.get(), db.get(), count);
+      EXPECT_LT(RelErr(da.Download(), ref), 1e-7) << "add " << count;
+    }
+    {  // SiluMul
+      std::vector<float> ref(count);
+      cpu_->SiluMul(a.data(), b.data(), count, ref.data());
+      DeviceVec<float> da(*gpu_, a), db(*gpu_, b);
+      auto out = DeviceVec<float>::Poisoned(*gpu_, count);
+      gpu_->SiluMul(da.get(), db.get(), count, out.get());
+      EXPECT_LT(RelErr(out.Download(), ref), 1e-6) << "silu_mul " << count;
+    }
+  }
+  for (int dim : {8, 896}) {  // AddBias
+    const int n = 5;
+    const auto x = RandomVec(static_cast<size_t>(n) * dim, 3), bias = RandomVec(dim, 4);
+    std::vector<float> ref = x;
+    cpu_->AddBias(ref.data(), bias.data(), n, dim);
+    DeviceVec<float> dx(*gpu_, x), db(*gpu_, bias);
+    gpu_->AddBias(dx.get(), db.get(), n, dim);
+    EXPECT_LT(RelErr(dx.Download(), ref), 1e-7) << "add_bias " << dim;
+  }
+  for (int cols : {1, 100, 49152}) {  // Softmax
+    const int rows = 4;
+    const auto x = RandomVec(static_cast<size_t>(rows) * cols, cols, -20, 20);
+    std::vector<float> ref = x;
+    cpu_->Softmax(ref.data(), rows, cols);
+    DeviceVec<float> dx(*gpu_, x);
+    gpu_->Softmax(dx.get(), rows, cols);
+    // 1e-4: the CPU sums 49152 exponentials one after another (expected error ~sqrt(n) ulp,
+    // 2e-5 measured on an H200), the GPU in a tree.
+    EXPECT_LT(RelErr(dx.Download(), ref), 1e-4) << "softmax " << cols;
+  }
+}
+
+TEST_F(CudaTest, MatMulMatchesReferenceForEveryDtype) {
+  struct Shape { int rows, cols; };
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (Shape s : {Shape{576, 576}, Shape{1536, 576}, Shape{64, 8}, Shape{896, 4864}}) {
+      TestMatrix w(*gpu_, dt, s.rows, s.cols, s.rows + s.cols);
+      for (int n : {1, 3, 64, 257}) {
+        const auto x = RandomVec(static_cast<size_t>(n) * s.cols, n);
+        std::vector<float> ref(static_cast<size_t>(n) * s.rows);
+        cpu_->MatMul(x.data(), n, w.host, ref.data());
+        DeviceVec<float> dx(*gpu_, x);
+        auto out = DeviceVec<float>::Poisoned(*gpu_, ref.size());
+        gpu_->MatMul(dx.get(), n, w.device, out.get());
+        const double tol = dt == DType::kF32 ? 1e-5 : 1e-2;
+        EXPECT_LT(RelErr(out.Download(), ref), tol)
+            << DTypeName(dt) << " " << s.rows << "x" << s.cols << " n " << n;
+      }
+    }
+  }
+}
+
+// Paged attention: the same pool contents and (shuffled) block tables on both backends.
+struct AttnCase {
+  int n_heads, n_kv, hd, base_len;
+};
+
+class CudaAttentionTest : public CudaTest, public ::testing::WithParamInterface<AttnCase> {};
+
+TEST_P(CudaAttentionTest, StoreDecodeAndPrefillMatchReference) {
+  const AttnCase p = GetParam();
+  const int kLayers = 2, kBt = 16, kNew = 5;
+  PagedKvLayout layout{kLayers, p.n_kv, p.hd, kBt};
+  const int max_len = p.base_len + 3 * (p.n_kv - 1) + kNew;
+  const int blocks_per_layer = (max_len + kBt - 1) / kBt;
+  const int n_blocks = kLayers * blocks_per_layer + 3;
+  // Shuffled block ids: layer l uses ids[l * blocks_per_layer ...].
+  std::vector<int32_t> ids(n_blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), std::mt19937(p.hd));
+  std::vector<const int32_t*> tables = {ids.data(), ids.data() + blocks_per_layer};
+  std::vector<int32_t> counts = {blocks_per_layer, blocks_per_layer};
+  const auto pool_init = RandomVec(static_cast<size_t>(n_blocks) * layout.BlockFloats(), 99);
+  std::vector<float> cpu_pool = pool_init;
+  DeviceVec<float> gpu_pool(*gpu_, pool_init);
+  PagedKv cpu_kv{layout, cpu_pool.data(), tables.data(), counts.data()};
+  PagedKv gpu_kv{layout, gpu_pool.get(), tables.data(), counts.data()};
+  const int layer = 1;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(p.hd));
+  std::vector<int32_t> start(p.n_kv), lens(p.n_kv), lens1(p.n_kv);
+  for (int h = 0; h < p.n_kv; ++h) start[h] = p.base_len + 3 * h;
+
+  // StoreKv of kNew tokens: both pools must be identical afterwards.
+  const auto k = RandomVec(static_cast<size_t>(kNew) * p.n_kv * p.hd, 5);
+  const auto v = RandomVec(k.size(), 6);
+  cpu_->StoreKv(cpu_kv, layer, k.data(), v.data(), kNew, start.data());
+  DeviceVec<float> dk(*gpu_, k), dv(*gpu_, v);
+  gpu_->StoreKv(gpu_kv, layer, dk.get(), dv.get(), kNew, start.data());
+  ASSERT_EQ(gpu_pool.Download(), cpu_pool) << "StoreKv wrote different rows";
+
+  // Prefill attention of the kNew tokens.
+  for (int h = 0; h < p.n_kv; ++h) lens[h] = start[h] + kNew;
+  const auto q = RandomVec(static_cast<size_t>(kNew) * p.n_heads * p.hd, 7, -2, 2);
+  std::vector<float> ref(q.size());
+  cpu_->PrefillAttention(cpu_kv, layer, lens.data(), q.data(), kNew, p.n_heads, scale, ref.data());
+  DeviceVec<float> dq(*gpu_, q);
+  auto out = DeviceVec<float>::Poisoned(*gpu_, q.size());
+  gpu_->PrefillAttention(gpu_kv, layer, lens.data(), dq.get(), kNew, p.n_heads, scale, out.get());
+  EXPECT_LT(RelErr(out.Download(), ref), 1e-5) << "prefill";
+
+  // Decode attention (the last new token's view) with probabilities.
+  const int64_t stride = max_len + 7;
+  const auto q1 = RandomVec(static_cast<size_t>(p.n_heads) * p.hd, 8, -2, 2);
+  std::vector<float> ref1(q1.size()), ref_probs(static_cast<size_t>(p.n_heads) * stride, 0.0f);
+  cpu_->DecodeAttention(cpu_kv, layer, lens.data(), q1.data(), p.n_heads, scale, ref1.data(),
+                        ref_probs.data(), stride);
+  DeviceVec<float> dq1(*gpu_, q1);
+  auto out1 = DeviceVec<float>::Poisoned(*gpu_, q1.size());
+  auto probs = DeviceVec<float>::Poisoned(*gpu_, ref_probs.size());
+  gpu_->DecodeAttention(gpu_kv, layer, lens.data(), dq1.get(), p.n_heads, scale, out1.get(),
+                        probs.get(), stride);
+  EXPECT_LT(RelErr(out1.Download(), ref1), 1e-5) << "decode";
+  const std::vector<float> got = probs.Download();
+  for (int qh = 0; qh < p.n_heads; ++qh) {
+    const int len = lens[qh / (p.n_heads / p.n_kv)];
+    std::vector<float> g(got.begin() + qh * stride, got.begin() + qh * stride + len);
+    std::vector<float> r(ref_probs.begin() + qh * stride, ref_probs.begin() + qh * stride + len);
+    EXPECT_LT(RelErr(g, r), 1e-5) << "probs of query head " << qh;
+    double sum = 0;
+    for (float x : g) sum += x;
+    EXPECT_NEAR(sum, 1.0, 1e-4);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionTest,
+                         ::testing::Values(AttnCase{8, 8, 8, 1}, AttnCase{8, 8, 8, 300},
+                                           AttnCase{9, 3, 64, 40}, AttnCase{9, 3, 64, 5000},
+                                           AttnCase{32, 8, 128, 1000}, AttnCase{14, 2, 64, 9000},
+                                           AttnCase{4, 1, 256, 77}));
+
+TEST_F(CudaTest, CompactRowsMovesTheSameRowsAsHostMemory) {
+  PagedKvLayout layout{1, 2, 64, 16};
+  const int n_blocks = 12;
+  std::vector<int32_t> table = {5, 2, 9, 0, 11, 7, 1, 3};
+  const auto init = RandomVec(static_cast<size_t>(n_blocks) * layout.BlockFloats(), 3);
+  std::vector<float> host = init;
+  DeviceVec<float> dev(*gpu_, init);
+  std::vector<int32_t> keep;
+  for (int s = 0; s < 120; ++s) {
+    if (s % 3 != 1 || s > 100) keep.push_back(s);
+  }
+  for (int head = 0; head < 2; ++head) {
+    PagedKvHead h_rows{host.data() + layout.Offset(head, 0, 0), table.data(),
+                       layout.BlockFloats(), 16, 64};
+    PagedKvHead d_rows = h_rows;
+    d_rows.base = dev.get() + layout.Offset(head, 0, 0);
+    HostMemory().CompactRows(h_rows, keep.data(), static_cast<int>(keep.size()));
+    gpu_->memory().CompactRows(d_rows, keep.data(), static_cast<int>(keep.size()));
+  }
+  EXPECT_EQ(dev.Download(), host);
+}
+
+TEST(CudaBackendCreate, AnswersWithAStatusWhenTheDeviceIsMissing) {
+  auto bad = CreateCudaBackend({/*device=*/1000});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(bad.status().code() == absl::StatusCode::kFailedPrecondition ||
+              bad.status().code() == absl::StatusCode::kUnimplemented)
+      << bad.status();
+  EXPECT_NE(bad.status().message().find("device"), std::string::npos) << bad.status();
+}
+
+}  // namespace
+}  // namespace recall::kernels
