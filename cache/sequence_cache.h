@@ -66,6 +66,9 @@ class SequenceCache {
   // how many were freed in all.
   int TrimBlocks();
 
+  // Whether the host may read the K/V rows of View() (false for a GPU's pool).
+  bool host_readable() const { return pool_->memory().host_accessible(); }
+
   // Blocks held: in all (every layer's table) and by one layer.
   int num_blocks() const { return total_blocks_; }
   int num_blocks(int layer) const { return counts_[static_cast<size_t>(layer)]; }

@@ -20,6 +20,15 @@ absl::StatusOr<std::unique_ptr<SessionEvictor>> SessionEvictor::Create(
   if (!policy.ok()) return policy.status();
   const int n_kv_heads = cache->View().layout.n_kv_heads;
   const int n_layers = cache->View().layout.n_layers;
+  if (!cache->host_readable() &&
+      ((*policy)->needs_keys() || (*policy)->needs_value_range() ||
+       (*policy)->compresses_prefill() || options.policy.value_protection > 0.0f ||
+       options.policy.meta_score != PolicyOptions::MetaScore::kNone)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session evictor: policy '", options.policy.name,
+        "' (or value protection / a meta score) reads cached K/V rows on the host, which a GPU "
+        "cache does not allow yet; on a GPU use full, lazy, h2o, tova or streaming"));
+  }
   if (options.n_heads < 1 || options.n_heads % n_kv_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat("session evictor: n_heads ", options.n_heads,
                                                    " must be a positive multiple of n_kv_heads ",

@@ -13,6 +13,7 @@
 #include "worker/model/load_from_flags.h"
 #include "common/status.h"
 #include "kernels/backend.h"
+#include "kernels/cuda_backend.h"
 #include "worker/engine/forward.h"
 #include "worker/engine/tp/tp_group.h"
 #include "worker/engine/tp/tp_sequence.h"
@@ -21,6 +22,7 @@
 #include "worker/model/chat_template.h"
 #include "worker/model/loader.h"
 #include "worker/model/tokenizer.h"
+#include "worker/model/upload.h"
 
 namespace recall::cli {
 namespace {
@@ -55,7 +57,7 @@ constexpr char kUsage[] = R"(usage: recall generate --model PATH [options]
   --value-protection F    keep this fraction of the budget for the largest-value tokens
   --tp N                  tensor parallelism: run on N ranks (CPU ranks are threads; N must
                           divide the query heads and the MLP width) (default 1)
-  --device NAME           cpu (default) or cuda (needs the CUDA backend)
+  --device NAME           cpu (default) or cuda (one GPU; with --tp > 1 not yet)
   --tp-eviction MODE      how ranks (and heads) agree on evictions: uniform (per-head counts,
                           default), shared (one token set per layer), head-adaptive (Ada-KV
                           global top-k over all KV heads)
@@ -171,7 +173,7 @@ absl::Status Run(const Args& args) {
   const int64_t full_context_blocks =
       layout.n_layers * ((config.max_seq_len + layout.block_tokens - 1) / layout.block_tokens);
   engine::GenerateResult result;
-  if (tp > 1 || device != "cpu") {
+  if (tp > 1 || (device != "cpu" && device != "cuda")) {
     engine::tp::TpGroupOptions go;
     go.tp = static_cast<int>(tp);
     go.device = device;
@@ -186,15 +188,26 @@ absl::Status Run(const Args& args) {
     RECALL_ASSIGN_OR_RETURN(result, engine::Generate(*seq, group->backend(0), config, tok, prompt,
                                                      options, print));
   } else {
-    std::unique_ptr<kernels::Backend> backend =
-        kernels::CreateCpuBackend({static_cast<int>(threads)});
+    // One device: the CPU backend on the loaded weights, or the CUDA backend on a device copy.
+    std::unique_ptr<kernels::Backend> backend;
+    std::unique_ptr<model::Model> uploaded;
+    const model::Model* weights = loaded.model.get();
+    if (device == "cuda") {
+      RECALL_ASSIGN_OR_RETURN(backend, kernels::CreateCudaBackend());
+      RECALL_ASSIGN_OR_RETURN(uploaded, model::UploadModel(*loaded.model, backend->memory()));
+      weights = uploaded.get();
+    } else {
+      backend = kernels::CreateCpuBackend({static_cast<int>(threads)});
+    }
     std::unique_ptr<cache::BlockPool> pool;
     if (kv_mb > 0) {
-      RECALL_ASSIGN_OR_RETURN(pool, cache::BlockPool::CreateWithBytes(layout, kv_mb << 20));
+      RECALL_ASSIGN_OR_RETURN(
+          pool, cache::BlockPool::CreateWithBytes(layout, kv_mb << 20, backend->memory()));
     } else {
-      RECALL_ASSIGN_OR_RETURN(pool, cache::BlockPool::Create(layout, full_context_blocks));
+      RECALL_ASSIGN_OR_RETURN(
+          pool, cache::BlockPool::Create(layout, full_context_blocks, backend->memory()));
     }
-    engine::ForwardPass forward(*loaded.model, *backend, {256});
+    engine::ForwardPass forward(*weights, *backend, {256});
     RECALL_ASSIGN_OR_RETURN(result, engine::Generate(forward, *pool, tok, prompt, options, print));
   }
   std::cout << std::endl;

@@ -1,7 +1,9 @@
 // Paged attention of the CUDA backend: StoreKv and split-KV attention over a whole batch
 // (kernels/kv_batch.h), and the row moves of cache compaction.
 //
-// Attention: one block of 4 warps per (KV split, query head, token). Each warp walks every
+// Attention: the grouped kernel below for head_dim <= 64 (one block per KV split, KV head and
+// token, serving the whole GQA group from shared-memory tiles); otherwise one block of 4 warps
+// per (KV split, query head, token). Each warp walks every
 // 4th slot of its split: a lane holds head_dim / 32 elements of q, the dot product is a warp
 // reduction, and an online softmax keeps (max, sum, weighted V) per warp; the warps merge in
 // shared memory and write one partial per split. A combine kernel merges the splits (and
@@ -143,6 +145,122 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+// The grouped kernel (head_dim <= 64, up to 16 query heads per KV head): one block of 4 warps
+// per (KV split, KV head, token) serves every query head of the KV head's group, so each K/V
+// row is read from memory once per token. Tiles of 32 slots go to shared memory (rows padded
+// by one float against bank conflicts); a lane scores one slot of the tile for the warp's
+// query head, and the warp accumulates V over the tile's probabilities. Warp w owns the
+// group's query heads w, w + 4, ...: no merge between warps.
+constexpr int kTile = 32;
+constexpr int kMaxHeadsPerWarp = 4;
+
+template <int R>
+__global__ void __launch_bounds__(kWarps * 32)
+    GroupedAttentionKernel(KvBatch b, int layer, const float* q, int n_heads, float scale,
+                           int chunk, int n_splits, float* partials) {
+  extern __shared__ float smem[];
+  const int split = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
+  const int hd = b.layout.head_dim, bt = b.layout.block_tokens, n_kv = b.layout.n_kv_heads;
+  const int group = n_heads / n_kv;
+  const int pad = hd + 1;
+  float* s_k = smem;                 // [kTile][pad]
+  float* s_v = s_k + kTile * pad;    // [kTile][pad]
+  float* s_q = s_v + kTile * pad;    // [group][hd]
+  const Row row = FindRow(b, layer, t, h);
+  const int s0 = split * chunk;
+  const int s1 = min(row.len, s0 + chunk);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+  for (int i = threadIdx.x; i < group * hd; i += blockDim.x) {
+    s_q[i] = q[(static_cast<int64_t>(t) * n_heads + h * group) * hd + i];
+  }
+  const int32_t* table = b.tables + b.table_begin[row.il];
+  const int64_t block_floats = BlockFloats(b.layout);
+  const int64_t k_off = static_cast<int64_t>(h) * 2 * bt * hd;
+  const int64_t v_off = k_off + static_cast<int64_t>(bt) * hd;
+  const bool want_probs = b.probs != nullptr &&
+                          b.token_begin[row.item + 1] - b.token_begin[row.item] == 1 &&
+                          b.probs[row.item] != nullptr;
+
+  float m[kMaxHeadsPerWarp], l[kMaxHeadsPerWarp], acc[kMaxHeadsPerWarp][R];
+#pragma unroll
+  for (int k = 0; k < kMaxHeadsPerWarp; ++k) {
+    m[k] = -INFINITY;
+    l[k] = 0.0f;
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[k][r] = 0.0f;
+  }
+
+  for (int tile = s0; tile < s1; tile += kTile) {
+    const int n_valid = min(kTile, s1 - tile);
+    __syncthreads();  // the previous tile (and s_q) are done with / written
+    for (int i = threadIdx.x; i < n_valid * hd; i += blockDim.x) {
+      const int j = i / hd, e = i - j * hd;
+      const int s = tile + j;
+      const float* base = b.pool + table[s / bt] * block_floats + static_cast<int64_t>(s % bt) * hd;
+      s_k[j * pad + e] = base[k_off + e];
+      s_v[j * pad + e] = base[v_off + e];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < kMaxHeadsPerWarp; ++k) {
+      const int g = warp + k * kWarps;
+      if (g >= group) break;
+      const float* qg = s_q + g * hd;
+      float d = -INFINITY;
+      if (lane < n_valid) {
+        d = 0.0f;
+        const float* kr = s_k + lane * pad;
+        for (int e = 0; e < hd; ++e) d += qg[e] * kr[e];
+        d *= scale;
+        if (want_probs) {
+          b.probs[row.item][(static_cast<int64_t>(layer) * n_heads + h * group + g) *
+                                b.probs_stride[row.item] +
+                            tile + lane] = d;
+        }
+      }
+      float tile_max = d;
+      for (int o = 16; o > 0; o >>= 1) {
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, o));
+      }
+      const float m_new = fmaxf(m[k], tile_max);
+      const float corr = expf(m[k] - m_new);
+      const float p = lane < n_valid ? expf(d - m_new) : 0.0f;
+      l[k] = l[k] * corr + WarpSum(p);
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[k][r] *= corr;
+      for (int j = 0; j < n_valid; ++j) {
+        const float pj = __shfl_sync(0xffffffffu, p, j);
+        const float* vr = s_v + j * pad;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const int e = lane + 32 * r;
+          if (e < hd) acc[k][r] += pj * vr[e];
+        }
+      }
+      m[k] = m_new;
+    }
+  }
+
+#pragma unroll
+  for (int k = 0; k < kMaxHeadsPerWarp; ++k) {
+    const int g = warp + k * kWarps;
+    if (g >= group) break;
+    const int qh = h * group + g;
+    float* out =
+        partials + ((static_cast<int64_t>(t) * n_heads + qh) * n_splits + split) * (hd + 2);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int e = lane + 32 * r;
+      if (e < hd) out[2 + e] = acc[k][r];
+    }
+    if (lane == 0) {
+      out[0] = m[k];
+      out[1] = l[k];
+    }
+  }
+}
+
 __global__ void CombineKernel(const float* partials, int n_heads, int hd, int n_splits, float* out,
                               float* stats) {
   const int qh = blockIdx.x, t = blockIdx.y;
@@ -205,8 +323,8 @@ __global__ void ScatterRowsKernel(float* base, const int64_t* pairs, int hd, int
 
 int Threads(int hd) { return std::min(256, std::max(32, (hd + 31) / 32 * 32)); }
 
-// The largest (token, head) rows times splits a launch uses: at most 4 blocks per SM beyond
-// the rows themselves.
+// Splits per row: enough for about 4 blocks per SM, at most 64, and none shorter than 32
+// slots.
 int Splits(int rows, int max_kv_len, int sm_count) {
   const int want = (4 * sm_count + rows - 1) / std::max(1, rows);
   return std::max(1, std::min({want, 64, (max_kv_len + 31) / 32}));
@@ -222,7 +340,9 @@ void LaunchStoreKv(const KvBatch& b, int layer, const float* k, const float* v,
 }
 
 int64_t AttentionPartialFloats(int max_tokens, int max_heads, int head_dim, int sm_count) {
-  return (static_cast<int64_t>(max_tokens) * max_heads + 4 * sm_count + 64) * (head_dim + 2);
+  // Rows are (token, query head); a launch splits each (token, KV head) into at most
+  // ceil(4 * sm_count / (tokens * kv_heads)) pieces, so tokens * splits <= tokens + 4 * sm_count.
+  return (static_cast<int64_t>(max_tokens) + 4 * sm_count + 64) * max_heads * (head_dim + 2);
 }
 
 void LaunchAttention(const KvBatch& b, int layer, const float* q, int n_heads, float scale,
@@ -230,22 +350,41 @@ void LaunchAttention(const KvBatch& b, int layer, const float* q, int n_heads, f
   if (b.total_tokens <= 0) return;
   const int hd = b.layout.head_dim;
   const int rows = b.total_tokens * n_heads;
-  const int n_splits = Splits(rows, b.max_kv_len, scratch.sm_count);
-  const int chunk = (b.max_kv_len + n_splits - 1) / n_splits;
-  const dim3 grid(n_splits, n_heads, b.total_tokens);
+  const int group = n_heads / b.layout.n_kv_heads;
   const int threads = kWarps * 32;
-  if (hd <= 32) {
-    AttentionSplitKernel<1><<<grid, threads, 0, stream>>>(b, layer, q, n_heads, scale, chunk,
-                                                         n_splits, scratch.partials);
-  } else if (hd <= 64) {
-    AttentionSplitKernel<2><<<grid, threads, 0, stream>>>(b, layer, q, n_heads, scale, chunk,
-                                                         n_splits, scratch.partials);
-  } else if (hd <= 128) {
-    AttentionSplitKernel<4><<<grid, threads, 0, stream>>>(b, layer, q, n_heads, scale, chunk,
-                                                         n_splits, scratch.partials);
+  int n_splits;
+  // The grouped kernel won at head_dim 64 on an H200 (SmolLM2 shape, batch 64, 8K: 60 -> 35 ms
+  // per step) and lost at 128 (Llama-3-8B shape, batch 16, 8K: 40 -> 46 ms): bench/results.
+  if (hd <= 64 && group <= kWarps * kMaxHeadsPerWarp) {
+    n_splits = Splits(b.total_tokens * b.layout.n_kv_heads, b.max_kv_len, scratch.sm_count);
+    const int chunk = ((b.max_kv_len + n_splits - 1) / n_splits + kTile - 1) / kTile * kTile;
+    n_splits = (b.max_kv_len + chunk - 1) / chunk;
+    const dim3 grid(n_splits, b.layout.n_kv_heads, b.total_tokens);
+    const size_t smem = (2 * kTile * (hd + 1) + group * hd) * sizeof(float);
+    if (hd <= 32) {
+      GroupedAttentionKernel<1><<<grid, threads, smem, stream>>>(b, layer, q, n_heads, scale,
+                                                                 chunk, n_splits, scratch.partials);
+    } else {
+      GroupedAttentionKernel<2><<<grid, threads, smem, stream>>>(b, layer, q, n_heads, scale,
+                                                                 chunk, n_splits, scratch.partials);
+    }
   } else {
-    AttentionSplitKernel<8><<<grid, threads, 0, stream>>>(b, layer, q, n_heads, scale, chunk,
-                                                         n_splits, scratch.partials);
+    n_splits = Splits(rows, b.max_kv_len, scratch.sm_count);
+    const int chunk = (b.max_kv_len + n_splits - 1) / n_splits;
+    const dim3 grid(n_splits, n_heads, b.total_tokens);
+    if (hd <= 32) {
+      AttentionSplitKernel<1><<<grid, threads, 0, stream>>>(b, layer, q, n_heads, scale, chunk,
+                                                           n_splits, scratch.partials);
+    } else if (hd <= 64) {
+      AttentionSplitKernel<2><<<grid, threads, 0, stream>>>(b, layer, q, n_heads, scale, chunk,
+                                                           n_splits, scratch.partials);
+    } else if (hd <= 128) {
+      AttentionSplitKernel<4><<<grid, threads, 0, stream>>>(b, layer, q, n_heads, scale, chunk,
+                                                           n_splits, scratch.partials);
+    } else {
+      AttentionSplitKernel<8><<<grid, threads, 0, stream>>>(b, layer, q, n_heads, scale, chunk,
+                                                           n_splits, scratch.partials);
+    }
   }
   CombineKernel<<<dim3(n_heads, b.total_tokens), Threads(hd), 0, stream>>>(
       scratch.partials, n_heads, hd, n_splits, out, scratch.stats);

@@ -185,5 +185,26 @@ TEST_F(CudaEngineTest, EvictionKeepsTheCpuKeepSets) {
   }
 }
 
+// Policies that read cached K/V rows on the host are refused with a clear error on a GPU cache
+// (not a crash reading device memory); the ones that only need probabilities are accepted.
+TEST_F(CudaEngineTest, HostRowReadingPoliciesAreRefusedOnTheGpu) {
+  for (const char* name : {"snapkv", "rkv", "vase"}) {
+    cache::eviction::SessionEvictorOptions o;
+    o.policy.name = name;
+    o.budget.budget = 48;
+    auto seq = LocalSequence::Create(*gpu_engine_.forward, *gpu_engine_.pool, o);
+    ASSERT_FALSE(seq.ok()) << name;
+    EXPECT_EQ(seq.status().code(), absl::StatusCode::kInvalidArgument) << seq.status();
+    EXPECT_NE(seq.status().message().find("GPU"), std::string::npos) << seq.status();
+    EXPECT_TRUE(LocalSequence::Create(*cpu_engine_.forward, *cpu_engine_.pool, o).ok()) << name;
+  }
+  for (const char* name : {"lazy", "h2o", "tova", "streaming"}) {
+    cache::eviction::SessionEvictorOptions o;
+    o.policy.name = name;
+    o.budget.budget = 48;
+    EXPECT_TRUE(LocalSequence::Create(*gpu_engine_.forward, *gpu_engine_.pool, o).ok()) << name;
+  }
+}
+
 }  // namespace
 }  // namespace recall::engine
