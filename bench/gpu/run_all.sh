@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# shellcheck disable=SC2086  # the *_ARGS knobs split into words on purpose
+# On a GPU machine, from the repository root: the CUDA tests, the decode benchmark,
+# transformers' baseline and the report side by side. Logs and JSON go to $OUT (default
+# /tmp/recall-gpu). Knobs: TEST_ARGS, BENCH=0 (tests only), BENCH_ARGS, HF_ARGS.
+set -u
+OUT=${OUT:-/tmp/recall-gpu}; mkdir -p "$OUT"
+# BIN: the folder with recall_cuda_test and recall_gpu_decode_bench (default: build/);
+# LIB: extra shared libraries to load first (a bundle built on another machine).
+BIN=${BIN:-$PWD/build}
+CUBLAS_DIRS=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+  [ -d "$d" ] && CUBLAS_DIRS="$CUBLAS_DIRS$d:"
+done
+PIP_NV=$(python3 -c "import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))" 2>/dev/null)
+PIP_LIBS=$(find "$PIP_NV/nvidia" -name 'libcublas*.so*' -printf '%h\n' 2>/dev/null | sort -u | tr '\n' ':')
+export LD_LIBRARY_PATH=${LIB:-}:$CUBLAS_DIRS$PIP_LIBS${LD_LIBRARY_PATH:-}
+nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm,clocks.mem --format=csv
+ldd "$BIN"/tests/cuda/recall_cuda_test | grep -E "not found|cublas"
+lscpu | grep -E "Model name|Flags" | cut -c1-200
+timeout ${TEST_TIMEOUT:-180} "$BIN"/tests/cuda/recall_cuda_test ${TEST_ARGS:-} > "$OUT"/cuda_test.log 2>&1
+echo "cuda test rc=$?"
+grep -E "^\[  (FAILED|  OK|PASSED|SKIPPED) |Failure|error|Expected|Which is|actual|rel|<" "$OUT"/cuda_test.log | grep -v "^\[       OK" | head -60
+tail -3 "$OUT"/cuda_test.log
+if [ "${BENCH:-1}" = 1 ]; then
+  timeout ${BENCH_TIMEOUT:-240} "$BIN"/bench/recall_gpu_decode_bench ${BENCH_ARGS:-} --out-json "$OUT"/recall.json 2>&1 | tee "$OUT"/bench.log
+  PYTHONUNBUFFERED=1 timeout ${HF_TIMEOUT:-150} python3 bench/gpu/hf_decode.py --no-cudnn-sdpa ${HF_ARGS:-} --out-json "$OUT"/hf.json > "$OUT"/hf.log 2>&1
+  echo "hf rc=$?"; tail -3 "$OUT"/hf.log
+  python3 bench/gpu/report.py "$OUT"/recall.json "$OUT"/hf.json | tee "$OUT"/report.txt
+fi
