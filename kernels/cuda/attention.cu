@@ -15,6 +15,7 @@
 #include <cmath>
 
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/warp_reduce.cuh"
 
 namespace recall::kernels::cuda {
 namespace {
@@ -55,10 +56,6 @@ __global__ void StoreKvKernel(KvBatch b, int layer, const float* k, const float*
   }
 }
 
-__device__ float WarpSum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 // R: elements of q per lane (head_dim <= 32 * R).
 template <int R>
@@ -219,10 +216,7 @@ __global__ void __launch_bounds__(kWarps * 32)
                             tile + lane] = d;
         }
       }
-      float tile_max = d;
-      for (int o = 16; o > 0; o >>= 1) {
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, o));
-      }
+      const float tile_max = WarpMax(d);
       const float m_new = fmaxf(m[k], tile_max);
       const float corr = expf(m[k] - m_new);
       const float p = lane < n_valid ? expf(d - m_new) : 0.0f;

@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/warp_reduce.cuh"
 
 namespace recall::kernels::cuda {
 namespace {
@@ -19,14 +20,6 @@ int Blocks(int64_t count, int threads = kThreads) {
   return static_cast<int>(std::min<int64_t>((count + threads - 1) / threads, 65535 * 8));
 }
 
-__device__ float WarpSum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ float WarpMax(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
 // Sum (or max) over the block; every thread gets the result. `shared` holds 32 floats.
 __device__ float BlockSum(float v, float* shared) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

@@ -181,8 +181,9 @@ absl::Status ForwardPass::StageBatch(std::span<const BatchItem> batch, int total
   }
   tokens_ = dm + o_tokens;
   positions_ = dm + o_pos;
-  kv_.layout = batch[0].cache->View().layout;
-  kv_.pool = batch[0].cache->View().pool;
+  const kernels::PagedKv first = batch[0].cache->View();
+  kv_.layout = first.layout;
+  kv_.pool = first.pool;
   kv_.n_items = n_items;
   kv_.total_tokens = total;
   kv_.max_new_tokens = max_new;
