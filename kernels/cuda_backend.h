@@ -8,6 +8,7 @@
 // Built when RECALL_WITH_CUDA is on; otherwise CreateCudaBackend answers Unimplemented.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include "absl/status/statusor.h"
@@ -25,5 +26,9 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOpti
 
 // Number of CUDA devices this process sees (0 without CUDA or a driver).
 int CudaDeviceCount();
+
+// Free memory of CUDA device `device` in bytes (cudaMemGetInfo), for sizing a KV pool.
+// FailedPrecondition for a device that does not exist; Unimplemented without CUDA.
+absl::StatusOr<int64_t> CudaFreeMemory(int device);
 
 }  // namespace recall::kernels

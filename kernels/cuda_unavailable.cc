@@ -11,4 +11,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOpti
 
 int CudaDeviceCount() { return 0; }
 
+absl::StatusOr<int64_t> CudaFreeMemory(int) {
+  return absl::UnimplementedError("device cuda: this build has no CUDA backend");
+}
+
 }  // namespace recall::kernels

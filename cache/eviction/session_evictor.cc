@@ -13,6 +13,19 @@
 
 namespace recall::cache::eviction {
 
+const std::vector<std::string>& TpEvictionModes() {
+  static const std::vector<std::string> kModes = {"uniform", "shared", "head-adaptive"};
+  return kModes;
+}
+
+absl::Status ApplyTpEvictionMode(const std::string& mode, SessionEvictorOptions& options) {
+  options.share_tokens = mode == "shared";
+  options.budget.head_adaptive = mode == "head-adaptive";
+  if (mode == "uniform" || mode == "shared" || mode == "head-adaptive") return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("\"", mode, "\" is not one of uniform, shared, head-adaptive"));
+}
+
 absl::StatusOr<std::unique_ptr<SessionEvictor>> SessionEvictor::Create(
     const SessionEvictorOptions& options, SequenceCache* cache) {
   if (cache == nullptr) return absl::InvalidArgumentError("session evictor: cache is null");

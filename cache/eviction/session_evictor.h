@@ -51,6 +51,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -99,6 +100,12 @@ struct SessionEvictorOptions {
   // all-gather per step.
   bool verify_keep = false;
 };
+
+// The tensor-parallel eviction modes by name (EVICTION.md section 5): "uniform" (per-head
+// counts, the default), "shared" (share_tokens) and "head-adaptive" (budget.head_adaptive).
+const std::vector<std::string>& TpEvictionModes();
+// Sets `options` for `mode`; InvalidArgument naming the modes for an unknown one.
+absl::Status ApplyTpEvictionMode(const std::string& mode, SessionEvictorOptions& options);
 
 class SessionEvictor {
  public:

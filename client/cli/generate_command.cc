@@ -89,15 +89,9 @@ absl::StatusOr<std::optional<cache::eviction::SessionEvictorOptions>> EvictionFr
     RECALL_ASSIGN_OR_RETURN(const int64_t c, args.GetInt("budget", 256, 1, 1 << 24));
     o.budget.budget = static_cast<double>(c);
   }
-  const std::string mode = args.GetString("tp-eviction", "uniform");
-  if (mode == "shared") {
-    o.share_tokens = true;
-  } else if (mode == "head-adaptive") {
-    o.budget.head_adaptive = true;
-  } else if (mode != "uniform") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--tp-eviction: \"", mode, "\" is not one of uniform, shared, head-adaptive"));
-  }
+  absl::Status mode = cache::eviction::ApplyTpEvictionMode(
+      args.GetString("tp-eviction", "uniform"), o);
+  if (!mode.ok()) return absl::InvalidArgumentError(absl::StrCat("--tp-eviction: ", mode.message()));
   o.verify_keep = args.Has("tp-verify");
   const std::string layers = args.GetString("layer-budgets", "uniform");
   if (layers == "pyramid") {

@@ -27,7 +27,8 @@ session store in DATA_DIR/sessions.db. Chat with it: recall chat --server HOST:P
   --api-keys FILE         "<key> <tenant>" lines; default: no auth (local use)
   --port-file PATH        write "grpc=PORT" once ready
   --kv-cache-bytes SIZE, --policy NAME, --budget N, --budget-frac F, --window W,
-  --threads N, --chat-format NAME: passed to the worker (recall-worker --help)
+  --threads N, --chat-format NAME, --device NAME, --tp N, --tp-eviction MODE:
+                          passed to the worker (recall-worker --help)
 )";
 
 // recall-worker beside this binary (installed) or in the build tree.
@@ -50,7 +51,8 @@ absl::Status Serve(const Args& args) {
   }
   std::vector<std::string> worker_args = {"--listen", "127.0.0.1:0"};
   for (const char* flag : {"model", "tokenizer", "kv-cache-bytes", "policy", "budget",
-                           "budget-frac", "window", "threads", "chat-format"}) {
+                           "budget-frac", "window", "threads", "chat-format", "device", "tp",
+                           "tp-eviction"}) {
     if (args.Has(flag)) {
       worker_args.push_back(absl::StrCat("--", flag));
       worker_args.push_back(args.GetString(flag));
@@ -106,7 +108,8 @@ int RunServe(const std::vector<std::string>& argv) {
   absl::StatusOr<Args> args = Args::Parse(
       argv,
       {"model", "tokenizer", "listen", "data-dir", "api-keys", "port-file", "kv-cache-bytes",
-       "policy", "budget", "budget-frac", "window", "threads", "chat-format"},
+       "policy", "budget", "budget-frac", "window", "threads", "chat-format", "device", "tp",
+       "tp-eviction"},
       {"help"});
   if (!args.ok()) {
     std::cerr << "recall serve: " << args.status().message() << "\n\n" << kUsage;

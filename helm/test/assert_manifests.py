@@ -26,7 +26,7 @@ DEPRECATED = {  # removed or deprecated group versions a chart must not use
 ALLOWED = {"v1", "apps/v1", "policy/v1", "autoscaling/v2", "networking.k8s.io/v1",
            "monitoring.coreos.com/v1"}
 # Flags the chart passes before the binaries accept them, and why.
-PENDING_FLAGS = {"recall-worker": {"tp": "tensor parallelism (issue 6) adds recall-worker --tp"}}
+PENDING_FLAGS = {}
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -204,6 +204,9 @@ def main():
     # tp > 1 passes --tp (recall-worker --tp arrives with issue 6).
     c.check(f"worker --tp equals tp ({tp})",
             wflags.get("tp") == (str(tp) if tp > 1 else None), f"--tp={wflags.get('tp')}")
+    gpu = W["gpu"]["enabled"]
+    c.check(f"worker --device is cuda exactly when gpu.enabled ({gpu})",
+            wflags.get("device") == ("cuda" if gpu else None), f"--device={wflags.get('device')}")
     c.check(f"worker replicas = {W['replicas']}", sts["spec"].get("replicas") == W["replicas"])
     listen = wflags.get("listen", "")
     wgrpc = port_number(worker, "grpc")

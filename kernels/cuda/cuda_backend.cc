@@ -249,6 +249,18 @@ int CudaDeviceCount() {
   return count;
 }
 
+absl::StatusOr<int64_t> CudaFreeMemory(int device) {
+  const int count = CudaDeviceCount();
+  if (device < 0 || device >= count) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("device cuda: device ", device, " does not exist (", count, " visible)"));
+  }
+  RECALL_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  size_t free_bytes = 0, total_bytes = 0;
+  RECALL_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return static_cast<int64_t>(free_bytes);
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOptions& options) {
   const int count = CudaDeviceCount();
   if (count == 0) {

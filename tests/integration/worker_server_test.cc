@@ -7,107 +7,13 @@
 #include <thread>
 
 #include "grpc/health/v1/health.grpc.pb.h"
-#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "recall/v1/worker.grpc.pb.h"
 #include "tests/common/test_util.h"
 #include "tests/integration/http_get.h"
-#include "common/subprocess.h"
+#include "tests/integration/worker_process.h"
 
 namespace recall {
 namespace {
-
-constexpr char kModel[] = "models/stories260K/stories260K.bin";
-constexpr char kTokenizer[] = "models/stories260K/tok512.bin";
-
-struct TurnResult {
-  grpc::Status status;
-  std::vector<int32_t> tokens;
-  std::string text;
-  int token_events = 0;
-  bool has_done = false;
-  v1::TurnDone done;
-};
-
-class Worker {
- public:
-  bool Start(std::vector<std::string> extra, std::string* error) {
-    std::vector<std::string> args = {"--model", testing::SharedPath(kModel), "--tokenizer",
-                                     testing::SharedPath(kTokenizer), "--listen", "127.0.0.1:0",
-                                     "--metrics-port", "0", "--threads", "2"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    if (!process_.Start(RECALL_WORKER_BINARY, args, testing::MakeTempDir("worker"), error)) {
-      return false;
-    }
-    channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(process_.port("grpc")),
-                                   grpc::InsecureChannelCredentials());
-    stub_ = v1::Worker::NewStub(channel_);
-    return true;
-  }
-
-  // A channel whose HTTP/2 flow-control window is tiny, so that a reader that falls behind
-  // really backs up the server's writes (the default window holds a whole short reply).
-  void UseSmallWindow() {
-    grpc::ChannelArguments args;
-    args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 256);
-    args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-    channel_ = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(process_.port("grpc")),
-                                         grpc::InsecureChannelCredentials(), args);
-    stub_ = v1::Worker::NewStub(channel_);
-  }
-
-  TurnResult Run(const v1::RunTurnRequest& request, int read_delay_ms = 0) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
-    auto reader = stub_->RunTurn(&ctx, request);
-    if (read_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(read_delay_ms));
-    TurnResult r;
-    v1::TurnEvent ev;
-    while (reader->Read(&ev)) {
-      if (ev.has_tokens()) {
-        ++r.token_events;
-        r.tokens.insert(r.tokens.end(), ev.tokens().token_ids().begin(),
-                        ev.tokens().token_ids().end());
-        r.text += ev.tokens().text();
-      } else if (ev.has_done()) {
-        r.has_done = true;
-        r.done = ev.done();
-      }
-    }
-    r.status = reader->Finish();
-    return r;
-  }
-
-  v1::LoadReport Load() {
-    grpc::ClientContext ctx;
-    v1::LoadReport load;
-    EXPECT_TRUE(stub_->GetLoad(&ctx, v1::GetLoadRequest(), &load).ok());
-    return load;
-  }
-
-  v1::Worker::Stub& stub() { return *stub_; }
-  std::shared_ptr<grpc::Channel> channel() { return channel_; }
-  int metrics_port() const { return process_.port("metrics"); }
-  int Stop() { return process_.Stop(); }
-
- private:
-  ServerProcess process_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::Worker::Stub> stub_;
-};
-
-v1::RunTurnRequest Turn(const std::string& session, const std::string& text, int max_tokens,
-                        int history_length = 0) {
-  v1::RunTurnRequest r;
-  r.set_session_id(session);
-  auto* m = r.add_messages();
-  m->set_role("user");
-  m->set_content(text);
-  r.set_history_length(history_length);
-  r.mutable_sampling()->set_temperature(0);
-  r.mutable_sampling()->set_max_tokens(max_tokens);
-  return r;
-}
 
 class WorkerServerTest : public ::testing::Test {
  protected:

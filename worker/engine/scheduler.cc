@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cache/eviction/eviction_policy.h"
+#include "cache/eviction/session_evictor.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "worker/engine/scheduler_turn.h"
@@ -56,12 +57,7 @@ Scheduler::Metrics::Metrics(metrics::Registry* r) {
                                  metrics::ExponentialBuckets(1, 2, 11));
 }
 
-absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const model::Model& model,
-                                                             kernels::Backend& backend,
-                                                             cache::BlockPool& pool,
-                                                             const model::Tokenizer& tokenizer,
-                                                             const SchedulerOptions& options,
-                                                             metrics::Registry* metrics) {
+absl::Status Scheduler::Validate(const SchedulerOptions& options) {
   if (options.max_batch_tokens < 1 || options.prefill_chunk < 1 ||
       options.prefill_chunk > options.max_batch_tokens) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -79,28 +75,76 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const model::Model&
     return absl::InvalidArgumentError(
         absl::StrCat("default policy \"", options.default_policy, "\" is unknown"));
   }
-  return std::unique_ptr<Scheduler>(
-      new Scheduler(model, backend, pool, tokenizer, options, metrics));
+  const auto& modes = cache::eviction::TpEvictionModes();
+  if (std::find(modes.begin(), modes.end(), options.default_tp_eviction) == modes.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "default tp eviction \"", options.default_tp_eviction,
+        "\" is not one of uniform, shared, head-adaptive"));
+  }
+  return absl::OkStatus();
 }
 
-Scheduler::Scheduler(const model::Model& model, kernels::Backend& backend, cache::BlockPool& pool,
-                     const model::Tokenizer& tokenizer, const SchedulerOptions& options,
-                     metrics::Registry* registry)
+absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const model::Model& model,
+                                                             kernels::Backend& backend,
+                                                             cache::BlockPool& pool,
+                                                             const model::Tokenizer& tokenizer,
+                                                             const SchedulerOptions& options,
+                                                             metrics::Registry* metrics) {
+  RECALL_RETURN_IF_ERROR(Validate(options));
+  auto forward = std::make_unique<ForwardPass>(
+      model, backend,
+      ForwardOptions{.max_batch_tokens = options.max_batch_tokens,
+                     .batch_invariant = options.batch_invariant});
+  SchedulerRanks ranks;
+  ranks.ranks.push_back({forward.get(), &pool, nullptr, 0});
+  ranks.total_kv_heads = model.config.n_kv_heads;
+  return std::unique_ptr<Scheduler>(new Scheduler(model, std::move(forward), std::move(ranks),
+                                                  tokenizer, options, metrics));
+}
+
+absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const model::Model& model,
+                                                             SchedulerRanks ranks,
+                                                             const model::Tokenizer& tokenizer,
+                                                             const SchedulerOptions& options,
+                                                             metrics::Registry* metrics) {
+  RECALL_RETURN_IF_ERROR(Validate(options));
+  if (ranks.ranks.empty()) return absl::InvalidArgumentError("ranks: none given");
+  if (ranks.ranks.size() > 1 && ranks.run_all == nullptr) {
+    return absl::InvalidArgumentError("ranks: run_all is required for more than one rank");
+  }
+  for (size_t r = 0; r < ranks.ranks.size(); ++r) {
+    const SchedulerRank& rank = ranks.ranks[r];
+    if (rank.forward == nullptr || rank.pool == nullptr ||
+        (ranks.ranks.size() > 1 && rank.comm == nullptr)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ranks[", r, "]: forward, pool and (tp > 1) comm are required"));
+    }
+    if (rank.pool->layout().n_layers != model.config.n_layers) {
+      return absl::InvalidArgumentError(absl::StrCat("ranks[", r, "]: pool has ",
+                                                     rank.pool->layout().n_layers,
+                                                     " layers, the model ", model.config.n_layers));
+    }
+  }
+  if (ranks.total_kv_heads <= 0) ranks.total_kv_heads = model.config.n_kv_heads;
+  return std::unique_ptr<Scheduler>(
+      new Scheduler(model, nullptr, std::move(ranks), tokenizer, options, metrics));
+}
+
+Scheduler::Scheduler(const model::Model& model, std::unique_ptr<ForwardPass> own_forward,
+                     SchedulerRanks ranks, const model::Tokenizer& tokenizer,
+                     const SchedulerOptions& options, metrics::Registry* registry)
     : model_(model),
-      backend_(backend),
-      pool_(pool),
+      own_forward_(std::move(own_forward)),
+      ranks_(std::move(ranks)),
       tokenizer_(tokenizer),
       options_(options),
-      forward_(model, backend,
-               ForwardOptions{.max_batch_tokens = options.max_batch_tokens,
-                              .batch_invariant = options.batch_invariant}),
       metrics_(std::make_unique<Metrics>(registry)) {
   logits_.resize(static_cast<size_t>(options.max_active) * model.config.vocab_size);
   {
     absl::MutexLock lock(&mu_);
-    load_.kv_blocks_total = pool.num_blocks();
-    load_.kv_blocks_free = pool.free_blocks();
-    load_.kv_block_bytes = pool.block_bytes();
+    load_.kv_blocks_total = PoolBlocks();
+    load_.kv_blocks_free = FreeBlocks();
+    for (const SchedulerRank& r : ranks_.ranks) load_.kv_block_bytes += r.pool->block_bytes();
   }
   metrics::Registry* r = metrics_->registry;
   auto gauge = [&](const char* name, const char* help, auto field) {

@@ -17,6 +17,12 @@
 //      on what it is batched with), then per turn: eviction step, sampling, stop checks,
 //      streaming, finishing.
 //
+// Tensor parallelism: the scheduler runs on SchedulerRanks (one rank, or every rank of a
+// tp::TpGroup, see tp/scheduler_ranks.h). A session then has one cache and one evictor per
+// rank; every step runs the forward pass and the eviction steps on all ranks at once (their
+// collectives meet), and the scheduler decides once for all of them: admission by the
+// fullest rank's pool, sampling from rank 0's logits, offloading every rank's slice together.
+//
 // Turns of one session run one at a time (a second turn while one runs is
 // FailedPrecondition). Submit and the control calls are thread safe; they hand work to the
 // engine thread and never run model code themselves.
@@ -25,9 +31,11 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -38,6 +46,7 @@
 #include "cache/block_pool.h"
 #include "common/metrics/registry.h"
 #include "kernels/backend.h"
+#include "kernels/comm/communicator.h"
 #include "worker/engine/forward.h"
 #include "worker/engine/session.h"
 #include "worker/engine/turn_request.h"
@@ -64,7 +73,29 @@ struct SchedulerOptions {
   std::optional<double> default_budget_fraction;
   int default_window = 32;
   double default_alpha = 1e-4;
-  bool batch_invariant = true;
+  // How the ranks and heads agree on evictions: "uniform" (per-head counts), "shared" (one
+  // token set per layer) or "head-adaptive" (Ada-KV). See EVICTION.md section 5.
+  std::string default_tp_eviction = "uniform";
+  // Debug: every eviction step checks that all ranks kept the same tokens (a mismatch fails
+  // the turn with Internal and drops the session's cache).
+  bool verify_tp_keep = false;
+  bool batch_invariant = true;  // for the one-rank Create (a group's passes have their own)
+};
+
+// One rank the scheduler runs on.
+struct SchedulerRank {
+  ForwardPass* forward = nullptr;         // with the rank's communicator when tp > 1
+  cache::BlockPool* pool = nullptr;       // the rank's KV pool
+  kernels::Communicator* comm = nullptr;  // null for one rank
+  int kv_head_offset = 0;                 // the model-global index of the rank's KV head 0
+};
+
+struct SchedulerRanks {
+  std::vector<SchedulerRank> ranks;
+  int total_kv_heads = 0;  // the model's KV heads
+  // Calls fn(r) for every rank at once (each rank on its own thread) and waits for all;
+  // returns the first error. Null for one rank (fn(0) is called directly).
+  std::function<absl::Status(const std::function<absl::Status(int)>&)> run_all;
 };
 
 struct LoadSnapshot {
@@ -86,6 +117,14 @@ class Scheduler {
   static absl::StatusOr<std::unique_ptr<Scheduler>> Create(const model::Model& model,
                                                            kernels::Backend& backend,
                                                            cache::BlockPool& pool,
+                                                           const model::Tokenizer& tokenizer,
+                                                           const SchedulerOptions& options,
+                                                           metrics::Registry* metrics = nullptr);
+  // On several ranks (a tensor-parallel group): `model` is the full model (its config), the
+  // ranks' forward passes must take options.max_batch_tokens tokens. The ranks (and what
+  // they refer to) must outlive the scheduler.
+  static absl::StatusOr<std::unique_ptr<Scheduler>> Create(const model::Model& model,
+                                                           SchedulerRanks ranks,
                                                            const model::Tokenizer& tokenizer,
                                                            const SchedulerOptions& options,
                                                            metrics::Registry* metrics = nullptr);
@@ -114,14 +153,16 @@ class Scheduler {
   std::vector<std::string> policies() const;
   const SchedulerOptions& options() const { return options_; }
   const model::Model& model() const { return model_; }
+  int tp() const { return static_cast<int>(ranks_.ranks.size()); }
 
  private:
   struct Turn;     // a queued or running turn (scheduler.cc)
   struct Command;  // abort / drop, applied by the engine thread
 
-  Scheduler(const model::Model& model, kernels::Backend& backend, cache::BlockPool& pool,
-            const model::Tokenizer& tokenizer, const SchedulerOptions& options,
-            metrics::Registry* metrics);
+  Scheduler(const model::Model& model, std::unique_ptr<ForwardPass> own_forward,
+            SchedulerRanks ranks, const model::Tokenizer& tokenizer,
+            const SchedulerOptions& options, metrics::Registry* metrics);
+  static absl::Status Validate(const SchedulerOptions& options);
 
   // Hands a command to the engine thread and waits for its result.
   absl::StatusOr<int64_t> Post(Command command);
@@ -134,27 +175,37 @@ class Scheduler {
   absl::Status Prepare(Turn& turn);  // PrepareContext, then the resumed reply tokens
   absl::Status PrepareContext(Turn& turn);  // session lookup, prompt tokens, context check
   void RunBatch();
+  // The forward pass and then the eviction work of the batch on every rank (rank r's thread);
+  // evict_status[i] gets item i's eviction error, if any.
+  absl::Status RunRanks(std::span<const BatchItem> items, std::span<Turn* const> owners,
+                        std::vector<absl::Status>& evict_status);
   void AfterForward(Turn& turn, float* logits);
   void SampleNext(Turn& turn, float* logits);  // logits are overwritten
   void FinishTurn(Turn& turn, absl::Status status);
   void EndTurn(Turn& turn);  // removes it from active_, frees the session's busy flag
 
   // Memory (scheduler_memory.cc).
-  int64_t BlocksToAdmit(const Turn& turn) const;
-  int64_t BlocksForBatch() const;
-  bool MakeRoom(int64_t blocks, const Session* keep);  // offload / drop idle sessions
+  // Blocks per rank (ranks' pools fill alike except under head-adaptive eviction).
+  using RankBlocks = std::vector<int64_t>;
+  RankBlocks BlocksToAdmit(const Turn& turn) const;
+  bool Fits(const RankBlocks& need) const;      // every rank's pool has them free
+  int64_t PoolBlocks() const;                    // the smallest rank pool
+  int64_t FreeBlocks() const;                    // the fewest free blocks of any rank
+  bool MakeRoom(const RankBlocks& need, const Session* keep);  // offload / drop idle sessions
   bool PreemptOne();
   void OffloadOrDrop(Session& s);
   void DropCache(Session& s);
   absl::Status EnsureResident(Turn& turn);
   absl::Status CreateCache(Session& s, const Turn& turn);
+  // Summed over the session's ranks.
+  static int64_t TotalEvictions(const Session& s);
+  static int64_t TotalEvictedSlots(const Session& s);
 
   const model::Model& model_;
-  kernels::Backend& backend_;
-  cache::BlockPool& pool_;
+  std::unique_ptr<ForwardPass> own_forward_;  // the one-rank Create's
+  const SchedulerRanks ranks_;
   const model::Tokenizer& tokenizer_;
   const SchedulerOptions options_;
-  ForwardPass forward_;
 
   // Shared with submitters.
   mutable absl::Mutex mu_;

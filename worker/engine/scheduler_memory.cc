@@ -2,6 +2,7 @@
 // when the host budget is spent, preempting running turns, and creating session caches.
 #include <algorithm>
 #include <functional>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -11,25 +12,70 @@
 
 namespace recall::engine {
 
-int64_t Scheduler::BlocksToAdmit(const Turn& t) const {
+Scheduler::RankBlocks Scheduler::BlocksToAdmit(const Turn& t) const {
   const Session* s = t.session;
   // The rest of the prompt (prefill does not evict) plus the first generated token, in every
   // layer; an offloaded cache counts the blocks its restore takes.
   const int remaining = static_cast<int>(t.prompt.size() - t.fed) + 1;
-  if (s->cache != nullptr) return s->cache->BlocksNeededFor(remaining);
-  const int64_t bt = pool_.layout().block_tokens;
-  return pool_.layout().n_layers * ((remaining + bt - 1) / bt);
+  RankBlocks need(ranks_.ranks.size());
+  for (size_t r = 0; r < need.size(); ++r) {
+    if (!s->caches.empty()) {
+      need[r] = s->caches[r]->BlocksNeededFor(remaining);
+    } else {
+      const kernels::PagedKvLayout& layout = ranks_.ranks[r].pool->layout();
+      const int64_t bt = layout.block_tokens;
+      need[r] = layout.n_layers * ((remaining + bt - 1) / bt);
+    }
+  }
+  return need;
 }
 
-bool Scheduler::MakeRoom(int64_t blocks, const Session* keep) {
-  while (pool_.free_blocks() < blocks) {
+bool Scheduler::Fits(const RankBlocks& need) const {
+  for (size_t r = 0; r < need.size(); ++r) {
+    if (ranks_.ranks[r].pool->free_blocks() < need[r]) return false;
+  }
+  return true;
+}
+
+int64_t Scheduler::PoolBlocks() const {
+  int64_t n = ranks_.ranks[0].pool->num_blocks();
+  for (const SchedulerRank& r : ranks_.ranks) n = std::min<int64_t>(n, r.pool->num_blocks());
+  return n;
+}
+
+int64_t Scheduler::FreeBlocks() const {
+  int64_t n = ranks_.ranks[0].pool->free_blocks();
+  for (const SchedulerRank& r : ranks_.ranks) n = std::min<int64_t>(n, r.pool->free_blocks());
+  return n;
+}
+
+bool Scheduler::MakeRoom(const RankBlocks& need, const Session* keep) {
+  if (Fits(need)) return true;
+  std::set<const Session*> running;
+  for (const auto& t : active_) running.insert(t->session);
+  while (!Fits(need)) {
+    // Idle sessions first (least recently used), then sessions whose turn is still waiting
+    // (they are restored when it is admitted); never a running turn's or `keep`.
     Session* victim = nullptr;
-    for (auto& [id, s] : sessions_) {
-      if (s.get() == keep || s->busy || !s->resident() || s->cache->num_blocks() == 0) continue;
-      if (victim == nullptr || s->last_used < victim->last_used) victim = s.get();
+    for (const bool waiting : {false, true}) {
+      for (auto& [id, s] : sessions_) {
+        if (s.get() == keep || s->busy != waiting || running.count(s.get()) > 0 ||
+            !s->resident() || s->bytes_held() == 0) {
+          continue;
+        }
+        if (victim == nullptr || s->last_used < victim->last_used) victim = s.get();
+      }
+      if (victim != nullptr) break;
     }
     if (victim == nullptr) return false;
-    OffloadOrDrop(*victim);
+    if (victim->busy) {
+      // Its turn must find it again: offload even past the host budget (as a preemption).
+      victim->Offload();
+      host_bytes_ += victim->host_bytes();
+      metrics_->offloads->Increment();
+    } else {
+      OffloadOrDrop(*victim);
+    }
   }
   return true;
 }
@@ -42,19 +88,19 @@ bool Scheduler::PreemptOne() {
   std::shared_ptr<Turn> t = *newest;
   active_.erase(newest);
   Session& s = *t->session;
-  s.cache->OffloadToHost();  // kept even past the host budget: the turn must resume
-  host_bytes_ += s.cache->host_bytes();
+  s.Offload();  // kept even past the host budget: the turn must resume
+  host_bytes_ += s.host_bytes();
   metrics_->preemptions->Increment();
   RECALL_LOG(INFO) << "preempted turn " << t->req.request_id << " of session " << s.id
-                   << " to host memory (" << s.cache->host_bytes() << " bytes)";
+                   << " to host memory (" << s.host_bytes() << " bytes)";
   waiting_.push_front(std::move(t));
   return true;
 }
 
 void Scheduler::OffloadOrDrop(Session& s) {
-  if (host_bytes_ + s.cache->bytes_held() <= options_.host_cache_bytes) {
-    s.cache->OffloadToHost();
-    host_bytes_ += s.cache->host_bytes();
+  if (host_bytes_ + s.bytes_held() <= options_.host_cache_bytes) {
+    s.Offload();
+    host_bytes_ += s.host_bytes();
     metrics_->offloads->Increment();
     return;
   }
@@ -63,14 +109,16 @@ void Scheduler::OffloadOrDrop(Session& s) {
 }
 
 void Scheduler::DropCache(Session& s) {
-  if (s.offloaded()) host_bytes_ -= s.cache->host_bytes();
-  sessions_.erase(s.id);  // destroys the evictor, then the cache (its blocks go back)
+  if (s.offloaded()) host_bytes_ -= s.host_bytes();
+  sessions_.erase(s.id);  // destroys the evictors, then the caches (their blocks go back)
 }
 
 absl::Status Scheduler::CreateCache(Session& s, const Turn& t) {
-  s.cache = std::make_unique<cache::SequenceCache>(&pool_);
   const CacheRequest& c = t.req.cache;
   const std::string policy = c.policy.value_or(options_.default_policy);
+  for (const SchedulerRank& r : ranks_.ranks) {
+    s.caches.push_back(std::make_unique<cache::SequenceCache>(r.pool));
+  }
   if (policy == "full") return absl::OkStatus();
   cache::eviction::SessionEvictorOptions o;
   o.policy.name = policy;
@@ -83,48 +131,82 @@ absl::Status Scheduler::CreateCache(Session& s, const Turn& t) {
   } else {
     o.budget.budget = c.budget_tokens.value_or(options_.default_budget_tokens);
   }
-  o.n_heads = model_.config.n_heads;
   o.session = std::hash<std::string>()(s.id);
-  absl::StatusOr<std::unique_ptr<cache::eviction::SessionEvictor>> evictor =
-      cache::eviction::SessionEvictor::Create(o, s.cache.get());
-  if (!evictor.ok()) {
-    s.cache.reset();
-    return absl::InvalidArgumentError(absl::StrCat("cache: ", evictor.status().message()));
+  o.total_kv_heads = ranks_.total_kv_heads;
+  o.verify_keep = options_.verify_tp_keep && tp() > 1;
+  absl::Status mode =
+      cache::eviction::ApplyTpEvictionMode(c.tp_eviction.value_or(options_.default_tp_eviction), o);
+  for (size_t r = 0; mode.ok() && r < ranks_.ranks.size(); ++r) {
+    const SchedulerRank& rank = ranks_.ranks[r];
+    o.n_heads = rank.forward->model().config.n_heads;
+    o.comm = rank.comm;
+    o.kv_head_offset = rank.kv_head_offset;
+    absl::StatusOr<std::unique_ptr<cache::eviction::SessionEvictor>> evictor =
+        cache::eviction::SessionEvictor::Create(o, s.caches[r].get());
+    if (!evictor.ok()) {
+      mode = evictor.status();
+      break;
+    }
+    s.evictors.push_back(*std::move(evictor));
   }
-  s.evictor = *std::move(evictor);
+  if (!mode.ok()) {
+    s.evictors.clear();
+    s.caches.clear();
+    return absl::InvalidArgumentError(absl::StrCat("cache: ", mode.message()));
+  }
   return absl::OkStatus();
 }
 
 absl::Status Scheduler::EnsureResident(Turn& t) {
   Session& s = *t.session;
   bool fresh = false;
-  if (s.cache == nullptr) {
+  if (s.caches.empty()) {
     RECALL_RETURN_IF_ERROR(CreateCache(s, t));
     fresh = true;
   } else if (s.offloaded()) {
-    const int64_t host = s.cache->host_bytes();
-    RECALL_RETURN_IF_ERROR(s.cache->RestoreFromHost());
+    const int64_t host = s.host_bytes();
+    RECALL_RETURN_IF_ERROR(s.Restore());
     host_bytes_ -= host;
     metrics_->restores->Increment();
   }
   if (t.touched) return absl::OkStatus();  // resuming after preemption
   s.pending.clear();  // Prepare moved them into the prompt
-  if (s.evictor != nullptr) {
-    t.evictions_at_start = s.evictor->evictions();
-    t.evicted_at_start = s.evictor->evicted_slots();
+  cache::eviction::SessionEvictor* evictor = s.evictor();
+  if (evictor != nullptr) {
+    t.evictions_at_start = TotalEvictions(s);
+    t.evicted_at_start = TotalEvictedSlots(s);
     const model::ModelConfig& c = model_.config;
-    if (s.evictor->policy().needs_attention()) {
-      t.probs.assign(static_cast<size_t>(c.n_layers) * c.n_heads * c.max_seq_len, 0.0f);
-    }
-    if (fresh && s.evictor->policy().compresses_prefill()) {
-      t.window_w = std::min<int>(s.evictor->policy().options().window,
+    const bool probs = evictor->policy().needs_attention();
+    const bool window = fresh && evictor->policy().compresses_prefill();
+    if (window) {
+      t.window_w = std::min<int>(evictor->policy().options().window,
                                  static_cast<int>(t.prompt.size()));
       t.window_first = static_cast<int>(t.prompt.size()) - t.window_w;
-      t.window_queries.assign(
-          static_cast<size_t>(c.n_layers) * t.window_w * c.n_heads * c.head_dim, 0.0f);
+    }
+    for (const SchedulerRank& r : ranks_.ranks) {
+      const int rank_heads = r.forward->model().config.n_heads;
+      if (probs) {
+        t.probs.emplace_back(static_cast<size_t>(c.n_layers) * rank_heads * c.max_seq_len, 0.0f);
+      }
+      if (window) {
+        t.window_queries.emplace_back(
+            static_cast<size_t>(c.n_layers) * t.window_w * rank_heads * c.head_dim, 0.0f);
+      }
     }
   }
   return absl::OkStatus();
+}
+
+int64_t Scheduler::TotalEvictions(const Session& s) {
+  int64_t n = 0;
+  for (const auto& e : s.evictors) n += e->evictions();
+  return n;
+}
+
+int64_t Scheduler::TotalEvictedSlots(const Session& s) {
+  int64_t n = 0;
+  for (const auto& e : s.evictors) n += e->evicted_slots();
+  return n;
 }
 
 }  // namespace recall::engine

@@ -1,4 +1,5 @@
-// Scheduler: the engine thread (commands, admission, batching, sampling, finishing).
+// Scheduler: the engine thread (commands, admission, preparing turns, finishing them). The
+// batch itself (forward pass on every rank, eviction, sampling) is in scheduler_batch.cc.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -66,7 +67,7 @@ bool Scheduler::Step() {
     offloaded += s->offloaded() ? 1 : 0;
   }
   absl::MutexLock lock(&mu_);
-  load_.kv_blocks_free = pool_.free_blocks();
+  load_.kv_blocks_free = FreeBlocks();
   load_.active_turns = static_cast<int>(active_.size());
   load_.queued_turns = static_cast<int>(waiting_.size());
   load_.resident_sessions = resident;
@@ -111,7 +112,7 @@ void Scheduler::ApplyCommands() {
                                     : absl::StatusOr<int64_t>(0));
       continue;
     }
-    const int64_t freed = it->second->resident() ? it->second->cache->bytes_held() : 0;
+    const int64_t freed = it->second->resident() ? it->second->bytes_held() : 0;
     DropCache(*it->second);
     c.done->set_value(freed);
   }
@@ -127,17 +128,18 @@ void Scheduler::Admit() {
         continue;
       }
     }
-    const int64_t need = BlocksToAdmit(*t);
-    if (need > pool_.num_blocks()) {
+    const RankBlocks need = BlocksToAdmit(*t);
+    const int64_t most = *std::max_element(need.begin(), need.end());
+    if (most > PoolBlocks()) {
       FinishTurn(*t, absl::ResourceExhaustedError(absl::StrCat(
-                         "the turn needs ", need, " KV blocks but the whole pool has ",
-                         pool_.num_blocks(), ": use a smaller budget or a shorter transcript")));
+                         "the turn needs ", most, " KV blocks but the whole pool has ",
+                         PoolBlocks(), ": use a smaller budget or a shorter transcript")));
       continue;
     }
-    if (pool_.free_blocks() < need && !MakeRoom(need, t->session)) {
+    if (!MakeRoom(need, t->session)) {
       if (active_.empty()) {  // nothing will free memory: should not happen, never hang
         FinishTurn(*t, absl::ResourceExhaustedError(absl::StrCat(
-                           "cannot free ", need, " KV blocks; retry after ",
+                           "cannot free ", most, " KV blocks; retry after ",
                            options_.retry_after_ms, " ms")));
         continue;
       }
@@ -170,18 +172,18 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
                   [](const model::ChatMessage& a, const model::ChatMessage& b) {
                     return a.role == b.role && a.content == b.content;
                   }));
-  if (same_history && s->cache != nullptr && s->reusable) {
+  if (same_history && s->cache() != nullptr && s->reusable) {
     RECALL_ASSIGN_OR_RETURN(std::optional<std::string> more_text,
                             ContinuationText(options_.chat_format, s->messages, r.messages));
     if (more_text.has_value()) {
       std::vector<int32_t> tokens = s->pending;
       const std::vector<int32_t> more = tokenizer_.Encode(*more_text, false);
       tokens.insert(tokens.end(), more.begin(), more.end());
-      const int64_t context = static_cast<int64_t>(s->cache->next_position()) + tokens.size();
+      const int64_t context = static_cast<int64_t>(s->cache()->next_position()) + tokens.size();
       if (context >= config.max_seq_len) {
         return absl::InvalidArgumentError(absl::StrCat(
             "messages: the conversation needs ", context, " tokens of context (",
-            s->cache->next_position(), " so far + ", tokens.size(),
+            s->cache()->next_position(), " so far + ", tokens.size(),
             " new), the model's context length is ", config.max_seq_len));
       }
       if (!tokens.empty()) {
@@ -245,8 +247,8 @@ absl::Status Scheduler::Prepare(Turn& t) {
   }
   RECALL_RETURN_IF_ERROR(PrepareContext(t));
   if (!resume.empty()) {
-    if (t.session->cache != nullptr &&
-        t.session->cache->next_position() + t.prompt.size() + resume.size() >=
+    if (t.session->cache() != nullptr &&
+        t.session->cache()->next_position() + t.prompt.size() + resume.size() >=
             static_cast<size_t>(model_.config.max_seq_len)) {
       t.session->busy = false;
       return absl::InvalidArgumentError("resume_tokens: do not fit the context");
@@ -255,183 +257,6 @@ absl::Status Scheduler::Prepare(Turn& t) {
     t.n_resume = static_cast<int>(resume.size());
   }
   return absl::OkStatus();
-}
-
-void Scheduler::RunBatch() {
-  std::vector<BatchItem> items;
-  std::vector<Turn*> owners;
-  while (true) {
-    items.clear();
-    owners.clear();
-    int budget = options_.max_batch_tokens;
-    for (auto& t : active_) {
-      t->chunk = 0;
-      if (!t->decoding) continue;
-      BatchItem item;
-      item.cache = t->session->cache.get();
-      item.tokens = &t->next;
-      item.n = 1;
-      if (!t->probs.empty()) {
-        item.attn_probs = t->probs.data();
-        item.probs_stride = model_.config.max_seq_len;
-      }
-      t->chunk = 1;
-      --budget;
-      items.push_back(item);
-      owners.push_back(t.get());
-    }
-    for (auto& t : active_) {
-      if (t->decoding) continue;
-      const int chunk = static_cast<int>(
-          std::min<size_t>(options_.prefill_chunk, t->prompt.size() - t->fed));
-      if (chunk > budget && !items.empty()) break;  // FIFO: later prefills wait their turn
-      BatchItem item;
-      item.cache = t->session->cache.get();
-      item.tokens = t->prompt.data() + t->fed;
-      item.n = chunk;
-      item.want_logits = t->fed + chunk == t->prompt.size();
-      if (t->window_w > 0) {
-        item.window_queries = t->window_queries.data();
-        item.window_w = t->window_w;
-        item.window_first = t->window_first;
-      }
-      t->chunk = chunk;
-      budget -= chunk;
-      items.push_back(item);
-      owners.push_back(t.get());
-    }
-    // Blocks the batch appends (per layer, see SequenceCache::BlocksNeededFor).
-    int64_t need = 0;
-    for (const BatchItem& item : items) need += item.cache->BlocksNeededFor(item.n);
-    if (need <= pool_.free_blocks() || MakeRoom(need, nullptr)) break;
-    if (!PreemptOne()) {
-      // A single turn that outgrew the pool: end it rather than hang.
-      FinishTurn(*active_.back(),
-                 absl::ResourceExhaustedError(absl::StrCat(
-                     "the KV pool is exhausted (", pool_.num_blocks(),
-                     " blocks); retry after ", options_.retry_after_ms, " ms")));
-      if (active_.empty()) return;
-    }
-  }
-
-  int n_logits = 0;
-  int tokens = 0;
-  for (const BatchItem& item : items) {
-    n_logits += item.want_logits ? 1 : 0;
-    tokens += item.n;
-  }
-  Stopwatch watch;
-  absl::Status st = forward_.Run(items, logits_.data());
-  metrics_->step_seconds->Observe(watch.ElapsedSeconds());
-  metrics_->batch_tokens->Observe(tokens);
-  if (!st.ok()) {
-    RECALL_LOG(ERROR) << "forward pass failed: " << st;
-    for (Turn* t : owners) FinishTurn(*t, st);
-    return;
-  }
-  token_times_.emplace_back(RealClock::Get().NowNanos() * 1e-9, tokens);
-
-  int li = 0;
-  std::vector<Turn*> ended;
-  for (size_t i = 0; i < items.size(); ++i) {
-    Turn& t = *owners[i];
-    float* logits = nullptr;
-    if (items[i].want_logits) {
-      logits = logits_.data() + static_cast<size_t>(li++) * model_.config.vocab_size;
-    }
-    AfterForward(t, logits);
-    if (t.done) ended.push_back(&t);
-  }
-  for (Turn* t : ended) FinishTurn(*t, absl::OkStatus());
-}
-
-void Scheduler::AfterForward(Turn& t, float* logits) {
-  Session& s = *t.session;
-  t.peak_kv_bytes = std::max(t.peak_kv_bytes, s.cache->bytes_held());
-  if (!t.decoding) {
-    s.tokens.insert(s.tokens.end(), t.prompt.begin() + t.fed, t.prompt.begin() + t.fed + t.chunk);
-    t.fed += t.chunk;
-    metrics_->prompt_tokens->Increment(t.chunk);
-    if (t.fed < t.prompt.size()) return;
-    t.decoding = true;
-    if (t.window_w > 0) {
-      absl::Status st = s.evictor->CompressPrefill(t.window_queries.data(), t.window_w);
-      if (!st.ok()) RECALL_LOG(ERROR) << "CompressPrefill: " << st;
-      s.prefill_compressed = true;
-      t.window_w = 0;
-      t.window_queries = {};
-    }
-    // The stream decoder continues after the prompt's last token.
-    t.decoder = std::make_unique<model::TokenStreamDecoder>(tokenizer_);
-    const size_t context_end = t.prompt.size() - t.n_resume;
-    t.decoder->Next(t.prompt[context_end - 1]);
-    t.decoder->Flush();
-    // Resumed reply tokens: the client has them and the text the dead worker released for
-    // them (the same StopText logic released the same text); what it held back is still
-    // to come.
-    for (size_t i = context_end; i < t.prompt.size(); ++i) {
-      t.generated.push_back(t.prompt[i]);
-      t.stop_text.Append(t.decoder->Next(t.prompt[i]));
-    }
-    t.stop_text.TakeReady();
-  } else {
-    s.tokens.push_back(t.next);
-    if (s.evictor != nullptr) {
-      absl::Status st = s.evictor->Step(t.probs.empty() ? nullptr : t.probs.data(),
-                                        model_.config.max_seq_len);
-      if (!st.ok()) RECALL_LOG(ERROR) << "eviction step: " << st;
-    }
-  }
-  SampleNext(t, logits);
-}
-
-void Scheduler::SampleNext(Turn& t, float* logits) {
-  Session& s = *t.session;
-  const int vocab = model_.config.vocab_size;
-  // Logprobs are of the model's distribution (before temperature and the other sampling
-  // transforms, which Sample applies in place).
-  if (t.req.logprobs) t.raw_logits.assign(logits, logits + vocab);
-  const int32_t id = backend_.Sample(logits, vocab, t.req.sampling, t.rng, s.tokens.data(),
-                                     static_cast<int>(s.tokens.size()));
-  const double now = t.since_submit.ElapsedSeconds();
-  if (t.first_token_s < 0) {
-    t.first_token_s = now;
-    metrics_->ttft->Observe(now);
-  } else {
-    metrics_->tpot->Observe(now - t.last_token_s);
-  }
-  t.last_token_s = now;
-  if (std::find(options_.stop_token_ids.begin(), options_.stop_token_ids.end(), id) !=
-      options_.stop_token_ids.end()) {
-    t.finish = TurnFinish::kStop;
-    t.done = true;
-    return;
-  }
-  float logprob = 0;
-  if (t.req.logprobs) {
-    const std::vector<float>& raw = t.raw_logits;
-    const float max = *std::max_element(raw.begin(), raw.end());
-    double sum = 0;
-    for (float v : raw) sum += std::exp(static_cast<double>(v - max));
-    logprob = static_cast<float>(raw[id] - max - std::log(sum));
-  }
-  t.generated.push_back(id);
-  t.next = id;
-  metrics_->generated_tokens->Increment();
-  const bool stopped = t.stop_text.Append(t.decoder->Next(id));
-  t.stream->PushToken(id, t.req.logprobs, logprob, t.stop_text.TakeReady());
-  if (stopped) {
-    t.finish = TurnFinish::kStop;
-    t.done = true;
-    return;
-  }
-  if (static_cast<int>(t.generated.size()) >= t.req.max_tokens) {
-    t.finish = TurnFinish::kLength;
-    t.done = true;
-  } else if (s.cache->next_position() >= model_.config.max_seq_len) {
-    t.finish = TurnFinish::kContext;
-    t.done = true;
-  }
 }
 
 void Scheduler::FinishTurn(Turn& t, absl::Status status) {
@@ -472,11 +297,11 @@ void Scheduler::FinishTurn(Turn& t, absl::Status status) {
     sum.prompt_tokens = t.prompt_tokens;
     sum.cached_tokens = t.cached_tokens;
     sum.generated_tokens = static_cast<int>(t.generated.size());
-    sum.kv_bytes = s->cache->bytes_held();
+    sum.kv_bytes = s->bytes_held();
     sum.peak_kv_bytes = t.peak_kv_bytes;
-    if (s->evictor != nullptr) {
-      sum.evictions = s->evictor->evictions() - t.evictions_at_start;
-      sum.evicted_tokens = s->evictor->evicted_slots() - t.evicted_at_start;
+    if (!s->evictors.empty()) {
+      sum.evictions = TotalEvictions(*s) - t.evictions_at_start;
+      sum.evicted_tokens = TotalEvictedSlots(*s) - t.evicted_at_start;
     }
     sum.rebuilt = t.rebuilt;
     metrics_->cached_tokens->Increment(t.cached_tokens);
@@ -497,7 +322,7 @@ void Scheduler::FinishTurn(Turn& t, absl::Status status) {
   if (it != sessions_.end()) {
     it->second->busy = false;
     it->second->last_used = step_;
-    if (it->second->cache == nullptr) sessions_.erase(it);  // never got a cache
+    if (it->second->caches.empty()) sessions_.erase(it);  // never got a cache
   }
 }
 

@@ -47,8 +47,10 @@ struct Scheduler::Turn {
   TurnFinish finish = TurnFinish::kLength;
   bool done = false;
   std::vector<float> raw_logits;      // when logprobs are requested
-  std::vector<float> probs;           // attention probabilities for the evictor
-  std::vector<float> window_queries;  // SnapKV's observation window
+  // Per rank (its query heads): attention probabilities for the evictor, and SnapKV's
+  // observation window. Empty when the policy needs none.
+  std::vector<std::vector<float>> probs;
+  std::vector<std::vector<float>> window_queries;
   int window_w = 0;
   int window_first = 0;
   int64_t peak_kv_bytes = 0;

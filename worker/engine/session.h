@@ -6,6 +6,11 @@
 // A follow-up turn appends ContinuationText (turn_prompt.h) to the cache; when that is not
 // possible (a reply cut at a stop string, a template without stable prefixes) the cache is
 // rebuilt from the transcript.
+//
+// Under tensor parallelism every rank holds its own slice of the session's cache (its KV
+// heads) and its own evictor: caches[r] and evictors[r]. They always move together: all
+// resident, all offloaded or none. Rank 0's cache answers the questions every rank answers
+// alike (positions, lengths, residency).
 #pragma once
 
 #include <cstdint>
@@ -13,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "cache/eviction/session_evictor.h"
 #include "cache/sequence_cache.h"
 #include "worker/model/chat_template.h"
@@ -24,15 +30,31 @@ struct Session {
   std::vector<model::ChatMessage> messages;
   std::vector<int32_t> tokens;   // every token fed to the cache, in order
   std::vector<int32_t> pending;  // sampled, not fed yet
-  std::unique_ptr<cache::SequenceCache> cache;
-  std::unique_ptr<cache::eviction::SessionEvictor> evictor;  // null: full cache
+  // One per rank (empty: no cache yet). Declared before the evictors, which refer to them
+  // and so are destroyed first.
+  std::vector<std::unique_ptr<cache::SequenceCache>> caches;
+  std::vector<std::unique_ptr<cache::eviction::SessionEvictor>> evictors;  // empty: full cache
   bool prefill_compressed = false;  // a compresses_prefill() policy ran once
   bool reusable = true;             // the cache can be continued (see above)
   bool busy = false;                // a turn is running or waiting
   int64_t last_used = 0;            // scheduler step of the last activity (LRU)
 
-  bool resident() const { return cache != nullptr && !cache->offloaded(); }
-  bool offloaded() const { return cache != nullptr && cache->offloaded(); }
+  // Rank 0's cache and evictor (null when there is none).
+  cache::SequenceCache* cache() const { return caches.empty() ? nullptr : caches[0].get(); }
+  cache::eviction::SessionEvictor* evictor() const {
+    return evictors.empty() ? nullptr : evictors[0].get();
+  }
+  bool resident() const { return cache() != nullptr && !cache()->offloaded(); }
+  bool offloaded() const { return cache() != nullptr && cache()->offloaded(); }
+
+  // Summed over the ranks.
+  int64_t bytes_held() const;
+  int64_t host_bytes() const;
+  // Offloads every rank's cache to host memory.
+  void Offload();
+  // Restores every rank's cache; on failure the ranks restored so far are offloaded again
+  // (all or nothing) and the error is returned.
+  absl::Status Restore();
 };
 
 }  // namespace recall::engine

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "cache/eviction/session_evictor.h"
 #include "common/status.h"
 #include "common/utf8.h"
 
@@ -106,6 +107,14 @@ absl::Status ValidateTurnRequest(const TurnRequest& r, const TurnLimits& limits,
   }
   if (c.alpha.has_value() && !(*c.alpha > 0 && *c.alpha < 1)) {
     return Invalid("cache.alpha", absl::StrCat("must be in (0, 1), got ", *c.alpha));
+  }
+  if (c.tp_eviction.has_value()) {
+    const auto& modes = cache::eviction::TpEvictionModes();
+    if (std::find(modes.begin(), modes.end(), *c.tp_eviction) == modes.end()) {
+      return Invalid("cache.tp_eviction", absl::StrCat("unknown mode \"", *c.tp_eviction,
+                                                       "\" (one of ", absl::StrJoin(modes, ", "),
+                                                       ")"));
+    }
   }
   return absl::OkStatus();
 }

@@ -20,6 +20,9 @@ struct CacheRequest {
   std::optional<double> budget_fraction;
   std::optional<int> window;
   std::optional<double> alpha;
+  // How tensor-parallel ranks (and the heads of a layer) agree on evictions: one of
+  // cache::eviction::TpEvictionModes().
+  std::optional<std::string> tp_eviction;
 };
 
 struct TurnRequest {

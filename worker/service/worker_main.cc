@@ -21,7 +21,9 @@
 #include "worker/engine/scheduler.h"
 #include "worker/model/chat_stops.h"
 #include "worker/model/load_from_flags.h"
+#include "worker/service/engine_setup.h"
 #include "worker/service/worker_service.h"
+#include "cache/eviction/session_evictor.h"
 #include "recall/v1/registry.grpc.pb.h"
 #include <thread>
 
@@ -48,10 +50,23 @@ serving:
   --advertise HOST:PORT   the address the coordinator dials (default: --listen's host and
                           the bound port)
   --api-key KEY           for --coordinator when it checks keys
-  --threads N             CPU threads for the model (default: all cores)
+  --threads N             CPU threads for the model (default: all cores; split over the ranks)
+devices and tensor parallelism:
+  --device NAME           cpu (default) or cuda
+  --tp N                  tensor parallelism: N ranks, each with its slice of the attention
+                          heads, of the MLP and of every session's KV cache (default 1). CPU
+                          ranks are threads; CUDA ranks (one GPU each) are not wired yet
+  --devices LIST          CUDA device ordinals, one per rank, e.g. 0,1 (default 0..N-1)
+  --tp-eviction MODE      how the ranks and heads agree on evictions, for sessions that do
+                          not say: uniform (per-head counts; default), shared (one token set
+                          per layer), head-adaptive (one global top-k over all KV heads)
+  --tp-verify             debug: every eviction step checks that all ranks kept the same
+                          tokens; a mismatch fails the turn (INTERNAL) and drops the cache
 memory:
-  --kv-cache-bytes SIZE   KV pool size, e.g. 512M or 2GiB (default: --kv-cache-fraction)
-  --kv-cache-fraction F   KV pool as a fraction of available memory (default 0.25)
+  --kv-cache-bytes SIZE   KV pool size over all ranks, e.g. 512M or 2GiB (default:
+                          --kv-cache-fraction)
+  --kv-cache-fraction F   KV pool as a fraction of available host memory (cpu) or of the
+                          device's free memory after the weights (cuda) (default 0.25)
   --host-cache-bytes SIZE host memory for offloaded idle sessions (default 4GiB)
 scheduling:
   --max-batch-tokens N    tokens per forward step (default 256)
@@ -116,18 +131,6 @@ class Registration {
   std::thread thread_;
 };
 
-// The available physical memory from /proc/meminfo (0 if unknown).
-int64_t AvailableMemoryBytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  int64_t kb;
-  std::string unit;
-  while (in >> key >> kb >> unit) {
-    if (key == "MemAvailable:") return kb * 1024;
-  }
-  return 0;
-}
-
 absl::Status Run(const std::vector<std::string>& argv) {
   RECALL_ASSIGN_OR_RETURN(
       const Args args,
@@ -136,8 +139,9 @@ absl::Status Run(const std::vector<std::string>& argv) {
                    "port-file", "threads", "kv-cache-bytes", "kv-cache-fraction",
                    "host-cache-bytes", "max-batch-tokens", "prefill-chunk", "max-active",
                    "max-queued", "max-tokens-limit", "policy", "budget", "budget-frac", "window",
-                   "alpha", "coordinator", "advertise", "api-key"},
-                  {"random-weights", "no-batch-invariant", "help"}));
+                   "alpha", "coordinator", "advertise", "api-key", "device", "tp", "devices",
+                   "tp-eviction"},
+                  {"random-weights", "no-batch-invariant", "tp-verify", "help"}));
   if (args.Has("help")) {
     std::cout << kUsage;
     return absl::OkStatus();
@@ -182,34 +186,35 @@ absl::Status Run(const std::vector<std::string>& argv) {
   RECALL_ASSIGN_OR_RETURN(const int64_t window, args.GetInt("window", 32, 1, 1 << 20));
   o.default_window = static_cast<int>(window);
   RECALL_ASSIGN_OR_RETURN(o.default_alpha, args.GetDouble("alpha", 1e-4, 1e-12, 0.999999));
+  o.default_tp_eviction = args.GetString("tp-eviction", "uniform");
+  {
+    cache::eviction::SessionEvictorOptions probe;
+    const absl::Status mode = cache::eviction::ApplyTpEvictionMode(o.default_tp_eviction, probe);
+    if (!mode.ok()) return absl::InvalidArgumentError(absl::StrCat("--tp-eviction: ", mode.message()));
+  }
+  o.verify_tp_keep = args.Has("tp-verify");
 
-  // KV pool.
-  kernels::PagedKvLayout layout{config.n_layers, config.n_kv_heads, config.head_dim, 16};
-  RECALL_ASSIGN_OR_RETURN(const double fraction, args.GetDouble("kv-cache-fraction", 0.25, 1e-6, 0.95));
-  int64_t kv_bytes = static_cast<int64_t>(fraction * AvailableMemoryBytes());
+  EngineFlags flags;
+  RECALL_ASSIGN_OR_RETURN(const int64_t tp, args.GetInt("tp", 1, 1, 64));
+  flags.tp = static_cast<int>(tp);
+  flags.device = args.GetString("device", "cpu");
+  if (args.Has("devices")) {
+    RECALL_ASSIGN_OR_RETURN(flags.devices, ParseDevices(args.GetString("devices")));
+  }
+  flags.threads = static_cast<int>(threads);
+  RECALL_ASSIGN_OR_RETURN(flags.kv_fraction,
+                          args.GetDouble("kv-cache-fraction", 0.25, 1e-6, 0.95));
   if (args.Has("kv-cache-bytes")) {
-    RECALL_ASSIGN_OR_RETURN(kv_bytes, args.GetBytes("kv-cache-bytes", 0, 1));
+    RECALL_ASSIGN_OR_RETURN(flags.kv_bytes, args.GetBytes("kv-cache-bytes", 0, 1));
   }
-  // A block holds block_tokens slots of one layer: a token needs a block in every layer.
-  const int64_t block_bytes = layout.BlockFloats() * static_cast<int64_t>(sizeof(float));
-  if (kv_bytes < block_bytes * layout.n_layers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--kv-cache-bytes: ", kv_bytes, " bytes is less than one KV block per layer (",
-        layout.n_layers, " x ", block_bytes, " bytes)"));
-  }
-  RECALL_ASSIGN_OR_RETURN(std::unique_ptr<cache::BlockPool> pool,
-                          cache::BlockPool::CreateWithBytes(layout, kv_bytes));
-  std::unique_ptr<kernels::Backend> backend =
-      kernels::CreateCpuBackend({static_cast<int>(threads)});
-
   metrics::Registry registry;
-  RECALL_ASSIGN_OR_RETURN(std::unique_ptr<engine::Scheduler> scheduler,
-                          engine::Scheduler::Create(*loaded.model, *backend, *pool, tok, o,
-                                                    &registry));
+  RECALL_ASSIGN_OR_RETURN(Engine engine, BuildEngine(*loaded.model, tok, flags, o, &registry));
+  engine::Scheduler* scheduler = engine.scheduler.get();
+
   std::string model_name = args.GetString("model");
   while (model_name.size() > 1 && model_name.back() == '/') model_name.pop_back();
   model_name = model_name.substr(model_name.find_last_of('/') + 1);
-  WorkerService service(*scheduler, {model_name, 1, "0.1.0"});
+  WorkerService service(*scheduler, {model_name, flags.tp, "0.1.0"});
 
   // Signals: handled by sigwait below, so block them before gRPC starts its threads.
   sigset_t signals;
@@ -238,12 +243,9 @@ absl::Status Run(const std::vector<std::string>& argv) {
     RECALL_ASSIGN_OR_RETURN(http, metrics::HttpServer::Start(host, static_cast<int>(mport),
                                                              &registry));
   }
-  std::fprintf(stderr,
-               "recall-worker: serving %s (%s chat) on %s, port %d; KV pool %lld blocks of %lld "
-               "bytes (%.1f MiB); metrics %s\n",
+  std::fprintf(stderr, "recall-worker: serving %s (%s chat) on %s, port %d; %s; metrics %s\n",
                model_name.c_str(), model::ChatFormatName(o.chat_format), listen.c_str(), port,
-               static_cast<long long>(pool->num_blocks()), static_cast<long long>(block_bytes),
-               pool->num_blocks() * block_bytes / 1048576.0,
+               engine.summary.c_str(),
                http ? absl::StrCat("on port ", http->port()).c_str() : "off");
   if (args.Has("port-file")) {
     const std::string path = args.GetString("port-file");

@@ -57,6 +57,7 @@ engine::TurnRequest FromProto(const v1::RunTurnRequest& r, int default_max_token
   if (c.has_budget_fraction()) out.cache.budget_fraction = c.budget_fraction();
   if (c.has_window()) out.cache.window = c.window();
   if (c.has_alpha()) out.cache.alpha = c.alpha();
+  if (c.has_tp_eviction()) out.cache.tp_eviction = c.tp_eviction();
   return out;
 }
 
@@ -174,6 +175,7 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const v1::InfoRequest*,
   }
   c->set_window(o.default_window);
   c->set_alpha(static_cast<float>(o.default_alpha));
+  c->set_tp_eviction(o.default_tp_eviction);
   response->set_max_tokens_limit(o.limits.max_tokens);
   response->set_chat_format(model::ChatFormatName(o.chat_format));
   response->set_vocab_size(scheduler_.model().config.vocab_size);

@@ -217,6 +217,28 @@ TEST_F(SchedulerTest, ConcurrentTurnsBeyondThePoolAllComplete) {
   }
 }
 
+TEST_F(SchedulerTest, ConcurrentFollowUpsOfResidentSessionsOnATightPoolAllComplete) {
+  // Four resident sessions fill most of 12 blocks; then all four send their next turn at
+  // once. Their sessions are all busy (turns waiting), so room comes from offloading the
+  // waiting ones, which their own admission restores: no turn fails, none is rebuilt.
+  Start(12);
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(Run(Turn("f" + std::to_string(i), kPrompts[i], 40)).status.ok());
+  }
+  std::vector<std::shared_ptr<TurnStream>> streams;
+  for (int i = 0; i < 4; ++i) {
+    auto s = sched_->Submit(Turn("f" + std::to_string(i), "and then", 20, 2));
+    ASSERT_TRUE(s.ok()) << s.status();
+    streams.push_back(*s);
+  }
+  for (auto& stream : streams) {
+    Collected c = CollectTurn(*stream);
+    ASSERT_TRUE(c.status.ok()) << c.status;
+    EXPECT_FALSE(c.summary.rebuilt);
+    EXPECT_GT(c.summary.cached_tokens, 0);
+  }
+}
+
 TEST_F(SchedulerTest, FullQueueIsResourceExhaustedWithRetryHint) {
   SchedulerOptions o;
   o.max_active = 1;

@@ -13,9 +13,12 @@ absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::Create(const model::Model& ful
   RECALL_RETURN_IF_ERROR(MakeTpLayout(full.config, options.tp, 0).status());  // tp fits the model
   if (options.device != "cpu") {
     if (options.device == "cuda") {
+      // What is missing: the ranks' NCCL all-reduces must be ordered with each backend's
+      // stream, and the evictors' collectives (on host buffers) need a host communicator
+      // beside NCCL. Until then: one GPU per worker, or CPU ranks.
       return absl::UnimplementedError(
-          "tensor parallelism on CUDA needs the CUDA backend (not built yet); the NCCL "
-          "communicator exists (kernels/comm), use --device cpu meanwhile");
+          "tensor parallelism on CUDA ranks is not wired yet; use --tp 1 with --device cuda "
+          "(one GPU per worker) or --device cpu ranks");
     }
     return absl::InvalidArgumentError(
         absl::StrCat("device: \"", options.device, "\" is not one of cpu, cuda"));

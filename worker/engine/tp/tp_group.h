@@ -3,8 +3,8 @@
 // communicator, and its own thread: Run(fn) calls fn(rank) on every rank's thread at once
 // and waits for all, which is how the collectives inside fn meet.
 //
-// CPU ranks use the in-process communicator; CUDA ranks (one device each) use NCCL once the
-// CUDA backend exists (issue 7): until then a CUDA group is Unimplemented.
+// CPU ranks use the in-process communicator. CUDA ranks (one device each, NCCL) are not wired
+// yet: a CUDA group is Unimplemented (see TpGroup::Create).
 //
 // Thread safety: Run is called by one thread at a time; the accessors are for use inside fn
 // (rank r's objects by rank r's thread) or between Runs.

@@ -1,0 +1,32 @@
+#include "worker/engine/session.h"
+
+namespace recall::engine {
+
+int64_t Session::bytes_held() const {
+  int64_t sum = 0;
+  for (const auto& c : caches) sum += c->bytes_held();
+  return sum;
+}
+
+int64_t Session::host_bytes() const {
+  int64_t sum = 0;
+  for (const auto& c : caches) sum += c->host_bytes();
+  return sum;
+}
+
+void Session::Offload() {
+  for (auto& c : caches) c->OffloadToHost();
+}
+
+absl::Status Session::Restore() {
+  for (size_t r = 0; r < caches.size(); ++r) {
+    absl::Status st = caches[r]->RestoreFromHost();
+    if (!st.ok()) {
+      for (size_t back = 0; back < r; ++back) caches[back]->OffloadToHost();
+      return st;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace recall::engine

@@ -1,0 +1,139 @@
+#include "worker/service/engine_setup.h"
+
+#include <fstream>
+#include <set>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/status.h"
+#include "kernels/cuda_backend.h"
+#include "worker/engine/tp/scheduler_ranks.h"
+#include "worker/model/upload.h"
+
+namespace recall::service {
+namespace {
+
+// The available physical memory from /proc/meminfo (0 if unknown).
+int64_t AvailableMemoryBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kb;
+  std::string unit;
+  while (in >> key >> kb >> unit) {
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return 0;
+}
+
+// The KV bytes of all ranks together.
+absl::StatusOr<int64_t> KvBytes(const EngineFlags& flags, int first_device) {
+  if (flags.kv_bytes.has_value()) return *flags.kv_bytes;
+  int64_t base = AvailableMemoryBytes();
+  if (flags.device == "cuda") {
+    RECALL_ASSIGN_OR_RETURN(base, kernels::CudaFreeMemory(first_device));
+  }
+  if (base <= 0) {
+    return absl::FailedPreconditionError(
+        "--kv-cache-fraction: the available memory is unknown; give --kv-cache-bytes");
+  }
+  return static_cast<int64_t>(flags.kv_fraction * static_cast<double>(base));
+}
+
+absl::Status CheckRankBytes(int64_t per_rank, const kernels::PagedKvLayout& layout) {
+  const int64_t block_bytes = layout.BlockFloats() * static_cast<int64_t>(sizeof(float));
+  if (per_rank < block_bytes * layout.n_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv-cache-bytes: ", per_rank, " bytes per rank is less than one KV block per layer (",
+        layout.n_layers, " x ", block_bytes, " bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<int>> ParseDevices(const std::string& text) {
+  std::vector<int> out;
+  std::set<int> seen;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    int d = -1;
+    if (!absl::SimpleAtoi(part, &d) || d < 0 || !seen.insert(d).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--devices: \"", text, "\" must be distinct CUDA device ordinals >= 0, e.g. 0,1"));
+    }
+    out.push_back(d);
+  }
+  return out;
+}
+
+absl::StatusOr<Engine> BuildEngine(const model::Model& model, const model::Tokenizer& tokenizer,
+                                   const EngineFlags& flags,
+                                   const engine::SchedulerOptions& options,
+                                   metrics::Registry* registry) {
+  if (flags.device != "cpu" && flags.device != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device: \"", flags.device, "\" is not one of cpu, cuda"));
+  }
+  if (!flags.devices.empty() && flags.device != "cuda") {
+    return absl::InvalidArgumentError("--devices: only with --device cuda");
+  }
+  if (!flags.devices.empty() && static_cast<int>(flags.devices.size()) != flags.tp) {
+    return absl::InvalidArgumentError(absl::StrCat("--devices: ", flags.devices.size(),
+                                                   " devices for --tp ", flags.tp,
+                                                   "; give one per rank"));
+  }
+  const model::ModelConfig& c = model.config;
+  Engine e;
+  if (flags.tp > 1 && flags.device == "cuda") {
+    return absl::UnimplementedError(
+        "--tp: tensor parallelism on CUDA ranks is not wired yet; use --tp 1 with --device "
+        "cuda (one GPU per worker) or --device cpu ranks");
+  }
+  if (flags.tp > 1) {
+    engine::tp::TpGroupOptions g;
+    g.tp = flags.tp;
+    g.device = flags.device;
+    g.devices = flags.devices;
+    g.threads_per_rank = flags.threads > 0 ? std::max(1, flags.threads / flags.tp) : 0;
+    RECALL_ASSIGN_OR_RETURN(e.kv_bytes, KvBytes(flags, flags.devices.empty() ? 0 : flags.devices[0]));
+    g.kv_bytes_per_rank = e.kv_bytes / flags.tp;
+    RECALL_ASSIGN_OR_RETURN(engine::tp::TpLayout rank_layout,
+                            engine::tp::MakeTpLayout(c, flags.tp, 0));
+    RECALL_RETURN_IF_ERROR(CheckRankBytes(
+        g.kv_bytes_per_rank, {c.n_layers, rank_layout.kv_heads, c.head_dim, g.block_tokens}));
+    g.forward.max_batch_tokens = options.max_batch_tokens;
+    g.forward.batch_invariant = options.batch_invariant;
+    RECALL_ASSIGN_OR_RETURN(e.group, engine::tp::TpGroup::Create(model, g));
+    RECALL_ASSIGN_OR_RETURN(e.scheduler,
+                            engine::Scheduler::Create(model, engine::tp::SchedulerRanksOf(*e.group),
+                                                      tokenizer, options, registry));
+    e.kv_blocks = e.group->pool(0).num_blocks();
+    e.summary = absl::StrCat("tp ", flags.tp, " (", flags.device, " ranks); KV pool ",
+                             e.kv_blocks, " blocks of ", e.group->pool(0).block_bytes(),
+                             " bytes per rank");
+    return e;
+  }
+  const int device = flags.devices.empty() ? 0 : flags.devices[0];
+  const model::Model* weights = &model;
+  if (flags.device == "cuda") {
+    RECALL_ASSIGN_OR_RETURN(e.backend, kernels::CreateCudaBackend({device}));
+    RECALL_ASSIGN_OR_RETURN(e.uploaded, model::UploadModel(model, e.backend->memory()));
+    weights = e.uploaded.get();
+  } else {
+    e.backend = kernels::CreateCpuBackend({flags.threads});
+  }
+  RECALL_ASSIGN_OR_RETURN(e.kv_bytes, KvBytes(flags, device));
+  const kernels::PagedKvLayout layout{c.n_layers, c.n_kv_heads, c.head_dim, 16};
+  RECALL_RETURN_IF_ERROR(CheckRankBytes(e.kv_bytes, layout));
+  RECALL_ASSIGN_OR_RETURN(e.pool,
+                          cache::BlockPool::CreateWithBytes(layout, e.kv_bytes, e.backend->memory()));
+  RECALL_ASSIGN_OR_RETURN(e.scheduler, engine::Scheduler::Create(*weights, *e.backend, *e.pool,
+                                                                 tokenizer, options, registry));
+  e.kv_blocks = e.pool->num_blocks();
+  e.summary = absl::StrCat(flags.device, flags.device == "cuda" ? absl::StrCat(" ", device) : "",
+                           "; KV pool ", e.kv_blocks, " blocks of ", e.pool->block_bytes(),
+                           " bytes (", e.kv_blocks * e.pool->block_bytes() / 1048576.0, " MiB)");
+  return e;
+}
+
+}  // namespace recall::service
