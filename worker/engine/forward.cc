@@ -67,6 +67,24 @@ absl::Status ForwardPass::AddReduced(float* x, float* y, int total) {
   return absl::OkStatus();
 }
 
+void ForwardPass::CaptureHidden(std::span<const BatchItem> batch, int layer) {
+  const int dim = model_.config.dim;
+  int off = 0;
+  for (const BatchItem& item : batch) {
+    if (item.hidden_sum != nullptr && item.hidden_layer == layer) {
+      host_hidden_.resize(static_cast<size_t>(item.n) * dim);
+      memory_.CopyOut(host_hidden_.data(), F(x_) + static_cast<size_t>(off) * dim,
+                      host_hidden_.size() * sizeof(float));
+      for (int i = 0; i < item.n; ++i) {
+        if (host_positions_[off + i] < item.hidden_from) continue;
+        const float* row = host_hidden_.data() + static_cast<size_t>(i) * dim;
+        for (int d = 0; d < dim; ++d) item.hidden_sum[d] += row[d];
+      }
+    }
+    off += item.n;
+  }
+}
+
 void ForwardPass::CaptureWindowQueries(std::span<const BatchItem> batch, int layer) {
   const int q_dim = model_.config.n_heads * model_.config.head_dim;
   int off = 0;
@@ -315,6 +333,7 @@ absl::Status ForwardPass::Run(std::span<const BatchItem> batch, float* logits) {
       give_back();
       return st;
     }
+    CaptureHidden(batch, l);
   }
 
   // ---- Commit the appended tokens to every cache.

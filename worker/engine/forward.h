@@ -40,6 +40,12 @@ struct BatchItem {
   float* window_queries = nullptr;
   int window_w = 0;
   int window_first = 0;
+  // Optional (embeddings, EpiCache): adds to hidden_sum[0, dim) the residual stream after
+  // layer `hidden_layer` (0-based: after its MLP) of each of the item's tokens at a position
+  // >= hidden_from. On a tensor-parallel rank the residual stream is the full, reduced one.
+  float* hidden_sum = nullptr;
+  int hidden_layer = -1;
+  int hidden_from = 0;
 };
 
 struct ForwardOptions {
@@ -81,6 +87,8 @@ class ForwardPass {
   absl::Status AddReduced(float* x, float* y, int total);
   // Copies the window queries of items that asked for them (see BatchItem).
   void CaptureWindowQueries(std::span<const BatchItem> batch, int layer);
+  // Adds the residual rows of items that asked for layer `layer` to their hidden_sum.
+  void CaptureHidden(std::span<const BatchItem> batch, int layer);
   // Allocates the workspaces (once).
   absl::Status AllocateWorkspaces();
   // Fills the step's metadata and kv_ (KvBatch) for `batch` (caches already reserved) and
@@ -105,6 +113,7 @@ class ForwardPass {
   std::vector<float*> host_probs_;
   std::vector<int64_t> host_probs_strides_;
   std::vector<int32_t> host_positions_;  // the step's positions (for commits and captures)
+  std::vector<float> host_hidden_;       // CaptureHidden's rows
   kernels::KvBatch kv_;
   const int32_t* tokens_ = nullptr;     // backend memory
   const int32_t* positions_ = nullptr;  // backend memory
