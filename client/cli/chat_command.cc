@@ -123,8 +123,8 @@ absl::Status Chat(const Args& args) {
         session_id, line, sampling, [](const std::string& text) { std::cout << text << std::flush; });
     std::cout << "\n";
     if (!done.ok()) {
+      if (!tty) return done.status();  // reported once, by the caller, with the exit code
       std::cerr << "recall chat: " << done.status().message() << "\n";
-      if (!tty) return done.status();
       continue;
     }
     last = *done;
@@ -157,10 +157,14 @@ absl::Status Sessions(const Args& args) {
   return absl::InvalidArgumentError(absl::StrCat("unknown sessions command \"", verb, "\""));
 }
 
+// `usage` is printed after an invalid command line; null for errors of the run itself (a
+// server's INVALID_ARGUMENT is about the request, not the flags).
 int Report(const char* name, const absl::Status& st, const char* usage) {
   if (st.ok()) return 0;
   std::cerr << "recall " << name << ": " << st.message() << "\n";
-  if (st.code() == absl::StatusCode::kInvalidArgument) std::cerr << "\n" << usage;
+  if (usage != nullptr && st.code() == absl::StatusCode::kInvalidArgument) {
+    std::cerr << "\n" << usage;
+  }
   return st.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
 }
 
@@ -177,7 +181,7 @@ int RunChat(const std::vector<std::string>& argv) {
     std::cout << kChatUsage;
     return 0;
   }
-  return Report("chat", Chat(*args), kChatUsage);
+  return Report("chat", Chat(*args), nullptr);
 }
 
 int RunSessions(const std::vector<std::string>& argv) {
