@@ -143,6 +143,17 @@ void SequenceCache::Compact(int layer, int head, const std::vector<int32_t>& kee
   pos.resize(keep.size());
 }
 
+void SequenceCache::SetNextPosition(int32_t position) {
+  RECALL_CHECK(position >= 0) << "negative position " << position;
+  for (size_t lh = 0; lh < positions_.size(); ++lh) {
+    for (int s = 0; s < lengths_[lh]; ++s) {
+      RECALL_CHECK(positions_[lh][static_cast<size_t>(s)] < position)
+          << "SetNextPosition(" << position << ") at or below a held slot's position";
+    }
+  }
+  next_position_ = position;
+}
+
 int SequenceCache::TrimBlocks() {
   int freed = 0;
   for (int l = 0; l < n_layers_; ++l) {

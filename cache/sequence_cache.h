@@ -58,6 +58,12 @@ class SequenceCache {
   // Number of tokens the sequence has consumed (the next token's position).
   int32_t next_position() const { return next_position_; }
 
+  // Sets the next token's position. Moving it back forgets positions no slot holds any more
+  // (EpiCache's patch queries are appended, scored and compacted away, and the next history
+  // block reuses their positions); moving it forward leaves a gap (a block-masked
+  // calibration pass). REQUIRES: position >= 0 and > the position of every slot held.
+  void SetNextPosition(int32_t position);
+
   // Keeps, for (layer, head), only the slots in `keep` (ascending), moving K, V and
   // positions together to the front. REQUIRES: keep is strictly ascending, within length.
   void Compact(int layer, int head, const std::vector<int32_t>& keep);

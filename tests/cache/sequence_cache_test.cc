@@ -58,6 +58,23 @@ TEST_F(SequenceCacheTest, AppendAllocatesBlocksAndReleaseReturnsEveryOne) {
   EXPECT_EQ(pool_->free_blocks(), 32) << "destroying the sequence must return all blocks";
 }
 
+TEST_F(SequenceCacheTest, SetNextPositionRewindsPastCompactedSlotsAndSkipsForward) {
+  SequenceCache seq(pool_.get());
+  Append(seq, 6);
+  const std::vector<int32_t> keep = {0, 1, 2, 3};  // the last two slots (positions 4, 5) go
+  for (int l = 0; l < 2; ++l) {
+    for (int h = 0; h < 2; ++h) seq.Compact(l, h, keep);
+  }
+  seq.SetNextPosition(4);
+  Append(seq, 1);
+  EXPECT_EQ(seq.position(0, 1, 4), 4) << "the freed position is reused";
+  seq.SetNextPosition(20);
+  Append(seq, 1);
+  EXPECT_EQ(seq.position(1, 0, 5), 20);
+  EXPECT_EQ(seq.next_position(), 21);
+  EXPECT_DEATH(seq.SetNextPosition(20), "held slot");
+}
+
 TEST_F(SequenceCacheTest, ReserveFailureLeavesSequenceUnchanged) {
   SequenceCache big(pool_.get());
   Append(big, 4 * 13);  // 13 blocks per layer
