@@ -78,6 +78,7 @@ class ForwardPass {
 
   const model::Model& model() const { return model_; }
   kernels::Backend& backend() const { return backend_; }
+  int max_batch_tokens() const { return options_.max_batch_tokens; }
 
  private:
   // y = x * w^T over n rows, split per options_.batch_invariant.
