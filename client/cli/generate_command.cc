@@ -2,12 +2,14 @@
 // way to see a model work. The serving path (`recall serve`) comes with the worker issue.
 #include "client/cli/generate_command.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "cache/block_pool.h"
 #include "common/args.h"
 #include "worker/model/load_from_flags.h"
@@ -17,6 +19,7 @@
 #include "worker/engine/forward.h"
 #include "worker/engine/tp/tp_group.h"
 #include "worker/engine/tp/tp_sequence.h"
+#include "worker/engine/episodic/episodic_sequence.h"
 #include "worker/engine/generator.h"
 #include "worker/model/chat_stops.h"
 #include "worker/model/chat_template.h"
@@ -46,7 +49,14 @@ constexpr char kUsage[] = R"(usage: recall generate --model PATH [options]
   --threads N             CPU threads (default: all cores)
   --kv-cache-mb MB        KV block pool size (default: one full context)
   --policy NAME           KV eviction: full (default), streaming, h2o, tova, lazy, vase,
-                          rkv (while decoding), snapkv (the prompt, after prefill)
+                          rkv (while decoding), snapkv (the prompt, after prefill),
+                          episodic (EpiCache: the prompt's sentences are clustered into
+                          episodes, each compressed block-wise to the budget; the last
+                          sentence is answered from its episode, decoding with lazy)
+  --episodes N            episodic: episodes at most (default 4)
+  --embedder NAME         episodic: model (mean-pooled hidden states, default) or tfidf
+  --block-tokens N        episodic: history + patch tokens per prefill block (default 2048)
+  --recent N              episodic: sentences before the last kept uncompressed (default 4)
   --budget N              KV budget in tokens per layer and KV head (default 256)
   --budget-frac F         KV budget as a fraction of the sequence length, in (0, 1]
   --window W              eviction window (lazy: evict every W steps, keep the last W;
@@ -74,7 +84,8 @@ absl::StatusOr<std::optional<cache::eviction::SessionEvictorOptions>> EvictionFr
     return absl::InvalidArgumentError("--budget and --budget-frac are exclusive; give one");
   }
   cache::eviction::SessionEvictorOptions o;
-  o.policy.name = policy;
+  // Episodic compression decodes with lazy eviction (EpiCache + LazyEviction).
+  o.policy.name = policy == "episodic" ? "lazy" : policy;
   RECALL_ASSIGN_OR_RETURN(const int64_t window, args.GetInt("window", 32, 1, 1 << 20));
   o.policy.window = static_cast<int>(window);
   RECALL_ASSIGN_OR_RETURN(const double alpha, args.GetDouble("alpha", 1e-4, 0, 1));
@@ -89,6 +100,9 @@ absl::StatusOr<std::optional<cache::eviction::SessionEvictorOptions>> EvictionFr
     RECALL_ASSIGN_OR_RETURN(const int64_t c, args.GetInt("budget", 256, 1, 1 << 24));
     o.budget.budget = static_cast<double>(c);
   }
+  if (policy == "episodic" && o.budget.unit == cache::eviction::BudgetOptions::Unit::kFraction) {
+    return absl::InvalidArgumentError("--budget-frac: episodic needs --budget in tokens");
+  }
   absl::Status mode = cache::eviction::ApplyTpEvictionMode(
       args.GetString("tp-eviction", "uniform"), o);
   if (!mode.ok()) return absl::InvalidArgumentError(absl::StrCat("--tp-eviction: ", mode.message()));
@@ -101,6 +115,44 @@ absl::StatusOr<std::optional<cache::eviction::SessionEvictorOptions>> EvictionFr
     o.budget.profile_path = layers;
   }
   return o;
+}
+
+absl::StatusOr<engine::episodic::EpisodicOptions> EpisodicFromArgs(
+    const Args& args, const cache::eviction::SessionEvictorOptions& decode) {
+  engine::episodic::EpisodicOptions o;
+  o.decode = decode;
+  RECALL_ASSIGN_OR_RETURN(const int64_t episodes, args.GetInt("episodes", 4, 1, 64));
+  RECALL_ASSIGN_OR_RETURN(const int64_t block, args.GetInt("block-tokens", 2048, 2, 1 << 20));
+  RECALL_ASSIGN_OR_RETURN(const int64_t recent, args.GetInt("recent", 4, 0, 1 << 20));
+  o.episodes = static_cast<int>(episodes);
+  o.block.block_tokens = static_cast<int>(block);
+  o.recent_utterances = static_cast<int>(recent);
+  o.embedder = args.GetString("embedder", "model");
+  const std::vector<std::string>& names = engine::episodic::EpisodicEmbedders();
+  if (std::find(names.begin(), names.end(), o.embedder) == names.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--embedder: '", o.embedder, "' is not one of ", absl::StrJoin(names, ", ")));
+  }
+  return o;
+}
+
+void PrintEpisodes(const engine::episodic::EpisodicStats& s) {
+  if (s.active < 0) {
+    std::fprintf(stderr, "episodic: history within the budget; not clustered\n");
+    return;
+  }
+  std::fprintf(stderr,
+               "episodic: history_tokens=%d recent_tokens=%d episodes=%zu active=%d%s "
+               "embed_s=%.3f build_s=%.3f build_peak_kv_bytes=%lld\n",
+               s.history_tokens, s.recent_tokens, s.episodes.size(), s.active,
+               s.routed_by_fallback ? " (fallback: most recent)" : "", s.embed_seconds,
+               s.build_seconds, static_cast<long long>(s.build_peak_bytes));
+  for (size_t e = 0; e < s.episodes.size(); ++e) {
+    std::fprintf(stderr, "  episode %zu: windows=%d patch_tokens=%d kv_bytes=%lld (%s)\n", e,
+                 static_cast<int>(s.episodes[e].windows.size()), s.episodes[e].patch_tokens,
+                 static_cast<long long>(s.episodes[e].kv_bytes),
+                 s.episodes[e].resident ? "device" : "host");
+  }
 }
 
 absl::Status Run(const Args& args) {
@@ -167,6 +219,13 @@ absl::Status Run(const Args& args) {
   const int64_t full_context_blocks =
       layout.n_layers * ((config.max_seq_len + layout.block_tokens - 1) / layout.block_tokens);
   engine::GenerateResult result;
+  std::optional<engine::episodic::EpisodicStats> episodic_stats;
+  const bool episodic = args.GetString("policy", "full") == "episodic";
+  if (episodic && (tp > 1 || device != "cpu")) {
+    return absl::InvalidArgumentError(
+        "--policy episodic: runs on one CPU rank for now (its block-wise prefill scores keys on "
+        "the host); drop --tp and --device");
+  }
   if (tp > 1 || (device != "cpu" && device != "cuda")) {
     engine::tp::TpGroupOptions go;
     go.tp = static_cast<int>(tp);
@@ -202,13 +261,24 @@ absl::Status Run(const Args& args) {
           pool, cache::BlockPool::Create(layout, full_context_blocks, backend->memory()));
     }
     engine::ForwardPass forward(*weights, *backend, {256});
-    RECALL_ASSIGN_OR_RETURN(result, engine::Generate(forward, *pool, tok, prompt, options, print));
+    if (episodic) {
+      RECALL_ASSIGN_OR_RETURN(engine::episodic::EpisodicOptions eo, EpisodicFromArgs(args, *eviction));
+      RECALL_ASSIGN_OR_RETURN(std::unique_ptr<engine::episodic::EpisodicSequence> seq,
+                              engine::episodic::EpisodicSequence::Create(forward, *pool, tok, eo));
+      RECALL_ASSIGN_OR_RETURN(result, engine::Generate(*seq, *backend, config, tok, prompt,
+                                                       options, print));
+      episodic_stats = seq->episodic_stats();
+    } else {
+      RECALL_ASSIGN_OR_RETURN(result,
+                              engine::Generate(forward, *pool, tok, prompt, options, print));
+    }
   }
   std::cout << std::endl;
+  if (args.Has("stats") && episodic_stats.has_value()) PrintEpisodes(*episodic_stats);
   if (args.Has("stats") || eviction.has_value()) {
     std::fprintf(stderr, "kv: policy=%s peak_kv_bytes=%lld final_kv_bytes=%lld evictions=%lld "
                  "evicted_slots=%lld\n",
-                 eviction ? eviction->policy.name.c_str() : "full",
+                 eviction ? args.GetString("policy", "full").c_str() : "full",
                  static_cast<long long>(result.peak_kv_bytes),
                  static_cast<long long>(result.final_kv_bytes),
                  static_cast<long long>(result.evictions),
@@ -234,7 +304,8 @@ int RunGenerate(const std::vector<std::string>& argv) {
       {"model", "tokenizer", "prompt", "max-tokens", "temperature", "top-p", "top-k",
        "repetition-penalty", "seed", "stop", "chat-format", "system", "threads", "kv-cache-mb",
        "policy", "budget", "budget-frac", "window", "alpha", "layer-budgets",
-       "value-protection", "tp", "device", "tp-eviction"},
+       "value-protection", "tp", "device", "tp-eviction", "episodes", "embedder",
+       "block-tokens", "recent"},
       {"chat", "echo", "stats", "help", "tp-verify"});
   if (!args.ok()) {
     std::cerr << "recall generate: " << args.status().message() << "\n\n" << kUsage;

@@ -1,0 +1,196 @@
+// EpisodicSequence and SplitSentences on stories260K: a conversation of four stories is
+// clustered into episodes, every episode's cache is compressed to the budget (together
+// within E budgets, the device never above budget + one block while building), the first
+// sentence of a story is routed to that story's episode, decoding keeps the lazy budget; a
+// prompt within the budget is a plain lazy run; bad options are refused by name.
+#include "worker/engine/episodic/episodic_sequence.h"
+
+#include "gtest/gtest.h"
+#include "tests/common/test_util.h"
+#include "worker/engine/episodic/sentences.h"
+#include "worker/model/loader.h"
+
+namespace recall::engine::episodic {
+namespace {
+
+constexpr char kModel[] = "models/stories260K/stories260K.bin";
+constexpr char kTokenizer[] = "models/stories260K/tok512.bin";
+
+// Four stories of four sentences each: with windows of four sentences and no recent context,
+// every window is one story.
+constexpr char kStories[] =
+    "Lily had a red ball. She played with the ball in the park. The ball went into the pond. "
+    "A duck gave Lily the ball back. "
+    "Tom saw a big blue truck. The truck was very loud. Tom waved at the driver of the truck. "
+    "The driver honked and Tom laughed. "
+    "Sue baked a cake with her dad. They put sugar and eggs in the cake. The cake was warm and "
+    "sweet. Sue gave some cake to her cat. "
+    "Ben found a bird in the garden. The bird had a hurt wing. Ben made a bed for the bird. "
+    "Soon the bird could fly again. ";
+
+class EpisodicSequenceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    RECALL_REQUIRE_SHARED_FILE(kModel);
+    auto m = model::LoadModel(recall::testing::SharedPath(kModel));
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = std::move(*m);
+    auto tok = model::LoadTokenizer(recall::testing::SharedPath(kTokenizer), 512);
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    tok_ = std::move(*tok);
+    backend_ = kernels::CreateCpuBackend({1});
+    const model::ModelConfig& c = model_->config;
+    layout_ = {c.n_layers, c.n_kv_heads, c.head_dim, 16};
+    auto pool = cache::BlockPool::Create(layout_, c.n_layers * (c.max_seq_len / 16) * 2);
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    pool_ = std::move(*pool);
+    forward_ = std::make_unique<ForwardPass>(*model_, *backend_, ForwardOptions{256});
+  }
+
+  EpisodicOptions Options(const std::string& embedder) const {
+    EpisodicOptions o;
+    o.embedder = embedder;
+    o.recent_utterances = 0;
+    o.block.block_tokens = 96;
+    o.decode.policy.name = "lazy";
+    o.decode.policy.window = 16;
+    o.decode.budget.budget = kBudget;
+    return o;
+  }
+
+  std::unique_ptr<EpisodicSequence> Make(const EpisodicOptions& o) {
+    auto seq = EpisodicSequence::Create(*forward_, *pool_, *tok_, o);
+    EXPECT_TRUE(seq.ok()) << seq.status();
+    return seq.ok() ? std::move(*seq) : nullptr;
+  }
+
+  static constexpr int kBudget = 24;
+  std::unique_ptr<model::Model> model_;
+  std::unique_ptr<model::Tokenizer> tok_;
+  std::unique_ptr<kernels::Backend> backend_;
+  kernels::PagedKvLayout layout_;
+  std::unique_ptr<cache::BlockPool> pool_;
+  std::unique_ptr<ForwardPass> forward_;
+};
+
+TEST_F(EpisodicSequenceTest, SentencesAreSplitAfterTheirPunctuationWithClosingQuotes) {
+  const std::vector<int32_t> ids = tok_->Encode("Lily ran. \"Hi!\" said Tom. The end", true);
+  const std::vector<TokenSpan> spans = SplitSentences(ids, *tok_);
+  ASSERT_EQ(spans.size(), 4u);
+  EXPECT_EQ(spans[0].begin, 1) << "the BOS belongs to no sentence";
+  std::vector<std::string> texts;
+  for (const TokenSpan& s : spans) {
+    texts.push_back(tok_->Decode(std::vector<int32_t>(ids.begin() + s.begin, ids.begin() + s.end)));
+  }
+  EXPECT_EQ(texts[0], " Lily ran.") << "SentencePiece's dummy prefix space";
+  EXPECT_EQ(texts[1], " \"Hi!\"");
+  EXPECT_EQ(texts[2], " said Tom.");
+  EXPECT_EQ(texts[3], " The end");
+  EXPECT_EQ(spans.back().end, static_cast<int>(ids.size()));
+}
+
+TEST_F(EpisodicSequenceTest, EachStoryIsAnEpisodeAndTheQueryIsAnsweredFromItsStory) {
+  const std::string query = "Sue baked a cake with her dad.";
+  const std::vector<int32_t> prompt = tok_->Encode(std::string(kStories) + query, true);
+  auto seq = Make(Options("tfidf"));
+  ASSERT_NE(seq, nullptr);
+  std::vector<float> logits(static_cast<size_t>(model_->config.vocab_size));
+  ASSERT_TRUE(seq->Prefill(prompt, 64, logits.data()).ok());
+  const EpisodicStats& s = seq->episodic_stats();
+  ASSERT_EQ(s.episodes.size(), 4u);
+  ASSERT_GE(s.active, 0);
+  EXPECT_FALSE(s.routed_by_fallback);
+  // Every story is an episode; the query went to Sue's (window 2).
+  for (const EpisodeInfo& e : s.episodes) EXPECT_EQ(e.windows.size(), 1u);
+  EXPECT_EQ(s.episodes[s.active].windows, std::vector<int>{2});
+  const model::ModelConfig& c = model_->config;
+  for (size_t e = 0; e < seq->caches().size(); ++e) {
+    const cache::SequenceCache& cache = *seq->caches()[e];
+    EXPECT_EQ(cache.offloaded(), static_cast<int>(e) != s.active);
+    for (int l = 0; l < c.n_layers; ++l) {
+      for (int h = 0; h < c.n_kv_heads; ++h) {
+        const int limit = kBudget + (static_cast<int>(e) == s.active ? s.recent_tokens : 0);
+        EXPECT_LE(cache.length(l, h), limit) << "episode " << e << " layer " << l;
+      }
+    }
+  }
+  const int64_t block_bound =
+      c.n_layers * ((kBudget + 96 + 15) / 16) * pool_->block_bytes();
+  EXPECT_LE(s.build_peak_bytes, block_bound) << "the device held budget + one block at most";
+  EXPECT_EQ(s.history_tokens + s.recent_tokens, static_cast<int>(prompt.size()));
+  EXPECT_EQ(seq->next_position(), static_cast<int>(prompt.size()));
+  // Decoding keeps lazy's budget: at most C + W slots after W steps.
+  for (int i = 0; i < 40; ++i) {
+    int32_t next = 0;
+    for (int v = 1; v < c.vocab_size; ++v) {
+      if (logits[v] > logits[next]) next = v;
+    }
+    ASSERT_TRUE(seq->Decode(next, logits.data()).ok());
+  }
+  EXPECT_LE(seq->cache().max_length(), kBudget + 16);
+  EXPECT_GT(seq->stats().evictions, 0);
+}
+
+TEST_F(EpisodicSequenceTest, RoutingFollowsTheStoryWhateverItsPlace) {
+  const char* queries[] = {"Lily had a red ball.", "Tom saw a big blue truck.",
+                           "Ben found a bird in the garden."};
+  const int stories[] = {0, 1, 3};
+  for (int i = 0; i < 3; ++i) {
+    const std::vector<int32_t> prompt = tok_->Encode(std::string(kStories) + queries[i], true);
+    auto seq = Make(Options("tfidf"));
+    ASSERT_NE(seq, nullptr);
+    std::vector<float> logits(static_cast<size_t>(model_->config.vocab_size));
+    ASSERT_TRUE(seq->Prefill(prompt, 64, logits.data()).ok());
+    const EpisodicStats& s = seq->episodic_stats();
+    ASSERT_GE(s.active, 0);
+    EXPECT_EQ(s.episodes[s.active].windows, std::vector<int>{stories[i]}) << queries[i];
+  }
+}
+
+TEST_F(EpisodicSequenceTest, TheModelEmbedderClustersAndRoutesToo) {
+  const std::vector<int32_t> prompt =
+      tok_->Encode(std::string(kStories) + "Tom saw a big blue truck.", true);
+  auto seq = Make(Options("model"));
+  ASSERT_NE(seq, nullptr);
+  std::vector<float> logits(static_cast<size_t>(model_->config.vocab_size));
+  ASSERT_TRUE(seq->Prefill(prompt, 64, logits.data()).ok());
+  EXPECT_GE(seq->episodic_stats().active, 0);
+  EXPECT_GE(seq->episodic_stats().episodes.size(), 2u);
+}
+
+TEST_F(EpisodicSequenceTest, APromptWithinTheBudgetIsAPlainLazyRun) {
+  const std::vector<int32_t> prompt = tok_->Encode("Lily had a red ball. She was happy.", true);
+  EpisodicOptions o = Options("tfidf");
+  o.decode.budget.budget = 64;
+  auto seq = Make(o);
+  ASSERT_NE(seq, nullptr);
+  std::vector<float> a(static_cast<size_t>(model_->config.vocab_size)), b(a.size());
+  ASSERT_TRUE(seq->Prefill(prompt, 64, a.data()).ok());
+  EXPECT_EQ(seq->episodic_stats().active, -1);
+  auto plain = LocalSequence::Create(*forward_, *pool_, o.decode);
+  ASSERT_TRUE(plain.ok());
+  ASSERT_TRUE((*plain)->Prefill(prompt, 64, b.data()).ok());
+  EXPECT_EQ(a, b);
+}
+
+TEST_F(EpisodicSequenceTest, BadOptionsAreRefusedByName) {
+  const auto error = [&](EpisodicOptions o) {
+    return std::string(EpisodicSequence::Create(*forward_, *pool_, *tok_, o).status().message());
+  };
+  EpisodicOptions o = Options("tfidf");
+  o.episodes = 0;
+  EXPECT_EQ(error(o), "episodes: 0 must be >= 1");
+  o = Options("bert");
+  EXPECT_EQ(error(o), "embedder: 'bert' is not one of model, tfidf");
+  o = Options("tfidf");
+  o.decode.policy.name = "snapkv";
+  EXPECT_EQ(error(o),
+            "policy: snapkv compresses the prompt; episodic decodes with a decode-time policy "
+            "such as lazy");
+  o = Options("tfidf");
+  o.decode.policy.name = "nope";
+  EXPECT_FALSE(error(o).empty());
+}
+
+}  // namespace
+}  // namespace recall::engine::episodic

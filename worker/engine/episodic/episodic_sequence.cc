@@ -1,0 +1,244 @@
+#include "worker/engine/episodic/episodic_sequence.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/clock.h"
+#include "common/status.h"
+#include "worker/engine/episodic/sentences.h"
+#include "worker/engine/model_embedder.h"
+
+namespace recall::engine::episodic {
+namespace {
+
+namespace ep = cache::episodic;
+namespace ev = cache::eviction;
+
+absl::Status ValidateOptions(const EpisodicOptions& o) {
+  const auto at_least = [](const char* field, int value, int min) -> absl::Status {
+    if (value >= min) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", value, " must be >= ", min));
+  };
+  RECALL_RETURN_IF_ERROR(at_least("episodes", o.episodes, 1));
+  RECALL_RETURN_IF_ERROR(at_least("window_utterances", o.window_utterances, 1));
+  RECALL_RETURN_IF_ERROR(at_least("patch_windows", o.patch_windows, 1));
+  RECALL_RETURN_IF_ERROR(at_least("recent_utterances", o.recent_utterances, 0));
+  RECALL_RETURN_IF_ERROR(at_least("block_tokens", o.block.block_tokens, 2));
+  RECALL_RETURN_IF_ERROR(at_least("restarts", o.restarts, 1));
+  const std::vector<std::string>& names = EpisodicEmbedders();
+  if (std::find(names.begin(), names.end(), o.embedder) == names.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("embedder: '", o.embedder, "' is not one of ",
+                                                   absl::StrJoin(names, ", ")));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const std::vector<std::string>& EpisodicEmbedders() {
+  static const std::vector<std::string> names = {"model", "tfidf"};
+  return names;
+}
+
+EpisodicSequence::EpisodicSequence(ForwardPass& forward, cache::BlockPool& pool,
+                                   const model::Tokenizer& tokenizer,
+                                   const EpisodicOptions& options, ev::BudgetAllocator budgets)
+    : forward_(forward), pool_(pool), tokenizer_(tokenizer), options_(options),
+      budgets_(std::move(budgets)) {}
+
+absl::StatusOr<std::unique_ptr<EpisodicSequence>> EpisodicSequence::Create(
+    ForwardPass& forward, cache::BlockPool& pool, const model::Tokenizer& tokenizer,
+    const EpisodicOptions& options) {
+  RECALL_RETURN_IF_ERROR(ValidateOptions(options));
+  const model::ModelConfig& config = forward.model().config;
+  EpisodicOptions o = options;
+  o.decode.n_heads = config.n_heads;
+  o.block.chunk = std::min(o.block.chunk, forward.max_batch_tokens());
+  {
+    // The decode options are checked now, on an empty cache, rather than after the build.
+    cache::SequenceCache probe(&pool);
+    RECALL_ASSIGN_OR_RETURN(std::unique_ptr<ev::SessionEvictor> evictor,
+                            ev::SessionEvictor::Create(o.decode, &probe));
+    if (evictor->policy().compresses_prefill()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "policy: ", evictor->policy().name(),
+          " compresses the prompt; episodic decodes with a decode-time policy such as lazy"));
+    }
+    o.decode.budget.reserved = std::max(o.decode.budget.reserved, evictor->policy().min_budget());
+  }
+  RECALL_ASSIGN_OR_RETURN(ev::BudgetAllocator budgets,
+                          ev::BudgetAllocator::Create(o.decode.budget, config.n_layers));
+  std::unique_ptr<EpisodicSequence> seq(
+      new EpisodicSequence(forward, pool, tokenizer, o, std::move(budgets)));
+  if (o.embedder == "model") {
+    ModelEmbedderOptions eo;
+    eo.add_bos = tokenizer.bos_id() >= 0;
+    eo.max_tokens = std::min(256, config.max_seq_len - 1);
+    RECALL_ASSIGN_OR_RETURN(seq->embedder_, ModelEmbedder::Create(forward.model(),
+                                                                  forward.backend(), tokenizer, eo));
+  } else {
+    RECALL_ASSIGN_OR_RETURN(seq->embedder_, ep::HashedTfIdfEmbedder::Create({}));
+  }
+  return seq;
+}
+
+absl::Status EpisodicSequence::Prefill(std::span<const int32_t> prompt, int chunk, float* logits) {
+  if (!caches_.empty()) return absl::FailedPreconditionError("Prefill: called twice");
+  const std::vector<TokenSpan> spans = SplitSentences(prompt, tokenizer_);
+  const int n = static_cast<int>(spans.size());
+  // Utterances before `recent` are the history to compress; the rest is prefilled as is.
+  const int recent = std::max(0, n - 1 - options_.recent_utterances);
+  const int history_end = n == 0 ? 0 : spans[recent].begin;
+  std::vector<ep::Window> windows;
+  for (int first = 0; first < recent; first += options_.window_utterances) {
+    const int count = std::min(options_.window_utterances, recent - first);
+    const int end = spans[first + count - 1].end;
+    std::vector<int32_t> ids(prompt.begin() + spans[first].begin, prompt.begin() + end);
+    windows.push_back({first, count, tokenizer_.Decode(ids, /*skip_special=*/true)});
+  }
+  std::vector<int32_t> layer_budgets(static_cast<size_t>(forward_.model().config.n_layers));
+  budgets_.Allocate(history_end, layer_budgets.data());
+  const bool over = std::any_of(layer_budgets.begin(), layer_budgets.end(),
+                                [&](int32_t b) { return b < history_end; });
+  if (windows.size() < 2 || !over) {
+    caches_.push_back(std::make_unique<cache::SequenceCache>(&pool_));
+    stats_.recent_tokens = static_cast<int>(prompt.size());
+    RECALL_RETURN_IF_ERROR(Feed(prompt, chunk, logits));
+    return StartDecode();
+  }
+  const std::span<const int32_t> history = prompt.first(static_cast<size_t>(history_end));
+  stats_.history_tokens = history_end;
+  stats_.recent_tokens = static_cast<int>(prompt.size()) - history_end;
+  Stopwatch watch;
+  RECALL_RETURN_IF_ERROR(Cluster(windows));
+  stats_.embed_seconds = watch.ElapsedSeconds();
+  watch.Reset();
+  RECALL_RETURN_IF_ERROR(BuildCaches(windows, history, layer_budgets));
+  stats_.build_seconds = watch.ElapsedSeconds();
+  const std::vector<int32_t> query(prompt.begin() + spans[n - 1].begin, prompt.end());
+  RECALL_ASSIGN_OR_RETURN(active_cache_,
+                          Route(tokenizer_.Decode(query, true), static_cast<int>(windows.size()) - 1));
+  stats_.active = active_cache_;
+  RECALL_RETURN_IF_ERROR(caches_[active_cache_]->RestoreFromHost());
+  RECALL_RETURN_IF_ERROR(Feed(prompt.subspan(static_cast<size_t>(history_end)), chunk, logits));
+  for (size_t e = 0; e < caches_.size(); ++e) {
+    EpisodeInfo& info = stats_.episodes[e];
+    info.resident = static_cast<int>(e) == active_cache_;
+    info.kv_bytes = info.resident ? caches_[e]->bytes_held() : caches_[e]->host_bytes();
+  }
+  return StartDecode();
+}
+
+absl::Status EpisodicSequence::Cluster(const std::vector<ep::Window>& windows) {
+  if (auto* tfidf = dynamic_cast<ep::HashedTfIdfEmbedder*>(embedder_.get())) {
+    std::vector<std::string> texts;
+    for (const ep::Window& w : windows) texts.push_back(w.text);
+    tfidf->Fit(texts);
+  }
+  std::vector<std::vector<float>> embeddings;
+  for (const ep::Window& w : windows) {
+    RECALL_ASSIGN_OR_RETURN(std::vector<float> e, embedder_->Embed(w.text));
+    embeddings.push_back(std::move(e));
+  }
+  ep::KMeansOptions km;
+  km.k = std::min<int>(options_.episodes, static_cast<int>(windows.size()));
+  km.restarts = options_.restarts;
+  km.seed = options_.seed;
+  RECALL_ASSIGN_OR_RETURN(episodes_, ep::BuildEpisodes(embeddings, km, options_.patch_windows));
+  return absl::OkStatus();
+}
+
+absl::Status EpisodicSequence::BuildCaches(const std::vector<ep::Window>& windows,
+                                           std::span<const int32_t> history,
+                                           const std::vector<int32_t>& layer_budgets) {
+  for (const ep::Episode& episode : episodes_) {
+    std::vector<int32_t> patch = tokenizer_.Encode(
+        options_.instruction + ep::PatchedPrompt(windows, episode), /*add_bos=*/false);
+    // A patch must leave room for history in a block: keep its last half block at most.
+    const size_t max_patch = static_cast<size_t>(options_.block.block_tokens / 2);
+    if (patch.size() > max_patch) patch.erase(patch.begin(), patch.end() - max_patch);
+    if (patch.empty()) return absl::InternalError("episodic: an episode's patched prompt is empty");
+    caches_.push_back(std::make_unique<cache::SequenceCache>(&pool_));
+    RECALL_ASSIGN_OR_RETURN(const BlockPrefillStats built,
+                            BlockwisePrefill(forward_, caches_.back().get(), history, patch,
+                                             layer_budgets, options_.block));
+    stats_.build_peak_bytes = std::max(stats_.build_peak_bytes, built.peak_bytes);
+    caches_.back()->OffloadToHost();
+    stats_.episodes.push_back({episode.windows,
+                               static_cast<int>(patch.size()), 0, false});
+  }
+  peak_bytes_ = std::max(peak_bytes_, stats_.build_peak_bytes);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> EpisodicSequence::Route(const std::string& query_text, int last_window) {
+  RECALL_ASSIGN_OR_RETURN(const std::vector<float> q, embedder_->Embed(query_text));
+  const int e = ep::RouteToEpisode(q, episodes_);
+  if (e >= 0) return e;
+  stats_.routed_by_fallback = true;
+  for (size_t i = 0; i < episodes_.size(); ++i) {
+    const std::vector<int>& w = episodes_[i].windows;
+    if (std::find(w.begin(), w.end(), last_window) != w.end()) return static_cast<int>(i);
+  }
+  return 0;
+}
+
+absl::Status EpisodicSequence::Feed(std::span<const int32_t> tokens, int chunk, float* logits) {
+  if (chunk < 1) return absl::InvalidArgumentError("chunk: must be >= 1");
+  cache::SequenceCache* cache = caches_[active_cache_].get();
+  for (size_t start = 0; start < tokens.size(); start += static_cast<size_t>(chunk)) {
+    BatchItem item;
+    item.cache = cache;
+    item.tokens = tokens.data() + start;
+    item.n = static_cast<int>(std::min<size_t>(chunk, tokens.size() - start));
+    item.want_logits = start + item.n == tokens.size();
+    RECALL_RETURN_IF_ERROR(forward_.Run({&item, 1}, item.want_logits ? logits : nullptr));
+  }
+  peak_bytes_ = std::max(peak_bytes_, cache->bytes_held());
+  return absl::OkStatus();
+}
+
+absl::Status EpisodicSequence::StartDecode() {
+  const model::ModelConfig& config = forward_.model().config;
+  RECALL_ASSIGN_OR_RETURN(evictor_,
+                          ev::SessionEvictor::Create(options_.decode, caches_[active_cache_].get()));
+  if (evictor_->policy().needs_attention() ||
+      options_.decode.policy.meta_score == ev::PolicyOptions::MetaScore::kCaoteCurrentQuery) {
+    probs_stride_ = config.max_seq_len;
+    probs_.resize(static_cast<size_t>(config.n_layers) * config.n_heads * probs_stride_);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EpisodicSequence::Decode(int32_t token, float* logits) {
+  if (evictor_ == nullptr) return absl::FailedPreconditionError("Decode: before Prefill");
+  cache::SequenceCache* cache = caches_[active_cache_].get();
+  BatchItem item;
+  item.cache = cache;
+  item.tokens = &token;
+  item.n = 1;
+  item.attn_probs = probs_.empty() ? nullptr : probs_.data();
+  item.probs_stride = probs_stride_;
+  RECALL_RETURN_IF_ERROR(forward_.Run({&item, 1}, logits));
+  peak_bytes_ = std::max(peak_bytes_, cache->bytes_held());
+  return evictor_->Step(item.attn_probs, probs_stride_);
+}
+
+int32_t EpisodicSequence::next_position() const {
+  return caches_.empty() ? 0 : caches_[active_cache_]->next_position();
+}
+
+SequenceStats EpisodicSequence::stats() const {
+  SequenceStats s;
+  if (caches_.empty()) return s;
+  s.kv_bytes = caches_[active_cache_]->bytes_held();
+  s.peak_kv_bytes = peak_bytes_;
+  if (evictor_ != nullptr) {
+    s.evictions = evictor_->evictions();
+    s.evicted_slots = evictor_->evicted_slots();
+  }
+  return s;
+}
+
+}  // namespace recall::engine::episodic

@@ -1,0 +1,26 @@
+// Sentences of a token sequence: the utterances of a single long prompt, when `recall
+// generate --policy episodic` treats the prompt as the history (EpiCache segments a history
+// into windows of utterances; a plain prompt has no speakers, so its sentences stand in).
+//
+// A sentence ends after a token whose text holds '.', '!', '?' or a newline; closing quotes
+// right after it ('"', '\'', ')') belong to it. A leading BOS is a sentence of its own
+// boundary: it is never part of any span. Spans cover every other token once, in order.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "worker/model/tokenizer.h"
+
+namespace recall::engine::episodic {
+
+struct TokenSpan {
+  int begin = 0;
+  int end = 0;  // exclusive
+};
+
+std::vector<TokenSpan> SplitSentences(std::span<const int32_t> tokens,
+                                      const model::Tokenizer& tokenizer);
+
+}  // namespace recall::engine::episodic
