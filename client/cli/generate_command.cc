@@ -121,6 +121,9 @@ absl::StatusOr<engine::episodic::EpisodicOptions> EpisodicFromArgs(
     const Args& args, const cache::eviction::SessionEvictorOptions& decode) {
   engine::episodic::EpisodicOptions o;
   o.decode = decode;
+  // --tp-eviction head-adaptive: the episodes' block-wise compression chooses over all KV
+  // heads of a layer as well.
+  o.block.head_adaptive = decode.budget.head_adaptive;
   RECALL_ASSIGN_OR_RETURN(const int64_t episodes, args.GetInt("episodes", 4, 1, 64));
   RECALL_ASSIGN_OR_RETURN(const int64_t block, args.GetInt("block-tokens", 2048, 2, 1 << 20));
   RECALL_ASSIGN_OR_RETURN(const int64_t recent, args.GetInt("recent", 4, 0, 1 << 20));
