@@ -163,6 +163,20 @@ int SequenceCache::TrimBlocks() {
   return freed;
 }
 
+absl::Status SequenceCache::Rebind(BlockPool* pool) {
+  if (total_blocks_ > 0) {
+    return absl::FailedPreconditionError("Rebind: the cache holds blocks; offload it first");
+  }
+  const kernels::PagedKvLayout& a = pool_->layout();
+  const kernels::PagedKvLayout& b = pool->layout();
+  if (a.n_layers != b.n_layers || a.n_kv_heads != b.n_kv_heads || a.head_dim != b.head_dim ||
+      a.block_tokens != b.block_tokens) {
+    return absl::InvalidArgumentError("Rebind: the pools' layouts differ");
+  }
+  pool_ = pool;
+  return absl::OkStatus();
+}
+
 void SequenceCache::Release() {
   for (int l = 0; l < n_layers_; ++l) ShrinkLayer(l, 0);
   SyncTables();

@@ -95,6 +95,12 @@ class SequenceCache {
   void OffloadToHost();
   absl::Status RestoreFromHost();
   bool offloaded() const { return offloaded_blocks_ > 0; }
+
+  // Moves a cache that holds no blocks (offloaded, or empty) to another pool of the same
+  // layout: its next RestoreFromHost or Reserve allocates there. For caches built off the
+  // serving path (EpiCache's episodes) and then handed to the serving pool.
+  // FailedPrecondition if it holds blocks; InvalidArgument if the layouts differ.
+  absl::Status Rebind(BlockPool* pool);
   int64_t host_bytes() const { return static_cast<int64_t>(host_.size() * sizeof(float)); }
 
  private:

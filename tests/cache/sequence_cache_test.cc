@@ -75,6 +75,25 @@ TEST_F(SequenceCacheTest, SetNextPositionRewindsPastCompactedSlotsAndSkipsForwar
   EXPECT_DEATH(seq.SetNextPosition(20), "held slot");
 }
 
+TEST_F(SequenceCacheTest, AnOffloadedCacheRebindsToAnotherPoolAndRestoresThere) {
+  auto other = BlockPool::Create(layout_, 8);
+  ASSERT_TRUE(other.ok());
+  SequenceCache seq(pool_.get());
+  Append(seq, 6);
+  EXPECT_EQ(seq.Rebind(other->get()).code(), absl::StatusCode::kFailedPrecondition);
+  seq.OffloadToHost();
+  ASSERT_TRUE(seq.Rebind(other->get()).ok());
+  ASSERT_TRUE(seq.RestoreFromHost().ok());
+  EXPECT_EQ((*other)->free_blocks(), 4);
+  EXPECT_EQ(pool_->free_blocks(), 32);
+  EXPECT_EQ(seq.View().K(1, 1, 5)[0], 5 + 0.5f + 100.0f);
+  auto odd = BlockPool::Create({2, 2, 4, 8}, 8);
+  ASSERT_TRUE(odd.ok());
+  seq.OffloadToHost();
+  EXPECT_EQ(seq.Rebind(odd->get()).code(), absl::StatusCode::kInvalidArgument);
+  seq.Release();
+}
+
 TEST_F(SequenceCacheTest, ReserveFailureLeavesSequenceUnchanged) {
   SequenceCache big(pool_.get());
   Append(big, 4 * 13);  // 13 blocks per layer
