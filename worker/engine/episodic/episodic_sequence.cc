@@ -4,7 +4,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/clock.h"
 #include "common/status.h"
 #include "worker/engine/episodic/sentences.h"
 #include "worker/engine/model_embedder.h"
@@ -110,15 +109,29 @@ absl::Status EpisodicSequence::Prefill(std::span<const int32_t> prompt, int chun
   const std::span<const int32_t> history = prompt.first(static_cast<size_t>(history_end));
   stats_.history_tokens = history_end;
   stats_.recent_tokens = static_cast<int>(prompt.size()) - history_end;
-  Stopwatch watch;
-  RECALL_RETURN_IF_ERROR(Cluster(windows));
-  stats_.embed_seconds = watch.ElapsedSeconds();
-  watch.Reset();
-  RECALL_RETURN_IF_ERROR(BuildCaches(windows, history, layer_budgets));
-  stats_.build_seconds = watch.ElapsedSeconds();
+  EpisodeBuildOptions build;
+  build.episodes = options_.episodes;
+  build.patch_windows = options_.patch_windows;
+  build.instruction = options_.instruction;
+  build.block = options_.block;
+  build.seed = options_.seed;
+  build.restarts = options_.restarts;
+  RECALL_ASSIGN_OR_RETURN(EpisodeSet set, BuildEpisodeSet(forward_, pool_, tokenizer_, *embedder_,
+                                                          windows, history, layer_budgets, build));
+  stats_.embed_seconds = set.embed_seconds;
+  stats_.build_seconds = set.build_seconds;
+  stats_.build_peak_bytes = set.build_peak_bytes;
+  peak_bytes_ = std::max(peak_bytes_, set.build_peak_bytes);
+  for (size_t e = 0; e < set.episodes.size(); ++e) {
+    stats_.episodes.push_back({set.episodes[e].windows, set.patch_tokens[e], 0, false});
+  }
+  caches_ = std::move(set.caches);
+  episodes_ = std::move(set.episodes);
   const std::vector<int32_t> query(prompt.begin() + spans[n - 1].begin, prompt.end());
-  RECALL_ASSIGN_OR_RETURN(active_cache_,
-                          Route(tokenizer_.Decode(query, true), static_cast<int>(windows.size()) - 1));
+  RECALL_ASSIGN_OR_RETURN(const std::vector<float> q,
+                          embedder_->Embed(tokenizer_.Decode(query, /*skip_special=*/true)));
+  active_cache_ = RouteOrFallBack(q, episodes_, static_cast<int>(windows.size()) - 1,
+                                  &stats_.routed_by_fallback);
   stats_.active = active_cache_;
   RECALL_RETURN_IF_ERROR(caches_[active_cache_]->RestoreFromHost());
   RECALL_RETURN_IF_ERROR(Feed(prompt.subspan(static_cast<size_t>(history_end)), chunk, logits));
@@ -128,60 +141,6 @@ absl::Status EpisodicSequence::Prefill(std::span<const int32_t> prompt, int chun
     info.kv_bytes = info.resident ? caches_[e]->bytes_held() : caches_[e]->host_bytes();
   }
   return StartDecode();
-}
-
-absl::Status EpisodicSequence::Cluster(const std::vector<ep::Window>& windows) {
-  if (auto* tfidf = dynamic_cast<ep::HashedTfIdfEmbedder*>(embedder_.get())) {
-    std::vector<std::string> texts;
-    for (const ep::Window& w : windows) texts.push_back(w.text);
-    tfidf->Fit(texts);
-  }
-  std::vector<std::vector<float>> embeddings;
-  for (const ep::Window& w : windows) {
-    RECALL_ASSIGN_OR_RETURN(std::vector<float> e, embedder_->Embed(w.text));
-    embeddings.push_back(std::move(e));
-  }
-  ep::KMeansOptions km;
-  km.k = std::min<int>(options_.episodes, static_cast<int>(windows.size()));
-  km.restarts = options_.restarts;
-  km.seed = options_.seed;
-  RECALL_ASSIGN_OR_RETURN(episodes_, ep::BuildEpisodes(embeddings, km, options_.patch_windows));
-  return absl::OkStatus();
-}
-
-absl::Status EpisodicSequence::BuildCaches(const std::vector<ep::Window>& windows,
-                                           std::span<const int32_t> history,
-                                           const std::vector<int32_t>& layer_budgets) {
-  for (const ep::Episode& episode : episodes_) {
-    std::vector<int32_t> patch = tokenizer_.Encode(
-        options_.instruction + ep::PatchedPrompt(windows, episode), /*add_bos=*/false);
-    // A patch must leave room for history in a block: keep its last half block at most.
-    const size_t max_patch = static_cast<size_t>(options_.block.block_tokens / 2);
-    if (patch.size() > max_patch) patch.erase(patch.begin(), patch.end() - max_patch);
-    if (patch.empty()) return absl::InternalError("episodic: an episode's patched prompt is empty");
-    caches_.push_back(std::make_unique<cache::SequenceCache>(&pool_));
-    RECALL_ASSIGN_OR_RETURN(const BlockPrefillStats built,
-                            BlockwisePrefill(forward_, caches_.back().get(), history, patch,
-                                             layer_budgets, options_.block));
-    stats_.build_peak_bytes = std::max(stats_.build_peak_bytes, built.peak_bytes);
-    caches_.back()->OffloadToHost();
-    stats_.episodes.push_back({episode.windows,
-                               static_cast<int>(patch.size()), 0, false});
-  }
-  peak_bytes_ = std::max(peak_bytes_, stats_.build_peak_bytes);
-  return absl::OkStatus();
-}
-
-absl::StatusOr<int> EpisodicSequence::Route(const std::string& query_text, int last_window) {
-  RECALL_ASSIGN_OR_RETURN(const std::vector<float> q, embedder_->Embed(query_text));
-  const int e = ep::RouteToEpisode(q, episodes_);
-  if (e >= 0) return e;
-  stats_.routed_by_fallback = true;
-  for (size_t i = 0; i < episodes_.size(); ++i) {
-    const std::vector<int>& w = episodes_[i].windows;
-    if (std::find(w.begin(), w.end(), last_window) != w.end()) return static_cast<int>(i);
-  }
-  return 0;
 }
 
 absl::Status EpisodicSequence::Feed(std::span<const int32_t> tokens, int chunk, float* logits) {

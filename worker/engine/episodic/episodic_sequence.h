@@ -38,13 +38,11 @@
 #include "cache/episodic/episodes.h"
 #include "cache/eviction/session_evictor.h"
 #include "worker/engine/episodic/block_prefill.h"
+#include "worker/engine/episodic/episode_set.h"
 #include "worker/engine/sequence.h"
 #include "worker/model/tokenizer.h"
 
 namespace recall::engine::episodic {
-
-inline constexpr char kDefaultInstruction[] =
-    "Remember the key information in the conversation above, about the following:\n";
 
 struct EpisodicOptions {
   int episodes = 4;           // E, >= 1
@@ -107,14 +105,6 @@ class EpisodicSequence final : public Sequence {
                    const model::Tokenizer& tokenizer, const EpisodicOptions& options,
                    cache::eviction::BudgetAllocator budgets);
 
-  // Embeds and clusters `windows`; fills episodes_.
-  absl::Status Cluster(const std::vector<cache::episodic::Window>& windows);
-  // Builds and offloads one cache per episode from history_.
-  absl::Status BuildCaches(const std::vector<cache::episodic::Window>& windows,
-                           std::span<const int32_t> history,
-                           const std::vector<int32_t>& layer_budgets);
-  // Picks the episode for `query_text`.
-  absl::StatusOr<int> Route(const std::string& query_text, int last_window);
   // Prefills `tokens` into the active cache in chunks (logits of the last one).
   absl::Status Feed(std::span<const int32_t> tokens, int chunk, float* logits);
   // Creates the decode evictor on the active cache.
