@@ -9,6 +9,7 @@
 #include "cache/eviction/session_evictor.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "worker/engine/episodic/episode_builder.h"
 #include "worker/engine/scheduler_turn.h"
 
 namespace recall::engine {
@@ -176,7 +177,11 @@ Scheduler::~Scheduler() {
   thread_.join();
 }
 
-std::vector<std::string> Scheduler::policies() const { return cache::eviction::PolicyNames(); }
+std::vector<std::string> Scheduler::policies() const {
+  std::vector<std::string> names = cache::eviction::PolicyNames();
+  if (EpisodesSupported()) names.push_back("episodic");
+  return names;
+}
 
 absl::StatusOr<std::shared_ptr<TurnStream>> Scheduler::Submit(TurnRequest request) {
   RECALL_RETURN_IF_ERROR(ValidateTurnRequest(request, options_.limits, policies()));

@@ -47,6 +47,7 @@
 #include "common/metrics/registry.h"
 #include "kernels/backend.h"
 #include "kernels/comm/communicator.h"
+#include "cache/episodic/embedder.h"
 #include "worker/engine/forward.h"
 #include "worker/engine/session.h"
 #include "worker/engine/turn_request.h"
@@ -55,6 +56,10 @@
 #include "worker/model/tokenizer.h"
 
 namespace recall::engine {
+
+namespace episodic {
+class EpisodeBuilder;
+}
 
 struct SchedulerOptions {
   int max_batch_tokens = 256;   // tokens per forward pass
@@ -80,6 +85,13 @@ struct SchedulerOptions {
   // the turn with Internal and drops the session's cache).
   bool verify_tp_keep = false;
   bool batch_invariant = true;  // for the one-rank Create (a group's passes have their own)
+  // Policy "episodic" (one rank on the CPU): defaults of its CacheRequest fields, and the
+  // CPU threads of the background builder of episodes.
+  int default_episodes = 4;
+  std::string default_embedder = "model";
+  int default_block_tokens = 2048;
+  int default_recluster_turns = 4;
+  int episode_threads = 1;
 };
 
 // One rank the scheduler runs on.
@@ -149,6 +161,10 @@ class Scheduler {
   // Returns the device bytes freed; NotFound if the scheduler does not hold the session.
   absl::StatusOr<int64_t> DropSession(const std::string& session_id);
 
+  // Blocks until the background builder of episodes (policy "episodic") has nothing queued
+  // or building; returns at once when it was never started. For tests and benchmarks.
+  void WaitForEpisodeBuilds() const;
+
   LoadSnapshot Load() const;
   std::vector<std::string> policies() const;
   const SchedulerOptions& options() const { return options_; }
@@ -197,6 +213,23 @@ class Scheduler {
   void DropCache(Session& s);
   absl::Status EnsureResident(Turn& turn);
   absl::Status CreateCache(Session& s, const Turn& turn);
+  // EpiCache sessions (scheduler_episodes.cc).
+  bool EpisodesSupported() const;  // one rank whose pool the host can read
+  // Creates the builder and the routing embedder on first use.
+  absl::Status EnsureEpisodeBuilder();
+  // Hands finished builds to their sessions (installed at their next turn).
+  void CollectEpisodes();
+  // For an episodic session's continuing turn: installs a finished build, routes the turn
+  // to its episode (swapping caches), prepends the tokens that episode has not seen, and
+  // submits a rebuild when one is due.
+  absl::Status PrepareEpisodes(Turn& turn);
+  void InstallEpisodes(Session& s);
+  absl::Status SwitchEpisode(Session& s, int episode, const Turn& turn);
+  void SubmitEpisodes(Session& s, const Turn& turn);
+  // The lazy evictor options of an episodic session's cache.
+  cache::eviction::SessionEvictorOptions EvictorOptions(const Session& s,
+                                                        const CacheRequest& c) const;
+
   // Summed over the session's ranks.
   static int64_t TotalEvictions(const Session& s);
   static int64_t TotalEvictedSlots(const Session& s);
@@ -224,6 +257,12 @@ class Scheduler {
   int64_t step_ = 0;
   int64_t host_bytes_ = 0;
   std::deque<std::pair<double, int64_t>> token_times_;  // (seconds, tokens) for tokens/s
+
+  // EpiCache (engine thread; created on first use).
+  std::unique_ptr<episodic::EpisodeBuilder> builder_;
+  std::atomic<episodic::EpisodeBuilder*> builder_ptr_{nullptr};  // for other threads
+  std::unique_ptr<kernels::Backend> route_backend_;
+  std::unique_ptr<cache::episodic::Embedder> route_embedder_;
 
   struct Metrics;
   std::unique_ptr<Metrics> metrics_;

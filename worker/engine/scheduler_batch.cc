@@ -170,7 +170,10 @@ void Scheduler::AfterForward(Turn& t, float* logits) {
   Session& s = *t.session;
   t.peak_kv_bytes = std::max(t.peak_kv_bytes, s.bytes_held());
   if (!t.decoding) {
-    s.tokens.insert(s.tokens.end(), t.prompt.begin() + t.fed, t.prompt.begin() + t.fed + t.chunk);
+    // An episode's replayed gap is already in the session's tokens.
+    const size_t from = std::max(t.fed, static_cast<size_t>(t.n_replay));
+    const size_t to = t.fed + t.chunk;
+    if (to > from) s.tokens.insert(s.tokens.end(), t.prompt.begin() + from, t.prompt.begin() + to);
     t.fed += t.chunk;
     metrics_->prompt_tokens->Increment(t.chunk);
     if (t.fed < t.prompt.size()) return;

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "worker/engine/episodic/episode_builder.h"
 #include "worker/engine/scheduler.h"
 #include "worker/engine/scheduler_turn.h"
 
@@ -110,6 +111,10 @@ void Scheduler::OffloadOrDrop(Session& s) {
 
 void Scheduler::DropCache(Session& s) {
   if (s.offloaded()) host_bytes_ -= s.host_bytes();
+  if (s.episodic != nullptr) {
+    host_bytes_ -= s.episodic->parked_host_bytes();
+    if (builder_ != nullptr) builder_->Cancel(s.id);
+  }
   sessions_.erase(s.id);  // destroys the evictors, then the caches (their blocks go back)
 }
 
@@ -120,6 +125,30 @@ absl::Status Scheduler::CreateCache(Session& s, const Turn& t) {
     s.caches.push_back(std::make_unique<cache::SequenceCache>(r.pool));
   }
   if (policy == "full") return absl::OkStatus();
+  if (policy == "episodic") {
+    if (c.budget_fraction.has_value()) {
+      s.caches.clear();
+      return absl::InvalidArgumentError(
+          "cache.budget_fraction: episodic needs budget_tokens (its episodes are built to it)");
+    }
+    absl::Status ready = EnsureEpisodeBuilder();
+    absl::StatusOr<std::unique_ptr<cache::eviction::SessionEvictor>> evictor =
+        ready.ok() ? cache::eviction::SessionEvictor::Create(EvictorOptions(s, c), s.caches[0].get())
+                   : absl::StatusOr<std::unique_ptr<cache::eviction::SessionEvictor>>(ready);
+    if (!evictor.ok()) {
+      s.caches.clear();
+      return evictor.status().code() == absl::StatusCode::kInvalidArgument
+                 ? evictor.status()
+                 : absl::InvalidArgumentError(absl::StrCat("cache: ", evictor.status().message()));
+    }
+    s.evictors.push_back(*std::move(evictor));
+    s.episodic = std::make_unique<SessionEpisodes>();
+    s.episodic->episodes = c.episodes.value_or(options_.default_episodes);
+    s.episodic->embedder = c.embedder.value_or(options_.default_embedder);
+    s.episodic->block_tokens = c.block_tokens.value_or(options_.default_block_tokens);
+    s.episodic->recluster_turns = c.recluster_turns.value_or(options_.default_recluster_turns);
+    return absl::OkStatus();
+  }
   cache::eviction::SessionEvictorOptions o;
   o.policy.name = policy;
   o.policy.window = c.window.value_or(options_.default_window);

@@ -54,6 +54,7 @@ bool Scheduler::Step() {
     auto it = sessions_.find(t->req.session_id);
     if (it != sessions_.end()) it->second->busy = true;
   }
+  CollectEpisodes();
   Admit();
   if (!active_.empty()) RunBatch();
   // Publish the load.
@@ -191,6 +192,7 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
         t.prompt = std::move(tokens);
         t.cached_tokens = static_cast<int>(s->tokens.size());
         t.prompt_tokens = static_cast<int>(context);
+        if (s->episodic != nullptr) RECALL_RETURN_IF_ERROR(PrepareEpisodes(t));
         t.prepared = true;
         s->busy = true;
         return absl::OkStatus();
@@ -304,6 +306,13 @@ void Scheduler::FinishTurn(Turn& t, absl::Status status) {
       sum.evicted_tokens = TotalEvictedSlots(*s) - t.evicted_at_start;
     }
     sum.rebuilt = t.rebuilt;
+    if (s->episodic != nullptr && !s->episodic->list.empty()) {
+      for (const auto& e : s->episodic->list) {
+        sum.episode_windows.push_back(static_cast<int>(e.windows.size()));
+      }
+      sum.episode = s->episodic->active;
+      sum.replayed_tokens = t.n_replay;
+    }
     metrics_->cached_tokens->Increment(t.cached_tokens);
     metrics_->evictions->Increment(static_cast<double>(sum.evictions));
     metrics_->evicted_tokens->Increment(static_cast<double>(sum.evicted_tokens));

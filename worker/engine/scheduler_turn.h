@@ -29,6 +29,7 @@ struct Scheduler::Turn {
   Session* session = nullptr;
   std::vector<int32_t> prompt;  // tokens fed this turn before generating (resume included)
   int n_resume = 0;             // of them, the reply tokens the client already has
+  int n_replay = 0;             // leading tokens the session has already (an episode's gap)
   int cached_tokens = 0;
   int prompt_tokens = 0;
   bool rebuilt = false;

@@ -1,6 +1,19 @@
 #include "worker/engine/session.h"
 
+#include "worker/engine/episodic/episode_builder.h"
+
 namespace recall::engine {
+
+SessionEpisodes::SessionEpisodes() = default;
+SessionEpisodes::~SessionEpisodes() = default;
+
+int64_t SessionEpisodes::parked_host_bytes() const {
+  int64_t n = 0;
+  for (const auto& c : parked) {
+    if (c != nullptr) n += c->host_bytes();
+  }
+  return n;
+}
 
 int64_t Session::bytes_held() const {
   int64_t sum = 0;

@@ -19,11 +19,47 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "cache/episodic/embedder.h"
+#include "cache/episodic/episodes.h"
 #include "cache/eviction/session_evictor.h"
 #include "cache/sequence_cache.h"
 #include "worker/model/chat_template.h"
 
 namespace recall::engine {
+
+namespace episodic {
+struct EpisodeResult;
+}
+
+// EpiCache state of a session whose policy is "episodic" (one rank; scheduler_episodes.cc).
+// Until its history first exceeds the budget (and its episodes are built off the serving
+// path) the session runs on one lazy cache. Then each episode has a cache compressed to the
+// budget; the one serving the current turn is the session's caches[0], the others are
+// parked here, offloaded to host memory. A cache holds the session's first upto[e] tokens
+// (compressed); when a turn is routed to it, the tokens after those are fed again first.
+struct SessionEpisodes {
+  SessionEpisodes();
+  ~SessionEpisodes();
+  // Settings (CacheRequest).
+  int episodes = 4;
+  std::string embedder = "model";
+  int block_tokens = 2048;
+  int recluster_turns = 4;
+  // Built episodes ([E] each); empty before the first build.
+  std::vector<cache::episodic::Episode> list;
+  std::vector<std::unique_ptr<cache::SequenceCache>> parked;  // null for the active episode
+  std::vector<size_t> upto;
+  std::unique_ptr<cache::episodic::Embedder> router;  // TF-IDF fitted on the windows; null: model
+  int active = -1;             // the episode in caches[0]; -1: the pre-episode lazy cache
+  bool fell_back = false;      // the last routing had no answer (most recent episode served)
+  int turns_since_build = 0;   // turns served since the last build was submitted
+  uint64_t generation = 0;     // of the last job submitted
+  bool building = false;       // a job is queued or building
+  std::unique_ptr<episodic::EpisodeResult> ready;  // a finished build, installed next turn
+
+  // Host bytes of the parked caches.
+  int64_t parked_host_bytes() const;
+};
 
 struct Session {
   std::string id;
@@ -34,6 +70,7 @@ struct Session {
   // and so are destroyed first.
   std::vector<std::unique_ptr<cache::SequenceCache>> caches;
   std::vector<std::unique_ptr<cache::eviction::SessionEvictor>> evictors;  // empty: full cache
+  std::unique_ptr<SessionEpisodes> episodic;  // policy "episodic" only
   bool prefill_compressed = false;  // a compresses_prefill() policy ran once
   bool reusable = true;             // the cache can be continued (see above)
   bool busy = false;                // a turn is running or waiting

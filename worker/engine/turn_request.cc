@@ -46,6 +46,27 @@ absl::Status ValidateSampling(const kernels::SamplingParams& s, const std::strin
   return absl::OkStatus();
 }
 
+namespace {
+
+absl::Status ValidateEpisodic(const CacheRequest& c) {
+  const auto range = [](const char* field, const std::optional<int>& v, int lo,
+                        int hi) -> absl::Status {
+    if (!v.has_value() || (*v >= lo && *v <= hi)) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": must be in [", lo, ", ", hi, "], got ", *v));
+  };
+  RECALL_RETURN_IF_ERROR(range("cache.episodes", c.episodes, 1, kMaxEpisodes));
+  RECALL_RETURN_IF_ERROR(range("cache.block_tokens", c.block_tokens, 16, 1 << 16));
+  RECALL_RETURN_IF_ERROR(range("cache.recluster_turns", c.recluster_turns, 1, 1 << 20));
+  if (c.embedder.has_value() && *c.embedder != "model" && *c.embedder != "tfidf") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cache.embedder: unknown embedder \"", *c.embedder, "\" (one of model, tfidf)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateTurnRequest(const TurnRequest& r, const TurnLimits& limits,
                                  const std::vector<std::string>& known_policies) {
   if (r.session_id.empty()) return Invalid("session_id", "is required");
@@ -116,7 +137,7 @@ absl::Status ValidateTurnRequest(const TurnRequest& r, const TurnLimits& limits,
                                                        ")"));
     }
   }
-  return absl::OkStatus();
+  return ValidateEpisodic(c);
 }
 
 }  // namespace recall::engine

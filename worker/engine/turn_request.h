@@ -14,6 +14,8 @@
 namespace recall::engine {
 
 // Per-session KV cache settings; unset fields take the scheduler's defaults.
+inline constexpr int kMaxEpisodes = 16;
+
 struct CacheRequest {
   std::optional<std::string> policy;
   std::optional<int> budget_tokens;
@@ -23,6 +25,13 @@ struct CacheRequest {
   // How tensor-parallel ranks (and the heads of a layer) agree on evictions: one of
   // cache::eviction::TpEvictionModes().
   std::optional<std::string> tp_eviction;
+  // Policy "episodic" (EpiCache): episodes at most, the embedder ("model" or "tfidf"),
+  // history + patch tokens per block of the block-wise build, and new turns between
+  // re-clusterings.
+  std::optional<int> episodes;
+  std::optional<std::string> embedder;
+  std::optional<int> block_tokens;
+  std::optional<int> recluster_turns;
 };
 
 struct TurnRequest {

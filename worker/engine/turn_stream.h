@@ -30,6 +30,12 @@ struct TurnSummary {
   int64_t evictions = 0;
   int64_t evicted_tokens = 0;
   bool rebuilt = false;      // the cache was (re)built from the transcript
+  // Policy "episodic": windows in each of the session's episodes (empty until they are
+  // built), the episode that served this turn (-1: none yet), and the tokens fed again to
+  // bring that episode's cache up to date.
+  std::vector<int> episode_windows;
+  int episode = -1;
+  int replayed_tokens = 0;
   std::string text;          // the whole reply
 };
 

@@ -1,0 +1,142 @@
+// The scheduler's "episodic" policy on stories260K: a session runs on one lazy cache until
+// its history passes the budget, its episodes are then built in the background while it
+// keeps serving, and later turns are routed to the episode of their story, each episode's
+// cache caught up with the turns it missed; dropping the session frees every block and host
+// byte; bad settings are refused by name.
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/common/test_util.h"
+#include "worker/engine/scheduler.h"
+#include "worker/engine/turn_collect.h"
+#include "worker/model/loader.h"
+
+namespace recall::engine {
+namespace {
+
+constexpr char kModel[] = "models/stories260K/stories260K.bin";
+constexpr char kTokenizer[] = "models/stories260K/tok512.bin";
+
+const char* const kStories[] = {
+    "Lily had a red ball. She played with the ball in the park. The ball went into the pond.",
+    "Tom saw a big blue truck. The truck was very loud. Tom waved at the driver of the truck.",
+    "Sue baked a cake with her dad. They put sugar and eggs in the cake. The cake was sweet.",
+    "Ben found a bird in the garden. The bird had a hurt wing. Ben made a bed for the bird.",
+};
+
+class SchedulerEpisodesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    RECALL_REQUIRE_SHARED_FILE(kModel);
+    auto m = model::LoadModel(recall::testing::SharedPath(kModel));
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = std::move(*m);
+    auto tok = model::LoadTokenizer(recall::testing::SharedPath(kTokenizer), 512);
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    tok_ = std::move(*tok);
+    backend_ = kernels::CreateCpuBackend({1});
+    const model::ModelConfig& c = model_->config;
+    auto pool = cache::BlockPool::Create({c.n_layers, c.n_kv_heads, c.head_dim, 16},
+                                         64 * c.n_layers);
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    pool_ = std::move(*pool);
+    SchedulerOptions o;
+    o.stop_token_ids = {2};
+    auto s = Scheduler::Create(*model_, *backend_, *pool_, *tok_, o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    sched_ = std::move(*s);
+  }
+
+  Collected Run(const std::string& text, int history_length, CacheRequest cache = Cache()) {
+    TurnRequest r;
+    r.session_id = "epi";
+    r.messages = {{"user", text}};
+    r.history_length = history_length;
+    r.sampling.temperature = 0;
+    r.max_tokens = 8;
+    r.cache = cache;
+    auto stream = sched_->Submit(std::move(r));
+    if (!stream.ok()) return Collected{.status = stream.status()};
+    return CollectTurn(**stream);
+  }
+
+  static CacheRequest Cache() {
+    CacheRequest c;
+    c.policy = "episodic";
+    c.budget_tokens = 32;
+    c.window = 8;
+    c.episodes = 2;
+    c.embedder = "tfidf";
+    c.block_tokens = 64;
+    c.recluster_turns = 100;
+    return c;
+  }
+
+  std::unique_ptr<model::Model> model_;
+  std::unique_ptr<model::Tokenizer> tok_;
+  std::unique_ptr<kernels::Backend> backend_;
+  std::unique_ptr<cache::BlockPool> pool_;
+  std::unique_ptr<Scheduler> sched_;
+};
+
+TEST_F(SchedulerEpisodesTest, EpisodesAreBuiltInTheBackgroundAndTurnsGoToTheirStory) {
+  const std::vector<std::string> policies = sched_->policies();
+  ASSERT_NE(std::find(policies.begin(), policies.end(), "episodic"), policies.end());
+  // Four stories, one per turn: windows of four messages hold two stories each.
+  for (int i = 0; i < 4; ++i) {
+    Collected c = Run(kStories[i], 2 * i);
+    ASSERT_TRUE(c.status.ok()) << c.status;
+    EXPECT_TRUE(c.summary.episode_windows.empty()) << "turn " << i << ": not built yet";
+    EXPECT_EQ(c.summary.episode, -1);
+  }
+  sched_->WaitForEpisodeBuilds();  // submitted when turn 4 started (two windows by then)
+  // A question about Lily (window 0): the episodes are installed and it goes to hers.
+  Collected lily = Run("Lily had a red ball.", 8);
+  ASSERT_TRUE(lily.status.ok()) << lily.status;
+  ASSERT_EQ(lily.summary.episode_windows, (std::vector<int>{1, 1}));
+  ASSERT_GE(lily.summary.episode, 0);
+  EXPECT_GT(lily.summary.replayed_tokens, 0) << "turn 4 came after the build's snapshot";
+  // A question about Sue (window 1) goes to the other episode, which missed Lily's turn.
+  Collected sue = Run("Sue baked a cake with her dad.", 10);
+  ASSERT_TRUE(sue.status.ok()) << sue.status;
+  EXPECT_NE(sue.summary.episode, lily.summary.episode);
+  EXPECT_GT(sue.summary.replayed_tokens, lily.summary.replayed_tokens);
+  // Back to Lily: her episode only missed Sue's turn.
+  Collected again = Run("The ball went into the pond.", 12);
+  ASSERT_TRUE(again.status.ok()) << again.status;
+  EXPECT_EQ(again.summary.episode, lily.summary.episode);
+  EXPECT_GT(again.summary.replayed_tokens, 0);
+  EXPECT_LT(again.summary.replayed_tokens, sue.summary.replayed_tokens);
+  // Dropping the session gives back every block and every host byte.
+  ASSERT_TRUE(sched_->DropSession("epi").ok());
+  EXPECT_EQ(pool_->free_blocks(), pool_->num_blocks());
+  for (int i = 0; i < 50 && sched_->Load().host_bytes_used != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(sched_->Load().host_bytes_used, 0);
+}
+
+TEST_F(SchedulerEpisodesTest, BadEpisodicSettingsAreRefusedByName) {
+  CacheRequest c = Cache();
+  c.episodes = 0;
+  EXPECT_EQ(Run("hi", 0, c).status.message(), "cache.episodes: must be in [1, 16], got 0");
+  c = Cache();
+  c.embedder = "bert";
+  EXPECT_EQ(Run("hi", 0, c).status.message(),
+            "cache.embedder: unknown embedder \"bert\" (one of model, tfidf)");
+  c = Cache();
+  c.block_tokens = 8;
+  EXPECT_EQ(Run("hi", 0, c).status.message(),
+            "cache.block_tokens: must be in [16, 65536], got 8");
+  c = Cache();
+  c.budget_tokens.reset();
+  c.budget_fraction = 0.5;
+  Collected f = Run("hi", 0, c);
+  EXPECT_EQ(f.status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(f.status.message(),
+            "cache.budget_fraction: episodic needs budget_tokens (its episodes are built to it)");
+}
+
+}  // namespace
+}  // namespace recall::engine
