@@ -11,9 +11,33 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "cache/eviction/sensitivity_profile.h"
 #include "common/logging.h"
 
 namespace recall::cache::eviction {
+namespace {
+
+// kProfile: the layer weights from the file, text or JSON (then *json = true).
+absl::StatusOr<std::vector<double>> ReadProfile(const BudgetOptions& options, int n_layers,
+                                                bool* json) {
+  std::ifstream in(options.profile_path);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("budget: cannot read profile file '", options.profile_path, "'"));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  const absl::string_view body = absl::StripLeadingAsciiWhitespace(text);
+  *json = !body.empty() && body.front() == '{';
+  if (!*json) return ParseBudgetProfile(text, options.profile_path, n_layers);
+  absl::StatusOr<std::vector<double>> sigma =
+      ParseSensitivityProfile(text, options.profile_path, n_layers);
+  if (!sigma.ok()) return sigma.status();
+  return SensitivityWeights(*sigma, options.sensitivity_alpha);
+}
+
+}  // namespace
 
 absl::StatusOr<std::vector<double>> ParseBudgetProfile(absl::string_view text,
                                                        absl::string_view source, int n_layers) {
@@ -70,7 +94,12 @@ absl::StatusOr<BudgetAllocator> BudgetAllocator::Create(const BudgetOptions& opt
     return absl::InvalidArgumentError(
         absl::StrCat("budget: budget as a fraction must be in (0, 1], got ", options.budget));
   }
+  if (!(options.sensitivity_alpha >= 0.5 && options.sensitivity_alpha <= 3.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "budget: sensitivity_alpha must be in [0.5, 3], got ", options.sensitivity_alpha));
+  }
   std::vector<double> w(static_cast<size_t>(n_layers), 1.0);
+  bool json = false;
   switch (options.kind) {
     case BudgetOptions::Kind::kUniform:
       break;
@@ -87,15 +116,7 @@ absl::StatusOr<BudgetAllocator> BudgetAllocator::Create(const BudgetOptions& opt
       break;
     }
     case BudgetOptions::Kind::kProfile: {
-      std::ifstream in(options.profile_path);
-      if (!in) {
-        return absl::NotFoundError(
-            absl::StrCat("budget: cannot read profile file '", options.profile_path, "'"));
-      }
-      std::stringstream ss;
-      ss << in.rdbuf();
-      absl::StatusOr<std::vector<double>> parsed =
-          ParseBudgetProfile(ss.str(), options.profile_path, n_layers);
+      absl::StatusOr<std::vector<double>> parsed = ReadProfile(options, n_layers, &json);
       if (!parsed.ok()) return parsed.status();
       w = std::move(*parsed);
       break;
@@ -104,12 +125,14 @@ absl::StatusOr<BudgetAllocator> BudgetAllocator::Create(const BudgetOptions& opt
   double sum = 0.0;
   for (double x : w) sum += x;
   for (double& x : w) x *= n_layers / sum;
-  return BudgetAllocator(options, std::move(w));
+  return BudgetAllocator(options, std::move(w), json);
 }
 
-BudgetAllocator::BudgetAllocator(const BudgetOptions& options, std::vector<double> weights)
+BudgetAllocator::BudgetAllocator(const BudgetOptions& options, std::vector<double> weights,
+                                 bool quarter_floor)
     : options_(options),
       weights_(std::move(weights)),
+      quarter_floor_(quarter_floor),
       remainder_(weights_.size()),
       order_(weights_.size()),
       last_(weights_.size()) {}
@@ -125,7 +148,9 @@ void BudgetAllocator::Allocate(int64_t seq_len, int32_t* out) {
   const int64_t total = Total(seq_len);
   const int n = n_layers();
   if (total != last_total_) {
-    const int64_t pool = static_cast<int64_t>(n) * (total - options_.reserved);
+    const int64_t reserved =
+        quarter_floor_ ? std::max<int64_t>(options_.reserved, (total + 3) / 4) : options_.reserved;
+    const int64_t pool = static_cast<int64_t>(n) * (total - reserved);
     int64_t given = 0;
     for (int l = 0; l < n; ++l) {
       const double exact = static_cast<double>(pool) * weights_[static_cast<size_t>(l)] / n;
@@ -153,7 +178,7 @@ void BudgetAllocator::Allocate(int64_t seq_len, int32_t* out) {
         ++left;
       }
     }
-    for (int l = 0; l < n; ++l) last_[static_cast<size_t>(l)] += options_.reserved;
+    for (int l = 0; l < n; ++l) last_[static_cast<size_t>(l)] += static_cast<int32_t>(reserved);
     last_total_ = total;
   }
   std::copy(last_.begin(), last_.end(), out);

@@ -15,8 +15,17 @@
 //    budget_l = max_num - l * step + W), with `reserved` playing W; the largest-remainder
 //    rounding makes the sum exact where PyramidKV's integer step loses up to L - 1 tokens.
 //    L = 1 gives uniform.
-//  - kProfile: weights read from a text file, one positive number per layer (see
-//    ParseBudgetProfile), e.g. EpiCache's sensitivity-based allocation computed offline.
+//  - kProfile: weights read from a file, in one of two formats (told apart by the first
+//    non-space character being '{'):
+//    * text: one positive number per layer (see ParseBudgetProfile), used as the weights.
+//    * JSON: a layer sensitivity profile written by `recall calibrate`
+//      (sensitivity_profile.h). EpiCache's released allocation: sigma min-max normalised,
+//      weight_l = (1 - sigma_hat_l)^sensitivity_alpha, floor M/4 of the mean budget M = C.
+//      The floor is applied by raising `reserved` to max(reserved, ceil(C / 4)) for this
+//      allocator, so budget_l = reserved + share_l still sums to L * C exactly and no layer
+//      (not even the least sensitive, whose weight is 0) gets less than C / 4. The
+//      reference clamps each budget to the floor instead, which can push the sum above
+//      L * C.
 //
 // C is given in tokens, or as a fraction of the sequence length (then C = ceil(fraction *
 // seq_len), recomputed on every Allocate call). C below `reserved` is raised to it.
@@ -45,6 +54,9 @@ struct BudgetOptions {
   double beta = 20.0;
   // kProfile: path of the profile file.
   std::string profile_path;
+  // kProfile with a JSON sensitivity profile: alpha of weight_l = (1 - sigma_hat_l)^alpha,
+  // in [0.5, 3] (EpiCache uses 1.1 to 1.3).
+  double sensitivity_alpha = 1.2;
   // Tokens every layer gets before the weighted split (>= 0).
   int reserved = 0;
   // Ada-KV (head_adaptive.h): each layer keeps budget_l * n_kv_heads slots chosen across its
@@ -64,8 +76,8 @@ absl::StatusOr<std::vector<double>> ParseBudgetProfile(absl::string_view text,
 
 class BudgetAllocator {
  public:
-  // InvalidArgument on a bad option (message names the field) or profile; NotFound if the
-  // profile file cannot be read (message names the file).
+  // InvalidArgument on a bad option (message names the field) or profile (message names
+  // the file); NotFound if the profile file cannot be read (message names the file).
   static absl::StatusOr<BudgetAllocator> Create(const BudgetOptions& options, int n_layers);
 
   // Writes the L per-layer budgets for a sequence of `seq_len` tokens into out[0..L).
@@ -79,10 +91,12 @@ class BudgetAllocator {
   const BudgetOptions& options() const { return options_; }
 
  private:
-  BudgetAllocator(const BudgetOptions& options, std::vector<double> weights);
+  BudgetAllocator(const BudgetOptions& options, std::vector<double> weights,
+                  bool quarter_floor);
 
   BudgetOptions options_;
   std::vector<double> weights_;  // [L], normalised to sum L
+  bool quarter_floor_;           // JSON profile: reserved is at least ceil(C / 4)
   // Scratch, and the last result (recomputed only when C changes).
   std::vector<double> remainder_;
   std::vector<int32_t> order_;

@@ -62,8 +62,8 @@ constexpr char kUsage[] = R"(usage: recall generate --model PATH [options]
   --window W              eviction window (lazy: evict every W steps, keep the last W;
                           h2o: recent window) (default 32)
   --alpha A               lazy importance threshold (default 1e-4)
-  --layer-budgets SPEC    uniform (default), pyramid, or a profile file with one weight
-                          per layer
+  --layer-budgets SPEC    uniform (default), pyramid, a file with one weight per layer,
+                          or a sensitivity profile (JSON) from `recall calibrate`
   --value-protection F    keep this fraction of the budget for the largest-value tokens
   --tp N                  tensor parallelism: run on N ranks (CPU ranks are threads; N must
                           divide the query heads and the MLP width) (default 1)

@@ -4,12 +4,14 @@
 //   sessions          list, show, delete sessions
 //   generate          run a model in-process and print generated text
 //   calibrate-window  print LazyEviction's window W for a model
+//   calibrate         write a model's layer sensitivity profile (EpiCache budgets)
 #include <cstring>
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include "client/cli/calibrate_command.h"
+#include "client/cli/calibrate_layers_command.h"
 #include "client/cli/chat_command.h"
 #include "client/cli/generate_command.h"
 #include "client/cli/serve_command.h"
@@ -24,6 +26,8 @@ commands:
   sessions          list | show ID | delete ID (recall sessions --help)
   generate          load a model locally and generate text (recall generate --help)
   calibrate-window  LazyEviction's window W for a model (recall calibrate-window --help)
+  calibrate         a model's layer sensitivity profile for --layer-budgets
+                    (recall calibrate --help)
 )";
 
 }  // namespace
@@ -40,6 +44,7 @@ int main(int argc, char** argv) {
   if (command == "sessions") return recall::cli::RunSessions(rest);
   if (command == "generate") return recall::cli::RunGenerate(rest);
   if (command == "calibrate-window") return recall::cli::RunCalibrateWindow(rest);
+  if (command == "calibrate") return recall::cli::RunCalibrateLayers(rest);
   std::cerr << "recall: unknown command '" << command << "'\n\n" << kUsage;
   return 2;
 }
