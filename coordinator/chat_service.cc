@@ -50,6 +50,28 @@ ChatService::ChatService(SessionStore& store, WorkerRegistry& workers, ApiKeys k
     : store_(store), workers_(workers), keys_(std::move(keys)), options_(options),
       metrics_(metrics) {}
 
+void ChatService::RememberEpisodes(const std::string& key, const v1::TurnDone& done) {
+  absl::MutexLock lock(&mu_);
+  if (done.has_episodes()) {
+    episodes_[key] = done.episodes();
+  } else {
+    episodes_.erase(key);  // not built (yet, or any more after a rebuild)
+  }
+}
+
+void ChatService::ForgetEpisodes(const std::string& key) {
+  absl::MutexLock lock(&mu_);
+  episodes_.erase(key);
+}
+
+bool ChatService::RecallEpisodes(const std::string& key, v1::EpisodesReport* out) {
+  absl::MutexLock lock(&mu_);
+  auto it = episodes_.find(key);
+  if (it == episodes_.end()) return false;
+  *out = it->second;
+  return true;
+}
+
 bool ChatService::BeginTurn(const std::string& key) {
   absl::MutexLock lock(&mu_);
   return running_.insert(key).second;
@@ -114,6 +136,8 @@ grpc::Status ChatService::GetSession(grpc::ServerContext* context,
   RECALL_GRPC_ASSIGN_OR_RETURN(const std::string tenant, keys_.Authenticate(*context));
   RECALL_GRPC_ASSIGN_OR_RETURN(const SessionRecord r, store_.Get(tenant, request->session_id()));
   ToProto(r, true, response);
+  RecallEpisodes(tenant + "/" + r.id, response->mutable_episodes());
+  if (response->episodes().windows().empty()) response->clear_episodes();
   return grpc::Status::OK;
 }
 
@@ -140,6 +164,7 @@ grpc::Status ChatService::DeleteSession(grpc::ServerContext* context,
   RECALL_GRPC_ASSIGN_OR_RETURN(const std::string tenant, keys_.Authenticate(*context));
   RECALL_GRPC_ASSIGN_OR_RETURN(const SessionRecord r, store_.Get(tenant, request->session_id()));
   RECALL_GRPC_RETURN_IF_ERROR(store_.Delete(tenant, r.id));
+  ForgetEpisodes(tenant + "/" + r.id);
   // Best effort: the worker's cache is derived state and would age out anyway.
   if (auto stub = workers_.Stub(r.worker); stub != nullptr) {
     grpc::ClientContext ctx;

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <memory>
+#include <map>
 #include <set>
 #include <string>
 
@@ -61,6 +62,10 @@ class ChatService final : public v1::Chat::Service {
                           const v1::RunTurnRequest& base,
                           grpc::ServerWriter<v1::ConverseEvent>* writer, Reply* reply);
   static void WriteDone(const Reply& reply, grpc::ServerWriter<v1::ConverseEvent>* writer);
+  // The episodes a session's last turn reported (policy "episodic"); kept in memory only.
+  void RememberEpisodes(const std::string& key, const v1::TurnDone& done);
+  void ForgetEpisodes(const std::string& key);
+  bool RecallEpisodes(const std::string& key, v1::EpisodesReport* out);
   // Marks a session as having a turn running; false if it already has one.
   bool BeginTurn(const std::string& key);
   void EndTurn(const std::string& key);
@@ -72,6 +77,7 @@ class ChatService final : public v1::Chat::Service {
   metrics::Registry& metrics_;
   absl::Mutex mu_;
   std::set<std::string> running_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, v1::EpisodesReport> episodes_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace recall::coordinator

@@ -64,6 +64,7 @@ void ChatService::WriteDone(const Reply& reply, grpc::ServerWriter<v1::ConverseE
   d->set_evictions(reply.done.evictions());
   d->set_worker(reply.worker);
   d->set_failovers(reply.failovers);
+  if (reply.done.has_episodes()) *d->mutable_episodes() = reply.done.episodes();
   writer->Write(done);
 }
 
@@ -237,6 +238,7 @@ grpc::Status ChatService::Converse(grpc::ServerContext* context,
   st = store_.Append(tenant, rec.id, index + 1, {"assistant", reply.text});
   if (!st.ok()) return ToGrpc(st);
   if (reply.worker != rec.worker) store_.Bind(tenant, rec.id, reply.worker).IgnoreError();
+  RememberEpisodes(key, reply.done);
   WriteDone(reply, writer);
   return grpc::Status::OK;
 }

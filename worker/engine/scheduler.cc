@@ -72,9 +72,19 @@ absl::Status Scheduler::Validate(const SchedulerOptions& options) {
     return absl::InvalidArgumentError("limits.max_tokens must be >= 1");
   }
   const auto& names = cache::eviction::PolicyNames();
-  if (std::find(names.begin(), names.end(), options.default_policy) == names.end()) {
+  if (options.default_policy != "episodic" &&
+      std::find(names.begin(), names.end(), options.default_policy) == names.end()) {
     return absl::InvalidArgumentError(
         absl::StrCat("default policy \"", options.default_policy, "\" is unknown"));
+  }
+  CacheRequest episodic;
+  episodic.episodes = options.default_episodes;
+  episodic.embedder = options.default_embedder;
+  episodic.block_tokens = options.default_block_tokens;
+  episodic.recluster_turns = options.default_recluster_turns;
+  RECALL_RETURN_IF_ERROR(ValidateEpisodicSettings(episodic));
+  if (options.episode_threads < 1) {
+    return absl::InvalidArgumentError("episode_threads must be >= 1");
   }
   const auto& modes = cache::eviction::TpEvictionModes();
   if (std::find(modes.begin(), modes.end(), options.default_tp_eviction) == modes.end()) {
@@ -99,8 +109,10 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const model::Model&
   SchedulerRanks ranks;
   ranks.ranks.push_back({forward.get(), &pool, nullptr, 0});
   ranks.total_kv_heads = model.config.n_kv_heads;
-  return std::unique_ptr<Scheduler>(new Scheduler(model, std::move(forward), std::move(ranks),
-                                                  tokenizer, options, metrics));
+  std::unique_ptr<Scheduler> s(
+      new Scheduler(model, std::move(forward), std::move(ranks), tokenizer, options, metrics));
+  RECALL_RETURN_IF_ERROR(s->CheckDefaultPolicy());
+  return s;
 }
 
 absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const model::Model& model,
@@ -127,8 +139,10 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const model::Model&
     }
   }
   if (ranks.total_kv_heads <= 0) ranks.total_kv_heads = model.config.n_kv_heads;
-  return std::unique_ptr<Scheduler>(
+  std::unique_ptr<Scheduler> s(
       new Scheduler(model, nullptr, std::move(ranks), tokenizer, options, metrics));
+  RECALL_RETURN_IF_ERROR(s->CheckDefaultPolicy());
+  return s;
 }
 
 Scheduler::Scheduler(const model::Model& model, std::unique_ptr<ForwardPass> own_forward,
@@ -175,6 +189,15 @@ Scheduler::~Scheduler() {
     stop_ = true;
   }
   thread_.join();
+}
+
+absl::Status Scheduler::CheckDefaultPolicy() const {
+  if (options_.default_policy == "episodic" && !EpisodesSupported()) {
+    return absl::InvalidArgumentError(
+        "default policy \"episodic\" runs on one CPU rank; this scheduler has tp > 1 or a GPU "
+        "pool");
+  }
+  return absl::OkStatus();
 }
 
 std::vector<std::string> Scheduler::policies() const {

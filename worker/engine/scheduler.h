@@ -179,6 +179,7 @@ class Scheduler {
             SchedulerRanks ranks, const model::Tokenizer& tokenizer,
             const SchedulerOptions& options, metrics::Registry* metrics);
   static absl::Status Validate(const SchedulerOptions& options);
+  absl::Status CheckDefaultPolicy() const;  // "episodic" needs EpisodesSupported()
 
   // Hands a command to the engine thread and waits for its result.
   absl::StatusOr<int64_t> Post(Command command);

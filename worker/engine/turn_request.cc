@@ -46,9 +46,7 @@ absl::Status ValidateSampling(const kernels::SamplingParams& s, const std::strin
   return absl::OkStatus();
 }
 
-namespace {
-
-absl::Status ValidateEpisodic(const CacheRequest& c) {
+absl::Status ValidateEpisodicSettings(const CacheRequest& c) {
   const auto range = [](const char* field, const std::optional<int>& v, int lo,
                         int hi) -> absl::Status {
     if (!v.has_value() || (*v >= lo && *v <= hi)) return absl::OkStatus();
@@ -64,8 +62,6 @@ absl::Status ValidateEpisodic(const CacheRequest& c) {
   }
   return absl::OkStatus();
 }
-
-}  // namespace
 
 absl::Status ValidateTurnRequest(const TurnRequest& r, const TurnLimits& limits,
                                  const std::vector<std::string>& known_policies) {
@@ -137,7 +133,7 @@ absl::Status ValidateTurnRequest(const TurnRequest& r, const TurnLimits& limits,
                                                        ")"));
     }
   }
-  return ValidateEpisodic(c);
+  return ValidateEpisodicSettings(c);
 }
 
 }  // namespace recall::engine

@@ -34,6 +34,10 @@ struct CacheRequest {
   std::optional<int> recluster_turns;
 };
 
+// The episodic fields of a CacheRequest: InvalidArgument naming the field ("cache.episodes",
+// ...) and its range.
+absl::Status ValidateEpisodicSettings(const CacheRequest& c);
+
 struct TurnRequest {
   std::string session_id;
   std::string request_id;                   // unique among running turns; made when empty

@@ -77,11 +77,16 @@ scheduling:
   --no-batch-invariant    let batched matmuls use sgemm (faster prefill on some CPUs; a
                           session's greedy output may then depend on its batch)
 session cache defaults (a turn's CacheSettings override them):
-  --policy NAME           full (default), lazy, h2o, tova, streaming, snapkv, rkv, vase
+  --policy NAME           full (default), lazy, h2o, tova, streaming, snapkv, rkv, vase,
+                          episodic (EpiCache, one CPU rank: --budget in tokens)
   --budget N              tokens per layer and KV head (default 1024)
   --budget-frac F         or a fraction of the sequence, in (0, 1]
   --window W              eviction window (default 32)
   --alpha A               LazyEviction threshold (default 1e-4)
+  --episodes N            episodic: episodes per session at most, 1..16 (default 4)
+  --embedder NAME         episodic: model (default) or tfidf
+  --block-tokens N        episodic: tokens per block of the episodes' build (default 2048)
+  --recluster-turns N     episodic: turns between rebuilds of a session's episodes (default 4)
 )";
 
 // Registers with a coordinator now and every 5 s until destroyed (recall.v1.Registry).
@@ -140,7 +145,7 @@ absl::Status Run(const std::vector<std::string>& argv) {
                    "host-cache-bytes", "max-batch-tokens", "prefill-chunk", "max-active",
                    "max-queued", "max-tokens-limit", "policy", "budget", "budget-frac", "window",
                    "alpha", "coordinator", "advertise", "api-key", "device", "tp", "devices",
-                   "tp-eviction"},
+                   "tp-eviction", "episodes", "embedder", "block-tokens", "recluster-turns"},
                   {"random-weights", "no-batch-invariant", "tp-verify", "help"}));
   if (args.Has("help")) {
     std::cout << kUsage;
@@ -193,6 +198,20 @@ absl::Status Run(const std::vector<std::string>& argv) {
     if (!mode.ok()) return absl::InvalidArgumentError(absl::StrCat("--tp-eviction: ", mode.message()));
   }
   o.verify_tp_keep = args.Has("tp-verify");
+  RECALL_ASSIGN_OR_RETURN(const int64_t episodes, args.GetInt("episodes", 4, 1, engine::kMaxEpisodes));
+  RECALL_ASSIGN_OR_RETURN(const int64_t block_tokens, args.GetInt("block-tokens", 2048, 16, 1 << 16));
+  RECALL_ASSIGN_OR_RETURN(const int64_t recluster, args.GetInt("recluster-turns", 4, 1, 1 << 20));
+  o.default_episodes = static_cast<int>(episodes);
+  o.default_block_tokens = static_cast<int>(block_tokens);
+  o.default_recluster_turns = static_cast<int>(recluster);
+  o.default_embedder = args.GetString("embedder", "model");
+  if (o.default_embedder != "model" && o.default_embedder != "tfidf") {
+    return absl::InvalidArgumentError(absl::StrCat("--embedder: unknown embedder \"",
+                                                   o.default_embedder, "\" (one of model, tfidf)"));
+  }
+  if (o.default_policy == "episodic" && args.Has("budget-frac")) {
+    return absl::InvalidArgumentError("--budget-frac: episodic needs --budget in tokens");
+  }
 
   EngineFlags flags;
   RECALL_ASSIGN_OR_RETURN(const int64_t tp, args.GetInt("tp", 1, 1, 64));

@@ -58,6 +58,10 @@ engine::TurnRequest FromProto(const v1::RunTurnRequest& r, int default_max_token
   if (c.has_window()) out.cache.window = c.window();
   if (c.has_alpha()) out.cache.alpha = c.alpha();
   if (c.has_tp_eviction()) out.cache.tp_eviction = c.tp_eviction();
+  if (c.has_episodes()) out.cache.episodes = c.episodes();
+  if (c.has_embedder()) out.cache.embedder = c.embedder();
+  if (c.has_block_tokens()) out.cache.block_tokens = c.block_tokens();
+  if (c.has_recluster_turns()) out.cache.recluster_turns = c.recluster_turns();
   return out;
 }
 
@@ -108,6 +112,12 @@ grpc::Status WorkerService::RunTurn(grpc::ServerContext* context,
     done->set_evictions(s.evictions);
     done->set_evicted_tokens(s.evicted_tokens);
     done->set_rebuilt(s.rebuilt);
+    if (!s.episode_windows.empty()) {
+      v1::EpisodesReport* e = done->mutable_episodes();
+      for (int w : s.episode_windows) e->add_windows(w);
+      e->set_active(s.episode);
+      e->set_replayed_tokens(s.replayed_tokens);
+    }
     writer->Write(event);
     return grpc::Status::OK;
   }
@@ -176,6 +186,12 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const v1::InfoRequest*,
   c->set_window(o.default_window);
   c->set_alpha(static_cast<float>(o.default_alpha));
   c->set_tp_eviction(o.default_tp_eviction);
+  if (o.default_policy == "episodic") {
+    c->set_episodes(o.default_episodes);
+    c->set_embedder(o.default_embedder);
+    c->set_block_tokens(o.default_block_tokens);
+    c->set_recluster_turns(o.default_recluster_turns);
+  }
   response->set_max_tokens_limit(o.limits.max_tokens);
   response->set_chat_format(model::ChatFormatName(o.chat_format));
   response->set_vocab_size(scheduler_.model().config.vocab_size);

@@ -1,0 +1,146 @@
+// Policy "episodic" end to end: recall-coordinator and one recall-worker (stories260K) as
+// real processes over loopback gRPC. A session created with episodic cache settings is
+// answered as usual while its episodes are built in the background; once they are, every
+// turn's ConverseDone reports them and GetSession shows the last report; bad episodic
+// settings are refused with INVALID_ARGUMENT naming the field, the transcript unchanged.
+#include <string>
+
+#include "common/subprocess.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "recall/v1/chat.grpc.pb.h"
+#include "tests/common/test_util.h"
+
+namespace recall {
+namespace {
+
+constexpr char kModel[] = "models/stories260K/stories260K.bin";
+constexpr char kTokenizer[] = "models/stories260K/tok512.bin";
+
+const char* const kStories[] = {
+    "Lily had a red ball. She played with the ball in the park.",
+    "Tom saw a big blue truck. The truck was very loud.",
+    "Sue baked a cake with her dad. The cake was sweet.",
+    "Ben found a bird in the garden. The bird had a hurt wing.",
+};
+
+class EpisodicServingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    RECALL_REQUIRE_SHARED_FILE(kModel);
+    dir_ = testing::MakeTempDir("episodic");
+    std::string error;
+    ASSERT_TRUE(worker_.Start(RECALL_WORKER_BINARY,
+                              {"--model", testing::SharedPath(kModel), "--tokenizer",
+                               testing::SharedPath(kTokenizer), "--listen", "127.0.0.1:0",
+                               "--kv-cache-bytes", "16M", "--threads", "1"},
+                              dir_, &error))
+        << error;
+    ASSERT_TRUE(coordinator_.Start(
+        RECALL_COORDINATOR_BINARY,
+        {"--workers", "127.0.0.1:" + std::to_string(worker_.port("grpc")), "--listen",
+         "127.0.0.1:0", "--data-dir", dir_},
+        dir_, &error))
+        << error;
+    stub_ = v1::Chat::NewStub(grpc::CreateChannel(
+        "127.0.0.1:" + std::to_string(coordinator_.port("grpc")),
+        grpc::InsecureChannelCredentials()));
+  }
+
+  static void Deadline(grpc::ClientContext* ctx) {
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+  }
+
+  std::string Create(const v1::CacheSettings& cache) {
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    v1::CreateSessionRequest req;
+    *req.mutable_cache() = cache;
+    v1::Session s;
+    const grpc::Status st = stub_->CreateSession(&ctx, req, &s);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    return s.session_id();
+  }
+
+  grpc::Status Say(const std::string& session, const std::string& message,
+                   v1::ConverseDone* done) {
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    v1::ConverseRequest req;
+    req.set_session_id(session);
+    req.set_message(message);
+    req.mutable_sampling()->set_temperature(0);
+    req.mutable_sampling()->set_max_tokens(8);
+    auto reader = stub_->Converse(&ctx, req);
+    v1::ConverseEvent ev;
+    while (reader->Read(&ev)) {
+      if (ev.has_done()) *done = ev.done();
+    }
+    return reader->Finish();
+  }
+
+  v1::Session Get(const std::string& session) {
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    v1::GetSessionRequest req;
+    req.set_session_id(session);
+    v1::Session s;
+    EXPECT_TRUE(stub_->GetSession(&ctx, req, &s).ok());
+    return s;
+  }
+
+  static v1::CacheSettings Episodic() {
+    v1::CacheSettings c;
+    c.set_policy("episodic");
+    c.set_budget_tokens(32);
+    c.set_window(8);
+    c.set_episodes(2);
+    c.set_embedder("tfidf");
+    c.set_block_tokens(64);
+    c.set_recluster_turns(1);
+    return c;
+  }
+
+  std::string dir_;
+  ServerProcess worker_;
+  ServerProcess coordinator_;
+  std::unique_ptr<v1::Chat::Stub> stub_;
+};
+
+TEST_F(EpisodicServingTest, EpisodesAreBuiltWhileServingAndReported) {
+  const std::string id = Create(Episodic());
+  v1::ConverseDone done;
+  for (const char* story : kStories) {
+    ASSERT_TRUE(Say(id, story, &done).ok());
+    EXPECT_FALSE(done.has_episodes()) << "no episodes before the history has two windows";
+  }
+  // The build runs in the background: within a few more turns they are installed.
+  int turns = 4;
+  while (!done.has_episodes() && turns < 12) {
+    ASSERT_TRUE(Say(id, kStories[turns % 4], &done).ok());
+    ++turns;
+  }
+  ASSERT_TRUE(done.has_episodes()) << "episodes never reported after " << turns << " turns";
+  EXPECT_EQ(done.episodes().windows_size(), 2);
+  EXPECT_GE(done.episodes().active(), 0);
+  EXPECT_LT(done.episodes().active(), 2);
+  const v1::Session s = Get(id);
+  EXPECT_EQ(s.episodes().SerializeAsString(), done.episodes().SerializeAsString());
+  EXPECT_EQ(s.turns(), turns);
+}
+
+TEST_F(EpisodicServingTest, BadEpisodicSettingsAreInvalidArgumentNamingTheField) {
+  v1::CacheSettings c = Episodic();
+  c.set_episodes(40);
+  const std::string id = Create(c);
+  v1::ConverseDone done;
+  const grpc::Status st = Say(id, "Hello", &done);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(st.error_message().find("cache.episodes: must be in [1, 16], got 40"),
+            std::string::npos)
+      << st.error_message();
+  EXPECT_EQ(Get(id).messages_size(), 0) << "the failed turn is not in the transcript";
+}
+
+}  // namespace
+}  // namespace recall
