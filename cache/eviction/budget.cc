@@ -70,6 +70,18 @@ absl::StatusOr<std::vector<double>> ParseBudgetProfile(absl::string_view text,
   return weights;
 }
 
+void ApplyLayerBudgets(const std::string& spec, double alpha, BudgetOptions* options) {
+  options->sensitivity_alpha = alpha;
+  if (spec == "uniform") {
+    options->kind = BudgetOptions::Kind::kUniform;
+  } else if (spec == "pyramid") {
+    options->kind = BudgetOptions::Kind::kPyramid;
+  } else {
+    options->kind = BudgetOptions::Kind::kProfile;
+    options->profile_path = spec;
+  }
+}
+
 absl::StatusOr<BudgetAllocator> BudgetAllocator::Create(const BudgetOptions& options,
                                                         int n_layers) {
   if (n_layers < 1) {

@@ -74,6 +74,11 @@ struct BudgetOptions {
 absl::StatusOr<std::vector<double>> ParseBudgetProfile(absl::string_view text,
                                                        absl::string_view source, int n_layers);
 
+// Sets the per-layer split from a spec: "uniform", "pyramid", or the path of a profile (a
+// weight file or a `recall calibrate` JSON; alpha is the JSON's sensitivity_alpha). The
+// profile itself is read by BudgetAllocator::Create.
+void ApplyLayerBudgets(const std::string& spec, double alpha, BudgetOptions* options);
+
 class BudgetAllocator {
  public:
   // InvalidArgument on a bad option (message names the field) or profile (message names

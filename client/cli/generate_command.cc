@@ -64,6 +64,8 @@ constexpr char kUsage[] = R"(usage: recall generate --model PATH [options]
   --alpha A               lazy importance threshold (default 1e-4)
   --layer-budgets SPEC    uniform (default), pyramid, a file with one weight per layer,
                           or a sensitivity profile (JSON) from `recall calibrate`
+  --layer-alpha A         a sensitivity profile's exponent: layer l weighs
+                          (1 - normalised sigma_l)^A, in [0.5, 3] (default 1.2)
   --value-protection F    keep this fraction of the budget for the largest-value tokens
   --tp N                  tensor parallelism: run on N ranks (CPU ranks are threads; N must
                           divide the query heads and the MLP width) (default 1)
@@ -107,13 +109,9 @@ absl::StatusOr<std::optional<cache::eviction::SessionEvictorOptions>> EvictionFr
       args.GetString("tp-eviction", "uniform"), o);
   if (!mode.ok()) return absl::InvalidArgumentError(absl::StrCat("--tp-eviction: ", mode.message()));
   o.verify_keep = args.Has("tp-verify");
-  const std::string layers = args.GetString("layer-budgets", "uniform");
-  if (layers == "pyramid") {
-    o.budget.kind = cache::eviction::BudgetOptions::Kind::kPyramid;
-  } else if (layers != "uniform") {
-    o.budget.kind = cache::eviction::BudgetOptions::Kind::kProfile;
-    o.budget.profile_path = layers;
-  }
+  RECALL_ASSIGN_OR_RETURN(const double layer_alpha, args.GetDouble("layer-alpha", 1.2, 0.5, 3));
+  cache::eviction::ApplyLayerBudgets(args.GetString("layer-budgets", "uniform"), layer_alpha,
+                                     &o.budget);
   return o;
 }
 
@@ -306,7 +304,7 @@ int RunGenerate(const std::vector<std::string>& argv) {
       argv,
       {"model", "tokenizer", "prompt", "max-tokens", "temperature", "top-p", "top-k",
        "repetition-penalty", "seed", "stop", "chat-format", "system", "threads", "kv-cache-mb",
-       "policy", "budget", "budget-frac", "window", "alpha", "layer-budgets",
+       "policy", "budget", "budget-frac", "window", "alpha", "layer-budgets", "layer-alpha",
        "value-protection", "tp", "device", "tp-eviction", "episodes", "embedder",
        "block-tokens", "recent"},
       {"chat", "echo", "stats", "help", "tp-verify"});

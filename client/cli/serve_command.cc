@@ -28,7 +28,8 @@ session store in DATA_DIR/sessions.db. Chat with it: recall chat --server HOST:P
   --port-file PATH        write "grpc=PORT" once ready
   --kv-cache-bytes SIZE, --policy NAME, --budget N, --budget-frac F, --window W,
   --threads N, --chat-format NAME, --device NAME, --tp N, --tp-eviction MODE,
-  --episodes N, --embedder NAME, --block-tokens N, --recluster-turns N:
+  --episodes N, --embedder NAME, --block-tokens N, --recluster-turns N,
+  --layer-budgets SPEC, --layer-alpha A:
                           passed to the worker (recall-worker --help)
 )";
 
@@ -54,7 +55,7 @@ absl::Status Serve(const Args& args) {
   for (const char* flag : {"model", "tokenizer", "kv-cache-bytes", "policy", "budget",
                            "budget-frac", "window", "threads", "chat-format", "device", "tp",
                            "tp-eviction", "episodes", "embedder", "block-tokens",
-                           "recluster-turns"}) {
+                           "recluster-turns", "layer-budgets", "layer-alpha"}) {
     if (args.Has(flag)) {
       worker_args.push_back(absl::StrCat("--", flag));
       worker_args.push_back(args.GetString(flag));
@@ -111,7 +112,8 @@ int RunServe(const std::vector<std::string>& argv) {
       argv,
       {"model", "tokenizer", "listen", "data-dir", "api-keys", "port-file", "kv-cache-bytes",
        "policy", "budget", "budget-frac", "window", "threads", "chat-format", "device", "tp",
-       "tp-eviction", "episodes", "embedder", "block-tokens", "recluster-turns"},
+       "tp-eviction", "episodes", "embedder", "block-tokens", "recluster-turns",
+       "layer-budgets", "layer-alpha"},
       {"help"});
   if (!args.ok()) {
     std::cerr << "recall serve: " << args.status().message() << "\n\n" << kUsage;

@@ -129,6 +129,11 @@ TEST_F(WorkerTpTest, FlagsThatDoNotFitAreRefusedAtStartupByName) {
       {{"--device", "tpu"}, "--device"},
       {{"--tp-eviction", "majority"}, "--tp-eviction"},
       {{"--tp", "2", "--kv-cache-bytes", "4K"}, "--kv-cache-bytes"},
+      {{"--policy", "episodic", "--tp", "2"}, "--policy episodic: runs on one CPU rank"},
+      {{"--policy", "episodic", "--budget-frac", "0.5"}, "--budget-frac"},
+      {{"--embedder", "bert"}, "--embedder"},
+      {{"--layer-budgets", "/nonexistent/profile.json"}, "--layer-budgets"},
+      {{"--layer-alpha", "9"}, "--layer-alpha"},
   };
   for (const auto& [flags, named] : cases) {
     const auto [code, output] = RunToExit(flags);

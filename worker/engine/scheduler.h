@@ -81,6 +81,10 @@ struct SchedulerOptions {
   // How the ranks and heads agree on evictions: "uniform" (per-head counts), "shared" (one
   // token set per layer) or "head-adaptive" (Ada-KV). See EVICTION.md section 5.
   std::string default_tp_eviction = "uniform";
+  // Per-layer budget split of every session (cache::eviction::ApplyLayerBudgets): uniform,
+  // pyramid or a profile file (weights, or `recall calibrate`'s JSON with layer_alpha).
+  std::string layer_budgets = "uniform";
+  double layer_alpha = 1.2;
   // Debug: every eviction step checks that all ranks kept the same tokens (a mismatch fails
   // the turn with Internal and drops the session's cache).
   bool verify_tp_keep = false;

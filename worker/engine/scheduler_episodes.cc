@@ -51,6 +51,10 @@ cache::eviction::SessionEvictorOptions Scheduler::EvictorOptions(const Session& 
   o.policy.window = c.window.value_or(options_.default_window);
   o.policy.alpha = static_cast<float>(c.alpha.value_or(options_.default_alpha));
   o.budget.budget = c.budget_tokens.value_or(options_.default_budget_tokens);
+  cache::eviction::ApplyLayerBudgets(options_.layer_budgets, options_.layer_alpha, &o.budget);
+  // Head-adaptive budgets (Ada-KV) apply to the episodes' build and to decoding alike.
+  cache::eviction::ApplyTpEvictionMode(c.tp_eviction.value_or(options_.default_tp_eviction), o)
+      .IgnoreError();  // validated with the request
   o.session = std::hash<std::string>()(s.id);
   o.n_heads = model_.config.n_heads;
   return o;
@@ -145,7 +149,16 @@ void Scheduler::SubmitEpisodes(Session& s, const Turn& t) {
   job.generation = ++e.generation;
   job.history = s.tokens;
   job.windows = std::move(*windows);
-  job.budgets.assign(static_cast<size_t>(model_.config.n_layers), budget);
+  // The episodes are compressed to the per-layer budgets decoding uses.
+  const cache::eviction::SessionEvictorOptions decode = EvictorOptions(s, t.req.cache);
+  cache::eviction::BudgetOptions split = decode.budget;
+  split.reserved = std::max(split.reserved, decode.policy.window);  // lazy's min_budget()
+  absl::StatusOr<cache::eviction::BudgetAllocator> allocator =
+      cache::eviction::BudgetAllocator::Create(split, model_.config.n_layers);
+  if (!allocator.ok()) return;  // checked when the session's evictor was made
+  job.budgets.resize(static_cast<size_t>(model_.config.n_layers));
+  allocator->Allocate(static_cast<int64_t>(s.tokens.size()), job.budgets.data());
+  job.options.block.head_adaptive = decode.budget.head_adaptive;
   job.embedder = e.embedder;
   job.options.episodes = e.episodes;
   job.options.block.block_tokens = e.block_tokens;

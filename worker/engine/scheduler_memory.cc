@@ -160,6 +160,7 @@ absl::Status Scheduler::CreateCache(Session& s, const Turn& t) {
   } else {
     o.budget.budget = c.budget_tokens.value_or(options_.default_budget_tokens);
   }
+  cache::eviction::ApplyLayerBudgets(options_.layer_budgets, options_.layer_alpha, &o.budget);
   o.session = std::hash<std::string>()(s.id);
   o.total_kv_heads = ranks_.total_kv_heads;
   o.verify_keep = options_.verify_tp_keep && tp() > 1;

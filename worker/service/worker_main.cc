@@ -83,6 +83,9 @@ session cache defaults (a turn's CacheSettings override them):
   --budget-frac F         or a fraction of the sequence, in (0, 1]
   --window W              eviction window (default 32)
   --alpha A               LazyEviction threshold (default 1e-4)
+  --layer-budgets SPEC    per-layer split of the budget: uniform (default), pyramid, a file
+                          with one weight per layer, or `recall calibrate`'s JSON profile
+  --layer-alpha A         the JSON profile's exponent, in [0.5, 3] (default 1.2)
   --episodes N            episodic: episodes per session at most, 1..16 (default 4)
   --embedder NAME         episodic: model (default) or tfidf
   --block-tokens N        episodic: tokens per block of the episodes' build (default 2048)
@@ -145,7 +148,8 @@ absl::Status Run(const std::vector<std::string>& argv) {
                    "host-cache-bytes", "max-batch-tokens", "prefill-chunk", "max-active",
                    "max-queued", "max-tokens-limit", "policy", "budget", "budget-frac", "window",
                    "alpha", "coordinator", "advertise", "api-key", "device", "tp", "devices",
-                   "tp-eviction", "episodes", "embedder", "block-tokens", "recluster-turns"},
+                   "tp-eviction", "episodes", "embedder", "block-tokens", "recluster-turns",
+                   "layer-budgets", "layer-alpha"},
                   {"random-weights", "no-batch-invariant", "tp-verify", "help"}));
   if (args.Has("help")) {
     std::cout << kUsage;
@@ -208,6 +212,20 @@ absl::Status Run(const std::vector<std::string>& argv) {
   if (o.default_embedder != "model" && o.default_embedder != "tfidf") {
     return absl::InvalidArgumentError(absl::StrCat("--embedder: unknown embedder \"",
                                                    o.default_embedder, "\" (one of model, tfidf)"));
+  }
+  o.layer_budgets = args.GetString("layer-budgets", "uniform");
+  RECALL_ASSIGN_OR_RETURN(o.layer_alpha, args.GetDouble("layer-alpha", 1.2, 0.5, 3));
+  {
+    cache::eviction::BudgetOptions probe;
+    cache::eviction::ApplyLayerBudgets(o.layer_budgets, o.layer_alpha, &probe);
+    const absl::Status st = cache::eviction::BudgetAllocator::Create(probe, config.n_layers).status();
+    if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat("--layer-budgets: ", st.message()));
+  }
+  if (o.default_policy == "episodic" &&
+      (args.GetString("tp", "1") != "1" || args.GetString("device", "cpu") != "cpu")) {
+    return absl::InvalidArgumentError(
+        "--policy episodic: runs on one CPU rank (its block-wise build scores keys on the host); "
+        "drop --tp and --device");
   }
   if (o.default_policy == "episodic" && args.Has("budget-frac")) {
     return absl::InvalidArgumentError("--budget-frac: episodic needs --budget in tokens");
