@@ -37,11 +37,17 @@ absl::StatusOr<EpisodeSet> BuildEpisodeSet(ForwardPass& forward, cache::BlockPoo
   set.embed_seconds = watch.ElapsedSeconds();
   watch.Reset();
   for (const ep::Episode& episode : set.episodes) {
-    std::vector<int32_t> patch = tokenizer.Encode(
-        options.instruction + ep::PatchedPrompt(windows, episode), /*add_bos=*/false);
-    // A patch must leave room for history in a block: keep its last half block at most.
+    // The instruction, then the windows' text. A patch must leave room for history in a
+    // block: past half a block the windows' text loses its beginning; the instruction is
+    // kept whole when it takes at most half of that room, else left out.
+    std::vector<int32_t> patch = tokenizer.Encode(options.instruction, /*add_bos=*/false);
+    std::vector<int32_t> text =
+        tokenizer.Encode(ep::PatchedPrompt(windows, episode), /*add_bos=*/false);
     const size_t max_patch = static_cast<size_t>(options.block.block_tokens / 2);
-    if (patch.size() > max_patch) patch.erase(patch.begin(), patch.end() - max_patch);
+    if (patch.size() > max_patch / 2) patch.clear();  // no room for it beside the text
+    const size_t room = max_patch - patch.size();
+    if (text.size() > room) text.erase(text.begin(), text.end() - room);
+    patch.insert(patch.end(), text.begin(), text.end());
     if (patch.empty()) return absl::InternalError("episodic: an episode's patched prompt is empty");
     set.caches.push_back(std::make_unique<cache::SequenceCache>(&pool));
     RECALL_ASSIGN_OR_RETURN(const BlockPrefillStats built,
@@ -49,7 +55,7 @@ absl::StatusOr<EpisodeSet> BuildEpisodeSet(ForwardPass& forward, cache::BlockPoo
                                              budgets, options.block));
     set.build_peak_bytes = std::max(set.build_peak_bytes, built.peak_bytes);
     set.caches.back()->OffloadToHost();
-    set.patch_tokens.push_back(static_cast<int>(patch.size()));
+    set.patches.push_back(std::move(patch));
   }
   set.build_seconds = watch.ElapsedSeconds();
   return set;

@@ -33,7 +33,9 @@ inline constexpr char kDefaultInstruction[] =
 struct EpisodeBuildOptions {
   int episodes = 4;       // E: clusters at most (fewer when there are fewer windows)
   int patch_windows = 8;  // windows per patched prompt
-  std::string instruction = kDefaultInstruction;  // prefixed to every patched prompt
+  // Prefixed to every patched prompt when it takes at most half of the patch's room (half a
+  // block); the windows' text fills the rest, losing its beginning when too long.
+  std::string instruction = kDefaultInstruction;
   BlockPrefillOptions block;
   uint64_t seed = 1;  // k-means
   int restarts = 10;  // k-means restarts
@@ -42,7 +44,7 @@ struct EpisodeBuildOptions {
 struct EpisodeSet {
   std::vector<cache::episodic::Episode> episodes;
   std::vector<std::unique_ptr<cache::SequenceCache>> caches;  // [episodes], offloaded
-  std::vector<int> patch_tokens;                              // [episodes]
+  std::vector<std::vector<int32_t>> patches;  // [episodes] the patched prompts' tokens
   int64_t build_peak_bytes = 0;  // the most KV bytes the pool held for one build
   double embed_seconds = 0;      // embedding and clustering
   double build_seconds = 0;      // block-wise prefill of every episode

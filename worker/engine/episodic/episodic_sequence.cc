@@ -123,7 +123,7 @@ absl::Status EpisodicSequence::Prefill(std::span<const int32_t> prompt, int chun
   stats_.build_peak_bytes = set.build_peak_bytes;
   peak_bytes_ = std::max(peak_bytes_, set.build_peak_bytes);
   for (size_t e = 0; e < set.episodes.size(); ++e) {
-    stats_.episodes.push_back({set.episodes[e].windows, set.patch_tokens[e], 0, false});
+    stats_.episodes.push_back({set.episodes[e].windows, static_cast<int>(set.patches[e].size()), 0, false});
   }
   caches_ = std::move(set.caches);
   episodes_ = std::move(set.episodes);

@@ -21,6 +21,13 @@ std::vector<TokenSpan> SplitSentences(std::span<const int32_t> tokens,
   if (n > 0 && tokens[0] == tokenizer.bos_id()) begin = 1;
   int32_t prev = begin == 1 ? tokens[0] : -1;
   for (int i = begin; i < n; ++i) {
+    if (tokens[i] == tokenizer.bos_id()) {
+      // A BOS inside the prompt separates texts: it ends a sentence and starts the next.
+      if (begin < i) spans.push_back({begin, i});
+      begin = i;
+      prev = tokens[i];
+      continue;
+    }
     const std::string text = tokenizer.TokenBytes(prev, tokens[i]);
     prev = tokens[i];
     if (!Ends(text)) continue;

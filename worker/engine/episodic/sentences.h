@@ -3,8 +3,9 @@
 // into windows of utterances; a plain prompt has no speakers, so its sentences stand in).
 //
 // A sentence ends after a token whose text holds '.', '!', '?' or a newline; closing quotes
-// right after it ('"', '\'', ')') belong to it. A leading BOS is a sentence of its own
-// boundary: it is never part of any span. Spans cover every other token once, in order.
+// right after it ('"', '\'', ')') belong to it. A leading BOS is part of no span; a BOS
+// further on ends the sentence before it and begins the next one (texts packed with BOS
+// between them). Spans cover every other token once, in order.
 #pragma once
 
 #include <cstdint>

@@ -7,6 +7,8 @@
 
 #include "gtest/gtest.h"
 #include "tests/common/test_util.h"
+#include "worker/engine/episodic/block_prefill.h"
+#include "worker/engine/episodic/episode_set.h"
 #include "worker/engine/episodic/sentences.h"
 #include "worker/model/loader.h"
 
@@ -171,6 +173,90 @@ TEST_F(EpisodicSequenceTest, APromptWithinTheBudgetIsAPlainLazyRun) {
   ASSERT_TRUE(plain.ok());
   ASSERT_TRUE((*plain)->Prefill(prompt, 64, b.data()).ok());
   EXPECT_EQ(a, b);
+}
+
+TEST_F(EpisodicSequenceTest, APatchCopyingAStoryKeepsMoreOfThatStory) {
+  // History: Lily's story, then Tom's. Compressed to a small budget with a patch that
+  // copies one story, each cache should keep more of the copied story than the other does.
+  // On this tiny model the effect is small (Lily keeps 17.1% of the slots when her story
+  // judges, 15.8% when Tom's does): the patch queries attend mostly by recency, which is why
+  // the episodes of the quality benchmark hardly differ.
+  const std::string lily = "Lily had a red ball. She played with the ball in the park. "
+                           "The ball went into the pond. A duck gave Lily the ball back. ";
+  const std::string tom = "Tom saw a big blue truck. The truck was very loud. Tom waved at "
+                          "the driver of the truck. The driver honked and Tom laughed. ";
+  const std::vector<int32_t> history = tok_->Encode(lily + tom, true);
+  const int lily_end = static_cast<int>(tok_->Encode(lily, true).size());
+  const model::ModelConfig& c = model_->config;
+  const std::vector<int32_t> budgets(static_cast<size_t>(c.n_layers), 16);
+  const auto kept_share = [&](const std::string& patch_text) {
+    cache::SequenceCache cache(pool_.get());
+    const std::vector<int32_t> patch = tok_->Encode(patch_text, false);
+    EXPECT_TRUE(BlockwisePrefill(*forward_, &cache, history, patch, budgets, {256, 256, false}).ok());
+    int in_lily = 0, total = 0;
+    for (int l = 0; l < c.n_layers; ++l) {
+      for (int h = 0; h < c.n_kv_heads; ++h) {
+        for (int s = 0; s < cache.length(l, h); ++s) {
+          const int32_t p = cache.position(l, h, s);
+          if (p == 0) continue;  // BOS
+          in_lily += p < lily_end ? 1 : 0;
+          ++total;
+        }
+      }
+    }
+    return static_cast<double>(in_lily) / total;
+  };
+  const double with_lily = kept_share(lily);
+  const double with_tom = kept_share(tom);
+  EXPECT_GT(with_lily, with_tom) << "Lily's share: " << with_lily << " judged by her story, "
+                                 << with_tom << " judged by Tom's";
+}
+
+TEST_F(EpisodicSequenceTest, APatchKeepsItsInstructionAndFitsHalfABlock) {
+  const std::vector<int32_t> history = tok_->Encode(kStories, true);
+  std::vector<cache::episodic::Window> windows;
+  for (const char* w : {"Lily had a red ball. She played with the ball in the park. The ball "
+                        "went into the pond. A duck gave Lily the ball back.",
+                        "Tom saw a big blue truck. The truck was very loud. Tom waved at the "
+                        "driver of the truck. The driver honked and Tom laughed."}) {
+    windows.push_back({static_cast<int>(windows.size()), 1, w});
+  }
+  auto embedder = cache::episodic::HashedTfIdfEmbedder::Create({});
+  ASSERT_TRUE(embedder.ok());
+  const std::vector<int32_t> instruction = tok_->Encode(kDefaultInstruction, false);
+  const std::vector<int32_t> budgets(static_cast<size_t>(model_->config.n_layers), 16);
+  // tok512 spells the instruction in 44 tokens: blocks of 192 keep it (patches of 96 at
+  // most), blocks of 64 (patches of 32) leave no room for it beside the text.
+  for (const int block : {192, 64}) {
+    EpisodeBuildOptions o;
+    o.episodes = 2;
+    o.block.block_tokens = block;
+    o.block.chunk = 64;
+    auto set = BuildEpisodeSet(*forward_, *pool_, *tok_, **embedder, windows, history, budgets, o);
+    ASSERT_TRUE(set.ok()) << set.status();
+    ASSERT_EQ(set->patches.size(), 2u);
+    for (const std::vector<int32_t>& patch : set->patches) {
+      EXPECT_LE(patch.size(), static_cast<size_t>(block / 2)) << "at most half a block";
+      const bool leads = std::equal(instruction.begin(), instruction.end(), patch.begin());
+      EXPECT_EQ(leads, block == 192) << "block " << block;
+    }
+    for (const auto& cache : set->caches) EXPECT_TRUE(cache->offloaded());
+  }
+}
+
+TEST_F(EpisodicSequenceTest, ABosInsideThePromptSeparatesSentences) {
+  std::vector<int32_t> ids = tok_->Encode("A cat ran. It was fast", true);
+  const int first_end = static_cast<int>(tok_->Encode("A cat ran.", true).size());
+  const size_t bos_at = ids.size();
+  ids.push_back(tok_->bos_id());
+  const std::vector<int32_t> more = tok_->Encode("The dog sat.", false);
+  ids.insert(ids.end(), more.begin(), more.end());
+  const std::vector<TokenSpan> spans = SplitSentences(ids, *tok_);
+  ASSERT_EQ(spans.size(), 3u);
+  EXPECT_EQ(spans[0].end, first_end);
+  EXPECT_EQ(spans[1].end, static_cast<int>(bos_at)) << "the BOS ends \" It was fast\"";
+  EXPECT_EQ(spans[2].begin, static_cast<int>(bos_at)) << "and begins the next text";
+  EXPECT_EQ(spans[2].end, static_cast<int>(ids.size()));
 }
 
 TEST_F(EpisodicSequenceTest, BadOptionsAreRefusedByName) {
