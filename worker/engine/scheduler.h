@@ -229,6 +229,8 @@ class Scheduler {
   // submits a rebuild when one is due.
   absl::Status PrepareEpisodes(Turn& turn);
   void InstallEpisodes(Session& s);
+  // After a completed turn: the active episode's cache holds every token of the session.
+  void EpisodeTurnDone(Session& s);
   absl::Status SwitchEpisode(Session& s, int episode, const Turn& turn);
   void SubmitEpisodes(Session& s, const Turn& turn);
   // The lazy evictor options of an episodic session's cache.

@@ -102,14 +102,13 @@ absl::Status Scheduler::SwitchEpisode(Session& s, int episode, const Turn& t) {
     // An offloaded cache's host bytes are counted in host_bytes_ whether it is the
     // session's or parked; only offloading and dropping change the count.
     if (e.active >= 0) {
-      // Park the cache in use; it has seen every token so far.
+      // Park the cache in use (upto: what it held after its last completed turn).
       if (s.resident()) {
         s.Offload();
         host_bytes_ += s.host_bytes();
       }
       s.evictors.clear();
       e.parked[static_cast<size_t>(e.active)] = std::move(s.caches[0]);
-      e.upto[static_cast<size_t>(e.active)] = s.tokens.size();
     } else {
       // The pre-episode lazy cache is replaced by the episodes.
       if (s.offloaded()) host_bytes_ -= s.host_bytes();
@@ -167,6 +166,11 @@ void Scheduler::SubmitEpisodes(Session& s, const Turn& t) {
   e.turns_since_build = 0;
 }
 
+void Scheduler::EpisodeTurnDone(Session& s) {
+  SessionEpisodes& e = *s.episodic;
+  if (e.active >= 0) e.upto[static_cast<size_t>(e.active)] = s.tokens.size();
+}
+
 absl::Status Scheduler::PrepareEpisodes(Turn& t) {
   Session& s = *t.session;
   SessionEpisodes& e = *s.episodic;
@@ -192,7 +196,8 @@ absl::Status Scheduler::PrepareEpisodes(Turn& t) {
       t.n_replay = static_cast<int>(s.tokens.size() - from);
       t.cached_tokens -= t.n_replay;
     }
-    e.upto[static_cast<size_t>(episode)] = s.tokens.size();
+    // upto moves when the turn completes (EpisodeTurnDone); a turn that fails before it
+    // ran leaves the cache, and so upto, as they were.
   }
   SubmitEpisodes(s, t);
   return absl::OkStatus();

@@ -306,6 +306,7 @@ void Scheduler::FinishTurn(Turn& t, absl::Status status) {
       sum.evicted_tokens = TotalEvictedSlots(*s) - t.evicted_at_start;
     }
     sum.rebuilt = t.rebuilt;
+    if (s->episodic != nullptr) EpisodeTurnDone(*s);
     if (s->episodic != nullptr && !s->episodic->list.empty()) {
       for (const auto& e : s->episodic->list) {
         sum.episode_windows.push_back(static_cast<int>(e.windows.size()));
