@@ -28,7 +28,9 @@ user message per line from standard input and prints each reply as it streams.
   --max-tokens N        per reply (default 256)
   --temperature T       default 0.7 (0 = greedy)
   --seed N              sampling seed
-  --policy NAME         KV policy of a new session (e.g. lazy), --budget-frac F, --window W
+  --policy NAME         KV policy of a new session (e.g. lazy, episodic), with --budget N
+                        (tokens) or --budget-frac F, --window W; episodic: --episodes N,
+                        --embedder model|tfidf
 commands (a line starting with /):
   /new       start a new session       /history   print the transcript
   /stats     usage of the last reply   /quit      leave (also end of input)
@@ -75,6 +77,18 @@ absl::Status Chat(const Args& args) {
   v1::CreateSessionRequest create;
   create.set_system_prompt(args.GetString("system"));
   if (args.Has("policy")) create.mutable_cache()->set_policy(args.GetString("policy"));
+  if (args.Has("budget") && args.Has("budget-frac")) {
+    return absl::InvalidArgumentError("--budget and --budget-frac are exclusive; give one");
+  }
+  if (args.Has("budget")) {
+    RECALL_ASSIGN_OR_RETURN(const int64_t b, args.GetInt("budget", 1024, 1, 1 << 24));
+    create.mutable_cache()->set_budget_tokens(static_cast<int>(b));
+  }
+  if (args.Has("episodes")) {
+    RECALL_ASSIGN_OR_RETURN(const int64_t e, args.GetInt("episodes", 4, 1, 16));
+    create.mutable_cache()->set_episodes(static_cast<int>(e));
+  }
+  if (args.Has("embedder")) create.mutable_cache()->set_embedder(args.GetString("embedder"));
   if (args.Has("budget-frac")) {
     RECALL_ASSIGN_OR_RETURN(const double f, args.GetDouble("budget-frac", 1, 1e-6, 1));
     create.mutable_cache()->set_budget_fraction(static_cast<float>(f));
@@ -116,6 +130,12 @@ absl::Status Chat(const Args& args) {
                 << last.usage().generated_tokens() << ", KV " << last.kv_bytes()
                 << " bytes, evictions " << last.evictions() << ", worker " << last.worker()
                 << ", failovers " << last.failovers() << "\n";
+      if (last.has_episodes()) {
+        std::cout << "episodes " << last.episodes().windows_size() << " (windows:";
+        for (int w : last.episodes().windows()) std::cout << " " << w;
+        std::cout << "), answered by episode " << last.episodes().active() << ", replayed "
+                  << last.episodes().replayed_tokens() << " tokens\n";
+      }
       continue;
     }
     if (!tty) std::cout << "user: " << line << "\nassistant:" << std::flush;
@@ -174,7 +194,7 @@ int RunChat(const std::vector<std::string>& argv) {
   absl::StatusOr<Args> args = Args::Parse(
       argv,
       {"server", "api-key", "tls-ca", "tls-cert", "tls-key", "session", "system", "max-tokens", "temperature", "seed", "policy",
-       "budget-frac", "window"},
+       "budget", "budget-frac", "window", "episodes", "embedder"},
       {"help"});
   if (!args.ok()) return Report("chat", args.status(), kChatUsage);
   if (args->Has("help")) {
