@@ -44,6 +44,15 @@ Scheduler::Metrics::Metrics(metrics::Registry* r) {
                                "Idle session caches dropped to make room (rebuilt later)");
   preemptions = r->GetCounter("recall_worker_preemptions_total",
                               "Running turns paused to host memory to make room");
+  const std::string episodes = "recall_worker_episode_sets_total";
+  const std::string episodes_help = "Episode sets of episodic sessions built off the serving path";
+  episodes_installed = r->GetCounter(episodes, episodes_help, "outcome=\"installed\"");
+  episodes_failed = r->GetCounter(episodes, episodes_help, "outcome=\"failed\"");
+  episodes_over_host = r->GetCounter(episodes, episodes_help, "outcome=\"over_host_budget\"");
+  episode_switches = r->GetCounter("recall_worker_episode_switches_total",
+                                   "Turns answered by another episode than the session's last");
+  replayed_tokens = r->GetCounter("recall_worker_episode_replayed_tokens_total",
+                                  "Tokens fed again to bring a routed episode up to date");
   rebuilds = r->GetCounter("recall_worker_rebuilds_total",
                            "Turns whose session cache was rebuilt from the transcript");
   ttft = r->GetHistogram("recall_worker_time_to_first_token_seconds",

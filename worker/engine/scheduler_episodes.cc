@@ -68,7 +68,10 @@ void Scheduler::CollectEpisodes() {
     SessionEpisodes& e = *it->second->episodic;
     if (r.generation != e.generation) continue;  // a newer job was submitted
     e.building = false;
-    if (!r.set.ok()) continue;  // logged by the builder; the session keeps what it has
+    if (!r.set.ok()) {  // logged by the builder; the session keeps what it has
+      metrics_->episodes_failed->Increment();
+      continue;
+    }
     e.ready = std::make_unique<episodic::EpisodeResult>(std::move(r));
   }
 }
@@ -77,6 +80,18 @@ void Scheduler::InstallEpisodes(Session& s) {
   SessionEpisodes& e = *s.episodic;
   std::unique_ptr<episodic::EpisodeResult> r = std::move(e.ready);
   episodic::EpisodeSet& set = *r->set;
+  // The new episodes wait in host memory: they must fit its budget beside everything else
+  // (what they replace is freed).
+  int64_t incoming = 0;
+  for (const auto& c : set.caches) incoming += c->host_bytes();
+  const int64_t outgoing = e.parked_host_bytes() + (s.offloaded() ? s.host_bytes() : 0);
+  if (host_bytes_ - outgoing + incoming > options_.host_cache_bytes) {
+    metrics_->episodes_over_host->Increment();
+    RECALL_LOG(WARNING) << "session " << s.id << ": " << set.caches.size() << " episodes ("
+                        << incoming << " host bytes) do not fit --host-cache-bytes; kept "
+                        << "serving without them";
+    return;
+  }
   for (auto& c : set.caches) {
     if (!c->Rebind(ranks_.ranks[0].pool).ok()) return;  // same layout by construction
   }
@@ -91,6 +106,7 @@ void Scheduler::InstallEpisodes(Session& s) {
   e.list = std::move(set.episodes);
   e.router = std::move(r->router);
   e.active = -1;
+  metrics_->episodes_installed->Increment();
   RECALL_LOG(INFO) << "session " << s.id << ": " << e.list.size() << " episodes installed ("
                    << r->history_tokens << " tokens, built in " << set.build_seconds << " s)";
 }
@@ -188,6 +204,7 @@ absl::Status Scheduler::PrepareEpisodes(Turn& t) {
     int episode = ep::RouteToEpisode(q, e.list);
     e.fell_back = episode < 0;
     if (episode < 0) episode = e.active >= 0 ? e.active : static_cast<int>(e.list.size()) - 1;
+    if (episode != e.active && e.active >= 0) metrics_->episode_switches->Increment();
     RECALL_RETURN_IF_ERROR(SwitchEpisode(s, episode, t));
     // The tokens this episode has not seen come first (positions continue from its own).
     const size_t from = e.upto[static_cast<size_t>(episode)];
@@ -195,6 +212,7 @@ absl::Status Scheduler::PrepareEpisodes(Turn& t) {
       t.prompt.insert(t.prompt.begin(), s.tokens.begin() + from, s.tokens.end());
       t.n_replay = static_cast<int>(s.tokens.size() - from);
       t.cached_tokens -= t.n_replay;
+      metrics_->replayed_tokens->Increment(t.n_replay);
     }
     // upto moves when the turn completes (EpisodeTurnDone); a turn that fails before it
     // ran leaves the cache, and so upto, as they were.

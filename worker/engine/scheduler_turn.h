@@ -89,6 +89,11 @@ struct Scheduler::Metrics {
   metrics::Counter* restores;
   metrics::Counter* drops_memory;
   metrics::Counter* preemptions;
+  metrics::Counter* episodes_installed;
+  metrics::Counter* episodes_failed;
+  metrics::Counter* episodes_over_host;
+  metrics::Counter* episode_switches;
+  metrics::Counter* replayed_tokens;
   metrics::Counter* rebuilds;
   metrics::Histogram* ttft;
   metrics::Histogram* tpot;

@@ -8,6 +8,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/common/test_util.h"
+#include "common/metrics/registry.h"
 #include "worker/engine/scheduler.h"
 #include "worker/engine/turn_collect.h"
 #include "worker/model/loader.h"
@@ -41,11 +42,20 @@ class SchedulerEpisodesTest : public ::testing::Test {
                                          64 * c.n_layers);
     ASSERT_TRUE(pool.ok()) << pool.status();
     pool_ = std::move(*pool);
-    SchedulerOptions o;
+    Start(SchedulerOptions{});
+  }
+
+  void Start(SchedulerOptions o) {
+    sched_.reset();
     o.stop_token_ids = {2};
-    auto s = Scheduler::Create(*model_, *backend_, *pool_, *tok_, o);
+    metrics_ = std::make_unique<metrics::Registry>();
+    auto s = Scheduler::Create(*model_, *backend_, *pool_, *tok_, o, metrics_.get());
     ASSERT_TRUE(s.ok()) << s.status();
     sched_ = std::move(*s);
+  }
+
+  double Counter(const std::string& name, const std::string& labels = "") {
+    return metrics_->GetCounter(name, "", labels)->value();
   }
 
   Collected Run(const std::string& text, int history_length, CacheRequest cache = Cache()) {
@@ -77,6 +87,7 @@ class SchedulerEpisodesTest : public ::testing::Test {
   std::unique_ptr<model::Tokenizer> tok_;
   std::unique_ptr<kernels::Backend> backend_;
   std::unique_ptr<cache::BlockPool> pool_;
+  std::unique_ptr<metrics::Registry> metrics_;
   std::unique_ptr<Scheduler> sched_;
 };
 
@@ -108,6 +119,11 @@ TEST_F(SchedulerEpisodesTest, EpisodesAreBuiltInTheBackgroundAndTurnsGoToTheirSt
   EXPECT_EQ(again.summary.episode, lily.summary.episode);
   EXPECT_GT(again.summary.replayed_tokens, 0);
   EXPECT_LT(again.summary.replayed_tokens, sue.summary.replayed_tokens);
+  EXPECT_EQ(Counter("recall_worker_episode_sets_total", "outcome=\"installed\""), 1);
+  EXPECT_EQ(Counter("recall_worker_episode_switches_total"), 2);
+  EXPECT_EQ(Counter("recall_worker_episode_replayed_tokens_total"),
+            lily.summary.replayed_tokens + sue.summary.replayed_tokens +
+                again.summary.replayed_tokens);
   // Dropping the session gives back every block and every host byte.
   ASSERT_TRUE(sched_->DropSession("epi").ok());
   EXPECT_EQ(pool_->free_blocks(), pool_->num_blocks());
@@ -115,6 +131,19 @@ TEST_F(SchedulerEpisodesTest, EpisodesAreBuiltInTheBackgroundAndTurnsGoToTheirSt
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   EXPECT_EQ(sched_->Load().host_bytes_used, 0);
+}
+
+TEST_F(SchedulerEpisodesTest, EpisodesThatDoNotFitTheHostBudgetAreNotInstalled) {
+  SchedulerOptions o;
+  o.host_cache_bytes = 64 << 10;  // two episodes of 32 slots in 5 layers take 80 KiB
+  Start(o);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(Run(kStories[i], 2 * i).status.ok());
+  sched_->WaitForEpisodeBuilds();
+  Collected next = Run("Lily had a red ball.", 8);
+  ASSERT_TRUE(next.status.ok()) << next.status;
+  EXPECT_TRUE(next.summary.episode_windows.empty()) << "served without episodes";
+  EXPECT_EQ(Counter("recall_worker_episode_sets_total", "outcome=\"over_host_budget\""), 1);
+  EXPECT_LE(sched_->Load().host_bytes_used, o.host_cache_bytes);
 }
 
 TEST_F(SchedulerEpisodesTest, BadEpisodicSettingsAreRefusedByName) {
