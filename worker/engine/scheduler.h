@@ -231,8 +231,10 @@ class Scheduler {
   void InstallEpisodes(Session& s);
   // After a completed turn: the active episode's cache holds every token of the session.
   void EpisodeTurnDone(Session& s);
-  absl::Status SwitchEpisode(Session& s, int episode, const Turn& turn);
-  void SubmitEpisodes(Session& s, const Turn& turn);
+  // Makes `episode`'s cache the session's (parking the one in use), with a fresh evictor.
+  absl::Status SwitchEpisode(Session& s, int episode);
+  // Submits a build of the session's history when one is due.
+  void SubmitEpisodes(Session& s);
   // The lazy evictor options of an episodic session's cache.
   cache::eviction::SessionEvictorOptions EvictorOptions(const Session& s,
                                                         const CacheRequest& c) const;

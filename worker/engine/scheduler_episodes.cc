@@ -111,7 +111,7 @@ void Scheduler::InstallEpisodes(Session& s) {
                    << r->history_tokens << " tokens, built in " << set.build_seconds << " s)";
 }
 
-absl::Status Scheduler::SwitchEpisode(Session& s, int episode, const Turn& t) {
+absl::Status Scheduler::SwitchEpisode(Session& s, int episode) {
   SessionEpisodes& e = *s.episodic;
   if (episode == e.active && !s.caches.empty()) return absl::OkStatus();
   if (!s.caches.empty()) {
@@ -134,38 +134,30 @@ absl::Status Scheduler::SwitchEpisode(Session& s, int episode, const Turn& t) {
   }
   // The episode's cache becomes the session's (offloaded: admission restores it).
   s.caches.push_back(std::move(e.parked[episode]));
-  RECALL_ASSIGN_OR_RETURN(std::unique_ptr<cache::eviction::SessionEvictor> evictor,
-                          cache::eviction::SessionEvictor::Create(EvictorOptions(s, t.req.cache),
-                                                                  s.caches[0].get()));
+  RECALL_ASSIGN_OR_RETURN(
+      std::unique_ptr<cache::eviction::SessionEvictor> evictor,
+      cache::eviction::SessionEvictor::Create(EvictorOptions(s, e.settings), s.caches[0].get()));
   s.evictors.push_back(std::move(evictor));
   e.active = episode;
   return absl::OkStatus();
 }
 
-void Scheduler::SubmitEpisodes(Session& s, const Turn& t) {
+void Scheduler::SubmitEpisodes(Session& s) {
   SessionEpisodes& e = *s.episodic;
-  const int budget = t.req.cache.budget_tokens.value_or(options_.default_budget_tokens);
+  const int budget = e.settings.budget_tokens.value_or(options_.default_budget_tokens);
   if (e.building || static_cast<int>(s.tokens.size()) <= budget) return;
   if (!e.list.empty() && e.turns_since_build < e.recluster_turns) return;
   std::vector<ep::Utterance> utterances;
   for (const model::ChatMessage& m : s.messages) utterances.push_back({m.role, m.content});
   absl::StatusOr<std::vector<ep::Window>> windows = ep::SegmentWindows(utterances, 4);
   if (!windows.ok() || windows->size() < 2) return;
-  for (ep::Window& w : *windows) {
-    std::string text;
-    for (int i = w.first; i < w.first + w.count; ++i) {
-      if (!text.empty()) text += "\n";
-      text += ep::RenderUtterance(utterances[static_cast<size_t>(i)]);
-    }
-    w.text = std::move(text);
-  }
   episodic::EpisodeJob job;
   job.session = s.id;
   job.generation = ++e.generation;
   job.history = s.tokens;
   job.windows = std::move(*windows);
   // The episodes are compressed to the per-layer budgets decoding uses.
-  const cache::eviction::SessionEvictorOptions decode = EvictorOptions(s, t.req.cache);
+  const cache::eviction::SessionEvictorOptions decode = EvictorOptions(s, e.settings);
   cache::eviction::BudgetOptions split = decode.budget;
   split.reserved = std::max(split.reserved, decode.policy.window);  // lazy's min_budget()
   absl::StatusOr<cache::eviction::BudgetAllocator> allocator =
@@ -205,7 +197,7 @@ absl::Status Scheduler::PrepareEpisodes(Turn& t) {
     e.fell_back = episode < 0;
     if (episode < 0) episode = e.active >= 0 ? e.active : static_cast<int>(e.list.size()) - 1;
     if (episode != e.active && e.active >= 0) metrics_->episode_switches->Increment();
-    RECALL_RETURN_IF_ERROR(SwitchEpisode(s, episode, t));
+    RECALL_RETURN_IF_ERROR(SwitchEpisode(s, episode));
     // The tokens this episode has not seen come first (positions continue from its own).
     const size_t from = e.upto[static_cast<size_t>(episode)];
     if (from < s.tokens.size()) {
@@ -217,7 +209,7 @@ absl::Status Scheduler::PrepareEpisodes(Turn& t) {
     // upto moves when the turn completes (EpisodeTurnDone); a turn that fails before it
     // ran leaves the cache, and so upto, as they were.
   }
-  SubmitEpisodes(s, t);
+  SubmitEpisodes(s);
   return absl::OkStatus();
 }
 

@@ -143,6 +143,7 @@ absl::Status Scheduler::CreateCache(Session& s, const Turn& t) {
     }
     s.evictors.push_back(*std::move(evictor));
     s.episodic = std::make_unique<SessionEpisodes>();
+    s.episodic->settings = c;
     s.episodic->episodes = c.episodes.value_or(options_.default_episodes);
     s.episodic->embedder = c.embedder.value_or(options_.default_embedder);
     s.episodic->block_tokens = c.block_tokens.value_or(options_.default_block_tokens);

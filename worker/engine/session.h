@@ -23,6 +23,7 @@
 #include "cache/episodic/episodes.h"
 #include "cache/eviction/session_evictor.h"
 #include "cache/sequence_cache.h"
+#include "worker/engine/turn_request.h"
 #include "worker/model/chat_template.h"
 
 namespace recall::engine {
@@ -40,7 +41,9 @@ struct EpisodeResult;
 struct SessionEpisodes {
   SessionEpisodes();
   ~SessionEpisodes();
-  // Settings (CacheRequest).
+  // Settings: the request that created the session's cache (later turns keep them), and
+  // the episodic ones with the worker's defaults filled in.
+  CacheRequest settings;
   int episodes = 4;
   std::string embedder = "model";
   int block_tokens = 2048;
