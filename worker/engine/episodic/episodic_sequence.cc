@@ -86,8 +86,16 @@ absl::Status EpisodicSequence::Prefill(std::span<const int32_t> prompt, int chun
   if (!caches_.empty()) return absl::FailedPreconditionError("Prefill: called twice");
   const std::vector<TokenSpan> spans = SplitSentences(prompt, tokenizer_);
   const int n = static_cast<int>(spans.size());
-  // Utterances before `recent` are the history to compress; the rest is prefilled as is.
-  const int recent = std::max(0, n - 1 - options_.recent_utterances);
+  // The query: the last sentence, extended back over short ones ("A:" after a question) to
+  // kMinQueryTokens tokens. Utterances before `recent` are the history to compress; the
+  // recent ones and the query are prefilled as they are.
+  int query_first = std::max(0, n - 1);
+  while (query_first > 0 &&
+         spans[static_cast<size_t>(n - 1)].end - spans[static_cast<size_t>(query_first)].begin <
+             kMinQueryTokens) {
+    --query_first;
+  }
+  const int recent = std::max(0, query_first - options_.recent_utterances);
   const int history_end = n == 0 ? 0 : spans[recent].begin;
   std::vector<ep::Window> windows;
   for (int first = 0; first < recent; first += options_.window_utterances) {
@@ -127,7 +135,8 @@ absl::Status EpisodicSequence::Prefill(std::span<const int32_t> prompt, int chun
   }
   caches_ = std::move(set.caches);
   episodes_ = std::move(set.episodes);
-  const std::vector<int32_t> query(prompt.begin() + spans[n - 1].begin, prompt.end());
+  const std::vector<int32_t> query(prompt.begin() + spans[static_cast<size_t>(query_first)].begin,
+                                   prompt.end());
   RECALL_ASSIGN_OR_RETURN(const std::vector<float> q,
                           embedder_->Embed(tokenizer_.Decode(query, /*skip_special=*/true)));
   active_cache_ = RouteOrFallBack(q, episodes_, static_cast<int>(windows.size()) - 1,

@@ -2,7 +2,9 @@
 // `recall generate --policy episodic` and the quality benchmark drive it like any other.
 //
 // The prompt is the history plus a query: its sentences (sentences.h) are the utterances,
-// the last one is the query, the `recent_utterances` before it are the recent context.
+// the last one is the query (with the sentences before it while it is shorter than
+// kMinQueryTokens: a question followed by "A:"), the `recent_utterances` before it are the
+// recent context.
 // Prefill:
 //   1. The older history's sentences are grouped into windows of `window_utterances`,
 //      embedded (the served model's mean-pooled hidden states, or hashed TF-IDF fitted on
@@ -43,6 +45,9 @@
 #include "worker/model/tokenizer.h"
 
 namespace recall::engine::episodic {
+
+// The query routed to an episode has at least this many tokens (when the prompt has them).
+inline constexpr int kMinQueryTokens = 8;
 
 struct EpisodicOptions {
   int episodes = 4;           // E, >= 1

@@ -134,10 +134,11 @@ TEST_F(EpisodicSequenceTest, EachStoryIsAnEpisodeAndTheQueryIsAnsweredFromItsSto
 }
 
 TEST_F(EpisodicSequenceTest, RoutingFollowsTheStoryWhateverItsPlace) {
+  // The last: a question and then "A:", a sentence too short to route by on its own.
   const char* queries[] = {"Lily had a red ball.", "Tom saw a big blue truck.",
-                           "Ben found a bird in the garden."};
-  const int stories[] = {0, 1, 3};
-  for (int i = 0; i < 3; ++i) {
+                           "Ben found a bird in the garden.", "Q: What did Sue give her cat?\nA:"};
+  const int stories[] = {0, 1, 3, 2};
+  for (int i = 0; i < 4; ++i) {
     const std::vector<int32_t> prompt = tok_->Encode(std::string(kStories) + queries[i], true);
     auto seq = Make(Options("tfidf"));
     ASSERT_NE(seq, nullptr);
