@@ -381,4 +381,26 @@ absl::Status ForwardPass::Run(std::span<const BatchItem> batch, float* logits) {
   return backend_.Health();
 }
 
+absl::Status RunChunked(ForwardPass& forward, cache::SequenceCache* cache,
+                        std::span<const int32_t> tokens, int chunk, float* logits,
+                        float* window_queries, int window_w) {
+  if (chunk < 1) return absl::InvalidArgumentError(absl::StrCat("chunk: ", chunk, " must be >= 1"));
+  const int n = static_cast<int>(tokens.size());
+  const int window_first = cache->next_position() + n - window_w;
+  for (int start = 0; start < n; start += chunk) {
+    BatchItem item;
+    item.cache = cache;
+    item.tokens = tokens.data() + start;
+    item.n = std::min(chunk, n - start);
+    item.want_logits = logits != nullptr && start + item.n == n;
+    if (window_queries != nullptr) {
+      item.window_queries = window_queries;
+      item.window_w = window_w;
+      item.window_first = window_first;
+    }
+    RECALL_RETURN_IF_ERROR(forward.Run({&item, 1}, item.want_logits ? logits : nullptr));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace recall::engine

@@ -120,4 +120,12 @@ class ForwardPass {
   const int32_t* positions_ = nullptr;  // backend memory
 };
 
+// Runs `tokens` (one sequence) into `cache` in forward passes of at most `chunk` tokens.
+// logits (may be null): [vocab] of the last token. window_queries (may be null): the queries
+// of the last `window_w` tokens, laid out as BatchItem::window_queries. InvalidArgument for
+// chunk < 1; otherwise ForwardPass::Run's errors.
+absl::Status RunChunked(ForwardPass& forward, cache::SequenceCache* cache,
+                        std::span<const int32_t> tokens, int chunk, float* logits,
+                        float* window_queries = nullptr, int window_w = 0);
+
 }  // namespace recall::engine

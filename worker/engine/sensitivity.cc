@@ -44,20 +44,6 @@ absl::Status Validate(const SensitivityOptions& o, int64_t n, int max_seq_len) {
   return absl::OkStatus();
 }
 
-// Appends tokens[0..n) to `cache`, `chunk` tokens per forward pass.
-absl::Status Append(ForwardPass& forward, cache::SequenceCache& cache, const int32_t* tokens, int n,
-                    int chunk) {
-  for (int begin = 0; begin < n; begin += chunk) {
-    BatchItem item;
-    item.cache = &cache;
-    item.tokens = tokens + begin;
-    item.n = std::min(chunk, n - begin);
-    item.want_logits = false;
-    RECALL_RETURN_IF_ERROR(forward.Run({&item, 1}, nullptr));
-  }
-  return absl::OkStatus();
-}
-
 // Per (layer, KV head, window): the terms of the cosine of the flattened keys.
 class CosineSums {
  public:
@@ -119,7 +105,7 @@ absl::StatusOr<std::vector<double>> LayerSensitivity(const model::Model& model,
         "sensitivity: the backend's KV memory is not host readable (run it on the CPU)");
   }
   ForwardPass forward(model, backend, ForwardOptions{.max_batch_tokens = options.chunk});
-  RECALL_RETURN_IF_ERROR(Append(forward, full, tokens.data(), n, options.chunk));
+  RECALL_RETURN_IF_ERROR(RunChunked(forward, &full, tokens, options.chunk, nullptr));
 
   const int windows =
       static_cast<int>((int64_t{n} - block + options.window - 1) / options.window);
@@ -127,8 +113,9 @@ absl::StatusOr<std::vector<double>> LayerSensitivity(const model::Model& model,
   std::vector<int32_t> keep;
   for (int begin = 0; begin < n; begin += block) {
     const int end = std::min(n, begin + block);
-    RECALL_RETURN_IF_ERROR(
-        Append(forward, masked, tokens.data() + begin, end - begin, options.chunk));
+    RECALL_RETURN_IF_ERROR(RunChunked(
+        forward, &masked, tokens.subspan(static_cast<size_t>(begin), end - begin), options.chunk,
+        nullptr));
     const kernels::PagedKv fv = full.View();
     const kernels::PagedKv mv = masked.View();
     const int first_slot = masked.length(0, 0) - (end - begin);  // of position `begin`

@@ -6,27 +6,42 @@
 
 namespace recall::engine {
 
-LocalSequence::LocalSequence(ForwardPass& forward, std::unique_ptr<cache::SequenceCache> cache)
-    : forward_(forward), cache_(std::move(cache)) {}
+LocalSequence::LocalSequence(ForwardPass& forward, std::unique_ptr<cache::SequenceCache> owned,
+                             cache::SequenceCache* cache)
+    : forward_(forward), owned_(std::move(owned)), cache_(cache) {}
 
 absl::StatusOr<std::unique_ptr<LocalSequence>> LocalSequence::Create(
     ForwardPass& forward, cache::BlockPool& pool,
     const std::optional<cache::eviction::SessionEvictorOptions>& eviction) {
-  std::unique_ptr<LocalSequence> seq(
-      new LocalSequence(forward, std::make_unique<cache::SequenceCache>(&pool)));
-  if (!eviction.has_value()) return seq;
-  const model::ModelConfig& config = forward.model().config;
+  auto cache = std::make_unique<cache::SequenceCache>(&pool);
+  cache::SequenceCache* raw = cache.get();
+  std::unique_ptr<LocalSequence> seq(new LocalSequence(forward, std::move(cache), raw));
+  RECALL_RETURN_IF_ERROR(seq->MakeEvictor(eviction));
+  return seq;
+}
+
+absl::StatusOr<std::unique_ptr<LocalSequence>> LocalSequence::CreateOn(
+    ForwardPass& forward, cache::SequenceCache* cache,
+    const std::optional<cache::eviction::SessionEvictorOptions>& eviction) {
+  std::unique_ptr<LocalSequence> seq(new LocalSequence(forward, nullptr, cache));
+  RECALL_RETURN_IF_ERROR(seq->MakeEvictor(eviction));
+  seq->peak_bytes_ = cache->bytes_held();
+  return seq;
+}
+
+absl::Status LocalSequence::MakeEvictor(
+    const std::optional<cache::eviction::SessionEvictorOptions>& eviction) {
+  if (!eviction.has_value()) return absl::OkStatus();
+  const model::ModelConfig& config = forward_.model().config;
   cache::eviction::SessionEvictorOptions o = *eviction;
   o.n_heads = config.n_heads;
-  RECALL_ASSIGN_OR_RETURN(seq->evictor_,
-                          cache::eviction::SessionEvictor::Create(o, seq->cache_.get()));
-  if (seq->evictor_->policy().needs_attention() ||
+  RECALL_ASSIGN_OR_RETURN(evictor_, cache::eviction::SessionEvictor::Create(o, cache_));
+  if (evictor_->policy().needs_attention() ||
       o.policy.meta_score == cache::eviction::PolicyOptions::MetaScore::kCaoteCurrentQuery) {
-    seq->probs_stride_ = config.max_seq_len;  // a head never holds more slots than the context
-    seq->probs_.resize(static_cast<size_t>(config.n_layers) * config.n_heads *
-                       seq->probs_stride_);
+    probs_stride_ = config.max_seq_len;  // a head never holds more slots than the context
+    probs_.resize(static_cast<size_t>(config.n_layers) * config.n_heads * probs_stride_);
   }
-  return seq;
+  return absl::OkStatus();
 }
 
 absl::Status LocalSequence::Prefill(std::span<const int32_t> prompt, int chunk, float* logits) {
@@ -40,19 +55,8 @@ absl::Status LocalSequence::Prefill(std::span<const int32_t> prompt, int chunk, 
     window_queries.resize(static_cast<size_t>(config.n_layers) * window_w * config.n_heads *
                           config.head_dim);
   }
-  for (int start = 0; start < len; start += chunk) {
-    BatchItem item;
-    item.cache = cache_.get();
-    item.tokens = prompt.data() + start;
-    item.n = std::min(chunk, len - start);
-    item.want_logits = start + item.n == len;
-    if (window_w > 0) {
-      item.window_queries = window_queries.data();
-      item.window_w = window_w;
-      item.window_first = len - window_w;
-    }
-    RECALL_RETURN_IF_ERROR(forward_.Run({&item, 1}, item.want_logits ? logits : nullptr));
-  }
+  RECALL_RETURN_IF_ERROR(RunChunked(forward_, cache_, prompt, chunk, logits,
+                                    window_w > 0 ? window_queries.data() : nullptr, window_w));
   peak_bytes_ = std::max(peak_bytes_, cache_->bytes_held());
   if (window_w > 0) return evictor_->CompressPrefill(window_queries.data(), window_w);
   return absl::OkStatus();
@@ -60,7 +64,7 @@ absl::Status LocalSequence::Prefill(std::span<const int32_t> prompt, int chunk, 
 
 absl::Status LocalSequence::Decode(int32_t token, float* logits) {
   BatchItem item;
-  item.cache = cache_.get();
+  item.cache = cache_;
   item.tokens = &token;
   item.n = 1;
   item.attn_probs = probs_.empty() ? nullptr : probs_.data();

@@ -48,6 +48,12 @@ class LocalSequence final : public Sequence {
   static absl::StatusOr<std::unique_ptr<LocalSequence>> Create(
       ForwardPass& forward, cache::BlockPool& pool,
       const std::optional<cache::eviction::SessionEvictorOptions>& eviction);
+  // The same on a cache the caller owns and that may already hold tokens (an EpiCache
+  // episode): Prefill appends to it, the evictor takes over all of it. The cache must
+  // outlive the sequence and be resident.
+  static absl::StatusOr<std::unique_ptr<LocalSequence>> CreateOn(
+      ForwardPass& forward, cache::SequenceCache* cache,
+      const std::optional<cache::eviction::SessionEvictorOptions>& eviction);
 
   absl::Status Prefill(std::span<const int32_t> prompt, int chunk, float* logits) override;
   absl::Status Decode(int32_t token, float* logits) override;
@@ -59,10 +65,13 @@ class LocalSequence final : public Sequence {
   const cache::eviction::SessionEvictor* evictor() const { return evictor_.get(); }
 
  private:
-  LocalSequence(ForwardPass& forward, std::unique_ptr<cache::SequenceCache> cache);
+  LocalSequence(ForwardPass& forward, std::unique_ptr<cache::SequenceCache> owned,
+                cache::SequenceCache* cache);
+  absl::Status MakeEvictor(const std::optional<cache::eviction::SessionEvictorOptions>& eviction);
 
   ForwardPass& forward_;
-  std::unique_ptr<cache::SequenceCache> cache_;
+  std::unique_ptr<cache::SequenceCache> owned_;  // null when the caller owns the cache
+  cache::SequenceCache* cache_;
   std::unique_ptr<cache::eviction::SessionEvictor> evictor_;
   std::vector<float> probs_;  // [n_layers, n_heads, probs_stride_] when the policy needs them
   int64_t probs_stride_ = 0;

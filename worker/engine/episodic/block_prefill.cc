@@ -38,26 +38,6 @@ absl::Status Validate(const ForwardPass& forward, std::span<const int32_t> patch
   return absl::OkStatus();
 }
 
-// Prefills tokens in chunks; captures the queries of all of them into `queries` if non-null.
-absl::Status Feed(ForwardPass& forward, cache::SequenceCache* cache,
-                  std::span<const int32_t> tokens, int chunk, float* queries) {
-  const int32_t first = cache->next_position();
-  for (size_t start = 0; start < tokens.size(); start += static_cast<size_t>(chunk)) {
-    BatchItem item;
-    item.cache = cache;
-    item.tokens = tokens.data() + start;
-    item.n = static_cast<int>(std::min<size_t>(chunk, tokens.size() - start));
-    item.want_logits = false;
-    if (queries != nullptr) {
-      item.window_queries = queries;
-      item.window_w = static_cast<int>(tokens.size());
-      item.window_first = first;
-    }
-    RECALL_RETURN_IF_ERROR(forward.Run({&item, 1}, nullptr));
-  }
-  return absl::OkStatus();
-}
-
 void Observe(const cache::SequenceCache& cache, BlockPrefillStats* stats) {
   stats->peak_bytes = std::max(stats->peak_bytes, cache.bytes_held());
   stats->max_layer_slots = std::max(stats->max_layer_slots, cache.max_length());
@@ -162,7 +142,7 @@ absl::StatusOr<BlockPrefillStats> BlockwisePrefill(ForwardPass& forward,
   Stopwatch total;
   for (size_t start = 0; start < history.size(); start += step) {
     const std::span<const int32_t> block = history.subspan(start, std::min(step, history.size() - start));
-    RECALL_RETURN_IF_ERROR(Feed(forward, cache, block, options.chunk, nullptr));
+    RECALL_RETURN_IF_ERROR(RunChunked(forward, cache, block, options.chunk, nullptr));
     ++stats.blocks;
     Observe(*cache, &stats);
     if (!OverBudget(*cache, c.n_kv_heads, budgets, options.head_adaptive)) continue;
@@ -175,7 +155,8 @@ absl::StatusOr<BlockPrefillStats> BlockwisePrefill(ForwardPass& forward,
           "history: ", resume, " tokens leave no room in the context of ", c.max_seq_len,
           " for the patch queries"));
     }
-    RECALL_RETURN_IF_ERROR(Feed(forward, cache, patch.last(room), options.chunk, queries.data()));
+    RECALL_RETURN_IF_ERROR(RunChunked(forward, cache, patch.last(room), options.chunk, nullptr,
+                                      queries.data(), room));
     Observe(*cache, &stats);
     Stopwatch scoring;
     stats.evicted_slots += compressor.Run(queries.data(), room, budgets);

@@ -111,8 +111,9 @@ absl::Status EpisodicSequence::Prefill(std::span<const int32_t> prompt, int chun
   if (windows.size() < 2 || !over) {
     caches_.push_back(std::make_unique<cache::SequenceCache>(&pool_));
     stats_.recent_tokens = static_cast<int>(prompt.size());
-    RECALL_RETURN_IF_ERROR(Feed(prompt, chunk, logits));
-    return StartDecode();
+    RECALL_ASSIGN_OR_RETURN(active_, LocalSequence::CreateOn(forward_, caches_[0].get(),
+                                                             options_.decode));
+    return active_->Prefill(prompt, chunk, logits);
   }
   const std::span<const int32_t> history = prompt.first(static_cast<size_t>(history_end));
   stats_.history_tokens = history_end;
@@ -129,7 +130,6 @@ absl::Status EpisodicSequence::Prefill(std::span<const int32_t> prompt, int chun
   stats_.embed_seconds = set.embed_seconds;
   stats_.build_seconds = set.build_seconds;
   stats_.build_peak_bytes = set.build_peak_bytes;
-  peak_bytes_ = std::max(peak_bytes_, set.build_peak_bytes);
   for (size_t e = 0; e < set.episodes.size(); ++e) {
     stats_.episodes.push_back({set.episodes[e].windows, static_cast<int>(set.patches[e].size()), 0, false});
   }
@@ -143,54 +143,21 @@ absl::Status EpisodicSequence::Prefill(std::span<const int32_t> prompt, int chun
                                   &stats_.routed_by_fallback);
   stats_.active = active_cache_;
   RECALL_RETURN_IF_ERROR(caches_[active_cache_]->RestoreFromHost());
-  RECALL_RETURN_IF_ERROR(Feed(prompt.subspan(static_cast<size_t>(history_end)), chunk, logits));
+  RECALL_ASSIGN_OR_RETURN(active_, LocalSequence::CreateOn(forward_, caches_[active_cache_].get(),
+                                                           options_.decode));
+  RECALL_RETURN_IF_ERROR(
+      active_->Prefill(prompt.subspan(static_cast<size_t>(history_end)), chunk, logits));
   for (size_t e = 0; e < caches_.size(); ++e) {
     EpisodeInfo& info = stats_.episodes[e];
     info.resident = static_cast<int>(e) == active_cache_;
     info.kv_bytes = info.resident ? caches_[e]->bytes_held() : caches_[e]->host_bytes();
   }
-  return StartDecode();
-}
-
-absl::Status EpisodicSequence::Feed(std::span<const int32_t> tokens, int chunk, float* logits) {
-  if (chunk < 1) return absl::InvalidArgumentError("chunk: must be >= 1");
-  cache::SequenceCache* cache = caches_[active_cache_].get();
-  for (size_t start = 0; start < tokens.size(); start += static_cast<size_t>(chunk)) {
-    BatchItem item;
-    item.cache = cache;
-    item.tokens = tokens.data() + start;
-    item.n = static_cast<int>(std::min<size_t>(chunk, tokens.size() - start));
-    item.want_logits = start + item.n == tokens.size();
-    RECALL_RETURN_IF_ERROR(forward_.Run({&item, 1}, item.want_logits ? logits : nullptr));
-  }
-  peak_bytes_ = std::max(peak_bytes_, cache->bytes_held());
-  return absl::OkStatus();
-}
-
-absl::Status EpisodicSequence::StartDecode() {
-  const model::ModelConfig& config = forward_.model().config;
-  RECALL_ASSIGN_OR_RETURN(evictor_,
-                          ev::SessionEvictor::Create(options_.decode, caches_[active_cache_].get()));
-  if (evictor_->policy().needs_attention() ||
-      options_.decode.policy.meta_score == ev::PolicyOptions::MetaScore::kCaoteCurrentQuery) {
-    probs_stride_ = config.max_seq_len;
-    probs_.resize(static_cast<size_t>(config.n_layers) * config.n_heads * probs_stride_);
-  }
   return absl::OkStatus();
 }
 
 absl::Status EpisodicSequence::Decode(int32_t token, float* logits) {
-  if (evictor_ == nullptr) return absl::FailedPreconditionError("Decode: before Prefill");
-  cache::SequenceCache* cache = caches_[active_cache_].get();
-  BatchItem item;
-  item.cache = cache;
-  item.tokens = &token;
-  item.n = 1;
-  item.attn_probs = probs_.empty() ? nullptr : probs_.data();
-  item.probs_stride = probs_stride_;
-  RECALL_RETURN_IF_ERROR(forward_.Run({&item, 1}, logits));
-  peak_bytes_ = std::max(peak_bytes_, cache->bytes_held());
-  return evictor_->Step(item.attn_probs, probs_stride_);
+  if (active_ == nullptr) return absl::FailedPreconditionError("Decode: before Prefill");
+  return active_->Decode(token, logits);
 }
 
 int32_t EpisodicSequence::next_position() const {
@@ -198,14 +165,9 @@ int32_t EpisodicSequence::next_position() const {
 }
 
 SequenceStats EpisodicSequence::stats() const {
-  SequenceStats s;
-  if (caches_.empty()) return s;
-  s.kv_bytes = caches_[active_cache_]->bytes_held();
-  s.peak_kv_bytes = peak_bytes_;
-  if (evictor_ != nullptr) {
-    s.evictions = evictor_->evictions();
-    s.evicted_slots = evictor_->evicted_slots();
-  }
+  if (active_ == nullptr) return SequenceStats{};
+  SequenceStats s = active_->stats();
+  s.peak_kv_bytes = std::max(s.peak_kv_bytes, stats_.build_peak_bytes);
   return s;
 }
 

@@ -110,10 +110,6 @@ class EpisodicSequence final : public Sequence {
                    const model::Tokenizer& tokenizer, const EpisodicOptions& options,
                    cache::eviction::BudgetAllocator budgets);
 
-  // Prefills `tokens` into the active cache in chunks (logits of the last one).
-  absl::Status Feed(std::span<const int32_t> tokens, int chunk, float* logits);
-  // Creates the decode evictor on the active cache.
-  absl::Status StartDecode();
 
   ForwardPass& forward_;
   cache::BlockPool& pool_;
@@ -124,10 +120,8 @@ class EpisodicSequence final : public Sequence {
   std::vector<cache::episodic::Episode> episodes_;
   std::vector<std::unique_ptr<cache::SequenceCache>> caches_;
   int active_cache_ = 0;
-  std::unique_ptr<cache::eviction::SessionEvictor> evictor_;
-  std::vector<float> probs_;
-  int64_t probs_stride_ = 0;
-  int64_t peak_bytes_ = 0;
+  // Prefill of the recent context and query, and decoding, on the active cache.
+  std::unique_ptr<LocalSequence> active_;
   EpisodicStats stats_;
 };
 
