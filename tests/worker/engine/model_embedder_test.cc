@@ -9,25 +9,18 @@
 
 #include "cache/episodic/episodes.h"
 #include "gtest/gtest.h"
-#include "tests/common/test_util.h"
+#include "tests/common/stories260k.h"
 #include "worker/model/loader.h"
 
 namespace recall::engine {
 namespace {
 
-constexpr char kModel[] = "models/stories260K/stories260K.bin";
-constexpr char kTokenizer[] = "models/stories260K/tok512.bin";
 
-class ModelEmbedderTest : public ::testing::Test {
+class ModelEmbedderTest : public recall::testing::Stories260KTest {
  protected:
   void SetUp() override {
-    RECALL_REQUIRE_SHARED_FILE(kModel);
-    auto m = model::LoadModel(recall::testing::SharedPath(kModel));
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = std::move(*m);
-    auto tok = model::LoadTokenizer(recall::testing::SharedPath(kTokenizer), 512);
-    ASSERT_TRUE(tok.ok()) << tok.status();
-    tok_ = std::move(*tok);
+    Stories260KTest::SetUp();
+    if (model_ == nullptr) return;  // skipped or failed
     backend_ = kernels::CreateCpuBackend({1});
   }
 
@@ -37,8 +30,6 @@ class ModelEmbedderTest : public ::testing::Test {
     return e.ok() ? std::move(*e) : nullptr;
   }
 
-  std::unique_ptr<model::Model> model_;
-  std::unique_ptr<model::Tokenizer> tok_;
   std::unique_ptr<kernels::Backend> backend_;
 };
 

@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
-#include "tests/common/test_util.h"
+#include "tests/common/stories260k.h"
 #include "worker/engine/turn_collect.h"
 #include "worker/model/loader.h"
 
@@ -15,19 +15,12 @@ namespace recall::engine {
 namespace {
 
 
-constexpr char kModel[] = "models/stories260K/stories260K.bin";
-constexpr char kTokenizer[] = "models/stories260K/tok512.bin";
 
-class SchedulerTest : public ::testing::Test {
+class SchedulerTest : public recall::testing::Stories260KTest {
  protected:
   void SetUp() override {
-    RECALL_REQUIRE_SHARED_FILE(kModel);
-    auto m = model::LoadModel(recall::testing::SharedPath(kModel));
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = std::move(*m);
-    auto tok = model::LoadTokenizer(recall::testing::SharedPath(kTokenizer), 512);
-    ASSERT_TRUE(tok.ok()) << tok.status();
-    tok_ = std::move(*tok);
+    Stories260KTest::SetUp();
+    if (model_ == nullptr) return;  // skipped or failed
     backend_ = kernels::CreateCpuBackend({2});
   }
 
@@ -62,8 +55,6 @@ class SchedulerTest : public ::testing::Test {
     return CollectTurn(**stream);
   }
 
-  std::unique_ptr<model::Model> model_;
-  std::unique_ptr<model::Tokenizer> tok_;
   std::unique_ptr<kernels::Backend> backend_;
   std::unique_ptr<cache::BlockPool> pool_;
   std::unique_ptr<Scheduler> sched_;

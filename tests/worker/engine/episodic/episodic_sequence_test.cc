@@ -6,7 +6,7 @@
 #include "worker/engine/episodic/episodic_sequence.h"
 
 #include "gtest/gtest.h"
-#include "tests/common/test_util.h"
+#include "tests/common/stories260k.h"
 #include "worker/engine/episodic/block_prefill.h"
 #include "worker/engine/episodic/episode_set.h"
 #include "worker/engine/episodic/sentences.h"
@@ -15,8 +15,6 @@
 namespace recall::engine::episodic {
 namespace {
 
-constexpr char kModel[] = "models/stories260K/stories260K.bin";
-constexpr char kTokenizer[] = "models/stories260K/tok512.bin";
 
 // Four stories of four sentences each: with windows of four sentences and no recent context,
 // every window is one story.
@@ -30,16 +28,11 @@ constexpr char kStories[] =
     "Ben found a bird in the garden. The bird had a hurt wing. Ben made a bed for the bird. "
     "Soon the bird could fly again. ";
 
-class EpisodicSequenceTest : public ::testing::Test {
+class EpisodicSequenceTest : public recall::testing::Stories260KTest {
  protected:
   void SetUp() override {
-    RECALL_REQUIRE_SHARED_FILE(kModel);
-    auto m = model::LoadModel(recall::testing::SharedPath(kModel));
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = std::move(*m);
-    auto tok = model::LoadTokenizer(recall::testing::SharedPath(kTokenizer), 512);
-    ASSERT_TRUE(tok.ok()) << tok.status();
-    tok_ = std::move(*tok);
+    Stories260KTest::SetUp();
+    if (model_ == nullptr) return;  // skipped or failed
     backend_ = kernels::CreateCpuBackend({1});
     const model::ModelConfig& c = model_->config;
     layout_ = {c.n_layers, c.n_kv_heads, c.head_dim, 16};
@@ -67,8 +60,6 @@ class EpisodicSequenceTest : public ::testing::Test {
   }
 
   static constexpr int kBudget = 24;
-  std::unique_ptr<model::Model> model_;
-  std::unique_ptr<model::Tokenizer> tok_;
   std::unique_ptr<kernels::Backend> backend_;
   kernels::PagedKvLayout layout_;
   std::unique_ptr<cache::BlockPool> pool_;

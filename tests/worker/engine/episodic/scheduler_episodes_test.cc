@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "tests/common/test_util.h"
+#include "tests/common/stories260k.h"
 #include "common/metrics/registry.h"
 #include "worker/engine/scheduler.h"
 #include "worker/engine/turn_collect.h"
@@ -16,8 +16,6 @@
 namespace recall::engine {
 namespace {
 
-constexpr char kModel[] = "models/stories260K/stories260K.bin";
-constexpr char kTokenizer[] = "models/stories260K/tok512.bin";
 
 const char* const kStories[] = {
     "Lily had a red ball. She played with the ball in the park. The ball went into the pond.",
@@ -26,16 +24,11 @@ const char* const kStories[] = {
     "Ben found a bird in the garden. The bird had a hurt wing. Ben made a bed for the bird.",
 };
 
-class SchedulerEpisodesTest : public ::testing::Test {
+class SchedulerEpisodesTest : public recall::testing::Stories260KTest {
  protected:
   void SetUp() override {
-    RECALL_REQUIRE_SHARED_FILE(kModel);
-    auto m = model::LoadModel(recall::testing::SharedPath(kModel));
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = std::move(*m);
-    auto tok = model::LoadTokenizer(recall::testing::SharedPath(kTokenizer), 512);
-    ASSERT_TRUE(tok.ok()) << tok.status();
-    tok_ = std::move(*tok);
+    Stories260KTest::SetUp();
+    if (model_ == nullptr) return;  // skipped or failed
     backend_ = kernels::CreateCpuBackend({1});
     const model::ModelConfig& c = model_->config;
     auto pool = cache::BlockPool::Create({c.n_layers, c.n_kv_heads, c.head_dim, 16},
@@ -83,8 +76,6 @@ class SchedulerEpisodesTest : public ::testing::Test {
     return c;
   }
 
-  std::unique_ptr<model::Model> model_;
-  std::unique_ptr<model::Tokenizer> tok_;
   std::unique_ptr<kernels::Backend> backend_;
   std::unique_ptr<cache::BlockPool> pool_;
   std::unique_ptr<metrics::Registry> metrics_;
