@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "bench/quality/batch_runs.h"
 #include "cache/episodic/embedder.h"
 #include "cache/episodic/episodes.h"
 #include "cache/eviction/session_evictor.h"
@@ -27,21 +28,7 @@ using engine::episodic::TokenSpan;
 
 void LogSoftmax(const float* logits, int vocab, std::vector<double>* out) {
   out->resize(static_cast<size_t>(vocab));
-  double mx = logits[0];
-  for (int i = 1; i < vocab; ++i) mx = std::max(mx, static_cast<double>(logits[i]));
-  double sum = 0;
-  for (int i = 0; i < vocab; ++i) sum += std::exp(logits[i] - mx);
-  const double log_z = mx + std::log(sum);
-  for (int i = 0; i < vocab; ++i) (*out)[i] = logits[i] - log_z;
-}
-
-// Greedy: the largest logit, ties to the lowest id.
-int32_t Argmax(const float* logits, int vocab) {
-  int32_t best = 0;
-  for (int i = 1; i < vocab; ++i) {
-    if (logits[i] > logits[best]) best = i;
-  }
-  return best;
+  bench::LogSoftmax(logits, vocab, out->data());
 }
 
 bool IsStop(int32_t id, const model::Tokenizer& tokenizer) {

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "bench/quality/batch_runs.h"
 #include "cache/eviction/session_evictor.h"
 #include "cache/sequence_cache.h"
 #include "common/status.h"
@@ -12,113 +13,15 @@
 namespace recall::bench {
 namespace {
 
-using cache::SequenceCache;
 using cache::eviction::SessionEvictor;
 
-// log softmax in double. logits: [vocab]; out: [vocab].
-void LogSoftmax(const float* logits, int vocab, double* out) {
-  double mx = logits[0];
-  for (int i = 1; i < vocab; ++i) mx = std::max(mx, static_cast<double>(logits[i]));
-  double sum = 0;
-  for (int i = 0; i < vocab; ++i) sum += std::exp(logits[i] - mx);
-  const double log_z = mx + std::log(sum);
-  for (int i = 0; i < vocab; ++i) out[i] = logits[i] - log_z;
+std::vector<RunSpec> Specs(const std::vector<QualityConfig>& configs) {
+  std::vector<RunSpec> specs;
+  for (const QualityConfig& c : configs) specs.push_back({c.policy, c.budget_tokens});
+  return specs;
 }
 
-// Greedy choice: the largest logit, ties to the lowest id.
-int32_t Argmax(const float* logits, int vocab) {
-  int32_t best = 0;
-  for (int i = 1; i < vocab; ++i) {
-    if (logits[i] > logits[best]) best = i;
-  }
-  return best;
-}
-
-// One sequence of the batch: item 0 is the full-cache reference (no evictor).
-struct Run {
-  std::unique_ptr<SequenceCache> seq;
-  std::unique_ptr<SessionEvictor> evictor;
-  std::vector<float> probs;  // [n_layers, n_heads, stride] when the policy reads attention
-};
-
-absl::StatusOr<std::vector<Run>> MakeRuns(engine::ForwardPass& forward, cache::BlockPool& pool,
-                                          const std::vector<QualityConfig>& configs,
-                                          const QualityEvalOptions& options, uint64_t session) {
-  const model::ModelConfig& mc = forward.model().config;
-  std::vector<Run> runs(configs.size() + 1);
-  for (size_t i = 0; i < runs.size(); ++i) {
-    runs[i].seq = std::make_unique<SequenceCache>(&pool);
-    if (i == 0) continue;
-    const QualityConfig& c = configs[i - 1];
-    cache::eviction::SessionEvictorOptions eo;
-    eo.policy.name = c.policy;
-    eo.policy.window = options.window;
-    eo.policy.alpha = options.alpha;
-    eo.policy.sinks = options.sinks;
-    eo.budget.unit = cache::eviction::BudgetOptions::Unit::kTokens;
-    eo.budget.budget = c.budget_tokens;
-    eo.n_heads = mc.n_heads;
-    eo.session = session;
-    RECALL_ASSIGN_OR_RETURN(runs[i].evictor, SessionEvictor::Create(eo, runs[i].seq.get()));
-    runs[i].evictor->Reserve(mc.max_seq_len);
-    if (runs[i].evictor->policy().needs_attention()) {
-      runs[i].probs.resize(static_cast<size_t>(mc.n_layers) * mc.n_heads * mc.max_seq_len);
-    }
-  }
-  return runs;
-}
-
-// Prefills tokens[0, n) into every run, one at a time; logits: [runs, vocab]. Prefill-time
-// policies (SnapKV) then compress the prompt from its last `window` queries.
-absl::Status Prefill(engine::ForwardPass& forward, std::vector<Run>& runs,
-                     const int32_t* tokens, int n, float* logits) {
-  const model::ModelConfig& mc = forward.model().config;
-  std::vector<float> window_queries;
-  for (size_t i = 0; i < runs.size(); ++i) {
-    engine::BatchItem item;
-    item.cache = runs[i].seq.get();
-    item.tokens = tokens;
-    item.n = n;
-    SessionEvictor* evictor = runs[i].evictor.get();
-    const bool compress = evictor != nullptr && evictor->policy().compresses_prefill();
-    if (compress) {
-      item.window_w = std::min(evictor->policy().options().window, n);
-      item.window_first = n - item.window_w;
-      window_queries.resize(static_cast<size_t>(mc.n_layers) * item.window_w * mc.n_heads *
-                            mc.head_dim);
-      item.window_queries = window_queries.data();
-    }
-    RECALL_RETURN_IF_ERROR(forward.Run({&item, 1}, logits + i * mc.vocab_size));
-    if (compress) {
-      RECALL_RETURN_IF_ERROR(evictor->CompressPrefill(window_queries.data(), item.window_w));
-    }
-  }
-  return absl::OkStatus();
-}
-
-// One decode step of the runs in `active` (indices into runs), feeding tokens[j] to
-// runs[active[j]]; logits come back in the order of `active`. Steps the evictors.
-absl::Status DecodeStep(engine::ForwardPass& forward, std::vector<Run>& runs,
-                        const std::vector<int>& active, const int32_t* tokens, float* logits) {
-  const int64_t stride = forward.model().config.max_seq_len;
-  std::vector<engine::BatchItem> batch(active.size());
-  for (size_t j = 0; j < active.size(); ++j) {
-    Run& r = runs[active[j]];
-    batch[j].cache = r.seq.get();
-    batch[j].tokens = tokens + j;
-    batch[j].n = 1;
-    batch[j].attn_probs = r.probs.empty() ? nullptr : r.probs.data();
-    batch[j].probs_stride = r.probs.empty() ? 0 : stride;
-  }
-  RECALL_RETURN_IF_ERROR(forward.Run(batch, logits));
-  for (size_t j = 0; j < active.size(); ++j) {
-    Run& r = runs[active[j]];
-    if (r.evictor != nullptr) {
-      RECALL_RETURN_IF_ERROR(r.evictor->Step(batch[j].attn_probs, batch[j].probs_stride));
-    }
-  }
-  return absl::OkStatus();
-}
+PolicyKnobs Knobs(const QualityEvalOptions& o) { return {o.window, o.alpha, o.sinks}; }
 
 absl::Status TeacherForced(engine::ForwardPass& forward, cache::BlockPool& pool,
                            const EvalText& text, const std::vector<RecallProbe>& probes,
@@ -128,9 +31,9 @@ absl::Status TeacherForced(engine::ForwardPass& forward, cache::BlockPool& pool,
   const int length = static_cast<int>(text.tokens.size());
   const int k_runs = static_cast<int>(configs.size()) + 1;
   RECALL_ASSIGN_OR_RETURN(std::vector<Run> runs,
-                          MakeRuns(forward, pool, configs, options, text.seed));
+                          MakeRuns(forward, pool, Specs(configs), Knobs(options), text.seed));
   std::vector<float> logits(static_cast<size_t>(k_runs) * vocab);
-  RECALL_RETURN_IF_ERROR(Prefill(forward, runs, text.tokens.data(), options.prefix,
+  RECALL_RETURN_IF_ERROR(PrefillRuns(forward, runs, text.tokens.data(), options.prefix,
                                  logits.data()));
 
   std::vector<int> all(k_runs);
@@ -152,7 +55,7 @@ absl::Status TeacherForced(engine::ForwardPass& forward, cache::BlockPool& pool,
       if (counted[i] && first_counted[i] < 0) first_counted[i] = pos;
     }
     std::fill(feed.begin(), feed.end(), text.tokens[pos]);
-    RECALL_RETURN_IF_ERROR(DecodeStep(forward, runs, all, feed.data(), logits.data()));
+    RECALL_RETURN_IF_ERROR(DecodeRuns(forward, runs, all, feed.data(), logits.data()));
 
     const int32_t target = text.tokens[pos + 1];
     LogSoftmax(logits.data(), vocab, logp_full.data());
@@ -207,9 +110,9 @@ absl::Status Greedy(engine::ForwardPass& forward, cache::BlockPool& pool, const 
   const int k_runs = static_cast<int>(configs.size()) + 1;
   const int cap = length - options.greedy_prefix;  // tokens generated at most
   RECALL_ASSIGN_OR_RETURN(std::vector<Run> runs,
-                          MakeRuns(forward, pool, configs, options, text.seed));
+                          MakeRuns(forward, pool, Specs(configs), Knobs(options), text.seed));
   std::vector<float> prefill_logits(static_cast<size_t>(k_runs) * vocab);
-  RECALL_RETURN_IF_ERROR(Prefill(forward, runs, text.tokens.data(), options.greedy_prefix,
+  RECALL_RETURN_IF_ERROR(PrefillRuns(forward, runs, text.tokens.data(), options.greedy_prefix,
                                  prefill_logits.data()));
   // Prefill leaves the cache whole; as in Generate, the prompt becomes evictable at the
   // first decode step.
@@ -239,7 +142,7 @@ absl::Status Greedy(engine::ForwardPass& forward, cache::BlockPool& pool, const 
     active = std::move(next_active);
     if (active.size() == 1 || s == cap - 1) break;
     feed.assign(active.size(), ref);
-    RECALL_RETURN_IF_ERROR(DecodeStep(forward, runs, active, feed.data(), logits.data()));
+    RECALL_RETURN_IF_ERROR(DecodeRuns(forward, runs, active, feed.data(), logits.data()));
   }
   return absl::OkStatus();
 }

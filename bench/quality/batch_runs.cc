@@ -1,0 +1,105 @@
+#include "bench/quality/batch_runs.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/status.h"
+
+namespace recall::bench {
+
+using cache::SequenceCache;
+using cache::eviction::SessionEvictor;
+
+void LogSoftmax(const float* logits, int vocab, double* out) {
+  double mx = logits[0];
+  for (int i = 1; i < vocab; ++i) mx = std::max(mx, static_cast<double>(logits[i]));
+  double sum = 0;
+  for (int i = 0; i < vocab; ++i) sum += std::exp(logits[i] - mx);
+  const double log_z = mx + std::log(sum);
+  for (int i = 0; i < vocab; ++i) out[i] = logits[i] - log_z;
+}
+
+int32_t Argmax(const float* logits, int vocab) {
+  int32_t best = 0;
+  for (int i = 1; i < vocab; ++i) {
+    if (logits[i] > logits[best]) best = i;
+  }
+  return best;
+}
+
+absl::StatusOr<std::vector<Run>> MakeRuns(engine::ForwardPass& forward, cache::BlockPool& pool,
+                                          const std::vector<RunSpec>& specs,
+                                          const PolicyKnobs& knobs, uint64_t session) {
+  const model::ModelConfig& mc = forward.model().config;
+  std::vector<Run> runs(specs.size() + 1);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    runs[i].seq = std::make_unique<SequenceCache>(&pool);
+    if (i == 0) continue;
+    const RunSpec& c = specs[i - 1];
+    cache::eviction::SessionEvictorOptions eo;
+    eo.policy.name = c.policy;
+    eo.policy.window = knobs.window;
+    eo.policy.alpha = knobs.alpha;
+    eo.policy.sinks = knobs.sinks;
+    eo.budget.unit = cache::eviction::BudgetOptions::Unit::kTokens;
+    eo.budget.budget = c.budget_tokens;
+    eo.n_heads = mc.n_heads;
+    eo.session = session;
+    RECALL_ASSIGN_OR_RETURN(runs[i].evictor, SessionEvictor::Create(eo, runs[i].seq.get()));
+    runs[i].evictor->Reserve(mc.max_seq_len);
+    if (runs[i].evictor->policy().needs_attention()) {
+      runs[i].probs.resize(static_cast<size_t>(mc.n_layers) * mc.n_heads * mc.max_seq_len);
+    }
+  }
+  return runs;
+}
+
+absl::Status PrefillRuns(engine::ForwardPass& forward, std::vector<Run>& runs,
+                         const int32_t* tokens, int n, float* logits) {
+  const model::ModelConfig& mc = forward.model().config;
+  std::vector<float> window_queries;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    engine::BatchItem item;
+    item.cache = runs[i].seq.get();
+    item.tokens = tokens;
+    item.n = n;
+    SessionEvictor* evictor = runs[i].evictor.get();
+    const bool compress = evictor != nullptr && evictor->policy().compresses_prefill();
+    if (compress) {
+      item.window_w = std::min(evictor->policy().options().window, n);
+      item.window_first = n - item.window_w;
+      window_queries.resize(static_cast<size_t>(mc.n_layers) * item.window_w * mc.n_heads *
+                            mc.head_dim);
+      item.window_queries = window_queries.data();
+    }
+    RECALL_RETURN_IF_ERROR(forward.Run({&item, 1}, logits + i * mc.vocab_size));
+    if (compress) {
+      RECALL_RETURN_IF_ERROR(evictor->CompressPrefill(window_queries.data(), item.window_w));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DecodeRuns(engine::ForwardPass& forward, std::vector<Run>& runs,
+                        const std::vector<int>& active, const int32_t* tokens, float* logits) {
+  const int64_t stride = forward.model().config.max_seq_len;
+  std::vector<engine::BatchItem> batch(active.size());
+  for (size_t j = 0; j < active.size(); ++j) {
+    Run& r = runs[active[j]];
+    batch[j].cache = r.seq.get();
+    batch[j].tokens = tokens + j;
+    batch[j].n = 1;
+    batch[j].attn_probs = r.probs.empty() ? nullptr : r.probs.data();
+    batch[j].probs_stride = r.probs.empty() ? 0 : stride;
+  }
+  RECALL_RETURN_IF_ERROR(forward.Run(batch, logits));
+  for (size_t j = 0; j < active.size(); ++j) {
+    Run& r = runs[active[j]];
+    if (r.evictor != nullptr) {
+      RECALL_RETURN_IF_ERROR(r.evictor->Step(batch[j].attn_probs, batch[j].probs_stride));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace recall::bench

@@ -1,0 +1,60 @@
+// Many KV-cache configurations of one text in one ForwardPass batch: the benchmarks' shared
+// machinery. Run 0 is the full-cache reference (no evictor); run i > 0 has its own
+// SequenceCache and SessionEvictor (policy and budget of specs[i - 1]), stepped after every
+// decode forward with the run's attention probabilities, as the serving engine does.
+// Not thread safe (uses the ForwardPass).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cache/block_pool.h"
+#include "cache/eviction/session_evictor.h"
+#include "cache/sequence_cache.h"
+#include "worker/engine/forward.h"
+
+namespace recall::bench {
+
+struct RunSpec {
+  std::string policy;
+  int budget_tokens = 0;  // C per (layer, KV head)
+};
+
+struct PolicyKnobs {
+  int window = 16;  // W
+  float alpha = 1e-4f;
+  int sinks = 4;
+};
+
+struct Run {
+  std::unique_ptr<cache::SequenceCache> seq;
+  std::unique_ptr<cache::eviction::SessionEvictor> evictor;  // null for run 0
+  std::vector<float> probs;  // [n_layers, n_heads, stride] when the policy reads attention
+};
+
+// Run 0 (full) and one run per spec. InvalidArgument (from the evictor) for a bad policy or
+// budget, naming it.
+absl::StatusOr<std::vector<Run>> MakeRuns(engine::ForwardPass& forward, cache::BlockPool& pool,
+                                          const std::vector<RunSpec>& specs,
+                                          const PolicyKnobs& knobs, uint64_t session);
+
+// Prefills tokens[0, n) into every run, one run at a time; logits: [runs, vocab].
+// Prefill-time policies (SnapKV) then compress the prompt from its last `window` queries.
+absl::Status PrefillRuns(engine::ForwardPass& forward, std::vector<Run>& runs,
+                         const int32_t* tokens, int n, float* logits);
+
+// One decode step of the runs in `active` (indices into runs), feeding tokens[j] to
+// runs[active[j]]; logits come back in the order of `active`. Steps the evictors.
+absl::Status DecodeRuns(engine::ForwardPass& forward, std::vector<Run>& runs,
+                        const std::vector<int>& active, const int32_t* tokens, float* logits);
+
+// log softmax in double. logits: [vocab]; out: [vocab].
+void LogSoftmax(const float* logits, int vocab, double* out);
+
+// Greedy choice: the largest logit, ties to the lowest id.
+int32_t Argmax(const float* logits, int vocab);
+
+}  // namespace recall::bench
