@@ -142,6 +142,12 @@ def main():
     with open(os.path.join(args.out_dir, "generation_config.json"), "w") as f:
         json.dump({"bos_token_id": 1, "eos_token_id": 2, "do_sample": False}, f, indent=2)
         f.write("\n")
+    # What train.py --init-from needs to continue from this export (a device machine given
+    # back loses the full checkpoint; the export is small enough to come back).
+    with open(os.path.join(args.out_dir, "training.json"), "w") as f:
+        json.dump({"config": ckpt["config"], "step": ckpt["step"],
+                   "args": ckpt.get("args", {})}, f, indent=2)
+        f.write("\n")
     n_params = sum(t.numel() for _, t in tensors)
     print(f"wrote {args.out_dir}: {len(tensors)} tensors, {n_params:,} parameters, "
           f"{args.dtype}, model.safetensors {size:,} bytes (step {ckpt['step']})")

@@ -243,6 +243,10 @@ def main():
     ap.add_argument("--save-every", type=int, default=500)
     ap.add_argument("--time-limit", type=float, default=0, help="minutes; 0 = none")
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--init-from", metavar="EXPORT_DIR",
+                    help="without OUT_DIR/ckpt.pt: start from an export_hf.py directory (its "
+                         "weights, config and step; a fresh optimizer), e.g. after a device "
+                         "machine holding the checkpoint was given back")
     args = ap.parse_args()
 
     t_start = time.time()
@@ -258,13 +262,24 @@ def main():
         state = torch.load(ckpt_path, map_location="cpu")
         cfg = Config(**state["config"])
         step = state["step"]
+    elif args.init_from:
+        with open(os.path.join(args.init_from, "training.json")) as f:
+            info = json.load(f)
+        cfg = Config(**info["config"])
+        step = info["step"]
+        from export_hf import read_safetensors  # noqa: E402
+        weights = read_safetensors(os.path.join(args.init_from, "model.safetensors"))
+        state = {"model": {k: v.float() for k, v in weights.items()}, "optim": None}
+        print(f"starting from {args.init_from} (step {step}, fresh optimizer)", flush=True)
     else:
         cfg = config_from_args(args, vocab_size=tk.vocab_size)
     assert cfg.vocab_size >= tk.vocab_size
     args.context = cfg.max_seq_len
     model = LlamaForCausalLM(cfg)
     if state is not None:
-        model.load_state_dict(state["model"])
+        missing, unexpected = model.load_state_dict(state["model"], strict=False)
+        # A tied export has no lm_head.weight; anything else missing is an error.
+        assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
     device = torch.device(args.device)
     model.to(device)
     dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
@@ -280,7 +295,7 @@ def main():
               {"params": no_decay, "weight_decay": 0.0}]
     extra = {"fused": True} if device.type == "cuda" and torch.__version__ >= "2" else {}
     opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), eps=1e-8, **extra)
-    if state is not None:
+    if state is not None and state["optim"] is not None:
         opt.load_state_dict(state["optim"])
     fwd = torch.compile(model) if args.compile else model
     print(f"model: {model.num_params():,} parameters, {cfg}", flush=True)
