@@ -138,10 +138,21 @@ absl::Status Chat(const Args& args) {
       }
       continue;
     }
-    if (!tty) std::cout << "user: " << line << "\nassistant:" << std::flush;
-    absl::StatusOr<v1::ConverseDone> done = client->Converse(
-        session_id, line, sampling, [](const std::string& text) { std::cout << text << std::flush; });
-    std::cout << "\n";
+    // Piped: a transcript. "assistant:" comes with the reply's first text (or its end), so a
+    // turn the server refuses shows no empty reply before the error.
+    if (!tty) std::cout << "user: " << line << "\n" << std::flush;
+    bool replied = tty;
+    auto reply_starts = [&] {
+      if (!replied) std::cout << "assistant:";
+      replied = true;
+    };
+    absl::StatusOr<v1::ConverseDone> done =
+        client->Converse(session_id, line, sampling, [&](const std::string& text) {
+          reply_starts();
+          std::cout << text << std::flush;
+        });
+    if (done.ok()) reply_starts();
+    if (replied) std::cout << "\n" << std::flush;
     if (!done.ok()) {
       if (!tty) return done.status();  // reported once, by the caller, with the exit code
       std::cerr << "recall chat: " << done.status().message() << "\n";
