@@ -10,12 +10,16 @@
 #        calls), TOK (default tools/train/work/tok/tokenizer.model: train it on the CPU
 #        machine and leave it untracked in the tree so it travels), INIT (an export brought
 #        back by an earlier call, carried as an ignored path: used when RUN has no
-#        checkpoint), MINUTES (default 8.5), STEPS (default 4000), EXTRA (more train.py
-#        flags, e.g. "--compile").
+#        checkpoint), MINUTES (this call's training time, default 8), TRAIN_MINUTES (the
+#        whole run's training time over all calls, default 22: the cosine schedule follows
+#        it, so the run ends its schedule within one session's 30 device minutes whatever
+#        the speed; 0 means step-based, STEPS steps), STEPS (default 4000), EXTRA (more
+#        train.py flags, e.g. "--compile").
 set -euo pipefail
 RUN=${RUN:-build-train/run}
 TOK=${TOK:-tools/train/work/tok/tokenizer.model}
-MINUTES=${MINUTES:-8.5}
+MINUTES=${MINUTES:-8}
+TRAIN_MINUTES=${TRAIN_MINUTES:-22}
 STEPS=${STEPS:-4000}
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
@@ -32,7 +36,7 @@ nproc_workers=$(( $(nproc) > 4 ? $(nproc) - 4 : 1 ))
 # shellcheck disable=SC2086
 $PY tools/train/train.py --tokenizer "$TOK" --out-dir "$RUN" \
     --device cuda --dtype bf16 --dim 256 --layers 8 --heads 8 --kv-heads 2 --hidden 1024 \
-    --context 4096 --batch 32 --steps "$STEPS" --lr 1e-3 --min-lr 1e-4 --warmup 200 \
+    --context 4096 --batch 32 --steps "$STEPS" --train-minutes "$TRAIN_MINUTES" --lr 1e-3 --min-lr 1e-4 --warmup 200 \
     --workers "$nproc_workers" --eval-every 250 --eval-convs 32 --eval-questions 4 \
     --save-every 250 --time-limit "$MINUTES" "${start[@]}" ${EXTRA:-} 2>&1 | tee -a "$RUN/train.out"
 

@@ -119,7 +119,8 @@ def main():
     ap.add_argument("--check", action="store_true", help="read the file back and compare")
     args = ap.parse_args()
 
-    ckpt = torch.load(args.checkpoint, map_location="cpu")
+    # weights_only=False: PyTorch >= 2.6 defaults to True; the checkpoint is our own.
+    ckpt = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
     cfg = Config(**ckpt["config"])
     tok_path = args.tokenizer or ckpt["tokenizer"]
     os.makedirs(args.out_dir, exist_ok=True)
@@ -146,6 +147,7 @@ def main():
     # back loses the full checkpoint; the export is small enough to come back).
     with open(os.path.join(args.out_dir, "training.json"), "w") as f:
         json.dump({"config": ckpt["config"], "step": ckpt["step"],
+                   "trained_s": ckpt.get("trained_s", 0.0),
                    "args": ckpt.get("args", {})}, f, indent=2)
         f.write("\n")
     n_params = sum(t.numel() for _, t in tensors)

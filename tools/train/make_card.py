@@ -55,8 +55,12 @@ def main():
         t = r.get("elapsed_min", 0.0)
         if t < prev:
             minutes += prev
+    if steps and "trained_min" in steps[-1]:  # train.py's own count over every call
+        minutes = steps[-1]["trained_min"]
         prev = t
     minutes += prev
+    if steps and "trained_min" in steps[-1]:  # train.py's own count over every call
+        minutes = steps[-1]["trained_min"]
     batch = targs.get("batch", "?")
     last = steps[-1] if steps else {}
 

@@ -197,10 +197,16 @@ def heldout_accuracy(model, tk, convs, device, window=None, max_questions=None, 
 
 # ----------------------------------------------------------------------------- main
 
-def lr_at(step, args):
+def lr_at(step, args, trained_s=0.0):
+    """Linear warmup over --warmup steps, then cosine to --min-lr: over the steps up to
+    --steps, or with --train-minutes over the training time (so a run of unknown speed
+    still ends its schedule within a fixed device budget)."""
     if step < args.warmup:
         return args.lr * (step + 1) / args.warmup
-    progress = min(1.0, (step - args.warmup) / max(1, args.steps - args.warmup))
+    if args.train_minutes:
+        progress = min(1.0, trained_s / (args.train_minutes * 60))
+    else:
+        progress = min(1.0, (step - args.warmup) / max(1, args.steps - args.warmup))
     return args.min_lr + 0.5 * (args.lr - args.min_lr) * (1 + math.cos(math.pi * progress))
 
 
@@ -223,6 +229,10 @@ def main():
     ap.add_argument("--grad-accum", type=int, default=1)
     ap.add_argument("--bucket", type=int, default=8, help="batches per length-sorted pool")
     ap.add_argument("--steps", type=int, default=4000)
+    ap.add_argument("--train-minutes", type=float, default=0,
+                    help="a training-time budget over all calls (resumes included) instead of "
+                         "--steps: the cosine schedule follows the time spent, training ends "
+                         "when it is used up (0: step-based)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--min-lr", type=float, default=1e-4)
     ap.add_argument("--warmup", type=int, default=200)
@@ -257,16 +267,19 @@ def main():
     tk = load_tokenizer(args.tokenizer)
     ckpt_path = os.path.join(args.out_dir, "ckpt.pt")
     step = 0
+    trained_s = 0.0  # seconds spent training, over all calls
     state = None
     if args.resume and os.path.exists(ckpt_path):
-        state = torch.load(ckpt_path, map_location="cpu")
+        state = torch.load(ckpt_path, map_location="cpu", weights_only=False)  # ours; see export_hf
         cfg = Config(**state["config"])
         step = state["step"]
+        trained_s = state.get("trained_s", 0.0)
     elif args.init_from:
         with open(os.path.join(args.init_from, "training.json")) as f:
             info = json.load(f)
         cfg = Config(**info["config"])
         step = info["step"]
+        trained_s = info.get("trained_s", 0.0)
         from export_hf import read_safetensors  # noqa: E402
         weights = read_safetensors(os.path.join(args.init_from, "model.safetensors"))
         state = {"model": {k: v.float() for k, v in weights.items()}, "optim": None}
@@ -313,7 +326,7 @@ def main():
     def save(tag=""):
         tmp = ckpt_path + ".tmp"
         torch.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": step,
-                    "config": dataclasses.asdict(cfg), "args": vars(args),
+                    "trained_s": trained_s, "config": dataclasses.asdict(cfg), "args": vars(args),
                     "tokenizer": os.path.abspath(args.tokenizer)}, tmp)
         os.replace(tmp, ckpt_path)
         print(f"saved {ckpt_path} at step {step}{tag}", flush=True)
@@ -321,8 +334,15 @@ def main():
     log = open(os.path.join(args.out_dir, "log.jsonl"), "a")
     model.train()
     tokens_seen, t_log, stats = 0, time.time(), []
-    while step < args.steps:
-        lr = lr_at(step, args)
+
+    def more():
+        if args.train_minutes:
+            return trained_s < args.train_minutes * 60
+        return step < args.steps
+
+    t_step = time.time()
+    while more():
+        lr = lr_at(step, args, trained_s)
         for g in opt.param_groups:
             g["lr"] = lr
         opt.zero_grad(set_to_none=True)
@@ -336,18 +356,23 @@ def main():
         gn = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
         opt.step()
         step += 1
-        if step % args.log_every == 0 or step == args.steps:
+        now = time.time()
+        trained_s += now - t_step  # includes the evaluations and saves of the last step
+        t_step = now
+        done = not more()
+        if step % args.log_every == 0 or done:
             dt = time.time() - t_log
             mean = lambda k: sum(s[k] for s in stats if s[k] == s[k]) / max(
                 1, sum(1 for s in stats if s[k] == s[k]))
             rec = {"step": step, "loss": round(mean(0), 4), "answer_loss": round(mean(1), 4),
                    "answer_acc": round(mean(2), 4), "lr": lr, "grad_norm": round(float(gn), 3),
-                   "tok_s": round(tokens_seen / dt), "elapsed_min": round((time.time() - t_start) / 60, 2)}
+                   "tok_s": round(tokens_seen / dt), "elapsed_min": round((time.time() - t_start) / 60, 2),
+                   "trained_min": round(trained_s / 60, 2)}
             print(json.dumps(rec), flush=True)
             log.write(json.dumps(rec) + "\n")
             log.flush()
             tokens_seen, t_log, stats = 0, time.time(), []
-        if evals and (step % args.eval_every == 0 or step == args.steps):
+        if evals and (step % args.eval_every == 0 or done):
             full, n = heldout_accuracy(model, tk, evals, device, None, args.eval_questions, autocast)
             win, _ = heldout_accuracy(model, tk, evals, device, args.window, args.eval_questions,
                                       autocast)
@@ -356,7 +381,7 @@ def main():
             print(json.dumps(rec), flush=True)
             log.write(json.dumps(rec) + "\n")
             log.flush()
-        if step % args.save_every == 0 and step < args.steps:
+        if step % args.save_every == 0 and not done:
             save()
         if args.time_limit and time.time() - t_start > args.time_limit * 60:
             save(" (time limit; continue with --resume)")
