@@ -104,11 +104,6 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
   return true;
 }
 
-int Fail(const absl::Status& s) {
-  std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
-  return 1;
-}
-
 int Main(int argc, char** argv) {
   Flags f;
   if (!ParseFlags(argc, argv, &f)) return 2;
@@ -240,11 +235,7 @@ int Main(int argc, char** argv) {
                                  min_len, "-", max_len, " tokens), ",
                                  std::filesystem::path(f.model).filename().string()),
                     rows);
-  if (!s.ok()) {
-    std::printf("WARNING: %s\n", std::string(s.message()).c_str());
-  } else {
-    std::printf("wrote %s\n", f.out_png.c_str());
-  }
+  ReportPlot(s, f.out_png);
   return 0;
 }
 

@@ -7,6 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "bench/quality/report.h"
+#include "common/status.h"
 
 namespace recall::bench {
 namespace {
@@ -52,10 +54,7 @@ nlohmann::json ConvRowsJson(const std::vector<ConvRow>& rows) {
 
 absl::Status WriteConvPlot(const std::string& png_path, const std::string& title,
                            const std::vector<ConvRow>& rows) {
-  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) {
-    return absl::FailedPreconditionError(
-        "gnuplot not found (apt-get install gnuplot-nox): no PNG written");
-  }
+  RECALL_RETURN_IF_ERROR(RequireGnuplot());
   std::vector<std::string> methods;
   double full_acc = -1;
   for (const ConvRow& r : rows) {
@@ -99,11 +98,7 @@ absl::Status WriteConvPlot(const std::string& png_path, const std::string& title
       << "' index i using 1:3 with linespoints lw 2 title word(names, i+1)\n"
       << "unset multiplot\n";
   }
-  const std::string cmd = absl::StrCat("gnuplot '", gp, "'");
-  if (std::system(cmd.c_str()) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat("'", cmd, "' failed: no PNG written"));
-  }
-  return absl::OkStatus();
+  return RunGnuplot(gp);
 }
 
 }  // namespace recall::bench

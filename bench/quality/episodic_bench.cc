@@ -152,11 +152,6 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
   return true;
 }
 
-int Fail(const absl::Status& s) {
-  std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
-  return 1;
-}
-
 int Main(int argc, char** argv) {
   Flags f;
   if (!ParseFlags(argc, argv, &f)) return 2;
@@ -289,11 +284,7 @@ int Main(int argc, char** argv) {
                                                 "stories260K, ",
                                                 convs.size(), " conversations of ", f.stories,
                                                 " stories, query restarts one"));
-  if (!st.ok()) {
-    std::printf("WARNING: %s\n", std::string(st.message()).c_str());
-  } else {
-    std::printf("wrote %s\n", f.out_png.c_str());
-  }
+  ReportPlot(st, f.out_png);
   return 0;
 }
 

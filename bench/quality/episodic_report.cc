@@ -8,6 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "bench/quality/report.h"
+#include "common/status.h"
 
 namespace recall::bench {
 namespace {
@@ -451,10 +453,7 @@ nlohmann::json Report::Json() const {
 }
 
 absl::Status Report::WritePlot(const std::string& png_path, const std::string& title) const {
-  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) {
-    return absl::FailedPreconditionError(
-        "gnuplot not found (apt-get install gnuplot-nox): no PNG written");
-  }
+  RECALL_RETURN_IF_ERROR(RequireGnuplot());
   std::vector<std::string> names = {"full"};
   names.insert(names.end(), labels_.begin(), labels_.end());
   const std::string dat = png_path + ".dat", gp = png_path + ".gp";
@@ -518,11 +517,7 @@ absl::Status Report::WritePlot(const std::string& png_path, const std::string& t
     plot(6, "continuations naming a character of another story (%)");
     f << "unset multiplot\n";
   }
-  const std::string cmd = absl::StrCat("gnuplot '", gp, "'");
-  if (std::system(cmd.c_str()) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat("'", cmd, "' failed: no PNG written"));
-  }
-  return absl::OkStatus();
+  return RunGnuplot(gp);
 }
 
 }  // namespace recall::bench

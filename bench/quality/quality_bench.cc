@@ -104,11 +104,6 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
   return true;
 }
 
-int Fail(const absl::Status& s) {
-  std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
-  return 1;
-}
-
 int Main(int argc, char** argv) {
   Flags f;
   if (!ParseFlags(argc, argv, &f)) return 2;
@@ -219,11 +214,7 @@ int Main(int argc, char** argv) {
                 absl::StrCat("KV eviction quality vs FullKV: stories260K, ", f.texts,
                              " sampled 512-token texts, W=", f.window, ", alpha=", f.alpha),
                 configs, stats);
-  if (!s.ok()) {
-    std::printf("WARNING: %s\n", std::string(s.message()).c_str());
-  } else {
-    std::printf("wrote %s\n", f.out_png.c_str());
-  }
+  ReportPlot(s, f.out_png);
   return 0;
 }
 

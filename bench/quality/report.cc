@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status.h"
 
 namespace recall::bench {
 namespace {
@@ -107,10 +108,7 @@ absl::Status WriteJson(const std::string& path, const nlohmann::json& json) {
 absl::Status WritePlot(const std::string& png_path, const std::string& title,
                        const std::vector<QualityConfig>& configs,
                        const std::vector<QualityStats>& stats) {
-  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) {
-    return absl::FailedPreconditionError(
-        "gnuplot not found (apt-get install gnuplot-nox): no PNG written");
-  }
+  RECALL_RETURN_IF_ERROR(RequireGnuplot());
   // One data block per policy (gnuplot "index"), budgets ascending as given.
   std::vector<std::string> policies;
   for (const QualityConfig& c : configs) {
@@ -160,11 +158,36 @@ absl::Status WritePlot(const std::string& png_path, const std::string& title,
       << "' index i using 1:5 with linespoints lw 2 title word(names, i+1)\n"
       << "unset multiplot\n";
   }
-  const std::string cmd = absl::StrCat("gnuplot '", gp, "'");
+  return RunGnuplot(gp);
+}
+
+absl::Status RequireGnuplot() {
+  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) {
+    return absl::FailedPreconditionError(
+        "gnuplot not found (apt-get install gnuplot-nox): no PNG written");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunGnuplot(const std::string& gp_path) {
+  const std::string cmd = absl::StrCat("gnuplot '", gp_path, "'");
   if (std::system(cmd.c_str()) != 0) {
     return absl::FailedPreconditionError(absl::StrCat("'", cmd, "' failed: no PNG written"));
   }
   return absl::OkStatus();
+}
+
+void ReportPlot(const absl::Status& plotted, const std::string& png_path) {
+  if (!plotted.ok()) {
+    std::printf("WARNING: %s\n", std::string(plotted.message()).c_str());
+  } else {
+    std::printf("wrote %s\n", png_path.c_str());
+  }
+}
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
+  return 1;
 }
 
 }  // namespace recall::bench

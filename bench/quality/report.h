@@ -21,6 +21,15 @@ void PrintTable(const std::vector<QualityConfig>& configs,
 
 absl::Status WriteJson(const std::string& path, const nlohmann::json& json);
 
+// The benchmarks' plotting and exit helpers. FailedPrecondition when gnuplot is not
+// installed / when `gnuplot GP_PATH` fails (no PNG written then).
+absl::Status RequireGnuplot();
+absl::Status RunGnuplot(const std::string& gp_path);
+// Prints "wrote PNG" or, when the plot could not be drawn, a warning (the JSON is written).
+void ReportPlot(const absl::Status& plotted, const std::string& png_path);
+// Prints "error: ..." to stderr; returns the exit code 1.
+int Fail(const absl::Status& s);
+
 // Writes path + ".dat" and path + ".gp" and runs gnuplot on them. FailedPrecondition if
 // gnuplot is absent or fails (the caller warns and goes on).
 absl::Status WritePlot(const std::string& png_path, const std::string& title,
