@@ -36,7 +36,7 @@ nproc_workers=$(( $(nproc) > 4 ? $(nproc) - 4 : 1 ))
 # shellcheck disable=SC2086
 $PY tools/train/train.py --tokenizer "$TOK" --out-dir "$RUN" \
     --device cuda --dtype bf16 --dim 256 --layers 8 --heads 8 --kv-heads 2 --hidden 1024 \
-    --context 4096 --batch 32 --steps "$STEPS" --train-minutes "$TRAIN_MINUTES" --lr 1e-3 --min-lr 1e-4 --warmup 200 \
+    --context 4096 --questions 24 --qa-reserve 400 --batch 32 --steps "$STEPS" --train-minutes "$TRAIN_MINUTES" --lr 1e-3 --min-lr 1e-4 --warmup 200 \
     --workers "$nproc_workers" --eval-every 250 --eval-convs 32 --eval-questions 4 \
     --save-every 250 --time-limit "$MINUTES" "${start[@]}" ${EXTRA:-} 2>&1 | tee -a "$RUN/train.out"
 
