@@ -5,8 +5,9 @@
 // reference (run 0) are items of one ForwardPass batch (batch_runs.h). After a `prefix`-token
 // prefill, the conversation, "[Questions]" and then every question with its correct answer
 // are fed token by token, the evictors stepping after every token, so each cache holds its
-// budget along the whole conversation and is compressed before it sees any question (the
-// serving situation: a session's cache is bounded before the next question is known).
+// budget along the whole conversation and is compressed before it sees any question. (A
+// serving session's cache is bounded before the next question as well, but a long user
+// message is prefilled whole and compressed while the reply decodes.)
 // Episodic (EpiCache): per question, the conversation, "[Questions]" and that one question
 // are the prompt of an EpisodicSequence (episodes built block-wise, the question routed to
 // one), compared with a FullKV LocalSequence on the same prompt.
