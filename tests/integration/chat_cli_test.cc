@@ -9,6 +9,7 @@
 #include "common/subprocess.h"
 #include "gtest/gtest.h"
 #include "tests/common/test_util.h"
+#include "tests/integration/serve_processes.h"
 
 namespace recall {
 namespace {
@@ -40,19 +41,8 @@ TEST(ChatCliTest, PipedTranscriptAndARefusedTurn) {
   const std::string dir = testing::MakeTempDir("chat_cli");
   ServerProcess worker, coordinator;
   std::string error;
-  ASSERT_TRUE(worker.Start(RECALL_WORKER_BINARY,
-                           {"--model", testing::SharedPath(kModel), "--tokenizer",
-                            testing::SharedPath("models/stories260K/tok512.bin"), "--listen",
-                            "127.0.0.1:0", "--kv-cache-bytes", "16M", "--threads", "1"},
-                           dir, &error))
-      << error;
-  ASSERT_TRUE(coordinator.Start(
-      RECALL_COORDINATOR_BINARY,
-      {"--workers", "127.0.0.1:" + std::to_string(worker.port("grpc")), "--listen",
-       "127.0.0.1:0", "--data-dir", dir},
-      dir, &error))
-      << error;
-  const std::string address = "127.0.0.1:" + std::to_string(coordinator.port("grpc"));
+  const std::string address = testing::StartServe(dir, worker, coordinator, &error);
+  ASSERT_FALSE(address.empty()) << error;
 
   ChatRun ok = RunChat(dir, address, "Once upon a time\n/quit\n");
   EXPECT_EQ(ok.exit_code, 0) << ok.err;

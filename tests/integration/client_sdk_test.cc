@@ -5,6 +5,7 @@
 #include "common/subprocess.h"
 #include "gtest/gtest.h"
 #include "tests/common/test_util.h"
+#include "tests/integration/serve_processes.h"
 
 namespace recall {
 namespace {
@@ -16,19 +17,9 @@ TEST(ClientSdkTest, CallbackAndIteratorRepliesHistoryAndClose) {
   const std::string dir = testing::MakeTempDir("sdk");
   ServerProcess worker, coordinator;
   std::string error;
-  ASSERT_TRUE(worker.Start(RECALL_WORKER_BINARY,
-                           {"--model", testing::SharedPath(kModel), "--tokenizer",
-                            testing::SharedPath("models/stories260K/tok512.bin"), "--listen",
-                            "127.0.0.1:0", "--kv-cache-bytes", "16M", "--threads", "1"},
-                           dir, &error))
-      << error;
-  ASSERT_TRUE(coordinator.Start(
-      RECALL_COORDINATOR_BINARY,
-      {"--workers", "127.0.0.1:" + std::to_string(worker.port("grpc")), "--listen",
-       "127.0.0.1:0", "--data-dir", dir},
-      dir, &error))
-      << error;
-  auto client = Client::Connect({.address = "127.0.0.1:" + std::to_string(coordinator.port("grpc"))});
+  const std::string address = testing::StartServe(dir, worker, coordinator, &error);
+  ASSERT_FALSE(address.empty()) << error;
+  auto client = Client::Connect({.address = address});
   auto a = client->StartSession({});
   auto b = client->StartSession({});
   ASSERT_TRUE(a.ok() && b.ok());
