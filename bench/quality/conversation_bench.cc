@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,13 +49,7 @@ struct Flags {
 };
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
-  for (int i = 1; i < argc; i += 2) {
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "flag %s needs a value\n", argv[i]);
-      return false;
-    }
-    const std::string name = argv[i];
-    const char* v = argv[i + 1];
+  const auto flag = [&](const std::string& name, const char* v) -> std::optional<bool> {
     bool ok = true;
     auto positive = [&](int* out) { ok = absl::SimpleAtoi(v, out) && *out >= 1; };
     if (name == "--model") f->model = v;
@@ -88,15 +83,11 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     else if (name == "--out-json") f->out_json = v;
     else if (name == "--out-png") f->out_png = v;
     else {
-      std::fprintf(stderr, "unknown flag %s\n", name.c_str());
-      return false;
+      return std::nullopt;
     }
-    if (!ok) {
-      std::fprintf(stderr, "bad value for %s: '%s' (budgets are fractions in (0, 1], counts "
-                   "are positive)\n", name.c_str(), v);
-      return false;
-    }
-  }
+    return ok;
+  };
+  if (!ParseFlagPairs(argc, argv, flag, "budgets are fractions in (0, 1], counts are positive")) return false;
   if (f->model.empty() || f->conversations.empty()) {
     std::fprintf(stderr, "--model DIR and --conversations FILE.jsonl are required\n");
     return false;

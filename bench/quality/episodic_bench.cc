@@ -29,6 +29,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -74,13 +75,7 @@ struct Flags {
 };
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
-  for (int i = 1; i < argc; i += 2) {
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "flag %s needs a value\n", argv[i]);
-      return false;
-    }
-    const std::string name = argv[i];
-    const char* v = argv[i + 1];
+  const auto flag = [&](const std::string& name, const char* v) -> std::optional<bool> {
     EvalSettings& s = f->settings;
     const auto positive = [&](int* out, int min) {
       return absl::SimpleAtoi(v, out) && *out >= min;
@@ -136,14 +131,11 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     } else if (name == "--out-txt") {
       f->out_txt = v;
     } else {
-      std::fprintf(stderr, "unknown flag %s\n", name.c_str());
-      return false;
+      return std::nullopt;
     }
-    if (!ok) {
-      std::fprintf(stderr, "bad value for %s: '%s'\n", name.c_str(), v);
-      return false;
-    }
-  }
+    return ok;
+  };
+  if (!ParseFlagPairs(argc, argv, flag, "")) return false;
   if (f->methods.empty() || f->budgets.empty()) {
     std::fprintf(stderr, "--methods and --budgets must not be empty\n");
     return false;

@@ -185,6 +185,29 @@ void ReportPlot(const absl::Status& plotted, const std::string& png_path) {
   }
 }
 
+bool ParseFlagPairs(
+    int argc, char** argv,
+    const std::function<std::optional<bool>(const std::string& name, const char* value)>& handle,
+    const std::string& hint) {
+  for (int i = 1; i < argc; i += 2) {
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "flag %s needs a value\n", argv[i]);
+      return false;
+    }
+    const std::optional<bool> ok = handle(argv[i], argv[i + 1]);
+    if (!ok.has_value()) {
+      std::fprintf(stderr, "unknown flag %s\n", argv[i]);
+      return false;
+    }
+    if (!*ok) {
+      std::fprintf(stderr, "bad value for %s: '%s'%s\n", argv[i], argv[i + 1],
+                   hint.empty() ? "" : (" (" + hint + ")").c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
   return 1;

@@ -2,6 +2,8 @@
 // (drawn by gnuplot, when installed, from a data file written beside the PNG).
 #pragma once
 
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +31,14 @@ absl::Status RunGnuplot(const std::string& gp_path);
 void ReportPlot(const absl::Status& plotted, const std::string& png_path);
 // Prints "error: ..." to stderr; returns the exit code 1.
 int Fail(const absl::Status& s);
+
+// Parses "--name value" pairs: handle(name, value) returns nullopt for an unknown flag, else
+// whether the value was good. On a missing value, an unknown flag or a bad value it prints
+// the error (with `hint` for bad values, when not empty) and returns false.
+bool ParseFlagPairs(
+    int argc, char** argv,
+    const std::function<std::optional<bool>(const std::string& name, const char* value)>& handle,
+    const std::string& hint);
 
 // Writes path + ".dat" and path + ".gp" and runs gnuplot on them. FailedPrecondition if
 // gnuplot is absent or fails (the caller warns and goes on).
