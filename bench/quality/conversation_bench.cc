@@ -87,7 +87,10 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     }
     return ok;
   };
-  if (!ParseFlagPairs(argc, argv, flag, "budgets are fractions in (0, 1], counts are positive")) return false;
+  if (!ParseFlagPairs(argc, argv, flag,
+                      "budgets are fractions in (0, 1], counts are positive")) {
+    return false;
+  }
   if (f->model.empty() || f->conversations.empty()) {
     std::fprintf(stderr, "--model DIR and --conversations FILE.jsonl are required\n");
     return false;
