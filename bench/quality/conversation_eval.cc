@@ -128,8 +128,8 @@ absl::Status EvaluatePolicies(engine::ForwardPass& forward, cache::BlockPool& po
     const Outcome full_outcome = Compare(question, full, full);
     Score(question, full_outcome, full_outcome, options.far_tokens, *full_stats);
     for (size_t m = 0; m < methods.size(); ++m) {
-      Score(question, Compare(question, argmax[qi][m + 1], full), full_outcome,
-            options.far_tokens, (*stats)[m]);
+      Score(question, Compare(question, argmax[qi][m + 1], full), full_outcome, options.far_tokens,
+            (*stats)[m]);
     }
   }
   full_stats->kv_fraction_sum += 1.0;
@@ -180,8 +180,8 @@ absl::Status EvaluateEpisodic(engine::ForwardPass& forward, cache::BlockPool& po
       o.recent_utterances = options.recent;
       o.block.block_tokens = options.block_tokens;
       o.block.chunk = options.chunk;
-      RECALL_ASSIGN_OR_RETURN(auto seq,
-                              engine::episodic::EpisodicSequence::Create(forward, pool, tokenizer, o));
+      RECALL_ASSIGN_OR_RETURN(
+          auto seq, engine::episodic::EpisodicSequence::Create(forward, pool, tokenizer, o));
       RECALL_ASSIGN_OR_RETURN(std::vector<int32_t> mine,
                               AnswerArgmaxes(*seq, prompt, q, vocab, options.chunk));
       ConvStats& s = (*stats)[m];

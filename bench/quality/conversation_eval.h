@@ -32,12 +32,12 @@
 namespace recall::bench {
 
 struct ConvMethod {
-  std::string label;     // "lazy", "streaming", "episodic-tfidf", ...
+  std::string label;  // "lazy", "streaming", "episodic-tfidf", ...
   bool episodic = false;
-  std::string policy;    // !episodic: the eviction policy
-  std::string embedder;  // episodic: "model" or "tfidf"
-  double fraction = 0;   // budget: ceil(fraction * conversation tokens) per (layer, KV head)
-  int budget_tokens = 0; // or this many (when > 0)
+  std::string policy;     // !episodic: the eviction policy
+  std::string embedder;   // episodic: "model" or "tfidf"
+  double fraction = 0;    // budget: ceil(fraction * conversation tokens) per (layer, KV head)
+  int budget_tokens = 0;  // or this many (when > 0)
 
   int Budget(const QaConversation& c) const;
 };
@@ -47,20 +47,20 @@ absl::StatusOr<ConvMethod> ParseConvMethod(const std::string& label);
 
 struct ConvEvalOptions {
   PolicyKnobs knobs;
-  int prefix = 16;          // tokens prefilled before the token-by-token feed
-  int far_tokens = 512;     // a question is "far" when its answer was last stated this far back
-  int episodes = 4;         // episodic: E
-  int block_tokens = 512;   // episodic: block-wise prefill block
-  int recent = 4;           // episodic: sentences kept uncompressed before the question
-  int chunk = 256;          // episodic and its reference: prefill chunk
+  int prefix = 16;         // tokens prefilled before the token-by-token feed
+  int far_tokens = 512;    // a question is "far" when its answer was last stated this far back
+  int episodes = 4;        // episodic: E
+  int block_tokens = 512;  // episodic: block-wise prefill block
+  int recent = 4;          // episodic: sentences kept uncompressed before the question
+  int chunk = 256;         // episodic and its reference: prefill chunk
 };
 
 // Sums over questions; divided out by the report.
 struct ConvStats {
   int64_t questions = 0, correct = 0;
   int64_t far = 0, far_correct = 0;
-  int64_t agree = 0;                            // all answer argmaxes equal FullKV's
-  int64_t answer_tokens = 0, token_agree = 0;   // per answer position
+  int64_t agree = 0;                               // all answer argmaxes equal FullKV's
+  int64_t answer_tokens = 0, token_agree = 0;      // per answer position
   int64_t full_correct = 0, far_full_correct = 0;  // FullKV on the same questions
   double kv_fraction_sum = 0;  // device KV bytes at the end / FullKV's, per measurement
   int64_t kv_samples = 0;

@@ -18,15 +18,16 @@ double Div(double a, double b) { return b > 0 ? a / b : 0.0; }
 }  // namespace
 
 void PrintConvTable(const std::vector<ConvRow>& rows) {
-  std::printf("%-16s %8s %6s %7s %7s %7s %7s %7s %6s\n", "method", "budget", "n", "acc",
-              "acc_far", "full", "agree", "tok_agr", "kv");
+  std::printf("%-16s %8s %6s %7s %7s %7s %7s %7s %6s\n", "method", "budget", "n", "acc", "acc_far",
+              "full", "agree", "tok_agr", "kv");
   for (const ConvRow& r : rows) {
     const ConvStats& s = r.stats;
     std::printf("%-16s %8s %6lld %6.1f%% %6.1f%% %6.1f%% %6.1f%% %6.1f%% %5.1f%%\n",
                 r.method.c_str(), r.budget.c_str(), static_cast<long long>(s.questions),
                 100 * Div(s.correct, s.questions), 100 * Div(s.far_correct, s.far),
                 100 * Div(s.full_correct, s.questions), 100 * Div(s.agree, s.questions),
-                100 * Div(s.token_agree, s.answer_tokens), 100 * Div(s.kv_fraction_sum, s.kv_samples));
+                100 * Div(s.token_agree, s.answer_tokens),
+                100 * Div(s.kv_fraction_sum, s.kv_samples));
   }
 }
 

@@ -13,9 +13,9 @@ namespace recall::bench {
 
 // One result line: a method at one budget (or a FullKV reference).
 struct ConvRow {
-  std::string method;  // "full", "full-1q" (one question per prompt), a policy, "episodic-..."
-  std::string budget;  // "10%", "512 tok" or "-"
-  double fraction = 0; // the budget's fraction setting (0 for token budgets and FullKV)
+  std::string method;   // "full", "full-1q" (one question per prompt), a policy, "episodic-..."
+  std::string budget;   // "10%", "512 tok" or "-"
+  double fraction = 0;  // the budget's fraction setting (0 for token budgets and FullKV)
   ConvStats stats;
 };
 

@@ -31,8 +31,7 @@ absl::StatusOr<std::string> StringField(const nlohmann::json& j, const char* fie
 absl::StatusOr<std::vector<QaConversation>> LoadQaConversations(const std::string& path,
                                                                 const model::Tokenizer& tokenizer,
                                                                 int max_conversations,
-                                                                int max_questions,
-                                                                int max_tokens) {
+                                                                int max_questions, int max_tokens) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open conversations file ", path));
   const std::optional<int32_t> nl = tokenizer.PieceToId("\n");
@@ -42,7 +41,8 @@ absl::StatusOr<std::vector<QaConversation>> LoadQaConversations(const std::strin
         "makes one)");
   }
   auto encode_line = [&](absl::string_view text, bool newline) {
-    std::vector<int32_t> ids = tokenizer.Encode(std::string_view(text.data(), text.size()), /*add_bos=*/false, /*parse_special=*/false);
+    std::vector<int32_t> ids = tokenizer.Encode(std::string_view(text.data(), text.size()),
+                                                /*add_bos=*/false, /*parse_special=*/false);
     if (newline) ids.push_back(*nl);
     return ids;
   };

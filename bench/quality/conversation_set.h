@@ -26,7 +26,7 @@ struct QaQuestion {
 
 struct QaConversation {
   uint64_t seed = 0;
-  int conversation_tokens = 0;  // BOS + the conversation's lines (the budget's reference)
+  int conversation_tokens = 0;   // BOS + the conversation's lines (the budget's reference)
   std::vector<int32_t> context;  // those tokens, then "[Questions]" "\n"
   std::vector<QaQuestion> questions;
 };
@@ -39,8 +39,7 @@ struct QaConversation {
 absl::StatusOr<std::vector<QaConversation>> LoadQaConversations(const std::string& path,
                                                                 const model::Tokenizer& tokenizer,
                                                                 int max_conversations,
-                                                                int max_questions,
-                                                                int max_tokens);
+                                                                int max_questions, int max_tokens);
 
 // The tokens of `c` followed by each question and its answer, in order (what the policies'
 // teacher-forced pass feeds), and where each answer starts in them.

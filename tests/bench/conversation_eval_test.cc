@@ -74,13 +74,14 @@ class ConversationEvalTest : public testing::Stories260KTest {
     auto pool = cache::BlockPool::Create(layout, mc.n_layers * 8 * (512 / 16 + 2));
     ASSERT_TRUE(pool.ok()) << pool.status();
     pool_ = std::move(*pool);
-    forward_ = std::make_unique<engine::ForwardPass>(*model_, *backend_,
-                                                     engine::ForwardOptions{256});
+    forward_ =
+        std::make_unique<engine::ForwardPass>(*model_, *backend_, engine::ForwardOptions{256});
     const std::string path = testing::MakeTempDir("conversation_eval") + "/c.jsonl";
     std::ofstream(path) << R"({"seed": 3, "text": ")" << kText
                         << R"(", "questions": [{"q": "What was the dog called?", "a": "Max", )"
                         << R"("distance_tokens": 600}, {"q": "Who had a truck?", "a": "Ben", )"
-                        << R"("distance_tokens": 40}]})" << "\n";
+                        << R"("distance_tokens": 40}]})"
+                        << "\n";
     auto convs = LoadQaConversations(path, *nl_tok_, 0, 0, mc.max_seq_len);
     ASSERT_TRUE(convs.ok()) << convs.status();
     conv_ = (*convs)[0];

@@ -87,8 +87,8 @@ TEST(ConversationSetTest, TokenizesAsTheTrainingFormat) {
   EXPECT_EQ(std::vector<int32_t>(seq.begin() + starts[0], seq.begin() + starts[0] + 6),
             Bytes(" Oslo\n"));
   EXPECT_EQ(std::vector<int32_t>(seq.begin() + starts[1], seq.end()), Bytes(" B\n"));
-  EXPECT_EQ(seq.size(), c.context.size() + c.questions[0].ask.size() + 6 +
-                            c.questions[1].ask.size() + 3);
+  EXPECT_EQ(seq.size(),
+            c.context.size() + c.questions[0].ask.size() + 6 + c.questions[1].ask.size() + 3);
 }
 
 TEST(ConversationSetTest, CapsConversationsAndQuestions) {
@@ -115,8 +115,8 @@ TEST(ConversationSetTest, RefusesBadInputByLineAndField) {
            {R"({"text": "x\n", "questions": []})", "'questions'"},
            {R"({"text": "x\n", "questions": [{"a": "z"}]})", "question 0: field 'q'"},
            {R"({"text": "x\n", "questions": [{"q": "y?", "a": ""}]})", "field 'a' is empty"}}) {
-    auto r = LoadQaConversations(WriteFile("two.jsonl", good + "\n" + c.second_line + "\n"),
-                                 tok, 0, 0, 4096);
+    auto r = LoadQaConversations(WriteFile("two.jsonl", good + "\n" + c.second_line + "\n"), tok, 0,
+                                 0, 4096);
     ASSERT_FALSE(r.ok()) << c.second_line;
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
     EXPECT_NE(r.status().message().find(c.needle), std::string::npos) << r.status();

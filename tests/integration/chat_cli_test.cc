@@ -26,8 +26,8 @@ ChatRun RunChat(const std::string& dir, const std::string& address, const std::s
   const std::string in = dir + "/in.txt", out = dir + "/out.txt", err = dir + "/err.txt";
   std::ofstream(in) << input;
   const std::string cmd = std::string("'") + RECALL_CLI_BINARY + "' chat --server " + address +
-                          " --max-tokens 12 --temperature 0 < '" + in + "' > '" + out +
-                          "' 2> '" + err + "'";
+                          " --max-tokens 12 --temperature 0 < '" + in + "' > '" + out + "' 2> '" +
+                          err + "'";
   ChatRun r;
   const int status = std::system(cmd.c_str());
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
