@@ -7,8 +7,8 @@
 #   run from the repository root on the device machine:
 #     bash tools/train/device_train.sh            # first and later calls alike
 #   env: RUN (default build-train/run, ignored by git: stays on a warm machine between
-#        calls), TOK (default tools/train/work/tok/tokenizer.model: train it on the CPU
-#        machine and leave it untracked in the tree so it travels), INIT (an export brought
+#        calls), TOK (default tools/train/tokenizer/tokenizer.model, the committed one),
+#        INIT (an export brought
 #        back by an earlier call, carried as an ignored path: used when RUN has no
 #        checkpoint), MINUTES (this call's training time, default 8), TRAIN_MINUTES (the
 #        whole run's training time over all calls, default 22: the cosine schedule follows
@@ -17,7 +17,7 @@
 #        train.py flags, e.g. "--compile").
 set -euo pipefail
 RUN=${RUN:-build-train/run}
-TOK=${TOK:-tools/train/work/tok/tokenizer.model}
+TOK=${TOK:-tools/train/tokenizer/tokenizer.model}
 MINUTES=${MINUTES:-8}
 TRAIN_MINUTES=${TRAIN_MINUTES:-22}
 STEPS=${STEPS:-4000}
