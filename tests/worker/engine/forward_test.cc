@@ -6,25 +6,14 @@
 
 #include "cache/block_pool.h"
 #include "gtest/gtest.h"
+#include "tests/common/tiny_model.h"
 #include "kernels/backend.h"
 #include "worker/model/random_model.h"
 
 namespace recall::engine {
 namespace {
 
-model::ModelConfig TinyConfig() {
-  model::ModelConfig c;
-  c.dim = 64;
-  c.hidden_dim = 96;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 16;
-  c.vocab_size = 97;
-  c.max_seq_len = 128;
-  c.tied_embeddings = true;
-  return c;
-}
+model::ModelConfig TinyConfig() { return testing::TinyModelConfig(2, 128); }
 
 class ForwardTest : public ::testing::TestWithParam<kernels::DType> {
  protected:

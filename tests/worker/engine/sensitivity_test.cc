@@ -13,6 +13,7 @@
 #include "cache/eviction/budget.h"
 #include "cache/eviction/sensitivity_profile.h"
 #include "gtest/gtest.h"
+#include "tests/common/tiny_model.h"
 #include "tests/common/test_util.h"
 #include "worker/model/loader.h"
 #include "worker/model/random_model.h"
@@ -21,19 +22,7 @@
 namespace recall::engine {
 namespace {
 
-model::ModelConfig TinyConfig() {
-  model::ModelConfig c;
-  c.dim = 64;
-  c.hidden_dim = 96;
-  c.n_layers = 3;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 16;
-  c.vocab_size = 97;
-  c.max_seq_len = 256;
-  c.tied_embeddings = true;
-  return c;
-}
+model::ModelConfig TinyConfig() { return testing::TinyModelConfig(3, 256); }
 
 std::vector<int32_t> Tokens(int n) {
   std::vector<int32_t> t(static_cast<size_t>(n));

@@ -10,6 +10,7 @@
 
 #include "cache/episodic/patch_scores.h"
 #include "gtest/gtest.h"
+#include "tests/common/tiny_model.h"
 #include "worker/model/random_model.h"
 
 namespace recall::engine::episodic {
@@ -20,15 +21,10 @@ constexpr int kBlockTokens = 16;  // slots per pool block
 class BlockPrefillTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    model::ModelConfig c;
-    c.dim = 64;
+    model::ModelConfig c = testing::TinyModelConfig(3, 2048);
     c.hidden_dim = 128;
-    c.n_layers = 3;
-    c.n_heads = 4;
-    c.n_kv_heads = 2;
-    c.head_dim = 16;
     c.vocab_size = 96;
-    c.max_seq_len = 2048;
+    c.tied_embeddings = false;
     auto m = model::MakeRandomModel(c, kernels::DType::kF32, 7);
     ASSERT_TRUE(m.ok()) << m.status();
     model_ = std::move(*m);
