@@ -31,4 +31,13 @@ int CudaDeviceCount();
 // FailedPrecondition for a device that does not exist; Unimplemented without CUDA.
 absl::StatusOr<int64_t> CudaFreeMemory(int device);
 
+// The cudaStream_t (as void*) a CUDA backend queues its ops on, so other work (NCCL) can be
+// ordered with them; null for other backends and in builds without CUDA.
+void* CudaStreamOf(Backend& backend);
+
+// Makes `device` the calling thread's current CUDA device (cudaSetDevice). A thread must do
+// this before it queues ops of a backend on that device when the process drives several GPUs
+// (kernel launches go to the current device). Unimplemented without CUDA.
+absl::Status CudaBindThread(int device);
+
 }  // namespace recall::kernels

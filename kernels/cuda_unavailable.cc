@@ -15,4 +15,10 @@ absl::StatusOr<int64_t> CudaFreeMemory(int) {
   return absl::UnimplementedError("device cuda: this build has no CUDA backend");
 }
 
+void* CudaStreamOf(Backend&) { return nullptr; }
+
+absl::Status CudaBindThread(int) {
+  return absl::UnimplementedError("device cuda: this build has no CUDA backend");
+}
+
 }  // namespace recall::kernels

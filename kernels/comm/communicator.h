@@ -25,6 +25,8 @@
 
 namespace recall::kernels {
 
+class Memory;  // kernels/memory.h
+
 enum class CommDType : uint8_t { kF32 = 0, kF64 = 1, kI32 = 2, kI64 = 3, kU64 = 4 };
 enum class ReduceOp : uint8_t { kSum = 0, kMax = 1, kMin = 2 };
 
@@ -80,10 +82,25 @@ struct InProcessGroupOptions {
 absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateInProcessGroup(
     int n, const InProcessGroupOptions& options = {});
 
+// `memories.size()` communicators for ranks whose buffers live in backend memory the host
+// cannot read (a GPU's device memory), joined through the host: each call copies the rank's
+// buffer out to a host staging buffer, runs the in-process collective on it and copies the
+// result back. Memory::CopyOut synchronizes the backend's stream, so the collective sees every
+// op queued before it, and ops queued after it see the result. For memory the host can read
+// (the CPU backend) the calls go straight to the in-process group. This is how several ranks
+// share one GPU (NCCL refuses two ranks on one device): correct, at the cost of two copies and
+// a stream synchronization per call. memories[r] must outlive the communicators.
+absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateStagedGroup(
+    const std::vector<Memory*>& memories, const InProcessGroupOptions& options = {});
+
 // One NCCL communicator per CUDA device in `devices` (ncclCommInitAll: one process, one
-// thread per device). Unimplemented when the build has no NCCL; the CUDA error otherwise
-// (no device, bad ordinal). Buffers passed to it are device memory.
+// thread per device; the devices must be distinct). Each rank's collectives are queued on
+// streams[r] (a cudaStream_t of devices[r], borrowed) when given, so they are ordered after
+// the ops already queued there, e.g. the rank's backend stream; otherwise on a stream of
+// their own. Either way a call synchronizes that stream before returning. Unimplemented when
+// the build has no NCCL; InvalidArgument for repeated devices or a streams list of the wrong
+// length; the CUDA error otherwise (no device, bad ordinal). Buffers are device memory.
 absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateNcclGroup(
-    const std::vector<int>& devices);
+    const std::vector<int>& devices, const std::vector<void*>& streams = {});
 
 }  // namespace recall::kernels

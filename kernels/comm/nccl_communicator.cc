@@ -1,6 +1,7 @@
 // The NCCL Communicator (GPU ranks: one process, one thread per device, ncclCommInitAll).
-// The only file that includes nccl.h. Every call is enqueued on the rank's own stream and
-// synchronized before returning, so the blocking contract of Communicator holds.
+// The only file that includes nccl.h. Every call is enqueued on the rank's stream (a borrowed
+// one, such as the rank's backend stream, or one of its own) and synchronized before
+// returning, so the blocking contract of Communicator holds.
 #include <nccl.h>
 
 #include <string>
@@ -49,10 +50,11 @@ ncclRedOp_t ToNccl(ReduceOp op) {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, int device, int rank, int size, cuda::Stream stream,
-                   cuda::DeviceBuffer barrier)
-      : comm_(comm), device_(device), rank_(rank), size_(size), stream_(std::move(stream)),
-        barrier_(std::move(barrier)) {}
+  // `borrowed` (may be null) is used instead of `owned` when given.
+  NcclCommunicator(ncclComm_t comm, int device, int rank, int size, cuda::Stream owned,
+                   cudaStream_t borrowed, cuda::DeviceBuffer barrier)
+      : comm_(comm), device_(device), rank_(rank), size_(size), owned_(std::move(owned)),
+        stream_(borrowed != nullptr ? borrowed : owned_.get()), barrier_(std::move(barrier)) {}
   ~NcclCommunicator() override {
     cudaSetDevice(device_);
     ncclCommDestroy(comm_);
@@ -65,15 +67,15 @@ class NcclCommunicator final : public Communicator {
   absl::Status AllReduce(void* data, int64_t count, CommDType dtype, ReduceOp op) override {
     RECALL_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     RECALL_NCCL_RETURN_IF_ERROR(ncclAllReduce(data, data, static_cast<size_t>(count),
-                                              ToNccl(dtype), ToNccl(op), comm_, stream_.get()));
-    return stream_.Synchronize();
+                                              ToNccl(dtype), ToNccl(op), comm_, stream_));
+    return Synchronize();
   }
 
   absl::Status AllGather(const void* send, void* recv, int64_t count, CommDType dtype) override {
     RECALL_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     RECALL_NCCL_RETURN_IF_ERROR(ncclAllGather(send, recv, static_cast<size_t>(count),
-                                              ToNccl(dtype), comm_, stream_.get()));
-    return stream_.Synchronize();
+                                              ToNccl(dtype), comm_, stream_));
+    return Synchronize();
   }
 
   absl::Status Broadcast(void* data, int64_t count, CommDType dtype, int root) override {
@@ -83,8 +85,8 @@ class NcclCommunicator final : public Communicator {
     }
     RECALL_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     RECALL_NCCL_RETURN_IF_ERROR(ncclBroadcast(data, data, static_cast<size_t>(count),
-                                              ToNccl(dtype), root, comm_, stream_.get()));
-    return stream_.Synchronize();
+                                              ToNccl(dtype), root, comm_, stream_));
+    return Synchronize();
   }
 
   absl::Status Barrier() override {
@@ -92,19 +94,38 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  absl::Status Synchronize() const {
+    return cuda::CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize after NCCL");
+  }
+
   ncclComm_t comm_;
   const int device_;
   const int rank_;
   const int size_;
-  cuda::Stream stream_;
+  cuda::Stream owned_;   // empty when the stream is borrowed
+  cudaStream_t stream_;  // where every call is queued
   cuda::DeviceBuffer barrier_;  // one int32 for Barrier()
 };
 
 }  // namespace
 
 absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateNcclGroup(
-    const std::vector<int>& devices) {
+    const std::vector<int>& devices, const std::vector<void*>& streams) {
   if (devices.empty()) return absl::InvalidArgumentError("NCCL group: no devices given");
+  if (!streams.empty() && streams.size() != devices.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("NCCL group: ", streams.size(),
+                                                   " streams for ", devices.size(),
+                                                   " devices; give one per device or none"));
+  }
+  for (size_t i = 0; i < devices.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (devices[i] == devices[j]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "NCCL group: device ", devices[i], " appears twice; NCCL needs one device per rank "
+            "(ranks that share a GPU can use the staged group, CreateStagedGroup)"));
+      }
+    }
+  }
   int visible = 0;
   RECALL_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&visible));
   for (int d : devices) {
@@ -120,8 +141,12 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateNcclGroup(
   absl::Status failure;
   for (int r = 0; r < n; ++r) {
     if (failure.ok()) failure = cuda::CudaStatus(cudaSetDevice(devices[r]), "cudaSetDevice");
+    cudaStream_t borrowed =
+        streams.empty() ? nullptr : static_cast<cudaStream_t>(streams[static_cast<size_t>(r)]);
     absl::StatusOr<cuda::Stream> stream =
-        failure.ok() ? cuda::Stream::Create() : absl::StatusOr<cuda::Stream>(failure);
+        !failure.ok()         ? absl::StatusOr<cuda::Stream>(failure)
+        : borrowed != nullptr ? absl::StatusOr<cuda::Stream>(cuda::Stream())
+                              : cuda::Stream::Create();
     absl::StatusOr<cuda::DeviceBuffer> barrier =
         stream.ok() ? cuda::DeviceBuffer::Allocate(sizeof(int32_t))
                     : absl::StatusOr<cuda::DeviceBuffer>(stream.status());
@@ -131,7 +156,8 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateNcclGroup(
       continue;
     }
     out.push_back(std::make_unique<NcclCommunicator>(comms[static_cast<size_t>(r)], devices[r], r,
-                                                     n, *std::move(stream), *std::move(barrier)));
+                                                     n, *std::move(stream), borrowed,
+                                                     *std::move(barrier)));
   }
   if (!failure.ok()) return failure;  // `out` destroys the communicators it holds
   return out;

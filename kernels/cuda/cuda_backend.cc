@@ -25,6 +25,7 @@ class CudaBackend final : public Backend {
       : device_(device), stream_(std::move(stream)), blas_(blas), sm_count_(sm_count),
         memory_(device, stream_.get()) {}
   ~CudaBackend() override {
+    cudaSetDevice(device_);  // the destroying thread may be bound to another GPU
     cudaStreamSynchronize(stream_.get());
     if (blas_ != nullptr) cublasDestroy(blas_);
   }
@@ -259,6 +260,15 @@ absl::StatusOr<int64_t> CudaFreeMemory(int device) {
   size_t free_bytes = 0, total_bytes = 0;
   RECALL_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
   return static_cast<int64_t>(free_bytes);
+}
+
+void* CudaStreamOf(Backend& backend) {
+  auto* memory = dynamic_cast<cuda::CudaMemory*>(&backend.memory());
+  return memory == nullptr ? nullptr : static_cast<void*>(memory->stream());
+}
+
+absl::Status CudaBindThread(int device) {
+  return recall::cuda::CudaStatus(cudaSetDevice(device), "cudaSetDevice");
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOptions& options) {

@@ -77,6 +77,9 @@ void CudaMemory::CompactRows(const PagedKvHead& rows, const int32_t* keep, int n
   }
   const int m = static_cast<int>(pairs_.size() / 2);
   if (m == 0) return;
+  // Its allocations and launch go to the current device: make it this memory's (the caller
+  // may be a thread bound to another GPU).
+  if (!Check(cudaSetDevice(device_), "cudaSetDevice before compaction")) return;
   const size_t pair_bytes = pairs_.size() * sizeof(int64_t);
   const size_t row_bytes = static_cast<size_t>(m) * 2 * rows.head_dim * sizeof(float);
   // The buffers are reused by the next call: wait until the previous moves are done.

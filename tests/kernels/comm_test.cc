@@ -1,14 +1,18 @@
 // Communicators: the in-process group (CPU ranks as threads) computes every collective with
 // results bitwise identical on all ranks, refuses mismatched calls on every rank instead of
-// pairing them, and fails (instead of hanging) when a rank never arrives. The NCCL group's
-// tests run only where a GPU is present.
+// pairing them, and fails (instead of hanging) when a rank never arrives. The staged group
+// (ranks whose buffers the host cannot read) copies through the host and gets the same
+// results. The NCCL group's tests run only where a GPU is present.
 #include "kernels/comm/communicator.h"
+
+#include <cstring>
 
 #include <functional>
 #include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/memory.h"
 
 namespace recall::kernels {
 namespace {
@@ -133,7 +137,99 @@ TEST(InProcessGroup, BadArgumentsAreRejected) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Host memory that claims not to be host-accessible, as a GPU's is not, and counts the
+// copies through it: the staged group must move every buffer through CopyOut / CopyIn.
+class OpaqueMemory final : public Memory {
+ public:
+  const char* Name() const override { return "opaque"; }
+  bool host_accessible() const override { return false; }
+  absl::StatusOr<void*> Allocate(size_t bytes) override { return HostMemory().Allocate(bytes); }
+  void Free(void* p) override { HostMemory().Free(p); }
+  void CopyIn(void* dst, const void* src, size_t bytes) override {
+    ++copies_in;
+    std::memcpy(dst, src, bytes);
+  }
+  void CopyOut(void* dst, const void* src, size_t bytes) override {
+    ++copies_out;
+    std::memcpy(dst, src, bytes);
+  }
+  void Copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void CopyOutRows(void*, size_t, const void*, size_t, size_t, size_t) override {}
+  void CompactRows(const PagedKvHead&, const int32_t*, int) override {}
+  int copies_in = 0;
+  int copies_out = 0;
+};
+
+TEST(StagedGroup, CollectivesThroughHostCopiesGiveTheInProcessResults) {
+  constexpr int n = 3;
+  std::vector<OpaqueMemory> memories(n);
+  std::vector<Memory*> ptrs;
+  for (auto& m : memories) ptrs.push_back(&m);
+  auto comms = CreateStagedGroup(ptrs);
+  ASSERT_TRUE(comms.ok()) << comms.status();
+  EXPECT_STREQ((*comms)[0]->Name(), "staged");
+  std::vector<std::vector<float>> sums(n);
+  std::vector<std::vector<int64_t>> gathered(n);
+  std::vector<std::vector<int32_t>> bcast(n);
+  auto status = RunRanks(*comms, [&](int r, Communicator& c) -> absl::Status {
+    sums[r] = {1.0f * r, 0.25f, -2.0f * r};
+    if (auto st = c.AllReduce(sums[r].data(), 3, ReduceOp::kSum); !st.ok()) return st;
+    const int64_t mine[2] = {r, 100 + r};
+    gathered[r].assign(2 * n, -1);
+    if (auto st = c.AllGather(mine, gathered[r].data(), 2, CommDType::kI64); !st.ok()) return st;
+    bcast[r] = {r, r};
+    if (auto st = c.Broadcast(bcast[r].data(), 2, CommDType::kI32, 1); !st.ok()) return st;
+    return c.Barrier();
+  });
+  for (const auto& st : status) ASSERT_TRUE(st.ok()) << st;
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(sums[r], (std::vector<float>{3.0f, 0.75f, -6.0f})) << "rank " << r;
+    EXPECT_EQ(gathered[r], (std::vector<int64_t>{0, 100, 1, 101, 2, 102})) << "rank " << r;
+    EXPECT_EQ(bcast[r], (std::vector<int32_t>{1, 1})) << "rank " << r;
+    // AllReduce and AllGather copy out and back in; Broadcast copies out on the root only
+    // and in everywhere else.
+    EXPECT_EQ(memories[r].copies_out, r == 1 ? 3 : 2) << "rank " << r;
+    EXPECT_EQ(memories[r].copies_in, r == 1 ? 2 : 3) << "rank " << r;
+  }
+}
+
+TEST(StagedGroup, HostMemoryGoesStraightToTheInProcessGroupAndErrorsPassThrough) {
+  std::vector<Memory*> ptrs = {&HostMemory(), &HostMemory()};
+  auto comms = CreateStagedGroup(ptrs);
+  ASSERT_TRUE(comms.ok()) << comms.status();
+  std::vector<std::vector<double>> x(2);
+  auto status = RunRanks(*comms, [&](int r, Communicator& c) -> absl::Status {
+    x[r] = {r + 1.0};
+    return c.AllReduce(x[r].data(), 1, ReduceOp::kMax);
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(status[r].ok()) << status[r];
+    EXPECT_EQ(x[r][0], 2.0);
+  }
+  // A mismatch is still caught on every rank, through the staging.
+  OpaqueMemory a, b;
+  auto opaque = CreateStagedGroup({&a, &b});
+  ASSERT_TRUE(opaque.ok());
+  status = RunRanks(*opaque, [&](int r, Communicator& c) -> absl::Status {
+    std::vector<float> v(r == 0 ? 4 : 5, 1.0f);
+    return c.AllReduce(v.data(), static_cast<int64_t>(v.size()), ReduceOp::kSum);
+  });
+  for (const auto& st : status) EXPECT_EQ(st.code(), absl::StatusCode::kInternal) << st;
+  EXPECT_EQ(CreateStagedGroup({&a, nullptr}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CreateStagedGroup({}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 #ifdef RECALL_HAVE_NCCL
+TEST(NcclGroup, RepeatedDevicesAndAWrongStreamCountAreRefusedByName) {
+  // Checked before any CUDA call, so these run without a GPU too.
+  auto twice = CreateNcclGroup({0, 0});
+  EXPECT_EQ(twice.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(twice.status().message().find("appears twice"), std::string::npos) << twice.status();
+  auto streams = CreateNcclGroup({0}, {nullptr, nullptr});
+  EXPECT_EQ(streams.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(streams.status().message().find("2 streams for 1 devices"), std::string::npos)
+      << streams.status();
+}
 }  // namespace
 }  // namespace recall::kernels
 #include <cuda_runtime_api.h>
