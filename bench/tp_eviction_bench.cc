@@ -7,6 +7,9 @@
 //
 // usage: recall_tp_eviction_bench [--shape NAME | --config PATH] [--tp N] [--prompt N]
 //                                 [--steps N] [--window W] [--dtype bf16|f32]
+//                                 [--device cpu|cuda] [--devices 0,0] [--tp-comm nccl|staged]
+// On CUDA ranks the evictors' collectives are the same host collectives (their scores are
+// host arrays); the step then includes the ranks' NCCL (or staged) activation all-reduces.
 // Random weights of the shape (default qwen2.5-0.5b: 14 query heads, 2 KV heads, so TP = 2
 // gives each rank one KV head; SmolLM2-135M's 9 heads do not split in two).
 #include <algorithm>
@@ -70,6 +73,9 @@ struct Flags {
   int steps = 128;
   int window = 32;
   std::string dtype = "bf16";
+  std::string device = "cpu";
+  std::vector<int> devices;  // CUDA ranks' devices (default 0..tp-1)
+  std::string tp_comm;       // CUDA ranks: nccl (default) or staged
 };
 
 struct Row {
@@ -84,6 +90,9 @@ Row RunMode(const model::Model& model, const Flags& f, const std::string& mode, 
   engine::tp::TpGroupOptions g;
   g.tp = f.tp;
   g.threads_per_rank = 1;
+  g.device = f.device;
+  g.devices = f.devices;
+  g.collectives = f.tp_comm;
   const model::ModelConfig& c = model.config;
   g.kv_bytes_per_rank =
       int64_t{c.n_layers} * ((f.prompt + f.steps) / 16 + 4) * 16 * c.n_kv_heads * c.head_dim * 8 /
@@ -171,7 +180,16 @@ int Main(int argc, char** argv) {
     else if (k == "--steps") f.steps = std::stoi(v);
     else if (k == "--window") f.window = std::stoi(v);
     else if (k == "--dtype") f.dtype = v;
-    else {
+    else if (k == "--device") f.device = v;
+    else if (k == "--tp-comm") f.tp_comm = v;
+    else if (k == "--devices") {
+      absl::StatusOr<std::vector<int>> d = engine::tp::ParseDevices(v);
+      if (!d.ok()) {
+        std::fprintf(stderr, "%s\n", std::string(d.status().message()).c_str());
+        return 2;
+      }
+      f.devices = *d;
+    } else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return 2;
     }
@@ -190,9 +208,14 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", std::string(model.status().message()).c_str());
     return 1;
   }
-  std::printf("TP eviction collectives: %s, random %s weights, tp=%d CPU ranks (1 thread each), "
-              "lazy C=%d W=%d, %d decode steps after a %d-token prompt\n",
-              f.config.empty() ? f.shape.c_str() : f.config.c_str(), f.dtype.c_str(), f.tp, f.prompt, f.window, f.steps, f.prompt);
+  const std::string ranks =
+      f.device == "cuda" ? "CUDA ranks (" + (f.tp_comm.empty() ? std::string("nccl") : f.tp_comm) +
+                               " activation all-reduces)"
+                         : std::string("CPU ranks (1 thread each)");
+  std::printf("TP eviction collectives: %s, random %s weights, tp=%d %s, lazy C=%d W=%d, %d "
+              "decode steps after a %d-token prompt\n",
+              f.config.empty() ? f.shape.c_str() : f.config.c_str(), f.dtype.c_str(), f.tp,
+              ranks.c_str(), f.prompt, f.window, f.steps, f.prompt);
   const Row full = RunMode(**model, f, "", false);
   std::printf("baseline FullKV step (no evictor): %.2f ms\n", full.step_ms);
   std::printf("%-22s %9s %9s %7s %8s | %6s %11s %11s %7s\n", "mode", "step_ms", "coll_ms",

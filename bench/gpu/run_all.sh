@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # shellcheck disable=SC2086  # the *_ARGS knobs split into words on purpose
 # On a GPU machine, from the repository root: the CUDA tests, the decode benchmark,
-# transformers' baseline and the report side by side. Logs and JSON go to $OUT (default
-# /tmp/recall-gpu). Knobs: TEST_ARGS, BENCH=0 (tests only), BENCH_ARGS, HF_ARGS.
+# transformers' baseline and the report side by side, and the TP eviction collectives on CUDA
+# ranks sharing the GPU (staged). Logs and JSON go to $OUT (default /tmp/recall-gpu). Knobs:
+# TEST_ARGS, BENCH=0 (tests only), BENCH_ARGS, HF_ARGS, TP_BENCH=0 (skip the TP benchmark).
 set -u
 OUT=${OUT:-/tmp/recall-gpu}; mkdir -p "$OUT"
 # BIN: the folder with recall_cuda_test and recall_gpu_decode_bench (default: build/);
@@ -27,4 +28,8 @@ if [ "${BENCH:-1}" = 1 ]; then
   PYTHONUNBUFFERED=1 timeout ${HF_TIMEOUT:-150} python3 bench/gpu/hf_decode.py --no-cudnn-sdpa ${HF_ARGS:-} --out-json "$OUT"/hf.json > "$OUT"/hf.log 2>&1
   echo "hf rc=$?"; tail -3 "$OUT"/hf.log
   python3 bench/gpu/report.py "$OUT"/recall.json "$OUT"/hf.json | tee "$OUT"/report.txt
+fi
+if [ "${BENCH:-1}" = 1 ] && [ "${TP_BENCH:-1}" = 1 ]; then
+  timeout ${TP_TIMEOUT:-180} "$BIN"/bench/recall_tp_eviction_bench --device cuda --tp 2 \
+    --devices 0,0 --tp-comm staged --steps 96 2>&1 | tee "$OUT"/tp_eviction_cuda.txt
 fi

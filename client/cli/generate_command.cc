@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cache/block_pool.h"
@@ -69,7 +70,11 @@ constexpr char kUsage[] = R"(usage: recall generate --model PATH [options]
   --value-protection F    keep this fraction of the budget for the largest-value tokens
   --tp N                  tensor parallelism: run on N ranks (CPU ranks are threads; N must
                           divide the query heads and the MLP width) (default 1)
-  --device NAME           cpu (default) or cuda (one GPU; with --tp > 1 not yet)
+  --device NAME           cpu (default) or cuda
+  --devices LIST          CUDA device ordinals, one per rank (default 0..N-1); an ordinal may
+                          repeat with --tp-comm staged
+  --tp-comm KIND          how CUDA ranks all-reduce activations: nccl (default; distinct
+                          GPUs) or staged (through host memory; ranks may share a GPU)
   --tp-eviction MODE      how ranks (and heads) agree on evictions: uniform (per-head counts,
                           default), shared (one token set per layer), head-adaptive (Ada-KV
                           global top-k over all KV heads)
@@ -171,6 +176,23 @@ absl::Status Run(const Args& args) {
   RECALL_ASSIGN_OR_RETURN(const int64_t kv_mb, args.GetInt("kv-cache-mb", 0, 0, 1 << 24));
   RECALL_ASSIGN_OR_RETURN(const int64_t tp, args.GetInt("tp", 1, 1, 64));
   const std::string device = args.GetString("device", "cpu");
+  std::vector<int> devices;
+  if (args.Has("devices")) {
+    RECALL_ASSIGN_OR_RETURN(devices, engine::tp::ParseDevices(args.GetString("devices")));
+  }
+  const std::string tp_comm = args.GetString("tp-comm", "");
+  if ((!devices.empty() || !tp_comm.empty()) && device != "cuda") {
+    return absl::InvalidArgumentError("--devices, --tp-comm: only with --device cuda");
+  }
+  if (!tp_comm.empty() && tp_comm != "nccl" && tp_comm != "staged") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tp-comm: \"", tp_comm, "\" is not one of nccl, staged"));
+  }
+  if (!devices.empty() && static_cast<int64_t>(devices.size()) != tp) {
+    return absl::InvalidArgumentError(absl::StrCat("--devices: ", devices.size(),
+                                                   " devices for --tp ", tp,
+                                                   "; give one per rank"));
+  }
 
   RECALL_ASSIGN_OR_RETURN(std::optional<cache::eviction::SessionEvictorOptions> eviction,
                           EvictionFromArgs(args));
@@ -231,12 +253,20 @@ absl::Status Run(const Args& args) {
     engine::tp::TpGroupOptions go;
     go.tp = static_cast<int>(tp);
     go.device = device;
+    go.devices = devices;
+    go.collectives = tp_comm;
     if (threads > 0) go.threads_per_rank = std::max<int>(1, static_cast<int>(threads / tp));
     go.kv_bytes_per_rank = kv_mb > 0 ? (kv_mb << 20) / tp
                                      : full_context_blocks * layout.BlockFloats() * 4 / tp + 4096;
     go.forward.max_batch_tokens = 256;
-    RECALL_ASSIGN_OR_RETURN(std::unique_ptr<engine::tp::TpGroup> group,
-                            engine::tp::TpGroup::Create(*loaded.model, go));
+    absl::StatusOr<std::unique_ptr<engine::tp::TpGroup>> created =
+        engine::tp::TpGroup::Create(*loaded.model, go);
+    if (!created.ok() && absl::StartsWith(created.status().message(), "devices:")) {
+      return absl::Status(created.status().code(),
+                          absl::StrCat("--", created.status().message()));  // the flag's name
+    }
+    if (!created.ok()) return created.status();
+    std::unique_ptr<engine::tp::TpGroup> group = *std::move(created);
     RECALL_ASSIGN_OR_RETURN(std::unique_ptr<engine::tp::TpSequence> seq,
                             engine::tp::TpSequence::Create(*group, eviction));
     RECALL_ASSIGN_OR_RETURN(result, engine::Generate(*seq, group->backend(0), config, tok, prompt,
@@ -247,7 +277,8 @@ absl::Status Run(const Args& args) {
     std::unique_ptr<model::Model> uploaded;
     const model::Model* weights = loaded.model.get();
     if (device == "cuda") {
-      RECALL_ASSIGN_OR_RETURN(backend, kernels::CreateCudaBackend());
+      RECALL_ASSIGN_OR_RETURN(backend,
+                              kernels::CreateCudaBackend({devices.empty() ? 0 : devices[0]}));
       RECALL_ASSIGN_OR_RETURN(uploaded, model::UploadModel(*loaded.model, backend->memory()));
       weights = uploaded.get();
     } else {
@@ -305,7 +336,7 @@ int RunGenerate(const std::vector<std::string>& argv) {
       {"model", "tokenizer", "prompt", "max-tokens", "temperature", "top-p", "top-k",
        "repetition-penalty", "seed", "stop", "chat-format", "system", "threads", "kv-cache-mb",
        "policy", "budget", "budget-frac", "window", "alpha", "layer-budgets", "layer-alpha",
-       "value-protection", "tp", "device", "tp-eviction", "episodes", "embedder",
+       "value-protection", "tp", "device", "devices", "tp-comm", "tp-eviction", "episodes", "embedder",
        "block-tokens", "recent"},
       {"chat", "echo", "stats", "help", "tp-verify"});
   if (!args.ok()) {

@@ -273,7 +273,9 @@ absl::Status ForwardPass::Run(std::span<const BatchItem> batch, float* logits) {
   };
   if (options_.comm != nullptr) {
     int32_t all_ok = reserved.ok() ? 1 : 0;
-    absl::Status st = options_.comm->AllReduce(&all_ok, 1, kernels::ReduceOp::kMin);
+    kernels::Communicator& votes =
+        options_.host_comm != nullptr ? *options_.host_comm : *options_.comm;
+    absl::Status st = votes.AllReduce(&all_ok, 1, kernels::ReduceOp::kMin);
     if (!st.ok()) {
       give_back();
       return st;

@@ -60,7 +60,11 @@ struct ForwardOptions {
   // the residual add, and the ranks agree on cache reservations (if one rank's pool cannot
   // hold the batch, every rank fails the call with ResourceExhausted and changes nothing).
   // Every rank must run the same batch (same tokens, same sequences' positions).
+  // `comm` reduces buffers in the backend's memory (the activations: NCCL or a staged group
+  // on GPU ranks); `host_comm` reduces host values (the reservation vote). Null host_comm:
+  // comm serves both, as on CPU ranks, whose backend memory is host memory.
   kernels::Communicator* comm = nullptr;
+  kernels::Communicator* host_comm = nullptr;
 };
 
 class ForwardPass {

@@ -1,11 +1,9 @@
 #include "worker/service/engine_setup.h"
 
 #include <fstream>
-#include <set>
 
-#include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "common/status.h"
 #include "kernels/cuda_backend.h"
 #include "worker/engine/tp/scheduler_ranks.h"
@@ -52,20 +50,6 @@ absl::Status CheckRankBytes(int64_t per_rank, const kernels::PagedKvLayout& layo
 
 }  // namespace
 
-absl::StatusOr<std::vector<int>> ParseDevices(const std::string& text) {
-  std::vector<int> out;
-  std::set<int> seen;
-  for (absl::string_view part : absl::StrSplit(text, ',')) {
-    int d = -1;
-    if (!absl::SimpleAtoi(part, &d) || d < 0 || !seen.insert(d).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--devices: \"", text, "\" must be distinct CUDA device ordinals >= 0, e.g. 0,1"));
-    }
-    out.push_back(d);
-  }
-  return out;
-}
-
 absl::StatusOr<Engine> BuildEngine(const model::Model& model, const model::Tokenizer& tokenizer,
                                    const EngineFlags& flags,
                                    const engine::SchedulerOptions& options,
@@ -82,35 +66,65 @@ absl::StatusOr<Engine> BuildEngine(const model::Model& model, const model::Token
                                                    " devices for --tp ", flags.tp,
                                                    "; give one per rank"));
   }
+  if (!flags.tp_comm.empty() && flags.device != "cuda") {
+    return absl::InvalidArgumentError("--tp-comm: only with --device cuda");
+  }
+  if (!flags.tp_comm.empty() && flags.tp_comm != "nccl" && flags.tp_comm != "staged") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tp-comm: \"", flags.tp_comm, "\" is not one of nccl, staged"));
+  }
   const model::ModelConfig& c = model.config;
   Engine e;
-  if (flags.tp > 1 && flags.device == "cuda") {
-    return absl::UnimplementedError(
-        "--tp: tensor parallelism on CUDA ranks is not wired yet; use --tp 1 with --device "
-        "cuda (one GPU per worker) or --device cpu ranks");
-  }
   if (flags.tp > 1) {
     engine::tp::TpGroupOptions g;
     g.tp = flags.tp;
     g.device = flags.device;
     g.devices = flags.devices;
+    g.collectives = flags.tp_comm;
     g.threads_per_rank = flags.threads > 0 ? std::max(1, flags.threads / flags.tp) : 0;
-    RECALL_ASSIGN_OR_RETURN(e.kv_bytes, KvBytes(flags, flags.devices.empty() ? 0 : flags.devices[0]));
-    g.kv_bytes_per_rank = e.kv_bytes / flags.tp;
     RECALL_ASSIGN_OR_RETURN(engine::tp::TpLayout rank_layout,
                             engine::tp::MakeTpLayout(c, flags.tp, 0));
-    RECALL_RETURN_IF_ERROR(CheckRankBytes(
-        g.kv_bytes_per_rank, {c.n_layers, rank_layout.kv_heads, c.head_dim, g.block_tokens}));
+    const kernels::PagedKvLayout rank_kv{c.n_layers, rank_layout.kv_heads, c.head_dim,
+                                         g.block_tokens};
+    if (flags.device == "cuda" && !flags.kv_bytes.has_value()) {
+      g.kv_fraction = flags.kv_fraction;  // of each GPU's free memory after the weights
+    } else {
+      RECALL_ASSIGN_OR_RETURN(const int64_t total, KvBytes(flags, 0));
+      g.kv_bytes_per_rank = total / flags.tp;
+      RECALL_RETURN_IF_ERROR(CheckRankBytes(g.kv_bytes_per_rank, rank_kv));
+    }
     g.forward.max_batch_tokens = options.max_batch_tokens;
     g.forward.batch_invariant = options.batch_invariant;
-    RECALL_ASSIGN_OR_RETURN(e.group, engine::tp::TpGroup::Create(model, g));
+    absl::StatusOr<std::unique_ptr<engine::tp::TpGroup>> group =
+        engine::tp::TpGroup::Create(model, g);
+    if (!group.ok() && absl::StartsWith(group.status().message(), "kv_fraction")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--kv-cache-fraction: ", flags.kv_fraction, " of the GPUs' free memory "
+                       "is less than one KV block per layer on a rank (",
+                       group.status().message(), "); give more, or --kv-cache-bytes"));
+    }
+    if (!group.ok() && absl::StartsWith(group.status().message(), "devices:")) {
+      return absl::Status(group.status().code(), absl::StrCat("--", group.status().message()));
+    }
+    if (!group.ok()) return group.status();
+    e.group = *std::move(group);
     RECALL_ASSIGN_OR_RETURN(e.scheduler,
                             engine::Scheduler::Create(model, engine::tp::SchedulerRanksOf(*e.group),
                                                       tokenizer, options, registry));
     e.kv_blocks = e.group->pool(0).num_blocks();
-    e.summary = absl::StrCat("tp ", flags.tp, " (", flags.device, " ranks); KV pool ",
-                             e.kv_blocks, " blocks of ", e.group->pool(0).block_bytes(),
-                             " bytes per rank");
+    for (int r = 0; r < flags.tp; ++r) {
+      e.kv_bytes += e.group->pool(r).num_blocks() * e.group->pool(r).block_bytes();
+    }
+    std::string where = flags.device;
+    if (flags.device == "cuda") {
+      where = "cuda";
+      for (int r = 0; r < flags.tp; ++r) {
+        absl::StrAppend(&where, r == 0 ? " " : ",", e.group->cuda_device(r));
+      }
+      absl::StrAppend(&where, ", ", e.group->collectives());
+    }
+    e.summary = absl::StrCat("tp ", flags.tp, " (", where, " ranks); KV pool ", e.kv_blocks,
+                             " blocks of ", e.group->pool(0).block_bytes(), " bytes per rank");
     return e;
   }
   const int device = flags.devices.empty() ? 0 : flags.devices[0];

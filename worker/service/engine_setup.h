@@ -24,6 +24,7 @@ struct EngineFlags {
   int tp = 1;                    // --tp
   std::string device = "cpu";    // --device: cpu or cuda
   std::vector<int> devices;      // --devices: CUDA ordinals, one per rank (default 0..tp-1)
+  std::string tp_comm;           // --tp-comm: nccl (default) or staged; CUDA ranks only
   int threads = 0;               // --threads: CPU threads in all (0: every core)
   std::optional<int64_t> kv_bytes;  // --kv-cache-bytes: the KV pool over all ranks
   double kv_fraction = 0.25;     // --kv-cache-fraction: of available host (CPU) or free
@@ -41,10 +42,6 @@ struct Engine {
   int64_t kv_blocks = 0; // blocks per rank
   std::string summary;   // one line for the startup log
 };
-
-// Parses --devices ("0,1,3"). InvalidArgument naming the flag for anything but a
-// comma-separated list of distinct ordinals >= 0.
-absl::StatusOr<std::vector<int>> ParseDevices(const std::string& text);
 
 // InvalidArgument for flags that do not fit (--devices without cuda or not one per rank, a
 // pool smaller than one block per layer on a rank, a tp the model's heads do not allow);

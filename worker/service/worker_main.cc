@@ -55,8 +55,12 @@ devices and tensor parallelism:
   --device NAME           cpu (default) or cuda
   --tp N                  tensor parallelism: N ranks, each with its slice of the attention
                           heads, of the MLP and of every session's KV cache (default 1). CPU
-                          ranks are threads; CUDA ranks (one GPU each) are not wired yet
-  --devices LIST          CUDA device ordinals, one per rank, e.g. 0,1 (default 0..N-1)
+                          ranks are threads; CUDA ranks are threads with a GPU each
+  --devices LIST          CUDA device ordinals, one per rank, e.g. 0,1 (default 0..N-1); an
+                          ordinal may repeat with --tp-comm staged
+  --tp-comm KIND          how CUDA ranks all-reduce activations: nccl (default; distinct
+                          GPUs) or staged (through host memory: slower, but ranks may share
+                          a GPU, e.g. to check a tp > 1 deployment on one GPU)
   --tp-eviction MODE      how the ranks and heads agree on evictions, for sessions that do
                           not say: uniform (per-head counts; default), shared (one token set
                           per layer), head-adaptive (one global top-k over all KV heads)
@@ -66,7 +70,8 @@ memory:
   --kv-cache-bytes SIZE   KV pool size over all ranks, e.g. 512M or 2GiB (default:
                           --kv-cache-fraction)
   --kv-cache-fraction F   KV pool as a fraction of available host memory (cpu) or of the
-                          device's free memory after the weights (cuda) (default 0.25)
+                          device's free memory after the weights (cuda; with --tp, of each
+                          GPU's, split between the ranks on it) (default 0.25)
   --host-cache-bytes SIZE host memory for offloaded idle sessions (default 4GiB)
 scheduling:
   --max-batch-tokens N    tokens per forward step (default 256)
@@ -148,6 +153,7 @@ absl::Status Run(const std::vector<std::string>& argv) {
                    "host-cache-bytes", "max-batch-tokens", "prefill-chunk", "max-active",
                    "max-queued", "max-tokens-limit", "policy", "budget", "budget-frac", "window",
                    "alpha", "coordinator", "advertise", "api-key", "device", "tp", "devices",
+                   "tp-comm",
                    "tp-eviction", "episodes", "embedder", "block-tokens", "recluster-turns",
                    "layer-budgets", "layer-alpha"},
                   {"random-weights", "no-batch-invariant", "tp-verify", "help"}));
@@ -235,8 +241,9 @@ absl::Status Run(const std::vector<std::string>& argv) {
   RECALL_ASSIGN_OR_RETURN(const int64_t tp, args.GetInt("tp", 1, 1, 64));
   flags.tp = static_cast<int>(tp);
   flags.device = args.GetString("device", "cpu");
+  flags.tp_comm = args.GetString("tp-comm", "");
   if (args.Has("devices")) {
-    RECALL_ASSIGN_OR_RETURN(flags.devices, ParseDevices(args.GetString("devices")));
+    RECALL_ASSIGN_OR_RETURN(flags.devices, engine::tp::ParseDevices(args.GetString("devices")));
   }
   flags.threads = static_cast<int>(threads);
   RECALL_ASSIGN_OR_RETURN(flags.kv_fraction,

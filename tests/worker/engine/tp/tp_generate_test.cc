@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "gtest/gtest.h"
+#include "kernels/cuda_backend.h"
 #include "tests/worker/engine/tp/tp_fixture.h"
 
 namespace recall::engine::tp {
@@ -104,6 +105,47 @@ TEST_F(TpGenerateTest, ImpossibleSplitsAndDevicesAreClearErrors) {
   o.tp = 2;
   o.device = "tpu";
   EXPECT_EQ(TpGroup::Create(*model_, o).status().code(), absl::StatusCode::kInvalidArgument);
+  // Options of CUDA ranks on CPU ranks, and bad CUDA options: refused by name before any
+  // device is touched (so these hold with or without a GPU).
+  const auto refused = [&](const TpGroupOptions& bad, const std::string& named) {
+    absl::Status st = TpGroup::Create(*model_, bad).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find(named), std::string::npos) << "expected " << named << ": " << st;
+  };
+  TpGroupOptions cpu;
+  cpu.tp = 2;
+  cpu.collectives = "staged";
+  refused(cpu, "collectives");
+  cpu.collectives.clear();
+  cpu.kv_fraction = 0.5;
+  refused(cpu, "kv_fraction");
+  TpGroupOptions cuda;
+  cuda.tp = 2;
+  cuda.device = "cuda";
+  cuda.collectives = "ring";
+  refused(cuda, "not one of nccl, staged");
+  cuda.collectives = "";
+  cuda.devices = {0, 0};
+  refused(cuda, "given to two ranks");
+  cuda.devices = {0};
+  refused(cuda, "1 devices for tp 2");
+  if (kernels::CudaDeviceCount() == 0) {
+    cuda.devices = {0, 0};
+    cuda.collectives = "staged";
+    absl::Status st = TpGroup::Create(*model_, cuda).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+    EXPECT_NE(st.message().find("no CUDA device is visible"), std::string::npos) << st;
+  }
+}
+
+TEST(ParseDevicesTest, OrdinalsMayRepeatButMustBeNumbers) {
+  EXPECT_EQ(*ParseDevices("0,1,3"), (std::vector<int>{0, 1, 3}));
+  EXPECT_EQ(*ParseDevices("0,0"), (std::vector<int>{0, 0}));
+  for (const char* bad : {"", "0,", "x", "-1", "0;1"}) {
+    absl::StatusOr<std::vector<int>> d = ParseDevices(bad);
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(d.status().message().find("--devices"), std::string::npos) << d.status();
+  }
 }
 
 }  // namespace
