@@ -130,6 +130,10 @@ class Backend {
 
 struct CpuBackendOptions {
   int num_threads = 0;  // 0 = hardware concurrency
+  // Testing: memory() is OpaqueHostMemory() (host memory that says it is not host-accessible),
+  // so the code written for device memory runs on the CPU: every crossing through
+  // CopyIn / CopyOut, staged collectives, probabilities and logits copied back.
+  bool opaque_memory = false;
 };
 
 // The CPU backend; always available.

@@ -44,6 +44,10 @@ class Memory {
 // The process's host memory (64-byte aligned heap).
 Memory& HostMemory();
 
+// The same heap, but host_accessible() is false: for tests that run the device-memory code
+// paths with the CPU backend (CpuBackendOptions::opaque_memory).
+Memory& OpaqueHostMemory();
+
 // Owns one allocation of a Memory.
 class Buffer {
  public:

@@ -8,7 +8,8 @@ namespace recall::kernels {
 namespace cpu {
 
 CpuBackend::CpuBackend(const CpuBackendOptions& options)
-    : pool_(options.num_threads), matmul_(pool_), attention_(pool_) {}
+    : pool_(options.num_threads), matmul_(pool_), attention_(pool_),
+      memory_(options.opaque_memory ? OpaqueHostMemory() : HostMemory()) {}
 
 void CpuBackend::Embedding(const Matrix& table, const int32_t* tokens, int n, float* out) {
   cpu::Embedding(pool_, table, tokens, n, out);

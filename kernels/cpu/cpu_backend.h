@@ -17,6 +17,7 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(const CpuBackendOptions& options);
 
   const char* Name() const override { return "cpu"; }
+  Memory& memory() override { return memory_; }
   int num_threads() const { return pool_.num_threads(); }
 
   void Embedding(const Matrix& table, const int32_t* tokens, int n, float* out) override;
@@ -45,6 +46,7 @@ class CpuBackend final : public Backend {
   cpu::MatMul matmul_;
   Attention attention_;
   Sampler sampler_;
+  Memory& memory_;
 };
 
 }  // namespace recall::kernels::cpu

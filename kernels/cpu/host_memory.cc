@@ -8,7 +8,7 @@
 namespace recall::kernels {
 namespace {
 
-class HostMemoryImpl final : public Memory {
+class HostMemoryImpl : public Memory {
  public:
   const char* Name() const override { return "host"; }
   bool host_accessible() const override { return true; }
@@ -16,8 +16,8 @@ class HostMemoryImpl final : public Memory {
     const size_t rounded = (bytes + 63) / 64 * 64 + (bytes == 0 ? 64 : 0);
     void* p = std::aligned_alloc(64, rounded);
     if (p == nullptr) {
-      return absl::ResourceExhaustedError(absl::StrCat("host memory: cannot allocate ", bytes,
-                                                       " bytes"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("host memory: cannot allocate ", bytes, " bytes"));
     }
     return p;
   }
@@ -42,10 +42,21 @@ class HostMemoryImpl final : public Memory {
   }
 };
 
+class OpaqueHostMemoryImpl final : public HostMemoryImpl {
+ public:
+  const char* Name() const override { return "host (opaque)"; }
+  bool host_accessible() const override { return false; }
+};
+
 }  // namespace
 
 Memory& HostMemory() {
   static HostMemoryImpl* memory = new HostMemoryImpl();
+  return *memory;
+}
+
+Memory& OpaqueHostMemory() {
+  static OpaqueHostMemoryImpl* memory = new OpaqueHostMemoryImpl();
   return *memory;
 }
 

@@ -72,6 +72,7 @@ absl::StatusOr<std::unique_ptr<TpGroup::Rank>> TpGroup::CreateRank(const model::
   } else {
     const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     kernels::CpuBackendOptions backend_options;
+    backend_options.opaque_memory = options.opaque_cpu_memory;
     backend_options.num_threads =
         options.threads_per_rank > 0 ? options.threads_per_rank : std::max(1, hw / options.tp);
     rank->backend = kernels::CreateCpuBackend(backend_options);
@@ -111,8 +112,10 @@ absl::Status TpGroup::CreatePools(const TpGroupOptions& options) {
   return absl::OkStatus();
 }
 
-absl::Status TpGroup::ConnectCudaRanks(const TpGroupOptions& options) {
-  const std::string kind = options.collectives.empty() ? "nccl" : options.collectives;
+absl::Status TpGroup::ConnectDeviceRanks(const TpGroupOptions& options) {
+  const std::string kind = options.device != "cuda"      ? "staged"
+                           : options.collectives.empty() ? "nccl"
+                                                         : options.collectives;
   std::vector<std::unique_ptr<kernels::Communicator>> comms;
   if (kind == "nccl") {
     std::vector<int> devices;
@@ -175,7 +178,9 @@ absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::Create(const model::Model& ful
     group->ranks_.push_back(std::move(rank));
   }
   RECALL_RETURN_IF_ERROR(group->CreatePools(options));
-  if (cuda && options.tp > 1) RECALL_RETURN_IF_ERROR(group->ConnectCudaRanks(options));
+  if ((cuda || options.opaque_cpu_memory) && options.tp > 1) {
+    RECALL_RETURN_IF_ERROR(group->ConnectDeviceRanks(options));
+  }
   for (auto& rank : group->ranks_) {
     ForwardOptions fo = options.forward;
     if (options.tp > 1) {

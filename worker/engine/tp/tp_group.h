@@ -46,6 +46,9 @@ struct TpGroupOptions {
   std::string collectives;
   // CPU threads of each rank's backend; 0 = hardware threads / tp (at least 1).
   int threads_per_rank = 0;
+  // Testing, CPU ranks: backends with kernels::CpuBackendOptions::opaque_memory and the
+  // staged group for the activations, i.e. the CUDA ranks' code paths on the CPU.
+  bool opaque_cpu_memory = false;
   // KV pool of each rank, in bytes (each rank holds its own KV heads' slice of every session).
   int64_t kv_bytes_per_rank = 64ll << 20;
   // CUDA ranks: when > 0, overrides kv_bytes_per_rank: this fraction of each device's free
@@ -110,8 +113,9 @@ class TpGroup {
   // Every rank's KV pool in its backend's memory (TpGroupOptions kv_bytes_per_rank or
   // kv_fraction); InvalidArgument when a pool would hold less than one block per layer.
   absl::Status CreatePools(const TpGroupOptions& options);
-  // The activations' communicators for CUDA ranks (`collectives_` says which).
-  absl::Status ConnectCudaRanks(const TpGroupOptions& options);
+  // The activations' communicators of ranks whose backend memory the host cannot read (CUDA,
+  // or opaque CPU memory); `collectives_` says which.
+  absl::Status ConnectDeviceRanks(const TpGroupOptions& options);
   void WorkerLoop(int rank);
 
   const model::Model& full_;

@@ -1,7 +1,9 @@
 // Eviction under tensor parallelism (EVICTION.md section 5) on stories260K with CPU ranks:
 // for each mode (uniform per-head counts, one shared token set, head-adaptive budgets) and
 // policy, TP = 2 and 4 generate the TP = 1 text and keep, in every layer and KV head, exactly
-// the token positions TP = 1 keeps. The debug checksum catches ranks that disagree.
+// the token positions TP = 1 keeps; so do TP = 2 ranks on opaque memory with staged
+// collectives (the CUDA ranks' code paths, on the CPU). The debug checksum catches ranks that
+// disagree.
 #include <map>
 #include <tuple>
 
@@ -63,9 +65,9 @@ struct Outcome {
 class TpEvictionTest : public TpFixture,
                        public ::testing::WithParamInterface<std::tuple<std::string, Mode>> {
  protected:
-  static Outcome Generate(int tp, const SessionEvictorOptions& o) {
+  static Outcome Generate(int tp, const SessionEvictorOptions& o, bool opaque = false) {
     Outcome run;
-    std::unique_ptr<TpGroup> group = MakeGroup(tp);
+    std::unique_ptr<TpGroup> group = MakeGroup(tp, opaque);
     if (group == nullptr) return run;
     auto seq = TpSequence::Create(*group, o);
     EXPECT_TRUE(seq.ok()) << seq.status();
@@ -86,27 +88,30 @@ TEST_P(TpEvictionTest, KeptTokensPerLayerAndHeadEqualOneRank) {
   const Outcome one = Generate(1, o);
   ASSERT_FALSE(one.tokens.empty());
   ASSERT_GT(one.evictions, 0) << "the budget must force evictions";
-  for (int tp : {2, 4}) {
-    const Outcome many = Generate(tp, o);
-    EXPECT_EQ(many.tokens, one.tokens) << "tp " << tp;
+  // Opaque: the CUDA ranks' code paths on the CPU (device-memory copies, staged collectives).
+  for (const auto& [tp, opaque] : {std::pair{2, false}, std::pair{4, false}, std::pair{2, true}}) {
+    const Outcome many = Generate(tp, o, opaque);
+    EXPECT_EQ(many.tokens, one.tokens) << "tp " << tp << (opaque ? " opaque" : "");
     ASSERT_EQ(many.keep.size(), one.keep.size());
     for (const auto& [key, positions] : one.keep) {
       EXPECT_EQ(many.keep.at(key), positions)
-          << "tp " << tp << " layer " << key.first << " KV head " << key.second;
+          << "tp " << tp << (opaque ? " opaque" : "") << " layer " << key.first << " KV head "
+          << key.second;
     }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Policies, TpEvictionTest,
-    ::testing::Values(std::make_tuple("lazy", Mode::kUniform), std::make_tuple("lazy", Mode::kShared),
-                      std::make_tuple("lazy", Mode::kHeadAdaptive),
-                      std::make_tuple("h2o", Mode::kUniform), std::make_tuple("h2o", Mode::kShared),
-                      std::make_tuple("h2o", Mode::kHeadAdaptive),
-                      std::make_tuple("tova", Mode::kUniform)),
-    [](const ::testing::TestParamInfo<std::tuple<std::string, Mode>>& i) {
-      return std::get<0>(i.param) + "_" + ModeName(std::get<1>(i.param));
-    });
+INSTANTIATE_TEST_SUITE_P(Policies, TpEvictionTest,
+                         ::testing::Values(std::make_tuple("lazy", Mode::kUniform),
+                                           std::make_tuple("lazy", Mode::kShared),
+                                           std::make_tuple("lazy", Mode::kHeadAdaptive),
+                                           std::make_tuple("h2o", Mode::kUniform),
+                                           std::make_tuple("h2o", Mode::kShared),
+                                           std::make_tuple("h2o", Mode::kHeadAdaptive),
+                                           std::make_tuple("tova", Mode::kUniform)),
+                         [](const ::testing::TestParamInfo<std::tuple<std::string, Mode>>& i) {
+                           return std::get<0>(i.param) + "_" + ModeName(std::get<1>(i.param));
+                         });
 
 // Drives per-rank sequences made by hand (so that one rank can be misconfigured): greedy
 // tokens from rank 0's logits; returns the first error of any step.
@@ -119,9 +124,8 @@ absl::Status RunByHand(TpGroup& group, const std::vector<SessionEvictorOptions>&
     seqs.push_back(std::move(*s));
   }
   std::vector<float> logits(group.full_model().config.vocab_size);
-  absl::Status st = group.Run([&](int r) {
-    return seqs[r]->Prefill(prompt, 64, r == 0 ? logits.data() : nullptr);
-  });
+  absl::Status st = group.Run(
+      [&](int r) { return seqs[r]->Prefill(prompt, 64, r == 0 ? logits.data() : nullptr); });
   for (int i = 0; i < steps && st.ok(); ++i) {
     const int32_t next =
         static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
@@ -137,7 +141,8 @@ TEST_F(TpChecksumTest, ASharedTokenSetDisagreementFailsLoudly) {
   ASSERT_NE(group, nullptr);
   const std::vector<int32_t> prompt = tok_->Encode("Once upon a time", true);
   std::vector<SessionEvictorOptions> o;
-  for (int r = 0; r < 2; ++r) o.push_back(RankEvictorOptions(*group, r, Options("lazy", Mode::kShared)));
+  for (int r = 0; r < 2; ++r)
+    o.push_back(RankEvictorOptions(*group, r, Options("lazy", Mode::kShared)));
   // Agreeing ranks pass the check at every step.
   ASSERT_TRUE(RunByHand(*group, o, prompt, 150).ok());
   // Rank 1 thinks a token is important at another threshold: its ts/mri, and so its keep

@@ -39,9 +39,11 @@ class TpFixture : public ::testing::Test {
   }
   void SetUp() override { RECALL_REQUIRE_SHARED_FILE(kModelFile); }
 
-  static std::unique_ptr<TpGroup> MakeGroup(int tp) {
+  // `opaque`: the CUDA ranks' code paths on the CPU (TpGroupOptions::opaque_cpu_memory).
+  static std::unique_ptr<TpGroup> MakeGroup(int tp, bool opaque = false) {
     TpGroupOptions o;
     o.tp = tp;
+    o.opaque_cpu_memory = opaque;
     o.threads_per_rank = 1;
     o.kv_bytes_per_rank = 8ll << 20;
     auto g = TpGroup::Create(*model_, o);

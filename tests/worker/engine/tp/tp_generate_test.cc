@@ -1,5 +1,6 @@
 // Tensor-parallel generation on stories260K: TP = 2 and 4 (CPU ranks, in-process
-// communicator) give the golden greedy text of run.c, i.e. the TP = 1 text, and next-token
+// communicator; and CPU ranks with opaque memory and staged collectives, the CUDA ranks' code
+// paths) give the golden greedy text of run.c, i.e. the TP = 1 text, and next-token
 // logits within 1e-4 (absolute) of TP = 1: the row-parallel all-reduce adds the ranks'
 // partial sums in another order than one rank's matmul, so logits are not bit-identical.
 #include <cmath>
@@ -13,12 +14,28 @@ namespace {
 
 constexpr float kLogitTolerance = 1e-4f;
 
-class TpGenerateTest : public TpFixture, public ::testing::WithParamInterface<int> {};
+class TpGenerateTest : public TpFixture, public ::testing::WithParamInterface<int> {
+ protected:
+  static void ExpectGoldenText(int tp, bool opaque);
+};
 
 TEST_P(TpGenerateTest, GreedyTextEqualsTheGoldenRunCText) {
   const int tp = GetParam();
-  std::unique_ptr<TpGroup> group = MakeGroup(tp);
+  for (const bool opaque : {false, true}) {
+    SCOPED_TRACE(opaque ? "opaque memory, staged collectives" : "host memory");
+    ExpectGoldenText(tp, opaque);
+  }
+}
+
+void TpGenerateTest::ExpectGoldenText(int tp, bool opaque) {
+  std::unique_ptr<TpGroup> group = MakeGroup(tp, opaque);
   ASSERT_NE(group, nullptr);
+  if (opaque) {
+    // What CUDA ranks run: backend memory the host may not read, activations all-reduced
+    // through host copies, the evictors and votes on the host group.
+    EXPECT_FALSE(group->pool(0).memory().host_accessible());
+    EXPECT_EQ(group->collectives(), tp > 1 ? "staged" : "in-process");
+  }
   auto seq = TpSequence::Create(*group, std::nullopt);
   ASSERT_TRUE(seq.ok()) << seq.status();
   const std::vector<int32_t> prompt = tok_->Encode("Once upon a time", true);
@@ -58,8 +75,7 @@ TEST_P(TpGenerateTest, LogitsMatchOneRankWithinTolerance) {
   float worst = 0;
   for (int step = 0; step < 40; ++step) {
     for (int i = 0; i < vocab; ++i) worst = std::max(worst, std::fabs(la[i] - lb[i]));
-    const int32_t next =
-        static_cast<int32_t>(std::max_element(la.begin(), la.end()) - la.begin());
+    const int32_t next = static_cast<int32_t>(std::max_element(la.begin(), la.end()) - la.begin());
     ASSERT_TRUE((*a)->Decode(next, la.data()).ok());
     ASSERT_TRUE((*b)->Decode(next, lb.data()).ok());
   }

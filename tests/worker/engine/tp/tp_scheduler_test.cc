@@ -40,10 +40,13 @@ class TpSchedulerTest : public TpFixture {
     return s.ok() ? std::move(*s) : nullptr;
   }
 
-  std::unique_ptr<Scheduler> StartTp(int tp, int64_t blocks_per_layer, SchedulerOptions o) {
+  // `opaque`: the CUDA ranks' code paths on the CPU (TpGroupOptions::opaque_cpu_memory).
+  std::unique_ptr<Scheduler> StartTp(int tp, int64_t blocks_per_layer, SchedulerOptions o,
+                                     bool opaque = false) {
     const model::ModelConfig& c = model_->config;
     TpGroupOptions g;
     g.tp = tp;
+    g.opaque_cpu_memory = opaque;
     g.threads_per_rank = 1;
     g.block_tokens = kBlockTokens;
     // A rank's block holds its KV heads' share of a full block.
@@ -63,8 +66,8 @@ class TpSchedulerTest : public TpFixture {
     return s.ok() ? std::move(*s) : nullptr;
   }
 
-  static TurnRequest Turn(const std::string& session, const std::string& text,
-                          int history_length, const CacheRequest& cache) {
+  static TurnRequest Turn(const std::string& session, const std::string& text, int history_length,
+                          const CacheRequest& cache) {
     TurnRequest r;
     r.session_id = session;
     r.messages = {{"user", text}};
@@ -83,9 +86,9 @@ class TpSchedulerTest : public TpFixture {
     for (int round = 0; round < 2; ++round) {
       std::vector<std::shared_ptr<TurnStream>> streams;
       for (size_t i = 0; i < openings.size(); ++i) {
-        auto st = s.Submit(Turn("s" + std::to_string(i),
-                                round == 0 ? openings[i] : "What happened next?", 2 * round,
-                                cache));
+        auto st =
+            s.Submit(Turn("s" + std::to_string(i), round == 0 ? openings[i] : "What happened next?",
+                          2 * round, cache));
         EXPECT_TRUE(st.ok()) << st.status();
         if (!st.ok()) return out;
         streams.push_back(*st);
@@ -135,18 +138,25 @@ TEST_P(TpSchedulerTpTest, OffloadsAndRestoresEveryRankTogether) {
   const Outcome want = Converse(*roomy, {});
   EXPECT_EQ(want.max_offloaded, 0);
   roomy.reset();
-  std::unique_ptr<Scheduler> tight = StartTp(GetParam(), 14, o);
-  ASSERT_NE(tight, nullptr);
-  const Outcome got = Converse(*tight, {});
-  EXPECT_GT(got.max_offloaded, 0);
-  ASSERT_EQ(got.tokens.size(), want.tokens.size());
-  for (size_t i = 0; i < want.tokens.size(); ++i) {
-    EXPECT_EQ(got.tokens[i], want.tokens[i]) << "turn " << i;
-  }
-  // Every second-round turn continued its cache (restored from host memory when offloaded).
-  for (size_t i = 4; i < got.summaries.size(); ++i) {
-    EXPECT_FALSE(got.summaries[i].rebuilt);
-    EXPECT_EQ(got.summaries[i].cached_tokens, want.summaries[i].cached_tokens);
+  // Opaque: pools in memory the host may not read, as on CUDA ranks (offload and restore
+  // copy through it; activations are all-reduced through the staged group).
+  for (const bool opaque : {false, true}) {
+    SCOPED_TRACE(opaque ? "opaque memory" : "host memory");
+    std::unique_ptr<Scheduler> tight = StartTp(GetParam(), 14, o, opaque);
+    ASSERT_NE(tight, nullptr);
+    EXPECT_EQ(group_->collectives(), opaque ? "staged" : "in-process");
+    const Outcome got = Converse(*tight, {});
+    EXPECT_GT(got.max_offloaded, 0);
+    ASSERT_EQ(got.tokens.size(), want.tokens.size());
+    for (size_t i = 0; i < want.tokens.size(); ++i) {
+      EXPECT_EQ(got.tokens[i], want.tokens[i]) << "turn " << i;
+    }
+    // Every second-round turn continued its cache (restored from host memory when offloaded).
+    for (size_t i = 4; i < got.summaries.size(); ++i) {
+      EXPECT_FALSE(got.summaries[i].rebuilt);
+      EXPECT_EQ(got.summaries[i].cached_tokens, want.summaries[i].cached_tokens);
+    }
+    tight.reset();
   }
 }
 
@@ -187,16 +197,16 @@ TEST_P(TpSchedulerEvictionTest, EvictingSessionsMatchOneRankInEveryMode) {
   EXPECT_GT(evicted, 0) << "the budget must force evictions for this test to mean anything";
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Modes, TpSchedulerEvictionTest,
-    ::testing::Combine(::testing::Values("lazy", "h2o"),
-                       ::testing::Values("uniform", "shared", "head-adaptive"),
-                       ::testing::Values(2, 4)),
-    [](const auto& info) {
-      std::string mode = std::get<1>(info.param);
-      std::replace(mode.begin(), mode.end(), '-', '_');
-      return std::get<0>(info.param) + "_" + mode + "_tp" + std::to_string(std::get<2>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(Modes, TpSchedulerEvictionTest,
+                         ::testing::Combine(::testing::Values("lazy", "h2o"),
+                                            ::testing::Values("uniform", "shared", "head-adaptive"),
+                                            ::testing::Values(2, 4)),
+                         [](const auto& info) {
+                           std::string mode = std::get<1>(info.param);
+                           std::replace(mode.begin(), mode.end(), '-', '_');
+                           return std::get<0>(info.param) + "_" + mode + "_tp" +
+                                  std::to_string(std::get<2>(info.param));
+                         });
 
 TEST_F(TpSchedulerTest, UnknownTpEvictionModeIsRefusedByName) {
   std::unique_ptr<Scheduler> s = StartTp(2, 64, {});
