@@ -6,7 +6,7 @@
 # TEST_ARGS, BENCH=0 (tests only), BENCH_ARGS, HF_ARGS, TP_BENCH=0 (skip the TP benchmark).
 set -u
 OUT=${OUT:-/tmp/recall-gpu}; mkdir -p "$OUT"
-# BIN: the folder with recall_cuda_test and recall_gpu_decode_bench (default: build/);
+# BIN: the build folder with tests/cuda/ and bench/ (default: build/);
 # LIB: extra shared libraries to load first (a bundle built on another machine).
 BIN=${BIN:-$PWD/build}
 CUBLAS_DIRS=""
@@ -14,7 +14,7 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
   [ -d "$d" ] && CUBLAS_DIRS="$CUBLAS_DIRS$d:"
 done
 PIP_NV=$(python3 -c "import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))" 2>/dev/null)
-PIP_LIBS=$(find "$PIP_NV/nvidia" -name 'libcublas*.so*' -printf '%h\n' 2>/dev/null | sort -u | tr '\n' ':')
+PIP_LIBS=$(find "$PIP_NV/nvidia" \( -name 'libcublas*.so*' -o -name 'libnccl*.so*' \) -printf '%h\n' 2>/dev/null | sort -u | tr '\n' ':')
 export LD_LIBRARY_PATH=${LIB:-}:$CUBLAS_DIRS$PIP_LIBS${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm,clocks.mem --format=csv
 ldd "$BIN"/tests/cuda/recall_cuda_test | grep -E "not found|cublas"
@@ -23,6 +23,11 @@ timeout ${TEST_TIMEOUT:-180} "$BIN"/tests/cuda/recall_cuda_test ${TEST_ARGS:-} >
 echo "cuda test rc=$?"
 grep -E "^\[  (FAILED|  OK|PASSED|SKIPPED) |Failure|error|Expected|Which is|actual|rel|<" "$OUT"/cuda_test.log | grep -v "^\[       OK" | head -60
 tail -3 "$OUT"/cuda_test.log
+# Tensor-parallel CUDA ranks (needs libnccl: the toolkit's, or PyTorch's nvidia-nccl wheel).
+ldd "$BIN"/tests/cuda/recall_cuda_tp_test | grep -E "not found|nccl"
+timeout ${TEST_TIMEOUT:-180} "$BIN"/tests/cuda/recall_cuda_tp_test > "$OUT"/cuda_tp_test.log 2>&1
+echo "cuda tp test rc=$?"
+grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|Which is" "$OUT"/cuda_tp_test.log | head -30
 if [ "${BENCH:-1}" = 1 ]; then
   timeout ${BENCH_TIMEOUT:-240} "$BIN"/bench/recall_gpu_decode_bench ${BENCH_ARGS:-} --out-json "$OUT"/recall.json 2>&1 | tee "$OUT"/bench.log
   PYTHONUNBUFFERED=1 timeout ${HF_TIMEOUT:-150} python3 bench/gpu/hf_decode.py --no-cudnn-sdpa ${HF_ARGS:-} --out-json "$OUT"/hf.json > "$OUT"/hf.log 2>&1
