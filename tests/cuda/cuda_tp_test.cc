@@ -5,7 +5,6 @@
 // generation when two GPUs are visible; one GPU still runs NCCL queued on a backend's stream
 // at one rank.
 #include <algorithm>
-#include <map>
 
 #include "kernels/comm/communicator.h"
 #include "tests/cuda/cuda_test_util.h"
@@ -15,25 +14,6 @@ namespace recall::engine::tp {
 namespace {
 
 using cache::eviction::SessionEvictorOptions;
-
-// (layer, model-global KV head) -> positions of the kept slots.
-using KeepSets = std::map<std::pair<int, int>, std::vector<int32_t>>;
-
-KeepSets Collect(TpGroup& group, const TpSequence& seq) {
-  KeepSets out;
-  for (int r = 0; r < group.tp(); ++r) {
-    const cache::SequenceCache& c = seq.rank(r).cache();
-    const kernels::PagedKvLayout layout = c.View().layout;
-    for (int l = 0; l < layout.n_layers; ++l) {
-      for (int h = 0; h < layout.n_kv_heads; ++h) {
-        std::vector<int32_t> pos;
-        for (int s = 0; s < c.length(l, h); ++s) pos.push_back(c.position(l, h, s));
-        out[{l, group.layout(r).kv_head_offset + h}] = pos;
-      }
-    }
-  }
-  return out;
-}
 
 std::string Golden() {
   std::string text = testing::ReadFileOrEmpty(
@@ -116,7 +96,7 @@ TEST_F(CudaTpTest, EvictingStagedRanksKeepWhatOneCpuRankKeeps) {
       EXPECT_TRUE(seq.ok()) << seq.status();
       auto result = Greedy(group, **seq, "Once upon a time, there was a little girl", 220);
       EXPECT_TRUE(result.ok()) << result.status();
-      *keep = Collect(group, **seq);
+      *keep = CollectKeepSets(group, **seq);
       return result.ok() ? result->tokens : std::vector<int32_t>{};
     };
     std::unique_ptr<TpGroup> cpu = MakeGroup(1);

@@ -33,29 +33,6 @@ SessionEvictorOptions Options(const std::string& policy, Mode mode) {
   return o;
 }
 
-// (layer, model-global KV head) -> positions of the kept slots.
-using KeepSets = std::map<std::pair<int, int>, std::vector<int32_t>>;
-
-KeepSets Collect(TpGroup& group, const TpSequence& seq) {
-  KeepSets out;
-  for (int r = 0; r < group.tp(); ++r) {
-    const cache::SequenceCache& c = seq.rank(r).cache();
-    const kernels::PagedKvLayout layout = c.View().layout;
-    for (int l = 0; l < layout.n_layers; ++l) {
-      for (int h = 0; h < layout.n_kv_heads; ++h) {
-        std::vector<int32_t> pos;
-        for (int s = 0; s < c.length(l, h); ++s) pos.push_back(c.position(l, h, s));
-        const auto key = std::make_pair(l, group.layout(r).kv_head_offset + h);
-        if (out.count(key) > 0) {
-          EXPECT_EQ(out[key], pos) << "replicas of a KV head differ";
-        }
-        out[key] = pos;
-      }
-    }
-  }
-  return out;
-}
-
 struct Outcome {
   std::vector<int32_t> tokens;
   KeepSets keep;
@@ -76,7 +53,7 @@ class TpEvictionTest : public TpFixture,
     EXPECT_TRUE(result.ok()) << result.status();
     if (!result.ok()) return run;
     run.tokens = result->tokens;
-    run.keep = Collect(*group, **seq);
+    run.keep = CollectKeepSets(*group, **seq);
     run.evictions = result->evictions;
     return run;
   }

@@ -1,7 +1,9 @@
 // Shared setup of the tensor-parallel tests: stories260K (8 query heads, 4 KV heads) and its
-// tokenizer, loaded once; helpers that run one greedy generation on a TpGroup of a given size.
+// tokenizer, loaded once; helpers that run one greedy generation on a TpGroup of a given size
+// and collect what its ranks keep.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -19,6 +21,30 @@ namespace recall::engine::tp {
 
 inline constexpr char kModelFile[] = "models/stories260K/stories260K.bin";
 inline constexpr char kTokenizerFile[] = "models/stories260K/tok512.bin";
+
+// What a TP sequence keeps: (layer, model-global KV head) -> positions of the kept slots,
+// over every rank (replicated KV heads must agree).
+using KeepSets = std::map<std::pair<int, int>, std::vector<int32_t>>;
+
+inline KeepSets CollectKeepSets(TpGroup& group, const TpSequence& seq) {
+  KeepSets out;
+  for (int r = 0; r < group.tp(); ++r) {
+    const cache::SequenceCache& c = seq.rank(r).cache();
+    const kernels::PagedKvLayout layout = c.View().layout;
+    for (int l = 0; l < layout.n_layers; ++l) {
+      for (int h = 0; h < layout.n_kv_heads; ++h) {
+        std::vector<int32_t> pos;
+        for (int s = 0; s < c.length(l, h); ++s) pos.push_back(c.position(l, h, s));
+        const auto key = std::make_pair(l, group.layout(r).kv_head_offset + h);
+        if (out.count(key) > 0) {
+          EXPECT_EQ(out[key], pos) << "replicas of a KV head differ";
+        }
+        out[key] = pos;
+      }
+    }
+  }
+  return out;
+}
 
 class TpFixture : public ::testing::Test {
  protected:
