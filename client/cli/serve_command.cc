@@ -27,7 +27,8 @@ session store in DATA_DIR/sessions.db. Chat with it: recall chat --server HOST:P
   --api-keys FILE         "<key> <tenant>" lines; default: no auth (local use)
   --port-file PATH        write "grpc=PORT" once ready
   --kv-cache-bytes SIZE, --policy NAME, --budget N, --budget-frac F, --window W,
-  --threads N, --chat-format NAME, --device NAME, --tp N, --tp-eviction MODE,
+  --threads N, --chat-format NAME, --device NAME, --tp N, --devices LIST,
+  --tp-comm KIND, --tp-eviction MODE,
   --episodes N, --embedder NAME, --block-tokens N, --recluster-turns N,
   --layer-budgets SPEC, --layer-alpha A:
                           passed to the worker (recall-worker --help)
@@ -54,8 +55,8 @@ absl::Status Serve(const Args& args) {
   std::vector<std::string> worker_args = {"--listen", "127.0.0.1:0"};
   for (const char* flag : {"model", "tokenizer", "kv-cache-bytes", "policy", "budget",
                            "budget-frac", "window", "threads", "chat-format", "device", "tp",
-                           "tp-eviction", "episodes", "embedder", "block-tokens",
-                           "recluster-turns", "layer-budgets", "layer-alpha"}) {
+                           "devices", "tp-comm", "tp-eviction", "episodes", "embedder",
+                           "block-tokens", "recluster-turns", "layer-budgets", "layer-alpha"}) {
     if (args.Has(flag)) {
       worker_args.push_back(absl::StrCat("--", flag));
       worker_args.push_back(args.GetString(flag));
@@ -112,8 +113,8 @@ int RunServe(const std::vector<std::string>& argv) {
       argv,
       {"model", "tokenizer", "listen", "data-dir", "api-keys", "port-file", "kv-cache-bytes",
        "policy", "budget", "budget-frac", "window", "threads", "chat-format", "device", "tp",
-       "tp-eviction", "episodes", "embedder", "block-tokens", "recluster-turns",
-       "layer-budgets", "layer-alpha"},
+       "devices", "tp-comm", "tp-eviction", "episodes", "embedder", "block-tokens",
+       "recluster-turns", "layer-budgets", "layer-alpha"},
       {"help"});
   if (!args.ok()) {
     std::cerr << "recall serve: " << args.status().message() << "\n\n" << kUsage;
