@@ -26,7 +26,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -147,11 +146,7 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
 int Main(int argc, char** argv) {
   Flags f;
   if (!ParseFlags(argc, argv, &f)) return 2;
-  if (!std::filesystem::exists(f.model) || !std::filesystem::exists(f.tokenizer)) {
-    std::printf("SKIP: stories260K not found (%s, %s); ../shared is missing\n", f.model.c_str(),
-                f.tokenizer.c_str());
-    return 0;
-  }
+  if (SkipWithoutStories260K(f.model, f.tokenizer)) return 0;
   std::vector<Method> methods;
   for (const std::string& label : f.methods) {
     auto m = ParseMethod(label, f.recent);

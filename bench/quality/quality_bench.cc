@@ -15,7 +15,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -98,11 +97,7 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
 int Main(int argc, char** argv) {
   Flags f;
   if (!ParseFlags(argc, argv, &f)) return 2;
-  if (!std::filesystem::exists(f.model) || !std::filesystem::exists(f.tokenizer)) {
-    std::printf("SKIP: stories260K not found (%s, %s); ../shared is missing\n", f.model.c_str(),
-                f.tokenizer.c_str());
-    return 0;
-  }
+  if (SkipWithoutStories260K(f.model, f.tokenizer)) return 0;
   auto model = model::LoadModel(f.model);
   if (!model.ok()) return Fail(model.status());
   const model::ModelConfig& mc = (*model)->config;

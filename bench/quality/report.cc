@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
@@ -211,6 +212,13 @@ bool ParseFlagPairs(
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
   return 1;
+}
+
+bool SkipWithoutStories260K(const std::string& model, const std::string& tokenizer) {
+  if (std::filesystem::exists(model) && std::filesystem::exists(tokenizer)) return false;
+  std::printf("SKIP: stories260K not found (%s, %s); ../shared is missing\n", model.c_str(),
+              tokenizer.c_str());
+  return true;
 }
 
 }  // namespace recall::bench

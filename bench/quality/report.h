@@ -32,6 +32,10 @@ void ReportPlot(const absl::Status& plotted, const std::string& png_path);
 // Prints "error: ..." to stderr; returns the exit code 1.
 int Fail(const absl::Status& s);
 
+// True (after printing a SKIP line) when the stories260K model or tokenizer is missing, i.e.
+// ../shared is absent: the benchmarks on it then exit 0.
+bool SkipWithoutStories260K(const std::string& model, const std::string& tokenizer);
+
 // Parses "--name value" pairs: handle(name, value) returns nullopt for an unknown flag, else
 // whether the value was good. On a missing value, an unknown flag or a bad value it prints
 // the error (with `hint` for bad values, when not empty) and returns false.

@@ -8,7 +8,6 @@
 #include <filesystem>
 #include <iostream>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cache/block_pool.h"
@@ -181,18 +180,8 @@ absl::Status Run(const Args& args) {
     RECALL_ASSIGN_OR_RETURN(devices, engine::tp::ParseDevices(args.GetString("devices")));
   }
   const std::string tp_comm = args.GetString("tp-comm", "");
-  if ((!devices.empty() || !tp_comm.empty()) && device != "cuda") {
-    return absl::InvalidArgumentError("--devices, --tp-comm: only with --device cuda");
-  }
-  if (!tp_comm.empty() && tp_comm != "nccl" && tp_comm != "staged") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--tp-comm: \"", tp_comm, "\" is not one of nccl, staged"));
-  }
-  if (!devices.empty() && static_cast<int64_t>(devices.size()) != tp) {
-    return absl::InvalidArgumentError(absl::StrCat("--devices: ", devices.size(),
-                                                   " devices for --tp ", tp,
-                                                   "; give one per rank"));
-  }
+  RECALL_RETURN_IF_ERROR(
+      engine::tp::CheckDeviceFlags(device, static_cast<int>(tp), devices, tp_comm));
 
   RECALL_ASSIGN_OR_RETURN(std::optional<cache::eviction::SessionEvictorOptions> eviction,
                           EvictionFromArgs(args));
@@ -249,7 +238,7 @@ absl::Status Run(const Args& args) {
         "--policy episodic: runs on one CPU rank for now (its block-wise prefill scores keys on "
         "the host); drop --tp and --device");
   }
-  if (tp > 1 || (device != "cpu" && device != "cuda")) {
+  if (tp > 1) {
     engine::tp::TpGroupOptions go;
     go.tp = static_cast<int>(tp);
     go.device = device;
@@ -261,11 +250,7 @@ absl::Status Run(const Args& args) {
     go.forward.max_batch_tokens = 256;
     absl::StatusOr<std::unique_ptr<engine::tp::TpGroup>> created =
         engine::tp::TpGroup::Create(*loaded.model, go);
-    if (!created.ok() && absl::StartsWith(created.status().message(), "devices:")) {
-      return absl::Status(created.status().code(),
-                          absl::StrCat("--", created.status().message()));  // the flag's name
-    }
-    if (!created.ok()) return created.status();
+    if (!created.ok()) return engine::tp::WithFlagNames(created.status());
     std::unique_ptr<engine::tp::TpGroup> group = *std::move(created);
     RECALL_ASSIGN_OR_RETURN(std::unique_ptr<engine::tp::TpSequence> seq,
                             engine::tp::TpSequence::Create(*group, eviction));

@@ -54,25 +54,8 @@ absl::StatusOr<Engine> BuildEngine(const model::Model& model, const model::Token
                                    const EngineFlags& flags,
                                    const engine::SchedulerOptions& options,
                                    metrics::Registry* registry) {
-  if (flags.device != "cpu" && flags.device != "cuda") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--device: \"", flags.device, "\" is not one of cpu, cuda"));
-  }
-  if (!flags.devices.empty() && flags.device != "cuda") {
-    return absl::InvalidArgumentError("--devices: only with --device cuda");
-  }
-  if (!flags.devices.empty() && static_cast<int>(flags.devices.size()) != flags.tp) {
-    return absl::InvalidArgumentError(absl::StrCat("--devices: ", flags.devices.size(),
-                                                   " devices for --tp ", flags.tp,
-                                                   "; give one per rank"));
-  }
-  if (!flags.tp_comm.empty() && flags.device != "cuda") {
-    return absl::InvalidArgumentError("--tp-comm: only with --device cuda");
-  }
-  if (!flags.tp_comm.empty() && flags.tp_comm != "nccl" && flags.tp_comm != "staged") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--tp-comm: \"", flags.tp_comm, "\" is not one of nccl, staged"));
-  }
+  RECALL_RETURN_IF_ERROR(
+      engine::tp::CheckDeviceFlags(flags.device, flags.tp, flags.devices, flags.tp_comm));
   const model::ModelConfig& c = model.config;
   Engine e;
   if (flags.tp > 1) {
@@ -103,10 +86,7 @@ absl::StatusOr<Engine> BuildEngine(const model::Model& model, const model::Token
                        "is less than one KV block per layer on a rank (",
                        group.status().message(), "); give more, or --kv-cache-bytes"));
     }
-    if (!group.ok() && absl::StartsWith(group.status().message(), "devices:")) {
-      return absl::Status(group.status().code(), absl::StrCat("--", group.status().message()));
-    }
-    if (!group.ok()) return group.status();
+    if (!group.ok()) return engine::tp::WithFlagNames(group.status());
     e.group = *std::move(group);
     RECALL_ASSIGN_OR_RETURN(e.scheduler,
                             engine::Scheduler::Create(model, engine::tp::SchedulerRanksOf(*e.group),
@@ -117,7 +97,6 @@ absl::StatusOr<Engine> BuildEngine(const model::Model& model, const model::Token
     }
     std::string where = flags.device;
     if (flags.device == "cuda") {
-      where = "cuda";
       for (int r = 0; r < flags.tp; ++r) {
         absl::StrAppend(&where, r == 0 ? " " : ",", e.group->cuda_device(r));
       }

@@ -257,6 +257,40 @@ absl::Status TpGroup::Run(const std::function<absl::Status(int rank)>& fn) {
   return first == nullptr ? absl::OkStatus() : *first;
 }
 
+absl::Status CheckDeviceFlags(const std::string& device, int tp, const std::vector<int>& devices,
+                              const std::string& tp_comm) {
+  if (device != "cpu" && device != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device: \"", device, "\" is not one of cpu, cuda"));
+  }
+  if (!devices.empty() && device != "cuda") {
+    return absl::InvalidArgumentError("--devices: only with --device cuda");
+  }
+  if (!devices.empty() && static_cast<int>(devices.size()) != tp) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--devices: ", devices.size(), " devices for --tp ", tp, "; give one per rank"));
+  }
+  if (!tp_comm.empty() && device != "cuda") {
+    return absl::InvalidArgumentError("--tp-comm: only with --device cuda");
+  }
+  if (!tp_comm.empty() && tp_comm != "nccl" && tp_comm != "staged") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tp-comm: \"", tp_comm, "\" is not one of nccl, staged"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WithFlagNames(const absl::Status& st) {
+  for (const auto& [option, flag] :
+       {std::pair<absl::string_view, absl::string_view>{"devices:", "--devices:"},
+        {"collectives:", "--tp-comm:"}}) {
+    if (absl::StartsWith(st.message(), option)) {
+      return absl::Status(st.code(), absl::StrCat(flag, st.message().substr(option.size())));
+    }
+  }
+  return st;
+}
+
 absl::StatusOr<std::vector<int>> ParseDevices(const std::string& text) {
   std::vector<int> out;
   for (absl::string_view part : absl::StrSplit(text, ',')) {

@@ -137,4 +137,15 @@ class TpGroup {
 // NCCL). InvalidArgument naming --devices otherwise.
 absl::StatusOr<std::vector<int>> ParseDevices(const std::string& text);
 
+// The device flags of a command line (--device, --tp, --devices, --tp-comm) checked
+// together, before anything is loaded: InvalidArgument naming the flag for a device other
+// than cpu or cuda, --devices or --tp-comm without --device cuda, an unknown --tp-comm, or
+// a --devices list that is not one ordinal per rank.
+absl::Status CheckDeviceFlags(const std::string& device, int tp, const std::vector<int>& devices,
+                              const std::string& tp_comm);
+
+// `st` with TpGroup::Create's option names ("devices:", "collectives:") at the start of its
+// message replaced by the flags that set them (--devices, --tp-comm).
+absl::Status WithFlagNames(const absl::Status& st);
+
 }  // namespace recall::engine::tp
