@@ -28,6 +28,21 @@
 namespace recall::kernels {
 
 // The largest op shapes a caller will use, so a backend can size its workspaces up front.
+// Arguments of Backend::LazyObserve. Row r = layer * n_kv_heads + h is one (layer, KV head)
+// of one sequence.
+struct LazyObserveArgs {
+  const float* probs = nullptr;  // [n_layers, n_heads, probs_stride], backend memory
+  int64_t probs_stride = 0;
+  int n_layers = 0, n_heads = 0, n_kv_heads = 0;
+  int32_t* ts = nullptr;   // [n_layers * n_kv_heads, state_stride], backend memory
+  int32_t* mri = nullptr;  // same shape
+  int64_t state_stride = 0;
+  const int32_t* old_lens = nullptr;  // [n_layers * n_kv_heads] host: slots the state held
+  const int32_t* lens = nullptr;      // [n_layers * n_kv_heads] host: slots the cache holds now
+  float alpha = 0;
+  int t = 0;  // the step (>= 1)
+};
+
 struct WorkspaceNeeds {
   int max_tokens = 0;     // rows of any op (a step's tokens)
   int64_t max_cols = 0;   // the widest MatMul input
@@ -115,6 +130,17 @@ class Backend {
   // prefill chunks. q, out: [total_tokens, n_heads, head_dim]. Same loop as above by default.
   virtual void AttentionBatch(const KvBatch& batch, int layer, const float* q, int n_heads,
                               float scale, float* out);
+
+  // LazyEviction's per-step state update (EVICTION.md section 1) of every (layer, KV head)
+  // row of one sequence, fused into one pass: slots [old_lens[r], lens[r]) are appended
+  // (ts = t - 1, mri = 0); then slot j < lens[r] is important iff the max over the head's
+  // query group (GQA) of probs[(layer * n_heads + qh) * probs_stride + j] is >= alpha, and
+  // an important slot gets mri = max(mri, t - ts), ts = t. The same arithmetic as
+  // AppendSlots + ReduceGqaMax + LazyPolicy::Observe on the host.
+  // REQUIRES: old_lens[r] <= lens[r] <= min(probs_stride, state_stride); n_heads a multiple
+  // of n_kv_heads. The default is a host loop (host-addressable memory); GPU backends run it
+  // on the device, so the probabilities never leave it.
+  virtual void LazyObserve(const LazyObserveArgs& args);
 
   // Picks the next token from logits [vocab] (modified in place: penalties, temperature).
   // history: [n_history] tokens already in the sequence, for the repetition penalty.

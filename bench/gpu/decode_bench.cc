@@ -239,8 +239,9 @@ Result RunDecode(const Shape& s, DeviceModel& dm, kernels::Backend& gpu, int bat
   return r;
 }
 
-// Lazy's cost per decode step: one sequence decoding with lazy (probabilities copied back,
-// evictor step) against FullKV, both holding about `held` tokens.
+// Lazy's cost per decode step: one sequence decoding with lazy (the evictor steps on the
+// device: one fused LazyObserve per step, the state brought to the host every W steps to
+// select and compact) against FullKV, both holding about `held` tokens.
 struct LazyCost {
   double full_ms = 0, lazy_ms = 0;
   int held = 0;

@@ -104,6 +104,10 @@ SessionEvictor::SessionEvictor(const SessionEvictorOptions& options,
   tp_heads_.n_local = n_kv_heads_;
   tp_heads_.offset = options.kv_head_offset;
   tp_heads_.n_total = options.total_kv_heads > 0 ? options.total_kv_heads : n_kv_heads_;
+  on_backend_ = options.backend != nullptr && !options.backend->memory().host_accessible() &&
+                policy_->name() == "lazy" && !shared_ && !options.budget.head_adaptive &&
+                options.policy.meta_score == PolicyOptions::MetaScore::kNone &&
+                options.policy.value_protection <= 0.0f;
   if (options.comm != nullptr) {
     tp_heads_.replicas = options.comm->size() * n_kv_heads_ / tp_heads_.n_total;
   }
@@ -377,6 +381,7 @@ absl::Status SessionEvictor::Step(const float* probs, int64_t stride) {
         "session evictor: policy '", policy_->name(),
         "' compresses the prompt: call CompressPrefill after prefill, before the first Step"));
   }
+  if (on_backend_) return StepOnBackend(probs, stride);
   RECALL_RETURN_IF_ERROR(AgreeOnStep());
   const int t = ++step_;
   peak_bytes_ = std::max(peak_bytes_, cache_->bytes_held());
@@ -456,24 +461,32 @@ absl::Status SessionEvictor::Step(const float* probs, int64_t stride) {
       compacted |= any;
       continue;
     }
-    for (int h = 0; h < n_kv_heads_; ++h) {
-      const int len = lengths[h];
-      if (!policy_->ShouldEvict(len, budget, t)) continue;
-      RECALL_RETURN_IF_ERROR(PrepareContext(l, h, len, &ctx));
-      RECALL_RETURN_IF_ERROR(
-          SelectForHead(l, h, layer_states[h], len, budget, t, layer_probs, stride, ctx));
-      if (options_.verify_keep) {
-        replica_digest_.Add(l);
-        replica_digest_.Add(options_.kv_head_offset + h);
-        replica_digest_.Add(keep_);
-      }
-      if (static_cast<int>(keep_.size()) == len) continue;
-      CompactHead(l, h, len, keep_, /*with_state=*/true);
-      compacted = true;
-    }
+    RECALL_RETURN_IF_ERROR(EvictHeads(l, budget, t, layer_probs, stride, ctx, &compacted));
   }
   if (compacted) cache_->TrimBlocks();
   return VerifyStep(t);
+}
+
+absl::Status SessionEvictor::EvictHeads(int layer, int budget, int t, const float* layer_probs,
+                                        int64_t stride, SelectContext& ctx, bool* compacted) {
+  const int32_t* lengths = cache_->lengths(layer);
+  HeadState* layer_states = &states_[static_cast<size_t>(layer) * states_per_layer_];
+  for (int h = 0; h < n_kv_heads_; ++h) {
+    const int len = lengths[h];
+    if (!policy_->ShouldEvict(len, budget, t)) continue;
+    RECALL_RETURN_IF_ERROR(PrepareContext(layer, h, len, &ctx));
+    RECALL_RETURN_IF_ERROR(
+        SelectForHead(layer, h, layer_states[h], len, budget, t, layer_probs, stride, ctx));
+    if (options_.verify_keep) {
+      replica_digest_.Add(layer);
+      replica_digest_.Add(options_.kv_head_offset + h);
+      replica_digest_.Add(keep_);
+    }
+    if (static_cast<int>(keep_.size()) == len) continue;
+    CompactHead(layer, h, len, keep_, /*with_state=*/true);
+    *compacted = true;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace recall::cache::eviction

@@ -62,6 +62,7 @@
 #include "cache/eviction/head_adaptive.h"
 #include "cache/eviction/tp_sync.h"
 #include "cache/sequence_cache.h"
+#include "kernels/backend.h"
 
 namespace recall::cache::eviction {
 
@@ -99,6 +100,13 @@ struct SessionEvictorOptions {
   // and fails loudly (Internal, naming the ranks) if the ranks disagree. Costs one small
   // all-gather per step.
   bool verify_keep = false;
+  // The backend whose memory holds the cache. When its memory is not host-accessible (a GPU)
+  // and the policy is lazy with per-KV-head token sets (not share_tokens or head_adaptive; no
+  // meta score or value protection), the evictor steps on the backend: ts and mri live in
+  // its memory, each Step is one fused Backend::LazyObserve over probabilities that stay
+  // there, and only eviction steps (every W steps) bring the state to the host to select and
+  // compact. Null, or any other case: everything on the host.
+  kernels::Backend* backend = nullptr;
 };
 
 // The tensor-parallel eviction modes by name (EVICTION.md section 5): "uniform" (per-head
@@ -119,6 +127,13 @@ class SessionEvictor {
   // compresses_prefill() policy before CompressPrefill; nothing is changed then. probs are
   // needed as well when meta_score is kCaoteCurrentQuery.
   absl::Status Step(const float* probs, int64_t stride);
+  // True when Step takes its probabilities in the backend's memory and updates the state
+  // there (see SessionEvictorOptions::backend). The caller then passes probabilities the
+  // forward pass left in backend memory (BatchItem::probs_on_backend).
+  bool steps_on_backend() const { return on_backend_; }
+  // Brings the host copy of the states (state()) up to date when the evictor steps on the
+  // backend (a no-op otherwise); the backend's first error, if any.
+  absl::Status SyncStates();
 
   // One-time prompt compression for policies that compresses_prefill() (SnapKV). Call once,
   // after the whole prompt's K/V are in the cache and before the first Step.
@@ -150,7 +165,8 @@ class SessionEvictor {
   int64_t final_kv_bytes() const { return cache_->bytes_held(); }
   // Budgets used at the last step, [n_layers].
   const std::vector<int32_t>& budgets() const { return budgets_; }
-  // State of (layer, head); for layer_shared() policies head must be 0.
+  // State of (layer, head); for layer_shared() policies head must be 0. When the evictor
+  // steps on the backend, as of the last eviction step or SyncStates().
   const HeadState& state(int layer, int head) const;
   // The keep list of the last SelectKeep call of the last Step (for tests and TP checksums).
   const std::vector<int32_t>& last_keep() const { return keep_; }
@@ -199,6 +215,20 @@ class SessionEvictor {
   // Head-adaptive eviction of one layer (candidates_ filled for every head): chooses and
   // compacts. Returns true if anything was compacted.
   absl::StatusOr<bool> CompactHeadAdaptive(int layer, int budget, bool with_state);
+  // The per-head eviction of layer l (uniform per-head counts): SelectKeep and CompactHead
+  // for every head over its budget at step t. Sets *compacted when any head was compacted.
+  absl::Status EvictHeads(int layer, int budget, int t, const float* layer_probs, int64_t stride,
+                          SelectContext& ctx, bool* compacted);
+
+  // ---- Stepping on the backend (session_evictor_backend.cc).
+  // Step when on_backend_.
+  absl::Status StepOnBackend(const float* probs, int64_t stride);
+  // Grows the backend state to hold max_len slots per head (keeping its contents).
+  absl::Status EnsureBackendState(int max_len);
+  // Backend state -> host states (when the host copy is stale), and back.
+  void PullStates();
+  void PushStates();
+
   // Compacts (layer, head) to `keep` (and its state if with_state) and counts it.
   void CompactHead(int layer, int head, int len, const std::vector<int32_t>& keep, bool with_state);
 
@@ -241,6 +271,14 @@ class SessionEvictor {
   std::vector<std::vector<int32_t>> global_keeps_;  // [total_kv_heads]
   KeepDigest common_digest_;   // decisions every rank must share
   KeepDigest replica_digest_;  // decisions for this rank's own heads
+  // Stepping on the backend: ts then mri, [2][n_layers * n_kv_heads][state_cap_] int32.
+  bool on_backend_ = false;
+  kernels::Buffer backend_state_;
+  int state_cap_ = 0;
+  std::vector<int32_t> backend_lens_;  // [n_layers * n_kv_heads] slots the backend state holds
+  std::vector<int32_t> lens_now_;      // the cache's lengths at this step
+  std::vector<int32_t> image_;         // host staging of backend_state_
+  bool host_stale_ = false;            // the backend state is ahead of states_
 };
 
 }  // namespace recall::cache::eviction

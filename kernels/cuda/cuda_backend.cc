@@ -111,6 +111,23 @@ class CudaBackend final : public Backend {
     AttentionBatch(b, 0, q, n_heads, scale, out);
   }
 
+  void LazyObserve(const LazyObserveArgs& a) override {
+    const int rows = a.n_layers * a.n_kv_heads;
+    if (rows <= 0) return;
+    // Both length arrays in one small copy (the stream is idle after the step's logits).
+    lens_.assign(a.old_lens, a.old_lens + rows);
+    lens_.insert(lens_.end(), a.lens, a.lens + rows);
+    const int max_len = *std::max_element(a.lens, a.lens + rows);
+    if (!Grow(lens_device_, lens_.size() * sizeof(int32_t)).ok()) {
+      memory_.Check(cudaErrorMemoryAllocation, "lazy observe lengths");
+      return;
+    }
+    memory_.CopyIn(lens_device_.get(), lens_.data(), lens_.size() * sizeof(int32_t));
+    const int32_t* d = lens_device_.as<int32_t>();
+    LaunchLazyObserve(a, d, d + rows, max_len, s());
+    Launched("lazy_observe");
+  }
+
   int32_t Sample(float* logits, int vocab, const SamplingParams& params, Rng& rng,
                  const int32_t* history, int n_history) override {
     return sampler_.Sample(logits, vocab, params, rng, history, n_history);
@@ -208,6 +225,8 @@ class CudaBackend final : public Backend {
   int64_t attn_partial_floats_ = 0, attn_stat_floats_ = 0;
   std::vector<int32_t> starts_, one_;
   recall::cuda::DeviceBuffer one_device_;
+  std::vector<int32_t> lens_;  // LazyObserve's lengths, staged
+  recall::cuda::DeviceBuffer lens_device_;
 };
 
 void CudaBackend::MatMul(const float* x, int n, const Matrix& w, float* y) {

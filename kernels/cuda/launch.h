@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "kernels/backend.h"
 #include "kernels/kv_batch.h"
 #include "kernels/tensor.h"
 
@@ -53,5 +54,11 @@ void LaunchAttention(const KvBatch& batch, int layer, const float* q, int n_head
 // first gathered into `scratch` ([m, 2, head_dim]), so moves may overlap.
 void LaunchMoveRows(float* base, const int64_t* pairs, int m, int head_dim, int64_t v_offset,
                     float* scratch, cudaStream_t stream);
+
+// ---- eviction.cu
+// Backend::LazyObserve with the lengths in device memory (`old_lens`, `lens`; args' host
+// pointers are not read); max_len: the largest of lens.
+void LaunchLazyObserve(const LazyObserveArgs& args, const int32_t* old_lens, const int32_t* lens,
+                       int max_len, cudaStream_t stream);
 
 }  // namespace recall::kernels::cuda

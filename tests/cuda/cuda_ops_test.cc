@@ -262,6 +262,43 @@ TEST_F(CudaTest, CompactRowsMovesTheSameRowsAsHostMemory) {
   EXPECT_EQ(dev.Download(), host);
 }
 
+// Integer state and a max over floats: the device must equal the reference exactly.
+TEST_F(CudaTest, LazyObserveEqualsTheReferenceExactly) {
+  const int layers = 5, kv = 3, heads = 12, stride = 700, cap = 768, rows = layers * kv;
+  std::vector<int32_t> ts(static_cast<size_t>(rows) * cap, 0), mri(ts.size(), 0);
+  DeviceVec<int32_t> d_ts(*gpu_, ts), d_mri(*gpu_, mri);
+  std::vector<int32_t> old_lens(rows, 0), lens(rows, 0);
+  for (int t = 1; t <= 20; ++t) {
+    for (int r = 0; r < rows; ++r) lens[r] = t == 1 ? 500 + 11 * r : old_lens[r] + (t + r) % 3;
+    // Probabilities around alpha (1e-3), so both outcomes of the threshold occur.
+    const std::vector<float> probs =
+        RandomVec(static_cast<size_t>(layers) * heads * stride, 100 + t, 0.0f, 2e-3f);
+    DeviceVec<float> d_probs(*gpu_, probs);
+    LazyObserveArgs a;
+    a.probs_stride = stride;
+    a.n_layers = layers;
+    a.n_heads = heads;
+    a.n_kv_heads = kv;
+    a.state_stride = cap;
+    a.old_lens = old_lens.data();
+    a.lens = lens.data();
+    a.alpha = 1e-3f;
+    a.t = t;
+    a.probs = probs.data();
+    a.ts = ts.data();
+    a.mri = mri.data();
+    cpu_->LazyObserve(a);
+    a.probs = d_probs.get();
+    a.ts = d_ts.get();
+    a.mri = d_mri.get();
+    gpu_->LazyObserve(a);
+    ASSERT_TRUE(gpu_->Health().ok()) << gpu_->Health();
+    ASSERT_EQ(d_ts.Download(), ts) << "step " << t;
+    ASSERT_EQ(d_mri.Download(), mri) << "step " << t;
+    old_lens = lens;
+  }
+}
+
 TEST(CudaBackendCreate, AnswersWithAStatusWhenTheDeviceIsMissing) {
   auto bad = CreateCudaBackend({/*device=*/1000});
   ASSERT_FALSE(bad.ok());

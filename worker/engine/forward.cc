@@ -119,6 +119,8 @@ absl::Status ForwardPass::StageBatch(std::span<const BatchItem> batch, int total
   int off = 0, max_new = 0, max_len = 0;
   size_t t_off = 0;
   bool any_probs = false;
+  host_probs_strides_.assign(static_cast<size_t>(n_items), 0);
+  on_backend_.assign(static_cast<size_t>(n_items), 0);
   for (int i = 0; i < n_items; ++i) {
     const BatchItem& item = batch[static_cast<size_t>(i)];
     const int32_t p0 = item.cache->next_position();
@@ -132,47 +134,53 @@ absl::Status ForwardPass::StageBatch(std::span<const BatchItem> batch, int total
     off += item.n;
     max_new = std::max(max_new, item.n);
     const kernels::PagedKv view = item.cache->View();
+    int item_len = 0;
     for (int l = 0; l < n_layers; ++l) {
       const size_t idx = static_cast<size_t>(i) * n_layers + l;
       const int32_t* lens = item.cache->lengths(l);
       for (int h = 0; h < n_kv; ++h) {
         m[o_start + idx * n_kv + h] = lens[h];
-        max_len = std::max(max_len, lens[h] + item.n);
+        item_len = std::max(item_len, lens[h] + item.n);
       }
       m[o_tbegin + idx] = static_cast<int32_t>(t_off);
       m[o_tcount + idx] = view.block_counts[l];
       std::copy_n(view.block_tables[l], view.block_counts[l], m + o_tables + t_off);
       t_off += static_cast<size_t>(view.block_counts[l]);
     }
-    any_probs |= item.attn_probs != nullptr;
+    max_len = std::max(max_len, item_len);
+    if (item.attn_probs != nullptr) {
+      host_probs_strides_[static_cast<size_t>(i)] = item.probs_stride;
+    } else if (item.probs_on_backend) {
+      host_probs_strides_[static_cast<size_t>(i)] = (item_len + 15) / 16 * 16;
+      on_backend_[static_cast<size_t>(i)] = 1;
+    }
+    any_probs |= item.attn_probs != nullptr || item.probs_on_backend;
   }
   m[o_begin + n_items] = off;
 
   // Probability destinations: the items' own host rows when the backend writes host memory,
-  // else a device scratch copied out after the step.
+  // else a scratch in backend memory (copied out after the step unless probs_on_backend).
   host_probs_.assign(static_cast<size_t>(n_items), nullptr);
-  host_probs_strides_.assign(static_cast<size_t>(n_items), 0);
   if (any_probs) {
     const int64_t rows = static_cast<int64_t>(n_layers) * c.n_heads;
+    const auto in_scratch = [&](int i) {
+      return on_backend_[static_cast<size_t>(i)] != 0 ||
+             (batch[static_cast<size_t>(i)].attn_probs != nullptr && !memory_.host_accessible());
+    };
     int64_t scratch_floats = 0;
     for (int i = 0; i < n_items; ++i) {
-      const BatchItem& item = batch[static_cast<size_t>(i)];
-      if (item.attn_probs == nullptr) continue;
-      host_probs_strides_[static_cast<size_t>(i)] = item.probs_stride;
-      scratch_floats += rows * item.probs_stride;
+      if (in_scratch(i)) scratch_floats += rows * host_probs_strides_[static_cast<size_t>(i)];
     }
-    if (!memory_.host_accessible()) {
+    if (scratch_floats > 0) {
       RECALL_RETURN_IF_ERROR(Ensure(probs_, static_cast<size_t>(scratch_floats) * sizeof(float)));
     }
     int64_t p_off = 0;
     for (int i = 0; i < n_items; ++i) {
-      const BatchItem& item = batch[static_cast<size_t>(i)];
-      if (item.attn_probs == nullptr) continue;
-      if (memory_.host_accessible()) {
-        host_probs_[static_cast<size_t>(i)] = item.attn_probs;
-      } else {
+      if (in_scratch(i)) {
         host_probs_[static_cast<size_t>(i)] = F(probs_) + p_off;
-        p_off += rows * item.probs_stride;
+        p_off += rows * host_probs_strides_[static_cast<size_t>(i)];
+      } else {
+        host_probs_[static_cast<size_t>(i)] = batch[static_cast<size_t>(i)].attn_probs;
       }
     }
   }
@@ -233,9 +241,13 @@ absl::Status ForwardPass::Run(std::span<const BatchItem> batch, float* logits) {
       return absl::InvalidArgumentError(
           absl::StrCat("batch item ", i, ": needs a cache and at least one token"));
     }
-    if (item.attn_probs != nullptr && item.n != 1) {
+    if ((item.attn_probs != nullptr || item.probs_on_backend) && item.n != 1) {
       return absl::InvalidArgumentError(
           absl::StrCat("batch item ", i, ": attention probabilities need a decode step (n = 1)"));
+    }
+    if (item.attn_probs != nullptr && item.probs_on_backend) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "batch item ", i, ": attn_probs and probs_on_backend are exclusive"));
     }
     if (item.cache->View().pool != batch[0].cache->View().pool) {
       return absl::InvalidArgumentError(
@@ -381,6 +393,12 @@ absl::Status ForwardPass::Run(std::span<const BatchItem> batch, float* logits) {
   }
   // A GPU backend's failed op (void, asynchronous) surfaces here.
   return backend_.Health();
+}
+
+const float* ForwardPass::backend_probs(size_t item, int64_t* stride) const {
+  if (item >= on_backend_.size() || on_backend_[item] == 0) return nullptr;
+  *stride = host_probs_strides_[item];
+  return host_probs_[item];
 }
 
 absl::Status RunChunked(ForwardPass& forward, cache::SequenceCache* cache,

@@ -34,6 +34,11 @@ struct BatchItem {
   // head: probs[(layer * n_heads + qh) * probs_stride + slot]. For eviction policies.
   float* attn_probs = nullptr;
   int64_t probs_stride = 0;
+  // Instead of attn_probs (n must be 1): the probabilities stay in the backend's memory, in
+  // the pass's scratch, laid out as above with a stride of the item's longest head after the
+  // step rounded up to 16; read them with ForwardPass::backend_probs(item) until the next
+  // Run. For evictors that step on the backend (SessionEvictor::steps_on_backend()).
+  bool probs_on_backend = false;
   // Optional (SnapKV's observation window): receives the queries (after q/k-norm and RoPE,
   // unscaled) of the tokens at positions [window_first, window_first + window_w), per layer:
   // window_queries[((layer * window_w) + (pos - window_first)) * n_heads * head_dim + ...].
@@ -80,6 +85,10 @@ class ForwardPass {
   // cannot hold the new tokens (in which case no cache was modified).
   absl::Status Run(std::span<const BatchItem> batch, float* logits);
 
+  // Item `item`'s probabilities of the last Run when it asked for probs_on_backend (else
+  // null), in backend memory, and their stride.
+  const float* backend_probs(size_t item, int64_t* stride) const;
+
   const model::Model& model() const { return model_; }
   kernels::Backend& backend() const { return backend_; }
   int max_batch_tokens() const { return options_.max_batch_tokens; }
@@ -117,6 +126,7 @@ class ForwardPass {
   std::vector<int32_t> host_meta_;
   std::vector<float*> host_probs_;
   std::vector<int64_t> host_probs_strides_;
+  std::vector<char> on_backend_;  // per item of the last Run: probs_on_backend
   std::vector<int32_t> host_positions_;  // the step's positions (for commits and captures)
   std::vector<float> host_hidden_;       // CaptureHidden's rows
   kernels::KvBatch kv_;

@@ -30,6 +30,8 @@ void Scheduler::RunBatch() {
         item.attn_probs = t->probs[0].data();
         item.probs_stride = model_.config.max_seq_len;
       }
+      const cache::eviction::SessionEvictor* e = t->session->evictor();
+      item.probs_on_backend = e != nullptr && e->steps_on_backend();
       t->chunk = 1;
       --budget;
       items.push_back(item);
@@ -140,17 +142,23 @@ absl::Status Scheduler::RunRanks(std::span<const BatchItem> items, std::span<Tur
         mine[i].window_queries = t.window_queries[static_cast<size_t>(r)].data();
       }
     }
-    RECALL_RETURN_IF_ERROR(ranks_.ranks[static_cast<size_t>(r)].forward->Run(
-        mine, r == 0 ? logits_.data() : nullptr));
+    ForwardPass& forward = *ranks_.ranks[static_cast<size_t>(r)].forward;
+    RECALL_RETURN_IF_ERROR(forward.Run(mine, r == 0 ? logits_.data() : nullptr));
     for (size_t i = 0; i < items.size(); ++i) {
       if (work[i] == Evict::kNone) continue;
       const Turn& t = *owners[i];
       cache::eviction::SessionEvictor& e = *t.session->evictors[static_cast<size_t>(r)];
-      rank_status[static_cast<size_t>(r)][i] =
-          work[i] == Evict::kStep
-              ? e.Step(t.probs.empty() ? nullptr : t.probs[static_cast<size_t>(r)].data(),
-                       model_.config.max_seq_len)
-              : e.CompressPrefill(t.window_queries[static_cast<size_t>(r)].data(), t.window_w);
+      absl::Status& status = rank_status[static_cast<size_t>(r)][i];
+      if (work[i] == Evict::kCompress) {
+        status = e.CompressPrefill(t.window_queries[static_cast<size_t>(r)].data(), t.window_w);
+      } else if (mine[i].probs_on_backend) {
+        int64_t stride = 0;
+        const float* probs = forward.backend_probs(i, &stride);
+        status = e.Step(probs, stride);
+      } else {
+        status = e.Step(t.probs.empty() ? nullptr : t.probs[static_cast<size_t>(r)].data(),
+                        model_.config.max_seq_len);
+      }
     }
     return absl::OkStatus();
   };

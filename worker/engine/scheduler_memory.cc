@@ -171,6 +171,7 @@ absl::Status Scheduler::CreateCache(Session& s, const Turn& t) {
     const SchedulerRank& rank = ranks_.ranks[r];
     o.n_heads = rank.forward->model().config.n_heads;
     o.comm = rank.comm;
+    o.backend = &rank.forward->backend();
     o.kv_head_offset = rank.kv_head_offset;
     absl::StatusOr<std::unique_ptr<cache::eviction::SessionEvictor>> evictor =
         cache::eviction::SessionEvictor::Create(o, s.caches[r].get());
@@ -207,7 +208,7 @@ absl::Status Scheduler::EnsureResident(Turn& t) {
     t.evictions_at_start = TotalEvictions(s);
     t.evicted_at_start = TotalEvictedSlots(s);
     const model::ModelConfig& c = model_.config;
-    const bool probs = evictor->policy().needs_attention();
+    const bool probs = evictor->policy().needs_attention() && !evictor->steps_on_backend();
     const bool window = fresh && evictor->policy().compresses_prefill();
     if (window) {
       t.window_w = std::min<int>(evictor->policy().options().window,

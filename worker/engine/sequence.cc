@@ -35,7 +35,9 @@ absl::Status LocalSequence::MakeEvictor(
   const model::ModelConfig& config = forward_.model().config;
   cache::eviction::SessionEvictorOptions o = *eviction;
   o.n_heads = config.n_heads;
+  o.backend = &forward_.backend();
   RECALL_ASSIGN_OR_RETURN(evictor_, cache::eviction::SessionEvictor::Create(o, cache_));
+  if (evictor_->steps_on_backend()) return absl::OkStatus();  // probs stay in backend memory
   if (evictor_->policy().needs_attention() ||
       o.policy.meta_score == cache::eviction::PolicyOptions::MetaScore::kCaoteCurrentQuery) {
     probs_stride_ = config.max_seq_len;  // a head never holds more slots than the context
@@ -69,9 +71,15 @@ absl::Status LocalSequence::Decode(int32_t token, float* logits) {
   item.n = 1;
   item.attn_probs = probs_.empty() ? nullptr : probs_.data();
   item.probs_stride = probs_stride_;
+  item.probs_on_backend = evictor_ != nullptr && evictor_->steps_on_backend();
   RECALL_RETURN_IF_ERROR(forward_.Run({&item, 1}, logits));
   peak_bytes_ = std::max(peak_bytes_, cache_->bytes_held());
   if (evictor_ == nullptr) return absl::OkStatus();
+  if (item.probs_on_backend) {
+    int64_t stride = 0;
+    const float* probs = forward_.backend_probs(0, &stride);
+    return evictor_->Step(probs, stride);
+  }
   return evictor_->Step(item.attn_probs, probs_stride_);
 }
 

@@ -208,6 +208,33 @@ INSTANTIATE_TEST_SUITE_P(Modes, TpSchedulerEvictionTest,
                                   std::to_string(std::get<2>(info.param));
                          });
 
+// On ranks whose memory is not host memory (GPU ranks; here opaque CPU memory) lazy steps on
+// the backend: probabilities stay in the forward pass's scratch, the state in rank memory.
+TEST_F(TpSchedulerTest, LazyStepsOnTheRanksBackendsAndMatchesOneHostRank) {
+  CacheRequest cache;
+  cache.policy = "lazy";
+  cache.budget_tokens = 24;
+  cache.window = 8;
+  SchedulerOptions o;
+  o.verify_tp_keep = true;
+  std::unique_ptr<Scheduler> one = StartOneRank(256, o);
+  ASSERT_NE(one, nullptr);
+  const Outcome want = Converse(*one, cache);
+  std::unique_ptr<Scheduler> many = StartTp(2, 256, o, /*opaque=*/true);
+  ASSERT_NE(many, nullptr);
+  const Outcome got = Converse(*many, cache);
+  ASSERT_EQ(got.tokens.size(), want.tokens.size());
+  int64_t evicted = 0;
+  for (size_t i = 0; i < want.tokens.size(); ++i) {
+    EXPECT_EQ(got.tokens[i], want.tokens[i]) << "turn " << i;
+    EXPECT_EQ(got.summaries[i].evictions, want.summaries[i].evictions) << "turn " << i;
+    EXPECT_EQ(got.summaries[i].evicted_tokens, want.summaries[i].evicted_tokens) << "turn " << i;
+    EXPECT_EQ(got.summaries[i].kv_bytes, want.summaries[i].kv_bytes) << "turn " << i;
+    evicted += got.summaries[i].evicted_tokens;
+  }
+  EXPECT_GT(evicted, 0);
+}
+
 TEST_F(TpSchedulerTest, UnknownTpEvictionModeIsRefusedByName) {
   std::unique_ptr<Scheduler> s = StartTp(2, 64, {});
   ASSERT_NE(s, nullptr);

@@ -1,0 +1,34 @@
+// The default Backend::LazyObserve: the reference host loop (kernels/backend.h).
+#include <algorithm>
+
+#include "kernels/backend.h"
+
+namespace recall::kernels {
+
+void Backend::LazyObserve(const LazyObserveArgs& a) {
+  const int group = a.n_heads / a.n_kv_heads;
+  for (int l = 0; l < a.n_layers; ++l) {
+    for (int h = 0; h < a.n_kv_heads; ++h) {
+      const int r = l * a.n_kv_heads + h;
+      int32_t* ts = a.ts + r * a.state_stride;
+      int32_t* mri = a.mri + r * a.state_stride;
+      const float* first =
+          a.probs + (static_cast<int64_t>(l) * a.n_heads + static_cast<int64_t>(h) * group) *
+                        a.probs_stride;
+      for (int j = 0; j < a.lens[r]; ++j) {
+        if (j >= a.old_lens[r]) {
+          ts[j] = a.t - 1;
+          mri[j] = 0;
+        }
+        float p = first[j];
+        for (int g = 1; g < group; ++g) p = std::max(p, first[g * a.probs_stride + j]);
+        if (p >= a.alpha) {
+          mri[j] = std::max(mri[j], a.t - ts[j]);
+          ts[j] = a.t;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace recall::kernels
