@@ -142,6 +142,11 @@ class Backend {
   // on the device, so the probabilities never leave it.
   virtual void LazyObserve(const LazyObserveArgs& args);
 
+  // out[r] = the index of the largest of x[r, 0 .. cols), the lowest index among equal
+  // maxima: Sample's greedy choice. x: [rows, cols]; out: [rows]; both in backend memory.
+  // For finite x (a NaN is never picked, except at index 0 as the host loop does).
+  virtual void ArgmaxRows(const float* x, int rows, int cols, int32_t* out);
+
   // Picks the next token from logits [vocab] (modified in place: penalties, temperature).
   // history: [n_history] tokens already in the sequence, for the repetition penalty.
   virtual int32_t Sample(float* logits, int vocab, const SamplingParams& params, Rng& rng,

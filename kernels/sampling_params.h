@@ -13,6 +13,12 @@ struct SamplingParams {
   uint64_t seed = 0;                // seeds the per-sequence RNG
 };
 
+// True when Sample's choice is the plain argmax of the logits (greedy, no repetition
+// penalty), so a backend may pick it where the logits are (Backend::ArgmaxRows).
+inline bool IsPlainGreedy(const SamplingParams& p) {
+  return p.temperature <= 0.0f && (p.repetition_penalty == 1.0f || p.repetition_penalty <= 0.0f);
+}
+
 // xorshift64* state; one per sequence so sampling is reproducible per seed.
 struct Rng {
   uint64_t state;

@@ -128,6 +128,11 @@ class CudaBackend final : public Backend {
     Launched("lazy_observe");
   }
 
+  void ArgmaxRows(const float* x, int rows, int cols, int32_t* out) override {
+    LaunchArgmaxRows(x, rows, cols, out, s());
+    Launched("argmax_rows");
+  }
+
   int32_t Sample(float* logits, int vocab, const SamplingParams& params, Rng& rng,
                  const int32_t* history, int n_history) override {
     return sampler_.Sample(logits, vocab, params, rng, history, n_history);

@@ -1,6 +1,6 @@
 // Eviction kernels of the CUDA backend: LazyEviction's fused per-step update
 // (Backend::LazyObserve). Integer state and a max over floats: the results equal the CPU
-// reference (kernels/cpu/lazy_observe.cc) bit for bit.
+// reference (kernels/cpu/default_ops.cc) bit for bit.
 #include <algorithm>
 
 #include "kernels/cuda/launch.h"

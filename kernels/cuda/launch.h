@@ -55,6 +55,10 @@ void LaunchAttention(const KvBatch& batch, int layer, const float* q, int n_head
 void LaunchMoveRows(float* base, const int64_t* pairs, int m, int head_dim, int64_t v_offset,
                     float* scratch, cudaStream_t stream);
 
+// ---- sampling.cu
+// Backend::ArgmaxRows.
+void LaunchArgmaxRows(const float* x, int rows, int cols, int32_t* out, cudaStream_t stream);
+
 // ---- eviction.cu
 // Backend::LazyObserve with the lengths in device memory (`old_lens`, `lens`; args' host
 // pointers are not read); max_len: the largest of lens.

@@ -299,6 +299,29 @@ TEST_F(CudaTest, LazyObserveEqualsTheReferenceExactly) {
   }
 }
 
+TEST_F(CudaTest, ArgmaxRowsPicksTheLowestOfEqualMaxima) {
+  for (const int cols : {1, 31, 97, 4096, 128256}) {
+    const int rows = 9;
+    std::vector<float> x = RandomVec(static_cast<size_t>(rows) * cols, cols, -5.0f, 5.0f);
+    // Row 1: the maximum twice (the lower index wins); row 2: all equal (index 0).
+    if (cols > 3) {
+      x[cols + cols / 3] = 9.0f;
+      x[cols + cols - 1] = 9.0f;
+    }
+    std::fill(x.begin() + 2 * cols, x.begin() + 3 * cols, 0.5f);
+    std::vector<int32_t> want(rows);
+    cpu_->ArgmaxRows(x.data(), rows, cols, want.data());
+    DeviceVec<float> d_x(*gpu_, x);
+    DeviceVec<int32_t> d_out(*gpu_, std::vector<int32_t>(rows, -1));
+    gpu_->ArgmaxRows(d_x.get(), rows, cols, d_out.get());
+    EXPECT_EQ(d_out.Download(), want) << "cols " << cols;
+    if (cols > 3) {
+      EXPECT_EQ(want[1], cols / 3);
+    }
+    EXPECT_EQ(want[2], 0);
+  }
+}
+
 TEST(CudaBackendCreate, AnswersWithAStatusWhenTheDeviceIsMissing) {
   auto bad = CreateCudaBackend({/*device=*/1000});
   ASSERT_FALSE(bad.ok());

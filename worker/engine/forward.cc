@@ -369,15 +369,7 @@ absl::Status ForwardPass::Run(std::span<const BatchItem> batch, float* logits) {
     ++n_out;
   }
   if (n_out > 0 && logits != nullptr) {
-    backend_.RmsNorm(last, model_.final_norm.f32(), n_out, dim, c.norm_eps, last);
-    if (memory_.host_accessible()) {
-      MatMul(last, n_out, model_.lm_head, logits);
-    } else {
-      const size_t bytes = static_cast<size_t>(n_out) * c.vocab_size * sizeof(float);
-      RECALL_RETURN_IF_ERROR(Ensure(logits_, bytes));
-      MatMul(last, n_out, model_.lm_head, F(logits_));
-      memory_.CopyOut(logits, logits_.get(), bytes);
-    }
+    RECALL_RETURN_IF_ERROR(ComputeLogits(batch, n_out, logits));
   }
   // ---- Attention probabilities staged in device memory go to the items' host rows.
   if (!memory_.host_accessible() && kv_.probs != nullptr) {
@@ -393,6 +385,48 @@ absl::Status ForwardPass::Run(std::span<const BatchItem> batch, float* logits) {
   }
   // A GPU backend's failed op (void, asynchronous) surfaces here.
   return backend_.Health();
+}
+
+absl::Status ForwardPass::ComputeLogits(std::span<const BatchItem> batch, int n_out,
+                                        float* logits) {
+  const model::ModelConfig& c = model_.config;
+  const size_t vocab = static_cast<size_t>(c.vocab_size);
+  float* last = F(last_);
+  backend_.RmsNorm(last, model_.final_norm.f32(), n_out, c.dim, c.norm_eps, last);
+  float* out = logits;
+  if (!memory_.host_accessible()) {
+    RECALL_RETURN_IF_ERROR(Ensure(logits_, n_out * vocab * sizeof(float)));
+    out = F(logits_);
+  }
+  MatMul(last, n_out, model_.lm_head, out);
+  bool any_argmax = false;
+  for (const BatchItem& item : batch) any_argmax |= item.want_logits && item.argmax != nullptr;
+  if (any_argmax) {
+    RECALL_RETURN_IF_ERROR(Ensure(argmax_, n_out * sizeof(int32_t)));
+    backend_.ArgmaxRows(out, n_out, c.vocab_size, argmax_.as<int32_t>());
+    host_argmax_.resize(static_cast<size_t>(n_out));
+    memory_.CopyOut(host_argmax_.data(), argmax_.get(), n_out * sizeof(int32_t));
+  }
+  // Rows to the host: the items without argmax, in runs of consecutive rows.
+  int row = 0, run_begin = -1;
+  const auto flush = [&](int end) {
+    if (run_begin < 0 || out == logits) return;
+    memory_.CopyOut(logits + run_begin * vocab, out + run_begin * vocab,
+                    (end - run_begin) * vocab * sizeof(float));
+  };
+  for (const BatchItem& item : batch) {
+    if (!item.want_logits) continue;
+    if (item.argmax != nullptr) {
+      *item.argmax = host_argmax_[static_cast<size_t>(row)];
+      flush(row);
+      run_begin = -1;
+    } else if (run_begin < 0) {
+      run_begin = row;
+    }
+    ++row;
+  }
+  flush(row);
+  return absl::OkStatus();
 }
 
 const float* ForwardPass::backend_probs(size_t item, int64_t* stride) const {

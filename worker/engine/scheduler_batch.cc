@@ -32,6 +32,7 @@ void Scheduler::RunBatch() {
       }
       const cache::eviction::SessionEvictor* e = t->session->evictor();
       item.probs_on_backend = e != nullptr && e->steps_on_backend();
+      if (t->PicksOnBackend()) item.argmax = &t->greedy_token;
       t->chunk = 1;
       --budget;
       items.push_back(item);
@@ -47,6 +48,7 @@ void Scheduler::RunBatch() {
       item.tokens = t->prompt.data() + t->fed;
       item.n = chunk;
       item.want_logits = t->fed + chunk == t->prompt.size();
+      if (item.want_logits && t->PicksOnBackend()) item.argmax = &t->greedy_token;
       if (t->window_w > 0) {
         item.window_queries = t->window_queries[0].data();
         item.window_w = t->window_w;
@@ -216,8 +218,12 @@ void Scheduler::SampleNext(Turn& t, float* logits) {
   // Logprobs are of the model's distribution (before temperature and the other sampling
   // transforms, which Sample applies in place).
   if (t.req.logprobs) t.raw_logits.assign(logits, logits + vocab);
-  const int32_t id = ranks_.ranks[0].forward->backend().Sample(logits, vocab, t.req.sampling, t.rng, s.tokens.data(),
-                                     static_cast<int>(s.tokens.size()));
+  const int32_t id =
+      t.PicksOnBackend()
+          ? t.greedy_token
+          : ranks_.ranks[0].forward->backend().Sample(logits, vocab, t.req.sampling, t.rng,
+                                                      s.tokens.data(),
+                                                      static_cast<int>(s.tokens.size()));
   const double now = t.since_submit.ElapsedSeconds();
   if (t.first_token_s < 0) {
     t.first_token_s = now;

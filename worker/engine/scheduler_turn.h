@@ -48,6 +48,12 @@ struct Scheduler::Turn {
   TurnFinish finish = TurnFinish::kLength;
   bool done = false;
   std::vector<float> raw_logits;      // when logprobs are requested
+  // Plain greedy without logprobs: the forward pass picks the token where the logits are
+  // (BatchItem::argmax) and only its id crosses to the host.
+  bool PicksOnBackend() const {
+    return kernels::IsPlainGreedy(req.sampling) && !req.logprobs;
+  }
+  int32_t greedy_token = -1;
   // Per rank (its query heads): attention probabilities for the evictor, and SnapKV's
   // observation window. Empty when the policy needs none.
   std::vector<std::vector<float>> probs;

@@ -1,7 +1,9 @@
-// The default Backend::LazyObserve: the reference host loop (kernels/backend.h).
+// The defaults of Backend::LazyObserve and Backend::ArgmaxRows: the reference host loops
+// (kernels/backend.h).
 #include <algorithm>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/sampling.h"
 
 namespace recall::kernels {
 
@@ -29,6 +31,10 @@ void Backend::LazyObserve(const LazyObserveArgs& a) {
       }
     }
   }
+}
+
+void Backend::ArgmaxRows(const float* x, int rows, int cols, int32_t* out) {
+  for (int r = 0; r < rows; ++r) out[r] = cpu::ArgMax(x + static_cast<int64_t>(r) * cols, cols);
 }
 
 }  // namespace recall::kernels
