@@ -6,7 +6,9 @@
 // the same cache length, and how many 8K-token sessions fit in the GPU's memory with FullKV
 // and with lazy at a 30% budget (by reserving blocks in one pool until it is full).
 // The KV caches are filled with random rows without a prefill (decode time does not depend on
-// their values). Writes JSON for bench/gpu/report.py, which sets it beside transformers.
+// their values). Each step picks the greedy tokens on the device and copies their ids back
+// (BatchItem::argmax), as transformers' greedy loop does. Writes JSON for
+// bench/gpu/report.py, which sets it beside transformers.
 //
 //   recall_gpu_decode_bench [--shapes smollm2-135m,qwen2.5-0.5b,llama-3-8b] [--batches 1,16,64]
 //       [--contexts 1024,8192] [--steps 32] [--out-json FILE]
@@ -210,6 +212,7 @@ Result RunDecode(const Shape& s, DeviceModel& dm, kernels::Backend& gpu, int bat
   std::vector<int32_t> tokens(batch);
   std::vector<engine::BatchItem> items(batch);
   std::vector<float> logits(static_cast<size_t>(batch) * c.vocab_size);
+  std::vector<int32_t> picked(batch);  // greedy on the device, as transformers' loop does
   std::vector<double> times;
   const int warmup = 3;
   for (int step = 0; step < warmup + steps; ++step) {
@@ -218,9 +221,10 @@ Result RunDecode(const Shape& s, DeviceModel& dm, kernels::Backend& gpu, int bat
       items[b].cache = caches[b].get();
       items[b].tokens = &tokens[b];
       items[b].n = 1;
+      items[b].argmax = &picked[b];
     }
     const auto t0 = Clock::now();
-    absl::Status st = forward.Run(items, logits.data());  // copies the logits back: synchronous
+    absl::Status st = forward.Run(items, logits.data());  // copies the token ids back: synchronous
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     if (!st.ok()) {
       r.status = "forward: " + std::string(st.message());
