@@ -2,7 +2,8 @@
 // weights and the KV pool live in device memory (Backend::memory()); ops are queued in order
 // on the backend's own stream. Matmuls go through cuBLAS (bf16/f16 weights: the activations
 // are rounded to the weights' type and accumulated in fp32; f32 weights: fp32 SGEMM without
-// TF32); every other op is one of our kernels (kernels/cuda/). Sampling runs the CPU
+// TF32); every other op is one of our kernels (kernels/cuda/), LazyEviction's per-step update
+// (LazyObserve) and the greedy choice (ArgmaxRows) included. Other sampling runs the CPU
 // reference sampler on the logits the forward pass copies back.
 //
 // Built when RECALL_WITH_CUDA is on; otherwise CreateCudaBackend answers Unimplemented.
@@ -10,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
@@ -18,6 +20,8 @@ namespace recall::kernels {
 
 struct CudaBackendOptions {
   int device = 0;  // CUDA device ordinal
+  // Records the GPU time of every op (two CUDA events each; for profiling: CudaOpTimes).
+  bool time_ops = false;
 };
 
 // FailedPrecondition when no CUDA device is present (or `device` is out of range);
@@ -34,6 +38,11 @@ absl::StatusOr<int64_t> CudaFreeMemory(int device);
 // The cudaStream_t (as void*) a CUDA backend queues its ops on, so other work (NCCL) can be
 // ordered with them; null for other backends and in builds without CUDA.
 void* CudaStreamOf(Backend& backend);
+
+// A CUDA backend created with time_ops: a table of GPU time per op (matmuls per weight shape
+// and row count), waiting for the ops queued so far; `reset` starts the totals afresh. Empty
+// for other backends, without time_ops and in builds without CUDA.
+std::string CudaOpTimes(Backend& backend, bool reset);
 
 // Makes `device` the calling thread's current CUDA device (cudaSetDevice). A thread must do
 // this before it queues ops of a backend on that device when the process drives several GPUs

@@ -17,6 +17,8 @@ absl::StatusOr<int64_t> CudaFreeMemory(int) {
 
 void* CudaStreamOf(Backend&) { return nullptr; }
 
+std::string CudaOpTimes(Backend&, bool) { return ""; }
+
 absl::Status CudaBindThread(int) {
   return absl::UnimplementedError("device cuda: this build has no CUDA backend");
 }

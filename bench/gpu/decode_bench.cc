@@ -11,7 +11,9 @@
 // bench/gpu/report.py, which sets it beside transformers.
 //
 //   recall_gpu_decode_bench [--shapes smollm2-135m,qwen2.5-0.5b,llama-3-8b] [--batches 1,16,64]
-//       [--contexts 1024,8192] [--steps 32] [--out-json FILE]
+//       [--contexts 1024,8192] [--steps 32] [--out-json FILE] [--time-ops 1]
+// --time-ops 1 prints each configuration's GPU time per op (CudaOpTimes; the events add a
+// little time to every op, so take the tokens/s of a run without it).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -231,6 +233,12 @@ Result RunDecode(const Shape& s, DeviceModel& dm, kernels::Backend& gpu, int bat
       return r;
     }
     if (step >= warmup) times.push_back(dt);
+    if (step + 1 == warmup) kernels::CudaOpTimes(gpu, /*reset=*/true);  // time the measured steps
+  }
+  const std::string op_times = kernels::CudaOpTimes(gpu, /*reset=*/true);
+  if (!op_times.empty()) {
+    std::printf("GPU time per op, %s batch %d ctx %d, over %d steps (wall %.3f ms/step median):\n%s",
+                s.name.c_str(), batch, context, steps, Median(times) * 1e3, op_times.c_str());
   }
   r.step_ms = Median(times) * 1e3;
   r.tokens_per_s = batch / Median(times);
@@ -320,6 +328,7 @@ int Main(int argc, char** argv) {
   std::string shapes = "smollm2-135m,qwen2.5-0.5b,llama-3-8b", out_json;
   std::vector<int> batches = {1, 16, 64}, contexts = {1024, 8192};
   int steps = 32;
+  bool time_ops = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--shapes") shapes = v;
@@ -327,12 +336,15 @@ int Main(int argc, char** argv) {
     else if (a == "--contexts") contexts = Ints(v);
     else if (a == "--steps") steps = std::stoi(v);
     else if (a == "--out-json") out_json = v;
+    else if (a == "--time-ops") time_ops = v == "1";
     else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
     }
   }
-  auto gpu = kernels::CreateCudaBackend();
+  kernels::CudaBackendOptions backend_options;
+  backend_options.time_ops = time_ops;
+  auto gpu = kernels::CreateCudaBackend(backend_options);
   if (!gpu.ok()) {
     std::printf("SKIP: %s\n", std::string(gpu.status().message()).c_str());
     return 0;

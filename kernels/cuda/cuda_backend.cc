@@ -14,6 +14,7 @@
 #include "kernels/cpu/sampling.h"
 #include "kernels/cuda/cuda_memory.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/op_timer.h"
 
 namespace recall::kernels {
 namespace cuda {
@@ -21,9 +22,12 @@ namespace {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, recall::cuda::Stream stream, cublasHandle_t blas, int sm_count)
+  CudaBackend(int device, recall::cuda::Stream stream, cublasHandle_t blas, int sm_count,
+              bool time_ops)
       : device_(device), stream_(std::move(stream)), blas_(blas), sm_count_(sm_count),
-        memory_(device, stream_.get()) {}
+        memory_(device, stream_.get()) {
+    if (time_ops) timer_ = std::make_unique<OpTimer>();
+  }
   ~CudaBackend() override {
     cudaSetDevice(device_);  // the destroying thread may be bound to another GPU
     cudaStreamSynchronize(stream_.get());
@@ -31,6 +35,8 @@ class CudaBackend final : public Backend {
   }
 
   const char* Name() const override { return "cuda"; }
+  // CudaOpTimes.
+  std::string OpTimes(bool reset) { return timer_ == nullptr ? "" : timer_->Report(reset); }
   Memory& memory() override { return memory_; }
   absl::Status Health() override { return memory_.status(); }
 
@@ -40,16 +46,19 @@ class CudaBackend final : public Backend {
   }
 
   void Embedding(const Matrix& table, const int32_t* tokens, int n, float* out) override {
+    const Timed timed(this, "embedding");
     LaunchEmbedding(table, tokens, n, out, s());
     Launched("embedding");
   }
   void RmsNorm(const float* x, const float* weight, int n, int dim, float eps,
                float* out) override {
+    const Timed timed(this, "rmsnorm");
     LaunchRmsNorm(x, weight, n, dim, eps, out, s());
     Launched("rmsnorm");
   }
   void Rope(float* x, const int32_t* positions, int n, int n_heads, int head_dim, float theta,
             RopeStyle style) override {
+    const Timed timed(this, "rope");
     LaunchRope(x, positions, n, n_heads, head_dim, theta, style, s());
     Launched("rope");
   }
@@ -58,28 +67,34 @@ class CudaBackend final : public Backend {
   // a row alone is guaranteed to give the same bits.
   int BatchInvariantRows() const override { return 1; }
   void AddBias(float* x, const float* bias, int n, int dim) override {
+    const Timed timed(this, "add_bias");
     LaunchAddBias(x, bias, n, dim, s());
     Launched("add_bias");
   }
   void Add(float* x, const float* y, int64_t count) override {
+    const Timed timed(this, "add");
     LaunchAdd(x, y, count, s());
     Launched("add");
   }
   void SiluMul(const float* gate, const float* up, int64_t count, float* out) override {
+    const Timed timed(this, "silu_mul");
     LaunchSiluMul(gate, up, count, out, s());
     Launched("silu_mul");
   }
   void Softmax(float* x, int rows, int cols) override {
+    const Timed timed(this, "softmax");
     LaunchSoftmax(x, rows, cols, s());
     Launched("softmax");
   }
 
   void StoreKvBatch(const KvBatch& batch, int layer, const float* k, const float* v) override {
+    const Timed timed(this, "store_kv");
     LaunchStoreKv(batch, layer, k, v, s());
     Launched("store_kv");
   }
   void AttentionBatch(const KvBatch& batch, int layer, const float* q, int n_heads, float scale,
                       float* out) override {
+    const Timed timed(this, batch.max_new_tokens == 1 ? "attention decode" : "attention prefill");
     if (!memory_.Check(batch.layout.head_dim <= 256 ? cudaSuccess : cudaErrorInvalidValue,
                        "attention: head_dim above 256") ||
         !GrowAttention(batch.total_tokens, n_heads, batch.layout.head_dim).ok()) {
@@ -112,6 +127,7 @@ class CudaBackend final : public Backend {
   }
 
   void LazyObserve(const LazyObserveArgs& a) override {
+    const Timed timed(this, "lazy_observe");
     const int rows = a.n_layers * a.n_kv_heads;
     if (rows <= 0) return;
     // Both length arrays in one small copy (the stream is idle after the step's logits).
@@ -129,6 +145,7 @@ class CudaBackend final : public Backend {
   }
 
   void ArgmaxRows(const float* x, int rows, int cols, int32_t* out) override {
+    const Timed timed(this, "argmax_rows");
     LaunchArgmaxRows(x, rows, cols, out, s());
     Launched("argmax_rows");
   }
@@ -139,6 +156,21 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // Times the op it spans when CudaBackendOptions::time_ops (a no-op otherwise).
+  class Timed {
+   public:
+    Timed(CudaBackend* b, std::string key) : b_(b), key_(std::move(key)) {
+      if (b_->timer_ != nullptr) b_->timer_->Begin(b_->s());
+    }
+    ~Timed() {
+      if (b_->timer_ != nullptr) b_->timer_->End(key_, b_->s());
+    }
+
+   private:
+    CudaBackend* b_;
+    std::string key_;
+  };
+
   cudaStream_t s() const { return stream_.get(); }
   void Launched(const char* what) { memory_.Check(cudaGetLastError(), what); }
 
@@ -232,10 +264,14 @@ class CudaBackend final : public Backend {
   recall::cuda::DeviceBuffer one_device_;
   std::vector<int32_t> lens_;  // LazyObserve's lengths, staged
   recall::cuda::DeviceBuffer lens_device_;
+  std::unique_ptr<OpTimer> timer_;  // CudaBackendOptions::time_ops
 };
 
 void CudaBackend::MatMul(const float* x, int n, const Matrix& w, float* y) {
   if (n <= 0) return;
+  const Timed timed(this, timer_ == nullptr ? std::string()
+                                            : absl::StrCat("matmul ", DTypeName(w.dtype), " ",
+                                                           w.rows, "x", w.cols, " n", n));
   const float one = 1.0f, zero = 0.0f;
   const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
   cublasStatus_t st;
@@ -291,6 +327,11 @@ void* CudaStreamOf(Backend& backend) {
   return memory == nullptr ? nullptr : static_cast<void*>(memory->stream());
 }
 
+std::string CudaOpTimes(Backend& backend, bool reset) {
+  auto* cuda = dynamic_cast<cuda::CudaBackend*>(&backend);
+  return cuda == nullptr ? "" : cuda->OpTimes(reset);
+}
+
 absl::Status CudaBindThread(int device) {
   return recall::cuda::CudaStatus(cudaSetDevice(device), "cudaSetDevice");
 }
@@ -315,8 +356,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOpti
   }
   cublasSetStream(blas, stream.get());
   cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH);  // fp32 stays fp32 (no TF32)
-  return std::unique_ptr<Backend>(
-      new cuda::CudaBackend(options.device, std::move(stream), blas, prop.multiProcessorCount));
+  return std::unique_ptr<Backend>(new cuda::CudaBackend(
+      options.device, std::move(stream), blas, prop.multiProcessorCount, options.time_ops));
 }
 
 }  // namespace recall::kernels

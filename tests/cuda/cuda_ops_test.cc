@@ -322,6 +322,28 @@ TEST_F(CudaTest, ArgmaxRowsPicksTheLowestOfEqualMaxima) {
   }
 }
 
+TEST(CudaOpTimes, ReportsTheOpsQueuedWhenAskedAndNothingOtherwise) {
+  std::unique_ptr<Backend> cpu = CreateCpuBackend();
+  EXPECT_EQ(CudaOpTimes(*cpu, false), "") << "not a CUDA backend";
+  RECALL_REQUIRE_GPU();
+  CudaBackendOptions o;
+  o.time_ops = true;
+  auto gpu = CreateCudaBackend(o);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  const std::vector<float> x = RandomVec(4 * 64, 1);
+  DeviceVec<float> d_x(**gpu, x), d_w(**gpu, std::vector<float>(64, 1.0f));
+  DeviceVec<float> d_out = DeviceVec<float>::Poisoned(**gpu, x.size());
+  for (int i = 0; i < 3; ++i) (*gpu)->RmsNorm(d_x.get(), d_w.get(), 4, 64, 1e-5f, d_out.get());
+  (*gpu)->Add(d_out.get(), d_x.get(), 256);
+  const std::string report = CudaOpTimes(**gpu, /*reset=*/true);
+  EXPECT_NE(report.find("rmsnorm"), std::string::npos) << report;
+  EXPECT_NE(report.find("add"), std::string::npos) << report;
+  EXPECT_EQ(CudaOpTimes(**gpu, false).find("rmsnorm"), std::string::npos) << "reset";
+  auto plain = CreateCudaBackend();
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(CudaOpTimes(**plain, false), "") << "time_ops off";
+}
+
 TEST(CudaBackendCreate, AnswersWithAStatusWhenTheDeviceIsMissing) {
   auto bad = CreateCudaBackend({/*device=*/1000});
   ASSERT_FALSE(bad.ok());
