@@ -12,6 +12,7 @@
 #include "cache/eviction/session_evictor.h"
 #include "cache/sequence_cache.h"
 #include "gtest/gtest.h"
+#include "tests/cache/eviction/pseudo_attention.h"
 #include "kernels/backend.h"
 
 namespace recall::cache::eviction {
@@ -19,24 +20,8 @@ namespace {
 
 constexpr int kLayers = 3, kKv = 2, kHeads = 6, kDim = 4, kStride = 160;
 
-// Attention of every (layer, query head, slot) from the slot's token position and the step, so
-// caches with the same history get the same probabilities.
 std::vector<float> Probs(const SequenceCache& seq, int t) {
-  std::vector<float> p(static_cast<size_t>(kLayers) * kHeads * kStride, -1.0f);
-  for (int l = 0; l < kLayers; ++l) {
-    for (int qh = 0; qh < kHeads; ++qh) {
-      const int kh = qh / (kHeads / kKv);
-      for (int s = 0; s < seq.length(l, kh); ++s) {
-        uint32_t x = static_cast<uint32_t>(seq.position(l, kh, s)) * 2654435761u ^
-                     static_cast<uint32_t>(t * 40503 + qh * 977 + l * 131);
-        x ^= x >> 13;
-        x *= 0x5bd1e995u;
-        x ^= x >> 15;
-        p[(static_cast<size_t>(l) * kHeads + qh) * kStride + s] = (x % 1000) * 1e-4f;
-      }
-    }
-  }
-  return p;
+  return testing::PseudoProbs(seq, t, kHeads, kStride, -1.0f);
 }
 
 void Append(SequenceCache& seq, int n) {

@@ -8,6 +8,7 @@
 #include "cache/block_pool.h"
 #include "cache/sequence_cache.h"
 #include "gtest/gtest.h"
+#include "tests/cache/eviction/pseudo_attention.h"
 
 namespace recall::cache::eviction {
 namespace {
@@ -45,24 +46,9 @@ class SessionEvictorTest : public ::testing::Test {
     seq.CommitAppend(pos.data(), n);
   }
 
-  // Pseudo-random attention for every (layer, query head, slot), a function of the slot's
-  // token position and the step, so two caches with the same history get the same probs.
+  // Pseudo-random attention (pseudo_attention.h).
   void FillProbs(const SequenceCache& seq, int t, std::vector<float>* probs) {
-    probs->assign(static_cast<size_t>(kLayers) * kHeads * kStride, 0.0f);
-    for (int l = 0; l < kLayers; ++l) {
-      for (int qh = 0; qh < kHeads; ++qh) {
-        const int kh = qh / (kHeads / kKv);
-        for (int s = 0; s < seq.length(l, kh); ++s) {
-          uint32_t x = static_cast<uint32_t>(seq.position(l, kh, s)) * 2654435761u ^
-                       static_cast<uint32_t>(t * 40503 + qh * 977 + l * 131);
-          x ^= x >> 13;
-          x *= 0x5bd1e995u;
-          x ^= x >> 15;
-          (*probs)[(static_cast<size_t>(l) * kHeads + qh) * kStride + s] =
-              static_cast<float>(x % 1000) * 1e-4f;
-        }
-      }
-    }
+    *probs = testing::PseudoProbs(seq, t, kHeads, kStride);
   }
 
   std::unique_ptr<SessionEvictor> MakeEvictor(SequenceCache* seq, const std::string& policy,

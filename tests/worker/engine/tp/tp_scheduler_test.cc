@@ -104,6 +104,24 @@ class TpSchedulerTest : public TpFixture {
     return out;
   }
 
+  // The same tokens, (layer, KV head) compactions and evicted slots (summed over the ranks),
+  // and KV bytes if asked, turn by turn; and some eviction, or the comparison says nothing.
+  static void ExpectSameTurns(const Outcome& got, const Outcome& want, bool same_kv_bytes) {
+    ASSERT_EQ(got.tokens.size(), want.tokens.size());
+    int64_t evicted = 0;
+    for (size_t i = 0; i < want.tokens.size(); ++i) {
+      EXPECT_EQ(got.tokens[i], want.tokens[i]) << "turn " << i;
+      EXPECT_EQ(got.summaries[i].evictions, want.summaries[i].evictions) << "turn " << i;
+      EXPECT_EQ(got.summaries[i].evicted_tokens, want.summaries[i].evicted_tokens)
+          << "turn " << i;
+      if (same_kv_bytes) {
+        EXPECT_EQ(got.summaries[i].kv_bytes, want.summaries[i].kv_bytes) << "turn " << i;
+      }
+      evicted += got.summaries[i].evicted_tokens;
+    }
+    EXPECT_GT(evicted, 0) << "the budget must force evictions for this test to mean anything";
+  }
+
   std::unique_ptr<kernels::Backend> backend_;
   std::unique_ptr<cache::BlockPool> pool_;
   std::unique_ptr<TpGroup> group_;
@@ -182,19 +200,8 @@ TEST_P(TpSchedulerEvictionTest, EvictingSessionsMatchOneRankInEveryMode) {
   std::unique_ptr<Scheduler> many = StartTp(tp, 256, o);
   ASSERT_NE(many, nullptr);
   const Outcome got = Converse(*many, cache);
-  ASSERT_EQ(got.tokens.size(), want.tokens.size());
-  int64_t evicted = 0;
-  for (size_t i = 0; i < want.tokens.size(); ++i) {
-    EXPECT_EQ(got.tokens[i], want.tokens[i]) << "turn " << i;
-    // The same (layer, KV head) compactions and evicted slots, summed over the ranks.
-    EXPECT_EQ(got.summaries[i].evictions, want.summaries[i].evictions) << "turn " << i;
-    EXPECT_EQ(got.summaries[i].evicted_tokens, want.summaries[i].evicted_tokens) << "turn " << i;
-    if (mode != "head-adaptive") {  // uneven heads: each rank's longest head sets its blocks
-      EXPECT_EQ(got.summaries[i].kv_bytes, want.summaries[i].kv_bytes) << "turn " << i;
-    }
-    evicted += got.summaries[i].evicted_tokens;
-  }
-  EXPECT_GT(evicted, 0) << "the budget must force evictions for this test to mean anything";
+  // Head-adaptive heads are uneven: each rank's longest head sets its blocks.
+  ExpectSameTurns(got, want, /*same_kv_bytes=*/mode != "head-adaptive");
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, TpSchedulerEvictionTest,
@@ -222,17 +229,7 @@ TEST_F(TpSchedulerTest, LazyStepsOnTheRanksBackendsAndMatchesOneHostRank) {
   const Outcome want = Converse(*one, cache);
   std::unique_ptr<Scheduler> many = StartTp(2, 256, o, /*opaque=*/true);
   ASSERT_NE(many, nullptr);
-  const Outcome got = Converse(*many, cache);
-  ASSERT_EQ(got.tokens.size(), want.tokens.size());
-  int64_t evicted = 0;
-  for (size_t i = 0; i < want.tokens.size(); ++i) {
-    EXPECT_EQ(got.tokens[i], want.tokens[i]) << "turn " << i;
-    EXPECT_EQ(got.summaries[i].evictions, want.summaries[i].evictions) << "turn " << i;
-    EXPECT_EQ(got.summaries[i].evicted_tokens, want.summaries[i].evicted_tokens) << "turn " << i;
-    EXPECT_EQ(got.summaries[i].kv_bytes, want.summaries[i].kv_bytes) << "turn " << i;
-    evicted += got.summaries[i].evicted_tokens;
-  }
-  EXPECT_GT(evicted, 0);
+  ExpectSameTurns(Converse(*many, cache), want, /*same_kv_bytes=*/true);
 }
 
 TEST_F(TpSchedulerTest, UnknownTpEvictionModeIsRefusedByName) {
