@@ -147,6 +147,17 @@ class Backend {
   // For finite x (a NaN is never picked, except at index 0 as the host loop does).
   virtual void ArgmaxRows(const float* x, int rows, int cols, int32_t* out);
 
+  // Sample's choice for every row of x [rows, cols] (backend memory, read only), picked where
+  // the logits are: row r with params[r] and the uniform draw draws[r] in [0, 1) that Sample
+  // would have taken from the sequence's Rng (unused for a greedy row); out: [rows], backend
+  // memory. params and draws are host arrays. REQUIRES: SamplesOnBackend(params[r]) (no
+  // repetition penalty). The default is cpu::Sampler::Pick per row (host-addressable memory):
+  // the reference. A GPU backend ranks and sums the same way in integer arithmetic, so its
+  // choice differs from the reference only where the draw lies within float rounding of a
+  // boundary between two candidates' cumulative masses.
+  virtual void SampleRows(const float* x, int rows, int cols, const SamplingParams* params,
+                          const float* draws, int32_t* out);
+
   // Picks the next token from logits [vocab] (modified in place: penalties, temperature).
   // history: [n_history] tokens already in the sequence, for the repetition penalty.
   virtual int32_t Sample(float* logits, int vocab, const SamplingParams& params, Rng& rng,

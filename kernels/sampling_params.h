@@ -13,10 +13,11 @@ struct SamplingParams {
   uint64_t seed = 0;                // seeds the per-sequence RNG
 };
 
-// True when Sample's choice is the plain argmax of the logits (greedy, no repetition
-// penalty), so a backend may pick it where the logits are (Backend::ArgmaxRows).
-inline bool IsPlainGreedy(const SamplingParams& p) {
-  return p.temperature <= 0.0f && (p.repetition_penalty == 1.0f || p.repetition_penalty <= 0.0f);
+// True when Sample's choice depends on the logits alone (no repetition penalty, which needs
+// the sequence's history), so a backend may pick it where the logits are
+// (Backend::SampleRows), given the one uniform draw Sample would take from its Rng.
+inline bool SamplesOnBackend(const SamplingParams& p) {
+  return p.repetition_penalty == 1.0f || p.repetition_penalty <= 0.0f;
 }
 
 // xorshift64* state; one per sequence so sampling is reproducible per seed.

@@ -7,11 +7,14 @@
 // and with lazy at a 30% budget (by reserving blocks in one pool until it is full).
 // The KV caches are filled with random rows without a prefill (decode time does not depend on
 // their values). Each step picks the greedy tokens on the device and copies their ids back
-// (BatchItem::argmax), as transformers' greedy loop does. Writes JSON for
+// (BatchItem::pick), as transformers' greedy loop does. Writes JSON for
 // bench/gpu/report.py, which sets it beside transformers.
 //
 //   recall_gpu_decode_bench [--shapes smollm2-135m,qwen2.5-0.5b,llama-3-8b] [--batches 1,16,64]
 //       [--contexts 1024,8192] [--steps 32] [--out-json FILE] [--time-ops 1]
+//       [--temperature T] [--top-k K] [--top-p P]
+// --temperature > 0 samples on the device instead (Backend::SampleRows, with --top-k and
+// --top-p), to see what sampling adds to a step against a greedy run.
 // --time-ops 1 prints each configuration's GPU time per op (CudaOpTimes; the events add a
 // little time to every op, so take the tokens/s of a run without it).
 #include <cuda_runtime_api.h>
@@ -171,7 +174,8 @@ struct Result {
 };
 
 // Decode steps of `batch` sequences whose caches hold `context` random rows.
-Result RunDecode(const Shape& s, DeviceModel& dm, kernels::Backend& gpu, int batch, int context,
+Result RunDecode(const Shape& s, DeviceModel& dm, kernels::Backend& gpu,
+                 const kernels::SamplingParams& sampling, int batch, int context,
                  int steps, double bw) {
   Result r{s.name, batch, context};
   const model::ModelConfig& c = s.c;
@@ -214,7 +218,8 @@ Result RunDecode(const Shape& s, DeviceModel& dm, kernels::Backend& gpu, int bat
   std::vector<int32_t> tokens(batch);
   std::vector<engine::BatchItem> items(batch);
   std::vector<float> logits(static_cast<size_t>(batch) * c.vocab_size);
-  std::vector<int32_t> picked(batch);  // greedy on the device, as transformers' loop does
+  // Picked on the device: greedy, as transformers' loop does, or with --temperature/--top-p.
+  std::vector<int32_t> picked(batch);
   std::vector<double> times;
   const int warmup = 3;
   for (int step = 0; step < warmup + steps; ++step) {
@@ -223,7 +228,9 @@ Result RunDecode(const Shape& s, DeviceModel& dm, kernels::Backend& gpu, int bat
       items[b].cache = caches[b].get();
       items[b].tokens = &tokens[b];
       items[b].n = 1;
-      items[b].argmax = &picked[b];
+      items[b].pick = &picked[b];
+      items[b].sampling = &sampling;
+      items[b].draw = static_cast<float>((step * 31 + b * 17) % 97) / 97.0f;
     }
     const auto t0 = Clock::now();
     absl::Status st = forward.Run(items, logits.data());  // copies the token ids back: synchronous
@@ -329,6 +336,8 @@ int Main(int argc, char** argv) {
   std::vector<int> batches = {1, 16, 64}, contexts = {1024, 8192};
   int steps = 32;
   bool time_ops = false;
+  kernels::SamplingParams sampling;
+  sampling.temperature = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--shapes") shapes = v;
@@ -337,6 +346,9 @@ int Main(int argc, char** argv) {
     else if (a == "--steps") steps = std::stoi(v);
     else if (a == "--out-json") out_json = v;
     else if (a == "--time-ops") time_ops = v == "1";
+    else if (a == "--temperature") sampling.temperature = std::stof(v);
+    else if (a == "--top-k") sampling.top_k = std::stoi(v);
+    else if (a == "--top-p") sampling.top_p = std::stof(v);
     else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
@@ -369,7 +381,7 @@ int Main(int argc, char** argv) {
     std::printf("%s: %.2f GB of bf16 weights read per step\n", s.name.c_str(), dm.weight_bytes / 1e9);
     for (int ctx : contexts) {
       for (int b : batches) {
-        const Result r = RunDecode(s, dm, **gpu, b, ctx, steps, bw);
+        const Result r = RunDecode(s, dm, **gpu, sampling, b, ctx, steps, bw);
         CHECK_OK((*gpu)->Health());
         std::printf("recall %-13s batch %2d ctx %5d: %s %8.3f ms/step %9.0f tok/s  roofline %.3f ms "
                     "-> %.0f%% of roofline\n",

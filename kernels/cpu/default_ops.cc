@@ -1,6 +1,7 @@
-// The defaults of Backend::LazyObserve and Backend::ArgmaxRows: the reference host loops
-// (kernels/backend.h).
+// The defaults of Backend::LazyObserve, Backend::ArgmaxRows and Backend::SampleRows: the
+// reference host loops (kernels/backend.h).
 #include <algorithm>
+#include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/cpu/sampling.h"
@@ -35,6 +36,19 @@ void Backend::LazyObserve(const LazyObserveArgs& a) {
 
 void Backend::ArgmaxRows(const float* x, int rows, int cols, int32_t* out) {
   for (int r = 0; r < rows; ++r) out[r] = cpu::ArgMax(x + static_cast<int64_t>(r) * cols, cols);
+}
+
+void Backend::SampleRows(const float* x, int rows, int cols, const SamplingParams* params,
+                         const float* draws, int32_t* out) {
+  // Pick scales its row in place; x stays as it was. One sampler per thread: a backend is
+  // used by one thread at a time, and the workspaces grow once.
+  thread_local cpu::Sampler sampler;
+  thread_local std::vector<float> row;
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = x + static_cast<int64_t>(r) * cols;
+    row.assign(xr, xr + cols);
+    out[r] = sampler.Pick(row.data(), cols, params[r], draws[r]);
+  }
 }
 
 }  // namespace recall::kernels

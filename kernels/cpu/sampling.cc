@@ -38,7 +38,12 @@ int32_t Sampler::Sample(float* logits, int vocab, const SamplingParams& params, 
     ApplyRepetitionPenalty(logits, vocab, params.repetition_penalty, history, n_history);
   }
   if (params.temperature <= 0.0f) return ArgMax(logits, vocab);
+  return Pick(logits, vocab, params, rng.NextFloat());
+}
 
+int32_t Sampler::Pick(float* logits, int vocab, const SamplingParams& params, float draw) {
+  RECALL_CHECK(vocab >= 1) << "vocab " << vocab;
+  if (params.temperature <= 0.0f) return ArgMax(logits, vocab);
   for (int i = 0; i < vocab; ++i) logits[i] /= params.temperature;
   if (static_cast<int>(probs_.size()) < vocab) {
     probs_.resize(vocab);
@@ -95,7 +100,7 @@ int32_t Sampler::Sample(float* logits, int vocab, const SamplingParams& params, 
     mass = cum;
   }
 
-  const float r = rng.NextFloat() * mass;
+  const float r = draw * mass;
   float cdf = 0.0f;
   for (int i = 0; i < count; ++i) {
     cdf += probs[order[i]];

@@ -23,6 +23,12 @@ class Sampler {
   int32_t Sample(float* logits, int vocab, const SamplingParams& params, Rng& rng,
                  const int32_t* history, int n_history);
 
+  // Steps 2 and 3 alone (no repetition penalty), with `draw` in [0, 1) in place of
+  // rng.NextFloat(): Sample(logits, ..., rng, ...) == Pick(logits, ..., rng.NextFloat()) when
+  // the penalty is off and temperature > 0, and the argmax when temperature <= 0 (the draw
+  // unused). logits: [vocab], modified in place (temperature).
+  int32_t Pick(float* logits, int vocab, const SamplingParams& params, float draw);
+
  private:
   void ApplyRepetitionPenalty(float* logits, int vocab, float penalty, const int32_t* history,
                               int n_history);

@@ -150,6 +150,29 @@ class CudaBackend final : public Backend {
     Launched("argmax_rows");
   }
 
+  void SampleRows(const float* x, int rows, int cols, const SamplingParams* params,
+                  const float* draws, int32_t* out) override {
+    if (rows <= 0) return;
+    bool greedy = true;
+    for (int r = 0; r < rows; ++r) greedy &= !(params[r].temperature > 0.0f);
+    if (greedy) return ArgmaxRows(x, rows, cols, out);
+    const Timed timed(this, "sample_rows");
+    picks_.resize(static_cast<size_t>(rows));
+    for (int r = 0; r < rows; ++r) {
+      picks_[r].temperature = params[r].temperature;
+      picks_[r].top_k = params[r].top_k;
+      picks_[r].top_p = params[r].top_p;
+      picks_[r].draw = draws[r];
+    }
+    if (!Grow(picks_device_, picks_.size() * sizeof(RowPick)).ok()) {
+      memory_.Check(cudaErrorMemoryAllocation, "sample rows parameters");
+      return;
+    }
+    memory_.CopyIn(picks_device_.get(), picks_.data(), picks_.size() * sizeof(RowPick));
+    LaunchSampleRows(x, rows, cols, static_cast<const RowPick*>(picks_device_.get()), out, s());
+    Launched("sample_rows");
+  }
+
   int32_t Sample(float* logits, int vocab, const SamplingParams& params, Rng& rng,
                  const int32_t* history, int n_history) override {
     return sampler_.Sample(logits, vocab, params, rng, history, n_history);
@@ -257,6 +280,8 @@ class CudaBackend final : public Backend {
   int sm_count_;
   CudaMemory memory_;
   cpu::Sampler sampler_;
+  std::vector<RowPick> picks_;                // SampleRows' rows, staged
+  recall::cuda::DeviceBuffer picks_device_;
   recall::cuda::DeviceBuffer rounded_;  // MatMul's input rounded to the weights' type
   recall::cuda::DeviceBuffer attn_partials_, attn_stats_;
   int64_t attn_partial_floats_ = 0, attn_stat_floats_ = 0;

@@ -58,6 +58,16 @@ void LaunchMoveRows(float* base, const int64_t* pairs, int m, int head_dim, int6
 // ---- sampling.cu
 // Backend::ArgmaxRows.
 void LaunchArgmaxRows(const float* x, int rows, int cols, int32_t* out, cudaStream_t stream);
+// One row's SamplingParams (less the repetition penalty) and its draw, in device memory.
+struct RowPick {
+  float temperature = 0;
+  int top_k = 0;
+  float top_p = 1;
+  float draw = 0;
+};
+// Backend::SampleRows: picks[r] for row r of x [rows, cols].
+void LaunchSampleRows(const float* x, int rows, int cols, const RowPick* picks, int32_t* out,
+                      cudaStream_t stream);
 
 // ---- eviction.cu
 // Backend::LazyObserve with the lengths in device memory (`old_lens`, `lens`; args' host

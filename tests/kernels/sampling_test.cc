@@ -130,5 +130,37 @@ TEST_F(SamplingTest, DrawFrequencies) {
   }
 }
 
+// Scenario: SampleRows (the host default every backend is checked against) picks, for each
+// row, what Sample picks from a copy of that row when its draw is the one Sample's rng would
+// give: greedy, temperature alone, top-k, top-p and both; the rows are left unscaled.
+TEST_F(SamplingTest, SampleRowsPicksWhatSampleWouldWithTheSameDraw) {
+  const int cols = 700;
+  std::vector<SamplingParams> params(10);
+  for (size_t r = 0; r < params.size(); ++r) {
+    SamplingParams& p = params[r];
+    p.temperature = r == 0 ? 0.0f : 0.4f + 0.2f * static_cast<float>(r % 5);
+    p.top_k = r % 3 == 1 ? 40 : 0;
+    p.top_p = r % 4 == 2 ? 0.8f : 1.0f;
+    p.seed = 100 + r;
+  }
+  const std::vector<float> x = testing::RandomVector(params.size() * cols, 5, -4.0f, 4.0f);
+  for (int round = 0; round < 20; ++round) {
+    std::vector<float> draws(params.size());
+    std::vector<int32_t> want(params.size());
+    for (size_t r = 0; r < params.size(); ++r) {
+      Rng rng(params[r].seed + 1000 * round);
+      Rng peek = rng;
+      draws[r] = peek.NextFloat();
+      want[r] = Sample({x.begin() + r * cols, x.begin() + (r + 1) * cols}, params[r], rng);
+    }
+    std::vector<float> rows = x;
+    std::vector<int32_t> got(params.size(), -1);
+    backend_->SampleRows(rows.data(), params.size(), cols, params.data(), draws.data(),
+                         got.data());
+    EXPECT_EQ(got, want) << "round " << round;
+    EXPECT_EQ(rows, x);
+  }
+}
+
 }  // namespace
 }  // namespace recall::kernels

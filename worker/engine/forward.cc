@@ -245,6 +245,12 @@ absl::Status ForwardPass::Run(std::span<const BatchItem> batch, float* logits) {
       return absl::InvalidArgumentError(
           absl::StrCat("batch item ", i, ": attention probabilities need a decode step (n = 1)"));
     }
+    if (item.pick != nullptr && item.sampling != nullptr &&
+        !kernels::SamplesOnBackend(*item.sampling)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "batch item ", i, ": pick: a repetition penalty needs the sequence's history; sample "
+          "its logits on the host (Backend::Sample)"));
+    }
     if (item.attn_probs != nullptr && item.probs_on_backend) {
       return absl::InvalidArgumentError(absl::StrCat(
           "batch item ", i, ": attn_probs and probs_on_backend are exclusive"));
@@ -399,16 +405,37 @@ absl::Status ForwardPass::ComputeLogits(std::span<const BatchItem> batch, int n_
     out = F(logits_);
   }
   MatMul(last, n_out, model_.lm_head, out);
-  bool any_argmax = false;
-  for (const BatchItem& item : batch) any_argmax |= item.want_logits && item.argmax != nullptr;
-  if (any_argmax) {
-    RECALL_RETURN_IF_ERROR(Ensure(argmax_, n_out * sizeof(int32_t)));
-    backend_.ArgmaxRows(out, n_out, c.vocab_size, argmax_.as<int32_t>());
-    host_argmax_.resize(static_cast<size_t>(n_out));
-    memory_.CopyOut(host_argmax_.data(), argmax_.get(), n_out * sizeof(int32_t));
+  // Picks: every row gets one (the rows without are greedy, ignored), in one launch.
+  pick_params_.assign(static_cast<size_t>(n_out), kernels::SamplingParams{.temperature = 0});
+  pick_draws_.assign(static_cast<size_t>(n_out), 0.0f);
+  bool any_pick = false, all_greedy = true;
+  int row = 0;
+  for (const BatchItem& item : batch) {
+    if (!item.want_logits) continue;
+    if (item.pick != nullptr) {
+      any_pick = true;
+      if (item.sampling != nullptr) {
+        pick_params_[static_cast<size_t>(row)] = *item.sampling;
+        all_greedy &= !(item.sampling->temperature > 0.0f);
+      }
+      pick_draws_[static_cast<size_t>(row)] = item.draw;
+    }
+    ++row;
   }
-  // Rows to the host: the items without argmax, in runs of consecutive rows.
-  int row = 0, run_begin = -1;
+  if (any_pick) {
+    RECALL_RETURN_IF_ERROR(Ensure(picks_, n_out * sizeof(int32_t)));
+    if (all_greedy) {
+      backend_.ArgmaxRows(out, n_out, c.vocab_size, picks_.as<int32_t>());
+    } else {
+      backend_.SampleRows(out, n_out, c.vocab_size, pick_params_.data(), pick_draws_.data(),
+                          picks_.as<int32_t>());
+    }
+    host_picks_.resize(static_cast<size_t>(n_out));
+    memory_.CopyOut(host_picks_.data(), picks_.get(), n_out * sizeof(int32_t));
+  }
+  // Rows to the host: the items without a pick, in runs of consecutive rows.
+  int run_begin = -1;
+  row = 0;
   const auto flush = [&](int end) {
     if (run_begin < 0 || out == logits) return;
     memory_.CopyOut(logits + run_begin * vocab, out + run_begin * vocab,
@@ -416,8 +443,8 @@ absl::Status ForwardPass::ComputeLogits(std::span<const BatchItem> batch, int n_
   };
   for (const BatchItem& item : batch) {
     if (!item.want_logits) continue;
-    if (item.argmax != nullptr) {
-      *item.argmax = host_argmax_[static_cast<size_t>(row)];
+    if (item.pick != nullptr) {
+      *item.pick = host_picks_[static_cast<size_t>(row)];
       flush(row);
       run_begin = -1;
     } else if (run_begin < 0) {

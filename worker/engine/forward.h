@@ -39,12 +39,15 @@ struct BatchItem {
   // step rounded up to 16; read them with ForwardPass::backend_probs(item) until the next
   // Run. For evictors that step on the backend (SessionEvictor::steps_on_backend()).
   bool probs_on_backend = false;
-  // Optional, with want_logits: receives the greedy token (the argmax of those logits, the
-  // lowest id among equal maxima: Sample's choice for kernels::IsPlainGreedy parameters),
-  // picked where the logits are (Backend::ArgmaxRows). When the backend's memory is not host
+  // Optional, with want_logits: receives the next token, picked where the logits are
+  // (Backend::SampleRows) with `sampling` (null: greedy, the argmax with the lowest id among
+  // equal maxima) and `draw`, the uniform number Sample would take from the sequence's Rng.
+  // REQUIRES: kernels::SamplesOnBackend(*sampling). When the backend's memory is not host
   // memory, the item's row of Run's `logits` is then not copied out (left as it was). Filled
   // only when Run is given a logits array.
-  int32_t* argmax = nullptr;
+  int32_t* pick = nullptr;
+  const kernels::SamplingParams* sampling = nullptr;
+  float draw = 0;
   // Optional (SnapKV's observation window): receives the queries (after q/k-norm and RoPE,
   // unscaled) of the tokens at positions [window_first, window_first + window_w), per layer:
   // window_queries[((layer * window_w) + (pos - window_first)) * n_heads * head_dim + ...].
@@ -110,7 +113,7 @@ class ForwardPass {
   // Adds the residual rows of items that asked for layer `layer` to their hidden_sum.
   void CaptureHidden(std::span<const BatchItem> batch, int layer);
   // The final norm and LM head over the n_out rows of last_, into `logits` (host), with the
-  // argmax of items that asked for it (see BatchItem::argmax).
+  // picks of items that asked for them (see BatchItem::pick).
   absl::Status ComputeLogits(std::span<const BatchItem> batch, int n_out, float* logits);
   // Allocates the workspaces (once).
   absl::Status AllocateWorkspaces();
@@ -129,8 +132,10 @@ class ForwardPass {
   // Workspaces [max_batch_tokens, ...] in backend memory.
   kernels::Buffer x_, xb_, q_, k_, v_, att_, hb_, hb2_, last_;
   kernels::Buffer logits_, probs_;  // device backends only: grow to the largest batch's need
-  kernels::Buffer argmax_;          // the greedy tokens of the step's logits rows
-  std::vector<int32_t> host_argmax_;
+  kernels::Buffer picks_;           // the picked tokens of the step's logits rows
+  std::vector<int32_t> host_picks_;
+  std::vector<kernels::SamplingParams> pick_params_;  // per logits row (greedy: no pick)
+  std::vector<float> pick_draws_;
   kernels::Buffer meta_, probs_ptrs_, probs_strides_;  // the staged metadata
   // Host staging of the metadata: ints are laid out [tokens | positions | token_item |
   // token_begin | kv_start | table_begin | table_count | tables].

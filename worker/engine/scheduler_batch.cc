@@ -32,7 +32,7 @@ void Scheduler::RunBatch() {
       }
       const cache::eviction::SessionEvictor* e = t->session->evictor();
       item.probs_on_backend = e != nullptr && e->steps_on_backend();
-      if (t->PicksOnBackend()) item.argmax = &t->greedy_token;
+      if (t->PicksOnBackend()) t->SetPick(item);
       t->chunk = 1;
       --budget;
       items.push_back(item);
@@ -48,7 +48,7 @@ void Scheduler::RunBatch() {
       item.tokens = t->prompt.data() + t->fed;
       item.n = chunk;
       item.want_logits = t->fed + chunk == t->prompt.size();
-      if (item.want_logits && t->PicksOnBackend()) item.argmax = &t->greedy_token;
+      if (item.want_logits && t->PicksOnBackend()) t->SetPick(item);
       if (t->window_w > 0) {
         item.window_queries = t->window_queries[0].data();
         item.window_w = t->window_w;
@@ -218,12 +218,15 @@ void Scheduler::SampleNext(Turn& t, float* logits) {
   // Logprobs are of the model's distribution (before temperature and the other sampling
   // transforms, which Sample applies in place).
   if (t.req.logprobs) t.raw_logits.assign(logits, logits + vocab);
-  const int32_t id =
-      t.PicksOnBackend()
-          ? t.greedy_token
-          : ranks_.ranks[0].forward->backend().Sample(logits, vocab, t.req.sampling, t.rng,
-                                                      s.tokens.data(),
-                                                      static_cast<int>(s.tokens.size()));
+  int32_t id;
+  if (t.PicksOnBackend()) {
+    id = t.picked;
+    if (t.req.sampling.temperature > 0.0f) t.rng.NextFloat();  // the draw the pick used
+  } else {
+    id = ranks_.ranks[0].forward->backend().Sample(logits, vocab, t.req.sampling, t.rng,
+                                                   s.tokens.data(),
+                                                   static_cast<int>(s.tokens.size()));
+  }
   const double now = t.since_submit.ElapsedSeconds();
   if (t.first_token_s < 0) {
     t.first_token_s = now;

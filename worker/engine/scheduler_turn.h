@@ -10,6 +10,7 @@
 #include "common/clock.h"
 #include "common/metrics/registry.h"
 #include "kernels/sampling_params.h"
+#include "worker/engine/forward.h"
 #include "worker/engine/scheduler.h"
 #include "worker/engine/stop_text.h"
 #include "worker/model/tokenizer.h"
@@ -48,12 +49,23 @@ struct Scheduler::Turn {
   TurnFinish finish = TurnFinish::kLength;
   bool done = false;
   std::vector<float> raw_logits;      // when logprobs are requested
-  // Plain greedy without logprobs: the forward pass picks the token where the logits are
-  // (BatchItem::argmax) and only its id crosses to the host.
+  // Without a repetition penalty or logprobs, the forward pass picks the token where the
+  // logits are (BatchItem::pick) and only its id crosses to the host. The draw is the one
+  // Sample would take from rng; SampleNext then advances rng past it, so a seed gives the
+  // same stream of draws either way.
   bool PicksOnBackend() const {
-    return kernels::IsPlainGreedy(req.sampling) && !req.logprobs;
+    return kernels::SamplesOnBackend(req.sampling) && !req.logprobs;
   }
-  int32_t greedy_token = -1;
+  float PeekDraw() const {
+    kernels::Rng next = rng;
+    return next.NextFloat();
+  }
+  int32_t picked = -1;
+  void SetPick(BatchItem& item) {
+    item.pick = &picked;
+    item.sampling = &req.sampling;
+    item.draw = PeekDraw();
+  }
   // Per rank (its query heads): attention probabilities for the evictor, and SnapKV's
   // observation window. Empty when the policy needs none.
   std::vector<std::vector<float>> probs;

@@ -12,6 +12,7 @@ namespace recall::engine {
 struct Collected {
   absl::Status status;
   std::vector<int32_t> token_ids;
+  std::vector<float> logprobs;  // when requested
   std::string text;
   TurnSummary summary;
   int updates = 0;
@@ -23,6 +24,7 @@ inline Collected CollectTurn(TurnStream& stream, absl::Duration timeout = absl::
   while (stream.Next(timeout, &u)) {
     ++c.updates;
     c.token_ids.insert(c.token_ids.end(), u.token_ids.begin(), u.token_ids.end());
+    c.logprobs.insert(c.logprobs.end(), u.logprobs.begin(), u.logprobs.end());
     c.text += u.text;
     if (u.done) {
       c.status = u.status;

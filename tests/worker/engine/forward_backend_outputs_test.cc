@@ -1,5 +1,5 @@
-// ForwardPass outputs that stay in backend memory: the greedy token picked where the logits
-// are (BatchItem::argmax) and decode probabilities left for an evictor that steps on the
+// ForwardPass outputs that stay in backend memory: the next token picked where the logits
+// are (BatchItem::pick: greedy and sampled) and decode probabilities left for an evictor that steps on the
 // backend (BatchItem::probs_on_backend), on host memory and on opaque memory (the device
 // code paths on the CPU), against a plain run of the same batch.
 #include <algorithm>
@@ -60,7 +60,7 @@ class ForwardBackendOutputsTest : public ::testing::TestWithParam<bool> {
   std::unique_ptr<model::Model> model_;
 };
 
-TEST_P(ForwardBackendOutputsTest, ArgmaxAndBackendProbsEqualAPlainRun) {
+TEST_P(ForwardBackendOutputsTest, PicksAndBackendProbsEqualAPlainRun) {
   const bool opaque = GetParam();
   const model::ModelConfig& c = model_->config;
   const int64_t stride = 32;
@@ -79,11 +79,18 @@ TEST_P(ForwardBackendOutputsTest, ArgmaxAndBackendProbsEqualAPlainRun) {
   Rig rig = Make(opaque);
   std::vector<float> logits(kItems * kVocab, -123.0f);
   int32_t picked[kItems] = {-1, -1, -1};
+  // Item 0 greedy, item 2 sampled (temperature, top-k, a draw), item 1 without a pick.
+  kernels::SamplingParams sampled;
+  sampled.temperature = 1.3f;
+  sampled.top_k = 20;
+  const float draw = 0.61f;
   for (int i = 0; i < kItems; ++i) {
     items[i] = BatchItem{rig.seqs[i].get(), &tokens[i], 1};
     items[i].probs_on_backend = i != 1;
-    if (i != 1) items[i].argmax = &picked[i];
+    if (i != 1) items[i].pick = &picked[i];
   }
+  items[2].sampling = &sampled;
+  items[2].draw = draw;
   ASSERT_TRUE(rig.forward->Run(items, logits.data()).ok());
 
   for (int i = 0; i < kItems; ++i) {
@@ -95,7 +102,13 @@ TEST_P(ForwardBackendOutputsTest, ArgmaxAndBackendProbsEqualAPlainRun) {
       EXPECT_EQ(rig.forward->backend_probs(1, &s), nullptr) << "item 1 did not ask for them";
       continue;
     }
-    EXPECT_EQ(picked[i], kernels::cpu::ArgMax(want, kVocab)) << "item " << i;
+    if (i == 0) {
+      EXPECT_EQ(picked[i], kernels::cpu::ArgMax(want, kVocab)) << "item 0, greedy";
+    } else {
+      std::vector<float> row(want, want + kVocab);
+      kernels::cpu::Sampler sampler;
+      EXPECT_EQ(picked[i], sampler.Pick(row.data(), kVocab, sampled, draw)) << "item 2, sampled";
+    }
     if (opaque) {
       EXPECT_EQ(got[0], -123.0f) << "item " << i << ": its logits stay in backend memory";
     }
@@ -127,6 +140,23 @@ TEST_P(ForwardBackendOutputsTest, BackendProbsNeedADecodeStepAndExcludeHostProbs
   const absl::Status st = rig.forward->Run({&both, 1}, nullptr);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("exclusive"), std::string::npos) << st;
+  EXPECT_EQ(rig.seqs[0]->next_position(), 9) << "nothing was appended";
+}
+
+TEST_P(ForwardBackendOutputsTest, APickWithARepetitionPenaltyIsRefused) {
+  Rig rig = Make(GetParam());
+  std::vector<float> logits(kVocab);
+  const int32_t token = 4;
+  int32_t picked = -1;
+  kernels::SamplingParams penalised;
+  penalised.repetition_penalty = 1.2f;
+  BatchItem item{rig.seqs[0].get(), &token, 1};
+  item.pick = &picked;
+  item.sampling = &penalised;
+  const absl::Status st = rig.forward->Run({&item, 1}, logits.data());
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("repetition penalty"), std::string::npos) << st;
+  EXPECT_EQ(picked, -1);
   EXPECT_EQ(rig.seqs[0]->next_position(), 9) << "nothing was appended";
 }
 

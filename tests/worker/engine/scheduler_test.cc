@@ -88,6 +88,36 @@ TEST_F(SchedulerTest, BatchedEqualsSequentialForGreedy) {
   }
 }
 
+// Sampled turns are picked where the logits are (Backend::SampleRows) unless they need the
+// logits on the host (logprobs): both ways, a seed gives the same tokens, batched or alone.
+TEST_F(SchedulerTest, SeededSamplingIsTheSamePickedWhereTheLogitsAreOrOnTheHost) {
+  Start(512);
+  const auto sampled = [](const std::string& session, uint64_t seed, bool logprobs) {
+    TurnRequest r = Turn(session, "Lily had a red ball", 40);
+    r.sampling.temperature = 0.9f;
+    r.sampling.top_p = 0.95f;
+    r.sampling.top_k = 30;
+    r.sampling.seed = seed;
+    r.logprobs = logprobs;
+    return r;
+  };
+  const Collected host = Run(sampled("host", 7, true));
+  ASSERT_TRUE(host.status.ok()) << host.status;
+  ASSERT_EQ(host.logprobs.size(), host.token_ids.size()) << "the host path was taken";
+  std::vector<std::shared_ptr<TurnStream>> streams;
+  for (const auto& [name, seed] : {std::pair<std::string, uint64_t>{"picked", 7}, {"other", 8}}) {
+    auto s = sched_->Submit(sampled(name, seed, false));
+    ASSERT_TRUE(s.ok()) << s.status();
+    streams.push_back(*s);
+  }
+  const Collected picked = CollectTurn(*streams[0]);
+  const Collected other = CollectTurn(*streams[1]);
+  ASSERT_TRUE(picked.status.ok()) << picked.status;
+  EXPECT_TRUE(picked.logprobs.empty());
+  EXPECT_EQ(picked.token_ids, host.token_ids);
+  EXPECT_NE(other.token_ids, host.token_ids) << "another seed samples other tokens";
+}
+
 TEST_F(SchedulerTest, FollowUpTurnPrefillsOnlyItsNewTokens) {
   Start(512);
   Collected first = Run(Turn("s", "Once upon a time", 20));
