@@ -23,6 +23,11 @@ struct CudaBackendOptions {
   int device = 0;  // CUDA device ordinal
   // Records the GPU time of every op (two CUDA events each; for profiling: CudaOpTimes).
   bool time_ops = false;
+  // Token picks (ArgmaxRows, SampleRows) on the host: the logits rows are copied back and
+  // picked by the reference sampler. Otherwise CreateCudaBackend first checks the device's
+  // pick kernels against that reference (CheckPicks, kernels/cpu/pick_check.h) and, if they
+  // disagree or fail, logs a warning and picks on the host (CudaPicksOnHost says which).
+  bool host_picks = false;
 };
 
 // FailedPrecondition when no CUDA device is present (or `device` is out of range);
@@ -44,6 +49,10 @@ void* CudaStreamOf(Backend& backend);
 // and row count), waiting for the ops queued so far; `reset` starts the totals afresh. Empty
 // for other backends, without time_ops and in builds without CUDA.
 std::string CudaOpTimes(Backend& backend, bool reset);
+
+// Whether a CUDA backend picks tokens on the host (CudaBackendOptions::host_picks, asked for
+// or taken after a failed check); false for other backends and in builds without CUDA.
+bool CudaPicksOnHost(Backend& backend);
 
 // Makes `device` the calling thread's current CUDA device (cudaSetDevice). A thread must do
 // this before it queues ops of a backend on that device when the process drives several GPUs

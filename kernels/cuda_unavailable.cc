@@ -19,6 +19,8 @@ void* CudaStreamOf(Backend&) { return nullptr; }
 
 std::string CudaOpTimes(Backend&, bool) { return ""; }
 
+bool CudaPicksOnHost(Backend&) { return false; }
+
 absl::Status CudaBindThread(int) {
   return absl::UnimplementedError("device cuda: this build has no CUDA backend");
 }

@@ -11,6 +11,7 @@
 #include "common/cuda/cuda_raii.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "kernels/cpu/pick_check.h"
 #include "kernels/cpu/sampling.h"
 #include "kernels/cuda/cuda_memory.h"
 #include "kernels/cuda/launch.h"
@@ -23,10 +24,10 @@ namespace {
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, recall::cuda::Stream stream, cublasHandle_t blas, int sm_count,
-              bool time_ops)
+              const CudaBackendOptions& options)
       : device_(device), stream_(std::move(stream)), blas_(blas), sm_count_(sm_count),
-        memory_(device, stream_.get()) {
-    if (time_ops) timer_ = std::make_unique<OpTimer>();
+        memory_(device, stream_.get()), host_picks_(options.host_picks) {
+    if (options.time_ops) timer_ = std::make_unique<OpTimer>();
   }
   ~CudaBackend() override {
     cudaSetDevice(device_);  // the destroying thread may be bound to another GPU
@@ -37,6 +38,8 @@ class CudaBackend final : public Backend {
   const char* Name() const override { return "cuda"; }
   // CudaOpTimes.
   std::string OpTimes(bool reset) { return timer_ == nullptr ? "" : timer_->Report(reset); }
+  // CudaPicksOnHost.
+  bool picks_on_host() const { return host_picks_; }
   Memory& memory() override { return memory_; }
   absl::Status Health() override { return memory_.status(); }
 
@@ -145,6 +148,7 @@ class CudaBackend final : public Backend {
   }
 
   void ArgmaxRows(const float* x, int rows, int cols, int32_t* out) override {
+    if (host_picks_) return PickOnHost(x, rows, cols, nullptr, nullptr, out);
     const Timed timed(this, "argmax_rows");
     LaunchArgmaxRows(x, rows, cols, out, s());
     Launched("argmax_rows");
@@ -153,6 +157,7 @@ class CudaBackend final : public Backend {
   void SampleRows(const float* x, int rows, int cols, const SamplingParams* params,
                   const float* draws, int32_t* out) override {
     if (rows <= 0) return;
+    if (host_picks_) return PickOnHost(x, rows, cols, params, draws, out);
     bool greedy = true;
     for (int r = 0; r < rows; ++r) greedy &= !(params[r].temperature > 0.0f);
     if (greedy) return ArgmaxRows(x, rows, cols, out);
@@ -193,6 +198,24 @@ class CudaBackend final : public Backend {
     CudaBackend* b_;
     std::string key_;
   };
+
+  // ArgmaxRows (params null) or SampleRows by the host reference, on the rows copied back.
+  void PickOnHost(const float* x, int rows, int cols, const SamplingParams* params,
+                  const float* draws, int32_t* out) {
+    const Timed timed(this, "picks_on_host");
+    if (rows <= 0 || cols <= 0) return;
+    host_rows_.resize(static_cast<size_t>(rows) * cols);
+    host_picked_.resize(static_cast<size_t>(rows));
+    memory_.CopyOut(host_rows_.data(), x, host_rows_.size() * sizeof(float));
+    if (params == nullptr) {
+      for (int r = 0; r < rows; ++r) {
+        host_picked_[r] = cpu::ArgMax(host_rows_.data() + static_cast<size_t>(r) * cols, cols);
+      }
+    } else {
+      Backend::SampleRows(host_rows_.data(), rows, cols, params, draws, host_picked_.data());
+    }
+    memory_.CopyIn(out, host_picked_.data(), host_picked_.size() * sizeof(int32_t));
+  }
 
   cudaStream_t s() const { return stream_.get(); }
   void Launched(const char* what) { memory_.Check(cudaGetLastError(), what); }
@@ -282,6 +305,9 @@ class CudaBackend final : public Backend {
   cpu::Sampler sampler_;
   std::vector<RowPick> picks_;                // SampleRows' rows, staged
   recall::cuda::DeviceBuffer picks_device_;
+  bool host_picks_;                           // CudaBackendOptions::host_picks
+  std::vector<float> host_rows_;              // PickOnHost's rows and picks
+  std::vector<int32_t> host_picked_;
   recall::cuda::DeviceBuffer rounded_;  // MatMul's input rounded to the weights' type
   recall::cuda::DeviceBuffer attn_partials_, attn_stats_;
   int64_t attn_partial_floats_ = 0, attn_stat_floats_ = 0;
@@ -361,15 +387,14 @@ absl::Status CudaBindThread(int device) {
   return recall::cuda::CudaStatus(cudaSetDevice(device), "cudaSetDevice");
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOptions& options) {
-  const int count = CudaDeviceCount();
-  if (count == 0) {
-    return absl::FailedPreconditionError("device cuda: no CUDA device is visible to this process");
-  }
-  if (options.device < 0 || options.device >= count) {
-    return absl::FailedPreconditionError(absl::StrCat("device cuda: device ", options.device,
-                                                      " does not exist (", count, " visible)"));
-  }
+bool CudaPicksOnHost(Backend& backend) {
+  auto* cuda = dynamic_cast<cuda::CudaBackend*>(&backend);
+  return cuda != nullptr && cuda->picks_on_host();
+}
+
+namespace {
+
+absl::StatusOr<std::unique_ptr<Backend>> Build(const CudaBackendOptions& options) {
   RECALL_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
   cudaDeviceProp prop;
   RECALL_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, options.device));
@@ -382,7 +407,34 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOpti
   cublasSetStream(blas, stream.get());
   cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH);  // fp32 stays fp32 (no TF32)
   return std::unique_ptr<Backend>(new cuda::CudaBackend(
-      options.device, std::move(stream), blas, prop.multiProcessorCount, options.time_ops));
+      options.device, std::move(stream), blas, prop.multiProcessorCount, options));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOptions& options) {
+  const int count = CudaDeviceCount();
+  if (count == 0) {
+    return absl::FailedPreconditionError("device cuda: no CUDA device is visible to this process");
+  }
+  if (options.device < 0 || options.device >= count) {
+    return absl::FailedPreconditionError(absl::StrCat("device cuda: device ", options.device,
+                                                      " does not exist (", count, " visible)"));
+  }
+  RECALL_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, Build(options));
+  if (options.host_picks) return backend;
+  const absl::Status check = CheckPicks(*backend);
+  if (check.ok()) return backend;
+  // A backend whose op failed keeps the error (Health): start a fresh one that picks on the
+  // host.
+  RECALL_LOG(WARNING) << "device cuda " << options.device
+                      << ": the device's token picks failed their check, so tokens are "
+                         "picked on the host (the logits are copied back): "
+                      << check;
+  backend.reset();
+  CudaBackendOptions host = options;
+  host.host_picks = true;
+  return Build(host);
 }
 
 }  // namespace recall::kernels

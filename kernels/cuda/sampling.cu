@@ -5,8 +5,9 @@
 // SampleRows follows cpu::Sampler::Pick without sorting. Each token j gets an order key
 //   ord_j = (ordered bits of its scaled logit x_j / T) << 32 | (2^32 - 1 - j),
 // unique per token, larger = earlier in Pick's ranking (larger scaled logit, then lower id).
-// Every set Pick cuts from its sorted list (the top k, the top-p nucleus, the prefix the draw
-// lands in) is then {j : ord_j >= threshold}, and each threshold is found by a radix descent
+// Without top-k and top-p, Pick walks the tokens in id order instead, and ord_j is
+// 2^32 - 1 - j alone. Every set Pick cuts from its list (the top k, the top-p nucleus, the
+// prefix the draw lands in) is then {j : ord_j >= threshold}, and each threshold is found by a radix descent
 // over ord (8 bits per pass) with the weights summed as integers: a probability is held in
 // fixed point (2^-40 units), so every sum is exact and the same whatever the order. The
 // choice is deterministic, and equals Pick's except where the draw lies within float
@@ -113,7 +114,11 @@ struct Row {
   float temperature;
   float max_scaled;
   float sum;  // of expf(scaled - max_scaled)
+  bool ranked;  // top-k or top-p: Pick's list is sorted (else in id order)
   __device__ float Scaled(int j) const { return x[j] / temperature; }
+  __device__ u64 Key(float scaled, int j) const {
+    return ranked ? Ord(scaled, j) : 0xFFFFFFFFull - static_cast<uint32_t>(j);
+  }
   __device__ float Prob(float scaled) const { return expf(scaled - max_scaled) / sum; }
   __device__ u64 Fixed(float scaled) const {
     return __double2ull_rn(static_cast<double>(Prob(scaled)) * kFixedOne);
@@ -153,7 +158,7 @@ __device__ u64 SelectThreshold(const Row& row, Weight weight, u64 need, bool str
     const u64 high = shift == 56 ? 0 : ~0ull << (shift + 8);
     for (int j = threadIdx.x; j < row.cols; j += blockDim.x) {
       const float scaled = row.Scaled(j);
-      const u64 o = Ord(scaled, j);
+      const u64 o = row.Key(scaled, j);
       if ((o & high) != prefix) continue;
       const u64 w = weight(j, o, scaled);
       if (w != 0) atomicAdd(&sh.hist[warp][(o >> shift) & 0xFF], w);
@@ -220,6 +225,7 @@ __global__ void SampleRowsKernel(const float* x, int cols, const RowPick* picks,
   // The candidates: the top k, or (top-p without top-k) the tokens at or above run.c's cutoff.
   const bool use_top_k = pick.top_k > 0 && pick.top_k < cols;
   const bool use_top_p = pick.top_p > 0.0f && pick.top_p < 1.0f;
+  row.ranked = use_top_k || use_top_p;
   u64 k_threshold = 0, unused = 0;
   if (use_top_k) {
     k_threshold =
@@ -230,7 +236,7 @@ __global__ void SampleRowsKernel(const float* x, int cols, const RowPick* picks,
   u64 count = 0, mass = 0;
   for (int j = threadIdx.x; j < cols; j += blockDim.x) {
     const float scaled = row.Scaled(j);
-    if (Ord(scaled, j) < k_threshold || row.Prob(scaled) < cutoff) continue;
+    if (row.Key(scaled, j) < k_threshold || row.Prob(scaled) < cutoff) continue;
     ++count;
     mass += row.Fixed(scaled);
   }

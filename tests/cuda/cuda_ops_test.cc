@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "kernels/cpu/pick_check.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "worker/model/half.h"
 
@@ -300,6 +301,7 @@ TEST_F(CudaTest, LazyObserveEqualsTheReferenceExactly) {
 }
 
 TEST_F(CudaTest, ArgmaxRowsPicksTheLowestOfEqualMaxima) {
+  ASSERT_FALSE(CudaPicksOnHost(*gpu_)) << "the device picks failed their check at creation";
   for (const int cols : {1, 31, 97, 4096, 128256}) {
     const int rows = 9;
     std::vector<float> x = RandomVec(static_cast<size_t>(rows) * cols, cols, -5.0f, 5.0f);
@@ -328,6 +330,7 @@ TEST_F(CudaTest, ArgmaxRowsPicksTheLowestOfEqualMaxima) {
 // boundary of the reference's cumulative sums: at most 1% of them. The device's choice must
 // also be the same on a second run (integer sums, fixed reduction order).
 TEST_F(CudaTest, SampleRowsAgreesWithTheReference) {
+  ASSERT_FALSE(CudaPicksOnHost(*gpu_)) << "the device picks failed their check at creation";
   int sampled = 0, differ = 0;
   for (const int cols : {1, 7, 1000, 32000, 128256}) {
     const int rows = 48;
@@ -365,6 +368,36 @@ TEST_F(CudaTest, SampleRowsAgreesWithTheReference) {
     }
   }
   EXPECT_LE(differ * 100, sampled) << differ << " of " << sampled << " sampled rows differ";
+}
+
+// host_picks: the rows are copied back and picked by the reference, so every pick equals
+// the CPU's exactly.
+TEST_F(CudaTest, HostPicksEqualTheReferenceExactly) {
+  EXPECT_TRUE(CheckPicks(*gpu_).ok()) << CheckPicks(*gpu_);
+  CudaBackendOptions o;
+  o.host_picks = true;
+  auto host = CreateCudaBackend(o);
+  ASSERT_TRUE(host.ok()) << host.status();
+  EXPECT_TRUE(CudaPicksOnHost(**host));
+  const int rows = 6, cols = 32000;
+  const std::vector<float> x = RandomVec(static_cast<size_t>(rows) * cols, 77, -6.0f, 6.0f);
+  std::vector<SamplingParams> params(rows);
+  std::vector<float> draws(rows);
+  for (int r = 0; r < rows; ++r) {
+    params[r].temperature = r == 0 ? 0.0f : 0.7f;
+    params[r].top_k = r == 2 ? 40 : 0;
+    params[r].top_p = r == 3 ? 0.9f : 1.0f;
+    draws[r] = 0.13f * static_cast<float>(r + 1);
+  }
+  std::vector<int32_t> want(rows);
+  cpu_->SampleRows(x.data(), rows, cols, params.data(), draws.data(), want.data());
+  DeviceVec<float> d_x(**host, x);
+  DeviceVec<int32_t> d_out(**host, std::vector<int32_t>(rows, -1));
+  (*host)->SampleRows(d_x.get(), rows, cols, params.data(), draws.data(), d_out.get());
+  EXPECT_EQ(d_out.Download(), want);
+  (*host)->ArgmaxRows(d_x.get(), 1, cols, d_out.get());
+  EXPECT_EQ(d_out.Download()[0], want[0]);
+  EXPECT_TRUE((*host)->Health().ok()) << (*host)->Health();
 }
 
 TEST(CudaOpTimes, ReportsTheOpsQueuedWhenAskedAndNothingOtherwise) {
