@@ -149,7 +149,8 @@ class Backend {
 
   // Sample's choice for every row of x [rows, cols] (backend memory, read only), picked where
   // the logits are: row r with params[r] and the uniform draw draws[r] in [0, 1) that Sample
-  // would have taken from the sequence's Rng (unused for a greedy row); out: [rows], backend
+  // would have taken from the sequence's Rng (unused for a greedy row, whose pick is
+  // ArgmaxRows': a GPU backend runs that kernel when every row is greedy); out: [rows], backend
   // memory. params and draws are host arrays. REQUIRES: SamplesOnBackend(params[r]) (no
   // repetition penalty). The default is cpu::Sampler::Pick per row (host-addressable memory):
   // the reference. A GPU backend ranks and sums the same way in integer arithmetic, so its

@@ -275,6 +275,17 @@ void SessionEvictor::CompactHead(int layer, int head, int len, const std::vector
   evicted_slots_ += len - static_cast<int64_t>(keep.size());
 }
 
+bool SessionEvictor::ApplyKeep(int layer, int head, int len, bool with_state) {
+  if (options_.verify_keep) {
+    replica_digest_.Add(layer);
+    replica_digest_.Add(options_.kv_head_offset + head);
+    replica_digest_.Add(keep_);
+  }
+  if (static_cast<int>(keep_.size()) == len) return false;
+  CompactHead(layer, head, len, keep_, with_state);
+  return true;
+}
+
 absl::StatusOr<bool> SessionEvictor::CompactHeadAdaptive(int layer, int budget,
                                                          bool with_state) {
   RECALL_RETURN_IF_ERROR(SelectAdaptive(layer, budget));
@@ -346,14 +357,7 @@ absl::Status SessionEvictor::CompressPrefill(const float* window_queries, int w,
         continue;
       }
       RECALL_RETURN_IF_ERROR(SelectForHead(l, h, prefill_state_, len, budget, 0, nullptr, 0, ctx));
-      if (options_.verify_keep) {
-        replica_digest_.Add(l);
-        replica_digest_.Add(options_.kv_head_offset + h);
-        replica_digest_.Add(keep_);
-      }
-      if (static_cast<int>(keep_.size()) == len) continue;
-      CompactHead(l, h, len, keep_, /*with_state=*/false);
-      compacted = true;
+      compacted |= ApplyKeep(l, h, len, /*with_state=*/false);
     }
     if (head_adaptive) {
       RECALL_ASSIGN_OR_RETURN(const bool any, CompactHeadAdaptive(l, budget, /*with_state=*/false));
@@ -477,14 +481,7 @@ absl::Status SessionEvictor::EvictHeads(int layer, int budget, int t, const floa
     RECALL_RETURN_IF_ERROR(PrepareContext(layer, h, len, &ctx));
     RECALL_RETURN_IF_ERROR(
         SelectForHead(layer, h, layer_states[h], len, budget, t, layer_probs, stride, ctx));
-    if (options_.verify_keep) {
-      replica_digest_.Add(layer);
-      replica_digest_.Add(options_.kv_head_offset + h);
-      replica_digest_.Add(keep_);
-    }
-    if (static_cast<int>(keep_.size()) == len) continue;
-    CompactHead(layer, h, len, keep_, /*with_state=*/true);
-    *compacted = true;
+    *compacted |= ApplyKeep(layer, h, len, /*with_state=*/true);
   }
   return absl::OkStatus();
 }

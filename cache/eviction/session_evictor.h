@@ -231,6 +231,10 @@ class SessionEvictor {
 
   // Compacts (layer, head) to `keep` (and its state if with_state) and counts it.
   void CompactHead(int layer, int head, int len, const std::vector<int32_t>& keep, bool with_state);
+  // keep_ as chosen for (layer, head) of length len: adds it to the replica digest (when
+  // verify_keep) and compacts the head to it unless it keeps every slot. Returns whether it
+  // compacted.
+  bool ApplyKeep(int layer, int head, int len, bool with_state);
 
   SessionEvictorOptions options_;
   std::unique_ptr<EvictionPolicy> policy_;

@@ -46,6 +46,10 @@ void Backend::SampleRows(const float* x, int rows, int cols, const SamplingParam
   thread_local std::vector<float> row;
   for (int r = 0; r < rows; ++r) {
     const float* xr = x + static_cast<int64_t>(r) * cols;
+    if (!(params[r].temperature > 0.0f)) {  // greedy: nothing to scale, no copy
+      out[r] = cpu::ArgMax(xr, cols);
+      continue;
+    }
     row.assign(xr, xr + cols);
     out[r] = sampler.Pick(row.data(), cols, params[r], draws[r]);
   }

@@ -408,28 +408,21 @@ absl::Status ForwardPass::ComputeLogits(std::span<const BatchItem> batch, int n_
   // Picks: every row gets one (the rows without are greedy, ignored), in one launch.
   pick_params_.assign(static_cast<size_t>(n_out), kernels::SamplingParams{.temperature = 0});
   pick_draws_.assign(static_cast<size_t>(n_out), 0.0f);
-  bool any_pick = false, all_greedy = true;
+  bool any_pick = false;
   int row = 0;
   for (const BatchItem& item : batch) {
     if (!item.want_logits) continue;
     if (item.pick != nullptr) {
       any_pick = true;
-      if (item.sampling != nullptr) {
-        pick_params_[static_cast<size_t>(row)] = *item.sampling;
-        all_greedy &= !(item.sampling->temperature > 0.0f);
-      }
+      if (item.sampling != nullptr) pick_params_[static_cast<size_t>(row)] = *item.sampling;
       pick_draws_[static_cast<size_t>(row)] = item.draw;
     }
     ++row;
   }
   if (any_pick) {
     RECALL_RETURN_IF_ERROR(Ensure(picks_, n_out * sizeof(int32_t)));
-    if (all_greedy) {
-      backend_.ArgmaxRows(out, n_out, c.vocab_size, picks_.as<int32_t>());
-    } else {
-      backend_.SampleRows(out, n_out, c.vocab_size, pick_params_.data(), pick_draws_.data(),
-                          picks_.as<int32_t>());
-    }
+    backend_.SampleRows(out, n_out, c.vocab_size, pick_params_.data(), pick_draws_.data(),
+                        picks_.as<int32_t>());
     host_picks_.resize(static_cast<size_t>(n_out));
     memory_.CopyOut(host_picks_.data(), picks_.get(), n_out * sizeof(int32_t));
   }
