@@ -123,24 +123,31 @@ int32_t SequenceCache::position(int layer, int head, int slot) const {
 }
 
 void SequenceCache::Compact(int layer, int head, const std::vector<int32_t>& keep) {
+  const int n = static_cast<int>(keep.size());
+  const bool moves = Renumber(layer, head, keep.data(), n);
+  if (moves) pool_->memory().CompactRows(View().Head(layer, head), keep.data(), n);
+}
+
+void SequenceCache::CompactMoved(int layer, int head, const int32_t* keep, int n) {
+  Renumber(layer, head, keep, n);
+}
+
+bool SequenceCache::Renumber(int layer, int head, const int32_t* keep, int n) {
   const size_t lh = static_cast<size_t>(layer) * n_kv_heads_ + head;
   std::vector<int32_t>& pos = positions_[lh];
   int32_t prev = -1;
   bool moves = false;
-  for (size_t i = 0; i < keep.size(); ++i) {
+  for (int i = 0; i < n; ++i) {
     const int32_t src = keep[i];
     RECALL_CHECK(src > prev && src < lengths_[lh]) << "keep list must ascend within length";
     prev = src;
-    if (src == static_cast<int32_t>(i)) continue;
+    if (src == i) continue;
     moves = true;
-    pos[i] = pos[static_cast<size_t>(src)];
+    pos[static_cast<size_t>(i)] = pos[static_cast<size_t>(src)];
   }
-  if (moves) {
-    pool_->memory().CompactRows(View().Head(layer, head), keep.data(),
-                                static_cast<int>(keep.size()));
-  }
-  lengths_[lh] = static_cast<int32_t>(keep.size());
-  pos.resize(keep.size());
+  lengths_[lh] = n;
+  pos.resize(static_cast<size_t>(n));
+  return moves;
 }
 
 void SequenceCache::SetNextPosition(int32_t position) {

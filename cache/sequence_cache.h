@@ -67,6 +67,9 @@ class SequenceCache {
   // Keeps, for (layer, head), only the slots in `keep` (ascending), moving K, V and
   // positions together to the front. REQUIRES: keep is strictly ascending, within length.
   void Compact(int layer, int head, const std::vector<int32_t>& keep);
+  // Compact for K/V rows a backend op has already moved (Backend::LazyEvict): only the
+  // positions and the length follow keep[0 .. n).
+  void CompactMoved(int layer, int head, const int32_t* keep, int n);
 
   // Returns, in every layer, the blocks that no head of that layer uses any more. Returns
   // how many were freed in all.
@@ -104,6 +107,9 @@ class SequenceCache {
   int64_t host_bytes() const { return static_cast<int64_t>(host_.size() * sizeof(float)); }
 
  private:
+  // Compact's bookkeeping: positions and length of (layer, head) follow keep[0 .. n).
+  // Returns whether any slot moves.
+  bool Renumber(int layer, int head, const int32_t* keep, int n);
   // Grows every layer l to target_[l] blocks (never shrinks); all or nothing.
   absl::Status GrowToTargets();
   // Frees the blocks of layer l past the first `keep`.

@@ -43,6 +43,23 @@ struct LazyObserveArgs {
   int t = 0;  // the step (>= 1)
 };
 
+// Arguments of Backend::LazyEvict: LazyEviction's eviction step (EVICTION.md section 1) for
+// n_rows (layer, KV head) rows of one sequence, row r = layer * n_kv_heads + head as above.
+struct LazyEvictArgs {
+  PagedKv kv;                // the sequence's cache (pool in backend memory, host block tables)
+  int32_t* ts = nullptr;     // [n_layers * n_kv_heads, state_stride], backend memory
+  int32_t* mri = nullptr;    // same shape
+  int64_t state_stride = 0;
+  int n_rows = 0;
+  const int32_t* rows = nullptr;   // [n_rows] host: the rows to evict, ascending
+  const int32_t* lens = nullptr;   // [n_rows] host: slots each holds
+  const int32_t* keeps = nullptr;  // [n_rows] host: slots each keeps (C)
+  int window = 0;                  // W
+  int t = 0;                       // the step
+  int32_t* keep_out = nullptr;     // [n_rows, keep_stride] backend memory: the kept slots
+  int64_t keep_stride = 0;
+};
+
 struct WorkspaceNeeds {
   int max_tokens = 0;     // rows of any op (a step's tokens)
   int64_t max_cols = 0;   // the widest MatMul input
@@ -141,6 +158,17 @@ class Backend {
   // of n_kv_heads. The default is a host loop (host-addressable memory); GPU backends run it
   // on the device, so the probabilities never leave it.
   virtual void LazyObserve(const LazyObserveArgs& args);
+
+  // LazyEviction's eviction of every listed row at step t, selection and compaction in one:
+  // the slots [0, len - W) are ranked by S = LazyScore(t, ts, mri) (kernels/lazy_score.h),
+  // highest first and the older slot first among equal scores, and the top C - W of them are
+  // kept with the last W slots. keep_out[i, 0 .. C) receives row i's kept slots, ascending;
+  // its K and V rows in the cache and its ts and mri move down to slots [0, C) in that order
+  // (the rest of the row is left as is). The same choice as LazyPolicy::SelectKeep without
+  // value protection. REQUIRES: W <= C < len <= state_stride, keep_stride >= C, rows distinct.
+  // The default is a host loop (kernels/cpu/lazy_evict.h; host-addressable memory); GPU
+  // backends select and compact on the device, so only the keep lists need to reach the host.
+  virtual void LazyEvict(const LazyEvictArgs& args);
 
   // out[r] = the index of the largest of x[r, 0 .. cols), the lowest index among equal
   // maxima: Sample's greedy choice. x: [rows, cols]; out: [rows]; both in backend memory.

@@ -3,7 +3,7 @@
 // on the backend's own stream. Matmuls go through cuBLAS (bf16/f16 weights: the activations
 // are rounded to the weights' type and accumulated in fp32; f32 weights: fp32 SGEMM without
 // TF32); every other op is one of our kernels (kernels/cuda/), LazyEviction's per-step update
-// (LazyObserve), the greedy choice (ArgmaxRows) and temperature / top-k / top-p sampling
+// (LazyObserve) and eviction step (LazyEvict), the greedy choice (ArgmaxRows) and temperature / top-k / top-p sampling
 // (SampleRows) included. Sampling with a repetition penalty runs the CPU reference sampler
 // on the logits the forward pass copies back.
 //
@@ -28,6 +28,11 @@ struct CudaBackendOptions {
   // pick kernels against that reference (CheckPicks, kernels/cpu/pick_check.h) and, if they
   // disagree or fail, logs a warning and picks on the host (CudaPicksOnHost says which).
   bool host_picks = false;
+  // LazyEviction's eviction step (LazyEvict) on the host: each row's state is copied back and
+  // its keep list chosen by the reference. Otherwise CreateCudaBackend checks the device's
+  // eviction kernel against that reference (CheckLazyEvict, kernels/cpu/lazy_evict_check.h)
+  // and falls back the same way (CudaEvictsOnHost says which).
+  bool host_evict = false;
 };
 
 // FailedPrecondition when no CUDA device is present (or `device` is out of range);
@@ -53,6 +58,10 @@ std::string CudaOpTimes(Backend& backend, bool reset);
 // Whether a CUDA backend picks tokens on the host (CudaBackendOptions::host_picks, asked for
 // or taken after a failed check); false for other backends and in builds without CUDA.
 bool CudaPicksOnHost(Backend& backend);
+
+// Whether a CUDA backend runs LazyEvict on the host (CudaBackendOptions::host_evict, asked for
+// or taken after a failed check); false for other backends and in builds without CUDA.
+bool CudaEvictsOnHost(Backend& backend);
 
 // Makes `device` the calling thread's current CUDA device (cudaSetDevice). A thread must do
 // this before it queues ops of a backend on that device when the process drives several GPUs

@@ -21,6 +21,8 @@ std::string CudaOpTimes(Backend&, bool) { return ""; }
 
 bool CudaPicksOnHost(Backend&) { return false; }
 
+bool CudaEvictsOnHost(Backend&) { return false; }
+
 absl::Status CudaBindThread(int) {
   return absl::UnimplementedError("device cuda: this build has no CUDA backend");
 }

@@ -1,19 +1,14 @@
 #include "cache/eviction/lazy_policy.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include "cache/eviction/select_util.h"
 #include "common/logging.h"
+#include "kernels/lazy_score.h"
 
 namespace recall::cache::eviction {
 
-double LazyPolicy::Score(int t, int32_t ts, int32_t mri) {
-  const double h1 =
-      2.0 / (1.0 + std::exp(1.0 + static_cast<double>(t - ts) / (static_cast<double>(mri) + 1e-5)));
-  const double h2 = mri > 0 ? 2.0 / (1.0 + std::exp(static_cast<double>(mri) - 1.0)) : 0.0;
-  return h1 + h2;
-}
+double LazyPolicy::Score(int t, int32_t ts, int32_t mri) { return kernels::LazyScore(t, ts, mri); }
 
 void LazyPolicy::Observe(HeadState* state, const float* p, int len, int t) const {
   RECALL_CHECK(state->size() == len) << "lazy: state has " << state->size() << " slots, len " << len;

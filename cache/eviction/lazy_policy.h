@@ -8,7 +8,7 @@
 // Eviction only when len > C and t % W == 0. Every slot outside the last W is scored
 //   H1 = 2 / (1 + exp(1 + (t - ts) / (mri + 1e-5)))
 //   H2 = mri > 0 ? 2 / (1 + exp(mri - 1)) : 0
-//   S  = H1 + H2                               (computed in double)
+//   S  = H1 + H2                  (in double, kernels/lazy_score.h)
 // and the top (C - W) by S (ties: older slot kept) are kept with the last W slots. Cache
 // length peaks at C + W between evictions and is exactly C after one.
 #pragma once
@@ -29,7 +29,8 @@ class LazyPolicy : public EvictionPolicy {
   void SelectKeep(const HeadState& state, int len, int budget, int t, const SelectContext& ctx,
                   std::vector<int32_t>* keep) const override;
 
-  // S(t, ts, mri) as above.
+  // S(t, ts, mri) as above: kernels::LazyScore, bit for bit the score the CUDA eviction
+  // kernel ranks by.
   static double Score(int t, int32_t ts, int32_t mri);
 };
 

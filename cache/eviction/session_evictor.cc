@@ -267,20 +267,28 @@ absl::Status SessionEvictor::SelectForHead(int layer, int head, const HeadState&
 
 void SessionEvictor::CompactHead(int layer, int head, int len, const std::vector<int32_t>& keep,
                                  bool with_state) {
-  const size_t idx = static_cast<size_t>(layer) * states_per_layer_ + head;
-  ++state_evictions_[idx];
   cache_->Compact(layer, head, keep);
-  if (with_state) CompactState(&states_[idx], keep);
+  if (with_state) {
+    CompactState(&states_[static_cast<size_t>(layer) * states_per_layer_ + head], keep);
+  }
+  CountEviction(layer, head, len, static_cast<int>(keep.size()));
+}
+
+void SessionEvictor::CountEviction(int layer, int head, int len, int kept) {
+  ++state_evictions_[static_cast<size_t>(layer) * states_per_layer_ + head];
   ++evictions_;
-  evicted_slots_ += len - static_cast<int64_t>(keep.size());
+  evicted_slots_ += len - kept;
+}
+
+void SessionEvictor::DigestKeep(int layer, int head) {
+  if (!options_.verify_keep) return;
+  replica_digest_.Add(layer);
+  replica_digest_.Add(options_.kv_head_offset + head);
+  replica_digest_.Add(keep_);
 }
 
 bool SessionEvictor::ApplyKeep(int layer, int head, int len, bool with_state) {
-  if (options_.verify_keep) {
-    replica_digest_.Add(layer);
-    replica_digest_.Add(options_.kv_head_offset + head);
-    replica_digest_.Add(keep_);
-  }
+  DigestKeep(layer, head);
   if (static_cast<int>(keep_.size()) == len) return false;
   CompactHead(layer, head, len, keep_, with_state);
   return true;

@@ -104,8 +104,9 @@ struct SessionEvictorOptions {
   // and the policy is lazy with per-KV-head token sets (not share_tokens or head_adaptive; no
   // meta score or value protection), the evictor steps on the backend: ts and mri live in
   // its memory, each Step is one fused Backend::LazyObserve over probabilities that stay
-  // there, and only eviction steps (every W steps) bring the state to the host to select and
-  // compact. Null, or any other case: everything on the host.
+  // there, and an eviction step (every W steps) is one Backend::LazyEvict, which selects and
+  // compacts there too: only the keep lists come to the host. Null, or any other case:
+  // everything on the host.
   kernels::Backend* backend = nullptr;
 };
 
@@ -223,6 +224,9 @@ class SessionEvictor {
   // ---- Stepping on the backend (session_evictor_backend.cc).
   // Step when on_backend_.
   absl::Status StepOnBackend(const float* probs, int64_t stride);
+  // The eviction step on the backend (Backend::LazyEvict) of every (layer, head) over its
+  // budget at step t; the keep lists come back for the positions, counters and digest.
+  absl::Status EvictOnBackend(int t);
   // Grows the backend state to hold max_len slots per head (keeping its contents).
   absl::Status EnsureBackendState(int max_len);
   // Backend state -> host states (when the host copy is stale), and back.
@@ -231,6 +235,10 @@ class SessionEvictor {
 
   // Compacts (layer, head) to `keep` (and its state if with_state) and counts it.
   void CompactHead(int layer, int head, int len, const std::vector<int32_t>& keep, bool with_state);
+  // Counts one compaction of (layer, head) from len to kept slots.
+  void CountEviction(int layer, int head, int len, int kept);
+  // Adds keep_, chosen for (layer, head), to the replica digest (when verify_keep).
+  void DigestKeep(int layer, int head);
   // keep_ as chosen for (layer, head) of length len: adds it to the replica digest (when
   // verify_keep) and compacts the head to it unless it keeps every slot. Returns whether it
   // compacted.
@@ -275,13 +283,15 @@ class SessionEvictor {
   std::vector<std::vector<int32_t>> global_keeps_;  // [total_kv_heads]
   KeepDigest common_digest_;   // decisions every rank must share
   KeepDigest replica_digest_;  // decisions for this rank's own heads
-  // Stepping on the backend: ts then mri, [2][n_layers * n_kv_heads][state_cap_] int32.
+  // Stepping on the backend: ts, mri and LazyEvict's keep lists,
+  // [3][n_layers * n_kv_heads][state_cap_] int32.
   bool on_backend_ = false;
   kernels::Buffer backend_state_;
   int state_cap_ = 0;
   std::vector<int32_t> backend_lens_;  // [n_layers * n_kv_heads] slots the backend state holds
   std::vector<int32_t> lens_now_;      // the cache's lengths at this step
   std::vector<int32_t> image_;         // host staging of backend_state_
+  std::vector<int32_t> evict_rows_, evict_lens_, evict_keeps_;  // LazyEvict's rows
   bool host_stale_ = false;            // the backend state is ahead of states_
 };
 

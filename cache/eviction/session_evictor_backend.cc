@@ -2,9 +2,10 @@
 //
 // The backend state mirrors states_' ts and mri, one row per (layer, KV head), in the
 // backend's memory. A step appends and observes there (Backend::LazyObserve); the host copy
-// goes stale. An eviction step (some head over its budget at t % W == 0) pulls the state to
-// the host, selects and compacts exactly as the host path does (EvictHeads), and pushes the
-// compacted state back. Between eviction steps nothing crosses to the host.
+// goes stale. An eviction step (some head over its budget at t % W == 0) selects and compacts
+// there as well (Backend::LazyEvict, the host path's choice); only the keep lists cross to
+// the host, for the cache's positions. The host copy is brought up to date on demand
+// (SyncStates) or when the backend state grows.
 #include <algorithm>
 #include <cstring>
 
@@ -31,7 +32,7 @@ absl::Status SessionEvictor::EnsureBackendState(int max_len) {
   kernels::Memory& memory = options_.backend->memory();
   backend_state_ = kernels::Buffer();
   absl::StatusOr<kernels::Buffer> b =
-      kernels::Buffer::Allocate(memory, 2 * rows * static_cast<size_t>(cap) * sizeof(int32_t));
+      kernels::Buffer::Allocate(memory, 3 * rows * static_cast<size_t>(cap) * sizeof(int32_t));
   if (!b.ok()) {
     state_cap_ = 0;
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -121,23 +122,59 @@ absl::Status SessionEvictor::StepOnBackend(const float* probs, int64_t stride) {
   backend_lens_.swap(lens_now_);
   host_stale_ = true;
   RECALL_RETURN_IF_ERROR(options_.backend->Health());
-  if (!any_evict) return VerifyStep(t);
-
-  PullStates();
-  SelectContext ctx;
-  ctx.session = options_.session;
-  ctx.scratch = &select_;
-  bool compacted = false;
-  for (int l = 0; l < n_layers_; ++l) {
-    RECALL_RETURN_IF_ERROR(
-        EvictHeads(l, budgets_[static_cast<size_t>(l)], t, nullptr, 0, ctx, &compacted));
-  }
-  if (compacted) {
-    PushStates();
-    cache_->TrimBlocks();
-  }
-  RECALL_RETURN_IF_ERROR(options_.backend->Health());
+  if (any_evict) RECALL_RETURN_IF_ERROR(EvictOnBackend(t));
   return VerifyStep(t);
+}
+
+absl::Status SessionEvictor::EvictOnBackend(int t) {
+  evict_rows_.clear();
+  evict_lens_.clear();
+  evict_keeps_.clear();
+  int widest = 0;
+  for (int l = 0; l < n_layers_; ++l) {
+    const int budget = budgets_[static_cast<size_t>(l)];
+    for (int h = 0; h < n_kv_heads_; ++h) {
+      const int r = l * n_kv_heads_ + h;
+      const int len = backend_lens_[static_cast<size_t>(r)];
+      if (!policy_->ShouldEvict(len, budget, t)) continue;
+      evict_rows_.push_back(r);
+      evict_lens_.push_back(len);
+      evict_keeps_.push_back(budget);
+      widest = std::max(widest, budget);
+    }
+  }
+  const size_t rows = backend_lens_.size();
+  const size_t cap = static_cast<size_t>(state_cap_);
+  kernels::LazyEvictArgs e;
+  e.kv = cache_->View();
+  e.ts = backend_state_.as<int32_t>();
+  e.mri = e.ts + rows * cap;
+  e.state_stride = state_cap_;
+  e.n_rows = static_cast<int>(evict_rows_.size());
+  e.rows = evict_rows_.data();
+  e.lens = evict_lens_.data();
+  e.keeps = evict_keeps_.data();
+  e.window = options_.policy.window;
+  e.t = t;
+  e.keep_out = e.ts + 2 * rows * cap;
+  e.keep_stride = state_cap_;
+  options_.backend->LazyEvict(e);
+  image_.resize(evict_rows_.size() * static_cast<size_t>(widest));
+  options_.backend->memory().CopyOutRows(image_.data(), widest * sizeof(int32_t), e.keep_out,
+                                         cap * sizeof(int32_t), widest * sizeof(int32_t),
+                                         evict_rows_.size());
+  RECALL_RETURN_IF_ERROR(options_.backend->Health());
+  for (size_t i = 0; i < evict_rows_.size(); ++i) {
+    const int r = evict_rows_[i], l = r / n_kv_heads_, h = r % n_kv_heads_;
+    const int32_t* keep = image_.data() + i * static_cast<size_t>(widest);
+    keep_.assign(keep, keep + evict_keeps_[i]);
+    DigestKeep(l, h);
+    cache_->CompactMoved(l, h, keep_.data(), evict_keeps_[i]);
+    CountEviction(l, h, evict_lens_[i], evict_keeps_[i]);
+    backend_lens_[static_cast<size_t>(r)] = evict_keeps_[i];
+  }
+  cache_->TrimBlocks();
+  return absl::OkStatus();
 }
 
 }  // namespace recall::cache::eviction

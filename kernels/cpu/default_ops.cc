@@ -1,9 +1,10 @@
-// The defaults of Backend::LazyObserve, Backend::ArgmaxRows and Backend::SampleRows: the
-// reference host loops (kernels/backend.h).
+// The defaults of Backend::LazyObserve, Backend::LazyEvict, Backend::ArgmaxRows and
+// Backend::SampleRows: the reference host loops (kernels/backend.h).
 #include <algorithm>
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/lazy_evict.h"
 #include "kernels/cpu/sampling.h"
 
 namespace recall::kernels {
@@ -31,6 +32,21 @@ void Backend::LazyObserve(const LazyObserveArgs& a) {
         }
       }
     }
+  }
+}
+
+void Backend::LazyEvict(const LazyEvictArgs& a) {
+  thread_local cpu::LazyKeepScratch scratch;
+  for (int i = 0; i < a.n_rows; ++i) {
+    const int r = a.rows[i];
+    int32_t* ts = a.ts + r * a.state_stride;
+    int32_t* mri = a.mri + r * a.state_stride;
+    int32_t* keep = a.keep_out + i * a.keep_stride;
+    cpu::LazyKeepList(ts, mri, a.lens[i], a.keeps[i], a.window, a.t, &scratch, keep);
+    const int layer = r / a.kv.layout.n_kv_heads, head = r % a.kv.layout.n_kv_heads;
+    memory().CompactRows(a.kv.Head(layer, head), keep, a.keeps[i]);
+    cpu::CompactInts(ts, keep, a.keeps[i]);
+    cpu::CompactInts(mri, keep, a.keeps[i]);
   }
 }
 

@@ -11,6 +11,8 @@
 #include "common/cuda/cuda_raii.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "kernels/cpu/lazy_evict.h"
+#include "kernels/cpu/lazy_evict_check.h"
 #include "kernels/cpu/pick_check.h"
 #include "kernels/cpu/sampling.h"
 #include "kernels/cuda/cuda_memory.h"
@@ -26,7 +28,8 @@ class CudaBackend final : public Backend {
   CudaBackend(int device, recall::cuda::Stream stream, cublasHandle_t blas, int sm_count,
               const CudaBackendOptions& options)
       : device_(device), stream_(std::move(stream)), blas_(blas), sm_count_(sm_count),
-        memory_(device, stream_.get()), host_picks_(options.host_picks) {
+        memory_(device, stream_.get()), host_picks_(options.host_picks),
+        host_evict_(options.host_evict) {
     if (options.time_ops) timer_ = std::make_unique<OpTimer>();
   }
   ~CudaBackend() override {
@@ -40,6 +43,8 @@ class CudaBackend final : public Backend {
   std::string OpTimes(bool reset) { return timer_ == nullptr ? "" : timer_->Report(reset); }
   // CudaPicksOnHost.
   bool picks_on_host() const { return host_picks_; }
+  // CudaEvictsOnHost.
+  bool evicts_on_host() const { return host_evict_; }
   Memory& memory() override { return memory_; }
   absl::Status Health() override { return memory_.status(); }
 
@@ -147,6 +152,41 @@ class CudaBackend final : public Backend {
     Launched("lazy_observe");
   }
 
+  void LazyEvict(const LazyEvictArgs& a) override {
+    if (a.n_rows <= 0) return;
+    if (host_evict_) return EvictOnHost(a);
+    const Timed timed(this, "lazy_evict");
+    // One copy: the rows, then the block tables of their layers (rows ascend, so a layer's
+    // rows are adjacent).
+    static_assert(sizeof(LazyEvictRow) == 5 * sizeof(int32_t), "LazyEvictRow is 5 int32");
+    const int n_kv = a.kv.layout.n_kv_heads;
+    evict_.assign(static_cast<size_t>(a.n_rows) * 5, 0);
+    int last_layer = -1, table_begin = 0;
+    for (int i = 0; i < a.n_rows; ++i) {
+      const int layer = a.rows[i] / n_kv;
+      if (layer != last_layer) {
+        table_begin = static_cast<int>(evict_.size()) - a.n_rows * 5;
+        evict_.insert(evict_.end(), a.kv.block_tables[layer],
+                      a.kv.block_tables[layer] + a.kv.block_counts[layer]);
+        last_layer = layer;
+      }
+      int32_t* r = evict_.data() + static_cast<size_t>(i) * 5;
+      r[0] = a.rows[i];
+      r[1] = a.rows[i] % n_kv;
+      r[2] = a.lens[i];
+      r[3] = a.keeps[i];
+      r[4] = table_begin;
+    }
+    if (!Grow(evict_device_, evict_.size() * sizeof(int32_t)).ok()) {
+      memory_.Check(cudaErrorMemoryAllocation, "lazy evict rows");
+      return;
+    }
+    memory_.CopyIn(evict_device_.get(), evict_.data(), evict_.size() * sizeof(int32_t));
+    const int32_t* d = evict_device_.as<int32_t>();
+    LaunchLazyEvict(a, reinterpret_cast<const LazyEvictRow*>(d), d + a.n_rows * 5, s());
+    Launched("lazy_evict");
+  }
+
   void ArgmaxRows(const float* x, int rows, int cols, int32_t* out) override {
     if (host_picks_) return PickOnHost(x, rows, cols, nullptr, nullptr, out);
     const Timed timed(this, "argmax_rows");
@@ -215,6 +255,31 @@ class CudaBackend final : public Backend {
       Backend::SampleRows(host_rows_.data(), rows, cols, params, draws, host_picked_.data());
     }
     memory_.CopyIn(out, host_picked_.data(), host_picked_.size() * sizeof(int32_t));
+  }
+
+  // LazyEvict by the host reference: each row's state is copied back, its keep list chosen
+  // on the host, and its K/V rows moved by CompactRows.
+  void EvictOnHost(const LazyEvictArgs& a) {
+    const Timed timed(this, "lazy_evict_on_host");
+    const int n_kv = a.kv.layout.n_kv_heads;
+    for (int i = 0; i < a.n_rows; ++i) {
+      const int r = a.rows[i], len = a.lens[i], keep = a.keeps[i];
+      int32_t* ts = a.ts + r * a.state_stride;
+      int32_t* mri = a.mri + r * a.state_stride;
+      host_ts_.resize(static_cast<size_t>(len));
+      host_mri_.resize(static_cast<size_t>(len));
+      host_keep_.resize(static_cast<size_t>(keep));
+      memory_.CopyOut(host_ts_.data(), ts, len * sizeof(int32_t));
+      memory_.CopyOut(host_mri_.data(), mri, len * sizeof(int32_t));
+      cpu::LazyKeepList(host_ts_.data(), host_mri_.data(), len, keep, a.window, a.t,
+                        &keep_scratch_, host_keep_.data());
+      memory_.CompactRows(a.kv.Head(r / n_kv, r % n_kv), host_keep_.data(), keep);
+      cpu::CompactInts(host_ts_.data(), host_keep_.data(), keep);
+      cpu::CompactInts(host_mri_.data(), host_keep_.data(), keep);
+      memory_.CopyIn(ts, host_ts_.data(), keep * sizeof(int32_t));
+      memory_.CopyIn(mri, host_mri_.data(), keep * sizeof(int32_t));
+      memory_.CopyIn(a.keep_out + i * a.keep_stride, host_keep_.data(), keep * sizeof(int32_t));
+    }
   }
 
   cudaStream_t s() const { return stream_.get(); }
@@ -315,6 +380,11 @@ class CudaBackend final : public Backend {
   recall::cuda::DeviceBuffer one_device_;
   std::vector<int32_t> lens_;  // LazyObserve's lengths, staged
   recall::cuda::DeviceBuffer lens_device_;
+  std::vector<int32_t> evict_;  // LazyEvict's rows and block tables, staged
+  recall::cuda::DeviceBuffer evict_device_;
+  bool host_evict_;  // CudaBackendOptions::host_evict
+  std::vector<int32_t> host_ts_, host_mri_, host_keep_;  // EvictOnHost's row
+  cpu::LazyKeepScratch keep_scratch_;
   std::unique_ptr<OpTimer> timer_;  // CudaBackendOptions::time_ops
 };
 
@@ -392,6 +462,11 @@ bool CudaPicksOnHost(Backend& backend) {
   return cuda != nullptr && cuda->picks_on_host();
 }
 
+bool CudaEvictsOnHost(Backend& backend) {
+  auto* cuda = dynamic_cast<cuda::CudaBackend*>(&backend);
+  return cuda != nullptr && cuda->evicts_on_host();
+}
+
 namespace {
 
 absl::StatusOr<std::unique_ptr<Backend>> Build(const CudaBackendOptions& options) {
@@ -422,19 +497,33 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOpti
                                                       " does not exist (", count, " visible)"));
   }
   RECALL_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, Build(options));
-  if (options.host_picks) return backend;
-  const absl::Status check = CheckPicks(*backend);
-  if (check.ok()) return backend;
-  // A backend whose op failed keeps the error (Health): start a fresh one that picks on the
-  // host.
-  RECALL_LOG(WARNING) << "device cuda " << options.device
-                      << ": the device's token picks failed their check, so tokens are "
-                         "picked on the host (the logits are copied back): "
-                      << check;
-  backend.reset();
-  CudaBackendOptions host = options;
-  host.host_picks = true;
-  return Build(host);
+  // The device's picks and eviction kernels against the host reference; a kernel that fails
+  // its check is replaced by the host path (a backend whose op failed keeps the error in
+  // Health, so each fallback starts a fresh backend).
+  CudaBackendOptions fixed = options;
+  if (!fixed.host_picks) {
+    if (const absl::Status check = CheckPicks(*backend); !check.ok()) {
+      RECALL_LOG(WARNING) << "device cuda " << options.device
+                          << ": the device's token picks failed their check, so tokens are "
+                             "picked on the host (the logits are copied back): "
+                          << check;
+      fixed.host_picks = true;
+      backend.reset();
+      RECALL_ASSIGN_OR_RETURN(backend, Build(fixed));
+    }
+  }
+  if (!fixed.host_evict) {
+    if (const absl::Status check = CheckLazyEvict(*backend); !check.ok()) {
+      RECALL_LOG(WARNING) << "device cuda " << options.device
+                          << ": the device's LazyEviction step failed its check, so eviction "
+                             "steps select on the host (the state is copied back): "
+                          << check;
+      fixed.host_evict = true;
+      backend.reset();
+      RECALL_ASSIGN_OR_RETURN(backend, Build(fixed));
+    }
+  }
+  return backend;
 }
 
 }  // namespace recall::kernels

@@ -1,9 +1,12 @@
 // Eviction kernels of the CUDA backend: LazyEviction's fused per-step update
-// (Backend::LazyObserve). Integer state and a max over floats: the results equal the CPU
-// reference (kernels/cpu/default_ops.cc) bit for bit.
+// (Backend::LazyObserve) and its eviction step (Backend::LazyEvict). Integer state, a max
+// over floats, and scores from kernels/lazy_score.h ranked by their bits: the results equal
+// the CPU reference (kernels/cpu/default_ops.cc, kernels/cpu/lazy_evict.cc) bit for bit.
 #include <algorithm>
 
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/radix_select.cuh"
+#include "kernels/lazy_score.h"
 
 namespace recall::kernels::cuda {
 namespace {
@@ -39,7 +42,133 @@ __global__ void LazyObserveKernel(const float* probs, int64_t probs_stride, int 
   }
 }
 
+constexpr int kEvictThreads = 512;
+constexpr int kEvictWarps = kEvictThreads / 32;
+constexpr int kMoveFloats = 8192;  // the K/V rows one compaction chunk holds
+constexpr int kMoveSlots = 256;    // the most slots one chunk holds
+
+// A slot's order key: the bits of its score S >= 0 (for non-negative doubles, larger bits =
+// larger value), weight 1.
+struct SlotScores {
+  const int32_t* ts;
+  const int32_t* mri;
+  int t;
+  struct Keyed {
+    u64 ord;
+  };
+  __device__ Keyed Key(int j) const {
+    return {static_cast<u64>(__double_as_longlong(LazyScore(t, ts[j], mri[j])))};
+  }
+  __device__ u64 Weight(int, const Keyed&) const { return 1; }
+};
+
+// Exclusive prefix sum of v over the block (thread order); *total = the sum over the block.
+// REQUIRES: blockDim.x == kEvictThreads.
+__device__ int BlockExclusiveSum(int v, int* total, int* warp_sums) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int x = v;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  __syncthreads();  // warp_sums may still be read from the last call
+  if (lane == 31) warp_sums[warp] = x;
+  __syncthreads();
+  int before = 0, all = 0;
+  for (int w = 0; w < kEvictWarps; ++w) {
+    const int s = warp_sums[w];
+    before += w < warp ? s : 0;
+    all += s;
+  }
+  *total = all;
+  return before + x - v;
+}
+
+// One block per evicted row: select the slots to keep (RadixThreshold over the scores of
+// [0, len - W), the threshold's ties kept in slot order), write the keep list, then move the
+// kept slots' K/V rows, ts and mri down in chunks. keep[i] >= i, so a chunk's sources lie
+// at or after its own destinations and before no later chunk's: each chunk reads all its
+// sources into shared memory, then writes, and nothing it writes is read again.
+__global__ void LazyEvictKernel(float* pool, PagedKvLayout layout, const LazyEvictRow* rows,
+                                const int32_t* tables, int32_t* ts_all, int32_t* mri_all,
+                                int64_t state_stride, int32_t* keep_out, int64_t keep_stride,
+                                int window, int t) {
+  __shared__ union {
+    RadixShared<kEvictWarps> radix;
+    float moved[kMoveFloats];
+  } sh;
+  __shared__ int32_t moved_ts[kMoveSlots], moved_mri[kMoveSlots];
+  __shared__ int warp_sums[kEvictWarps];
+  const LazyEvictRow row = rows[blockIdx.x];
+  int32_t* ts = ts_all + row.row * state_stride;
+  int32_t* mri = mri_all + row.row * state_stride;
+  int32_t* keep = keep_out + blockIdx.x * keep_stride;
+  const int n = row.len - window, k = row.keep - window;
+  const SlotScores scores{ts, mri, t};
+
+  u64 threshold = 0, at = 0, above = 0;
+  if (k > 0) {
+    threshold = RadixThreshold(n, scores, static_cast<u64>(k), false, sh.radix, &at, &above);
+  }
+  const int ties = k - static_cast<int>(above);  // slots scored exactly `threshold` to keep
+  int ties_before = 0, kept_before = 0;
+  for (int j0 = 0; j0 < n && k > 0; j0 += blockDim.x) {
+    const int j = j0 + threadIdx.x;
+    const u64 ord = j < n ? scores.Key(j).ord : 0;
+    const bool over = j < n && ord > threshold, tie = j < n && ord == threshold;
+    int tie_total = 0, kept_total = 0;
+    const int tie_rank = BlockExclusiveSum(tie ? 1 : 0, &tie_total, warp_sums);
+    const bool kept = over || (tie && ties_before + tie_rank < ties);
+    const int slot = BlockExclusiveSum(kept ? 1 : 0, &kept_total, warp_sums);
+    if (kept) keep[kept_before + slot] = j;
+    ties_before += tie_total;
+    kept_before += kept_total;
+  }
+  for (int i = threadIdx.x; i < window; i += blockDim.x) keep[k + i] = n + i;
+  __syncthreads();  // the keep list is read by every thread below; the scores are all read
+
+  const int hd = layout.head_dim, bt = layout.block_tokens;
+  // PagedKvLayout's Offset and BlockFloats (host functions), spelled out.
+  float* base = pool + static_cast<int64_t>(row.head) * 2 * bt * hd;
+  const int32_t* table = tables + row.table_begin;
+  const int64_t block_floats = static_cast<int64_t>(layout.n_kv_heads) * 2 * bt * hd;
+  const auto at_slot = [&](int is_v, int slot) -> int64_t {
+    return static_cast<int64_t>(table[slot / bt]) * block_floats +
+           (static_cast<int64_t>(is_v) * bt + slot % bt) * hd;
+  };
+  const int chunk = min(kMoveFloats / (2 * hd), kMoveSlots);
+  for (int i0 = 0; i0 < row.keep; i0 += chunk) {
+    const int m = min(chunk, row.keep - i0);
+    for (int e = threadIdx.x; e < m * 2 * hd; e += blockDim.x) {
+      const int i = e / (2 * hd), is_v = (e / hd) & 1, d = e % hd;
+      sh.moved[e] = base[at_slot(is_v, keep[i0 + i]) + d];
+    }
+    for (int i = threadIdx.x; i < m; i += blockDim.x) {
+      moved_ts[i] = ts[keep[i0 + i]];
+      moved_mri[i] = mri[keep[i0 + i]];
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < m * 2 * hd; e += blockDim.x) {
+      const int i = e / (2 * hd), is_v = (e / hd) & 1, d = e % hd;
+      if (keep[i0 + i] != i0 + i) base[at_slot(is_v, i0 + i) + d] = sh.moved[e];
+    }
+    for (int i = threadIdx.x; i < m; i += blockDim.x) {
+      ts[i0 + i] = moved_ts[i];
+      mri[i0 + i] = moved_mri[i];
+    }
+    __syncthreads();
+  }
+}
+
 }  // namespace
+
+void LaunchLazyEvict(const LazyEvictArgs& a, const LazyEvictRow* rows, const int32_t* tables,
+                     cudaStream_t stream) {
+  if (a.n_rows <= 0) return;
+  LazyEvictKernel<<<a.n_rows, kEvictThreads, 0, stream>>>(
+      a.kv.pool, a.kv.layout, rows, tables, a.ts, a.mri, a.state_stride, a.keep_out,
+      a.keep_stride, a.window, a.t);
+}
 
 void LaunchLazyObserve(const LazyObserveArgs& a, const int32_t* old_lens, const int32_t* lens,
                        int max_len, cudaStream_t stream) {

@@ -74,5 +74,14 @@ void LaunchSampleRows(const float* x, int rows, int cols, const RowPick* picks, 
 // pointers are not read); max_len: the largest of lens.
 void LaunchLazyObserve(const LazyObserveArgs& args, const int32_t* old_lens, const int32_t* lens,
                        int max_len, cudaStream_t stream);
+// One row of Backend::LazyEvict, staged in device memory: state row `row` = layer *
+// n_kv_heads + head; its layer's block ids start at tables[table_begin].
+struct LazyEvictRow {
+  int32_t row = 0, head = 0, len = 0, keep = 0, table_begin = 0;
+};
+// Backend::LazyEvict with the rows (args.n_rows of them) and the block tables in device
+// memory (args' host arrays are not read). REQUIRES: head_dim <= 256.
+void LaunchLazyEvict(const LazyEvictArgs& args, const LazyEvictRow* rows, const int32_t* tables,
+                     cudaStream_t stream);
 
 }  // namespace recall::kernels::cuda

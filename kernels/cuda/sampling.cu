@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/radix_select.cuh"
 
 namespace recall::kernels::cuda {
 namespace {
@@ -54,10 +55,8 @@ __global__ void ArgmaxRowsKernel(const float* x, int cols, int32_t* out) {
 
 constexpr int kSampleThreads = 512;
 constexpr int kSampleWarps = kSampleThreads / 32;
-constexpr int kBins = 256;
 constexpr double kFixedOne = 1099511627776.0;  // 2^40: a probability of 1 in fixed point
 
-using u64 = unsigned long long;
 
 // Monotone map of a float's order to unsigned order (-0 is made +0 first, as they compare
 // equal).
@@ -99,12 +98,9 @@ struct SumU {
 };
 
 struct SampleShared {
-  u64 hist[kSampleWarps][kBins];  // per warp, so lanes of different warps never collide
-  u64 bins[kBins];
+  RadixShared<kSampleWarps> radix;
   u64 uscratch[kSampleWarps];
   float fscratch[kSampleWarps];
-  int digit;
-  u64 above;
 };
 
 // One row's view: scaled logits, probabilities, order keys.
@@ -142,61 +138,29 @@ struct CandidateMass {
   }
 };
 
-// The largest threshold T such that W(T), the sum of weight(j, ord_j) over the tokens with
-// ord_j >= T, is >= need (or > need when strict), and W(T) itself. W is non-increasing in T;
-// REQUIRES: W(0) satisfies the test. One pass over the row per 8 bits of T.
+// Sampling's items for RadixThreshold: the row's tokens with their order keys, weighed by
+// `weight(token, order key, scaled logit)`.
+template <typename WeightFn>
+struct RowItems {
+  const Row& row;
+  WeightFn weight;
+  struct Keyed {
+    u64 ord;
+    float scaled;
+  };
+  __device__ Keyed Key(int j) const {
+    const float scaled = row.Scaled(j);
+    return {row.Key(scaled, j), scaled};
+  }
+  __device__ u64 Weight(int j, const Keyed& k) const { return weight(j, k.ord, k.scaled); }
+};
+
+// RadixThreshold over the row's tokens (radix_select.cuh); *mass = W(T).
 template <typename Weight>
 __device__ u64 SelectThreshold(const Row& row, Weight weight, u64 need, bool strict,
                                SampleShared& sh, u64* mass) {
-  const int warp = threadIdx.x >> 5;
-  u64 prefix = 0, above = 0, at = 0;
-  for (int shift = 56; shift >= 0; shift -= 8) {
-    for (int i = threadIdx.x; i < kSampleWarps * kBins; i += blockDim.x) {
-      (&sh.hist[0][0])[i] = 0;
-    }
-    __syncthreads();
-    const u64 high = shift == 56 ? 0 : ~0ull << (shift + 8);
-    for (int j = threadIdx.x; j < row.cols; j += blockDim.x) {
-      const float scaled = row.Scaled(j);
-      const u64 o = row.Key(scaled, j);
-      if ((o & high) != prefix) continue;
-      const u64 w = weight(j, o, scaled);
-      if (w != 0) atomicAdd(&sh.hist[warp][(o >> shift) & 0xFF], w);
-    }
-    __syncthreads();
-    if (threadIdx.x < kBins) {
-      u64 b = 0;
-      for (int w = 0; w < kSampleWarps; ++w) b += sh.hist[w][threadIdx.x];
-      sh.bins[threadIdx.x] = b;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      u64 acc = above;
-      int digit = -1;
-      for (int d = kBins - 1; d >= 0; --d) {
-        const u64 with = acc + sh.bins[d];
-        if (strict ? with > need : with >= need) {
-          digit = d;
-          break;
-        }
-        acc = with;
-      }
-      if (digit < 0) {  // only if W(0) failed the test: the lowest digit keeps T defined
-        digit = 0;
-        acc -= sh.bins[0];
-      }
-      sh.digit = digit;
-      sh.above = acc;
-    }
-    __syncthreads();
-    const int digit = sh.digit;
-    prefix |= static_cast<u64>(digit) << shift;
-    above = sh.above;
-    at = above + sh.bins[digit];
-    __syncthreads();  // sh.bins and sh.digit are rewritten by the next pass
-  }
-  *mass = at;
-  return prefix;
+  return RadixThreshold(row.cols, RowItems<Weight>{row, weight}, need, strict, sh.radix, mass,
+                        nullptr);
 }
 
 __global__ void SampleRowsKernel(const float* x, int cols, const RowPick* picks, int32_t* out) {

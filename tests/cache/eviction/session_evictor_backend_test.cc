@@ -1,6 +1,7 @@
 // LazyEviction stepped on the backend (SessionEvictorOptions::backend): the fused
 // Backend::LazyObserve against the host's AppendSlots + ReduceGqaMax + Observe, and a whole
 // evictor whose state lives in (opaque) backend memory against the host evictor, step by step.
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <numeric>
@@ -24,11 +25,45 @@ std::vector<float> Probs(const SequenceCache& seq, int t) {
   return testing::PseudoProbs(seq, t, kHeads, kStride, -1.0f);
 }
 
+// The K (is_v 0) or V (is_v 1) element d of the token at `position` in (layer, head).
+float KvValue(int layer, int head, int position, int is_v, int d) {
+  return static_cast<float>(position * 1000 + layer * 100 + head * 10 + is_v * 5 + d);
+}
+
+// Appends n tokens with their K/V rows (the pools of these tests are host memory, opaque or
+// not, so the rows are written in place).
 void Append(SequenceCache& seq, int n) {
   ASSERT_TRUE(seq.Reserve(n).ok());
   std::vector<int32_t> pos(static_cast<size_t>(n));
   std::iota(pos.begin(), pos.end(), seq.next_position());
+  const kernels::PagedKv kv = seq.View();
+  for (int l = 0; l < kLayers; ++l) {
+    for (int h = 0; h < kKv; ++h) {
+      for (int i = 0; i < n; ++i) {
+        for (int d = 0; d < kDim; ++d) {
+          kv.K(l, h, seq.length(l, h) + i)[d] = KvValue(l, h, pos[static_cast<size_t>(i)], 0, d);
+          kv.V(l, h, seq.length(l, h) + i)[d] = KvValue(l, h, pos[static_cast<size_t>(i)], 1, d);
+        }
+      }
+    }
+  }
   seq.CommitAppend(pos.data(), n);
+}
+
+// Every slot's K/V rows are those of the token at its position.
+void ExpectRowsFollowPositions(const SequenceCache& seq, int t) {
+  const kernels::PagedKv kv = seq.View();
+  for (int l = 0; l < kLayers; ++l) {
+    for (int h = 0; h < kKv; ++h) {
+      for (int s = 0; s < seq.length(l, h); ++s) {
+        const int p = seq.position(l, h, s);
+        for (int d = 0; d < kDim; ++d) {
+          ASSERT_EQ(kv.K(l, h, s)[d], KvValue(l, h, p, 0, d)) << "t " << t << " slot " << s;
+          ASSERT_EQ(kv.V(l, h, s)[d], KvValue(l, h, p, 1, d)) << "t " << t << " slot " << s;
+        }
+      }
+    }
+  }
 }
 
 TEST(LazyObserveTest, MatchesAppendReduceAndObserveOnTheHost) {
@@ -92,6 +127,88 @@ TEST(LazyObserveTest, MatchesAppendReduceAndObserveOnTheHost) {
   EXPECT_GT(important, 100);  // the threshold splits the slots: both branches ran
 }
 
+// Backend::LazyEvict (the reference host loop) keeps what LazyPolicy::SelectKeep keeps, ties
+// included, and moves each kept slot's K/V rows, ts and mri down with it.
+TEST(LazyEvictTest, KeepsWhatLazyPolicySelectsAndMovesRowsAndStateWithTheSlots) {
+  std::unique_ptr<kernels::Backend> cpu = kernels::CreateCpuBackend();
+  auto pool = BlockPool::Create(kernels::PagedKvLayout{kLayers, kKv, kDim, 4}, 200);
+  ASSERT_TRUE(pool.ok());
+  SequenceCache seq(pool->get());
+  constexpr int kLen = 120, kCap = 128, kWindow = 8, kT = 200;
+  Append(seq, kLen);
+  const int rows = kLayers * kKv;
+  std::vector<int32_t> ts(static_cast<size_t>(rows) * kCap), mri(ts.size());
+  std::mt19937 rng(11);
+  for (size_t i = 0; i < ts.size(); ++i) {  // few distinct (ts, mri) pairs: many equal scores
+    ts[i] = kT - static_cast<int32_t>(rng() % 6) * 3;
+    mri[i] = static_cast<int32_t>(rng() % 4);
+  }
+  const std::vector<int32_t> ts0 = ts, mri0 = mri;
+  const std::vector<int32_t> evict = {0, 2, 3, 5}, keeps = {kWindow, 30, 61, kLen - 1};
+  const std::vector<int32_t> lens(evict.size(), kLen);
+  std::vector<int32_t> keep_out(evict.size() * kCap, -1);
+  kernels::LazyEvictArgs a;
+  a.kv = seq.View();
+  a.ts = ts.data();
+  a.mri = mri.data();
+  a.state_stride = kCap;
+  a.n_rows = static_cast<int>(evict.size());
+  a.rows = evict.data();
+  a.lens = lens.data();
+  a.keeps = keeps.data();
+  a.window = kWindow;
+  a.t = kT;
+  a.keep_out = keep_out.data();
+  a.keep_stride = kCap;
+  cpu->LazyEvict(a);
+
+  PolicyOptions po;
+  po.window = kWindow;
+  const LazyPolicy policy(po);
+  SelectScratch scratch;
+  SelectContext ctx;
+  ctx.scratch = &scratch;
+  int tied_boundaries = 0;
+  for (size_t i = 0; i < evict.size(); ++i) {
+    const size_t r = static_cast<size_t>(evict[i]);
+    HeadState state;
+    state.ts.assign(ts0.begin() + r * kCap, ts0.begin() + r * kCap + kLen);
+    state.mri.assign(mri0.begin() + r * kCap, mri0.begin() + r * kCap + kLen);
+    state.score.assign(kLen, 0.0f);
+    std::vector<int32_t> want;
+    policy.SelectKeep(state, kLen, keeps[i], kT, ctx, &want);
+    const std::vector<int32_t> got(keep_out.begin() + i * kCap,
+                                   keep_out.begin() + i * kCap + keeps[i]);
+    ASSERT_EQ(got, want) << "row " << r;
+    // The choice had to break ties: a dropped slot scores as high as the last one kept.
+    std::vector<bool> kept(kLen, false);
+    for (int32_t j : got) kept[static_cast<size_t>(j)] = true;
+    double lowest_kept = 1e9, highest_dropped = -1;
+    for (int j = 0; j < kLen - kWindow; ++j) {
+      const double sc = LazyPolicy::Score(kT, state.ts[static_cast<size_t>(j)],
+                                          state.mri[static_cast<size_t>(j)]);
+      if (kept[static_cast<size_t>(j)]) {
+        lowest_kept = std::min(lowest_kept, sc);
+      } else {
+        highest_dropped = std::max(highest_dropped, sc);
+      }
+    }
+    tied_boundaries += lowest_kept == highest_dropped;
+    for (int k = 0; k < keeps[i]; ++k) {
+      ASSERT_EQ(ts[r * kCap + k], ts0[r * kCap + got[static_cast<size_t>(k)]]) << k;
+      ASSERT_EQ(mri[r * kCap + k], mri0[r * kCap + got[static_cast<size_t>(k)]]) << k;
+    }
+    seq.CompactMoved(evict[i] / kKv, evict[i] % kKv, got.data(), keeps[i]);
+  }
+  EXPECT_GE(tied_boundaries, 2);
+  for (int r : {1, 4}) {  // rows not listed are left alone
+    EXPECT_TRUE(std::equal(ts.begin() + r * kCap, ts.begin() + (r + 1) * kCap,
+                           ts0.begin() + r * kCap));
+    EXPECT_EQ(seq.length(r / kKv, r % kKv), kLen);
+  }
+  ExpectRowsFollowPositions(seq, kT);
+}
+
 // The same lazy run with the state on the host and on an opaque-memory CPU backend (the code
 // a GPU runs, on the CPU).
 class BackendEvictorTest : public ::testing::TestWithParam<int> {
@@ -147,6 +264,8 @@ TEST_P(BackendEvictorTest, KeepsWhatTheHostKeepsWithTheSameStates) {
         }
       }
     }
+    ExpectRowsFollowPositions(dev_seq, t);
+    ExpectRowsFollowPositions(host_seq, t);
     if (t % 5 != 0) continue;
     ASSERT_TRUE(dev->SyncStates().ok());
     for (int l = 0; l < kLayers; ++l) {
