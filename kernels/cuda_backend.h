@@ -3,9 +3,9 @@
 // on the backend's own stream. Matmuls go through cuBLAS (bf16/f16 weights: the activations
 // are rounded to the weights' type and accumulated in fp32; f32 weights: fp32 SGEMM without
 // TF32); every other op is one of our kernels (kernels/cuda/), LazyEviction's per-step update
-// (LazyObserve) and eviction step (LazyEvict), the greedy choice (ArgmaxRows) and temperature / top-k / top-p sampling
-// (SampleRows) included. Sampling with a repetition penalty runs the CPU reference sampler
-// on the logits the forward pass copies back.
+// (LazyObserve) and eviction step (LazyEvict), the greedy choice (ArgmaxRows) and
+// temperature / top-k / top-p sampling (SampleRows) included. Sampling with a repetition
+// penalty runs the CPU reference sampler on the logits the forward pass copies back.
 //
 // Built when RECALL_WITH_CUDA is on; otherwise CreateCudaBackend answers Unimplemented.
 #pragma once

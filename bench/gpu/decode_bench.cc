@@ -259,8 +259,9 @@ Result RunDecode(const Shape& s, DeviceModel& dm, kernels::Backend& gpu,
 }
 
 // Lazy's cost per decode step: one sequence decoding with lazy (the evictor steps on the
-// device: one fused LazyObserve per step, the state brought to the host every W steps to
-// select and compact) against FullKV, both holding about `held` tokens.
+// device: one fused LazyObserve per step, one LazyEvict every W steps that selects and
+// compacts there, only the keep lists copied back) against FullKV, both holding about
+// `held` tokens.
 struct LazyCost {
   double full_ms = 0, lazy_ms = 0;
   int held = 0;
