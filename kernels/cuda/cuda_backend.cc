@@ -500,28 +500,29 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOpti
   // The device's picks and eviction kernels against the host reference; a kernel that fails
   // its check is replaced by the host path (a backend whose op failed keeps the error in
   // Health, so each fallback starts a fresh backend).
+  struct Fallback {
+    absl::Status (*check)(Backend&);
+    bool CudaBackendOptions::*on_host;
+    const char* what;
+  };
+  static constexpr Fallback kFallbacks[] = {
+      {CheckPicks, &CudaBackendOptions::host_picks,
+       "token picks failed their check, so tokens are picked on the host (the logits are "
+       "copied back)"},
+      {CheckLazyEvict, &CudaBackendOptions::host_evict,
+       "LazyEviction step failed its check, so eviction steps select on the host (the state "
+       "is copied back)"},
+  };
   CudaBackendOptions fixed = options;
-  if (!fixed.host_picks) {
-    if (const absl::Status check = CheckPicks(*backend); !check.ok()) {
-      RECALL_LOG(WARNING) << "device cuda " << options.device
-                          << ": the device's token picks failed their check, so tokens are "
-                             "picked on the host (the logits are copied back): "
-                          << check;
-      fixed.host_picks = true;
-      backend.reset();
-      RECALL_ASSIGN_OR_RETURN(backend, Build(fixed));
-    }
-  }
-  if (!fixed.host_evict) {
-    if (const absl::Status check = CheckLazyEvict(*backend); !check.ok()) {
-      RECALL_LOG(WARNING) << "device cuda " << options.device
-                          << ": the device's LazyEviction step failed its check, so eviction "
-                             "steps select on the host (the state is copied back): "
-                          << check;
-      fixed.host_evict = true;
-      backend.reset();
-      RECALL_ASSIGN_OR_RETURN(backend, Build(fixed));
-    }
+  for (const Fallback& f : kFallbacks) {
+    if (fixed.*f.on_host) continue;
+    const absl::Status check = f.check(*backend);
+    if (check.ok()) continue;
+    RECALL_LOG(WARNING) << "device cuda " << options.device << ": the device's " << f.what
+                        << ": " << check;
+    fixed.*f.on_host = true;
+    backend.reset();
+    RECALL_ASSIGN_OR_RETURN(backend, Build(fixed));
   }
   return backend;
 }
