@@ -229,6 +229,8 @@ class SessionEvictor {
   absl::Status EvictOnBackend(int t);
   // Grows the backend state to hold max_len slots per head (keeping its contents).
   absl::Status EnsureBackendState(int max_len);
+  // Grows LazyEvict's keep lists to `widest` slots for every head.
+  absl::Status EnsureKeepLists(int widest);
   // Backend state -> host states (when the host copy is stale), and back.
   void PullStates();
   void PushStates();
@@ -283,10 +285,10 @@ class SessionEvictor {
   std::vector<std::vector<int32_t>> global_keeps_;  // [total_kv_heads]
   KeepDigest common_digest_;   // decisions every rank must share
   KeepDigest replica_digest_;  // decisions for this rank's own heads
-  // Stepping on the backend: ts, mri and LazyEvict's keep lists,
-  // [3][n_layers * n_kv_heads][state_cap_] int32.
+  // Stepping on the backend: ts then mri, [2][n_layers * n_kv_heads][state_cap_] int32, and
+  // LazyEvict's keep lists, [n_layers * n_kv_heads][widest budget] int32.
   bool on_backend_ = false;
-  kernels::Buffer backend_state_;
+  kernels::Buffer backend_state_, backend_keeps_;
   int state_cap_ = 0;
   std::vector<int32_t> backend_lens_;  // [n_layers * n_kv_heads] slots the backend state holds
   std::vector<int32_t> lens_now_;      // the cache's lengths at this step

@@ -32,7 +32,7 @@ absl::Status SessionEvictor::EnsureBackendState(int max_len) {
   kernels::Memory& memory = options_.backend->memory();
   backend_state_ = kernels::Buffer();
   absl::StatusOr<kernels::Buffer> b =
-      kernels::Buffer::Allocate(memory, 3 * rows * static_cast<size_t>(cap) * sizeof(int32_t));
+      kernels::Buffer::Allocate(memory, 2 * rows * static_cast<size_t>(cap) * sizeof(int32_t));
   if (!b.ok()) {
     state_cap_ = 0;
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -85,13 +85,33 @@ void SessionEvictor::PushStates() {
   host_stale_ = false;
 }
 
+absl::Status SessionEvictor::EnsureKeepLists(int widest) {
+  const size_t bytes = backend_lens_.size() * static_cast<size_t>(widest) * sizeof(int32_t);
+  if (backend_keeps_.bytes() >= bytes) return absl::OkStatus();
+  backend_keeps_ = kernels::Buffer();
+  absl::StatusOr<kernels::Buffer> b = kernels::Buffer::Allocate(options_.backend->memory(), bytes);
+  if (!b.ok()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "session evictor: no backend memory for the keep lists of ", backend_lens_.size(),
+        " heads of ", widest, " slots: ", b.status().message()));
+  }
+  backend_keeps_ = std::move(*b);
+  return absl::OkStatus();
+}
+
 absl::Status SessionEvictor::StepOnBackend(const float* probs, int64_t stride) {
   RECALL_RETURN_IF_ERROR(AgreeOnStep());
   const int max_len = cache_->max_length();
   RECALL_RETURN_IF_ERROR(EnsureBackendState(max_len));
+  // Budgets first, so the keep lists an eviction step needs are had before the step changes
+  // anything.
+  allocator_.Allocate(cache_->next_position(), budgets_.data());
+  const int widest = *std::max_element(budgets_.begin(), budgets_.end());
+  if (max_len > *std::min_element(budgets_.begin(), budgets_.end())) {
+    RECALL_RETURN_IF_ERROR(EnsureKeepLists(widest));
+  }
   const int t = ++step_;
   peak_bytes_ = std::max(peak_bytes_, cache_->bytes_held());
-  allocator_.Allocate(cache_->next_position(), budgets_.data());
 
   lens_now_.resize(backend_lens_.size());
   bool any_evict = false;
@@ -145,6 +165,8 @@ absl::Status SessionEvictor::EvictOnBackend(int t) {
   }
   const size_t rows = backend_lens_.size();
   const size_t cap = static_cast<size_t>(state_cap_);
+  RECALL_CHECK(backend_keeps_.bytes() >= rows * static_cast<size_t>(widest) * sizeof(int32_t))
+      << "keep lists not sized for budget " << widest;
   kernels::LazyEvictArgs e;
   e.kv = cache_->View();
   e.ts = backend_state_.as<int32_t>();
@@ -156,13 +178,11 @@ absl::Status SessionEvictor::EvictOnBackend(int t) {
   e.keeps = evict_keeps_.data();
   e.window = options_.policy.window;
   e.t = t;
-  e.keep_out = e.ts + 2 * rows * cap;
-  e.keep_stride = state_cap_;
+  e.keep_out = backend_keeps_.as<int32_t>();
+  e.keep_stride = widest;
   options_.backend->LazyEvict(e);
   image_.resize(evict_rows_.size() * static_cast<size_t>(widest));
-  options_.backend->memory().CopyOutRows(image_.data(), widest * sizeof(int32_t), e.keep_out,
-                                         cap * sizeof(int32_t), widest * sizeof(int32_t),
-                                         evict_rows_.size());
+  options_.backend->memory().CopyOut(image_.data(), e.keep_out, image_.size() * sizeof(int32_t));
   RECALL_RETURN_IF_ERROR(options_.backend->Health());
   for (size_t i = 0; i < evict_rows_.size(); ++i) {
     const int r = evict_rows_[i], l = r / n_kv_heads_, h = r % n_kv_heads_;

@@ -138,10 +138,15 @@ class CudaBackend final : public Backend {
     const Timed timed(this, "lazy_observe");
     const int rows = a.n_layers * a.n_kv_heads;
     if (rows <= 0) return;
-    // Both length arrays in one small copy (the stream is idle after the step's logits).
+    const int max_len = *std::max_element(a.lens, a.lens + rows);
+    if (rows <= kLazyObserveInlineRows) {  // the lengths travel with the launch
+      LaunchLazyObserveInline(a, max_len, s());
+      Launched("lazy_observe");
+      return;
+    }
+    // Both length arrays in one small copy.
     lens_.assign(a.old_lens, a.old_lens + rows);
     lens_.insert(lens_.end(), a.lens, a.lens + rows);
-    const int max_len = *std::max_element(a.lens, a.lens + rows);
     if (!Grow(lens_device_, lens_.size() * sizeof(int32_t)).ok()) {
       memory_.Check(cudaErrorMemoryAllocation, "lazy observe lengths");
       return;
@@ -208,6 +213,11 @@ class CudaBackend final : public Backend {
       picks_[r].top_k = params[r].top_k;
       picks_[r].top_p = params[r].top_p;
       picks_[r].draw = draws[r];
+    }
+    if (rows <= kSampleRowsInlineRows) {  // the picks travel with the launch
+      LaunchSampleRowsInline(x, rows, cols, picks_.data(), out, s());
+      Launched("sample_rows");
+      return;
     }
     if (!Grow(picks_device_, picks_.size() * sizeof(RowPick)).ok()) {
       memory_.Check(cudaErrorMemoryAllocation, "sample rows parameters");

@@ -11,15 +11,31 @@
 namespace recall::kernels::cuda {
 namespace {
 
+// LazyObserveKernel's lengths: in device memory, or carried by the launch itself.
+struct LensInMemory {
+  const int32_t* old_lens;
+  const int32_t* lens;
+  __device__ int Old(int r) const { return old_lens[r]; }
+  __device__ int Now(int r) const { return lens[r]; }
+};
+struct LensInLaunch {
+  int32_t old_lens[kLazyObserveInlineRows];
+  int32_t lens[kLazyObserveInlineRows];
+  __device__ int Old(int r) const { return old_lens[r]; }
+  __device__ int Now(int r) const { return lens[r]; }
+};
+// Kernel parameters are at most 4 KB: the lengths and the other arguments must fit.
+static_assert(sizeof(LensInLaunch) + 128 <= 4096, "LazyObserve's lengths overflow the launch");
+
 // blockIdx.y: the (layer, KV head) row; the x blocks stride over its slots.
+template <typename Lens>
 __global__ void LazyObserveKernel(const float* probs, int64_t probs_stride, int n_heads,
                                   int n_kv_heads, int32_t* ts, int32_t* mri,
-                                  int64_t state_stride, const int32_t* old_lens,
-                                  const int32_t* lens, float alpha, int t) {
+                                  int64_t state_stride, const Lens lens, float alpha, int t) {
   const int r = blockIdx.y;
   const int layer = r / n_kv_heads, h = r % n_kv_heads;
   const int group = n_heads / n_kv_heads;
-  const int len = lens[r], old = old_lens[r];
+  const int len = lens.Now(r), old = lens.Old(r);
   int32_t* ts_row = ts + r * state_stride;
   int32_t* mri_row = mri + r * state_stride;
   const float* first =
@@ -40,6 +56,17 @@ __global__ void LazyObserveKernel(const float* probs, int64_t probs_stride, int 
     ts_row[j] = s;
     mri_row[j] = m;
   }
+}
+
+template <typename Lens>
+void LaunchObserve(const LazyObserveArgs& a, const Lens& lens, int max_len, cudaStream_t stream) {
+  const int rows = a.n_layers * a.n_kv_heads;
+  if (rows <= 0 || max_len <= 0) return;
+  constexpr int kThreads = 256;
+  const dim3 grid(std::min((max_len + kThreads - 1) / kThreads, 64), rows);
+  LazyObserveKernel<<<grid, kThreads, 0, stream>>>(a.probs, a.probs_stride, a.n_heads,
+                                                   a.n_kv_heads, a.ts, a.mri, a.state_stride,
+                                                   lens, a.alpha, a.t);
 }
 
 constexpr int kEvictThreads = 512;
@@ -172,13 +199,15 @@ void LaunchLazyEvict(const LazyEvictArgs& a, const LazyEvictRow* rows, const int
 
 void LaunchLazyObserve(const LazyObserveArgs& a, const int32_t* old_lens, const int32_t* lens,
                        int max_len, cudaStream_t stream) {
+  LaunchObserve(a, LensInMemory{old_lens, lens}, max_len, stream);
+}
+
+void LaunchLazyObserveInline(const LazyObserveArgs& a, int max_len, cudaStream_t stream) {
   const int rows = a.n_layers * a.n_kv_heads;
-  if (rows <= 0 || max_len <= 0) return;
-  constexpr int kThreads = 256;
-  const dim3 grid(std::min((max_len + kThreads - 1) / kThreads, 64), rows);
-  LazyObserveKernel<<<grid, kThreads, 0, stream>>>(a.probs, a.probs_stride, a.n_heads,
-                                                   a.n_kv_heads, a.ts, a.mri, a.state_stride,
-                                                   old_lens, lens, a.alpha, a.t);
+  LensInLaunch lens;
+  std::copy(a.old_lens, a.old_lens + rows, lens.old_lens);
+  std::copy(a.lens, a.lens + rows, lens.lens);
+  LaunchObserve(a, lens, max_len, stream);
 }
 
 }  // namespace recall::kernels::cuda

@@ -68,12 +68,23 @@ struct RowPick {
 // Backend::SampleRows: picks[r] for row r of x [rows, cols].
 void LaunchSampleRows(const float* x, int rows, int cols, const RowPick* picks, int32_t* out,
                       cudaStream_t stream);
+// The most rows whose RowPicks a launch can carry as its arguments.
+constexpr int kSampleRowsInlineRows = 240;
+// LaunchSampleRows with the picks read from the host into the launch's arguments: nothing to
+// stage, no wait for the stream. REQUIRES: rows <= kSampleRowsInlineRows.
+void LaunchSampleRowsInline(const float* x, int rows, int cols, const RowPick* host_picks,
+                            int32_t* out, cudaStream_t stream);
 
 // ---- eviction.cu
 // Backend::LazyObserve with the lengths in device memory (`old_lens`, `lens`; args' host
 // pointers are not read); max_len: the largest of lens.
 void LaunchLazyObserve(const LazyObserveArgs& args, const int32_t* old_lens, const int32_t* lens,
                        int max_len, cudaStream_t stream);
+// The most rows (n_layers * n_kv_heads) whose lengths a launch can carry as its arguments.
+constexpr int kLazyObserveInlineRows = 480;
+// Backend::LazyObserve with args' host lengths copied into the launch's arguments: nothing to
+// stage, no wait for the stream. REQUIRES: n_layers * n_kv_heads <= kLazyObserveInlineRows.
+void LaunchLazyObserveInline(const LazyObserveArgs& args, int max_len, cudaStream_t stream);
 // One row of Backend::LazyEvict, staged in device memory: state row `row` = layer *
 // n_kv_heads + head; its layer's block ids start at tables[table_begin].
 struct LazyEvictRow {

@@ -163,7 +163,20 @@ __device__ u64 SelectThreshold(const Row& row, Weight weight, u64 need, bool str
                         nullptr);
 }
 
-__global__ void SampleRowsKernel(const float* x, int cols, const RowPick* picks, int32_t* out) {
+// SampleRowsKernel's rows: in device memory, or carried by the launch itself.
+struct PicksInMemory {
+  const RowPick* picks;
+  __device__ RowPick operator[](int r) const { return picks[r]; }
+};
+struct PicksInLaunch {
+  RowPick picks[kSampleRowsInlineRows];
+  __device__ RowPick operator[](int r) const { return picks[r]; }
+};
+// Kernel parameters are at most 4 KB: the rows and the other arguments must fit.
+static_assert(sizeof(PicksInLaunch) + 64 <= 4096, "SampleRows' rows overflow the launch");
+
+template <typename Picks>
+__global__ void SampleRowsKernel(const float* x, int cols, const Picks picks, int32_t* out) {
   __shared__ SampleShared sh;
   const RowPick pick = picks[blockIdx.x];
   Row row;
@@ -230,6 +243,14 @@ __global__ void SampleRowsKernel(const float* x, int cols, const RowPick* picks,
 void LaunchSampleRows(const float* x, int rows, int cols, const RowPick* picks, int32_t* out,
                       cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;
+  SampleRowsKernel<<<rows, kSampleThreads, 0, stream>>>(x, cols, PicksInMemory{picks}, out);
+}
+
+void LaunchSampleRowsInline(const float* x, int rows, int cols, const RowPick* host_picks,
+                            int32_t* out, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  PicksInLaunch picks;
+  for (int r = 0; r < rows; ++r) picks.picks[r] = host_picks[r];
   SampleRowsKernel<<<rows, kSampleThreads, 0, stream>>>(x, cols, picks, out);
 }
 

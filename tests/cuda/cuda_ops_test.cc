@@ -263,18 +263,20 @@ TEST_F(CudaTest, CompactRowsMovesTheSameRowsAsHostMemory) {
   EXPECT_EQ(dev.Download(), host);
 }
 
-// Integer state and a max over floats: the device must equal the reference exactly.
-TEST_F(CudaTest, LazyObserveEqualsTheReferenceExactly) {
-  const int layers = 5, kv = 3, heads = 12, stride = 700, cap = 768, rows = layers * kv;
+// LazyObserve on both backends for 20 steps of a sequence of layers x kv rows.
+void ObserveAndCompare(Backend& cpu, Backend& gpu, int layers, int kv, int heads) {
+  const int stride = 700, cap = 768, rows = layers * kv;
   std::vector<int32_t> ts(static_cast<size_t>(rows) * cap, 0), mri(ts.size(), 0);
-  DeviceVec<int32_t> d_ts(*gpu_, ts), d_mri(*gpu_, mri);
+  DeviceVec<int32_t> d_ts(gpu, ts), d_mri(gpu, mri);
   std::vector<int32_t> old_lens(rows, 0), lens(rows, 0);
   for (int t = 1; t <= 20; ++t) {
-    for (int r = 0; r < rows; ++r) lens[r] = t == 1 ? 500 + 11 * r : old_lens[r] + (t + r) % 3;
+    for (int r = 0; r < rows; ++r) {  // at most 500 + 149 + 2 * 19 < stride
+      lens[r] = t == 1 ? 500 + (11 * r) % 150 : old_lens[r] + (t + r) % 3;
+    }
     // Probabilities around alpha (1e-3), so both outcomes of the threshold occur.
     const std::vector<float> probs =
         RandomVec(static_cast<size_t>(layers) * heads * stride, 100 + t, 0.0f, 2e-3f);
-    DeviceVec<float> d_probs(*gpu_, probs);
+    DeviceVec<float> d_probs(gpu, probs);
     LazyObserveArgs a;
     a.probs_stride = stride;
     a.n_layers = layers;
@@ -288,15 +290,24 @@ TEST_F(CudaTest, LazyObserveEqualsTheReferenceExactly) {
     a.probs = probs.data();
     a.ts = ts.data();
     a.mri = mri.data();
-    cpu_->LazyObserve(a);
+    cpu.LazyObserve(a);
     a.probs = d_probs.get();
     a.ts = d_ts.get();
     a.mri = d_mri.get();
-    gpu_->LazyObserve(a);
-    ASSERT_TRUE(gpu_->Health().ok()) << gpu_->Health();
+    gpu.LazyObserve(a);
+    ASSERT_TRUE(gpu.Health().ok()) << gpu.Health();
     ASSERT_EQ(d_ts.Download(), ts) << "step " << t;
     ASSERT_EQ(d_mri.Download(), mri) << "step " << t;
     old_lens = lens;
+  }
+}
+
+// Integer state and a max over floats: the device must equal the reference exactly. 15 rows
+// carry their lengths in the launch, 488 rows (more than kLazyObserveInlineRows) stage them.
+TEST_F(CudaTest, LazyObserveEqualsTheReferenceExactly) {
+  for (const int layers : {5, 61}) {
+    SCOPED_TRACE(layers);
+    ObserveAndCompare(*cpu_, *gpu_, layers, layers == 5 ? 3 : 8, layers == 5 ? 12 : 16);
   }
 }
 
@@ -333,7 +344,8 @@ TEST_F(CudaTest, SampleRowsAgreesWithTheReference) {
   ASSERT_FALSE(CudaPicksOnHost(*gpu_)) << "the device picks failed their check at creation";
   int sampled = 0, differ = 0;
   for (const int cols : {1, 7, 1000, 32000, 128256}) {
-    const int rows = 48;
+    // 48 rows carry their parameters in the launch; 300 (> kSampleRowsInlineRows) stage them.
+    const int rows = cols == 1000 ? 300 : 48;
     std::vector<float> x = RandomVec(static_cast<size_t>(rows) * cols, cols + 3, -6.0f, 6.0f);
     std::fill(x.begin() + 5 * cols, x.begin() + 6 * cols, 0.25f);  // row 5: all equal
     std::vector<SamplingParams> params(rows);
