@@ -1,8 +1,10 @@
 // The CUDA backend: the Backend interface (kernels/backend.h) on one NVIDIA GPU. Activations,
 // weights and the KV pool live in device memory (Backend::memory()); ops are queued in order
-// on the backend's own stream. Matmuls go through cuBLAS (bf16/f16 weights: the activations
-// are rounded to the weights' type and accumulated in fp32; f32 weights: fp32 SGEMM without
-// TF32); every other op is one of our kernels (kernels/cuda/), LazyEviction's per-step update
+// on the backend's own stream. Matmuls of up to 64 rows (decode batches, batch-invariant
+// pieces) are our own batch-invariant kernel (fp32 activations times the weights widened to
+// fp32); larger ones go through cuBLAS (bf16/f16 weights: the activations are rounded to the
+// weights' type and accumulated in fp32; f32 weights: fp32 SGEMM without TF32); every other
+// op is one of our kernels (kernels/cuda/), LazyEviction's per-step update
 // (LazyObserve) and eviction step (LazyEvict), the greedy choice (ArgmaxRows) and
 // temperature / top-k / top-p sampling (SampleRows) included. Sampling with a repetition
 // penalty runs the CPU reference sampler on the logits the forward pass copies back.

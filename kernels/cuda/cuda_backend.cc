@@ -71,9 +71,11 @@ class CudaBackend final : public Backend {
     Launched("rope");
   }
   void MatMul(const float* x, int n, const Matrix& w, float* y) override;
-  // cuBLAS may pick another algorithm (and summation order) for another row count, so only
-  // a row alone is guaranteed to give the same bits.
-  int BatchInvariantRows() const override { return 1; }
+  // Calls of up to kSkinnyRows rows run our own matmul (LaunchSkinnyMatMul), whose every
+  // output is the same sequence of operations whatever the row count; larger ones go to
+  // cuBLAS, which may pick another algorithm (and summation order) for another row count.
+  static constexpr int kSkinnyRows = 64;
+  int BatchInvariantRows() const override { return kSkinnyRows; }
   void AddBias(float* x, const float* bias, int n, int dim) override {
     const Timed timed(this, "add_bias");
     LaunchAddBias(x, bias, n, dim, s());
@@ -403,6 +405,11 @@ void CudaBackend::MatMul(const float* x, int n, const Matrix& w, float* y) {
   const Timed timed(this, timer_ == nullptr ? std::string()
                                             : absl::StrCat("matmul ", DTypeName(w.dtype), " ",
                                                            w.rows, "x", w.cols, " n", n));
+  if (n <= kSkinnyRows) {
+    LaunchSkinnyMatMul(x, n, w, y, s());
+    Launched("matmul (skinny)");
+    return;
+  }
   const float one = 1.0f, zero = 0.0f;
   const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
   cublasStatus_t st;

@@ -28,6 +28,11 @@ void LaunchSoftmax(float* x, int rows, int cols, cudaStream_t stream);
 // out[i] = x[i] rounded to `to` (kBF16 or kF16). out: [count] of 2-byte elements.
 void LaunchRoundTo(const float* x, int64_t count, DType to, void* out, cudaStream_t stream);
 
+// ---- matmul.cu
+// Backend::MatMul for few rows (kernels/cuda/matmul.cu): batch-invariant, weights read once per
+// 16 rows, x in fp32 (not rounded to the weights' type).
+void LaunchSkinnyMatMul(const float* x, int n, const Matrix& w, float* y, cudaStream_t stream);
+
 // ---- attention.cu
 // Appends the batch's K/V rows (Backend::StoreKvBatch).
 void LaunchStoreKv(const KvBatch& batch, int layer, const float* k, const float* v,

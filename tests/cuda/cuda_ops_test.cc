@@ -2,8 +2,9 @@
 // Outputs are poisoned with NaN first, so an unwritten element fails. Tolerances (relative
 // error ||gpu - cpu|| / ||cpu||): exact for embedding and KV stores; 1e-5 for fp32
 // arithmetic (other summation orders, libm vs CUDA expf/cosf; 1e-4 for a 49152-wide softmax,
-// whose sequential CPU sum is itself that far off); 1e-2 for bf16/f16 matmuls
-// (the GPU rounds the activations to the weights' type, the CPU keeps them fp32).
+// whose sequential CPU sum is itself that far off) and for matmuls of up to 64 rows; 1e-2 for
+// larger bf16/f16 matmuls (cuBLAS: the GPU rounds the activations to the weights' type, the
+// CPU keeps them fp32).
 #include <algorithm>
 #include <numeric>
 
@@ -143,10 +144,13 @@ TEST_F(CudaTest, ElementwiseOpsMatchReference) {
   }
 }
 
+// Up to BatchInvariantRows() rows (our kernel, fp32 activations) every dtype is within 1e-5;
+// past it cuBLAS rounds the activations to bf16/f16 (1e-2). 77 columns: unaligned loads.
 TEST_F(CudaTest, MatMulMatchesReferenceForEveryDtype) {
   struct Shape { int rows, cols; };
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
-    for (Shape s : {Shape{576, 576}, Shape{1536, 576}, Shape{64, 8}, Shape{896, 4864}}) {
+    for (Shape s : {Shape{576, 576}, Shape{1536, 576}, Shape{64, 8}, Shape{896, 4864},
+                    Shape{101, 77}}) {
       TestMatrix w(*gpu_, dt, s.rows, s.cols, s.rows + s.cols);
       for (int n : {1, 3, 64, 257}) {
         const auto x = RandomVec(static_cast<size_t>(n) * s.cols, n);
@@ -155,10 +159,43 @@ TEST_F(CudaTest, MatMulMatchesReferenceForEveryDtype) {
         DeviceVec<float> dx(*gpu_, x);
         auto out = DeviceVec<float>::Poisoned(*gpu_, ref.size());
         gpu_->MatMul(dx.get(), n, w.device, out.get());
-        const double tol = dt == DType::kF32 ? 1e-5 : 1e-2;
+        const double tol = dt == DType::kF32 || n <= gpu_->BatchInvariantRows() ? 1e-5 : 1e-2;
         EXPECT_LT(RelErr(out.Download(), ref), tol)
             << DTypeName(dt) << " " << s.rows << "x" << s.cols << " n " << n;
       }
+    }
+  }
+}
+
+// Batch invariance: a row's output has the same bits whatever rows it is computed with, and
+// whether the loads are 16-byte vectors or single elements (x one float off alignment).
+TEST_F(CudaTest, MatMulUpToBatchInvariantRowsIsBatchInvariant) {
+  const int most = gpu_->BatchInvariantRows();
+  ASSERT_GE(most, 16);
+  struct Shape { int rows, cols; };
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (Shape s : {Shape{896, 4864}, Shape{101, 77}, Shape{2048, 64}}) {
+      TestMatrix w(*gpu_, dt, s.rows, s.cols, s.rows * 3 + s.cols);
+      const auto x = RandomVec(static_cast<size_t>(most) * s.cols, s.cols, -2.0f, 2.0f);
+      DeviceVec<float> dx(*gpu_, x);
+      auto all = DeviceVec<float>::Poisoned(*gpu_, static_cast<size_t>(most) * s.rows);
+      gpu_->MatMul(dx.get(), most, w.device, all.get());
+      const std::vector<float> want = all.Download();
+      for (int n : {1, 5, 16, 17, most - 3}) {
+        const int first = 3;  // rows [first, first + n) of x, at another offset
+        auto part = DeviceVec<float>::Poisoned(*gpu_, static_cast<size_t>(n) * s.rows);
+        gpu_->MatMul(dx.get() + static_cast<size_t>(first) * s.cols, n, w.device, part.get());
+        const std::vector<float> got = part.Download();
+        ASSERT_TRUE(std::equal(got.begin(), got.end(),
+                               want.begin() + static_cast<size_t>(first) * s.rows))
+            << DTypeName(dt) << " " << s.rows << "x" << s.cols << " n " << n;
+      }
+      std::vector<float> shifted(x.size() + 1, 0.0f);
+      std::copy(x.begin(), x.end(), shifted.begin() + 1);
+      DeviceVec<float> dshifted(*gpu_, shifted);
+      auto unaligned = DeviceVec<float>::Poisoned(*gpu_, want.size());
+      gpu_->MatMul(dshifted.get() + 1, most, w.device, unaligned.get());
+      EXPECT_EQ(unaligned.Download(), want) << DTypeName(dt) << " " << s.rows << "x" << s.cols;
     }
   }
 }

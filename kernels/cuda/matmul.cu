@@ -1,0 +1,144 @@
+// The CUDA backend's batch-invariant matmul for few rows: y = x * w^T with x fp32 [n, K], w
+// f32 / bf16 / f16 [O, K], y fp32 [n, O], on CUDA cores with fp32 accumulation.
+//
+// Batch invariance by construction: y[r, o] is the same sequence of operations whatever n
+// is and wherever row r sits in the batch. Lane l of the warp that owns output o takes the
+// chunks c = l, l + 32, ... of 8 consecutive elements of row o of w and row r of x,
+// accumulates them with fmaf in element order, and the 32 partial sums meet in a fixed
+// butterfly. Only the loads depend on alignment (16-byte vectors when x, w and K allow, one
+// element at a time otherwise), never the arithmetic. Each warp holds kO outputs for up to kR
+// rows, so a weight row is read once per kR rows of x: a decode batch reads the weights
+// once, not once per sequence. The weights are widened to fp32 exactly; x is not rounded.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/launch.h"
+
+namespace recall::kernels::cuda {
+namespace {
+
+constexpr int kO = 2;    // outputs per warp
+constexpr int kR = 16;   // rows of x per warp
+constexpr int kWarps = 4;
+
+// The 8 elements of chunk c (elements 8c .. 8c + 7, those below `count`) as floats; 0 past
+// the end.
+template <bool kVector>
+__device__ inline void Load8(const float* p, int64_t c, int64_t count, float* out) {
+  const int64_t k = 8 * c;
+  if (kVector) {
+    const float4 a = reinterpret_cast<const float4*>(p + k)[0];
+    const float4 b = reinterpret_cast<const float4*>(p + k)[1];
+    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+    out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+  } else {
+    for (int e = 0; e < 8; ++e) out[e] = k + e < count ? p[k + e] : 0.0f;
+  }
+}
+
+template <bool kVector>
+__device__ inline void Load8(const __nv_bfloat16* p, int64_t c, int64_t count, float* out) {
+  const int64_t k = 8 * c;
+  if (kVector) {
+    const uint4 v = *reinterpret_cast<const uint4*>(p + k);
+    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+    for (int i = 0; i < 4; ++i) {
+      out[2 * i] = __uint_as_float(words[i] << 16);
+      out[2 * i + 1] = __uint_as_float(words[i] & 0xFFFF0000u);
+    }
+  } else {
+    for (int e = 0; e < 8; ++e) out[e] = k + e < count ? __bfloat162float(p[k + e]) : 0.0f;
+  }
+}
+
+template <bool kVector>
+__device__ inline void Load8(const __half* p, int64_t c, int64_t count, float* out) {
+  const int64_t k = 8 * c;
+  if (kVector) {
+    const uint4 v = *reinterpret_cast<const uint4*>(p + k);
+    const __half2* h = reinterpret_cast<const __half2*>(&v);
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __half22float2(h[i]);
+      out[2 * i] = f.x;
+      out[2 * i + 1] = f.y;
+    }
+  } else {
+    for (int e = 0; e < 8; ++e) out[e] = k + e < count ? __half2float(p[k + e]) : 0.0f;
+  }
+}
+
+// blockIdx.x * kWarps + warp: the output group (kO outputs); blockIdx.y: the group of kR rows.
+template <typename W, bool kVector>
+__global__ void SkinnyMatMulKernel(const float* x, int n, int64_t K, const W* w, int O,
+                                   float* y) {
+  const int lane = threadIdx.x & 31;
+  const int o0 = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * kO;
+  if (o0 >= O) return;  // the whole warp
+  const int r0 = blockIdx.y * kR;
+  const int rows = min(kR, n - r0);
+  float acc[kO][kR];
+  for (int i = 0; i < kO; ++i) {
+    for (int r = 0; r < kR; ++r) acc[i][r] = 0.0f;
+  }
+  const int64_t chunks = (K + 7) / 8;
+  for (int64_t c = lane; c < chunks; c += 32) {
+    float wv[kO][8];
+    for (int i = 0; i < kO; ++i) {
+      if (o0 + i < O) {
+        Load8<kVector>(w + static_cast<int64_t>(o0 + i) * K, c, K, wv[i]);
+      } else {
+        for (int e = 0; e < 8; ++e) wv[i][e] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      if (r >= rows) break;
+      float xv[8];
+      Load8<kVector>(x + static_cast<int64_t>(r0 + r) * K, c, K, xv);
+      for (int i = 0; i < kO; ++i) {
+        for (int e = 0; e < 8; ++e) acc[i][r] = fmaf(xv[e], wv[i][e], acc[i][r]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    if (r >= rows) break;
+    for (int i = 0; i < kO; ++i) {
+      float v = acc[i][r];
+      for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+      if (lane == 0 && o0 + i < O) y[static_cast<int64_t>(r0 + r) * O + o0 + i] = v;
+    }
+  }
+}
+
+template <typename W>
+void Launch(const float* x, int n, const W* w, int64_t K, int O, float* y, cudaStream_t stream) {
+  const bool vector = K % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(w) % 16 == 0;
+  const int groups = (O + kO - 1) / kO;
+  const dim3 grid((groups + kWarps - 1) / kWarps, (n + kR - 1) / kR);
+  if (vector) {
+    SkinnyMatMulKernel<W, true><<<grid, kWarps * 32, 0, stream>>>(x, n, K, w, O, y);
+  } else {
+    SkinnyMatMulKernel<W, false><<<grid, kWarps * 32, 0, stream>>>(x, n, K, w, O, y);
+  }
+}
+
+}  // namespace
+
+void LaunchSkinnyMatMul(const float* x, int n, const Matrix& w, float* y, cudaStream_t stream) {
+  if (n <= 0 || w.rows <= 0) return;
+  const int O = static_cast<int>(w.rows);
+  switch (w.dtype) {
+    case DType::kF32:
+      return Launch(x, n, static_cast<const float*>(w.data), w.cols, O, y, stream);
+    case DType::kBF16:
+      return Launch(x, n, static_cast<const __nv_bfloat16*>(w.data), w.cols, O, y, stream);
+    case DType::kF16:
+      return Launch(x, n, static_cast<const __half*>(w.data), w.cols, O, y, stream);
+  }
+}
+
+}  // namespace recall::kernels::cuda
