@@ -363,17 +363,31 @@ absl::Status ForwardPass::Run(std::span<const BatchItem> batch, float* logits) {
     off += item.n;
   }
 
-  // ---- Logits of the last token of each item that wants them.
+  // ---- Logits of the last token of each item that wants them. Their rows are gathered in
+  // runs of consecutive rows: one copy for a batch of decode steps.
   int n_out = 0;
   off = 0;
   float* last = F(last_);
+  int run_src = 0, run_dst = 0, run_len = 0;
+  const auto gather = [&] {
+    if (run_len == 0) return;
+    memory_.Copy(last + static_cast<size_t>(run_dst) * dim, x + static_cast<size_t>(run_src) * dim,
+                 static_cast<size_t>(run_len) * dim * sizeof(float));
+  };
   for (const BatchItem& item : batch) {
     off += item.n;
     if (!item.want_logits) continue;
-    memory_.Copy(last + static_cast<size_t>(n_out) * dim, x + static_cast<size_t>(off - 1) * dim,
-                 dim * sizeof(float));
+    if (run_len > 0 && off - 1 == run_src + run_len) {
+      ++run_len;
+    } else {
+      gather();
+      run_src = off - 1;
+      run_dst = n_out;
+      run_len = 1;
+    }
     ++n_out;
   }
+  gather();
   if (n_out > 0 && logits != nullptr) {
     RECALL_RETURN_IF_ERROR(ComputeLogits(batch, n_out, logits));
   }
