@@ -4,6 +4,7 @@
 // only around Step, after SessionEvictor::Reserve and a warm-up of steps past the budget.
 #include <atomic>
 #include <cstdlib>
+#include <memory>
 #include <new>
 #include <numeric>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "cache/eviction/session_evictor.h"
 #include "cache/sequence_cache.h"
 #include "gtest/gtest.h"
+#include "kernels/backend.h"
 
 namespace {
 std::atomic<bool> g_counting{false};
@@ -35,13 +37,20 @@ struct Case {
   const char* policy;
   bool head_adaptive;
   float value_protection;
+  bool on_backend = false;  // lazy stepped on an opaque-memory backend (the GPU's code path)
 };
 
 class HotPathAllocTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(HotPathAllocTest, StepAllocatesNothingAfterWarmUp) {
   const Case& c = GetParam();
-  auto pool = BlockPool::Create({kLayers, kKv, kDim, 16}, kLayers * 40);
+  kernels::CpuBackendOptions bo;
+  bo.num_threads = 1;
+  bo.opaque_memory = true;
+  const std::unique_ptr<kernels::Backend> opaque = kernels::CreateCpuBackend(bo);
+  auto pool = c.on_backend ? BlockPool::Create({kLayers, kKv, kDim, 16}, kLayers * 40,
+                                               opaque->memory())
+                           : BlockPool::Create({kLayers, kKv, kDim, 16}, kLayers * 40);
   ASSERT_TRUE(pool.ok());
   SequenceCache seq(pool->get());
   SessionEvictorOptions o;
@@ -53,8 +62,10 @@ TEST_P(HotPathAllocTest, StepAllocatesNothingAfterWarmUp) {
   o.budget.budget = 96;
   o.budget.head_adaptive = c.head_adaptive;
   o.n_heads = kHeads;
+  if (c.on_backend) o.backend = opaque.get();
   auto ev = SessionEvictor::Create(o, &seq);
   ASSERT_TRUE(ev.ok()) << ev.status();
+  ASSERT_EQ((*ev)->steps_on_backend(), c.on_backend);
   (*ev)->Reserve(kStride);
   std::vector<float> probs(static_cast<size_t>(kLayers) * kHeads * kStride);
   uint32_t rng = 99;
@@ -98,13 +109,15 @@ TEST_P(HotPathAllocTest, StepAllocatesNothingAfterWarmUp) {
 
 INSTANTIATE_TEST_SUITE_P(
     Policies, HotPathAllocTest,
-    ::testing::Values(Case{"lazy", false, 0.0f}, Case{"lazy", false, 0.25f},
+    ::testing::Values(Case{"lazy", false, 0.0f}, Case{"lazy", false, 0.0f, true},
+                      Case{"lazy", false, 0.25f},
                       Case{"lazy", true, 0.0f}, Case{"h2o", false, 0.0f},
                       Case{"tova", false, 0.0f}, Case{"streaming", false, 0.0f},
                       Case{"vase", false, 0.0f}, Case{"rkv", false, 0.0f}),
     [](const ::testing::TestParamInfo<Case>& i) {
       return std::string(i.param.policy) + (i.param.head_adaptive ? "_adaptive" : "") +
-             (i.param.value_protection > 0 ? "_protected" : "");
+             (i.param.value_protection > 0 ? "_protected" : "") +
+             (i.param.on_backend ? "_on_backend" : "");
     });
 
 }  // namespace
