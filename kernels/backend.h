@@ -98,6 +98,12 @@ class Backend {
   // y = x * w^T.  x: [n, w.cols]; y: [n, w.rows].  Small n uses the GEMV path.
   virtual void MatMul(const float* x, int n, const Matrix& w, float* y) = 0;
 
+  // y[i] = x * w[i]^T for i < count: several projections of one input (q/k/v, gate/up) in
+  // one call, each with the results and the batch invariance of its own MatMul. REQUIRES:
+  // every w[i] has w[0]'s cols. The default calls MatMul per matrix; a GPU backend may launch
+  // once for all of them.
+  virtual void MatMulMany(const float* x, int n, const Matrix* w, float* const* y, int count);
+
   // The most rows one MatMul call may take while each row's result stays bitwise
   // independent of how many other rows are in the call (batch invariance: a sequence's
   // output must not depend on what it is batched with). Callers that need invariance split

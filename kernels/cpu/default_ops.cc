@@ -1,5 +1,5 @@
-// The defaults of Backend::LazyObserve, Backend::LazyEvict, Backend::ArgmaxRows and
-// Backend::SampleRows: the reference host loops (kernels/backend.h).
+// The defaults of Backend::MatMulMany, Backend::LazyObserve, Backend::LazyEvict,
+// Backend::ArgmaxRows and Backend::SampleRows: the reference host loops (kernels/backend.h).
 #include <algorithm>
 #include <vector>
 
@@ -8,6 +8,10 @@
 #include "kernels/cpu/sampling.h"
 
 namespace recall::kernels {
+
+void Backend::MatMulMany(const float* x, int n, const Matrix* w, float* const* y, int count) {
+  for (int i = 0; i < count; ++i) MatMul(x, n, w[i], y[i]);
+}
 
 void Backend::LazyObserve(const LazyObserveArgs& a) {
   const int group = a.n_heads / a.n_kv_heads;

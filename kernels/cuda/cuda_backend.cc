@@ -76,6 +76,17 @@ class CudaBackend final : public Backend {
   // cuBLAS, which may pick another algorithm (and summation order) for another row count.
   static constexpr int kSkinnyRows = 64;
   int BatchInvariantRows() const override { return kSkinnyRows; }
+  // Up to three matrices of one dtype over few rows: one launch of the same kernel.
+  void MatMulMany(const float* x, int n, const Matrix* w, float* const* y, int count) override {
+    bool one_launch = n <= kSkinnyRows && count <= kMaxProjections;
+    for (int i = 1; one_launch && i < count; ++i) one_launch = w[i].dtype == w[0].dtype;
+    if (!one_launch) return Backend::MatMulMany(x, n, w, y, count);
+    const Timed timed(this, timer_ == nullptr ? std::string()
+                                              : absl::StrCat("matmul x", count, " ",
+                                                             DTypeName(w[0].dtype), " n", n));
+    LaunchSkinnyMatMul(x, n, w, y, count, s());
+    Launched("matmul (skinny, several)");
+  }
   void AddBias(float* x, const float* bias, int n, int dim) override {
     const Timed timed(this, "add_bias");
     LaunchAddBias(x, bias, n, dim, s());
@@ -406,7 +417,7 @@ void CudaBackend::MatMul(const float* x, int n, const Matrix& w, float* y) {
                                             : absl::StrCat("matmul ", DTypeName(w.dtype), " ",
                                                            w.rows, "x", w.cols, " n", n));
   if (n <= kSkinnyRows) {
-    LaunchSkinnyMatMul(x, n, w, y, s());
+    LaunchSkinnyMatMul(x, n, &w, &y, 1, s());
     Launched("matmul (skinny)");
     return;
   }

@@ -29,9 +29,12 @@ void LaunchSoftmax(float* x, int rows, int cols, cudaStream_t stream);
 void LaunchRoundTo(const float* x, int64_t count, DType to, void* out, cudaStream_t stream);
 
 // ---- matmul.cu
-// Backend::MatMul for few rows (kernels/cuda/matmul.cu): batch-invariant, weights read once per
-// 16 rows, x in fp32 (not rounded to the weights' type).
-void LaunchSkinnyMatMul(const float* x, int n, const Matrix& w, float* y, cudaStream_t stream);
+// Backend::MatMul / MatMulMany for few rows (kernels/cuda/matmul.cu): batch-invariant, weights
+// read once per 16 rows, x in fp32 (not rounded to the weights' type); y[i] = x * w[i]^T for
+// i < count. REQUIRES: count <= kMaxProjections; every w[i] of w[0]'s dtype and cols.
+constexpr int kMaxProjections = 3;
+void LaunchSkinnyMatMul(const float* x, int n, const Matrix* w, float* const* y, int count,
+                        cudaStream_t stream);
 
 // ---- attention.cu
 // Appends the batch's K/V rows (Backend::StoreKvBatch).

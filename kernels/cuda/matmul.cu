@@ -9,6 +9,8 @@
 // element at a time otherwise), never the arithmetic. Each warp holds kO outputs for up to kR
 // rows, so a weight row is read once per kR rows of x: a decode batch reads the weights
 // once, not once per sequence. The weights are widened to fp32 exactly; x is not rounded.
+// One launch may take up to three matrices of the same input (q/k/v, gate/up): each output is
+// computed exactly as a launch of its matrix alone would.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -69,13 +71,38 @@ __device__ inline void Load8(const __half* p, int64_t c, int64_t count, float* o
   }
 }
 
-// blockIdx.x * kWarps + warp: the output group (kO outputs); blockIdx.y: the group of kR rows.
+// Up to kMaxProjections matrices of the same input: warp group g belongs to the first
+// matrix m with g < group_end[m].
+template <typename W>
+struct Projections {
+  const W* w[kMaxProjections];
+  float* y[kMaxProjections];
+  int rows[kMaxProjections];
+  int group_end[kMaxProjections];
+  int count;
+};
+
+static_assert(kMaxProjections == 3, "Pick3 picks among three");
+
+// Field m of a Projections array without a dynamic index into the kernel's parameters.
+template <typename T>
+__device__ inline T Pick3(const T (&a)[kMaxProjections], int m) {
+  return m == 0 ? a[0] : (m == 1 ? a[1] : a[2]);
+}
+
+// blockIdx.x * kWarps + warp: the output group (kO outputs of one matrix); blockIdx.y: the
+// group of kR rows.
 template <typename W, bool kVector>
-__global__ void SkinnyMatMulKernel(const float* x, int n, int64_t K, const W* w, int O,
-                                   float* y) {
+__global__ void SkinnyMatMulKernel(const float* x, int n, int64_t K, const Projections<W> p) {
   const int lane = threadIdx.x & 31;
-  const int o0 = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * kO;
-  if (o0 >= O) return;  // the whole warp
+  const int g = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  if (g >= Pick3(p.group_end, p.count - 1)) return;  // the whole warp
+  int m = 0;
+  while (g >= Pick3(p.group_end, m)) ++m;
+  const W* w = Pick3(p.w, m);
+  float* y = Pick3(p.y, m);
+  const int O = Pick3(p.rows, m);
+  const int o0 = (g - (m == 0 ? 0 : Pick3(p.group_end, m - 1))) * kO;
   const int r0 = blockIdx.y * kR;
   const int rows = min(kR, n - r0);
   float acc[kO][kR];
@@ -114,30 +141,43 @@ __global__ void SkinnyMatMulKernel(const float* x, int n, int64_t K, const W* w,
 }
 
 template <typename W>
-void Launch(const float* x, int n, const W* w, int64_t K, int O, float* y, cudaStream_t stream) {
-  const bool vector = K % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-                      reinterpret_cast<uintptr_t>(w) % 16 == 0;
-  const int groups = (O + kO - 1) / kO;
+void Launch(const float* x, int n, const Matrix* w, float* const* y, int count,
+            cudaStream_t stream) {
+  const int64_t K = w[0].cols;
+  Projections<W> p{};
+  p.count = count;
+  bool vector = K % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  int groups = 0;
+  for (int m = 0; m < count; ++m) {
+    p.w[m] = static_cast<const W*>(w[m].data);
+    p.y[m] = y[m];
+    p.rows[m] = static_cast<int>(w[m].rows);
+    groups += (p.rows[m] + kO - 1) / kO;
+    p.group_end[m] = groups;
+    vector = vector && reinterpret_cast<uintptr_t>(w[m].data) % 16 == 0;
+  }
+  for (int m = count; m < kMaxProjections; ++m) p.group_end[m] = groups;
+  if (groups == 0) return;
   const dim3 grid((groups + kWarps - 1) / kWarps, (n + kR - 1) / kR);
   if (vector) {
-    SkinnyMatMulKernel<W, true><<<grid, kWarps * 32, 0, stream>>>(x, n, K, w, O, y);
+    SkinnyMatMulKernel<W, true><<<grid, kWarps * 32, 0, stream>>>(x, n, K, p);
   } else {
-    SkinnyMatMulKernel<W, false><<<grid, kWarps * 32, 0, stream>>>(x, n, K, w, O, y);
+    SkinnyMatMulKernel<W, false><<<grid, kWarps * 32, 0, stream>>>(x, n, K, p);
   }
 }
 
 }  // namespace
 
-void LaunchSkinnyMatMul(const float* x, int n, const Matrix& w, float* y, cudaStream_t stream) {
-  if (n <= 0 || w.rows <= 0) return;
-  const int O = static_cast<int>(w.rows);
-  switch (w.dtype) {
+void LaunchSkinnyMatMul(const float* x, int n, const Matrix* w, float* const* y, int count,
+                        cudaStream_t stream) {
+  if (n <= 0 || count <= 0) return;
+  switch (w[0].dtype) {
     case DType::kF32:
-      return Launch(x, n, static_cast<const float*>(w.data), w.cols, O, y, stream);
+      return Launch<float>(x, n, w, y, count, stream);
     case DType::kBF16:
-      return Launch(x, n, static_cast<const __nv_bfloat16*>(w.data), w.cols, O, y, stream);
+      return Launch<__nv_bfloat16>(x, n, w, y, count, stream);
     case DType::kF16:
-      return Launch(x, n, static_cast<const __half*>(w.data), w.cols, O, y, stream);
+      return Launch<__half>(x, n, w, y, count, stream);
   }
 }
 

@@ -200,6 +200,32 @@ TEST_F(CudaTest, MatMulUpToBatchInvariantRowsIsBatchInvariant) {
   }
 }
 
+// MatMulMany (q/k/v-like shapes of different heights in one launch) gives every matrix the
+// bits of its own MatMul call, under the one-launch limit and past it.
+TEST_F(CudaTest, MatMulManyEqualsOneMatMulPerMatrix) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    TestMatrix wq(*gpu_, dt, 896, 896, 1), wk(*gpu_, dt, 128, 896, 2), wv(*gpu_, dt, 130, 896, 3);
+    const Matrix w[3] = {wq.device, wk.device, wv.device};
+    for (int n : {1, 7, 64, 100}) {
+      const auto x = RandomVec(static_cast<size_t>(n) * 896, n + 40);
+      DeviceVec<float> dx(*gpu_, x);
+      std::vector<DeviceVec<float>> many, one;
+      float* outs[3];
+      for (int i = 0; i < 3; ++i) {
+        many.push_back(DeviceVec<float>::Poisoned(*gpu_, static_cast<size_t>(n) * w[i].rows));
+        one.push_back(DeviceVec<float>::Poisoned(*gpu_, static_cast<size_t>(n) * w[i].rows));
+        outs[i] = many.back().get();
+        gpu_->MatMul(dx.get(), n, w[i], one.back().get());
+      }
+      gpu_->MatMulMany(dx.get(), n, w, outs, 3);
+      for (int i = 0; i < 3; ++i) {
+        EXPECT_EQ(many[i].Download(), one[i].Download())
+            << DTypeName(dt) << " n " << n << " matrix " << i;
+      }
+    }
+  }
+}
+
 // Paged attention: the same pool contents and (shuffled) block tables on both backends.
 struct AttnCase {
   int n_heads, n_kv, hd, base_len;

@@ -58,6 +58,20 @@ void ForwardPass::MatMul(const float* x, int n, const kernels::Matrix& w, float*
   }
 }
 
+void ForwardPass::MatMulMany(const float* x, int n, std::initializer_list<kernels::Matrix> w,
+                             std::initializer_list<float*> y) {
+  const kernels::Matrix* ws = w.begin();
+  const int count = static_cast<int>(w.size());
+  RECALL_CHECK(count <= 3 && y.size() == w.size()) << "MatMulMany: up to 3 matrices";
+  const int piece = options_.batch_invariant ? std::max(1, backend_.BatchInvariantRows()) : n;
+  for (int r = 0; r < n; r += piece) {
+    float* out[3];
+    for (int i = 0; i < count; ++i) out[i] = y.begin()[i] + static_cast<size_t>(r) * ws[i].rows;
+    backend_.MatMulMany(x + static_cast<size_t>(r) * ws[0].cols, std::min(piece, n - r), ws, out,
+                        count);
+  }
+}
+
 absl::Status ForwardPass::AddReduced(float* x, float* y, int total) {
   const int64_t count = static_cast<int64_t>(total) * model_.config.dim;
   if (options_.comm != nullptr) {
@@ -320,9 +334,7 @@ absl::Status ForwardPass::Run(std::span<const BatchItem> batch, float* logits) {
   for (int l = 0; l < c.n_layers; ++l) {
     const model::LayerWeights& w = model_.layers[l];
     backend_.RmsNorm(x, w.attn_norm.f32(), total, dim, c.norm_eps, xb);
-    MatMul(xb, total, w.wq, q);
-    MatMul(xb, total, w.wk, k);
-    MatMul(xb, total, w.wv, v);
+    MatMulMany(xb, total, {w.wq, w.wk, w.wv}, {q, k, v});
     if (c.qkv_bias) {
       backend_.AddBias(q, w.bq.f32(), total, q_dim);
       backend_.AddBias(k, w.bk.f32(), total, kv_dim);
@@ -345,8 +357,7 @@ absl::Status ForwardPass::Run(std::span<const BatchItem> batch, float* logits) {
       return st;
     }
     backend_.RmsNorm(x, w.ffn_norm.f32(), total, dim, c.norm_eps, xb);
-    MatMul(xb, total, w.w_gate, hb);
-    MatMul(xb, total, w.w_up, hb2);
+    MatMulMany(xb, total, {w.w_gate, w.w_up}, {hb, hb2});
     backend_.SiluMul(hb, hb2, static_cast<int64_t>(total) * c.hidden_dim, hb);
     MatMul(hb, total, w.w_down, xb);
     if (absl::Status st = AddReduced(xb, x, total); !st.ok()) {

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <span>
 #include <vector>
 
@@ -105,6 +106,9 @@ class ForwardPass {
  private:
   // y = x * w^T over n rows, split per options_.batch_invariant.
   void MatMul(const float* x, int n, const kernels::Matrix& w, float* y);
+  // MatMul of several matrices over the same x (Backend::MatMulMany), split the same way.
+  void MatMulMany(const float* x, int n, std::initializer_list<kernels::Matrix> w,
+                  std::initializer_list<float*> y);
   // y += x over the batch's rows, summed over the tensor-parallel ranks first (x is this rank's
   // partial sum). x: [total, dim].
   absl::Status AddReduced(float* x, float* y, int total);
