@@ -90,6 +90,12 @@ class Backend {
   virtual void RmsNorm(const float* x, const float* weight, int n, int dim, float eps,
                        float* out) = 0;
 
+  // The residual add and the next RMSNorm in one: x += y, then out = RmsNorm(x). x, y, out:
+  // [n, dim]; out may alias y. The same results as Add then RmsNorm (the default, which makes
+  // those two calls; a GPU backend launches once).
+  virtual void AddRmsNorm(float* x, const float* y, const float* weight, int n, int dim,
+                          float eps, float* out);
+
   // Rotates every head of x in place by its token's position.
   // x: [n, n_heads, head_dim]; positions: [n]; freq_i = theta^(-2i/head_dim).
   virtual void Rope(float* x, const int32_t* positions, int n, int n_heads, int head_dim,

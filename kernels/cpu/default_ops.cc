@@ -1,4 +1,4 @@
-// The defaults of Backend::MatMulMany, Backend::LazyObserve, Backend::LazyEvict,
+// The defaults of Backend::AddRmsNorm, Backend::MatMulMany, Backend::LazyObserve, Backend::LazyEvict,
 // Backend::ArgmaxRows and Backend::SampleRows: the reference host loops (kernels/backend.h).
 #include <algorithm>
 #include <vector>
@@ -8,6 +8,12 @@
 #include "kernels/cpu/sampling.h"
 
 namespace recall::kernels {
+
+void Backend::AddRmsNorm(float* x, const float* y, const float* weight, int n, int dim,
+                         float eps, float* out) {
+  Add(x, y, static_cast<int64_t>(n) * dim);
+  RmsNorm(x, weight, n, dim, eps, out);
+}
 
 void Backend::MatMulMany(const float* x, int n, const Matrix* w, float* const* y, int count) {
   for (int i = 0; i < count; ++i) MatMul(x, n, w[i], y[i]);

@@ -64,6 +64,12 @@ class CudaBackend final : public Backend {
     LaunchRmsNorm(x, weight, n, dim, eps, out, s());
     Launched("rmsnorm");
   }
+  void AddRmsNorm(float* x, const float* y, const float* weight, int n, int dim, float eps,
+                  float* out) override {
+    const Timed timed(this, "add_rmsnorm");
+    LaunchAddRmsNorm(x, y, weight, n, dim, eps, out, s());
+    Launched("add_rmsnorm");
+  }
   void Rope(float* x, const int32_t* positions, int n, int n_heads, int head_dim, float theta,
             RopeStyle style) override {
     const Timed timed(this, "rope");

@@ -57,11 +57,19 @@ __global__ void EmbeddingKernel(const void* table, int dtype, int64_t dim, const
   for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) o[j] = ToFloat(table, dtype, row + j);
 }
 
-__global__ void RmsNormKernel(const float* x, const float* w, int dim, float eps, float* out) {
+// With kAdd, x += y first (each thread adds, stores and squares its own elements, which it
+// alone reads again below, so out may alias x or y): AddKernel then this kernel, in one.
+template <bool kAdd>
+__global__ void RmsNormKernel(float* x, const float* y, const float* w, int dim, float eps,
+                              float* out) {
   __shared__ float shared[32];
-  const float* xi = x + static_cast<int64_t>(blockIdx.x) * dim;
+  float* xi = x + static_cast<int64_t>(blockIdx.x) * dim;
   float* oi = out + static_cast<int64_t>(blockIdx.x) * dim;
   float ss = 0.0f;
+  if (kAdd) {
+    const float* yi = y + static_cast<int64_t>(blockIdx.x) * dim;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) xi[j] = xi[j] + yi[j];
+  }
   for (int j = threadIdx.x; j < dim; j += blockDim.x) ss += xi[j] * xi[j];
   ss = BlockSum(ss, shared);
   ss /= dim;
@@ -157,7 +165,14 @@ void LaunchEmbedding(const Matrix& table, const int32_t* tokens, int n, float* o
 void LaunchRmsNorm(const float* x, const float* weight, int n, int dim, float eps, float* out,
                    cudaStream_t stream) {
   if (n <= 0) return;
-  RmsNormKernel<<<n, RowThreads(dim), 0, stream>>>(x, weight, dim, eps, out);
+  RmsNormKernel<false><<<n, RowThreads(dim), 0, stream>>>(const_cast<float*>(x), nullptr, weight,
+                                                           dim, eps, out);
+}
+
+void LaunchAddRmsNorm(float* x, const float* y, const float* weight, int n, int dim, float eps,
+                      float* out, cudaStream_t stream) {
+  if (n <= 0) return;
+  RmsNormKernel<true><<<n, RowThreads(dim), 0, stream>>>(x, y, weight, dim, eps, out);
 }
 
 void LaunchRope(float* x, const int32_t* positions, int n, int n_heads, int head_dim, float theta,

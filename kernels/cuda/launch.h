@@ -18,6 +18,9 @@ void LaunchEmbedding(const Matrix& table, const int32_t* tokens, int n, float* o
                      cudaStream_t stream);
 void LaunchRmsNorm(const float* x, const float* weight, int n, int dim, float eps, float* out,
                    cudaStream_t stream);
+// x += y, then out = RmsNorm(x) (Backend::AddRmsNorm).
+void LaunchAddRmsNorm(float* x, const float* y, const float* weight, int n, int dim, float eps,
+                      float* out, cudaStream_t stream);
 void LaunchRope(float* x, const int32_t* positions, int n, int n_heads, int head_dim, float theta,
                 RopeStyle style, cudaStream_t stream);
 void LaunchAddBias(float* x, const float* bias, int n, int dim, cudaStream_t stream);

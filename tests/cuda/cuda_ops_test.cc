@@ -200,6 +200,24 @@ TEST_F(CudaTest, MatMulUpToBatchInvariantRowsIsBatchInvariant) {
   }
 }
 
+// AddRmsNorm is Add then RmsNorm in one launch, with the same bits, out aliasing y as the
+// forward pass uses it.
+TEST_F(CudaTest, AddRmsNormEqualsAddThenRmsNorm) {
+  for (int dim : {64, 576, 4096}) {
+    const int n = 5;
+    const auto x = RandomVec(static_cast<size_t>(n) * dim, dim, -3.0f, 3.0f);
+    const auto y = RandomVec(x.size(), dim + 1, -3.0f, 3.0f);
+    const auto w = RandomVec(static_cast<size_t>(dim), dim + 2, 0.5f, 1.5f);
+    DeviceVec<float> dw(*gpu_, w), x1(*gpu_, x), y1(*gpu_, y), x2(*gpu_, x), y2(*gpu_, y);
+    auto out1 = DeviceVec<float>::Poisoned(*gpu_, x.size());
+    gpu_->Add(x1.get(), y1.get(), static_cast<int64_t>(x.size()));
+    gpu_->RmsNorm(x1.get(), dw.get(), n, dim, 1e-5f, out1.get());
+    gpu_->AddRmsNorm(x2.get(), y2.get(), dw.get(), n, dim, 1e-5f, y2.get());
+    EXPECT_EQ(x2.Download(), x1.Download()) << "dim " << dim;
+    EXPECT_EQ(y2.Download(), out1.Download()) << "dim " << dim;
+  }
+}
+
 // MatMulMany (q/k/v-like shapes of different heights in one launch) gives every matrix the
 // bits of its own MatMul call, under the one-launch limit and past it.
 TEST_F(CudaTest, MatMulManyEqualsOneMatMulPerMatrix) {

@@ -72,12 +72,18 @@ void ForwardPass::MatMulMany(const float* x, int n, std::initializer_list<kernel
   }
 }
 
-absl::Status ForwardPass::AddReduced(float* x, float* y, int total) {
-  const int64_t count = static_cast<int64_t>(total) * model_.config.dim;
+absl::Status ForwardPass::AddReduced(float* x, float* y, int total, const float* norm,
+                                     float* normed) {
+  const model::ModelConfig& c = model_.config;
+  const int64_t count = static_cast<int64_t>(total) * c.dim;
   if (options_.comm != nullptr) {
     RECALL_RETURN_IF_ERROR(options_.comm->AllReduce(x, count, kernels::ReduceOp::kSum));
   }
-  backend_.Add(y, x, count);
+  if (norm == nullptr) {
+    backend_.Add(y, x, count);
+  } else {
+    backend_.AddRmsNorm(y, x, norm, total, c.dim, c.norm_eps, normed);
+  }
   return absl::OkStatus();
 }
 
@@ -330,10 +336,12 @@ absl::Status ForwardPass::Run(std::span<const BatchItem> batch, float* logits) {
   float *xb = F(xb_), *q = F(q_), *k = F(k_), *v = F(v_), *att = F(att_), *hb = F(hb_),
         *hb2 = F(hb2_);
   backend_.Embedding(model_.tok_embeddings, tokens_, total, x);
+  // Each residual add is fused with the RMSNorm that follows it (the next layer's attention
+  // norm, then this layer's FFN norm): xb holds the normed x at the top of every layer.
+  backend_.RmsNorm(x, model_.layers[0].attn_norm.f32(), total, dim, c.norm_eps, xb);
 
   for (int l = 0; l < c.n_layers; ++l) {
     const model::LayerWeights& w = model_.layers[l];
-    backend_.RmsNorm(x, w.attn_norm.f32(), total, dim, c.norm_eps, xb);
     MatMulMany(xb, total, {w.wq, w.wk, w.wv}, {q, k, v});
     if (c.qkv_bias) {
       backend_.AddBias(q, w.bq.f32(), total, q_dim);
@@ -352,15 +360,16 @@ absl::Status ForwardPass::Run(std::span<const BatchItem> batch, float* logits) {
     backend_.AttentionBatch(kv_, l, q, c.n_heads, scale, att);
 
     MatMul(att, total, w.wo, xb);
-    if (absl::Status st = AddReduced(xb, x, total); !st.ok()) {
+    if (absl::Status st = AddReduced(xb, x, total, w.ffn_norm.f32(), xb); !st.ok()) {
       give_back();
       return st;
     }
-    backend_.RmsNorm(x, w.ffn_norm.f32(), total, dim, c.norm_eps, xb);
     MatMulMany(xb, total, {w.w_gate, w.w_up}, {hb, hb2});
     backend_.SiluMul(hb, hb2, static_cast<int64_t>(total) * c.hidden_dim, hb);
     MatMul(hb, total, w.w_down, xb);
-    if (absl::Status st = AddReduced(xb, x, total); !st.ok()) {
+    const float* next_norm =
+        l + 1 < c.n_layers ? model_.layers[static_cast<size_t>(l) + 1].attn_norm.f32() : nullptr;
+    if (absl::Status st = AddReduced(xb, x, total, next_norm, xb); !st.ok()) {
       give_back();
       return st;
     }

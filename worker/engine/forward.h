@@ -110,8 +110,10 @@ class ForwardPass {
   void MatMulMany(const float* x, int n, std::initializer_list<kernels::Matrix> w,
                   std::initializer_list<float*> y);
   // y += x over the batch's rows, summed over the tensor-parallel ranks first (x is this rank's
-  // partial sum). x: [total, dim].
-  absl::Status AddReduced(float* x, float* y, int total);
+  // partial sum). x: [total, dim]. With a norm weight, then normed = RmsNorm(y) in the same
+  // op (Backend::AddRmsNorm).
+  absl::Status AddReduced(float* x, float* y, int total, const float* norm = nullptr,
+                          float* normed = nullptr);
   // Copies the window queries of items that asked for them (see BatchItem).
   void CaptureWindowQueries(std::span<const BatchItem> batch, int layer);
   // Adds the residual rows of items that asked for layer `layer` to their hidden_sum.
