@@ -35,6 +35,11 @@ struct CudaBackendOptions {
   // eviction kernel against that reference (CheckLazyEvict, kernels/cpu/lazy_evict_check.h)
   // and falls back the same way (CudaEvictsOnHost says which).
   bool host_evict = false;
+  // Every matmul through cuBLAS (BatchInvariantRows() is then 1) and the fused ops
+  // (MatMulMany, AddRmsNorm) as their plain sequences. Otherwise CreateCudaBackend checks our
+  // batch-invariant matmul and fused kernels against the host reference (CheckMatMul,
+  // kernels/cpu/matmul_check.h) and falls back the same way (CudaMatMulsOnCublas says which).
+  bool cublas_matmuls = false;
 };
 
 // FailedPrecondition when no CUDA device is present (or `device` is out of range);
@@ -64,6 +69,10 @@ bool CudaPicksOnHost(Backend& backend);
 // Whether a CUDA backend runs LazyEvict on the host (CudaBackendOptions::host_evict, asked for
 // or taken after a failed check); false for other backends and in builds without CUDA.
 bool CudaEvictsOnHost(Backend& backend);
+
+// Whether a CUDA backend runs every matmul through cuBLAS (CudaBackendOptions::cublas_matmuls,
+// asked for or taken after a failed check); false for other backends and without CUDA.
+bool CudaMatMulsOnCublas(Backend& backend);
 
 // Makes `device` the calling thread's current CUDA device (cudaSetDevice). A thread must do
 // this before it queues ops of a backend on that device when the process drives several GPUs

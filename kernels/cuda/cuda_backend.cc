@@ -13,6 +13,7 @@
 #include "common/status.h"
 #include "kernels/cpu/lazy_evict.h"
 #include "kernels/cpu/lazy_evict_check.h"
+#include "kernels/cpu/matmul_check.h"
 #include "kernels/cpu/pick_check.h"
 #include "kernels/cpu/sampling.h"
 #include "kernels/cuda/cuda_memory.h"
@@ -29,7 +30,7 @@ class CudaBackend final : public Backend {
               const CudaBackendOptions& options)
       : device_(device), stream_(std::move(stream)), blas_(blas), sm_count_(sm_count),
         memory_(device, stream_.get()), host_picks_(options.host_picks),
-        host_evict_(options.host_evict) {
+        host_evict_(options.host_evict), cublas_matmuls_(options.cublas_matmuls) {
     if (options.time_ops) timer_ = std::make_unique<OpTimer>();
   }
   ~CudaBackend() override {
@@ -45,6 +46,8 @@ class CudaBackend final : public Backend {
   bool picks_on_host() const { return host_picks_; }
   // CudaEvictsOnHost.
   bool evicts_on_host() const { return host_evict_; }
+  // CudaMatMulsOnCublas.
+  bool matmuls_on_cublas() const { return cublas_matmuls_; }
   Memory& memory() override { return memory_; }
   absl::Status Health() override { return memory_.status(); }
 
@@ -66,6 +69,7 @@ class CudaBackend final : public Backend {
   }
   void AddRmsNorm(float* x, const float* y, const float* weight, int n, int dim, float eps,
                   float* out) override {
+    if (cublas_matmuls_) return Backend::AddRmsNorm(x, y, weight, n, dim, eps, out);
     const Timed timed(this, "add_rmsnorm");
     LaunchAddRmsNorm(x, y, weight, n, dim, eps, out, s());
     Launched("add_rmsnorm");
@@ -81,10 +85,10 @@ class CudaBackend final : public Backend {
   // output is the same sequence of operations whatever the row count; larger ones go to
   // cuBLAS, which may pick another algorithm (and summation order) for another row count.
   static constexpr int kSkinnyRows = 64;
-  int BatchInvariantRows() const override { return kSkinnyRows; }
+  int BatchInvariantRows() const override { return cublas_matmuls_ ? 1 : kSkinnyRows; }
   // Up to three matrices of one dtype over few rows: one launch of the same kernel.
   void MatMulMany(const float* x, int n, const Matrix* w, float* const* y, int count) override {
-    bool one_launch = n <= kSkinnyRows && count <= kMaxProjections;
+    bool one_launch = !cublas_matmuls_ && n <= kSkinnyRows && count <= kMaxProjections;
     for (int i = 1; one_launch && i < count; ++i) one_launch = w[i].dtype == w[0].dtype;
     if (!one_launch) return Backend::MatMulMany(x, n, w, y, count);
     const Timed timed(this, timer_ == nullptr ? std::string()
@@ -411,7 +415,8 @@ class CudaBackend final : public Backend {
   recall::cuda::DeviceBuffer lens_device_;
   std::vector<int32_t> evict_;  // LazyEvict's rows and block tables, staged
   recall::cuda::DeviceBuffer evict_device_;
-  bool host_evict_;  // CudaBackendOptions::host_evict
+  bool host_evict_;      // CudaBackendOptions::host_evict
+  bool cublas_matmuls_;  // CudaBackendOptions::cublas_matmuls
   std::vector<int32_t> host_ts_, host_mri_, host_keep_;  // EvictOnHost's row
   cpu::LazyKeepScratch keep_scratch_;
   std::unique_ptr<OpTimer> timer_;  // CudaBackendOptions::time_ops
@@ -422,7 +427,7 @@ void CudaBackend::MatMul(const float* x, int n, const Matrix& w, float* y) {
   const Timed timed(this, timer_ == nullptr ? std::string()
                                             : absl::StrCat("matmul ", DTypeName(w.dtype), " ",
                                                            w.rows, "x", w.cols, " n", n));
-  if (n <= kSkinnyRows) {
+  if (!cublas_matmuls_ && n <= kSkinnyRows) {
     LaunchSkinnyMatMul(x, n, &w, &y, 1, s());
     Launched("matmul (skinny)");
     return;
@@ -501,6 +506,11 @@ bool CudaEvictsOnHost(Backend& backend) {
   return cuda != nullptr && cuda->evicts_on_host();
 }
 
+bool CudaMatMulsOnCublas(Backend& backend) {
+  auto* cuda = dynamic_cast<cuda::CudaBackend*>(&backend);
+  return cuda != nullptr && cuda->matmuls_on_cublas();
+}
+
 namespace {
 
 absl::StatusOr<std::unique_ptr<Backend>> Build(const CudaBackendOptions& options) {
@@ -540,6 +550,9 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOpti
     const char* what;
   };
   static constexpr Fallback kFallbacks[] = {
+      {CheckMatMul, &CudaBackendOptions::cublas_matmuls,
+       "batch-invariant matmul or fused ops failed their check, so every matmul goes through "
+       "cuBLAS, one row per call where the worker asks for batch invariance"},
       {CheckPicks, &CudaBackendOptions::host_picks,
        "token picks failed their check, so tokens are picked on the host (the logits are "
        "copied back)"},

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "kernels/cpu/matmul_check.h"
 #include "kernels/cpu/pick_check.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "worker/model/half.h"
@@ -170,6 +171,7 @@ TEST_F(CudaTest, MatMulMatchesReferenceForEveryDtype) {
 // Batch invariance: a row's output has the same bits whatever rows it is computed with, and
 // whether the loads are 16-byte vectors or single elements (x one float off alignment).
 TEST_F(CudaTest, MatMulUpToBatchInvariantRowsIsBatchInvariant) {
+  ASSERT_FALSE(CudaMatMulsOnCublas(*gpu_)) << "our matmul failed its check at creation";
   const int most = gpu_->BatchInvariantRows();
   ASSERT_GE(most, 16);
   struct Shape { int rows, cols; };
@@ -216,6 +218,27 @@ TEST_F(CudaTest, AddRmsNormEqualsAddThenRmsNorm) {
     EXPECT_EQ(x2.Download(), x1.Download()) << "dim " << dim;
     EXPECT_EQ(y2.Download(), out1.Download()) << "dim " << dim;
   }
+}
+
+// cublas_matmuls (the fallback): every matmul through cuBLAS, one row per invariant piece,
+// within the cuBLAS tolerance of the CPU; the fused ops give the plain ops' bits.
+TEST_F(CudaTest, CublasMatMulsFallbackComputesTheSame) {
+  EXPECT_TRUE(CheckMatMul(*gpu_).ok()) << CheckMatMul(*gpu_);
+  CudaBackendOptions o;
+  o.cublas_matmuls = true;
+  auto fallback = CreateCudaBackend(o);
+  ASSERT_TRUE(fallback.ok()) << fallback.status();
+  EXPECT_TRUE(CudaMatMulsOnCublas(**fallback));
+  EXPECT_EQ((*fallback)->BatchInvariantRows(), 1);
+  TestMatrix w(**fallback, DType::kBF16, 896, 4864, 5);
+  const auto x = RandomVec(4 * 4864, 6);
+  std::vector<float> ref(4 * 896);
+  cpu_->MatMul(x.data(), 4, w.host, ref.data());
+  DeviceVec<float> dx(**fallback, x);
+  auto out = DeviceVec<float>::Poisoned(**fallback, ref.size());
+  (*fallback)->MatMul(dx.get(), 4, w.device, out.get());
+  EXPECT_LT(RelErr(out.Download(), ref), 1e-2);
+  EXPECT_TRUE((*fallback)->Health().ok()) << (*fallback)->Health();
 }
 
 // MatMulMany (q/k/v-like shapes of different heights in one launch) gives every matrix the

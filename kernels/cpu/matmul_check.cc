@@ -1,0 +1,178 @@
+#include "kernels/cpu/matmul_check.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace recall::kernels {
+namespace {
+
+// Deterministic values in [-1, 1).
+std::vector<float> Values(size_t n, uint32_t seed) {
+  std::vector<float> v(n);
+  uint32_t x = seed * 2654435761u + 1;
+  for (float& f : v) {
+    x = x * 1664525u + 1013904223u;
+    f = static_cast<float>(x >> 8) / static_cast<float>(1u << 23) - 1.0f;
+  }
+  return v;
+}
+
+// A host vector copied to the backend's memory, and back.
+class Staged {
+ public:
+  static absl::StatusOr<Staged> Of(Memory& memory, const void* host, size_t bytes) {
+    Staged s;
+    RECALL_ASSIGN_OR_RETURN(s.buffer_, Buffer::Allocate(memory, bytes));
+    memory.CopyIn(s.buffer_.get(), host, bytes);
+    s.bytes_ = bytes;
+    return s;
+  }
+  float* f() const { return buffer_.as<float>(); }
+  const void* get() const { return buffer_.get(); }
+  std::vector<float> Download() const {
+    std::vector<float> out(bytes_ / sizeof(float));
+    buffer_.memory()->CopyOut(out.data(), buffer_.get(), bytes_);
+    return out;
+  }
+
+ private:
+  Buffer buffer_;
+  size_t bytes_ = 0;
+};
+
+// max |got - want| / max(1, ||want row||_inf) over the rows.
+double RowError(const std::vector<float>& got, const std::vector<float>& want, int64_t cols) {
+  double worst = 0;
+  for (size_t r = 0; r * cols < want.size(); ++r) {
+    double scale = 1, diff = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      const size_t i = r * cols + c;
+      scale = std::max(scale, static_cast<double>(std::fabs(want[i])));
+      diff = std::max(diff, std::fabs(static_cast<double>(got[i]) - want[i]));
+      if (!std::isfinite(got[i])) return INFINITY;
+    }
+    worst = std::max(worst, diff / scale);
+  }
+  return worst;
+}
+
+struct Shape {
+  int64_t rows, cols;
+};
+
+// MatMul against the reference and across row counts, for one weight matrix.
+absl::Status CheckOne(Backend& backend, Backend& cpu, DType dtype, Shape s, const char* who) {
+  Memory& memory = backend.memory();
+  const int most = std::max(1, std::min(backend.BatchInvariantRows(), 64));
+  const std::vector<float> wf = Values(static_cast<size_t>(s.rows * s.cols), s.rows + s.cols);
+  std::vector<uint16_t> half;
+  Matrix host{wf.data(), DType::kF32, s.rows, s.cols};
+  if (dtype != DType::kF32) {
+    // Random signs and mantissas, exponents for magnitudes in [2^-7, 2) (bf16) or
+    // [2^-5, 2) (f16): normal numbers, built from their bits.
+    half.resize(wf.size());
+    uint32_t x = static_cast<uint32_t>(s.rows * 31 + s.cols);
+    for (uint16_t& h : half) {
+      x = x * 1664525u + 1013904223u;
+      const uint32_t sign = (x >> 31) << 15;
+      h = static_cast<uint16_t>(dtype == DType::kBF16
+                                    ? sign | (120 + (x >> 20) % 8) << 7 | ((x >> 8) & 0x7F)
+                                    : sign | (10 + (x >> 20) % 6) << 10 | ((x >> 4) & 0x3FF));
+    }
+    host = Matrix{half.data(), dtype, s.rows, s.cols};
+  }
+  RECALL_ASSIGN_OR_RETURN(Staged w, Staged::Of(memory, host.data, host.bytes()));
+  const Matrix device{w.get(), dtype, s.rows, s.cols};
+  const std::vector<float> x = Values(static_cast<size_t>(most * s.cols), 7);
+  RECALL_ASSIGN_OR_RETURN(Staged dx, Staged::Of(memory, x.data(), x.size() * sizeof(float)));
+  std::vector<float> want(static_cast<size_t>(most * s.rows));
+  cpu.MatMul(x.data(), most, host, want.data());
+  const std::vector<float> nan(want.size(), NAN);
+  RECALL_ASSIGN_OR_RETURN(Staged all, Staged::Of(memory, nan.data(), nan.size() * sizeof(float)));
+  backend.MatMul(dx.f(), most, device, all.f());
+  const std::vector<float> got = all.Download();
+  RECALL_RETURN_IF_ERROR(backend.Health());
+  const std::string shape = absl::StrCat(DTypeName(dtype), " ", s.rows, "x", s.cols);
+  if (const double err = RowError(got, want, s.rows); !(err <= 1e-5)) {
+    return absl::InternalError(absl::StrCat(who, "MatMul of ", most, " rows of ", shape,
+                                            " is off the host reference by ", err,
+                                            " (relative; the limit is 1e-5)"));
+  }
+  // Rows [3, 3 + n) alone must give the same bits as within all `most` rows.
+  for (const int n : {1, std::min(most - 3, 13)}) {
+    if (most < 4 || n <= 0) continue;
+    RECALL_ASSIGN_OR_RETURN(Staged part, Staged::Of(memory, nan.data(), n * s.rows * sizeof(float)));
+    backend.MatMul(dx.f() + 3 * s.cols, n, device, part.f());
+    const std::vector<float> p = part.Download();
+    if (!std::equal(p.begin(), p.end(), got.begin() + 3 * s.rows)) {
+      return absl::InternalError(absl::StrCat(who, "MatMul of ", shape, " is not batch-invariant: ",
+                                              n, " rows alone differ from the same rows among ",
+                                              most));
+    }
+  }
+  // The same matrix three times in one MatMulMany: each the bits of the MatMul above.
+  RECALL_ASSIGN_OR_RETURN(Staged many, Staged::Of(memory, nan.data(), nan.size() * sizeof(float)));
+  const Matrix three[3] = {device, device, device};
+  float* outs[3] = {many.f(), many.f(), many.f()};
+  RECALL_ASSIGN_OR_RETURN(Staged other,
+                          Staged::Of(memory, nan.data(), 2 * nan.size() * sizeof(float)));
+  outs[1] = other.f();
+  outs[2] = other.f() + nan.size();
+  backend.MatMulMany(dx.f(), most, three, outs, 3);
+  const std::vector<float> m0 = many.Download(), m12 = other.Download();
+  RECALL_RETURN_IF_ERROR(backend.Health());
+  if (m0 != got || !std::equal(m12.begin(), m12.begin() + got.size(), got.begin()) ||
+      !std::equal(m12.begin() + got.size(), m12.end(), got.begin())) {
+    return absl::InternalError(
+        absl::StrCat(who, "MatMulMany of ", shape, " differs from one MatMul per matrix"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckAddRmsNorm(Backend& backend, const char* who) {
+  Memory& memory = backend.memory();
+  const int n = 3, dim = 576;
+  const std::vector<float> x = Values(n * dim, 11), y = Values(n * dim, 12);
+  std::vector<float> w = Values(dim, 13);
+  for (float& v : w) v += 1.5f;
+  RECALL_ASSIGN_OR_RETURN(Staged dw, Staged::Of(memory, w.data(), w.size() * sizeof(float)));
+  RECALL_ASSIGN_OR_RETURN(Staged x1, Staged::Of(memory, x.data(), x.size() * sizeof(float)));
+  RECALL_ASSIGN_OR_RETURN(Staged y1, Staged::Of(memory, y.data(), y.size() * sizeof(float)));
+  RECALL_ASSIGN_OR_RETURN(Staged o1, Staged::Of(memory, y.data(), y.size() * sizeof(float)));
+  RECALL_ASSIGN_OR_RETURN(Staged x2, Staged::Of(memory, x.data(), x.size() * sizeof(float)));
+  RECALL_ASSIGN_OR_RETURN(Staged y2, Staged::Of(memory, y.data(), y.size() * sizeof(float)));
+  backend.Add(x1.f(), y1.f(), n * dim);
+  backend.RmsNorm(x1.f(), dw.f(), n, dim, 1e-5f, o1.f());
+  backend.AddRmsNorm(x2.f(), y2.f(), dw.f(), n, dim, 1e-5f, y2.f());
+  const bool same = x2.Download() == x1.Download() && y2.Download() == o1.Download();
+  RECALL_RETURN_IF_ERROR(backend.Health());
+  if (!same) {
+    return absl::InternalError(absl::StrCat(who, "AddRmsNorm differs from Add then RmsNorm"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckMatMul(Backend& backend) {
+  CpuBackendOptions one_thread;
+  one_thread.num_threads = 1;
+  const std::unique_ptr<Backend> cpu = CreateCpuBackend(one_thread);
+  const std::string who = absl::StrCat(backend.Name(), " backend: ");
+  for (const DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    // 512 columns: the vector loads; 77: one element at a time.
+    for (const Shape s : {Shape{300, 512}, Shape{101, 77}}) {
+      RECALL_RETURN_IF_ERROR(CheckOne(backend, *cpu, dtype, s, who.c_str()));
+    }
+  }
+  return CheckAddRmsNorm(backend, who.c_str());
+}
+
+}  // namespace recall::kernels

@@ -1,0 +1,19 @@
+// CheckMatMul: a quick check, run when a backend is created, of the ops a GPU backend runs
+// through its own kernels on the decode path: MatMul of up to BatchInvariantRows() rows
+// (within 1e-5 of the host reference for f32, bf16 and f16 weights, aligned and unaligned
+// shapes; every row bit-identical whatever the row count), MatMulMany (each matrix the bits
+// of its own MatMul) and AddRmsNorm (the bits of Add then RmsNorm). A backend whose kernels
+// have never run on its hardware can then fall back to its vendor library and plain ops (the
+// CUDA backend does) instead of computing wrong logits.
+#pragma once
+
+#include "absl/status/status.h"
+#include "kernels/backend.h"
+
+namespace recall::kernels {
+
+// OK, or InternalError naming the op, the shape and what differs (or the backend's own
+// error). Allocates a few MB of the backend's memory for the duration of the call.
+absl::Status CheckMatMul(Backend& backend);
+
+}  // namespace recall::kernels
