@@ -30,9 +30,9 @@ RECALL_HOST_DEVICE inline double PortableExp(double x) {
   if (x < -708.0) return 0.0;
   if (!(x <= 709.0)) return INFINITY;
   const double k = rint(x * 1.4426950408889634);  // x / ln 2
-  double r = fma(-k, 0.6931471803691238, x);       // ln 2, high part (exact times k)
-  r = fma(-k, 1.9082149292705877e-10, r);          // ln 2, low part
-  double p = 1.6059043836821613e-10;               // 1/13!
+  double r = fma(-k, 0.6931471803691238, x);      // ln 2, high part (exact times k)
+  r = fma(-k, 1.9082149292705877e-10, r);         // ln 2, low part
+  double p = 1.6059043836821613e-10;              // 1/13!
   p = fma(p, r, 2.08767569878681e-09);
   p = fma(p, r, 2.505210838544172e-08);
   p = fma(p, r, 2.755731922398589e-07);
@@ -55,8 +55,9 @@ RECALL_HOST_DEVICE inline double PortableExp(double x) {
 
 // S for a slot last important at step ts, with maximum recurrence interval mri, at step t.
 RECALL_HOST_DEVICE inline double LazyScore(int t, int32_t ts, int32_t mri) {
-  const double h1 = 2.0 / (1.0 + PortableExp(1.0 + static_cast<double>(t - ts) /
-                                                        (static_cast<double>(mri) + 1e-5)));
+  const double h1 =
+      2.0 /
+      (1.0 + PortableExp(1.0 + static_cast<double>(t - ts) / (static_cast<double>(mri) + 1e-5)));
   const double h2 = mri > 0 ? 2.0 / (1.0 + PortableExp(static_cast<double>(mri) - 1.0)) : 0.0;
   return h1 + h2;
 }

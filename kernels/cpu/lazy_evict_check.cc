@@ -66,8 +66,7 @@ absl::Status CompareLazyEvict(Backend& backend, const LazyEvictCase& c) {
 
   EvictResult got{std::vector<int32_t>(want.keeps.size(), -1), c.state, c.pool};
   Memory& memory = backend.memory();
-  RECALL_ASSIGN_OR_RETURN(Buffer d_pool,
-                          Buffer::Allocate(memory, got.pool.size() * sizeof(float)));
+  RECALL_ASSIGN_OR_RETURN(Buffer d_pool, Buffer::Allocate(memory, got.pool.size() * sizeof(float)));
   RECALL_ASSIGN_OR_RETURN(Buffer d_state,
                           Buffer::Allocate(memory, got.state.size() * sizeof(int32_t)));
   RECALL_ASSIGN_OR_RETURN(Buffer d_keeps,
@@ -91,10 +90,10 @@ absl::Status CompareLazyEvict(Backend& backend, const LazyEvictCase& c) {
     const size_t begin = i * c.cap;
     for (int k = 0; k < c.keeps[i]; ++k) {
       if (got.keeps[begin + k] != want.keeps[begin + k]) {
-        return absl::InternalError(absl::StrCat(
-            who, "kept slot ", got.keeps[begin + k], " as entry ", k, " of row ", c.rows[i],
-            " (", c.lens[i], " slots, keep ", c.keeps[i], ") where the host reference keeps ",
-            want.keeps[begin + k]));
+        return absl::InternalError(
+            absl::StrCat(who, "kept slot ", got.keeps[begin + k], " as entry ", k, " of row ",
+                         c.rows[i], " (", c.lens[i], " slots, keep ", c.keeps[i],
+                         ") where the host reference keeps ", want.keeps[begin + k]));
       }
     }
   }
@@ -138,8 +137,8 @@ absl::Status CheckLazyEvict(Backend& backend) {
   uint32_t x = 12345;
   for (size_t i = 0; i < plane; ++i) {
     x = x * 1664525u + 1013904223u;
-    c.state[i] = c.t - static_cast<int32_t>((x >> 8) % 40) * 7;       // ts
-    c.state[plane + i] = static_cast<int32_t>((x >> 20) % 9);        // mri
+    c.state[i] = c.t - static_cast<int32_t>((x >> 8) % 40) * 7;  // ts
+    c.state[plane + i] = static_cast<int32_t>((x >> 20) % 9);    // mri
   }
   return CompareLazyEvict(backend, c);
 }

@@ -108,13 +108,14 @@ absl::Status CheckOne(Backend& backend, Backend& cpu, DType dtype, Shape s, cons
   // Rows [3, 3 + n) alone must give the same bits as within all `most` rows.
   for (const int n : {1, std::min(most - 3, 13)}) {
     if (most < 4 || n <= 0) continue;
-    RECALL_ASSIGN_OR_RETURN(Staged part, Staged::Of(memory, nan.data(), n * s.rows * sizeof(float)));
+    RECALL_ASSIGN_OR_RETURN(Staged part,
+                            Staged::Of(memory, nan.data(), n * s.rows * sizeof(float)));
     backend.MatMul(dx.f() + 3 * s.cols, n, device, part.f());
     const std::vector<float> p = part.Download();
     if (!std::equal(p.begin(), p.end(), got.begin() + 3 * s.rows)) {
-      return absl::InternalError(absl::StrCat(who, "MatMul of ", shape, " is not batch-invariant: ",
-                                              n, " rows alone differ from the same rows among ",
-                                              most));
+      return absl::InternalError(
+          absl::StrCat(who, "MatMul of ", shape, " is not batch-invariant: ", n,
+                       " rows alone differ from the same rows among ", most));
     }
   }
   // The same matrix three times in one MatMulMany: each the bits of the MatMul above.

@@ -21,8 +21,8 @@
 namespace recall::kernels::cuda {
 namespace {
 
-constexpr int kO = 2;    // outputs per warp
-constexpr int kR = 16;   // rows of x per warp
+constexpr int kO = 2;   // outputs per warp
+constexpr int kR = 16;  // rows of x per warp
 constexpr int kWarps = 4;
 
 // The 8 elements of chunk c (elements 8c .. 8c + 7, those below `count`) as floats; 0 past

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
+#include "absl/status/status.h"
 #include "kernels/backend.h"
 
 namespace recall::kernels::testing {
@@ -22,7 +24,9 @@ class DelegatingBackend : public Backend {
   void Rope(float* x, const int32_t* p, int n, int h, int d, float theta, RopeStyle s) override {
     cpu_->Rope(x, p, n, h, d, theta, s);
   }
-  void MatMul(const float* x, int n, const Matrix& w, float* y) override { cpu_->MatMul(x, n, w, y); }
+  void MatMul(const float* x, int n, const Matrix& w, float* y) override {
+    cpu_->MatMul(x, n, w, y);
+  }
   int BatchInvariantRows() const override { return cpu_->BatchInvariantRows(); }
   void AddBias(float* x, const float* b, int n, int dim) override { cpu_->AddBias(x, b, n, dim); }
   void Add(float* x, const float* y, int64_t n) override { cpu_->Add(x, y, n); }
@@ -34,8 +38,8 @@ class DelegatingBackend : public Backend {
                const int32_t* s) override {
     cpu_->StoreKv(kv, l, k, v, n, s);
   }
-  void PrefillAttention(const PagedKv& kv, int l, const int32_t* lens, const float* q, int n,
-                        int h, float scale, float* out) override {
+  void PrefillAttention(const PagedKv& kv, int l, const int32_t* lens, const float* q, int n, int h,
+                        float scale, float* out) override {
     cpu_->PrefillAttention(kv, l, lens, q, n, h, scale, out);
   }
   void DecodeAttention(const PagedKv& kv, int l, const int32_t* lens, const float* q, int h,
@@ -58,5 +62,22 @@ class DelegatingBackend : public Backend {
  protected:
   std::unique_ptr<Backend> cpu_ = CreateCpuBackend({1});
 };
+
+// `check` on a one-thread CPU backend over host memory, then over opaque memory: OK, or the
+// first failure with " (opaque memory)" added when it came from the second.
+inline absl::Status OnHostAndOpaqueCpu(absl::Status (*check)(Backend&)) {
+  for (const bool opaque : {false, true}) {
+    CpuBackendOptions o;
+    o.num_threads = 1;
+    o.opaque_memory = opaque;
+    const std::unique_ptr<Backend> cpu = CreateCpuBackend(o);
+    const absl::Status st = check(*cpu);
+    if (!st.ok()) {
+      return absl::Status(st.code(),
+                          std::string(st.message()) + (opaque ? " (opaque memory)" : ""));
+    }
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace recall::kernels::testing

@@ -34,13 +34,8 @@ class WrongEvict final : public testing::DelegatingBackend {
 };
 
 TEST(CheckLazyEvictTest, TheReferencePassesOnHostAndOpaqueMemory) {
-  for (const bool opaque : {false, true}) {
-    CpuBackendOptions o;
-    o.num_threads = 1;
-    o.opaque_memory = opaque;
-    std::unique_ptr<Backend> cpu = CreateCpuBackend(o);
-    EXPECT_TRUE(CheckLazyEvict(*cpu).ok()) << CheckLazyEvict(*cpu) << (opaque ? " (opaque)" : "");
-  }
+  const absl::Status st = testing::OnHostAndOpaqueCpu(CheckLazyEvict);
+  EXPECT_TRUE(st.ok()) << st;
 }
 
 TEST(CheckLazyEvictTest, AWrongKeepListOrStateIsNamed) {

@@ -22,7 +22,7 @@ class WrongMatMul final : public testing::DelegatingBackend {
   const char* Name() const override { return "wrong"; }
   void MatMul(const float* x, int n, const Matrix& w, float* y) override {
     cpu_->MatMul(x, n, w, y);
-    if (fault_ == kOff && n > 1) y[0] += 1e-2f;                        // off the reference
+    if (fault_ == kOff && n > 1) y[0] += 1e-2f;                           // off the reference
     if (fault_ == kVariant && n == 1) y[0] = std::nextafter(y[0], 1e9f);  // one bit, alone
   }
   void MatMulMany(const float* x, int n, const Matrix* w, float* const* y, int count) override {
@@ -39,14 +39,8 @@ class WrongMatMul final : public testing::DelegatingBackend {
 };
 
 TEST(CheckMatMulTest, TheCpuBackendPassesOnHostAndOpaqueMemory) {
-  for (const bool opaque : {false, true}) {
-    CpuBackendOptions o;
-    o.num_threads = 1;
-    o.opaque_memory = opaque;
-    std::unique_ptr<Backend> cpu = CreateCpuBackend(o);
-    const absl::Status st = CheckMatMul(*cpu);
-    EXPECT_TRUE(st.ok()) << st << (opaque ? " (opaque)" : "");
-  }
+  const absl::Status st = testing::OnHostAndOpaqueCpu(CheckMatMul);
+  EXPECT_TRUE(st.ok()) << st;
 }
 
 TEST(CheckMatMulTest, EachFaultIsNamed) {

@@ -32,13 +32,8 @@ class ShiftedPicks final : public testing::DelegatingBackend {
 };
 
 TEST(CheckPicksTest, TheReferencePicksPassOnHostAndOpaqueMemory) {
-  for (const bool opaque : {false, true}) {
-    CpuBackendOptions o;
-    o.num_threads = 1;
-    o.opaque_memory = opaque;
-    std::unique_ptr<Backend> cpu = CreateCpuBackend(o);
-    EXPECT_TRUE(CheckPicks(*cpu).ok()) << CheckPicks(*cpu) << (opaque ? " (opaque)" : "");
-  }
+  const absl::Status st = testing::OnHostAndOpaqueCpu(CheckPicks);
+  EXPECT_TRUE(st.ok()) << st;
 }
 
 TEST(CheckPicksTest, AWrongPickIsNamedWithItsOpAndRow) {
