@@ -88,6 +88,7 @@ class CudaBackend final : public Backend {
   int BatchInvariantRows() const override { return cublas_matmuls_ ? 1 : kSkinnyRows; }
   // Up to three matrices of one dtype over few rows: one launch of the same kernel.
   void MatMulMany(const float* x, int n, const Matrix* w, float* const* y, int count) override {
+    if (count == 1) return MatMul(x, n, w[0], y[0]);
     bool one_launch = !cublas_matmuls_ && n <= kSkinnyRows && count <= kMaxProjections;
     for (int i = 1; one_launch && i < count; ++i) one_launch = w[i].dtype == w[0].dtype;
     if (!one_launch) return Backend::MatMulMany(x, n, w, y, count);

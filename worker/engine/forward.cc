@@ -47,15 +47,7 @@ absl::Status ForwardPass::AllocateWorkspaces() {
 }
 
 void ForwardPass::MatMul(const float* x, int n, const kernels::Matrix& w, float* y) {
-  if (!options_.batch_invariant) {
-    backend_.MatMul(x, n, w, y);
-    return;
-  }
-  const int piece = std::max(1, backend_.BatchInvariantRows());
-  for (int r = 0; r < n; r += piece) {
-    backend_.MatMul(x + static_cast<size_t>(r) * w.cols, std::min(piece, n - r), w,
-                    y + static_cast<size_t>(r) * w.rows);
-  }
+  MatMulMany(x, n, {w}, {y});
 }
 
 void ForwardPass::MatMulMany(const float* x, int n, std::initializer_list<kernels::Matrix> w,

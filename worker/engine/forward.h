@@ -106,7 +106,8 @@ class ForwardPass {
  private:
   // y = x * w^T over n rows, split per options_.batch_invariant.
   void MatMul(const float* x, int n, const kernels::Matrix& w, float* y);
-  // MatMul of several matrices over the same x (Backend::MatMulMany), split the same way.
+  // MatMul of several matrices over the same x (Backend::MatMulMany), split the same way
+  // (MatMul is the one-matrix case).
   void MatMulMany(const float* x, int n, std::initializer_list<kernels::Matrix> w,
                   std::initializer_list<float*> y);
   // y += x over the batch's rows, summed over the tensor-parallel ranks first (x is this rank's

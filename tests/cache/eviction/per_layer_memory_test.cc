@@ -11,6 +11,7 @@
 #include "cache/eviction/session_evictor.h"
 #include "cache/sequence_cache.h"
 #include "gtest/gtest.h"
+#include "tests/cache/eviction/append_rows.h"
 
 namespace recall::cache::eviction {
 namespace {
@@ -18,19 +19,9 @@ namespace {
 constexpr int kLayers = 4, kKv = 2, kDim = 4, kBlock = 4;
 
 void Append(SequenceCache& seq, int n) {
-  ASSERT_TRUE(seq.Reserve(n).ok());
-  std::vector<int32_t> pos(static_cast<size_t>(n));
-  std::iota(pos.begin(), pos.end(), seq.next_position());
-  const kernels::PagedKv kv = seq.View();
-  for (int l = 0; l < kLayers; ++l) {
-    for (int h = 0; h < kKv; ++h) {
-      for (int i = 0; i < n; ++i) {
-        std::fill_n(kv.K(l, h, seq.length(l, h) + i), kDim, 0.0f);
-        std::fill_n(kv.V(l, h, seq.length(l, h) + i), kDim, static_cast<float>(pos[i]));
-      }
-    }
-  }
-  seq.CommitAppend(pos.data(), n);
+  testing::AppendRows(
+      seq, n, [](int, int, int, int) { return 0.0f; },
+      [](int p, int, int, int) { return static_cast<float>(p); });
 }
 
 int Blocks(int slots) { return (slots + kBlock - 1) / kBlock; }

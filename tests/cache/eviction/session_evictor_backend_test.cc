@@ -13,6 +13,7 @@
 #include "cache/eviction/session_evictor.h"
 #include "cache/sequence_cache.h"
 #include "gtest/gtest.h"
+#include "tests/cache/eviction/append_rows.h"
 #include "tests/cache/eviction/pseudo_attention.h"
 #include "kernels/backend.h"
 
@@ -30,24 +31,11 @@ float KvValue(int layer, int head, int position, int is_v, int d) {
   return static_cast<float>(position * 1000 + layer * 100 + head * 10 + is_v * 5 + d);
 }
 
-// Appends n tokens with their K/V rows (the pools of these tests are host memory, opaque or
-// not, so the rows are written in place).
+// Appends n tokens with their K/V rows.
 void Append(SequenceCache& seq, int n) {
-  ASSERT_TRUE(seq.Reserve(n).ok());
-  std::vector<int32_t> pos(static_cast<size_t>(n));
-  std::iota(pos.begin(), pos.end(), seq.next_position());
-  const kernels::PagedKv kv = seq.View();
-  for (int l = 0; l < kLayers; ++l) {
-    for (int h = 0; h < kKv; ++h) {
-      for (int i = 0; i < n; ++i) {
-        for (int d = 0; d < kDim; ++d) {
-          kv.K(l, h, seq.length(l, h) + i)[d] = KvValue(l, h, pos[static_cast<size_t>(i)], 0, d);
-          kv.V(l, h, seq.length(l, h) + i)[d] = KvValue(l, h, pos[static_cast<size_t>(i)], 1, d);
-        }
-      }
-    }
-  }
-  seq.CommitAppend(pos.data(), n);
+  testing::AppendRows(
+      seq, n, [](int p, int l, int h, int d) { return KvValue(l, h, p, 0, d); },
+      [](int p, int l, int h, int d) { return KvValue(l, h, p, 1, d); });
 }
 
 // Every slot's K/V rows are those of the token at its position.

@@ -11,6 +11,7 @@
 #include "cache/eviction/session_evictor.h"
 #include "cache/sequence_cache.h"
 #include "gtest/gtest.h"
+#include "tests/cache/eviction/append_rows.h"
 
 namespace recall::cache::eviction {
 namespace {
@@ -19,7 +20,7 @@ namespace {
 class SessionEvictorMetaTest : public ::testing::Test {
  protected:
   static constexpr int kLayers = 2, kKv = 2, kHeads = 4, kDim = 4, kStride = 64;
-  using RowFn = std::function<float(int pos, int l, int h, int d)>;
+  using RowFn = testing::RowFn;
 
   void SetUp() override {
     auto pool = BlockPool::Create(layout_, 128);  // 64 blocks of 4 tokens per layer
@@ -33,23 +34,7 @@ class SessionEvictorMetaTest : public ::testing::Test {
 
   // Appends n tokens; K and V rows from the given functions.
   void Append(SequenceCache& seq, int n, const RowFn& k_fn, const RowFn& v_fn) {
-    ASSERT_TRUE(seq.Reserve(n).ok());
-    std::vector<int32_t> pos(static_cast<size_t>(n));
-    std::iota(pos.begin(), pos.end(), seq.next_position());
-    const kernels::PagedKv kv = seq.View();
-    for (int l = 0; l < kLayers; ++l) {
-      for (int h = 0; h < kKv; ++h) {
-        for (int i = 0; i < n; ++i) {
-          float* k = kv.K(l, h, seq.length(l, h) + i);
-          float* v = kv.V(l, h, seq.length(l, h) + i);
-          for (int d = 0; d < kDim; ++d) {
-            k[d] = k_fn(pos[i], l, h, d);
-            v[d] = v_fn(pos[i], l, h, d);
-          }
-        }
-      }
-    }
-    seq.CommitAppend(pos.data(), n);
+    testing::AppendRows(seq, n, k_fn, v_fn);
   }
   void Append(SequenceCache& seq, int n) {
     Append(

@@ -8,6 +8,7 @@
 #include "cache/block_pool.h"
 #include "cache/sequence_cache.h"
 #include "gtest/gtest.h"
+#include "tests/cache/eviction/append_rows.h"
 #include "tests/cache/eviction/pseudo_attention.h"
 
 namespace recall::cache::eviction {
@@ -29,21 +30,9 @@ class SessionEvictorTest : public ::testing::Test {
   static float Value(int p, int l, int h) { return 1.0f + p + 1000.0f * l + 100.0f * h; }
 
   void Append(SequenceCache& seq, int n) {
-    ASSERT_TRUE(seq.Reserve(n).ok());
-    std::vector<int32_t> pos(static_cast<size_t>(n));
-    std::iota(pos.begin(), pos.end(), seq.next_position());
-    const kernels::PagedKv kv = seq.View();
-    for (int l = 0; l < kLayers; ++l) {
-      for (int h = 0; h < kKv; ++h) {
-        for (int i = 0; i < n; ++i) {
-          float* v = kv.V(l, h, seq.length(l, h) + i);
-          for (int d = 0; d < kDim; ++d) v[d] = d == 0 ? Value(pos[i], l, h) : 0.0f;
-          float* k = kv.K(l, h, seq.length(l, h) + i);
-          for (int d = 0; d < kDim; ++d) k[d] = 0.0f;
-        }
-      }
-    }
-    seq.CommitAppend(pos.data(), n);
+    testing::AppendRows(
+        seq, n, [](int, int, int, int) { return 0.0f; },
+        [](int p, int l, int h, int d) { return d == 0 ? Value(p, l, h) : 0.0f; });
   }
 
   // Pseudo-random attention (pseudo_attention.h).
