@@ -19,7 +19,9 @@
 #include <memory>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kernels/kv_batch.h"
 #include "kernels/memory.h"
 #include "kernels/sampling_params.h"
@@ -60,6 +62,18 @@ struct LazyEvictArgs {
   int64_t keep_stride = 0;
 };
 
+// A sequence of a backend's ops recorded once (Backend::Record) and run again as a whole: a
+// CUDA graph on a GPU, one launch instead of one per op.
+class OpGraph {
+ public:
+  virtual ~OpGraph() = default;
+  // Queues the recorded ops again with the arguments they were recorded with (the same
+  // pointers, sizes and scalars; the memory behind the pointers is read as it is now).
+  // FailedPrecondition when the backend has since moved a workspace the ops use: the graph is
+  // stale, record the ops again.
+  virtual absl::Status Replay() = 0;
+};
+
 struct WorkspaceNeeds {
   int max_tokens = 0;     // rows of any op (a step's tokens)
   int64_t max_cols = 0;   // the widest MatMul input
@@ -80,6 +94,17 @@ class Backend {
   // The first error an op met (a GPU backend's ops are void and asynchronous: a failed launch,
   // a faulted stream or an allocation that failed inside an op shows up here); ok on the CPU.
   virtual absl::Status Health() { return absl::OkStatus(); }
+
+  // Whether Record can record ops (false: it returns null; the CPU backend).
+  virtual bool CanRecord() const { return false; }
+  // Records the ops `ops` calls on this backend, without running them, into a graph that
+  // Replay runs. Null when an op among them cannot be recorded (one that copies to or from
+  // the host, allocates or synchronizes): run them directly instead. An error when recording
+  // failed. While recording, the ops must not depend on results of ops recorded before them
+  // on the host, and everything they point to must still be there when the graph is replayed.
+  virtual absl::StatusOr<std::unique_ptr<OpGraph>> Record(absl::FunctionRef<void()> ops) {
+    return std::unique_ptr<OpGraph>();
+  }
 
   // out[i, :] = table[tokens[i], :] as fp32.
   // table: [vocab, dim]; tokens: [n]; out: [n, dim]. REQUIRES: 0 <= tokens[i] < vocab.

@@ -1,5 +1,5 @@
 // Move-only owners of CUDA resources. Only common/cuda creates or frees device memory,
-// streams and events; everything else holds these types. Header-only; compiled only when
+// streams, events and graphs; everything else holds these types. Header-only; compiled only when
 // RECALL_WITH_CUDA is on. Creation returns StatusOr (out of memory is a Status, not a crash).
 #pragma once
 
@@ -53,69 +53,69 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
-// A non-blocking CUDA stream.
-class Stream {
+// Owns one CUDA handle, released by `Destroy` (streams, events, graphs).
+template <typename T, cudaError_t (*Destroy)(T)>
+class Owned {
  public:
-  Stream() = default;
-  static absl::StatusOr<Stream> Create() {
-    Stream stream;
-    RECALL_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream.stream_, cudaStreamNonBlocking));
-    return stream;
-  }
-  Stream(Stream&& other) noexcept : stream_(std::exchange(other.stream_, nullptr)) {}
-  Stream& operator=(Stream&& other) noexcept {
+  Owned() = default;
+  explicit Owned(T handle) : handle_(handle) {}
+  Owned(Owned&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+  Owned& operator=(Owned&& other) noexcept {
     if (this != &other) {
       Reset();
-      stream_ = std::exchange(other.stream_, nullptr);
+      handle_ = std::exchange(other.handle_, nullptr);
     }
     return *this;
   }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  ~Stream() { Reset(); }
+  Owned(const Owned&) = delete;
+  Owned& operator=(const Owned&) = delete;
+  ~Owned() { Reset(); }
 
-  cudaStream_t get() const { return stream_; }
-  absl::Status Synchronize() const {
-    return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-  }
+  T get() const { return handle_; }
 
  private:
   void Reset() {
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
-    stream_ = nullptr;
+    if (handle_ != nullptr) Destroy(handle_);
+    handle_ = nullptr;
   }
-  cudaStream_t stream_ = nullptr;
+  T handle_ = nullptr;
+};
+
+// A non-blocking CUDA stream.
+class Stream : public Owned<cudaStream_t, cudaStreamDestroy> {
+ public:
+  using Owned::Owned;
+  static absl::StatusOr<Stream> Create() {
+    cudaStream_t stream = nullptr;
+    RECALL_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    return Stream(stream);
+  }
+  absl::Status Synchronize() const {
+    return CudaStatus(cudaStreamSynchronize(get()), "cudaStreamSynchronize");
+  }
 };
 
 // A CUDA event (timing enabled), e.g. for kernel timings in benchmarks.
-class Event {
+class Event : public Owned<cudaEvent_t, cudaEventDestroy> {
  public:
-  Event() = default;
+  using Owned::Owned;
   static absl::StatusOr<Event> Create() {
-    Event event;
-    RECALL_CUDA_RETURN_IF_ERROR(cudaEventCreate(&event.event_));
-    return event;
+    cudaEvent_t event = nullptr;
+    RECALL_CUDA_RETURN_IF_ERROR(cudaEventCreate(&event));
+    return Event(event);
   }
-  Event(Event&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}
-  Event& operator=(Event&& other) noexcept {
-    if (this != &other) {
-      Reset();
-      event_ = std::exchange(other.event_, nullptr);
-    }
-    return *this;
-  }
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  ~Event() { Reset(); }
+};
 
-  cudaEvent_t get() const { return event_; }
-
- private:
-  void Reset() {
-    if (event_ != nullptr) cudaEventDestroy(event_);
-    event_ = nullptr;
+// A captured CUDA graph (cudaStreamEndCapture's), and an executable one instantiated from it.
+using Graph = Owned<cudaGraph_t, cudaGraphDestroy>;
+class GraphExec : public Owned<cudaGraphExec_t, cudaGraphExecDestroy> {
+ public:
+  using Owned::Owned;
+  static absl::StatusOr<GraphExec> Instantiate(cudaGraph_t graph) {
+    cudaGraphExec_t exec = nullptr;
+    RECALL_CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&exec, graph, 0));
+    return GraphExec(exec);
   }
-  cudaEvent_t event_ = nullptr;
 };
 
 }  // namespace recall::cuda

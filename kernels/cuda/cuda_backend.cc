@@ -51,6 +51,11 @@ class CudaBackend final : public Backend {
   Memory& memory() override { return memory_; }
   absl::Status Health() override { return memory_.status(); }
 
+  // A CUDA graph of the ops, captured from the stream. Not with the op timer (its events are
+  // host round trips) nor with the cuBLAS fallback (its calls may allocate).
+  bool CanRecord() const override { return timer_ == nullptr && !cublas_matmuls_; }
+  absl::StatusOr<std::unique_ptr<OpGraph>> Record(absl::FunctionRef<void()> ops) override;
+
   absl::Status ReserveWorkspace(const WorkspaceNeeds& needs) override {
     RECALL_RETURN_IF_ERROR(GrowRounding(static_cast<int64_t>(needs.max_tokens) * needs.max_cols));
     return GrowAttention(needs.max_tokens, needs.max_heads, needs.head_dim);
@@ -141,11 +146,13 @@ class CudaBackend final : public Backend {
   // The per-sequence ops stage a one-item batch (host block tables and lengths) first.
   void StoreKv(const PagedKv& kv, int layer, const float* k, const float* v, int n,
                const int32_t* start_slots) override {
+    if (memory_.Refuse("StoreKv (stages its tables)")) return;
     const KvBatch b = StageOne(kv, layer, start_slots, n, nullptr, 0);
     StoreKvBatch(b, 0, k, v);
   }
   void PrefillAttention(const PagedKv& kv, int layer, const int32_t* kv_lens, const float* q,
                         int n, int n_heads, float scale, float* out) override {
+    if (memory_.Refuse("PrefillAttention (stages its tables)")) return;
     StageStarts(kv, kv_lens, n);
     const KvBatch b = StageOne(kv, layer, starts_.data(), n, nullptr, 0);
     AttentionBatch(b, 0, q, n_heads, scale, out);
@@ -153,12 +160,14 @@ class CudaBackend final : public Backend {
   void DecodeAttention(const PagedKv& kv, int layer, const int32_t* kv_lens, const float* q,
                        int n_heads, float scale, float* out, float* probs,
                        int64_t probs_stride) override {
+    if (memory_.Refuse("DecodeAttention (stages its tables)")) return;
     StageStarts(kv, kv_lens, 1);
     const KvBatch b = StageOne(kv, layer, starts_.data(), 1, probs, probs_stride);
     AttentionBatch(b, 0, q, n_heads, scale, out);
   }
 
   void LazyObserve(const LazyObserveArgs& a) override {
+    if (memory_.Refuse("LazyObserve (reads host lengths)")) return;
     const Timed timed(this, "lazy_observe");
     const int rows = a.n_layers * a.n_kv_heads;
     if (rows <= 0) return;
@@ -182,7 +191,7 @@ class CudaBackend final : public Backend {
   }
 
   void LazyEvict(const LazyEvictArgs& a) override {
-    if (a.n_rows <= 0) return;
+    if (a.n_rows <= 0 || memory_.Refuse("LazyEvict (stages its rows)")) return;
     if (host_evict_) return EvictOnHost(a);
     const Timed timed(this, "lazy_evict");
     // One copy: the rows, then the block tables of their layers (rows ascend, so a layer's
@@ -217,6 +226,7 @@ class CudaBackend final : public Backend {
   }
 
   void ArgmaxRows(const float* x, int rows, int cols, int32_t* out) override {
+    if (memory_.Refuse("ArgmaxRows")) return;
     if (host_picks_) return PickOnHost(x, rows, cols, nullptr, nullptr, out);
     const Timed timed(this, "argmax_rows");
     LaunchArgmaxRows(x, rows, cols, out, s());
@@ -225,7 +235,7 @@ class CudaBackend final : public Backend {
 
   void SampleRows(const float* x, int rows, int cols, const SamplingParams* params,
                   const float* draws, int32_t* out) override {
-    if (rows <= 0) return;
+    if (rows <= 0 || memory_.Refuse("SampleRows (per-step draws)")) return;
     if (host_picks_) return PickOnHost(x, rows, cols, params, draws, out);
     bool greedy = true;
     for (int r = 0; r < rows; ++r) greedy &= !(params[r].temperature > 0.0f);
@@ -332,6 +342,10 @@ class CudaBackend final : public Backend {
     const int64_t partials = AttentionPartialFloats(tokens, heads, head_dim, sm_count_);
     const int64_t stats = static_cast<int64_t>(tokens) * heads * 2;
     if (partials <= attn_partial_floats_ && stats <= attn_stat_floats_) return absl::OkStatus();
+    if (memory_.Refuse("attention scratch growth")) {
+      return absl::FailedPreconditionError("attention scratch cannot grow while recording");
+    }
+    ++workspace_moves_;          // graphs recorded before point at the old buffers
     cudaStreamSynchronize(s());  // the old buffers may still be read
     const int64_t p = std::max(partials, attn_partial_floats_);
     const int64_t st = std::max(stats, attn_stat_floats_);
@@ -396,6 +410,8 @@ class CudaBackend final : public Backend {
     return b;
   }
 
+  friend class CudaOpGraph;
+
   int device_;
   recall::cuda::Stream stream_;
   cublasHandle_t blas_;
@@ -421,7 +437,55 @@ class CudaBackend final : public Backend {
   std::vector<int32_t> host_ts_, host_mri_, host_keep_;  // EvictOnHost's row
   cpu::LazyKeepScratch keep_scratch_;
   std::unique_ptr<OpTimer> timer_;  // CudaBackendOptions::time_ops
+  int64_t workspace_moves_ = 0;     // times a workspace graphs read was reallocated
 };
+
+// One recorded CUDA graph of a CudaBackend, replayed on its stream.
+class CudaOpGraph final : public OpGraph {
+ public:
+  CudaOpGraph(CudaBackend* backend, recall::cuda::GraphExec exec)
+      : backend_(backend), exec_(std::move(exec)), moves_(backend->workspace_moves_) {}
+
+  absl::Status Replay() override {
+    if (backend_->workspace_moves_ != moves_) {
+      return absl::FailedPreconditionError(
+          "cuda graph: stale (a workspace it uses was reallocated); record it again");
+    }
+    const cudaError_t err = cudaGraphLaunch(exec_.get(), backend_->s());
+    backend_->memory_.Check(err, "cudaGraphLaunch");
+    return recall::cuda::CudaStatus(err, "cudaGraphLaunch");
+  }
+
+ private:
+  CudaBackend* backend_;
+  recall::cuda::GraphExec exec_;
+  int64_t moves_;
+};
+
+absl::StatusOr<std::unique_ptr<OpGraph>> CudaBackend::Record(absl::FunctionRef<void()> ops) {
+  if (!CanRecord()) return std::unique_ptr<OpGraph>();
+  RECALL_RETURN_IF_ERROR(memory_.status());
+  // Thread-local: other threads (other ranks, other backends) may allocate meanwhile.
+  RECALL_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(s(), cudaStreamCaptureModeThreadLocal));
+  memory_.BeginRecording();
+  ops();
+  const char* refused = memory_.EndRecording();
+  cudaGraph_t captured = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(s(), &captured);
+  const recall::cuda::Graph graph(captured);
+  if (ended != cudaSuccess) {
+    cudaGetLastError();  // a capture that went wrong is not a sticky error
+    return recall::cuda::CudaStatus(ended, "cudaStreamEndCapture");
+  }
+  RECALL_RETURN_IF_ERROR(memory_.status());  // a launch failed while recording
+  if (refused != nullptr) {
+    RECALL_LOG(DEBUG) << "cuda graph: not recorded: " << refused << " cannot be captured";
+    return std::unique_ptr<OpGraph>();
+  }
+  RECALL_ASSIGN_OR_RETURN(recall::cuda::GraphExec exec,
+                          recall::cuda::GraphExec::Instantiate(graph.get()));
+  return std::unique_ptr<OpGraph>(new CudaOpGraph(this, std::move(exec)));
+}
 
 void CudaBackend::MatMul(const float* x, int n, const Matrix& w, float* y) {
   if (n <= 0) return;
@@ -433,6 +497,7 @@ void CudaBackend::MatMul(const float* x, int n, const Matrix& w, float* y) {
     Launched("matmul (skinny)");
     return;
   }
+  if (memory_.Refuse("cuBLAS matmul (may allocate)")) return;
   const float one = 1.0f, zero = 0.0f;
   const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
   cublasStatus_t st;

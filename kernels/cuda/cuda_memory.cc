@@ -25,6 +25,9 @@ absl::Status CudaMemory::status() const {
 }
 
 absl::StatusOr<void*> CudaMemory::Allocate(size_t bytes) {
+  if (Refuse("an allocation")) {
+    return absl::FailedPreconditionError("cuda device: cannot allocate while recording a graph");
+  }
   cudaSetDevice(device_);
   void* p = nullptr;
   const cudaError_t err = cudaMalloc(&p, bytes == 0 ? 256 : bytes);  // 256-byte aligned
@@ -42,13 +45,13 @@ void CudaMemory::Free(void* p) {
 }
 
 void CudaMemory::CopyIn(void* dst, const void* src, size_t bytes) {
-  if (bytes == 0) return;
+  if (bytes == 0 || Refuse("a copy from the host")) return;
   Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync H2D");
   Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize after H2D");
 }
 
 void CudaMemory::CopyOut(void* dst, const void* src, size_t bytes) {
-  if (bytes == 0) return;
+  if (bytes == 0 || Refuse("a copy to the host")) return;
   Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync D2H");
   Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize after D2H");
 }
@@ -60,7 +63,7 @@ void CudaMemory::Copy(void* dst, const void* src, size_t bytes) {
 
 void CudaMemory::CopyOutRows(void* dst, size_t dst_stride, const void* src, size_t src_stride,
                              size_t row_bytes, size_t rows) {
-  if (rows == 0 || row_bytes == 0) return;
+  if (rows == 0 || row_bytes == 0 || Refuse("a copy of rows to the host")) return;
   Check(cudaMemcpy2DAsync(dst, dst_stride, src, src_stride, row_bytes, rows,
                           cudaMemcpyDeviceToHost, stream_),
         "cudaMemcpy2DAsync D2H");
@@ -76,7 +79,7 @@ void CudaMemory::CompactRows(const PagedKvHead& rows, const int32_t* keep, int n
     pairs_.push_back(rows.K(i) - base);
   }
   const int m = static_cast<int>(pairs_.size() / 2);
-  if (m == 0) return;
+  if (m == 0 || Refuse("cache compaction")) return;
   // Its allocations and launch go to the current device: make it this memory's (the caller
   // may be a thread bound to another GPU).
   if (!Check(cudaSetDevice(device_), "cudaSetDevice before compaction")) return;

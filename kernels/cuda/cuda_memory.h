@@ -1,7 +1,8 @@
 // CudaMemory: device memory of one GPU as a kernels::Memory, ordered on the backend's stream.
 // Copies to and from the host synchronize the stream (so they see every op queued before);
 // device-to-device copies and row compaction are queued on it. The first CUDA error is kept
-// and reported by status().
+// and reported by status(). While the backend records a graph (Backend::Record), the copies
+// that cross to the host and compaction are refused instead of run (they cannot be captured).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -36,6 +37,23 @@ class CudaMemory final : public Memory {
   // The first error seen, or ok.
   absl::Status status() const;
   cudaStream_t stream() const { return stream_; }
+
+  // Recording: between the two calls, Refuse(what) answers true (and remembers the first
+  // `what`) for an op that cannot be captured in a graph; EndRecording returns that op, or
+  // null when every op could be.
+  void BeginRecording() {
+    recording_ = true;
+    refused_ = nullptr;
+  }
+  const char* EndRecording() {
+    recording_ = false;
+    return refused_;
+  }
+  bool Refuse(const char* what) {
+    if (!recording_) return false;
+    if (refused_ == nullptr) refused_ = what;
+    return true;
+  }
   int device() const { return device_; }
 
  private:
@@ -43,6 +61,8 @@ class CudaMemory final : public Memory {
   cudaStream_t stream_;
   mutable absl::Mutex mu_;
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+  bool recording_ = false;
+  const char* refused_ = nullptr;
   // CompactRows' move list (host, then device) and row scratch; grow once.
   std::vector<int64_t> pairs_;
   void* d_pairs_ = nullptr;

@@ -145,6 +145,40 @@ TEST_F(CudaTest, ElementwiseOpsMatchReference) {
   }
 }
 
+// Record: ops are captured, not run; each Replay runs them again, reading memory as it is
+// then. An op that crosses to the host makes Record answer null and leaves the backend healthy.
+TEST_F(CudaTest, RecordedOpsRunOnlyWhenReplayed) {
+  ASSERT_TRUE(gpu_->CanRecord());
+  const int64_t count = 4097;
+  const auto a = RandomVec(count, 5, -1, 1), b = RandomVec(count, 6, -1, 1);
+  DeviceVec<float> da(*gpu_, a), db(*gpu_, b);
+  auto graph = gpu_->Record([&] {
+    gpu_->Add(da.get(), db.get(), count);
+    gpu_->SiluMul(da.get(), db.get(), count, db.get());
+  });
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  ASSERT_NE(*graph, nullptr);
+  EXPECT_EQ(da.Download(), a) << "recording ran nothing";
+  std::vector<float> ra = a, rb = b;
+  for (int replay = 0; replay < 3; ++replay) {
+    ASSERT_TRUE((*graph)->Replay().ok());
+    cpu_->Add(ra.data(), rb.data(), count);
+    cpu_->SiluMul(ra.data(), rb.data(), count, rb.data());
+  }
+  EXPECT_LT(RelErr(da.Download(), ra), 1e-6);
+  EXPECT_LT(RelErr(db.Download(), rb), 1e-6);
+
+  std::vector<float> host(count);
+  auto refused = gpu_->Record([&] {
+    gpu_->Add(da.get(), db.get(), count);
+    gpu_->memory().CopyOut(host.data(), da.get(), count * sizeof(float));
+  });
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_EQ(*refused, nullptr) << "a copy to the host cannot be in a graph";
+  EXPECT_TRUE(gpu_->Health().ok()) << gpu_->Health();
+  EXPECT_LT(RelErr(da.Download(), ra), 1e-6) << "nothing ran";
+}
+
 // Up to BatchInvariantRows() rows (our kernel, fp32 activations) every dtype is within 1e-5;
 // past it cuBLAS rounds the activations to bf16/f16 (1e-2). 77 columns: unaligned loads.
 TEST_F(CudaTest, MatMulMatchesReferenceForEveryDtype) {
