@@ -171,12 +171,13 @@ struct Result {
   int batch = 0, context = 0;
   std::string status = "ok";
   double step_ms = 0, tokens_per_s = 0, roofline_ms = 0, roofline_fraction = 0;
+  int64_t graph_replays = 0;  // steps replayed from CUDA graphs (--graphs 1)
 };
 
 // Decode steps of `batch` sequences whose caches hold `context` random rows.
 Result RunDecode(const Shape& s, DeviceModel& dm, kernels::Backend& gpu,
-                 const kernels::SamplingParams& sampling, int batch, int context,
-                 int steps, double bw) {
+                 const kernels::SamplingParams& sampling, int batch, int context, int steps,
+                 double bw, bool graphs) {
   Result r{s.name, batch, context};
   const model::ModelConfig& c = s.c;
   const int bt = 16;
@@ -214,7 +215,9 @@ Result RunDecode(const Shape& s, DeviceModel& dm, kernels::Backend& gpu,
     CHECK_OK(caches.back()->Reserve(context));
     caches.back()->CommitAppend(positions.data(), context);
   }
-  engine::ForwardPass forward(dm.m, gpu, engine::ForwardOptions{std::max(batch, 64)});
+  engine::ForwardPass forward(
+      dm.m, gpu,
+      engine::ForwardOptions{.max_batch_tokens = std::max(batch, 64), .step_graphs = graphs});
   std::vector<int32_t> tokens(batch);
   std::vector<engine::BatchItem> items(batch);
   std::vector<float> logits(static_cast<size_t>(batch) * c.vocab_size);
@@ -247,6 +250,7 @@ Result RunDecode(const Shape& s, DeviceModel& dm, kernels::Backend& gpu,
     std::printf("GPU time per op, %s batch %d ctx %d, over %d steps (wall %.3f ms/step median):\n%s",
                 s.name.c_str(), batch, context, steps, Median(times) * 1e3, op_times.c_str());
   }
+  r.graph_replays = forward.step_graphs().replays();
   r.step_ms = Median(times) * 1e3;
   r.tokens_per_s = batch / Median(times);
   // Roofline: weights once, every sequence's KV read (at the median step's length) and its new
@@ -268,14 +272,15 @@ struct LazyCost {
 };
 
 LazyCost MeasureLazy(const Shape& s, DeviceModel& dm, kernels::Backend& gpu, int context,
-                     double budget_fraction, int steps) {
+                     double budget_fraction, int steps, bool graphs) {
   LazyCost out;
   const model::ModelConfig& c = s.c;
   kernels::PagedKvLayout layout{c.n_layers, c.n_kv_heads, c.head_dim, 16};
   auto pool = cache::BlockPool::Create(layout, 2 * c.n_layers * ((context + steps + 64) / 16 + 2),
                                        gpu.memory());
   CHECK_OK(pool.status());
-  engine::ForwardPass forward(dm.m, gpu, engine::ForwardOptions{512});
+  engine::ForwardPass forward(
+      dm.m, gpu, engine::ForwardOptions{.max_batch_tokens = 512, .step_graphs = graphs});
   const int budget = static_cast<int>(context * budget_fraction);
   out.held = budget;
   std::vector<float> logits(c.vocab_size);
@@ -336,7 +341,7 @@ int Main(int argc, char** argv) {
   std::string shapes = "smollm2-135m,qwen2.5-0.5b,llama-3-8b", out_json;
   std::vector<int> batches = {1, 16, 64}, contexts = {1024, 8192};
   int steps = 32;
-  bool time_ops = false;
+  bool time_ops = false, graphs = true;
   kernels::SamplingParams sampling;
   sampling.temperature = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -347,6 +352,7 @@ int Main(int argc, char** argv) {
     else if (a == "--steps") steps = std::stoi(v);
     else if (a == "--out-json") out_json = v;
     else if (a == "--time-ops") time_ops = v == "1";
+    else if (a == "--graphs") graphs = v == "1";
     else if (a == "--temperature") sampling.temperature = std::stof(v);
     else if (a == "--top-k") sampling.top_k = std::stoi(v);
     else if (a == "--top-p") sampling.top_p = std::stof(v);
@@ -382,22 +388,25 @@ int Main(int argc, char** argv) {
     std::printf("%s: %.2f GB of bf16 weights read per step\n", s.name.c_str(), dm.weight_bytes / 1e9);
     for (int ctx : contexts) {
       for (int b : batches) {
-        const Result r = RunDecode(s, dm, **gpu, sampling, b, ctx, steps, bw);
+        const Result r = RunDecode(s, dm, **gpu, sampling, b, ctx, steps, bw, graphs);
         CHECK_OK((*gpu)->Health());
-        std::printf("recall %-13s batch %2d ctx %5d: %s %8.3f ms/step %9.0f tok/s  roofline %.3f ms "
-                    "-> %.0f%% of roofline\n",
-                    r.shape.c_str(), b, ctx, r.status.c_str(), r.step_ms, r.tokens_per_s,
-                    r.roofline_ms, 100 * r.roofline_fraction);
+        std::printf(
+            "recall %-13s batch %2d ctx %5d: %s %8.3f ms/step %9.0f tok/s  roofline %.3f ms "
+            "-> %.0f%% of roofline (%lld steps from graphs)\n",
+            r.shape.c_str(), b, ctx, r.status.c_str(), r.step_ms, r.tokens_per_s, r.roofline_ms,
+            100 * r.roofline_fraction, static_cast<long long>(r.graph_replays));
         std::fflush(stdout);
         js << (first ? "" : ", ") << "{\"shape\": \"" << r.shape << "\", \"batch\": " << b
-           << ", \"context\": " << ctx << ", \"status\": \"" << r.status << "\", \"step_ms\": "
-           << r.step_ms << ", \"tokens_per_s\": " << r.tokens_per_s << ", \"roofline_ms\": "
-           << r.roofline_ms << ", \"roofline_fraction\": " << r.roofline_fraction << "}";
+           << ", \"context\": " << ctx << ", \"status\": \"" << r.status
+           << "\", \"step_ms\": " << r.step_ms << ", \"tokens_per_s\": " << r.tokens_per_s
+           << ", \"roofline_ms\": " << r.roofline_ms
+           << ", \"roofline_fraction\": " << r.roofline_fraction
+           << ", \"graph_replays\": " << r.graph_replays << "}";
         first = false;
       }
     }
     if (s.name != "qwen2.5-0.5b") {
-      const LazyCost lz = MeasureLazy(s, dm, **gpu, 1024, 0.3, steps);
+      const LazyCost lz = MeasureLazy(s, dm, **gpu, 1024, 0.3, steps, graphs);
       std::printf("lazy %-13s ctx 1024 budget 30%% (%d tokens): FullKV step %.3f ms, lazy step "
                   "%.3f ms -> overhead %.1f%%\n",
                   s.name.c_str(), lz.held, lz.full_ms, lz.lazy_ms,

@@ -3,8 +3,8 @@
 # On a GPU machine, from the repository root: the CUDA tests, the decode benchmark,
 # transformers' baseline and the report side by side, and the TP eviction collectives on CUDA
 # ranks sharing the GPU (staged). Logs and JSON go to $OUT (default /tmp/recall-gpu). Knobs:
-# TEST_ARGS, BENCH=0 (tests only), BENCH_ARGS, HF_ARGS, OPS=0 (skip the per-op GPU times),
-# TP_BENCH=0 (skip the TP benchmark).
+# TEST_ARGS, BENCH=0 (tests only), BENCH_ARGS, HF_ARGS, GRAPHS_CMP=0 (skip the run without
+# CUDA graphs), OPS=0 (skip the per-op GPU times), TP_BENCH=0 (skip the TP benchmark).
 set -u
 OUT=${OUT:-/tmp/recall-gpu}; mkdir -p "$OUT"
 # BIN: the build folder with tests/cuda/ and bench/ (default: build/);
@@ -34,6 +34,12 @@ if [ "${BENCH:-1}" = 1 ]; then
   PYTHONUNBUFFERED=1 timeout ${HF_TIMEOUT:-150} python3 bench/gpu/hf_decode.py --no-cudnn-sdpa ${HF_ARGS:-} --out-json "$OUT"/hf.json > "$OUT"/hf.log 2>&1
   echo "hf rc=$?"; tail -3 "$OUT"/hf.log
   python3 bench/gpu/report.py "$OUT"/recall.json "$OUT"/hf.json | tee "$OUT"/report.txt
+fi
+if [ "${BENCH:-1}" = 1 ] && [ "${GRAPHS_CMP:-1}" = 1 ]; then
+  # The same steps launched op by op (no CUDA graphs): compare with bench.log's lines.
+  timeout ${GRAPHS_TIMEOUT:-120} "$BIN"/bench/recall_gpu_decode_bench --shapes smollm2-135m,llama-3-8b \
+    --batches 1,16 --contexts 1024 --graphs 0 > "$OUT"/no_graphs.txt 2>&1
+  echo "no graphs rc=$?"; grep -E "^recall" "$OUT"/no_graphs.txt
 fi
 if [ "${BENCH:-1}" = 1 ] && [ "${OPS:-1}" = 1 ]; then
   # Where a step's time goes: GPU time per op beside the wall time (batch 1 and 16, 1K).

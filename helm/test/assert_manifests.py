@@ -207,6 +207,9 @@ def main():
     gpu = W["gpu"]["enabled"]
     c.check(f"worker --device is cuda exactly when gpu.enabled ({gpu})",
             wflags.get("device") == ("cuda" if gpu else None), f"--device={wflags.get('device')}")
+    for key, switch in (("batchInvariant", "no-batch-invariant"), ("cudaGraphs", "no-cuda-graphs")):
+        c.check(f"worker --{switch} exactly when {key} is false ({W[key]})",
+                (switch in wflags) == (not W[key]), f"args {wargs}")
     c.check(f"worker replicas = {W['replicas']}", sts["spec"].get("replicas") == W["replicas"])
     listen = wflags.get("listen", "")
     wgrpc = port_number(worker, "grpc")

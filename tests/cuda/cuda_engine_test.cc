@@ -5,6 +5,7 @@
 #include <map>
 
 #include "cache/block_pool.h"
+#include "kernels/cpu/sampling.h"
 #include "tests/common/test_util.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "worker/engine/forward.h"
@@ -92,6 +93,62 @@ TEST_F(CudaEngineTest, GreedyTextEqualsRunCGolden) {
                                                     << gc.chunk;
     EXPECT_EQ(gpu_engine_.pool->free_blocks(), gpu_engine_.pool->num_blocks());
   }
+  // The decode steps (and the chunk-1 prefill) ran as CUDA graphs.
+  const StepGraphs& graphs = gpu_engine_.forward->step_graphs();
+  EXPECT_TRUE(graphs.enabled()) << "the first graph passed its check";
+  EXPECT_GT(graphs.replays(), 500);
+}
+
+// Decode steps replayed from CUDA graphs give the logits and probabilities of the same steps
+// launched op by op, bit for bit, while the batch changes shape and the caches grow past
+// blocks and length buckets.
+TEST_F(CudaEngineTest, DecodeStepsAsGraphsEqualStepsLaunchedOpByOp) {
+  const model::ModelConfig& c = model_->config;
+  ForwardPass direct(*gpu_engine_.model, *gpu_,
+                     ForwardOptions{.max_batch_tokens = 512, .step_graphs = false});
+  ForwardPass* passes[2] = {gpu_engine_.forward.get(), &direct};
+  const std::vector<std::vector<int32_t>> prompts = {
+      tok_->Encode("Once upon a time", true), tok_->Encode("The cat sat on the mat and", true),
+      tok_->Encode("Lily", true)};
+  std::vector<std::unique_ptr<cache::SequenceCache>> caches[2];
+  for (int p = 0; p < 2; ++p) {
+    for (const auto& prompt : prompts) {
+      caches[p].push_back(std::make_unique<cache::SequenceCache>(gpu_engine_.pool.get()));
+      BatchItem item{caches[p].back().get(), prompt.data(), static_cast<int>(prompt.size()), false};
+      ASSERT_TRUE(passes[p]->Run({&item, 1}, nullptr).ok());
+    }
+  }
+  const int64_t stride = 256;
+  std::vector<int32_t> next = {5, 6, 7};
+  for (int s = 0; s < 150; ++s) {
+    // Every seventh step without the second sequence.
+    const std::vector<int> which = s % 7 == 6 ? std::vector<int>{0, 2} : std::vector<int>{0, 1, 2};
+    std::vector<float> logits[2], probs[2];
+    for (int p = 0; p < 2; ++p) {
+      logits[p].assign(which.size() * c.vocab_size, 0.0f);
+      probs[p].assign(static_cast<size_t>(c.n_layers) * c.n_heads * stride, 0.0f);
+      std::vector<BatchItem> batch(which.size());
+      for (size_t k = 0; k < which.size(); ++k) {
+        batch[k] = BatchItem{caches[p][which[k]].get(), &next[which[k]], 1};
+        if (which[k] == 1) {
+          batch[k].attn_probs = probs[p].data();
+          batch[k].probs_stride = stride;
+        }
+      }
+      const absl::Status st = passes[p]->Run(batch, logits[p].data());
+      ASSERT_TRUE(st.ok()) << "step " << s << ": " << st;
+    }
+    ASSERT_EQ(logits[0], logits[1]) << "step " << s;
+    ASSERT_EQ(probs[0], probs[1]) << "step " << s;
+    for (size_t k = 0; k < which.size(); ++k) {
+      next[which[k]] = kernels::cpu::ArgMax(logits[1].data() + k * c.vocab_size, c.vocab_size);
+    }
+  }
+  const StepGraphs& graphs = gpu_engine_.forward->step_graphs();
+  EXPECT_TRUE(graphs.enabled());
+  EXPECT_GE(graphs.recorded(), 4) << "per batch shape and length bucket";
+  EXPECT_GE(graphs.replays(), 100);
+  EXPECT_EQ(direct.step_graphs().recorded(), 0);
 }
 
 // Three sequences of different lengths prefilled in one batch, then decoded together with

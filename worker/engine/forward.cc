@@ -11,14 +11,19 @@ namespace recall::engine {
 
 ForwardPass::ForwardPass(const model::Model& model, kernels::Backend& backend,
                          const ForwardOptions& options)
-    : model_(model), backend_(backend), memory_(backend.memory()), options_(options) {
+    : model_(model),
+      backend_(backend),
+      memory_(backend.memory()),
+      options_(options),
+      graphs_(backend) {
   workspace_status_ = AllocateWorkspaces();
 }
 
-absl::Status ForwardPass::Ensure(kernels::Buffer& buffer, size_t bytes) {
+absl::Status ForwardPass::Ensure(kernels::Buffer& buffer, size_t bytes, double slack) {
   if (buffer.get() != nullptr && buffer.bytes() >= bytes) return absl::OkStatus();
   buffer = kernels::Buffer();  // free first: device memory is the scarce resource
-  RECALL_ASSIGN_OR_RETURN(buffer, kernels::Buffer::Allocate(memory_, bytes));
+  const size_t want = std::max(bytes, static_cast<size_t>(static_cast<double>(bytes) * slack));
+  RECALL_ASSIGN_OR_RETURN(buffer, kernels::Buffer::Allocate(memory_, want));
   return absl::OkStatus();
 }
 
@@ -114,7 +119,7 @@ void ForwardPass::CaptureWindowQueries(std::span<const BatchItem> batch, int lay
   }
 }
 
-absl::Status ForwardPass::StageBatch(std::span<const BatchItem> batch, int total) {
+absl::Status ForwardPass::StageBatch(std::span<const BatchItem> batch, int total, bool recordable) {
   const model::ModelConfig& c = model_.config;
   const int n_items = static_cast<int>(batch.size());
   const int n_layers = c.n_layers, n_kv = c.n_kv_heads;
@@ -184,7 +189,8 @@ absl::Status ForwardPass::StageBatch(std::span<const BatchItem> batch, int total
       if (in_scratch(i)) scratch_floats += rows * host_probs_strides_[static_cast<size_t>(i)];
     }
     if (scratch_floats > 0) {
-      RECALL_RETURN_IF_ERROR(Ensure(probs_, static_cast<size_t>(scratch_floats) * sizeof(float)));
+      RECALL_RETURN_IF_ERROR(
+          Ensure(probs_, static_cast<size_t>(scratch_floats) * sizeof(float), 1.5));
     }
     int64_t p_off = 0;
     for (int i = 0; i < n_items; ++i) {
@@ -202,7 +208,7 @@ absl::Status ForwardPass::StageBatch(std::span<const BatchItem> batch, int total
   kv_.probs = nullptr;
   kv_.probs_stride = nullptr;
   if (!memory_.host_accessible()) {
-    RECALL_RETURN_IF_ERROR(Ensure(meta_, n_ints * sizeof(int32_t)));
+    RECALL_RETURN_IF_ERROR(Ensure(meta_, n_ints * sizeof(int32_t), 2.0));
     memory_.CopyIn(meta_.get(), m, n_ints * sizeof(int32_t));
     dm = meta_.as<int32_t>();
     if (any_probs) {
@@ -225,7 +231,7 @@ absl::Status ForwardPass::StageBatch(std::span<const BatchItem> batch, int total
   kv_.n_items = n_items;
   kv_.total_tokens = total;
   kv_.max_new_tokens = max_new;
-  kv_.max_kv_len = max_len;
+  kv_.max_kv_len = recordable ? StepGraphs::BucketLength(max_len) : max_len;
   kv_.token_begin = dm + o_begin;
   kv_.token_item = dm + o_item;
   kv_.kv_start = dm + o_start;
@@ -315,57 +321,24 @@ absl::Status ForwardPass::Run(std::span<const BatchItem> batch, float* logits) {
           "KV block pool of another tensor-parallel rank cannot hold the batch");
     }
   }
-  if (reserved.ok()) reserved = StageBatch(batch, total);
+  const bool recordable = Recordable(batch);
+  if (reserved.ok()) reserved = StageBatch(batch, total, recordable);
   if (!reserved.ok()) {
     give_back();
     return reserved;
   }
-
-  const int dim = c.dim, hd = c.head_dim;
-  const int q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads * hd;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  float* x = F(x_);
-  float *xb = F(xb_), *q = F(q_), *k = F(k_), *v = F(v_), *att = F(att_), *hb = F(hb_),
-        *hb2 = F(hb2_);
-  backend_.Embedding(model_.tok_embeddings, tokens_, total, x);
-  // Each residual add is fused with the RMSNorm that follows it (the next layer's attention
-  // norm, then this layer's FFN norm): xb holds the normed x at the top of every layer.
-  backend_.RmsNorm(x, model_.layers[0].attn_norm.f32(), total, dim, c.norm_eps, xb);
-
-  for (int l = 0; l < c.n_layers; ++l) {
-    const model::LayerWeights& w = model_.layers[l];
-    MatMulMany(xb, total, {w.wq, w.wk, w.wv}, {q, k, v});
-    if (c.qkv_bias) {
-      backend_.AddBias(q, w.bq.f32(), total, q_dim);
-      backend_.AddBias(k, w.bk.f32(), total, kv_dim);
-      backend_.AddBias(v, w.bv.f32(), total, kv_dim);
-    }
-    if (c.qk_norm) {
-      backend_.RmsNorm(q, w.q_norm.f32(), total * c.n_heads, hd, c.norm_eps, q);
-      backend_.RmsNorm(k, w.k_norm.f32(), total * c.n_kv_heads, hd, c.norm_eps, k);
-    }
-    backend_.Rope(q, positions_, total, c.n_heads, hd, c.rope_theta, c.rope_style);
-    backend_.Rope(k, positions_, total, c.n_kv_heads, hd, c.rope_theta, c.rope_style);
-    CaptureWindowQueries(batch, l);
-
-    backend_.StoreKvBatch(kv_, l, k, v);
-    backend_.AttentionBatch(kv_, l, q, c.n_heads, scale, att);
-
-    MatMul(att, total, w.wo, xb);
-    if (absl::Status st = AddReduced(xb, x, total, w.ffn_norm.f32(), xb); !st.ok()) {
-      give_back();
-      return st;
-    }
-    MatMulMany(xb, total, {w.w_gate, w.w_up}, {hb, hb2});
-    backend_.SiluMul(hb, hb2, static_cast<int64_t>(total) * c.hidden_dim, hb);
-    MatMul(hb, total, w.w_down, xb);
-    const float* next_norm =
-        l + 1 < c.n_layers ? model_.layers[static_cast<size_t>(l) + 1].attn_norm.f32() : nullptr;
-    if (absl::Status st = AddReduced(xb, x, total, next_norm, xb); !st.ok()) {
-      give_back();
-      return st;
-    }
-    CaptureHidden(batch, l);
+  absl::Status ran;
+  if (recordable) {
+    const StepKey key{kv_.n_items, kv_.max_kv_len, tokens_, kv_.pool, kv_.probs, kv_.probs_stride};
+    ran = graphs_.Run(
+        key, [&] { return RunLayers(batch, total); }, x_.get(),
+        static_cast<size_t>(total) * c.dim * sizeof(float));
+  } else {
+    ran = RunLayers(batch, total);
+  }
+  if (!ran.ok()) {
+    give_back();
+    return ran;
   }
 
   // ---- Commit the appended tokens to every cache.
@@ -377,6 +350,8 @@ absl::Status ForwardPass::Run(std::span<const BatchItem> batch, float* logits) {
 
   // ---- Logits of the last token of each item that wants them. Their rows are gathered in
   // runs of consecutive rows: one copy for a batch of decode steps.
+  const int dim = c.dim;
+  const float* x = F(x_);
   int n_out = 0;
   off = 0;
   float* last = F(last_);
@@ -417,6 +392,67 @@ absl::Status ForwardPass::Run(std::span<const BatchItem> batch, float* logits) {
   }
   // A GPU backend's failed op (void, asynchronous) surfaces here.
   return backend_.Health();
+}
+
+bool ForwardPass::Recordable(std::span<const BatchItem> batch) const {
+  if (!options_.step_graphs || !graphs_.enabled() || options_.comm != nullptr ||
+      !backend_.CanRecord()) {
+    return false;
+  }
+  for (const BatchItem& item : batch) {
+    if (item.n != 1 || item.window_queries != nullptr) return false;
+    if (item.hidden_sum != nullptr && item.hidden_layer >= 0 &&
+        item.hidden_layer < model_.config.n_layers) {
+      return false;
+    }
+  }
+  return true;
+}
+
+absl::Status ForwardPass::RunLayers(std::span<const BatchItem> batch, int total) {
+  const model::ModelConfig& c = model_.config;
+  const int dim = c.dim, hd = c.head_dim;
+  const int q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads * hd;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  float* x = F(x_);
+  float *xb = F(xb_), *q = F(q_), *k = F(k_), *v = F(v_), *att = F(att_), *hb = F(hb_),
+        *hb2 = F(hb2_);
+  backend_.Embedding(model_.tok_embeddings, tokens_, total, x);
+  // Each residual add is fused with the RMSNorm that follows it (the next layer's attention
+  // norm, then this layer's FFN norm): xb holds the normed x at the top of every layer.
+  backend_.RmsNorm(x, model_.layers[0].attn_norm.f32(), total, dim, c.norm_eps, xb);
+
+  for (int l = 0; l < c.n_layers; ++l) {
+    const model::LayerWeights& w = model_.layers[l];
+    MatMulMany(xb, total, {w.wq, w.wk, w.wv}, {q, k, v});
+    if (c.qkv_bias) {
+      backend_.AddBias(q, w.bq.f32(), total, q_dim);
+      backend_.AddBias(k, w.bk.f32(), total, kv_dim);
+      backend_.AddBias(v, w.bv.f32(), total, kv_dim);
+    }
+    if (c.qk_norm) {
+      backend_.RmsNorm(q, w.q_norm.f32(), total * c.n_heads, hd, c.norm_eps, q);
+      backend_.RmsNorm(k, w.k_norm.f32(), total * c.n_kv_heads, hd, c.norm_eps, k);
+    }
+    backend_.Rope(q, positions_, total, c.n_heads, hd, c.rope_theta, c.rope_style);
+    backend_.Rope(k, positions_, total, c.n_kv_heads, hd, c.rope_theta, c.rope_style);
+    CaptureWindowQueries(batch, l);
+
+    backend_.StoreKvBatch(kv_, l, k, v);
+    backend_.AttentionBatch(kv_, l, q, c.n_heads, scale, att);
+
+    MatMul(att, total, w.wo, xb);
+    RECALL_RETURN_IF_ERROR(AddReduced(xb, x, total, w.ffn_norm.f32(), xb));
+    MatMulMany(xb, total, {w.w_gate, w.w_up}, {hb, hb2});
+    backend_.SiluMul(hb, hb2, static_cast<int64_t>(total) * c.hidden_dim, hb);
+    MatMul(hb, total, w.w_down, xb);
+    const float* next_norm =
+        l + 1 < c.n_layers ? model_.layers[static_cast<size_t>(l) + 1].attn_norm.f32() : nullptr;
+    RECALL_RETURN_IF_ERROR(AddReduced(xb, x, total, next_norm, xb));
+    CaptureHidden(batch, l);
+  }
+
+  return absl::OkStatus();
 }
 
 absl::Status ForwardPass::ComputeLogits(std::span<const BatchItem> batch, int n_out,

@@ -22,6 +22,7 @@
 #include "cache/sequence_cache.h"
 #include "kernels/backend.h"
 #include "kernels/comm/communicator.h"
+#include "worker/engine/step_graphs.h"
 #include "worker/model/model.h"
 
 namespace recall::engine {
@@ -80,6 +81,10 @@ struct ForwardOptions {
   // comm serves both, as on CPU ranks, whose backend memory is host memory.
   kernels::Communicator* comm = nullptr;
   kernels::Communicator* host_comm = nullptr;
+  // Decode steps (every item one token, nothing captured to the host mid-step, one rank) run
+  // as recorded graphs where the backend can record them (Backend::Record: CUDA graphs; see
+  // step_graphs.h). The CPU backend cannot; there this changes nothing.
+  bool step_graphs = true;
 };
 
 class ForwardPass {
@@ -102,6 +107,7 @@ class ForwardPass {
   const model::Model& model() const { return model_; }
   kernels::Backend& backend() const { return backend_; }
   int max_batch_tokens() const { return options_.max_batch_tokens; }
+  const StepGraphs& step_graphs() const { return graphs_; }
 
  private:
   // y = x * w^T over n rows, split per options_.batch_invariant.
@@ -115,6 +121,10 @@ class ForwardPass {
   // op (Backend::AddRmsNorm).
   absl::Status AddReduced(float* x, float* y, int total, const float* norm = nullptr,
                           float* normed = nullptr);
+  // Embedding and every layer over the staged batch: the step's ops up to the final norm.
+  absl::Status RunLayers(std::span<const BatchItem> batch, int total);
+  // Whether the batch's layers may run as a recorded graph (ForwardOptions::step_graphs).
+  bool Recordable(std::span<const BatchItem> batch) const;
   // Copies the window queries of items that asked for them (see BatchItem).
   void CaptureWindowQueries(std::span<const BatchItem> batch, int layer);
   // Adds the residual rows of items that asked for layer `layer` to their hidden_sum.
@@ -125,10 +135,12 @@ class ForwardPass {
   // Allocates the workspaces (once).
   absl::Status AllocateWorkspaces();
   // Fills the step's metadata and kv_ (KvBatch) for `batch` (caches already reserved) and
-  // copies it to backend memory. `total`: the batch's token count.
-  absl::Status StageBatch(std::span<const BatchItem> batch, int total);
-  // Grows `buffer` to at least `bytes` (keeps it when large enough).
-  absl::Status Ensure(kernels::Buffer& buffer, size_t bytes);
+  // copies it to backend memory. `total`: the batch's token count. `recordable`: the step
+  // runs through graphs_ (the attention grid covers a bucketed length).
+  absl::Status StageBatch(std::span<const BatchItem> batch, int total, bool recordable);
+  // Grows `buffer` to at least `bytes` (keeps it when large enough); when it must grow, to
+  // `slack` times that (buffers that grow step by step, so they move rarely).
+  absl::Status Ensure(kernels::Buffer& buffer, size_t bytes, double slack = 1.0);
   float* F(const kernels::Buffer& b) const { return b.as<float>(); }
 
   const model::Model& model_;
@@ -155,6 +167,7 @@ class ForwardPass {
   kernels::KvBatch kv_;
   const int32_t* tokens_ = nullptr;     // backend memory
   const int32_t* positions_ = nullptr;  // backend memory
+  StepGraphs graphs_;
 };
 
 // Runs `tokens` (one sequence) into `cache` in forward passes of at most `chunk` tokens.

@@ -111,10 +111,11 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const model::Model&
                                                              const SchedulerOptions& options,
                                                              metrics::Registry* metrics) {
   RECALL_RETURN_IF_ERROR(Validate(options));
-  auto forward = std::make_unique<ForwardPass>(
-      model, backend,
-      ForwardOptions{.max_batch_tokens = options.max_batch_tokens,
-                     .batch_invariant = options.batch_invariant});
+  auto forward =
+      std::make_unique<ForwardPass>(model, backend,
+                                    ForwardOptions{.max_batch_tokens = options.max_batch_tokens,
+                                                   .batch_invariant = options.batch_invariant,
+                                                   .step_graphs = options.step_graphs});
   SchedulerRanks ranks;
   ranks.ranks.push_back({forward.get(), &pool, nullptr, 0});
   ranks.total_kv_heads = model.config.n_kv_heads;

@@ -89,6 +89,7 @@ struct SchedulerOptions {
   // the turn with Internal and drops the session's cache).
   bool verify_tp_keep = false;
   bool batch_invariant = true;  // for the one-rank Create (a group's passes have their own)
+  bool step_graphs = true;      // ForwardOptions::step_graphs, likewise
   // Policy "episodic" (one rank on the CPU): defaults of its CacheRequest fields, and the
   // CPU threads of the background builder of episodes.
   int default_episodes = 4;

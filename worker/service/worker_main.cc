@@ -64,6 +64,8 @@ devices and tensor parallelism:
   --tp-eviction MODE      how the ranks and heads agree on evictions, for sessions that do
                           not say: uniform (per-head counts; default), shared (one token set
                           per layer), head-adaptive (one global top-k over all KV heads)
+  --no-cuda-graphs        cuda: launch every op of a decode step (default: one CUDA graph
+                          per batch shape, replayed; one rank)
   --tp-verify             debug: every eviction step checks that all ranks kept the same
                           tokens; a mismatch fails the turn (INTERNAL) and drops the cache
 memory:
@@ -156,7 +158,8 @@ absl::Status Run(const std::vector<std::string>& argv) {
                    "tp-comm",
                    "tp-eviction", "episodes", "embedder", "block-tokens", "recluster-turns",
                    "layer-budgets", "layer-alpha"},
-                  {"random-weights", "no-batch-invariant", "tp-verify", "help"}));
+                  {"random-weights", "no-batch-invariant", "no-cuda-graphs", "tp-verify",
+                   "help"}));
   if (args.Has("help")) {
     std::cout << kUsage;
     return absl::OkStatus();
@@ -181,6 +184,7 @@ absl::Status Run(const std::vector<std::string>& argv) {
   o.max_queued = static_cast<int>(queued);
   o.limits.max_tokens = static_cast<int>(limit);
   o.batch_invariant = !args.Has("no-batch-invariant");
+  o.step_graphs = !args.Has("no-cuda-graphs");
   o.chat_format = model::GuessChatFormat(tok);
   if (args.Has("chat-format")) {
     RECALL_ASSIGN_OR_RETURN(o.chat_format, model::ParseChatFormat(args.GetString("chat-format")));
