@@ -83,11 +83,15 @@ int32_t Sampler::Pick(float* logits, int vocab, const SamplingParams& params, fl
     std::iota(order, order + vocab, 0);
   }
 
-  float mass = 0.0f;
+  // The cumulative sums are in double: in float, a sum over a large vocabulary (Llama-3's
+  // 128K tokens) drifts by about one token's probability, so the draw would land on another
+  // token than the exact sums give. The CUDA kernel's sums are exact (fixed point), so in
+  // double the host and the device pick alike.
+  double mass = 0.0;
   for (int i = 0; i < count; ++i) mass += probs[order[i]];
   if (use_top_p && sorted) {
-    const float target = params.top_p * mass;
-    float cum = 0.0f;
+    const double target = static_cast<double>(params.top_p) * mass;
+    double cum = 0.0;
     int keep = count;
     for (int i = 0; i < count; ++i) {
       cum += probs[order[i]];
@@ -100,8 +104,8 @@ int32_t Sampler::Pick(float* logits, int vocab, const SamplingParams& params, fl
     mass = cum;
   }
 
-  const float r = draw * mass;
-  float cdf = 0.0f;
+  const double r = static_cast<double>(draw) * mass;
+  double cdf = 0.0;
   for (int i = 0; i < count; ++i) {
     cdf += probs[order[i]];
     if (r < cdf) return order[i];

@@ -6,6 +6,7 @@
 // larger bf16/f16 matmuls (cuBLAS: the GPU rounds the activations to the weights' type, the
 // CPU keeps them fp32).
 #include <algorithm>
+#include <cstdio>
 #include <numeric>
 
 #include "kernels/cpu/matmul_check.h"
@@ -182,10 +183,12 @@ TEST_F(CudaTest, RecordedOpsRunOnlyWhenReplayed) {
 // Up to BatchInvariantRows() rows (our kernel, fp32 activations) every dtype is within 1e-5;
 // past it cuBLAS rounds the activations to bf16/f16 (1e-2). 77 columns: unaligned loads.
 TEST_F(CudaTest, MatMulMatchesReferenceForEveryDtype) {
-  struct Shape { int rows, cols; };
+  struct Shape {
+    int rows, cols;
+  };
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
-    for (Shape s : {Shape{576, 576}, Shape{1536, 576}, Shape{64, 8}, Shape{896, 4864},
-                    Shape{101, 77}}) {
+    for (Shape s :
+         {Shape{576, 576}, Shape{1536, 576}, Shape{64, 8}, Shape{896, 4864}, Shape{101, 77}}) {
       TestMatrix w(*gpu_, dt, s.rows, s.cols, s.rows + s.cols);
       for (int n : {1, 3, 64, 257}) {
         const auto x = RandomVec(static_cast<size_t>(n) * s.cols, n);
@@ -208,7 +211,9 @@ TEST_F(CudaTest, MatMulUpToBatchInvariantRowsIsBatchInvariant) {
   ASSERT_FALSE(CudaMatMulsOnCublas(*gpu_)) << "our matmul failed its check at creation";
   const int most = gpu_->BatchInvariantRows();
   ASSERT_GE(most, 16);
-  struct Shape { int rows, cols; };
+  struct Shape {
+    int rows, cols;
+  };
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (Shape s : {Shape{896, 4864}, Shape{101, 77}, Shape{2048, 64}}) {
       TestMatrix w(*gpu_, dt, s.rows, s.cols, s.rows * 3 + s.cols);
@@ -222,8 +227,8 @@ TEST_F(CudaTest, MatMulUpToBatchInvariantRowsIsBatchInvariant) {
         auto part = DeviceVec<float>::Poisoned(*gpu_, static_cast<size_t>(n) * s.rows);
         gpu_->MatMul(dx.get() + static_cast<size_t>(first) * s.cols, n, w.device, part.get());
         const std::vector<float> got = part.Download();
-        ASSERT_TRUE(std::equal(got.begin(), got.end(),
-                               want.begin() + static_cast<size_t>(first) * s.rows))
+        ASSERT_TRUE(
+            std::equal(got.begin(), got.end(), want.begin() + static_cast<size_t>(first) * s.rows))
             << DTypeName(dt) << " " << s.rows << "x" << s.cols << " n " << n;
       }
       std::vector<float> shifted(x.size() + 1, 0.0f);
@@ -391,8 +396,8 @@ TEST_F(CudaTest, CompactRowsMovesTheSameRowsAsHostMemory) {
     if (s % 3 != 1 || s > 100) keep.push_back(s);
   }
   for (int head = 0; head < 2; ++head) {
-    PagedKvHead h_rows{host.data() + layout.Offset(head, 0, 0), table.data(),
-                       layout.BlockFloats(), 16, 64};
+    PagedKvHead h_rows{host.data() + layout.Offset(head, 0, 0), table.data(), layout.BlockFloats(),
+                       16, 64};
     PagedKvHead d_rows = h_rows;
     d_rows.base = dev.get() + layout.Offset(head, 0, 0);
     HostMemory().CompactRows(h_rows, keep.data(), static_cast<int>(keep.size()));
@@ -475,9 +480,11 @@ TEST_F(CudaTest, ArgmaxRowsPicksTheLowestOfEqualMaxima) {
 
 // Sampling on the device against the host reference (Backend::SampleRows' default), over
 // vocabularies up to Llama-3's and every kind of row. Greedy and top_k = 1 rows must agree
-// exactly. Sampled rows may differ only where a draw lies within float rounding of a
-// boundary of the reference's cumulative sums: at most 1% of them. The device's choice must
-// also be the same on a second run (integer sums, fixed reduction order).
+// exactly. Sampled rows may differ only where a draw lies within rounding of a boundary of
+// the cumulative sums (the host's in double, the device's exact): at most 1% of them. (With
+// the host's sums in float, 6 of 34 rows at 128256 tokens differed on an H100: the float
+// sums drifted by about one token's probability, as an exact reference showed on the CPU.) The
+// device's choice must also be the same on a second run (integer sums, fixed reduction order).
 TEST_F(CudaTest, SampleRowsAgreesWithTheReference) {
   ASSERT_FALSE(CudaPicksOnHost(*gpu_)) << "the device picks failed their check at creation";
   int sampled = 0, differ = 0;
@@ -517,6 +524,8 @@ TEST_F(CudaTest, SampleRowsAgreesWithTheReference) {
       }
     }
   }
+  std::printf("SampleRows: %d of %d sampled rows differ from the host reference\n", differ,
+              sampled);
   EXPECT_LE(differ * 100, sampled) << differ << " of " << sampled << " sampled rows differ";
 }
 
