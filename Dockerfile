@@ -27,7 +27,7 @@ RUN cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DRECALL_NATIVE=OFF 
 # recall-worker loads librecall_sentencepiece.so from ../lib beside its binary.
 RUN install -D -m 0755 build/worker/service/recall-worker /opt/recall/bin/recall-worker \
     && install -D -m 0755 build/coordinator/recall-coordinator /opt/recall/bin/recall-coordinator \
-    && install -D -m 0755 build/client/recall /opt/recall/bin/recall \
+    && install -D -m 0755 build/cli/recall /opt/recall/bin/recall \
     && install -D -m 0644 build/lib/librecall_sentencepiece.so /opt/recall/lib/librecall_sentencepiece.so
 # The runtime packages: whatever owns a library the binaries load (CUDA's own libraries are
 # in the runtime image already).

@@ -7,7 +7,7 @@
 #include "cache/block_pool.h"
 #include "cache/eviction/session_evictor.h"
 #include "common/clock.h"
-#include "worker/engine/forward.h"
+#include "worker/runtime/forward.h"
 
 namespace recall::bench {
 namespace {
@@ -19,12 +19,12 @@ double StepSeconds(const model::Model& model, kernels::Backend& backend, cache::
                    const PolicyOverheadOptions& o, const std::string& policy,
                    double* policy_seconds = nullptr) {
   const model::ModelConfig& c = model.config;
-  engine::ForwardPass forward(model, backend, {o.prompt});
+  runtime::ForwardPass forward(model, backend, {o.prompt});
   cache::SequenceCache seq(&pool);
   std::vector<int32_t> prompt(o.prompt);
   for (int i = 0; i < o.prompt; ++i) prompt[i] = (i * 7919 + 13) % c.vocab_size;
   std::vector<float> logits(c.vocab_size);
-  engine::BatchItem pre{&seq, prompt.data(), o.prompt};
+  runtime::BatchItem pre{&seq, prompt.data(), o.prompt};
   if (!forward.Run({&pre, 1}, logits.data()).ok()) return -1;
 
   std::unique_ptr<cache::eviction::SessionEvictor> evictor;
@@ -47,7 +47,7 @@ double StepSeconds(const model::Model& model, kernels::Backend& backend, cache::
     }
   }
   int32_t tok = 1;
-  engine::BatchItem item{&seq, &tok, 1};
+  runtime::BatchItem item{&seq, &tok, 1};
   item.attn_probs = probs.empty() ? nullptr : probs.data();
   item.probs_stride = stride;
   Stopwatch w;

@@ -18,8 +18,8 @@
 #include "cache/block_pool.h"
 #include "common/clock.h"
 #include "kernels/backend.h"
-#include "worker/engine/forward.h"
 #include "worker/model/random_model.h"
+#include "worker/runtime/forward.h"
 
 namespace recall::bench {
 namespace {
@@ -68,7 +68,7 @@ Result RunModel(const model::Model& model, kernels::Backend& backend, const Flag
     std::fprintf(stderr, "%s\n", std::string(pool.status().message()).c_str());
     std::exit(1);
   }
-  engine::ForwardPass forward(model, backend, {f.prompt});
+  runtime::ForwardPass forward(model, backend, {f.prompt});
   std::vector<float> logits(static_cast<size_t>(8) * c.vocab_size);
   std::vector<int32_t> prompt(f.prompt);
   for (int i = 0; i < f.prompt; ++i) prompt[i] = (i * 7919 + 13) % c.vocab_size;
@@ -77,12 +77,12 @@ Result RunModel(const model::Model& model, kernels::Backend& backend, const Flag
   // Prefill: one pass of `prompt` tokens (after one warm-up pass).
   {
     cache::SequenceCache warm(pool->get());
-    engine::BatchItem item{&warm, prompt.data(), f.prompt};
+    runtime::BatchItem item{&warm, prompt.data(), f.prompt};
     (void)forward.Run({&item, 1}, logits.data());
   }
   cache::SequenceCache seq(pool->get());
   {
-    engine::BatchItem item{&seq, prompt.data(), f.prompt};
+    runtime::BatchItem item{&seq, prompt.data(), f.prompt};
     Stopwatch w;
     (void)forward.Run({&item, 1}, logits.data());
     r.prefill_tps = f.prompt / w.ElapsedSeconds();
@@ -90,7 +90,7 @@ Result RunModel(const model::Model& model, kernels::Backend& backend, const Flag
   // Decode batch 1, continuing the sequence above (context = prompt + steps).
   {
     int32_t tok = 1;
-    engine::BatchItem item{&seq, &tok, 1};
+    runtime::BatchItem item{&seq, &tok, 1};
     (void)forward.Run({&item, 1}, logits.data());  // warm-up
     Stopwatch w;
     for (int s = 0; s < f.steps; ++s) {
@@ -106,10 +106,10 @@ Result RunModel(const model::Model& model, kernels::Backend& backend, const Flag
   {
     std::vector<std::unique_ptr<cache::SequenceCache>> seqs;
     std::vector<int32_t> toks(8, 1);
-    std::vector<engine::BatchItem> items;
+    std::vector<runtime::BatchItem> items;
     for (int i = 0; i < 8; ++i) {
       seqs.push_back(std::make_unique<cache::SequenceCache>(pool->get()));
-      engine::BatchItem p{seqs.back().get(), prompt.data() + i, 64};
+      runtime::BatchItem p{seqs.back().get(), prompt.data() + i, 64};
       (void)forward.Run({&p, 1}, logits.data());
       items.push_back({seqs.back().get(), &toks[i], 1});
     }

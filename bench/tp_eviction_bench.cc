@@ -22,10 +22,10 @@
 
 #include "bench/shapes.h"
 #include "common/clock.h"
-#include "worker/engine/sequence.h"
-#include "worker/engine/tp/tp_group.h"
-#include "worker/engine/tp/tp_sequence.h"
 #include "worker/model/random_model.h"
+#include "worker/offline/sequence.h"
+#include "worker/offline/tp_sequence.h"
+#include "worker/runtime/tp/tp_group.h"
 
 namespace recall::bench {
 namespace {
@@ -87,7 +87,7 @@ struct Row {
 
 // One decode loop; `mode` empty means FullKV (no evictor: no eviction collectives).
 Row RunMode(const model::Model& model, const Flags& f, const std::string& mode, bool verify) {
-  engine::tp::TpGroupOptions g;
+  runtime::tp::TpGroupOptions g;
   g.tp = f.tp;
   g.threads_per_rank = 1;
   g.device = f.device;
@@ -98,13 +98,13 @@ Row RunMode(const model::Model& model, const Flags& f, const std::string& mode, 
       int64_t{c.n_layers} * ((f.prompt + f.steps) / 16 + 4) * 16 * c.n_kv_heads * c.head_dim * 8 /
           f.tp + (1 << 20);
   g.forward.max_batch_tokens = f.prompt;
-  auto group = engine::tp::TpGroup::Create(model, g);
+  auto group = runtime::tp::TpGroup::Create(model, g);
   if (!group.ok()) {
     std::fprintf(stderr, "%s\n", std::string(group.status().message()).c_str());
     std::exit(1);
   }
   std::vector<std::unique_ptr<TimedCommunicator>> timed;
-  std::vector<std::unique_ptr<engine::LocalSequence>> seqs;
+  std::vector<std::unique_ptr<offline::LocalSequence>> seqs;
   for (int r = 0; r < f.tp; ++r) {
     timed.push_back(std::make_unique<TimedCommunicator>((*group)->comm(r)));
     std::optional<cache::eviction::SessionEvictorOptions> o;
@@ -115,10 +115,10 @@ Row RunMode(const model::Model& model, const Flags& f, const std::string& mode, 
       base.budget.budget = f.prompt;  // the cache stays in [C, C + W]
       base.verify_keep = verify;
       if (!cache::eviction::ApplyTpEvictionMode(mode, base).ok()) std::exit(2);
-      o = engine::tp::RankEvictorOptions(**group, r, base);
+      o = offline::RankEvictorOptions(**group, r, base);
       o->comm = f.tp > 1 ? timed.back().get() : nullptr;
     }
-    auto s = engine::LocalSequence::Create((*group)->forward(r), (*group)->pool(r), o);
+    auto s = offline::LocalSequence::Create((*group)->forward(r), (*group)->pool(r), o);
     if (!s.ok()) {
       std::fprintf(stderr, "%s\n", std::string(s.status().message()).c_str());
       std::exit(1);
@@ -183,7 +183,7 @@ int Main(int argc, char** argv) {
     else if (k == "--device") f.device = v;
     else if (k == "--tp-comm") f.tp_comm = v;
     else if (k == "--devices") {
-      absl::StatusOr<std::vector<int>> d = engine::tp::ParseDevices(v);
+      absl::StatusOr<std::vector<int>> d = runtime::tp::ParseDevices(v);
       if (!d.ok()) {
         std::fprintf(stderr, "%s\n", std::string(d.status().message()).c_str());
         return 2;

@@ -13,7 +13,7 @@ if [ ! -f "$MODEL" ]; then
   exit 1
 fi
 DATA="$(mktemp -d)"
-./build/client/recall serve --model "$MODEL" --tokenizer "$SHARED/models/stories260K/tok512.bin" \
+./build/cli/recall serve --model "$MODEL" --tokenizer "$SHARED/models/stories260K/tok512.bin" \
   --listen 127.0.0.1:0 --data-dir "$DATA" --port-file "$DATA/port" \
   --policy lazy --budget-frac 0.5 --window 32 &
 SERVE=$!
@@ -23,5 +23,5 @@ if [ ! -f "$DATA/port" ]; then echo "quickstart: recall serve did not start" >&2
 SERVER="127.0.0.1:$(sed 's/grpc=//' "$DATA/port")"
 printf '%s\n' "Once upon a time, there was a little cat named Tom." \
   "What did Tom find in the garden?" "How did the story end?" "/stats" |
-  ./build/client/recall chat --server "$SERVER" --max-tokens "${MAX_TOKENS:-80}" \
+  ./build/cli/recall chat --server "$SERVER" --max-tokens "${MAX_TOKENS:-80}" \
     --temperature 0.8 --seed "${SEED:-42}"

@@ -32,14 +32,14 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "bench/shapes.h"
 #include "cache/block_pool.h"
 #include "cache/sequence_cache.h"
 #include "kernels/cuda_backend.h"
-#include "worker/engine/forward.h"
-#include "worker/engine/sequence.h"
-#include "bench/shapes.h"
 #include "worker/model/half.h"
 #include "worker/model/model.h"
+#include "worker/offline/sequence.h"
+#include "worker/runtime/forward.h"
 
 namespace recall {
 namespace {
@@ -215,11 +215,11 @@ Result RunDecode(const Shape& s, DeviceModel& dm, kernels::Backend& gpu,
     CHECK_OK(caches.back()->Reserve(context));
     caches.back()->CommitAppend(positions.data(), context);
   }
-  engine::ForwardPass forward(
+  runtime::ForwardPass forward(
       dm.m, gpu,
-      engine::ForwardOptions{.max_batch_tokens = std::max(batch, 64), .step_graphs = graphs});
+      runtime::ForwardOptions{.max_batch_tokens = std::max(batch, 64), .step_graphs = graphs});
   std::vector<int32_t> tokens(batch);
-  std::vector<engine::BatchItem> items(batch);
+  std::vector<runtime::BatchItem> items(batch);
   std::vector<float> logits(static_cast<size_t>(batch) * c.vocab_size);
   // Picked on the device: greedy, as transformers' loop does, or with --temperature/--top-p.
   std::vector<int32_t> picked(batch);
@@ -279,8 +279,8 @@ LazyCost MeasureLazy(const Shape& s, DeviceModel& dm, kernels::Backend& gpu, int
   auto pool = cache::BlockPool::Create(layout, 2 * c.n_layers * ((context + steps + 64) / 16 + 2),
                                        gpu.memory());
   CHECK_OK(pool.status());
-  engine::ForwardPass forward(
-      dm.m, gpu, engine::ForwardOptions{.max_batch_tokens = 512, .step_graphs = graphs});
+  runtime::ForwardPass forward(
+      dm.m, gpu, runtime::ForwardOptions{.max_batch_tokens = 512, .step_graphs = graphs});
   const int budget = static_cast<int>(context * budget_fraction);
   out.held = budget;
   std::vector<float> logits(c.vocab_size);
@@ -291,7 +291,7 @@ LazyCost MeasureLazy(const Shape& s, DeviceModel& dm, kernels::Backend& gpu, int
       o->policy.name = "lazy";
       o->budget.budget = budget;
     }
-    auto seq = engine::LocalSequence::Create(forward, **pool, o);
+    auto seq = offline::LocalSequence::Create(forward, **pool, o);
     CHECK_OK(seq.status());
     // Lazy prefills the whole context and evicts to its budget; FullKV prefills `budget`.
     std::vector<int32_t> prompt(lazy ? context : budget);

@@ -27,7 +27,7 @@ int32_t Argmax(const float* logits, int vocab) {
   return best;
 }
 
-absl::StatusOr<std::vector<Run>> MakeRuns(engine::ForwardPass& forward, cache::BlockPool& pool,
+absl::StatusOr<std::vector<Run>> MakeRuns(runtime::ForwardPass& forward, cache::BlockPool& pool,
                                           const std::vector<RunSpec>& specs,
                                           const PolicyKnobs& knobs, uint64_t session) {
   const model::ModelConfig& mc = forward.model().config;
@@ -54,12 +54,12 @@ absl::StatusOr<std::vector<Run>> MakeRuns(engine::ForwardPass& forward, cache::B
   return runs;
 }
 
-absl::Status PrefillRuns(engine::ForwardPass& forward, std::vector<Run>& runs,
+absl::Status PrefillRuns(runtime::ForwardPass& forward, std::vector<Run>& runs,
                          const int32_t* tokens, int n, float* logits) {
   const model::ModelConfig& mc = forward.model().config;
   std::vector<float> window_queries;
   for (size_t i = 0; i < runs.size(); ++i) {
-    engine::BatchItem item;
+    runtime::BatchItem item;
     item.cache = runs[i].seq.get();
     item.tokens = tokens;
     item.n = n;
@@ -80,10 +80,10 @@ absl::Status PrefillRuns(engine::ForwardPass& forward, std::vector<Run>& runs,
   return absl::OkStatus();
 }
 
-absl::Status DecodeRuns(engine::ForwardPass& forward, std::vector<Run>& runs,
+absl::Status DecodeRuns(runtime::ForwardPass& forward, std::vector<Run>& runs,
                         const std::vector<int>& active, const int32_t* tokens, float* logits) {
   const int64_t stride = forward.model().config.max_seq_len;
-  std::vector<engine::BatchItem> batch(active.size());
+  std::vector<runtime::BatchItem> batch(active.size());
   for (size_t j = 0; j < active.size(); ++j) {
     Run& r = runs[active[j]];
     batch[j].cache = r.seq.get();

@@ -14,7 +14,7 @@
 #include "cache/block_pool.h"
 #include "cache/eviction/session_evictor.h"
 #include "cache/sequence_cache.h"
-#include "worker/engine/forward.h"
+#include "worker/runtime/forward.h"
 
 namespace recall::bench {
 
@@ -37,18 +37,18 @@ struct Run {
 
 // Run 0 (full) and one run per spec. InvalidArgument (from the evictor) for a bad policy or
 // budget, naming it.
-absl::StatusOr<std::vector<Run>> MakeRuns(engine::ForwardPass& forward, cache::BlockPool& pool,
+absl::StatusOr<std::vector<Run>> MakeRuns(runtime::ForwardPass& forward, cache::BlockPool& pool,
                                           const std::vector<RunSpec>& specs,
                                           const PolicyKnobs& knobs, uint64_t session);
 
 // Prefills tokens[0, n) into every run, one run at a time; logits: [runs, vocab].
 // Prefill-time policies (SnapKV) then compress the prompt from its last `window` queries.
-absl::Status PrefillRuns(engine::ForwardPass& forward, std::vector<Run>& runs,
+absl::Status PrefillRuns(runtime::ForwardPass& forward, std::vector<Run>& runs,
                          const int32_t* tokens, int n, float* logits);
 
 // One decode step of the runs in `active` (indices into runs), feeding tokens[j] to
 // runs[active[j]]; logits come back in the order of `active`. Steps the evictors.
-absl::Status DecodeRuns(engine::ForwardPass& forward, std::vector<Run>& runs,
+absl::Status DecodeRuns(runtime::ForwardPass& forward, std::vector<Run>& runs,
                         const std::vector<int>& active, const int32_t* tokens, float* logits);
 
 // log softmax in double. logits: [vocab]; out: [vocab].

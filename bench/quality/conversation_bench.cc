@@ -28,9 +28,9 @@
 #include "cache/block_pool.h"
 #include "common/clock.h"
 #include "kernels/backend.h"
-#include "worker/engine/forward.h"
 #include "worker/model/loader.h"
-#include "worker/model/tokenizer.h"
+#include "worker/runtime/forward.h"
+#include "worker/tokenizer/tokenizer.h"
 
 namespace recall::bench {
 namespace {
@@ -144,9 +144,9 @@ int Main(int argc, char** argv) {
       layout, mc.n_layers * (runs * (longest / kBlockTokens + 2) +
                              f.eval.episodes * (f.eval.block_tokens / kBlockTokens + 2) + 8));
   if (!pool.ok()) return Fail(pool.status());
-  engine::ForwardPass forward(**model, *backend,
-                              {std::max({f.eval.prefix, f.eval.chunk,
-                                         static_cast<int>(policies.size()) + 1})});
+  runtime::ForwardPass forward(
+      **model, *backend,
+      {std::max({f.eval.prefix, f.eval.chunk, static_cast<int>(policies.size()) + 1})});
   int64_t questions = 0, min_len = 1 << 30, max_len = 0;
   for (const QaConversation& c : *convs) {
     questions += static_cast<int64_t>(c.questions.size());

@@ -7,8 +7,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
-#include "worker/engine/episodic/episodic_sequence.h"
-#include "worker/engine/sequence.h"
+#include "worker/offline/episodic_sequence.h"
+#include "worker/offline/sequence.h"
 
 namespace recall::bench {
 namespace {
@@ -36,7 +36,7 @@ void Score(const QaQuestion& q, const Outcome& o, const Outcome& full, int far_t
 
 // Argmax after every answer-predicting position of `seq` run teacher-forced: the prompt's
 // logits predict answer[0], then Decode(answer[k]) predicts answer[k + 1].
-absl::StatusOr<std::vector<int32_t>> AnswerArgmaxes(engine::Sequence& seq,
+absl::StatusOr<std::vector<int32_t>> AnswerArgmaxes(offline::Sequence& seq,
                                                     const std::vector<int32_t>& prompt,
                                                     const QaQuestion& q, int vocab, int chunk) {
   std::vector<float> logits(static_cast<size_t>(vocab));
@@ -80,7 +80,7 @@ absl::StatusOr<ConvMethod> ParseConvMethod(const std::string& label) {
   return m;
 }
 
-absl::Status EvaluatePolicies(engine::ForwardPass& forward, cache::BlockPool& pool,
+absl::Status EvaluatePolicies(runtime::ForwardPass& forward, cache::BlockPool& pool,
                               const QaConversation& c, const std::vector<ConvMethod>& methods,
                               const ConvEvalOptions& options, std::vector<ConvStats>* stats,
                               ConvStats* full_stats) {
@@ -146,7 +146,7 @@ absl::Status EvaluatePolicies(engine::ForwardPass& forward, cache::BlockPool& po
   return absl::OkStatus();
 }
 
-absl::Status EvaluateEpisodic(engine::ForwardPass& forward, cache::BlockPool& pool,
+absl::Status EvaluateEpisodic(runtime::ForwardPass& forward, cache::BlockPool& pool,
                               const model::Tokenizer& tokenizer, const QaConversation& c,
                               const std::vector<ConvMethod>& methods,
                               const ConvEvalOptions& options, std::vector<ConvStats>* stats,
@@ -158,7 +158,8 @@ absl::Status EvaluateEpisodic(engine::ForwardPass& forward, cache::BlockPool& po
     std::vector<int32_t> full;
     double full_bytes = 0;
     {
-      RECALL_ASSIGN_OR_RETURN(auto seq, engine::LocalSequence::Create(forward, pool, std::nullopt));
+      RECALL_ASSIGN_OR_RETURN(auto seq,
+                              offline::LocalSequence::Create(forward, pool, std::nullopt));
       RECALL_ASSIGN_OR_RETURN(full, AnswerArgmaxes(*seq, prompt, q, vocab, options.chunk));
       full_bytes = static_cast<double>(seq->stats().kv_bytes);
     }
@@ -168,7 +169,7 @@ absl::Status EvaluateEpisodic(engine::ForwardPass& forward, cache::BlockPool& po
     full_stats->kv_samples += 1;
     for (size_t m = 0; m < methods.size(); ++m) {
       const ConvMethod& method = methods[m];
-      engine::episodic::EpisodicOptions o;
+      offline::EpisodicOptions o;
       o.decode.policy.name = "lazy";
       o.decode.policy.window = options.knobs.window;
       o.decode.policy.alpha = options.knobs.alpha;
@@ -180,8 +181,8 @@ absl::Status EvaluateEpisodic(engine::ForwardPass& forward, cache::BlockPool& po
       o.recent_utterances = options.recent;
       o.block.block_tokens = options.block_tokens;
       o.block.chunk = options.chunk;
-      RECALL_ASSIGN_OR_RETURN(
-          auto seq, engine::episodic::EpisodicSequence::Create(forward, pool, tokenizer, o));
+      RECALL_ASSIGN_OR_RETURN(auto seq,
+                              offline::EpisodicSequence::Create(forward, pool, tokenizer, o));
       RECALL_ASSIGN_OR_RETURN(std::vector<int32_t> mine,
                               AnswerArgmaxes(*seq, prompt, q, vocab, options.chunk));
       ConvStats& s = (*stats)[m];

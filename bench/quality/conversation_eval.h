@@ -26,8 +26,8 @@
 #include "bench/quality/batch_runs.h"
 #include "bench/quality/conversation_set.h"
 #include "cache/block_pool.h"
-#include "worker/engine/forward.h"
-#include "worker/model/tokenizer.h"
+#include "worker/runtime/forward.h"
+#include "worker/tokenizer/tokenizer.h"
 
 namespace recall::bench {
 
@@ -71,14 +71,14 @@ struct ConvStats {
 // Evaluates the non-episodic `methods` on `c`, adding to stats[i] for methods[i];
 // full_stats gets the FullKV reference's own figures. InvalidArgument for a bad policy or
 // budget (naming it) or a prefix outside [1, context).
-absl::Status EvaluatePolicies(engine::ForwardPass& forward, cache::BlockPool& pool,
+absl::Status EvaluatePolicies(runtime::ForwardPass& forward, cache::BlockPool& pool,
                               const QaConversation& c, const std::vector<ConvMethod>& methods,
                               const ConvEvalOptions& options, std::vector<ConvStats>* stats,
                               ConvStats* full_stats);
 
 // Evaluates the episodic `methods` on `c`, one prompt per question; full_stats gets the
 // single-question FullKV reference's figures.
-absl::Status EvaluateEpisodic(engine::ForwardPass& forward, cache::BlockPool& pool,
+absl::Status EvaluateEpisodic(runtime::ForwardPass& forward, cache::BlockPool& pool,
                               const model::Tokenizer& tokenizer, const QaConversation& c,
                               const std::vector<ConvMethod>& methods,
                               const ConvEvalOptions& options, std::vector<ConvStats>* stats,

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "worker/model/tokenizer.h"
+#include "worker/tokenizer/tokenizer.h"
 
 namespace recall::bench {
 

@@ -44,9 +44,9 @@
 #include "cache/block_pool.h"
 #include "common/clock.h"
 #include "kernels/backend.h"
-#include "worker/engine/forward.h"
 #include "worker/model/loader.h"
-#include "worker/model/tokenizer.h"
+#include "worker/runtime/forward.h"
+#include "worker/tokenizer/tokenizer.h"
 
 namespace recall::bench {
 namespace {
@@ -166,7 +166,7 @@ int Main(int argc, char** argv) {
   auto pool =
       cache::BlockPool::Create(layout, mc.n_layers * 4 * (mc.max_seq_len / kBlockTokens + 2));
   if (!pool.ok()) return Fail(pool.status());
-  engine::ForwardPass forward(**model, *backend, {mc.max_seq_len});
+  runtime::ForwardPass forward(**model, *backend, {mc.max_seq_len});
 
   ConversationOptions co;
   co.count = f.conversations;

@@ -17,14 +17,14 @@
 #include "cache/eviction/session_evictor.h"
 #include "common/clock.h"
 #include "common/status.h"
-#include "worker/engine/episodic/episodic_sequence.h"
-#include "worker/engine/model_embedder.h"
-#include "worker/engine/sequence.h"
+#include "worker/offline/episodic_sequence.h"
+#include "worker/offline/sequence.h"
+#include "worker/runtime/episodic/model_embedder.h"
 
 namespace recall::bench {
 namespace {
 
-using engine::episodic::TokenSpan;
+using offline::TokenSpan;
 
 void LogSoftmax(const float* logits, int vocab, std::vector<double>* out) {
   out->resize(static_cast<size_t>(vocab));
@@ -37,7 +37,7 @@ bool IsStop(int32_t id, const model::Tokenizer& tokenizer) {
 
 // Prefills `prompt` whole, then decodes greedily; `on_position(i, logits)` sees the logits that
 // predict continuation token i. Stops after `max_new` tokens or a stop token (kept in out).
-absl::Status Greedy(engine::Sequence& seq, const std::vector<int32_t>& prompt, int max_new,
+absl::Status Greedy(offline::Sequence& seq, const std::vector<int32_t>& prompt, int max_new,
                     int vocab, const model::Tokenizer& tokenizer, std::vector<int32_t>* out,
                     double* prefill_seconds,
                     const std::function<void(int, const float*)>& on_position) {
@@ -58,7 +58,7 @@ absl::Status Greedy(engine::Sequence& seq, const std::vector<int32_t>& prompt, i
 
 // Prefills `prompt` and feeds `forced`; on_position(i, logits) sees the logits predicting
 // forced[i].
-absl::Status TeacherForce(engine::Sequence& seq, const std::vector<int32_t>& prompt,
+absl::Status TeacherForce(offline::Sequence& seq, const std::vector<int32_t>& prompt,
                           const std::vector<int32_t>& forced, int vocab,
                           const std::function<void(int, const float*)>& on_position) {
   std::vector<float> logits(static_cast<size_t>(vocab));
@@ -76,11 +76,11 @@ std::string DecodeText(const std::vector<int32_t>& tokens, const model::Tokenize
   return tokenizer.Decode(ids, /*skip_special=*/true);
 }
 
-const cache::SequenceCache& ActiveCache(const engine::Sequence& seq) {
-  if (const auto* e = dynamic_cast<const engine::episodic::EpisodicSequence*>(&seq)) {
+const cache::SequenceCache& ActiveCache(const offline::Sequence& seq) {
+  if (const auto* e = dynamic_cast<const offline::EpisodicSequence*>(&seq)) {
     return e->cache();
   }
-  return dynamic_cast<const engine::LocalSequence&>(seq).cache();
+  return dynamic_cast<const offline::LocalSequence&>(seq).cache();
 }
 
 // Over every (layer, head) of `cache`: slots whose position lies in the prompt's stories
@@ -152,11 +152,11 @@ struct Replica {
   int active = -1;
 };
 
-absl::StatusOr<Replica> ReplayRouting(engine::ForwardPass& forward,
+absl::StatusOr<Replica> ReplayRouting(runtime::ForwardPass& forward,
                                       const model::Tokenizer& tokenizer, const StoryPrompt& prompt,
                                       const Method& method) {
-  const engine::episodic::EpisodicOptions defaults;
-  const std::vector<TokenSpan> spans = engine::episodic::SplitSentences(prompt.tokens, tokenizer);
+  const offline::EpisodicOptions defaults;
+  const std::vector<TokenSpan> spans = offline::SplitSentences(prompt.tokens, tokenizer);
   const int n = static_cast<int>(spans.size());
   const int recent = std::max(0, n - 1 - method.recent);
   Replica r;
@@ -169,11 +169,11 @@ absl::StatusOr<Replica> ReplayRouting(engine::ForwardPass& forward,
   if (r.windows.size() < 2) return r;
   std::unique_ptr<cache::episodic::Embedder> embedder;
   if (method.embedder == "model") {
-    engine::ModelEmbedderOptions eo;
+    runtime::episodic::ModelEmbedderOptions eo;
     eo.add_bos = tokenizer.bos_id() >= 0;
     eo.max_tokens = std::min(256, forward.model().config.max_seq_len - 1);
-    RECALL_ASSIGN_OR_RETURN(
-        embedder, engine::ModelEmbedder::Create(forward.model(), forward.backend(), tokenizer, eo));
+    RECALL_ASSIGN_OR_RETURN(embedder, runtime::episodic::ModelEmbedder::Create(
+                                          forward.model(), forward.backend(), tokenizer, eo));
   } else {
     RECALL_ASSIGN_OR_RETURN(auto tfidf, cache::episodic::HashedTfIdfEmbedder::Create({}));
     std::vector<std::string> texts;
@@ -207,14 +207,14 @@ absl::StatusOr<Replica> ReplayRouting(engine::ForwardPass& forward,
   return r;
 }
 
-absl::StatusOr<std::unique_ptr<engine::Sequence>> MakeSequence(engine::ForwardPass& forward,
-                                                               cache::BlockPool& pool,
-                                                               const model::Tokenizer& tokenizer,
-                                                               const Method& method,
-                                                               const EvalSettings& settings) {
+absl::StatusOr<std::unique_ptr<offline::Sequence>> MakeSequence(runtime::ForwardPass& forward,
+                                                                cache::BlockPool& pool,
+                                                                const model::Tokenizer& tokenizer,
+                                                                const Method& method,
+                                                                const EvalSettings& settings) {
   if (method.kind == "full") {
-    RECALL_ASSIGN_OR_RETURN(auto seq, engine::LocalSequence::Create(forward, pool, std::nullopt));
-    return std::unique_ptr<engine::Sequence>(std::move(seq));
+    RECALL_ASSIGN_OR_RETURN(auto seq, offline::LocalSequence::Create(forward, pool, std::nullopt));
+    return std::unique_ptr<offline::Sequence>(std::move(seq));
   }
   cache::eviction::SessionEvictorOptions eo;
   eo.policy.name = method.kind == "episodic" ? "lazy" : method.policy;
@@ -224,18 +224,17 @@ absl::StatusOr<std::unique_ptr<engine::Sequence>> MakeSequence(engine::ForwardPa
   eo.budget.unit = cache::eviction::BudgetOptions::Unit::kTokens;
   eo.budget.budget = settings.budget;
   if (method.kind == "policy") {
-    RECALL_ASSIGN_OR_RETURN(auto seq, engine::LocalSequence::Create(forward, pool, eo));
-    return std::unique_ptr<engine::Sequence>(std::move(seq));
+    RECALL_ASSIGN_OR_RETURN(auto seq, offline::LocalSequence::Create(forward, pool, eo));
+    return std::unique_ptr<offline::Sequence>(std::move(seq));
   }
-  engine::episodic::EpisodicOptions o;
+  offline::EpisodicOptions o;
   o.decode = eo;
   o.episodes = settings.episodes;
   o.embedder = method.embedder;
   o.recent_utterances = method.recent;
   o.block.block_tokens = settings.block_tokens;
-  RECALL_ASSIGN_OR_RETURN(auto seq,
-                          engine::episodic::EpisodicSequence::Create(forward, pool, tokenizer, o));
-  return std::unique_ptr<engine::Sequence>(std::move(seq));
+  RECALL_ASSIGN_OR_RETURN(auto seq, offline::EpisodicSequence::Create(forward, pool, tokenizer, o));
+  return std::unique_ptr<offline::Sequence>(std::move(seq));
 }
 
 }  // namespace
@@ -260,7 +259,7 @@ absl::StatusOr<StoryPrompt> PreparePrompt(const Conversation& c, const model::To
   // A BOS inside the prompt is a "sentence" of its own to SplitSentences (its piece in
   // llama2.c vocabularies holds newlines); it belongs to no story here.
   std::vector<TokenSpan> spans;
-  for (const TokenSpan& s : engine::episodic::SplitSentences(p.tokens, tokenizer)) {
+  for (const TokenSpan& s : offline::SplitSentences(p.tokens, tokenizer)) {
     if (s.end - s.begin == 1 && p.tokens[static_cast<size_t>(s.begin)] == tokenizer.bos_id()) {
       continue;
     }
@@ -353,7 +352,7 @@ absl::StatusOr<Method> ParseMethod(const std::string& label, int default_recent)
     rest = rest.substr(0, dash);
   }
   m.embedder = rest;
-  const auto& names = engine::episodic::EpisodicEmbedders();
+  const auto& names = offline::EpisodicEmbedders();
   if (std::find(names.begin(), names.end(), rest) == names.end()) {
     return absl::InvalidArgumentError(
         absl::StrCat("methods: '", label, "': unknown embedder '", rest, "'"));
@@ -361,7 +360,7 @@ absl::StatusOr<Method> ParseMethod(const std::string& label, int default_recent)
   return m;
 }
 
-absl::StatusOr<Reference> RunReference(engine::ForwardPass& forward, cache::BlockPool& pool,
+absl::StatusOr<Reference> RunReference(runtime::ForwardPass& forward, cache::BlockPool& pool,
                                        const model::Tokenizer& tokenizer, const StoryPrompt& prompt,
                                        int max_new) {
   const int vocab = forward.model().config.vocab_size;
@@ -369,13 +368,13 @@ absl::StatusOr<Reference> RunReference(engine::ForwardPass& forward, cache::Bloc
   std::vector<double> times;
   std::vector<float> logits(static_cast<size_t>(vocab));
   for (int rep = 0; rep < 2; ++rep) {  // two more one-shot prefills, for the median
-    RECALL_ASSIGN_OR_RETURN(auto seq, engine::LocalSequence::Create(forward, pool, std::nullopt));
+    RECALL_ASSIGN_OR_RETURN(auto seq, offline::LocalSequence::Create(forward, pool, std::nullopt));
     Stopwatch watch;
     RECALL_RETURN_IF_ERROR(
         seq->Prefill(prompt.tokens, static_cast<int>(prompt.tokens.size()), logits.data()));
     times.push_back(watch.ElapsedSeconds());
   }
-  RECALL_ASSIGN_OR_RETURN(auto seq, engine::LocalSequence::Create(forward, pool, std::nullopt));
+  RECALL_ASSIGN_OR_RETURN(auto seq, offline::LocalSequence::Create(forward, pool, std::nullopt));
   double prefill = 0;
   bool first = true;
   RECALL_RETURN_IF_ERROR(Greedy(*seq, prompt.tokens, max_new, vocab, tokenizer, &r.tokens, &prefill,
@@ -392,7 +391,7 @@ absl::StatusOr<Reference> RunReference(engine::ForwardPass& forward, cache::Bloc
   r.text = DecodeText(r.tokens, tokenizer);
   r.name_at = FindName(r.tokens, prompt.name_ids, tokenizer);
   r.companion_at = FindName(r.tokens, prompt.companion_ids, tokenizer);
-  RECALL_ASSIGN_OR_RETURN(auto forced, engine::LocalSequence::Create(forward, pool, std::nullopt));
+  RECALL_ASSIGN_OR_RETURN(auto forced, offline::LocalSequence::Create(forward, pool, std::nullopt));
   std::vector<double> logp;
   RECALL_RETURN_IF_ERROR(
       TeacherForce(*forced, prompt.tokens, prompt.original, vocab, [&](int i, const float* l) {
@@ -402,7 +401,7 @@ absl::StatusOr<Reference> RunReference(engine::ForwardPass& forward, cache::Bloc
   return r;
 }
 
-absl::StatusOr<MethodRun> RunMethod(engine::ForwardPass& forward, cache::BlockPool& pool,
+absl::StatusOr<MethodRun> RunMethod(runtime::ForwardPass& forward, cache::BlockPool& pool,
                                     const model::Tokenizer& tokenizer, const StoryPrompt& prompt,
                                     const Reference& reference, const Method& method,
                                     const EvalSettings& settings) {
@@ -412,14 +411,14 @@ absl::StatusOr<MethodRun> RunMethod(engine::ForwardPass& forward, cache::BlockPo
   const int32_t query_begin = prompt.query.begin;
   {
     RECALL_ASSIGN_OR_RETURN(auto seq, MakeSequence(forward, pool, tokenizer, method, settings));
-    auto* episodic = dynamic_cast<engine::episodic::EpisodicSequence*>(seq.get());
+    auto* episodic = dynamic_cast<offline::EpisodicSequence*>(seq.get());
     bool checked = false;
     RECALL_RETURN_IF_ERROR(Greedy(
         *seq, prompt.tokens, settings.max_new, vocab, tokenizer, &run.tokens, &run.prefill_seconds,
         [&](int, const float*) {
           if (checked || episodic == nullptr) return;
           checked = true;  // right after Prefill: every episode as built
-          const engine::episodic::EpisodicStats& es = episodic->episodic_stats();
+          const offline::EpisodicStats& es = episodic->episodic_stats();
           run.clustered = es.active >= 0;
           run.active = es.active;
           run.routed_by_fallback = es.routed_by_fallback;
@@ -455,7 +454,7 @@ absl::StatusOr<MethodRun> RunMethod(engine::ForwardPass& forward, cache::BlockPo
           }
           run.episode_overlap = pairs > 0 ? sum / pairs : 1;
         }));
-    const engine::SequenceStats st = seq->stats();
+    const offline::SequenceStats st = seq->stats();
     run.peak_kv_bytes = st.peak_kv_bytes;
     run.final_kv_bytes = st.kv_bytes;
     run.target_share_end =
@@ -483,7 +482,7 @@ absl::StatusOr<MethodRun> RunMethod(engine::ForwardPass& forward, cache::BlockPo
   for (const EpisodeCheck& c : run.episodes) {
     if (!c.resident) run.total_kv_bytes += c.kv_bytes;
   }
-  if (auto* e = dynamic_cast<engine::episodic::EpisodicSequence*>(seq.get())) {
+  if (auto* e = dynamic_cast<offline::EpisodicSequence*>(seq.get())) {
     run.embed_seconds = 0.5 * (run.embed_seconds + e->episodic_stats().embed_seconds);
     run.build_seconds = 0.5 * (run.build_seconds + e->episodic_stats().build_seconds);
   }

@@ -20,17 +20,17 @@
 #include "absl/status/statusor.h"
 #include "bench/quality/story_set.h"
 #include "cache/block_pool.h"
-#include "worker/engine/episodic/sentences.h"
-#include "worker/engine/forward.h"
-#include "worker/model/tokenizer.h"
+#include "worker/offline/sentences.h"
+#include "worker/runtime/forward.h"
+#include "worker/tokenizer/tokenizer.h"
 
 namespace recall::bench {
 
 // A conversation as tokens, with the token spans the metrics need.
 struct StoryPrompt {
   std::vector<int32_t> tokens;                       // BOS + the whole text, tokenized once
-  std::vector<engine::episodic::TokenSpan> stories;  // per story, in prompt order
-  engine::episodic::TokenSpan query;
+  std::vector<offline::TokenSpan> stories;           // per story, in prompt order
+  offline::TokenSpan query;
   int target = 0;                                // index into `stories`
   std::string name, companion;                   // the restarted story's
   std::vector<std::string> other_names;          // every other story's name and companion
@@ -46,7 +46,7 @@ struct StoryPrompt {
 // How the stories and the query are put together: "space" (one text, tokenized once with a
 // leading BOS) or "bos" (BOS before every story and before the query, as llama2.c packs
 // TinyStories: each segment is tokenized on its own after its BOS).
-// Tokenizes `c` and maps its sentences (engine::episodic::SplitSentences, as EpiCache sees
+// Tokenizes `c` and maps its sentences (offline::SplitSentences, as EpiCache sees
 // them) to its stories. Internal if the sentence count differs from the stories', or if the
 // prompt followed by the story's own continuation does not tokenize to the prompt's tokens
 // followed by more.
@@ -90,7 +90,7 @@ struct Reference {
   std::vector<double> original_logp;       // log p_full(StoryPrompt::original[i])
 };
 
-absl::StatusOr<Reference> RunReference(engine::ForwardPass& forward, cache::BlockPool& pool,
+absl::StatusOr<Reference> RunReference(runtime::ForwardPass& forward, cache::BlockPool& pool,
                                        const model::Tokenizer& tokenizer, const StoryPrompt& prompt,
                                        int max_new);
 
@@ -143,7 +143,7 @@ struct MethodRun {
   int windows = 0;
 };
 
-absl::StatusOr<MethodRun> RunMethod(engine::ForwardPass& forward, cache::BlockPool& pool,
+absl::StatusOr<MethodRun> RunMethod(runtime::ForwardPass& forward, cache::BlockPool& pool,
                                     const model::Tokenizer& tokenizer, const StoryPrompt& prompt,
                                     const Reference& reference, const Method& method,
                                     const EvalSettings& settings);

@@ -7,11 +7,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
-#include "worker/engine/generator.h"
+#include "worker/offline/generator.h"
 
 namespace recall::bench {
 
-absl::StatusOr<std::vector<EvalText>> SampleEvalSet(engine::ForwardPass& forward,
+absl::StatusOr<std::vector<EvalText>> SampleEvalSet(runtime::ForwardPass& forward,
                                                     cache::BlockPool& pool,
                                                     const model::Tokenizer& tokenizer,
                                                     const EvalSetOptions& options) {
@@ -31,14 +31,14 @@ absl::StatusOr<std::vector<EvalText>> SampleEvalSet(engine::ForwardPass& forward
       return absl::InvalidArgumentError(
           absl::StrCat("prompt '", text.prompt, "' is longer than the text length"));
     }
-    engine::GenerateOptions go;
+    offline::GenerateOptions go;
     go.max_tokens = options.length - static_cast<int>(prompt.size());
     go.sampling.temperature = options.temperature;
     go.sampling.top_p = options.top_p;
     go.sampling.seed = text.seed;
     // No stop tokens: after BOS the model starts the next story, as run.c's stream would.
-    RECALL_ASSIGN_OR_RETURN(engine::GenerateResult r,
-                            engine::Generate(forward, pool, tokenizer, prompt, go));
+    RECALL_ASSIGN_OR_RETURN(offline::GenerateResult r,
+                            offline::Generate(forward, pool, tokenizer, prompt, go));
     text.tokens = std::move(prompt);
     text.tokens.insert(text.tokens.end(), r.tokens.begin(), r.tokens.end());
     if (static_cast<int>(text.tokens.size()) != options.length) {

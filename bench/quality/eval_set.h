@@ -17,8 +17,8 @@
 
 #include "absl/status/statusor.h"
 #include "cache/block_pool.h"
-#include "worker/engine/forward.h"
-#include "worker/model/tokenizer.h"
+#include "worker/runtime/forward.h"
+#include "worker/tokenizer/tokenizer.h"
 
 namespace recall::bench {
 
@@ -39,7 +39,7 @@ struct EvalText {
 };
 
 // Samples the set with the full cache. InvalidArgument if length exceeds the model's context.
-absl::StatusOr<std::vector<EvalText>> SampleEvalSet(engine::ForwardPass& forward,
+absl::StatusOr<std::vector<EvalText>> SampleEvalSet(runtime::ForwardPass& forward,
                                                     cache::BlockPool& pool,
                                                     const model::Tokenizer& tokenizer,
                                                     const EvalSetOptions& options);

@@ -28,9 +28,9 @@
 #include "cache/block_pool.h"
 #include "common/clock.h"
 #include "kernels/backend.h"
-#include "worker/engine/forward.h"
 #include "worker/model/loader.h"
-#include "worker/model/tokenizer.h"
+#include "worker/runtime/forward.h"
+#include "worker/tokenizer/tokenizer.h"
 
 namespace recall::bench {
 namespace {
@@ -118,8 +118,8 @@ int Main(int argc, char** argv) {
   auto pool =
       cache::BlockPool::Create(layout, mc.n_layers * (k_runs * (length / kBlockTokens + 2) + 8));
   if (!pool.ok()) return Fail(pool.status());
-  engine::ForwardPass forward(**model, *backend,
-                              {std::max({f.prefix, f.greedy_prefix, k_runs, length})});
+  runtime::ForwardPass forward(**model, *backend,
+                               {std::max({f.prefix, f.greedy_prefix, k_runs, length})});
 
   Stopwatch watch;
   EvalSetOptions eo;

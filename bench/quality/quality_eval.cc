@@ -23,7 +23,7 @@ std::vector<RunSpec> Specs(const std::vector<QualityConfig>& configs) {
 
 PolicyKnobs Knobs(const QualityEvalOptions& o) { return {o.window, o.alpha, o.sinks}; }
 
-absl::Status TeacherForced(engine::ForwardPass& forward, cache::BlockPool& pool,
+absl::Status TeacherForced(runtime::ForwardPass& forward, cache::BlockPool& pool,
                            const EvalText& text, const std::vector<RecallProbe>& probes,
                            const std::vector<QualityConfig>& configs,
                            const QualityEvalOptions& options, std::vector<QualityStats>* stats) {
@@ -102,7 +102,7 @@ absl::Status TeacherForced(engine::ForwardPass& forward, cache::BlockPool& pool,
   return absl::OkStatus();
 }
 
-absl::Status Greedy(engine::ForwardPass& forward, cache::BlockPool& pool, const EvalText& text,
+absl::Status Greedy(runtime::ForwardPass& forward, cache::BlockPool& pool, const EvalText& text,
                     const std::vector<QualityConfig>& configs, const QualityEvalOptions& options,
                     std::vector<QualityStats>* stats) {
   const int vocab = forward.model().config.vocab_size;
@@ -149,7 +149,7 @@ absl::Status Greedy(engine::ForwardPass& forward, cache::BlockPool& pool, const 
 
 }  // namespace
 
-absl::Status EvaluateText(engine::ForwardPass& forward, cache::BlockPool& pool,
+absl::Status EvaluateText(runtime::ForwardPass& forward, cache::BlockPool& pool,
                           const EvalText& text, const std::vector<RecallProbe>& probes,
                           const std::vector<QualityConfig>& configs,
                           const QualityEvalOptions& options, std::vector<QualityStats>* stats) {

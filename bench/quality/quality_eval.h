@@ -24,7 +24,7 @@
 #include "absl/status/status.h"
 #include "bench/quality/eval_set.h"
 #include "cache/block_pool.h"
-#include "worker/engine/forward.h"
+#include "worker/runtime/forward.h"
 
 namespace recall::bench {
 
@@ -69,7 +69,7 @@ struct QualityStats {
 
 // Evaluates every configuration on `text`, adding to stats[i] for configs[i].
 // `probes` are this text's probes. InvalidArgument for bad options or an unknown policy.
-absl::Status EvaluateText(engine::ForwardPass& forward, cache::BlockPool& pool,
+absl::Status EvaluateText(runtime::ForwardPass& forward, cache::BlockPool& pool,
                           const EvalText& text, const std::vector<RecallProbe>& probes,
                           const std::vector<QualityConfig>& configs,
                           const QualityEvalOptions& options, std::vector<QualityStats>* stats);

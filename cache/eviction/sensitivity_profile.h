@@ -2,7 +2,7 @@
 // what BudgetOptions::Kind::kProfile reads when the file is JSON.
 //
 // A profile holds sigma_l per layer: the mean cosine similarity between the layer's keys
-// under a full causal pass and under a block-masked pass (engine::LayerSensitivity). A layer
+// under a full causal pass and under a block-masked pass (offline::LayerSensitivity). A layer
 // whose keys barely change when the context is cut to blocks (sigma near 1) is insensitive
 // and gets a smaller share of the KV budget. The file:
 //

@@ -12,7 +12,7 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "tests/common/stories260k.h"
-#include "worker/engine/forward.h"
+#include "worker/runtime/forward.h"
 
 namespace recall::bench {
 namespace {
@@ -75,7 +75,7 @@ class ConversationEvalTest : public testing::Stories260KTest {
     ASSERT_TRUE(pool.ok()) << pool.status();
     pool_ = std::move(*pool);
     forward_ =
-        std::make_unique<engine::ForwardPass>(*model_, *backend_, engine::ForwardOptions{256});
+        std::make_unique<runtime::ForwardPass>(*model_, *backend_, runtime::ForwardOptions{256});
     const std::string path = testing::MakeTempDir("conversation_eval") + "/c.jsonl";
     std::ofstream(path) << R"({"seed": 3, "text": ")" << kText
                         << R"(", "questions": [{"q": "What was the dog called?", "a": "Max", )"
@@ -101,7 +101,7 @@ class ConversationEvalTest : public testing::Stories260KTest {
   std::unique_ptr<NewlineTokenizer> nl_tok_;
   std::unique_ptr<kernels::Backend> backend_;
   std::unique_ptr<cache::BlockPool> pool_;
-  std::unique_ptr<engine::ForwardPass> forward_;
+  std::unique_ptr<runtime::ForwardPass> forward_;
   QaConversation conv_;
 };
 

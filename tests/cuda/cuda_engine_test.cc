@@ -8,14 +8,14 @@
 #include "kernels/cpu/sampling.h"
 #include "tests/common/test_util.h"
 #include "tests/cuda/cuda_test_util.h"
-#include "worker/engine/forward.h"
-#include "worker/engine/generator.h"
-#include "worker/engine/sequence.h"
 #include "worker/model/loader.h"
-#include "worker/model/tokenizer.h"
 #include "worker/model/upload.h"
+#include "worker/offline/generator.h"
+#include "worker/offline/sequence.h"
+#include "worker/runtime/forward.h"
+#include "worker/tokenizer/tokenizer.h"
 
-namespace recall::engine {
+namespace recall::offline {
 namespace {
 
 constexpr char kModel[] = "models/stories260K/stories260K.bin";
@@ -28,7 +28,7 @@ class CudaEngineTest : public kernels::CudaTest {
     const model::Model* model = nullptr;
     std::unique_ptr<model::Model> uploaded;
     std::unique_ptr<cache::BlockPool> pool;
-    std::unique_ptr<ForwardPass> forward;
+    std::unique_ptr<runtime::ForwardPass> forward;
   };
 
   void SetUp() override {
@@ -59,7 +59,8 @@ class CudaEngineTest : public kernels::CudaTest {
                                          backend.memory());
     ASSERT_TRUE(pool.ok()) << pool.status();
     e.pool = std::move(*pool);
-    e.forward = std::make_unique<ForwardPass>(*e.model, backend, ForwardOptions{512});
+    e.forward =
+        std::make_unique<runtime::ForwardPass>(*e.model, backend, runtime::ForwardOptions{512});
   }
 
   std::unique_ptr<model::Model> model_;
@@ -94,7 +95,7 @@ TEST_F(CudaEngineTest, GreedyTextEqualsRunCGolden) {
     EXPECT_EQ(gpu_engine_.pool->free_blocks(), gpu_engine_.pool->num_blocks());
   }
   // The decode steps (and the chunk-1 prefill) ran as CUDA graphs.
-  const StepGraphs& graphs = gpu_engine_.forward->step_graphs();
+  const runtime::StepGraphs& graphs = gpu_engine_.forward->step_graphs();
   EXPECT_TRUE(graphs.enabled()) << "the first graph passed its check";
   EXPECT_GT(graphs.replays(), 500);
 }
@@ -104,9 +105,10 @@ TEST_F(CudaEngineTest, GreedyTextEqualsRunCGolden) {
 // blocks and length buckets.
 TEST_F(CudaEngineTest, DecodeStepsAsGraphsEqualStepsLaunchedOpByOp) {
   const model::ModelConfig& c = model_->config;
-  ForwardPass direct(*gpu_engine_.model, *gpu_,
-                     ForwardOptions{.max_batch_tokens = 512, .step_graphs = false});
-  ForwardPass* passes[2] = {gpu_engine_.forward.get(), &direct};
+  runtime::ForwardPass direct(
+      *gpu_engine_.model, *gpu_,
+      runtime::ForwardOptions{.max_batch_tokens = 512, .step_graphs = false});
+  runtime::ForwardPass* passes[2] = {gpu_engine_.forward.get(), &direct};
   const std::vector<std::vector<int32_t>> prompts = {
       tok_->Encode("Once upon a time", true), tok_->Encode("The cat sat on the mat and", true),
       tok_->Encode("Lily", true)};
@@ -114,7 +116,8 @@ TEST_F(CudaEngineTest, DecodeStepsAsGraphsEqualStepsLaunchedOpByOp) {
   for (int p = 0; p < 2; ++p) {
     for (const auto& prompt : prompts) {
       caches[p].push_back(std::make_unique<cache::SequenceCache>(gpu_engine_.pool.get()));
-      BatchItem item{caches[p].back().get(), prompt.data(), static_cast<int>(prompt.size()), false};
+      runtime::BatchItem item{caches[p].back().get(), prompt.data(),
+                              static_cast<int>(prompt.size()), false};
       ASSERT_TRUE(passes[p]->Run({&item, 1}, nullptr).ok());
     }
   }
@@ -127,9 +130,9 @@ TEST_F(CudaEngineTest, DecodeStepsAsGraphsEqualStepsLaunchedOpByOp) {
     for (int p = 0; p < 2; ++p) {
       logits[p].assign(which.size() * c.vocab_size, 0.0f);
       probs[p].assign(static_cast<size_t>(c.n_layers) * c.n_heads * stride, 0.0f);
-      std::vector<BatchItem> batch(which.size());
+      std::vector<runtime::BatchItem> batch(which.size());
       for (size_t k = 0; k < which.size(); ++k) {
-        batch[k] = BatchItem{caches[p][which[k]].get(), &next[which[k]], 1};
+        batch[k] = runtime::BatchItem{caches[p][which[k]].get(), &next[which[k]], 1};
         if (which[k] == 1) {
           batch[k].attn_probs = probs[p].data();
           batch[k].probs_stride = stride;
@@ -144,7 +147,7 @@ TEST_F(CudaEngineTest, DecodeStepsAsGraphsEqualStepsLaunchedOpByOp) {
       next[which[k]] = kernels::cpu::ArgMax(logits[1].data() + k * c.vocab_size, c.vocab_size);
     }
   }
-  const StepGraphs& graphs = gpu_engine_.forward->step_graphs();
+  const runtime::StepGraphs& graphs = gpu_engine_.forward->step_graphs();
   EXPECT_TRUE(graphs.enabled());
   EXPECT_GE(graphs.recorded(), 4) << "per batch shape and length bucket";
   EXPECT_GE(graphs.replays(), 100);
@@ -165,7 +168,7 @@ TEST_F(CudaEngineTest, BatchedStepsMatchTheCpu) {
     for (size_t i = 0; i < prompts.size(); ++i) {
       caches.push_back(std::make_unique<cache::SequenceCache>(e->pool.get()));
     }
-    std::vector<BatchItem> batch(prompts.size());
+    std::vector<runtime::BatchItem> batch(prompts.size());
     for (size_t i = 0; i < prompts.size(); ++i) {
       batch[i].cache = caches[i].get();
       batch[i].tokens = prompts[i].data();
@@ -264,4 +267,4 @@ TEST_F(CudaEngineTest, HostRowReadingPoliciesAreRefusedOnTheGpu) {
 }
 
 }  // namespace
-}  // namespace recall::engine
+}  // namespace recall::offline

@@ -8,9 +8,9 @@
 
 #include "kernels/comm/communicator.h"
 #include "tests/cuda/cuda_test_util.h"
-#include "tests/worker/engine/tp/tp_fixture.h"
+#include "tests/worker/runtime/tp_fixture.h"
 
-namespace recall::engine::tp {
+namespace recall::runtime::tp {
 namespace {
 
 using cache::eviction::SessionEvictorOptions;
@@ -45,15 +45,15 @@ class CudaTpTest : public TpFixture {
 
   // The golden run.c text: greedy from "Once upon a time", 256 positions, chunked prefill.
   static void ExpectGoldenText(TpGroup& group) {
-    auto seq = TpSequence::Create(group, std::nullopt);
+    auto seq = offline::TpSequence::Create(group, std::nullopt);
     ASSERT_TRUE(seq.ok()) << seq.status();
     const std::vector<int32_t> prompt = tok_->Encode("Once upon a time", true);
-    GenerateOptions o;
+    offline::GenerateOptions o;
     o.sampling.temperature = 0.0f;
     o.max_tokens = 256 - static_cast<int>(prompt.size()) + 1;
     o.stop_token_ids = {1};
     o.prefill_chunk = 3;
-    auto result = Generate(**seq, group.backend(0), model_->config, *tok_, prompt, o);
+    auto result = offline::Generate(**seq, group.backend(0), model_->config, *tok_, prompt, o);
     ASSERT_TRUE(result.ok()) << result.status();
     std::vector<int32_t> all = prompt;
     all.insert(all.end(), result->tokens.begin(), result->tokens.end());
@@ -92,7 +92,7 @@ TEST_F(CudaTpTest, EvictingStagedRanksKeepWhatOneCpuRankKeeps) {
     o.share_tokens = shared;
     o.verify_keep = true;
     const auto run = [&](TpGroup& group, KeepSets* keep) {
-      auto seq = TpSequence::Create(group, o);
+      auto seq = offline::TpSequence::Create(group, o);
       EXPECT_TRUE(seq.ok()) << seq.status();
       auto result = Greedy(group, **seq, "Once upon a time, there was a little girl", 220);
       EXPECT_TRUE(result.ok()) << result.status();
@@ -135,4 +135,4 @@ TEST_F(CudaTpTest, NcclQueuedOnTheBackendStreamRunsAtOneRank) {
 }
 
 }  // namespace
-}  // namespace recall::engine::tp
+}  // namespace recall::runtime::tp

@@ -1,7 +1,6 @@
 // The C++ SDK against `recall serve`-like processes (a coordinator and a worker): callback
 // and iterator forms of a turn give the same reply, History, Close, and errors as statuses.
-#include "client/sdk/client.h"
-
+#include "client/client.h"
 #include "common/subprocess.h"
 #include "gtest/gtest.h"
 #include "tests/common/test_util.h"

@@ -1,5 +1,5 @@
 // RecordingBackend: a CPU backend over opaque memory that records ops the way a CUDA graph
-// does, for tests of code that records steps (worker/engine/step_graphs.h) on machines
+// does, for tests of code that records steps (worker/runtime/step_graphs.h) on machines
 // without a GPU.
 //
 // Record() keeps each op with its arguments by value (pointers, sizes, scalars; a KvBatch

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes worker/model/tokenizer_nfc_tables.h: the Unicode data NFC needs (canonical
+"""Writes worker/tokenizer/tokenizer_nfc_tables.h: the Unicode data NFC needs (canonical
 combining classes, canonical decompositions and which of them recompose), from Python's
 unicodedata. Hangul syllables are algorithmic and not listed.
 

@@ -18,8 +18,8 @@ equals the answer entity (case-insensitive). Modes:
              start), --policy full: what a cache holding only the last N tokens can answer.
   streaming  (any other name: a Recall policy) --policy NAME --budget N on the whole prompt.
              NOTE: `recall generate` prefills the whole prompt with full attention and evicts
-             only while decoding (worker/engine/generator.h GenerateOptions::eviction,
-             worker/engine/sequence.cc LocalSequence::Prefill/Decode), so the first answer
+             only while decoding (worker/offline/generator.h GenerateOptions::eviction,
+             worker/offline/sequence.cc LocalSequence::Prefill/Decode), so the first answer
              token still sees everything: streaming scores far above "window".
 PyTorch side (--torch, default on): the exported safetensors loaded into model.py, greedy
 decoding, modes full and window; the report gives its accuracy and its agreement with Recall.
@@ -95,7 +95,7 @@ def load_torch_model(model_dir):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="exported Hugging Face directory")
-    ap.add_argument("--recall", default=os.path.join(REPO, "build/client/recall"))
+    ap.add_argument("--recall", default=os.path.join(REPO, "build/cli/recall"))
     ap.add_argument("--data", help="held-out JSONL from gen_conversations.py (default: "
                                    "generate --convs conversations here)")
     ap.add_argument("--convs", type=int, default=50)

@@ -2,7 +2,7 @@
 """Exports a train.py checkpoint to a Hugging Face Llama directory that Recall loads.
 
     python3 tools/train/export_hf.py RUN/ckpt.pt OUT_DIR [--dtype f32|bf16|f16]
-    build/client/recall generate --model OUT_DIR --prompt "..." --temperature 0
+    build/cli/recall generate --model OUT_DIR --prompt "..." --temperature 0
 
 Writes (conventions of tools/convert_llama2c_to_hf.py and worker/model/hf_loader.cc):
   config.json              LlamaForCausalLM; hidden_size, intermediate_size, heads, KV heads,
@@ -15,7 +15,7 @@ Writes (conventions of tools/convert_llama2c_to_hf.py and worker/model/hf_loader
                            (model.py already uses HF's layout: no permutation)
   tokenizer.model          the SentencePiece model. No tokenizer.json on purpose: Recall then
                            uses libsentencepiece and adds BOS to prompts, as in training
-                           (worker/model/tokenizer.cc LoadTokenizer; client/cli/
+                           (worker/tokenizer/tokenizer.cc LoadTokenizer; cli/
                            generate_command.cc adds BOS when there is no tokenizer.json)
   tokenizer_config.json, special_tokens_map.json, generation_config.json  for transformers
 

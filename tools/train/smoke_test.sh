@@ -7,7 +7,7 @@
 #
 # Training stops every --time-limit minutes and resumes (the loop below), so no single
 # command runs long on a busy machine. Needs /usr/bin/python3 with python3-torch,
-# python3-sentencepiece, python3-numpy, and build/client/recall.
+# python3-sentencepiece, python3-numpy, and build/cli/recall.
 set -eu
 S=${1:-/tmp/train_smoke}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -33,7 +33,7 @@ train
 until grep -q '"step": 200,' "$S/run/log.jsonl"; do train --resume; done
 
 $PY "$T/export_hf.py" "$S/run/ckpt.pt" "$S/model" --check
-"$ROOT/build/client/recall" generate --model "$S/model" --temperature 0 --max-tokens 40 \
+"$ROOT/build/cli/recall" generate --model "$S/model" --temperature 0 --max-tokens 40 \
     --threads 1 --stats --prompt "[Session 1, May 2020]
 Anna: Hi Tom! How have you been?
 Tom:"

@@ -5,7 +5,7 @@
 
 Writes OUT_DIR/tokenizer.model (and tokenizer.vocab). Needs the sentencepiece package
 (Debian: python3-sentencepiece). Choices, all so that Recall's SentencePiece path
-(worker/model/tokenizer_sentencepiece.cc through libsentencepiece) and tools/train/tok.py
+(worker/tokenizer/tokenizer_sentencepiece.cc through libsentencepiece) and tools/train/tok.py
 tokenize the same way:
   * BPE model (on this templated corpus the unigram trainer keeps odd pieces such as
     "▁"+"are", "▁Whe"+"re": 2.9 chars/token at 2048 pieces against 3.5 for BPE), ids: <unk>=0, <s>=1 (BOS), </s>=2 (EOS), no pad; matches config.json;

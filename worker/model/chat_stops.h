@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "worker/model/chat_template.h"
-#include "worker/model/tokenizer.h"
+#include "worker/tokenizer/tokenizer.h"
 
 namespace recall::model {
 

@@ -7,7 +7,7 @@
 #include "absl/status/statusor.h"
 #include "common/args.h"
 #include "worker/model/model.h"
-#include "worker/model/tokenizer.h"
+#include "worker/tokenizer/tokenizer.h"
 
 namespace recall::model {
 

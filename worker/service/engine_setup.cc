@@ -6,8 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "kernels/cuda_backend.h"
-#include "worker/engine/tp/scheduler_ranks.h"
 #include "worker/model/upload.h"
+#include "worker/serving/tp_ranks.h"
 
 namespace recall::service {
 namespace {
@@ -52,21 +52,21 @@ absl::Status CheckRankBytes(int64_t per_rank, const kernels::PagedKvLayout& layo
 
 absl::StatusOr<Engine> BuildEngine(const model::Model& model, const model::Tokenizer& tokenizer,
                                    const EngineFlags& flags,
-                                   const engine::SchedulerOptions& options,
+                                   const serving::SchedulerOptions& options,
                                    metrics::Registry* registry) {
   RECALL_RETURN_IF_ERROR(
-      engine::tp::CheckDeviceFlags(flags.device, flags.tp, flags.devices, flags.tp_comm));
+      runtime::tp::CheckDeviceFlags(flags.device, flags.tp, flags.devices, flags.tp_comm));
   const model::ModelConfig& c = model.config;
   Engine e;
   if (flags.tp > 1) {
-    engine::tp::TpGroupOptions g;
+    runtime::tp::TpGroupOptions g;
     g.tp = flags.tp;
     g.device = flags.device;
     g.devices = flags.devices;
     g.collectives = flags.tp_comm;
     g.threads_per_rank = flags.threads > 0 ? std::max(1, flags.threads / flags.tp) : 0;
-    RECALL_ASSIGN_OR_RETURN(engine::tp::TpLayout rank_layout,
-                            engine::tp::MakeTpLayout(c, flags.tp, 0));
+    RECALL_ASSIGN_OR_RETURN(runtime::tp::TpLayout rank_layout,
+                            runtime::tp::MakeTpLayout(c, flags.tp, 0));
     const kernels::PagedKvLayout rank_kv{c.n_layers, rank_layout.kv_heads, c.head_dim,
                                          g.block_tokens};
     if (flags.device == "cuda" && !flags.kv_bytes.has_value()) {
@@ -78,19 +78,19 @@ absl::StatusOr<Engine> BuildEngine(const model::Model& model, const model::Token
     }
     g.forward.max_batch_tokens = options.max_batch_tokens;
     g.forward.batch_invariant = options.batch_invariant;
-    absl::StatusOr<std::unique_ptr<engine::tp::TpGroup>> group =
-        engine::tp::TpGroup::Create(model, g);
+    absl::StatusOr<std::unique_ptr<runtime::tp::TpGroup>> group =
+        runtime::tp::TpGroup::Create(model, g);
     if (!group.ok() && absl::StartsWith(group.status().message(), "kv_fraction")) {
       return absl::InvalidArgumentError(
           absl::StrCat("--kv-cache-fraction: ", flags.kv_fraction, " of the GPUs' free memory "
                        "is less than one KV block per layer on a rank (",
                        group.status().message(), "); give more, or --kv-cache-bytes"));
     }
-    if (!group.ok()) return engine::tp::WithFlagNames(group.status());
+    if (!group.ok()) return runtime::tp::WithFlagNames(group.status());
     e.group = *std::move(group);
     RECALL_ASSIGN_OR_RETURN(e.scheduler,
-                            engine::Scheduler::Create(model, engine::tp::SchedulerRanksOf(*e.group),
-                                                      tokenizer, options, registry));
+                            serving::Scheduler::Create(model, serving::SchedulerRanksOf(*e.group),
+                                                       tokenizer, options, registry));
     e.kv_blocks = e.group->pool(0).num_blocks();
     for (int r = 0; r < flags.tp; ++r) {
       e.kv_bytes += e.group->pool(r).num_blocks() * e.group->pool(r).block_bytes();
@@ -120,8 +120,8 @@ absl::StatusOr<Engine> BuildEngine(const model::Model& model, const model::Token
   RECALL_RETURN_IF_ERROR(CheckRankBytes(e.kv_bytes, layout));
   RECALL_ASSIGN_OR_RETURN(e.pool,
                           cache::BlockPool::CreateWithBytes(layout, e.kv_bytes, e.backend->memory()));
-  RECALL_ASSIGN_OR_RETURN(e.scheduler, engine::Scheduler::Create(*weights, *e.backend, *e.pool,
-                                                                 tokenizer, options, registry));
+  RECALL_ASSIGN_OR_RETURN(e.scheduler, serving::Scheduler::Create(*weights, *e.backend, *e.pool,
+                                                                  tokenizer, options, registry));
   e.kv_blocks = e.pool->num_blocks();
   e.summary = absl::StrCat(flags.device, flags.device == "cuda" ? absl::StrCat(" ", device) : "",
                            "; KV pool ", e.kv_blocks, " blocks of ", e.pool->block_bytes(),

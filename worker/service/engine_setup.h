@@ -13,10 +13,10 @@
 #include "cache/block_pool.h"
 #include "common/metrics/registry.h"
 #include "kernels/backend.h"
-#include "worker/engine/scheduler.h"
-#include "worker/engine/tp/tp_group.h"
 #include "worker/model/model.h"
-#include "worker/model/tokenizer.h"
+#include "worker/runtime/tp/tp_group.h"
+#include "worker/serving/scheduler.h"
+#include "worker/tokenizer/tokenizer.h"
 
 namespace recall::service {
 
@@ -36,8 +36,8 @@ struct Engine {
   std::unique_ptr<kernels::Backend> backend;  // one rank
   std::unique_ptr<model::Model> uploaded;     // the weights in device memory (CUDA)
   std::unique_ptr<cache::BlockPool> pool;     // one rank
-  std::unique_ptr<engine::tp::TpGroup> group;  // tp > 1
-  std::unique_ptr<engine::Scheduler> scheduler;
+  std::unique_ptr<runtime::tp::TpGroup> group;  // tp > 1
+  std::unique_ptr<serving::Scheduler> scheduler;
   int64_t kv_bytes = 0;  // the pool(s) in all
   int64_t kv_blocks = 0; // blocks per rank
   std::string summary;   // one line for the startup log
@@ -48,7 +48,7 @@ struct Engine {
 // the backend's error when a device is missing. `model` and `tokenizer` must outlive it.
 absl::StatusOr<Engine> BuildEngine(const model::Model& model, const model::Tokenizer& tokenizer,
                                    const EngineFlags& flags,
-                                   const engine::SchedulerOptions& options,
+                                   const serving::SchedulerOptions& options,
                                    metrics::Registry* registry);
 
 }  // namespace recall::service

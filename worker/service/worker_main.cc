@@ -8,9 +8,11 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cache/eviction/session_evictor.h"
 #include "common/args.h"
 #include "common/metrics/http_server.h"
 #include "common/status.h"
@@ -18,14 +20,12 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "kernels/backend.h"
-#include "worker/engine/scheduler.h"
+#include "recall/v1/registry.grpc.pb.h"
 #include "worker/model/chat_stops.h"
 #include "worker/model/load_from_flags.h"
 #include "worker/service/engine_setup.h"
 #include "worker/service/worker_service.h"
-#include "cache/eviction/session_evictor.h"
-#include "recall/v1/registry.grpc.pb.h"
-#include <thread>
+#include "worker/serving/scheduler.h"
 
 namespace recall::service {
 namespace {
@@ -168,7 +168,7 @@ absl::Status Run(const std::vector<std::string>& argv) {
   const model::ModelConfig& config = loaded.model->config;
   const model::Tokenizer& tok = *loaded.tokenizer;
 
-  engine::SchedulerOptions o;
+  serving::SchedulerOptions o;
   RECALL_ASSIGN_OR_RETURN(const int64_t threads, args.GetInt("threads", 0, 0, 1024));
   RECALL_ASSIGN_OR_RETURN(const int64_t mbt, args.GetInt("max-batch-tokens", 256, 1, 1 << 16));
   RECALL_ASSIGN_OR_RETURN(const int64_t chunk, args.GetInt("prefill-chunk", 64, 1, mbt));
@@ -212,7 +212,8 @@ absl::Status Run(const std::vector<std::string>& argv) {
     if (!mode.ok()) return absl::InvalidArgumentError(absl::StrCat("--tp-eviction: ", mode.message()));
   }
   o.verify_tp_keep = args.Has("tp-verify");
-  RECALL_ASSIGN_OR_RETURN(const int64_t episodes, args.GetInt("episodes", 4, 1, engine::kMaxEpisodes));
+  RECALL_ASSIGN_OR_RETURN(const int64_t episodes,
+                          args.GetInt("episodes", 4, 1, serving::kMaxEpisodes));
   RECALL_ASSIGN_OR_RETURN(const int64_t block_tokens, args.GetInt("block-tokens", 2048, 16, 1 << 16));
   RECALL_ASSIGN_OR_RETURN(const int64_t recluster, args.GetInt("recluster-turns", 4, 1, 1 << 20));
   o.default_episodes = static_cast<int>(episodes);
@@ -247,7 +248,7 @@ absl::Status Run(const std::vector<std::string>& argv) {
   flags.device = args.GetString("device", "cpu");
   flags.tp_comm = args.GetString("tp-comm", "");
   if (args.Has("devices")) {
-    RECALL_ASSIGN_OR_RETURN(flags.devices, engine::tp::ParseDevices(args.GetString("devices")));
+    RECALL_ASSIGN_OR_RETURN(flags.devices, runtime::tp::ParseDevices(args.GetString("devices")));
   }
   flags.threads = static_cast<int>(threads);
   RECALL_ASSIGN_OR_RETURN(flags.kv_fraction,
@@ -257,7 +258,7 @@ absl::Status Run(const std::vector<std::string>& argv) {
   }
   metrics::Registry registry;
   RECALL_ASSIGN_OR_RETURN(Engine engine, BuildEngine(*loaded.model, tok, flags, o, &registry));
-  engine::Scheduler* scheduler = engine.scheduler.get();
+  serving::Scheduler* scheduler = engine.scheduler.get();
 
   std::string model_name = args.GetString("model");
   while (model_name.size() > 1 && model_name.back() == '/') model_name.pop_back();

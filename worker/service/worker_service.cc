@@ -23,19 +23,22 @@ std::vector<model::ChatMessage> Messages(
   return out;
 }
 
-v1::FinishReason ToProto(engine::TurnFinish f) {
+v1::FinishReason ToProto(serving::TurnFinish f) {
   switch (f) {
-    case engine::TurnFinish::kLength: return v1::FINISH_REASON_LENGTH;
-    case engine::TurnFinish::kStop: return v1::FINISH_REASON_STOP;
-    case engine::TurnFinish::kContext: return v1::FINISH_REASON_CONTEXT;
+    case serving::TurnFinish::kLength:
+      return v1::FINISH_REASON_LENGTH;
+    case serving::TurnFinish::kStop:
+      return v1::FINISH_REASON_STOP;
+    case serving::TurnFinish::kContext:
+      return v1::FINISH_REASON_CONTEXT;
   }
   return v1::FINISH_REASON_UNSPECIFIED;
 }
 
 }  // namespace
 
-engine::TurnRequest FromProto(const v1::RunTurnRequest& r, int default_max_tokens) {
-  engine::TurnRequest out;
+serving::TurnRequest FromProto(const v1::RunTurnRequest& r, int default_max_tokens) {
+  serving::TurnRequest out;
   out.session_id = r.session_id();
   out.request_id = r.request_id();
   out.messages = Messages(r.messages());
@@ -65,22 +68,22 @@ engine::TurnRequest FromProto(const v1::RunTurnRequest& r, int default_max_token
   return out;
 }
 
-WorkerService::WorkerService(engine::Scheduler& scheduler, WorkerIdentity identity)
+WorkerService::WorkerService(serving::Scheduler& scheduler, WorkerIdentity identity)
     : scheduler_(scheduler), identity_(std::move(identity)) {}
 
 grpc::Status WorkerService::RunTurn(grpc::ServerContext* context,
                                     const v1::RunTurnRequest* request,
                                     grpc::ServerWriter<v1::TurnEvent>* writer) {
   const int default_max_tokens = std::min(256, scheduler_.options().limits.max_tokens);
-  engine::TurnRequest turn = FromProto(*request, default_max_tokens);
+  serving::TurnRequest turn = FromProto(*request, default_max_tokens);
   if (turn.request_id.empty()) {
     // Unique per call, so Abort by request id and cancellation find exactly this turn.
     turn.request_id = absl::StrCat("w", reinterpret_cast<uintptr_t>(context));
   }
   const std::string request_id = turn.request_id;
-  absl::StatusOr<std::shared_ptr<engine::TurnStream>> stream = scheduler_.Submit(std::move(turn));
+  absl::StatusOr<std::shared_ptr<serving::TurnStream>> stream = scheduler_.Submit(std::move(turn));
   if (!stream.ok()) return ToGrpcStatus(stream.status());
-  engine::TurnUpdate u;
+  serving::TurnUpdate u;
   while (true) {
     if (context->IsCancelled()) {
       scheduler_.AbortRequest(request_id);
@@ -102,7 +105,7 @@ grpc::Status WorkerService::RunTurn(grpc::ServerContext* context,
     if (!u.status.ok()) return ToGrpcStatus(u.status);
     v1::TurnEvent event;
     v1::TurnDone* done = event.mutable_done();
-    const engine::TurnSummary& s = u.summary;
+    const serving::TurnSummary& s = u.summary;
     done->set_finish_reason(ToProto(s.finish));
     done->mutable_usage()->set_prompt_tokens(s.prompt_tokens);
     done->mutable_usage()->set_cached_tokens(s.cached_tokens);
@@ -156,7 +159,7 @@ grpc::Status WorkerService::Abort(grpc::ServerContext*, const v1::AbortRequest* 
 
 grpc::Status WorkerService::GetLoad(grpc::ServerContext*, const v1::GetLoadRequest*,
                                     v1::LoadReport* response) {
-  const engine::LoadSnapshot l = scheduler_.Load();
+  const serving::LoadSnapshot l = scheduler_.Load();
   response->set_kv_blocks_total(l.kv_blocks_total);
   response->set_kv_blocks_free(l.kv_blocks_free);
   response->set_kv_block_bytes(l.kv_block_bytes);
@@ -171,7 +174,7 @@ grpc::Status WorkerService::GetLoad(grpc::ServerContext*, const v1::GetLoadReque
 
 grpc::Status WorkerService::Info(grpc::ServerContext*, const v1::InfoRequest*,
                                  v1::InfoResponse* response) {
-  const engine::SchedulerOptions& o = scheduler_.options();
+  const serving::SchedulerOptions& o = scheduler_.options();
   response->set_model(identity_.model);
   response->set_context_length(scheduler_.model().config.max_seq_len);
   response->set_tp_size(identity_.tp_size);

@@ -9,7 +9,7 @@
 
 #include "grpcpp/grpcpp.h"
 #include "recall/v1/worker.grpc.pb.h"
-#include "worker/engine/scheduler.h"
+#include "worker/serving/scheduler.h"
 
 namespace recall::service {
 
@@ -22,11 +22,11 @@ struct WorkerIdentity {
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
 // Wire request -> engine request, with the documented defaults for unset fields.
-engine::TurnRequest FromProto(const v1::RunTurnRequest& request, int default_max_tokens);
+serving::TurnRequest FromProto(const v1::RunTurnRequest& request, int default_max_tokens);
 
 class WorkerService final : public v1::Worker::Service {
  public:
-  WorkerService(engine::Scheduler& scheduler, WorkerIdentity identity);
+  WorkerService(serving::Scheduler& scheduler, WorkerIdentity identity);
 
   grpc::Status RunTurn(grpc::ServerContext* context, const v1::RunTurnRequest* request,
                        grpc::ServerWriter<v1::TurnEvent>* writer) override;
@@ -40,7 +40,7 @@ class WorkerService final : public v1::Worker::Service {
                     v1::InfoResponse* response) override;
 
  private:
-  engine::Scheduler& scheduler_;
+  serving::Scheduler& scheduler_;
   const WorkerIdentity identity_;
 };
 

@@ -3,7 +3,7 @@
 #include "gtest/gtest.h"
 #include "tests/common/test_util.h"
 #include "tests/worker/tokenizer/tokenizer_test_util.h"
-#include "worker/model/tokenizer.h"
+#include "worker/tokenizer/tokenizer.h"
 
 namespace recall::model {
 namespace {

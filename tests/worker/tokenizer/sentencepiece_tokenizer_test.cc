@@ -7,7 +7,7 @@
 #include "tests/common/test_util.h"
 #include "tests/worker/tokenizer/sp_reference.h"
 #include "tests/worker/tokenizer/tokenizer_test_util.h"
-#include "worker/model/tokenizer.h"
+#include "worker/tokenizer/tokenizer.h"
 
 namespace recall::model {
 namespace {

@@ -1,6 +1,6 @@
 // TokenStreamDecoder over a fake tokenizer whose tokens are arbitrary byte strings.
 #include "gtest/gtest.h"
-#include "worker/model/tokenizer.h"
+#include "worker/tokenizer/tokenizer.h"
 
 namespace recall::model {
 namespace {

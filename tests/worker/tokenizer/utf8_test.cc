@@ -1,8 +1,9 @@
 // UTF-8 helpers (validity per Unicode Table 3-7; lossy replacement per maximal subpart, as
 // Rust's from_utf8_lossy) and NFC.
-#include "gtest/gtest.h"
-#include "worker/model/tokenizer_nfc.h"
 #include "common/utf8.h"
+
+#include "gtest/gtest.h"
+#include "worker/tokenizer/tokenizer_nfc.h"
 
 namespace recall::utf8 {
 namespace {

@@ -1,0 +1,197 @@
+#include "client/client.h"
+
+#include <thread>
+
+namespace recall {
+namespace {
+
+absl::Status ToAbsl(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+}  // namespace
+
+std::unique_ptr<Client> Client::Connect(ClientOptions options) {
+  return std::unique_ptr<Client>(new Client(std::move(options)));
+}
+
+Client::Client(ClientOptions options) : options_(std::move(options)) {
+  auto creds = options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials();
+  stub_ = v1::Chat::NewStub(grpc::CreateChannel(options_.address, creds));
+}
+
+void Client::Prepare(grpc::ClientContext* ctx) const {
+  ctx->set_deadline(std::chrono::system_clock::now() + options_.deadline);
+  if (!options_.api_key.empty()) ctx->AddMetadata("authorization", "Bearer " + options_.api_key);
+}
+
+template <typename Call>
+grpc::Status Client::WithRetries(Call call) const {
+  auto backoff = std::chrono::milliseconds(100);
+  for (int attempt = 0;; ++attempt) {
+    grpc::ClientContext ctx;
+    Prepare(&ctx);
+    grpc::Status s = call(&ctx);
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE || attempt >= options_.retries) return s;
+    std::this_thread::sleep_for(backoff);
+    backoff *= 2;
+  }
+}
+
+absl::StatusOr<v1::Session> Client::CreateSession(const v1::CreateSessionRequest& request) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
+  v1::Session out;
+  grpc::Status s = stub_->CreateSession(&ctx, request, &out);
+  if (!s.ok()) return ToAbsl(s);
+  return out;
+}
+
+absl::StatusOr<v1::Session> Client::GetSession(const std::string& session_id) {
+  v1::GetSessionRequest req;
+  req.set_session_id(session_id);
+  v1::Session out;
+  grpc::Status s =
+      WithRetries([&](grpc::ClientContext* c) { return stub_->GetSession(c, req, &out); });
+  if (!s.ok()) return ToAbsl(s);
+  return out;
+}
+
+absl::StatusOr<v1::ListSessionsResponse> Client::ListSessions(int page_size,
+                                                              const std::string& page_token) {
+  v1::ListSessionsRequest req;
+  req.set_page_size(page_size);
+  req.set_page_token(page_token);
+  v1::ListSessionsResponse out;
+  grpc::Status s =
+      WithRetries([&](grpc::ClientContext* c) { return stub_->ListSessions(c, req, &out); });
+  if (!s.ok()) return ToAbsl(s);
+  return out;
+}
+
+absl::Status Client::DeleteSession(const std::string& session_id) {
+  v1::DeleteSessionRequest req;
+  req.set_session_id(session_id);
+  v1::DeleteSessionResponse out;
+  return ToAbsl(
+      WithRetries([&](grpc::ClientContext* c) { return stub_->DeleteSession(c, req, &out); }));
+}
+
+absl::StatusOr<v1::ListModelsResponse> Client::ListModels() {
+  v1::ListModelsResponse out;
+  grpc::Status s = WithRetries(
+      [&](grpc::ClientContext* c) { return stub_->ListModels(c, v1::ListModelsRequest(), &out); });
+  if (!s.ok()) return ToAbsl(s);
+  return out;
+}
+
+namespace {
+
+template <typename Reader>
+absl::StatusOr<v1::ConverseDone> ReadReply(Reader& reader, const TextCallback& on_text) {
+  v1::ConverseEvent ev;
+  v1::ConverseDone done;
+  bool got_done = false;
+  while (reader->Read(&ev)) {
+    if (ev.has_tokens()) {
+      if (on_text && !ev.tokens().text().empty()) on_text(ev.tokens().text());
+    } else if (ev.has_done()) {
+      done = ev.done();
+      got_done = true;
+    }
+  }
+  grpc::Status s = reader->Finish();
+  if (!s.ok()) return ToAbsl(s);
+  if (!got_done) return absl::InternalError("the reply stream ended without a final event");
+  return done;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::ConverseDone> Client::Converse(const std::string& session_id,
+                                                  const std::string& message,
+                                                  const v1::SamplingParams& sampling,
+                                                  const TextCallback& on_text) {
+  v1::ConverseRequest req;
+  req.set_session_id(session_id);
+  req.set_message(message);
+  *req.mutable_sampling() = sampling;
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
+  auto reader = stub_->Converse(&ctx, req);
+  return ReadReply(reader, on_text);
+}
+
+absl::StatusOr<v1::ConverseDone> Client::Generate(const v1::GenerateRequest& request,
+                                                  const TextCallback& on_text) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
+  auto reader = stub_->Generate(&ctx, request);
+  return ReadReply(reader, on_text);
+}
+
+std::unique_ptr<ReplyStream> Client::ConverseStream(const std::string& session_id,
+                                                    const std::string& message,
+                                                    const v1::SamplingParams& sampling) {
+  v1::ConverseRequest req;
+  req.set_session_id(session_id);
+  req.set_message(message);
+  *req.mutable_sampling() = sampling;
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  Prepare(ctx.get());
+  auto reader = stub_->Converse(ctx.get(), req);
+  return std::make_unique<ReplyStream>(std::move(ctx), std::move(reader));
+}
+
+ReplyStream::~ReplyStream() {
+  if (!finished_) {
+    context_->TryCancel();
+    v1::ConverseEvent ev;
+    while (reader_->Read(&ev)) {
+    }
+    reader_->Finish();
+  }
+}
+
+bool ReplyStream::Next(std::string* text) {
+  if (finished_) return false;
+  v1::ConverseEvent ev;
+  while (reader_->Read(&ev)) {
+    if (ev.has_done()) {
+      done_ = ev.done();
+    } else if (!ev.tokens().text().empty()) {
+      *text = ev.tokens().text();
+      return true;
+    }
+  }
+  status_ = ToAbsl(reader_->Finish());
+  finished_ = true;
+  return false;
+}
+
+absl::StatusOr<std::unique_ptr<Session>> Client::StartSession(
+    const v1::CreateSessionRequest& request) {
+  absl::StatusOr<v1::Session> s = CreateSession(request);
+  if (!s.ok()) return s.status();
+  return std::make_unique<Session>(*this, *std::move(s));
+}
+
+absl::StatusOr<v1::ConverseDone> Session::Send(const std::string& message,
+                                               const TextCallback& on_text) {
+  return client_.Converse(id(), message, sampling_, on_text);
+}
+
+std::unique_ptr<ReplyStream> Session::Stream(const std::string& message) {
+  return client_.ConverseStream(id(), message, sampling_);
+}
+
+absl::StatusOr<std::vector<v1::ChatMessage>> Session::History() {
+  absl::StatusOr<v1::Session> s = client_.GetSession(id());
+  if (!s.ok()) return s.status();
+  return std::vector<v1::ChatMessage>(s->messages().begin(), s->messages().end());
+}
+
+absl::Status Session::Close() { return client_.DeleteSession(id()); }
+
+}  // namespace recall

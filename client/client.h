@@ -1,0 +1,119 @@
+// The C++ client SDK for the Recall coordinator (proto/recall/v1/chat.proto).
+//
+//   auto client = recall::Client::Connect({.address = "127.0.0.1:50050", .api_key = key});
+//   auto session = client->StartSession({});          // a recall::Session
+//   session->Send("Hello!", [](const std::string& text) { std::cout << text; });
+//
+// Idempotent calls (GetSession, ListSessions, ListModels, DeleteSession) are retried with
+// exponential backoff on UNAVAILABLE; Converse is not (the coordinator already fails a turn
+// over between workers; a client retry would send the message twice). Every call has a
+// deadline. Errors are absl::Status with the server's code and message.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
+#include "recall/v1/chat.grpc.pb.h"
+
+namespace recall {
+
+struct ClientOptions {
+  std::string address = "127.0.0.1:50050";
+  std::string api_key;                                    // sent as "authorization: Bearer <key>"
+  std::chrono::milliseconds deadline{600'000};            // per call
+  int retries = 3;                                        // for idempotent calls on UNAVAILABLE
+  std::shared_ptr<grpc::ChannelCredentials> credentials;  // default: insecure (loopback)
+};
+
+// Called with each piece of reply text as it streams.
+using TextCallback = std::function<void(const std::string& text)>;
+
+class Session;
+
+// A reply read piece by piece (the iterator form of Converse):
+//   auto reply = session->Stream("Hi");
+//   std::string text;
+//   while (reply->Next(&text)) std::cout << text;
+//   if (!reply->status().ok()) ...
+class ReplyStream {
+ public:
+  ReplyStream(std::unique_ptr<grpc::ClientContext> context,
+              std::unique_ptr<grpc::ClientReader<v1::ConverseEvent>> reader)
+      : context_(std::move(context)), reader_(std::move(reader)) {}
+  ~ReplyStream();  // cancels the turn if the reply was not read to its end
+
+  // The next piece of text (tokens whose text is held back come with a later piece);
+  // false at the end of the reply.
+  bool Next(std::string* text);
+  absl::Status status() const { return status_; }
+  const v1::ConverseDone& done() const { return done_; }
+
+ private:
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<grpc::ClientReader<v1::ConverseEvent>> reader_;
+  absl::Status status_;
+  v1::ConverseDone done_;
+  bool finished_ = false;
+};
+
+class Client {
+ public:
+  static std::unique_ptr<Client> Connect(ClientOptions options);
+
+  absl::StatusOr<v1::Session> CreateSession(const v1::CreateSessionRequest& request);
+  absl::StatusOr<v1::Session> GetSession(const std::string& session_id);
+  absl::StatusOr<v1::ListSessionsResponse> ListSessions(int page_size = 50,
+                                                        const std::string& page_token = "");
+  absl::Status DeleteSession(const std::string& session_id);
+  absl::StatusOr<v1::ListModelsResponse> ListModels();
+
+  // One turn: streams the reply's text to `on_text`; returns the final event.
+  absl::StatusOr<v1::ConverseDone> Converse(const std::string& session_id,
+                                            const std::string& message,
+                                            const v1::SamplingParams& sampling,
+                                            const TextCallback& on_text);
+  absl::StatusOr<v1::ConverseDone> Generate(const v1::GenerateRequest& request,
+                                            const TextCallback& on_text);
+  // Converse as an iterator.
+  std::unique_ptr<ReplyStream> ConverseStream(const std::string& session_id,
+                                              const std::string& message,
+                                              const v1::SamplingParams& sampling);
+
+  // A new session wrapped for multi-turn use.
+  absl::StatusOr<std::unique_ptr<Session>> StartSession(const v1::CreateSessionRequest& request);
+
+ private:
+  explicit Client(ClientOptions options);
+  void Prepare(grpc::ClientContext* ctx) const;
+  template <typename Call>
+  grpc::Status WithRetries(Call call) const;
+
+  ClientOptions options_;
+  std::unique_ptr<v1::Chat::Stub> stub_;
+};
+
+// One conversation: Send keeps the sampling settings; History reads the stored transcript.
+class Session {
+ public:
+  Session(Client& client, v1::Session session) : client_(client), session_(std::move(session)) {}
+  const std::string& id() const { return session_.session_id(); }
+  v1::SamplingParams& sampling() { return sampling_; }
+
+  absl::StatusOr<v1::ConverseDone> Send(const std::string& message, const TextCallback& on_text);
+  std::unique_ptr<ReplyStream> Stream(const std::string& message);
+  absl::StatusOr<std::vector<v1::ChatMessage>> History();
+  // Deletes the session on the server.
+  absl::Status Close();
+
+ private:
+  Client& client_;
+  v1::Session session_;
+  v1::SamplingParams sampling_;
+};
+
+}  // namespace recall

@@ -1,0 +1,364 @@
+// Scheduler on stories260K (real weights): batched equals sequential for greedy, multi-turn
+// reuse, residency errors, cancellation, memory pressure (offload, drop, queue, preemption)
+// and eviction policies per session. In-process; the gRPC surface is tested end to end in
+// tests/integration.
+#include "worker/serving/scheduler.h"
+
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "tests/common/stories260k.h"
+#include "worker/model/loader.h"
+#include "worker/serving/turn_collect.h"
+
+namespace recall::serving {
+namespace {
+
+class SchedulerTest : public recall::testing::Stories260KTest {
+ protected:
+  void SetUp() override {
+    Stories260KTest::SetUp();
+    if (model_ == nullptr) return;  // skipped or failed
+    backend_ = kernels::CreateCpuBackend({2});
+  }
+
+  // A scheduler over a pool with room for `blocks` blocks of 16 tokens in every layer (the
+  // pool's blocks hold one layer each: blocks * n_layers of them).
+  void Start(int64_t blocks, SchedulerOptions o = {}) {
+    const model::ModelConfig& c = model_->config;
+    auto pool =
+        cache::BlockPool::Create({c.n_layers, c.n_kv_heads, c.head_dim, 16}, blocks * c.n_layers);
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    pool_ = std::move(*pool);
+    o.stop_token_ids = {2};
+    auto s = Scheduler::Create(*model_, *backend_, *pool_, *tok_, o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    sched_ = std::move(*s);
+  }
+
+  static TurnRequest Turn(const std::string& session, const std::string& text, int max_tokens,
+                          int history_length = 0) {
+    TurnRequest r;
+    r.session_id = session;
+    r.messages = {{"user", text}};
+    r.history_length = history_length;
+    r.sampling.temperature = 0;
+    r.max_tokens = max_tokens;
+    return r;
+  }
+
+  Collected Run(TurnRequest r) {
+    auto stream = sched_->Submit(std::move(r));
+    if (!stream.ok()) return Collected{.status = stream.status()};
+    return CollectTurn(**stream);
+  }
+
+  std::unique_ptr<kernels::Backend> backend_;
+  std::unique_ptr<cache::BlockPool> pool_;
+  std::unique_ptr<Scheduler> sched_;
+};
+
+const std::vector<std::string> kPrompts = {"Once upon a time",        "Lily had a red ball",
+                                           "The dog ran to the park", "Tom was sad",
+                                           "A little bird sang",      "The sun was hot"};
+
+TEST_F(SchedulerTest, BatchedEqualsSequentialForGreedy) {
+  Start(512);
+  std::vector<Collected> alone;
+  for (size_t i = 0; i < kPrompts.size(); ++i) {
+    alone.push_back(Run(Turn("alone" + std::to_string(i), kPrompts[i], 60)));
+    ASSERT_TRUE(alone.back().status.ok()) << alone.back().status;
+    ASSERT_GT(alone.back().token_ids.size(), 5u);
+  }
+  // All at once: they prefill and decode in the same batches.
+  std::vector<std::shared_ptr<TurnStream>> streams;
+  for (size_t i = 0; i < kPrompts.size(); ++i) {
+    auto s = sched_->Submit(Turn("batched" + std::to_string(i), kPrompts[i], 60));
+    ASSERT_TRUE(s.ok()) << s.status();
+    streams.push_back(*s);
+  }
+  for (size_t i = 0; i < kPrompts.size(); ++i) {
+    Collected b = CollectTurn(*streams[i]);
+    ASSERT_TRUE(b.status.ok()) << b.status;
+    EXPECT_EQ(b.token_ids, alone[i].token_ids) << kPrompts[i];
+    EXPECT_EQ(b.text, alone[i].text);
+    EXPECT_EQ(b.summary.text, b.text);
+  }
+}
+
+// Sampled turns are picked where the logits are (Backend::SampleRows) unless they need the
+// logits on the host (logprobs): both ways, a seed gives the same tokens, batched or alone.
+TEST_F(SchedulerTest, SeededSamplingIsTheSamePickedWhereTheLogitsAreOrOnTheHost) {
+  Start(512);
+  const auto sampled = [](const std::string& session, uint64_t seed, bool logprobs) {
+    TurnRequest r = Turn(session, "Lily had a red ball", 40);
+    r.sampling.temperature = 0.9f;
+    r.sampling.top_p = 0.95f;
+    r.sampling.top_k = 30;
+    r.sampling.seed = seed;
+    r.logprobs = logprobs;
+    return r;
+  };
+  const Collected host = Run(sampled("host", 7, true));
+  ASSERT_TRUE(host.status.ok()) << host.status;
+  ASSERT_EQ(host.logprobs.size(), host.token_ids.size()) << "the host path was taken";
+  std::vector<std::shared_ptr<TurnStream>> streams;
+  for (const auto& [name, seed] : {std::pair<std::string, uint64_t>{"picked", 7}, {"other", 8}}) {
+    auto s = sched_->Submit(sampled(name, seed, false));
+    ASSERT_TRUE(s.ok()) << s.status();
+    streams.push_back(*s);
+  }
+  const Collected picked = CollectTurn(*streams[0]);
+  const Collected other = CollectTurn(*streams[1]);
+  ASSERT_TRUE(picked.status.ok()) << picked.status;
+  EXPECT_TRUE(picked.logprobs.empty());
+  EXPECT_EQ(picked.token_ids, host.token_ids);
+  EXPECT_NE(other.token_ids, host.token_ids) << "another seed samples other tokens";
+}
+
+TEST_F(SchedulerTest, FollowUpTurnPrefillsOnlyItsNewTokens) {
+  Start(512);
+  Collected first = Run(Turn("s", "Once upon a time", 20));
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  EXPECT_EQ(first.summary.cached_tokens, 0);
+  EXPECT_FALSE(first.summary.rebuilt);
+  const int context_after_first =
+      first.summary.prompt_tokens + first.summary.generated_tokens -
+      (first.summary.finish == TurnFinish::kLength ? 1 : 0);  // the last token is not fed yet
+
+  Collected second = Run(Turn("s", "Then what?", 20, /*history_length=*/2));
+  ASSERT_TRUE(second.status.ok()) << second.status;
+  EXPECT_FALSE(second.summary.rebuilt);
+  EXPECT_EQ(second.summary.cached_tokens, context_after_first);
+  // New: the last sampled token of turn 1 (not fed yet when it ended by length) and the
+  // rendering of the new message with the next generation prompt.
+  const int pending = first.summary.finish == TurnFinish::kLength ? 1 : 0;
+  const int expected_new =
+      pending + static_cast<int>(tok_->Encode("\nuser: Then what?\nassistant:", false).size());
+  EXPECT_EQ(second.summary.prompt_tokens - second.summary.cached_tokens, expected_new);
+  EXPECT_LT(expected_new, first.summary.prompt_tokens + first.summary.generated_tokens);
+}
+
+TEST_F(SchedulerTest, NonResidentSessionNeedsHistoryThenRebuilds) {
+  Start(512);
+  Collected missing = Run(Turn("ghost", "Hello", 5, /*history_length=*/2));
+  EXPECT_EQ(missing.status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(missing.status.message().find("resend with history"), std::string::npos);
+
+  TurnRequest r = Turn("ghost", "Hello", 5, 2);
+  r.history = {{"user", "Once upon a time"}, {"assistant", " there was a cat."}};
+  Collected rebuilt = Run(r);
+  ASSERT_TRUE(rebuilt.status.ok()) << rebuilt.status;
+  EXPECT_TRUE(rebuilt.summary.rebuilt);
+  EXPECT_EQ(rebuilt.summary.cached_tokens, 0);
+}
+
+TEST_F(SchedulerTest, AbortEndsTheTurnAndFreesItsBlocks) {
+  Start(512);
+  const int64_t free_before = pool_->free_blocks();
+  TurnRequest r = Turn("long", "Once upon a time", 400);
+  r.request_id = "req-1";
+  auto stream = sched_->Submit(r);
+  ASSERT_TRUE(stream.ok());
+  TurnUpdate u;
+  ASSERT_TRUE((*stream)->Next(absl::Seconds(30), &u));  // generation has started
+  EXPECT_EQ(sched_->AbortRequest("req-1"), 1);
+  Collected rest = CollectTurn(**stream);
+  EXPECT_EQ(rest.status.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(pool_->free_blocks(), free_before);
+  // The partial turn is not part of the session: its cache is gone.
+  EXPECT_EQ(sched_->DropSession("long").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(SchedulerTest, SecondTurnWhileOneRunsIsRefused) {
+  Start(512);
+  auto first = sched_->Submit(Turn("busy", "Once upon a time", 200));
+  ASSERT_TRUE(first.ok());
+  auto second = sched_->Submit(Turn("busy", "again", 5, 2));
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  sched_->AbortSession("busy");
+  CollectTurn(**first);
+}
+
+TEST_F(SchedulerTest, IdleSessionsAreOffloadedAndRestoredExactly) {
+  // 12 blocks of 16 tokens: room for about two sessions of ~90 tokens at a time.
+  Start(12);
+  std::vector<Collected> firsts;
+  for (int i = 0; i < 4; ++i) {
+    firsts.push_back(Run(Turn("o" + std::to_string(i), kPrompts[i], 60)));
+    ASSERT_TRUE(firsts.back().status.ok()) << firsts.back().status;
+  }
+  LoadSnapshot load = sched_->Load();
+  EXPECT_GT(load.offloaded_sessions, 0);
+  EXPECT_GT(load.host_bytes_used, 0);
+  // Every session continues from its own (restored) cache.
+  for (int i = 0; i < 4; ++i) {
+    Collected c = Run(Turn("o" + std::to_string(i), "and then", 10, 2));
+    ASSERT_TRUE(c.status.ok()) << c.status;
+    EXPECT_FALSE(c.summary.rebuilt);
+    EXPECT_GT(c.summary.cached_tokens, 0);
+  }
+}
+
+TEST_F(SchedulerTest, WithoutHostRoomIdleSessionsAreDroppedAndRebuilt) {
+  SchedulerOptions o;
+  o.host_cache_bytes = 0;
+  Start(12, o);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(Run(Turn("d" + std::to_string(i), kPrompts[i], 60)).status.ok());
+  }
+  EXPECT_EQ(sched_->Load().offloaded_sessions, 0);
+  // Session d0 was dropped to make room: its next turn needs the transcript.
+  Collected c = Run(Turn("d0", "and then", 5, 2));
+  EXPECT_EQ(c.status.code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(SchedulerTest, ConcurrentTurnsBeyondThePoolAllComplete) {
+  // 10 blocks (160 token slots) for 6 sessions of ~70 tokens: turns wait or are preempted,
+  // none fails, and greedy output is what each session produces alone.
+  Start(10);
+  std::vector<Collected> alone;
+  for (size_t i = 0; i < kPrompts.size(); ++i) {
+    alone.push_back(Run(Turn("ref" + std::to_string(i), kPrompts[i], 50)));
+    ASSERT_TRUE(alone.back().status.ok());
+    sched_->DropSession("ref" + std::to_string(i)).IgnoreError();
+  }
+  std::vector<std::shared_ptr<TurnStream>> streams;
+  for (size_t i = 0; i < kPrompts.size(); ++i) {
+    auto s = sched_->Submit(Turn("c" + std::to_string(i), kPrompts[i], 50));
+    ASSERT_TRUE(s.ok()) << s.status();
+    streams.push_back(*s);
+  }
+  for (size_t i = 0; i < kPrompts.size(); ++i) {
+    Collected c = CollectTurn(*streams[i]);
+    ASSERT_TRUE(c.status.ok()) << c.status;
+    EXPECT_EQ(c.token_ids, alone[i].token_ids);
+  }
+}
+
+TEST_F(SchedulerTest, ConcurrentFollowUpsOfResidentSessionsOnATightPoolAllComplete) {
+  // Four resident sessions fill most of 12 blocks; then all four send their next turn at
+  // once. Their sessions are all busy (turns waiting), so room comes from offloading the
+  // waiting ones, which their own admission restores: no turn fails, none is rebuilt.
+  Start(12);
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(Run(Turn("f" + std::to_string(i), kPrompts[i], 40)).status.ok());
+  }
+  std::vector<std::shared_ptr<TurnStream>> streams;
+  for (int i = 0; i < 4; ++i) {
+    auto s = sched_->Submit(Turn("f" + std::to_string(i), "and then", 20, 2));
+    ASSERT_TRUE(s.ok()) << s.status();
+    streams.push_back(*s);
+  }
+  for (auto& stream : streams) {
+    Collected c = CollectTurn(*stream);
+    ASSERT_TRUE(c.status.ok()) << c.status;
+    EXPECT_FALSE(c.summary.rebuilt);
+    EXPECT_GT(c.summary.cached_tokens, 0);
+  }
+}
+
+TEST_F(SchedulerTest, FullQueueIsResourceExhaustedWithRetryHint) {
+  SchedulerOptions o;
+  o.max_active = 1;
+  o.max_queued = 1;
+  Start(64, o);
+  std::vector<std::shared_ptr<TurnStream>> accepted;
+  absl::Status refused;
+  for (int i = 0; i < 6 && refused.ok(); ++i) {
+    auto s = sched_->Submit(Turn("q" + std::to_string(i), "Once upon a time", 100));
+    if (s.ok()) {
+      accepted.push_back(*s);
+    } else {
+      refused = s.status();
+    }
+  }
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.message().find("retry after"), std::string::npos);
+  for (auto& s : accepted) EXPECT_TRUE(CollectTurn(*s).status.ok());
+}
+
+TEST_F(SchedulerTest, TurnThatCanNeverFitIsResourceExhausted) {
+  Start(2);  // 32 token slots
+  TurnRequest r = Turn("big", std::string(300, 'a'), 5);
+  Collected c = Run(r);
+  EXPECT_EQ(c.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(pool_->free_blocks(), 2 * model_->config.n_layers);
+}
+
+TEST_F(SchedulerTest, TurnLongerThanTheContextIsInvalidArgument) {
+  Start(64);
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "the cat sat. ";
+  Collected c = Run(Turn("long", text, 5));
+  EXPECT_EQ(c.status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status.message().find("context length"), std::string::npos) << c.status;
+}
+
+TEST_F(SchedulerTest, LazyEvictionKeepsTheSessionWithinItsBudget) {
+  Start(512);
+  TurnRequest full = Turn("full", "Once upon a time", 300);
+  TurnRequest lazy = Turn("lazy", "Once upon a time", 300);
+  lazy.cache.policy = "lazy";
+  lazy.cache.budget_tokens = 64;
+  lazy.cache.window = 16;
+  Collected f = Run(full);
+  Collected l = Run(lazy);
+  ASSERT_TRUE(f.status.ok() && l.status.ok()) << f.status << l.status;
+  EXPECT_EQ(f.summary.evictions, 0);
+  EXPECT_GT(l.summary.evictions, 0);
+  if (l.summary.generated_tokens > 100) {
+    EXPECT_LT(l.summary.kv_bytes, f.summary.kv_bytes);
+    EXPECT_LE(l.summary.kv_bytes,
+              (64 + 16 + 16) / 16 * model_->config.n_layers * pool_->block_bytes());
+  }
+}
+
+TEST_F(SchedulerTest, ResumedTurnContinuesWithoutRepeatingDeliveredTokens) {
+  Start(512);
+  Collected whole = Run(Turn("orig", "Once upon a time", 40));
+  ASSERT_TRUE(whole.status.ok());
+  ASSERT_GT(whole.token_ids.size(), 20u);
+  // Another worker (here: a fresh session) resumes after the first 12 delivered tokens.
+  TurnRequest r = Turn("failover", "Once upon a time", 40);
+  r.resume_tokens.assign(whole.token_ids.begin(), whole.token_ids.begin() + 12);
+  Collected rest = Run(r);
+  ASSERT_TRUE(rest.status.ok()) << rest.status;
+  const std::vector<int32_t> expected(whole.token_ids.begin() + 12, whole.token_ids.end());
+  EXPECT_EQ(rest.token_ids, expected) << "the rest of the reply, nothing repeated";
+  EXPECT_EQ(rest.summary.generated_tokens, static_cast<int>(whole.token_ids.size()));
+  // The text streamed by the resumed turn continues exactly where the delivered text ended.
+  EXPECT_EQ(rest.summary.text, whole.summary.text);
+  EXPECT_EQ(whole.text.substr(whole.text.size() - rest.text.size()), rest.text);
+
+  TurnRequest bad = Turn("bad", "x", 5);
+  bad.resume_tokens = {1, 2, 3, 4, 5};
+  EXPECT_EQ(Run(bad).status.code(), absl::StatusCode::kInvalidArgument);
+  bad.resume_tokens = {100000};
+  EXPECT_NE(std::string(Run(bad).status.message()).find("resume_tokens[0]"), std::string::npos);
+}
+
+TEST_F(SchedulerTest, BadRequestsNameTheField) {
+  Start(64);
+  TurnRequest r = Turn("x", "hi", 5);
+  r.sampling.top_p = 1.5f;
+  EXPECT_EQ(sched_->Submit(r).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(sched_->Submit(r).status().message()).find("sampling.top_p"),
+            std::string::npos);
+  r = Turn("x", "hi", 0);
+  EXPECT_NE(std::string(sched_->Submit(r).status().message()).find("sampling.max_tokens"),
+            std::string::npos);
+  r = Turn("x", "hi", 5);
+  r.cache.policy = "nope";
+  EXPECT_NE(std::string(sched_->Submit(r).status().message()).find("cache.policy"),
+            std::string::npos);
+  r = Turn("x", "\xff\xfe", 5);
+  EXPECT_NE(std::string(sched_->Submit(r).status().message()).find("messages[0].content"),
+            std::string::npos);
+  r = Turn("", "hi", 5);
+  EXPECT_NE(std::string(sched_->Submit(r).status().message()).find("session_id"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace recall::serving

@@ -1,0 +1,99 @@
+#include "worker/offline/sequence.h"
+
+#include <algorithm>
+
+#include "common/status.h"
+
+namespace recall::offline {
+
+LocalSequence::LocalSequence(runtime::ForwardPass& forward,
+                             std::unique_ptr<cache::SequenceCache> owned,
+                             cache::SequenceCache* cache)
+    : forward_(forward), owned_(std::move(owned)), cache_(cache) {}
+
+absl::StatusOr<std::unique_ptr<LocalSequence>> LocalSequence::Create(
+    runtime::ForwardPass& forward, cache::BlockPool& pool,
+    const std::optional<cache::eviction::SessionEvictorOptions>& eviction) {
+  auto cache = std::make_unique<cache::SequenceCache>(&pool);
+  cache::SequenceCache* raw = cache.get();
+  std::unique_ptr<LocalSequence> seq(new LocalSequence(forward, std::move(cache), raw));
+  RECALL_RETURN_IF_ERROR(seq->MakeEvictor(eviction));
+  return seq;
+}
+
+absl::StatusOr<std::unique_ptr<LocalSequence>> LocalSequence::CreateOn(
+    runtime::ForwardPass& forward, cache::SequenceCache* cache,
+    const std::optional<cache::eviction::SessionEvictorOptions>& eviction) {
+  std::unique_ptr<LocalSequence> seq(new LocalSequence(forward, nullptr, cache));
+  RECALL_RETURN_IF_ERROR(seq->MakeEvictor(eviction));
+  seq->peak_bytes_ = cache->bytes_held();
+  return seq;
+}
+
+absl::Status LocalSequence::MakeEvictor(
+    const std::optional<cache::eviction::SessionEvictorOptions>& eviction) {
+  if (!eviction.has_value()) return absl::OkStatus();
+  const model::ModelConfig& config = forward_.model().config;
+  cache::eviction::SessionEvictorOptions o = *eviction;
+  o.n_heads = config.n_heads;
+  o.backend = &forward_.backend();
+  RECALL_ASSIGN_OR_RETURN(evictor_, cache::eviction::SessionEvictor::Create(o, cache_));
+  if (evictor_->steps_on_backend()) return absl::OkStatus();  // probs stay in backend memory
+  if (evictor_->policy().needs_attention() ||
+      o.policy.meta_score == cache::eviction::PolicyOptions::MetaScore::kCaoteCurrentQuery) {
+    probs_stride_ = config.max_seq_len;  // a head never holds more slots than the context
+    probs_.resize(static_cast<size_t>(config.n_layers) * config.n_heads * probs_stride_);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalSequence::Prefill(std::span<const int32_t> prompt, int chunk, float* logits) {
+  const model::ModelConfig& config = forward_.model().config;
+  const int len = static_cast<int>(prompt.size());
+  // Prefill-time compression (SnapKV) scores the prompt by its last `window` queries.
+  std::vector<float> window_queries;
+  int window_w = 0;
+  if (evictor_ != nullptr && evictor_->policy().compresses_prefill()) {
+    window_w = std::min(evictor_->policy().options().window, len);
+    window_queries.resize(static_cast<size_t>(config.n_layers) * window_w * config.n_heads *
+                          config.head_dim);
+  }
+  RECALL_RETURN_IF_ERROR(runtime::RunChunked(forward_, cache_, prompt, chunk, logits,
+                                             window_w > 0 ? window_queries.data() : nullptr,
+                                             window_w));
+  peak_bytes_ = std::max(peak_bytes_, cache_->bytes_held());
+  if (window_w > 0) return evictor_->CompressPrefill(window_queries.data(), window_w);
+  return absl::OkStatus();
+}
+
+absl::Status LocalSequence::Decode(int32_t token, float* logits) {
+  runtime::BatchItem item;
+  item.cache = cache_;
+  item.tokens = &token;
+  item.n = 1;
+  item.attn_probs = probs_.empty() ? nullptr : probs_.data();
+  item.probs_stride = probs_stride_;
+  item.probs_on_backend = evictor_ != nullptr && evictor_->steps_on_backend();
+  RECALL_RETURN_IF_ERROR(forward_.Run({&item, 1}, logits));
+  peak_bytes_ = std::max(peak_bytes_, cache_->bytes_held());
+  if (evictor_ == nullptr) return absl::OkStatus();
+  if (item.probs_on_backend) {
+    int64_t stride = 0;
+    const float* probs = forward_.backend_probs(0, &stride);
+    return evictor_->Step(probs, stride);
+  }
+  return evictor_->Step(item.attn_probs, probs_stride_);
+}
+
+SequenceStats LocalSequence::stats() const {
+  SequenceStats s;
+  s.kv_bytes = cache_->bytes_held();
+  s.peak_kv_bytes = peak_bytes_;
+  if (evictor_ != nullptr) {
+    s.evictions = evictor_->evictions();
+    s.evicted_slots = evictor_->evicted_slots();
+  }
+  return s;
+}
+
+}  // namespace recall::offline

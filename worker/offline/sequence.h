@@ -1,0 +1,81 @@
+// Sequence: one sequence's run through the model (its KV cache, its evictor and the forward
+// pass that appends to them) behind one interface, so that Generate drives a single backend
+// (LocalSequence) and a tensor-parallel group (tp::TpSequence) alike.
+//
+// Not thread safe: one caller drives a sequence.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cache/block_pool.h"
+#include "cache/eviction/session_evictor.h"
+#include "cache/sequence_cache.h"
+#include "worker/runtime/forward.h"
+
+namespace recall::offline {
+
+struct SequenceStats {
+  int64_t kv_bytes = 0;       // KV bytes held now (all ranks)
+  int64_t peak_kv_bytes = 0;  // the most held at any point: after prefill or a step's append
+  int64_t evictions = 0;      // (layer, KV head) compactions (all ranks)
+  int64_t evicted_slots = 0;  // slots evicted (all ranks)
+};
+
+class Sequence {
+ public:
+  virtual ~Sequence() = default;
+  // Runs the whole prompt (non-empty) in forward passes of at most `chunk` tokens and then,
+  // for a prefill-time policy (SnapKV), compresses it. logits: [vocab] of the last token.
+  virtual absl::Status Prefill(std::span<const int32_t> prompt, int chunk, float* logits) = 0;
+  // Appends one token, then takes one eviction step. logits: [vocab] of that token.
+  virtual absl::Status Decode(int32_t token, float* logits) = 0;
+  // The next token's position.
+  virtual int32_t next_position() const = 0;
+  virtual SequenceStats stats() const = 0;
+};
+
+// A sequence on one ForwardPass and one BlockPool (or one rank of a tensor-parallel group:
+// then the ForwardPass has the rank's communicator and so must the evictor options).
+class LocalSequence final : public Sequence {
+ public:
+  // `eviction` unset means the full cache; its n_heads is set from the forward pass's model.
+  // InvalidArgument for bad eviction options. forward and pool must outlive the sequence.
+  static absl::StatusOr<std::unique_ptr<LocalSequence>> Create(
+      runtime::ForwardPass& forward, cache::BlockPool& pool,
+      const std::optional<cache::eviction::SessionEvictorOptions>& eviction);
+  // The same on a cache the caller owns and that may already hold tokens (an EpiCache
+  // episode): Prefill appends to it, the evictor takes over all of it. The cache must
+  // outlive the sequence and be resident.
+  static absl::StatusOr<std::unique_ptr<LocalSequence>> CreateOn(
+      runtime::ForwardPass& forward, cache::SequenceCache* cache,
+      const std::optional<cache::eviction::SessionEvictorOptions>& eviction);
+
+  absl::Status Prefill(std::span<const int32_t> prompt, int chunk, float* logits) override;
+  absl::Status Decode(int32_t token, float* logits) override;
+  int32_t next_position() const override { return cache_->next_position(); }
+  SequenceStats stats() const override;
+
+  const cache::SequenceCache& cache() const { return *cache_; }
+  // Null for the full cache.
+  const cache::eviction::SessionEvictor* evictor() const { return evictor_.get(); }
+
+ private:
+  LocalSequence(runtime::ForwardPass& forward, std::unique_ptr<cache::SequenceCache> owned,
+                cache::SequenceCache* cache);
+  absl::Status MakeEvictor(const std::optional<cache::eviction::SessionEvictorOptions>& eviction);
+
+  runtime::ForwardPass& forward_;
+  std::unique_ptr<cache::SequenceCache> owned_;  // null when the caller owns the cache
+  cache::SequenceCache* cache_;
+  std::unique_ptr<cache::eviction::SessionEvictor> evictor_;
+  std::vector<float> probs_;  // [n_layers, n_heads, probs_stride_] when the policy needs them
+  int64_t probs_stride_ = 0;
+  int64_t peak_bytes_ = 0;
+};
+
+}  // namespace recall::offline

@@ -1,0 +1,117 @@
+#include "worker/runtime/tp/shard.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "worker/model/file_storage.h"
+
+namespace recall::runtime::tp {
+namespace {
+
+using kernels::Matrix;
+
+// Rows [begin, begin + n) of m, as a view.
+Matrix RowSlice(const Matrix& m, int64_t begin, int64_t n) {
+  if (m.empty()) return m;
+  Matrix out = m;
+  out.data = static_cast<const uint8_t*>(m.data) + begin * m.cols * kernels::DTypeSize(m.dtype);
+  out.rows = n;
+  return out;
+}
+
+// Entries [begin, begin + n) of a [1, cols] vector (a bias), as a view.
+Matrix VectorSlice(const Matrix& m, int64_t begin, int64_t n) {
+  if (m.empty()) return m;
+  Matrix out = m;
+  out.data = static_cast<const uint8_t*>(m.data) + begin * kernels::DTypeSize(m.dtype);
+  out.cols = n;
+  return out;
+}
+
+// Columns [begin, begin + n) of m, copied into new storage owned by `model`.
+absl::StatusOr<Matrix> ColumnSlice(const Matrix& m, int64_t begin, int64_t n, model::Model* model) {
+  const size_t esize = kernels::DTypeSize(m.dtype);
+  RECALL_ASSIGN_OR_RETURN(std::unique_ptr<model::HeapStorage> storage,
+                          model::HeapStorage::Create(static_cast<size_t>(m.rows * n) * esize));
+  uint8_t* dst = static_cast<uint8_t*>(storage->MutableData());
+  const uint8_t* src = static_cast<const uint8_t*>(m.data);
+  for (int64_t r = 0; r < m.rows; ++r) {
+    std::memcpy(dst + r * n * esize, src + (r * m.cols + begin) * esize, n * esize);
+  }
+  Matrix out{storage->data(), m.dtype, m.rows, n};
+  model->storage.push_back(std::move(storage));
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<TpLayout> MakeTpLayout(const model::ModelConfig& c, int tp, int rank) {
+  if (tp < 1) return absl::InvalidArgumentError(absl::StrCat("tp: ", tp, " must be >= 1"));
+  if (rank < 0 || rank >= tp) {
+    return absl::InvalidArgumentError(absl::StrCat("tp rank: ", rank, " outside [0, ", tp, ")"));
+  }
+  if (c.n_heads % tp != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tp: ", tp, " does not divide the model's ", c.n_heads, " query heads"));
+  }
+  if (c.hidden_dim % tp != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("tp: ", tp, " does not divide the model's ",
+                                                   "MLP width hidden_dim = ", c.hidden_dim));
+  }
+  if (c.n_kv_heads % tp != 0 && tp % c.n_kv_heads != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tp: ", tp, " must divide the model's ", c.n_kv_heads,
+                     " KV heads or be a multiple of them (KV heads are then replicated)"));
+  }
+  TpLayout l;
+  l.tp = tp;
+  l.rank = rank;
+  l.q_heads = c.n_heads / tp;
+  l.q_head_offset = rank * l.q_heads;
+  if (c.n_kv_heads % tp == 0) {
+    l.kv_heads = c.n_kv_heads / tp;
+    l.kv_head_offset = rank * l.kv_heads;
+  } else {
+    l.kv_heads = 1;
+    l.kv_head_offset = l.q_head_offset / (c.n_heads / c.n_kv_heads);
+  }
+  l.hidden = c.hidden_dim / tp;
+  l.hidden_offset = rank * l.hidden;
+  return l;
+}
+
+absl::StatusOr<std::unique_ptr<model::Model>> ShardModel(const model::Model& full, int tp,
+                                                         int rank) {
+  RECALL_ASSIGN_OR_RETURN(TpLayout l, MakeTpLayout(full.config, tp, rank));
+  const int hd = full.config.head_dim;
+  auto out = std::make_unique<model::Model>();
+  out->config = full.config;
+  out->config.n_heads = l.q_heads;
+  out->config.n_kv_heads = l.kv_heads;
+  out->config.hidden_dim = l.hidden;
+  out->tok_embeddings = full.tok_embeddings;
+  out->final_norm = full.final_norm;
+  out->lm_head = full.lm_head;
+  out->source = absl::StrCat(full.source, " [tp rank ", rank, " of ", tp, "]");
+  const int64_t q0 = static_cast<int64_t>(l.q_head_offset) * hd, qn = int64_t{l.q_heads} * hd;
+  const int64_t k0 = static_cast<int64_t>(l.kv_head_offset) * hd, kn = int64_t{l.kv_heads} * hd;
+  for (const model::LayerWeights& w : full.layers) {
+    model::LayerWeights s = w;  // norms (and q/k norms) replicated
+    s.wq = RowSlice(w.wq, q0, qn);
+    s.wk = RowSlice(w.wk, k0, kn);
+    s.wv = RowSlice(w.wv, k0, kn);
+    s.bq = VectorSlice(w.bq, q0, qn);
+    s.bk = VectorSlice(w.bk, k0, kn);
+    s.bv = VectorSlice(w.bv, k0, kn);
+    RECALL_ASSIGN_OR_RETURN(s.wo, ColumnSlice(w.wo, q0, qn, out.get()));
+    s.w_gate = RowSlice(w.w_gate, l.hidden_offset, l.hidden);
+    s.w_up = RowSlice(w.w_up, l.hidden_offset, l.hidden);
+    RECALL_ASSIGN_OR_RETURN(s.w_down, ColumnSlice(w.w_down, l.hidden_offset, l.hidden, out.get()));
+    out->layers.push_back(s);
+  }
+  RECALL_RETURN_IF_ERROR(out->config.Validate());
+  return out;
+}
+
+}  // namespace recall::runtime::tp

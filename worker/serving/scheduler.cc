@@ -1,0 +1,274 @@
+// Scheduler: construction, the thread-safe API, and metrics. The engine loop is in
+// scheduler_step.cc, memory admission in scheduler_memory.cc.
+#include "worker/serving/scheduler.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "cache/eviction/eviction_policy.h"
+#include "cache/eviction/session_evictor.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "worker/serving/episode_builder.h"
+#include "worker/serving/scheduler_turn.h"
+
+namespace recall::serving {
+
+Scheduler::Metrics::Metrics(metrics::Registry* r) {
+  if (r == nullptr) {
+    owned = std::make_unique<metrics::Registry>();
+    r = owned.get();
+  }
+  registry = r;
+  const std::string turns = "recall_worker_turns_total";
+  const std::string turns_help = "Turns ended, by outcome";
+  finished_length = r->GetCounter(turns, turns_help, "outcome=\"length\"");
+  finished_stop = r->GetCounter(turns, turns_help, "outcome=\"stop\"");
+  finished_context = r->GetCounter(turns, turns_help, "outcome=\"context\"");
+  failed = r->GetCounter(turns, turns_help, "outcome=\"error\"");
+  cancelled = r->GetCounter(turns, turns_help, "outcome=\"cancelled\"");
+  rejected = r->GetCounter("recall_worker_rejected_turns_total",
+                           "Turns refused because the waiting queue was full");
+  prompt_tokens = r->GetCounter("recall_worker_prefill_tokens_total", "Prompt tokens prefilled");
+  cached_tokens = r->GetCounter("recall_worker_cached_tokens_total",
+                                "Prompt tokens reused from resident session caches");
+  generated_tokens = r->GetCounter("recall_worker_generated_tokens_total", "Tokens generated");
+  evictions = r->GetCounter("recall_worker_evictions_total",
+                            "KV compactions of a (layer, KV head) by the eviction policy");
+  evicted_tokens = r->GetCounter("recall_worker_evicted_tokens_total", "KV token slots evicted");
+  offloads =
+      r->GetCounter("recall_worker_offloads_total", "Idle session caches moved to host memory");
+  restores =
+      r->GetCounter("recall_worker_restores_total", "Session caches brought back from host memory");
+  drops_memory = r->GetCounter("recall_worker_memory_drops_total",
+                               "Idle session caches dropped to make room (rebuilt later)");
+  preemptions = r->GetCounter("recall_worker_preemptions_total",
+                              "Running turns paused to host memory to make room");
+  const std::string episodes = "recall_worker_episode_sets_total";
+  const std::string episodes_help = "Episode sets of episodic sessions built off the serving path";
+  episodes_installed = r->GetCounter(episodes, episodes_help, "outcome=\"installed\"");
+  episodes_failed = r->GetCounter(episodes, episodes_help, "outcome=\"failed\"");
+  episodes_over_host = r->GetCounter(episodes, episodes_help, "outcome=\"over_host_budget\"");
+  episode_switches = r->GetCounter("recall_worker_episode_switches_total",
+                                   "Turns answered by another episode than the session's last");
+  replayed_tokens = r->GetCounter("recall_worker_episode_replayed_tokens_total",
+                                  "Tokens fed again to bring a routed episode up to date");
+  rebuilds = r->GetCounter("recall_worker_rebuilds_total",
+                           "Turns whose session cache was rebuilt from the transcript");
+  ttft = r->GetHistogram("recall_worker_time_to_first_token_seconds",
+                         "From submit to the first generated token",
+                         metrics::ExponentialBuckets(0.005, 2, 14));
+  tpot = r->GetHistogram("recall_worker_time_per_output_token_seconds",
+                         "Between consecutive generated tokens of a turn",
+                         metrics::ExponentialBuckets(0.001, 2, 14));
+  step_seconds = r->GetHistogram("recall_worker_step_seconds", "One batched forward step",
+                                 metrics::ExponentialBuckets(0.001, 2, 14));
+  batch_tokens = r->GetHistogram("recall_worker_batch_tokens", "Tokens per forward step",
+                                 metrics::ExponentialBuckets(1, 2, 11));
+}
+
+absl::Status Scheduler::Validate(const SchedulerOptions& options) {
+  if (options.max_batch_tokens < 1 || options.prefill_chunk < 1 ||
+      options.prefill_chunk > options.max_batch_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefill_chunk (", options.prefill_chunk,
+                     ") must be in [1, max_batch_tokens = ", options.max_batch_tokens, "]"));
+  }
+  if (options.max_active < 1 || options.max_queued < 0 || options.host_cache_bytes < 0) {
+    return absl::InvalidArgumentError("max_active must be >= 1; max_queued, host bytes >= 0");
+  }
+  if (options.limits.max_tokens < 1) {
+    return absl::InvalidArgumentError("limits.max_tokens must be >= 1");
+  }
+  const auto& names = cache::eviction::PolicyNames();
+  if (options.default_policy != "episodic" &&
+      std::find(names.begin(), names.end(), options.default_policy) == names.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("default policy \"", options.default_policy, "\" is unknown"));
+  }
+  CacheRequest episodic;
+  episodic.episodes = options.default_episodes;
+  episodic.embedder = options.default_embedder;
+  episodic.block_tokens = options.default_block_tokens;
+  episodic.recluster_turns = options.default_recluster_turns;
+  RECALL_RETURN_IF_ERROR(ValidateEpisodicSettings(episodic));
+  if (options.episode_threads < 1) {
+    return absl::InvalidArgumentError("episode_threads must be >= 1");
+  }
+  const auto& modes = cache::eviction::TpEvictionModes();
+  if (std::find(modes.begin(), modes.end(), options.default_tp_eviction) == modes.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("default tp eviction \"", options.default_tp_eviction,
+                     "\" is not one of uniform, shared, head-adaptive"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const model::Model& model,
+                                                             kernels::Backend& backend,
+                                                             cache::BlockPool& pool,
+                                                             const model::Tokenizer& tokenizer,
+                                                             const SchedulerOptions& options,
+                                                             metrics::Registry* metrics) {
+  RECALL_RETURN_IF_ERROR(Validate(options));
+  auto forward = std::make_unique<runtime::ForwardPass>(
+      model, backend,
+      runtime::ForwardOptions{.max_batch_tokens = options.max_batch_tokens,
+                              .batch_invariant = options.batch_invariant,
+                              .step_graphs = options.step_graphs});
+  SchedulerRanks ranks;
+  ranks.ranks.push_back({forward.get(), &pool, nullptr, 0});
+  ranks.total_kv_heads = model.config.n_kv_heads;
+  std::unique_ptr<Scheduler> s(
+      new Scheduler(model, std::move(forward), std::move(ranks), tokenizer, options, metrics));
+  RECALL_RETURN_IF_ERROR(s->CheckDefaultPolicy());
+  return s;
+}
+
+absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const model::Model& model,
+                                                             SchedulerRanks ranks,
+                                                             const model::Tokenizer& tokenizer,
+                                                             const SchedulerOptions& options,
+                                                             metrics::Registry* metrics) {
+  RECALL_RETURN_IF_ERROR(Validate(options));
+  if (ranks.ranks.empty()) return absl::InvalidArgumentError("ranks: none given");
+  if (ranks.ranks.size() > 1 && ranks.run_all == nullptr) {
+    return absl::InvalidArgumentError("ranks: run_all is required for more than one rank");
+  }
+  for (size_t r = 0; r < ranks.ranks.size(); ++r) {
+    const SchedulerRank& rank = ranks.ranks[r];
+    if (rank.forward == nullptr || rank.pool == nullptr ||
+        (ranks.ranks.size() > 1 && rank.comm == nullptr)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ranks[", r, "]: forward, pool and (tp > 1) comm are required"));
+    }
+    if (rank.pool->layout().n_layers != model.config.n_layers) {
+      return absl::InvalidArgumentError(absl::StrCat("ranks[", r, "]: pool has ",
+                                                     rank.pool->layout().n_layers,
+                                                     " layers, the model ", model.config.n_layers));
+    }
+  }
+  if (ranks.total_kv_heads <= 0) ranks.total_kv_heads = model.config.n_kv_heads;
+  std::unique_ptr<Scheduler> s(
+      new Scheduler(model, nullptr, std::move(ranks), tokenizer, options, metrics));
+  RECALL_RETURN_IF_ERROR(s->CheckDefaultPolicy());
+  return s;
+}
+
+Scheduler::Scheduler(const model::Model& model, std::unique_ptr<runtime::ForwardPass> own_forward,
+                     SchedulerRanks ranks, const model::Tokenizer& tokenizer,
+                     const SchedulerOptions& options, metrics::Registry* registry)
+    : model_(model),
+      own_forward_(std::move(own_forward)),
+      ranks_(std::move(ranks)),
+      tokenizer_(tokenizer),
+      options_(options),
+      metrics_(std::make_unique<Metrics>(registry)) {
+  logits_.resize(static_cast<size_t>(options.max_active) * model.config.vocab_size);
+  {
+    absl::MutexLock lock(&mu_);
+    load_.kv_blocks_total = PoolBlocks();
+    load_.kv_blocks_free = FreeBlocks();
+    for (const SchedulerRank& r : ranks_.ranks) load_.kv_block_bytes += r.pool->block_bytes();
+  }
+  metrics::Registry* r = metrics_->registry;
+  auto gauge = [&](const char* name, const char* help, auto field) {
+    r->AddCallbackGauge(name, help, [this, field] {
+      absl::MutexLock lock(&mu_);
+      return static_cast<double>(load_.*field);
+    });
+  };
+  gauge("recall_worker_kv_blocks_total", "KV blocks in the pool", &LoadSnapshot::kv_blocks_total);
+  gauge("recall_worker_kv_blocks_free", "Free KV blocks", &LoadSnapshot::kv_blocks_free);
+  gauge("recall_worker_active_turns", "Turns in the running batch", &LoadSnapshot::active_turns);
+  gauge("recall_worker_queued_turns", "Turns waiting for memory", &LoadSnapshot::queued_turns);
+  gauge("recall_worker_resident_sessions", "Session caches in the pool",
+        &LoadSnapshot::resident_sessions);
+  gauge("recall_worker_offloaded_sessions", "Session caches in host memory",
+        &LoadSnapshot::offloaded_sessions);
+  gauge("recall_worker_host_cache_bytes", "Host bytes of offloaded caches",
+        &LoadSnapshot::host_bytes_used);
+  gauge("recall_worker_tokens_per_second", "Tokens processed per second over the last 10 s",
+        &LoadSnapshot::tokens_per_second);
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Scheduler::~Scheduler() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+absl::Status Scheduler::CheckDefaultPolicy() const {
+  if (options_.default_policy == "episodic" && !EpisodesSupported()) {
+    return absl::InvalidArgumentError(
+        "default policy \"episodic\" runs on one CPU rank; this scheduler has tp > 1 or a GPU "
+        "pool");
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> Scheduler::policies() const {
+  std::vector<std::string> names = cache::eviction::PolicyNames();
+  if (EpisodesSupported()) names.push_back("episodic");
+  return names;
+}
+
+absl::StatusOr<std::shared_ptr<TurnStream>> Scheduler::Submit(TurnRequest request) {
+  RECALL_RETURN_IF_ERROR(ValidateTurnRequest(request, options_.limits, policies()));
+  std::vector<std::string> stops = options_.stop_strings;
+  stops.insert(stops.end(), request.stop.begin(), request.stop.end());
+  absl::MutexLock lock(&mu_);
+  if (stop_) return absl::UnavailableError("the worker is shutting down");
+  if (busy_sessions_.count(request.session_id) > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session_id: session \"", request.session_id,
+                     "\" already has a turn running; send the next turn when it ends"));
+  }
+  if (static_cast<int>(incoming_.size()) + load_.queued_turns >=
+      options_.max_queued + options_.max_active) {
+    metrics_->rejected->Increment();
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the worker is full: ", load_.active_turns, " turns running and ",
+                     load_.queued_turns, " waiting (queue limit ", options_.max_queued,
+                     "); retry after ", options_.retry_after_ms, " ms"));
+  }
+  if (request.request_id.empty()) request.request_id = absl::StrCat("r", next_request_++);
+  busy_sessions_.insert(request.session_id);
+  auto turn = std::make_shared<Turn>(std::move(request), std::move(stops));
+  std::shared_ptr<TurnStream> stream = turn->stream;
+  incoming_.push_back(std::move(turn));
+  return stream;
+}
+
+absl::StatusOr<int64_t> Scheduler::Post(Command command) {
+  auto done = command.done;
+  {
+    absl::MutexLock lock(&mu_);
+    commands_.push_back(std::move(command));
+  }
+  return done->get_future().get();
+}
+
+int Scheduler::AbortRequest(const std::string& request_id) {
+  return static_cast<int>(*Post({Command::Kind::kAbortRequest, request_id}));
+}
+
+int Scheduler::AbortSession(const std::string& session_id) {
+  return static_cast<int>(*Post({Command::Kind::kAbortSession, session_id}));
+}
+
+int Scheduler::AbortAll() { return static_cast<int>(*Post({Command::Kind::kAbortAll, ""})); }
+
+absl::StatusOr<int64_t> Scheduler::DropSession(const std::string& session_id) {
+  return Post({Command::Kind::kDrop, session_id});
+}
+
+LoadSnapshot Scheduler::Load() const {
+  absl::MutexLock lock(&mu_);
+  return load_;
+}
+
+}  // namespace recall::serving

@@ -1,0 +1,280 @@
+// Scheduler: serves many conversation sessions on one model with continuous batching.
+//
+// One engine thread runs steps. Each step:
+//   1. applies aborts and drops that arrived since the last step;
+//   2. admits waiting turns (FIFO) whose memory fits: a turn needs the blocks of its new
+//      tokens (plus its session's offloaded blocks, if any). To make room it offloads idle
+//      sessions' caches to host memory (least recently used first), or drops them when the
+//      host budget is full (they are rebuilt from the transcript on their next turn). When
+//      nothing more can be freed the turn keeps waiting;
+//   3. builds one batch: a decode token for every decoding turn, then whole prefill chunks
+//      (prefill_chunk tokens, fixed boundaries per turn) while max_batch_tokens allows, so a
+//      long prompt never stalls decoding sessions; at least one chunk per step;
+//   4. before running, makes sure the pool can take the batch's new blocks (offloading idle
+//      sessions, then preempting the most recently admitted turn to host memory: it resumes
+//      later exactly where it was);
+//   5. runs the forward pass (batch invariant: a session's greedy output does not depend
+//      on what it is batched with), then per turn: eviction step, sampling, stop checks,
+//      streaming, finishing.
+//
+// Tensor parallelism: the scheduler runs on SchedulerRanks (one rank, or every rank of a
+// runtime::tp::TpGroup, see tp_ranks.h). A session then has one cache and one evictor per
+// rank; every step runs the forward pass and the eviction steps on all ranks at once (their
+// collectives meet), and the scheduler decides once for all of them: admission by the
+// fullest rank's pool, sampling from rank 0's logits, offloading every rank's slice together.
+//
+// Turns of one session run one at a time (a second turn while one runs is
+// FailedPrecondition). Submit and the control calls are thread safe; they hand work to the
+// engine thread and never run model code themselves.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "cache/block_pool.h"
+#include "cache/episodic/embedder.h"
+#include "common/metrics/registry.h"
+#include "kernels/backend.h"
+#include "kernels/comm/communicator.h"
+#include "worker/model/model.h"
+#include "worker/runtime/forward.h"
+#include "worker/serving/session.h"
+#include "worker/serving/turn_request.h"
+#include "worker/serving/turn_stream.h"
+#include "worker/tokenizer/tokenizer.h"
+
+namespace recall::serving {
+
+class EpisodeBuilder;
+
+struct SchedulerOptions {
+  int max_batch_tokens = 256;  // tokens per forward pass
+  int prefill_chunk = 64;      // prompt tokens per chunk (<= max_batch_tokens)
+  int max_active = 64;         // turns in the running batch at most
+  int max_queued = 256;        // turns waiting for memory at most; past it, ResourceExhausted
+  int64_t host_cache_bytes = int64_t{4} << 30;  // offloaded caches at most
+  int retry_after_ms = 1000;                    // the hint in ResourceExhausted messages
+  TurnLimits limits;
+  model::ChatFormat chat_format = model::ChatFormat::kPlain;
+  std::vector<int32_t> stop_token_ids;    // end a reply (EOS, <|im_end|>, ...)
+  std::vector<std::string> stop_strings;  // end a reply (the chat format's)
+  // Session cache defaults (CacheRequest fields that a turn leaves unset).
+  std::string default_policy = "full";
+  int default_budget_tokens = 1024;
+  std::optional<double> default_budget_fraction;
+  int default_window = 32;
+  double default_alpha = 1e-4;
+  // How the ranks and heads agree on evictions: "uniform" (per-head counts), "shared" (one
+  // token set per layer) or "head-adaptive" (Ada-KV). See EVICTION.md section 5.
+  std::string default_tp_eviction = "uniform";
+  // Per-layer budget split of every session (cache::eviction::ApplyLayerBudgets): uniform,
+  // pyramid or a profile file (weights, or `recall calibrate`'s JSON with layer_alpha).
+  std::string layer_budgets = "uniform";
+  double layer_alpha = 1.2;
+  // Debug: every eviction step checks that all ranks kept the same tokens (a mismatch fails
+  // the turn with Internal and drops the session's cache).
+  bool verify_tp_keep = false;
+  bool batch_invariant = true;  // for the one-rank Create (a group's passes have their own)
+  bool step_graphs = true;      // runtime::ForwardOptions::step_graphs, likewise
+  // Policy "episodic" (one rank on the CPU): defaults of its CacheRequest fields, and the
+  // CPU threads of the background builder of episodes.
+  int default_episodes = 4;
+  std::string default_embedder = "model";
+  int default_block_tokens = 2048;
+  int default_recluster_turns = 4;
+  int episode_threads = 1;
+};
+
+// One rank the scheduler runs on.
+struct SchedulerRank {
+  runtime::ForwardPass* forward = nullptr;  // with the rank's communicator when tp > 1
+  cache::BlockPool* pool = nullptr;         // the rank's KV pool
+  kernels::Communicator* comm = nullptr;    // null for one rank
+  int kv_head_offset = 0;                   // the model-global index of the rank's KV head 0
+};
+
+struct SchedulerRanks {
+  std::vector<SchedulerRank> ranks;
+  int total_kv_heads = 0;  // the model's KV heads
+  // Calls fn(r) for every rank at once (each rank on its own thread) and waits for all;
+  // returns the first error. Null for one rank (fn(0) is called directly).
+  std::function<absl::Status(const std::function<absl::Status(int)>&)> run_all;
+};
+
+struct LoadSnapshot {
+  int64_t kv_blocks_total = 0;
+  int64_t kv_blocks_free = 0;
+  int64_t kv_block_bytes = 0;
+  int active_turns = 0;
+  int queued_turns = 0;
+  int resident_sessions = 0;
+  int offloaded_sessions = 0;
+  double tokens_per_second = 0;  // prefill + decode tokens over the last ~10 s
+  int64_t host_bytes_used = 0;
+};
+
+class Scheduler {
+ public:
+  // The model, backend, pool and tokenizer must outlive the scheduler. `metrics` may be
+  // null. InvalidArgument for bad options.
+  static absl::StatusOr<std::unique_ptr<Scheduler>> Create(const model::Model& model,
+                                                           kernels::Backend& backend,
+                                                           cache::BlockPool& pool,
+                                                           const model::Tokenizer& tokenizer,
+                                                           const SchedulerOptions& options,
+                                                           metrics::Registry* metrics = nullptr);
+  // On several ranks (a tensor-parallel group): `model` is the full model (its config), the
+  // ranks' forward passes must take options.max_batch_tokens tokens. The ranks (and what
+  // they refer to) must outlive the scheduler.
+  static absl::StatusOr<std::unique_ptr<Scheduler>> Create(const model::Model& model,
+                                                           SchedulerRanks ranks,
+                                                           const model::Tokenizer& tokenizer,
+                                                           const SchedulerOptions& options,
+                                                           metrics::Registry* metrics = nullptr);
+  ~Scheduler();  // aborts every turn (their streams end with Cancelled) and stops the thread
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a turn. InvalidArgument for a bad request (see ValidateTurnRequest);
+  // FailedPrecondition when the session already has a turn running or waiting;
+  // ResourceExhausted (retryable, with a hint) when the waiting queue is full. Errors found
+  // later (session not resident without history, a turn longer than the context, a turn
+  // that can never fit the pool) end the stream with that status before any token.
+  absl::StatusOr<std::shared_ptr<TurnStream>> Submit(TurnRequest request);
+
+  // Abort running or waiting turns; their streams end with Cancelled and their sessions'
+  // caches are dropped (a partial reply is not part of the transcript). Returns how many.
+  int AbortRequest(const std::string& request_id);
+  int AbortSession(const std::string& session_id);
+  int AbortAll();
+
+  // Frees a session's cache (resident or offloaded); a running turn of it is aborted.
+  // Returns the device bytes freed; NotFound if the scheduler does not hold the session.
+  absl::StatusOr<int64_t> DropSession(const std::string& session_id);
+
+  // Blocks until the background builder of episodes (policy "episodic") has nothing queued
+  // or building; returns at once when it was never started. For tests and benchmarks.
+  void WaitForEpisodeBuilds() const;
+
+  LoadSnapshot Load() const;
+  std::vector<std::string> policies() const;
+  const SchedulerOptions& options() const { return options_; }
+  const model::Model& model() const { return model_; }
+  int tp() const { return static_cast<int>(ranks_.ranks.size()); }
+
+ private:
+  struct Turn;     // a queued or running turn (scheduler.cc)
+  struct Command;  // abort / drop, applied by the engine thread
+
+  Scheduler(const model::Model& model, std::unique_ptr<runtime::ForwardPass> own_forward,
+            SchedulerRanks ranks, const model::Tokenizer& tokenizer,
+            const SchedulerOptions& options, metrics::Registry* metrics);
+  static absl::Status Validate(const SchedulerOptions& options);
+  absl::Status CheckDefaultPolicy() const;  // "episodic" needs EpisodesSupported()
+
+  // Hands a command to the engine thread and waits for its result.
+  absl::StatusOr<int64_t> Post(Command command);
+
+  // Engine thread (scheduler_step.cc).
+  void Loop();
+  bool Step();  // false when idle
+  void ApplyCommands();
+  void Admit();
+  absl::Status Prepare(Turn& turn);         // PrepareContext, then the resumed reply tokens
+  absl::Status PrepareContext(Turn& turn);  // session lookup, prompt tokens, context check
+  void RunBatch();
+  // The forward pass and then the eviction work of the batch on every rank (rank r's thread);
+  // evict_status[i] gets item i's eviction error, if any.
+  absl::Status RunRanks(std::span<const runtime::BatchItem> items, std::span<Turn* const> owners,
+                        std::vector<absl::Status>& evict_status);
+  void AfterForward(Turn& turn, float* logits);
+  void SampleNext(Turn& turn, float* logits);  // logits are overwritten
+  void FinishTurn(Turn& turn, absl::Status status);
+  void EndTurn(Turn& turn);  // removes it from active_, frees the session's busy flag
+
+  // Memory (scheduler_memory.cc).
+  // Blocks per rank (ranks' pools fill alike except under head-adaptive eviction).
+  using RankBlocks = std::vector<int64_t>;
+  RankBlocks BlocksToAdmit(const Turn& turn) const;
+  bool Fits(const RankBlocks& need) const;                     // every rank's pool has them free
+  int64_t PoolBlocks() const;                                  // the smallest rank pool
+  int64_t FreeBlocks() const;                                  // the fewest free blocks of any rank
+  bool MakeRoom(const RankBlocks& need, const Session* keep);  // offload / drop idle sessions
+  bool PreemptOne();
+  void OffloadOrDrop(Session& s);
+  void DropCache(Session& s);
+  absl::Status EnsureResident(Turn& turn);
+  absl::Status CreateCache(Session& s, const Turn& turn);
+  // EpiCache sessions (scheduler_episodes.cc).
+  bool EpisodesSupported() const;  // one rank whose pool the host can read
+  // Creates the builder and the routing embedder on first use.
+  absl::Status EnsureEpisodeBuilder();
+  // Hands finished builds to their sessions (installed at their next turn).
+  void CollectEpisodes();
+  // For an episodic session's continuing turn: installs a finished build, routes the turn
+  // to its episode (swapping caches), prepends the tokens that episode has not seen, and
+  // submits a rebuild when one is due.
+  absl::Status PrepareEpisodes(Turn& turn);
+  void InstallEpisodes(Session& s);
+  // After a completed turn: the active episode's cache holds every token of the session.
+  void EpisodeTurnDone(Session& s);
+  // Makes `episode`'s cache the session's (parking the one in use), with a fresh evictor.
+  absl::Status SwitchEpisode(Session& s, int episode);
+  // Submits a build of the session's history when one is due.
+  void SubmitEpisodes(Session& s);
+  // The lazy evictor options of an episodic session's cache.
+  cache::eviction::SessionEvictorOptions EvictorOptions(const Session& s,
+                                                        const CacheRequest& c) const;
+
+  // Summed over the session's ranks.
+  static int64_t TotalEvictions(const Session& s);
+  static int64_t TotalEvictedSlots(const Session& s);
+
+  const model::Model& model_;
+  std::unique_ptr<runtime::ForwardPass> own_forward_;  // the one-rank Create's
+  const SchedulerRanks ranks_;
+  const model::Tokenizer& tokenizer_;
+  const SchedulerOptions options_;
+
+  // Shared with submitters.
+  mutable absl::Mutex mu_;
+  std::deque<std::shared_ptr<Turn>> incoming_ ABSL_GUARDED_BY(mu_);
+  std::vector<Command> commands_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> busy_sessions_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t next_request_ ABSL_GUARDED_BY(mu_) = 0;
+  LoadSnapshot load_ ABSL_GUARDED_BY(mu_);
+
+  // Engine thread only.
+  std::map<std::string, std::unique_ptr<Session>> sessions_;
+  std::deque<std::shared_ptr<Turn>> waiting_;
+  std::vector<std::shared_ptr<Turn>> active_;
+  std::vector<float> logits_;
+  int64_t step_ = 0;
+  int64_t host_bytes_ = 0;
+  std::deque<std::pair<double, int64_t>> token_times_;  // (seconds, tokens) for tokens/s
+
+  // EpiCache (engine thread; created on first use).
+  std::unique_ptr<EpisodeBuilder> builder_;
+  std::atomic<EpisodeBuilder*> builder_ptr_{nullptr};  // for other threads
+  std::unique_ptr<kernels::Backend> route_backend_;
+  std::unique_ptr<cache::episodic::Embedder> route_embedder_;
+
+  struct Metrics;
+  std::unique_ptr<Metrics> metrics_;
+  std::thread thread_;
+};
+
+}  // namespace recall::serving

@@ -1,0 +1,271 @@
+// Scheduler: one batch. Building it (decode tokens first, then prefill chunks), making room
+// for it, running the forward pass and the eviction steps on every rank, then per turn the
+// bookkeeping, sampling and stop checks.
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "worker/serving/scheduler.h"
+#include "worker/serving/scheduler_turn.h"
+
+namespace recall::serving {
+
+void Scheduler::RunBatch() {
+  std::vector<runtime::BatchItem> items;
+  std::vector<Turn*> owners;
+  while (true) {
+    items.clear();
+    owners.clear();
+    int budget = options_.max_batch_tokens;
+    for (auto& t : active_) {
+      t->chunk = 0;
+      if (!t->decoding) continue;
+      runtime::BatchItem item;
+      item.cache = t->session->cache();
+      item.tokens = &t->next;
+      item.n = 1;
+      if (!t->probs.empty()) {
+        item.attn_probs = t->probs[0].data();
+        item.probs_stride = model_.config.max_seq_len;
+      }
+      const cache::eviction::SessionEvictor* e = t->session->evictor();
+      item.probs_on_backend = e != nullptr && e->steps_on_backend();
+      if (t->PicksOnBackend()) t->SetPick(item);
+      t->chunk = 1;
+      --budget;
+      items.push_back(item);
+      owners.push_back(t.get());
+    }
+    for (auto& t : active_) {
+      if (t->decoding) continue;
+      const int chunk =
+          static_cast<int>(std::min<size_t>(options_.prefill_chunk, t->prompt.size() - t->fed));
+      if (chunk > budget && !items.empty()) break;  // FIFO: later prefills wait their turn
+      runtime::BatchItem item;
+      item.cache = t->session->cache();
+      item.tokens = t->prompt.data() + t->fed;
+      item.n = chunk;
+      item.want_logits = t->fed + chunk == t->prompt.size();
+      if (item.want_logits && t->PicksOnBackend()) t->SetPick(item);
+      if (t->window_w > 0) {
+        item.window_queries = t->window_queries[0].data();
+        item.window_w = t->window_w;
+        item.window_first = t->window_first;
+      }
+      t->chunk = chunk;
+      budget -= chunk;
+      items.push_back(item);
+      owners.push_back(t.get());
+    }
+    // Blocks the batch appends on each rank (per layer, see SequenceCache::BlocksNeededFor).
+    RankBlocks need(ranks_.ranks.size(), 0);
+    for (size_t i = 0; i < items.size(); ++i) {
+      const Session& s = *owners[i]->session;
+      for (size_t r = 0; r < need.size(); ++r) need[r] += s.caches[r]->BlocksNeededFor(items[i].n);
+    }
+    if (MakeRoom(need, nullptr)) break;
+    if (!PreemptOne()) {
+      // A single turn that outgrew the pool: end it rather than hang.
+      FinishTurn(*active_.back(), absl::ResourceExhaustedError(absl::StrCat(
+                                      "the KV pool is exhausted (", PoolBlocks(),
+                                      " blocks); retry after ", options_.retry_after_ms, " ms")));
+      if (active_.empty()) return;
+    }
+  }
+
+  int n_logits = 0;
+  int tokens = 0;
+  for (const runtime::BatchItem& item : items) {
+    n_logits += item.want_logits ? 1 : 0;
+    tokens += item.n;
+  }
+  Stopwatch watch;
+  std::vector<absl::Status> evict_status(items.size());
+  absl::Status st = RunRanks(items, owners, evict_status);
+  metrics_->step_seconds->Observe(watch.ElapsedSeconds());
+  metrics_->batch_tokens->Observe(tokens);
+  if (!st.ok()) {
+    RECALL_LOG(ERROR) << "forward pass failed: " << st;
+    for (Turn* t : owners) FinishTurn(*t, st);
+    return;
+  }
+  token_times_.emplace_back(RealClock::Get().NowNanos() * 1e-9, tokens);
+
+  int li = 0;
+  std::vector<std::pair<Turn*, absl::Status>> ended;
+  for (size_t i = 0; i < items.size(); ++i) {
+    Turn& t = *owners[i];
+    float* logits = nullptr;
+    if (items[i].want_logits) {
+      logits = logits_.data() + static_cast<size_t>(li++) * model_.config.vocab_size;
+    }
+    if (!evict_status[i].ok()) {
+      // The ranks' caches may disagree now (or the policy failed): end the turn loudly; its
+      // cache is dropped and rebuilt from the transcript next time.
+      RECALL_LOG(ERROR) << "eviction failed for session " << t.session->id << ": "
+                        << evict_status[i];
+      ended.emplace_back(&t, evict_status[i]);
+      continue;
+    }
+    AfterForward(t, logits);
+    if (t.done) ended.emplace_back(&t, absl::OkStatus());
+  }
+  for (auto& [t, status] : ended) FinishTurn(*t, status);
+}
+
+absl::Status Scheduler::RunRanks(std::span<const runtime::BatchItem> items,
+                                 std::span<Turn* const> owners,
+                                 std::vector<absl::Status>& evict_status) {
+  // Item i's eviction work after the forward pass: a decode step, or the prompt compression
+  // when its last prefill chunk ran. Decided here, once, for every rank.
+  enum class Evict { kNone, kStep, kCompress };
+  std::vector<Evict> work(items.size(), Evict::kNone);
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Turn& t = *owners[i];
+    if (t.session->evictors.empty()) continue;
+    if (t.decoding) {
+      work[i] = Evict::kStep;
+    } else if (t.window_w > 0 && t.fed + t.chunk == t.prompt.size()) {
+      work[i] = Evict::kCompress;
+    }
+  }
+  // Per rank: its items (its caches and buffers) and the eviction errors of its items.
+  std::vector<std::vector<absl::Status>> rank_status(ranks_.ranks.size(),
+                                                     std::vector<absl::Status>(items.size()));
+  auto run_rank = [&](int r) -> absl::Status {
+    std::vector<runtime::BatchItem> mine(items.begin(), items.end());
+    for (size_t i = 0; r > 0 && i < mine.size(); ++i) {
+      Turn& t = *owners[i];
+      mine[i].cache = t.session->caches[static_cast<size_t>(r)].get();
+      if (mine[i].attn_probs != nullptr)
+        mine[i].attn_probs = t.probs[static_cast<size_t>(r)].data();
+      if (mine[i].window_queries != nullptr) {
+        mine[i].window_queries = t.window_queries[static_cast<size_t>(r)].data();
+      }
+    }
+    runtime::ForwardPass& forward = *ranks_.ranks[static_cast<size_t>(r)].forward;
+    RECALL_RETURN_IF_ERROR(forward.Run(mine, r == 0 ? logits_.data() : nullptr));
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (work[i] == Evict::kNone) continue;
+      const Turn& t = *owners[i];
+      cache::eviction::SessionEvictor& e = *t.session->evictors[static_cast<size_t>(r)];
+      absl::Status& status = rank_status[static_cast<size_t>(r)][i];
+      if (work[i] == Evict::kCompress) {
+        status = e.CompressPrefill(t.window_queries[static_cast<size_t>(r)].data(), t.window_w);
+      } else if (mine[i].probs_on_backend) {
+        int64_t stride = 0;
+        const float* probs = forward.backend_probs(i, &stride);
+        status = e.Step(probs, stride);
+      } else {
+        status = e.Step(t.probs.empty() ? nullptr : t.probs[static_cast<size_t>(r)].data(),
+                        model_.config.max_seq_len);
+      }
+    }
+    return absl::OkStatus();
+  };
+  absl::Status st = ranks_.run_all == nullptr ? run_rank(0) : ranks_.run_all(run_rank);
+  for (size_t i = 0; i < items.size(); ++i) {
+    for (const auto& per_rank : rank_status) {
+      if (!per_rank[i].ok()) {
+        evict_status[i] = per_rank[i];
+        break;
+      }
+    }
+  }
+  return st;
+}
+
+void Scheduler::AfterForward(Turn& t, float* logits) {
+  Session& s = *t.session;
+  t.peak_kv_bytes = std::max(t.peak_kv_bytes, s.bytes_held());
+  if (!t.decoding) {
+    // An episode's replayed gap is already in the session's tokens.
+    const size_t from = std::max(t.fed, static_cast<size_t>(t.n_replay));
+    const size_t to = t.fed + t.chunk;
+    if (to > from) s.tokens.insert(s.tokens.end(), t.prompt.begin() + from, t.prompt.begin() + to);
+    t.fed += t.chunk;
+    metrics_->prompt_tokens->Increment(t.chunk);
+    if (t.fed < t.prompt.size()) return;
+    t.decoding = true;
+    if (t.window_w > 0) {  // compressed by RunRanks
+      s.prefill_compressed = true;
+      t.window_w = 0;
+      t.window_queries = {};
+    }
+    // The stream decoder continues after the prompt's last token.
+    t.decoder = std::make_unique<model::TokenStreamDecoder>(tokenizer_);
+    const size_t context_end = t.prompt.size() - t.n_resume;
+    t.decoder->Next(t.prompt[context_end - 1]);
+    t.decoder->Flush();
+    // Resumed reply tokens: the client has them and the text the dead worker released for
+    // them (the same StopText logic released the same text); what it held back is still
+    // to come.
+    for (size_t i = context_end; i < t.prompt.size(); ++i) {
+      t.generated.push_back(t.prompt[i]);
+      t.stop_text.Append(t.decoder->Next(t.prompt[i]));
+    }
+    t.stop_text.TakeReady();
+  } else {
+    s.tokens.push_back(t.next);  // evicted after the pass by RunRanks
+  }
+  SampleNext(t, logits);
+}
+
+void Scheduler::SampleNext(Turn& t, float* logits) {
+  Session& s = *t.session;
+  const int vocab = model_.config.vocab_size;
+  // Logprobs are of the model's distribution (before temperature and the other sampling
+  // transforms, which Sample applies in place).
+  if (t.req.logprobs) t.raw_logits.assign(logits, logits + vocab);
+  int32_t id;
+  if (t.PicksOnBackend()) {
+    id = t.picked;
+    if (t.req.sampling.temperature > 0.0f) t.rng.NextFloat();  // the draw the pick used
+  } else {
+    id = ranks_.ranks[0].forward->backend().Sample(
+        logits, vocab, t.req.sampling, t.rng, s.tokens.data(), static_cast<int>(s.tokens.size()));
+  }
+  const double now = t.since_submit.ElapsedSeconds();
+  if (t.first_token_s < 0) {
+    t.first_token_s = now;
+    metrics_->ttft->Observe(now);
+  } else {
+    metrics_->tpot->Observe(now - t.last_token_s);
+  }
+  t.last_token_s = now;
+  if (std::find(options_.stop_token_ids.begin(), options_.stop_token_ids.end(), id) !=
+      options_.stop_token_ids.end()) {
+    t.finish = TurnFinish::kStop;
+    t.done = true;
+    return;
+  }
+  float logprob = 0;
+  if (t.req.logprobs) {
+    const std::vector<float>& raw = t.raw_logits;
+    const float max = *std::max_element(raw.begin(), raw.end());
+    double sum = 0;
+    for (float v : raw) sum += std::exp(static_cast<double>(v - max));
+    logprob = static_cast<float>(raw[id] - max - std::log(sum));
+  }
+  t.generated.push_back(id);
+  t.next = id;
+  metrics_->generated_tokens->Increment();
+  const bool stopped = t.stop_text.Append(t.decoder->Next(id));
+  t.stream->PushToken(id, t.req.logprobs, logprob, t.stop_text.TakeReady());
+  if (stopped) {
+    t.finish = TurnFinish::kStop;
+    t.done = true;
+    return;
+  }
+  if (static_cast<int>(t.generated.size()) >= t.req.max_tokens) {
+    t.finish = TurnFinish::kLength;
+    t.done = true;
+  } else if (s.cache()->next_position() >= model_.config.max_seq_len) {
+    t.finish = TurnFinish::kContext;
+    t.done = true;
+  }
+}
+
+}  // namespace recall::serving

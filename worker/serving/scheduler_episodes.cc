@@ -1,0 +1,216 @@
+// Scheduler: EpiCache sessions (policy "episodic", EVICTION.md section 2). Episodes are
+// built off the serving path by an EpisodeBuilder; between turns the scheduler installs a
+// finished build, routes each turn to its episode and swaps that episode's cache in.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "cache/episodic/segment.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "worker/runtime/episodic/model_embedder.h"
+#include "worker/serving/episode_builder.h"
+#include "worker/serving/scheduler.h"
+#include "worker/serving/scheduler_turn.h"
+
+namespace recall::serving {
+
+namespace ep = cache::episodic;
+
+bool Scheduler::EpisodesSupported() const {
+  return ranks_.ranks.size() == 1 && ranks_.ranks[0].pool->memory().host_accessible();
+}
+
+absl::Status Scheduler::EnsureEpisodeBuilder() {
+  if (builder_ != nullptr) return absl::OkStatus();
+  if (!EpisodesSupported()) {
+    return absl::InvalidArgumentError(
+        "cache.policy: episodic runs on one CPU rank (its block-wise build scores keys on the "
+        "host); this worker has tp > 1 or a GPU pool");
+  }
+  RECALL_ASSIGN_OR_RETURN(builder_,
+                          EpisodeBuilder::Create(model_, tokenizer_, ranks_.ranks[0].pool->layout(),
+                                                 options_.episode_threads));
+  builder_ptr_.store(builder_.get());
+  route_backend_ = kernels::CreateCpuBackend({1});
+  runtime::episodic::ModelEmbedderOptions eo;
+  eo.add_bos = tokenizer_.bos_id() >= 0;
+  eo.max_tokens = std::min(256, model_.config.max_seq_len - 1);
+  RECALL_ASSIGN_OR_RETURN(route_embedder_, runtime::episodic::ModelEmbedder::Create(
+                                               model_, *route_backend_, tokenizer_, eo));
+  return absl::OkStatus();
+}
+
+void Scheduler::WaitForEpisodeBuilds() const {
+  if (EpisodeBuilder* b = builder_ptr_.load()) b->WaitIdle();
+}
+
+cache::eviction::SessionEvictorOptions Scheduler::EvictorOptions(const Session& s,
+                                                                 const CacheRequest& c) const {
+  cache::eviction::SessionEvictorOptions o;
+  o.policy.name = "lazy";  // EpiCache decodes with LazyEviction
+  o.policy.window = c.window.value_or(options_.default_window);
+  o.policy.alpha = static_cast<float>(c.alpha.value_or(options_.default_alpha));
+  o.budget.budget = c.budget_tokens.value_or(options_.default_budget_tokens);
+  cache::eviction::ApplyLayerBudgets(options_.layer_budgets, options_.layer_alpha, &o.budget);
+  // Head-adaptive budgets (Ada-KV) apply to the episodes' build and to decoding alike.
+  cache::eviction::ApplyTpEvictionMode(c.tp_eviction.value_or(options_.default_tp_eviction), o)
+      .IgnoreError();  // validated with the request
+  o.session = std::hash<std::string>()(s.id);
+  o.n_heads = model_.config.n_heads;
+  return o;
+}
+
+void Scheduler::CollectEpisodes() {
+  if (builder_ == nullptr) return;
+  for (EpisodeResult& r : builder_->TakeReady()) {
+    auto it = sessions_.find(r.session);
+    if (it == sessions_.end() || it->second->episodic == nullptr) continue;
+    SessionEpisodes& e = *it->second->episodic;
+    if (r.generation != e.generation) continue;  // a newer job was submitted
+    e.building = false;
+    if (!r.set.ok()) {  // logged by the builder; the session keeps what it has
+      metrics_->episodes_failed->Increment();
+      continue;
+    }
+    e.ready = std::make_unique<EpisodeResult>(std::move(r));
+  }
+}
+
+void Scheduler::InstallEpisodes(Session& s) {
+  SessionEpisodes& e = *s.episodic;
+  std::unique_ptr<EpisodeResult> r = std::move(e.ready);
+  runtime::episodic::EpisodeSet& set = *r->set;
+  // The new episodes wait in host memory: they must fit its budget beside everything else
+  // (what they replace is freed).
+  int64_t incoming = 0;
+  for (const auto& c : set.caches) incoming += c->host_bytes();
+  const int64_t outgoing = e.parked_host_bytes() + (s.offloaded() ? s.host_bytes() : 0);
+  if (host_bytes_ - outgoing + incoming > options_.host_cache_bytes) {
+    metrics_->episodes_over_host->Increment();
+    RECALL_LOG(WARNING) << "session " << s.id << ": " << set.caches.size() << " episodes ("
+                        << incoming << " host bytes) do not fit --host-cache-bytes; kept "
+                        << "serving without them";
+    return;
+  }
+  for (auto& c : set.caches) {
+    if (!c->Rebind(ranks_.ranks[0].pool).ok()) return;  // same layout by construction
+  }
+  // The old caches go: the parked ones and the one in use.
+  host_bytes_ -= e.parked_host_bytes();
+  if (s.offloaded()) host_bytes_ -= s.host_bytes();
+  s.evictors.clear();
+  s.caches.clear();
+  e.parked = std::move(set.caches);
+  for (const auto& c : e.parked) host_bytes_ += c->host_bytes();
+  e.upto.assign(e.parked.size(), r->history_tokens);
+  e.list = std::move(set.episodes);
+  e.router = std::move(r->router);
+  e.active = -1;
+  metrics_->episodes_installed->Increment();
+  RECALL_LOG(INFO) << "session " << s.id << ": " << e.list.size() << " episodes installed ("
+                   << r->history_tokens << " tokens, built in " << set.build_seconds << " s)";
+}
+
+absl::Status Scheduler::SwitchEpisode(Session& s, int episode) {
+  SessionEpisodes& e = *s.episodic;
+  if (episode == e.active && !s.caches.empty()) return absl::OkStatus();
+  if (!s.caches.empty()) {
+    // An offloaded cache's host bytes are counted in host_bytes_ whether it is the
+    // session's or parked; only offloading and dropping change the count.
+    if (e.active >= 0) {
+      // Park the cache in use (upto: what it held after its last completed turn).
+      if (s.resident()) {
+        s.Offload();
+        host_bytes_ += s.host_bytes();
+      }
+      s.evictors.clear();
+      e.parked[static_cast<size_t>(e.active)] = std::move(s.caches[0]);
+    } else {
+      // The pre-episode lazy cache is replaced by the episodes.
+      if (s.offloaded()) host_bytes_ -= s.host_bytes();
+      s.evictors.clear();
+    }
+    s.caches.clear();
+  }
+  // The episode's cache becomes the session's (offloaded: admission restores it).
+  s.caches.push_back(std::move(e.parked[episode]));
+  RECALL_ASSIGN_OR_RETURN(
+      std::unique_ptr<cache::eviction::SessionEvictor> evictor,
+      cache::eviction::SessionEvictor::Create(EvictorOptions(s, e.settings), s.caches[0].get()));
+  s.evictors.push_back(std::move(evictor));
+  e.active = episode;
+  return absl::OkStatus();
+}
+
+void Scheduler::SubmitEpisodes(Session& s) {
+  SessionEpisodes& e = *s.episodic;
+  const int budget = e.settings.budget_tokens.value_or(options_.default_budget_tokens);
+  if (e.building || static_cast<int>(s.tokens.size()) <= budget) return;
+  if (!e.list.empty() && e.turns_since_build < e.recluster_turns) return;
+  std::vector<ep::Utterance> utterances;
+  for (const model::ChatMessage& m : s.messages) utterances.push_back({m.role, m.content});
+  absl::StatusOr<std::vector<ep::Window>> windows = ep::SegmentWindows(utterances, 4);
+  if (!windows.ok() || windows->size() < 2) return;
+  EpisodeJob job;
+  job.session = s.id;
+  job.generation = ++e.generation;
+  job.history = s.tokens;
+  job.windows = std::move(*windows);
+  // The episodes are compressed to the per-layer budgets decoding uses.
+  const cache::eviction::SessionEvictorOptions decode = EvictorOptions(s, e.settings);
+  cache::eviction::BudgetOptions split = decode.budget;
+  split.reserved = std::max(split.reserved, decode.policy.window);  // lazy's min_budget()
+  absl::StatusOr<cache::eviction::BudgetAllocator> allocator =
+      cache::eviction::BudgetAllocator::Create(split, model_.config.n_layers);
+  if (!allocator.ok()) return;  // checked when the session's evictor was made
+  job.budgets.resize(static_cast<size_t>(model_.config.n_layers));
+  allocator->Allocate(static_cast<int64_t>(s.tokens.size()), job.budgets.data());
+  job.options.block.head_adaptive = decode.budget.head_adaptive;
+  job.embedder = e.embedder;
+  job.options.episodes = e.episodes;
+  job.options.block.block_tokens = e.block_tokens;
+  builder_->Submit(std::move(job));
+  e.building = true;
+  e.turns_since_build = 0;
+}
+
+void Scheduler::EpisodeTurnDone(Session& s) {
+  SessionEpisodes& e = *s.episodic;
+  if (e.active >= 0) e.upto[static_cast<size_t>(e.active)] = s.tokens.size();
+}
+
+absl::Status Scheduler::PrepareEpisodes(Turn& t) {
+  Session& s = *t.session;
+  SessionEpisodes& e = *s.episodic;
+  ++e.turns_since_build;
+  if (e.ready != nullptr) InstallEpisodes(s);
+  if (!e.list.empty()) {
+    // Route by the turn's last user message.
+    std::string text;
+    for (const model::ChatMessage& m : t.req.messages) {
+      if (m.role == "user") text = m.content;
+    }
+    const ep::Embedder& embedder =
+        e.router != nullptr ? *e.router : static_cast<const ep::Embedder&>(*route_embedder_);
+    RECALL_ASSIGN_OR_RETURN(const std::vector<float> q, embedder.Embed(text));
+    int episode = ep::RouteToEpisode(q, e.list);
+    e.fell_back = episode < 0;
+    if (episode < 0) episode = e.active >= 0 ? e.active : static_cast<int>(e.list.size()) - 1;
+    if (episode != e.active && e.active >= 0) metrics_->episode_switches->Increment();
+    RECALL_RETURN_IF_ERROR(SwitchEpisode(s, episode));
+    // The tokens this episode has not seen come first (positions continue from its own).
+    const size_t from = e.upto[static_cast<size_t>(episode)];
+    if (from < s.tokens.size()) {
+      t.prompt.insert(t.prompt.begin(), s.tokens.begin() + from, s.tokens.end());
+      t.n_replay = static_cast<int>(s.tokens.size() - from);
+      t.cached_tokens -= t.n_replay;
+      metrics_->replayed_tokens->Increment(t.n_replay);
+    }
+    // upto moves when the turn completes (EpisodeTurnDone); a turn that fails before it
+    // ran leaves the cache, and so upto, as they were.
+  }
+  SubmitEpisodes(s);
+  return absl::OkStatus();
+}
+
+}  // namespace recall::serving

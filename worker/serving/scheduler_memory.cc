@@ -1,0 +1,245 @@
+// Scheduler: KV memory admission. Offloading idle sessions to host memory, dropping them
+// when the host budget is spent, preempting running turns, and creating session caches.
+#include <algorithm>
+#include <functional>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "worker/serving/episode_builder.h"
+#include "worker/serving/scheduler.h"
+#include "worker/serving/scheduler_turn.h"
+
+namespace recall::serving {
+
+Scheduler::RankBlocks Scheduler::BlocksToAdmit(const Turn& t) const {
+  const Session* s = t.session;
+  // The rest of the prompt (prefill does not evict) plus the first generated token, in every
+  // layer; an offloaded cache counts the blocks its restore takes.
+  const int remaining = static_cast<int>(t.prompt.size() - t.fed) + 1;
+  RankBlocks need(ranks_.ranks.size());
+  for (size_t r = 0; r < need.size(); ++r) {
+    if (!s->caches.empty()) {
+      need[r] = s->caches[r]->BlocksNeededFor(remaining);
+    } else {
+      const kernels::PagedKvLayout& layout = ranks_.ranks[r].pool->layout();
+      const int64_t bt = layout.block_tokens;
+      need[r] = layout.n_layers * ((remaining + bt - 1) / bt);
+    }
+  }
+  return need;
+}
+
+bool Scheduler::Fits(const RankBlocks& need) const {
+  for (size_t r = 0; r < need.size(); ++r) {
+    if (ranks_.ranks[r].pool->free_blocks() < need[r]) return false;
+  }
+  return true;
+}
+
+int64_t Scheduler::PoolBlocks() const {
+  int64_t n = ranks_.ranks[0].pool->num_blocks();
+  for (const SchedulerRank& r : ranks_.ranks) n = std::min<int64_t>(n, r.pool->num_blocks());
+  return n;
+}
+
+int64_t Scheduler::FreeBlocks() const {
+  int64_t n = ranks_.ranks[0].pool->free_blocks();
+  for (const SchedulerRank& r : ranks_.ranks) n = std::min<int64_t>(n, r.pool->free_blocks());
+  return n;
+}
+
+bool Scheduler::MakeRoom(const RankBlocks& need, const Session* keep) {
+  if (Fits(need)) return true;
+  std::set<const Session*> running;
+  for (const auto& t : active_) running.insert(t->session);
+  while (!Fits(need)) {
+    // Idle sessions first (least recently used), then sessions whose turn is still waiting
+    // (they are restored when it is admitted); never a running turn's or `keep`.
+    Session* victim = nullptr;
+    for (const bool waiting : {false, true}) {
+      for (auto& [id, s] : sessions_) {
+        if (s.get() == keep || s->busy != waiting || running.count(s.get()) > 0 || !s->resident() ||
+            s->bytes_held() == 0) {
+          continue;
+        }
+        if (victim == nullptr || s->last_used < victim->last_used) victim = s.get();
+      }
+      if (victim != nullptr) break;
+    }
+    if (victim == nullptr) return false;
+    if (victim->busy) {
+      // Its turn must find it again: offload even past the host budget (as a preemption).
+      victim->Offload();
+      host_bytes_ += victim->host_bytes();
+      metrics_->offloads->Increment();
+    } else {
+      OffloadOrDrop(*victim);
+    }
+  }
+  return true;
+}
+
+bool Scheduler::PreemptOne() {
+  if (active_.size() <= 1) return false;
+  auto newest = std::max_element(active_.begin(), active_.end(), [](const auto& a, const auto& b) {
+    return a->admitted_at < b->admitted_at;
+  });
+  std::shared_ptr<Turn> t = *newest;
+  active_.erase(newest);
+  Session& s = *t->session;
+  s.Offload();  // kept even past the host budget: the turn must resume
+  host_bytes_ += s.host_bytes();
+  metrics_->preemptions->Increment();
+  RECALL_LOG(INFO) << "preempted turn " << t->req.request_id << " of session " << s.id
+                   << " to host memory (" << s.host_bytes() << " bytes)";
+  waiting_.push_front(std::move(t));
+  return true;
+}
+
+void Scheduler::OffloadOrDrop(Session& s) {
+  if (host_bytes_ + s.bytes_held() <= options_.host_cache_bytes) {
+    s.Offload();
+    host_bytes_ += s.host_bytes();
+    metrics_->offloads->Increment();
+    return;
+  }
+  metrics_->drops_memory->Increment();
+  DropCache(s);
+}
+
+void Scheduler::DropCache(Session& s) {
+  if (s.offloaded()) host_bytes_ -= s.host_bytes();
+  if (s.episodic != nullptr) {
+    host_bytes_ -= s.episodic->parked_host_bytes();
+    if (builder_ != nullptr) builder_->Cancel(s.id);
+  }
+  sessions_.erase(s.id);  // destroys the evictors, then the caches (their blocks go back)
+}
+
+absl::Status Scheduler::CreateCache(Session& s, const Turn& t) {
+  const CacheRequest& c = t.req.cache;
+  const std::string policy = c.policy.value_or(options_.default_policy);
+  for (const SchedulerRank& r : ranks_.ranks) {
+    s.caches.push_back(std::make_unique<cache::SequenceCache>(r.pool));
+  }
+  if (policy == "full") return absl::OkStatus();
+  if (policy == "episodic") {
+    if (c.budget_fraction.has_value()) {
+      s.caches.clear();
+      return absl::InvalidArgumentError(
+          "cache.budget_fraction: episodic needs budget_tokens (its episodes are built to it)");
+    }
+    absl::Status ready = EnsureEpisodeBuilder();
+    absl::StatusOr<std::unique_ptr<cache::eviction::SessionEvictor>> evictor =
+        ready.ok()
+            ? cache::eviction::SessionEvictor::Create(EvictorOptions(s, c), s.caches[0].get())
+            : absl::StatusOr<std::unique_ptr<cache::eviction::SessionEvictor>>(ready);
+    if (!evictor.ok()) {
+      s.caches.clear();
+      return evictor.status().code() == absl::StatusCode::kInvalidArgument
+                 ? evictor.status()
+                 : absl::InvalidArgumentError(absl::StrCat("cache: ", evictor.status().message()));
+    }
+    s.evictors.push_back(*std::move(evictor));
+    s.episodic = std::make_unique<SessionEpisodes>();
+    s.episodic->settings = c;
+    s.episodic->episodes = c.episodes.value_or(options_.default_episodes);
+    s.episodic->embedder = c.embedder.value_or(options_.default_embedder);
+    s.episodic->block_tokens = c.block_tokens.value_or(options_.default_block_tokens);
+    s.episodic->recluster_turns = c.recluster_turns.value_or(options_.default_recluster_turns);
+    return absl::OkStatus();
+  }
+  cache::eviction::SessionEvictorOptions o;
+  o.policy.name = policy;
+  o.policy.window = c.window.value_or(options_.default_window);
+  o.policy.alpha = static_cast<float>(c.alpha.value_or(options_.default_alpha));
+  if (c.budget_fraction.has_value() ||
+      (!c.budget_tokens.has_value() && options_.default_budget_fraction.has_value())) {
+    o.budget.unit = cache::eviction::BudgetOptions::Unit::kFraction;
+    o.budget.budget = c.budget_fraction.value_or(options_.default_budget_fraction.value_or(1));
+  } else {
+    o.budget.budget = c.budget_tokens.value_or(options_.default_budget_tokens);
+  }
+  cache::eviction::ApplyLayerBudgets(options_.layer_budgets, options_.layer_alpha, &o.budget);
+  o.session = std::hash<std::string>()(s.id);
+  o.total_kv_heads = ranks_.total_kv_heads;
+  o.verify_keep = options_.verify_tp_keep && tp() > 1;
+  absl::Status mode =
+      cache::eviction::ApplyTpEvictionMode(c.tp_eviction.value_or(options_.default_tp_eviction), o);
+  for (size_t r = 0; mode.ok() && r < ranks_.ranks.size(); ++r) {
+    const SchedulerRank& rank = ranks_.ranks[r];
+    o.n_heads = rank.forward->model().config.n_heads;
+    o.comm = rank.comm;
+    o.backend = &rank.forward->backend();
+    o.kv_head_offset = rank.kv_head_offset;
+    absl::StatusOr<std::unique_ptr<cache::eviction::SessionEvictor>> evictor =
+        cache::eviction::SessionEvictor::Create(o, s.caches[r].get());
+    if (!evictor.ok()) {
+      mode = evictor.status();
+      break;
+    }
+    s.evictors.push_back(*std::move(evictor));
+  }
+  if (!mode.ok()) {
+    s.evictors.clear();
+    s.caches.clear();
+    return absl::InvalidArgumentError(absl::StrCat("cache: ", mode.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::EnsureResident(Turn& t) {
+  Session& s = *t.session;
+  bool fresh = false;
+  if (s.caches.empty()) {
+    RECALL_RETURN_IF_ERROR(CreateCache(s, t));
+    fresh = true;
+  } else if (s.offloaded()) {
+    const int64_t host = s.host_bytes();
+    RECALL_RETURN_IF_ERROR(s.Restore());
+    host_bytes_ -= host;
+    metrics_->restores->Increment();
+  }
+  if (t.touched) return absl::OkStatus();  // resuming after preemption
+  s.pending.clear();                       // Prepare moved them into the prompt
+  cache::eviction::SessionEvictor* evictor = s.evictor();
+  if (evictor != nullptr) {
+    t.evictions_at_start = TotalEvictions(s);
+    t.evicted_at_start = TotalEvictedSlots(s);
+    const model::ModelConfig& c = model_.config;
+    const bool probs = evictor->policy().needs_attention() && !evictor->steps_on_backend();
+    const bool window = fresh && evictor->policy().compresses_prefill();
+    if (window) {
+      t.window_w =
+          std::min<int>(evictor->policy().options().window, static_cast<int>(t.prompt.size()));
+      t.window_first = static_cast<int>(t.prompt.size()) - t.window_w;
+    }
+    for (const SchedulerRank& r : ranks_.ranks) {
+      const int rank_heads = r.forward->model().config.n_heads;
+      if (probs) {
+        t.probs.emplace_back(static_cast<size_t>(c.n_layers) * rank_heads * c.max_seq_len, 0.0f);
+      }
+      if (window) {
+        t.window_queries.emplace_back(
+            static_cast<size_t>(c.n_layers) * t.window_w * rank_heads * c.head_dim, 0.0f);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+int64_t Scheduler::TotalEvictions(const Session& s) {
+  int64_t n = 0;
+  for (const auto& e : s.evictors) n += e->evictions();
+  return n;
+}
+
+int64_t Scheduler::TotalEvictedSlots(const Session& s) {
+  int64_t n = 0;
+  for (const auto& e : s.evictors) n += e->evicted_slots();
+  return n;
+}
+
+}  // namespace recall::serving

@@ -1,0 +1,344 @@
+// Scheduler: the engine thread (commands, admission, preparing turns, finishing them). The
+// batch itself (forward pass on every rank, eviction, sampling) is in scheduler_batch.cc.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "worker/serving/scheduler.h"
+#include "worker/serving/scheduler_turn.h"
+#include "worker/serving/turn_prompt.h"
+
+namespace recall::serving {
+
+void Scheduler::Loop() {
+  while (true) {
+    {
+      // Running or waiting turns always make progress (Admit admits or fails the first
+      // waiting turn when nothing runs), so the thread sleeps only with neither.
+      const bool engine_busy = !active_.empty() || !waiting_.empty();
+      absl::MutexLock lock(&mu_);
+      auto has_work = [this, engine_busy]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return engine_busy || stop_ || !incoming_.empty() || !commands_.empty();
+      };
+      mu_.Await(absl::Condition(&has_work));
+      if (stop_) {
+        // Abort what is left, answer pending commands, then exit.
+        for (auto& t : incoming_) waiting_.push_back(std::move(t));
+        incoming_.clear();
+        commands_.push_back({Command::Kind::kAbortAll, ""});
+      }
+    }
+    ApplyCommands();
+    bool stopping;
+    {
+      absl::MutexLock lock(&mu_);
+      stopping = stop_;
+    }
+    if (stopping) return;
+    Step();
+  }
+}
+
+bool Scheduler::Step() {
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& t : incoming_) waiting_.push_back(std::move(t));
+    incoming_.clear();
+  }
+  // A session with a turn waiting is not offloaded or dropped to make room for others.
+  for (auto& t : waiting_) {
+    auto it = sessions_.find(t->req.session_id);
+    if (it != sessions_.end()) it->second->busy = true;
+  }
+  CollectEpisodes();
+  Admit();
+  if (!active_.empty()) RunBatch();
+  // Publish the load.
+  const double now = RealClock::Get().NowNanos() * 1e-9;
+  while (!token_times_.empty() && token_times_.front().first < now - 10) token_times_.pop_front();
+  int64_t tokens = 0;
+  for (const auto& [when, n] : token_times_) tokens += n;
+  int resident = 0, offloaded = 0;
+  for (const auto& [id, s] : sessions_) {
+    resident += s->resident() ? 1 : 0;
+    offloaded += s->offloaded() ? 1 : 0;
+  }
+  absl::MutexLock lock(&mu_);
+  load_.kv_blocks_free = FreeBlocks();
+  load_.active_turns = static_cast<int>(active_.size());
+  load_.queued_turns = static_cast<int>(waiting_.size());
+  load_.resident_sessions = resident;
+  load_.offloaded_sessions = offloaded;
+  load_.host_bytes_used = host_bytes_;
+  load_.tokens_per_second =
+      token_times_.empty() ? 0.0 : tokens / std::max(1.0, now - token_times_.front().first);
+  return !active_.empty();
+}
+
+void Scheduler::ApplyCommands() {
+  std::vector<Command> commands;
+  {
+    absl::MutexLock lock(&mu_);
+    commands.swap(commands_);
+  }
+  for (Command& c : commands) {
+    std::vector<std::shared_ptr<Turn>> hit;
+    auto matches = [&](const Turn& t) {
+      switch (c.kind) {
+        case Command::Kind::kAbortRequest:
+          return t.req.request_id == c.key;
+        case Command::Kind::kAbortSession:
+        case Command::Kind::kDrop:
+          return t.req.session_id == c.key;
+        case Command::Kind::kAbortAll:
+          return true;
+      }
+      return false;
+    };
+    for (auto& t : active_)
+      if (matches(*t)) hit.push_back(t);
+    for (auto& t : waiting_)
+      if (matches(*t)) hit.push_back(t);
+    for (auto& t : hit) {
+      FinishTurn(*t, absl::CancelledError(absl::StrCat("turn ", t->req.request_id, " aborted")));
+    }
+    if (c.kind != Command::Kind::kDrop) {
+      c.done->set_value(static_cast<int64_t>(hit.size()));
+      continue;
+    }
+    auto it = sessions_.find(c.key);
+    if (it == sessions_.end()) {
+      c.done->set_value(hit.empty()
+                            ? absl::NotFoundError(absl::StrCat(
+                                  "session_id: this worker holds no session \"", c.key, "\""))
+                            : absl::StatusOr<int64_t>(0));
+      continue;
+    }
+    const int64_t freed = it->second->resident() ? it->second->bytes_held() : 0;
+    DropCache(*it->second);
+    c.done->set_value(freed);
+  }
+}
+
+void Scheduler::Admit() {
+  while (!waiting_.empty() && static_cast<int>(active_.size()) < options_.max_active) {
+    std::shared_ptr<Turn> t = waiting_.front();
+    if (!t->prepared) {
+      absl::Status st = Prepare(*t);
+      if (!st.ok()) {
+        FinishTurn(*t, st);
+        continue;
+      }
+    }
+    const RankBlocks need = BlocksToAdmit(*t);
+    const int64_t most = *std::max_element(need.begin(), need.end());
+    if (most > PoolBlocks()) {
+      FinishTurn(*t, absl::ResourceExhaustedError(absl::StrCat(
+                         "the turn needs ", most, " KV blocks but the whole pool has ",
+                         PoolBlocks(), ": use a smaller budget or a shorter transcript")));
+      continue;
+    }
+    if (!MakeRoom(need, t->session)) {
+      if (active_.empty()) {  // nothing will free memory: should not happen, never hang
+        FinishTurn(*t, absl::ResourceExhaustedError(absl::StrCat("cannot free ", most,
+                                                                 " KV blocks; retry after ",
+                                                                 options_.retry_after_ms, " ms")));
+        continue;
+      }
+      return;  // wait for running turns to end
+    }
+    absl::Status st = EnsureResident(*t);
+    if (!st.ok()) {
+      FinishTurn(*t, st);
+      continue;
+    }
+    waiting_.pop_front();
+    t->touched = true;
+    t->admitted_at = ++step_;
+    t->session->last_used = step_;
+    active_.push_back(std::move(t));
+  }
+}
+
+absl::Status Scheduler::PrepareContext(Turn& t) {
+  const TurnRequest& r = t.req;
+  const model::ModelConfig& config = model_.config;
+  auto it = sessions_.find(r.session_id);
+  Session* s = it == sessions_.end() ? nullptr : it->second.get();
+  // The worker's copy of the transcript is usable when it has as many messages as the
+  // request says came before, and they equal the request's history when one is sent.
+  const bool same_history =
+      s != nullptr && static_cast<int>(s->messages.size()) == r.history_length &&
+      (r.history.empty() ||
+       std::equal(r.history.begin(), r.history.end(), s->messages.begin(),
+                  [](const model::ChatMessage& a, const model::ChatMessage& b) {
+                    return a.role == b.role && a.content == b.content;
+                  }));
+  if (same_history && s->cache() != nullptr && s->reusable) {
+    RECALL_ASSIGN_OR_RETURN(std::optional<std::string> more_text,
+                            ContinuationText(options_.chat_format, s->messages, r.messages));
+    if (more_text.has_value()) {
+      std::vector<int32_t> tokens = s->pending;
+      const std::vector<int32_t> more = tokenizer_.Encode(*more_text, false);
+      tokens.insert(tokens.end(), more.begin(), more.end());
+      const int64_t context = static_cast<int64_t>(s->cache()->next_position()) + tokens.size();
+      if (context >= config.max_seq_len) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("messages: the conversation needs ", context, " tokens of context (",
+                         s->cache()->next_position(), " so far + ", tokens.size(),
+                         " new), the model's context length is ", config.max_seq_len));
+      }
+      if (!tokens.empty()) {
+        t.session = s;
+        t.prompt = std::move(tokens);
+        t.cached_tokens = static_cast<int>(s->tokens.size());
+        t.prompt_tokens = static_cast<int>(context);
+        if (s->episodic != nullptr) RECALL_RETURN_IF_ERROR(PrepareEpisodes(t));
+        t.prepared = true;
+        s->busy = true;
+        return absl::OkStatus();
+      }
+    }
+  }
+  // Rebuild: from the request's history, else from the worker's own copy.
+  std::vector<model::ChatMessage> all;
+  if (static_cast<int>(r.history.size()) == r.history_length) {
+    all = r.history;
+  } else if (same_history) {
+    all = s->messages;
+  } else {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "history: session \"", r.session_id, "\" is not on this worker; ",
+        "session not resident: resend with history (", r.history_length, " messages)"));
+  }
+  const std::vector<model::ChatMessage> history = all;
+  all.insert(all.end(), r.messages.begin(), r.messages.end());
+  RECALL_ASSIGN_OR_RETURN(std::string full, model::RenderChat(options_.chat_format, all, true));
+  std::vector<int32_t> tokens = tokenizer_.Encode(full, true);
+  if (tokens.empty()) return absl::InvalidArgumentError("messages: render to no tokens");
+  if (static_cast<int64_t>(tokens.size()) >= config.max_seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat("messages: the transcript is ", tokens.size(),
+                                                   " tokens, the model's context length is ",
+                                                   config.max_seq_len));
+  }
+  if (s != nullptr) DropCache(*s);
+  auto fresh = std::make_unique<Session>();
+  fresh->id = r.session_id;
+  fresh->messages = history;
+  s = fresh.get();
+  sessions_[r.session_id] = std::move(fresh);
+  if (r.history_length > 0) {
+    t.rebuilt = true;
+    metrics_->rebuilds->Increment();
+  }
+  t.session = s;
+  t.prompt = std::move(tokens);
+  t.prompt_tokens = static_cast<int>(t.prompt.size());
+  t.prepared = true;
+  s->busy = true;
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::Prepare(Turn& t) {
+  const std::vector<int32_t>& resume = t.req.resume_tokens;
+  for (size_t i = 0; i < resume.size(); ++i) {
+    if (resume[i] < 0 || resume[i] >= model_.config.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("resume_tokens[", i, "]: ", resume[i],
+                                                     " is outside [0, ", model_.config.vocab_size,
+                                                     ")"));
+    }
+  }
+  RECALL_RETURN_IF_ERROR(PrepareContext(t));
+  if (!resume.empty()) {
+    if (t.session->cache() != nullptr &&
+        t.session->cache()->next_position() + t.prompt.size() + resume.size() >=
+            static_cast<size_t>(model_.config.max_seq_len)) {
+      t.session->busy = false;
+      return absl::InvalidArgumentError("resume_tokens: do not fit the context");
+    }
+    t.prompt.insert(t.prompt.end(), resume.begin(), resume.end());
+    t.n_resume = static_cast<int>(resume.size());
+  }
+  return absl::OkStatus();
+}
+
+void Scheduler::FinishTurn(Turn& t, absl::Status status) {
+  std::shared_ptr<Turn> keep;  // t may be owned only by the container it is removed from
+  auto take = [&](auto& list) {
+    for (auto it = list.begin(); it != list.end(); ++it) {
+      if (it->get() == &t) {
+        keep = *it;
+        list.erase(it);
+        return;
+      }
+    }
+  };
+  take(active_);
+  if (keep == nullptr) take(waiting_);
+  {
+    // Before the stream ends, so a client may send the session's next turn at once.
+    absl::MutexLock lock(&mu_);
+    busy_sessions_.erase(t.req.session_id);
+  }
+  Session* s = t.session;
+  if (status.ok()) {
+    if (t.finish != TurnFinish::kStop || !t.stop_text.stopped()) {
+      t.stop_text.Append(t.decoder->Flush());
+    }
+    t.stream->PushText(t.stop_text.TakeAll());
+    TurnSummary sum;
+    sum.finish = t.finish;
+    sum.text = t.stop_text.text();
+    // The sampled token that ended the reply by length/context/stop string is not in the
+    // cache yet: it is fed first at the next turn. A stop token is not part of the text.
+    const bool stop_token = t.finish == TurnFinish::kStop && !t.stop_text.stopped();
+    if (!stop_token && !t.generated.empty()) s->pending = {t.next};
+    s->messages.insert(s->messages.end(), t.req.messages.begin(), t.req.messages.end());
+    s->messages.push_back({"assistant", sum.text});
+    // A reply cut at a stop string leaves tokens past the cut in the cache: rebuild next time.
+    s->reusable = !t.stop_text.stopped();
+    sum.prompt_tokens = t.prompt_tokens;
+    sum.cached_tokens = t.cached_tokens;
+    sum.generated_tokens = static_cast<int>(t.generated.size());
+    sum.kv_bytes = s->bytes_held();
+    sum.peak_kv_bytes = t.peak_kv_bytes;
+    if (!s->evictors.empty()) {
+      sum.evictions = TotalEvictions(*s) - t.evictions_at_start;
+      sum.evicted_tokens = TotalEvictedSlots(*s) - t.evicted_at_start;
+    }
+    sum.rebuilt = t.rebuilt;
+    if (s->episodic != nullptr) EpisodeTurnDone(*s);
+    if (s->episodic != nullptr && !s->episodic->list.empty()) {
+      for (const auto& e : s->episodic->list) {
+        sum.episode_windows.push_back(static_cast<int>(e.windows.size()));
+      }
+      sum.episode = s->episodic->active;
+      sum.replayed_tokens = t.n_replay;
+    }
+    metrics_->cached_tokens->Increment(t.cached_tokens);
+    metrics_->evictions->Increment(static_cast<double>(sum.evictions));
+    metrics_->evicted_tokens->Increment(static_cast<double>(sum.evicted_tokens));
+    (t.finish == TurnFinish::kLength ? metrics_->finished_length
+     : t.finish == TurnFinish::kStop ? metrics_->finished_stop
+                                     : metrics_->finished_context)
+        ->Increment();
+    t.stream->Finish(absl::OkStatus(), std::move(sum));
+  } else {
+    (absl::IsCancelled(status) ? metrics_->cancelled : metrics_->failed)->Increment();
+    t.stream->Finish(status);
+    // A partly run turn leaves the cache out of step with the transcript: drop it.
+    if (t.touched && s != nullptr) DropCache(*s);
+  }
+  auto it = sessions_.find(t.req.session_id);
+  if (it != sessions_.end()) {
+    it->second->busy = false;
+    it->second->last_used = step_;
+    if (it->second->caches.empty()) sessions_.erase(it);  // never got a cache
+  }
+}
+
+}  // namespace recall::serving

@@ -1,0 +1,120 @@
+// Scheduler internals shared by scheduler*.cc: a turn's state while queued or running, the
+// commands other threads hand to the engine thread, and the metrics it updates.
+#pragma once
+
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/metrics/registry.h"
+#include "kernels/sampling_params.h"
+#include "worker/runtime/forward.h"
+#include "worker/serving/scheduler.h"
+#include "worker/serving/stop_text.h"
+#include "worker/tokenizer/tokenizer.h"
+
+namespace recall::serving {
+
+struct Scheduler::Turn {
+  Turn(TurnRequest r, std::vector<std::string> stops)
+      : req(std::move(r)), rng(req.sampling.seed), stop_text(std::move(stops)) {}
+
+  TurnRequest req;
+  std::shared_ptr<TurnStream> stream = std::make_shared<TurnStream>();
+  Stopwatch since_submit;
+
+  // Set by Prepare.
+  bool prepared = false;
+  Session* session = nullptr;
+  std::vector<int32_t> prompt;  // tokens fed this turn before generating (resume included)
+  int n_resume = 0;             // of them, the reply tokens the client already has
+  int n_replay = 0;             // leading tokens the session has already (an episode's gap)
+  int cached_tokens = 0;
+  int prompt_tokens = 0;
+  bool rebuilt = false;
+
+  // Running.
+  bool touched = false;  // admitted at least once: the session's cache holds this turn
+  int64_t admitted_at = 0;
+  size_t fed = 0;  // prompt tokens fed
+  int chunk = 0;   // tokens of this turn in the current batch
+  bool decoding = false;
+  int32_t next = -1;  // sampled and to be fed at the next step
+  std::vector<int32_t> generated;
+  kernels::Rng rng;
+  std::unique_ptr<model::TokenStreamDecoder> decoder;
+  StopText stop_text;
+  TurnFinish finish = TurnFinish::kLength;
+  bool done = false;
+  std::vector<float> raw_logits;  // when logprobs are requested
+  // Without a repetition penalty or logprobs, the forward pass picks the token where the
+  // logits are (runtime::BatchItem::pick) and only its id crosses to the host. The draw is the one
+  // Sample would take from rng; SampleNext then advances rng past it, so a seed gives the
+  // same stream of draws either way.
+  bool PicksOnBackend() const { return kernels::SamplesOnBackend(req.sampling) && !req.logprobs; }
+  float PeekDraw() const {
+    kernels::Rng next = rng;
+    return next.NextFloat();
+  }
+  int32_t picked = -1;
+  void SetPick(runtime::BatchItem& item) {
+    item.pick = &picked;
+    item.sampling = &req.sampling;
+    item.draw = PeekDraw();
+  }
+  // Per rank (its query heads): attention probabilities for the evictor, and SnapKV's
+  // observation window. Empty when the policy needs none.
+  std::vector<std::vector<float>> probs;
+  std::vector<std::vector<float>> window_queries;
+  int window_w = 0;
+  int window_first = 0;
+  int64_t peak_kv_bytes = 0;
+  int64_t evictions_at_start = 0;
+  int64_t evicted_at_start = 0;
+  double first_token_s = -1;
+  double last_token_s = -1;
+};
+
+struct Scheduler::Command {
+  enum class Kind { kAbortRequest, kAbortSession, kAbortAll, kDrop };
+  Kind kind;
+  std::string key;
+  std::shared_ptr<std::promise<absl::StatusOr<int64_t>>> done =
+      std::make_shared<std::promise<absl::StatusOr<int64_t>>>();
+};
+
+struct Scheduler::Metrics {
+  explicit Metrics(metrics::Registry* r);
+
+  std::unique_ptr<metrics::Registry> owned;  // when the caller gave none
+  metrics::Registry* registry;
+  metrics::Counter* finished_length;
+  metrics::Counter* finished_stop;
+  metrics::Counter* finished_context;
+  metrics::Counter* failed;
+  metrics::Counter* cancelled;
+  metrics::Counter* rejected;
+  metrics::Counter* prompt_tokens;  // tokens prefilled
+  metrics::Counter* cached_tokens;  // prompt tokens reused from resident caches
+  metrics::Counter* generated_tokens;
+  metrics::Counter* evictions;
+  metrics::Counter* evicted_tokens;
+  metrics::Counter* offloads;
+  metrics::Counter* restores;
+  metrics::Counter* drops_memory;
+  metrics::Counter* preemptions;
+  metrics::Counter* episodes_installed;
+  metrics::Counter* episodes_failed;
+  metrics::Counter* episodes_over_host;
+  metrics::Counter* episode_switches;
+  metrics::Counter* replayed_tokens;
+  metrics::Counter* rebuilds;
+  metrics::Histogram* ttft;
+  metrics::Histogram* tpot;
+  metrics::Histogram* step_seconds;
+  metrics::Histogram* batch_tokens;
+};
+
+}  // namespace recall::serving

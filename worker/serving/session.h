@@ -1,0 +1,98 @@
+// Session: one conversation's state on a worker between turns, owned by the scheduler.
+//
+// The cache holds the K/V of `tokens` (after eviction, a budgeted subset of them); `pending`
+// are tokens that were sampled but not yet fed (the last token of a reply that ended by
+// length). `messages` is the transcript as this worker saw it, ending with its last reply.
+// A follow-up turn appends ContinuationText (turn_prompt.h) to the cache; when that is not
+// possible (a reply cut at a stop string, a template without stable prefixes) the cache is
+// rebuilt from the transcript.
+//
+// Under tensor parallelism every rank holds its own slice of the session's cache (its KV
+// heads) and its own evictor: caches[r] and evictors[r]. They always move together: all
+// resident, all offloaded or none. Rank 0's cache answers the questions every rank answers
+// alike (positions, lengths, residency).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "cache/episodic/embedder.h"
+#include "cache/episodic/episodes.h"
+#include "cache/eviction/session_evictor.h"
+#include "cache/sequence_cache.h"
+#include "worker/model/chat_template.h"
+#include "worker/serving/turn_request.h"
+
+namespace recall::serving {
+
+struct EpisodeResult;
+
+// EpiCache state of a session whose policy is "episodic" (one rank; scheduler_episodes.cc).
+// Until its history first exceeds the budget (and its episodes are built off the serving
+// path) the session runs on one lazy cache. Then each episode has a cache compressed to the
+// budget; the one serving the current turn is the session's caches[0], the others are
+// parked here, offloaded to host memory. A cache holds the session's first upto[e] tokens
+// (compressed); when a turn is routed to it, the tokens after those are fed again first.
+struct SessionEpisodes {
+  SessionEpisodes();
+  ~SessionEpisodes();
+  // Settings: the request that created the session's cache (later turns keep them), and
+  // the episodic ones with the worker's defaults filled in.
+  CacheRequest settings;
+  int episodes = 4;
+  std::string embedder = "model";
+  int block_tokens = 2048;
+  int recluster_turns = 4;
+  // Built episodes ([E] each); empty before the first build.
+  std::vector<cache::episodic::Episode> list;
+  std::vector<std::unique_ptr<cache::SequenceCache>> parked;  // null for the active episode
+  std::vector<size_t> upto;
+  std::unique_ptr<cache::episodic::Embedder> router;  // TF-IDF fitted on the windows; null: model
+  int active = -1;            // the episode in caches[0]; -1: the pre-episode lazy cache
+  bool fell_back = false;     // the last routing had no answer (most recent episode served)
+  int turns_since_build = 0;  // turns served since the last build was submitted
+  uint64_t generation = 0;    // of the last job submitted
+  bool building = false;      // a job is queued or building
+  std::unique_ptr<EpisodeResult> ready;  // a finished build, installed next turn
+
+  // Host bytes of the parked caches.
+  int64_t parked_host_bytes() const;
+};
+
+struct Session {
+  std::string id;
+  std::vector<model::ChatMessage> messages;
+  std::vector<int32_t> tokens;   // every token fed to the cache, in order
+  std::vector<int32_t> pending;  // sampled, not fed yet
+  // One per rank (empty: no cache yet). Declared before the evictors, which refer to them
+  // and so are destroyed first.
+  std::vector<std::unique_ptr<cache::SequenceCache>> caches;
+  std::vector<std::unique_ptr<cache::eviction::SessionEvictor>> evictors;  // empty: full cache
+  std::unique_ptr<SessionEpisodes> episodic;                               // policy "episodic" only
+  bool prefill_compressed = false;  // a compresses_prefill() policy ran once
+  bool reusable = true;             // the cache can be continued (see above)
+  bool busy = false;                // a turn is running or waiting
+  int64_t last_used = 0;            // scheduler step of the last activity (LRU)
+
+  // Rank 0's cache and evictor (null when there is none).
+  cache::SequenceCache* cache() const { return caches.empty() ? nullptr : caches[0].get(); }
+  cache::eviction::SessionEvictor* evictor() const {
+    return evictors.empty() ? nullptr : evictors[0].get();
+  }
+  bool resident() const { return cache() != nullptr && !cache()->offloaded(); }
+  bool offloaded() const { return cache() != nullptr && cache()->offloaded(); }
+
+  // Summed over the ranks.
+  int64_t bytes_held() const;
+  int64_t host_bytes() const;
+  // Offloads every rank's cache to host memory.
+  void Offload();
+  // Restores every rank's cache; on failure the ranks restored so far are offloaded again
+  // (all or nothing) and the error is returned.
+  absl::Status Restore();
+};
+
+}  // namespace recall::serving

@@ -1,0 +1,35 @@
+// StopText: generated text checked against stop strings as it streams. The tail that could
+// still be the start of a stop string is held back; when a stop string appears the text is
+// cut just before it. Shared by Generate and the serving scheduler.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace recall::serving {
+
+class StopText {
+ public:
+  explicit StopText(std::vector<std::string> stops = {});  // REQUIRES: no empty stop string
+
+  // Appends a piece of output. Returns true once a stop string occurs: text() is then cut
+  // before the earliest occurrence and further appends are ignored.
+  bool Append(std::string_view piece);
+  bool stopped() const { return stopped_; }
+
+  // The text that is safe to stream now and was not taken before.
+  std::string TakeReady();
+  // Everything not taken yet (at the end of generation).
+  std::string TakeAll();
+
+  const std::string& text() const { return text_; }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string text_;
+  size_t taken_ = 0;
+  bool stopped_ = false;
+};
+
+}  // namespace recall::serving

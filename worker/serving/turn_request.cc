@@ -1,0 +1,140 @@
+#include "worker/serving/turn_request.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "cache/eviction/session_evictor.h"
+#include "common/status.h"
+#include "common/utf8.h"
+
+namespace recall::serving {
+namespace {
+
+absl::Status Invalid(const std::string& field, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+}
+
+absl::Status ValidateMessages(const std::vector<model::ChatMessage>& messages,
+                              const std::string& field) {
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const model::ChatMessage& m = messages[i];
+    const std::string at = absl::StrCat(field, "[", i, "]");
+    if (m.role != "system" && m.role != "user" && m.role != "assistant") {
+      return Invalid(at + ".role",
+                     absl::StrCat("\"", m.role, "\" is not one of system, user, assistant"));
+    }
+    if (!utf8::IsValid(m.content)) return Invalid(at + ".content", "is not valid UTF-8");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateSampling(const kernels::SamplingParams& s, const std::string& prefix) {
+  if (!(s.temperature >= 0.0f)) {
+    return Invalid(prefix + "temperature", absl::StrCat("must be >= 0, got ", s.temperature));
+  }
+  if (!(s.top_p > 0.0f && s.top_p <= 1.0f)) {
+    return Invalid(prefix + "top_p", absl::StrCat("must be in (0, 1], got ", s.top_p));
+  }
+  if (s.top_k < 0) return Invalid(prefix + "top_k", absl::StrCat("must be >= 0, got ", s.top_k));
+  if (!(s.repetition_penalty > 0.0f)) {
+    return Invalid(prefix + "repetition_penalty",
+                   absl::StrCat("must be > 0, got ", s.repetition_penalty));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateEpisodicSettings(const CacheRequest& c) {
+  const auto range = [](const char* field, const std::optional<int>& v, int lo,
+                        int hi) -> absl::Status {
+    if (!v.has_value() || (*v >= lo && *v <= hi)) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": must be in [", lo, ", ", hi, "], got ", *v));
+  };
+  RECALL_RETURN_IF_ERROR(range("cache.episodes", c.episodes, 1, kMaxEpisodes));
+  RECALL_RETURN_IF_ERROR(range("cache.block_tokens", c.block_tokens, 16, 1 << 16));
+  RECALL_RETURN_IF_ERROR(range("cache.recluster_turns", c.recluster_turns, 1, 1 << 20));
+  if (c.embedder.has_value() && *c.embedder != "model" && *c.embedder != "tfidf") {
+    return absl::InvalidArgumentError(absl::StrCat("cache.embedder: unknown embedder \"",
+                                                   *c.embedder, "\" (one of model, tfidf)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateTurnRequest(const TurnRequest& r, const TurnLimits& limits,
+                                 const std::vector<std::string>& known_policies) {
+  if (r.session_id.empty()) return Invalid("session_id", "is required");
+  if (r.session_id.size() > limits.max_session_id_bytes) {
+    return Invalid("session_id", absl::StrCat(r.session_id.size(), " bytes; at most ",
+                                              limits.max_session_id_bytes));
+  }
+  if (!utf8::IsValid(r.session_id)) return Invalid("session_id", "is not valid UTF-8");
+  if (r.messages.empty()) return Invalid("messages", "a turn needs at least one new message");
+  RECALL_RETURN_IF_ERROR(ValidateMessages(r.messages, "messages"));
+  if (r.history_length < 0) {
+    return Invalid("history_length", absl::StrCat("must be >= 0, got ", r.history_length));
+  }
+  if (!r.history.empty() && static_cast<int>(r.history.size()) != r.history_length) {
+    return Invalid("history", absl::StrCat(r.history.size(), " messages but history_length is ",
+                                           r.history_length));
+  }
+  RECALL_RETURN_IF_ERROR(ValidateMessages(r.history, "history"));
+  RECALL_RETURN_IF_ERROR(ValidateSampling(r.sampling, "sampling."));
+  if (r.max_tokens < 1 || r.max_tokens > limits.max_tokens) {
+    return Invalid("sampling.max_tokens",
+                   absl::StrCat("must be in [1, ", limits.max_tokens, "], got ", r.max_tokens));
+  }
+  if (r.stop.size() > limits.max_stop_strings) {
+    return Invalid("sampling.stop",
+                   absl::StrCat(r.stop.size(), " stop strings; at most ", limits.max_stop_strings));
+  }
+  for (size_t i = 0; i < r.stop.size(); ++i) {
+    const std::string at = absl::StrCat("sampling.stop[", i, "]");
+    if (r.stop[i].empty()) return Invalid(at, "must not be empty");
+    if (r.stop[i].size() > limits.max_stop_bytes) {
+      return Invalid(at, absl::StrCat(r.stop[i].size(), " bytes; at most ", limits.max_stop_bytes));
+    }
+    if (!utf8::IsValid(r.stop[i])) return Invalid(at, "is not valid UTF-8");
+  }
+  if (static_cast<int>(r.resume_tokens.size()) >= r.max_tokens) {
+    return Invalid("resume_tokens", absl::StrCat(r.resume_tokens.size(),
+                                                 " tokens leave nothing to generate under "
+                                                 "max_tokens ",
+                                                 r.max_tokens));
+  }
+  const CacheRequest& c = r.cache;
+  if (c.policy.has_value() &&
+      std::find(known_policies.begin(), known_policies.end(), *c.policy) == known_policies.end()) {
+    return Invalid("cache.policy", absl::StrCat("unknown policy \"", *c.policy, "\" (one of ",
+                                                absl::StrJoin(known_policies, ", "), ")"));
+  }
+  if (c.budget_tokens.has_value() && c.budget_fraction.has_value()) {
+    return Invalid("cache.budget_tokens", "give budget_tokens or budget_fraction, not both");
+  }
+  if (c.budget_tokens.has_value() && *c.budget_tokens < 1) {
+    return Invalid("cache.budget_tokens", absl::StrCat("must be >= 1, got ", *c.budget_tokens));
+  }
+  if (c.budget_fraction.has_value() && !(*c.budget_fraction > 0 && *c.budget_fraction <= 1)) {
+    return Invalid("cache.budget_fraction",
+                   absl::StrCat("must be in (0, 1], got ", *c.budget_fraction));
+  }
+  if (c.window.has_value() && *c.window < 1) {
+    return Invalid("cache.window", absl::StrCat("must be >= 1, got ", *c.window));
+  }
+  if (c.alpha.has_value() && !(*c.alpha > 0 && *c.alpha < 1)) {
+    return Invalid("cache.alpha", absl::StrCat("must be in (0, 1), got ", *c.alpha));
+  }
+  if (c.tp_eviction.has_value()) {
+    const auto& modes = cache::eviction::TpEvictionModes();
+    if (std::find(modes.begin(), modes.end(), *c.tp_eviction) == modes.end()) {
+      return Invalid("cache.tp_eviction",
+                     absl::StrCat("unknown mode \"", *c.tp_eviction, "\" (one of ",
+                                  absl::StrJoin(modes, ", "), ")"));
+    }
+  }
+  return ValidateEpisodicSettings(c);
+}
+
+}  // namespace recall::serving

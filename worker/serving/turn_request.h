@@ -1,0 +1,72 @@
+// What the engine needs to run one turn of a session (the wire format is converted to this
+// at the service edge), and its validation.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "kernels/sampling_params.h"
+#include "worker/model/chat_template.h"
+
+namespace recall::serving {
+
+// Per-session KV cache settings; unset fields take the scheduler's defaults.
+inline constexpr int kMaxEpisodes = 16;
+
+struct CacheRequest {
+  std::optional<std::string> policy;
+  std::optional<int> budget_tokens;
+  std::optional<double> budget_fraction;
+  std::optional<int> window;
+  std::optional<double> alpha;
+  // How tensor-parallel ranks (and the heads of a layer) agree on evictions: one of
+  // cache::eviction::TpEvictionModes().
+  std::optional<std::string> tp_eviction;
+  // Policy "episodic" (EpiCache): episodes at most, the embedder ("model" or "tfidf"),
+  // history + patch tokens per block of the block-wise build, and new turns between
+  // re-clusterings.
+  std::optional<int> episodes;
+  std::optional<std::string> embedder;
+  std::optional<int> block_tokens;
+  std::optional<int> recluster_turns;
+};
+
+// The episodic fields of a CacheRequest: InvalidArgument naming the field ("cache.episodes",
+// ...) and its range.
+absl::Status ValidateEpisodicSettings(const CacheRequest& c);
+
+struct TurnRequest {
+  std::string session_id;
+  std::string request_id;                    // unique among running turns; made when empty
+  std::vector<model::ChatMessage> messages;  // this turn's new messages
+  int history_length = 0;                    // messages before this turn
+  std::vector<model::ChatMessage> history;   // those messages, or empty when not sent
+  kernels::SamplingParams sampling;
+  int max_tokens = 256;
+  std::vector<std::string> stop;  // extra stop strings
+  bool logprobs = false;
+  CacheRequest cache;
+  // Failover: reply tokens the client already has; fed after the prompt, not re-streamed.
+  std::vector<int32_t> resume_tokens;
+};
+
+// Limits a request is checked against.
+struct TurnLimits {
+  int max_tokens = 4096;  // upper bound of max_tokens
+  size_t max_session_id_bytes = 128;
+  size_t max_stop_strings = 16;
+  size_t max_stop_bytes = 256;
+};
+
+// InvalidArgument naming the field (as on the wire: "sampling.top_p", "messages[2].role",
+// ...) and the limit. Does not check what depends on the session (residency, context).
+absl::Status ValidateTurnRequest(const TurnRequest& request, const TurnLimits& limits,
+                                 const std::vector<std::string>& known_policies);
+
+// Sampling values alone; `prefix` is prepended to field names ("sampling." on the wire).
+absl::Status ValidateSampling(const kernels::SamplingParams& s, const std::string& prefix);
+
+}  // namespace recall::serving

@@ -1,0 +1,55 @@
+#include "worker/serving/turn_stream.h"
+
+namespace recall::serving {
+
+const char* TurnFinishName(TurnFinish finish) {
+  switch (finish) {
+    case TurnFinish::kLength:
+      return "length";
+    case TurnFinish::kStop:
+      return "stop";
+    case TurnFinish::kContext:
+      return "context";
+  }
+  return "?";
+}
+
+void TurnStream::PushToken(int32_t id, bool has_logprob, float logprob, std::string_view text) {
+  absl::MutexLock lock(&mu_);
+  if (finished_) return;
+  pending_.token_ids.push_back(id);
+  if (has_logprob) pending_.logprobs.push_back(logprob);
+  pending_.text.append(text);
+}
+
+void TurnStream::PushText(std::string_view text) {
+  if (text.empty()) return;
+  absl::MutexLock lock(&mu_);
+  if (finished_) return;
+  pending_.text.append(text);
+}
+
+void TurnStream::Finish(absl::Status status, TurnSummary summary) {
+  absl::MutexLock lock(&mu_);
+  if (finished_) return;
+  finished_ = true;
+  pending_.done = true;
+  pending_.status = std::move(status);
+  pending_.summary = std::move(summary);
+}
+
+bool TurnStream::HasPending() const {
+  return !delivered_end_ && (finished_ || !pending_.token_ids.empty() || !pending_.text.empty());
+}
+
+bool TurnStream::Next(absl::Duration timeout, TurnUpdate* out) {
+  absl::MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout(absl::Condition(this, &TurnStream::HasPending), timeout);
+  if (!HasPending()) return false;
+  *out = std::move(pending_);
+  pending_ = TurnUpdate();
+  if (out->done) delivered_end_ = true;
+  return true;
+}
+
+}  // namespace recall::serving

@@ -1,0 +1,76 @@
+// TurnStream: the channel between the engine thread, which produces a turn's tokens, and
+// the thread that sends them to the client.
+//
+// The engine never waits on the reader: Push only appends under a mutex. The reader takes
+// everything pending at once, so when it is behind (a slow network or client), pending
+// tokens are coalesced into one update instead of stalling the batch.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace recall::serving {
+
+enum class TurnFinish { kLength, kStop, kContext };
+const char* TurnFinishName(TurnFinish finish);
+
+struct TurnSummary {
+  TurnFinish finish = TurnFinish::kLength;
+  int prompt_tokens = 0;  // context before generation (cached + new)
+  int cached_tokens = 0;  // reused from the resident cache
+  int generated_tokens = 0;
+  int64_t kv_bytes = 0;  // held after the turn
+  int64_t peak_kv_bytes = 0;
+  int64_t evictions = 0;
+  int64_t evicted_tokens = 0;
+  bool rebuilt = false;  // the cache was (re)built from the transcript
+  // Policy "episodic": windows in each of the session's episodes (empty until they are
+  // built), the episode that served this turn (-1: none yet), and the tokens fed again to
+  // bring that episode's cache up to date.
+  std::vector<int> episode_windows;
+  int episode = -1;
+  int replayed_tokens = 0;
+  std::string text;  // the whole reply
+};
+
+struct TurnUpdate {
+  std::vector<int32_t> token_ids;
+  std::vector<float> logprobs;  // one per token when requested
+  std::string text;
+  bool done = false;  // then `status` and (if ok) `summary` are final
+  absl::Status status;
+  TurnSummary summary;
+};
+
+class TurnStream {
+ public:
+  // ---- Engine side.
+  // A sampled token with the text it releases (possibly empty), in one update so a reader
+  // that keeps up gets one message per token. has_logprob: logprob is requested.
+  void PushToken(int32_t id, bool has_logprob, float logprob, std::string_view text);
+  void PushText(std::string_view text);
+  // The end: an error status, or OK with the summary. Later pushes are ignored.
+  void Finish(absl::Status status, TurnSummary summary = {});
+
+  // ---- Reader side.
+  // Waits up to `timeout` for pending tokens/text or the end; moves them into *out
+  // (cleared first). Returns false when nothing came. After the update with done = true,
+  // returns false forever.
+  bool Next(absl::Duration timeout, TurnUpdate* out);
+
+ private:
+  bool HasPending() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  absl::Mutex mu_;
+  TurnUpdate pending_ ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool delivered_end_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace recall::serving

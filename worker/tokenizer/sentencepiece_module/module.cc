@@ -1,0 +1,45 @@
+// librecall_sentencepiece.so: the SentencePieceProcessor facade implemented on
+// libsentencepiece. No Abseil header may be included here (see the facade's header).
+#include <sentencepiece_processor.h>
+
+#include "worker/tokenizer/tokenizer_sentencepiece_processor.h"
+
+namespace recall::model::internal {
+namespace {
+
+class LibraryProcessor final : public SentencePieceProcessor {
+ public:
+  bool LoadFromSerializedProto(const std::string& data, std::string* error) override {
+    return Check(sp_.LoadFromSerializedProto(data), error);
+  }
+  bool Encode(std::string_view text, std::vector<int>* ids, std::string* error) const override {
+    return Check(sp_.Encode(text, ids), error);
+  }
+  bool Decode(const std::vector<int>& ids, std::string* text, std::string* error) const override {
+    return Check(sp_.Decode(ids, text), error);
+  }
+  int GetPieceSize() const override { return sp_.GetPieceSize(); }
+  std::string IdToPiece(int id) const override { return sp_.IdToPiece(id); }
+  int PieceToId(std::string_view piece) const override { return sp_.PieceToId(piece); }
+  bool IsControl(int id) const override { return sp_.IsControl(id); }
+  bool IsByte(int id) const override { return sp_.IsByte(id); }
+  bool IsUnknown(int id) const override { return sp_.IsUnknown(id); }
+  int bos_id() const override { return sp_.bos_id(); }
+  int eos_id() const override { return sp_.eos_id(); }
+
+ private:
+  static bool Check(const sentencepiece::util::Status& status, std::string* error) {
+    if (!status.ok()) *error = status.ToString();
+    return status.ok();
+  }
+  sentencepiece::SentencePieceProcessor sp_;
+};
+
+}  // namespace
+}  // namespace recall::model::internal
+
+// The module's one entry point (looked up with dlsym).
+extern "C" __attribute__((visibility("default"))) recall::model::internal::SentencePieceProcessor*
+recall_new_sentencepiece_processor() {
+  return new recall::model::internal::LibraryProcessor();
+}
