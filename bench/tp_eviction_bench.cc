@@ -22,6 +22,7 @@
 
 #include "bench/shapes.h"
 #include "common/clock.h"
+#include "common/flags.h"
 #include "worker/model/random_model.h"
 #include "worker/offline/sequence.h"
 #include "worker/offline/tp_sequence.h"
@@ -90,9 +91,11 @@ Row RunMode(const model::Model& model, const Flags& f, const std::string& mode, 
   runtime::tp::TpGroupOptions g;
   g.tp = f.tp;
   g.threads_per_rank = 1;
-  g.device = f.device;
+  g.device = f.device == "cuda" ? runtime::Device::kCuda : runtime::Device::kCpu;
   g.devices = f.devices;
-  g.collectives = f.tp_comm;
+  if (!f.tp_comm.empty()) {
+    g.tp_comm = f.tp_comm == "staged" ? runtime::TpComm::kStaged : runtime::TpComm::kNccl;
+  }
   const model::ModelConfig& c = model.config;
   g.kv_bytes_per_rank =
       int64_t{c.n_layers} * ((f.prompt + f.steps) / 16 + 4) * 16 * c.n_kv_heads * c.head_dim * 8 /
@@ -180,15 +183,15 @@ int Main(int argc, char** argv) {
     else if (k == "--steps") f.steps = std::stoi(v);
     else if (k == "--window") f.window = std::stoi(v);
     else if (k == "--dtype") f.dtype = v;
-    else if (k == "--device") f.device = v;
-    else if (k == "--tp-comm") f.tp_comm = v;
+    else if (k == "--device" && (v == "cpu" || v == "cuda"))
+      f.device = v;
+    else if (k == "--tp-comm" && (v == "nccl" || v == "staged"))
+      f.tp_comm = v;
     else if (k == "--devices") {
-      absl::StatusOr<std::vector<int>> d = runtime::tp::ParseDevices(v);
-      if (!d.ok()) {
-        std::fprintf(stderr, "%s\n", std::string(d.status().message()).c_str());
+      if (absl::Status st = flags::ParseIntList(v, 0, 1024, &f.devices); !st.ok()) {
+        std::fprintf(stderr, "--devices: %s\n", std::string(st.message()).c_str());
         return 2;
       }
-      f.devices = *d;
     } else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return 2;

@@ -5,38 +5,75 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "cache/eviction/sensitivity_profile.h"
 #include "cli/calibration_text.h"
-#include "common/args.h"
+#include "common/flags.h"
 #include "common/status.h"
 #include "kernels/backend.h"
-#include "worker/model/load_from_flags.h"
+#include "worker/model/load.h"
 #include "worker/offline/sensitivity.h"
+#include "worker/runtime/device.h"
+#include "worker/service/worker_options.h"
 
 namespace recall::cli {
 namespace {
 
-constexpr char kUsage[] =
+constexpr char kUsageHead[] =
     R"(usage: recall calibrate --model PATH [--tokenizer PATH] --out FILE [options]
 
 Measures how much each layer's keys depend on distant context (EpiCache's layer
 sensitivity): the mean cosine similarity between the keys of a full causal pass over a
 calibration text and those of a block-masked pass (each block sees only the sink tokens,
 the last half of the previous block and itself). Writes the JSON profile that
-`recall generate --layer-budgets FILE` turns into per-layer budgets: less sensitive layers
-(sigma near 1) get fewer tokens.
+`--layer-budgets FILE` (recall generate, recall serve, recall-worker) turns into per-layer
+budgets: less sensitive layers (sigma near 1) get fewer tokens.
 
-  --out FILE     where to write the profile (required)
-  --text FILE    calibration text (default: a built-in text of simple stories); tokens
-                 past the model's context length are dropped
-  --block N      block length (default: a quarter of the tokens, even, at most 4096)
-  --sinks N      sink tokens every block sees (default: min(128, block / 8))
-  --window N     tokens per averaging window (default 100)
-  --threads N    CPU threads (default: all cores)
 )";
+
+struct LayersOptions {
+  model::LoadOptions model;
+  std::string out;
+  std::string text;          // default: the built-in text
+  std::optional<int> block;  // default: a quarter of the tokens, even, at most 4096
+  std::optional<int> sinks;  // default: min(128, block / 8)
+  int window = 100;
+  int threads = 0;
+};
+
+const flags::FlagSet<LayersOptions>& LayersFlags() {
+  static const flags::FlagSet<LayersOptions>* const kFlags = [] {
+    auto* f = new flags::FlagSet<LayersOptions>();
+    f->Include(
+         service::ModelFlags(), [](auto& o) -> auto& { return o.model; })
+        .Section("calibration")
+        .String(
+            "out", "FILE", "where to write the profile (required)",
+            [](auto& o) -> auto& { return o.out; })
+        .String(
+            "text", "FILE",
+            "calibration text (default: a built-in text of simple stories); tokens past the\n"
+            "model's context length are dropped",
+            [](auto& o) -> auto& { return o.text; })
+        .Int(
+            "block", "N", "block length (default: a quarter of the tokens, even, at most 4096)",
+            [](auto& o) -> auto& { return o.block; }, 2, 1 << 30)
+        .Int(
+            "sinks", "N", "sink tokens every block sees (default: min(128, block / 8))",
+            [](auto& o) -> auto& { return o.sinks; }, 0, 1 << 30)
+        .Int(
+            "window", "N", "tokens per averaging window (default 100)",
+            [](auto& o) -> auto& { return o.window; }, 1, 1 << 30)
+        .Int(
+            "threads", "N", "CPU threads (default: all cores)",
+            [](auto& o) -> auto& { return o.threads; }, 0, 1024);
+    return f;
+  }();
+  return *kFlags;
+}
 
 absl::StatusOr<std::string> ReadText(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -54,40 +91,43 @@ absl::Status WriteFile(const std::string& path, const std::string& text) {
   return absl::OkStatus();
 }
 
-absl::Status Run(const Args& args) {
-  RECALL_ASSIGN_OR_RETURN(const int64_t threads, args.GetInt("threads", 0, 0, 1024));
-  RECALL_ASSIGN_OR_RETURN(const int64_t window, args.GetInt("window", 100, 1, 1 << 30));
+absl::Status Run(const LayersOptions& o) {
   std::string text = DefaultCalibrationText();
-  if (args.Has("text")) {
-    RECALL_ASSIGN_OR_RETURN(text, ReadText(args.GetString("text")));
+  if (!o.text.empty()) {
+    RECALL_ASSIGN_OR_RETURN(text, ReadText(o.text));
   }
-  RECALL_ASSIGN_OR_RETURN(model::Loaded loaded, model::LoadAll(args));
+  absl::StatusOr<model::Loaded> loaded_or = model::LoadAll(o.model);
+  if (!loaded_or.ok()) return LayersFlags().Explain(loaded_or.status());
+  model::Loaded& loaded = *loaded_or;
   const model::ModelConfig& c = loaded.model->config;
   std::vector<int32_t> tokens = loaded.tokenizer->Encode(text, /*add_bos=*/!loaded.hf_tokenizer);
   if (static_cast<int64_t>(tokens.size()) > c.max_seq_len) tokens.resize(c.max_seq_len);
   const int n = static_cast<int>(tokens.size());
-  const int default_block = std::min(4096, std::max(2, n / 4)) / 2 * 2;
-  RECALL_ASSIGN_OR_RETURN(const int64_t block, args.GetInt("block", default_block, 2, 1 << 30));
-  RECALL_ASSIGN_OR_RETURN(const int64_t sinks,
-                          args.GetInt("sinks", std::min<int64_t>(128, block / 8), 0, block - 1));
+  const int block = o.block.value_or(std::min(4096, std::max(2, n / 4)) / 2 * 2);
+  const int sinks = o.sinks.value_or(std::min(128, block / 8));
+  if (sinks >= block) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--sinks: ", sinks, " must be less than the block (", block, ")"));
+  }
 
   offline::SensitivityOptions so;
-  so.block = static_cast<int>(block);
-  so.sinks = static_cast<int>(sinks);
-  so.window = static_cast<int>(window);
-  std::unique_ptr<kernels::Backend> backend =
-      kernels::CreateCpuBackend({static_cast<int>(threads)});
+  so.block = block;
+  so.sinks = sinks;
+  so.window = o.window;
+  RECALL_ASSIGN_OR_RETURN(
+      std::unique_ptr<kernels::Backend> backend,
+      runtime::MakeBackend({.device = runtime::Device::kCpu, .cpu_threads = o.threads}));
   RECALL_ASSIGN_OR_RETURN(std::vector<double> sigma,
                           offline::LayerSensitivity(*loaded.model, *backend, tokens, so));
 
   cache::eviction::SensitivityProfile profile;
-  profile.model = args.GetString("model");
+  profile.model = o.model.model;
   profile.sigma = sigma;
   profile.block = so.block;
   profile.sinks = so.sinks;
   profile.window = so.window;
   profile.tokens = n;
-  const std::string out = args.GetString("out");
+  const std::string& out = o.out;
   RECALL_RETURN_IF_ERROR(WriteFile(out, cache::eviction::SensitivityProfileJson(profile)));
   std::printf("tokens=%d block=%d sinks=%d window=%d\n", n, so.block, so.sinks, so.window);
   for (size_t l = 0; l < sigma.size(); ++l) std::printf("layer %zu: sigma=%.6f\n", l, sigma[l]);
@@ -98,22 +138,22 @@ absl::Status Run(const Args& args) {
 }  // namespace
 
 int RunCalibrateLayers(const std::vector<std::string>& argv) {
-  absl::StatusOr<Args> args = Args::Parse(
-      argv, {"model", "tokenizer", "out", "text", "block", "sinks", "window", "threads"}, {"help"});
-  if (args.ok() && args->Has("help")) {
-    std::cout << kUsage;
-    return 0;
+  for (const std::string& a : argv) {
+    if (a == "--help" || a == "-h") {
+      std::cout << kUsageHead << LayersFlags().Help();
+      return 0;
+    }
   }
-  absl::Status st = args.status();
-  if (st.ok() && !args->Has("model")) st = absl::InvalidArgumentError("--model is required");
-  if (st.ok() && args->GetString("out").empty()) {
-    st = absl::InvalidArgumentError("--out is required");
-  }
+  LayersOptions options;
+  absl::Status st = LayersFlags().Parse(argv, &options);
+  if (st.ok() && options.model.model.empty())
+    st = absl::InvalidArgumentError("--model is required");
+  if (st.ok() && options.out.empty()) st = absl::InvalidArgumentError("--out is required");
   if (!st.ok()) {
-    std::cerr << "recall calibrate: " << st.message() << "\n\n" << kUsage;
+    std::cerr << "recall calibrate: " << st.message() << "\n\n" << kUsageHead;
     return 2;
   }
-  st = Run(*args);
+  st = Run(options);
   if (!st.ok()) {
     std::cerr << "recall calibrate: " << st.message() << "\n";
     return st.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;

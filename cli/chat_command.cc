@@ -4,102 +4,146 @@
 
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
-#include "common/args.h"
+#include "common/flags.h"
 #include "common/status.h"
+#include "worker/service/worker_options.h"
 
 namespace recall::cli {
 namespace {
 
-constexpr char kChatUsage[] = R"(usage: recall chat --server HOST:PORT [options]
+constexpr char kChatUsageHead[] = R"(usage: recall chat --server HOST:PORT [options]
 
 A multi-turn chat with a Recall coordinator. Interactive on a terminal; otherwise reads one
 user message per line from standard input and prints each reply as it streams.
-
-  --server HOST:PORT    the coordinator (default 127.0.0.1:50050)
-  --api-key KEY         sent as "authorization: Bearer KEY"
-  --tls-ca FILE         connect with TLS, trusting this CA (PEM)
-  --tls-cert FILE, --tls-key FILE   client certificate for mTLS
-  --session ID          continue an existing session instead of starting one
-  --system TEXT         system prompt of a new session
-  --max-tokens N        per reply (default 256)
-  --temperature T       default 0.7 (0 = greedy)
-  --seed N              sampling seed
-  --policy NAME         KV policy of a new session (e.g. lazy, episodic), with --budget N
-                        (tokens) or --budget-frac F, --window W; episodic: --episodes N,
-                        --embedder model|tfidf
-commands (a line starting with /):
+Commands (a line starting with /):
   /new       start a new session       /history   print the transcript
   /stats     usage of the last reply   /quit      leave (also end of input)
+
 )";
 
-constexpr char kSessionsUsage[] =
-    R"(usage: recall sessions list|show ID|delete ID --server HOST:PORT [--api-key KEY]
-                       [--tls-ca FILE [--tls-cert FILE --tls-key FILE]]
+constexpr char kSessionsUsageHead[] =
+    R"(usage: recall sessions list|show ID|delete ID --server HOST:PORT [options]
+
 )";
 
-absl::StatusOr<std::string> ReadPem(const Args& args, const std::string& flag) {
-  if (!args.Has(flag)) return std::string();
-  std::ifstream in(args.GetString(flag), std::ios::binary);
-  if (!in)
-    return absl::NotFoundError(absl::StrCat("--", flag, ": cannot read ", args.GetString(flag)));
+// How to reach the coordinator (chat and sessions).
+struct ConnectOptions {
+  std::string server = "127.0.0.1:50050";
+  std::string api_key;
+  std::string tls_ca, tls_cert, tls_key;
+};
+
+flags::FlagSet<ConnectOptions> ConnectFlags() {
+  flags::FlagSet<ConnectOptions> f;
+  f.Section("connection")
+      .String(
+          "server", "HOST:PORT", "the coordinator (default 127.0.0.1:50050)",
+          [](auto& o) -> auto& { return o.server; })
+      .String(
+          "api-key", "KEY", "sent as \"authorization: Bearer KEY\"",
+          [](auto& o) -> auto& { return o.api_key; })
+      .String(
+          "tls-ca", "FILE", "connect with TLS, trusting this CA (PEM)",
+          [](auto& o) -> auto& { return o.tls_ca; })
+      .String(
+          "tls-cert", "FILE", "client certificate for mTLS (PEM)",
+          [](auto& o) -> auto& { return o.tls_cert; })
+      .String(
+          "tls-key", "FILE", "the client certificate's key (PEM)",
+          [](auto& o) -> auto& { return o.tls_key; });
+  return f;
+}
+
+struct ChatOptions {
+  ConnectOptions connect;
+  std::string session;  // continue it instead of starting one
+  std::string system;
+  int max_tokens = 256;
+  double temperature = 0.7;
+  std::optional<int64_t> seed;
+  serving::CacheRequest cache;  // a new session's cache settings
+};
+
+const flags::FlagSet<ChatOptions>& ChatFlags() {
+  static const flags::FlagSet<ChatOptions>* const kFlags = [] {
+    auto* f = new flags::FlagSet<ChatOptions>();
+    f->Include(
+         ConnectFlags(), [](auto& o) -> auto& { return o.connect; })
+        .Section("chat")
+        .String(
+            "session", "ID", "continue an existing session instead of starting one",
+            [](auto& o) -> auto& { return o.session; })
+        .String(
+            "system", "TEXT", "system prompt of a new session",
+            [](auto& o) -> auto& { return o.system; })
+        .Int(
+            "max-tokens", "N", "per reply (default 256)",
+            [](auto& o) -> auto& { return o.max_tokens; }, 1, 1 << 20)
+        .Double(
+            "temperature", "T", "default 0.7 (0 = greedy)",
+            [](auto& o) -> auto& { return o.temperature; }, 0, 100)
+        .Int(
+            "seed", "N", "sampling seed", [](auto& o) -> auto& { return o.seed; }, 0, INT64_MAX)
+        .Include(
+            service::SessionCacheFlags(), [](auto& o) -> auto& { return o.cache; });
+    return f;
+  }();
+  return *kFlags;
+}
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag) {
+  if (path.empty()) return std::string();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("--", flag, ": cannot read ", path));
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
 }
 
-absl::StatusOr<std::unique_ptr<Client>> ConnectFromArgs(const Args& args) {
+absl::StatusOr<std::unique_ptr<Client>> Connect(const ConnectOptions& c) {
   ClientOptions o;
-  o.address = args.GetString("server", "127.0.0.1:50050");
-  o.api_key = args.GetString("api-key");
-  if (args.Has("tls-ca") || args.Has("tls-cert")) {
+  o.address = c.server;
+  o.api_key = c.api_key;
+  if (!c.tls_ca.empty() || !c.tls_cert.empty()) {
     grpc::SslCredentialsOptions ssl;
-    RECALL_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem(args, "tls-ca"));
-    RECALL_ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadPem(args, "tls-cert"));
-    RECALL_ASSIGN_OR_RETURN(ssl.pem_private_key, ReadPem(args, "tls-key"));
+    RECALL_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem(c.tls_ca, "tls-ca"));
+    RECALL_ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadPem(c.tls_cert, "tls-cert"));
+    RECALL_ASSIGN_OR_RETURN(ssl.pem_private_key, ReadPem(c.tls_key, "tls-key"));
     o.credentials = grpc::SslCredentials(ssl);
   }
   return Client::Connect(o);
 }
 
-absl::Status Chat(const Args& args) {
-  RECALL_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, ConnectFromArgs(args));
+// The settings the flags gave, as the wire's CacheSettings.
+void ToProto(const serving::CacheRequest& c, v1::CacheSettings* out) {
+  if (c.policy.has_value()) out->set_policy(*c.policy);
+  if (c.budget_tokens.has_value()) out->set_budget_tokens(*c.budget_tokens);
+  if (c.budget_fraction.has_value())
+    out->set_budget_fraction(static_cast<float>(*c.budget_fraction));
+  if (c.window.has_value()) out->set_window(*c.window);
+  if (c.alpha.has_value()) out->set_alpha(static_cast<float>(*c.alpha));
+  if (c.tp_eviction.has_value()) out->set_tp_eviction(*c.tp_eviction);
+  if (c.episodes.has_value()) out->set_episodes(*c.episodes);
+  if (c.embedder.has_value()) out->set_embedder(*c.embedder);
+  if (c.block_tokens.has_value()) out->set_block_tokens(*c.block_tokens);
+  if (c.recluster_turns.has_value()) out->set_recluster_turns(*c.recluster_turns);
+}
+
+absl::Status Chat(const ChatOptions& o) {
+  RECALL_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(o.connect));
   v1::SamplingParams sampling;
-  RECALL_ASSIGN_OR_RETURN(const int64_t max_tokens, args.GetInt("max-tokens", 256, 1, 1 << 20));
-  RECALL_ASSIGN_OR_RETURN(const double temperature, args.GetDouble("temperature", 0.7, 0, 100));
-  sampling.set_max_tokens(static_cast<int>(max_tokens));
-  sampling.set_temperature(static_cast<float>(temperature));
-  if (args.Has("seed")) {
-    RECALL_ASSIGN_OR_RETURN(const int64_t seed, args.GetInt("seed", 0, 0, INT64_MAX));
-    sampling.set_seed(static_cast<uint64_t>(seed));
-  }
+  sampling.set_max_tokens(o.max_tokens);
+  sampling.set_temperature(static_cast<float>(o.temperature));
+  if (o.seed.has_value()) sampling.set_seed(static_cast<uint64_t>(*o.seed));
   v1::CreateSessionRequest create;
-  create.set_system_prompt(args.GetString("system"));
-  if (args.Has("policy")) create.mutable_cache()->set_policy(args.GetString("policy"));
-  if (args.Has("budget") && args.Has("budget-frac")) {
-    return absl::InvalidArgumentError("--budget and --budget-frac are exclusive; give one");
-  }
-  if (args.Has("budget")) {
-    RECALL_ASSIGN_OR_RETURN(const int64_t b, args.GetInt("budget", 1024, 1, 1 << 24));
-    create.mutable_cache()->set_budget_tokens(static_cast<int>(b));
-  }
-  if (args.Has("episodes")) {
-    RECALL_ASSIGN_OR_RETURN(const int64_t e, args.GetInt("episodes", 4, 1, 16));
-    create.mutable_cache()->set_episodes(static_cast<int>(e));
-  }
-  if (args.Has("embedder")) create.mutable_cache()->set_embedder(args.GetString("embedder"));
-  if (args.Has("budget-frac")) {
-    RECALL_ASSIGN_OR_RETURN(const double f, args.GetDouble("budget-frac", 1, 1e-6, 1));
-    create.mutable_cache()->set_budget_fraction(static_cast<float>(f));
-  }
-  if (args.Has("window")) {
-    RECALL_ASSIGN_OR_RETURN(const int64_t w, args.GetInt("window", 32, 1, 1 << 20));
-    create.mutable_cache()->set_window(static_cast<int>(w));
-  }
-  std::string session_id = args.GetString("session");
+  create.set_system_prompt(o.system);
+  ToProto(o.cache, create.mutable_cache());
+  std::string session_id = o.session;
   auto new_session = [&]() -> absl::Status {
     RECALL_ASSIGN_OR_RETURN(v1::Session s, client->CreateSession(create));
     session_id = s.session_id();
@@ -166,9 +210,8 @@ absl::Status Chat(const Args& args) {
   return absl::OkStatus();
 }
 
-absl::Status Sessions(const Args& args) {
-  RECALL_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, ConnectFromArgs(args));
-  const std::vector<std::string>& pos = args.positional();
+absl::Status Sessions(const ConnectOptions& c, const std::vector<std::string>& pos) {
+  RECALL_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(c));
   const std::string verb = pos.empty() ? "list" : pos[0];
   if (verb == "list") {
     std::string token;
@@ -206,28 +249,35 @@ int Report(const char* name, const absl::Status& st, const char* usage) {
 }  // namespace
 
 int RunChat(const std::vector<std::string>& argv) {
-  absl::StatusOr<Args> args = Args::Parse(
-      argv,
-      {"server", "api-key", "tls-ca", "tls-cert", "tls-key", "session", "system", "max-tokens",
-       "temperature", "seed", "policy", "budget", "budget-frac", "window", "episodes", "embedder"},
-      {"help"});
-  if (!args.ok()) return Report("chat", args.status(), kChatUsage);
-  if (args->Has("help")) {
-    std::cout << kChatUsage;
-    return 0;
+  for (const std::string& a : argv) {
+    if (a == "--help" || a == "-h") {
+      std::cout << kChatUsageHead << ChatFlags().Help();
+      return 0;
+    }
   }
-  return Report("chat", Chat(*args), nullptr);
+  ChatOptions options;
+  if (absl::Status st = ChatFlags().Parse(argv, &options); !st.ok()) {
+    std::cerr << "recall chat: " << st.message() << " (recall chat --help lists the flags)\n";
+    return 2;
+  }
+  return Report("chat", Chat(options), nullptr);
 }
 
 int RunSessions(const std::vector<std::string>& argv) {
-  absl::StatusOr<Args> args =
-      Args::Parse(argv, {"server", "api-key", "tls-ca", "tls-cert", "tls-key"}, {"help"});
-  if (!args.ok()) return Report("sessions", args.status(), kSessionsUsage);
-  if (args->Has("help")) {
-    std::cout << kSessionsUsage;
-    return 0;
+  // The verb and the session id come first, then the flags.
+  std::vector<std::string> pos, rest;
+  for (const std::string& a : argv) {
+    if (a == "--help" || a == "-h") {
+      std::cout << kSessionsUsageHead << ConnectFlags().Help();
+      return 0;
+    }
+    (rest.empty() && a.rfind("--", 0) != 0 ? pos : rest).push_back(a);
   }
-  return Report("sessions", Sessions(*args), kSessionsUsage);
+  ConnectOptions options;
+  if (absl::Status st = ConnectFlags().Parse(rest, &options); !st.ok()) {
+    return Report("sessions", st, kSessionsUsageHead);
+  }
+  return Report("sessions", Sessions(options, pos), kSessionsUsageHead);
 }
 
 }  // namespace recall::cli

@@ -7,32 +7,57 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
-#include "common/args.h"
+#include "common/flags.h"
 #include "common/status.h"
 #include "common/subprocess.h"
 #include "coordinator/server.h"
+#include "worker/service/worker_options.h"
 
 namespace recall::cli {
 namespace {
 
-constexpr char kUsage[] = R"(usage: recall serve --model PATH [--tokenizer PATH] [options]
+constexpr char kUsageHead[] = R"(usage: recall serve --model PATH [--tokenizer PATH] [options]
 
 Starts one recall-worker (a child process) and a coordinator in front of it, with the
 session store in DATA_DIR/sessions.db. Chat with it: recall chat --server HOST:PORT.
 
-  --model PATH            llama2.c checkpoint or Hugging Face folder
-  --tokenizer PATH        tokenizer (llama2.c checkpoints)
-  --listen HOST:PORT      the coordinator (default 127.0.0.1:50050)
-  --data-dir DIR          session store folder (default ./recall-data)
-  --api-keys FILE         "<key> <tenant>" lines; default: no auth (local use)
-  --port-file PATH        write "grpc=PORT" once ready
-  --kv-cache-bytes SIZE, --policy NAME, --budget N, --budget-frac F, --window W,
-  --threads N, --chat-format NAME, --device NAME, --tp N, --devices LIST,
-  --tp-comm KIND, --tp-eviction MODE,
-  --episodes N, --embedder NAME, --block-tokens N, --recluster-turns N,
-  --layer-budgets SPEC, --layer-alpha A:
-                          passed to the worker (recall-worker --help)
 )";
+
+struct ServeOptions {
+  std::string listen = "127.0.0.1:50050";  // the coordinator
+  std::string data_dir = "./recall-data";
+  std::string api_keys;   // "<key> <tenant>" lines; empty: no auth
+  std::string port_file;  // "grpc=PORT" once ready
+  service::WorkerOptions worker;
+  ServeOptions() {
+    worker.listen = "127.0.0.1:0";
+    worker.engine.kv_cache_bytes = int64_t{256} << 20;
+  }
+};
+
+// serve's own flags, then every worker flag but those serve sets itself.
+const flags::FlagSet<ServeOptions>& ServeFlags() {
+  static const flags::FlagSet<ServeOptions>* const kFlags = [] {
+    auto* f = new flags::FlagSet<ServeOptions>();
+    f->Section("serve")
+        .String(
+            "listen", "HOST:PORT", "the coordinator (default 127.0.0.1:50050)",
+            [](auto& o) -> auto& { return o.listen; })
+        .String(
+            "data-dir", "DIR", "session store folder (default ./recall-data)",
+            [](auto& o) -> auto& { return o.data_dir; })
+        .String(
+            "api-keys", "FILE", "\"<key> <tenant>\" lines; default: no auth (local use)",
+            [](auto& o) -> auto& { return o.api_keys; })
+        .String(
+            "port-file", "PATH", "write \"grpc=PORT\" once ready",
+            [](auto& o) -> auto& { return o.port_file; })
+        .Include(service::WorkerFlags(), [](auto& o) -> auto& { return o.worker; },
+                 {"listen", "port-file", "coordinator", "advertise", "api-key"});
+    return f;
+  }();
+  return *kFlags;
+}
 
 // recall-worker beside this binary (installed) or in the build tree.
 std::string WorkerBinary() {
@@ -46,28 +71,15 @@ std::string WorkerBinary() {
   return "";
 }
 
-absl::Status Serve(const Args& args) {
-  if (!args.Has("model")) return absl::InvalidArgumentError("--model: required");
+absl::Status Serve(const ServeOptions& o) {
+  if (o.worker.model.model.empty()) return absl::InvalidArgumentError("--model: required");
   const std::string worker_bin = WorkerBinary();
   if (worker_bin.empty()) {
     return absl::NotFoundError("cannot find recall-worker beside this binary");
   }
-  std::vector<std::string> worker_args = {"--listen", "127.0.0.1:0"};
-  for (const char* flag :
-       {"model",       "tokenizer",    "kv-cache-bytes",  "policy",        "budget",
-        "budget-frac", "window",       "threads",         "chat-format",   "device",
-        "tp",          "devices",      "tp-comm",         "tp-eviction",   "episodes",
-        "embedder",    "block-tokens", "recluster-turns", "layer-budgets", "layer-alpha"}) {
-    if (args.Has(flag)) {
-      worker_args.push_back(absl::StrCat("--", flag));
-      worker_args.push_back(args.GetString(flag));
-    }
-  }
-  if (!args.Has("kv-cache-bytes")) {
-    worker_args.push_back("--kv-cache-bytes");
-    worker_args.push_back("256M");
-  }
-  const std::string data_dir = args.GetString("data-dir", "./recall-data");
+  // The worker gets every worker flag given to serve (and serve's defaults for it).
+  const std::vector<std::string> worker_args = service::WorkerFlags().Render(o.worker);
+  const std::string& data_dir = o.data_dir;
   std::filesystem::create_directories(data_dir);
 
   sigset_t signals;
@@ -82,17 +94,17 @@ absl::Status Serve(const Args& args) {
     return absl::UnavailableError(absl::StrCat("the worker did not start: ", error));
   }
   coordinator::CoordinatorConfig c;
-  c.listen = args.GetString("listen", c.listen);
+  c.listen = o.listen;
   c.workers = {absl::StrCat("127.0.0.1:", worker.port("grpc"))};
   c.data_dir = data_dir;
-  c.api_keys_path = args.GetString("api-keys");
+  c.api_keys_path = o.api_keys;
   RECALL_ASSIGN_OR_RETURN(std::unique_ptr<coordinator::CoordinatorServer> server,
                           coordinator::CoordinatorServer::Start(c));
   std::cerr << "recall serve: ready on " << c.listen << " (port " << server->port()
             << "); worker on port " << worker.port("grpc") << "; sessions in " << data_dir
             << "/sessions.db\n";
-  if (args.Has("port-file")) {
-    const std::string path = args.GetString("port-file");
+  if (!o.port_file.empty()) {
+    const std::string& path = o.port_file;
     {
       std::ofstream out(path + ".tmp");
       out << "grpc=" << server->port() << "\n";
@@ -110,23 +122,18 @@ absl::Status Serve(const Args& args) {
 }  // namespace
 
 int RunServe(const std::vector<std::string>& argv) {
-  absl::StatusOr<Args> args = Args::Parse(
-      argv, {"model",        "tokenizer",       "listen",        "data-dir",   "api-keys",
-             "port-file",    "kv-cache-bytes",  "policy",        "budget",     "budget-frac",
-             "window",       "threads",         "chat-format",   "device",     "tp",
-             "devices",      "tp-comm",         "tp-eviction",   "episodes",   "embedder",
-             "block-tokens", "recluster-turns", "layer-budgets", "layer-alpha"},
-      {"help"});
-  if (!args.ok()) {
-    std::cerr << "recall serve: " << args.status().message() << "\n\n" << kUsage;
+  for (const std::string& a : argv) {
+    if (a == "--help" || a == "-h") {
+      std::cout << kUsageHead << ServeFlags().Help();
+      return 0;
+    }
+  }
+  ServeOptions options;
+  if (absl::Status st = ServeFlags().Parse(argv, &options); !st.ok()) {
+    std::cerr << "recall serve: " << st.message() << " (recall serve --help lists the flags)\n";
     return 2;
   }
-  if (args->Has("help")) {
-    std::cout << kUsage;
-    return 0;
-  }
-  const absl::Status st = Serve(*args);
-  if (!st.ok()) {
+  if (absl::Status st = Serve(options); !st.ok()) {
     std::cerr << "recall serve: " << st.message() << "\n";
     return st.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }

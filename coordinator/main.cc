@@ -6,73 +6,103 @@
 #include <iostream>
 
 #include "absl/strings/str_split.h"
-#include "common/args.h"
+#include "common/flags.h"
 #include "common/status.h"
 #include "coordinator/server.h"
 
 namespace recall::coordinator {
 namespace {
 
-constexpr char kUsage[] = R"(usage: recall-coordinator [--workers HOST:PORT[,HOST:PORT...]] [options]
+constexpr char kUsageHead[] =
+    R"(usage: recall-coordinator [--workers HOST:PORT[,HOST:PORT...]] [options]
 
 Serves recall.v1.Chat (sessions, Converse, Generate, ListModels) and grpc.health.v1, routes
 each session to a worker, stores transcripts in SQLite and fails turns over when a worker dies.
 
-  --workers LIST          worker addresses, comma separated (workers started with
-                          --coordinator register themselves as well)
-  --listen HOST:PORT      gRPC address (default 127.0.0.1:50050; port 0 picks one)
-  --data-dir DIR          where sessions.db lives (default .)
-  --store URL             redis://HOST:PORT to share sessions between coordinator replicas
-                          (run Redis with appendonly yes, appendfsync always); default SQLite
-  --api-keys FILE         "<key> <tenant>" per line; without it every caller is tenant "default"
-  --metrics-port N        Prometheus /metrics (default off; 0 picks a free port)
-  --tls-cert FILE, --tls-key FILE   serve TLS (PEM)
-  --tls-client-ca FILE    require client certificates signed by this CA (mTLS)
-  --port-file PATH        write "grpc=PORT metrics=PORT" once listening
-  --max-message-bytes N   user message / system prompt limit (default 262144)
-  --max-turns N           exchanges per session (default 10000)
-  --max-sessions N        sessions per tenant (default 100000)
 )";
 
+const flags::FlagSet<CoordinatorConfig>& CoordinatorFlags() {
+  static const flags::FlagSet<CoordinatorConfig>* const kFlags = [] {
+    auto* f = new flags::FlagSet<CoordinatorConfig>();
+    f->Section("coordinator")
+        .Custom(
+            "workers", "LIST",
+            "worker addresses, comma separated (workers started with --coordinator register\n"
+            "themselves as well)",
+            [](CoordinatorConfig& c, absl::string_view v) {
+              for (absl::string_view w : absl::StrSplit(v, ',', absl::SkipEmpty())) {
+                c.workers.emplace_back(w);
+              }
+              return absl::OkStatus();
+            },
+            [](const CoordinatorConfig&) { return std::vector<std::string>{}; })
+        .String(
+            "listen", "HOST:PORT", "gRPC address (default 127.0.0.1:50050; port 0 picks one)",
+            [](auto& o) -> auto& { return o.listen; })
+        .String(
+            "data-dir", "DIR", "where sessions.db lives (default .)",
+            [](auto& o) -> auto& { return o.data_dir; })
+        .String(
+            "store", "URL",
+            "redis://HOST:PORT to share sessions between coordinator replicas (run Redis\n"
+            "with appendonly yes, appendfsync always); default SQLite",
+            [](auto& o) -> auto& { return o.store_url; })
+        .Field("store_url")
+        .String(
+            "api-keys", "FILE",
+            "\"<key> <tenant>\" per line; without it every caller is tenant \"default\"",
+            [](auto& o) -> auto& { return o.api_keys_path; })
+        .Int(
+            "metrics-port", "N", "Prometheus /metrics (default off; 0 picks a free port)",
+            [](auto& o) -> auto& { return o.metrics_port; }, 0, 65535)
+        .String(
+            "tls-cert", "FILE", "serve TLS with this certificate (PEM; with --tls-key)",
+            [](auto& o) -> auto& { return o.tls_cert; })
+        .String(
+            "tls-key", "FILE", "the certificate's key (PEM)",
+            [](auto& o) -> auto& { return o.tls_key; })
+        .String(
+            "tls-client-ca", "FILE", "require client certificates signed by this CA (mTLS)",
+            [](auto& o) -> auto& { return o.tls_client_ca; })
+        .Custom(
+            "port-file", "PATH", "write \"grpc=PORT metrics=PORT\" once listening",
+            [](CoordinatorConfig& c, absl::string_view v) {
+              c.port_file = std::string(v);
+              return absl::OkStatus();
+            },
+            [](const CoordinatorConfig&) { return std::vector<std::string>{}; })
+        .Int(
+            "max-message-bytes", "N", "user message / system prompt limit (default 262144)",
+            [](auto& o) -> auto& { return o.options.max_message_bytes; }, 1, 64 << 20)
+        .Int(
+            "max-turns", "N", "exchanges per session (default 10000)",
+            [](auto& o) -> auto& { return o.options.max_turns; }, 1, 1 << 30)
+        .Int(
+            "max-sessions", "N", "sessions per tenant (default 100000)",
+            [](auto& o) -> auto& { return o.options.max_sessions_per_tenant; }, 1, 1 << 30)
+        .Check([](const CoordinatorConfig& c, const std::set<std::string>&) -> absl::Status {
+          if (c.tls_cert.empty() != c.tls_key.empty()) {
+            return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
+          }
+          if (!c.tls_client_ca.empty() && c.tls_cert.empty()) {
+            return absl::InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key");
+          }
+          return absl::OkStatus();
+        });
+    return f;
+  }();
+  return *kFlags;
+}
+
 absl::Status Run(const std::vector<std::string>& argv) {
-  RECALL_ASSIGN_OR_RETURN(
-      const Args args,
-      Args::Parse(argv,
-                  {"workers", "listen", "data-dir", "store", "api-keys", "tls-cert", "tls-key", "tls-client-ca", "metrics-port", "port-file",
-                   "max-message-bytes", "max-turns", "max-sessions"},
-                  {"help"}));
-  if (args.Has("help")) {
-    std::cout << kUsage;
-    return absl::OkStatus();
+  for (const std::string& a : argv) {
+    if (a == "--help" || a == "-h") {
+      std::cout << kUsageHead << CoordinatorFlags().Help();
+      return absl::OkStatus();
+    }
   }
   CoordinatorConfig c;
-  c.listen = args.GetString("listen", c.listen);
-  for (absl::string_view w : absl::StrSplit(args.GetString("workers"), ',', absl::SkipEmpty())) {
-    c.workers.emplace_back(w);
-  }
-  // Workers may also register themselves (recall-worker --coordinator).
-  c.data_dir = args.GetString("data-dir", ".");
-  c.store_url = args.GetString("store");
-  c.tls_cert = args.GetString("tls-cert");
-  c.tls_key = args.GetString("tls-key");
-  c.tls_client_ca = args.GetString("tls-client-ca");
-  if (c.tls_cert.empty() != c.tls_key.empty()) {
-    return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
-  }
-  if (!c.tls_client_ca.empty() && c.tls_cert.empty()) {
-    return absl::InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key");
-  }
-  c.api_keys_path = args.GetString("api-keys");
-  if (args.Has("metrics-port")) {
-    RECALL_ASSIGN_OR_RETURN(const int64_t p, args.GetInt("metrics-port", 0, 0, 65535));
-    c.metrics_port = static_cast<int>(p);
-  }
-  RECALL_ASSIGN_OR_RETURN(const int64_t mb, args.GetInt("max-message-bytes", 262144, 1, 64 << 20));
-  RECALL_ASSIGN_OR_RETURN(const int64_t turns, args.GetInt("max-turns", 10000, 1, 1 << 30));
-  RECALL_ASSIGN_OR_RETURN(const int64_t sessions, args.GetInt("max-sessions", 100000, 1, 1 << 30));
-  c.options.max_message_bytes = static_cast<size_t>(mb);
-  c.options.max_turns = static_cast<int>(turns);
-  c.options.max_sessions_per_tenant = static_cast<int>(sessions);
+  RECALL_RETURN_IF_ERROR(CoordinatorFlags().Parse(argv, &c));
 
   sigset_t signals;
   sigemptyset(&signals);
@@ -83,8 +113,8 @@ absl::Status Run(const std::vector<std::string>& argv) {
   std::fprintf(stderr, "recall-coordinator: serving on %s (port %d), %zu worker(s), store %s\n",
                c.listen.c_str(), server->port(), c.workers.size(),
                c.store_url.empty() ? (c.data_dir + "/sessions.db").c_str() : c.store_url.c_str());
-  if (args.Has("port-file")) {
-    const std::string path = args.GetString("port-file");
+  if (!c.port_file.empty()) {
+    const std::string& path = c.port_file;
     {
       std::ofstream out(path + ".tmp");
       out << "grpc=" << server->port() << " metrics=" << server->metrics_port() << "\n";

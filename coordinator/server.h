@@ -24,6 +24,7 @@ struct CoordinatorConfig {
   int metrics_port = -1;              // -1: off; 0: any free port
   // TLS: PEM files. With tls_client_ca, clients must present a certificate it signed (mTLS).
   std::string tls_cert, tls_key, tls_client_ca;
+  std::string port_file;  // the main writes "grpc=PORT metrics=PORT" here once listening
   CoordinatorOptions options;
 };
 

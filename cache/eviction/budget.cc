@@ -82,6 +82,18 @@ void ApplyLayerBudgets(const std::string& spec, double alpha, BudgetOptions* opt
   }
 }
 
+absl::Status LoadProfile(int n_layers, BudgetOptions* options) {
+  if (options->kind != BudgetOptions::Kind::kProfile || !options->profile_weights.empty()) {
+    return absl::OkStatus();
+  }
+  bool json = false;
+  absl::StatusOr<std::vector<double>> parsed = ReadProfile(*options, n_layers, &json);
+  if (!parsed.ok()) return parsed.status();
+  options->profile_weights = std::move(*parsed);
+  options->profile_json = json;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<BudgetAllocator> BudgetAllocator::Create(const BudgetOptions& options,
                                                         int n_layers) {
   if (n_layers < 1) {
@@ -128,6 +140,16 @@ absl::StatusOr<BudgetAllocator> BudgetAllocator::Create(const BudgetOptions& opt
       break;
     }
     case BudgetOptions::Kind::kProfile: {
+      if (!options.profile_weights.empty()) {
+        if (static_cast<int>(options.profile_weights.size()) != n_layers) {
+          return absl::InvalidArgumentError(absl::StrCat(options.profile_path, ": expected ",
+                                                         n_layers, " layer weights, found ",
+                                                         options.profile_weights.size()));
+        }
+        w = options.profile_weights;
+        json = options.profile_json;
+        break;
+      }
       absl::StatusOr<std::vector<double>> parsed = ReadProfile(options, n_layers, &json);
       if (!parsed.ok()) return parsed.status();
       w = std::move(*parsed);

@@ -54,6 +54,11 @@ struct BudgetOptions {
   double beta = 20.0;
   // kProfile: path of the profile file.
   std::string profile_path;
+  // kProfile: the profile's weights once read (LoadProfile), so that allocators made from
+  // these options do not read the file again; profile_json: it was a JSON sensitivity
+  // profile (its budgets get EpiCache's floor of a quarter).
+  std::vector<double> profile_weights;
+  bool profile_json = false;
   // kProfile with a JSON sensitivity profile: alpha of weight_l = (1 - sigma_hat_l)^alpha,
   // in [0.5, 3] (EpiCache uses 1.1 to 1.3).
   double sensitivity_alpha = 1.2;
@@ -78,6 +83,10 @@ absl::StatusOr<std::vector<double>> ParseBudgetProfile(absl::string_view text,
 // weight file or a `recall calibrate` JSON; alpha is the JSON's sensitivity_alpha). The
 // profile itself is read by BudgetAllocator::Create.
 void ApplyLayerBudgets(const std::string& spec, double alpha, BudgetOptions* options);
+
+// For kProfile options whose file is not read yet: reads it for `n_layers` layers into
+// profile_weights (errors as BudgetAllocator::Create). Other kinds: nothing.
+absl::Status LoadProfile(int n_layers, BudgetOptions* options);
 
 class BudgetAllocator {
  public:

@@ -9,6 +9,7 @@ Prints one PASS or FAIL line per assertion; exits 1 if any failed. --json-out wr
 manifests as a JSON array for validate_k8s.js.
 """
 import argparse
+import os
 import json
 import re
 import shutil
@@ -49,14 +50,20 @@ class Checker:
         print(f"NOTE {self.scenario}: {text}")
 
 
-def accepted_flags(source_file):
-    """The flags a binary accepts: the two lists given to Args::Parse in its main."""
-    text = open(source_file, encoding="utf-8").read()
-    m = re.search(r"Args::Parse\(\s*argv,\s*\{(.*?)\},\s*\{(.*?)\}\s*\)", text, re.S)
-    if not m:
-        raise SystemExit(f"cannot find Args::Parse in {source_file}")
-    valued = set(re.findall(r'"([^"]+)"', m.group(1)))
-    switches = set(re.findall(r'"([^"]+)"', m.group(2)))
+def accepted_flags(binary, repo):
+    """The flags a binary accepts, from its --help: lines "  --name VALUE" (a valued flag) or
+    "  --name" (a switch). The binary comes from $RECALL_<NAME>_BINARY (set by ctest), else
+    the build folder."""
+    env = "RECALL_" + binary.replace("recall-", "").upper() + "_BINARY"
+    default = {"recall-worker": "build/worker/service/recall-worker",
+               "recall-coordinator": "build/coordinator/recall-coordinator"}[binary]
+    path = os.environ.get(env) or os.path.join(repo, default)
+    out = subprocess.run([path, "--help"], capture_output=True, text=True, check=True).stdout
+    valued, switches = set(), set()
+    for m in re.finditer(r"^  --([a-z0-9-]+)( [A-Z][A-Z:,.\[\]]*)?", out, re.M):
+        (valued if m.group(2) else switches).add(m.group(1))
+    if not valued:
+        raise SystemExit(f"no flags in {path} --help")
     return valued, switches
 
 
@@ -219,8 +226,8 @@ def main():
             wflags.get("metrics-port") == str(port_number(worker, "metrics")))
 
     # Flags: every one must be accepted by the binary, with every $(VAR) resolved.
-    def check_flags(binary, source, args):
-        valued, switches = accepted_flags(f"{o.repo}/{source}")
+    def check_flags(binary, args):
+        valued, switches = accepted_flags(binary, o.repo)
         pending = PENDING_FLAGS.get(binary, {})
         bad, waiting = [], []
         for a in args:
@@ -240,12 +247,12 @@ def main():
                 waiting.append(f"--{name}: {pending[name]}")
             else:
                 bad.append(a)
-        c.check(f"{binary}: every flag is one {source} accepts, with its value resolved",
+        c.check(f"{binary}: every flag is one its --help lists, with its value resolved",
                 not bad, ", ".join(bad))
         for w in waiting:
             c.note(f"{binary} does not accept this yet: {w}")
 
-    check_flags("recall-worker", "worker/service/worker_main.cc", wargs)
+    check_flags("recall-worker", wargs)
 
     # Model volume.
     m = W["model"]
@@ -334,7 +341,7 @@ def main():
     cenv = container_env(coord, configmaps)
     cargs = [expand(a, cenv) for a in coord.get("args") or []]
     cflags = flags_of(cargs)
-    check_flags("recall-coordinator", "coordinator/main.cc", cargs)
+    check_flags("recall-coordinator", cargs)
     cgrpc = port_number(coord, "grpc")
     c.check("coordinator listens on all interfaces at its grpc port",
             cflags.get("listen") == f"0.0.0.0:{cgrpc}" and cgrpc == C["ports"]["grpc"])

@@ -34,9 +34,9 @@ class CudaTpTest : public TpFixture {
                                                 const std::string& collectives) {
     TpGroupOptions o;
     o.tp = static_cast<int>(devices.size());
-    o.device = "cuda";
+    o.device = Device::kCuda;
     o.devices = devices;
-    o.collectives = collectives;
+    o.tp_comm = collectives == "staged" ? TpComm::kStaged : TpComm::kNccl;
     o.kv_bytes_per_rank = 8ll << 20;
     auto g = TpGroup::Create(*model_, o);
     EXPECT_TRUE(g.ok()) << g.status();

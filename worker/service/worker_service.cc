@@ -180,20 +180,21 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const v1::InfoRequest*,
   response->set_tp_size(identity_.tp_size);
   for (const std::string& p : scheduler_.policies()) response->add_policies(p);
   v1::CacheSettings* c = response->mutable_default_cache();
-  c->set_policy(o.default_policy);
-  if (o.default_budget_fraction.has_value()) {
-    c->set_budget_fraction(static_cast<float>(*o.default_budget_fraction));
+  const serving::CacheDefaults& d = o.cache;
+  c->set_policy(d.policy);
+  if (d.budget_fraction.has_value()) {
+    c->set_budget_fraction(static_cast<float>(*d.budget_fraction));
   } else {
-    c->set_budget_tokens(o.default_budget_tokens);
+    c->set_budget_tokens(d.budget_tokens);
   }
-  c->set_window(o.default_window);
-  c->set_alpha(static_cast<float>(o.default_alpha));
-  c->set_tp_eviction(o.default_tp_eviction);
-  if (o.default_policy == "episodic") {
-    c->set_episodes(o.default_episodes);
-    c->set_embedder(o.default_embedder);
-    c->set_block_tokens(o.default_block_tokens);
-    c->set_recluster_turns(o.default_recluster_turns);
+  c->set_window(d.window);
+  c->set_alpha(static_cast<float>(d.alpha));
+  c->set_tp_eviction(d.tp_eviction);
+  if (d.policy == "episodic") {
+    c->set_episodes(d.episodes);
+    c->set_embedder(d.embedder);
+    c->set_block_tokens(d.block_tokens);
+    c->set_recluster_turns(d.recluster_turns);
   }
   response->set_max_tokens_limit(o.limits.max_tokens);
   response->set_chat_format(model::ChatFormatName(o.chat_format));

@@ -11,6 +11,7 @@
 #include "common/status.h"
 #include "worker/serving/episode_builder.h"
 #include "worker/serving/scheduler_turn.h"
+#include "worker/serving/tp_ranks.h"
 
 namespace recall::serving {
 
@@ -80,26 +81,8 @@ absl::Status Scheduler::Validate(const SchedulerOptions& options) {
   if (options.limits.max_tokens < 1) {
     return absl::InvalidArgumentError("limits.max_tokens must be >= 1");
   }
-  const auto& names = cache::eviction::PolicyNames();
-  if (options.default_policy != "episodic" &&
-      std::find(names.begin(), names.end(), options.default_policy) == names.end()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("default policy \"", options.default_policy, "\" is unknown"));
-  }
-  CacheRequest episodic;
-  episodic.episodes = options.default_episodes;
-  episodic.embedder = options.default_embedder;
-  episodic.block_tokens = options.default_block_tokens;
-  episodic.recluster_turns = options.default_recluster_turns;
-  RECALL_RETURN_IF_ERROR(ValidateEpisodicSettings(episodic));
   if (options.episode_threads < 1) {
     return absl::InvalidArgumentError("episode_threads must be >= 1");
-  }
-  const auto& modes = cache::eviction::TpEvictionModes();
-  if (std::find(modes.begin(), modes.end(), options.default_tp_eviction) == modes.end()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("default tp eviction \"", options.default_tp_eviction,
-                     "\" is not one of uniform, shared, head-adaptive"));
   }
   return absl::OkStatus();
 }
@@ -114,15 +97,32 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const model::Model&
   auto forward = std::make_unique<runtime::ForwardPass>(
       model, backend,
       runtime::ForwardOptions{.max_batch_tokens = options.max_batch_tokens,
-                              .batch_invariant = options.batch_invariant,
-                              .step_graphs = options.step_graphs});
+                              .batch_invariant = true,
+                              .step_graphs = true});
   SchedulerRanks ranks;
   ranks.ranks.push_back({forward.get(), &pool, nullptr, 0});
   ranks.total_kv_heads = model.config.n_kv_heads;
-  std::unique_ptr<Scheduler> s(
-      new Scheduler(model, std::move(forward), std::move(ranks), tokenizer, options, metrics));
+  return Make(model, std::move(forward), std::move(ranks), tokenizer, options, metrics);
+}
+
+absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Make(
+    const model::Model& model, std::unique_ptr<runtime::ForwardPass> own, SchedulerRanks ranks,
+    const model::Tokenizer& tokenizer, const SchedulerOptions& options,
+    metrics::Registry* metrics) {
+  const int tp = static_cast<int>(ranks.ranks.size());
+  RECALL_ASSIGN_OR_RETURN(CacheFactory caches, CacheFactory::Create(options.cache, model.config,
+                                                                    ranks.total_kv_heads, tp));
+  std::unique_ptr<Scheduler> s(new Scheduler(model, std::move(own), std::move(ranks), tokenizer,
+                                             options, std::move(caches), metrics));
   RECALL_RETURN_IF_ERROR(s->CheckDefaultPolicy());
   return s;
+}
+
+absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(runtime::Engine& engine,
+                                                             const model::Tokenizer& tokenizer,
+                                                             const SchedulerOptions& options,
+                                                             metrics::Registry* metrics) {
+  return Create(engine.model(), SchedulerRanksOf(engine), tokenizer, options, metrics);
 }
 
 absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const model::Model& model,
@@ -142,6 +142,11 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const model::Model&
       return absl::InvalidArgumentError(
           absl::StrCat("ranks[", r, "]: forward, pool and (tp > 1) comm are required"));
     }
+    if (rank.forward->max_batch_tokens() < options.max_batch_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ranks[", r, "]: the forward pass takes ", rank.forward->max_batch_tokens(),
+          " tokens per step, less than max_batch_tokens = ", options.max_batch_tokens));
+    }
     if (rank.pool->layout().n_layers != model.config.n_layers) {
       return absl::InvalidArgumentError(absl::StrCat("ranks[", r, "]: pool has ",
                                                      rank.pool->layout().n_layers,
@@ -149,20 +154,19 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const model::Model&
     }
   }
   if (ranks.total_kv_heads <= 0) ranks.total_kv_heads = model.config.n_kv_heads;
-  std::unique_ptr<Scheduler> s(
-      new Scheduler(model, nullptr, std::move(ranks), tokenizer, options, metrics));
-  RECALL_RETURN_IF_ERROR(s->CheckDefaultPolicy());
-  return s;
+  return Make(model, nullptr, std::move(ranks), tokenizer, options, metrics);
 }
 
 Scheduler::Scheduler(const model::Model& model, std::unique_ptr<runtime::ForwardPass> own_forward,
                      SchedulerRanks ranks, const model::Tokenizer& tokenizer,
-                     const SchedulerOptions& options, metrics::Registry* registry)
+                     const SchedulerOptions& options, CacheFactory caches,
+                     metrics::Registry* registry)
     : model_(model),
       own_forward_(std::move(own_forward)),
       ranks_(std::move(ranks)),
       tokenizer_(tokenizer),
       options_(options),
+      caches_(std::move(caches)),
       metrics_(std::make_unique<Metrics>(registry)) {
   logits_.resize(static_cast<size_t>(options.max_active) * model.config.vocab_size);
   {
@@ -202,7 +206,7 @@ Scheduler::~Scheduler() {
 }
 
 absl::Status Scheduler::CheckDefaultPolicy() const {
-  if (options_.default_policy == "episodic" && !EpisodesSupported()) {
+  if (options_.cache.policy == "episodic" && !EpisodesSupported()) {
     return absl::InvalidArgumentError(
         "default policy \"episodic\" runs on one CPU rank; this scheduler has tp > 1 or a GPU "
         "pool");

@@ -49,7 +49,9 @@
 #include "kernels/backend.h"
 #include "kernels/comm/communicator.h"
 #include "worker/model/model.h"
+#include "worker/runtime/engine.h"
 #include "worker/runtime/forward.h"
+#include "worker/serving/cache_factory.h"
 #include "worker/serving/session.h"
 #include "worker/serving/turn_request.h"
 #include "worker/serving/turn_stream.h"
@@ -70,31 +72,11 @@ struct SchedulerOptions {
   model::ChatFormat chat_format = model::ChatFormat::kPlain;
   std::vector<int32_t> stop_token_ids;    // end a reply (EOS, <|im_end|>, ...)
   std::vector<std::string> stop_strings;  // end a reply (the chat format's)
-  // Session cache defaults (CacheRequest fields that a turn leaves unset).
-  std::string default_policy = "full";
-  int default_budget_tokens = 1024;
-  std::optional<double> default_budget_fraction;
-  int default_window = 32;
-  double default_alpha = 1e-4;
-  // How the ranks and heads agree on evictions: "uniform" (per-head counts), "shared" (one
-  // token set per layer) or "head-adaptive" (Ada-KV). See EVICTION.md section 5.
-  std::string default_tp_eviction = "uniform";
-  // Per-layer budget split of every session (cache::eviction::ApplyLayerBudgets): uniform,
-  // pyramid or a profile file (weights, or `recall calibrate`'s JSON with layer_alpha).
-  std::string layer_budgets = "uniform";
-  double layer_alpha = 1.2;
-  // Debug: every eviction step checks that all ranks kept the same tokens (a mismatch fails
-  // the turn with Internal and drops the session's cache).
-  bool verify_tp_keep = false;
-  bool batch_invariant = true;  // for the one-rank Create (a group's passes have their own)
-  bool step_graphs = true;      // runtime::ForwardOptions::step_graphs, likewise
-  // Policy "episodic" (one rank on the CPU): defaults of its CacheRequest fields, and the
-  // CPU threads of the background builder of episodes.
-  int default_episodes = 4;
-  std::string default_embedder = "model";
-  int default_block_tokens = 2048;
-  int default_recluster_turns = 4;
-  int episode_threads = 1;
+  // Session caches: the defaults of what a turn's CacheRequest leaves unset (cache_factory.h).
+  // verify_tp_keep: every eviction step checks that all ranks kept the same tokens (a mismatch
+  // fails the turn with Internal and drops the session's cache).
+  CacheDefaults cache;
+  int episode_threads = 1;  // CPU threads of the background builder of episodes
 };
 
 // One rank the scheduler runs on.
@@ -128,10 +110,17 @@ struct LoadSnapshot {
 class Scheduler {
  public:
   // The model, backend, pool and tokenizer must outlive the scheduler. `metrics` may be
-  // null. InvalidArgument for bad options.
+  // null. InvalidArgument for bad options. Its forward pass is batch invariant and records
+  // decode steps as graphs where the backend can (the worker's defaults).
   static absl::StatusOr<std::unique_ptr<Scheduler>> Create(const model::Model& model,
                                                            kernels::Backend& backend,
                                                            cache::BlockPool& pool,
+                                                           const model::Tokenizer& tokenizer,
+                                                           const SchedulerOptions& options,
+                                                           metrics::Registry* metrics = nullptr);
+  // On an engine's ranks (the worker's way: worker/runtime/engine.h); `engine` must outlive
+  // the scheduler.
+  static absl::StatusOr<std::unique_ptr<Scheduler>> Create(runtime::Engine& engine,
                                                            const model::Tokenizer& tokenizer,
                                                            const SchedulerOptions& options,
                                                            metrics::Registry* metrics = nullptr);
@@ -180,8 +169,15 @@ class Scheduler {
 
   Scheduler(const model::Model& model, std::unique_ptr<runtime::ForwardPass> own_forward,
             SchedulerRanks ranks, const model::Tokenizer& tokenizer,
-            const SchedulerOptions& options, metrics::Registry* metrics);
+            const SchedulerOptions& options, CacheFactory caches, metrics::Registry* metrics);
   static absl::Status Validate(const SchedulerOptions& options);
+  // Checks the options and makes the cache factory (InvalidArgument naming the field).
+  static absl::StatusOr<std::unique_ptr<Scheduler>> Make(const model::Model& model,
+                                                         std::unique_ptr<runtime::ForwardPass> own,
+                                                         SchedulerRanks ranks,
+                                                         const model::Tokenizer& tokenizer,
+                                                         const SchedulerOptions& options,
+                                                         metrics::Registry* metrics);
   absl::Status CheckDefaultPolicy() const;  // "episodic" needs EpisodesSupported()
 
   // Hands a command to the engine thread and waits for its result.
@@ -235,8 +231,7 @@ class Scheduler {
   // Submits a build of the session's history when one is due.
   void SubmitEpisodes(Session& s);
   // The lazy evictor options of an episodic session's cache.
-  cache::eviction::SessionEvictorOptions EvictorOptions(const Session& s,
-                                                        const CacheRequest& c) const;
+  cache::eviction::SessionEvictorOptions EvictorOptions(const Session& s) const;
 
   // Summed over the session's ranks.
   static int64_t TotalEvictions(const Session& s);
@@ -247,6 +242,7 @@ class Scheduler {
   const SchedulerRanks ranks_;
   const model::Tokenizer& tokenizer_;
   const SchedulerOptions options_;
+  const CacheFactory caches_;
 
   // Shared with submitters.
   mutable absl::Mutex mu_;

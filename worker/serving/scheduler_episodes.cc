@@ -44,17 +44,10 @@ void Scheduler::WaitForEpisodeBuilds() const {
   if (EpisodeBuilder* b = builder_ptr_.load()) b->WaitIdle();
 }
 
-cache::eviction::SessionEvictorOptions Scheduler::EvictorOptions(const Session& s,
-                                                                 const CacheRequest& c) const {
-  cache::eviction::SessionEvictorOptions o;
-  o.policy.name = "lazy";  // EpiCache decodes with LazyEviction
-  o.policy.window = c.window.value_or(options_.default_window);
-  o.policy.alpha = static_cast<float>(c.alpha.value_or(options_.default_alpha));
-  o.budget.budget = c.budget_tokens.value_or(options_.default_budget_tokens);
-  cache::eviction::ApplyLayerBudgets(options_.layer_budgets, options_.layer_alpha, &o.budget);
-  // Head-adaptive budgets (Ada-KV) apply to the episodes' build and to decoding alike.
-  cache::eviction::ApplyTpEvictionMode(c.tp_eviction.value_or(options_.default_tp_eviction), o)
-      .IgnoreError();  // validated with the request
+cache::eviction::SessionEvictorOptions Scheduler::EvictorOptions(const Session& s) const {
+  // EpiCache decodes with LazyEviction; head-adaptive budgets (Ada-KV) apply to the episodes'
+  // build and to decoding alike.
+  cache::eviction::SessionEvictorOptions o = *s.episodic->spec.evictor;
   o.session = std::hash<std::string>()(s.id);
   o.n_heads = model_.config.n_heads;
   return o;
@@ -136,7 +129,7 @@ absl::Status Scheduler::SwitchEpisode(Session& s, int episode) {
   s.caches.push_back(std::move(e.parked[episode]));
   RECALL_ASSIGN_OR_RETURN(
       std::unique_ptr<cache::eviction::SessionEvictor> evictor,
-      cache::eviction::SessionEvictor::Create(EvictorOptions(s, e.settings), s.caches[0].get()));
+      cache::eviction::SessionEvictor::Create(EvictorOptions(s), s.caches[0].get()));
   s.evictors.push_back(std::move(evictor));
   e.active = episode;
   return absl::OkStatus();
@@ -144,9 +137,9 @@ absl::Status Scheduler::SwitchEpisode(Session& s, int episode) {
 
 void Scheduler::SubmitEpisodes(Session& s) {
   SessionEpisodes& e = *s.episodic;
-  const int budget = e.settings.budget_tokens.value_or(options_.default_budget_tokens);
+  const int budget = static_cast<int>(e.spec.evictor->budget.budget);
   if (e.building || static_cast<int>(s.tokens.size()) <= budget) return;
-  if (!e.list.empty() && e.turns_since_build < e.recluster_turns) return;
+  if (!e.list.empty() && e.turns_since_build < e.spec.recluster_turns) return;
   std::vector<ep::Utterance> utterances;
   for (const model::ChatMessage& m : s.messages) utterances.push_back({m.role, m.content});
   absl::StatusOr<std::vector<ep::Window>> windows = ep::SegmentWindows(utterances, 4);
@@ -157,7 +150,7 @@ void Scheduler::SubmitEpisodes(Session& s) {
   job.history = s.tokens;
   job.windows = std::move(*windows);
   // The episodes are compressed to the per-layer budgets decoding uses.
-  const cache::eviction::SessionEvictorOptions decode = EvictorOptions(s, e.settings);
+  const cache::eviction::SessionEvictorOptions decode = EvictorOptions(s);
   cache::eviction::BudgetOptions split = decode.budget;
   split.reserved = std::max(split.reserved, decode.policy.window);  // lazy's min_budget()
   absl::StatusOr<cache::eviction::BudgetAllocator> allocator =
@@ -166,9 +159,9 @@ void Scheduler::SubmitEpisodes(Session& s) {
   job.budgets.resize(static_cast<size_t>(model_.config.n_layers));
   allocator->Allocate(static_cast<int64_t>(s.tokens.size()), job.budgets.data());
   job.options.block.head_adaptive = decode.budget.head_adaptive;
-  job.embedder = e.embedder;
-  job.options.episodes = e.episodes;
-  job.options.block.block_tokens = e.block_tokens;
+  job.embedder = e.spec.embedder;
+  job.options.episodes = e.spec.episodes;
+  job.options.block.block_tokens = e.spec.block_tokens;
   builder_->Submit(std::move(job));
   e.building = true;
   e.turns_since_build = 0;

@@ -119,56 +119,32 @@ void Scheduler::DropCache(Session& s) {
 }
 
 absl::Status Scheduler::CreateCache(Session& s, const Turn& t) {
-  const CacheRequest& c = t.req.cache;
-  const std::string policy = c.policy.value_or(options_.default_policy);
+  RECALL_ASSIGN_OR_RETURN(SessionCacheSpec spec,
+                          caches_.Resolve(t.req.cache, std::hash<std::string>()(s.id)));
   for (const SchedulerRank& r : ranks_.ranks) {
     s.caches.push_back(std::make_unique<cache::SequenceCache>(r.pool));
   }
-  if (policy == "full") return absl::OkStatus();
-  if (policy == "episodic") {
-    if (c.budget_fraction.has_value()) {
-      s.caches.clear();
-      return absl::InvalidArgumentError(
-          "cache.budget_fraction: episodic needs budget_tokens (its episodes are built to it)");
-    }
+  if (!spec.evictor.has_value()) return absl::OkStatus();  // full
+  if (spec.policy == "episodic") {
+    s.episodic = std::make_unique<SessionEpisodes>();
+    s.episodic->spec = spec;
     absl::Status ready = EnsureEpisodeBuilder();
     absl::StatusOr<std::unique_ptr<cache::eviction::SessionEvictor>> evictor =
-        ready.ok()
-            ? cache::eviction::SessionEvictor::Create(EvictorOptions(s, c), s.caches[0].get())
-            : absl::StatusOr<std::unique_ptr<cache::eviction::SessionEvictor>>(ready);
+        ready.ok() ? cache::eviction::SessionEvictor::Create(EvictorOptions(s), s.caches[0].get())
+                   : absl::StatusOr<std::unique_ptr<cache::eviction::SessionEvictor>>(ready);
     if (!evictor.ok()) {
       s.caches.clear();
+      s.episodic.reset();
       return evictor.status().code() == absl::StatusCode::kInvalidArgument
                  ? evictor.status()
                  : absl::InvalidArgumentError(absl::StrCat("cache: ", evictor.status().message()));
     }
     s.evictors.push_back(*std::move(evictor));
-    s.episodic = std::make_unique<SessionEpisodes>();
-    s.episodic->settings = c;
-    s.episodic->episodes = c.episodes.value_or(options_.default_episodes);
-    s.episodic->embedder = c.embedder.value_or(options_.default_embedder);
-    s.episodic->block_tokens = c.block_tokens.value_or(options_.default_block_tokens);
-    s.episodic->recluster_turns = c.recluster_turns.value_or(options_.default_recluster_turns);
     return absl::OkStatus();
   }
-  cache::eviction::SessionEvictorOptions o;
-  o.policy.name = policy;
-  o.policy.window = c.window.value_or(options_.default_window);
-  o.policy.alpha = static_cast<float>(c.alpha.value_or(options_.default_alpha));
-  if (c.budget_fraction.has_value() ||
-      (!c.budget_tokens.has_value() && options_.default_budget_fraction.has_value())) {
-    o.budget.unit = cache::eviction::BudgetOptions::Unit::kFraction;
-    o.budget.budget = c.budget_fraction.value_or(options_.default_budget_fraction.value_or(1));
-  } else {
-    o.budget.budget = c.budget_tokens.value_or(options_.default_budget_tokens);
-  }
-  cache::eviction::ApplyLayerBudgets(options_.layer_budgets, options_.layer_alpha, &o.budget);
-  o.session = std::hash<std::string>()(s.id);
-  o.total_kv_heads = ranks_.total_kv_heads;
-  o.verify_keep = options_.verify_tp_keep && tp() > 1;
-  absl::Status mode =
-      cache::eviction::ApplyTpEvictionMode(c.tp_eviction.value_or(options_.default_tp_eviction), o);
-  for (size_t r = 0; mode.ok() && r < ranks_.ranks.size(); ++r) {
+  cache::eviction::SessionEvictorOptions o = *spec.evictor;
+  absl::Status made;
+  for (size_t r = 0; made.ok() && r < ranks_.ranks.size(); ++r) {
     const SchedulerRank& rank = ranks_.ranks[r];
     o.n_heads = rank.forward->model().config.n_heads;
     o.comm = rank.comm;
@@ -177,15 +153,15 @@ absl::Status Scheduler::CreateCache(Session& s, const Turn& t) {
     absl::StatusOr<std::unique_ptr<cache::eviction::SessionEvictor>> evictor =
         cache::eviction::SessionEvictor::Create(o, s.caches[r].get());
     if (!evictor.ok()) {
-      mode = evictor.status();
+      made = evictor.status();
       break;
     }
     s.evictors.push_back(*std::move(evictor));
   }
-  if (!mode.ok()) {
+  if (!made.ok()) {
     s.evictors.clear();
     s.caches.clear();
-    return absl::InvalidArgumentError(absl::StrCat("cache: ", mode.message()));
+    return absl::InvalidArgumentError(absl::StrCat("cache: ", made.message()));
   }
   return absl::OkStatus();
 }

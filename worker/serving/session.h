@@ -24,6 +24,7 @@
 #include "cache/eviction/session_evictor.h"
 #include "cache/sequence_cache.h"
 #include "worker/model/chat_template.h"
+#include "worker/serving/cache_factory.h"
 #include "worker/serving/turn_request.h"
 
 namespace recall::serving {
@@ -39,13 +40,8 @@ struct EpisodeResult;
 struct SessionEpisodes {
   SessionEpisodes();
   ~SessionEpisodes();
-  // Settings: the request that created the session's cache (later turns keep them), and
-  // the episodic ones with the worker's defaults filled in.
-  CacheRequest settings;
-  int episodes = 4;
-  std::string embedder = "model";
-  int block_tokens = 2048;
-  int recluster_turns = 4;
+  // Settings: the cache the session's first request resolved to (later turns keep it).
+  SessionCacheSpec spec;
   // Built episodes ([E] each); empty before the first build.
   std::vector<cache::episodic::Episode> list;
   std::vector<std::unique_ptr<cache::SequenceCache>> parked;  // null for the active episode

@@ -19,4 +19,12 @@ SchedulerRanks SchedulerRanksOf(runtime::tp::TpGroup& group) {
   return ranks;
 }
 
+SchedulerRanks SchedulerRanksOf(runtime::Engine& engine) {
+  if (engine.group() != nullptr) return SchedulerRanksOf(*engine.group());
+  SchedulerRanks ranks;
+  ranks.ranks.push_back({&engine.forward(0), &engine.pool(0), nullptr, 0});
+  ranks.total_kv_heads = engine.model().config.n_kv_heads;
+  return ranks;
+}
+
 }  // namespace recall::serving

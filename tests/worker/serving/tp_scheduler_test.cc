@@ -195,7 +195,7 @@ TEST_P(TpSchedulerEvictionTest, EvictingSessionsMatchOneRankInEveryMode) {
   cache.window = 8;
   cache.tp_eviction = mode;
   SchedulerOptions o;
-  o.verify_tp_keep = true;  // every eviction step checks that all ranks kept the same tokens
+  o.cache.verify_tp_keep = true;  // every eviction step checks that all ranks kept the same tokens
   std::unique_ptr<Scheduler> one = StartOneRank(256, o);
   ASSERT_NE(one, nullptr);
   const Outcome want = Converse(*one, cache);
@@ -225,7 +225,7 @@ TEST_F(TpSchedulerTest, LazyStepsOnTheRanksBackendsAndMatchesOneHostRank) {
   cache.budget_tokens = 24;
   cache.window = 8;
   SchedulerOptions o;
-  o.verify_tp_keep = true;
+  o.cache.verify_tp_keep = true;
   std::unique_ptr<Scheduler> one = StartOneRank(256, o);
   ASSERT_NE(one, nullptr);
   const Outcome want = Converse(*one, cache);

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/flags.h"
 #include "common/status.h"
 #include "worker/model/file_storage.h"
 
@@ -47,22 +48,22 @@ absl::StatusOr<Matrix> ColumnSlice(const Matrix& m, int64_t begin, int64_t n, mo
 }  // namespace
 
 absl::StatusOr<TpLayout> MakeTpLayout(const model::ModelConfig& c, int tp, int rank) {
-  if (tp < 1) return absl::InvalidArgumentError(absl::StrCat("tp: ", tp, " must be >= 1"));
+  if (tp < 1) return flags::FieldError("tp", absl::StrCat(tp, " must be >= 1"));
   if (rank < 0 || rank >= tp) {
     return absl::InvalidArgumentError(absl::StrCat("tp rank: ", rank, " outside [0, ", tp, ")"));
   }
   if (c.n_heads % tp != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tp: ", tp, " does not divide the model's ", c.n_heads, " query heads"));
+    return flags::FieldError(
+        "tp", absl::StrCat(tp, " does not divide the model's ", c.n_heads, " query heads"));
   }
   if (c.hidden_dim % tp != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("tp: ", tp, " does not divide the model's ",
-                                                   "MLP width hidden_dim = ", c.hidden_dim));
+    return flags::FieldError("tp", absl::StrCat(tp, " does not divide the model's ",
+                                                "MLP width hidden_dim = ", c.hidden_dim));
   }
   if (c.n_kv_heads % tp != 0 && tp % c.n_kv_heads != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tp: ", tp, " must divide the model's ", c.n_kv_heads,
-                     " KV heads or be a multiple of them (KV heads are then replicated)"));
+    return flags::FieldError(
+        "tp", absl::StrCat(tp, " must divide the model's ", c.n_kv_heads,
+                           " KV heads or be a multiple of them (KV heads are then replicated)"));
   }
   TpLayout l;
   l.tp = tp;

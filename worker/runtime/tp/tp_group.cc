@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/flags.h"
 #include "common/status.h"
 #include "kernels/cuda_backend.h"
 #include "worker/model/upload.h"
@@ -22,35 +23,37 @@ absl::StatusOr<std::vector<int>> RankDevices(const TpGroupOptions& options) {
     for (int r = 0; r < options.tp; ++r) devices.push_back(r);
   }
   if (static_cast<int>(devices.size()) != options.tp) {
-    return absl::InvalidArgumentError(absl::StrCat("devices: ", devices.size(), " devices for tp ",
-                                                   options.tp, "; give one per rank"));
+    return flags::FieldError("devices", absl::StrCat(devices.size(), " devices for {tp} ",
+                                                     options.tp, "; give one per rank"));
   }
-  if (options.collectives != "staged") {
+  const bool staged = options.tp_comm == TpComm::kStaged;
+  if (!staged) {
     for (size_t i = 0; i < devices.size(); ++i) {
       for (size_t j = 0; j < i; ++j) {
         if (devices[i] == devices[j]) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("devices: CUDA device ", devices[i],
-                           " is given to two ranks; NCCL needs one "
-                           "device per rank (collectives \"staged\", --tp-comm staged, lets ranks "
-                           "share a GPU)"));
+          return flags::FieldError(
+              "devices", absl::StrCat("CUDA device ", devices[i],
+                                      " is given to two ranks; NCCL needs one device per rank "
+                                      "({tp_comm} staged lets ranks share a GPU)"));
         }
       }
     }
   }
   const int visible = kernels::CudaDeviceCount();
   if (visible == 0) {
-    return absl::FailedPreconditionError("device cuda: no CUDA device is visible to this process");
+    return flags::FieldError("device", "cuda: no CUDA device is visible to this process",
+                             absl::StatusCode::kFailedPrecondition);
   }
   for (int d : devices) {
     if (d < 0 || d >= visible) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("devices: CUDA device ", d, " does not exist (", visible, " visible)",
-                       options.collectives == "staged"
-                           ? ""
-                           : absl::StrCat("; tp ", options.tp,
-                                          " needs one GPU per rank, or collectives "
-                                          "\"staged\" (--tp-comm staged) to share fewer")));
+      return flags::FieldError(
+          "devices",
+          absl::StrCat("CUDA device ", d, " does not exist (", visible, " visible)",
+                       staged ? ""
+                              : absl::StrCat("; tp ", options.tp,
+                                             " needs one GPU per rank, or {tp_comm} staged to "
+                                             "share fewer")),
+          absl::StatusCode::kFailedPrecondition);
     }
   }
   return devices;
@@ -67,15 +70,17 @@ absl::StatusOr<std::unique_ptr<TpGroup::Rank>> TpGroup::CreateRank(const model::
   RECALL_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> shard, ShardModel(full, options.tp, r));
   if (cuda_device >= 0) {
     RECALL_RETURN_IF_ERROR(kernels::CudaBindThread(cuda_device));
-    RECALL_ASSIGN_OR_RETURN(rank->backend, kernels::CreateCudaBackend({cuda_device}));
+    RECALL_ASSIGN_OR_RETURN(rank->backend,
+                            MakeBackend({.device = Device::kCuda, .cuda_device = cuda_device}));
     RECALL_ASSIGN_OR_RETURN(rank->model, model::UploadModel(*shard, rank->backend->memory()));
   } else {
     const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    kernels::CpuBackendOptions backend_options;
-    backend_options.opaque_memory = options.opaque_cpu_memory;
-    backend_options.num_threads =
-        options.threads_per_rank > 0 ? options.threads_per_rank : std::max(1, hw / options.tp);
-    rank->backend = kernels::CreateCpuBackend(backend_options);
+    RECALL_ASSIGN_OR_RETURN(
+        rank->backend,
+        MakeBackend({.device = Device::kCpu,
+                     .cpu_threads = options.threads_per_rank > 0 ? options.threads_per_rank
+                                                                 : std::max(1, hw / options.tp),
+                     .opaque_cpu_memory = options.opaque_cpu_memory}));
     rank->model = std::move(shard);
   }
   return rank;
@@ -85,26 +90,27 @@ absl::Status TpGroup::CreatePools(const TpGroupOptions& options) {
   // With kv_fraction, each device's free memory (after every rank's weights) is split evenly
   // between the ranks on it.
   std::map<int, int64_t> free_per_rank;
-  if (options.kv_fraction > 0) {
+  if (options.kv_cache_fraction > 0) {
     std::map<int, int> ranks_on;
     for (const auto& rank : ranks_) ++ranks_on[rank->cuda_device];
     for (const auto& [device, n] : ranks_on) {
       RECALL_ASSIGN_OR_RETURN(const int64_t free_bytes, kernels::CudaFreeMemory(device));
       free_per_rank[device] =
-          static_cast<int64_t>(options.kv_fraction * static_cast<double>(free_bytes)) / n;
+          static_cast<int64_t>(options.kv_cache_fraction * static_cast<double>(free_bytes)) / n;
     }
   }
   for (auto& rank : ranks_) {
-    const int64_t bytes =
-        options.kv_fraction > 0 ? free_per_rank[rank->cuda_device] : options.kv_bytes_per_rank;
+    const int64_t bytes = options.kv_cache_fraction > 0 ? free_per_rank[rank->cuda_device]
+                                                        : options.kv_bytes_per_rank;
     const model::ModelConfig& c = rank->model->config;
     kernels::PagedKvLayout layout{c.n_layers, c.n_kv_heads, c.head_dim, options.block_tokens};
     const int64_t per_layer =
         layout.BlockFloats() * static_cast<int64_t>(sizeof(float)) * layout.n_layers;
     if (bytes < per_layer) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          options.kv_fraction > 0 ? "kv_fraction" : "kv_bytes_per_rank", ": ", bytes,
-          " bytes per rank is less than one KV block per layer (", per_layer, " bytes)"));
+      return flags::FieldError(
+          options.kv_cache_fraction > 0 ? "kv_cache_fraction" : "kv_cache_bytes",
+          absl::StrCat(bytes, " bytes per rank is less than one KV block per layer (", per_layer,
+                       " bytes)"));
     }
     RECALL_ASSIGN_OR_RETURN(
         rank->pool, cache::BlockPool::CreateWithBytes(layout, bytes, rank->backend->memory()));
@@ -113,9 +119,9 @@ absl::Status TpGroup::CreatePools(const TpGroupOptions& options) {
 }
 
 absl::Status TpGroup::ConnectDeviceRanks(const TpGroupOptions& options) {
-  const std::string kind = options.device != "cuda"      ? "staged"
-                           : options.collectives.empty() ? "nccl"
-                                                         : options.collectives;
+  const std::string kind = options.device != Device::kCuda
+                               ? "staged"
+                               : TpCommName(options.tp_comm.value_or(TpComm::kNccl));
   std::vector<std::unique_ptr<kernels::Communicator>> comms;
   if (kind == "nccl") {
     std::vector<int> devices;
@@ -140,27 +146,23 @@ absl::Status TpGroup::ConnectDeviceRanks(const TpGroupOptions& options) {
 absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::Create(const model::Model& full,
                                                          const TpGroupOptions& options) {
   RECALL_RETURN_IF_ERROR(MakeTpLayout(full.config, options.tp, 0).status());  // tp fits the model
-  const bool cuda = options.device == "cuda";
-  if (!cuda && options.device != "cpu") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("device: \"", options.device, "\" is not one of cpu, cuda"));
-  }
+  const bool cuda = options.device == Device::kCuda;
   if (options.threads_per_rank < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("threads_per_rank: ", options.threads_per_rank, " must be >= 0"));
+    return flags::FieldError("threads_per_rank",
+                             absl::StrCat(options.threads_per_rank, " must be >= 0"));
   }
-  if (!cuda && (!options.devices.empty() || !options.collectives.empty())) {
-    return absl::InvalidArgumentError(
-        "devices, collectives: only for device cuda (CPU ranks use the in-process group)");
+  if (!cuda && !options.devices.empty()) {
+    return flags::FieldError("devices", "only for {device} cuda");
   }
-  if (options.kv_fraction != 0 && (!cuda || options.kv_fraction < 0 || options.kv_fraction > 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("kv_fraction: ", options.kv_fraction,
-                                                   " must be in (0, 1], and only for device cuda"));
+  if (!cuda && options.tp_comm.has_value()) {
+    return flags::FieldError("tp_comm",
+                             "only for {device} cuda (CPU ranks use the in-process group)");
   }
-  if (cuda && !options.collectives.empty() && options.collectives != "nccl" &&
-      options.collectives != "staged") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("collectives: \"", options.collectives, "\" is not one of nccl, staged"));
+  if (options.kv_cache_fraction != 0 &&
+      (!cuda || options.kv_cache_fraction < 0 || options.kv_cache_fraction > 1)) {
+    return flags::FieldError(
+        "kv_cache_fraction",
+        absl::StrCat(options.kv_cache_fraction, " must be in (0, 1], and only for device cuda"));
   }
   std::vector<int> devices(static_cast<size_t>(options.tp), -1);
   if (cuda) {
@@ -255,53 +257,6 @@ absl::Status TpGroup::Run(const std::function<absl::Status(int rank)>& fn) {
     if (!secondary) return st;
   }
   return first == nullptr ? absl::OkStatus() : *first;
-}
-
-absl::Status CheckDeviceFlags(const std::string& device, int tp, const std::vector<int>& devices,
-                              const std::string& tp_comm) {
-  if (device != "cpu" && device != "cuda") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--device: \"", device, "\" is not one of cpu, cuda"));
-  }
-  if (!devices.empty() && device != "cuda") {
-    return absl::InvalidArgumentError("--devices: only with --device cuda");
-  }
-  if (!devices.empty() && static_cast<int>(devices.size()) != tp) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--devices: ", devices.size(), " devices for --tp ", tp, "; give one per rank"));
-  }
-  if (!tp_comm.empty() && device != "cuda") {
-    return absl::InvalidArgumentError("--tp-comm: only with --device cuda");
-  }
-  if (!tp_comm.empty() && tp_comm != "nccl" && tp_comm != "staged") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--tp-comm: \"", tp_comm, "\" is not one of nccl, staged"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status WithFlagNames(const absl::Status& st) {
-  for (const auto& [option, flag] :
-       {std::pair<absl::string_view, absl::string_view>{"devices:", "--devices:"},
-        {"collectives:", "--tp-comm:"}}) {
-    if (absl::StartsWith(st.message(), option)) {
-      return absl::Status(st.code(), absl::StrCat(flag, st.message().substr(option.size())));
-    }
-  }
-  return st;
-}
-
-absl::StatusOr<std::vector<int>> ParseDevices(const std::string& text) {
-  std::vector<int> out;
-  for (absl::string_view part : absl::StrSplit(text, ',')) {
-    int d = -1;
-    if (!absl::SimpleAtoi(part, &d) || d < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--devices: \"", text, "\" must be CUDA device ordinals >= 0, e.g. 0,1"));
-    }
-    out.push_back(d);
-  }
-  return out;
 }
 
 }  // namespace recall::runtime::tp

@@ -19,6 +19,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,6 +30,7 @@
 #include "kernels/backend.h"
 #include "kernels/comm/communicator.h"
 #include "worker/model/model.h"
+#include "worker/runtime/device.h"
 #include "worker/runtime/forward.h"
 #include "worker/runtime/tp/shard.h"
 
@@ -36,14 +38,13 @@ namespace recall::runtime::tp {
 
 struct TpGroupOptions {
   int tp = 1;
-  // "cpu" (in-process ranks) or "cuda" (needs the CUDA backend).
-  std::string device = "cpu";
+  Device device = Device::kCpu;
   // CUDA device ordinals, one per rank (default 0..tp-1). A device may repeat only with
-  // collectives "staged".
+  // tp_comm kStaged.
   std::vector<int> devices;
-  // How CUDA ranks all-reduce activations: "nccl" (the default when empty) or "staged"
-  // (through the host). Must be empty for CPU ranks (they use the in-process group).
-  std::string collectives;
+  // How CUDA ranks all-reduce activations (default NCCL). Unset for CPU ranks (they use the
+  // in-process group).
+  std::optional<TpComm> tp_comm;
   // CPU threads of each rank's backend; 0 = hardware threads / tp (at least 1).
   int threads_per_rank = 0;
   // Testing, CPU ranks: backends with kernels::CpuBackendOptions::opaque_memory and the
@@ -53,7 +54,7 @@ struct TpGroupOptions {
   int64_t kv_bytes_per_rank = 64ll << 20;
   // CUDA ranks: when > 0, overrides kv_bytes_per_rank: this fraction of each device's free
   // memory once every rank's weights are on it, split evenly between the ranks on the device.
-  double kv_fraction = 0;
+  double kv_cache_fraction = 0;
   int block_tokens = 16;
   ForwardOptions forward;  // comm is set per rank
   // A rank waiting longer than this for its peers fails the group.
@@ -63,7 +64,9 @@ struct TpGroupOptions {
 class TpGroup {
  public:
   // Shards `full` (which must outlive the group). InvalidArgument for a tp the model's heads
-  // or MLP width do not allow, or bad options (naming the option); for device "cuda", the
+  // or MLP width do not allow, or bad options (a flags::FieldError naming the option: tp,
+  // devices, tp_comm, kv_cache_fraction; kv_cache_bytes for a kv_bytes_per_rank too small);
+  // for device cuda, the
   // CUDA backend's error (Unimplemented without CUDA, FailedPrecondition without a GPU),
   // ResourceExhausted when a shard or pool does not fit, NCCL's error.
   static absl::StatusOr<std::unique_ptr<TpGroup>> Create(const model::Model& full,
@@ -131,21 +134,5 @@ class TpGroup {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<absl::Status> results_ ABSL_GUARDED_BY(mu_);
 };
-
-// Parses a --devices flag ("0,1,3"): CUDA ordinals >= 0, comma-separated. An ordinal may
-// repeat (ranks sharing a GPU, with collectives "staged"; TpGroup::Create refuses it for
-// NCCL). InvalidArgument naming --devices otherwise.
-absl::StatusOr<std::vector<int>> ParseDevices(const std::string& text);
-
-// The device flags of a command line (--device, --tp, --devices, --tp-comm) checked
-// together, before anything is loaded: InvalidArgument naming the flag for a device other
-// than cpu or cuda, --devices or --tp-comm without --device cuda, an unknown --tp-comm, or
-// a --devices list that is not one ordinal per rank.
-absl::Status CheckDeviceFlags(const std::string& device, int tp, const std::vector<int>& devices,
-                              const std::string& tp_comm);
-
-// `st` with TpGroup::Create's option names ("devices:", "collectives:") at the start of its
-// message replaced by the flags that set them (--devices, --tp-comm).
-absl::Status WithFlagNames(const absl::Status& st);
 
 }  // namespace recall::runtime::tp

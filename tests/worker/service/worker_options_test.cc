@@ -1,0 +1,158 @@
+// The worker's options spine: every recall-worker flag parses into WorkerOptions and renders
+// back to the same flags (how `recall serve` forwards them), the rules between flags are
+// declared once, and errors of the engine and the cache factory, which know only option
+// fields, come out naming the flags.
+#include "worker/service/worker_options.h"
+
+#include <map>
+
+#include "gtest/gtest.h"
+#include "tests/common/tiny_model.h"
+
+namespace recall::service {
+namespace {
+
+// A value each flag accepts and that differs from its default.
+const std::map<std::string, std::vector<std::string>> kValues = {
+    {"model", {"m.bin"}},
+    {"tokenizer", {"t.bin"}},
+    {"random-weights", {}},
+    {"dtype", {"f16"}},
+    {"chat-format", {"chatml"}},
+    {"listen", {"0.0.0.0:1"}},
+    {"metrics-port", {"9"}},
+    {"port-file", {"p"}},
+    {"coordinator", {"c:1"}},
+    {"advertise", {"a:1"}},
+    {"api-key", {"k"}},
+    {"max-tokens-limit", {"7"}},
+    {"device", {"cuda"}},
+    {"tp", {"2"}},
+    {"devices", {"0,1"}},
+    {"tp-comm", {"staged"}},
+    {"threads", {"3"}},
+    {"no-batch-invariant", {}},
+    {"no-cuda-graphs", {}},
+    {"kv-cache-bytes", {"1048576"}},
+    {"kv-cache-fraction", {"0.5"}},
+    {"max-batch-tokens", {"128"}},
+    {"prefill-chunk", {"32"}},
+    {"max-active", {"5"}},
+    {"max-queued", {"6"}},
+    {"host-cache-bytes", {"1024"}},
+    {"policy", {"lazy"}},
+    {"budget", {"64"}},
+    {"budget-frac", {"0.5"}},
+    {"window", {"16"}},
+    {"alpha", {"0.001"}},
+    {"tp-eviction", {"shared"}},
+    {"episodes", {"3"}},
+    {"embedder", {"tfidf"}},
+    {"block-tokens", {"512"}},
+    {"recluster-turns", {"2"}},
+    {"layer-budgets", {"pyramid"}},
+    {"layer-alpha", {"1.5"}},
+    {"value-protection", {"0.25"}},
+    {"tp-verify", {}},
+};
+
+TEST(WorkerOptionsTest, EveryFlagRendersBackToItself) {
+  const auto& flags = WorkerFlags();
+  std::set<std::string> covered;
+  for (const auto& f : flags.flags()) {
+    SCOPED_TRACE(f.name);
+    const auto it = kValues.find(f.name);
+    ASSERT_NE(it, kValues.end()) << "no test value for --" << f.name;
+    std::vector<std::string> argv = {"--" + f.name};
+    argv.insert(argv.end(), it->second.begin(), it->second.end());
+    WorkerOptions o;
+    ASSERT_TRUE(flags.Parse(argv, &o).ok()) << flags.Parse(argv, &o);
+    EXPECT_EQ(flags.Render(o), argv);
+    covered.insert(f.name);
+  }
+  EXPECT_EQ(covered.size(), kValues.size());
+}
+
+TEST(WorkerOptionsTest, AllFlagsTogetherSurviveARoundTrip) {
+  std::vector<std::string> argv;
+  for (const auto& [name, value] : kValues) {
+    if (name == "budget") continue;  // exclusive with --budget-frac, tested below
+    argv.push_back("--" + name);
+    argv.insert(argv.end(), value.begin(), value.end());
+  }
+  WorkerOptions a, b;
+  ASSERT_TRUE(WorkerFlags().Parse(argv, &a).ok()) << WorkerFlags().Parse(argv, &a);
+  const std::vector<std::string> rendered = WorkerFlags().Render(a);
+  ASSERT_TRUE(WorkerFlags().Parse(rendered, &b).ok());
+  EXPECT_EQ(WorkerFlags().Render(b), rendered);
+  EXPECT_EQ(b.engine.device, runtime::Device::kCuda);
+  EXPECT_EQ(b.engine.tp_comm, runtime::TpComm::kStaged);
+  EXPECT_FALSE(b.engine.forward.batch_invariant);
+  EXPECT_EQ(b.scheduler.max_active, 5);
+  EXPECT_EQ(b.scheduler.cache.layer_budgets, "pyramid");
+  EXPECT_EQ(b.cache.embedder, "tfidf");
+}
+
+TEST(WorkerOptionsTest, TheBudgetRuleIsTheFlagTablesOwn) {
+  WorkerOptions o;
+  EXPECT_EQ(WorkerFlags().Parse({"--budget", "8", "--budget-frac", "0.5"}, &o).message(),
+            "--budget and --budget-frac are exclusive; give one");
+  // A budget in tokens given after a default fraction replaces it.
+  serving::CacheDefaults d;
+  d.budget_fraction = 0.5;
+  serving::CacheRequest r;
+  r.budget_tokens = 8;
+  EXPECT_FALSE(d.With(r).budget_fraction.has_value());
+  EXPECT_EQ(d.With(r).budget_tokens, 8);
+}
+
+TEST(WorkerOptionsTest, EngineAndCacheErrorsNameTheFlags) {
+  const auto& flags = WorkerFlags();
+  runtime::EngineOptions e;
+  e.devices = {0, 1};
+  e.tp = 2;
+  EXPECT_EQ(flags.Explain(e.Validate()).message(), "--devices: only with --device cuda");
+  e.device = runtime::Device::kCuda;
+  e.devices = {0};
+  EXPECT_EQ(flags.Explain(e.Validate()).message(),
+            "--devices: 1 devices for --tp 2; give one per rank");
+  EXPECT_EQ(e.Validate().message(), "devices: 1 devices for tp 2; give one per rank");
+
+  const model::ModelConfig config = testing::TinyModelConfig(2, 64);
+  serving::CacheDefaults d;
+  d.policy = "episodic";
+  d.budget_fraction = 0.5;
+  const absl::Status st = serving::CacheFactory::Create(d, config, config.n_kv_heads, 1).status();
+  EXPECT_EQ(flags.Explain(st).message(),
+            "--budget-frac: episodic needs budget_tokens (its episodes are built to it)");
+  d = {};
+  d.layer_budgets = "/nonexistent/profile.json";
+  const absl::Status profile =
+      serving::CacheFactory::Create(d, config, config.n_kv_heads, 1).status();
+  EXPECT_EQ(profile.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(flags.Explain(profile).message().rfind("--layer-budgets: ", 0), 0u) << profile;
+}
+
+TEST(WorkerOptionsTest, ResolveAppliesTheSessionDefaultsAndTheForwardCapacity) {
+  WorkerOptions o;
+  ASSERT_TRUE(WorkerFlags()
+                  .Parse({"--policy", "lazy", "--budget-frac", "0.3", "--max-batch-tokens", "100",
+                          "--prefill-chunk", "50"},
+                         &o)
+                  .ok());
+  ASSERT_TRUE(ResolveWorkerOptions(&o).ok());
+  EXPECT_EQ(o.scheduler.cache.policy, "lazy");
+  EXPECT_EQ(o.scheduler.cache.budget_fraction, 0.3);
+  EXPECT_EQ(o.engine.forward.max_batch_tokens, 100);
+  WorkerOptions bad;
+  ASSERT_TRUE(WorkerFlags().Parse({"--policy", "episodic", "--tp", "2"}, &bad).ok());
+  EXPECT_NE(ResolveWorkerOptions(&bad).message().find("--policy episodic: runs on one CPU rank"),
+            std::string::npos);
+  WorkerOptions chunk;
+  EXPECT_EQ(
+      WorkerFlags().Parse({"--max-batch-tokens", "16", "--prefill-chunk", "64"}, &chunk).message(),
+      "--prefill-chunk: 64 is more than --max-batch-tokens (16)");
+}
+
+}  // namespace
+}  // namespace recall::service

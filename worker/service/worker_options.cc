@@ -1,0 +1,263 @@
+#include "worker/service/worker_options.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "worker/model/chat_stops.h"
+#include "worker/model/chat_template.h"
+
+namespace recall::service {
+
+flags::FlagSet<model::LoadOptions> ModelFlags() {
+  flags::FlagSet<model::LoadOptions> f;
+  f.Section("model")
+      .String(
+          "model", "PATH", "llama2.c checkpoint or Hugging Face folder",
+          [](auto& o) -> auto& { return o.model; })
+      .String(
+          "tokenizer", "PATH",
+          "tokenizer.bin (llama2.c), tokenizer.model or tokenizer.json (default: the one\n"
+          "in the model's folder; required for a llama2.c checkpoint)",
+          [](auto& o) -> auto& { return o.tokenizer; })
+      .Switch(
+          "random-weights",
+          "--model is a config.json (or its folder); random weights of that shape in\n"
+          "--dtype, for benchmarks",
+          [](auto& o) -> auto& { return o.random_weights; })
+      .Choice("dtype", "TYPE", "--random-weights' type: f32, bf16 (default) or f16",
+              [](auto& o) -> auto& { return o.random_dtype; }, {"f32", "bf16", "f16"})
+      .Field("random_dtype");
+  return f;
+}
+
+flags::FlagSet<runtime::EngineOptions> EngineFlags() {
+  flags::FlagSet<runtime::EngineOptions> f;
+  f.Section("devices and tensor parallelism")
+      .Enum(
+          "device", "NAME", "cpu (default) or cuda", [](auto& o) -> auto& { return o.device; },
+          std::vector<std::pair<std::string, runtime::Device>>{{"cpu", runtime::Device::kCpu},
+                                                               {"cuda", runtime::Device::kCuda}})
+      .Int(
+          "tp", "N",
+          "tensor parallelism: N ranks, each with its slice of the attention heads, of the\n"
+          "MLP and of every session's KV cache (default 1). CPU ranks are threads; CUDA ranks\n"
+          "are threads with a GPU each",
+          [](auto& o) -> auto& { return o.tp; }, 1, 64)
+      .Value(
+          "devices", "LIST",
+          "CUDA device ordinals, one per rank, e.g. 0,1 (default 0..N-1); an ordinal may\n"
+          "repeat with --tp-comm staged",
+          [](auto& o) -> auto& { return o.devices; }, 0, 1024)
+      .Enum(
+          "tp-comm", "KIND",
+          "how CUDA ranks all-reduce activations: nccl (default; distinct GPUs) or staged\n"
+          "(through host memory: slower, but ranks may share a GPU)",
+          [](auto& o) -> auto& { return o.tp_comm; },
+          std::vector<std::pair<std::string, runtime::TpComm>>{
+              {"nccl", runtime::TpComm::kNccl}, {"staged", runtime::TpComm::kStaged}})
+      .Int(
+          "threads", "N", "CPU threads for the model (default: all cores; split over the ranks)",
+          [](auto& o) -> auto& { return o.threads; }, 0, 1024)
+      .Switch(
+          "no-batch-invariant",
+          "let batched matmuls use sgemm (faster prefill on some CPUs; a session's greedy\n"
+          "output may then depend on its batch)",
+          [](auto& o) -> auto& { return o.forward.batch_invariant; }, false)
+      .Switch(
+          "no-cuda-graphs",
+          "cuda: launch every op of a decode step (default: one CUDA graph per batch\n"
+          "shape, replayed; one rank)",
+          [](auto& o) -> auto& { return o.forward.step_graphs; }, false)
+      .Section("memory")
+      .Bytes(
+          "kv-cache-bytes", "SIZE",
+          "KV pool size over all ranks, e.g. 512M or 2GiB (default: --kv-cache-fraction)",
+          [](auto& o) -> auto& { return o.kv_cache_bytes; }, 1)
+      .Double(
+          "kv-cache-fraction", "F",
+          "KV pool as a fraction of available host memory (cpu) or of the device's free\n"
+          "memory after the weights (cuda; with --tp, of each GPU's, split between the\n"
+          "ranks on it) (default 0.25)",
+          [](auto& o) -> auto& { return o.kv_cache_fraction; }, 1e-6, 0.95);
+  return f;
+}
+
+flags::FlagSet<serving::CacheRequest> SessionCacheFlags() {
+  flags::FlagSet<serving::CacheRequest> f;
+  f.Section("session cache")
+      .String(
+          "policy", "NAME",
+          "full, lazy, h2o, tova, streaming, snapkv, rkv, vase, or episodic (EpiCache,\n"
+          "one CPU rank: --budget in tokens)",
+          [](auto& o) -> auto& { return o.policy; })
+      .Int(
+          "budget", "N", "KV budget in tokens per layer and KV head",
+          [](auto& o) -> auto& { return o.budget_tokens; }, 1, 1 << 24)
+      .Field("budget_tokens")
+      .Double(
+          "budget-frac", "F", "or a fraction of the sequence, in (0, 1]",
+          [](auto& o) -> auto& { return o.budget_fraction; }, 1e-6, 1)
+      .Field("budget_fraction")
+      .Exclusive("budget", "budget-frac")
+      .Int(
+          "window", "W", "eviction window: lazy evicts every W steps and keeps the last W",
+          [](auto& o) -> auto& { return o.window; }, 1, 1 << 20)
+      .Double(
+          "alpha", "A", "LazyEviction's importance threshold",
+          [](auto& o) -> auto& { return o.alpha; }, 1e-12, 0.999999)
+      .Choice("tp-eviction", "MODE",
+              "how ranks and heads agree on evictions: uniform (per-head counts), shared (one\n"
+              "token set per layer), head-adaptive (one global top-k over all KV heads)",
+              [](auto& o) -> auto& { return o.tp_eviction; },
+              {"uniform", "shared", "head-adaptive"})
+      .Int(
+          "episodes", "N", "episodic: episodes per session at most",
+          [](auto& o) -> auto& { return o.episodes; }, 1, serving::kMaxEpisodes)
+      .Choice("embedder", "NAME", "episodic: model (mean-pooled hidden states) or tfidf",
+              [](auto& o) -> auto& { return o.embedder; }, {"model", "tfidf"})
+      .Int(
+          "block-tokens", "N", "episodic: tokens per block of the episodes' build",
+          [](auto& o) -> auto& { return o.block_tokens; }, 16, 1 << 16)
+      .Int(
+          "recluster-turns", "N", "episodic: turns between rebuilds of a session's episodes",
+          [](auto& o) -> auto& { return o.recluster_turns; }, 1, 1 << 20);
+  return f;
+}
+
+flags::FlagSet<serving::CacheDefaults> SharedCacheFlags() {
+  flags::FlagSet<serving::CacheDefaults> f;
+  f.Section("every session")
+      .String(
+          "layer-budgets", "SPEC",
+          "per-layer split of the budget: uniform (default), pyramid, a file with one\n"
+          "weight per layer, or `recall calibrate`'s JSON profile",
+          [](auto& o) -> auto& { return o.layer_budgets; })
+      .Double(
+          "layer-alpha", "A", "the JSON profile's exponent, in [0.5, 3] (default 1.2)",
+          [](auto& o) -> auto& { return o.layer_alpha; }, 0.5, 3)
+      .Double(
+          "value-protection", "F",
+          "keep this fraction of the budget for the tokens with the largest values (as\n"
+          "VaSE), on any policy (default 0)",
+          [](auto& o) -> auto& { return o.value_protection; }, 0, 0.99)
+      .Switch(
+          "tp-verify",
+          "debug: every eviction step checks that all ranks kept the same tokens; a\n"
+          "mismatch fails the turn",
+          [](auto& o) -> auto& { return o.verify_tp_keep; })
+      .Field("verify_tp_keep");
+  return f;
+}
+
+flags::FlagSet<serving::SchedulerOptions> SchedulingFlags() {
+  flags::FlagSet<serving::SchedulerOptions> f;
+  f.Section("scheduling")
+      .Int(
+          "max-batch-tokens", "N", "tokens per forward step (default 256)",
+          [](auto& o) -> auto& { return o.max_batch_tokens; }, 1, 1 << 16)
+      .Int(
+          "prefill-chunk", "N", "prompt tokens per chunk, at most --max-batch-tokens (default 64)",
+          [](auto& o) -> auto& { return o.prefill_chunk; }, 1, 1 << 16)
+      .Int(
+          "max-active", "N", "turns in the running batch (default 64)",
+          [](auto& o) -> auto& { return o.max_active; }, 1, 4096)
+      .Int(
+          "max-queued", "N", "turns waiting for memory before RESOURCE_EXHAUSTED (default 256)",
+          [](auto& o) -> auto& { return o.max_queued; }, 0, 1 << 20)
+      .Bytes(
+          "host-cache-bytes", "SIZE", "host memory for offloaded idle sessions (default 4GiB)",
+          [](auto& o) -> auto& { return o.host_cache_bytes; }, 0)
+      .Check([](const serving::SchedulerOptions& o, const std::set<std::string>&) -> absl::Status {
+        if (o.prefill_chunk > o.max_batch_tokens) {
+          return absl::InvalidArgumentError(absl::StrCat("--prefill-chunk: ", o.prefill_chunk,
+                                                         " is more than --max-batch-tokens (",
+                                                         o.max_batch_tokens, ")"));
+        }
+        return absl::OkStatus();
+      });
+  return f;
+}
+
+const flags::FlagSet<WorkerOptions>& WorkerFlags() {
+  static const flags::FlagSet<WorkerOptions>* const kFlags = [] {
+    auto* f = new flags::FlagSet<WorkerOptions>();
+    f->Include(
+         ModelFlags(), [](auto& o) -> auto& { return o.model; })
+        .Choice("chat-format", "NAME",
+                "chatml, llama2, llama3 or plain (default: guessed from the vocabulary)",
+                [](auto& o) -> auto& { return o.chat_format; },
+                {"chatml", "llama2", "llama3", "plain"})
+        .Section("serving")
+        .String(
+            "listen", "HOST:PORT", "gRPC address (default 127.0.0.1:50051; port 0 picks one)",
+            [](auto& o) -> auto& { return o.listen; })
+        .Int(
+            "metrics-port", "N",
+            "Prometheus /metrics on the listen host's port N (default: off; 0 picks one)",
+            [](auto& o) -> auto& { return o.metrics_port; }, 0, 65535)
+        .String(
+            "port-file", "PATH", "write \"grpc=PORT metrics=PORT\" here once listening",
+            [](auto& o) -> auto& { return o.port_file; })
+        .String(
+            "coordinator", "HOST:PORT",
+            "register with this coordinator (every 5 s, so a restarted coordinator finds\n"
+            "this worker again)",
+            [](auto& o) -> auto& { return o.coordinator; })
+        .String(
+            "advertise", "HOST:PORT",
+            "the address the coordinator dials (default: --listen's host, the bound port)",
+            [](auto& o) -> auto& { return o.advertise; })
+        .String(
+            "api-key", "KEY", "for --coordinator when it checks keys",
+            [](auto& o) -> auto& { return o.api_key; })
+        .Int(
+            "max-tokens-limit", "N", "upper bound of a turn's max_tokens (default: the context)",
+            [](auto& o) -> auto& { return o.max_tokens_limit; }, 1, 1 << 24)
+        .Include(
+            EngineFlags(), [](auto& o) -> auto& { return o.engine; })
+        .Include(
+            SchedulingFlags(), [](auto& o) -> auto& { return o.scheduler; })
+        .Include(
+            SessionCacheFlags(), [](auto& o) -> auto& { return o.cache; })
+        .Include(
+            SharedCacheFlags(), [](auto& o) -> auto& { return o.scheduler.cache; });
+    return f;
+  }();
+  return *kFlags;
+}
+
+absl::Status ResolveWorkerOptions(WorkerOptions* o) {
+  o->engine.forward.max_batch_tokens = o->scheduler.max_batch_tokens;
+  o->scheduler.cache = o->scheduler.cache.With(o->cache);
+  if (o->scheduler.cache.policy == "episodic" &&
+      (o->engine.tp > 1 || o->engine.device != runtime::Device::kCpu)) {
+    return absl::InvalidArgumentError(
+        "--policy episodic: runs on one CPU rank (its block-wise build scores keys on the "
+        "host); drop --tp and --device");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ApplyModel(const model::ModelConfig& config, const model::Tokenizer& tokenizer,
+                        bool hf_tokenizer, WorkerOptions* o) {
+  serving::SchedulerOptions& s = o->scheduler;
+  s.chat_format = model::GuessChatFormat(tokenizer);
+  if (o->chat_format.has_value()) {
+    RECALL_ASSIGN_OR_RETURN(s.chat_format, model::ParseChatFormat(*o->chat_format));
+  }
+  const model::ReplyStops stops =
+      model::StopsFor(s.chat_format, tokenizer, /*bos_ends_sequence=*/!hf_tokenizer, true);
+  s.stop_token_ids = stops.token_ids;
+  s.stop_strings = stops.strings;
+  s.limits.max_tokens = config.max_seq_len;
+  if (o->max_tokens_limit.has_value()) {
+    if (*o->max_tokens_limit > config.max_seq_len) {
+      return absl::InvalidArgumentError(absl::StrCat("--max-tokens-limit: ", *o->max_tokens_limit,
+                                                     " is more than the model's context length (",
+                                                     config.max_seq_len, ")"));
+    }
+    s.limits.max_tokens = *o->max_tokens_limit;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace recall::service

@@ -1,0 +1,141 @@
+#include "worker/serving/cache_factory.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "cache/eviction/eviction_policy.h"
+#include "common/flags.h"
+#include "common/status.h"
+
+namespace recall::serving {
+namespace {
+
+absl::Status Invalid(const std::string& field, const std::string& what) {
+  return flags::FieldError(field, what);
+}
+
+}  // namespace
+
+CacheDefaults CacheDefaults::With(const CacheRequest& r) const {
+  CacheDefaults d = *this;
+  if (r.policy.has_value()) d.policy = *r.policy;
+  if (r.budget_tokens.has_value()) {
+    d.budget_tokens = *r.budget_tokens;
+    d.budget_fraction.reset();
+  }
+  if (r.budget_fraction.has_value()) d.budget_fraction = *r.budget_fraction;
+  if (r.window.has_value()) d.window = *r.window;
+  if (r.alpha.has_value()) d.alpha = *r.alpha;
+  if (r.tp_eviction.has_value()) d.tp_eviction = *r.tp_eviction;
+  if (r.episodes.has_value()) d.episodes = *r.episodes;
+  if (r.embedder.has_value()) d.embedder = *r.embedder;
+  if (r.block_tokens.has_value()) d.block_tokens = *r.block_tokens;
+  if (r.recluster_turns.has_value()) d.recluster_turns = *r.recluster_turns;
+  return d;
+}
+
+absl::StatusOr<CacheFactory> CacheFactory::Create(const CacheDefaults& defaults,
+                                                  const model::ModelConfig& config,
+                                                  int total_kv_heads, int tp) {
+  CacheFactory f(defaults, config, total_kv_heads, tp);
+  cache::eviction::ApplyLayerBudgets(defaults.layer_budgets, defaults.layer_alpha, &f.layers_);
+  if (!(defaults.layer_alpha >= 0.5 && defaults.layer_alpha <= 3)) {
+    return Invalid("layer_alpha", absl::StrCat("must be in [0.5, 3], got ", defaults.layer_alpha));
+  }
+  // A profile that cannot be read or parsed is a bad setting (InvalidArgument).
+  if (absl::Status st = cache::eviction::LoadProfile(config.n_layers, &f.layers_); !st.ok()) {
+    return flags::FieldError("layer_budgets", st.message());
+  }
+  if (absl::Status st =
+          cache::eviction::BudgetAllocator::Create(f.layers_, config.n_layers).status();
+      !st.ok()) {
+    return flags::FieldError("layer_budgets", st.message());
+  }
+  // The defaults must make a cache by themselves.
+  RECALL_RETURN_IF_ERROR(f.Make(defaults, 0, "").status());
+  return f;
+}
+
+absl::StatusOr<SessionCacheSpec> CacheFactory::Resolve(const CacheRequest& request,
+                                                       uint64_t session_seed) const {
+  return Make(defaults_.With(request), session_seed, "cache.");
+}
+
+absl::StatusOr<SessionCacheSpec> CacheFactory::Make(const CacheDefaults& d, uint64_t seed,
+                                                    const std::string& prefix) const {
+  SessionCacheSpec spec;
+  spec.policy = d.policy;
+  const auto& names = cache::eviction::PolicyNames();
+  const bool episodic = d.policy == "episodic";
+  if (!episodic && std::find(names.begin(), names.end(), d.policy) == names.end()) {
+    std::string known = "episodic";
+    for (const std::string& n : names) absl::StrAppend(&known, ", ", n);
+    return Invalid(prefix + "policy",
+                   absl::StrCat("unknown policy \"", d.policy, "\" (one of ", known, ")"));
+  }
+  const auto& modes = cache::eviction::TpEvictionModes();
+  if (std::find(modes.begin(), modes.end(), d.tp_eviction) == modes.end()) {
+    return Invalid(prefix + "tp_eviction", absl::StrCat("\"", d.tp_eviction,
+                                                        "\" is not one of uniform, shared, "
+                                                        "head-adaptive"));
+  }
+  if (d.budget_fraction.has_value() && !(*d.budget_fraction > 0 && *d.budget_fraction <= 1)) {
+    return Invalid(prefix + "budget_fraction",
+                   absl::StrCat("must be in (0, 1], got ", *d.budget_fraction));
+  }
+  if (d.budget_tokens < 1) {
+    return Invalid(prefix + "budget_tokens", absl::StrCat("must be >= 1, got ", d.budget_tokens));
+  }
+  if (d.window < 1) return Invalid(prefix + "window", absl::StrCat("must be >= 1, got ", d.window));
+  if (!(d.alpha > 0 && d.alpha < 1)) {
+    return Invalid(prefix + "alpha", absl::StrCat("must be in (0, 1), got ", d.alpha));
+  }
+  if (!(d.value_protection >= 0 && d.value_protection < 1)) {
+    return Invalid("value_protection", absl::StrCat("must be in [0, 1), got ", d.value_protection));
+  }
+  if (d.policy == "full") return spec;
+
+  cache::eviction::SessionEvictorOptions o;
+  o.policy.name = episodic ? "lazy" : d.policy;  // EpiCache decodes with LazyEviction
+  o.policy.window = d.window;
+  o.policy.alpha = static_cast<float>(d.alpha);
+  o.policy.value_protection = static_cast<float>(d.value_protection);
+  o.budget = layers_;
+  if (d.budget_fraction.has_value()) {
+    if (episodic) {
+      return Invalid(prefix + "budget_fraction",
+                     "episodic needs budget_tokens (its episodes are built to it)");
+    }
+    o.budget.unit = cache::eviction::BudgetOptions::Unit::kFraction;
+    o.budget.budget = *d.budget_fraction;
+  } else {
+    o.budget.budget = d.budget_tokens;
+  }
+  o.session = seed;
+  o.total_kv_heads = total_kv_heads_;
+  o.n_heads = config_.n_heads;
+  o.verify_keep = d.verify_tp_keep && tp_ > 1;
+  RECALL_RETURN_IF_ERROR(cache::eviction::ApplyTpEvictionMode(d.tp_eviction, o));
+  spec.evictor = o;
+  if (episodic) {
+    CacheRequest e;
+    e.episodes = d.episodes;
+    e.embedder = d.embedder;
+    e.block_tokens = d.block_tokens;
+    e.recluster_turns = d.recluster_turns;
+    if (absl::Status st = ValidateEpisodicSettings(e); !st.ok()) {
+      // ValidateEpisodicSettings names "cache.<field>".
+      std::string msg(st.message());
+      if (prefix.empty() && msg.rfind("cache.", 0) == 0) msg = msg.substr(6);
+      const std::string field = msg.substr(0, msg.find(':'));
+      return flags::FieldError(field, msg.substr(std::min(msg.size(), field.size() + 2)));
+    }
+    spec.episodes = d.episodes;
+    spec.embedder = d.embedder;
+    spec.block_tokens = d.block_tokens;
+    spec.recluster_turns = d.recluster_turns;
+  }
+  return spec;
+}
+
+}  // namespace recall::serving

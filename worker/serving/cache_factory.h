@@ -1,0 +1,90 @@
+// CacheFactory: what one session's KV cache is made of, from its request (CacheRequest, all
+// optional) over the worker's defaults (CacheDefaults). The one place where a policy name, a
+// budget in tokens or as a fraction, the window, alpha, the TP agreement mode, the layer
+// budgets and the episodic settings become evictor options, for the scheduler and for the
+// offline drivers alike. A layer-budget profile is read once, when the factory is made.
+// Thread safety: immutable after Create; Resolve is const.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "cache/eviction/session_evictor.h"
+#include "worker/model/model_config.h"
+#include "worker/serving/turn_request.h"
+
+namespace recall::serving {
+
+// The defaults of what a session's CacheRequest leaves unset, and what every session of a
+// worker shares (layer budgets, the TP keep check).
+struct CacheDefaults {
+  std::string policy = "full";            // an eviction policy, "full" or "episodic"
+  int budget_tokens = 1024;               // per layer and KV head
+  std::optional<double> budget_fraction;  // when set, the default budget is this fraction
+  int window = 32;
+  double alpha = 1e-4;
+  std::string tp_eviction = "uniform";  // cache::eviction::TpEvictionModes()
+  int episodes = 4;                     // episodic
+  std::string embedder = "model";       // episodic: model or tfidf
+  int block_tokens = 2048;              // episodic: tokens per block of the build
+  int recluster_turns = 4;              // episodic: turns between rebuilds
+  // Every session alike.
+  std::string layer_budgets = "uniform";  // uniform, pyramid, or a profile file
+  double layer_alpha = 1.2;               // a JSON profile's exponent
+  double value_protection = 0;            // budget share kept for the largest values (VaSE)
+  bool verify_tp_keep = false;            // debug: ranks check they kept the same tokens
+
+  // These defaults with the fields `r` sets in their place (a budget in tokens clears a
+  // default fraction and the other way round).
+  CacheDefaults With(const CacheRequest& r) const;
+};
+
+// One session's cache.
+struct SessionCacheSpec {
+  std::string policy;  // "full", "episodic" or the eviction policy
+  // The evictor (unset for full); episodic: the lazy evictor it decodes with. The per-rank
+  // fields (n_heads, comm, backend, kv_head_offset) are left to the caller.
+  std::optional<cache::eviction::SessionEvictorOptions> evictor;
+  // Episodic only.
+  int episodes = 0;
+  std::string embedder;
+  int block_tokens = 0;
+  int recluster_turns = 0;
+};
+
+class CacheFactory {
+ public:
+  // InvalidArgument naming the default's field (policy, budget_fraction, tp_eviction,
+  // layer_budgets, layer_alpha, episodes, ...) when the defaults do not make a cache for this
+  // model; NotFound when the layer-budget profile cannot be read. `tp` > 1 turns
+  // verify_tp_keep on.
+  static absl::StatusOr<CacheFactory> Create(const CacheDefaults& defaults,
+                                             const model::ModelConfig& config, int total_kv_heads,
+                                             int tp);
+
+  // The session's cache: InvalidArgument naming the request's field ("cache.policy",
+  // "cache.budget_fraction", ...) when its settings cannot make one. `session_seed` seeds
+  // the evictor's random choices (VaSE), the same on every rank.
+  absl::StatusOr<SessionCacheSpec> Resolve(const CacheRequest& request,
+                                           uint64_t session_seed) const;
+
+  const CacheDefaults& defaults() const { return defaults_; }
+
+ private:
+  CacheFactory(const CacheDefaults& defaults, const model::ModelConfig& config, int total_kv_heads,
+               int tp)
+      : defaults_(defaults), config_(config), total_kv_heads_(total_kv_heads), tp_(tp) {}
+  // The settings of `d` (the defaults with a request applied); `prefix` names the fields.
+  absl::StatusOr<SessionCacheSpec> Make(const CacheDefaults& d, uint64_t session_seed,
+                                        const std::string& prefix) const;
+
+  CacheDefaults defaults_;
+  model::ModelConfig config_;
+  int total_kv_heads_ = 0;
+  int tp_ = 1;
+  cache::eviction::BudgetOptions layers_;  // the layer split, its profile read
+};
+
+}  // namespace recall::serving
