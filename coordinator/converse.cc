@@ -104,6 +104,7 @@ grpc::Status ChatService::StreamTurn(grpc::ServerContext* context, const std::st
     grpc::ClientContext wctx;
     grpc::Status status;
     bool got_done = false;
+    bool history_needed = false;
     {
       CancelWatch watch(context, &wctx);
       auto reader = stub->RunTurn(&wctx, req);
@@ -112,6 +113,10 @@ grpc::Status ChatService::StreamTurn(grpc::ServerContext* context, const std::st
         if (ev.has_done()) {
           reply->done = ev.done();
           got_done = true;
+          continue;
+        }
+        if (ev.has_history_needed()) {
+          history_needed = true;
           continue;
         }
         const v1::TokenEvent& t = ev.tokens();
@@ -143,9 +148,8 @@ grpc::Status ChatService::StreamTurn(grpc::ServerContext* context, const std::st
       return grpc::Status::OK;
     }
     last_error = absl::StrCat(route->worker, ": ", status.error_message());
-    if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
-        absl::StrContains(status.error_message(), "resend with history") && !send_history) {
-      send_history = true;  // the worker lost the session's cache: rebuild there
+    if (history_needed && !send_history) {
+      send_history = true;  // the worker does not hold the session: rebuild it there
       continue;
     }
     if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,6 +27,7 @@ struct TurnResult {
   int token_events = 0;
   bool has_done = false;
   v1::TurnDone done;
+  std::optional<int> history_needed;  // a HistoryNeeded event's history_length
 };
 
 class Worker {
@@ -71,6 +73,8 @@ class Worker {
       } else if (ev.has_done()) {
         r.has_done = true;
         r.done = ev.done();
+      } else if (ev.has_history_needed()) {
+        r.history_needed = ev.history_needed().history_length();
       }
     }
     r.status = reader->Finish();

@@ -168,6 +168,8 @@ TEST_F(WorkerServerTest, BadInputsGetTheirCodes) {
     EXPECT_NE(r.status.error_message().find(c.mentions), std::string::npos)
         << c.name << ": " << r.status.error_message();
     EXPECT_TRUE(r.tokens.empty()) << c.name;
+    // The one error that asks for the history says so in the protocol, not only in words.
+    EXPECT_EQ(r.history_needed.has_value(), c.code == StatusCode::FAILED_PRECONDITION) << c.name;
   }
   grpc::ClientContext ctx;
   v1::DropSessionRequest drop;

@@ -102,6 +102,11 @@ grpc::Status WorkerService::RunTurn(grpc::ServerContext* context,
       }
     }
     if (!u.done) continue;
+    if (serving::IsHistoryNeeded(u.status)) {
+      v1::TurnEvent event;
+      event.mutable_history_needed()->set_history_length(request->history_length());
+      writer->Write(event);
+    }
     if (!u.status.ok()) return ToGrpcStatus(u.status);
     v1::TurnEvent event;
     v1::TurnDone* done = event.mutable_done();

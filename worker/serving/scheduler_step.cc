@@ -211,9 +211,7 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
   } else if (same_history) {
     all = s->messages;
   } else {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "history: session \"", r.session_id, "\" is not on this worker; ",
-        "session not resident: resend with history (", r.history_length, " messages)"));
+    return HistoryNeededError(r.session_id, r.history_length);
   }
   const std::vector<model::ChatMessage> history = all;
   all.insert(all.end(), r.messages.begin(), r.messages.end());

@@ -31,6 +31,18 @@ absl::Status ValidateMessages(const std::vector<model::ChatMessage>& messages,
 
 }  // namespace
 
+absl::Status HistoryNeededError(const std::string& session_id, int history_length) {
+  absl::Status st = absl::FailedPreconditionError(
+      absl::StrCat("history: session \"", session_id, "\" is not on this worker; resend with ",
+                   "history (", history_length, " messages)"));
+  st.SetPayload("recall.history_needed", absl::Cord(absl::StrCat(history_length)));
+  return st;
+}
+
+bool IsHistoryNeeded(const absl::Status& status) {
+  return status.GetPayload("recall.history_needed").has_value();
+}
+
 absl::Status ValidateSampling(const kernels::SamplingParams& s, const std::string& prefix) {
   if (!(s.temperature >= 0.0f)) {
     return Invalid(prefix + "temperature", absl::StrCat("must be >= 0, got ", s.temperature));

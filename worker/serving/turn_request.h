@@ -66,6 +66,12 @@ struct TurnLimits {
 absl::Status ValidateTurnRequest(const TurnRequest& request, const TurnLimits& limits,
                                  const std::vector<std::string>& known_policies);
 
+// The error of a turn whose session this worker does not hold and whose request carried no
+// history: FailedPrecondition, marked so the service can tell the caller to resend with the
+// history (IsHistoryNeeded) without reading the message.
+absl::Status HistoryNeededError(const std::string& session_id, int history_length);
+bool IsHistoryNeeded(const absl::Status& status);
+
 // Sampling values alone; `prefix` is prepended to field names ("sampling." on the wire).
 absl::Status ValidateSampling(const kernels::SamplingParams& s, const std::string& prefix);
 

@@ -144,6 +144,7 @@ TEST_F(SchedulerTest, NonResidentSessionNeedsHistoryThenRebuilds) {
   Collected missing = Run(Turn("ghost", "Hello", 5, /*history_length=*/2));
   EXPECT_EQ(missing.status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(missing.status.message().find("resend with history"), std::string::npos);
+  EXPECT_TRUE(IsHistoryNeeded(missing.status)) << missing.status;
 
   TurnRequest r = Turn("ghost", "Hello", 5, 2);
   r.history = {{"user", "Once upon a time"}, {"assistant", " there was a cat."}};
