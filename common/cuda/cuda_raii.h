@@ -13,6 +13,22 @@
 
 namespace recall::cuda {
 
+// Raw device memory for owners that keep their own bookkeeping (kernels::Memory hands out
+// void*): on the current device, 256-byte aligned. An out-of-memory answer is
+// ResourceExhausted and is cleared (not sticky).
+inline absl::StatusOr<void*> DeviceAlloc(size_t bytes) {
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, bytes == 0 ? 256 : bytes);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return CudaStatus(err, "cudaMalloc");
+  }
+  return p;
+}
+inline absl::Status DeviceFree(void* p) {
+  return p == nullptr ? absl::OkStatus() : CudaStatus(cudaFree(p), "cudaFree");
+}
+
 // Device memory from cudaMalloc, freed on destruction.
 class DeviceBuffer {
  public:

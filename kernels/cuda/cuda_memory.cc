@@ -3,14 +3,12 @@
 #include "absl/strings/str_cat.h"
 #include "common/cuda/cuda_status.h"
 #include "common/logging.h"
+#include "common/status.h"
 #include "kernels/cuda/launch.h"
 
 namespace recall::kernels::cuda {
 
-CudaMemory::~CudaMemory() {
-  if (d_pairs_ != nullptr) cudaFree(d_pairs_);
-  if (d_rows_ != nullptr) cudaFree(d_rows_);
-}
+CudaMemory::~CudaMemory() = default;
 
 bool CudaMemory::Check(cudaError_t err, const char* what) {
   if (err == cudaSuccess) return true;
@@ -29,19 +27,20 @@ absl::StatusOr<void*> CudaMemory::Allocate(size_t bytes) {
     return absl::FailedPreconditionError("cuda device: cannot allocate while recording a graph");
   }
   cudaSetDevice(device_);
-  void* p = nullptr;
-  const cudaError_t err = cudaMalloc(&p, bytes == 0 ? 256 : bytes);  // 256-byte aligned
-  if (err != cudaSuccess) {
-    cudaGetLastError();  // an out-of-memory answer is not sticky; clear it
+  absl::StatusOr<void*> p = recall::cuda::DeviceAlloc(bytes);
+  if (!p.ok()) {
     return absl::ResourceExhaustedError(absl::StrCat("cuda device ", device_, ": cannot allocate ",
-                                                     bytes, " bytes (", cudaGetErrorName(err),
-                                                     ")"));
+                                                     bytes, " bytes (", p.status().message(), ")"));
   }
-  return p;
+  return *p;
 }
 
 void CudaMemory::Free(void* p) {
-  if (p != nullptr) Check(cudaFree(p), "cudaFree");
+  const absl::Status st = recall::cuda::DeviceFree(p);
+  if (!st.ok()) {
+    absl::MutexLock lock(&mu_);
+    if (first_error_.ok()) first_error_ = st;
+  }
 }
 
 void CudaMemory::CopyIn(void* dst, const void* src, size_t bytes) {
@@ -70,6 +69,20 @@ void CudaMemory::CopyOutRows(void* dst, size_t dst_stride, const void* src, size
   Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize after D2H rows");
 }
 
+bool CudaMemory::GrowScratch(recall::cuda::DeviceBuffer& buffer, size_t bytes, const char* what) {
+  if (bytes <= buffer.bytes()) return true;
+  buffer = recall::cuda::DeviceBuffer();  // free the old one first
+  absl::StatusOr<recall::cuda::DeviceBuffer> grown =
+      recall::cuda::DeviceBuffer::Allocate(bytes * 2);
+  if (!grown.ok()) {
+    absl::MutexLock lock(&mu_);
+    if (first_error_.ok()) first_error_ = Annotate(grown.status(), what);
+    return false;
+  }
+  buffer = *std::move(grown);
+  return true;
+}
+
 void CudaMemory::CompactRows(const PagedKvHead& rows, const int32_t* keep, int n) {
   pairs_.clear();
   const float* base = rows.base;
@@ -87,26 +100,15 @@ void CudaMemory::CompactRows(const PagedKvHead& rows, const int32_t* keep, int n
   const size_t row_bytes = static_cast<size_t>(m) * 2 * rows.head_dim * sizeof(float);
   // The buffers are reused by the next call: wait until the previous moves are done.
   if (!Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize before compaction")) return;
-  if (pair_bytes > d_pairs_bytes_) {
-    if (d_pairs_ != nullptr) cudaFree(d_pairs_);
-    d_pairs_ = nullptr;
-    d_pairs_bytes_ = 0;
-    if (!Check(cudaMalloc(&d_pairs_, pair_bytes * 2), "cudaMalloc (compaction list)")) return;
-    d_pairs_bytes_ = pair_bytes * 2;
+  if (!GrowScratch(d_pairs_, pair_bytes, "compaction list") ||
+      !GrowScratch(d_rows_, row_bytes, "compaction rows")) {
+    return;
   }
-  if (row_bytes > d_rows_bytes_) {
-    if (d_rows_ != nullptr) cudaFree(d_rows_);
-    d_rows_ = nullptr;
-    d_rows_bytes_ = 0;
-    void* p = nullptr;
-    if (!Check(cudaMalloc(&p, row_bytes * 2), "cudaMalloc (compaction rows)")) return;
-    d_rows_ = static_cast<float*>(p);
-    d_rows_bytes_ = row_bytes * 2;
-  }
-  Check(cudaMemcpyAsync(d_pairs_, pairs_.data(), pair_bytes, cudaMemcpyHostToDevice, stream_),
+  Check(cudaMemcpyAsync(d_pairs_.get(), pairs_.data(), pair_bytes, cudaMemcpyHostToDevice, stream_),
         "cudaMemcpyAsync (compaction list)");
-  LaunchMoveRows(rows.base, static_cast<const int64_t*>(d_pairs_), m, rows.head_dim,
-                 static_cast<int64_t>(rows.block_tokens) * rows.head_dim, d_rows_, stream_);
+  LaunchMoveRows(rows.base, d_pairs_.as<const int64_t>(), m, rows.head_dim,
+                 static_cast<int64_t>(rows.block_tokens) * rows.head_dim, d_rows_.as<float>(),
+                 stream_);
   Check(cudaGetLastError(), "compaction kernels");
   // pairs_ (pageable host memory) was consumed by the copy before cudaMemcpyAsync returned.
 }

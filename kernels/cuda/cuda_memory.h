@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "common/cuda/cuda_raii.h"
 #include "kernels/memory.h"
 
 namespace recall::kernels::cuda {
@@ -63,12 +64,14 @@ class CudaMemory final : public Memory {
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
   bool recording_ = false;
   const char* refused_ = nullptr;
+  // Makes `buffer` hold at least `bytes` (twice that, to grow rarely); false (the error kept)
+  // when it cannot.
+  bool GrowScratch(recall::cuda::DeviceBuffer& buffer, size_t bytes, const char* what);
+
   // CompactRows' move list (host, then device) and row scratch; grow once.
   std::vector<int64_t> pairs_;
-  void* d_pairs_ = nullptr;
-  size_t d_pairs_bytes_ = 0;
-  float* d_rows_ = nullptr;
-  size_t d_rows_bytes_ = 0;
+  recall::cuda::DeviceBuffer d_pairs_;
+  recall::cuda::DeviceBuffer d_rows_;
 };
 
 }  // namespace recall::kernels::cuda

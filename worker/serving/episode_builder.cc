@@ -4,6 +4,7 @@
 
 #include "common/logging.h"
 #include "common/status.h"
+#include "worker/runtime/device.h"
 #include "worker/runtime/episodic/model_embedder.h"
 
 namespace recall::serving {
@@ -16,8 +17,12 @@ EpisodeBuilder::EpisodeBuilder(const model::Model& model, const model::Tokenizer
 absl::StatusOr<std::unique_ptr<EpisodeBuilder>> EpisodeBuilder::Create(
     const model::Model& model, const model::Tokenizer& tokenizer,
     const kernels::PagedKvLayout& layout, int threads) {
-  std::unique_ptr<EpisodeBuilder> b(new EpisodeBuilder(
-      model, tokenizer, layout, kernels::CreateCpuBackend({std::max(1, threads)})));
+  // Its own CPU backend: builds run beside the serving thread's steps.
+  RECALL_ASSIGN_OR_RETURN(
+      std::unique_ptr<kernels::Backend> backend,
+      runtime::MakeBackend({.device = runtime::Device::kCpu, .cpu_threads = std::max(1, threads)}));
+  std::unique_ptr<EpisodeBuilder> b(
+      new EpisodeBuilder(model, tokenizer, layout, std::move(backend)));
   b->forward_ =
       std::make_unique<runtime::ForwardPass>(model, *b->backend_, runtime::ForwardOptions{256});
   runtime::episodic::ModelEmbedderOptions eo;

@@ -7,6 +7,7 @@
 #include "cache/episodic/segment.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "worker/runtime/device.h"
 #include "worker/runtime/episodic/model_embedder.h"
 #include "worker/serving/episode_builder.h"
 #include "worker/serving/scheduler.h"
@@ -31,7 +32,8 @@ absl::Status Scheduler::EnsureEpisodeBuilder() {
                           EpisodeBuilder::Create(model_, tokenizer_, ranks_.ranks[0].pool->layout(),
                                                  options_.episode_threads));
   builder_ptr_.store(builder_.get());
-  route_backend_ = kernels::CreateCpuBackend({1});
+  RECALL_ASSIGN_OR_RETURN(
+      route_backend_, runtime::MakeBackend({.device = runtime::Device::kCpu, .cpu_threads = 1}));
   runtime::episodic::ModelEmbedderOptions eo;
   eo.add_bos = tokenizer_.bos_id() >= 0;
   eo.max_tokens = std::min(256, model_.config.max_seq_len - 1);
