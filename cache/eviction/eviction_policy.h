@@ -179,6 +179,10 @@ class EvictionPolicy {
   // True if the policy compresses the prompt once at prefill from the last prompt queries
   // (SnapKV): the engine must call SessionEvictor::CompressPrefill before the first Step.
   virtual bool compresses_prefill() const { return false; }
+  // Whether the backend has this policy's whole decode step as ops (Backend::LazyObserve and
+  // Backend::LazyEvict), so a GPU cache can step it without copying probabilities back. Only
+  // LazyEviction so far.
+  virtual bool has_backend_step() const { return false; }
 
   // Updates `state` with step t's probabilities p[0..len).
   // REQUIRES: state->size() == len, t >= 1.

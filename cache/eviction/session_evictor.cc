@@ -105,7 +105,7 @@ SessionEvictor::SessionEvictor(const SessionEvictorOptions& options,
   tp_heads_.offset = options.kv_head_offset;
   tp_heads_.n_total = options.total_kv_heads > 0 ? options.total_kv_heads : n_kv_heads_;
   on_backend_ = options.backend != nullptr && !options.backend->memory().host_accessible() &&
-                policy_->name() == "lazy" && !shared_ && !options.budget.head_adaptive &&
+                policy_->has_backend_step() && !shared_ && !options.budget.head_adaptive &&
                 options.policy.meta_score == PolicyOptions::MetaScore::kNone &&
                 options.policy.value_protection <= 0.0f;
   if (options.comm != nullptr) {

@@ -134,6 +134,9 @@ absl::Status Scheduler::RunRanks(std::span<const runtime::BatchItem> items,
   // Per rank: its items (its caches and buffers) and the eviction errors of its items.
   std::vector<std::vector<absl::Status>> rank_status(ranks_.ranks.size(),
                                                      std::vector<absl::Status>(items.size()));
+  // Per rank: the bytes each item's cache holds after its new tokens were stored and before
+  // any eviction: the step's peak (a policy evicts back to its budget after it).
+  std::vector<std::vector<int64_t>> held(ranks_.ranks.size(), std::vector<int64_t>(items.size()));
   auto run_rank = [&](int r) -> absl::Status {
     std::vector<runtime::BatchItem> mine(items.begin(), items.end());
     for (size_t i = 0; r > 0 && i < mine.size(); ++i) {
@@ -147,6 +150,9 @@ absl::Status Scheduler::RunRanks(std::span<const runtime::BatchItem> items,
     }
     runtime::ForwardPass& forward = *ranks_.ranks[static_cast<size_t>(r)].forward;
     RECALL_RETURN_IF_ERROR(forward.Run(mine, r == 0 ? logits_.data() : nullptr));
+    for (size_t i = 0; i < items.size(); ++i) {
+      held[static_cast<size_t>(r)][i] = mine[i].cache->bytes_held();
+    }
     for (size_t i = 0; i < items.size(); ++i) {
       if (work[i] == Evict::kNone) continue;
       const Turn& t = *owners[i];
@@ -166,6 +172,11 @@ absl::Status Scheduler::RunRanks(std::span<const runtime::BatchItem> items,
     return absl::OkStatus();
   };
   absl::Status st = ranks_.run_all == nullptr ? run_rank(0) : ranks_.run_all(run_rank);
+  for (size_t i = 0; i < items.size(); ++i) {
+    int64_t bytes = 0;
+    for (const auto& per_rank : held) bytes += per_rank[i];
+    owners[i]->peak_kv_bytes = std::max(owners[i]->peak_kv_bytes, bytes);
+  }
   for (size_t i = 0; i < items.size(); ++i) {
     for (const auto& per_rank : rank_status) {
       if (!per_rank[i].ok()) {

@@ -1,0 +1,104 @@
+// The offline path (Generate on a LocalSequence: `recall generate` and the quality
+// benchmarks) and the serving path (the Scheduler: what `recall serve` runs) give the same
+// tokens and the same evictions for the same prompt and cache settings, so what the
+// benchmarks measure is what users get. Both take their evictor from the one CacheFactory.
+#include <functional>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "tests/common/stories260k.h"
+#include "worker/model/chat_template.h"
+#include "worker/offline/generator.h"
+#include "worker/runtime/engine.h"
+#include "worker/serving/cache_factory.h"
+#include "worker/serving/scheduler.h"
+#include "worker/serving/turn_collect.h"
+
+namespace recall::offline {
+namespace {
+
+struct Case {
+  const char* policy;
+  int budget;
+  int window;
+};
+
+class ServingParityTest : public testing::Stories260KTest,
+                          public ::testing::WithParamInterface<Case> {};
+
+TEST_P(ServingParityTest, GenerateAndTheSchedulerGiveTheSameTokensAndEvictions) {
+  if (model_ == nullptr) return;
+  const Case& c = GetParam();
+  SCOPED_TRACE(c.policy);
+  const std::string text = "Once upon a time, there was a little girl named Lily who loved";
+  constexpr int kMaxTokens = 160;
+  serving::CacheDefaults defaults;
+  defaults.policy = c.policy;
+  defaults.budget_tokens = c.budget;
+  defaults.window = c.window;
+
+  // Offline: the settings through the cache factory, as `recall generate` does.
+  runtime::EngineOptions eo;
+  eo.threads = 1;
+  eo.kv_cache_bytes = int64_t{8} << 20;
+  auto offline_engine = runtime::Engine::Create(*model_, eo);
+  ASSERT_TRUE(offline_engine.ok()) << offline_engine.status();
+  auto factory =
+      serving::CacheFactory::Create(defaults, model_->config, model_->config.n_kv_heads, 1);
+  ASSERT_TRUE(factory.ok()) << factory.status();
+  // The session's seed as the scheduler derives it (VaSE samples with it).
+  auto spec = factory->Resolve({}, std::hash<std::string>()("parity"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  GenerateOptions go;
+  go.max_tokens = kMaxTokens;
+  go.sampling.temperature = 0;
+  go.stop_token_ids = {2};
+  go.eviction = spec->evictor;
+  go.prefill_chunk = 64;
+  auto rendered = model::RenderChat(model::ChatFormat::kPlain, {{"user", text}}, true);
+  ASSERT_TRUE(rendered.ok());
+  const std::vector<int32_t> prompt = tok_->Encode(*rendered, true);
+  auto offline = Generate((*offline_engine)->forward(0), (*offline_engine)->pool(0), *tok_, prompt,
+                          go, nullptr);
+  ASSERT_TRUE(offline.ok()) << offline.status();
+
+  // Serving: a scheduler with those settings as its defaults, one session, one turn.
+  auto serving_engine = runtime::Engine::Create(*model_, eo);
+  ASSERT_TRUE(serving_engine.ok()) << serving_engine.status();
+  serving::SchedulerOptions so;
+  so.cache = defaults;
+  so.stop_token_ids = {2};
+  so.chat_format = model::ChatFormat::kPlain;
+  auto scheduler = serving::Scheduler::Create(**serving_engine, *tok_, so);
+  ASSERT_TRUE(scheduler.ok()) << scheduler.status();
+  serving::TurnRequest turn;
+  turn.session_id = "parity";
+  turn.messages = {{"user", text}};
+  turn.sampling.temperature = 0;
+  turn.max_tokens = kMaxTokens;
+  auto stream = (*scheduler)->Submit(std::move(turn));
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  const serving::Collected served = serving::CollectTurn(**stream);
+  ASSERT_TRUE(served.status.ok()) << served.status;
+
+  EXPECT_EQ(served.summary.prompt_tokens, static_cast<int>(prompt.size()));
+  EXPECT_EQ(served.token_ids, offline->tokens);
+  EXPECT_EQ(served.summary.evictions, offline->evictions);
+  EXPECT_EQ(served.summary.evicted_tokens, offline->evicted_slots);
+  EXPECT_EQ(served.summary.peak_kv_bytes, offline->peak_kv_bytes);
+  EXPECT_EQ(served.summary.kv_bytes, offline->final_kv_bytes);
+  if (std::string(c.policy) != "full") {
+    EXPECT_GT(offline->evictions, 0) << "the case should evict";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, ServingParityTest,
+                         ::testing::Values(Case{"full", 1024, 32}, Case{"lazy", 48, 16},
+                                           Case{"h2o", 48, 16}, Case{"tova", 48, 16},
+                                           Case{"streaming", 48, 16}, Case{"vase", 48, 16}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return std::string(info.param.policy);
+                         });
+
+}  // namespace
+}  // namespace recall::offline
