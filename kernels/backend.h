@@ -62,6 +62,19 @@ struct LazyEvictArgs {
   int64_t keep_stride = 0;
 };
 
+// Arguments of Backend::RerotateKeys: the cached keys of one sequence move to new positions.
+// Row r = layer * n_kv_heads + head holds lens[r] slots; slot s of row r was stored at
+// position from[r * stride + s] and moves to to[r * stride + s]. Host arrays.
+struct RerotateArgs {
+  PagedKv kv;  // the sequence's cache (pool in backend memory, host block tables)
+  const int32_t* lens = nullptr;  // [n_layers * n_kv_heads]
+  const int32_t* from = nullptr;  // [n_layers * n_kv_heads, stride]
+  const int32_t* to = nullptr;    // same shape
+  int64_t stride = 0;
+  float theta = 10000.0f;
+  RopeStyle style = RopeStyle::kInterleaved;
+};
+
 // A sequence of a backend's ops recorded once (Backend::Record) and run again as a whole: a
 // CUDA graph on a GPU, one launch instead of one per op.
 class OpGraph {
@@ -125,6 +138,14 @@ class Backend {
   // x: [n, n_heads, head_dim]; positions: [n]; freq_i = theta^(-2i/head_dim).
   virtual void Rope(float* x, const int32_t* positions, int n, int n_heads, int head_dim,
                     float theta, RopeStyle style) = 0;
+
+  // Moves cached keys to new positions in place (a.kv's K rows; V rows are untouched). RoPE is
+  // a rotation, so the key Rope stored at position p becomes the key at q by a rotation of
+  // angle (q - p) * freq_i per pair; each angle is computed as Rope's float angles at q and p,
+  // subtracted in double, so the result is the key Rope would store at q up to the rounding
+  // of one cos/sin. The default is a host loop (host-addressable memory); GPU backends rotate
+  // on the device.
+  virtual void RerotateKeys(const RerotateArgs& args);
 
   // y = x * w^T.  x: [n, w.cols]; y: [n, w.rows].  Small n uses the GEMV path.
   virtual void MatMul(const float* x, int n, const Matrix& w, float* y) = 0;

@@ -40,6 +40,11 @@ struct CudaBackendOptions {
   // batch-invariant matmul and fused kernels against the host reference (CheckMatMul,
   // kernels/cpu/matmul_check.h) and falls back the same way (CudaMatMulsOnCublas says which).
   bool cublas_matmuls = false;
+  // Key re-rotation (RerotateKeys) on the host: each moved key row is copied back, rotated by
+  // the reference and copied in. Otherwise CreateCudaBackend checks the device's kernel
+  // against that reference (CheckRerotate, kernels/cpu/rerotate_check.h) and falls back the
+  // same way.
+  bool host_rerotate = false;
 };
 
 // FailedPrecondition when no CUDA device is present (or `device` is out of range);
@@ -65,6 +70,8 @@ std::string CudaOpTimes(Backend& backend, bool reset);
 // Whether a CUDA backend picks tokens on the host (CudaBackendOptions::host_picks, asked for
 // or taken after a failed check); false for other backends and in builds without CUDA.
 bool CudaPicksOnHost(Backend& backend);
+// Whether a CUDA backend moves keys to new positions on the host (host_rerotate).
+bool CudaRerotatesOnHost(Backend& backend);
 
 // Whether a CUDA backend runs LazyEvict on the host (CudaBackendOptions::host_evict, asked for
 // or taken after a failed check); false for other backends and in builds without CUDA.

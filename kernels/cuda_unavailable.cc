@@ -23,6 +23,8 @@ bool CudaPicksOnHost(Backend&) { return false; }
 
 bool CudaEvictsOnHost(Backend&) { return false; }
 
+bool CudaRerotatesOnHost(Backend&) { return false; }
+
 bool CudaMatMulsOnCublas(Backend&) { return false; }
 
 absl::Status CudaBindThread(int) {

@@ -2,6 +2,7 @@
 // the paged KV layout. No ownership here: these are views over memory someone else owns.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -33,10 +34,22 @@ struct Matrix {
   const float* f32() const { return static_cast<const float*>(data); }  // REQUIRES: kF32
 };
 
+// Host and device code (kernels/cuda/*.cu include this header).
+#if defined(__CUDACC__)
+#define RECALL_HOST_DEVICE __host__ __device__
+#else
+#define RECALL_HOST_DEVICE
+#endif
+
 enum class RopeStyle : uint8_t {
   kInterleaved = 0,  // llama2.c / Meta: rotate pairs (2i, 2i+1)
   kHalfSplit = 1,    // Hugging Face Llama: rotate pairs (i, i + head_dim/2)
 };
+
+// RoPE's frequency of pair i: theta^(-2i / head_dim), as every Rope computes it.
+RECALL_HOST_DEVICE inline float RopeFreq(float theta, int i, int head_dim) {
+  return 1.0f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+}
 
 // How a paged KV block is laid out. A block holds `block_tokens` token slots of ONE layer,
 // for every KV head of this rank, K and V, in fp32:

@@ -1,10 +1,13 @@
-// The defaults of Backend::AddRmsNorm, Backend::MatMulMany, Backend::LazyObserve, Backend::LazyEvict,
+// The defaults of Backend::AddRmsNorm, Backend::MatMulMany, Backend::RerotateKeys,
+// Backend::LazyObserve, Backend::LazyEvict,
 // Backend::ArgmaxRows and Backend::SampleRows: the reference host loops (kernels/backend.h).
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/cpu/lazy_evict.h"
+#include "kernels/cpu/rerotate.h"
 #include "kernels/cpu/sampling.h"
 
 namespace recall::kernels {
@@ -17,6 +20,40 @@ void Backend::AddRmsNorm(float* x, const float* y, const float* weight, int n, i
 
 void Backend::MatMulMany(const float* x, int n, const Matrix* w, float* const* y, int count) {
   for (int i = 0; i < count; ++i) MatMul(x, n, w[i], y[i]);
+}
+
+namespace cpu {
+
+void RerotateRow(float* k, int head_dim, int32_t from, int32_t to, float theta, RopeStyle style) {
+  if (from == to) return;
+  const int pairs = head_dim / 2;
+  const int stride = style == RopeStyle::kInterleaved ? 2 : 1;
+  const int offset = style == RopeStyle::kInterleaved ? 1 : pairs;
+  const float f = static_cast<float>(from), t = static_cast<float>(to);
+  for (int i = 0; i < pairs; ++i) {
+    const float freq = RopeFreq(theta, i, head_dim);
+    // Rope's float angles at both positions; their difference in double.
+    const double angle = static_cast<double>(t * freq) - static_cast<double>(f * freq);
+    const float c = static_cast<float>(std::cos(angle)), s = static_cast<float>(std::sin(angle));
+    float* p0 = k + i * stride;
+    float* p1 = p0 + offset;
+    const float v0 = *p0, v1 = *p1;
+    *p0 = v0 * c - v1 * s;
+    *p1 = v0 * s + v1 * c;
+  }
+}
+
+}  // namespace cpu
+
+void Backend::RerotateKeys(const RerotateArgs& a) {
+  const PagedKvLayout& l = a.kv.layout;
+  for (int r = 0; r < l.n_layers * l.n_kv_heads; ++r) {
+    const PagedKvHead head = a.kv.Head(r / l.n_kv_heads, r % l.n_kv_heads);
+    for (int s = 0; s < a.lens[r]; ++s) {
+      cpu::RerotateRow(head.K(s), l.head_dim, a.from[r * a.stride + s], a.to[r * a.stride + s],
+                       a.theta, a.style);
+    }
+  }
 }
 
 void Backend::LazyObserve(const LazyObserveArgs& a) {

@@ -52,7 +52,7 @@ void Rope(ThreadPool& pool, float* x, const int32_t* positions, int n, int n_hea
   const int pairs = head_dim / 2;
   float freq[kMaxRopeHeadDim / 2];
   for (int i = 0; i < pairs; ++i) {
-    freq[i] = 1.0f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+    freq[i] = RopeFreq(theta, i, head_dim);
   }
   const int64_t row = static_cast<int64_t>(n_heads) * head_dim;
   pool.ParallelFor(n, RowsPerThread(row * 4), [&](int64_t b, int64_t e, int) {

@@ -15,6 +15,8 @@
 #include "kernels/cpu/lazy_evict_check.h"
 #include "kernels/cpu/matmul_check.h"
 #include "kernels/cpu/pick_check.h"
+#include "kernels/cpu/rerotate.h"
+#include "kernels/cpu/rerotate_check.h"
 #include "kernels/cpu/sampling.h"
 #include "kernels/cuda/cuda_memory.h"
 #include "kernels/cuda/launch.h"
@@ -28,9 +30,15 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, recall::cuda::Stream stream, cublasHandle_t blas, int sm_count,
               const CudaBackendOptions& options)
-      : device_(device), stream_(std::move(stream)), blas_(blas), sm_count_(sm_count),
-        memory_(device, stream_.get()), host_picks_(options.host_picks),
-        host_evict_(options.host_evict), cublas_matmuls_(options.cublas_matmuls) {
+      : device_(device),
+        stream_(std::move(stream)),
+        blas_(blas),
+        sm_count_(sm_count),
+        memory_(device, stream_.get()),
+        host_picks_(options.host_picks),
+        host_evict_(options.host_evict),
+        cublas_matmuls_(options.cublas_matmuls),
+        host_rerotate_(options.host_rerotate) {
     if (options.time_ops) timer_ = std::make_unique<OpTimer>();
   }
   ~CudaBackend() override {
@@ -46,6 +54,7 @@ class CudaBackend final : public Backend {
   bool picks_on_host() const { return host_picks_; }
   // CudaEvictsOnHost.
   bool evicts_on_host() const { return host_evict_; }
+  bool rerotates_on_host() const { return host_rerotate_; }
   // CudaMatMulsOnCublas.
   bool matmuls_on_cublas() const { return cublas_matmuls_; }
   Memory& memory() override { return memory_; }
@@ -188,6 +197,47 @@ class CudaBackend final : public Backend {
     const int32_t* d = lens_device_.as<int32_t>();
     LaunchLazyObserve(a, d, d + rows, max_len, s());
     Launched("lazy_observe");
+  }
+
+  void RerotateKeys(const RerotateArgs& a) override {
+    if (memory_.Refuse("RerotateKeys (stages its rows)")) return;
+    if (host_rerotate_) return RerotateOnHost(a);
+    const Timed timed(this, "rerotate_keys");
+    const PagedKvLayout& l = a.kv.layout;
+    rerotate_.clear();
+    for (int r = 0; r < l.n_layers * l.n_kv_heads; ++r) {
+      const PagedKvHead head = a.kv.Head(r / l.n_kv_heads, r % l.n_kv_heads);
+      for (int s = 0; s < a.lens[r]; ++s) {
+        const int32_t from = a.from[r * a.stride + s], to = a.to[r * a.stride + s];
+        if (from != to) rerotate_.push_back({head.K(s) - a.kv.pool, from, to});
+      }
+    }
+    if (rerotate_.empty()) return;
+    const size_t bytes = rerotate_.size() * sizeof(RerotateRow);
+    if (!Grow(rerotate_device_, bytes).ok()) {
+      memory_.Check(cudaErrorMemoryAllocation, "rerotate rows");
+      return;
+    }
+    memory_.CopyIn(rerotate_device_.get(), rerotate_.data(), bytes);
+    LaunchRerotateKeys(a.kv.pool, rerotate_device_.as<RerotateRow>(),
+                       static_cast<int>(rerotate_.size()), l.head_dim, a.theta, a.style, s());
+    Launched("rerotate_keys");
+  }
+
+  // RerotateKeys by the host reference, one key row at a time (the fallback).
+  void RerotateOnHost(const RerotateArgs& a) {
+    const PagedKvLayout& l = a.kv.layout;
+    std::vector<float> row(static_cast<size_t>(l.head_dim));
+    for (int r = 0; r < l.n_layers * l.n_kv_heads; ++r) {
+      const PagedKvHead head = a.kv.Head(r / l.n_kv_heads, r % l.n_kv_heads);
+      for (int s = 0; s < a.lens[r]; ++s) {
+        const int32_t from = a.from[r * a.stride + s], to = a.to[r * a.stride + s];
+        if (from == to) continue;
+        memory_.CopyOut(row.data(), head.K(s), row.size() * sizeof(float));
+        cpu::RerotateRow(row.data(), l.head_dim, from, to, a.theta, a.style);
+        memory_.CopyIn(head.K(s), row.data(), row.size() * sizeof(float));
+      }
+    }
   }
 
   void LazyEvict(const LazyEvictArgs& a) override {
@@ -431,9 +481,12 @@ class CudaBackend final : public Backend {
   std::vector<int32_t> lens_;  // LazyObserve's lengths, staged
   recall::cuda::DeviceBuffer lens_device_;
   std::vector<int32_t> evict_;  // LazyEvict's rows and block tables, staged
+  std::vector<RerotateRow> rerotate_;  // RerotateKeys' rows, staged
   recall::cuda::DeviceBuffer evict_device_;
+  recall::cuda::DeviceBuffer rerotate_device_;
   bool host_evict_;      // CudaBackendOptions::host_evict
   bool cublas_matmuls_;  // CudaBackendOptions::cublas_matmuls
+  bool host_rerotate_;   // CudaBackendOptions::host_rerotate
   std::vector<int32_t> host_ts_, host_mri_, host_keep_;  // EvictOnHost's row
   cpu::LazyKeepScratch keep_scratch_;
   std::unique_ptr<OpTimer> timer_;  // CudaBackendOptions::time_ops
@@ -567,6 +620,11 @@ bool CudaPicksOnHost(Backend& backend) {
   return cuda != nullptr && cuda->picks_on_host();
 }
 
+bool CudaRerotatesOnHost(Backend& backend) {
+  auto* cuda = dynamic_cast<cuda::CudaBackend*>(&backend);
+  return cuda != nullptr && cuda->rerotates_on_host();
+}
+
 bool CudaEvictsOnHost(Backend& backend) {
   auto* cuda = dynamic_cast<cuda::CudaBackend*>(&backend);
   return cuda != nullptr && cuda->evicts_on_host();
@@ -625,6 +683,9 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOpti
       {CheckLazyEvict, &CudaBackendOptions::host_evict,
        "LazyEviction step failed its check, so eviction steps select on the host (the state "
        "is copied back)"},
+      {CheckRerotate, &CudaBackendOptions::host_rerotate,
+       "key re-rotation failed its check, so keys are moved to new positions on the host "
+       "(each key row is copied back)"},
   };
   CudaBackendOptions fixed = options;
   for (const Fallback& f : kFallbacks) {

@@ -86,8 +86,7 @@ __global__ void RopeKernel(float* x, const int32_t* positions, int n_heads, int 
   float* row = x + static_cast<int64_t>(blockIdx.x) * n_heads * head_dim;
   for (int k = threadIdx.x; k < n_heads * pairs; k += blockDim.x) {
     const int h = k / pairs, i = k % pairs;
-    const float freq =
-        1.0f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+    const float freq = RopeFreq(theta, i, head_dim);
     const float val = pos * freq;
     const float fcr = cosf(val), fci = sinf(val);
     float* v = row + h * head_dim;
@@ -96,6 +95,26 @@ __global__ void RopeKernel(float* x, const int32_t* positions, int n_heads, int 
     const float v0 = *p0, v1 = *p1;
     *p0 = v0 * fcr - v1 * fci;
     *p1 = v0 * fci + v1 * fcr;
+  }
+}
+
+// One block per key row: each thread rotates pairs by the difference of Rope's float angles
+// at the two positions, taken in double (as the host reference).
+__global__ void RerotateKeysKernel(float* pool, const RerotateRow* rows, int head_dim, float theta,
+                                   int interleaved) {
+  const RerotateRow r = rows[blockIdx.x];
+  const int pairs = head_dim / 2;
+  const float from = static_cast<float>(r.from), to = static_cast<float>(r.to);
+  float* k = pool + r.k_offset;
+  for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
+    const float freq = RopeFreq(theta, i, head_dim);
+    const double angle = static_cast<double>(to * freq) - static_cast<double>(from * freq);
+    const float c = static_cast<float>(cos(angle)), s = static_cast<float>(sin(angle));
+    float* p0 = interleaved ? k + 2 * i : k + i;
+    float* p1 = interleaved ? p0 + 1 : p0 + pairs;
+    const float v0 = *p0, v1 = *p1;
+    *p0 = v0 * c - v1 * s;
+    *p1 = v0 * s + v1 * c;
   }
 }
 
@@ -180,6 +199,13 @@ void LaunchRope(float* x, const int32_t* positions, int n, int n_heads, int head
   if (n <= 0) return;
   RopeKernel<<<n, RowThreads(n_heads * head_dim / 2), 0, stream>>>(
       x, positions, n_heads, head_dim, theta, style == RopeStyle::kInterleaved ? 1 : 0);
+}
+
+void LaunchRerotateKeys(float* pool, const RerotateRow* rows, int n, int head_dim, float theta,
+                        RopeStyle style, cudaStream_t stream) {
+  if (n <= 0) return;
+  RerotateKeysKernel<<<n, RowThreads(head_dim / 2), 0, stream>>>(
+      pool, rows, head_dim, theta, style == RopeStyle::kInterleaved ? 1 : 0);
 }
 
 void LaunchAddBias(float* x, const float* bias, int n, int dim, cudaStream_t stream) {

@@ -66,6 +66,16 @@ void LaunchAttention(const KvBatch& batch, int layer, const float* q, int n_head
 void LaunchMoveRows(float* base, const int64_t* pairs, int m, int head_dim, int64_t v_offset,
                     float* scratch, cudaStream_t stream);
 
+// One key row of Backend::RerotateKeys, staged in device memory: the K row at `k_offset`
+// floats from the pool's base moves from position `from` to `to`.
+struct RerotateRow {
+  int64_t k_offset = 0;
+  int32_t from = 0, to = 0;
+};
+// Backend::RerotateKeys over `n` rows.
+void LaunchRerotateKeys(float* pool, const RerotateRow* rows, int n, int head_dim, float theta,
+                        RopeStyle style, cudaStream_t stream);
+
 // ---- sampling.cu
 // Backend::ArgmaxRows.
 void LaunchArgmaxRows(const float* x, int rows, int cols, int32_t* out, cudaStream_t stream);
