@@ -161,6 +161,27 @@ void SequenceCache::SetNextPosition(int32_t position) {
   next_position_ = position;
 }
 
+void SequenceCache::MovePositions(const int32_t* to, int64_t stride, int32_t next_position) {
+  RECALL_CHECK(next_position >= 0) << "negative position " << next_position;
+  for (size_t lh = 0; lh < positions_.size(); ++lh) {
+    for (int s = 0; s < lengths_[lh]; ++s) {
+      const int32_t p = to[static_cast<int64_t>(lh) * stride + s];
+      RECALL_CHECK(p < next_position && (s == 0 || p > positions_[lh][static_cast<size_t>(s) - 1]))
+          << "MovePositions: row " << lh << " slot " << s << " to " << p;
+      positions_[lh][static_cast<size_t>(s)] = p;
+    }
+  }
+  shifted_ += static_cast<int64_t>(next_position_) - next_position;
+  next_position_ = next_position;
+}
+
+void SequenceCache::Positions(int32_t* out, int64_t stride) const {
+  for (size_t lh = 0; lh < positions_.size(); ++lh) {
+    std::copy(positions_[lh].begin(), positions_[lh].begin() + lengths_[lh],
+              out + static_cast<int64_t>(lh) * stride);
+  }
+}
+
 int SequenceCache::TrimBlocks() {
   int freed = 0;
   for (int l = 0; l < n_layers_; ++l) {
@@ -194,6 +215,7 @@ void SequenceCache::Release() {
   std::fill(lengths_.begin(), lengths_.end(), 0);
   for (auto& pos : positions_) pos.clear();
   next_position_ = 0;
+  shifted_ = 0;
 }
 
 void SequenceCache::OffloadToHost() {

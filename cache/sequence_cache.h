@@ -55,8 +55,20 @@ class SequenceCache {
   // Position of the token in slot `slot` of (layer, head).
   int32_t position(int layer, int head, int slot) const;
 
-  // Number of tokens the sequence has consumed (the next token's position).
+  // The next token's position: the number of tokens the sequence has consumed, less what
+  // MovePositions took off.
   int32_t next_position() const { return next_position_; }
+  // The tokens the sequence has consumed, whatever its positions (the length the budget of a
+  // fraction refers to).
+  int64_t sequence_length() const { return next_position_ + shifted_; }
+
+  // Gives the held slots new positions: slot s of (layer l, KV head h) gets
+  // to[(l * n_kv_heads + h) * stride + s], and the next token `next_position`. The caller has
+  // moved the keys (Backend::RerotateKeys). sequence_length() is unchanged. REQUIRES: each
+  // row's new positions strictly increase and stay below next_position.
+  void MovePositions(const int32_t* to, int64_t stride, int32_t next_position);
+  // Every held slot's position, in the same layout.
+  void Positions(int32_t* out, int64_t stride) const;
 
   // Sets the next token's position. Moving it back forgets positions no slot holds any more
   // (EpiCache's patch queries are appended, scored and compacted away, and the next history
@@ -129,6 +141,7 @@ class SequenceCache {
   std::vector<int32_t> lengths_;              // [n_layers * n_kv_heads]
   std::vector<std::vector<int32_t>> positions_;  // [n_layers * n_kv_heads][length]
   int32_t next_position_ = 0;
+  int64_t shifted_ = 0;                    // positions MovePositions took off next_position_
   std::vector<int32_t> offloaded_counts_;  // [n_layers] blocks the host copy holds per layer
   int offloaded_blocks_ = 0;               // their sum
   std::vector<float> host_;  // their contents, layer after layer, block after block

@@ -132,6 +132,7 @@ void ToProto(const serving::CacheRequest& c, v1::CacheSettings* out) {
   if (c.embedder.has_value()) out->set_embedder(*c.embedder);
   if (c.block_tokens.has_value()) out->set_block_tokens(*c.block_tokens);
   if (c.recluster_turns.has_value()) out->set_recluster_turns(*c.recluster_turns);
+  if (c.positions.has_value()) out->set_positions(*c.positions);
 }
 
 absl::Status Chat(const ChatOptions& o) {

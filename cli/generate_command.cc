@@ -170,6 +170,7 @@ absl::Status Run(GenerateCliOptions o) {
       o.seed.value_or(std::chrono::steady_clock::now().time_since_epoch().count() & 0x7fffffff));
   options.stop_strings = o.stop;
   options.eviction = spec.evictor;
+  options.positions = spec.positions;
   options.prefill_chunk = 256;
   const bool chat = o.chat || o.chat_format.has_value();
   model::ChatFormat format = model::GuessChatFormat(tok);

@@ -309,6 +309,11 @@ absl::StatusOr<bool> SessionEvictor::CompactHeadAdaptive(int layer, int budget,
   return compacted;
 }
 
+int SessionEvictor::MaxBudget() {
+  allocator_.Allocate(FractionLength(), budgets_.data());
+  return *std::max_element(budgets_.begin(), budgets_.end());
+}
+
 absl::Status SessionEvictor::CompressPrefill(const float* window_queries, int w, float scale) {
   if (!policy_->compresses_prefill()) {
     return absl::FailedPreconditionError(absl::StrCat("session evictor: policy '", policy_->name(),
@@ -397,7 +402,7 @@ absl::Status SessionEvictor::Step(const float* probs, int64_t stride) {
   RECALL_RETURN_IF_ERROR(AgreeOnStep());
   const int t = ++step_;
   peak_bytes_ = std::max(peak_bytes_, cache_->bytes_held());
-  allocator_.Allocate(cache_->next_position(), budgets_.data());
+  allocator_.Allocate(FractionLength(), budgets_.data());
   const int n_heads = options_.n_heads;
   bool compacted = false;
 

@@ -49,6 +49,7 @@
 // Not thread safe: one sequence is stepped by one thread at a time.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -100,6 +101,10 @@ struct SessionEvictorOptions {
   // and fails loudly (Internal, naming the ranks) if the ranks disagree. Costs one small
   // all-gather per step.
   bool verify_keep = false;
+  // A budget given as a fraction refers to the sequence's length (SequenceCache::
+  // sequence_length()) up to this many tokens, and to this many past it (the model's context
+  // length, for sessions longer than it); 0: no cap.
+  int64_t fraction_cap = 0;
   // The backend whose memory holds the cache. When its memory is not host-accessible (a GPU)
   // and the policy is lazy with per-KV-head token sets (not share_tokens or head_adaptive; no
   // meta score or value protection), the evictor steps on the backend: ts and mri live in
@@ -132,6 +137,13 @@ class SessionEvictor {
   // there (see SessionEvictorOptions::backend). The caller then passes probabilities the
   // forward pass left in backend memory (BatchItem::probs_on_backend).
   bool steps_on_backend() const { return on_backend_; }
+  // The length a budget fraction applies to: the sequence's length, capped at fraction_cap.
+  int FractionLength() const {
+    const int64_t n = cache_->sequence_length();
+    return static_cast<int>(options_.fraction_cap > 0 ? std::min(n, options_.fraction_cap) : n);
+  }
+  // The most slots any (layer, KV head) keeps after an eviction at the current length.
+  int MaxBudget();
   // Brings the host copy of the states (state()) up to date when the evictor steps on the
   // backend (a no-op otherwise); the backend's first error, if any.
   absl::Status SyncStates();

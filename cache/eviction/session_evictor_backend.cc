@@ -105,7 +105,7 @@ absl::Status SessionEvictor::StepOnBackend(const float* probs, int64_t stride) {
   RECALL_RETURN_IF_ERROR(EnsureBackendState(max_len));
   // Budgets first, so the keep lists an eviction step needs are had before the step changes
   // anything.
-  allocator_.Allocate(cache_->next_position(), budgets_.data());
+  allocator_.Allocate(FractionLength(), budgets_.data());
   const int widest = *std::max_element(budgets_.begin(), budgets_.end());
   if (max_len > *std::min_element(budgets_.begin(), budgets_.end())) {
     RECALL_RETURN_IF_ERROR(EnsureKeepLists(widest));

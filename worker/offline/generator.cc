@@ -51,8 +51,9 @@ absl::StatusOr<GenerateResult> Generate(runtime::ForwardPass& forward, cache::Bl
                                         const GenerateOptions& options,
                                         const TextCallback& on_text) {
   RECALL_RETURN_IF_ERROR(ValidateOptions(options));
-  RECALL_ASSIGN_OR_RETURN(std::unique_ptr<LocalSequence> seq,
-                          LocalSequence::Create(forward, pool, options.eviction));
+  RECALL_ASSIGN_OR_RETURN(
+      std::unique_ptr<LocalSequence> seq,
+      LocalSequence::Create(forward, pool, options.eviction, options.positions));
   return Generate(*seq, forward.backend(), forward.model().config, tokenizer, prompt, options,
                   on_text);
 }
@@ -65,7 +66,7 @@ absl::StatusOr<GenerateResult> Generate(Sequence& seq, kernels::Backend& backend
                                         const TextCallback& on_text) {
   RECALL_RETURN_IF_ERROR(ValidateOptions(options));
   if (prompt.empty()) return absl::InvalidArgumentError("prompt: needs at least one token");
-  if (static_cast<int>(prompt.size()) >= config.max_seq_len) {
+  if (!seq.endless() && static_cast<int>(prompt.size()) >= config.max_seq_len) {
     return absl::InvalidArgumentError(absl::StrCat("prompt: ", prompt.size(),
                                                    " tokens leave no room in the context of ",
                                                    config.max_seq_len, " tokens"));
@@ -111,7 +112,7 @@ absl::StatusOr<GenerateResult> Generate(Sequence& seq, kernels::Backend& backend
       result.finish_reason = FinishReason::kLength;
       break;
     }
-    if (seq.next_position() >= config.max_seq_len) {
+    if (!seq.endless() && seq.next_position() >= config.max_seq_len) {
       result.finish_reason = FinishReason::kContext;
       break;
     }

@@ -17,6 +17,7 @@
 #include "kernels/sampling_params.h"
 #include "worker/offline/sequence.h"
 #include "worker/runtime/forward.h"
+#include "worker/runtime/positions.h"
 #include "worker/tokenizer/tokenizer.h"
 
 namespace recall::offline {
@@ -30,6 +31,8 @@ struct GenerateOptions {
   // KV eviction while decoding (the prompt is prefilled whole, then evictable); unset means
   // the full cache.
   std::optional<cache::eviction::SessionEvictorOptions> eviction;
+  // With an eviction policy, kCompact goes on past the context length (runtime/positions.h).
+  runtime::Positions positions = runtime::Positions::kOriginal;
 };
 
 enum class FinishReason { kLength, kStopToken, kStopString, kContext };

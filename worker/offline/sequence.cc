@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "common/status.h"
 
 namespace recall::offline {
@@ -13,11 +14,15 @@ LocalSequence::LocalSequence(runtime::ForwardPass& forward,
 
 absl::StatusOr<std::unique_ptr<LocalSequence>> LocalSequence::Create(
     runtime::ForwardPass& forward, cache::BlockPool& pool,
-    const std::optional<cache::eviction::SessionEvictorOptions>& eviction) {
+    const std::optional<cache::eviction::SessionEvictorOptions>& eviction,
+    runtime::Positions positions) {
   auto cache = std::make_unique<cache::SequenceCache>(&pool);
   cache::SequenceCache* raw = cache.get();
   std::unique_ptr<LocalSequence> seq(new LocalSequence(forward, std::move(cache), raw));
   RECALL_RETURN_IF_ERROR(seq->MakeEvictor(eviction));
+  if (positions == runtime::Positions::kCompact && eviction.has_value()) {
+    seq->positions_ = positions;
+  }
   return seq;
 }
 
@@ -41,15 +46,65 @@ absl::Status LocalSequence::MakeEvictor(
   if (evictor_->steps_on_backend()) return absl::OkStatus();  // probs stay in backend memory
   if (evictor_->policy().needs_attention() ||
       o.policy.meta_score == cache::eviction::PolicyOptions::MetaScore::kCaoteCurrentQuery) {
-    probs_stride_ = config.max_seq_len;  // a head never holds more slots than the context
-    probs_.resize(static_cast<size_t>(config.n_layers) * config.n_heads * probs_stride_);
+    wants_probs_ = true;
   }
   return absl::OkStatus();
+}
+
+void LocalSequence::EnsureProbs(int len) {
+  if (!wants_probs_ || probs_stride_ >= len) return;
+  const model::ModelConfig& config = forward_.model().config;
+  int64_t stride = std::max<int64_t>(64, probs_stride_);
+  while (stride < len) stride *= 2;
+  probs_stride_ = std::min<int64_t>(stride, config.max_seq_len);
+  probs_.assign(static_cast<size_t>(config.n_layers) * config.n_heads * probs_stride_, 0.0f);
+}
+
+void LocalSequence::MakeRoom(int n) {
+  const model::ModelConfig& config = forward_.model().config;
+  if (positions_ == runtime::Positions::kCompact && runtime::NeedsCompaction(*cache_, config, n)) {
+    runtime::CompactPositions(forward_.backend(), config, *cache_, cache_->max_length());
+  }
 }
 
 absl::Status LocalSequence::Prefill(std::span<const int32_t> prompt, int chunk, float* logits) {
   const model::ModelConfig& config = forward_.model().config;
   const int len = static_cast<int>(prompt.size());
+  if (positions_ == runtime::Positions::kCompact && !evictor_->policy().compresses_prefill()) {
+    // Endless: chunks while the cache stays within its budget, its window and one chunk;
+    // past that, one token per step with an eviction step after it.
+    for (int fed = 0; fed < len;) {
+      int n = std::min(chunk, len - fed);
+      bool step = false;
+      const int cap = evictor_->MaxBudget() + evictor_->policy().options().window + chunk;
+      if (cache_->max_length() + n > cap) {
+        n = 1;
+        step = true;
+      }
+      if (runtime::NeedsCompaction(*cache_, config, n)) {
+        MakeRoom(n);
+        if (runtime::NeedsCompaction(*cache_, config, n)) {
+          n = 1;
+          step = true;
+        }
+      }
+      if (runtime::NeedsCompaction(*cache_, config, n)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("prompt: the cache holds ", cache_->max_length(),
+                         " tokens, which fill the model's context length (", config.max_seq_len,
+                         "); the policy does not evict enough to go on"));
+      }
+      if (step) {
+        RECALL_RETURN_IF_ERROR(Decode(prompt[fed], logits));
+      } else {
+        RECALL_RETURN_IF_ERROR(runtime::RunChunked(forward_, cache_, prompt.subspan(fed, n), n,
+                                                   fed + n == len ? logits : nullptr, nullptr, 0));
+        peak_bytes_ = std::max(peak_bytes_, cache_->bytes_held());
+      }
+      fed += n;
+    }
+    return absl::OkStatus();
+  }
   // Prefill-time compression (SnapKV) scores the prompt by its last `window` queries.
   std::vector<float> window_queries;
   int window_w = 0;
@@ -67,6 +122,8 @@ absl::Status LocalSequence::Prefill(std::span<const int32_t> prompt, int chunk, 
 }
 
 absl::Status LocalSequence::Decode(int32_t token, float* logits) {
+  MakeRoom(1);
+  EnsureProbs(cache_->max_length() + 1);
   runtime::BatchItem item;
   item.cache = cache_;
   item.tokens = &token;

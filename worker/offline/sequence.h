@@ -16,6 +16,7 @@
 #include "cache/eviction/session_evictor.h"
 #include "cache/sequence_cache.h"
 #include "worker/runtime/forward.h"
+#include "worker/runtime/positions.h"
 
 namespace recall::offline {
 
@@ -36,6 +37,8 @@ class Sequence {
   virtual absl::Status Decode(int32_t token, float* logits) = 0;
   // The next token's position.
   virtual int32_t next_position() const = 0;
+  // Whether the sequence goes on past the model's context length (runtime/positions.h).
+  virtual bool endless() const { return false; }
   virtual SequenceStats stats() const = 0;
 };
 
@@ -45,9 +48,14 @@ class LocalSequence final : public Sequence {
  public:
   // `eviction` unset means the full cache; its n_heads is set from the forward pass's model.
   // InvalidArgument for bad eviction options. forward and pool must outlive the sequence.
+  // `positions` kCompact (with an eviction policy) makes the sequence endless: at the context
+  // length its cache is re-positioned, and a prompt that would grow the cache past its budget,
+  // its window and one `chunk` is fed one token per step, each followed by an eviction step
+  // (as the scheduler does).
   static absl::StatusOr<std::unique_ptr<LocalSequence>> Create(
       runtime::ForwardPass& forward, cache::BlockPool& pool,
-      const std::optional<cache::eviction::SessionEvictorOptions>& eviction);
+      const std::optional<cache::eviction::SessionEvictorOptions>& eviction,
+      runtime::Positions positions = runtime::Positions::kOriginal);
   // The same on a cache the caller owns and that may already hold tokens (an EpiCache
   // episode): Prefill appends to it, the evictor takes over all of it. The cache must
   // outlive the sequence and be resident.
@@ -58,6 +66,7 @@ class LocalSequence final : public Sequence {
   absl::Status Prefill(std::span<const int32_t> prompt, int chunk, float* logits) override;
   absl::Status Decode(int32_t token, float* logits) override;
   int32_t next_position() const override { return cache_->next_position(); }
+  bool endless() const override { return positions_ == runtime::Positions::kCompact; }
   SequenceStats stats() const override;
 
   const cache::SequenceCache& cache() const { return *cache_; }
@@ -68,6 +77,10 @@ class LocalSequence final : public Sequence {
   LocalSequence(runtime::ForwardPass& forward, std::unique_ptr<cache::SequenceCache> owned,
                 cache::SequenceCache* cache);
   absl::Status MakeEvictor(const std::optional<cache::eviction::SessionEvictorOptions>& eviction);
+  // Grows probs_ so each head's row holds `len` slots (bounded by the cache, not the context).
+  void EnsureProbs(int len);
+  // Re-positions the cache when `n` more tokens would pass the context (endless only).
+  void MakeRoom(int n);
 
   runtime::ForwardPass& forward_;
   std::unique_ptr<cache::SequenceCache> owned_;  // null when the caller owns the cache
@@ -75,6 +88,8 @@ class LocalSequence final : public Sequence {
   std::unique_ptr<cache::eviction::SessionEvictor> evictor_;
   std::vector<float> probs_;  // [n_layers, n_heads, probs_stride_] when the policy needs them
   int64_t probs_stride_ = 0;
+  bool wants_probs_ = false;
+  runtime::Positions positions_ = runtime::Positions::kOriginal;
   int64_t peak_bytes_ = 0;
 };
 

@@ -119,7 +119,11 @@ flags::FlagSet<serving::CacheRequest> SessionCacheFlags() {
           [](auto& o) -> auto& { return o.block_tokens; }, 16, 1 << 16)
       .Int(
           "recluster-turns", "N", "episodic: turns between rebuilds of a session's episodes",
-          [](auto& o) -> auto& { return o.recluster_turns; }, 1, 1 << 20);
+          [](auto& o) -> auto& { return o.recluster_turns; }, 1, 1 << 20)
+      .Choice("positions", "MODE",
+              "at the model's context length: compact (re-position the cached tokens and go\n"
+              "on; the default for a policy that evicts) or original (the session ends there)",
+              [](auto& o) -> auto& { return o.positions; }, {"original", "compact"});
   return f;
 }
 

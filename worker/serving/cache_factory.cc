@@ -31,6 +31,7 @@ CacheDefaults CacheDefaults::With(const CacheRequest& r) const {
   if (r.embedder.has_value()) d.embedder = *r.embedder;
   if (r.block_tokens.has_value()) d.block_tokens = *r.block_tokens;
   if (r.recluster_turns.has_value()) d.recluster_turns = *r.recluster_turns;
+  if (r.positions.has_value()) d.positions = *r.positions;
   return d;
 }
 
@@ -93,6 +94,22 @@ absl::StatusOr<SessionCacheSpec> CacheFactory::Make(const CacheDefaults& d, uint
   if (!(d.value_protection >= 0 && d.value_protection < 1)) {
     return Invalid("value_protection", absl::StrCat("must be in [0, 1), got ", d.value_protection));
   }
+  if (d.positions.has_value() && *d.positions != "original" && *d.positions != "compact") {
+    return Invalid(prefix + "positions",
+                   absl::StrCat("\"", *d.positions, "\" is not one of original, compact"));
+  }
+  if (d.policy == "full" && d.positions == "compact") {
+    return Invalid(prefix + "positions",
+                   "compact needs a policy that evicts (a full cache grows with the session)");
+  }
+  if (d.policy == "episodic" && d.positions == "compact") {
+    return Invalid(prefix + "positions",
+                   "compact is not available for episodic sessions yet (their episodes keep "
+                   "original positions)");
+  }
+  spec.positions = d.policy != "full" && d.policy != "episodic" && d.positions != "original"
+                       ? runtime::Positions::kCompact
+                       : runtime::Positions::kOriginal;
   if (d.policy == "full") return spec;
 
   cache::eviction::SessionEvictorOptions o;
@@ -115,6 +132,7 @@ absl::StatusOr<SessionCacheSpec> CacheFactory::Make(const CacheDefaults& d, uint
   o.total_kv_heads = total_kv_heads_;
   o.n_heads = config_.n_heads;
   o.verify_keep = d.verify_tp_keep && tp_ > 1;
+  o.fraction_cap = config_.max_seq_len;
   RECALL_RETURN_IF_ERROR(cache::eviction::ApplyTpEvictionMode(d.tp_eviction, o));
   spec.evictor = o;
   if (episodic) {

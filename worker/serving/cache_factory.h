@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "cache/eviction/session_evictor.h"
 #include "worker/model/model_config.h"
+#include "worker/runtime/positions.h"
 #include "worker/serving/turn_request.h"
 
 namespace recall::serving {
@@ -30,6 +31,8 @@ struct CacheDefaults {
   std::string embedder = "model";       // episodic: model or tfidf
   int block_tokens = 2048;              // episodic: tokens per block of the build
   int recluster_turns = 4;              // episodic: turns between rebuilds
+  // "original" or "compact"; unset: compact for a policy that evicts, original for full.
+  std::optional<std::string> positions;
   // Every session alike.
   std::string layer_budgets = "uniform";  // uniform, pyramid, or a profile file
   double layer_alpha = 1.2;               // a JSON profile's exponent
@@ -44,6 +47,7 @@ struct CacheDefaults {
 // One session's cache.
 struct SessionCacheSpec {
   std::string policy;  // "full", "episodic" or the eviction policy
+  runtime::Positions positions = runtime::Positions::kOriginal;
   // The evictor (unset for full); episodic: the lazy evictor it decodes with. The per-rank
   // fields (n_heads, comm, backend, kv_head_offset) are left to the caller.
   std::optional<cache::eviction::SessionEvictorOptions> evictor;

@@ -56,6 +56,8 @@ Scheduler::Metrics::Metrics(metrics::Registry* r) {
                                   "Tokens fed again to bring a routed episode up to date");
   rebuilds = r->GetCounter("recall_worker_rebuilds_total",
                            "Turns whose session cache was rebuilt from the transcript");
+  compactions = r->GetCounter("recall_worker_compactions_total",
+                              "Session caches re-positioned at the model's context length");
   ttft = r->GetHistogram("recall_worker_time_to_first_token_seconds",
                          "From submit to the first generated token",
                          metrics::ExponentialBuckets(0.005, 2, 14));

@@ -191,6 +191,17 @@ class Scheduler {
   absl::Status Prepare(Turn& turn);         // PrepareContext, then the resumed reply tokens
   absl::Status PrepareContext(Turn& turn);  // session lookup, prompt tokens, context check
   void RunBatch();
+  // A compact session's turn before a step (runtime/positions.h): how many tokens it feeds
+  // now (a prefill chunk, or one token with an eviction step after it, so its cache stays
+  // within its budget, its window and one chunk), re-positioning its cache first when they
+  // would pass the context length. Sets t.stepping. 0 and an error when the cache cannot take
+  // even one token (its policy does not evict while decoding).
+  absl::StatusOr<int> PlanFeed(Turn& turn);
+  // Re-positions every rank's cache of the session compactly (the next position agreed
+  // across ranks).
+  void CompactSession(Session& s);
+  // Grows turn.probs so each rank's rows hold `len` slots.
+  void EnsureProbs(Turn& turn, int len);
   // The forward pass and then the eviction work of the batch on every rank (rank r's thread);
   // evict_status[i] gets item i's eviction error, if any.
   absl::Status RunRanks(std::span<const runtime::BatchItem> items, std::span<Turn* const> owners,

@@ -7,10 +7,74 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "worker/runtime/positions.h"
 #include "worker/serving/scheduler.h"
 #include "worker/serving/scheduler_turn.h"
 
 namespace recall::serving {
+
+absl::StatusOr<int> Scheduler::PlanFeed(Turn& t) {
+  Session& s = *t.session;
+  const model::ModelConfig& c = model_.config;
+  const int remaining = t.decoding ? 1 : static_cast<int>(t.prompt.size() - t.fed);
+  int n = t.decoding ? 1 : std::min(options_.prefill_chunk, remaining);
+  t.stepping = false;
+  if (s.positions != runtime::Positions::kCompact) return n;
+  cache::eviction::SessionEvictor* e = s.evictor();
+  // The cache holds at most its budget, its window and one chunk: past that, prompt tokens go
+  // one per step, each followed by an eviction step. (Not for a policy that compresses only
+  // at prefill: stepping would not evict.)
+  const bool can_step = e != nullptr && !e->policy().compresses_prefill();
+  if (!t.decoding && can_step) {
+    const int cap = e->MaxBudget() + e->policy().options().window + options_.prefill_chunk;
+    if (s.max_length() + n > cap) {
+      n = 1;
+      t.stepping = true;
+    }
+  }
+  if (runtime::NeedsCompaction(*s.cache(), c, n)) {
+    CompactSession(s);
+    if (runtime::NeedsCompaction(*s.cache(), c, n) && !t.decoding && can_step) {
+      n = 1;
+      t.stepping = true;
+    }
+    if (runtime::NeedsCompaction(*s.cache(), c, n)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cache: the session's cache holds ", s.max_length(), " tokens, which with ",
+                       n, " more fill the model's context length (", c.max_seq_len,
+                       "); its policy does not evict enough to go on"));
+    }
+  }
+  return n;
+}
+
+void Scheduler::CompactSession(Session& s) {
+  const int32_t next = s.max_length();
+  auto compact = [&](int r) {
+    const runtime::ForwardPass& forward = *ranks_.ranks[static_cast<size_t>(r)].forward;
+    runtime::CompactPositions(forward.backend(), forward.model().config,
+                              *s.caches[static_cast<size_t>(r)], next);
+    return absl::OkStatus();
+  };
+  if (ranks_.run_all == nullptr) {
+    compact(0).IgnoreError();
+  } else {
+    ranks_.run_all(compact).IgnoreError();
+  }
+  metrics_->compactions->Increment();
+}
+
+void Scheduler::EnsureProbs(Turn& t, int len) {
+  if (t.probs.empty() || t.probs_stride >= len) return;
+  int64_t stride = std::max<int64_t>(64, t.probs_stride);
+  while (stride < len) stride *= 2;
+  t.probs_stride = std::min<int64_t>(stride, model_.config.max_seq_len);
+  for (size_t r = 0; r < t.probs.size(); ++r) {
+    const int rank_heads = ranks_.ranks[r].forward->model().config.n_heads;
+    t.probs[r].assign(static_cast<size_t>(model_.config.n_layers) * rank_heads * t.probs_stride,
+                      0.0f);
+  }
+}
 
 void Scheduler::RunBatch() {
   std::vector<runtime::BatchItem> items;
@@ -19,19 +83,33 @@ void Scheduler::RunBatch() {
     items.clear();
     owners.clear();
     int budget = options_.max_batch_tokens;
+    std::vector<std::pair<Turn*, absl::Status>> unplanned;
+    // A token fed as a step (a decode step, or a prompt token of a stepping turn): its
+    // attention probabilities go to the evictor.
+    auto step_item = [&](Turn& t, const int32_t* token) {
+      runtime::BatchItem item;
+      item.cache = t.session->cache();
+      item.tokens = token;
+      item.n = 1;
+      EnsureProbs(t, t.session->max_length() + 1);
+      if (!t.probs.empty()) {
+        item.attn_probs = t.probs[0].data();
+        item.probs_stride = t.probs_stride;
+      }
+      const cache::eviction::SessionEvictor* e = t.session->evictor();
+      item.probs_on_backend = e != nullptr && e->steps_on_backend();
+      return item;
+    };
     for (auto& t : active_) {
       t->chunk = 0;
+      t->stepping = false;
       if (!t->decoding) continue;
-      runtime::BatchItem item;
-      item.cache = t->session->cache();
-      item.tokens = &t->next;
-      item.n = 1;
-      if (!t->probs.empty()) {
-        item.attn_probs = t->probs[0].data();
-        item.probs_stride = model_.config.max_seq_len;
+      absl::StatusOr<int> n = PlanFeed(*t);
+      if (!n.ok()) {
+        unplanned.emplace_back(t.get(), n.status());
+        continue;
       }
-      const cache::eviction::SessionEvictor* e = t->session->evictor();
-      item.probs_on_backend = e != nullptr && e->steps_on_backend();
+      runtime::BatchItem item = step_item(*t, &t->next);
       if (t->PicksOnBackend()) t->SetPick(item);
       t->chunk = 1;
       --budget;
@@ -40,16 +118,24 @@ void Scheduler::RunBatch() {
     }
     for (auto& t : active_) {
       if (t->decoding) continue;
-      const int chunk =
-          static_cast<int>(std::min<size_t>(options_.prefill_chunk, t->prompt.size() - t->fed));
+      absl::StatusOr<int> planned = PlanFeed(*t);
+      if (!planned.ok()) {
+        unplanned.emplace_back(t.get(), planned.status());
+        continue;
+      }
+      const int chunk = *planned;
       if (chunk > budget && !items.empty()) break;  // FIFO: later prefills wait their turn
       runtime::BatchItem item;
-      item.cache = t->session->cache();
-      item.tokens = t->prompt.data() + t->fed;
-      item.n = chunk;
+      if (t->stepping) {
+        item = step_item(*t, t->prompt.data() + t->fed);
+      } else {
+        item.cache = t->session->cache();
+        item.tokens = t->prompt.data() + t->fed;
+        item.n = chunk;
+      }
       item.want_logits = t->fed + chunk == t->prompt.size();
       if (item.want_logits && t->PicksOnBackend()) t->SetPick(item);
-      if (t->window_w > 0) {
+      if (t->window_w > 0 && !t->stepping) {
         item.window_queries = t->window_queries[0].data();
         item.window_w = t->window_w;
         item.window_first = t->window_first;
@@ -58,6 +144,11 @@ void Scheduler::RunBatch() {
       budget -= chunk;
       items.push_back(item);
       owners.push_back(t.get());
+    }
+    if (!unplanned.empty()) {
+      for (auto& [t, status] : unplanned) FinishTurn(*t, status);
+      if (active_.empty()) return;
+      continue;  // plan again without them
     }
     // Blocks the batch appends on each rank (per layer, see SequenceCache::BlocksNeededFor).
     RankBlocks need(ranks_.ranks.size(), 0);
@@ -125,7 +216,7 @@ absl::Status Scheduler::RunRanks(std::span<const runtime::BatchItem> items,
   for (size_t i = 0; i < items.size(); ++i) {
     const Turn& t = *owners[i];
     if (t.session->evictors.empty()) continue;
-    if (t.decoding) {
+    if (t.decoding || t.stepping) {
       work[i] = Evict::kStep;
     } else if (t.window_w > 0 && t.fed + t.chunk == t.prompt.size()) {
       work[i] = Evict::kCompress;
@@ -166,7 +257,7 @@ absl::Status Scheduler::RunRanks(std::span<const runtime::BatchItem> items,
         status = e.Step(probs, stride);
       } else {
         status = e.Step(t.probs.empty() ? nullptr : t.probs[static_cast<size_t>(r)].data(),
-                        model_.config.max_seq_len);
+                        t.probs_stride);
       }
     }
     return absl::OkStatus();
@@ -273,7 +364,8 @@ void Scheduler::SampleNext(Turn& t, float* logits) {
   if (static_cast<int>(t.generated.size()) >= t.req.max_tokens) {
     t.finish = TurnFinish::kLength;
     t.done = true;
-  } else if (s.cache()->next_position() >= model_.config.max_seq_len) {
+  } else if (s.positions == runtime::Positions::kOriginal &&
+             s.cache()->next_position() >= model_.config.max_seq_len) {
     t.finish = TurnFinish::kContext;
     t.done = true;
   }

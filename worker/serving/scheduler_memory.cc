@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "worker/runtime/positions.h"
 #include "worker/serving/episode_builder.h"
 #include "worker/serving/scheduler.h"
 #include "worker/serving/scheduler_turn.h"
@@ -17,7 +18,11 @@ Scheduler::RankBlocks Scheduler::BlocksToAdmit(const Turn& t) const {
   const Session* s = t.session;
   // The rest of the prompt (prefill does not evict) plus the first generated token, in every
   // layer; an offloaded cache counts the blocks its restore takes.
-  const int remaining = static_cast<int>(t.prompt.size() - t.fed) + 1;
+  int remaining = static_cast<int>(t.prompt.size() - t.fed) + 1;
+  // A compact session's cache never holds more than the context (PlanFeed).
+  if (s->positions == runtime::Positions::kCompact) {
+    remaining = std::min(remaining, model_.config.max_seq_len);
+  }
   RankBlocks need(ranks_.ranks.size());
   for (size_t r = 0; r < need.size(); ++r) {
     if (!s->caches.empty()) {
@@ -124,6 +129,7 @@ absl::Status Scheduler::CreateCache(Session& s, const Turn& t) {
   for (const SchedulerRank& r : ranks_.ranks) {
     s.caches.push_back(std::make_unique<cache::SequenceCache>(r.pool));
   }
+  s.positions = spec.positions;
   if (!spec.evictor.has_value()) return absl::OkStatus();  // full
   if (spec.policy == "episodic") {
     s.episodic = std::make_unique<SessionEpisodes>();
@@ -194,9 +200,8 @@ absl::Status Scheduler::EnsureResident(Turn& t) {
     }
     for (const SchedulerRank& r : ranks_.ranks) {
       const int rank_heads = r.forward->model().config.n_heads;
-      if (probs) {
-        t.probs.emplace_back(static_cast<size_t>(c.n_layers) * rank_heads * c.max_seq_len, 0.0f);
-      }
+      // Grown as the cache grows (EnsureProbs): bounded by the cache, not the context.
+      if (probs) t.probs.emplace_back();
       if (window) {
         t.window_queries.emplace_back(
             static_cast<size_t>(c.n_layers) * t.window_w * rank_heads * c.head_dim, 0.0f);

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "worker/runtime/positions.h"
 #include "worker/serving/scheduler.h"
 #include "worker/serving/scheduler_turn.h"
 #include "worker/serving/turn_prompt.h"
@@ -185,8 +186,10 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
       std::vector<int32_t> tokens = s->pending;
       const std::vector<int32_t> more = tokenizer_.Encode(*more_text, false);
       tokens.insert(tokens.end(), more.begin(), more.end());
-      const int64_t context = static_cast<int64_t>(s->cache()->next_position()) + tokens.size();
-      if (context >= config.max_seq_len) {
+      // The session's length so far (its tokens, whatever their positions) and the new ones.
+      const int64_t context = s->cache()->sequence_length() + static_cast<int64_t>(tokens.size());
+      // A compact session goes on past the context length (PlanFeed re-positions it).
+      if (context >= config.max_seq_len && s->positions == runtime::Positions::kOriginal) {
         return absl::InvalidArgumentError(
             absl::StrCat("messages: the conversation needs ", context, " tokens of context (",
                          s->cache()->next_position(), " so far + ", tokens.size(),
@@ -218,7 +221,11 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
   RECALL_ASSIGN_OR_RETURN(std::string full, model::RenderChat(options_.chat_format, all, true));
   std::vector<int32_t> tokens = tokenizer_.Encode(full, true);
   if (tokens.empty()) return absl::InvalidArgumentError("messages: render to no tokens");
-  if (static_cast<int64_t>(tokens.size()) >= config.max_seq_len) {
+  // A session whose cache re-positions at the context length is rebuilt from a transcript of
+  // any length, fed as it fits (PlanFeed); any other must fit the context.
+  const absl::StatusOr<SessionCacheSpec> spec = caches_.Resolve(r.cache, 0);
+  const bool compact = spec.ok() && spec->positions == runtime::Positions::kCompact;
+  if (static_cast<int64_t>(tokens.size()) >= config.max_seq_len && !compact) {
     return absl::InvalidArgumentError(absl::StrCat("messages: the transcript is ", tokens.size(),
                                                    " tokens, the model's context length is ",
                                                    config.max_seq_len));
@@ -227,6 +234,7 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
   auto fresh = std::make_unique<Session>();
   fresh->id = r.session_id;
   fresh->messages = history;
+  if (compact) fresh->positions = runtime::Positions::kCompact;
   s = fresh.get();
   sessions_[r.session_id] = std::move(fresh);
   if (r.history_length > 0) {
@@ -252,7 +260,7 @@ absl::Status Scheduler::Prepare(Turn& t) {
   }
   RECALL_RETURN_IF_ERROR(PrepareContext(t));
   if (!resume.empty()) {
-    if (t.session->cache() != nullptr &&
+    if (t.session->cache() != nullptr && t.session->positions == runtime::Positions::kOriginal &&
         t.session->cache()->next_position() + t.prompt.size() + resume.size() >=
             static_cast<size_t>(model_.config.max_seq_len)) {
       t.session->busy = false;

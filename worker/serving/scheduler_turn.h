@@ -40,6 +40,10 @@ struct Scheduler::Turn {
   int64_t admitted_at = 0;
   size_t fed = 0;  // prompt tokens fed
   int chunk = 0;   // tokens of this turn in the current batch
+  // Prompt tokens fed one per step with an eviction step after each, as decode steps are:
+  // a compact session whose prompt would grow its cache past its budget, its window and one
+  // prefill chunk (Scheduler::PlanFeed).
+  bool stepping = false;
   bool decoding = false;
   int32_t next = -1;  // sampled and to be fed at the next step
   std::vector<int32_t> generated;
@@ -67,6 +71,7 @@ struct Scheduler::Turn {
   // Per rank (its query heads): attention probabilities for the evictor, and SnapKV's
   // observation window. Empty when the policy needs none.
   std::vector<std::vector<float>> probs;
+  int64_t probs_stride = 0;  // floats per query head in probs: >= the cache's length + 1
   std::vector<std::vector<float>> window_queries;
   int window_w = 0;
   int window_first = 0;
@@ -111,6 +116,7 @@ struct Scheduler::Metrics {
   metrics::Counter* episode_switches;
   metrics::Counter* replayed_tokens;
   metrics::Counter* rebuilds;
+  metrics::Counter* compactions;
   metrics::Histogram* ttft;
   metrics::Histogram* tpot;
   metrics::Histogram* step_seconds;

@@ -1,5 +1,7 @@
 #include "worker/serving/session.h"
 
+#include <algorithm>
+
 #include "worker/serving/episode_builder.h"
 
 namespace recall::serving {
@@ -12,6 +14,12 @@ int64_t SessionEpisodes::parked_host_bytes() const {
   for (const auto& c : parked) {
     if (c != nullptr) n += c->host_bytes();
   }
+  return n;
+}
+
+int Session::max_length() const {
+  int n = 0;
+  for (const auto& c : caches) n = std::max(n, c->max_length());
   return n;
 }
 

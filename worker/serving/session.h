@@ -68,6 +68,9 @@ struct Session {
   std::vector<std::unique_ptr<cache::SequenceCache>> caches;
   std::vector<std::unique_ptr<cache::eviction::SessionEvictor>> evictors;  // empty: full cache
   std::unique_ptr<SessionEpisodes> episodic;                               // policy "episodic" only
+  // What happens at the model's context length (runtime/positions.h), from the session's
+  // cache settings.
+  runtime::Positions positions = runtime::Positions::kOriginal;
   bool prefill_compressed = false;  // a compresses_prefill() policy ran once
   bool reusable = true;             // the cache can be continued (see above)
   bool busy = false;                // a turn is running or waiting
@@ -80,6 +83,9 @@ struct Session {
   }
   bool resident() const { return cache() != nullptr && !cache()->offloaded(); }
   bool offloaded() const { return cache() != nullptr && cache()->offloaded(); }
+
+  // The longest (layer, KV head) row of any rank's cache.
+  int max_length() const;
 
   // Summed over the ranks.
   int64_t bytes_held() const;

@@ -32,6 +32,9 @@ struct CacheRequest {
   std::optional<std::string> embedder;
   std::optional<int> block_tokens;
   std::optional<int> recluster_turns;
+  // What happens at the model's context length: "original" (the session ends there) or
+  // "compact" (the cached tokens are re-positioned: runtime/positions.h).
+  std::optional<std::string> positions;
 };
 
 // The episodic fields of a CacheRequest: InvalidArgument naming the field ("cache.episodes",

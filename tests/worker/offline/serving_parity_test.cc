@@ -21,6 +21,8 @@ struct Case {
   const char* policy;
   int budget;
   int window;
+  int prompt_repeats = 1;  // the prompt text this many times (past the context: > 10)
+  int max_tokens = 160;
 };
 
 class ServingParityTest : public testing::Stories260KTest,
@@ -30,8 +32,11 @@ TEST_P(ServingParityTest, GenerateAndTheSchedulerGiveTheSameTokensAndEvictions) 
   if (model_ == nullptr) return;
   const Case& c = GetParam();
   SCOPED_TRACE(c.policy);
-  const std::string text = "Once upon a time, there was a little girl named Lily who loved";
-  constexpr int kMaxTokens = 160;
+  std::string text;
+  for (int i = 0; i < c.prompt_repeats; ++i) {
+    text += "Once upon a time, there was a little girl named Lily who loved ";
+  }
+  const int kMaxTokens = c.max_tokens;
   serving::CacheDefaults defaults;
   defaults.policy = c.policy;
   defaults.budget_tokens = c.budget;
@@ -54,6 +59,7 @@ TEST_P(ServingParityTest, GenerateAndTheSchedulerGiveTheSameTokensAndEvictions) 
   go.sampling.temperature = 0;
   go.stop_token_ids = {2};
   go.eviction = spec->evictor;
+  go.positions = spec->positions;
   go.prefill_chunk = 64;
   auto rendered = model::RenderChat(model::ChatFormat::kPlain, {{"user", text}}, true);
   ASSERT_TRUE(rendered.ok());
@@ -67,6 +73,7 @@ TEST_P(ServingParityTest, GenerateAndTheSchedulerGiveTheSameTokensAndEvictions) 
   ASSERT_TRUE(serving_engine.ok()) << serving_engine.status();
   serving::SchedulerOptions so;
   so.cache = defaults;
+  so.limits.max_tokens = 4096;
   so.stop_token_ids = {2};
   so.chat_format = model::ChatFormat::kPlain;
   auto scheduler = serving::Scheduler::Create(**serving_engine, *tok_, so);
@@ -87,18 +94,25 @@ TEST_P(ServingParityTest, GenerateAndTheSchedulerGiveTheSameTokensAndEvictions) 
   EXPECT_EQ(served.summary.evicted_tokens, offline->evicted_slots);
   EXPECT_EQ(served.summary.peak_kv_bytes, offline->peak_kv_bytes);
   EXPECT_EQ(served.summary.kv_bytes, offline->final_kv_bytes);
+  if (c.prompt_repeats > 1) {
+    EXPECT_GT(static_cast<int>(prompt.size()), model_->config.max_seq_len);
+    EXPECT_GT(offline->tokens.size(), 100u) << "the reply should run on";
+  }
   if (std::string(c.policy) != "full") {
     EXPECT_GT(offline->evictions, 0) << "the case should evict";
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, ServingParityTest,
-                         ::testing::Values(Case{"full", 1024, 32}, Case{"lazy", 48, 16},
-                                           Case{"h2o", 48, 16}, Case{"tova", 48, 16},
-                                           Case{"streaming", 48, 16}, Case{"vase", 48, 16}),
-                         [](const ::testing::TestParamInfo<Case>& info) {
-                           return std::string(info.param.policy);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Policies, ServingParityTest,
+    ::testing::Values(Case{"full", 1024, 32}, Case{"lazy", 48, 16}, Case{"h2o", 48, 16},
+                      Case{"tova", 48, 16}, Case{"streaming", 48, 16}, Case{"vase", 48, 16},
+                      // Past the context: a 900-token prompt fed within
+                      // the bound, 1200 tokens generated, re-positioned.
+                      Case{"lazy", 48, 16, 60, 1200}, Case{"h2o", 48, 16, 60, 1200}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      return std::string(info.param.policy) + (info.param.prompt_repeats > 1 ? "_endless" : "");
+    });
 
 }  // namespace
 }  // namespace recall::offline

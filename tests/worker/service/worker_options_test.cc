@@ -54,6 +54,7 @@ const std::map<std::string, std::vector<std::string>> kValues = {
     {"layer-alpha", {"1.5"}},
     {"value-protection", {"0.25"}},
     {"tp-verify", {}},
+    {"positions", {"original"}},
 };
 
 TEST(WorkerOptionsTest, EveryFlagRendersBackToItself) {

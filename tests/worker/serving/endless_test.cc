@@ -1,0 +1,140 @@
+// Sessions longer than the model's context (runtime/positions.h): a compact session goes on
+// past stories260K's 512 tokens, re-positioning its cache, with its KV bytes bounded by its
+// budget, its window and one prefill chunk; a prompt longer than the context is fed in that
+// bound; an original session ends at the context as before; TP ranks give the one-rank
+// tokens.
+#include <string>
+
+#include "gtest/gtest.h"
+#include "tests/common/stories260k.h"
+#include "worker/runtime/engine.h"
+#include "worker/serving/scheduler.h"
+#include "worker/serving/turn_collect.h"
+
+namespace recall::serving {
+namespace {
+
+constexpr int kBudget = 64, kWindow = 16, kChunk = 64;
+
+class EndlessTest : public recall::testing::Stories260KTest {
+ protected:
+  std::unique_ptr<Scheduler> Start(int tp = 1) {
+    runtime::EngineOptions eo;
+    eo.tp = tp;
+    eo.threads = 2;
+    eo.kv_cache_bytes = int64_t{32} << 20;
+    auto engine = runtime::Engine::Create(*model_, eo);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    if (!engine.ok()) return nullptr;
+    engines_.push_back(*std::move(engine));
+    SchedulerOptions so;
+    so.stop_token_ids = {2};
+    so.prefill_chunk = kChunk;
+    so.cache.policy = "lazy";
+    so.cache.budget_tokens = kBudget;
+    so.cache.window = kWindow;
+    auto s = Scheduler::Create(*engines_.back(), *tok_, so, &metrics_);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *std::move(s) : nullptr;
+  }
+
+  static TurnRequest Turn(const std::string& session, const std::string& text, int history,
+                          int max_tokens = 40) {
+    TurnRequest r;
+    r.session_id = session;
+    r.messages = {{"user", text}};
+    r.history_length = history;
+    r.sampling.temperature = 0;
+    r.max_tokens = max_tokens;
+    return r;
+  }
+
+  static Collected Run(Scheduler& s, TurnRequest r) {
+    auto stream = s.Submit(std::move(r));
+    if (!stream.ok()) return Collected{.status = stream.status()};
+    return CollectTurn(**stream);
+  }
+
+  // The most KV bytes a compact lazy session may hold: budget + window + one chunk (+ the
+  // token being fed), in whole blocks, in every layer.
+  int64_t Bound() const {
+    const int tokens = kBudget + kWindow + kChunk + 1;
+    return int64_t{(tokens + 15) / 16} * model_->config.n_layers *
+           engines_.back()->pool(0).block_bytes() * engines_.back()->tp();
+  }
+
+  double Compactions() {
+    return metrics_.GetCounter("recall_worker_compactions_total", "")->value();
+  }
+
+  metrics::Registry metrics_;
+  std::vector<std::unique_ptr<runtime::Engine>> engines_;
+};
+
+const char* kLines[] = {
+    "Tom went to the park with his red ball.", "What did Tom see near the big tree?",
+    "Lily wanted to play with the ball too.",  "Why was the dog barking at the cat?",
+    "Then the sun went down and it was late.", "Where did the bird fly after that?"};
+
+TEST_F(EndlessTest, ACompactSessionGoesOnPastTheContextInBoundedMemory) {
+  if (model_ == nullptr) return;
+  std::unique_ptr<Scheduler> s = Start();
+  ASSERT_NE(s, nullptr);
+  int64_t consumed = 0;
+  for (int turn = 0; turn < 30; ++turn) {
+    SCOPED_TRACE(turn);
+    Collected c = Run(*s, Turn("long", kLines[turn % 6], 2 * turn));
+    ASSERT_TRUE(c.status.ok()) << c.status;
+    EXPECT_GT(c.summary.generated_tokens, 0);
+    EXPECT_LE(c.summary.peak_kv_bytes, Bound());
+    consumed += c.summary.prompt_tokens - c.summary.cached_tokens + c.summary.generated_tokens;
+  }
+  EXPECT_GT(consumed, 3 * model_->config.max_seq_len) << "the session passed the context 3x";
+  EXPECT_GE(Compactions(), 3);
+}
+
+TEST_F(EndlessTest, APromptLongerThanTheContextIsFedWithinTheBound) {
+  if (model_ == nullptr) return;
+  std::unique_ptr<Scheduler> s = Start();
+  ASSERT_NE(s, nullptr);
+  std::string text;
+  for (int i = 0; i < 60; ++i) text += std::string(kLines[i % 6]) + " ";
+  Collected c = Run(*s, Turn("big", text, 0));
+  ASSERT_TRUE(c.status.ok()) << c.status;
+  EXPECT_GT(c.summary.prompt_tokens, 2 * model_->config.max_seq_len);
+  EXPECT_GT(c.summary.generated_tokens, 0);
+  EXPECT_LE(c.summary.peak_kv_bytes, Bound());
+}
+
+TEST_F(EndlessTest, AnOriginalSessionStillEndsAtTheContext) {
+  if (model_ == nullptr) return;
+  std::unique_ptr<Scheduler> s = Start();
+  ASSERT_NE(s, nullptr);
+  absl::Status last;
+  int turn = 0;
+  for (; turn < 40 && last.ok(); ++turn) {
+    TurnRequest r = Turn("orig", kLines[turn % 6], 2 * turn);
+    r.cache.positions = "original";
+    last = Run(*s, r).status;
+  }
+  EXPECT_EQ(last.code(), absl::StatusCode::kInvalidArgument) << last;
+  EXPECT_NE(last.message().find("tokens of context"), std::string::npos) << last;
+}
+
+TEST_F(EndlessTest, TensorParallelRanksGiveTheOneRankTokensPastTheContext) {
+  if (model_ == nullptr) return;
+  std::unique_ptr<Scheduler> one = Start(1);
+  std::unique_ptr<Scheduler> two = Start(2);
+  ASSERT_NE(one, nullptr);
+  ASSERT_NE(two, nullptr);
+  for (int turn = 0; turn < 16; ++turn) {
+    SCOPED_TRACE(turn);
+    Collected a = Run(*one, Turn("tp", kLines[turn % 6], 2 * turn));
+    Collected b = Run(*two, Turn("tp", kLines[turn % 6], 2 * turn));
+    ASSERT_TRUE(a.status.ok() && b.status.ok()) << a.status << b.status;
+    EXPECT_EQ(a.token_ids, b.token_ids);
+  }
+}
+
+}  // namespace
+}  // namespace recall::serving

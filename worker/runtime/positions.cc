@@ -1,0 +1,37 @@
+#include "worker/runtime/positions.h"
+
+#include <vector>
+
+#include "common/logging.h"
+
+namespace recall::runtime {
+
+const char* PositionsName(Positions positions) {
+  return positions == Positions::kCompact ? "compact" : "original";
+}
+
+void CompactPositions(kernels::Backend& backend, const model::ModelConfig& config,
+                      cache::SequenceCache& cache, int32_t next) {
+  const kernels::PagedKv kv = cache.View();
+  const int rows = kv.layout.n_layers * kv.layout.n_kv_heads;
+  const int64_t stride = std::max(1, cache.max_length());
+  RECALL_CHECK(next >= cache.max_length()) << "next " << next << " < " << cache.max_length();
+  std::vector<int32_t> from(static_cast<size_t>(rows * stride)), to(from.size()), lens(rows);
+  cache.Positions(from.data(), stride);
+  for (int r = 0; r < rows; ++r) {
+    lens[r] = cache.length(r / kv.layout.n_kv_heads, r % kv.layout.n_kv_heads);
+    for (int s = 0; s < lens[r]; ++s) to[r * stride + s] = next - lens[r] + s;
+  }
+  kernels::RerotateArgs a;
+  a.kv = kv;
+  a.lens = lens.data();
+  a.from = from.data();
+  a.to = to.data();
+  a.stride = stride;
+  a.theta = config.rope_theta;
+  a.style = config.rope_style;
+  backend.RerotateKeys(a);
+  cache.MovePositions(to.data(), stride, next);
+}
+
+}  // namespace recall::runtime

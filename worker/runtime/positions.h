@@ -1,0 +1,41 @@
+// Positions of a sequence longer than the model's context length (docs/eviction.md,
+// "Positions"). A session's tokens are numbered as they come; when the next token's position
+// would reach the context length, a session in Positions::kCompact gets its cached tokens
+// re-positioned instead of failing: every (layer, KV head) row's slots become consecutive and
+// end just before the next token (the longest row starts at 0), and the keys are rotated to
+// those positions (Backend::RerotateKeys). What a key attends to stays in the same order and
+// the newest tokens keep their distances; older gaps left by eviction close up, as in
+// StreamingLLM, so no distance the model sees exceeds the cache's length. The eviction
+// clocks (steps) are not positions and do not change.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "cache/sequence_cache.h"
+#include "kernels/backend.h"
+#include "worker/model/model_config.h"
+
+namespace recall::runtime {
+
+enum class Positions {
+  kOriginal,  // absolute positions; a sequence ends at the context length
+  kCompact,   // re-positioned when the context length is reached
+};
+const char* PositionsName(Positions positions);  // "original", "compact"
+
+// Re-positions `cache` (resident, in `backend`'s memory) compactly, its next token at `next`
+// (>= cache.max_length(); for tensor-parallel ranks the largest of their max_length()s, so
+// that every rank's next token has the same position). `config` gives RoPE's theta and
+// layout.
+void CompactPositions(kernels::Backend& backend, const model::ModelConfig& config,
+                      cache::SequenceCache& cache, int32_t next);
+
+// Whether a sequence must be re-positioned before `n` more tokens: they would pass the
+// context length.
+inline bool NeedsCompaction(const cache::SequenceCache& cache, const model::ModelConfig& config,
+                            int n) {
+  return cache.next_position() + n > config.max_seq_len;
+}
+
+}  // namespace recall::runtime
