@@ -63,6 +63,8 @@ class ServerProcess {
     return false;
   }
 
+  pid_t pid() const { return pid_; }
+
   int port(const std::string& name) const {
     auto it = ports_.find(name);
     return it == ports_.end() ? 0 : it->second;

@@ -125,15 +125,23 @@ TEST_F(EndlessTest, TensorParallelRanksGiveTheOneRankTokensPastTheContext) {
   if (model_ == nullptr) return;
   std::unique_ptr<Scheduler> one = Start(1);
   std::unique_ptr<Scheduler> two = Start(2);
+  std::unique_ptr<Scheduler> four = Start(4);
   ASSERT_NE(one, nullptr);
   ASSERT_NE(two, nullptr);
-  for (int turn = 0; turn < 16; ++turn) {
+  ASSERT_NE(four, nullptr);
+  int64_t tokens = 0;
+  for (int turn = 0; turn < 20; ++turn) {
     SCOPED_TRACE(turn);
     Collected a = Run(*one, Turn("tp", kLines[turn % 6], 2 * turn));
     Collected b = Run(*two, Turn("tp", kLines[turn % 6], 2 * turn));
-    ASSERT_TRUE(a.status.ok() && b.status.ok()) << a.status << b.status;
-    EXPECT_EQ(a.token_ids, b.token_ids);
+    Collected c = Run(*four, Turn("tp", kLines[turn % 6], 2 * turn));
+    ASSERT_TRUE(a.status.ok() && b.status.ok() && c.status.ok())
+        << a.status << b.status << c.status;
+    EXPECT_EQ(a.token_ids, b.token_ids) << "tp 2";
+    EXPECT_EQ(a.token_ids, c.token_ids) << "tp 4";
+    tokens = a.summary.prompt_tokens + a.summary.generated_tokens;
   }
+  EXPECT_GT(tokens, 2 * model_->config.max_seq_len) << "past the context, re-positioned";
 }
 
 }  // namespace
