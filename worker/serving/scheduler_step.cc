@@ -57,6 +57,13 @@ bool Scheduler::Step() {
   }
   CollectEpisodes();
   Admit();
+  {
+    // The turns just admitted count as running during their first step already (its first
+    // token reaches the client before the step ends).
+    absl::MutexLock lock(&mu_);
+    load_.active_turns = static_cast<int>(active_.size());
+    load_.queued_turns = static_cast<int>(waiting_.size());
+  }
   if (!active_.empty()) RunBatch();
   // Publish the load.
   const double now = RealClock::Get().NowNanos() * 1e-9;
