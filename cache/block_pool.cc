@@ -23,11 +23,11 @@ absl::StatusOr<std::unique_ptr<BlockPool>> BlockPool::Create(const kernels::Page
     return absl::InvalidArgumentError(
         absl::StrCat("block pool: num_blocks must be in [1, 2^31-1], got ", num_blocks));
   }
-  const int64_t floats = layout.BlockFloats();
-  if (floats > std::numeric_limits<int64_t>::max() / num_blocks / 4) {
+  const int64_t block_bytes = layout.BlockBytes();
+  if (block_bytes > std::numeric_limits<int64_t>::max() / num_blocks) {
     return absl::InvalidArgumentError("block pool: size overflows");
   }
-  const size_t bytes = static_cast<size_t>(floats * num_blocks) * sizeof(float);
+  const size_t bytes = static_cast<size_t>(block_bytes * num_blocks);
   absl::StatusOr<void*> mem = memory.Allocate(bytes);  // 64-byte aligned
   if (!mem.ok()) {
     return absl::ResourceExhaustedError(absl::StrCat("block pool: cannot allocate ", bytes,
@@ -36,12 +36,12 @@ absl::StatusOr<std::unique_ptr<BlockPool>> BlockPool::Create(const kernels::Page
                                                      mem.status().message()));
   }
   return std::unique_ptr<BlockPool>(
-      new BlockPool(layout, num_blocks, static_cast<float*>(*mem), memory));
+      new BlockPool(layout, num_blocks, static_cast<uint8_t*>(*mem), memory));
 }
 
 absl::StatusOr<std::unique_ptr<BlockPool>> BlockPool::CreateWithBytes(
     const kernels::PagedKvLayout& layout, int64_t bytes, kernels::Memory& memory) {
-  const int64_t block_bytes = layout.BlockFloats() * static_cast<int64_t>(sizeof(float));
+  const int64_t block_bytes = layout.BlockBytes();
   if (block_bytes <= 0) return Create(layout, 0, memory);  // reports the bad layout
   if (bytes < block_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("kv cache bytes: ", bytes,
@@ -51,7 +51,7 @@ absl::StatusOr<std::unique_ptr<BlockPool>> BlockPool::CreateWithBytes(
   return Create(layout, bytes / block_bytes, memory);
 }
 
-BlockPool::BlockPool(const kernels::PagedKvLayout& layout, int64_t num_blocks, float* base,
+BlockPool::BlockPool(const kernels::PagedKvLayout& layout, int64_t num_blocks, uint8_t* base,
                      kernels::Memory& memory)
     : layout_(layout), num_blocks_(num_blocks), base_(base), memory_(memory) {
   free_list_.reserve(static_cast<size_t>(num_blocks));

@@ -48,19 +48,21 @@ class BlockPool {
   int64_t num_blocks() const { return num_blocks_; }
   int64_t free_blocks() const;
   int64_t used_blocks() const { return num_blocks_ - free_blocks(); }
-  int64_t block_bytes() const { return layout_.BlockFloats() * static_cast<int64_t>(sizeof(float)); }
+  int64_t block_bytes() const { return layout_.BlockBytes(); }
   const kernels::PagedKvLayout& layout() const { return layout_; }
-  float* base() const { return base_; }
+  // The first block (blocks are block_bytes() apart).
+  uint8_t* base() const { return base_; }
+  uint8_t* block(int32_t id) const { return base_ + static_cast<int64_t>(id) * block_bytes(); }
   // Where the blocks live; SequenceCache moves rows through it.
   kernels::Memory& memory() const { return memory_; }
 
  private:
-  BlockPool(const kernels::PagedKvLayout& layout, int64_t num_blocks, float* base,
+  BlockPool(const kernels::PagedKvLayout& layout, int64_t num_blocks, uint8_t* base,
             kernels::Memory& memory);
 
   const kernels::PagedKvLayout layout_;
   const int64_t num_blocks_;
-  float* const base_;
+  uint8_t* const base_;
   kernels::Memory& memory_;
   mutable absl::Mutex mu_;
   std::vector<int32_t> free_list_ ABSL_GUARDED_BY(mu_);

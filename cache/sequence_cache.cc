@@ -220,15 +220,13 @@ void SequenceCache::Release() {
 
 void SequenceCache::OffloadToHost() {
   if (offloaded() || total_blocks_ == 0) return;
-  const int64_t block_floats = pool_->layout().BlockFloats();
-  const size_t block_bytes = static_cast<size_t>(block_floats) * sizeof(float);
-  host_.resize(static_cast<size_t>(block_floats) * total_blocks_);
-  float* dst = host_.data();
+  const size_t block_bytes = static_cast<size_t>(pool_->block_bytes());
+  host_.resize(block_bytes * total_blocks_);
+  uint8_t* dst = host_.data();
   for (int l = 0; l < n_layers_; ++l) {
     for (int32_t block : tables_[static_cast<size_t>(l)]) {
-      pool_->memory().CopyOut(dst, pool_->base() + static_cast<int64_t>(block) * block_floats,
-                              block_bytes);
-      dst += block_floats;
+      pool_->memory().CopyOut(dst, pool_->block(block), block_bytes);
+      dst += block_bytes;
     }
     offloaded_counts_[static_cast<size_t>(l)] = counts_[static_cast<size_t>(l)];
     offloaded_blocks_ += ShrinkLayer(l, 0);
@@ -241,14 +239,12 @@ absl::Status SequenceCache::RestoreFromHost() {
   RECALL_CHECK(total_blocks_ == 0) << "offloaded cache was appended to";
   target_ = offloaded_counts_;
   RECALL_RETURN_IF_ERROR(GrowToTargets());  // still offloaded on failure
-  const int64_t block_floats = pool_->layout().BlockFloats();
-  const size_t block_bytes = static_cast<size_t>(block_floats) * sizeof(float);
-  const float* src = host_.data();
+  const size_t block_bytes = static_cast<size_t>(pool_->block_bytes());
+  const uint8_t* src = host_.data();
   for (const std::vector<int32_t>& table : tables_) {
     for (int32_t block : table) {
-      pool_->memory().CopyIn(pool_->base() + static_cast<int64_t>(block) * block_floats, src,
-                             block_bytes);
-      src += block_floats;
+      pool_->memory().CopyIn(pool_->block(block), src, block_bytes);
+      src += block_bytes;
     }
   }
   std::fill(offloaded_counts_.begin(), offloaded_counts_.end(), 0);

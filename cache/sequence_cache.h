@@ -116,7 +116,7 @@ class SequenceCache {
   // serving path (EpiCache's episodes) and then handed to the serving pool.
   // FailedPrecondition if it holds blocks; InvalidArgument if the layouts differ.
   absl::Status Rebind(BlockPool* pool);
-  int64_t host_bytes() const { return static_cast<int64_t>(host_.size() * sizeof(float)); }
+  int64_t host_bytes() const { return static_cast<int64_t>(host_.size()); }
 
  private:
   // Compact's bookkeeping: positions and length of (layer, head) follow keep[0 .. n).
@@ -144,7 +144,7 @@ class SequenceCache {
   int64_t shifted_ = 0;                    // positions MovePositions took off next_position_
   std::vector<int32_t> offloaded_counts_;  // [n_layers] blocks the host copy holds per layer
   int offloaded_blocks_ = 0;               // their sum
-  std::vector<float> host_;  // their contents, layer after layer, block after block
+  std::vector<uint8_t> host_;              // their contents, layer after layer, block after block
 };
 
 }  // namespace recall::cache

@@ -90,7 +90,8 @@ absl::Status Run(const WindowOptions& o) {
   }
   runtime::EngineOptions eo;
   eo.threads = o.threads;
-  eo.kv_cache_bytes = runtime::KvBytesFor(c, static_cast<int>(tokens) + 16, eo.block_tokens);
+  eo.kv_cache_bytes =
+      runtime::KvBytesFor(c, static_cast<int>(tokens) + 16, eo.block_tokens, eo.kv_dtype);
   eo.forward.max_batch_tokens = static_cast<int>(prompt.size());
   eo.forward.batch_invariant = false;
   RECALL_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine,

@@ -199,7 +199,8 @@ absl::Status Run(GenerateCliOptions o) {
   // Default pool: one full context in every layer.
   if (!o.engine.kv_cache_bytes.has_value()) {
     o.engine.kv_cache_bytes =
-        runtime::FullContextKvBytes(config, o.engine.block_tokens) + 4096 * o.engine.tp;
+        runtime::FullContextKvBytes(config, o.engine.block_tokens, o.engine.kv_dtype) +
+        4096 * o.engine.tp;
   }
   absl::StatusOr<std::unique_ptr<runtime::Engine>> created =
       runtime::Engine::Create(*loaded->model, o.engine);

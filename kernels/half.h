@@ -1,5 +1,6 @@
-// Portable scalar conversions between fp32 and the 16-bit formats the loaders accept
-// (IEEE binary16 "f16" and bfloat16 "bf16"). Round to nearest even; NaN stays NaN.
+// Portable scalar conversions between fp32 and the 16-bit formats (IEEE binary16 "f16" and
+// bfloat16 "bf16") that the weight loaders read and the KV cache may store. Round to nearest
+// even; NaN stays NaN.
 #pragma once
 
 #include <cstdint>
@@ -7,7 +8,7 @@
 
 #include "kernels/tensor.h"
 
-namespace recall::model {
+namespace recall::kernels {
 
 inline uint32_t FloatBits(float f) {
   uint32_t u;
@@ -68,16 +69,16 @@ inline uint16_t F32ToF16(float f) {
 }
 
 // Reads element i of a tensor stored as `dtype` as fp32. `data` may be unaligned.
-inline float LoadAsF32(const void* data, kernels::DType dtype, int64_t i) {
+inline float LoadAsF32(const void* data, DType dtype, int64_t i) {
   const char* p = static_cast<const char*>(data);
-  if (dtype == kernels::DType::kF32) {
+  if (dtype == DType::kF32) {
     float f;
     std::memcpy(&f, p + i * 4, 4);
     return f;
   }
   uint16_t h;
   std::memcpy(&h, p + i * 2, 2);
-  return dtype == kernels::DType::kF16 ? F16ToF32(h) : Bf16ToF32(h);
+  return dtype == DType::kF16 ? F16ToF32(h) : Bf16ToF32(h);
 }
 
-}  // namespace recall::model
+}  // namespace recall::kernels

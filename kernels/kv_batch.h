@@ -25,7 +25,7 @@ namespace recall::kernels {
 
 struct KvBatch {
   PagedKvLayout layout;
-  float* pool = nullptr;
+  void* pool = nullptr;  // bytes laid out as `layout` says
   int n_items = 0;
   int total_tokens = 0;
   int max_new_tokens = 0;  // the largest item's token count (1 for a decode-only batch)

@@ -10,6 +10,7 @@
 #include "cache/eviction/snapkv_policy.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "kernels/kv_rows.h"
 
 namespace recall::cache::eviction {
 
@@ -153,8 +154,10 @@ const HeadState& SessionEvictor::state(int layer, int head) const {
 void SessionEvictor::ComputeValueRanges(int layer, int head, int len, bool accumulate) {
   const kernels::PagedKvHead rows = cache_->View().Head(layer, head);
   if (!accumulate) value_range_.assign(static_cast<size_t>(len), 0.0f);
+  row_.resize(static_cast<size_t>(head_dim_));
   for (int s = 0; s < len; ++s) {
-    const float r = ValueRange(rows.V(s), head_dim_);
+    kernels::LoadKvRow(rows, 1, s, row_.data());
+    const float r = ValueRange(row_.data(), head_dim_);
     value_range_[static_cast<size_t>(s)] =
         accumulate ? std::max(value_range_[static_cast<size_t>(s)], r) : r;
   }
@@ -164,8 +167,7 @@ void SessionEvictor::GatherKeys(int layer, int head, int len) {
   const kernels::PagedKvHead rows = cache_->View().Head(layer, head);
   keys_.resize(static_cast<size_t>(len) * head_dim_);
   for (int s = 0; s < len; ++s) {
-    const float* k = rows.K(s);
-    std::copy(k, k + head_dim_, keys_.data() + static_cast<int64_t>(s) * head_dim_);
+    kernels::LoadKvRow(rows, 0, s, keys_.data() + static_cast<int64_t>(s) * head_dim_);
   }
 }
 
@@ -173,8 +175,7 @@ void SessionEvictor::GatherValues(int layer, int head, int begin, int end) {
   const kernels::PagedKvHead rows = cache_->View().Head(layer, head);
   values_.resize(static_cast<size_t>(end - begin) * head_dim_);
   for (int s = begin; s < end; ++s) {
-    const float* v = rows.V(s);
-    std::copy(v, v + head_dim_, values_.data() + static_cast<int64_t>(s - begin) * head_dim_);
+    kernels::LoadKvRow(rows, 1, s, values_.data() + static_cast<int64_t>(s - begin) * head_dim_);
   }
 }
 

@@ -283,6 +283,7 @@ class SessionEvictor {
   HeadState prefill_state_;
   std::vector<int32_t> keep_;
   SelectScratch select_;
+  std::vector<float> row_;  // one value row widened to fp32
   // Two-phase selection (meta score, head-adaptive budgets).
   bool needs_probs_;                              // Step needs probs
   std::vector<CandidateSet> candidates_;          // [n_kv_heads]

@@ -1,10 +1,12 @@
 #include "kernels/cpu/attend_head.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/simd_math.h"
+#include "kernels/kv_rows.h"
 
 namespace recall::kernels::cpu {
 namespace {
@@ -26,11 +28,26 @@ inline float Dot(const float* a, const float* b, int n) {
   return s;
 }
 
-// The portable kernel: run.c's loops.
+// The portable kernel: run.c's loops. Rows of other types than fp32 are widened first.
 void AttendHeadGeneric(const PagedKvHead& kv, int len, const float* q, float scale, float* p,
                        float* out) {
   const int hd = kv.head_dim;
   const int bt = kv.block_tokens;
+  if (kv.dtype != KvDType::kF32) {
+    thread_local std::vector<float> row;
+    row.resize(static_cast<size_t>(hd));
+    for (int s = 0; s < len; ++s) {
+      LoadKvRow(kv, 0, s, row.data());
+      p[s] = Dot(q, row.data(), hd) * scale;
+    }
+    SoftmaxRow(p, len);
+    std::fill(out, out + hd, 0.0f);
+    for (int s = 0; s < len; ++s) {
+      LoadKvRow(kv, 1, s, row.data());
+      for (int i = 0; i < hd; ++i) out[i] += p[s] * row[i];
+    }
+    return;
+  }
   for (int s0 = 0; s0 < len; s0 += bt) {
     const float* k = kv.K(s0);
     const int cnt = std::min(bt, len - s0);
@@ -56,22 +73,45 @@ inline __mmask16 FirstLanes(int n) {
   return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
 }
 
-// rows[j] = the K (is_v = 0) or V row of slot s0 + min(j, cnt - 1) of the head, for j < 16:
-// one group of keys, padded by repeating the last row. REQUIRES: 1 <= cnt <= 16.
-inline void GroupRows(const PagedKvHead& kv, int is_v, int s0, int cnt, const float** rows) {
-  const int bt = kv.block_tokens, hd = kv.head_dim;
+// rows[j] = the K (is_v = 0) or V row of slot s0 + min(j, cnt - 1) of the head, for j < 16,
+// and (int8) scales[j] its scale: one group of keys, padded by repeating the last row.
+// REQUIRES: 1 <= cnt <= 16.
+inline void GroupRows(const PagedKvHead& kv, int is_v, int s0, int cnt, const uint8_t** rows,
+                      float* scales) {
+  const int bt = kv.block_tokens;
+  const int64_t rb = kv.row_bytes();
+  const bool scaled = kv.dtype == KvDType::kInt8;
   int in_block = s0 % bt;
-  const float* row = kv.Row(is_v, s0);
+  const uint8_t* row = kv.RowData(is_v, s0);
+  const float* scale = scaled ? kv.RowScale(is_v, s0) : nullptr;
   for (int j = 0; j < kGroup; ++j) {
     rows[j] = row;
+    if (scaled) scales[j] = *scale;
     if (j + 1 < cnt) {
       if (++in_block == bt) {
         in_block = 0;
-        row = kv.Row(is_v, s0 + j + 1);
+        row = kv.RowData(is_v, s0 + j + 1);
+        if (scaled) scale = kv.RowScale(is_v, s0 + j + 1);
       } else {
-        row += hd;
+        row += rb;
+        if (scaled) ++scale;
       }
     }
+  }
+}
+
+// Sixteen elements (chunk c) of a row of type T, widened to fp32 (int8: unscaled).
+template <KvDType T>
+inline __m512 LoadRow16(const uint8_t* row, int c, __mmask16 m) {
+  if constexpr (T == KvDType::kF32) {
+    return Load16(reinterpret_cast<const float*>(row) + 16 * c, m);
+  } else if constexpr (T == KvDType::kBF16) {
+    return Load16Bf16(reinterpret_cast<const uint16_t*>(row) + 16 * c, m);
+  } else if constexpr (T == KvDType::kF16) {
+    return Load16F16(reinterpret_cast<const uint16_t*>(row) + 16 * c, m);
+  } else {
+    const __m128i b = _mm_maskz_loadu_epi8(m, row + 16 * c);
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
   }
 }
 
@@ -120,8 +160,9 @@ inline void SoftmaxInPlace(float* p, int len) {
   }
 }
 
-// NC = head_dim / 16 rounded up; the last chunk is masked by `tail`.
-template <int NC>
+// NC = head_dim / 16 rounded up; the last chunk is masked by `tail`. T: the rows' type; an
+// int8 row's scale multiplies its score (K) and its weight (V).
+template <KvDType T, int NC>
 void AttendHeadAvx512(const PagedKvHead& kv, int len, const float* q, float scale, float* p,
                       float* out) {
   const __mmask16 tail = FirstLanes(kv.head_dim - 16 * (NC - 1));
@@ -132,21 +173,24 @@ void AttendHeadAvx512(const PagedKvHead& kv, int len, const float* q, float scal
 
   // Scores, 16 keys per group; rows past len repeat the last key and are not stored.
   const __m512 vscale = _mm512_set1_ps(scale);
-  const float* rows[kGroup];
+  const uint8_t* rows[kGroup];
+  alignas(64) float scales[kGroup];
   for (int s0 = 0; s0 < len; s0 += kGroup) {
     const int cnt = std::min(kGroup, len - s0);
-    GroupRows(kv, 0, s0, cnt, rows);
+    GroupRows(kv, 0, s0, cnt, rows, scales);
     __m512 acc[kGroup];
 #pragma GCC unroll 16
     for (int j = 0; j < kGroup; ++j) {
-      __m512 a = _mm512_mul_ps(qv[0], Load16(rows[j], mask(0)));
+      __m512 a = _mm512_mul_ps(qv[0], LoadRow16<T>(rows[j], 0, mask(0)));
 #pragma GCC unroll 8
       for (int c = 1; c < NC; ++c) {
-        a = _mm512_fmadd_ps(qv[c], Load16(rows[j] + 16 * c, mask(c)), a);
+        a = _mm512_fmadd_ps(qv[c], LoadRow16<T>(rows[j], c, mask(c)), a);
       }
       acc[j] = a;
     }
-    _mm512_mask_storeu_ps(p + s0, FirstLanes(cnt), _mm512_mul_ps(Transpose16Sum(acc), vscale));
+    __m512 dots = _mm512_mul_ps(Transpose16Sum(acc), vscale);
+    if constexpr (T == KvDType::kInt8) dots = _mm512_mul_ps(dots, _mm512_load_ps(scales));
+    _mm512_mask_storeu_ps(p + s0, FirstLanes(cnt), dots);
   }
 
   SoftmaxInPlace(p, len);
@@ -158,8 +202,9 @@ void AttendHeadAvx512(const PagedKvHead& kv, int len, const float* q, float scal
   for (int c = 0; c < NC; ++c) oa[c] = ob[c] = _mm512_setzero_ps();
   for (int s0 = 0; s0 < len; s0 += kGroup) {
     const int cnt = std::min(kGroup, len - s0);
-    GroupRows(kv, 1, s0, cnt, rows);
-    const __m512 pv = _mm512_maskz_loadu_ps(FirstLanes(cnt), p + s0);
+    GroupRows(kv, 1, s0, cnt, rows, scales);
+    __m512 pv = _mm512_maskz_loadu_ps(FirstLanes(cnt), p + s0);
+    if constexpr (T == KvDType::kInt8) pv = _mm512_mul_ps(pv, _mm512_load_ps(scales));
     alignas(64) float w[kGroup];
     _mm512_store_ps(w, pv);
 #pragma GCC unroll 16
@@ -167,14 +212,47 @@ void AttendHeadAvx512(const PagedKvHead& kv, int len, const float* q, float scal
       const __m512 pa = _mm512_set1_ps(w[j]), pb = _mm512_set1_ps(w[j + 1]);
 #pragma GCC unroll 8
       for (int c = 0; c < NC; ++c) {
-        oa[c] = _mm512_fmadd_ps(pa, Load16(rows[j] + 16 * c, mask(c)), oa[c]);
-        ob[c] = _mm512_fmadd_ps(pb, Load16(rows[j + 1] + 16 * c, mask(c)), ob[c]);
+        oa[c] = _mm512_fmadd_ps(pa, LoadRow16<T>(rows[j], c, mask(c)), oa[c]);
+        ob[c] = _mm512_fmadd_ps(pb, LoadRow16<T>(rows[j + 1], c, mask(c)), ob[c]);
       }
     }
   }
 #pragma GCC unroll 8
   for (int c = 0; c < NC; ++c) {
     _mm512_mask_storeu_ps(out + 16 * c, mask(c), _mm512_add_ps(oa[c], ob[c]));
+  }
+}
+// AttendHeadAvx512 for head_dim <= 128; false for larger heads.
+template <KvDType T>
+bool AttendHeadSimd(const PagedKvHead& kv, int len, const float* q, float scale, float* p,
+                    float* out) {
+  switch ((kv.head_dim + 15) / 16) {
+    case 1:
+      AttendHeadAvx512<T, 1>(kv, len, q, scale, p, out);
+      return true;
+    case 2:
+      AttendHeadAvx512<T, 2>(kv, len, q, scale, p, out);
+      return true;
+    case 3:
+      AttendHeadAvx512<T, 3>(kv, len, q, scale, p, out);
+      return true;
+    case 4:
+      AttendHeadAvx512<T, 4>(kv, len, q, scale, p, out);
+      return true;
+    case 5:
+      AttendHeadAvx512<T, 5>(kv, len, q, scale, p, out);
+      return true;
+    case 6:
+      AttendHeadAvx512<T, 6>(kv, len, q, scale, p, out);
+      return true;
+    case 7:
+      AttendHeadAvx512<T, 7>(kv, len, q, scale, p, out);
+      return true;
+    case 8:
+      AttendHeadAvx512<T, 8>(kv, len, q, scale, p, out);
+      return true;
+    default:
+      return false;
   }
 }
 #endif  // RECALL_CPU_AVX512
@@ -189,24 +267,18 @@ void AttendHead(const PagedKvHead& kv, int len, const float* q, float scale, flo
     return;
   }
 #if defined(RECALL_CPU_AVX512)
-  switch ((hd + 15) / 16) {
-    case 1:
-      return AttendHeadAvx512<1>(kv, len, q, scale, p, out);
-    case 2:
-      return AttendHeadAvx512<2>(kv, len, q, scale, p, out);
-    case 3:
-      return AttendHeadAvx512<3>(kv, len, q, scale, p, out);
-    case 4:
-      return AttendHeadAvx512<4>(kv, len, q, scale, p, out);
-    case 5:
-      return AttendHeadAvx512<5>(kv, len, q, scale, p, out);
-    case 6:
-      return AttendHeadAvx512<6>(kv, len, q, scale, p, out);
-    case 7:
-      return AttendHeadAvx512<7>(kv, len, q, scale, p, out);
-    case 8:
-      return AttendHeadAvx512<8>(kv, len, q, scale, p, out);
-    default:
+  switch (kv.dtype) {
+    case KvDType::kF32:
+      if (AttendHeadSimd<KvDType::kF32>(kv, len, q, scale, p, out)) return;
+      break;
+    case KvDType::kBF16:
+      if (AttendHeadSimd<KvDType::kBF16>(kv, len, q, scale, p, out)) return;
+      break;
+    case KvDType::kF16:
+      if (AttendHeadSimd<KvDType::kF16>(kv, len, q, scale, p, out)) return;
+      break;
+    case KvDType::kInt8:
+      if (AttendHeadSimd<KvDType::kInt8>(kv, len, q, scale, p, out)) return;
       break;
   }
 #endif

@@ -5,6 +5,7 @@
 
 #include "common/logging.h"
 #include "kernels/cpu/attend_head.h"
+#include "kernels/kv_rows.h"
 
 namespace recall::kernels::cpu {
 
@@ -19,14 +20,13 @@ void Attention::ReserveScratch(int64_t len) {
 void Attention::StoreKv(const PagedKv& kv, int layer, const float* k, const float* v, int n,
                         const int32_t* start_slots) {
   const int nkv = kv.layout.n_kv_heads, hd = kv.layout.head_dim;
-  const size_t bytes = static_cast<size_t>(hd) * sizeof(float);
   for (int h = 0; h < nkv; ++h) {
     const PagedKvHead rows = kv.Head(layer, h);
     for (int i = 0; i < n; ++i) {
       const int64_t src = (static_cast<int64_t>(i) * nkv + h) * hd;
       const int slot = start_slots[h] + i;
-      std::memcpy(rows.K(slot), k + src, bytes);
-      std::memcpy(rows.V(slot), v + src, bytes);
+      StoreKvRow(rows, 0, slot, k + src);
+      StoreKvRow(rows, 1, slot, v + src);
     }
   }
 }

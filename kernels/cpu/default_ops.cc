@@ -9,6 +9,7 @@
 #include "kernels/cpu/lazy_evict.h"
 #include "kernels/cpu/rerotate.h"
 #include "kernels/cpu/sampling.h"
+#include "kernels/kv_rows.h"
 
 namespace recall::kernels {
 
@@ -47,11 +48,20 @@ void RerotateRow(float* k, int head_dim, int32_t from, int32_t to, float theta, 
 
 void Backend::RerotateKeys(const RerotateArgs& a) {
   const PagedKvLayout& l = a.kv.layout;
+  std::vector<float> row(static_cast<size_t>(l.head_dim));
   for (int r = 0; r < l.n_layers * l.n_kv_heads; ++r) {
     const PagedKvHead head = a.kv.Head(r / l.n_kv_heads, r % l.n_kv_heads);
     for (int s = 0; s < a.lens[r]; ++s) {
-      cpu::RerotateRow(head.K(s), l.head_dim, a.from[r * a.stride + s], a.to[r * a.stride + s],
-                       a.theta, a.style);
+      const int32_t from = a.from[r * a.stride + s], to = a.to[r * a.stride + s];
+      if (from == to) continue;
+      if (l.dtype == KvDType::kF32) {
+        cpu::RerotateRow(head.K(s), l.head_dim, from, to, a.theta, a.style);
+        continue;
+      }
+      // Widened, rotated and stored again (with its rounding; int8 gets a new scale).
+      LoadKvRow(head, 0, s, row.data());
+      cpu::RerotateRow(row.data(), l.head_dim, from, to, a.theta, a.style);
+      StoreKvRow(head, 0, s, row.data());
     }
   }
 }

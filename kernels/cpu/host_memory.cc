@@ -33,11 +33,14 @@ class HostMemoryImpl : public Memory {
     }
   }
   void CompactRows(const PagedKvHead& rows, const int32_t* keep, int n) override {
-    const size_t row_bytes = static_cast<size_t>(rows.head_dim) * sizeof(float);
+    const size_t row_bytes = static_cast<size_t>(rows.row_bytes());
+    const bool scaled = rows.dtype == KvDType::kInt8;
     for (int i = 0; i < n; ++i) {
       if (keep[i] == i) continue;
-      std::memcpy(rows.K(i), rows.K(keep[i]), row_bytes);
-      std::memcpy(rows.V(i), rows.V(keep[i]), row_bytes);
+      for (int is_v = 0; is_v < 2; ++is_v) {
+        std::memcpy(rows.RowData(is_v, i), rows.RowData(is_v, keep[i]), row_bytes);
+        if (scaled) *rows.RowScale(is_v, i) = *rows.RowScale(is_v, keep[i]);
+      }
     }
   }
 };

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cuda/kv_access.cuh"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/warp_reduce.cuh"
 
@@ -35,24 +36,40 @@ __device__ Row FindRow(const KvBatch& b, int layer, int t, int h) {
   return r;
 }
 
-__device__ int64_t BlockFloats(const PagedKvLayout& l) {
-  return static_cast<int64_t>(l.n_kv_heads) * 2 * l.block_tokens * l.head_dim;
-}
-
+// One block per (token, KV head): its K and V rows, converted to the pool's type (int8: the
+// row's max |x| found by a block reduction, then the scale written by thread 0).
 __global__ void StoreKvKernel(KvBatch b, int layer, const float* k, const float* v) {
   const int t = blockIdx.x, h = blockIdx.y;
-  const int hd = b.layout.head_dim, bt = b.layout.block_tokens, n_kv = b.layout.n_kv_heads;
+  const PagedKvLayout& l = b.layout;
+  const int hd = l.head_dim, bt = l.block_tokens, n_kv = l.n_kv_heads;
   const int item = b.token_item[t];
   const int j = t - b.token_begin[item];
-  const int il = item * b.layout.n_layers + layer;
+  const int il = item * l.n_layers + layer;
   const int slot = b.kv_start[il * n_kv + h] + j;
   const int32_t block = b.tables[b.table_begin[il] + slot / bt];
-  float* dst = b.pool + block * BlockFloats(b.layout) +
-               (static_cast<int64_t>(h) * 2 * bt + slot % bt) * hd;
+  uint8_t* pool = static_cast<uint8_t*>(b.pool);
   const int64_t src = (static_cast<int64_t>(t) * n_kv + h) * hd;
-  for (int e = threadIdx.x; e < hd; e += blockDim.x) {
-    dst[e] = k[src + e];
-    dst[static_cast<int64_t>(bt) * hd + e] = v[src + e];
+  for (int is_v = 0; is_v < 2; ++is_v) {
+    const float* x = (is_v ? v : k) + src;
+    uint8_t* row = pool + KvRowOffset(l, block, h, is_v, slot);
+    float inv = 1.0f;
+    if (l.dtype == KvDType::kInt8) {
+      __shared__ float s_max[32];
+      float m = 0.0f;
+      for (int e = threadIdx.x; e < hd; e += blockDim.x) m = fmaxf(m, fabsf(x[e]));
+      m = WarpMax(m);
+      if ((threadIdx.x & 31) == 0) s_max[threadIdx.x >> 5] = m;
+      __syncthreads();
+      m = 0.0f;
+      for (int w = 0; w < (blockDim.x + 31) / 32; ++w) m = fmaxf(m, s_max[w]);
+      __syncthreads();  // s_max is written again for V
+      const float scale = m / 127.0f;
+      inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+      if (threadIdx.x == 0) {
+        *reinterpret_cast<float*>(pool + KvScaleOffset(l, block, h, is_v, slot)) = scale;
+      }
+    }
+    for (int e = threadIdx.x; e < hd; e += blockDim.x) KvStoreElem(l.dtype, row, e, x[e], inv);
   }
 }
 
@@ -78,9 +95,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     acc[r] = 0.0f;
   }
   const int32_t* table = b.tables + b.table_begin[row.il];
-  const int64_t block_floats = BlockFloats(b.layout);
-  const int64_t k_off = static_cast<int64_t>(h) * 2 * bt * hd;
-  const int64_t v_off = k_off + static_cast<int64_t>(bt) * hd;
+  const uint8_t* pool = static_cast<const uint8_t*>(b.pool);
+  const KvDType dtype = b.layout.dtype;
   float* probs = nullptr;
   if (b.probs != nullptr && b.token_begin[row.item + 1] - b.token_begin[row.item] == 1 &&
       b.probs[row.item] != nullptr) {
@@ -89,16 +105,18 @@ __global__ void __launch_bounds__(kWarps * 32)
 
   float m = -INFINITY, l = 0.0f;
   for (int s = s0 + warp; s < s1; s += kWarps) {
-    const float* base = b.pool + table[s / bt] * block_floats + static_cast<int64_t>(s % bt) * hd;
-    const float* K = base + k_off;
-    const float* V = base + v_off;
+    const int32_t block = table[s / bt];
+    const uint8_t* K = pool + KvRowOffset(b.layout, block, h, 0, s);
+    const uint8_t* V = pool + KvRowOffset(b.layout, block, h, 1, s);
+    const float k_scale = KvScale(pool, b.layout, block, h, 0, s);
+    const float v_scale = KvScale(pool, b.layout, block, h, 1, s);
     float d = 0.0f;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const int e = lane + 32 * r;
-      if (e < hd) d += qr[r] * K[e];
+      if (e < hd) d += qr[r] * KvElem(dtype, K, e);
     }
-    d = WarpSum(d) * scale;
+    d = WarpSum(d) * k_scale * scale;
     if (probs != nullptr && lane == 0) probs[s] = d;
     const float m_new = fmaxf(m, d);
     const float corr = expf(m - m_new);
@@ -107,7 +125,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const int e = lane + 32 * r;
-      acc[r] = acc[r] * corr + (e < hd ? p * V[e] : 0.0f);
+      acc[r] = acc[r] * corr + (e < hd ? p * v_scale * KvElem(dtype, V, e) : 0.0f);
     }
     m = m_new;
   }
@@ -172,9 +190,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     s_q[i] = q[(static_cast<int64_t>(t) * n_heads + h * group) * hd + i];
   }
   const int32_t* table = b.tables + b.table_begin[row.il];
-  const int64_t block_floats = BlockFloats(b.layout);
-  const int64_t k_off = static_cast<int64_t>(h) * 2 * bt * hd;
-  const int64_t v_off = k_off + static_cast<int64_t>(bt) * hd;
+  const uint8_t* pool = static_cast<const uint8_t*>(b.pool);
+  const KvDType dtype = b.layout.dtype;
   const bool want_probs = b.probs != nullptr &&
                           b.token_begin[row.item + 1] - b.token_begin[row.item] == 1 &&
                           b.probs[row.item] != nullptr;
@@ -194,9 +211,11 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int i = threadIdx.x; i < n_valid * hd; i += blockDim.x) {
       const int j = i / hd, e = i - j * hd;
       const int s = tile + j;
-      const float* base = b.pool + table[s / bt] * block_floats + static_cast<int64_t>(s % bt) * hd;
-      s_k[j * pad + e] = base[k_off + e];
-      s_v[j * pad + e] = base[v_off + e];
+      const int32_t block = table[s / bt];
+      s_k[j * pad + e] = KvScale(pool, b.layout, block, h, 0, s) *
+                         KvElem(dtype, pool + KvRowOffset(b.layout, block, h, 0, s), e);
+      s_v[j * pad + e] = KvScale(pool, b.layout, block, h, 1, s) *
+                         KvElem(dtype, pool + KvRowOffset(b.layout, block, h, 1, s), e);
     }
     __syncthreads();
 #pragma unroll
@@ -295,23 +314,39 @@ __global__ void ProbsKernel(KvBatch b, int layer, int n_heads, const float* stat
   for (int s = threadIdx.x; s < row.len; s += blockDim.x) probs[s] = expf(probs[s] - M) / L;
 }
 
-__global__ void GatherRowsKernel(const float* base, const int64_t* pairs, int hd, int64_t v_offset,
-                                 float* scratch) {
-  const int64_t src = pairs[2 * blockIdx.x];
-  float* dst = scratch + static_cast<int64_t>(blockIdx.x) * 2 * hd;
-  for (int e = threadIdx.x; e < hd; e += blockDim.x) {
-    dst[e] = base[src + e];
-    dst[hd + e] = base[src + v_offset + e];
+// A move's words: its K row, its V row, then (int8) the K and V scales.
+__global__ void GatherRowsKernel(const uint8_t* base, const RowMove* moves, int row_words,
+                                 int64_t v_offset, int64_t v_scale_offset, bool scaled,
+                                 uint32_t* scratch) {
+  const RowMove mv = moves[blockIdx.x];
+  uint32_t* dst = scratch + static_cast<int64_t>(blockIdx.x) * (2 * row_words + 2);
+  const uint32_t* k = reinterpret_cast<const uint32_t*>(base + mv.src_row);
+  const uint32_t* v = reinterpret_cast<const uint32_t*>(base + mv.src_row + v_offset);
+  for (int e = threadIdx.x; e < row_words; e += blockDim.x) {
+    dst[e] = k[e];
+    dst[row_words + e] = v[e];
+  }
+  if (scaled && threadIdx.x == 0) {
+    dst[2 * row_words] = *reinterpret_cast<const uint32_t*>(base + mv.src_scale);
+    dst[2 * row_words + 1] =
+        *reinterpret_cast<const uint32_t*>(base + mv.src_scale + v_scale_offset);
   }
 }
 
-__global__ void ScatterRowsKernel(float* base, const int64_t* pairs, int hd, int64_t v_offset,
-                                  const float* scratch) {
-  const int64_t dst = pairs[2 * blockIdx.x + 1];
-  const float* src = scratch + static_cast<int64_t>(blockIdx.x) * 2 * hd;
-  for (int e = threadIdx.x; e < hd; e += blockDim.x) {
-    base[dst + e] = src[e];
-    base[dst + v_offset + e] = src[hd + e];
+__global__ void ScatterRowsKernel(uint8_t* base, const RowMove* moves, int row_words,
+                                  int64_t v_offset, int64_t v_scale_offset, bool scaled,
+                                  const uint32_t* scratch) {
+  const RowMove mv = moves[blockIdx.x];
+  const uint32_t* src = scratch + static_cast<int64_t>(blockIdx.x) * (2 * row_words + 2);
+  uint32_t* k = reinterpret_cast<uint32_t*>(base + mv.dst_row);
+  uint32_t* v = reinterpret_cast<uint32_t*>(base + mv.dst_row + v_offset);
+  for (int e = threadIdx.x; e < row_words; e += blockDim.x) {
+    k[e] = src[e];
+    v[e] = src[row_words + e];
+  }
+  if (scaled && threadIdx.x == 0) {
+    *reinterpret_cast<uint32_t*>(base + mv.dst_scale) = src[2 * row_words];
+    *reinterpret_cast<uint32_t*>(base + mv.dst_scale + v_scale_offset) = src[2 * row_words + 1];
   }
 }
 
@@ -388,11 +423,16 @@ void LaunchAttention(const KvBatch& b, int layer, const float* q, int n_heads, f
   }
 }
 
-void LaunchMoveRows(float* base, const int64_t* pairs, int m, int head_dim, int64_t v_offset,
-                    float* scratch, cudaStream_t stream) {
+void LaunchMoveRows(uint8_t* base, const RowMove* moves, int m, const PagedKvLayout& layout,
+                    uint32_t* scratch, cudaStream_t stream) {
   if (m <= 0) return;
-  GatherRowsKernel<<<m, Threads(head_dim), 0, stream>>>(base, pairs, head_dim, v_offset, scratch);
-  ScatterRowsKernel<<<m, Threads(head_dim), 0, stream>>>(base, pairs, head_dim, v_offset, scratch);
+  const int row_words = static_cast<int>(layout.RowBytes() / 4);
+  const int64_t v_offset = layout.PlaneBytes();  // V's plane follows K's
+  const bool scaled = layout.dtype == KvDType::kInt8;
+  GatherRowsKernel<<<m, Threads(row_words), 0, stream>>>(base, moves, row_words, v_offset, v_offset,
+                                                         scaled, scratch);
+  ScatterRowsKernel<<<m, Threads(row_words), 0, stream>>>(base, moves, row_words, v_offset,
+                                                          v_offset, scaled, scratch);
 }
 
 }  // namespace recall::kernels::cuda

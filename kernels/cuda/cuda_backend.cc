@@ -21,6 +21,7 @@
 #include "kernels/cuda/cuda_memory.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/op_timer.h"
+#include "kernels/kv_rows.h"
 
 namespace recall::kernels {
 namespace cuda {
@@ -209,7 +210,11 @@ class CudaBackend final : public Backend {
       const PagedKvHead head = a.kv.Head(r / l.n_kv_heads, r % l.n_kv_heads);
       for (int s = 0; s < a.lens[r]; ++s) {
         const int32_t from = a.from[r * a.stride + s], to = a.to[r * a.stride + s];
-        if (from != to) rerotate_.push_back({head.K(s) - a.kv.pool, from, to});
+        if (from == to) continue;
+        const uint8_t* base = static_cast<const uint8_t*>(a.kv.pool);
+        rerotate_.push_back({head.RowData(0, s) - base,
+                             reinterpret_cast<const uint8_t*>(head.RowScale(0, s)) - base, from,
+                             to});
       }
     }
     if (rerotate_.empty()) return;
@@ -219,8 +224,9 @@ class CudaBackend final : public Backend {
       return;
     }
     memory_.CopyIn(rerotate_device_.get(), rerotate_.data(), bytes);
-    LaunchRerotateKeys(a.kv.pool, rerotate_device_.as<RerotateRow>(),
-                       static_cast<int>(rerotate_.size()), l.head_dim, a.theta, a.style, s());
+    LaunchRerotateKeys(static_cast<uint8_t*>(a.kv.pool), rerotate_device_.as<RerotateRow>(),
+                       static_cast<int>(rerotate_.size()), l.head_dim, a.theta, a.style, l.dtype,
+                       s());
     Launched("rerotate_keys");
   }
 
@@ -228,14 +234,20 @@ class CudaBackend final : public Backend {
   void RerotateOnHost(const RerotateArgs& a) {
     const PagedKvLayout& l = a.kv.layout;
     std::vector<float> row(static_cast<size_t>(l.head_dim));
+    std::vector<uint8_t> bytes(static_cast<size_t>(l.RowBytes()));
     for (int r = 0; r < l.n_layers * l.n_kv_heads; ++r) {
       const PagedKvHead head = a.kv.Head(r / l.n_kv_heads, r % l.n_kv_heads);
       for (int s = 0; s < a.lens[r]; ++s) {
         const int32_t from = a.from[r * a.stride + s], to = a.to[r * a.stride + s];
         if (from == to) continue;
-        memory_.CopyOut(row.data(), head.K(s), row.size() * sizeof(float));
+        float scale = 1.0f;
+        memory_.CopyOut(bytes.data(), head.RowData(0, s), bytes.size());
+        if (l.dtype == KvDType::kInt8) memory_.CopyOut(&scale, head.RowScale(0, s), sizeof scale);
+        DecodeKvRow(l.dtype, bytes.data(), scale, l.head_dim, row.data());
         cpu::RerotateRow(row.data(), l.head_dim, from, to, a.theta, a.style);
-        memory_.CopyIn(head.K(s), row.data(), row.size() * sizeof(float));
+        EncodeKvRow(l.dtype, row.data(), l.head_dim, bytes.data(), &scale);
+        memory_.CopyIn(head.RowData(0, s), bytes.data(), bytes.size());
+        if (l.dtype == KvDType::kInt8) memory_.CopyIn(head.RowScale(0, s), &scale, sizeof scale);
       }
     }
   }

@@ -84,33 +84,40 @@ bool CudaMemory::GrowScratch(recall::cuda::DeviceBuffer& buffer, size_t bytes, c
 }
 
 void CudaMemory::CompactRows(const PagedKvHead& rows, const int32_t* keep, int n) {
-  pairs_.clear();
-  const float* base = rows.base;
+  moves_.clear();
+  const uint8_t* base = rows.base;
+  const bool scaled = rows.dtype == KvDType::kInt8;
   for (int i = 0; i < n; ++i) {
     if (keep[i] == i) continue;
-    pairs_.push_back(rows.K(keep[i]) - base);
-    pairs_.push_back(rows.K(i) - base);
+    RowMove mv;
+    mv.src_row = rows.RowData(0, keep[i]) - base;
+    mv.dst_row = rows.RowData(0, i) - base;
+    if (scaled) {
+      mv.src_scale = reinterpret_cast<const uint8_t*>(rows.RowScale(0, keep[i])) - base;
+      mv.dst_scale = reinterpret_cast<const uint8_t*>(rows.RowScale(0, i)) - base;
+    }
+    moves_.push_back(mv);
   }
-  const int m = static_cast<int>(pairs_.size() / 2);
+  const int m = static_cast<int>(moves_.size());
   if (m == 0 || Refuse("cache compaction")) return;
   // Its allocations and launch go to the current device: make it this memory's (the caller
   // may be a thread bound to another GPU).
   if (!Check(cudaSetDevice(device_), "cudaSetDevice before compaction")) return;
-  const size_t pair_bytes = pairs_.size() * sizeof(int64_t);
-  const size_t row_bytes = static_cast<size_t>(m) * 2 * rows.head_dim * sizeof(float);
+  const size_t pair_bytes = moves_.size() * sizeof(RowMove);
+  const size_t row_bytes = static_cast<size_t>(m) * (2 * rows.row_bytes() + 8);
   // The buffers are reused by the next call: wait until the previous moves are done.
   if (!Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize before compaction")) return;
   if (!GrowScratch(d_pairs_, pair_bytes, "compaction list") ||
       !GrowScratch(d_rows_, row_bytes, "compaction rows")) {
     return;
   }
-  Check(cudaMemcpyAsync(d_pairs_.get(), pairs_.data(), pair_bytes, cudaMemcpyHostToDevice, stream_),
+  Check(cudaMemcpyAsync(d_pairs_.get(), moves_.data(), pair_bytes, cudaMemcpyHostToDevice, stream_),
         "cudaMemcpyAsync (compaction list)");
-  LaunchMoveRows(rows.base, d_pairs_.as<const int64_t>(), m, rows.head_dim,
-                 static_cast<int64_t>(rows.block_tokens) * rows.head_dim, d_rows_.as<float>(),
+  const PagedKvLayout layout{0, 1, rows.head_dim, rows.block_tokens, rows.dtype};
+  LaunchMoveRows(rows.base, d_pairs_.as<const RowMove>(), m, layout, d_rows_.as<uint32_t>(),
                  stream_);
   Check(cudaGetLastError(), "compaction kernels");
-  // pairs_ (pageable host memory) was consumed by the copy before cudaMemcpyAsync returned.
+  // moves_ (pageable host memory) was consumed by the copy before cudaMemcpyAsync returned.
 }
 
 }  // namespace recall::kernels::cuda

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "common/cuda/cuda_raii.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/memory.h"
 
 namespace recall::kernels::cuda {
@@ -69,7 +70,7 @@ class CudaMemory final : public Memory {
   bool GrowScratch(recall::cuda::DeviceBuffer& buffer, size_t bytes, const char* what);
 
   // CompactRows' move list (host, then device) and row scratch; grow once.
-  std::vector<int64_t> pairs_;
+  std::vector<RowMove> moves_;
   recall::cuda::DeviceBuffer d_pairs_;
   recall::cuda::DeviceBuffer d_rows_;
 };

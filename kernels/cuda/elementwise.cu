@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cuda/kv_access.cuh"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/warp_reduce.cuh"
 
@@ -99,23 +100,41 @@ __global__ void RopeKernel(float* x, const int32_t* positions, int n_heads, int 
 }
 
 // One block per key row: each thread rotates pairs by the difference of Rope's float angles
-// at the two positions, taken in double (as the host reference).
-__global__ void RerotateKeysKernel(float* pool, const RerotateRow* rows, int head_dim, float theta,
-                                   int interleaved) {
+// at the two positions, taken in double (as the host reference). The row is widened into
+// shared memory ([head_dim] floats), rotated and stored again with the KV store's rounding;
+// an int8 row gets the scale of its rotated values.
+__global__ void RerotateKeysKernel(uint8_t* pool, const RerotateRow* rows, int head_dim,
+                                   float theta, int interleaved, KvDType dtype) {
+  extern __shared__ float row[];
+  __shared__ float reduce[32];
   const RerotateRow r = rows[blockIdx.x];
   const int pairs = head_dim / 2;
   const float from = static_cast<float>(r.from), to = static_cast<float>(r.to);
-  float* k = pool + r.k_offset;
+  uint8_t* k = pool + r.k_offset;
+  float* scale = reinterpret_cast<float*>(pool + r.scale_offset);
+  const float old_scale = dtype == KvDType::kInt8 ? *scale : 1.0f;
+  float m = 0.0f;
   for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
     const float freq = RopeFreq(theta, i, head_dim);
     const double angle = static_cast<double>(to * freq) - static_cast<double>(from * freq);
     const float c = static_cast<float>(cos(angle)), s = static_cast<float>(sin(angle));
-    float* p0 = interleaved ? k + 2 * i : k + i;
-    float* p1 = interleaved ? p0 + 1 : p0 + pairs;
-    const float v0 = *p0, v1 = *p1;
-    *p0 = v0 * c - v1 * s;
-    *p1 = v0 * s + v1 * c;
+    const int e0 = interleaved ? 2 * i : i, e1 = interleaved ? e0 + 1 : e0 + pairs;
+    const float v0 = KvElem(dtype, k, e0) * old_scale, v1 = KvElem(dtype, k, e1) * old_scale;
+    row[e0] = v0 * c - v1 * s;
+    row[e1] = v0 * s + v1 * c;
+    m = fmaxf(m, fmaxf(fabsf(row[e0]), fabsf(row[e1])));
   }
+  float inv = 1.0f;
+  if (dtype == KvDType::kInt8) {
+    m = BlockMax(m, reduce);
+    const float new_scale = m / 127.0f;
+    inv = new_scale > 0.0f ? 1.0f / new_scale : 0.0f;
+    __syncthreads();  // every thread has read the old scale
+    if (threadIdx.x == 0) *scale = new_scale;
+  } else {
+    __syncthreads();
+  }
+  for (int e = threadIdx.x; e < head_dim; e += blockDim.x) KvStoreElem(dtype, k, e, row[e], inv);
 }
 
 __global__ void AddBiasKernel(float* x, const float* bias, int64_t n_total, int dim) {
@@ -201,11 +220,11 @@ void LaunchRope(float* x, const int32_t* positions, int n, int n_heads, int head
       x, positions, n_heads, head_dim, theta, style == RopeStyle::kInterleaved ? 1 : 0);
 }
 
-void LaunchRerotateKeys(float* pool, const RerotateRow* rows, int n, int head_dim, float theta,
-                        RopeStyle style, cudaStream_t stream) {
+void LaunchRerotateKeys(uint8_t* pool, const RerotateRow* rows, int n, int head_dim, float theta,
+                        RopeStyle style, KvDType dtype, cudaStream_t stream) {
   if (n <= 0) return;
-  RerotateKeysKernel<<<n, RowThreads(head_dim / 2), 0, stream>>>(
-      pool, rows, head_dim, theta, style == RopeStyle::kInterleaved ? 1 : 0);
+  RerotateKeysKernel<<<n, RowThreads(head_dim / 2), head_dim * sizeof(float), stream>>>(
+      pool, rows, head_dim, theta, style == RopeStyle::kInterleaved ? 1 : 0, dtype);
 }
 
 void LaunchAddBias(float* x, const float* bias, int n, int dim, cudaStream_t stream) {

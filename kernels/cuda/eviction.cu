@@ -4,6 +4,7 @@
 // the CPU reference (kernels/cpu/default_ops.cc, kernels/cpu/lazy_evict.cc) bit for bit.
 #include <algorithm>
 
+#include "kernels/cuda/kv_access.cuh"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/radix_select.cuh"
 #include "kernels/lazy_score.h"
@@ -116,13 +117,13 @@ __device__ int BlockExclusiveSum(int v, int* total, int* warp_sums) {
 // kept slots' K/V rows, ts and mri down in chunks. keep[i] >= i, so a chunk's sources lie
 // at or after its own destinations and before no later chunk's: each chunk reads all its
 // sources into shared memory, then writes, and nothing it writes is read again.
-__global__ void LazyEvictKernel(float* pool, PagedKvLayout layout, const LazyEvictRow* rows,
+__global__ void LazyEvictKernel(uint8_t* pool, PagedKvLayout layout, const LazyEvictRow* rows,
                                 const int32_t* tables, int32_t* ts_all, int32_t* mri_all,
                                 int64_t state_stride, int32_t* keep_out, int64_t keep_stride,
                                 int window, int t) {
   __shared__ union {
     RadixShared<kEvictWarps> radix;
-    float moved[kMoveFloats];
+    uint32_t moved[kMoveFloats];
   } sh;
   __shared__ int32_t moved_ts[kMoveSlots], moved_mri[kMoveSlots];
   __shared__ int warp_sums[kEvictWarps];
@@ -154,30 +155,37 @@ __global__ void LazyEvictKernel(float* pool, PagedKvLayout layout, const LazyEvi
   for (int i = threadIdx.x; i < window; i += blockDim.x) keep[k + i] = n + i;
   __syncthreads();  // the keep list is read by every thread below; the scores are all read
 
-  const int hd = layout.head_dim, bt = layout.block_tokens;
-  // PagedKvLayout's Offset and BlockFloats (host functions), spelled out.
-  float* base = pool + static_cast<int64_t>(row.head) * 2 * bt * hd;
+  // A slot moves as 32-bit words: its K row, its V row, then (int8) the K and V scales.
+  const int bt = layout.block_tokens;
+  const int row_words = static_cast<int>(layout.RowBytes() / 4);
+  const bool scaled = layout.dtype == KvDType::kInt8;
+  const int slot_words = 2 * row_words + (scaled ? 2 : 0);
   const int32_t* table = tables + row.table_begin;
-  const int64_t block_floats = static_cast<int64_t>(layout.n_kv_heads) * 2 * bt * hd;
-  const auto at_slot = [&](int is_v, int slot) -> int64_t {
-    return static_cast<int64_t>(table[slot / bt]) * block_floats +
-           (static_cast<int64_t>(is_v) * bt + slot % bt) * hd;
+  const auto word = [&](int w, int slot) -> uint32_t* {
+    const int32_t block = table[slot / bt];
+    if (w < 2 * row_words) {
+      const int is_v = w / row_words;
+      return reinterpret_cast<uint32_t*>(pool + KvRowOffset(layout, block, row.head, is_v, slot)) +
+             (w - is_v * row_words);
+    }
+    return reinterpret_cast<uint32_t*>(
+        pool + KvScaleOffset(layout, block, row.head, w - 2 * row_words, slot));
   };
-  const int chunk = min(kMoveFloats / (2 * hd), kMoveSlots);
+  const int chunk = min(kMoveFloats / slot_words, kMoveSlots);
   for (int i0 = 0; i0 < row.keep; i0 += chunk) {
     const int m = min(chunk, row.keep - i0);
-    for (int e = threadIdx.x; e < m * 2 * hd; e += blockDim.x) {
-      const int i = e / (2 * hd), is_v = (e / hd) & 1, d = e % hd;
-      sh.moved[e] = base[at_slot(is_v, keep[i0 + i]) + d];
+    for (int e = threadIdx.x; e < m * slot_words; e += blockDim.x) {
+      const int i = e / slot_words, w = e % slot_words;
+      sh.moved[e] = *word(w, keep[i0 + i]);
     }
     for (int i = threadIdx.x; i < m; i += blockDim.x) {
       moved_ts[i] = ts[keep[i0 + i]];
       moved_mri[i] = mri[keep[i0 + i]];
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < m * 2 * hd; e += blockDim.x) {
-      const int i = e / (2 * hd), is_v = (e / hd) & 1, d = e % hd;
-      if (keep[i0 + i] != i0 + i) base[at_slot(is_v, i0 + i) + d] = sh.moved[e];
+    for (int e = threadIdx.x; e < m * slot_words; e += blockDim.x) {
+      const int i = e / slot_words, w = e % slot_words;
+      if (keep[i0 + i] != i0 + i) *word(w, i0 + i) = sh.moved[e];
     }
     for (int i = threadIdx.x; i < m; i += blockDim.x) {
       ts[i0 + i] = moved_ts[i];
@@ -193,8 +201,8 @@ void LaunchLazyEvict(const LazyEvictArgs& a, const LazyEvictRow* rows, const int
                      cudaStream_t stream) {
   if (a.n_rows <= 0) return;
   LazyEvictKernel<<<a.n_rows, kEvictThreads, 0, stream>>>(
-      a.kv.pool, a.kv.layout, rows, tables, a.ts, a.mri, a.state_stride, a.keep_out,
-      a.keep_stride, a.window, a.t);
+      static_cast<uint8_t*>(a.kv.pool), a.kv.layout, rows, tables, a.ts, a.mri, a.state_stride,
+      a.keep_out, a.keep_stride, a.window, a.t);
 }
 
 void LaunchLazyObserve(const LazyObserveArgs& a, const int32_t* old_lens, const int32_t* lens,

@@ -60,21 +60,26 @@ int64_t AttentionPartialFloats(int max_tokens, int max_heads, int head_dim, int 
 void LaunchAttention(const KvBatch& batch, int layer, const float* q, int n_heads, float scale,
                      float* out, const AttentionScratch& scratch, cudaStream_t stream);
 
-// Moves K/V rows: pairs[2 * i] is the source and pairs[2 * i + 1] the destination offset (in
-// floats from `base`) of the K row of move i; its V row is v_offset floats further. Rows are
-// first gathered into `scratch` ([m, 2, head_dim]), so moves may overlap.
-void LaunchMoveRows(float* base, const int64_t* pairs, int m, int head_dim, int64_t v_offset,
-                    float* scratch, cudaStream_t stream);
+// One row move of cache compaction: byte offsets from the pool's base of the source and the
+// destination K row and (int8) K scale; the V row and scale are one plane further.
+struct RowMove {
+  int64_t src_row = 0, dst_row = 0, src_scale = 0, dst_scale = 0;
+};
+// Moves the K/V rows (and scales) of `m` moves in device memory. Rows are first gathered into
+// `scratch` ([m, 2 * RowBytes / 4 + 2] words), so moves may overlap.
+void LaunchMoveRows(uint8_t* base, const RowMove* moves, int m, const PagedKvLayout& layout,
+                    uint32_t* scratch, cudaStream_t stream);
 
 // One key row of Backend::RerotateKeys, staged in device memory: the K row at `k_offset`
-// floats from the pool's base moves from position `from` to `to`.
+// bytes from the pool's base (its int8 scale at `scale_offset`) moves from position `from` to
+// `to`.
 struct RerotateRow {
-  int64_t k_offset = 0;
+  int64_t k_offset = 0, scale_offset = 0;
   int32_t from = 0, to = 0;
 };
-// Backend::RerotateKeys over `n` rows.
-void LaunchRerotateKeys(float* pool, const RerotateRow* rows, int n, int head_dim, float theta,
-                        RopeStyle style, cudaStream_t stream);
+// Backend::RerotateKeys over `n` rows of a pool of type `dtype`.
+void LaunchRerotateKeys(uint8_t* pool, const RerotateRow* rows, int n, int head_dim, float theta,
+                        RopeStyle style, KvDType dtype, cudaStream_t stream);
 
 // ---- sampling.cu
 // Backend::ArgmaxRows.

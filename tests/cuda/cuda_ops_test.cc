@@ -7,11 +7,13 @@
 // CPU keeps them fp32).
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
 
 #include "kernels/cpu/matmul_check.h"
 #include "kernels/cpu/pick_check.h"
 #include "kernels/cpu/rerotate_check.h"
+#include "kernels/kv_rows.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "worker/model/half.h"
 
@@ -312,12 +314,23 @@ struct AttnCase {
   int n_heads, n_kv, hd, base_len;
 };
 
-class CudaAttentionTest : public CudaTest, public ::testing::WithParamInterface<AttnCase> {};
+class CudaAttentionTest : public CudaTest, public ::testing::WithParamInterface<AttnCase> {
+ protected:
+  void CheckAttention(const AttnCase& p, KvDType dtype);
+};
 
+// Every KV type: the CUDA store writes the bytes the CPU store writes, and attention over a
+// typed pool equals the CPU backend's over the same pool.
 TEST_P(CudaAttentionTest, StoreDecodeAndPrefillMatchReference) {
-  const AttnCase p = GetParam();
+  for (const KvDType dtype : {KvDType::kF32, KvDType::kBF16, KvDType::kF16, KvDType::kInt8}) {
+    SCOPED_TRACE(KvDTypeName(dtype));
+    CheckAttention(GetParam(), dtype);
+  }
+}
+
+void CudaAttentionTest::CheckAttention(const AttnCase& p, KvDType dtype) {
   const int kLayers = 2, kBt = 16, kNew = 5;
-  PagedKvLayout layout{kLayers, p.n_kv, p.hd, kBt};
+  PagedKvLayout layout{kLayers, p.n_kv, p.hd, kBt, dtype};
   const int max_len = p.base_len + 3 * (p.n_kv - 1) + kNew;
   const int blocks_per_layer = (max_len + kBt - 1) / kBt;
   const int n_blocks = kLayers * blocks_per_layer + 3;
@@ -327,15 +340,26 @@ TEST_P(CudaAttentionTest, StoreDecodeAndPrefillMatchReference) {
   std::shuffle(ids.begin(), ids.end(), std::mt19937(p.hd));
   std::vector<const int32_t*> tables = {ids.data(), ids.data() + blocks_per_layer};
   std::vector<int32_t> counts = {blocks_per_layer, blocks_per_layer};
-  const auto pool_init = RandomVec(static_cast<size_t>(n_blocks) * layout.BlockFloats(), 99);
-  std::vector<float> cpu_pool = pool_init;
-  DeviceVec<float> gpu_pool(*gpu_, pool_init);
+  // The cached rows, stored on the host in the pool's type (words, so that the pool can be
+  // compared bit for bit).
+  std::vector<float> cpu_pool(static_cast<size_t>(n_blocks) * layout.BlockBytes() / 4, 0.0f);
   PagedKv cpu_kv{layout, cpu_pool.data(), tables.data(), counts.data()};
-  PagedKv gpu_kv{layout, gpu_pool.get(), tables.data(), counts.data()};
   const int layer = 1;
   const float scale = 1.0f / std::sqrt(static_cast<float>(p.hd));
   std::vector<int32_t> start(p.n_kv), lens(p.n_kv), lens1(p.n_kv);
   for (int h = 0; h < p.n_kv; ++h) start[h] = p.base_len + 3 * h;
+  for (int l = 0; l < kLayers; ++l) {
+    for (int h = 0; h < p.n_kv; ++h) {
+      for (int sl = 0; sl < start[h]; ++sl) {
+        for (int is_v = 0; is_v < 2; ++is_v) {
+          const auto row = RandomVec(static_cast<size_t>(p.hd), 99 + sl * 4 + is_v * 2 + h * 7);
+          StoreKvRow(cpu_kv.Head(l, h), is_v, sl, row.data());
+        }
+      }
+    }
+  }
+  DeviceVec<float> gpu_pool(*gpu_, cpu_pool);
+  PagedKv gpu_kv{layout, gpu_pool.get(), tables.data(), counts.data()};
 
   // StoreKv of kNew tokens: both pools must be identical afterwards.
   const auto k = RandomVec(static_cast<size_t>(kNew) * p.n_kv * p.hd, 5);
@@ -343,7 +367,11 @@ TEST_P(CudaAttentionTest, StoreDecodeAndPrefillMatchReference) {
   cpu_->StoreKv(cpu_kv, layer, k.data(), v.data(), kNew, start.data());
   DeviceVec<float> dk(*gpu_, k), dv(*gpu_, v);
   gpu_->StoreKv(gpu_kv, layer, dk.get(), dv.get(), kNew, start.data());
-  ASSERT_EQ(gpu_pool.Download(), cpu_pool) << "StoreKv wrote different rows";
+  {
+    const std::vector<float> got = gpu_pool.Download();
+    ASSERT_EQ(0, std::memcmp(got.data(), cpu_pool.data(), cpu_pool.size() * 4))
+        << "StoreKv wrote different bytes";
+  }
 
   // Prefill attention of the kNew tokens.
   for (int h = 0; h < p.n_kv; ++h) lens[h] = start[h] + kNew;
@@ -386,25 +414,35 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionTest,
                                            AttnCase{4, 1, 256, 77}));
 
 TEST_F(CudaTest, CompactRowsMovesTheSameRowsAsHostMemory) {
-  PagedKvLayout layout{1, 2, 64, 16};
-  const int n_blocks = 12;
-  std::vector<int32_t> table = {5, 2, 9, 0, 11, 7, 1, 3};
-  const auto init = RandomVec(static_cast<size_t>(n_blocks) * layout.BlockFloats(), 3);
-  std::vector<float> host = init;
-  DeviceVec<float> dev(*gpu_, init);
-  std::vector<int32_t> keep;
-  for (int s = 0; s < 120; ++s) {
-    if (s % 3 != 1 || s > 100) keep.push_back(s);
+  for (const KvDType dtype : {KvDType::kF32, KvDType::kBF16, KvDType::kF16, KvDType::kInt8}) {
+    SCOPED_TRACE(KvDTypeName(dtype));
+    PagedKvLayout layout{1, 2, 64, 16, dtype};
+    const int n_blocks = 12;
+    std::vector<int32_t> table = {5, 2, 9, 0, 11, 7, 1, 3};
+    // Random words: rows and scales only move, so any bit pattern must arrive unchanged.
+    const auto words = RandomVec(static_cast<size_t>(n_blocks) * layout.BlockBytes() / 4, 3);
+    std::vector<float> host = words;
+    DeviceVec<float> dev(*gpu_, words);
+    std::vector<int32_t> keep;
+    for (int s = 0; s < 120; ++s) {
+      if (s % 3 != 1 || s > 100) keep.push_back(s);
+    }
+    for (int head = 0; head < 2; ++head) {
+      PagedKvHead h_rows{reinterpret_cast<uint8_t*>(host.data()) + layout.PlaneOffset(head, 0),
+                         table.data(),
+                         layout.BlockBytes(),
+                         layout.PlaneBytes(),
+                         16,
+                         64,
+                         dtype};
+      PagedKvHead d_rows = h_rows;
+      d_rows.base = reinterpret_cast<uint8_t*>(dev.get()) + layout.PlaneOffset(head, 0);
+      HostMemory().CompactRows(h_rows, keep.data(), static_cast<int>(keep.size()));
+      gpu_->memory().CompactRows(d_rows, keep.data(), static_cast<int>(keep.size()));
+    }
+    const std::vector<float> got = dev.Download();
+    EXPECT_EQ(0, std::memcmp(got.data(), host.data(), host.size() * sizeof(float)));
   }
-  for (int head = 0; head < 2; ++head) {
-    PagedKvHead h_rows{host.data() + layout.Offset(head, 0, 0), table.data(), layout.BlockFloats(),
-                       16, 64};
-    PagedKvHead d_rows = h_rows;
-    d_rows.base = dev.get() + layout.Offset(head, 0, 0);
-    HostMemory().CompactRows(h_rows, keep.data(), static_cast<int>(keep.size()));
-    gpu_->memory().CompactRows(d_rows, keep.data(), static_cast<int>(keep.size()));
-  }
-  EXPECT_EQ(dev.Download(), host);
 }
 
 // LazyObserve on both backends for 20 steps of a sequence of layers x kv rows.
@@ -541,6 +579,65 @@ TEST_F(CudaTest, RerotateKeysEqualsTheReference) {
       SCOPED_TRACE(::testing::Message() << "head_dim " << hd << " style " << int(style));
       const absl::Status st = CompareRerotate(*gpu_, MakeRerotateCase(hd, style, 2000, seed++));
       EXPECT_TRUE(st.ok()) << st;
+    }
+  }
+}
+
+// Typed pools: the device re-rotation widens each key row, rotates it and stores it again;
+// the CPU backend does the same on the host. Rows agree within one step of the type (the
+// two may round a rotated value on either side).
+TEST_F(CudaTest, RerotateKeysOnTypedPoolsMatchesTheCpu) {
+  for (const KvDType dtype : {KvDType::kBF16, KvDType::kF16, KvDType::kInt8}) {
+    SCOPED_TRACE(KvDTypeName(dtype));
+    const int hd = 64, n = 40;
+    PagedKvLayout layout{2, 2, hd, 16, dtype};
+    std::vector<int32_t> table = {3, 0, 2, 5, 1, 4};
+    std::vector<const int32_t*> tables = {table.data(), table.data() + 3};
+    std::vector<int32_t> counts = {3, 3};
+    std::vector<float> cpu_pool(static_cast<size_t>(6) * layout.BlockBytes() / 4, 0.0f);
+    PagedKv cpu_kv{layout, cpu_pool.data(), tables.data(), counts.data()};
+    for (int l = 0; l < 2; ++l) {
+      for (int h = 0; h < 2; ++h) {
+        for (int sl = 0; sl < n; ++sl) {
+          const auto row = RandomVec(hd, 5 + sl + 100 * h + 1000 * l);
+          StoreKvRow(cpu_kv.Head(l, h), 0, sl, row.data());
+        }
+      }
+    }
+    DeviceVec<float> gpu_pool(*gpu_, cpu_pool);
+    PagedKv gpu_kv{layout, gpu_pool.get(), tables.data(), counts.data()};
+    std::vector<int32_t> lens = {n, n - 7, n, 3}, from(4 * n), to(4 * n);
+    for (int i = 0; i < 4 * n; ++i) {
+      from[i] = 20000 + 13 * i;
+      to[i] = i % 9 == 4 ? from[i] : 100 + i;
+    }
+    RerotateArgs a;
+    a.kv = cpu_kv;
+    a.lens = lens.data();
+    a.from = from.data();
+    a.to = to.data();
+    a.stride = n;
+    a.style = RopeStyle::kHalfSplit;
+    cpu_->RerotateKeys(a);
+    a.kv = gpu_kv;
+    gpu_->RerotateKeys(a);
+    const std::vector<float> got_words = gpu_pool.Download();
+    PagedKv got_kv{layout, const_cast<float*>(got_words.data()), tables.data(), counts.data()};
+    const float step = dtype == KvDType::kBF16  ? 1.0f / 128
+                       : dtype == KvDType::kF16 ? 1.0f / 1024
+                                                : 1.5f / 127;
+    for (int l = 0; l < 2; ++l) {
+      for (int h = 0; h < 2; ++h) {
+        std::vector<float> want(hd), got(hd);
+        for (int sl = 0; sl < lens[l * 2 + h]; ++sl) {
+          LoadKvRow(cpu_kv.Head(l, h), 0, sl, want.data());
+          LoadKvRow(got_kv.Head(l, h), 0, sl, got.data());
+          for (int d = 0; d < hd; ++d) {
+            ASSERT_NEAR(got[d], want[d], step * 1.5f)
+                << "layer " << l << " head " << h << " slot " << sl << " elem " << d;
+          }
+        }
+      }
     }
   }
 }

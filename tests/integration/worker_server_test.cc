@@ -41,9 +41,29 @@ TEST_F(WorkerServerTest, HealthAndInfo) {
   EXPECT_EQ(info.context_length(), 512);
   EXPECT_EQ(info.tp_size(), 1);
   EXPECT_EQ(info.default_cache().policy(), "full");
+  EXPECT_EQ(info.default_cache().kv_dtype(), "bf16") << "the default KV type";
   EXPECT_NE(std::find(info.policies().begin(), info.policies().end(), "lazy"),
             info.policies().end());
   EXPECT_EQ(info.max_tokens_limit(), 512);
+}
+
+// A session may name the worker's KV type (or none); another type, or one that does not
+// exist, is INVALID_ARGUMENT naming cache.kv_dtype, and the session is not created.
+TEST_F(WorkerServerTest, ASessionMayNameOnlyTheWorkersKvType) {
+  v1::RunTurnRequest same = Turn("kv_same", "Once upon a time", 8, 0);
+  same.mutable_cache()->set_kv_dtype("bf16");
+  EXPECT_TRUE(worker_.Run(same).status.ok());
+  for (const char* t : {"int8", "fp8"}) {
+    v1::RunTurnRequest other = Turn(std::string("kv_") + t, "Once upon a time", 8, 0);
+    other.mutable_cache()->set_kv_dtype(t);
+    const TurnResult r = worker_.Run(other);
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << t;
+    EXPECT_NE(r.status.error_message().find("cache.kv_dtype"), std::string::npos)
+        << r.status.error_message();
+    EXPECT_NE(r.status.error_message().find(std::string(t) == "int8" ? "stores bf16" : "one of"),
+              std::string::npos)
+        << r.status.error_message();
+  }
 }
 
 TEST_F(WorkerServerTest, ConcurrentMultiTurnSessionsMatchSessionsRunAlone) {
@@ -197,11 +217,10 @@ TEST(WorkerServerPressureTest, PoolExhaustionOffloadsQueuesOrRefusesButNeverCras
   RECALL_REQUIRE_SHARED_FILE(kModel);
   Worker worker;
   std::string error;
-  // 240 KiB: 60 blocks of 4 KiB (16 tokens of one layer), room for 12 x 16 tokens in all
-  // 5 layers: about two sessions of ~90 tokens resident at a time; one turn running and one
-  // waiting at most.
-  ASSERT_TRUE(worker.Start({"--kv-cache-bytes", "245760", "--max-active", "2", "--max-queued",
-                            "1"},
+  // 120 KiB: 60 blocks of 2 KiB (16 tokens of one layer in bf16, the default KV type), room
+  // for 12 x 16 tokens in all 5 layers: about two sessions of ~90 tokens resident at a time;
+  // one turn running and one waiting at most.
+  ASSERT_TRUE(worker.Start({"--kv-cache-bytes", "122880", "--max-active", "2", "--max-queued", "1"},
                            &error))
       << error;
   std::vector<TurnResult> results(8);

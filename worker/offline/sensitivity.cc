@@ -8,6 +8,7 @@
 #include "cache/block_pool.h"
 #include "cache/sequence_cache.h"
 #include "common/status.h"
+#include "kernels/kv_rows.h"
 #include "worker/runtime/forward.h"
 
 namespace recall::offline {
@@ -117,13 +118,16 @@ absl::StatusOr<std::vector<double>> LayerSensitivity(const model::Model& model,
         forward, &masked, tokens.subspan(static_cast<size_t>(begin), end - begin), options.chunk,
         nullptr));
     const kernels::PagedKv fv = full.View();
+    std::vector<float> full_key(static_cast<size_t>(c.head_dim)), masked_key(full_key.size());
     const kernels::PagedKv mv = masked.View();
     const int first_slot = masked.length(0, 0) - (end - begin);  // of position `begin`
     for (int p = std::max(begin, block); p < end; ++p) {
       const int w = (p - block) / options.window;
       for (int l = 0; l < c.n_layers; ++l) {
         for (int h = 0; h < c.n_kv_heads; ++h) {
-          sums.Add(l, h, w, fv.K(l, h, p), mv.K(l, h, first_slot + p - begin), c.head_dim);
+          kernels::LoadKvRow(fv.Head(l, h), 0, p, full_key.data());
+          kernels::LoadKvRow(mv.Head(l, h), 0, first_slot + p - begin, masked_key.data());
+          sums.Add(l, h, w, full_key.data(), masked_key.data(), c.head_dim);
         }
       }
     }

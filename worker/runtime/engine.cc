@@ -22,9 +22,10 @@ int64_t AvailableMemoryBytes() {
   return 0;
 }
 
-int64_t BlockBytes(const model::ModelConfig& c, int kv_heads, int block_tokens) {
-  const kernels::PagedKvLayout layout{c.n_layers, kv_heads, c.head_dim, block_tokens};
-  return layout.BlockFloats() * static_cast<int64_t>(sizeof(float));
+int64_t BlockBytes(const model::ModelConfig& c, int kv_heads, int block_tokens,
+                   kernels::KvDType dtype) {
+  const kernels::PagedKvLayout layout{c.n_layers, kv_heads, c.head_dim, block_tokens, dtype};
+  return layout.BlockBytes();
 }
 
 }  // namespace
@@ -58,13 +59,14 @@ absl::Status EngineOptions::Validate() const {
   return absl::OkStatus();
 }
 
-int64_t KvBytesFor(const model::ModelConfig& c, int tokens, int block_tokens) {
+int64_t KvBytesFor(const model::ModelConfig& c, int tokens, int block_tokens,
+                   kernels::KvDType dtype) {
   const int64_t blocks = (tokens + block_tokens - 1) / block_tokens;
-  return blocks * c.n_layers * BlockBytes(c, c.n_kv_heads, block_tokens);
+  return blocks * c.n_layers * BlockBytes(c, c.n_kv_heads, block_tokens, dtype);
 }
 
-int64_t FullContextKvBytes(const model::ModelConfig& c, int block_tokens) {
-  return KvBytesFor(c, c.max_seq_len, block_tokens);
+int64_t FullContextKvBytes(const model::ModelConfig& c, int block_tokens, kernels::KvDType dtype) {
+  return KvBytesFor(c, c.max_seq_len, block_tokens, dtype);
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const model::Model& model,
@@ -107,7 +109,7 @@ absl::Status Engine::CreateOneRank() {
     }
     bytes = static_cast<int64_t>(o.kv_cache_fraction * static_cast<double>(base));
   }
-  const int64_t per_layer = BlockBytes(c, c.n_kv_heads, o.block_tokens) * c.n_layers;
+  const int64_t per_layer = BlockBytes(c, c.n_kv_heads, o.block_tokens, o.kv_dtype) * c.n_layers;
   if (bytes < per_layer) {
     return flags::FieldError(field,
                              absl::StrCat(bytes,
@@ -115,7 +117,8 @@ absl::Status Engine::CreateOneRank() {
                                           "layer (",
                                           c.n_layers, " x ", per_layer / c.n_layers, " bytes)"));
   }
-  const kernels::PagedKvLayout layout{c.n_layers, c.n_kv_heads, c.head_dim, o.block_tokens};
+  const kernels::PagedKvLayout layout{c.n_layers, c.n_kv_heads, c.head_dim, o.block_tokens,
+                                      o.kv_dtype};
   RECALL_ASSIGN_OR_RETURN(pool_,
                           cache::BlockPool::CreateWithBytes(layout, bytes, backend_->memory()));
   forward_ = std::make_unique<ForwardPass>(*weights, *backend_, o.forward);
@@ -133,6 +136,7 @@ absl::Status Engine::CreateGroup() {
   g.threads_per_rank = o.threads > 0 ? std::max(1, o.threads / o.tp) : 0;
   g.opaque_cpu_memory = o.opaque_cpu_memory;
   g.block_tokens = o.block_tokens;
+  g.kv_dtype = o.kv_dtype;
   g.forward = o.forward;
   if (o.device == Device::kCuda && !o.kv_cache_bytes.has_value()) {
     g.kv_cache_fraction = o.kv_cache_fraction;  // of each GPU's free memory after the weights

@@ -48,6 +48,8 @@ struct EngineOptions {
   std::optional<int64_t> kv_cache_bytes;
   double kv_cache_fraction = 0.25;
   int block_tokens = 16;  // tokens per KV block
+  // How the KV pools store K and V (kernels/tensor.h KvDType): bf16 by default, half of fp32.
+  kernels::KvDType kv_dtype = kernels::KvDType::kBF16;
   // Each rank's forward pass (its comm fields are set per rank).
   ForwardOptions forward{.batch_invariant = true};
   bool opaque_cpu_memory = false;  // testing: CPU ranks that act as device memory
@@ -58,11 +60,14 @@ struct EngineOptions {
   absl::Status Validate() const;
 };
 
-// Bytes of `tokens` tokens in every layer, in KV blocks of `block_tokens`, over all ranks.
-int64_t KvBytesFor(const model::ModelConfig& config, int tokens, int block_tokens);
+// Bytes of `tokens` tokens in every layer, in KV blocks of `block_tokens` of `dtype`, over all
+// ranks.
+int64_t KvBytesFor(const model::ModelConfig& config, int tokens, int block_tokens,
+                   kernels::KvDType dtype);
 // KvBytesFor one full context (config.max_seq_len): the default pool of one in-process
 // sequence.
-int64_t FullContextKvBytes(const model::ModelConfig& config, int block_tokens);
+int64_t FullContextKvBytes(const model::ModelConfig& config, int block_tokens,
+                           kernels::KvDType dtype);
 
 class Engine {
  public:

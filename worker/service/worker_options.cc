@@ -72,6 +72,16 @@ flags::FlagSet<runtime::EngineOptions> EngineFlags() {
           "kv-cache-bytes", "SIZE",
           "KV pool size over all ranks, e.g. 512M or 2GiB (default: --kv-cache-fraction)",
           [](auto& o) -> auto& { return o.kv_cache_bytes; }, 1)
+      .Enum(
+          "kv-dtype", "TYPE",
+          "how the KV cache stores keys and values: bf16 (default; half of f32's bytes,\n"
+          "greedy text close to f32's), f16, int8 (a quarter, one fp32 scale per row) or\n"
+          "f32. Attention widens every row to fp32",
+          [](auto& o) -> auto& { return o.kv_dtype; },
+          std::vector<std::pair<std::string, kernels::KvDType>>{{"f32", kernels::KvDType::kF32},
+                                                                {"bf16", kernels::KvDType::kBF16},
+                                                                {"f16", kernels::KvDType::kF16},
+                                                                {"int8", kernels::KvDType::kInt8}})
       .Double(
           "kv-cache-fraction", "F",
           "KV pool as a fraction of available host memory (cpu) or of the device's free\n"

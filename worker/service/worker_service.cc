@@ -66,6 +66,7 @@ serving::TurnRequest FromProto(const v1::RunTurnRequest& r, int default_max_toke
   if (c.has_block_tokens()) out.cache.block_tokens = c.block_tokens();
   if (c.has_recluster_turns()) out.cache.recluster_turns = c.recluster_turns();
   if (c.has_positions()) out.cache.positions = c.positions();
+  if (c.has_kv_dtype()) out.cache.kv_dtype = c.kv_dtype();
   return out;
 }
 
@@ -197,6 +198,7 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const v1::InfoRequest*,
   c->set_alpha(static_cast<float>(d.alpha));
   c->set_tp_eviction(d.tp_eviction);
   if (d.positions.has_value()) c->set_positions(*d.positions);
+  c->set_kv_dtype(kernels::KvDTypeName(scheduler_.kv_dtype()));
   if (d.policy == "episodic") {
     c->set_episodes(d.episodes);
     c->set_embedder(d.embedder);

@@ -37,8 +37,10 @@ CacheDefaults CacheDefaults::With(const CacheRequest& r) const {
 
 absl::StatusOr<CacheFactory> CacheFactory::Create(const CacheDefaults& defaults,
                                                   const model::ModelConfig& config,
-                                                  int total_kv_heads, int tp) {
+                                                  int total_kv_heads, int tp,
+                                                  kernels::KvDType kv_dtype) {
   CacheFactory f(defaults, config, total_kv_heads, tp);
+  f.kv_dtype_ = kv_dtype;
   cache::eviction::ApplyLayerBudgets(defaults.layer_budgets, defaults.layer_alpha, &f.layers_);
   if (!(defaults.layer_alpha >= 0.5 && defaults.layer_alpha <= 3)) {
     return Invalid("layer_alpha", absl::StrCat("must be in [0.5, 3], got ", defaults.layer_alpha));
@@ -59,6 +61,15 @@ absl::StatusOr<CacheFactory> CacheFactory::Create(const CacheDefaults& defaults,
 
 absl::StatusOr<SessionCacheSpec> CacheFactory::Resolve(const CacheRequest& request,
                                                        uint64_t session_seed) const {
+  if (request.kv_dtype.has_value() && *request.kv_dtype != kernels::KvDTypeName(kv_dtype_)) {
+    const bool known = *request.kv_dtype == "f32" || *request.kv_dtype == "bf16" ||
+                       *request.kv_dtype == "f16" || *request.kv_dtype == "int8";
+    return Invalid(
+        "cache.kv_dtype",
+        known ? absl::StrCat("this worker stores ", kernels::KvDTypeName(kv_dtype_),
+                             " (its --kv-dtype); a session cannot choose ", *request.kv_dtype)
+              : absl::StrCat("\"", *request.kv_dtype, "\" is not one of f32, bf16, f16, int8"));
+  }
   return Make(defaults_.With(request), session_seed, "cache.");
 }
 

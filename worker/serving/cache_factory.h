@@ -63,10 +63,12 @@ class CacheFactory {
   // InvalidArgument naming the default's field (policy, budget_fraction, tp_eviction,
   // layer_budgets, layer_alpha, episodes, ...) when the defaults do not make a cache for this
   // model; NotFound when the layer-budget profile cannot be read. `tp` > 1 turns
-  // verify_tp_keep on.
+  // verify_tp_keep on. `kv_dtype` is the type the worker's pools store (a request may name
+  // only that one).
   static absl::StatusOr<CacheFactory> Create(const CacheDefaults& defaults,
                                              const model::ModelConfig& config, int total_kv_heads,
-                                             int tp);
+                                             int tp,
+                                             kernels::KvDType kv_dtype = kernels::KvDType::kF32);
 
   // The session's cache: InvalidArgument naming the request's field ("cache.policy",
   // "cache.budget_fraction", ...) when its settings cannot make one. `session_seed` seeds
@@ -88,6 +90,7 @@ class CacheFactory {
   model::ModelConfig config_;
   int total_kv_heads_ = 0;
   int tp_ = 1;
+  kernels::KvDType kv_dtype_ = kernels::KvDType::kF32;
   cache::eviction::BudgetOptions layers_;  // the layer split, its profile read
 };
 

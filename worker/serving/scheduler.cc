@@ -112,8 +112,9 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Make(
     const model::Tokenizer& tokenizer, const SchedulerOptions& options,
     metrics::Registry* metrics) {
   const int tp = static_cast<int>(ranks.ranks.size());
-  RECALL_ASSIGN_OR_RETURN(CacheFactory caches, CacheFactory::Create(options.cache, model.config,
-                                                                    ranks.total_kv_heads, tp));
+  RECALL_ASSIGN_OR_RETURN(CacheFactory caches,
+                          CacheFactory::Create(options.cache, model.config, ranks.total_kv_heads,
+                                               tp, ranks.ranks[0].pool->layout().dtype));
   std::unique_ptr<Scheduler> s(new Scheduler(model, std::move(own), std::move(ranks), tokenizer,
                                              options, std::move(caches), metrics));
   RECALL_RETURN_IF_ERROR(s->CheckDefaultPolicy());

@@ -159,6 +159,8 @@ class Scheduler {
 
   LoadSnapshot Load() const;
   std::vector<std::string> policies() const;
+  // How the pools store K and V (every rank alike).
+  kernels::KvDType kv_dtype() const { return ranks_.ranks[0].pool->layout().dtype; }
   const SchedulerOptions& options() const { return options_; }
   const model::Model& model() const { return model_; }
   int tp() const { return static_cast<int>(ranks_.ranks.size()); }

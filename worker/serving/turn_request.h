@@ -35,6 +35,9 @@ struct CacheRequest {
   // What happens at the model's context length: "original" (the session ends there) or
   // "compact" (the cached tokens are re-positioned: runtime/positions.h).
   std::optional<std::string> positions;
+  // How the cache stores K and V ("f32", "bf16", "f16", "int8"): a worker's pools store one
+  // type (its --kv-dtype), so a request may only name that one.
+  std::optional<std::string> kv_dtype;
 };
 
 // The episodic fields of a CacheRequest: InvalidArgument naming the field ("cache.episodes",

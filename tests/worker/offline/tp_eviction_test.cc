@@ -46,9 +46,10 @@ struct Outcome {
 class TpEvictionTest : public TpFixture,
                        public ::testing::WithParamInterface<std::tuple<std::string, Mode>> {
  protected:
-  static Outcome Generate(int tp, const SessionEvictorOptions& o, bool opaque = false) {
+  static Outcome Generate(int tp, const SessionEvictorOptions& o, bool opaque = false,
+                          kernels::KvDType kv_dtype = kernels::KvDType::kF32) {
     Outcome run;
-    std::unique_ptr<runtime::tp::TpGroup> group = MakeGroup(tp, opaque);
+    std::unique_ptr<runtime::tp::TpGroup> group = MakeGroup(tp, opaque, kv_dtype);
     if (group == nullptr) return run;
     auto seq = TpSequence::Create(*group, o);
     EXPECT_TRUE(seq.ok()) << seq.status();
@@ -93,6 +94,28 @@ INSTANTIATE_TEST_SUITE_P(Policies, TpEvictionTest,
                          [](const ::testing::TestParamInfo<std::tuple<std::string, Mode>>& i) {
                            return std::get<0>(i.param) + "_" + ModeName(std::get<1>(i.param));
                          });
+
+// Every KV type: TP = 2 keeps what one rank keeps with the same type, for a policy that reads
+// attention (lazy; also on opaque memory, the CUDA ranks' paths) and one that reads the
+// cached values on the host (vase; refused on device memory).
+TEST_F(TpEvictionTest, EveryKvTypeKeepsTheOneRankTokens) {
+  for (const kernels::KvDType t :
+       {kernels::KvDType::kBF16, kernels::KvDType::kF16, kernels::KvDType::kInt8}) {
+    for (const char* policy : {"lazy", "vase"}) {
+      SCOPED_TRACE(std::string(kernels::KvDTypeName(t)) + " " + policy);
+      const SessionEvictorOptions o = Options(policy, Mode::kUniform);
+      const Outcome one = Generate(1, o, false, t);
+      ASSERT_FALSE(one.tokens.empty());
+      ASSERT_GT(one.evictions, 0);
+      for (const bool opaque : {false, true}) {
+        if (opaque && std::string(policy) == "vase") continue;
+        const Outcome two = Generate(2, o, opaque, t);
+        EXPECT_EQ(two.tokens, one.tokens) << (opaque ? "opaque" : "");
+        EXPECT_EQ(two.keep, one.keep) << (opaque ? "opaque" : "");
+      }
+    }
+  }
+}
 
 // Drives per-rank sequences made by hand (so that one rank can be misconfigured): greedy
 // tokens from rank 0's logits; returns the first error of any step.

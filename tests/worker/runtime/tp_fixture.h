@@ -66,9 +66,11 @@ class TpFixture : public ::testing::Test {
   void SetUp() override { RECALL_REQUIRE_SHARED_FILE(kModelFile); }
 
   // `opaque`: the CUDA ranks' code paths on the CPU (TpGroupOptions::opaque_cpu_memory).
-  static std::unique_ptr<TpGroup> MakeGroup(int tp, bool opaque = false) {
+  static std::unique_ptr<TpGroup> MakeGroup(int tp, bool opaque = false,
+                                            kernels::KvDType kv_dtype = kernels::KvDType::kF32) {
     TpGroupOptions o;
     o.tp = tp;
+    o.kv_dtype = kv_dtype;
     o.opaque_cpu_memory = opaque;
     o.threads_per_rank = 1;
     o.kv_bytes_per_rank = 8ll << 20;

@@ -34,6 +34,7 @@ const std::map<std::string, std::vector<std::string>> kValues = {
     {"no-batch-invariant", {}},
     {"no-cuda-graphs", {}},
     {"kv-cache-bytes", {"1048576"}},
+    {"kv-dtype", {"int8"}},
     {"kv-cache-fraction", {"0.5"}},
     {"max-batch-tokens", {"128"}},
     {"prefill-chunk", {"32"}},

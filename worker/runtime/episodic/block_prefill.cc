@@ -8,6 +8,7 @@
 #include "cache/episodic/patch_scores.h"
 #include "common/clock.h"
 #include "common/status.h"
+#include "kernels/kv_rows.h"
 
 namespace recall::runtime::episodic {
 namespace {
@@ -67,9 +68,9 @@ class Compressor {
         const int base = len - p;
         bases[h] = base;
         keys_.resize(static_cast<size_t>(len) * c_.head_dim);
+        const kernels::PagedKvHead rows = kv.Head(l, h);
         for (int j = 0; j < len; ++j) {
-          std::copy_n(kv.K(l, h, j), c_.head_dim,
-                      keys_.data() + static_cast<size_t>(j) * c_.head_dim);
+          kernels::LoadKvRow(rows, 0, j, keys_.data() + static_cast<size_t>(j) * c_.head_dim);
         }
         scores_[h].resize(static_cast<size_t>(base));
         cache::episodic::PatchScores(keys_.data(), base, layer_q, p, c_.n_heads, h * group, group,

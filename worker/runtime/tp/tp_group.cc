@@ -103,9 +103,9 @@ absl::Status TpGroup::CreatePools(const TpGroupOptions& options) {
     const int64_t bytes = options.kv_cache_fraction > 0 ? free_per_rank[rank->cuda_device]
                                                         : options.kv_bytes_per_rank;
     const model::ModelConfig& c = rank->model->config;
-    kernels::PagedKvLayout layout{c.n_layers, c.n_kv_heads, c.head_dim, options.block_tokens};
-    const int64_t per_layer =
-        layout.BlockFloats() * static_cast<int64_t>(sizeof(float)) * layout.n_layers;
+    kernels::PagedKvLayout layout{c.n_layers, c.n_kv_heads, c.head_dim, options.block_tokens,
+                                  options.kv_dtype};
+    const int64_t per_layer = layout.BlockBytes() * layout.n_layers;
     if (bytes < per_layer) {
       return flags::FieldError(
           options.kv_cache_fraction > 0 ? "kv_cache_fraction" : "kv_cache_bytes",

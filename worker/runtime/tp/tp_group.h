@@ -56,6 +56,7 @@ struct TpGroupOptions {
   // memory once every rank's weights are on it, split evenly between the ranks on the device.
   double kv_cache_fraction = 0;
   int block_tokens = 16;
+  kernels::KvDType kv_dtype = kernels::KvDType::kF32;  // how the pools store K and V
   ForwardOptions forward;  // comm is set per rank
   // A rank waiting longer than this for its peers fails the group.
   absl::Duration collective_timeout = absl::Seconds(120);

@@ -1,0 +1,76 @@
+// `recall generate` with each --kv-dtype on stories260K, greedy: with f32 the texts equal the
+// golden outputs of llama2.c's run.c byte for byte (the fp32 path stays exact); every other
+// type runs and its agreement with the golden text is printed.
+#include <string>
+
+#include "gtest/gtest.h"
+#include "tests/common/test_util.h"
+
+namespace recall {
+namespace {
+
+constexpr char kModel[] = "models/stories260K/stories260K.bin";
+constexpr char kTokenizer[] = "models/stories260K/tok512.bin";
+
+struct CliRun {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+CliRun Generate(const std::string& dir, const std::string& prompt, int max_tokens,
+                const std::string& kv_dtype) {
+  const std::string out = dir + "/out.txt", err = dir + "/err.txt";
+  const std::string cmd =
+      std::string("'") + RECALL_CLI_BINARY + "' generate --model '" + testing::SharedPath(kModel) +
+      "' --tokenizer '" + testing::SharedPath(kTokenizer) + "' --prompt '" + prompt +
+      "' --temperature 0 --echo --threads 1 --max-tokens " + std::to_string(max_tokens) +
+      " --kv-dtype " + kv_dtype + " > '" + out + "' 2> '" + err + "'";
+  CliRun r;
+  const int status = std::system(cmd.c_str());
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = testing::ReadFileOrEmpty(out);
+  r.err = testing::ReadFileOrEmpty(err);
+  return r;
+}
+
+size_t CommonPrefix(const std::string& a, const std::string& b) {
+  size_t i = 0;
+  while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+  return i;
+}
+
+TEST(GenerateKvDtypeTest, F32ReproducesTheGoldenTextsAndEveryTypeRuns) {
+  RECALL_REQUIRE_SHARED_FILE(kModel);
+  const std::string dir = testing::MakeTempDir("generate_kv_dtype");
+  // run.c's -n counts forward passes, the prompt (after BOS) included.
+  const struct {
+    const char* prompt;
+    int max_tokens;
+    const char* golden;
+  } cases[] = {
+      {"Once upon a time", 252, "models/stories260K/golden_greedy_once_upon_a_time_n256.txt"},
+      {"", 511, "models/stories260K/golden_greedy_noprompt_n512.txt"}};
+  for (const auto& c : cases) {
+    const std::string golden = testing::ReadFileOrEmpty(testing::SharedPath(c.golden));
+    ASSERT_FALSE(golden.empty()) << c.golden;
+    for (const char* t : {"f32", "bf16", "f16", "int8"}) {
+      SCOPED_TRACE(std::string(t) + " \"" + c.prompt + "\"");
+      const CliRun r = Generate(dir, c.prompt, c.max_tokens, t);
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      if (std::string(t) == "f32") {
+        EXPECT_EQ(r.out, golden);
+      }
+      std::printf(
+          "--kv-dtype %-4s \"%s\": %zu of the golden text's %zu bytes before the first "
+          "difference\n",
+          t, c.prompt, CommonPrefix(r.out, golden), golden.size());
+    }
+  }
+  // A type that does not exist is a usage error naming the flag.
+  const CliRun bad = Generate(dir, "Once", 4, "fp8");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--kv-dtype"), std::string::npos) << bad.err;
+}
+
+}  // namespace
+}  // namespace recall
