@@ -222,6 +222,86 @@ void AttendHeadAvx512(const PagedKvHead& kv, int len, const float* q, float scal
     _mm512_mask_storeu_ps(out + 16 * c, mask(c), _mm512_add_ps(oa[c], ob[c]));
   }
 }
+// bf16 rows, head_dim = 32 * NP: 32 elements are one 512-bit load of 16 lanes, each lane a
+// pair (even element in its low half, odd in its high half). Widening is one op per half
+// (the even element: lane << 16; the odd: lane & 0xFFFF0000), so the scores take the query
+// split into its even and odd elements, and V accumulates even and odd elements apart,
+// interleaved at the end. About half the widening work of LoadRow16<kBF16>.
+template <int NP>
+void AttendHeadBf16Pairs(const PagedKvHead& kv, int len, const float* q, float scale, float* p,
+                         float* out) {
+  const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  auto even = [](__m512i x) { return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)); };
+  auto odd = [&](__m512i x) { return _mm512_castsi512_ps(_mm512_and_si512(x, hi_mask)); };
+  auto load = [](const uint8_t* row, int c) {
+    return _mm512_loadu_si512(reinterpret_cast<const void*>(row + 64 * c));
+  };
+  alignas(64) float qe[16 * NP], qo[16 * NP];
+  for (int i = 0; i < 16 * NP; ++i) {
+    qe[i] = q[2 * i];
+    qo[i] = q[2 * i + 1];
+  }
+  __m512 qev[NP], qov[NP];
+#pragma GCC unroll 4
+  for (int c = 0; c < NP; ++c) {
+    qev[c] = _mm512_load_ps(qe + 16 * c);
+    qov[c] = _mm512_load_ps(qo + 16 * c);
+  }
+  const __m512 vscale = _mm512_set1_ps(scale);
+  const uint8_t* rows[kGroup];
+  alignas(64) float unused[kGroup];
+  for (int s0 = 0; s0 < len; s0 += kGroup) {
+    const int cnt = std::min(kGroup, len - s0);
+    GroupRows(kv, 0, s0, cnt, rows, unused);
+    __m512 acc[kGroup];
+#pragma GCC unroll 16
+    for (int j = 0; j < kGroup; ++j) {
+      const __m512i x0 = load(rows[j], 0);
+      __m512 a = _mm512_fmadd_ps(qov[0], odd(x0), _mm512_mul_ps(qev[0], even(x0)));
+#pragma GCC unroll 4
+      for (int c = 1; c < NP; ++c) {
+        const __m512i x = load(rows[j], c);
+        a = _mm512_fmadd_ps(qev[c], even(x), a);
+        a = _mm512_fmadd_ps(qov[c], odd(x), a);
+      }
+      acc[j] = a;
+    }
+    _mm512_mask_storeu_ps(p + s0, FirstLanes(cnt), _mm512_mul_ps(Transpose16Sum(acc), vscale));
+  }
+
+  SoftmaxInPlace(p, len);
+
+  __m512 oe[NP], oo[NP];
+#pragma GCC unroll 4
+  for (int c = 0; c < NP; ++c) oe[c] = oo[c] = _mm512_setzero_ps();
+  for (int s0 = 0; s0 < len; s0 += kGroup) {
+    const int cnt = std::min(kGroup, len - s0);
+    GroupRows(kv, 1, s0, cnt, rows, unused);
+    alignas(64) float w[kGroup];
+    _mm512_store_ps(w, _mm512_maskz_loadu_ps(FirstLanes(cnt), p + s0));
+#pragma GCC unroll 16
+    for (int j = 0; j < kGroup; ++j) {
+      const __m512 pj = _mm512_set1_ps(w[j]);
+#pragma GCC unroll 4
+      for (int c = 0; c < NP; ++c) {
+        const __m512i x = load(rows[j], c);
+        oe[c] = _mm512_fmadd_ps(pj, even(x), oe[c]);
+        oo[c] = _mm512_fmadd_ps(pj, odd(x), oo[c]);
+      }
+    }
+  }
+  alignas(64) float e[16 * NP], o[16 * NP];
+#pragma GCC unroll 4
+  for (int c = 0; c < NP; ++c) {
+    _mm512_store_ps(e + 16 * c, oe[c]);
+    _mm512_store_ps(o + 16 * c, oo[c]);
+  }
+  for (int i = 0; i < 16 * NP; ++i) {
+    out[2 * i] = e[i];
+    out[2 * i + 1] = o[i];
+  }
+}
+
 // AttendHeadAvx512 for head_dim <= 128; false for larger heads.
 template <KvDType T>
 bool AttendHeadSimd(const PagedKvHead& kv, int len, const float* q, float scale, float* p,
@@ -272,6 +352,16 @@ void AttendHead(const PagedKvHead& kv, int len, const float* q, float scale, flo
       if (AttendHeadSimd<KvDType::kF32>(kv, len, q, scale, p, out)) return;
       break;
     case KvDType::kBF16:
+      switch (hd) {
+        case 32:
+          return AttendHeadBf16Pairs<1>(kv, len, q, scale, p, out);
+        case 64:
+          return AttendHeadBf16Pairs<2>(kv, len, q, scale, p, out);
+        case 96:
+          return AttendHeadBf16Pairs<3>(kv, len, q, scale, p, out);
+        case 128:
+          return AttendHeadBf16Pairs<4>(kv, len, q, scale, p, out);
+      }
       if (AttendHeadSimd<KvDType::kBF16>(kv, len, q, scale, p, out)) return;
       break;
     case KvDType::kF16:
