@@ -4,13 +4,17 @@
 //   - free-running greedy: tokens until the first divergence from FullKV;
 //   - recall probes: probability of a name stated early and repeated late;
 //   - the KV memory actually held (peak and final bytes) against the full cache.
+// With --kv-dtypes (f32,bf16,f16,int8; default f32) every configuration also runs on a pool
+// of each KV type, judged against the fp32 FullKV reference of the same texts (the first
+// type listed must be f32).
 // Prints a table, writes every figure and the settings to --out-json and a plot to --out-png
 // (with gnuplot; without it a warning, the JSON is still written).
 //
 // usage: recall_quality_bench [--model PATH] [--tokenizer PATH] [--texts N]
 //   [--policies full,streaming,h2o,tova,lazy] [--budgets 0.2,0.3,0.5,0.7] [--window W]
 //   [--alpha A] [--sinks S] [--prefix N] [--greedy-prefix N] [--probe-early N]
-//   [--probe-late N] [--seed S] [--threads N] [--out-json PATH] [--out-png PATH]
+//   [--probe-late N] [--seed S] [--threads N] [--kv-dtypes f32,bf16,int8]
+//   [--out-json PATH] [--out-png PATH]
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -50,11 +54,20 @@ struct Flags {
   int probe_late = 350;
   uint64_t seed = 1;
   int threads = 0;
+  std::vector<std::string> kv_dtypes = {"f32"};
   std::string out_json = "quality_stories260K.json";
   std::string out_png = "quality_stories260K.png";
 };
 
 bool ParseInt(const char* s, int* out) { return absl::SimpleAtoi(s, out); }
+
+std::optional<kernels::KvDType> ParseKvDType(const std::string& name) {
+  for (const kernels::KvDType t : {kernels::KvDType::kF32, kernels::KvDType::kBF16,
+                                   kernels::KvDType::kF16, kernels::KvDType::kInt8}) {
+    if (name == kernels::KvDTypeName(t)) return t;
+  }
+  return std::nullopt;
+}
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
   const auto flag = [&](const std::string& name, const char* v) -> std::optional<bool> {
@@ -79,14 +92,23 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     else if (name == "--probe-late") ok = ParseInt(v, &f->probe_late);
     else if (name == "--seed") ok = absl::SimpleAtoi(v, &f->seed);
     else if (name == "--threads") ok = ParseInt(v, &f->threads);
-    else if (name == "--out-json") f->out_json = v;
+    else if (name == "--kv-dtypes") {
+      f->kv_dtypes = absl::StrSplit(v, ',', absl::SkipEmpty());
+      for (const std::string& t : f->kv_dtypes) ok = ok && ParseKvDType(t).has_value();
+      ok = ok && !f->kv_dtypes.empty() && f->kv_dtypes[0] == "f32";
+    } else if (name == "--out-json")
+      f->out_json = v;
     else if (name == "--out-png") f->out_png = v;
     else {
       return std::nullopt;
     }
     return ok;
   };
-  if (!ParseFlagPairs(argc, argv, flag, "budgets are fractions in (0, 1]")) return false;
+  if (!ParseFlagPairs(argc, argv, flag,
+                      "budgets are fractions in (0, 1]; --kv-dtypes lists f32 (first), bf16, f16, "
+                      "int8")) {
+    return false;
+  }
   if (f->policies.empty() || f->budgets.empty()) {
     std::fprintf(stderr, "--policies and --budgets must not be empty\n");
     return false;
@@ -114,9 +136,9 @@ int Main(int argc, char** argv) {
   }
   const int k_runs = static_cast<int>(configs.size()) + 1;
   constexpr int kBlockTokens = 16;
+  const int64_t pool_blocks = mc.n_layers * (k_runs * (length / kBlockTokens + 2) + 8);
   const kernels::PagedKvLayout layout{mc.n_layers, mc.n_kv_heads, mc.head_dim, kBlockTokens};
-  auto pool =
-      cache::BlockPool::Create(layout, mc.n_layers * (k_runs * (length / kBlockTokens + 2) + 8));
+  auto pool = cache::BlockPool::Create(layout, pool_blocks);
   if (!pool.ok()) return Fail(pool.status());
   runtime::ForwardPass forward(**model, *backend,
                                {std::max({f.prefix, f.greedy_prefix, k_runs, length})});
@@ -141,22 +163,55 @@ int Main(int argc, char** argv) {
   qo.sinks = f.sinks;
   qo.prefix = f.prefix;
   qo.greedy_prefix = f.greedy_prefix;
-  std::vector<QualityStats> stats(configs.size());
+  // Per KV type, every configuration; the fp32 pass records the FullKV reference of each
+  // text that the other types are judged against.
+  std::vector<std::vector<QualityStats>> stats_by_type(f.kv_dtypes.size(),
+                                                       std::vector<QualityStats>(configs.size()));
+  std::vector<FullReference> references(texts->size());
   watch.Reset();
-  for (size_t t = 0; t < texts->size(); ++t) {
-    std::vector<RecallProbe> mine;
-    for (const RecallProbe& p : probes) {
-      if (p.text == static_cast<int>(t)) mine.push_back(p);
+  for (size_t k = 0; k < f.kv_dtypes.size(); ++k) {
+    const kernels::KvDType type = *ParseKvDType(f.kv_dtypes[k]);
+    std::unique_ptr<cache::BlockPool> typed;
+    cache::BlockPool* use = pool->get();
+    if (type != kernels::KvDType::kF32) {
+      kernels::PagedKvLayout tl = layout;
+      tl.dtype = type;
+      auto p = cache::BlockPool::Create(tl, pool_blocks);
+      if (!p.ok()) return Fail(p.status());
+      typed = std::move(*p);
+      use = typed.get();
     }
-    absl::Status s = EvaluateText(forward, **pool, (*texts)[t], mine, configs, qo, &stats);
-    if (!s.ok()) return Fail(s);
+    for (size_t t = 0; t < texts->size(); ++t) {
+      std::vector<RecallProbe> mine;
+      for (const RecallProbe& p : probes) {
+        if (p.text == static_cast<int>(t)) mine.push_back(p);
+      }
+      QualityEvalOptions to = qo;
+      if (k == 0) {
+        to.record = &references[t];
+      } else {
+        to.reference = &references[t];
+      }
+      absl::Status s =
+          EvaluateText(forward, *use, (*texts)[t], mine, configs, to, &stats_by_type[k]);
+      if (!s.ok()) return Fail(s);
+    }
   }
+  const std::vector<QualityStats>& stats = stats_by_type[0];
   const double eval_seconds = watch.ElapsedSeconds();
-  std::printf("evaluated %zu configurations in %.1f s (W=%d, alpha=%g, sinks=%d, prefix=%d, "
-              "greedy prefix=%d)\n\n",
-              configs.size(), eval_seconds, f.window, f.alpha, f.sinks, f.prefix,
-              f.greedy_prefix);
-  PrintTable(configs, stats);
+  std::printf(
+      "evaluated %zu configurations x %zu KV types in %.1f s (W=%d, alpha=%g, sinks=%d, "
+      "prefix=%d, greedy prefix=%d)\n\n",
+      configs.size(), f.kv_dtypes.size(), eval_seconds, f.window, f.alpha, f.sinks, f.prefix,
+      f.greedy_prefix);
+  for (size_t k = 0; k < f.kv_dtypes.size(); ++k) {
+    if (f.kv_dtypes.size() > 1) {
+      std::printf("KV type %s%s:\n", f.kv_dtypes[k].c_str(),
+                  k == 0 ? "" : " (against the fp32 FullKV reference)");
+    }
+    PrintTable(configs, stats_by_type[k]);
+    if (f.kv_dtypes.size() > 1) std::printf("\n");
+  }
   std::printf("\nKL: mean KL(full || evicted) in nats and top1: top-1 agreement, both over "
               "the npos positions after each run's first eviction; ppl/ppl_f: perplexity of "
               "the text there, evicted/full; greedy: tokens until the first divergence from "
@@ -193,6 +248,10 @@ int Main(int argc, char** argv) {
   }
   json["recall_probes"] = probe_list;
   json["results"] = ResultsJson(configs, stats);
+  json["settings"]["kv_dtypes"] = f.kv_dtypes;
+  for (size_t k = 0; k < f.kv_dtypes.size(); ++k) {
+    json["results_by_kv_dtype"][f.kv_dtypes[k]] = ResultsJson(configs, stats_by_type[k]);
+  }
   absl::Status s = WriteJson(f.out_json, json);
   if (!s.ok()) return Fail(s);
   std::printf("wrote %s\n", f.out_json.c_str());

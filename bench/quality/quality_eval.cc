@@ -59,7 +59,16 @@ absl::Status TeacherForced(runtime::ForwardPass& forward, cache::BlockPool& pool
 
     const int32_t target = text.tokens[pos + 1];
     LogSoftmax(logits.data(), vocab, logp_full.data());
-    const int32_t top_full = Argmax(logits.data(), vocab);
+    if (options.record != nullptr) options.record->logp.push_back(logp_full);
+    if (options.reference != nullptr) {
+      const size_t at = static_cast<size_t>(pos - options.prefix);
+      if (at >= options.reference->logp.size()) {
+        return absl::InvalidArgumentError("the reference has fewer positions than the text");
+      }
+      logp_full = options.reference->logp[at];
+    }
+    const int32_t top_full = static_cast<int32_t>(
+        std::max_element(logp_full.begin(), logp_full.end()) - logp_full.begin());
     for (int i = 0; i < k_runs; ++i) {
       const float* li = logits.data() + static_cast<size_t>(i) * vocab;
       LogSoftmax(li, vocab, logp.data());
@@ -121,7 +130,14 @@ absl::Status Greedy(runtime::ForwardPass& forward, cache::BlockPool& pool, const
   std::vector<float> logits = prefill_logits;  // in the order of `active`
   std::vector<int32_t> feed;
   for (int s = 0; s < cap; ++s) {
-    const int32_t ref = Argmax(logits.data(), vocab);
+    int32_t ref = Argmax(logits.data(), vocab);
+    if (options.record != nullptr) options.record->greedy.push_back(ref);
+    if (options.reference != nullptr) {
+      if (s >= static_cast<int>(options.reference->greedy.size())) {
+        return absl::InvalidArgumentError("the reference's greedy continuation is too short");
+      }
+      ref = options.reference->greedy[s];
+    }
     std::vector<int> next_active = {0};
     for (size_t j = 1; j < active.size(); ++j) {
       const int32_t tok = Argmax(logits.data() + j * vocab, vocab);
@@ -140,7 +156,8 @@ absl::Status Greedy(runtime::ForwardPass& forward, cache::BlockPool& pool, const
       }
     }
     active = std::move(next_active);
-    if (active.size() == 1 || s == cap - 1) break;
+    // A recorded reference runs to the end.
+    if ((active.size() == 1 && options.record == nullptr) || s == cap - 1) break;
     feed.assign(active.size(), ref);
     RECALL_RETURN_IF_ERROR(DecodeRuns(forward, runs, active, feed.data(), logits.data()));
   }

@@ -34,12 +34,26 @@ struct QualityConfig {
   int budget_tokens = 0;       // C per (layer, KV head) = ceil(fraction * length)
 };
 
+// The full cache's outputs on one text, from one run, to compare other runs with: the
+// next-token log-probabilities at every teacher-forced position and the greedy continuation.
+// Lets runs whose own reference differs (a pool of another KV type) be judged against the
+// fp32 FullKV one.
+struct FullReference {
+  std::vector<std::vector<double>> logp;  // [position - prefix][vocab]
+  std::vector<int32_t> greedy;            // greedy tokens after greedy_prefix, to the end
+};
+
 struct QualityEvalOptions {
   int window = 16;
   float alpha = 1e-4f;
   int sinks = 4;
   int prefix = 16;          // teacher-forced prefill
   int greedy_prefix = 384;  // greedy prompt
+  // When set, this run's full cache (item 0) is written here...
+  FullReference* record = nullptr;
+  // ...and when set, KL, top-1, perplexity and greedy agreement are taken against this
+  // reference instead of item 0.
+  const FullReference* reference = nullptr;
 };
 
 // Sums over texts; divided out by the report.
