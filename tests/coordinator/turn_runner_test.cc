@@ -2,7 +2,8 @@
 // of SmolLM2-135M's shape where a turn must last long enough to be interrupted): a turn's
 // tokens reach the sink once each, in order, then its done; a worker that lacks the session
 // gets the transcript after its HistoryNeeded event; a worker that is gone, or killed mid-reply,
-// is failed over with nothing lost or repeated; a bad request is the worker's answer, not
+// is failed over with nothing lost or repeated; a full worker (RESOURCE_EXHAUSTED) is passed
+// over for another without being marked down; a bad request is the worker's answer, not
 // retried; no worker is UNAVAILABLE; a one-turn session is dropped before the done; Cancel
 // ends the turn with CANCELLED and the worker's turn is gone within a measured bound.
 #include "coordinator/turn_runner.h"
@@ -271,47 +272,98 @@ TEST(TurnRunnerNoWorkerTest, NoWorkerIsUnavailableAndRetryable) {
 }
 
 // Workers with random weights of SmolLM2-135M's shape: tens of ms per token on the CPU, so a
-// kill after the first tokens surely lands mid-reply.
-TEST(TurnRunnerFailoverTest, AWorkerKilledMidReplyIsResumedElsewhereWithNothingLost) {
-  const std::string model = testing::SharedPath("tokenizers/smollm2");
-  if (!std::filesystem::exists(model + "/config.json")) {
-    GTEST_SKIP() << "shared data missing: " << model;
+// turn lasts long enough to be interrupted, or to keep a worker busy.
+class SlowWorkersTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model_ = testing::SharedPath("tokenizers/smollm2");
+    if (!std::filesystem::exists(model_ + "/config.json")) {
+      GTEST_SKIP() << "shared data missing: " << model_;
+    }
   }
-  Worker workers[2];
-  for (Worker& w : workers) {
-    std::string error;
-    ASSERT_TRUE(
-        w.StartWith({"--model", model, "--random-weights", "--kv-cache-bytes", "64M"}, &error))
-        << error;
-  }
-  WorkerRegistry registry(nullptr, absl::Hours(1));
-  for (Worker& w : workers) registry.Add(w.address());
-  metrics::Registry metrics;
 
+  // Starts worker i with `extra` flags and adds it to the registry.
+  void StartWorker(int i, std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {"--model", model_, "--random-weights", "--kv-cache-bytes",
+                                     "64M"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::string error;
+    ASSERT_TRUE(workers_[i].StartWith(args, &error)) << error;
+    registry_.Add(workers_[i].address());
+  }
+
+  std::string model_;
+  Worker workers_[2];
+  WorkerRegistry registry_{nullptr, absl::Hours(1)};
+  metrics::Registry metrics_;
+};
+
+TEST_F(SlowWorkersTest, AWorkerKilledMidReplyIsResumedElsewhereWithNothingLost) {
+  StartWorker(0);
+  StartWorker(1);
   FakeSink reference;
-  ASSERT_TRUE(RunTurn(registry, metrics, Spec("reference", "Once upon a time", 40), reference));
+  ASSERT_TRUE(RunTurn(registry_, metrics_, Spec("reference", "Once upon a time", 40), reference));
   ASSERT_TRUE(reference.error().ok()) << reference.error();
   ASSERT_GT(reference.tokens().size(), 20u);
 
   FakeSink sink;
   int killed = -1;
   sink.on_first_tokens = [&] {
-    for (int i = 0; i < 2; ++i) {
-      if (workers[i].Load().active_turns() > 0) {
-        killed = i;
-        workers[i].Kill();  // SIGKILL, mid-stream
-        return;
+    // A worker's load shows the turn from the end of the step that sent its first token.
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    while (absl::Now() < deadline) {
+      for (int i = 0; i < 2; ++i) {
+        if (workers_[i].Load().active_turns() > 0) {
+          killed = i;
+          workers_[i].Kill();  // SIGKILL, mid-stream
+          return;
+        }
       }
     }
   };
-  ASSERT_TRUE(RunTurn(registry, metrics, Spec("killed", "Once upon a time", 40), sink));
+  ASSERT_TRUE(RunTurn(registry_, metrics_, Spec("killed", "Once upon a time", 40), sink));
   ASSERT_GE(killed, 0) << "no worker was running the turn";
   ASSERT_TRUE(sink.error().ok()) << sink.error();
   EXPECT_EQ(sink.result().failovers, 1);
-  EXPECT_EQ(sink.result().worker, workers[1 - killed].address());
+  EXPECT_EQ(sink.result().worker, workers_[1 - killed].address());
   EXPECT_EQ(sink.tokens(), reference.tokens()) << "no token lost or repeated";
   EXPECT_EQ(sink.text(), reference.text());
   EXPECT_EQ(sink.result().tokens, reference.tokens());
+}
+
+TEST_F(SlowWorkersTest, AFullWorkerIsPassedOverForAnotherAndStaysUp) {
+  // Worker 0 runs one turn at a time and queues one more; with both taken, a third turn
+  // bound to it gets RESOURCE_EXHAUSTED and the runner takes it to worker 1: not a failover.
+  StartWorker(0, {"--max-active", "1", "--max-queued", "0"});
+  StartWorker(1);
+  grpc::ClientContext running_ctx, queued_ctx;
+  auto running = workers_[0].stub().RunTurn(&running_ctx, Turn("running", "Once upon a time", 400));
+  v1::TurnEvent ev;
+  ASSERT_TRUE(running->Read(&ev)) << "the first turn is generating";
+  auto queued = workers_[0].stub().RunTurn(&queued_ctx, Turn("queued", "Once upon a time", 400));
+  v1::LoadReport load;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < deadline && load.queued_turns() < 1) load = workers_[0].Load();
+  ASSERT_EQ(load.queued_turns(), 1) << "the second turn waits";
+
+  TurnSpec spec = Spec("third", "Once upon a time", 4);
+  spec.bound = workers_[0].address();
+  FakeSink sink;
+  ASSERT_TRUE(RunTurn(registry_, metrics_, spec, sink));
+  ASSERT_TRUE(sink.error().ok()) << sink.error();
+  EXPECT_EQ(sink.result().worker, workers_[1].address());
+  EXPECT_EQ(sink.result().failovers, 0) << "a full worker is not a failed one";
+  EXPECT_EQ(metrics_.GetCounter("recall_coordinator_failovers_total", "")->value(), 0);
+  for (const WorkerView& w : registry_.Snapshot()) EXPECT_TRUE(w.healthy) << w.address;
+
+  running_ctx.TryCancel();
+  queued_ctx.TryCancel();
+  while (running->Read(&ev)) {
+  }
+  while (queued->Read(&ev)) {
+  }
+  running->Finish();
+  queued->Finish();
 }
 
 }  // namespace

@@ -135,10 +135,15 @@ class CoordinatorTest : public ::testing::Test {
     return load;
   }
 
-  // The index of the worker with a turn running, or -1.
+  // The index of the worker with a turn running, or -1. A worker publishes its load at the
+  // end of each step, after that step's tokens went out: the step that admits a turn and
+  // sends its first token reports it only when it ends, so ask again for a while.
   int BusyWorker() {
-    for (int i = 0; i < 2; ++i) {
-      if (Load(i).active_turns() > 0) return i;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (std::chrono::steady_clock::now() < deadline) {
+      for (int i = 0; i < 2; ++i) {
+        if (Load(i).active_turns() > 0) return i;
+      }
     }
     return -1;
   }
