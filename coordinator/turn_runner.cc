@@ -99,6 +99,10 @@ void TurnRunner::Cancel() {
 }
 
 void TurnRunner::NextAttempt() {
+  if (Cancelled()) {
+    Fail(absl::CancelledError("the client cancelled the turn"));
+    return;
+  }
   if (attempt_ >= options_.max_attempts + 1) {
     Fail(absl::UnavailableError(
         absl::StrCat("no worker could take the turn (", last_error_, "); retryable")));
@@ -115,23 +119,25 @@ void TurnRunner::NextAttempt() {
     Succeed();
     return;
   }
-  const std::vector<WorkerView> snapshot = workers_.Snapshot();
-  route_ = Route(snapshot, spec_.request.session_id(), sticky_, excluded_);
+  std::shared_ptr<v1::Worker::Stub> stub;
+  {
+    const std::vector<WorkerView> snapshot = workers_.Snapshot();
+    route_ = Route(snapshot, spec_.request.session_id(), sticky_, excluded_);
+    for (const WorkerView& w : snapshot) {
+      if (route_.has_value() && w.address == route_->worker) stub = w.stub;
+    }
+  }
   if (!route_.has_value()) {
     Fail(absl::UnavailableError(
         absl::StrCat("no worker could take the turn (", last_error_, "); retryable")));
     return;
   }
+  RECALL_CHECK(stub != nullptr) << "routed to " << route_->worker << ", which has no stub";
   metrics_
       .GetCounter("recall_coordinator_routes_total", "Routing decisions",
                   absl::StrCat("worker=\"", route_->worker, "\",kind=\"",
                                route_->sticky ? "sticky" : "hashed", "\""))
       ->Increment();
-  std::shared_ptr<v1::Worker::Stub> stub;
-  for (const WorkerView& w : snapshot) {
-    if (w.address == route_->worker) stub = w.stub;
-  }
-  RECALL_CHECK(stub != nullptr) << "routed to " << route_->worker << ", which has no stub";
 
   v1::RunTurnRequest request = spec_.request;
   if (send_history_ || !route_->sticky) {
@@ -151,7 +157,15 @@ void TurnRunner::NextAttempt() {
     Fail(absl::CancelledError("the client cancelled the turn"));
     return;
   }
-  call->Start(call);  // last: its reactions may run on other threads at once
+  // Last, holding nothing: the call's reactions may run on other threads at once and end the
+  // turn, after which nothing here may hold a stub (see Call::OnDone).
+  Call* started = call.get();
+  started->Start(std::move(call));
+}
+
+bool TurnRunner::Cancelled() {
+  absl::MutexLock lock(&mu_);
+  return cancelled_;
 }
 
 void TurnRunner::OnEvent(const v1::TurnEvent& event) {
@@ -246,11 +260,16 @@ void TurnRunner::Succeed() {
   auto drop = std::make_shared<Drop>();
   drop->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
   drop->request.set_session_id(spec_.request.session_id());
-  stub->async()->DropSession(&drop->context, &drop->request, &drop->response,
-                             [self = shared_from_this(), drop](const grpc::Status&) mutable {
-                               drop.reset();  // the call is over: let it go before reporting
-                               self->sink_->OnTurnDone(std::move(self->result_));
-                             });
+  // The callback owns the stub and the call, and lets both go before reporting.
+  v1::Worker::Stub* const to = stub.get();
+  Drop* const call = drop.get();
+  to->async()->DropSession(&call->context, &call->request, &call->response,
+                           [self = shared_from_this(), drop = std::move(drop),
+                            stub = std::move(stub)](const grpc::Status&) mutable {
+                             drop.reset();
+                             stub.reset();
+                             self->sink_->OnTurnDone(std::move(self->result_));
+                           });
 }
 
 void TurnRunner::Fail(absl::Status status) { sink_->OnTurnError(std::move(status)); }

@@ -115,6 +115,7 @@ class TurnRunner : public std::enable_shared_from_this<TurnRunner> {
 
   // Routes and starts the next attempt, or ends the turn.
   void NextAttempt();
+  bool Cancelled();
   // From the attempt in flight (its reactions run one at a time).
   void OnEvent(const v1::TurnEvent& event);
   void OnCallEnded(const grpc::Status& status);
