@@ -31,7 +31,7 @@ absl::StatusOr<ApiKeys> ApiKeys::Load(const std::string& path) {
   return keys;
 }
 
-absl::StatusOr<std::string> ApiKeys::Authenticate(const grpc::ServerContext& context) const {
+absl::StatusOr<std::string> ApiKeys::Authenticate(const grpc::ServerContextBase& context) const {
   if (!enabled_) return std::string("default");
   const auto& md = context.client_metadata();
   auto it = md.find("authorization");

@@ -18,7 +18,7 @@ class ApiKeys {
   static absl::StatusOr<ApiKeys> Load(const std::string& path);
 
   // The caller's tenant, or UNAUTHENTICATED (missing or unknown key).
-  absl::StatusOr<std::string> Authenticate(const grpc::ServerContext& context) const;
+  absl::StatusOr<std::string> Authenticate(const grpc::ServerContextBase& context) const;
   bool enabled() const { return enabled_; }
 
  private:

@@ -47,8 +47,12 @@ void ToProto(const SessionRecord& r, bool with_messages, v1::Session* out) {
 
 ChatService::ChatService(SessionStore& store, WorkerRegistry& workers, ApiKeys keys,
                          CoordinatorOptions options, metrics::Registry& metrics)
-    : store_(store), workers_(workers), keys_(std::move(keys)), options_(options),
-      metrics_(metrics) {}
+    : store_(store),
+      workers_(workers),
+      keys_(std::move(keys)),
+      options_(options),
+      metrics_(metrics),
+      store_pool_(options.store_threads) {}
 
 void ChatService::RememberEpisodes(const std::string& key, const v1::TurnDone& done) {
   absl::MutexLock lock(&mu_);

@@ -1,284 +1,350 @@
-// ChatService::Converse and Generate: one turn streamed from the workers, with failover.
-#include <chrono>
-#include <thread>
+// ChatService::Converse and Generate on gRPC's callback API: a TurnReactor per call runs one
+// turn with a TurnRunner and writes its events to the client.
+#include <atomic>
+#include <deque>
+#include <optional>
+#include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/logging.h"
 #include "coordinator/chat_service.h"
 #include "coordinator/grpc_status.h"
-#include "coordinator/router.h"
 
 namespace recall::coordinator {
-
-struct ChatService::Reply {
-  std::vector<int32_t> tokens;  // streamed to the client so far
-  std::string text;
-  v1::TurnDone done;
-  std::string worker;
-  int failovers = 0;
-  bool client_gone = false;
-};
-
 namespace {
 
-// Cancels `worker_ctx` when the client's call is cancelled, until destroyed.
-class CancelWatch {
- public:
-  CancelWatch(grpc::ServerContext* client, grpc::ClientContext* worker_ctx)
-      : thread_([this, client, worker_ctx] {
-          while (!stop_.load()) {
-            if (client->IsCancelled()) {
-              worker_ctx->TryCancel();
-              return;
-            }
-            std::this_thread::sleep_for(std::chrono::milliseconds(20));
-          }
-        }) {}
-  ~CancelWatch() {
-    stop_ = true;
-    thread_.join();
-  }
+v1::ConverseEvent DoneEvent(const TurnResult& r) {
+  v1::ConverseEvent event;
+  v1::ConverseDone* d = event.mutable_done();
+  d->set_finish_reason(r.done.finish_reason());
+  *d->mutable_usage() = r.done.usage();
+  d->set_kv_bytes(r.done.kv_bytes());
+  d->set_evictions(r.done.evictions());
+  d->set_worker(r.worker);
+  d->set_failovers(r.failovers);
+  if (r.done.has_episodes()) *d->mutable_episodes() = r.done.episodes();
+  return event;
+}
 
- private:
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
-};
-
-// A worker failure (the stream broke or the worker is unreachable), as opposed to an answer.
-bool IsWorkerFailure(grpc::StatusCode code) {
-  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::UNKNOWN ||
-         code == grpc::StatusCode::INTERNAL || code == grpc::StatusCode::ABORTED ||
-         code == grpc::StatusCode::DEADLINE_EXCEEDED || code == grpc::StatusCode::CANCELLED;
+// Appends `from` to `into`: tokens that queued up behind a slow client go out as one event.
+void Merge(const v1::TokenEvent& from, v1::TokenEvent* into) {
+  into->mutable_token_ids()->Add(from.token_ids().begin(), from.token_ids().end());
+  into->mutable_logprobs()->Add(from.logprobs().begin(), from.logprobs().end());
+  into->mutable_text()->append(from.text());
 }
 
 }  // namespace
 
-void ChatService::WriteDone(const Reply& reply, grpc::ServerWriter<v1::ConverseEvent>* writer) {
-  v1::ConverseEvent done;
-  v1::ConverseDone* d = done.mutable_done();
-  d->set_finish_reason(reply.done.finish_reason());
-  *d->mutable_usage() = reply.done.usage();
-  d->set_kv_bytes(reply.done.kv_bytes());
-  d->set_evictions(reply.done.evictions());
-  d->set_worker(reply.worker);
-  d->set_failovers(reply.failovers);
-  if (reply.done.has_episodes()) *d->mutable_episodes() = reply.done.episodes();
-  writer->Write(done);
-}
+// One Converse or Generate call.
+//
+// Writes: events go out one write at a time, in order; tokens that arrive while a write is in
+// flight are merged into one event, so a slow client never slows the worker. One Finish path:
+// End records the call's status (and its last event), once; Pump finishes the call when
+// nothing is left to write.
+//
+// Converse: Prepare (store pool) -> TurnRunner -> Complete (store pool) -> End.
+// Generate: TurnRunner -> End. A refused request: End at once.
+// OnCancel and a failed write cancel the runner; the call still ends through End, when the
+// runner reports its (CANCELLED) end. So Finish comes after the runner's last report and after
+// every store step, and OnDone, which deletes the reactor, after both: nothing refers to the
+// reactor once it is gone.
+class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::ConverseEvent>,
+                                       public TurnSink {
+ public:
+  TurnReactor(ChatService& service, bool converse) : service_(service), converse_(converse) {}
 
-grpc::Status ChatService::StreamTurn(grpc::ServerContext* context, const std::string& session_id,
-                                     const std::string& bound,
-                                     const std::vector<v1::ChatMessage>& history,
-                                     const v1::RunTurnRequest& base,
-                                     grpc::ServerWriter<v1::ConverseEvent>* writer,
-                                     Reply* reply) {
-  std::vector<std::string> excluded;
-  std::string sticky = bound;
-  bool send_history = false;
-  std::string last_error = "no worker is registered";
-  Stopwatch since_start;
-  const int max_tokens =
-      base.sampling().has_max_tokens() ? base.sampling().max_tokens() : options_.default_max_tokens;
-  for (int attempt = 0; attempt < options_.max_attempts + 1; ++attempt) {
-    if (!reply->tokens.empty() && static_cast<int>(reply->tokens.size()) >= max_tokens) {
-      // A worker died after delivering the whole reply but before its final event.
-      reply->done.set_finish_reason(v1::FINISH_REASON_LENGTH);
-      reply->done.mutable_usage()->set_generated_tokens(static_cast<int>(reply->tokens.size()));
-      return grpc::Status::OK;
-    }
-    const std::optional<RouteDecision> route =
-        Route(workers_.Snapshot(), session_id, sticky, excluded);
-    if (!route.has_value()) break;
-    metrics_.GetCounter("recall_coordinator_routes_total", "Routing decisions",
-                        absl::StrCat("worker=\"", route->worker, "\",kind=\"",
-                                     route->sticky ? "sticky" : "hashed", "\""))
-        ->Increment();
-    v1::RunTurnRequest req = base;
-    if (send_history || !route->sticky) {
-      for (const v1::ChatMessage& m : history) *req.add_history() = m;
-    }
-    req.mutable_resume_tokens()->Add(reply->tokens.begin(), reply->tokens.end());
-    auto stub = workers_.Stub(route->worker);
-    grpc::ClientContext wctx;
-    grpc::Status status;
-    bool got_done = false;
-    bool history_needed = false;
+  // Converse: the store steps and the turn run from the store pool. `request` lives until
+  // OnDone.
+  void StartConverse(std::string tenant, const v1::ConverseRequest* request) {
+    tenant_ = std::move(tenant);
+    service_.store_pool_.Run([this, request] { Prepare(*request); });
+  }
+
+  // Starts the turn. Last in its caller: the call may end at once.
+  void Run(TurnSpec spec) {
+    std::shared_ptr<TurnRunner> runner = TurnRunner::Create(
+        service_.workers_, service_.metrics_, service_.RunnerOptions(), std::move(spec), this);
+    bool cancelled;
     {
-      CancelWatch watch(context, &wctx);
-      auto reader = stub->RunTurn(&wctx, req);
-      v1::TurnEvent ev;
-      while (reader->Read(&ev)) {
-        if (ev.has_done()) {
-          reply->done = ev.done();
-          got_done = true;
-          continue;
-        }
-        if (ev.has_history_needed()) {
-          history_needed = true;
-          continue;
-        }
-        const v1::TokenEvent& t = ev.tokens();
-        if (reply->tokens.empty() && t.token_ids_size() > 0) {
-          metrics_.GetHistogram("recall_coordinator_time_to_first_token_seconds",
-                                "From the request to the first token sent",
-                                metrics::ExponentialBuckets(0.005, 2, 14))
-              ->Observe(since_start.ElapsedSeconds());
-        }
-        reply->tokens.insert(reply->tokens.end(), t.token_ids().begin(), t.token_ids().end());
-        reply->text += t.text();
-        v1::ConverseEvent out;
-        *out.mutable_tokens() = t;
-        if (!writer->Write(out)) {
-          reply->client_gone = true;
-          wctx.TryCancel();
-        }
-      }
-      status = reader->Finish();
+      absl::MutexLock lock(&mu_);
+      runner_ = runner;
+      cancelled = cancelled_;
     }
-    if (context->IsCancelled() || reply->client_gone) {
-      reply->client_gone = true;
-      return grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the turn");
-    }
-    if (status.ok() && got_done) {
-      reply->worker = route->worker;
-      metrics_.GetCounter("recall_coordinator_generated_tokens_total", "Tokens streamed")
-          ->Increment(static_cast<double>(reply->tokens.size()));
-      return grpc::Status::OK;
-    }
-    last_error = absl::StrCat(route->worker, ": ", status.error_message());
-    if (history_needed && !send_history) {
-      send_history = true;  // the worker does not hold the session: rebuild it there
-      continue;
-    }
-    if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
-      excluded.push_back(route->worker);  // full: try another worker
-      sticky.clear();
-      send_history = true;
-      continue;
-    }
-    if (!IsWorkerFailure(status.error_code()) && !(status.ok() && !got_done)) {
-      return status;  // the worker's answer (a bad request): not retried
-    }
-    // The worker died or broke the stream: resume elsewhere with what was delivered.
-    RECALL_LOG(WARNING) << "worker " << route->worker << " failed during a turn of "
-                        << session_id << " (" << status.error_message() << "); "
-                        << reply->tokens.size() << " tokens delivered, failing over";
-    workers_.ReportFailure(route->worker);
-    metrics_.GetCounter("recall_coordinator_failovers_total", "Turns moved off a failed worker")
-        ->Increment();
-    excluded.push_back(route->worker);
-    sticky.clear();
-    send_history = true;
-    ++reply->failovers;
+    if (cancelled) runner->Cancel();  // it then ends as soon as it starts
+    runner->Start();
   }
-  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                      absl::StrCat("no worker could take the turn (", last_error,
-                                   "); retryable"));
+
+  // The call's status and last event. Called once; last in its caller.
+  void End(grpc::Status status, std::optional<v1::ConverseEvent> last = std::nullopt) {
+    if (began_) service_.EndTurn(key_);  // before the client can see the end
+    {
+      absl::MutexLock lock(&mu_);
+      RECALL_CHECK(!end_.has_value()) << "a Converse call ended twice";
+      if (last.has_value() && !broken_) events_.push_back(std::move(*last));
+      end_ = std::move(status);
+    }
+    Pump();
+  }
+
+  // ---- TurnSink.
+  void OnTokens(const v1::TokenEvent& tokens) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (broken_) return;
+      if (!events_.empty() && events_.back().has_tokens()) {
+        Merge(tokens, events_.back().mutable_tokens());
+      } else {
+        *events_.emplace_back().mutable_tokens() = tokens;
+      }
+    }
+    Pump();
+  }
+
+  void OnTurnDone(TurnResult result) override {
+    if (!converse_) {
+      End(grpc::Status::OK, DoneEvent(result));
+      return;
+    }
+    service_.store_pool_.Run(
+        [this, result = std::move(result)]() mutable { Complete(std::move(result)); });
+  }
+
+  void OnTurnError(absl::Status status) override {
+    if (!converse_) {
+      End(ToGrpc(status));
+      return;
+    }
+    service_.store_pool_.Run([this, status = std::move(status)] { Complete(status); });
+  }
+
+  // ---- gRPC reactions.
+  void OnWriteDone(bool ok) override {
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+    }
+    if (!ok) {
+      Stop();  // the stream is broken: the client went away
+      return;
+    }
+    Pump();
+  }
+
+  void OnCancel() override { Stop(); }
+
+  void OnDone() override { delete this; }
+
+ private:
+  // Converse, on the store pool: the session, the turn limit, the running-turn mark, the user
+  // message (durable before any worker sees it); then the turn.
+  void Prepare(const v1::ConverseRequest& request) {
+    SessionStore& store = service_.store_;
+    absl::StatusOr<SessionRecord> rec = store.Get(tenant_, request.session_id());
+    if (!rec.ok()) {
+      End(ToGrpc(rec.status()));
+      return;
+    }
+    if (rec->message_count / 2 >= service_.options_.max_turns) {
+      End(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                       absl::StrCat("session_id: the session has reached the limit of ",
+                                    service_.options_.max_turns, " turns")));
+      return;
+    }
+    key_ = tenant_ + "/" + rec->id;
+    if (!service_.BeginTurn(key_)) {
+      End(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                       "session_id: a turn of this session is running; send the next when it "
+                       "ends"));
+      return;
+    }
+    began_ = true;
+    session_id_ = rec->id;
+    bound_ = rec->worker;
+    index_ = rec->message_count;
+    const absl::Status st = store.Append(tenant_, rec->id, index_, {"user", request.message()});
+    if (!st.ok()) {
+      End(ToGrpc(st));
+      return;
+    }
+    TurnSpec spec;
+    for (const StoredMessage& m : rec->messages) {
+      v1::ChatMessage& pm = spec.history.emplace_back();
+      pm.set_role(m.role);
+      pm.set_content(m.content);
+    }
+    spec.bound = rec->worker;
+    v1::RunTurnRequest& base = spec.request;
+    base.set_session_id(rec->id);
+    v1::ChatMessage* user = base.add_messages();
+    user->set_role("user");
+    user->set_content(request.message());
+    base.set_history_length(index_);
+    *base.mutable_sampling() = request.sampling();
+    base.mutable_cache()->ParseFromString(rec->cache_settings);
+    Run(std::move(spec));
+  }
+
+  // Converse, on the store pool: store the reply and the binding, or take the user message
+  // back (the transcript keeps only completed turns); then end the call.
+  void Complete(absl::StatusOr<TurnResult> outcome) {
+    const grpc::Status status = outcome.ok() ? grpc::Status::OK : ToGrpc(outcome.status());
+    service_.metrics_
+        .GetCounter("recall_coordinator_turns_total", "Converse turns by status code",
+                    absl::StrCat("code=\"", static_cast<int>(status.error_code()), "\""))
+        ->Increment();
+    SessionStore& store = service_.store_;
+    if (!outcome.ok()) {
+      store.Truncate(tenant_, session_id_, index_).IgnoreError();
+      End(status);
+      return;
+    }
+    const absl::Status st =
+        store.Append(tenant_, session_id_, index_ + 1, {"assistant", outcome->text});
+    if (!st.ok()) {
+      End(ToGrpc(st));
+      return;
+    }
+    if (outcome->worker != bound_) store.Bind(tenant_, session_id_, outcome->worker).IgnoreError();
+    service_.RememberEpisodes(key_, outcome->done);
+    End(grpc::Status::OK, DoneEvent(*outcome));
+  }
+
+  // Starts the next write, or finishes the call; does nothing while a write is in flight.
+  void Pump() {
+    bool write = false;
+    grpc::Status finish;
+    {
+      absl::MutexLock lock(&mu_);
+      if (writing_ || finished_) return;
+      if (!events_.empty()) {
+        write_ = std::move(events_.front());
+        events_.pop_front();
+        writing_ = true;
+        write = true;
+      } else if (end_.has_value()) {
+        finished_ = true;
+        finish = *end_;
+      } else {
+        return;
+      }
+    }
+    if (write) {
+      StartWrite(&write_);
+    } else {
+      Finish(finish);
+    }
+  }
+
+  // The client is gone (cancelled, or a write failed): write nothing more and cancel the
+  // turn; the call ends when the runner reports.
+  void Stop() {
+    std::shared_ptr<TurnRunner> runner;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      broken_ = true;
+      events_.clear();
+      runner = runner_;
+    }
+    if (runner != nullptr) runner->Cancel();
+    Pump();
+  }
+
+  ChatService& service_;
+  const bool converse_;  // else Generate
+  // Converse: the session, set by Prepare, read by Complete and End.
+  std::string tenant_;
+  std::string key_;  // tenant/session, for the running-turn mark and the episodes
+  std::string session_id_;
+  std::string bound_;
+  int index_ = 0;       // the user message's index in the transcript
+  bool began_ = false;  // the running-turn mark is set
+
+  absl::Mutex mu_;
+  std::shared_ptr<TurnRunner> runner_ ABSL_GUARDED_BY(mu_);
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<v1::ConverseEvent> events_ ABSL_GUARDED_BY(mu_);  // not yet written
+  std::optional<grpc::Status> end_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;  // nobody reads the stream any more
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  v1::ConverseEvent write_;  // the write in flight (only touched while writing_)
+};
+
+TurnRunnerOptions ChatService::RunnerOptions() const {
+  TurnRunnerOptions o;
+  o.max_attempts = options_.max_attempts;
+  o.default_max_tokens = options_.default_max_tokens;
+  return o;
 }
 
-grpc::Status ChatService::Converse(grpc::ServerContext* context,
-                                   const v1::ConverseRequest* request,
-                                   grpc::ServerWriter<v1::ConverseEvent>* writer) {
-  RECALL_GRPC_ASSIGN_OR_RETURN(const std::string tenant, keys_.Authenticate(*context));
-  if (request->session_id().empty()) return Invalid("session_id", "is required");
-  if (request->message().empty()) return Invalid("message", "is empty");
-  if (request->message().size() > options_.max_message_bytes) {
-    return Invalid("message", absl::StrCat(request->message().size(), " bytes; at most ",
-                                           options_.max_message_bytes));
-  }
-  if (!IsUtf8(request->message())) return Invalid("message", "is not valid UTF-8");
-  RECALL_GRPC_ASSIGN_OR_RETURN(const SessionRecord rec,
-                               store_.Get(tenant, request->session_id()));
-  if (rec.message_count / 2 >= options_.max_turns) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        absl::StrCat("session_id: the session has reached the limit of ",
-                                     options_.max_turns, " turns"));
-  }
-  const std::string key = tenant + "/" + rec.id;
-  if (!BeginTurn(key)) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        "session_id: a turn of this session is running; send the next when it "
-                        "ends");
-  }
-  struct End {
-    ChatService* s;
-    std::string key;
-    ~End() { s->EndTurn(key); }
-  } end{this, key};
+namespace {
 
-  // The user's message is durable before any worker sees it.
-  const int index = rec.message_count;
-  absl::Status st = store_.Append(tenant, rec.id, index, {"user", request->message()});
-  if (!st.ok()) return ToGrpc(st);
-
-  std::vector<v1::ChatMessage> history;
-  for (const StoredMessage& m : rec.messages) {
-    v1::ChatMessage pm;
-    pm.set_role(m.role);
-    pm.set_content(m.content);
-    history.push_back(std::move(pm));
+// Converse's checks that need no store. Fills *tenant.
+grpc::Status CheckConverse(const ApiKeys& keys, const CoordinatorOptions& options,
+                           const grpc::ServerContextBase& context,
+                           const v1::ConverseRequest& request, std::string* tenant) {
+  RECALL_GRPC_ASSIGN_OR_RETURN(*tenant, keys.Authenticate(context));
+  if (request.session_id().empty()) return Invalid("session_id", "is required");
+  if (request.message().empty()) return Invalid("message", "is empty");
+  if (request.message().size() > options.max_message_bytes) {
+    return Invalid("message", absl::StrCat(request.message().size(), " bytes; at most ",
+                                           options.max_message_bytes));
   }
-  v1::RunTurnRequest base;
-  base.set_session_id(rec.id);
-  v1::ChatMessage* user = base.add_messages();
-  user->set_role("user");
-  user->set_content(request->message());
-  base.set_history_length(index);
-  *base.mutable_sampling() = request->sampling();
-  base.mutable_cache()->ParseFromString(rec.cache_settings);
-
-  Reply reply;
-  grpc::Status status = StreamTurn(context, rec.id, rec.worker, history, base, writer, &reply);
-  metrics_.GetCounter("recall_coordinator_turns_total", "Converse turns by status code",
-                      absl::StrCat("code=\"", static_cast<int>(status.error_code()), "\""))
-      ->Increment();
-  if (!status.ok()) {
-    // The turn did not happen: the transcript keeps only completed turns.
-    store_.Truncate(tenant, rec.id, index).IgnoreError();
-    return status;
-  }
-  st = store_.Append(tenant, rec.id, index + 1, {"assistant", reply.text});
-  if (!st.ok()) return ToGrpc(st);
-  if (reply.worker != rec.worker) store_.Bind(tenant, rec.id, reply.worker).IgnoreError();
-  RememberEpisodes(key, reply.done);
-  WriteDone(reply, writer);
+  if (!IsUtf8(request.message())) return Invalid("message", "is not valid UTF-8");
   return grpc::Status::OK;
 }
 
-grpc::Status ChatService::Generate(grpc::ServerContext* context,
-                                   const v1::GenerateRequest* request,
-                                   grpc::ServerWriter<v1::ConverseEvent>* writer) {
-  RECALL_GRPC_ASSIGN_OR_RETURN(const std::string tenant, keys_.Authenticate(*context));
-  if (request->prompt().empty()) return Invalid("prompt", "is empty");
-  if (request->prompt().size() > options_.max_message_bytes) {
-    return Invalid("prompt", absl::StrCat(request->prompt().size(), " bytes; at most ",
-                                          options_.max_message_bytes));
+grpc::Status CheckGenerate(const ApiKeys& keys, const CoordinatorOptions& options,
+                           const grpc::ServerContextBase& context,
+                           const v1::GenerateRequest& request, std::string* tenant) {
+  RECALL_GRPC_ASSIGN_OR_RETURN(*tenant, keys.Authenticate(context));
+  if (request.prompt().empty()) return Invalid("prompt", "is empty");
+  if (request.prompt().size() > options.max_message_bytes) {
+    return Invalid("prompt", absl::StrCat(request.prompt().size(), " bytes; at most ",
+                                          options.max_message_bytes));
   }
-  if (!IsUtf8(request->prompt())) return Invalid("prompt", "is not valid UTF-8");
+  if (!IsUtf8(request.prompt())) return Invalid("prompt", "is not valid UTF-8");
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
+grpc::ServerWriteReactor<v1::ConverseEvent>* ChatService::Converse(
+    grpc::CallbackServerContext* context, const v1::ConverseRequest* request) {
+  auto* reactor = new TurnReactor(*this, /*converse=*/true);
+  std::string tenant;
+  grpc::Status checked = CheckConverse(keys_, options_, *context, *request, &tenant);
+  if (!checked.ok()) {
+    reactor->End(std::move(checked));
+  } else {
+    reactor->StartConverse(std::move(tenant), request);
+  }
+  return reactor;
+}
+
+grpc::ServerWriteReactor<v1::ConverseEvent>* ChatService::Generate(
+    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+  auto* reactor = new TurnReactor(*this, /*converse=*/false);
+  std::string tenant;
+  grpc::Status checked = CheckGenerate(keys_, options_, *context, *request, &tenant);
+  if (!checked.ok()) {
+    reactor->End(std::move(checked));
+    return reactor;
+  }
   static std::atomic<int64_t> counter{0};
-  const std::string id = absl::StrCat("gen-", tenant, "-", counter++, "-",
-                                      RealClock::Get().NowNanos());
-  v1::RunTurnRequest base;
-  base.set_session_id(id);
-  v1::ChatMessage* user = base.add_messages();
+  TurnSpec spec;
+  spec.request.set_session_id(
+      absl::StrCat("gen-", tenant, "-", counter++, "-", RealClock::Get().NowNanos()));
+  v1::ChatMessage* user = spec.request.add_messages();
   user->set_role("user");
   user->set_content(request->prompt());
-  *base.mutable_sampling() = request->sampling();
-  *base.mutable_cache() = request->cache();
-  Reply reply;
-  grpc::Status status = StreamTurn(context, id, "", {}, base, writer, &reply);
-  if (auto stub = workers_.Stub(reply.worker); stub != nullptr) {
-    grpc::ClientContext ctx;  // the session was one turn long: free its cache now
-    v1::DropSessionRequest drop;
-    drop.set_session_id(id);
-    v1::DropSessionResponse ignored;
-    stub->DropSession(&ctx, drop, &ignored);
-  }
-  if (!status.ok()) return status;
-  WriteDone(reply, writer);
-  return grpc::Status::OK;
+  *spec.request.mutable_sampling() = request->sampling();
+  *spec.request.mutable_cache() = request->cache();
+  spec.drop_after = true;  // the session was one turn long: free its cache at once
+  reactor->Run(std::move(spec));
+  return reactor;
 }
 
 }  // namespace recall::coordinator

@@ -60,6 +60,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(config.listen, creds, &s->port_);
+  // Chat: Converse and Generate on the callback API, the unary calls on the sync threads.
   builder.RegisterService(s->service_.get());
   builder.RegisterService(s->registry_service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.options.max_message_bytes) + 4096);

@@ -1,8 +1,9 @@
 // recall-coordinator with two recall-worker processes (stories260K) over loopback gRPC:
 // multi-turn chats with sticky routing and cache reuse; a worker killed with SIGKILL in
 // the middle of a reply, whose stream completes on the other worker with no token lost or
-// repeated; a coordinator restart that keeps every session (SQLite); API keys and tenants;
-// bad requests with their codes and the transcript left unchanged.
+// repeated; a client cancelling mid-reply, whose turn is gone from the worker within a
+// measured bound; a coordinator restart that keeps every session (SQLite); API keys and
+// tenants; bad requests with their codes and the transcript left unchanged.
 #include <signal.h>
 
 #include <filesystem>
@@ -123,16 +124,25 @@ class CoordinatorTest : public ::testing::Test {
     return s;
   }
 
-  // The index of the worker with a turn running, or -1.
+  // Worker i's load report (empty if it does not answer).
+  v1::LoadReport Load(int i) {
+    auto stub = v1::Worker::NewStub(
+        grpc::CreateChannel("127.0.0.1:" + std::to_string(workers_[i].port("grpc")),
+                            grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    v1::LoadReport load;
+    if (!stub->GetLoad(&ctx, v1::GetLoadRequest(), &load).ok()) load.Clear();
+    return load;
+  }
+
+  // The index of the worker with a turn running, or -1. A worker publishes its load at the
+  // end of each step, after that step's tokens went out: the step that admits a turn and
+  // sends its first token reports it only when it ends, so ask again for a while.
   int BusyWorker() {
-    for (int i = 0; i < 2; ++i) {
-      auto stub = v1::Worker::NewStub(grpc::CreateChannel(
-          "127.0.0.1:" + std::to_string(workers_[i].port("grpc")),
-          grpc::InsecureChannelCredentials()));
-      grpc::ClientContext ctx;
-      v1::LoadReport load;
-      if (stub->GetLoad(&ctx, v1::GetLoadRequest(), &load).ok() && load.active_turns() > 0) {
-        return i;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (std::chrono::steady_clock::now() < deadline) {
+      for (int i = 0; i < 2; ++i) {
+        if (Load(i).active_turns() > 0) return i;
       }
     }
     return -1;
@@ -372,6 +382,62 @@ TEST_F(FailoverTest, WorkerKilledMidReplyTheStreamCompletesElsewhereWithNothingL
   Reply next = Say(id, "And then?", 8);
   ASSERT_TRUE(next.status.ok()) << next.status.error_message();
   EXPECT_EQ(next.done.worker(), "127.0.0.1:" + std::to_string(workers_[1 - killed].port("grpc")));
+}
+
+TEST_F(FailoverTest, AClientCancellingMidReplyFreesTheWorkersTurnPromptly) {
+  // A reply of up to 200 tokens at tens of ms each (seconds of work), cancelled by the client
+  // after its first tokens. The cancel reaches the worker through the coordinator with no
+  // polling anywhere: the worker's load shows no turn (and every KV block free) within a
+  // bound measured from the cancel, and the transcript does not keep the turn.
+  const std::string id = Create();
+  grpc::ClientContext ctx;
+  Auth(&ctx, "key-a");
+  v1::ConverseRequest req;
+  req.set_session_id(id);
+  req.set_message("Once upon a time");
+  req.mutable_sampling()->set_temperature(0);
+  req.mutable_sampling()->set_max_tokens(200);
+  auto reader = stub_->Converse(&ctx, req);
+  v1::ConverseEvent ev;
+  ASSERT_TRUE(reader->Read(&ev));
+  ASSERT_TRUE(ev.has_tokens());
+  const int busy = BusyWorker();
+  ASSERT_GE(busy, 0) << "no worker was running the turn";
+  const int64_t total = Load(busy).kv_blocks_total();
+  const auto cancelled_at = std::chrono::steady_clock::now();
+  ctx.TryCancel();
+  while (reader->Read(&ev)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+
+  // Ask the worker back to back (no sleeps) until its turn is gone; give up after 10 s.
+  double seconds = -1;
+  v1::LoadReport load;
+  while (std::chrono::steady_clock::now() - cancelled_at < std::chrono::seconds(10)) {
+    load = Load(busy);
+    if (load.active_turns() == 0 && load.queued_turns() == 0 && load.kv_blocks_free() == total) {
+      seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - cancelled_at).count();
+      break;
+    }
+  }
+  ASSERT_GE(seconds, 0) << "10 s after the cancel the worker still has " << load.active_turns()
+                        << " active turns and " << total - load.kv_blocks_free()
+                        << " blocks in use";
+  RecordProperty("seconds_from_cancel_to_free_worker", std::to_string(seconds));
+  EXPECT_LT(seconds, 2.0) << "a cancelled turn is aborted within a step or so";
+
+  // The coordinator takes the user message back once the runner has reported the cancel
+  // (after the client saw CANCELLED, so wait for it, bounded).
+  int messages = -1;
+  for (int i = 0; i < 500 && messages != 1; ++i) {
+    messages = Get(id).messages_size();
+    if (messages != 1) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(messages, 1) << "only the system prompt: the cancelled turn did not happen";
+  Reply next = Say(id, "Once upon a time", 4);
+  EXPECT_TRUE(next.status.ok()) << "the session takes its next turn: "
+                                << next.status.error_message();
 }
 
 }  // namespace

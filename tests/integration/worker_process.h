@@ -34,9 +34,16 @@ class Worker {
  public:
   bool Start(std::vector<std::string> extra, std::string* error) {
     std::vector<std::string> args = {"--model", testing::SharedPath(kModel), "--tokenizer",
-                                     testing::SharedPath(kTokenizer), "--listen", "127.0.0.1:0",
-                                     "--metrics-port", "0", "--threads", "2"};
+                                     testing::SharedPath(kTokenizer)};
     args.insert(args.end(), extra.begin(), extra.end());
+    return StartWith(std::move(args), error);
+  }
+
+  // With the model flags given in `args` (no stories260K defaults).
+  bool StartWith(std::vector<std::string> args, std::string* error) {
+    for (const char* a : {"--listen", "127.0.0.1:0", "--metrics-port", "0", "--threads", "2"}) {
+      args.push_back(a);
+    }
     if (!process_.Start(RECALL_WORKER_BINARY, args, testing::MakeTempDir("worker"), error)) {
       return false;
     }
@@ -88,10 +95,12 @@ class Worker {
     return load;
   }
 
+  std::string address() const { return "127.0.0.1:" + std::to_string(process_.port("grpc")); }
   v1::Worker::Stub& stub() { return *stub_; }
   std::shared_ptr<grpc::Channel> channel() { return channel_; }
   int metrics_port() const { return process_.port("metrics"); }
   int Stop() { return process_.Stop(); }
+  void Kill() { process_.Kill(); }  // SIGKILL
 
  private:
   ServerProcess process_;

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "common/logging.h"
+#include "worker/service/run_turn_reactor.h"
 
 namespace recall::service {
 
@@ -21,18 +21,6 @@ std::vector<model::ChatMessage> Messages(
   out.reserve(in.size());
   for (const v1::ChatMessage& m : in) out.push_back({m.role(), m.content()});
   return out;
-}
-
-v1::FinishReason ToProto(serving::TurnFinish f) {
-  switch (f) {
-    case serving::TurnFinish::kLength:
-      return v1::FINISH_REASON_LENGTH;
-    case serving::TurnFinish::kStop:
-      return v1::FINISH_REASON_STOP;
-    case serving::TurnFinish::kContext:
-      return v1::FINISH_REASON_CONTEXT;
-  }
-  return v1::FINISH_REASON_UNSPECIFIED;
 }
 
 }  // namespace
@@ -73,99 +61,66 @@ serving::TurnRequest FromProto(const v1::RunTurnRequest& r, int default_max_toke
 WorkerService::WorkerService(serving::Scheduler& scheduler, WorkerIdentity identity)
     : scheduler_(scheduler), identity_(std::move(identity)) {}
 
-grpc::Status WorkerService::RunTurn(grpc::ServerContext* context,
-                                    const v1::RunTurnRequest* request,
-                                    grpc::ServerWriter<v1::TurnEvent>* writer) {
+grpc::ServerWriteReactor<v1::TurnEvent>* WorkerService::RunTurn(
+    grpc::CallbackServerContext* context, const v1::RunTurnRequest* request) {
   const int default_max_tokens = std::min(256, scheduler_.options().limits.max_tokens);
   serving::TurnRequest turn = FromProto(*request, default_max_tokens);
   if (turn.request_id.empty()) {
     // Unique per call, so Abort by request id and cancellation find exactly this turn.
     turn.request_id = absl::StrCat("w", reinterpret_cast<uintptr_t>(context));
   }
-  const std::string request_id = turn.request_id;
-  absl::StatusOr<std::shared_ptr<serving::TurnStream>> stream = scheduler_.Submit(std::move(turn));
-  if (!stream.ok()) return ToGrpcStatus(stream.status());
-  serving::TurnUpdate u;
-  while (true) {
-    if (context->IsCancelled()) {
-      scheduler_.AbortRequest(request_id);
-      return grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the turn");
-    }
-    if (!(*stream)->Next(absl::Milliseconds(50), &u)) continue;
-    if (!u.token_ids.empty() || !u.text.empty()) {
-      v1::TurnEvent event;
-      v1::TokenEvent* tokens = event.mutable_tokens();
-      tokens->mutable_token_ids()->Add(u.token_ids.begin(), u.token_ids.end());
-      tokens->mutable_logprobs()->Add(u.logprobs.begin(), u.logprobs.end());
-      tokens->set_text(std::move(u.text));
-      if (!writer->Write(event)) {  // the stream is gone
-        scheduler_.AbortRequest(request_id);
-        return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
-      }
-    }
-    if (!u.done) continue;
-    if (serving::IsHistoryNeeded(u.status)) {
-      v1::TurnEvent event;
-      event.mutable_history_needed()->set_history_length(request->history_length());
-      writer->Write(event);
-    }
-    if (!u.status.ok()) return ToGrpcStatus(u.status);
-    v1::TurnEvent event;
-    v1::TurnDone* done = event.mutable_done();
-    const serving::TurnSummary& s = u.summary;
-    done->set_finish_reason(ToProto(s.finish));
-    done->mutable_usage()->set_prompt_tokens(s.prompt_tokens);
-    done->mutable_usage()->set_cached_tokens(s.cached_tokens);
-    done->mutable_usage()->set_generated_tokens(s.generated_tokens);
-    done->set_kv_bytes(s.kv_bytes);
-    done->set_peak_kv_bytes(s.peak_kv_bytes);
-    done->set_evictions(s.evictions);
-    done->set_evicted_tokens(s.evicted_tokens);
-    done->set_rebuilt(s.rebuilt);
-    if (!s.episode_windows.empty()) {
-      v1::EpisodesReport* e = done->mutable_episodes();
-      for (int w : s.episode_windows) e->add_windows(w);
-      e->set_active(s.episode);
-      e->set_replayed_tokens(s.replayed_tokens);
-    }
-    writer->Write(event);
-    return grpc::Status::OK;
-  }
+  std::string request_id = turn.request_id;
+  return RunTurnReactor::Start(scheduler_, std::move(request_id), request->history_length(),
+                               scheduler_.Submit(std::move(turn)));
 }
 
-grpc::Status WorkerService::DropSession(grpc::ServerContext*, const v1::DropSessionRequest* request,
-                                        v1::DropSessionResponse* response) {
+grpc::ServerUnaryReactor* WorkerService::DropSession(grpc::CallbackServerContext* context,
+                                                     const v1::DropSessionRequest* request,
+                                                     v1::DropSessionResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (request->session_id().empty()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "session_id: is required");
+    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "session_id: is required"));
+    return reactor;
   }
-  absl::StatusOr<int64_t> freed = scheduler_.DropSession(request->session_id());
-  if (!freed.ok()) return ToGrpcStatus(freed.status());
-  response->set_freed_bytes(*freed);
-  return grpc::Status::OK;
+  // Finished on the engine thread once the drop is applied; `response` lives until then.
+  scheduler_.DropSessionAsync(request->session_id(),
+                              [reactor, response](absl::StatusOr<int64_t> freed) {
+                                if (freed.ok()) response->set_freed_bytes(*freed);
+                                reactor->Finish(ToGrpcStatus(freed.status()));
+                              });
+  return reactor;
 }
 
-grpc::Status WorkerService::Abort(grpc::ServerContext*, const v1::AbortRequest* request,
-                                  v1::AbortResponse* response) {
+grpc::ServerUnaryReactor* WorkerService::Abort(grpc::CallbackServerContext* context,
+                                               const v1::AbortRequest* request,
+                                               v1::AbortResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto answer = [reactor, response](int aborted) {
+    response->set_aborted(aborted);
+    reactor->Finish(grpc::Status::OK);
+  };
   switch (request->target_case()) {
     case v1::AbortRequest::kRequestId:
-      response->set_aborted(scheduler_.AbortRequest(request->request_id()));
-      return grpc::Status::OK;
+      scheduler_.AbortRequestAsync(request->request_id(), answer);
+      return reactor;
     case v1::AbortRequest::kSessionId:
-      response->set_aborted(scheduler_.AbortSession(request->session_id()));
-      return grpc::Status::OK;
+      scheduler_.AbortSessionAsync(request->session_id(), answer);
+      return reactor;
     case v1::AbortRequest::kAll:
       if (!request->all()) break;
-      response->set_aborted(scheduler_.AbortAll());
-      return grpc::Status::OK;
+      scheduler_.AbortAllAsync(answer);
+      return reactor;
     case v1::AbortRequest::TARGET_NOT_SET:
       break;
   }
-  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                      "target: set request_id, session_id or all = true");
+  reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                               "target: set request_id, session_id or all = true"));
+  return reactor;
 }
 
-grpc::Status WorkerService::GetLoad(grpc::ServerContext*, const v1::GetLoadRequest*,
-                                    v1::LoadReport* response) {
+grpc::ServerUnaryReactor* WorkerService::GetLoad(grpc::CallbackServerContext* context,
+                                                 const v1::GetLoadRequest*,
+                                                 v1::LoadReport* response) {
   const serving::LoadSnapshot l = scheduler_.Load();
   response->set_kv_blocks_total(l.kv_blocks_total);
   response->set_kv_blocks_free(l.kv_blocks_free);
@@ -176,11 +131,13 @@ grpc::Status WorkerService::GetLoad(grpc::ServerContext*, const v1::GetLoadReque
   response->set_offloaded_sessions(l.offloaded_sessions);
   response->set_tokens_per_second(l.tokens_per_second);
   response->set_host_bytes_used(l.host_bytes_used);
-  return grpc::Status::OK;
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
 }
 
-grpc::Status WorkerService::Info(grpc::ServerContext*, const v1::InfoRequest*,
-                                 v1::InfoResponse* response) {
+grpc::ServerUnaryReactor* WorkerService::Info(grpc::CallbackServerContext* context,
+                                              const v1::InfoRequest*, v1::InfoResponse* response) {
   const serving::SchedulerOptions& o = scheduler_.options();
   response->set_model(identity_.model);
   response->set_context_length(scheduler_.model().config.max_seq_len);
@@ -209,7 +166,9 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const v1::InfoRequest*,
   response->set_chat_format(model::ChatFormatName(o.chat_format));
   response->set_vocab_size(scheduler_.model().config.vocab_size);
   response->set_version(identity_.version);
-  return grpc::Status::OK;
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
 }
 
 }  // namespace recall::service

@@ -1,8 +1,10 @@
-// WorkerService: the gRPC face of the Scheduler (proto/recall/v1/worker.proto). Converts
-// requests to engine calls at the edge and engine statuses to gRPC codes; applies the
-// documented defaults of unset fields. Streams are read by a per-RPC thread that takes all
-// pending tokens at once, so a slow reader gets coalesced messages and never slows the
-// batch; a cancelled stream aborts its turn within one step.
+// WorkerService: the gRPC face of the Scheduler (proto/recall/v1/worker.proto), on gRPC's
+// callback API, so no thread is held per call. Converts requests to engine calls at the edge
+// and engine statuses to gRPC codes; applies the documented defaults of unset fields.
+// RunTurn streams through a RunTurnReactor (run_turn_reactor.h): tokens are written as the
+// engine produces them, a slow reader gets coalesced messages and never slows the batch, and
+// a cancelled call aborts its turn within one step. The unary calls answer without waiting
+// on the engine thread (DropSession and Abort finish from the scheduler's completion).
 #pragma once
 
 #include <string>
@@ -24,20 +26,24 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 // Wire request -> engine request, with the documented defaults for unset fields.
 serving::TurnRequest FromProto(const v1::RunTurnRequest& request, int default_max_tokens);
 
-class WorkerService final : public v1::Worker::Service {
+class WorkerService final : public v1::Worker::CallbackService {
  public:
   WorkerService(serving::Scheduler& scheduler, WorkerIdentity identity);
 
-  grpc::Status RunTurn(grpc::ServerContext* context, const v1::RunTurnRequest* request,
-                       grpc::ServerWriter<v1::TurnEvent>* writer) override;
-  grpc::Status DropSession(grpc::ServerContext* context, const v1::DropSessionRequest* request,
-                           v1::DropSessionResponse* response) override;
-  grpc::Status Abort(grpc::ServerContext* context, const v1::AbortRequest* request,
-                     v1::AbortResponse* response) override;
-  grpc::Status GetLoad(grpc::ServerContext* context, const v1::GetLoadRequest* request,
-                       v1::LoadReport* response) override;
-  grpc::Status Info(grpc::ServerContext* context, const v1::InfoRequest* request,
-                    v1::InfoResponse* response) override;
+  grpc::ServerWriteReactor<v1::TurnEvent>* RunTurn(grpc::CallbackServerContext* context,
+                                                   const v1::RunTurnRequest* request) override;
+  grpc::ServerUnaryReactor* DropSession(grpc::CallbackServerContext* context,
+                                        const v1::DropSessionRequest* request,
+                                        v1::DropSessionResponse* response) override;
+  grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* context,
+                                  const v1::AbortRequest* request,
+                                  v1::AbortResponse* response) override;
+  grpc::ServerUnaryReactor* GetLoad(grpc::CallbackServerContext* context,
+                                    const v1::GetLoadRequest* request,
+                                    v1::LoadReport* response) override;
+  grpc::ServerUnaryReactor* Info(grpc::CallbackServerContext* context,
+                                 const v1::InfoRequest* request,
+                                 v1::InfoResponse* response) override;
 
  private:
   serving::Scheduler& scheduler_;

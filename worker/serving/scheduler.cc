@@ -3,6 +3,7 @@
 #include "worker/serving/scheduler.h"
 
 #include <algorithm>
+#include <future>
 
 #include "absl/strings/str_cat.h"
 #include "cache/eviction/eviction_policy.h"
@@ -251,12 +252,16 @@ absl::StatusOr<std::shared_ptr<TurnStream>> Scheduler::Submit(TurnRequest reques
 }
 
 absl::StatusOr<int64_t> Scheduler::Post(Command command) {
-  auto done = command.done;
-  {
-    absl::MutexLock lock(&mu_);
-    commands_.push_back(std::move(command));
-  }
-  return done->get_future().get();
+  auto result = std::make_shared<std::promise<absl::StatusOr<int64_t>>>();
+  std::future<absl::StatusOr<int64_t>> future = result->get_future();
+  command.done = [result](absl::StatusOr<int64_t> r) { result->set_value(std::move(r)); };
+  PostAsync(std::move(command));
+  return future.get();
+}
+
+void Scheduler::PostAsync(Command command) {
+  absl::MutexLock lock(&mu_);
+  commands_.push_back(std::move(command));
 }
 
 int Scheduler::AbortRequest(const std::string& request_id) {
@@ -271,6 +276,33 @@ int Scheduler::AbortAll() { return static_cast<int>(*Post({Command::Kind::kAbort
 
 absl::StatusOr<int64_t> Scheduler::DropSession(const std::string& session_id) {
   return Post({Command::Kind::kDrop, session_id});
+}
+
+namespace {
+
+// A command's result as a count of aborted turns (aborts never fail).
+std::function<void(absl::StatusOr<int64_t>)> AsCount(std::function<void(int)> done) {
+  if (!done) return nullptr;
+  return [done = std::move(done)](absl::StatusOr<int64_t> n) { done(static_cast<int>(*n)); };
+}
+
+}  // namespace
+
+void Scheduler::AbortRequestAsync(const std::string& request_id, std::function<void(int)> done) {
+  PostAsync({Command::Kind::kAbortRequest, request_id, AsCount(std::move(done))});
+}
+
+void Scheduler::AbortSessionAsync(const std::string& session_id, std::function<void(int)> done) {
+  PostAsync({Command::Kind::kAbortSession, session_id, AsCount(std::move(done))});
+}
+
+void Scheduler::AbortAllAsync(std::function<void(int)> done) {
+  PostAsync({Command::Kind::kAbortAll, "", AsCount(std::move(done))});
+}
+
+void Scheduler::DropSessionAsync(const std::string& session_id,
+                                 std::function<void(absl::StatusOr<int64_t>)> done) {
+  PostAsync({Command::Kind::kDrop, session_id, std::move(done)});
 }
 
 LoadSnapshot Scheduler::Load() const {

@@ -153,6 +153,16 @@ class Scheduler {
   // Returns the device bytes freed; NotFound if the scheduler does not hold the session.
   absl::StatusOr<int64_t> DropSession(const std::string& session_id);
 
+  // The control calls above wait for the engine thread to apply them (before its next
+  // step). These forms return at once, for callers that must not block (gRPC reactions):
+  // `done`, when given, gets the same result on the engine thread once the command is
+  // applied; it must not block or call the waiting forms.
+  void AbortRequestAsync(const std::string& request_id, std::function<void(int)> done = nullptr);
+  void AbortSessionAsync(const std::string& session_id, std::function<void(int)> done = nullptr);
+  void AbortAllAsync(std::function<void(int)> done = nullptr);
+  void DropSessionAsync(const std::string& session_id,
+                        std::function<void(absl::StatusOr<int64_t>)> done);
+
   // Blocks until the background builder of episodes (policy "episodic") has nothing queued
   // or building; returns at once when it was never started. For tests and benchmarks.
   void WaitForEpisodeBuilds() const;
@@ -184,6 +194,8 @@ class Scheduler {
 
   // Hands a command to the engine thread and waits for its result.
   absl::StatusOr<int64_t> Post(Command command);
+  // Hands a command to the engine thread; its `done` gets the result there.
+  void PostAsync(Command command);
 
   // Engine thread (scheduler_step.cc).
   void Loop();

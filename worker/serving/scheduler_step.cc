@@ -114,21 +114,23 @@ void Scheduler::ApplyCommands() {
     for (auto& t : hit) {
       FinishTurn(*t, absl::CancelledError(absl::StrCat("turn ", t->req.request_id, " aborted")));
     }
+    auto answer = [&c](absl::StatusOr<int64_t> result) {
+      if (c.done) c.done(std::move(result));
+    };
     if (c.kind != Command::Kind::kDrop) {
-      c.done->set_value(static_cast<int64_t>(hit.size()));
+      answer(static_cast<int64_t>(hit.size()));
       continue;
     }
     auto it = sessions_.find(c.key);
     if (it == sessions_.end()) {
-      c.done->set_value(hit.empty()
-                            ? absl::NotFoundError(absl::StrCat(
-                                  "session_id: this worker holds no session \"", c.key, "\""))
-                            : absl::StatusOr<int64_t>(0));
+      answer(hit.empty() ? absl::NotFoundError(absl::StrCat(
+                               "session_id: this worker holds no session \"", c.key, "\""))
+                         : absl::StatusOr<int64_t>(0));
       continue;
     }
     const int64_t freed = it->second->resident() ? it->second->bytes_held() : 0;
     DropCache(*it->second);
-    c.done->set_value(freed);
+    answer(freed);
   }
 }
 

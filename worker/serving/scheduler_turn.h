@@ -2,7 +2,7 @@
 // commands other threads hand to the engine thread, and the metrics it updates.
 #pragma once
 
-#include <future>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -86,8 +86,8 @@ struct Scheduler::Command {
   enum class Kind { kAbortRequest, kAbortSession, kAbortAll, kDrop };
   Kind kind;
   std::string key;
-  std::shared_ptr<std::promise<absl::StatusOr<int64_t>>> done =
-      std::make_shared<std::promise<absl::StatusOr<int64_t>>>();
+  // Gets the result on the engine thread once the command is applied; may be empty.
+  std::function<void(absl::StatusOr<int64_t>)> done = nullptr;
 };
 
 struct Scheduler::Metrics {

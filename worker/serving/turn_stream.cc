@@ -1,5 +1,7 @@
 #include "worker/serving/turn_stream.h"
 
+#include "common/logging.h"
+
 namespace recall::serving {
 
 const char* TurnFinishName(TurnFinish finish) {
@@ -15,27 +17,54 @@ const char* TurnFinishName(TurnFinish finish) {
 }
 
 void TurnStream::PushToken(int32_t id, bool has_logprob, float logprob, std::string_view text) {
-  absl::MutexLock lock(&mu_);
-  if (finished_) return;
-  pending_.token_ids.push_back(id);
-  if (has_logprob) pending_.logprobs.push_back(logprob);
-  pending_.text.append(text);
+  bool notify;
+  {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    pending_.token_ids.push_back(id);
+    if (has_logprob) pending_.logprobs.push_back(logprob);
+    pending_.text.append(text);
+    notify = has_listener_;
+  }
+  if (notify) listener_();
 }
 
 void TurnStream::PushText(std::string_view text) {
   if (text.empty()) return;
-  absl::MutexLock lock(&mu_);
-  if (finished_) return;
-  pending_.text.append(text);
+  bool notify;
+  {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    pending_.text.append(text);
+    notify = has_listener_;
+  }
+  if (notify) listener_();
 }
 
 void TurnStream::Finish(absl::Status status, TurnSummary summary) {
-  absl::MutexLock lock(&mu_);
-  if (finished_) return;
-  finished_ = true;
-  pending_.done = true;
-  pending_.status = std::move(status);
-  pending_.summary = std::move(summary);
+  bool notify;
+  {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    finished_ = true;
+    pending_.done = true;
+    pending_.status = std::move(status);
+    pending_.summary = std::move(summary);
+    notify = has_listener_;
+  }
+  if (notify) listener_();
+}
+
+void TurnStream::SetListener(std::function<void()> listener) {
+  bool pending;
+  {
+    absl::MutexLock lock(&mu_);
+    RECALL_CHECK(!has_listener_) << "TurnStream::SetListener called twice";
+    listener_ = std::move(listener);
+    has_listener_ = true;
+    pending = HasPending();
+  }
+  if (pending) listener_();
 }
 
 bool TurnStream::HasPending() const {

@@ -1,12 +1,21 @@
 // TurnStream: the channel between the engine thread, which produces a turn's tokens, and
-// the thread that sends them to the client.
+// whoever sends them to the client.
 //
 // The engine never waits on the reader: Push only appends under a mutex. The reader takes
 // everything pending at once, so when it is behind (a slow network or client), pending
 // tokens are coalesced into one update instead of stalling the batch.
+//
+// Two ways to read: Next waits (with a timeout) on the calling thread, for in-process
+// callers (tests, CollectTurn); or a listener (SetListener) is told when an update is ready
+// and the reader takes it with TryNext when it can send it, so no thread waits (the
+// worker's gRPC reactor does this).
+//
+// Thread safety: one producer (the engine thread) and one reader; every method is safe to
+// call concurrently with the others.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -63,11 +72,26 @@ class TurnStream {
   // (cleared first). Returns false when nothing came. After the update with done = true,
   // returns false forever.
   bool Next(absl::Duration timeout, TurnUpdate* out);
+  // Next without waiting: takes what is pending, if anything.
+  bool TryNext(TurnUpdate* out) { return Next(absl::ZeroDuration(), out); }
+
+  // `listener` is called after every push that adds to the pending update (each PushToken,
+  // each non-empty PushText, and Finish), on the producer's thread and without the stream's
+  // lock held, so it may call TryNext; it is never called after the call for Finish. If an
+  // update is already pending when it is set, it is also called once from SetListener, on
+  // this thread (that call may overlap one from the producer). It must not block, since it
+  // runs on the engine thread: a reader takes the update with TryNext, or notes that one is
+  // ready and takes it when it can send it.
+  // REQUIRES: called at most once.
+  void SetListener(std::function<void()> listener);
 
  private:
   bool HasPending() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
+  // Set once, then called without the lock by whoever saw has_listener_ true under it.
+  std::function<void()> listener_;
+  bool has_listener_ ABSL_GUARDED_BY(mu_) = false;
   TurnUpdate pending_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool delivered_end_ ABSL_GUARDED_BY(mu_) = false;

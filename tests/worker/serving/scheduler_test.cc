@@ -1,11 +1,12 @@
 // Scheduler on stories260K (real weights): batched equals sequential for greedy, multi-turn
-// reuse, residency errors, cancellation, memory pressure (offload, drop, queue, preemption)
-// and eviction policies per session. In-process; the gRPC surface is tested end to end in
-// tests/integration.
+// reuse, residency errors, cancellation (waiting and non-blocking control calls), memory
+// pressure (offload, drop, queue, preemption) and eviction policies per session. In-process;
+// the gRPC surface is tested end to end in tests/integration.
 #include "worker/serving/scheduler.h"
 
 #include <thread>
 
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "tests/common/stories260k.h"
 #include "worker/model/loader.h"
@@ -169,6 +170,49 @@ TEST_F(SchedulerTest, AbortEndsTheTurnAndFreesItsBlocks) {
   EXPECT_EQ(pool_->free_blocks(), free_before);
   // The partial turn is not part of the session: its cache is gone.
   EXPECT_EQ(sched_->DropSession("long").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(SchedulerTest, TheNonBlockingControlCallsAnswerOnTheEngineThread) {
+  // What the worker's gRPC reactions use: the abort and the drop return at once and report
+  // their results through the callback; the stream ends with Cancelled, the blocks are free.
+  Start(512);
+  const int64_t free_before = pool_->free_blocks();
+  TurnRequest r = Turn("async", "Once upon a time", 400);
+  r.request_id = "req-async";
+  auto stream = sched_->Submit(r);
+  ASSERT_TRUE(stream.ok());
+  TurnUpdate u;
+  ASSERT_TRUE((*stream)->Next(absl::Seconds(30), &u));  // generation has started
+  absl::Notification aborted;
+  int count = -1;
+  sched_->AbortRequestAsync("req-async", [&](int n) {
+    count = n;
+    aborted.Notify();
+  });
+  Collected rest = CollectTurn(**stream);
+  EXPECT_EQ(rest.status.code(), absl::StatusCode::kCancelled);
+  ASSERT_TRUE(aborted.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(count, 1);
+  EXPECT_EQ(pool_->free_blocks(), free_before);
+
+  ASSERT_TRUE(Run(Turn("kept", "Once upon a time", 8)).status.ok());
+  absl::Notification dropped;
+  absl::StatusOr<int64_t> freed;
+  sched_->DropSessionAsync("kept", [&](absl::StatusOr<int64_t> f) {
+    freed = f;
+    dropped.Notify();
+  });
+  ASSERT_TRUE(dropped.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_GT(*freed, 0);
+  EXPECT_EQ(pool_->free_blocks(), free_before);
+  absl::Notification missing;
+  sched_->DropSessionAsync("kept", [&](absl::StatusOr<int64_t> f) {
+    freed = f;
+    missing.Notify();
+  });
+  ASSERT_TRUE(missing.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(freed.status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(SchedulerTest, SecondTurnWhileOneRunsIsRefused) {

@@ -1,0 +1,277 @@
+#include "coordinator/turn_runner.h"
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+namespace recall::coordinator {
+namespace {
+
+// A worker failure (the stream broke or the worker is unreachable), as opposed to an answer.
+bool IsWorkerFailure(grpc::StatusCode code) {
+  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::UNKNOWN ||
+         code == grpc::StatusCode::INTERNAL || code == grpc::StatusCode::ABORTED ||
+         code == grpc::StatusCode::DEADLINE_EXCEEDED || code == grpc::StatusCode::CANCELLED;
+}
+
+absl::Status ToAbsl(const grpc::Status& s) {
+  // gRPC and absl share the canonical code numbers.
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+}  // namespace
+
+// One RunTurn attempt on gRPC's callback client API. It holds itself (and the runner) from
+// Start until OnDone, the call's last reaction, and reports every event and then the call's
+// end (after letting itself go) to the runner. Reactions of one call run one at a time: a
+// read is started only after the previous one was handled, and OnDone comes after them all.
+class TurnRunner::Call final : public grpc::ClientReadReactor<v1::TurnEvent> {
+ public:
+  Call(std::shared_ptr<TurnRunner> runner, std::shared_ptr<v1::Worker::Stub> stub,
+       v1::RunTurnRequest request)
+      : runner_(std::move(runner)), stub_(std::move(stub)), request_(std::move(request)) {}
+
+  void Start(std::shared_ptr<Call> self) {
+    self_ = std::move(self);
+    stub_->async()->RunTurn(&context_, &request_, this);
+    StartRead(&event_);
+    StartCall();
+  }
+
+  // Thread safe; harmless once the call ended.
+  void Cancel() { context_.TryCancel(); }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // the stream ended: OnDone follows with its status
+    runner_->OnEvent(event_);
+    StartRead(&event_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    // Let go of the call (its context, its stub) before the runner decides what next: once
+    // the runner reports the end of the turn, no call of it may be left over, or the last
+    // reference to a channel could go on this gRPC thread (which gRPC does not survive).
+    std::shared_ptr<TurnRunner> runner = runner_;
+    const grpc::Status ended = status;
+    self_.reset();  // `this` may be gone from here on
+    runner->OnCallEnded(ended);
+  }
+
+ private:
+  const std::shared_ptr<TurnRunner> runner_;
+  const std::shared_ptr<v1::Worker::Stub> stub_;
+  const v1::RunTurnRequest request_;
+  grpc::ClientContext context_;
+  v1::TurnEvent event_;
+  std::shared_ptr<Call> self_;
+};
+
+std::shared_ptr<TurnRunner> TurnRunner::Create(WorkerRegistry& workers, metrics::Registry& metrics,
+                                               TurnRunnerOptions options, TurnSpec spec,
+                                               TurnSink* sink) {
+  return std::shared_ptr<TurnRunner>(
+      new TurnRunner(workers, metrics, options, std::move(spec), sink));
+}
+
+TurnRunner::TurnRunner(WorkerRegistry& workers, metrics::Registry& metrics,
+                       TurnRunnerOptions options, TurnSpec spec, TurnSink* sink)
+    : workers_(workers),
+      metrics_(metrics),
+      options_(options),
+      spec_(std::move(spec)),
+      sink_(sink),
+      sticky_(spec_.bound) {}
+
+TurnRunner::~TurnRunner() = default;
+
+void TurnRunner::Start() { NextAttempt(); }
+
+void TurnRunner::Cancel() {
+  std::shared_ptr<Call> call;
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    call = call_;
+  }
+  if (call != nullptr) call->Cancel();  // its end (CANCELLED) ends the turn
+}
+
+void TurnRunner::NextAttempt() {
+  if (Cancelled()) {
+    Fail(absl::CancelledError("the client cancelled the turn"));
+    return;
+  }
+  if (attempt_ >= options_.max_attempts + 1) {
+    Fail(absl::UnavailableError(
+        absl::StrCat("no worker could take the turn (", last_error_, "); retryable")));
+    return;
+  }
+  ++attempt_;
+  const v1::SamplingParams& sampling = spec_.request.sampling();
+  const int max_tokens =
+      sampling.has_max_tokens() ? sampling.max_tokens() : options_.default_max_tokens;
+  if (!result_.tokens.empty() && static_cast<int>(result_.tokens.size()) >= max_tokens) {
+    // A worker died after delivering the whole reply but before its final event.
+    result_.done.set_finish_reason(v1::FINISH_REASON_LENGTH);
+    result_.done.mutable_usage()->set_generated_tokens(static_cast<int>(result_.tokens.size()));
+    Succeed();
+    return;
+  }
+  std::shared_ptr<v1::Worker::Stub> stub;
+  {
+    const std::vector<WorkerView> snapshot = workers_.Snapshot();
+    route_ = Route(snapshot, spec_.request.session_id(), sticky_, excluded_);
+    for (const WorkerView& w : snapshot) {
+      if (route_.has_value() && w.address == route_->worker) stub = w.stub;
+    }
+  }
+  if (!route_.has_value()) {
+    Fail(absl::UnavailableError(
+        absl::StrCat("no worker could take the turn (", last_error_, "); retryable")));
+    return;
+  }
+  RECALL_CHECK(stub != nullptr) << "routed to " << route_->worker << ", which has no stub";
+  metrics_
+      .GetCounter("recall_coordinator_routes_total", "Routing decisions",
+                  absl::StrCat("worker=\"", route_->worker, "\",kind=\"",
+                               route_->sticky ? "sticky" : "hashed", "\""))
+      ->Increment();
+
+  v1::RunTurnRequest request = spec_.request;
+  if (send_history_ || !route_->sticky) {
+    for (const v1::ChatMessage& m : spec_.history) *request.add_history() = m;
+  }
+  request.mutable_resume_tokens()->Add(result_.tokens.begin(), result_.tokens.end());
+  got_done_ = false;
+  history_needed_ = false;
+  auto call = std::make_shared<Call>(shared_from_this(), std::move(stub), std::move(request));
+  bool cancelled;
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled = cancelled_;
+    if (!cancelled) call_ = call;
+  }
+  if (cancelled) {
+    Fail(absl::CancelledError("the client cancelled the turn"));
+    return;
+  }
+  // Last, holding nothing: the call's reactions may run on other threads at once and end the
+  // turn, after which nothing here may hold a stub (see Call::OnDone).
+  Call* started = call.get();
+  started->Start(std::move(call));
+}
+
+bool TurnRunner::Cancelled() {
+  absl::MutexLock lock(&mu_);
+  return cancelled_;
+}
+
+void TurnRunner::OnEvent(const v1::TurnEvent& event) {
+  if (event.has_done()) {
+    result_.done = event.done();
+    got_done_ = true;
+    return;
+  }
+  if (event.has_history_needed()) {
+    history_needed_ = true;
+    return;
+  }
+  const v1::TokenEvent& t = event.tokens();
+  if (result_.tokens.empty() && t.token_ids_size() > 0) {
+    metrics_
+        .GetHistogram("recall_coordinator_time_to_first_token_seconds",
+                      "From the request to the first token sent",
+                      metrics::ExponentialBuckets(0.005, 2, 14))
+        ->Observe(since_start_.ElapsedSeconds());
+  }
+  result_.tokens.insert(result_.tokens.end(), t.token_ids().begin(), t.token_ids().end());
+  result_.text += t.text();
+  sink_->OnTokens(t);
+}
+
+void TurnRunner::OnCallEnded(const grpc::Status& status) {
+  std::shared_ptr<Call> ended;
+  bool cancelled;
+  {
+    absl::MutexLock lock(&mu_);
+    ended = std::move(call_);
+    cancelled = cancelled_;
+  }
+  ended.reset();  // the call is torn down here (unless a Cancel holds it for a moment)
+  if (cancelled) {
+    Fail(absl::CancelledError("the client cancelled the turn"));
+    return;
+  }
+  const std::string worker = route_->worker;
+  if (status.ok() && got_done_) {
+    result_.worker = worker;
+    metrics_.GetCounter("recall_coordinator_generated_tokens_total", "Tokens streamed")
+        ->Increment(static_cast<double>(result_.tokens.size()));
+    Succeed();
+    return;
+  }
+  last_error_ = absl::StrCat(worker, ": ", status.error_message());
+  if (history_needed_ && !send_history_) {
+    send_history_ = true;  // the worker does not hold the session: rebuild it there
+    NextAttempt();
+    return;
+  }
+  if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+    excluded_.push_back(worker);  // full: try another worker
+    sticky_.clear();
+    send_history_ = true;
+    NextAttempt();
+    return;
+  }
+  if (!IsWorkerFailure(status.error_code()) && !(status.ok() && !got_done_)) {
+    Fail(ToAbsl(status));  // the worker's answer (a bad request): not retried
+    return;
+  }
+  // The worker died or broke the stream: resume elsewhere with what was delivered.
+  RECALL_LOG(WARNING) << "worker " << worker << " failed during a turn of "
+                      << spec_.request.session_id() << " (" << status.error_message() << "); "
+                      << result_.tokens.size() << " tokens delivered, failing over";
+  workers_.ReportFailure(worker);
+  metrics_.GetCounter("recall_coordinator_failovers_total", "Turns moved off a failed worker")
+      ->Increment();
+  excluded_.push_back(worker);
+  sticky_.clear();
+  send_history_ = true;
+  ++result_.failovers;
+  NextAttempt();
+}
+
+void TurnRunner::Succeed() {
+  std::shared_ptr<v1::Worker::Stub> stub =
+      spec_.drop_after ? workers_.Stub(result_.worker) : nullptr;
+  if (stub == nullptr) {
+    sink_->OnTurnDone(std::move(result_));
+    return;
+  }
+  // The session was one turn long: free its cache, then report (best effort: the cache is
+  // derived state and would age out anyway).
+  struct Drop {
+    grpc::ClientContext context;
+    v1::DropSessionRequest request;
+    v1::DropSessionResponse response;
+  };
+  auto drop = std::make_shared<Drop>();
+  drop->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  drop->request.set_session_id(spec_.request.session_id());
+  // The callback owns the stub and the call, and lets both go before reporting.
+  v1::Worker::Stub* const to = stub.get();
+  Drop* const call = drop.get();
+  to->async()->DropSession(&call->context, &call->request, &call->response,
+                           [self = shared_from_this(), drop = std::move(drop),
+                            stub = std::move(stub)](const grpc::Status&) mutable {
+                             drop.reset();
+                             stub.reset();
+                             self->sink_->OnTurnDone(std::move(self->result_));
+                           });
+}
+
+void TurnRunner::Fail(absl::Status status) { sink_->OnTurnError(std::move(status)); }
+
+}  // namespace recall::coordinator

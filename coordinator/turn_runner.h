@@ -1,0 +1,150 @@
+// TurnRunner: one turn on the workers, end to end, for any edge of the coordinator (the
+// gRPC Chat service today, an HTTP API later). The edge stores what it stores, builds a
+// TurnSpec, and forwards what the runner reports to its TurnSink.
+//
+// What one turn is:
+//   - Route it (router.h): to the session's bound worker while that worker is healthy, else
+//     by weighted rendezvous hashing, never to a worker that already failed this turn.
+//   - Stream RunTurn from that worker, reporting each TokenEvent to the sink as it arrives.
+//   - HistoryNeeded event (the worker lacks the session): run it again on the same route with
+//     the transcript (spec.history), once.
+//   - RESOURCE_EXHAUSTED (the worker is full): try another worker, with the transcript.
+//   - The worker fails (unreachable, the stream breaks, it ends without a TurnDone): mark it
+//     down, and resume on another worker with the transcript plus the tokens already
+//     reported (resume_tokens), so the sink's stream continues with no gap and no repeat.
+//     When max_tokens were already delivered, the turn ends there (finish reason LENGTH).
+//   - Any other error is the worker's answer (a bad request): reported, not retried.
+//   - At most `max_attempts + 1` attempts; then UNAVAILABLE (retryable).
+// The sink then gets exactly one OnTurnDone (the TurnDone, the worker, the failovers, the
+// whole reply) or OnTurnError. Cancel ends the turn with CANCELLED. With spec.drop_after, a
+// one-turn session's cache is dropped on its worker before OnTurnDone.
+// Metrics: routes, time to first token, tokens streamed and failovers (the names of the
+// Prometheus series are in turn_runner.cc).
+//
+// The worker call is gRPC's callback client API: one ClientReadReactor per attempt, whose
+// reactions report to the sink and, when the call ends, decide and start the next attempt. No
+// thread waits on a worker and nothing polls: Cancel cancels the call in flight with
+// ClientContext::TryCancel, and its end (CANCELLED) ends the turn. A blocking Read on a
+// thread per turn would have been simpler to read, but would hold a thread for every running
+// turn and need a join in the edge's reactor; the callback form keeps the attempt loop as one
+// small decision function (OnCallEnded) over the same state.
+//
+// Threading: Start and Cancel may be called from any thread. Sink calls come one at a time,
+// from gRPC's callback threads (or from inside Start, when the turn ends at once), never with
+// the runner's lock held; they must not block (no store I/O: hand it to a thread that may).
+// A sink may call Cancel from inside a sink call.
+//
+// Ownership: Create returns a shared_ptr; the runner keeps itself alive while a worker call
+// is in flight. The sink must outlive the terminal call; the runner never touches it after.
+// When the terminal call comes, the runner's worker calls are torn down already (the
+// Generate cache drop included), so the caller may destroy the registry right after it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "common/metrics/registry.h"
+#include "coordinator/router.h"
+#include "coordinator/worker_registry.h"
+#include "grpcpp/grpcpp.h"
+#include "recall/v1/worker.grpc.pb.h"
+
+namespace recall::coordinator {
+
+struct TurnRunnerOptions {
+  int max_attempts = 4;          // workers tried for one turn (failover, RESOURCE_EXHAUSTED)
+  int default_max_tokens = 256;  // the workers' default when the turn leaves it unset
+};
+
+// What to run.
+struct TurnSpec {
+  // The request for the worker: session_id (also the routing key), messages, history_length,
+  // sampling and cache. Its history and resume_tokens are the runner's to fill.
+  v1::RunTurnRequest request;
+  std::vector<v1::ChatMessage> history;  // the transcript before the turn
+  std::string bound;                     // the session's worker; empty: none yet
+  bool drop_after = false;               // a one-turn session: drop its cache when done
+};
+
+// A turn that happened.
+struct TurnResult {
+  v1::TurnDone done;            // the worker's summary
+  std::string worker;           // who finished it (empty when failover found it complete)
+  int failovers = 0;            // workers lost during the turn
+  std::vector<int32_t> tokens;  // the whole reply, as reported to the sink
+  std::string text;
+};
+
+// Where a TurnRunner reports. See the threading notes above.
+class TurnSink {
+ public:
+  virtual ~TurnSink() = default;
+  // Tokens (one or more, with the text they add) in order, each delivered once.
+  virtual void OnTokens(const v1::TokenEvent& tokens) = 0;
+  // The end: exactly one of these, last.
+  virtual void OnTurnDone(TurnResult result) = 0;
+  virtual void OnTurnError(absl::Status status) = 0;
+};
+
+class TurnRunner : public std::enable_shared_from_this<TurnRunner> {
+ public:
+  // `workers`, `metrics` and `sink` must outlive the turn.
+  static std::shared_ptr<TurnRunner> Create(WorkerRegistry& workers, metrics::Registry& metrics,
+                                            TurnRunnerOptions options, TurnSpec spec,
+                                            TurnSink* sink);
+  ~TurnRunner();
+
+  // Starts the turn. REQUIRES: called once.
+  void Start();
+  // Ends the turn with CANCELLED, promptly: the worker call in flight is cancelled (its
+  // worker aborts the turn). Idempotent; a turn that already ended is not affected.
+  void Cancel();
+
+ private:
+  class Call;  // one RunTurn attempt
+
+  TurnRunner(WorkerRegistry& workers, metrics::Registry& metrics, TurnRunnerOptions options,
+             TurnSpec spec, TurnSink* sink);
+
+  // Routes and starts the next attempt, or ends the turn.
+  void NextAttempt();
+  bool Cancelled();
+  // From the attempt in flight (its reactions run one at a time).
+  void OnEvent(const v1::TurnEvent& event);
+  void OnCallEnded(const grpc::Status& status);
+  // Terminal reports. Nothing touches the runner's state after them.
+  void Succeed();
+  void Fail(absl::Status status);
+
+  WorkerRegistry& workers_;
+  metrics::Registry& metrics_;
+  const TurnRunnerOptions options_;
+  const TurnSpec spec_;
+  TurnSink* const sink_;
+
+  // The attempt loop's state. Touched by Start and then only by the attempt in flight,
+  // whose reactions are serialized, and by the next attempt after it ended.
+  Stopwatch since_start_;
+  int attempt_ = 0;
+  std::vector<std::string> excluded_;  // workers that failed or were full
+  std::string sticky_;                 // the bound worker, until it fails
+  bool send_history_ = false;
+  std::string last_error_ = "no worker is registered";
+  std::optional<RouteDecision> route_;  // the attempt in flight
+  bool got_done_ = false;
+  bool history_needed_ = false;
+  TurnResult result_;
+
+  absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<Call> call_ ABSL_GUARDED_BY(mu_);  // the attempt in flight
+};
+
+}  // namespace recall::coordinator
