@@ -138,6 +138,7 @@ struct ConfigResult {
   int peak_slots = 0;
   int64_t evictions = 0, evicted_slots = 0;
   int compactions = 0;
+  double mean_age = 0, share_old = 0;  // means over the texts
   double seconds = 0;
   int m = 0;  // peak tokens per (layer, KV head) from the peak bytes
 };
@@ -283,6 +284,8 @@ int Main(int argc, char** argv) {
           r.evictions += run->evictions;
           r.evicted_slots += run->evicted_slots;
           r.compactions += run->compactions;
+          r.mean_age += run->mean_age / static_cast<double>(texts->size());
+          r.share_old += run->share_older_than_context / static_cast<double>(texts->size());
           r.seconds += run->seconds;
         }
         r.m = static_cast<int>(r.peak_kv_bytes / token_bytes);
@@ -341,12 +344,13 @@ int Main(int argc, char** argv) {
     out("\nper (policy, C), W=%d, alpha=%g; ppl>ctx: perplexity over targets %d..%d (past the "
         "context), all: over targets 1..%d; base: sliding window of the last M tokens "
         "recomputed at every position, M = the policy's peak KV bytes in tokens per layer and KV "
-        "head (whole blocks of %d); ratio = compact / base\n\n",
-        f.window, f.alpha, past, end - 1, end - 1, block_tokens);
+        "head (whole blocks of %d); ratio = compact / base; age: mean age in tokens of the "
+        "held slots past the context, old: their share older than the context (%d tokens)\n\n",
+        f.window, f.alpha, past, end - 1, end - 1, block_tokens, context);
     out("%-9s %4s %6s %5s %5s %9s %9s %7s %9s %9s %7s", "policy", "C", "peakKB", "M", "slots",
         "ppl>ctx", "base>ctx", "ratio", "ppl_all", "base_all", "ratio");
     if (f.slot_baseline) out(" %11s", "base@slots");
-    out(" %8s %7s\n", "evict", "compact");
+    out(" %6s %6s %8s %7s\n", "age", "old", "evict", "compact");
     nlohmann::json rows = nlohmann::json::array();
     std::string ratio_lines;
     for (const ConfigResult& r : results) {
@@ -381,7 +385,18 @@ int Main(int argc, char** argv) {
         row["baseline_at_slots_ppl_past_context"] = slots_past;
         row["baseline_at_slots_ppl_all"] = Perplexity(baselines.at(r.peak_slots), 1, end);
       }
-      out(" %8lld %7d\n", static_cast<long long>(r.evictions), r.compactions);
+      out(" %6.1f %5.1f%% %8lld %7d\n", r.mean_age, 100 * r.share_old,
+          static_cast<long long>(r.evictions), r.compactions);
+      row["mean_age_past_context"] = r.mean_age;
+      row["share_older_than_context"] = r.share_old;
+      nlohmann::json segments = nlohmann::json::array();
+      for (int from = 1; from < end; from = (from / context + 1) * context) {
+        const int to = std::min(end, (from / context + 1) * context);
+        segments.push_back({{"targets", absl::StrCat(from, "..", to - 1)},
+                            {"ppl", Perplexity(r.nll, from, to)},
+                            {"baseline_ppl", Perplexity(b, from, to)}});
+      }
+      row["ppl_by_segment"] = segments;
       nlohmann::json per_text = nlohmann::json::array();
       for (size_t i = 0; i < r.nll.size(); ++i) {
         per_text.push_back({{"ppl_past_context", Perplexity({r.nll[i]}, past, end)},
@@ -395,8 +410,25 @@ int Main(int argc, char** argv) {
                             r.policy, r.budget, r.m, ppl_past, base_past, ratio_past, ppl_all,
                             base_all, ratio_all);
     }
-    out("\nfull cache, targets 1..%d: perplexity %.4f (reference)\n\n%s", first_end - 1,
-        ppl_full_first, ratio_lines);
+    out("\nfull cache, targets 1..%d: perplexity %.4f (reference)\n", first_end - 1,
+        ppl_full_first);
+    // Whether quality holds as the session goes on: per stretch of one context.
+    out("\nperplexity per stretch of %d targets, compact / base:\n%-9s %4s", context, "policy",
+        "C");
+    for (int from = 1; from < end; from = (from / context + 1) * context) {
+      out(" %15s", absl::StrCat(from, "..", std::min(end, (from / context + 1) * context) - 1));
+    }
+    out("\n");
+    for (const ConfigResult& r : results) {
+      out("%-9s %4d", r.policy, r.budget);
+      for (int from = 1; from < end; from = (from / context + 1) * context) {
+        const int to = std::min(end, (from / context + 1) * context);
+        out("   %5.3f / %5.3f", Perplexity(r.nll, from, to),
+            Perplexity(baselines.at(r.m), from, to));
+      }
+      out("\n");
+    }
+    out("\n%s", ratio_lines);
     json["full_cache"] = {{"targets", absl::StrCat("1..", first_end - 1)}, {"ppl", ppl_full_first}};
     json["results"] = rows;
     json["seconds"] = {{"sample_texts", sample_seconds},

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "bench/quality/batch_runs.h"
 #include "common/clock.h"
+#include "common/logging.h"
 #include "common/status.h"
 #include "worker/offline/generator.h"
 #include "worker/offline/sequence.h"
@@ -23,6 +24,81 @@ double TargetNll(const float* logits, int vocab, int32_t target, std::vector<dou
   LogSoftmax(logits, vocab, scratch.data());
   return -scratch[target];
 }
+
+// The text index of every held slot of a cache, followed through appends, evictions and
+// re-positionings: all three keep each (layer, KV head) row's slots in order, an eviction
+// keeps a subset of the positions and a re-positioning makes a row's slots consecutive,
+// ending just before the `next` it is given (runtime::CompactPositions).
+class SlotOrigins {
+ public:
+  // From a cache that was never re-positioned (its positions are text indices).
+  explicit SlotOrigins(const cache::SequenceCache& cache) {
+    ReadPositions(cache);
+    pos_.resize(rows_);
+    origin_.resize(rows_);
+    for (int r = 0; r < rows_; ++r) {
+      pos_[r].assign(&buf_[r * stride_], &buf_[r * stride_] + lens_[r]);
+      origin_[r] = pos_[r];
+    }
+  }
+
+  // After one Decode that fed text token `t`; `compacted_to` is the `next` the cache was
+  // re-positioned to before the append, or -1.
+  void Update(const cache::SequenceCache& cache, int32_t t, int32_t compacted_to) {
+    const int32_t appended = cache.next_position() - 1;
+    ReadPositions(cache);
+    for (int r = 0; r < rows_; ++r) {
+      std::vector<int32_t>& pos = pos_[r];
+      std::vector<int32_t>& origin = origin_[r];
+      const int len = static_cast<int>(pos.size());
+      if (compacted_to >= 0) {
+        for (int s = 0; s < len; ++s) pos[s] = compacted_to - len + s;
+      }
+      pos.push_back(appended);
+      origin.push_back(t);
+      // The eviction kept a subset, in order.
+      size_t j = 0;
+      for (int s = 0; s < lens_[r]; ++s) {
+        const int32_t p = buf_[r * stride_ + s];
+        while (j < pos.size() && pos[j] != p) ++j;
+        RECALL_CHECK(j < pos.size()) << "row " << r << ": position " << p << " not held before";
+        pos[s] = p;
+        origin[s] = origin[j++];
+      }
+      pos.resize(static_cast<size_t>(lens_[r]));
+      origin.resize(static_cast<size_t>(lens_[r]));
+    }
+  }
+
+  // Adds the ages of the held slots at text token `t` to *sum, those >= `old` to *old_count,
+  // and the slots to *count.
+  void AddAges(int32_t t, int32_t old, double* sum, int64_t* old_count, int64_t* count) const {
+    for (const std::vector<int32_t>& origin : origin_) {
+      for (int32_t o : origin) {
+        *sum += t - o;
+        *old_count += t - o >= old ? 1 : 0;
+      }
+      *count += static_cast<int64_t>(origin.size());
+    }
+  }
+
+ private:
+  void ReadPositions(const cache::SequenceCache& cache) {
+    const kernels::PagedKv kv = cache.View();
+    const int n_heads = kv.layout.n_kv_heads;
+    rows_ = kv.layout.n_layers * n_heads;
+    stride_ = std::max(1, cache.max_length());
+    buf_.resize(static_cast<size_t>(rows_) * stride_);
+    cache.Positions(buf_.data(), stride_);
+    lens_.resize(rows_);
+    for (int r = 0; r < rows_; ++r) lens_[r] = cache.length(r / n_heads, r % n_heads);
+  }
+
+  int rows_ = 0;
+  int64_t stride_ = 1;
+  std::vector<int32_t> buf_, lens_;                 // the positions just read
+  std::vector<std::vector<int32_t>> pos_, origin_;  // per row: positions, text indices
+};
 
 }  // namespace
 
@@ -101,12 +177,25 @@ absl::StatusOr<CompactRun> TeacherForceCompact(runtime::ForwardPass& forward,
   RECALL_RETURN_IF_ERROR(seq->Prefill(std::span(tokens.data(), 1), 1, logits.data()));
   run.peak_slots = seq->cache().max_length();
   run.nll[1] = TargetNll(logits.data(), vocab, tokens[1], scratch);
+  SlotOrigins origins(seq->cache());
+  const int context = forward.model().config.max_seq_len;
+  double age_sum = 0;
+  int64_t old_slots = 0, slots = 0;
   for (int t = 1; t + 1 < n; ++t) {
     const int32_t before = seq->next_position();
-    run.peak_slots = std::max(run.peak_slots, seq->cache().max_length() + 1);
+    const int32_t longest = seq->cache().max_length();
+    run.peak_slots = std::max(run.peak_slots, longest + 1);
     RECALL_RETURN_IF_ERROR(seq->Decode(tokens[t], logits.data()));
-    if (seq->next_position() != before + 1) ++run.compactions;
+    const bool compacted = seq->next_position() != before + 1;
+    if (compacted) ++run.compactions;
+    // LocalSequence re-positions to the longest row's length (its next token).
+    origins.Update(seq->cache(), t, compacted ? longest : -1);
+    if (t >= context) origins.AddAges(t, context, &age_sum, &old_slots, &slots);
     run.nll[t + 1] = TargetNll(logits.data(), vocab, tokens[t + 1], scratch);
+  }
+  if (slots > 0) {
+    run.mean_age = age_sum / static_cast<double>(slots);
+    run.share_older_than_context = static_cast<double>(old_slots) / static_cast<double>(slots);
   }
   const offline::SequenceStats stats = seq->stats();
   run.peak_kv_bytes = stats.peak_kv_bytes;

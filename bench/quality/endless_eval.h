@@ -61,6 +61,11 @@ struct CompactRun {
   int64_t evictions = 0;
   int64_t evicted_slots = 0;
   int compactions = 0;  // times the cache was re-positioned
+  // How old the held tokens are (the token being fed minus the held token's index in the
+  // text), over every held slot of every (layer, KV head) after every step that fed a
+  // token at or past `context`: the mean, and the share of slots older than `context`.
+  double mean_age = 0;
+  double share_older_than_context = 0;
   double seconds = 0;
 };
 

@@ -66,6 +66,10 @@ TEST(EndlessBenchTest, ATinyRunPrintsFiniteFiguresAndTheRatioLine) {
   EXPECT_EQ(r["peak_tokens"], 80);
   EXPECT_EQ(r["peak_slots"], 80);
   EXPECT_GE(r["compactions"].get<int>(), 1) << "700 tokens pass the context of 512";
+  // The held tokens' mean age past the context lies within the text; two stretches of targets.
+  EXPECT_GT(r["mean_age_past_context"].get<double>(), 0);
+  EXPECT_LT(r["mean_age_past_context"].get<double>(), 700);
+  EXPECT_EQ(r["ppl_by_segment"].size(), 2u);
   EXPECT_TRUE(json["full_cache"]["ppl"].is_number());
 
   // --out-txt is what was printed.
