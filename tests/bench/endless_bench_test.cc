@@ -1,0 +1,80 @@
+// recall_endless_bench on a tiny setting (one text of 700 tokens, lazy at C = 64, W = 16): a
+// real run of the benchmark binary on stories260K, whose figures are finite, whose cache was
+// re-positioned past the context, and which prints its ratio line.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/common/test_util.h"
+
+namespace recall::bench {
+namespace {
+
+TEST(EndlessBenchTest, ATinyRunPrintsFiniteFiguresAndTheRatioLine) {
+  RECALL_REQUIRE_SHARED_FILE("models/stories260K/stories260K.bin");
+  const std::string dir = testing::MakeTempDir("endless_bench");
+  const std::string cmd =
+      std::string(RECALL_ENDLESS_BENCH_BINARY) + " --model " +
+      testing::SharedPath("models/stories260K/stories260K.bin") + " --tokenizer " +
+      testing::SharedPath("models/stories260K/tok512.bin") +
+      " --texts 1 --tokens 700 --policies lazy --budgets 64 --window 16 --slot-baseline 0" +
+      " --out-json " + dir + "/e.json --out-txt " + dir + "/e.txt > " + dir + "/stdout.txt 2>&1";
+  const int rc = std::system(cmd.c_str());
+  const std::string stdout_text = testing::ReadFileOrEmpty(dir + "/stdout.txt");
+  ASSERT_EQ(rc, 0) << cmd << "\n" << stdout_text;
+
+  // The ratio line: lazy peaks at C + W = 80 slots, five whole blocks of 16 in every layer.
+  const size_t at = stdout_text.find("\nratio lazy C=64 ");
+  ASSERT_NE(at, std::string::npos) << stdout_text;
+  const std::string line = stdout_text.substr(at + 1, stdout_text.find('\n', at + 1) - at - 1);
+  int c = 0, m = 0;
+  double ppl_past = 0, base_past = 0, ratio_past = 0, ppl_all = 0, base_all = 0, ratio_all = 0;
+  ASSERT_EQ(
+      std::sscanf(line.c_str(),
+                  "ratio lazy C=%d M=%d: perplexity past the context %lf / baseline %lf = "
+                  "%lf; all positions %lf / %lf = %lf",
+                  &c, &m, &ppl_past, &base_past, &ratio_past, &ppl_all, &base_all, &ratio_all),
+      8)
+      << line;
+  EXPECT_EQ(c, 64);
+  EXPECT_EQ(m, 80);
+  for (double ppl : {ppl_past, base_past, ppl_all, base_all}) {
+    EXPECT_TRUE(std::isfinite(ppl)) << line;
+    EXPECT_GT(ppl, 1.0) << line;
+  }
+  EXPECT_TRUE(std::isfinite(ratio_past) && ratio_past > 0) << line;
+  EXPECT_TRUE(std::isfinite(ratio_all) && ratio_all > 0) << line;
+  EXPECT_NEAR(ratio_past, ppl_past / base_past, 1e-3) << line;
+
+  // The JSON holds the same run: finite, past the context, re-positioned.
+  std::ifstream in(dir + "/e.json");
+  const nlohmann::json json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(json.is_discarded());
+  EXPECT_EQ(json["settings"]["text_tokens"], 700);
+  ASSERT_EQ(json["results"].size(), 1u);
+  const nlohmann::json& r = json["results"][0];
+  for (const char* key : {"ppl_past_context", "ppl_all", "baseline_ppl_past_context",
+                          "baseline_ppl_all", "ratio_past_context", "ratio_all"}) {
+    ASSERT_TRUE(r[key].is_number()) << key << ": " << r[key];  // NaN would be null
+    EXPECT_TRUE(std::isfinite(r[key].get<double>())) << key;
+  }
+  EXPECT_EQ(r["peak_tokens"], 80);
+  EXPECT_EQ(r["peak_slots"], 80);
+  EXPECT_GE(r["compactions"].get<int>(), 1) << "700 tokens pass the context of 512";
+  // The held tokens' mean age past the context lies within the text; two stretches of targets.
+  EXPECT_GT(r["mean_age_past_context"].get<double>(), 0);
+  EXPECT_LT(r["mean_age_past_context"].get<double>(), 700);
+  EXPECT_EQ(r["ppl_by_segment"].size(), 2u);
+  EXPECT_TRUE(json["full_cache"]["ppl"].is_number());
+
+  // --out-txt is what was printed.
+  EXPECT_NE(testing::ReadFileOrEmpty(dir + "/e.txt").find(line), std::string::npos);
+}
+
+}  // namespace
+}  // namespace recall::bench
