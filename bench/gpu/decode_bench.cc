@@ -1,7 +1,8 @@
 // GPU decode benchmark of the CUDA backend (issue 7). Random bf16 weights with the shapes of
-// SmolLM2-135M, Qwen2.5-0.5B and Llama-3-8B, fp32 paged KV. Prints, per (shape, batch,
-// context): decode tokens/s and the fraction of the HBM roofline, where the roofline step time
-// is (weight bytes + KV bytes read and written per step) / the device-to-device copy bandwidth
+// SmolLM2-135M, Qwen2.5-0.5B and Llama-3-8B, paged KV of
+// --kv-dtype (f32 by default, as the committed results; bf16, f16, int8). Prints, per (shape,
+// batch, context): decode tokens/s and the fraction of the HBM roofline, where the roofline step
+// time is (weight bytes + KV bytes read and written per step) / the device-to-device copy bandwidth
 // measured in the same run. Also: LazyEviction's cost per decode step against a FullKV step at
 // the same cache length, and how many 8K-token sessions fit in the GPU's memory with FullKV
 // and with lazy at a 30% budget (by reserving blocks in one pool until it is full).
@@ -12,7 +13,7 @@
 //
 //   recall_gpu_decode_bench [--shapes smollm2-135m,qwen2.5-0.5b,llama-3-8b] [--batches 1,16,64]
 //       [--contexts 1024,8192] [--steps 32] [--out-json FILE] [--time-ops 1]
-//       [--temperature T] [--top-k K] [--top-p P]
+//       [--temperature T] [--top-k K] [--top-p P] [--kv-dtype f32|bf16|f16|int8]
 // --temperature > 0 samples on the device instead (Backend::SampleRows, with --top-k and
 // --top-p), to see what sampling adds to a step against a greedy run.
 // --time-ops 1 prints each configuration's GPU time per op (CudaOpTimes; the events add a
@@ -64,6 +65,9 @@ Shape MakeShape(const std::string& name) { return {name, bench::NamedShape(name)
 
 // Device memory filled by tiling one random host chunk (uniform in +-scale, rounded to bf16 or
 // kept f32).
+// The KV storage type of every pool (--kv-dtype).
+kernels::KvDType g_kv_dtype = kernels::KvDType::kF32;
+
 class Filler {
  public:
   explicit Filler(kernels::Memory& m) : memory_(m) {}
@@ -181,14 +185,14 @@ Result RunDecode(const Shape& s, DeviceModel& dm, kernels::Backend& gpu,
   Result r{s.name, batch, context};
   const model::ModelConfig& c = s.c;
   const int bt = 16;
-  kernels::PagedKvLayout layout{c.n_layers, c.n_kv_heads, c.head_dim, bt};
+  kernels::PagedKvLayout layout{c.n_layers, c.n_kv_heads, c.head_dim, bt, g_kv_dtype};
   const int64_t per_seq_blocks =
       static_cast<int64_t>(c.n_layers) * ((context + steps + 8 + bt - 1) / bt);
-  const int64_t pool_bytes = per_seq_blocks * batch * layout.BlockFloats() * 4;
+  const int64_t pool_bytes = per_seq_blocks * batch * layout.BlockBytes();
   size_t free_b = 0, total_b = 0;
   cudaMemGetInfo(&free_b, &total_b);
   if (static_cast<double>(pool_bytes) > 0.92 * static_cast<double>(free_b)) {
-    r.status = "does not fit (fp32 KV)";
+    r.status = std::string("does not fit (") + kernels::KvDTypeName(g_kv_dtype) + " KV)";
     return r;
   }
   auto pool = cache::BlockPool::Create(layout, per_seq_blocks * batch, gpu.memory());
@@ -199,11 +203,18 @@ Result RunDecode(const Shape& s, DeviceModel& dm, kernels::Backend& gpu,
   {  // random KV rows
     std::vector<kernels::Buffer> keep;
     Filler fill(gpu.memory());
-    const size_t floats = static_cast<size_t>(per_seq_blocks * batch * layout.BlockFloats());
-    void* src = fill.Fill(std::min<size_t>(floats, size_t{1} << 28), kernels::DType::kF32, 1.0f, keep);
-    for (size_t done = 0; done < floats;) {
-      const size_t n = std::min<size_t>(floats - done, size_t{1} << 28);
-      gpu.memory().Copy((*pool)->base() + done, src, n * 4);
+    // Random values of the stored type: int8 planes get bf16 values, so every row byte is
+    // some int8 and every scale a float near a unit normal (its upper half a bf16 value).
+    const kernels::DType fill_type = g_kv_dtype == kernels::KvDType::kF32   ? kernels::DType::kF32
+                                     : g_kv_dtype == kernels::KvDType::kF16 ? kernels::DType::kF16
+                                                                            : kernels::DType::kBF16;
+    const size_t elem = kernels::DTypeSize(fill_type);
+    const size_t bytes = static_cast<size_t>(per_seq_blocks * batch * layout.BlockBytes());
+    const size_t chunk = size_t{1} << 30;
+    void* src = fill.Fill(std::min(bytes, chunk) / elem, fill_type, 1.0f, keep);
+    for (size_t done = 0; done < bytes;) {
+      const size_t n = std::min(bytes - done, chunk);
+      gpu.memory().Copy((*pool)->base() + done, src, n);
       done += n;
     }
   }
@@ -254,8 +265,8 @@ Result RunDecode(const Shape& s, DeviceModel& dm, kernels::Backend& gpu,
   r.step_ms = Median(times) * 1e3;
   r.tokens_per_s = batch / Median(times);
   // Roofline: weights once, every sequence's KV read (at the median step's length) and its new
-  // row written, fp32.
-  const double kv_row = 2.0 * c.n_layers * c.n_kv_heads * c.head_dim * 4;
+  // row written, in the stored type (int8 scales included).
+  const double kv_row = static_cast<double>(layout.TokenBytes());
   const double bytes = dm.weight_bytes + batch * (context + warmup + steps / 2.0 + 1) * kv_row;
   r.roofline_ms = bytes / bw * 1e3;
   r.roofline_fraction = r.roofline_ms / r.step_ms;
@@ -275,7 +286,7 @@ LazyCost MeasureLazy(const Shape& s, DeviceModel& dm, kernels::Backend& gpu, int
                      double budget_fraction, int steps, bool graphs) {
   LazyCost out;
   const model::ModelConfig& c = s.c;
-  kernels::PagedKvLayout layout{c.n_layers, c.n_kv_heads, c.head_dim, 16};
+  kernels::PagedKvLayout layout{c.n_layers, c.n_kv_heads, c.head_dim, 16, g_kv_dtype};
   auto pool = cache::BlockPool::Create(layout, 2 * c.n_layers * ((context + steps + 64) / 16 + 2),
                                        gpu.memory());
   CHECK_OK(pool.status());
@@ -312,10 +323,10 @@ LazyCost MeasureLazy(const Shape& s, DeviceModel& dm, kernels::Backend& gpu, int
 
 // Sessions of `tokens` held tokens that fit in one pool of all free memory.
 int64_t SessionsThatFit(const model::ModelConfig& c, kernels::Backend& gpu, int tokens) {
-  kernels::PagedKvLayout layout{c.n_layers, c.n_kv_heads, c.head_dim, 16};
+  kernels::PagedKvLayout layout{c.n_layers, c.n_kv_heads, c.head_dim, 16, g_kv_dtype};
   size_t free_b = 0, total_b = 0;
   cudaMemGetInfo(&free_b, &total_b);
-  const int64_t block_bytes = layout.BlockFloats() * 4;
+  const int64_t block_bytes = layout.BlockBytes();
   auto pool = cache::BlockPool::Create(layout, static_cast<int64_t>(free_b * 0.95) / block_bytes,
                                        gpu.memory());
   if (!pool.ok()) return -1;
@@ -356,7 +367,17 @@ int Main(int argc, char** argv) {
     else if (a == "--temperature") sampling.temperature = std::stof(v);
     else if (a == "--top-k") sampling.top_k = std::stoi(v);
     else if (a == "--top-p") sampling.top_p = std::stof(v);
-    else {
+    else if (a == "--kv-dtype") {
+      bool known = false;
+      for (kernels::KvDType t : {kernels::KvDType::kF32, kernels::KvDType::kBF16,
+                                 kernels::KvDType::kF16, kernels::KvDType::kInt8}) {
+        if (v == kernels::KvDTypeName(t)) g_kv_dtype = t, known = true;
+      }
+      if (!known) {
+        std::fprintf(stderr, "--kv-dtype: %s is not one of f32, bf16, f16, int8\n", v.c_str());
+        return 2;
+      }
+    } else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
     }
@@ -374,7 +395,8 @@ int Main(int argc, char** argv) {
   std::printf("device: %s; device-to-device copy: %.0f GB/s (read + write)\n", prop.name, bw / 1e9);
   std::fflush(stdout);
   std::ostringstream js;
-  js << "{\"device\": \"" << prop.name << "\", \"copy_gbs\": " << bw / 1e9 << ", \"results\": [";
+  js << "{\"device\": \"" << prop.name << "\", \"kv_dtype\": \"" << kernels::KvDTypeName(g_kv_dtype)
+     << "\", \"copy_gbs\": " << bw / 1e9 << ", \"results\": [";
   bool first = true;
   std::ostringstream extra;
   for (absl::string_view name : absl::StrSplit(shapes, ',')) {
@@ -413,10 +435,11 @@ int Main(int argc, char** argv) {
                   100 * (lz.lazy_ms / lz.full_ms - 1));
       const int64_t full = SessionsThatFit(s.c, **gpu, 8192);
       const int64_t lazy = SessionsThatFit(s.c, **gpu, static_cast<int>(8192 * 0.3) + 16);
-      std::printf("sessions %-13s of 8K tokens in free memory (fp32 KV): FullKV %lld, lazy 30%% "
-                  "%lld (%.2fx)\n",
-                  s.name.c_str(), static_cast<long long>(full), static_cast<long long>(lazy),
-                  full > 0 ? double(lazy) / full : 0.0);
+      std::printf(
+          "sessions %-13s of 8K tokens in free memory (%s KV): FullKV %lld, lazy 30%% "
+          "%lld (%.2fx)\n",
+          s.name.c_str(), kernels::KvDTypeName(g_kv_dtype), static_cast<long long>(full),
+          static_cast<long long>(lazy), full > 0 ? double(lazy) / full : 0.0);
       extra << ", \"" << s.name << "\": {\"lazy_full_ms\": " << lz.full_ms << ", \"lazy_ms\": "
             << lz.lazy_ms << ", \"sessions_full\": " << full << ", \"sessions_lazy30\": " << lazy
             << "}";
