@@ -6,6 +6,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "coordinator/grpc_status.h"
 
 namespace recall::coordinator {
@@ -114,6 +115,24 @@ grpc::Status ChatService::CreateSession(grpc::ServerContext* context,
   if (!model.empty() && !served.empty() && served.count(model) == 0) {
     return grpc::Status(grpc::StatusCode::NOT_FOUND,
                         absl::StrCat("model: no worker serves \"", model, "\""));
+  }
+  if (request->cache().has_kv_dtype()) {
+    const std::string& t = request->cache().kv_dtype();
+    if (t != "f32" && t != "bf16" && t != "f16" && t != "int8") {
+      return grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          absl::StrCat("cache.kv_dtype: \"", t, "\" is not one of f32, bf16, f16, int8"));
+    }
+    std::set<std::string> stored;
+    for (const WorkerView& w : workers_.Snapshot()) {
+      if (!w.info.default_cache().kv_dtype().empty())
+        stored.insert(w.info.default_cache().kv_dtype());
+    }
+    if (!stored.empty() && stored.count(t) == 0) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrCat("cache.kv_dtype: no worker stores ", t,
+                                       " (the workers store ", absl::StrJoin(stored, ", "), ")"));
+    }
   }
   SessionRecord r;
   r.id = NewSessionId();

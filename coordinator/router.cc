@@ -62,4 +62,14 @@ std::optional<RouteDecision> Route(const std::vector<WorkerView>& workers,
   return RouteDecision{best->address, false};
 }
 
+std::vector<WorkerView> WorkersStoring(const std::vector<WorkerView>& workers,
+                                       const std::string& kv_dtype) {
+  if (kv_dtype.empty()) return workers;
+  std::vector<WorkerView> out;
+  for (const WorkerView& w : workers) {
+    if (w.info.default_cache().kv_dtype() == kv_dtype) out.push_back(w);
+  }
+  return out;
+}
+
 }  // namespace recall::coordinator

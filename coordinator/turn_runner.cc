@@ -1,9 +1,11 @@
 #include "coordinator/turn_runner.h"
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/logging.h"
 
 namespace recall::coordinator {
@@ -121,7 +123,25 @@ void TurnRunner::NextAttempt() {
   }
   std::shared_ptr<v1::Worker::Stub> stub;
   {
-    const std::vector<WorkerView> snapshot = workers_.Snapshot();
+    const std::vector<WorkerView> all = workers_.Snapshot();
+    const std::string& kv_dtype = spec_.request.cache().kv_dtype();
+    const std::vector<WorkerView> snapshot = WorkersStoring(all, kv_dtype);
+    if (snapshot.empty() && !all.empty()) {
+      std::vector<std::string> types;
+      for (const WorkerView& w : all) {
+        const std::string& t = w.info.default_cache().kv_dtype();
+        if (!t.empty() && std::find(types.begin(), types.end(), t) == types.end()) {
+          types.push_back(t);
+        }
+      }
+      if (!types.empty()) {
+        Fail(absl::FailedPreconditionError(
+            absl::StrCat("cache.kv_dtype: no worker stores ", kv_dtype, " (the workers store ",
+                         absl::StrJoin(types, ", "),
+                         "); create the session without kv_dtype or with one of those")));
+        return;
+      }
+    }
     route_ = Route(snapshot, spec_.request.session_id(), sticky_, excluded_);
     for (const WorkerView& w : snapshot) {
       if (route_.has_value() && w.address == route_->worker) stub = w.stub;

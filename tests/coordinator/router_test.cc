@@ -66,5 +66,19 @@ TEST(RouterTest, BoundedLoadAndDrainingSkipBusyWorkers) {
   EXPECT_EQ(Route(ws, "s1", "b", {})->worker, "b") << "a draining worker keeps its sessions";
 }
 
+TEST(RouterTest, WorkersStoringKeepsThoseOfTheNamedKvType) {
+  std::vector<WorkerView> ws = {Worker("a", 100), Worker("b", 100), Worker("c", 100)};
+  ws[0].info.mutable_default_cache()->set_kv_dtype("bf16");
+  ws[1].info.mutable_default_cache()->set_kv_dtype("int8");  // c: no Info yet
+  EXPECT_EQ(WorkersStoring(ws, "").size(), 3u) << "no type named: every worker";
+  const std::vector<WorkerView> int8 = WorkersStoring(ws, "int8");
+  ASSERT_EQ(int8.size(), 1u);
+  EXPECT_EQ(int8[0].address, "b");
+  EXPECT_TRUE(WorkersStoring(ws, "f16").empty());
+  for (int i = 0; i < 50; ++i) {
+    EXPECT_EQ(Route(int8, "s" + std::to_string(i), "", {})->worker, "b");
+  }
+}
+
 }  // namespace
 }  // namespace recall::coordinator

@@ -40,15 +40,19 @@ class CoordinatorTest : public ::testing::Test {
     std::ofstream(dir_ + "/keys") << "# key tenant\nkey-a tenant-a\nkey-b tenant-b\n";
     for (int i = 0; i < 2; ++i) {
       std::string error;
-      ASSERT_TRUE(workers_[i].Start(RECALL_WORKER_BINARY,
-                                    {"--model", testing::SharedPath(kModel), "--tokenizer",
-                                     testing::SharedPath(kTokenizer), "--listen", "127.0.0.1:0",
-                                     "--kv-cache-bytes", "16M", "--threads", "1"},
-                                    dir_, &error))
-          << error;
+      std::vector<std::string> args = {"--model",          testing::SharedPath(kModel),
+                                       "--tokenizer",      testing::SharedPath(kTokenizer),
+                                       "--listen",         "127.0.0.1:0",
+                                       "--kv-cache-bytes", "16M",
+                                       "--threads",        "1"};
+      for (const std::string& a : WorkerExtraArgs(i)) args.push_back(a);
+      ASSERT_TRUE(workers_[i].Start(RECALL_WORKER_BINARY, args, dir_, &error)) << error;
     }
     StartCoordinator();
   }
+
+  // Flags worker i gets besides the model, the address and a 16M pool.
+  virtual std::vector<std::string> WorkerExtraArgs(int) { return {}; }
 
   void StartCoordinator() {
     std::string error;
@@ -70,11 +74,13 @@ class CoordinatorTest : public ::testing::Test {
     ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
   }
 
-  std::string Create(const std::string& key = "key-a", grpc::Status* status = nullptr) {
+  std::string Create(const std::string& key = "key-a", grpc::Status* status = nullptr,
+                     const std::string& kv_dtype = "") {
     grpc::ClientContext ctx;
     Auth(&ctx, key);
     v1::CreateSessionRequest req;
     req.set_system_prompt("Tell a story.");
+    if (!kv_dtype.empty()) req.mutable_cache()->set_kv_dtype(kv_dtype);
     v1::Session s;
     grpc::Status st = stub_->CreateSession(&ctx, req, &s);
     if (status != nullptr) *status = st;
@@ -337,6 +343,43 @@ TEST(CoordinatorRegistrationTest, AWorkerRegistersItselfAndServes) {
 
 // Workers with random weights of SmolLM2-135M's shape: tens of ms per token on the CPU, so
 // the kill after the first token event surely lands mid-reply even on a loaded machine.
+// Worker 0 stores f32 KV, worker 1 int8: a session naming a type is served by a worker of
+// that type on every turn; one naming none goes to either.
+class MixedKvTypesTest : public CoordinatorTest {
+ protected:
+  std::vector<std::string> WorkerExtraArgs(int i) override {
+    return {"--kv-dtype", i == 0 ? "f32" : "int8"};
+  }
+};
+
+TEST_F(MixedKvTypesTest, ASessionNamingAKvTypeRunsOnAWorkerOfThatType) {
+  // Until the coordinator has both workers' Info, a type no worker stores is not yet refused.
+  grpc::Status st;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  do {
+    Create("key-a", &st, "f16");
+  } while (st.ok() && std::chrono::steady_clock::now() < deadline);
+  ASSERT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st.error_message();
+  EXPECT_EQ(st.error_message(),
+            "cache.kv_dtype: no worker stores f16 (the workers store f32, int8)");
+  Create("key-a", &st, "fp8");
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(st.error_message(), "cache.kv_dtype: \"fp8\" is not one of f32, bf16, f16, int8");
+
+  const std::string address[2] = {"127.0.0.1:" + std::to_string(workers_[0].port("grpc")),
+                                  "127.0.0.1:" + std::to_string(workers_[1].port("grpc"))};
+  for (int s = 0; s < 6; ++s) {
+    const int want = s % 2;
+    const std::string id = Create("key-a", nullptr, want == 0 ? "f32" : "int8");
+    for (int turn = 0; turn < 2; ++turn) {
+      Reply r = Say(id, turn == 0 ? "Once upon a time" : "What happened next?", 10);
+      ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+      EXPECT_FALSE(r.tokens.empty());
+      EXPECT_EQ(r.done.worker(), address[want]) << "session " << s << " turn " << turn;
+    }
+  }
+}
+
 class FailoverTest : public CoordinatorTest {
  protected:
   void SetUp() override {
