@@ -192,6 +192,7 @@ grpc::Status ChatService::DeleteSession(grpc::ServerContext* context,
   if (auto stub = workers_.Stub(r.worker); stub != nullptr) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    workers_.Attach(&ctx);
     v1::DropSessionRequest drop;
     drop.set_session_id(r.id);
     v1::DropSessionResponse ignored;

@@ -52,6 +52,12 @@ const flags::FlagSet<CoordinatorConfig>& CoordinatorFlags() {
             "api-keys", "FILE",
             "\"<key> <tenant>\" per line; without it every caller is tenant \"default\"",
             [](auto& o) -> auto& { return o.api_keys_path; })
+        .String(
+            "cluster-token-file", "PATH",
+            "the cluster token: presented to the workers, and the only credential\n"
+            "recall.v1.Registry accepts (default: none; the registry is then open, or closed\n"
+            "when --api-keys is on)",
+            [](auto& o) -> auto& { return o.cluster_token_file; })
         .Int(
             "metrics-port", "N", "Prometheus /metrics (default off; 0 picks a free port)",
             [](auto& o) -> auto& { return o.metrics_port; }, 0, 65535)
@@ -113,6 +119,13 @@ absl::Status Run(const std::vector<std::string>& argv) {
   std::fprintf(stderr, "recall-coordinator: serving on %s (port %d), %zu worker(s), store %s\n",
                c.listen.c_str(), server->port(), c.workers.size(),
                c.store_url.empty() ? (c.data_dir + "/sessions.db").c_str() : c.store_url.c_str());
+  if (c.cluster_token_file.empty()) {
+    std::fprintf(stderr, "recall-coordinator: WARNING: no --cluster-token-file; %s\n",
+                 c.api_keys_path.empty()
+                     ? "recall.v1.Registry takes Register and Drain from anyone who can reach it"
+                     : "recall.v1.Registry is closed (API keys are on), and the workers' ports "
+                       "need their own protection");
+  }
   if (!c.port_file.empty()) {
     const std::string& path = c.port_file;
     {

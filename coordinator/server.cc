@@ -24,7 +24,12 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   if (!config.api_keys_path.empty()) {
     RECALL_ASSIGN_OR_RETURN(s->keys_, ApiKeys::Load(config.api_keys_path));
   }
-  s->registry_ = std::make_unique<WorkerRegistry>(&s->metrics_);
+  grpcutil::ClusterCredential cluster = grpcutil::ClusterCredential::Open();
+  if (!config.cluster_token_file.empty()) {
+    RECALL_ASSIGN_OR_RETURN(cluster, grpcutil::ClusterCredential::Load(config.cluster_token_file));
+  }
+  s->registry_ =
+      std::make_unique<WorkerRegistry>(&s->metrics_, absl::Milliseconds(500), 3, cluster);
   for (const std::string& w : config.workers) s->registry_->Add(w);
   metrics::Registry& m = s->metrics_;
   WorkerRegistry* reg = s->registry_.get();
@@ -35,7 +40,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   });
   s->service_ = std::make_unique<ChatService>(*s->store_, *s->registry_, s->keys_,
                                               config.options, s->metrics_);
-  s->registry_service_ = std::make_unique<RegistryService>(*s->registry_, s->keys_);
+  s->registry_service_ = std::make_unique<RegistryService>(*s->registry_, s->keys_, cluster);
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
   if (!config.tls_cert.empty() || !config.tls_key.empty()) {
     auto read = [](const std::string& flag, const std::string& path) -> absl::StatusOr<std::string> {
@@ -60,6 +65,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(config.listen, creds, &s->port_);
+  // A port another process holds is an error, not a second listener (gRPC's default
+  // SO_REUSEPORT would let two coordinators share it).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // Chat: Converse and Generate on the callback API, the unary calls on the sync threads.
   builder.RegisterService(s->service_.get());
   builder.RegisterService(s->registry_service_.get());

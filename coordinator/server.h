@@ -21,6 +21,7 @@ struct CoordinatorConfig {
   std::string data_dir = ".";         // the SQLite file sessions.db lives here
   std::string store_url;              // "redis://HOST:PORT" for a shared store; empty: SQLite
   std::string api_keys_path;          // empty: no auth (tenant "default")
+  std::string cluster_token_file;     // the workers' and the registry's credential; empty: none
   int metrics_port = -1;              // -1: off; 0: any free port
   // TLS: PEM files. With tls_client_ca, clients must present a certificate it signed (mTLS).
   std::string tls_cert, tls_key, tls_client_ca;

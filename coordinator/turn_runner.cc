@@ -37,6 +37,7 @@ class TurnRunner::Call final : public grpc::ClientReadReactor<v1::TurnEvent> {
 
   void Start(std::shared_ptr<Call> self) {
     self_ = std::move(self);
+    runner_->workers_.Attach(&context_);
     stub_->async()->RunTurn(&context_, &request_, this);
     StartRead(&event_);
     StartCall();
@@ -279,6 +280,7 @@ void TurnRunner::Succeed() {
   };
   auto drop = std::make_shared<Drop>();
   drop->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  workers_.Attach(&drop->context);
   drop->request.set_session_id(spec_.request.session_id());
   // The callback owns the stub and the call, and lets both go before reporting.
   v1::Worker::Stub* const to = stub.get();
