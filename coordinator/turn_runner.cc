@@ -107,8 +107,7 @@ void TurnRunner::NextAttempt() {
     return;
   }
   if (attempt_ >= options_.max_attempts + 1) {
-    Fail(absl::UnavailableError(
-        absl::StrCat("no worker could take the turn (", last_error_, "); retryable")));
+    FailNoWorker();
     return;
   }
   ++attempt_;
@@ -149,8 +148,7 @@ void TurnRunner::NextAttempt() {
     }
   }
   if (!route_.has_value()) {
-    Fail(absl::UnavailableError(
-        absl::StrCat("no worker could take the turn (", last_error_, "); retryable")));
+    FailNoWorker();
     return;
   }
   RECALL_CHECK(stub != nullptr) << "routed to " << route_->worker << ", which has no stub";
@@ -240,6 +238,7 @@ void TurnRunner::OnCallEnded(const grpc::Status& status) {
     return;
   }
   if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+    exhausted_ = last_error_;
     excluded_.push_back(worker);  // full: try another worker
     sticky_.clear();
     send_history_ = true;
@@ -262,6 +261,19 @@ void TurnRunner::OnCallEnded(const grpc::Status& status) {
   send_history_ = true;
   ++result_.failovers;
   NextAttempt();
+}
+
+void TurnRunner::FailNoWorker() {
+  // Every worker that answered was full (or the turn can never fit one): the client hears
+  // RESOURCE_EXHAUSTED with the worker's reason (a retry hint, or "not retryable"), not
+  // UNAVAILABLE.
+  if (!exhausted_.empty()) {
+    Fail(absl::ResourceExhaustedError(
+        absl::StrCat("no worker has room for the turn (", exhausted_, ")")));
+    return;
+  }
+  Fail(absl::UnavailableError(
+      absl::StrCat("no worker could take the turn (", last_error_, "); retryable")));
 }
 
 void TurnRunner::Succeed() {

@@ -144,12 +144,19 @@ void Scheduler::Admit() {
         continue;
       }
     }
+    if (!t->touched) {
+      if (absl::Status st = CheckPeakFits(*t); !st.ok()) {
+        FinishTurn(*t, st);
+        continue;
+      }
+    }
     const RankBlocks need = BlocksToAdmit(*t);
     const int64_t most = *std::max_element(need.begin(), need.end());
     if (most > PoolBlocks()) {
-      FinishTurn(*t, absl::ResourceExhaustedError(absl::StrCat(
-                         "the turn needs ", most, " KV blocks but the whole pool has ",
-                         PoolBlocks(), ": use a smaller budget or a shorter transcript")));
+      FinishTurn(*t,
+                 absl::ResourceExhaustedError(absl::StrCat(
+                     "the turn needs ", most, " KV blocks but the whole pool has ", PoolBlocks(),
+                     ": use a smaller budget or a shorter transcript (not retryable)")));
       continue;
     }
     if (!MakeRoom(need, t->session)) {
