@@ -60,7 +60,7 @@ std::string MessagesKey(const std::string& id) { return "recall:m:" + id; }
 std::string TenantKey(const std::string& t) { return "recall:t:" + t; }
 
 absl::Status NotFound(const std::string& id) {
-  return absl::NotFoundError(absl::StrCat("session_id: no session \"", id, "\""));
+  return absl::NotFoundError(absl::StrCat("session_id: no session ", QuotedId(id)));
 }
 
 class RedisStore final : public SessionStore {

@@ -1,10 +1,12 @@
 #include "coordinator/server.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc/parse_errors.h"
 #include "common/status.h"
 
 namespace recall::coordinator {
@@ -71,7 +73,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   // Chat: Converse and Generate on the callback API, the unary calls on the sync threads.
   builder.RegisterService(s->service_.get());
   builder.RegisterService(s->registry_service_.get());
-  builder.SetMaxReceiveMessageSize(static_cast<int>(config.options.max_message_bytes) + 4096);
+  // Room above the message limit, so an oversized message is refused by the service naming
+  // its field rather than by the transport.
+  builder.SetMaxReceiveMessageSize(static_cast<int>(
+      std::min<size_t>(4 * config.options.max_message_bytes + (1 << 20), 1 << 30)));
+  builder.experimental().SetInterceptorCreators(grpcutil::ParseErrorInterceptors());
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("--listen: cannot listen on ", config.listen));

@@ -16,6 +16,12 @@
 
 namespace recall::coordinator {
 
+// A session id as messages quote it: at most 64 bytes, then how long it was.
+inline std::string QuotedId(const std::string& id) {
+  if (id.size() <= 64) return "\"" + id + "\"";
+  return "\"" + id.substr(0, 64) + "...\" (" + std::to_string(id.size()) + " bytes)";
+}
+
 struct StoredMessage {
   std::string role;
   std::string content;

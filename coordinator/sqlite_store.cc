@@ -166,7 +166,7 @@ class SqliteStore final : public SessionStore {
 
  private:
   static absl::Status NotFound(const std::string& id) {
-    return absl::NotFoundError(absl::StrCat("session_id: no session \"", id, "\""));
+    return absl::NotFoundError(absl::StrCat("session_id: no session ", QuotedId(id)));
   }
 
   absl::Status Check(int rc, const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

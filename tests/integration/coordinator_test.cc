@@ -6,12 +6,17 @@
 // tenants; bad requests with their codes and the transcript left unchanged.
 #include <signal.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <future>
+#include <limits>
 #include <set>
 #include <thread>
 
 #include "common/subprocess.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "recall/v1/chat.grpc.pb.h"
@@ -238,6 +243,121 @@ TEST_F(CoordinatorTest, KeysTenantsAndBadRequestsGetTheirCodes) {
   EXPECT_EQ(created.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   Create("key-b", &created);
   EXPECT_TRUE(created.ok()) << "the limit is per tenant";
+}
+
+// Sends `bytes` as the request of `method` (e.g. "/recall.v1.Chat/CreateSession").
+grpc::Status RawCall(grpc::Channel* channel, const std::string& method, const std::string& bytes,
+                     const std::string& key) {
+  grpc::GenericStub stub(channel->shared_from_this());
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer " + key);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer request(&slice, 1), response;
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response,
+                 [&done](grpc::Status st) { done.set_value(std::move(st)); });
+  return done.get_future().get();
+}
+
+TEST_F(CoordinatorTest, MalformedAndOutOfRangeRequestsAreInvalidArgumentNamingTheField) {
+  const std::string id = Create();
+  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(coordinator_.port("grpc")),
+                                     grpc::InsecureChannelCredentials());
+  // Bytes that are no protobuf, and a string field (GetSessionRequest.session_id, field 1)
+  // that is not UTF-8: gRPC's own answer was INTERNAL with an empty message.
+  for (const std::string& bytes :
+       {std::string("\xff\xff\xff\xff", 4), std::string("\x0a\x02\xff\xfe", 4)}) {
+    const grpc::Status st = RawCall(channel.get(), "/recall.v1.Chat/GetSession", bytes, "key-a");
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+    EXPECT_NE(st.error_message().find("/recall.v1.Chat/GetSession"), std::string::npos)
+        << st.error_message();
+  }
+  {
+    grpc::ClientContext ctx;
+    Auth(&ctx, "key-a");
+    v1::CreateSessionRequest req;
+    req.set_system_prompt("bad \xff utf-8");
+    v1::Session s;
+    const grpc::Status st = stub_->CreateSession(&ctx, req, &s);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(st.error_message(), "system_prompt: is not valid UTF-8");
+  }
+  // A 10 KB session id is refused by its length, and not echoed whole.
+  grpc::Status st;
+  Get(std::string(10240, 'x'), "key-a", &st);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(st.error_message(), "session_id: 10240 bytes; at most 128");
+  // A message far over the limit (2000 here) is refused by the service, naming the field.
+  Reply big = Say(id, std::string(100000, 'a'));
+  EXPECT_EQ(big.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(big.status.error_message(), "message: 100000 bytes; at most 2000");
+  // Non-finite and out-of-range sampling values, refused by the worker with the field.
+  const auto say_with = [&](const std::function<void(v1::SamplingParams*)>& set) {
+    grpc::ClientContext ctx;
+    Auth(&ctx, "key-a");
+    v1::ConverseRequest req;
+    req.set_session_id(id);
+    req.set_message("hi");
+    req.mutable_sampling()->set_max_tokens(5);
+    set(req.mutable_sampling());
+    auto reader = stub_->Converse(&ctx, req);
+    v1::ConverseEvent ev;
+    while (reader->Read(&ev)) {
+    }
+    return reader->Finish();
+  };
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::pair<std::function<void(v1::SamplingParams*)>, std::string> cases[] = {
+      {[&](v1::SamplingParams* s) { s->set_temperature(inf); }, "sampling.temperature"},
+      {[&](v1::SamplingParams* s) { s->set_temperature(std::nanf("")); }, "sampling.temperature"},
+      {[&](v1::SamplingParams* s) { s->set_repetition_penalty(inf); },
+       "sampling.repetition_penalty"},
+      {[&](v1::SamplingParams* s) { s->set_top_k(2147483647); }, "sampling.top_k"},
+      {[&](v1::SamplingParams* s) { s->set_top_p(inf); }, "sampling.top_p"}};
+  for (const auto& [set, field] : cases) {
+    const grpc::Status bad = say_with(set);
+    EXPECT_EQ(bad.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << field;
+    EXPECT_EQ(bad.error_message().rfind(field + ": ", 0), 0u) << bad.error_message();
+  }
+  EXPECT_EQ(Get(id).messages_size(), 1) << "no refused turn left a message behind";
+  // A page token ListSessions never gave.
+  {
+    grpc::ClientContext ctx;
+    Auth(&ctx, "key-a");
+    v1::ListSessionsRequest req;
+    req.set_page_token("garbage");
+    v1::ListSessionsResponse resp;
+    const grpc::Status list = stub_->ListSessions(&ctx, req, &resp);
+    EXPECT_EQ(list.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(list.error_message(), "page_token: is not a next_page_token of ListSessions");
+  }
+  // Pages chain through the tokens ListSessions gives.
+  for (int i = 0; i < 4; ++i) Create();
+  std::set<std::string> listed;
+  std::string token;
+  do {
+    grpc::ClientContext ctx;
+    Auth(&ctx, "key-a");
+    v1::ListSessionsRequest req;
+    req.set_page_size(2);
+    req.set_page_token(token);
+    v1::ListSessionsResponse resp;
+    ASSERT_TRUE(stub_->ListSessions(&ctx, req, &resp).ok());
+    for (const v1::Session& s : resp.sessions()) EXPECT_TRUE(listed.insert(s.session_id()).second);
+    token = resp.next_page_token();
+  } while (!token.empty());
+  EXPECT_EQ(listed.size(), 5u);
+  // An authorization header that is not "Bearer <key>".
+  {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "key-a");
+    v1::GetSessionRequest req;
+    req.set_session_id(id);
+    v1::Session s;
+    const grpc::Status no_bearer = stub_->GetSession(&ctx, req, &s);
+    EXPECT_EQ(no_bearer.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
 }
 
 TEST(CoordinatorRedisTest, TwoCoordinatorsShareSessionsThroughRedis) {

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cache/eviction/session_evictor.h"
+#include "common/grpc/parse_errors.h"
 #include "common/metrics/http_server.h"
 #include "common/status.h"
 #include "grpcpp/ext/health_check_service_server_builder_option.h"
@@ -136,6 +137,7 @@ absl::Status Run(const std::vector<std::string>& argv) {
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(&service);
   builder.SetMaxReceiveMessageSize(64 << 20);  // full transcripts
+  builder.experimental().SetInterceptorCreators(grpcutil::ParseErrorInterceptors());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("--listen: cannot listen on ", listen));

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -65,6 +66,7 @@ struct TurnLimits {
   size_t max_session_id_bytes = 128;
   size_t max_stop_strings = 16;
   size_t max_stop_bytes = 256;
+  int vocab_size = std::numeric_limits<int>::max();  // top_k's bound (the scheduler sets it)
 };
 
 // InvalidArgument naming the field (as on the wire: "sampling.top_p", "messages[2].role",
@@ -79,6 +81,10 @@ absl::Status HistoryNeededError(const std::string& session_id, int history_lengt
 bool IsHistoryNeeded(const absl::Status& status);
 
 // Sampling values alone; `prefix` is prepended to field names ("sampling." on the wire).
-absl::Status ValidateSampling(const kernels::SamplingParams& s, const std::string& prefix);
+// Every float must be finite and within its bound; top_k at most `vocab_size`.
+inline constexpr float kMaxTemperature = 100.0f;
+inline constexpr float kMaxRepetitionPenalty = 100.0f;
+absl::Status ValidateSampling(const kernels::SamplingParams& s, const std::string& prefix,
+                              int vocab_size = std::numeric_limits<int>::max());
 
 }  // namespace recall::serving
