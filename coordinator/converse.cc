@@ -172,6 +172,8 @@ class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::Conve
       v1::ChatMessage& pm = spec.history.emplace_back();
       pm.set_role(m.role);
       pm.set_content(m.content);
+      pm.mutable_token_ids()->Add(m.token_ids.begin(), m.token_ids.end());
+      if (m.finish != 0) pm.set_finish_reason(static_cast<v1::FinishReason>(m.finish));
     }
     spec.bound = rec->worker;
     v1::RunTurnRequest& base = spec.request;
@@ -199,8 +201,10 @@ class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::Conve
       End(status);
       return;
     }
-    const absl::Status st =
-        store.Append(tenant_, session_id_, index_ + 1, {"assistant", outcome->text});
+    StoredMessage reply{"assistant", outcome->text};
+    reply.token_ids = outcome->tokens;
+    reply.finish = static_cast<int>(outcome->done.finish_reason());
+    const absl::Status st = store.Append(tenant_, session_id_, index_ + 1, reply);
     if (!st.ok()) {
       End(ToGrpc(st));
       return;

@@ -1,6 +1,7 @@
 // SessionStore on Redis (several coordinator replicas sharing sessions). Layout:
 //   recall:s:<id>        hash: tenant, model, cache, metadata (JSON), created_ms, worker
-//   recall:m:<id>        list of messages, each a JSON object {"role", "content"}
+//   recall:m:<id>        list of messages, each a JSON object {"role", "content"} (a reply
+//                        also "token_ids" and "finish")
 //   recall:t:<tenant>    sorted set of the tenant's session ids (score 0: ordered by id)
 // Every check-and-write (create if absent, append at an index, tenant checks) is one Lua
 // script, so replicas cannot interleave. Durability is Redis's: run it with
@@ -97,7 +98,16 @@ class RedisStore final : public SessionStore {
     for (size_t i = 0; i < rep->elements; ++i) {
       const nlohmann::json m =
           nlohmann::json::parse(std::string(rep->element[i]->str, rep->element[i]->len));
-      r.messages.push_back({m.at("role").get<std::string>(), m.at("content").get<std::string>()});
+      StoredMessage& msg = r.messages.emplace_back();
+      msg.role = m.at("role").get<std::string>();
+      msg.content = m.at("content").get<std::string>();
+      if (m.contains("token_ids") && m["token_ids"].is_array()) {
+        for (const nlohmann::json& t : m["token_ids"]) {
+          if (t.is_number_integer()) msg.token_ids.push_back(t.get<int32_t>());
+        }
+      }
+      if (m.contains("finish") && m["finish"].is_number_integer())
+        msg.finish = m["finish"].get<int>();
     }
     r.message_count = static_cast<int>(r.messages.size());
     return r;
@@ -128,7 +138,11 @@ class RedisStore final : public SessionStore {
 
   absl::Status Append(const std::string& tenant, const std::string& id, int index,
                       const StoredMessage& message) override {
-    const nlohmann::json m = {{"role", message.role}, {"content", message.content}};
+    nlohmann::json m = {{"role", message.role}, {"content", message.content}};
+    if (!message.token_ids.empty() || message.finish != 0) {
+      m["token_ids"] = message.token_ids;
+      m["finish"] = message.finish;
+    }
     absl::MutexLock lock(&mu_);
     RECALL_ASSIGN_OR_RETURN(
         Reply rep, Command({"EVAL", kAppend, "2", SessionKey(id), MessagesKey(id), tenant,

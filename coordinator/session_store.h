@@ -25,7 +25,16 @@ inline std::string QuotedId(const std::string& id) {
 struct StoredMessage {
   std::string role;
   std::string content;
+  // An assistant reply: its token ids as the worker streamed them and how it ended
+  // (v1::FinishReason), so a worker rebuilding the session replays it exactly. Empty / 0 when
+  // unknown (a reply stored before these were kept).
+  std::vector<int32_t> token_ids;
+  int finish = 0;
 };
+
+// StoredMessage's reply fields as bytes (little-endian int32: finish, then the ids), and back.
+std::string EncodeReply(const StoredMessage& m);
+void DecodeReply(const std::string& bytes, StoredMessage* m);
 
 struct SessionRecord {
   std::string id;

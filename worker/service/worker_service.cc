@@ -32,6 +32,20 @@ serving::TurnRequest FromProto(const v1::RunTurnRequest& r, int default_max_toke
   out.messages = Messages(r.messages());
   out.history_length = r.history_length();
   out.history = Messages(r.history());
+  bool any_reply = false;
+  for (const v1::ChatMessage& m : r.history()) any_reply = any_reply || m.token_ids_size() > 0;
+  if (any_reply) {
+    for (const v1::ChatMessage& m : r.history()) {
+      std::optional<serving::ReplyRecord>& reply = out.history_replies.emplace_back();
+      if (m.role() != "assistant" || m.finish_reason() == v1::FINISH_REASON_UNSPECIFIED) continue;
+      reply.emplace();
+      reply->token_ids.assign(m.token_ids().begin(), m.token_ids().end());
+      reply->finish = m.finish_reason() == v1::FINISH_REASON_STOP ? serving::TurnFinish::kStop
+                      : m.finish_reason() == v1::FINISH_REASON_CONTEXT
+                          ? serving::TurnFinish::kContext
+                          : serving::TurnFinish::kLength;
+    }
+  }
   const v1::SamplingParams& s = r.sampling();
   if (s.has_temperature()) out.sampling.temperature = s.temperature();
   if (s.has_top_p()) out.sampling.top_p = s.top_p();

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "kernels/sampling_params.h"
 #include "worker/model/chat_template.h"
+#include "worker/serving/replay.h"
 
 namespace recall::serving {
 
@@ -51,6 +52,9 @@ struct TurnRequest {
   std::vector<model::ChatMessage> messages;  // this turn's new messages
   int history_length = 0;                    // messages before this turn
   std::vector<model::ChatMessage> history;   // those messages, or empty when not sent
+  // Per history message: an assistant reply's tokens and end, when the caller kept them
+  // (then a rebuild replays the history exactly: replay.h). Empty, or history's size.
+  std::vector<std::optional<ReplyRecord>> history_replies;
   kernels::SamplingParams sampling;
   int max_tokens = 256;
   std::vector<std::string> stop;  // extra stop strings
