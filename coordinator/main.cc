@@ -48,6 +48,11 @@ const flags::FlagSet<CoordinatorConfig>& CoordinatorFlags() {
             "with appendonly yes, appendfsync always); default SQLite",
             [](auto& o) -> auto& { return o.store_url; })
         .Field("store_url")
+        .Switch(
+            "allow-volatile-store",
+            "start even when the --store Redis keeps nothing on disk (appendonly no, no\n"
+            "save points), with a warning; by default the coordinator refuses to start",
+            [](auto& o) -> auto& { return o.allow_volatile_store; })
         .String(
             "api-keys", "FILE",
             "\"<key> <tenant>\" per line; without it every caller is tenant \"default\"",

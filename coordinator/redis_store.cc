@@ -9,6 +9,8 @@
 // One connection guarded by a mutex, reconnected after an I/O error.
 #include <hiredis/hiredis.h>
 
+#include <cstdio>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -172,6 +174,23 @@ class RedisStore final : public SessionStore {
     return rep->integer < 0 ? NotFound(id) : absl::OkStatus();
   }
 
+  // Why the server keeps nothing on disk ("appendonly no, save \"\""), empty when it
+  // persists (AOF, or RDB save points); an error when CONFIG GET is refused.
+  absl::StatusOr<std::string> VolatileReason() {
+    absl::MutexLock lock(&mu_);
+    RECALL_ASSIGN_OR_RETURN(Reply aof, Command({"CONFIG", "GET", "appendonly"}));
+    RECALL_ASSIGN_OR_RETURN(Reply save, Command({"CONFIG", "GET", "save"}));
+    const auto value = [](const Reply& r) -> std::string {
+      if (r->type != REDIS_REPLY_ARRAY || r->elements < 2 || r->element[1]->str == nullptr) {
+        return "";
+      }
+      return std::string(r->element[1]->str, r->element[1]->len);
+    };
+    const std::string appendonly = value(aof), points = value(save);
+    if (appendonly == "yes" || !points.empty()) return std::string();
+    return absl::StrCat("appendonly ", appendonly.empty() ? "?" : appendonly, ", save \"\"");
+  }
+
   absl::StatusOr<int> CountSessions(const std::string& tenant) override {
     absl::MutexLock lock(&mu_);
     RECALL_ASSIGN_OR_RETURN(Reply rep, Command({"ZCARD", TenantKey(tenant)}));
@@ -251,10 +270,29 @@ class RedisStore final : public SessionStore {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<SessionStore>> OpenRedisStore(const std::string& host, int port) {
+absl::StatusOr<std::unique_ptr<SessionStore>> OpenRedisStore(const std::string& host, int port,
+                                                             bool allow_volatile) {
   auto store = std::make_unique<RedisStore>(host, port);
   absl::Status st = store->Connect();
   if (!st.ok()) return st;
+  const absl::StatusOr<std::string> volatile_reason = store->VolatileReason();
+  const std::string where = absl::StrCat("--store redis://", host, ":", port);
+  if (!volatile_reason.ok()) {
+    std::fprintf(stderr,
+                 "recall-coordinator: WARNING: %s: cannot tell whether Redis persists "
+                 "its data (%s)\n",
+                 where.c_str(), std::string(volatile_reason.status().message()).c_str());
+  } else if (!volatile_reason->empty()) {
+    const std::string what = absl::StrCat(
+        where, ": the Redis server keeps nothing on disk (", *volatile_reason,
+        "), so a restart of it loses every session; run it with appendonly yes (the Helm chart "
+        "does)");
+    if (!allow_volatile) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, ", or pass --allow-volatile-store to run anyway"));
+    }
+    std::fprintf(stderr, "recall-coordinator: WARNING: %s\n", what.c_str());
+  }
   return std::unique_ptr<SessionStore>(std::move(store));
 }
 

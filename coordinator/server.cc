@@ -20,9 +20,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     return absl::InvalidArgumentError(
         absl::StrCat("--data-dir: cannot create ", config.data_dir, ": ", ec.message()));
   }
-  RECALL_ASSIGN_OR_RETURN(s->store_, OpenStore(config.store_url.empty()
-                                                   ? config.data_dir + "/sessions.db"
-                                                   : config.store_url));
+  RECALL_ASSIGN_OR_RETURN(
+      s->store_,
+      OpenStore(config.store_url.empty() ? config.data_dir + "/sessions.db" : config.store_url,
+                config.allow_volatile_store));
   if (!config.api_keys_path.empty()) {
     RECALL_ASSIGN_OR_RETURN(s->keys_, ApiKeys::Load(config.api_keys_path));
   }

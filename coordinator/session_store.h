@@ -76,10 +76,14 @@ class SessionStore {
 // SQLite (WAL, synchronous=FULL) in `path`; the file is created if missing.
 absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string& path);
 
-// Redis at host:port (redis_store.cc); Unavailable when it cannot connect.
-absl::StatusOr<std::unique_ptr<SessionStore>> OpenRedisStore(const std::string& host, int port);
+// Redis at host:port (redis_store.cc); Unavailable when it cannot connect. A server that
+// keeps nothing on disk (appendonly no and no RDB save points) loses every session when it
+// restarts: FailedPrecondition saying so, or with `allow_volatile` a warning on stderr.
+absl::StatusOr<std::unique_ptr<SessionStore>> OpenRedisStore(const std::string& host, int port,
+                                                             bool allow_volatile = false);
 
 // "redis://HOST:PORT" or "sqlite://PATH" (also a bare path: SQLite).
-absl::StatusOr<std::unique_ptr<SessionStore>> OpenStore(const std::string& url);
+absl::StatusOr<std::unique_ptr<SessionStore>> OpenStore(const std::string& url,
+                                                        bool allow_volatile = false);
 
 }  // namespace recall::coordinator

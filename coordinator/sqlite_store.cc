@@ -275,7 +275,8 @@ void DecodeReply(const std::string& bytes, StoredMessage* m) {
   for (size_t at = 4; at < bytes.size(); at += 4) m->token_ids.push_back(get(at));
 }
 
-absl::StatusOr<std::unique_ptr<SessionStore>> OpenStore(const std::string& url) {
+absl::StatusOr<std::unique_ptr<SessionStore>> OpenStore(const std::string& url,
+                                                        bool allow_volatile) {
   const std::string redis = "redis://", sqlite = "sqlite://";
   if (url.rfind(redis, 0) == 0) {
     const std::string rest = url.substr(redis.size());
@@ -284,7 +285,7 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenStore(const std::string& url) 
     if (colon != std::string::npos && !absl::SimpleAtoi(rest.substr(colon + 1), &port)) {
       return absl::InvalidArgumentError(absl::StrCat("--store: bad port in ", url));
     }
-    return OpenRedisStore(rest.substr(0, colon), port);
+    return OpenRedisStore(rest.substr(0, colon), port, allow_volatile);
   }
   return OpenSqliteStore(url.rfind(sqlite, 0) == 0 ? url.substr(sqlite.size()) : url);
 }

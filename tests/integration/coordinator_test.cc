@@ -5,6 +5,7 @@
 // measured bound; a coordinator restart that keeps every session (SQLite); API keys and
 // tenants; bad requests with their codes and the transcript left unchanged.
 #include <signal.h>
+#include <sys/wait.h>
 
 #include <cmath>
 #include <filesystem>
@@ -414,6 +415,32 @@ TEST(CoordinatorRedisTest, TwoCoordinatorsShareSessionsThroughRedis) {
   v1::Session stored;
   ASSERT_TRUE(sa->GetSession(&gctx, get, &stored).ok());
   EXPECT_EQ(stored.messages_size(), 4);
+}
+
+TEST(CoordinatorRedisTest, ARedisThatKeepsNothingOnDiskIsRefusedUnlessAllowed) {
+  if (!testing::RedisServer::Available()) GTEST_SKIP() << "redis-server is not installed";
+  const std::string dir = testing::MakeTempDir("coordinator_volatile_redis");
+  testing::RedisServer redis;
+  ASSERT_TRUE(redis.Start(dir, /*persistent=*/false));
+  const std::string command = std::string(RECALL_COORDINATOR_BINARY) +
+                              " --listen 127.0.0.1:0 --data-dir " + dir + " --store " +
+                              redis.url() + " 2>&1";
+  FILE* p = popen(command.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+  const int status = pclose(p);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << out;
+  EXPECT_NE(out.find("keeps nothing on disk (appendonly no, save \"\")"), std::string::npos) << out;
+  EXPECT_NE(out.find("--allow-volatile-store"), std::string::npos) << out;
+  ServerProcess coordinator;
+  std::string error;
+  EXPECT_TRUE(coordinator.Start(RECALL_COORDINATOR_BINARY,
+                                {"--listen", "127.0.0.1:0", "--data-dir", dir, "--store",
+                                 redis.url(), "--allow-volatile-store"},
+                                dir, &error))
+      << error;
 }
 
 TEST(CoordinatorRegistrationTest, AWorkerRegistersItselfAndServes) {
