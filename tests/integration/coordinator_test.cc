@@ -192,6 +192,50 @@ TEST_F(CoordinatorTest, MultiTurnChatsStickToTheirWorkerAndReuseTheCache) {
   EXPECT_GE(used.size(), 1u);
 }
 
+TEST_F(CoordinatorTest, ASessionRebuiltAfterItsCacheIsDroppedRepliesAsIfKept) {
+  // Two sessions with an evicting cache say the same things; one loses its worker cache
+  // before every turn after the first and is rebuilt from the stored transcript (with the
+  // replies' token ids: replayed exactly).
+  auto create = [&] {
+    grpc::ClientContext ctx;
+    Auth(&ctx, "key-a");
+    v1::CreateSessionRequest req;
+    req.set_system_prompt("Tell a story.");
+    req.mutable_cache()->set_policy("lazy");
+    req.mutable_cache()->set_budget_tokens(40);
+    req.mutable_cache()->set_window(8);
+    v1::Session s;
+    EXPECT_TRUE(stub_->CreateSession(&ctx, req, &s).ok());
+    return s.session_id();
+  };
+  const std::string kept = create(), dropped = create();
+  const char* turns[] = {"Once upon a time", "What happened next?", "Who was there?", "And then?"};
+  for (const char* text : turns) {
+    for (const std::string& id : {kept, dropped}) {
+      if (id == dropped && text != turns[0]) {
+        for (int i = 0; i < 2; ++i) {  // drop it wherever it is
+          auto stub = v1::Worker::NewStub(
+              grpc::CreateChannel("127.0.0.1:" + std::to_string(workers_[i].port("grpc")),
+                                  grpc::InsecureChannelCredentials()));
+          grpc::ClientContext ctx;
+          v1::DropSessionRequest req;
+          req.set_session_id(id);
+          v1::DropSessionResponse resp;
+          stub->DropSession(&ctx, req, &resp);
+        }
+      }
+    }
+    const Reply a = Say(kept, text, 40), b = Say(dropped, text, 40);
+    ASSERT_TRUE(a.status.ok()) << a.status.error_message();
+    ASSERT_TRUE(b.status.ok()) << b.status.error_message();
+    EXPECT_EQ(b.tokens, a.tokens) << text;
+    if (text != turns[0]) {
+      EXPECT_EQ(b.done.usage().cached_tokens(), 0) << "rebuilt, not continued";
+      EXPECT_GT(a.done.usage().cached_tokens(), 0);
+    }
+  }
+}
+
 TEST_F(CoordinatorTest, SessionsSurviveACoordinatorRestart) {
   const std::string id = Create();
   ASSERT_TRUE(Say(id, "Once upon a time").status.ok());
