@@ -2,7 +2,9 @@
 // turn with a TurnRunner and writes its events to the client.
 #include <atomic>
 #include <deque>
+#include <mutex>
 #include <optional>
+#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +14,14 @@
 #include "coordinator/grpc_status.h"
 
 namespace recall::coordinator {
+
+// A seed for a turn whose request sets none (sampling then differs from turn to turn).
+static uint64_t RandomSeed() {
+  static std::mutex mu;
+  static std::mt19937_64 rng(std::random_device{}());
+  std::lock_guard<std::mutex> lock(mu);
+  return rng();
+}
 namespace {
 
 v1::ConverseEvent DoneEvent(const TurnResult& r) {
@@ -183,6 +193,8 @@ class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::Conve
     user->set_content(request.message());
     base.set_history_length(index_);
     *base.mutable_sampling() = request.sampling();
+    // An unset seed draws a fresh one, chosen here so a failover resumes with the same draws.
+    if (!base.sampling().has_seed()) base.mutable_sampling()->set_seed(RandomSeed());
     base.mutable_cache()->ParseFromString(rec->cache_settings);
     Run(std::move(spec));
   }
@@ -345,6 +357,7 @@ grpc::ServerWriteReactor<v1::ConverseEvent>* ChatService::Generate(
   user->set_role("user");
   user->set_content(request->prompt());
   *spec.request.mutable_sampling() = request->sampling();
+  if (!spec.request.sampling().has_seed()) spec.request.mutable_sampling()->set_seed(RandomSeed());
   *spec.request.mutable_cache() = request->cache();
   spec.drop_after = true;  // the session was one turn long: free its cache at once
   reactor->Run(std::move(spec));

@@ -13,6 +13,7 @@
 #include <functional>
 #include <future>
 #include <limits>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -234,6 +235,37 @@ TEST_F(CoordinatorTest, ASessionRebuiltAfterItsCacheIsDroppedRepliesAsIfKept) {
       EXPECT_GT(a.done.usage().cached_tokens(), 0);
     }
   }
+}
+
+TEST_F(CoordinatorTest, SamplingWithoutASeedDrawsAFreshOne) {
+  // Three fresh sessions asked the same thing at temperature 0.9: without a seed they do not
+  // all reply alike; with one they do.
+  auto reply = [&](std::optional<uint64_t> seed) {
+    const std::string id = Create();
+    grpc::ClientContext ctx;
+    Auth(&ctx, "key-a");
+    v1::ConverseRequest req;
+    req.set_session_id(id);
+    req.set_message("Once upon a time");
+    req.mutable_sampling()->set_temperature(0.9f);
+    req.mutable_sampling()->set_max_tokens(30);
+    if (seed.has_value()) req.mutable_sampling()->set_seed(*seed);
+    auto reader = stub_->Converse(&ctx, req);
+    v1::ConverseEvent ev;
+    std::vector<int32_t> tokens;
+    while (reader->Read(&ev)) {
+      tokens.insert(tokens.end(), ev.tokens().token_ids().begin(), ev.tokens().token_ids().end());
+    }
+    EXPECT_TRUE(reader->Finish().ok());
+    return tokens;
+  };
+  std::set<std::vector<int32_t>> unseeded, seeded;
+  for (int i = 0; i < 3; ++i) {
+    unseeded.insert(reply(std::nullopt));
+    seeded.insert(reply(7));
+  }
+  EXPECT_GT(unseeded.size(), 1u);
+  EXPECT_EQ(seeded.size(), 1u);
 }
 
 TEST_F(CoordinatorTest, SessionsSurviveACoordinatorRestart) {

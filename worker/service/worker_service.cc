@@ -1,6 +1,7 @@
 #include "worker/service/worker_service.h"
 
 #include <algorithm>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "worker/service/run_turn_reactor.h"
@@ -51,7 +52,8 @@ serving::TurnRequest FromProto(const v1::RunTurnRequest& r, int default_max_toke
   if (s.has_top_p()) out.sampling.top_p = s.top_p();
   if (s.has_top_k()) out.sampling.top_k = s.top_k();
   if (s.has_repetition_penalty()) out.sampling.repetition_penalty = s.repetition_penalty();
-  if (s.has_seed()) out.sampling.seed = s.seed();
+  // Unset: a fresh seed, so two requests without one do not sample alike.
+  out.sampling.seed = s.has_seed() ? s.seed() : std::random_device{}();
   out.max_tokens = s.has_max_tokens() ? s.max_tokens() : default_max_tokens;
   out.stop.assign(s.stop().begin(), s.stop().end());
   out.logprobs = s.has_logprobs() && s.logprobs();
