@@ -41,7 +41,10 @@ void CheckMatrix(const model::Model& m, const kernels::Matrix& x, int64_t rows, 
 
 const std::string& ScratchDir() {
   static const std::string* dir = [] {
-    const char* root = std::filesystem::is_directory("/dev/shm") ? "/dev/shm" : "/tmp";
+    const char* env = std::getenv("RECALL_FUZZ_SCRATCH");
+    const char* root = env != nullptr && *env != '\0'              ? env
+                       : std::filesystem::is_directory("/dev/shm") ? "/dev/shm"
+                                                                   : "/tmp";
     std::string pattern = absl::StrCat(root, "/recall_fuzz_XXXXXX");
     Require(mkdtemp(pattern.data()) != nullptr, "cannot create a scratch directory");
     auto* d = new std::string(pattern);

@@ -18,7 +18,9 @@
 
 namespace recall::fuzz {
 
-// This process's scratch directory, created on first use and removed at exit.
+// This process's scratch directory, created on first use under $RECALL_FUZZ_SCRATCH (else
+// /dev/shm, else /tmp) and removed at a normal exit (a crash leaves it: run_fuzzer.sh gives
+// each run its own RECALL_FUZZ_SCRATCH and removes that).
 const std::string& ScratchDir();
 
 // Writes `size` bytes to `path` (replacing it); aborts when it cannot.

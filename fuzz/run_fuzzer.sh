@@ -17,6 +17,12 @@ if [ ! -d "$seeds" ]; then
 fi
 rm -rf "$work/corpus"
 mkdir -p "$work/corpus"
+# The fuzzer writes each input to a file here; removed even when the fuzzer crashes.
+scratch_root=/dev/shm
+if [ ! -w "$scratch_root" ]; then scratch_root=$work; fi
+RECALL_FUZZ_SCRATCH=$(mktemp -d "$scratch_root/recall_fuzz_run_XXXXXX")
+export RECALL_FUZZ_SCRATCH
+trap 'rm -rf "$RECALL_FUZZ_SCRATCH"' EXIT
 export ASAN_OPTIONS="halt_on_error=1:detect_leaks=1:allocator_may_return_null=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
 args=(-runs="$runs" -seed=1 -max_len="$max_len" -timeout=10 -rss_limit_mb=2048
