@@ -10,6 +10,8 @@ PACKAGES=(
   libsentencepiece-dev libopenblas-dev nlohmann-json3-dev libpcre2-dev
   libsqlite3-dev libhiredis-dev redis-server openssl
   gnuplot-nox
+  # the loader fuzzers (fuzz/, tests/fuzz): clang with libFuzzer and the sanitizer runtimes
+  clang libclang-rt-14-dev
   # the Helm chart and Dockerfile checks (helm/test/check.sh, tests/docker)
   golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v2-dev
   yamllint python3-jsonschema python3-yaml shellcheck
