@@ -216,6 +216,13 @@ absl::StatusOr<std::string> HttpApi::Admit(const httplib::Request& req) {
   return keys_.AuthenticateBearer(authorization);
 }
 
+openai::RequestLimits HttpApi::Limits() const {
+  openai::RequestLimits limits;
+  limits.max_message_bytes = conversations_.options().max_message_bytes;
+  limits.max_tokens = conversations_.MaxTokensLimit();
+  return limits;
+}
+
 absl::Status HttpApi::CheckModel(const std::string& model) {
   if (model.empty()) return absl::OkStatus();
   const std::vector<v1::ModelInfo> served = conversations_.Models();
@@ -229,10 +236,7 @@ absl::Status HttpApi::CheckModel(const std::string& model) {
 void HttpApi::ChatCompletions(const httplib::Request& req, httplib::Response& res) {
   absl::Status status = [&]() -> absl::Status {
     RECALL_ASSIGN_OR_RETURN(const std::string tenant, Admit(req));
-    openai::RequestLimits limits;
-    limits.max_message_bytes = conversations_.options().max_message_bytes;
-    limits.max_tokens = conversations_.MaxTokensLimit();
-    RECALL_ASSIGN_OR_RETURN(openai::ChatRequest chat, openai::ParseChatRequest(req.body, limits));
+    RECALL_ASSIGN_OR_RETURN(openai::ChatRequest chat, openai::ParseChatRequest(req.body, Limits()));
     RECALL_RETURN_IF_ERROR(CheckModel(chat.model));
     RECALL_ASSIGN_OR_RETURN(const std::string named, NamedSession(req, chat.session_id));
     std::vector<StoredMessage> messages = ToStored(chat.messages);
@@ -290,11 +294,8 @@ absl::StatusOr<OpenTurn> HttpApi::BeginUnnamed(const std::string& tenant, const 
 void HttpApi::Completions(const httplib::Request& req, httplib::Response& res) {
   absl::Status status = [&]() -> absl::Status {
     RECALL_ASSIGN_OR_RETURN(const std::string tenant, Admit(req));
-    openai::RequestLimits limits;
-    limits.max_message_bytes = conversations_.options().max_message_bytes;
-    limits.max_tokens = conversations_.MaxTokensLimit();
     RECALL_ASSIGN_OR_RETURN(openai::CompletionRequest completion,
-                            openai::ParseCompletionRequest(req.body, limits));
+                            openai::ParseCompletionRequest(req.body, Limits()));
     RECALL_RETURN_IF_ERROR(CheckModel(completion.model));
     std::string model = completion.model;
     if (model.empty()) {
@@ -392,6 +393,10 @@ absl::Status HttpApi::Conclude(Reply& reply, bool cancel) {
       transcript.push_back({"assistant", outcome->text});
       index_.Put(reply.open->tenant, reply.open->session_id, transcript);
     }
+  }
+  if (st.code() == absl::StatusCode::kCancelled) {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) st = absl::UnavailableError("the coordinator is shutting down; retryable");
   }
   reply.concluded_status = st;
   return st;

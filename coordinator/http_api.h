@@ -40,6 +40,7 @@
 #include "common/metrics/registry.h"
 #include "coordinator/auth.h"
 #include "coordinator/conversations.h"
+#include "coordinator/openai/request.h"
 #include "coordinator/transcript_match.h"
 #include "coordinator/worker_registry.h"
 
@@ -95,6 +96,8 @@ class HttpApi {
 
   // The caller's tenant (Authorization header); Unavailable once shutting down.
   absl::StatusOr<std::string> Admit(const httplib::Request& req);
+  // The message size and max_tokens limits requests are checked against.
+  openai::RequestLimits Limits() const;
   // NotFound for a model no worker serves ("" passes).
   absl::Status CheckModel(const std::string& model);
   // A turn for a request naming no session: the session it continues, or a new one.
