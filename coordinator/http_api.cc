@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 
+#include <chrono>
 #include <optional>
 #include <utility>
 
@@ -183,6 +184,15 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpOptions& optio
                              absl::StatusCode::kUnavailable);
   }
   api->thread_ = std::thread([self] { self->server_->listen_after_bind(); });
+  // Server::stop does nothing before the loop runs (cpp-httplib 0.11 has no wait_until_ready):
+  // wait for it, or a Shutdown right after Start would wait on the loop forever.
+  for (int i = 0; i < 5000 && !s.is_running(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (!s.is_running()) {
+    return flags::FieldError("http_listen", absl::StrCat("cannot serve on ", options.listen),
+                             absl::StatusCode::kUnavailable);
+  }
   return api;
 }
 
@@ -253,8 +263,10 @@ void HttpApi::ChatCompletions(const httplib::Request& req, httplib::Response& re
                     chat.sampling, "http"));
     }
     res.set_header(kSessionHeader, open->session_id);
-    auto reply = std::make_shared<Reply>(
-        openai::Endpoint::kChat, chat.model.empty() ? open->model : chat.model, chat.include_usage);
+    // The model that serves the session (the request's name when the session has none).
+    auto reply =
+        std::make_shared<Reply>(openai::Endpoint::kChat,
+                                open->model.empty() ? chat.model : open->model, chat.include_usage);
     reply->spec = open->spec;
     reply->open = std::move(open);
     reply->messages = std::move(messages);
