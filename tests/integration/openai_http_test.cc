@@ -8,6 +8,7 @@
 // keys and tenants; HTTPS and mTLS; `recall serve` with the API on; and a client leaving
 // mid-stream, whose turn the worker drops within a measured bound.
 #include <httplib.h>
+#include <signal.h>
 
 #include <filesystem>
 #include <fstream>
@@ -421,6 +422,9 @@ class OpenAiHttpTlsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!testing::HaveOpenssl()) GTEST_SKIP() << "no openssl";
+    // A refused handshake closes the connection under the client's next write: without this
+    // the client's write would kill the test with SIGPIPE (cpp-httplib's client leaves it on).
+    signal(SIGPIPE, SIG_IGN);
     dir_ = testing::MakeTempDir("openai_tls");
     ASSERT_TRUE(testing::MakeTestCertificates(dir_)) << "openssl failed";
   }
@@ -445,6 +449,9 @@ class OpenAiHttpTlsTest : public ::testing::Test {
                   : std::make_unique<httplib::SSLClient>("localhost", coordinator_.port("http"));
     client->set_ca_cert_path((dir_ + "/" + ca).c_str());
     client->enable_server_certificate_verification(true);
+    client->set_connection_timeout(20, 0);  // the library's default is 300 s
+    client->set_read_timeout(20, 0);
+    client->set_write_timeout(20, 0);
     httplib::Result r = client->Get("/v1/models");
     return r ? r->status : 0;
   }
