@@ -11,6 +11,7 @@
 #include "client/client.h"
 #include "common/flags.h"
 #include "common/status.h"
+#include "google/protobuf/util/json_util.h"
 #include "worker/service/worker_options.h"
 
 namespace recall::cli {
@@ -20,14 +21,16 @@ constexpr char kChatUsageHead[] = R"(usage: recall chat --server HOST:PORT [opti
 
 A multi-turn chat with a Recall coordinator. Interactive on a terminal; otherwise reads one
 user message per line from standard input and prints each reply as it streams.
-Commands (a line starting with /):
+Commands (a line starting with /; never sent to the model):
   /new       start a new session       /history   print the transcript
-  /stats     usage of the last reply   /quit      leave (also end of input)
+  /stats     usage of the last reply   /help      list these commands
+  /quit      leave (also /exit, /bye, end of input)
+The session is created with the first message: a chat left without one leaves none behind.
 
 )";
 
 constexpr char kSessionsUsageHead[] =
-    R"(usage: recall sessions list|show ID|delete ID --server HOST:PORT [options]
+    R"(usage: recall sessions list|ls|show ID [--json]|delete ID --server HOST:PORT [options]
 
 )";
 
@@ -151,9 +154,7 @@ absl::Status Chat(const ChatOptions& o) {
     std::cerr << "[session " << session_id << "]\n";
     return absl::OkStatus();
   };
-  if (session_id.empty()) {
-    RECALL_RETURN_IF_ERROR(new_session());
-  }
+  // Made with the first message, so a chat left without one leaves no session behind.
   const bool tty = isatty(STDIN_FILENO);
   v1::ConverseDone last;
   std::string line;
@@ -161,12 +162,21 @@ absl::Status Chat(const ChatOptions& o) {
     if (tty) std::cout << "> " << std::flush;
     if (!std::getline(std::cin, line)) break;
     if (line.empty()) continue;
-    if (line == "/quit") break;
+    if (line == "/quit" || line == "/exit" || line == "/bye") break;
+    if (line == "/help") {
+      std::cout << "/new /history /stats /help /quit (/exit, /bye)\n";
+      continue;
+    }
     if (line == "/new") {
-      RECALL_RETURN_IF_ERROR(new_session());
+      session_id.clear();  // the next message starts it
+      last.Clear();
       continue;
     }
     if (line == "/history") {
+      if (session_id.empty()) {
+        std::cout << "(no messages yet)\n";
+        continue;
+      }
       RECALL_ASSIGN_OR_RETURN(v1::Session s, client->GetSession(session_id));
       for (const v1::ChatMessage& m : s.messages())
         std::cout << m.role() << ": " << m.content() << "\n";
@@ -186,6 +196,11 @@ absl::Status Chat(const ChatOptions& o) {
       }
       continue;
     }
+    if (line[0] == '/' && line.find(' ') == std::string::npos) {
+      std::cerr << "recall chat: unknown command " << line << " (/help lists them)\n";
+      continue;
+    }
+    if (session_id.empty()) RECALL_RETURN_IF_ERROR(new_session());
     // Piped: a transcript. "assistant:" comes with the reply's first text (or its end), so a
     // turn the server refuses shows no empty reply before the error.
     if (!tty) std::cout << "user: " << line << "\n" << std::flush;
@@ -213,7 +228,7 @@ absl::Status Chat(const ChatOptions& o) {
 
 absl::Status Sessions(const ConnectOptions& c, const std::vector<std::string>& pos) {
   RECALL_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(c));
-  const std::string verb = pos.empty() ? "list" : pos[0];
+  const std::string verb = pos.empty() ? "list" : pos[0] == "ls" ? "list" : pos[0];
   if (verb == "list") {
     std::string token;
     do {
@@ -225,11 +240,26 @@ absl::Status Sessions(const ConnectOptions& c, const std::vector<std::string>& p
     } while (!token.empty());
     return absl::OkStatus();
   }
-  if (pos.size() != 2)
+  const bool json = pos.size() == 3 && pos[2] == "--json";
+  if (pos.size() != 2 && !(verb == "show" && json))
     return absl::InvalidArgumentError(absl::StrCat(verb, ": needs a session id"));
   if (verb == "show") {
     RECALL_ASSIGN_OR_RETURN(v1::Session s, client->GetSession(pos[1]));
-    std::cout << s.DebugString();
+    if (json) {
+      std::string out;
+      google::protobuf::util::JsonPrintOptions opt;
+      opt.add_whitespace = true;
+      if (!google::protobuf::util::MessageToJsonString(s, &out, opt).ok()) {
+        return absl::InternalError("cannot print the session as JSON");
+      }
+      std::cout << out;
+      return absl::OkStatus();
+    }
+    std::cout << "session " << s.session_id() << "  model " << s.model() << "  turns " << s.turns()
+              << "\n";
+    for (const v1::ChatMessage& m : s.messages()) {
+      std::cout << "\n" << m.role() << ":\n" << m.content() << "\n";
+    }
     return absl::OkStatus();
   }
   if (verb == "delete") return client->DeleteSession(pos[1]);
@@ -272,7 +302,7 @@ int RunSessions(const std::vector<std::string>& argv) {
       std::cout << kSessionsUsageHead << ConnectFlags().Help();
       return 0;
     }
-    (rest.empty() && a.rfind("--", 0) != 0 ? pos : rest).push_back(a);
+    (a == "--json" || (rest.empty() && a.rfind("--", 0) != 0) ? pos : rest).push_back(a);
   }
   ConnectOptions options;
   if (absl::Status st = ConnectFlags().Parse(rest, &options); !st.ok()) {

@@ -23,16 +23,22 @@ constexpr char kUsage[] = R"(usage: recall <command> [options]
 commands:
   serve             a coordinator and one worker on this machine (recall serve --help)
   chat              a multi-turn chat with a coordinator (recall chat --help)
-  sessions          list | show ID | delete ID (recall sessions --help)
+  sessions          list (ls) | show ID [--json] | delete ID (recall sessions --help)
   generate          load a model locally and generate text (recall generate --help)
   calibrate-window  LazyEviction's window W for a model (recall calibrate-window --help)
   calibrate         a model's layer sensitivity profile for --layer-budgets
                     (recall calibrate --help)
+  --version         print the version
 )";
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc >= 2 &&
+      (std::strcmp(argv[1], "--version") == 0 || std::strcmp(argv[1], "version") == 0)) {
+    std::cout << "recall " << RECALL_VERSION << "\n";
+    return 0;
+  }
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "help") == 0) {
     std::cout << kUsage;
     return argc < 2 ? 2 : 0;

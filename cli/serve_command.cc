@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
+#include "common/grpc/cluster_credential.h"
 #include "common/status.h"
 #include "common/subprocess.h"
 #include "coordinator/server.h"
@@ -60,7 +61,7 @@ const flags::FlagSet<ServeOptions>& ServeFlags() {
             "port-file", "PATH", "write \"grpc=PORT http=PORT\" once ready (http=0: off)",
             [](auto& o) -> auto& { return o.port_file; })
         .Include(service::WorkerFlags(), [](auto& o) -> auto& { return o.worker; },
-                 {"listen", "port-file", "coordinator", "advertise", "api-key"});
+                 {"listen", "port-file", "coordinator", "advertise"});
     return f;
   }();
   return *kFlags;
@@ -84,10 +85,17 @@ absl::Status Serve(const ServeOptions& o) {
   if (worker_bin.empty()) {
     return absl::NotFoundError("cannot find recall-worker beside this binary");
   }
-  // The worker gets every worker flag given to serve (and serve's defaults for it).
-  const std::vector<std::string> worker_args = service::WorkerFlags().Render(o.worker);
   const std::string& data_dir = o.data_dir;
   std::filesystem::create_directories(data_dir);
+  // The worker's port takes calls only from this coordinator: a cluster token made once in
+  // the data directory (mode 0600), unless --cluster-token-file names one.
+  service::WorkerOptions worker_options = o.worker;
+  if (worker_options.cluster_token_file.empty()) {
+    worker_options.cluster_token_file = data_dir + "/cluster-token";
+    RECALL_RETURN_IF_ERROR(grpcutil::EnsureTokenFile(worker_options.cluster_token_file).status());
+  }
+  // The worker gets every worker flag given to serve (and serve's defaults for it).
+  const std::vector<std::string> worker_args = service::WorkerFlags().Render(worker_options);
 
   sigset_t signals;
   sigemptyset(&signals);
@@ -105,6 +113,7 @@ absl::Status Serve(const ServeOptions& o) {
   c.workers = {absl::StrCat("127.0.0.1:", worker.port("grpc"))};
   c.data_dir = data_dir;
   c.api_keys_path = o.api_keys;
+  c.cluster_token_file = worker_options.cluster_token_file;
   if (o.http_listen != "off") c.http_listen = o.http_listen;
   absl::StatusOr<std::unique_ptr<coordinator::CoordinatorServer>> started =
       coordinator::CoordinatorServer::Start(c);

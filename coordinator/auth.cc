@@ -46,7 +46,10 @@ absl::StatusOr<std::string> ApiKeys::AuthenticateBearer(
   }
   std::string value = *authorization;
   const std::string prefix = "Bearer ";
-  if (value.rfind(prefix, 0) == 0) value = value.substr(prefix.size());
+  if (value.rfind(prefix, 0) != 0) {
+    return absl::UnauthenticatedError("authorization: expected \"Bearer <api key>\"");
+  }
+  value = value.substr(prefix.size());
   auto key = tenant_by_key_.find(value);
   if (key == tenant_by_key_.end()) {
     return absl::UnauthenticatedError("authorization: unknown API key");

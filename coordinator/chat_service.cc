@@ -2,11 +2,33 @@
 // in converse.cc.
 #include "coordinator/chat_service.h"
 
+#include <chrono>
+#include <optional>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "coordinator/grpc_status.h"
 
 namespace recall::coordinator {
 namespace {
+
+// Page tokens are opaque to clients: "p1." and the hex of the last session id listed.
+std::string EncodePageToken(const std::string& id) {
+  return absl::StrCat("p1.", absl::BytesToHexString(id));
+}
+
+std::optional<std::string> DecodePageToken(const std::string& token) {
+  constexpr absl::string_view kPrefix = "p1.";
+  if (token.size() > 600 || !absl::StartsWith(token, kPrefix)) return std::nullopt;
+  const absl::string_view hex = absl::string_view(token).substr(kPrefix.size());
+  if (hex.empty() || hex.size() % 2 != 0) return std::nullopt;
+  for (char c : hex) {
+    if (!absl::ascii_isxdigit(static_cast<unsigned char>(c))) return std::nullopt;
+  }
+  return absl::HexStringToBytes(hex);
+}
 
 void ToProto(const SessionRecord& r, bool with_messages, v1::Session* out) {
   out->set_session_id(r.id);
@@ -64,6 +86,7 @@ grpc::Status ChatService::GetSession(grpc::ServerContext* context,
                                      const v1::GetSessionRequest* request,
                                      v1::Session* response) {
   RECALL_GRPC_ASSIGN_OR_RETURN(const std::string tenant, keys_.Authenticate(*context));
+  if (grpc::Status st = CheckSessionId(request->session_id()); !st.ok()) return st;
   RECALL_GRPC_ASSIGN_OR_RETURN(const SessionRecord r, store_.Get(tenant, request->session_id()));
   ToProto(r, true, response);
   conversations_.RecallEpisodes(tenant + "/" + r.id, response->mutable_episodes());
@@ -79,12 +102,20 @@ grpc::Status ChatService::ListSessions(grpc::ServerContext* context,
   if (size < 0 || size > 1000) {
     return Invalid("page_size", absl::StrCat("must be in [1, 1000], got ", size));
   }
+  std::string after;  // the last session of the previous page
+  if (!request->page_token().empty()) {
+    std::optional<std::string> id = DecodePageToken(request->page_token());
+    if (!id.has_value()) {
+      return Invalid("page_token", "is not a next_page_token of ListSessions");
+    }
+    after = *id;
+  }
   RECALL_GRPC_ASSIGN_OR_RETURN(std::vector<SessionRecord> page,
-                               store_.List(tenant, request->page_token(), size + 1));
+                               store_.List(tenant, after, size + 1));
   const bool more = static_cast<int>(page.size()) > size;
   if (more) page.pop_back();
   for (const SessionRecord& r : page) ToProto(r, false, response->add_sessions());
-  if (more) response->set_next_page_token(page.back().id);
+  if (more) response->set_next_page_token(EncodePageToken(page.back().id));
   return grpc::Status::OK;
 }
 
@@ -92,6 +123,7 @@ grpc::Status ChatService::DeleteSession(grpc::ServerContext* context,
                                         const v1::DeleteSessionRequest* request,
                                         v1::DeleteSessionResponse*) {
   RECALL_GRPC_ASSIGN_OR_RETURN(const std::string tenant, keys_.Authenticate(*context));
+  if (grpc::Status st = CheckSessionId(request->session_id()); !st.ok()) return st;
   RECALL_GRPC_ASSIGN_OR_RETURN(const SessionRecord r, store_.Get(tenant, request->session_id()));
   RECALL_GRPC_RETURN_IF_ERROR(store_.Delete(tenant, r.id));
   conversations_.ForgetEpisodes(tenant + "/" + r.id);
@@ -99,6 +131,7 @@ grpc::Status ChatService::DeleteSession(grpc::ServerContext* context,
   if (auto stub = workers_.Stub(r.worker); stub != nullptr) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    workers_.Attach(&ctx);
     v1::DropSessionRequest drop;
     drop.set_session_id(r.id);
     v1::DropSessionResponse ignored;

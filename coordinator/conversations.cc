@@ -31,6 +31,24 @@ v1::ChatMessage ToProto(const StoredMessage& m) {
   v1::ChatMessage out;
   out.set_role(m.role);
   out.set_content(m.content);
+  out.mutable_token_ids()->Add(m.token_ids.begin(), m.token_ids.end());
+  if (m.finish != 0) out.set_finish_reason(static_cast<v1::FinishReason>(m.finish));
+  return out;
+}
+
+// A seed for a turn whose request sets none (sampling then differs from turn to turn).
+uint64_t RandomSeed() {
+  static std::mutex mu;
+  static std::mt19937_64 rng(std::random_device{}());
+  std::lock_guard<std::mutex> lock(mu);
+  return rng();
+}
+
+// The request's sampling; an unset seed draws a fresh one, chosen here so a failover resumes
+// with the same draws.
+v1::SamplingParams WithSeed(const v1::SamplingParams& sampling) {
+  v1::SamplingParams out = sampling;
+  if (!out.has_seed()) out.set_seed(RandomSeed());
   return out;
 }
 
@@ -145,7 +163,7 @@ absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
     request.set_session_id(session_id);
     for (const StoredMessage& a : m.add) *request.add_messages() = ToProto(a);
     request.set_history_length(m.keep);
-    *request.mutable_sampling() = sampling;
+    *request.mutable_sampling() = WithSeed(sampling);
     request.mutable_cache()->ParseFromString(rec.cache_settings);
     return absl::OkStatus();
   }();
@@ -168,7 +186,10 @@ absl::Status Conversations::Finish(const OpenTurn& turn,
     store_.Truncate(turn.tenant, turn.session_id, turn.index).IgnoreError();
   } else {
     const int at = turn.index + turn.spec.request.messages_size();
-    stored = store_.Append(turn.tenant, turn.session_id, at, {"assistant", outcome->text});
+    StoredMessage reply{"assistant", outcome->text};
+    reply.token_ids = outcome->tokens;  // so a rebuild replays the reply exactly
+    reply.finish = static_cast<int>(outcome->done.finish_reason());
+    stored = store_.Append(turn.tenant, turn.session_id, at, reply);
     if (stored.ok() && outcome->worker != turn.spec.bound) {
       store_.Bind(turn.tenant, turn.session_id, outcome->worker).IgnoreError();
     }
@@ -188,7 +209,7 @@ TurnSpec Conversations::OneOff(const std::string& tenant, const std::string& pro
   v1::ChatMessage* user = spec.request.add_messages();
   user->set_role("user");
   user->set_content(prompt);
-  *spec.request.mutable_sampling() = sampling;
+  *spec.request.mutable_sampling() = WithSeed(sampling);
   *spec.request.mutable_cache() = cache;
   spec.drop_after = true;  // the session was one turn long: free its cache at once
   return spec;

@@ -10,6 +10,7 @@
 #include "coordinator/grpc_status.h"
 
 namespace recall::coordinator {
+
 namespace {
 
 v1::ConverseEvent DoneEvent(const TurnResult& r) {
@@ -231,7 +232,7 @@ grpc::Status CheckConverse(const ApiKeys& keys, const CoordinatorOptions& option
                            const grpc::ServerContextBase& context,
                            const v1::ConverseRequest& request, std::string* tenant) {
   RECALL_GRPC_ASSIGN_OR_RETURN(*tenant, keys.Authenticate(context));
-  if (request.session_id().empty()) return Invalid("session_id", "is required");
+  if (grpc::Status st = CheckSessionId(request.session_id()); !st.ok()) return st;
   if (request.message().empty()) return Invalid("message", "is empty");
   if (request.message().size() > options.max_message_bytes) {
     return Invalid("message", absl::StrCat(request.message().size(), " bytes; at most ",

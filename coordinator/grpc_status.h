@@ -21,6 +21,14 @@ inline grpc::Status Invalid(const std::string& field, const std::string& what) {
 
 inline bool IsUtf8(const std::string& s) { return utf8::IsValid(s); }
 
+// A session id a request names: present, at most 128 bytes, UTF-8.
+inline grpc::Status CheckSessionId(const std::string& id) {
+  if (id.empty()) return Invalid("session_id", "is required");
+  if (id.size() > 128) return Invalid("session_id", absl::StrCat(id.size(), " bytes; at most 128"));
+  if (!IsUtf8(id)) return Invalid("session_id", "is not valid UTF-8");
+  return grpc::Status::OK;
+}
+
 }  // namespace recall::coordinator
 
 #define RECALL_GRPC_RETURN_IF_ERROR(expr)                   \

@@ -57,10 +57,21 @@ const flags::FlagSet<CoordinatorConfig>& CoordinatorFlags() {
             "with appendonly yes, appendfsync always); default SQLite",
             [](auto& o) -> auto& { return o.store_url; })
         .Field("store_url")
+        .Switch(
+            "allow-volatile-store",
+            "start even when the --store Redis keeps nothing on disk (appendonly no, no\n"
+            "save points), with a warning; by default the coordinator refuses to start",
+            [](auto& o) -> auto& { return o.allow_volatile_store; })
         .String(
             "api-keys", "FILE",
             "\"<key> <tenant>\" per line; without it every caller is tenant \"default\"",
             [](auto& o) -> auto& { return o.api_keys_path; })
+        .String(
+            "cluster-token-file", "PATH",
+            "the cluster token: presented to the workers, and the only credential\n"
+            "recall.v1.Registry accepts (default: none; the registry is then open, or closed\n"
+            "when --api-keys is on)",
+            [](auto& o) -> auto& { return o.cluster_token_file; })
         .Int(
             "metrics-port", "N", "Prometheus /metrics (default off; 0 picks a free port)",
             [](auto& o) -> auto& { return o.metrics_port; }, 0, 65535)
@@ -128,6 +139,13 @@ absl::Status Run(const std::vector<std::string>& argv) {
     const std::string host = c.http_listen.substr(0, c.http_listen.rfind(':'));
     std::fprintf(stderr, "recall-coordinator: OpenAI-compatible HTTP API on %s://%s:%d/v1\n",
                  c.tls_cert.empty() ? "http" : "https", host.c_str(), server->http_port());
+  }
+  if (c.cluster_token_file.empty()) {
+    std::fprintf(stderr, "recall-coordinator: WARNING: no --cluster-token-file; %s\n",
+                 c.api_keys_path.empty()
+                     ? "recall.v1.Registry takes Register and Drain from anyone who can reach it"
+                     : "recall.v1.Registry is closed (API keys are on), and the workers' ports "
+                       "need their own protection");
   }
   if (!c.port_file.empty()) {
     const std::string& path = c.port_file;

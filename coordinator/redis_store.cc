@@ -1,12 +1,15 @@
 // SessionStore on Redis (several coordinator replicas sharing sessions). Layout:
 //   recall:s:<id>        hash: tenant, model, cache, metadata (JSON), created_ms, worker
-//   recall:m:<id>        list of messages, each a JSON object {"role", "content"}
+//   recall:m:<id>        list of messages, each a JSON object {"role", "content"} (a reply
+//                        also "token_ids" and "finish")
 //   recall:t:<tenant>    sorted set of the tenant's session ids (score 0: ordered by id)
 // Every check-and-write (create if absent, append at an index, tenant checks) is one Lua
 // script, so replicas cannot interleave. Durability is Redis's: run it with
 // `appendonly yes` and `appendfsync always` for "stored before it is sent to a worker".
 // One connection guarded by a mutex, reconnected after an I/O error.
 #include <hiredis/hiredis.h>
+
+#include <cstdio>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -60,7 +63,7 @@ std::string MessagesKey(const std::string& id) { return "recall:m:" + id; }
 std::string TenantKey(const std::string& t) { return "recall:t:" + t; }
 
 absl::Status NotFound(const std::string& id) {
-  return absl::NotFoundError(absl::StrCat("session_id: no session \"", id, "\""));
+  return absl::NotFoundError(absl::StrCat("session_id: no session ", QuotedId(id)));
 }
 
 class RedisStore final : public SessionStore {
@@ -97,7 +100,16 @@ class RedisStore final : public SessionStore {
     for (size_t i = 0; i < rep->elements; ++i) {
       const nlohmann::json m =
           nlohmann::json::parse(std::string(rep->element[i]->str, rep->element[i]->len));
-      r.messages.push_back({m.at("role").get<std::string>(), m.at("content").get<std::string>()});
+      StoredMessage& msg = r.messages.emplace_back();
+      msg.role = m.at("role").get<std::string>();
+      msg.content = m.at("content").get<std::string>();
+      if (m.contains("token_ids") && m["token_ids"].is_array()) {
+        for (const nlohmann::json& t : m["token_ids"]) {
+          if (t.is_number_integer()) msg.token_ids.push_back(t.get<int32_t>());
+        }
+      }
+      if (m.contains("finish") && m["finish"].is_number_integer())
+        msg.finish = m["finish"].get<int>();
     }
     r.message_count = static_cast<int>(r.messages.size());
     return r;
@@ -128,7 +140,11 @@ class RedisStore final : public SessionStore {
 
   absl::Status Append(const std::string& tenant, const std::string& id, int index,
                       const StoredMessage& message) override {
-    const nlohmann::json m = {{"role", message.role}, {"content", message.content}};
+    nlohmann::json m = {{"role", message.role}, {"content", message.content}};
+    if (!message.token_ids.empty() || message.finish != 0) {
+      m["token_ids"] = message.token_ids;
+      m["finish"] = message.finish;
+    }
     absl::MutexLock lock(&mu_);
     RECALL_ASSIGN_OR_RETURN(
         Reply rep, Command({"EVAL", kAppend, "2", SessionKey(id), MessagesKey(id), tenant,
@@ -156,6 +172,23 @@ class RedisStore final : public SessionStore {
     RECALL_ASSIGN_OR_RETURN(
         Reply rep, Command({"EVAL", kBind, "1", SessionKey(id), tenant, worker}));
     return rep->integer < 0 ? NotFound(id) : absl::OkStatus();
+  }
+
+  // Why the server keeps nothing on disk ("appendonly no, save \"\""), empty when it
+  // persists (AOF, or RDB save points); an error when CONFIG GET is refused.
+  absl::StatusOr<std::string> VolatileReason() {
+    absl::MutexLock lock(&mu_);
+    RECALL_ASSIGN_OR_RETURN(Reply aof, Command({"CONFIG", "GET", "appendonly"}));
+    RECALL_ASSIGN_OR_RETURN(Reply save, Command({"CONFIG", "GET", "save"}));
+    const auto value = [](const Reply& r) -> std::string {
+      if (r->type != REDIS_REPLY_ARRAY || r->elements < 2 || r->element[1]->str == nullptr) {
+        return "";
+      }
+      return std::string(r->element[1]->str, r->element[1]->len);
+    };
+    const std::string appendonly = value(aof), points = value(save);
+    if (appendonly == "yes" || !points.empty()) return std::string();
+    return absl::StrCat("appendonly ", appendonly.empty() ? "?" : appendonly, ", save \"\"");
   }
 
   absl::StatusOr<int> CountSessions(const std::string& tenant) override {
@@ -237,10 +270,29 @@ class RedisStore final : public SessionStore {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<SessionStore>> OpenRedisStore(const std::string& host, int port) {
+absl::StatusOr<std::unique_ptr<SessionStore>> OpenRedisStore(const std::string& host, int port,
+                                                             bool allow_volatile) {
   auto store = std::make_unique<RedisStore>(host, port);
   absl::Status st = store->Connect();
   if (!st.ok()) return st;
+  const absl::StatusOr<std::string> volatile_reason = store->VolatileReason();
+  const std::string where = absl::StrCat("--store redis://", host, ":", port);
+  if (!volatile_reason.ok()) {
+    std::fprintf(stderr,
+                 "recall-coordinator: WARNING: %s: cannot tell whether Redis persists "
+                 "its data (%s)\n",
+                 where.c_str(), std::string(volatile_reason.status().message()).c_str());
+  } else if (!volatile_reason->empty()) {
+    const std::string what = absl::StrCat(
+        where, ": the Redis server keeps nothing on disk (", *volatile_reason,
+        "), so a restart of it loses every session; run it with appendonly yes (the Helm chart "
+        "does)");
+    if (!allow_volatile) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, ", or pass --allow-volatile-store to run anyway"));
+    }
+    std::fprintf(stderr, "recall-coordinator: WARNING: %s\n", what.c_str());
+  }
   return std::unique_ptr<SessionStore>(std::move(store));
 }
 

@@ -1,7 +1,12 @@
 // recall.v1.Registry on the coordinator: workers register themselves (and are drained) here.
-// The same API keys apply when auth is on: registration is an operator's act.
+// Registration is the cluster's act, not a tenant's: with a cluster credential
+// (--cluster-token-file) only calls carrying it are accepted (none: UNAUTHENTICATED; a
+// tenant's API key: PERMISSION_DENIED). Without one the registry is open when tenants are
+// off (local use), and closed (FAILED_PRECONDITION) when API keys are on, since any tenant
+// could otherwise add or drain workers.
 #pragma once
 
+#include "common/grpc/cluster_credential.h"
 #include "coordinator/auth.h"
 #include "coordinator/worker_registry.h"
 #include "recall/v1/registry.grpc.pb.h"
@@ -10,13 +15,12 @@ namespace recall::coordinator {
 
 class RegistryService final : public v1::Registry::Service {
  public:
-  RegistryService(WorkerRegistry& workers, const ApiKeys& keys) : workers_(workers), keys_(keys) {}
+  RegistryService(WorkerRegistry& workers, const ApiKeys& keys, grpcutil::ClusterCredential cluster)
+      : workers_(workers), keys_(keys), cluster_(std::move(cluster)) {}
 
   grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
                         v1::RegisterResponse*) override {
-    if (auto tenant = keys_.Authenticate(*context); !tenant.ok()) {
-      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(tenant.status().message()));
-    }
+    if (grpc::Status st = Admit(*context); !st.ok()) return st;
     const std::string& a = request->address();
     if (a.empty() || a.find(':') == std::string::npos || a.size() > 256) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "address: expected HOST:PORT");
@@ -27,16 +31,26 @@ class RegistryService final : public v1::Registry::Service {
 
   grpc::Status Drain(grpc::ServerContext* context, const v1::DrainRequest* request,
                      v1::DrainResponse*) override {
-    if (auto tenant = keys_.Authenticate(*context); !tenant.ok()) {
-      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(tenant.status().message()));
-    }
+    if (grpc::Status st = Admit(*context); !st.ok()) return st;
     workers_.Drain(request->address());
     return grpc::Status::OK;
   }
 
  private:
+  grpc::Status Admit(const grpc::ServerContextBase& context) const {
+    if (cluster_.enabled()) return cluster_.Check(context, "recall.v1.Registry");
+    if (keys_.enabled()) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "recall.v1.Registry is closed: this coordinator checks API keys and has "
+                          "no --cluster-token-file, so workers cannot register (list them with "
+                          "--workers, or give the coordinator and the workers a cluster token)");
+    }
+    return grpc::Status::OK;
+  }
+
   WorkerRegistry& workers_;
   const ApiKeys& keys_;
+  const grpcutil::ClusterCredential cluster_;
 };
 
 }  // namespace recall::coordinator

@@ -1,10 +1,12 @@
 #include "coordinator/server.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc/parse_errors.h"
 #include "common/status.h"
 
 namespace recall::coordinator {
@@ -18,13 +20,19 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     return absl::InvalidArgumentError(
         absl::StrCat("--data-dir: cannot create ", config.data_dir, ": ", ec.message()));
   }
-  RECALL_ASSIGN_OR_RETURN(s->store_, OpenStore(config.store_url.empty()
-                                                   ? config.data_dir + "/sessions.db"
-                                                   : config.store_url));
+  RECALL_ASSIGN_OR_RETURN(
+      s->store_,
+      OpenStore(config.store_url.empty() ? config.data_dir + "/sessions.db" : config.store_url,
+                config.allow_volatile_store));
   if (!config.api_keys_path.empty()) {
     RECALL_ASSIGN_OR_RETURN(s->keys_, ApiKeys::Load(config.api_keys_path));
   }
-  s->registry_ = std::make_unique<WorkerRegistry>(&s->metrics_);
+  grpcutil::ClusterCredential cluster = grpcutil::ClusterCredential::Open();
+  if (!config.cluster_token_file.empty()) {
+    RECALL_ASSIGN_OR_RETURN(cluster, grpcutil::ClusterCredential::Load(config.cluster_token_file));
+  }
+  s->registry_ =
+      std::make_unique<WorkerRegistry>(&s->metrics_, absl::Milliseconds(500), 3, cluster);
   for (const std::string& w : config.workers) s->registry_->Add(w);
   metrics::Registry& m = s->metrics_;
   WorkerRegistry* reg = s->registry_.get();
@@ -37,7 +45,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       std::make_unique<Conversations>(*s->store_, *s->registry_, config.options, s->metrics_);
   s->service_ = std::make_unique<ChatService>(*s->conversations_, *s->store_, *s->registry_,
                                               s->keys_, s->metrics_);
-  s->registry_service_ = std::make_unique<RegistryService>(*s->registry_, s->keys_);
+  s->registry_service_ = std::make_unique<RegistryService>(*s->registry_, s->keys_, cluster);
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
   if (!config.tls_cert.empty() || !config.tls_key.empty()) {
     auto read = [](const std::string& flag, const std::string& path) -> absl::StatusOr<std::string> {
@@ -62,10 +70,17 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(config.listen, creds, &s->port_);
+  // A port another process holds is an error, not a second listener (gRPC's default
+  // SO_REUSEPORT would let two coordinators share it).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // Chat: Converse and Generate on the callback API, the unary calls on the sync threads.
   builder.RegisterService(s->service_.get());
   builder.RegisterService(s->registry_service_.get());
-  builder.SetMaxReceiveMessageSize(static_cast<int>(config.options.max_message_bytes) + 4096);
+  // Room above the message limit, so an oversized message is refused by the service naming
+  // its field rather than by the transport.
+  builder.SetMaxReceiveMessageSize(static_cast<int>(
+      std::min<size_t>(4 * config.options.max_message_bytes + (1 << 20), 1 << 30)));
+  builder.experimental().SetInterceptorCreators(grpcutil::ParseErrorInterceptors());
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("--listen: cannot listen on ", config.listen));

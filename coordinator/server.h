@@ -25,7 +25,9 @@ struct CoordinatorConfig {
   std::vector<std::string> workers;   // worker addresses
   std::string data_dir = ".";         // the SQLite file sessions.db lives here
   std::string store_url;              // "redis://HOST:PORT" for a shared store; empty: SQLite
+  bool allow_volatile_store = false;  // a Redis without persistence: warn instead of refusing
   std::string api_keys_path;          // empty: no auth (tenant "default")
+  std::string cluster_token_file;     // the workers' and the registry's credential; empty: none
   int metrics_port = -1;              // -1: off; 0: any free port
   // TLS: PEM files, for gRPC and HTTP alike. With tls_client_ca, clients must present a
   // certificate it signed (mTLS).

@@ -16,10 +16,25 @@
 
 namespace recall::coordinator {
 
+// A session id as messages quote it: at most 64 bytes, then how long it was.
+inline std::string QuotedId(const std::string& id) {
+  if (id.size() <= 64) return "\"" + id + "\"";
+  return "\"" + id.substr(0, 64) + "...\" (" + std::to_string(id.size()) + " bytes)";
+}
+
 struct StoredMessage {
   std::string role;
   std::string content;
+  // An assistant reply: its token ids as the worker streamed them and how it ended
+  // (v1::FinishReason), so a worker rebuilding the session replays it exactly. Empty / 0 when
+  // unknown (a reply stored before these were kept).
+  std::vector<int32_t> token_ids;
+  int finish = 0;
 };
+
+// StoredMessage's reply fields as bytes (little-endian int32: finish, then the ids), and back.
+std::string EncodeReply(const StoredMessage& m);
+void DecodeReply(const std::string& bytes, StoredMessage* m);
 
 struct SessionRecord {
   std::string id;
@@ -61,10 +76,14 @@ class SessionStore {
 // SQLite (WAL, synchronous=FULL) in `path`; the file is created if missing.
 absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string& path);
 
-// Redis at host:port (redis_store.cc); Unavailable when it cannot connect.
-absl::StatusOr<std::unique_ptr<SessionStore>> OpenRedisStore(const std::string& host, int port);
+// Redis at host:port (redis_store.cc); Unavailable when it cannot connect. A server that
+// keeps nothing on disk (appendonly no and no RDB save points) loses every session when it
+// restarts: FailedPrecondition saying so, or with `allow_volatile` a warning on stderr.
+absl::StatusOr<std::unique_ptr<SessionStore>> OpenRedisStore(const std::string& host, int port,
+                                                             bool allow_volatile = false);
 
 // "redis://HOST:PORT" or "sqlite://PATH" (also a bare path: SQLite).
-absl::StatusOr<std::unique_ptr<SessionStore>> OpenStore(const std::string& url);
+absl::StatusOr<std::unique_ptr<SessionStore>> OpenStore(const std::string& url,
+                                                        bool allow_volatile = false);
 
 }  // namespace recall::coordinator

@@ -30,6 +30,7 @@ CREATE TABLE IF NOT EXISTS messages (
   idx INTEGER NOT NULL,
   role TEXT NOT NULL,
   content BLOB NOT NULL,
+  reply BLOB NOT NULL DEFAULT x'',
   PRIMARY KEY (session_id, idx));
 )sql";
 
@@ -87,10 +88,15 @@ class SqliteStore final : public SessionStore {
     absl::MutexLock lock(&mu_);
     SessionRecord r;
     RECALL_RETURN_IF_ERROR(LoadHeader(tenant, id, &r));
-    Stmt m(db_, "SELECT role, content FROM messages WHERE session_id = ? ORDER BY idx");
+    Stmt m(db_, "SELECT role, content, reply FROM messages WHERE session_id = ? ORDER BY idx");
     m.BindText(1, id);
     int rc;
-    while ((rc = m.Step()) == SQLITE_ROW) r.messages.push_back({m.Text(0), m.Text(1)});
+    while ((rc = m.Step()) == SQLITE_ROW) {
+      StoredMessage& msg = r.messages.emplace_back();
+      msg.role = m.Text(0);
+      msg.content = m.Text(1);
+      DecodeReply(m.Text(2), &msg);
+    }
     if (rc != SQLITE_DONE) return Check(rc, "read transcript");
     return r;
   }
@@ -134,8 +140,10 @@ class SqliteStore final : public SessionStore {
           "session \"", id, "\" has ", r.message_count, " messages, not ", index,
           ": another turn changed it"));
     }
-    Stmt s(db_, "INSERT INTO messages (session_id, idx, role, content) VALUES (?, ?, ?, ?)");
+    Stmt s(db_,
+           "INSERT INTO messages (session_id, idx, role, content, reply) VALUES (?, ?, ?, ?, ?)");
     s.BindText(1, id).Bind(2, index).BindText(3, message.role).Bind(4, message.content);
+    s.Bind(5, EncodeReply(message));
     return Check(s.Step(), "append message");
   }
 
@@ -166,7 +174,7 @@ class SqliteStore final : public SessionStore {
 
  private:
   static absl::Status NotFound(const std::string& id) {
-    return absl::NotFoundError(absl::StrCat("session_id: no session \"", id, "\""));
+    return absl::NotFoundError(absl::StrCat("session_id: no session ", QuotedId(id)));
   }
 
   absl::Status Check(int rc, const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -223,10 +231,52 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string&
     sqlite3_close(db);
     return absl::DataLossError(absl::StrCat("session store ", path, ": ", msg));
   }
+  // Files from before replies were kept get the column (empty: replayed as text).
+  bool has_reply = false;
+  {
+    Stmt info(db, "PRAGMA table_info(messages)");
+    while (info.Step() == SQLITE_ROW) has_reply = has_reply || info.Text(1) == "reply";
+  }
+  if (!has_reply &&
+      sqlite3_exec(db, "ALTER TABLE messages ADD COLUMN reply BLOB NOT NULL DEFAULT x''", nullptr,
+                   nullptr, &err) != SQLITE_OK) {
+    const std::string msg = err ? err : "?";
+    sqlite3_free(err);
+    sqlite3_close(db);
+    return absl::DataLossError(absl::StrCat("session store ", path, ": ", msg));
+  }
   return std::unique_ptr<SessionStore>(new SqliteStore(db));
 }
 
-absl::StatusOr<std::unique_ptr<SessionStore>> OpenStore(const std::string& url) {
+std::string EncodeReply(const StoredMessage& m) {
+  if (m.token_ids.empty() && m.finish == 0) return "";
+  std::string out;
+  out.reserve(4 * (m.token_ids.size() + 1));
+  auto put = [&out](int32_t v) {
+    const uint32_t u = static_cast<uint32_t>(v);
+    for (int b = 0; b < 4; ++b) out.push_back(static_cast<char>((u >> (8 * b)) & 0xFF));
+  };
+  put(m.finish);
+  for (int32_t id : m.token_ids) put(id);
+  return out;
+}
+
+void DecodeReply(const std::string& bytes, StoredMessage* m) {
+  m->token_ids.clear();
+  m->finish = 0;
+  if (bytes.size() < 4 || bytes.size() % 4 != 0) return;  // none (or unreadable: as text)
+  auto get = [&bytes](size_t at) {
+    uint32_t u = 0;
+    for (int b = 0; b < 4; ++b)
+      u |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[at + b])) << (8 * b);
+    return static_cast<int32_t>(u);
+  };
+  m->finish = get(0);
+  for (size_t at = 4; at < bytes.size(); at += 4) m->token_ids.push_back(get(at));
+}
+
+absl::StatusOr<std::unique_ptr<SessionStore>> OpenStore(const std::string& url,
+                                                        bool allow_volatile) {
   const std::string redis = "redis://", sqlite = "sqlite://";
   if (url.rfind(redis, 0) == 0) {
     const std::string rest = url.substr(redis.size());
@@ -235,7 +285,7 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenStore(const std::string& url) 
     if (colon != std::string::npos && !absl::SimpleAtoi(rest.substr(colon + 1), &port)) {
       return absl::InvalidArgumentError(absl::StrCat("--store: bad port in ", url));
     }
-    return OpenRedisStore(rest.substr(0, colon), port);
+    return OpenRedisStore(rest.substr(0, colon), port, allow_volatile);
   }
   return OpenSqliteStore(url.rfind(sqlite, 0) == 0 ? url.substr(sqlite.size()) : url);
 }

@@ -37,6 +37,7 @@ class TurnRunner::Call final : public grpc::ClientReadReactor<v1::TurnEvent> {
 
   void Start(std::shared_ptr<Call> self) {
     self_ = std::move(self);
+    runner_->workers_.Attach(&context_);
     stub_->async()->RunTurn(&context_, &request_, this);
     StartRead(&event_);
     StartCall();
@@ -107,8 +108,7 @@ void TurnRunner::NextAttempt() {
     return;
   }
   if (attempt_ >= options_.max_attempts + 1) {
-    Fail(absl::UnavailableError(
-        absl::StrCat("no worker could take the turn (", last_error_, "); retryable")));
+    FailNoWorker();
     return;
   }
   ++attempt_;
@@ -149,8 +149,7 @@ void TurnRunner::NextAttempt() {
     }
   }
   if (!route_.has_value()) {
-    Fail(absl::UnavailableError(
-        absl::StrCat("no worker could take the turn (", last_error_, "); retryable")));
+    FailNoWorker();
     return;
   }
   RECALL_CHECK(stub != nullptr) << "routed to " << route_->worker << ", which has no stub";
@@ -240,6 +239,7 @@ void TurnRunner::OnCallEnded(const grpc::Status& status) {
     return;
   }
   if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+    exhausted_ = last_error_;
     excluded_.push_back(worker);  // full: try another worker
     sticky_.clear();
     send_history_ = true;
@@ -264,6 +264,19 @@ void TurnRunner::OnCallEnded(const grpc::Status& status) {
   NextAttempt();
 }
 
+void TurnRunner::FailNoWorker() {
+  // Every worker that answered was full (or the turn can never fit one): the client hears
+  // RESOURCE_EXHAUSTED with the worker's reason (a retry hint, or "not retryable"), not
+  // UNAVAILABLE.
+  if (!exhausted_.empty()) {
+    Fail(absl::ResourceExhaustedError(
+        absl::StrCat("no worker has room for the turn (", exhausted_, ")")));
+    return;
+  }
+  Fail(absl::UnavailableError(
+      absl::StrCat("no worker could take the turn (", last_error_, "); retryable")));
+}
+
 void TurnRunner::Succeed() {
   std::shared_ptr<v1::Worker::Stub> stub =
       spec_.drop_after ? workers_.Stub(result_.worker) : nullptr;
@@ -280,6 +293,7 @@ void TurnRunner::Succeed() {
   };
   auto drop = std::make_shared<Drop>();
   drop->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  workers_.Attach(&drop->context);
   drop->request.set_session_id(spec_.request.session_id());
   // The callback owns the stub and the call, and lets both go before reporting.
   v1::Worker::Stub* const to = stub.get();

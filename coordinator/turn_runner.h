@@ -125,6 +125,9 @@ class TurnRunner : public std::enable_shared_from_this<TurnRunner> {
   void OnCallEnded(const grpc::Status& status);
   // Terminal reports. Nothing touches the runner's state after them.
   void Succeed();
+  // Ends the turn when no worker is left to try: RESOURCE_EXHAUSTED if workers were full,
+  // UNAVAILABLE otherwise.
+  void FailNoWorker();
   void Fail(absl::Status status);
 
   WorkerRegistry& workers_;
@@ -138,6 +141,7 @@ class TurnRunner : public std::enable_shared_from_this<TurnRunner> {
   Stopwatch since_start_;
   int attempt_ = 0;
   std::vector<std::string> excluded_;  // workers that failed or were full
+  std::string exhausted_;              // the last RESOURCE_EXHAUSTED answer of a worker, if any
   std::string sticky_;                 // the bound worker, until it fails
   bool send_history_ = false;
   std::string last_error_ = "no worker is registered";

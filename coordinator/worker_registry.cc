@@ -4,9 +4,12 @@
 
 namespace recall::coordinator {
 
-WorkerRegistry::WorkerRegistry(metrics::Registry* metrics, absl::Duration heartbeat,
-                               int max_misses)
-    : metrics_(metrics), heartbeat_(heartbeat), max_misses_(max_misses),
+WorkerRegistry::WorkerRegistry(metrics::Registry* metrics, absl::Duration heartbeat, int max_misses,
+                               grpcutil::ClusterCredential cluster)
+    : metrics_(metrics),
+      heartbeat_(heartbeat),
+      max_misses_(max_misses),
+      cluster_(std::move(cluster)),
       thread_([this] { Loop(); }) {}
 
 WorkerRegistry::~WorkerRegistry() {
@@ -80,6 +83,7 @@ void WorkerRegistry::PollAll() {
     v1::LoadReport load;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    Attach(&ctx);
     const bool ok = stub->GetLoad(&ctx, v1::GetLoadRequest(), &load).ok();
     v1::InfoResponse info;
     bool need_info;
@@ -93,6 +97,7 @@ void WorkerRegistry::PollAll() {
     if (ok && need_info) {
       grpc::ClientContext ictx;
       ictx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+      Attach(&ictx);
       stub->Info(&ictx, v1::InfoRequest(), &info);
     }
     absl::MutexLock lock(&mu_);

@@ -15,6 +15,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/grpc/cluster_credential.h"
 #include "common/metrics/registry.h"
 #include "grpcpp/grpcpp.h"
 #include "recall/v1/worker.grpc.pb.h"
@@ -34,8 +35,11 @@ class WorkerRegistry {
  public:
   // With `metrics`, each worker gets gauges (up, sessions, free KV blocks, active and
   // queued turns) labelled worker="<address>".
-  explicit WorkerRegistry(metrics::Registry* metrics = nullptr,
-                          absl::Duration heartbeat = absl::Milliseconds(500), int max_misses = 3);
+  // `cluster` is attached to every call to a worker (Attach below for the callers' own).
+  explicit WorkerRegistry(
+      metrics::Registry* metrics = nullptr, absl::Duration heartbeat = absl::Milliseconds(500),
+      int max_misses = 3,
+      grpcutil::ClusterCredential cluster = grpcutil::ClusterCredential::Open());
   ~WorkerRegistry();
 
   void Add(const std::string& address);
@@ -47,6 +51,8 @@ class WorkerRegistry {
 
   std::vector<WorkerView> Snapshot() const;
   std::shared_ptr<v1::Worker::Stub> Stub(const std::string& address) const;
+  // Adds the cluster credential to a call to a worker.
+  void Attach(grpc::ClientContext* context) const { cluster_.Attach(context); }
 
  private:
   struct Entry {
@@ -58,6 +64,7 @@ class WorkerRegistry {
   metrics::Registry* const metrics_;
   const absl::Duration heartbeat_;
   const int max_misses_;
+  const grpcutil::ClusterCredential cluster_;
   mutable absl::Mutex mu_;
   std::vector<Entry> workers_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -12,6 +12,8 @@ PACKAGES=(
   # the coordinator's OpenAI-compatible HTTP API (cpp-httplib 0.11, built with OpenSSL)
   libcpp-httplib-dev libssl-dev curl
   gnuplot-nox
+  # the loader fuzzers (fuzz/, tests/fuzz): clang with libFuzzer and the sanitizer runtimes
+  clang libclang-rt-14-dev
   # the Helm chart and Dockerfile checks (helm/test/check.sh, tests/docker)
   golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v2-dev
   yamllint python3-jsonschema python3-yaml shellcheck

@@ -413,6 +413,27 @@ def main():
         c.check("--api-keys reads a mounted Secret holding '<key> <tenant>' lines", ok, path)
     else:
         c.check("no --api-keys without apiKeys.enabled", "api-keys" not in cflags)
+    # The cluster token: the coordinator and every worker read the same mounted Secret.
+    def token_secret(container, pod, flags):
+        path = flags.get("cluster-token-file") or ""
+        for vm in container.get("volumeMounts") or []:
+            if path.startswith(vm["mountPath"].rstrip("/") + "/"):
+                vol = next((v for v in pod.get("volumes") or [] if v["name"] == vm["name"]), {})
+                return vol.get("secret", {}).get("secretName")
+        return None
+
+    names = [token_secret(coord, cpod, cflags), token_secret(worker, wpod, wflags)]
+    existing = V.get("clusterToken", {}).get("existingSecret")
+    c.check("--cluster-token-file on the coordinator and the workers reads one Secret",
+            names[0] is not None and names[0] == names[1] and (not existing or names[0] == existing),
+            f"{names}")
+    if not existing:
+        import base64
+        data = (secrets.get(names[0]) or {}).get("data") or {}
+        token = base64.b64decode(data.get("token", "")).decode()
+        c.check("the chart makes that Secret: a token of 16 or more printable characters",
+                len(token) >= 16 and token.isprintable() and " " not in token,
+                f"{len(token)} characters")
     if C["tls"]["enabled"]:
         names = [mounted_file(cflags.get(f) or "", f) for f in ("tls-cert", "tls-key")]
         c.check("--tls-cert/--tls-key come from the TLS Secret",

@@ -32,15 +32,16 @@ class RedisServer {
  public:
   static bool Available() { return std::filesystem::exists("/usr/bin/redis-server"); }
 
-  // Starts it and waits until it accepts connections. False on failure.
-  bool Start(const std::string& dir) {
+  // Starts it and waits until it accepts connections. False on failure. `persistent` false:
+  // appendonly no and no save points (a server that keeps nothing on disk).
+  bool Start(const std::string& dir, bool persistent = true) {
     port_ = FreePort();
     pid_ = fork();
     if (pid_ == 0) {
       execl("/usr/bin/redis-server", "redis-server", "--port", std::to_string(port_).c_str(),
-            "--bind", "127.0.0.1", "--dir", dir.c_str(), "--appendonly", "yes",
-            "--appendfsync", "always", "--save", "", "--daemonize", "no", "--loglevel",
-            "warning", static_cast<char*>(nullptr));
+            "--bind", "127.0.0.1", "--dir", dir.c_str(), "--appendonly", persistent ? "yes" : "no",
+            "--appendfsync", "always", "--save", "", "--daemonize", "no", "--loglevel", "warning",
+            static_cast<char*>(nullptr));
       _exit(127);
     }
     for (int i = 0; i < 500; ++i) {

@@ -271,6 +271,26 @@ TEST(TurnRunnerNoWorkerTest, NoWorkerIsUnavailableAndRetryable) {
   EXPECT_NE(sink.error().message().find("retryable"), std::string::npos);
 }
 
+TEST(TurnRunnerSmallPoolTest, ATurnNoPoolCanHoldIsResourceExhaustedBeforeAnyToken) {
+  RECALL_REQUIRE_SHARED_FILE(kModel);
+  Worker small;  // 40 blocks of 16 tokens: 128 tokens in each of stories260K's 5 layers
+  std::string error;
+  ASSERT_TRUE(small.Start({"--kv-cache-bytes", "80K", "--kv-dtype", "bf16"}, &error)) << error;
+  WorkerRegistry registry(nullptr, absl::Hours(1));
+  registry.Add(small.address());
+  metrics::Registry metrics;
+  FakeSink sink;
+  ASSERT_TRUE(RunTurn(registry, metrics, Spec("big", "Once upon a time", 400), sink));
+  EXPECT_EQ(sink.error().code(), absl::StatusCode::kResourceExhausted) << sink.error();
+  EXPECT_NE(sink.error().message().find("not retryable"), std::string::npos) << sink.error();
+  EXPECT_TRUE(sink.tokens().empty());
+  // The worker is not marked down, and a turn that fits runs on it.
+  FakeSink fits;
+  ASSERT_TRUE(RunTurn(registry, metrics, Spec("small", "Once upon a time", 60), fits));
+  EXPECT_TRUE(fits.error().ok()) << fits.error();
+  EXPECT_FALSE(fits.tokens().empty());
+}
+
 // Workers with random weights of SmolLM2-135M's shape: tens of ms per token on the CPU, so a
 // turn lasts long enough to be interrupted, or to keep a worker busy.
 class SlowWorkersTest : public ::testing::Test {

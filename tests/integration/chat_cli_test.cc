@@ -1,6 +1,7 @@
 // `recall chat` with piped input against real coordinator and worker processes: the
 // transcript it prints, and a turn the server refuses (no empty reply before the error,
 // the error on stderr, exit code 2).
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -60,6 +61,45 @@ TEST(ChatCliTest, PipedTranscriptAndARefusedTurn) {
   EXPECT_EQ(refused.out.substr(at + second.size()), "") << "nothing after the refused turn";
   EXPECT_EQ(refused.out.find("assistant:\n"), std::string::npos) << refused.out;
   EXPECT_NE(refused.err.find("context length is 512"), std::string::npos) << refused.err;
+}
+
+// Runs `recall sessions ARGS --server ADDRESS`; returns its standard output.
+std::string RunSessions(const std::string& dir, const std::string& address,
+                        const std::string& args) {
+  const std::string out = dir + "/sessions.txt";
+  const std::string cmd = std::string("'") + RECALL_CLI_BINARY + "' sessions " + args +
+                          " --server " + address + " > '" + out + "' 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << testing::ReadFileOrEmpty(out);
+  return testing::ReadFileOrEmpty(out);
+}
+
+TEST(ChatCliTest, CommandsStayLocalAndAChatWithoutMessagesLeavesNoSession) {
+  RECALL_REQUIRE_SHARED_FILE(kModel);
+  const std::string dir = testing::MakeTempDir("chat_cli_commands");
+  ServerProcess worker, coordinator;
+  std::string error;
+  const std::string address = testing::StartServe(dir, worker, coordinator, &error);
+  ASSERT_FALSE(address.empty()) << error;
+
+  ChatRun empty = RunChat(dir, address, "/help\n/history\n/nonsense\n/bye\n");
+  EXPECT_EQ(empty.exit_code, 0) << empty.err;
+  EXPECT_NE(empty.out.find("/new /history /stats /help /quit"), std::string::npos) << empty.out;
+  EXPECT_NE(empty.out.find("(no messages yet)"), std::string::npos) << empty.out;
+  EXPECT_NE(empty.err.find("unknown command /nonsense"), std::string::npos) << empty.err;
+  EXPECT_EQ(empty.out.find("user:"), std::string::npos) << "no command reached the model";
+  EXPECT_EQ(RunSessions(dir, address, "ls"), "") << "no session left behind";
+
+  ChatRun one = RunChat(dir, address, "Once upon a time\n/exit\nnot sent\n");
+  EXPECT_EQ(one.exit_code, 0) << one.err;
+  EXPECT_EQ(one.out.find("not sent"), std::string::npos) << one.out;
+  const std::string listed = RunSessions(dir, address, "list");
+  ASSERT_EQ(std::count(listed.begin(), listed.end(), '\n'), 1) << listed;
+  const std::string id = listed.substr(0, listed.find(' '));
+  const std::string shown = RunSessions(dir, address, "show " + id);
+  EXPECT_NE(shown.find("\nuser:\nOnce upon a time\n"), std::string::npos) << shown;
+  EXPECT_NE(shown.find("\nassistant:\n"), std::string::npos) << shown;
+  const std::string json = RunSessions(dir, address, "show " + id + " --json");
+  EXPECT_NE(json.find("\"sessionId\": \"" + id + "\""), std::string::npos) << json;
 }
 
 }  // namespace

@@ -5,13 +5,20 @@
 // measured bound; a coordinator restart that keeps every session (SQLite); API keys and
 // tenants; bad requests with their codes and the transcript left unchanged.
 #include <signal.h>
+#include <sys/wait.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <future>
+#include <limits>
+#include <optional>
 #include <set>
 #include <thread>
 
 #include "common/subprocess.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "recall/v1/chat.grpc.pb.h"
@@ -186,6 +193,81 @@ TEST_F(CoordinatorTest, MultiTurnChatsStickToTheirWorkerAndReuseTheCache) {
   EXPECT_GE(used.size(), 1u);
 }
 
+TEST_F(CoordinatorTest, ASessionRebuiltAfterItsCacheIsDroppedRepliesAsIfKept) {
+  // Two sessions with an evicting cache say the same things; one loses its worker cache
+  // before every turn after the first and is rebuilt from the stored transcript (with the
+  // replies' token ids: replayed exactly).
+  auto create = [&] {
+    grpc::ClientContext ctx;
+    Auth(&ctx, "key-a");
+    v1::CreateSessionRequest req;
+    req.set_system_prompt("Tell a story.");
+    req.mutable_cache()->set_policy("lazy");
+    req.mutable_cache()->set_budget_tokens(40);
+    req.mutable_cache()->set_window(8);
+    v1::Session s;
+    EXPECT_TRUE(stub_->CreateSession(&ctx, req, &s).ok());
+    return s.session_id();
+  };
+  const std::string kept = create(), dropped = create();
+  const char* turns[] = {"Once upon a time", "What happened next?", "Who was there?", "And then?"};
+  for (const char* text : turns) {
+    for (const std::string& id : {kept, dropped}) {
+      if (id == dropped && text != turns[0]) {
+        for (int i = 0; i < 2; ++i) {  // drop it wherever it is
+          auto stub = v1::Worker::NewStub(
+              grpc::CreateChannel("127.0.0.1:" + std::to_string(workers_[i].port("grpc")),
+                                  grpc::InsecureChannelCredentials()));
+          grpc::ClientContext ctx;
+          v1::DropSessionRequest req;
+          req.set_session_id(id);
+          v1::DropSessionResponse resp;
+          stub->DropSession(&ctx, req, &resp);
+        }
+      }
+    }
+    const Reply a = Say(kept, text, 40), b = Say(dropped, text, 40);
+    ASSERT_TRUE(a.status.ok()) << a.status.error_message();
+    ASSERT_TRUE(b.status.ok()) << b.status.error_message();
+    EXPECT_EQ(b.tokens, a.tokens) << text;
+    if (text != turns[0]) {
+      EXPECT_EQ(b.done.usage().cached_tokens(), 0) << "rebuilt, not continued";
+      EXPECT_GT(a.done.usage().cached_tokens(), 0);
+    }
+  }
+}
+
+TEST_F(CoordinatorTest, SamplingWithoutASeedDrawsAFreshOne) {
+  // Three fresh sessions asked the same thing at temperature 0.9: without a seed they do not
+  // all reply alike; with one they do.
+  auto reply = [&](std::optional<uint64_t> seed) {
+    const std::string id = Create();
+    grpc::ClientContext ctx;
+    Auth(&ctx, "key-a");
+    v1::ConverseRequest req;
+    req.set_session_id(id);
+    req.set_message("Once upon a time");
+    req.mutable_sampling()->set_temperature(0.9f);
+    req.mutable_sampling()->set_max_tokens(30);
+    if (seed.has_value()) req.mutable_sampling()->set_seed(*seed);
+    auto reader = stub_->Converse(&ctx, req);
+    v1::ConverseEvent ev;
+    std::vector<int32_t> tokens;
+    while (reader->Read(&ev)) {
+      tokens.insert(tokens.end(), ev.tokens().token_ids().begin(), ev.tokens().token_ids().end());
+    }
+    EXPECT_TRUE(reader->Finish().ok());
+    return tokens;
+  };
+  std::set<std::vector<int32_t>> unseeded, seeded;
+  for (int i = 0; i < 3; ++i) {
+    unseeded.insert(reply(std::nullopt));
+    seeded.insert(reply(7));
+  }
+  EXPECT_GT(unseeded.size(), 1u);
+  EXPECT_EQ(seeded.size(), 1u);
+}
+
 TEST_F(CoordinatorTest, SessionsSurviveACoordinatorRestart) {
   const std::string id = Create();
   ASSERT_TRUE(Say(id, "Once upon a time").status.ok());
@@ -238,6 +320,121 @@ TEST_F(CoordinatorTest, KeysTenantsAndBadRequestsGetTheirCodes) {
   EXPECT_EQ(created.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   Create("key-b", &created);
   EXPECT_TRUE(created.ok()) << "the limit is per tenant";
+}
+
+// Sends `bytes` as the request of `method` (e.g. "/recall.v1.Chat/CreateSession").
+grpc::Status RawCall(grpc::Channel* channel, const std::string& method, const std::string& bytes,
+                     const std::string& key) {
+  grpc::GenericStub stub(channel->shared_from_this());
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer " + key);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer request(&slice, 1), response;
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response,
+                 [&done](grpc::Status st) { done.set_value(std::move(st)); });
+  return done.get_future().get();
+}
+
+TEST_F(CoordinatorTest, MalformedAndOutOfRangeRequestsAreInvalidArgumentNamingTheField) {
+  const std::string id = Create();
+  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(coordinator_.port("grpc")),
+                                     grpc::InsecureChannelCredentials());
+  // Bytes that are no protobuf, and a string field (GetSessionRequest.session_id, field 1)
+  // that is not UTF-8: gRPC's own answer was INTERNAL with an empty message.
+  for (const std::string& bytes :
+       {std::string("\xff\xff\xff\xff", 4), std::string("\x0a\x02\xff\xfe", 4)}) {
+    const grpc::Status st = RawCall(channel.get(), "/recall.v1.Chat/GetSession", bytes, "key-a");
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+    EXPECT_NE(st.error_message().find("/recall.v1.Chat/GetSession"), std::string::npos)
+        << st.error_message();
+  }
+  {
+    grpc::ClientContext ctx;
+    Auth(&ctx, "key-a");
+    v1::CreateSessionRequest req;
+    req.set_system_prompt("bad \xff utf-8");
+    v1::Session s;
+    const grpc::Status st = stub_->CreateSession(&ctx, req, &s);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(st.error_message(), "system_prompt: is not valid UTF-8");
+  }
+  // A 10 KB session id is refused by its length, and not echoed whole.
+  grpc::Status st;
+  Get(std::string(10240, 'x'), "key-a", &st);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(st.error_message(), "session_id: 10240 bytes; at most 128");
+  // A message far over the limit (2000 here) is refused by the service, naming the field.
+  Reply big = Say(id, std::string(100000, 'a'));
+  EXPECT_EQ(big.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(big.status.error_message(), "message: 100000 bytes; at most 2000");
+  // Non-finite and out-of-range sampling values, refused by the worker with the field.
+  const auto say_with = [&](const std::function<void(v1::SamplingParams*)>& set) {
+    grpc::ClientContext ctx;
+    Auth(&ctx, "key-a");
+    v1::ConverseRequest req;
+    req.set_session_id(id);
+    req.set_message("hi");
+    req.mutable_sampling()->set_max_tokens(5);
+    set(req.mutable_sampling());
+    auto reader = stub_->Converse(&ctx, req);
+    v1::ConverseEvent ev;
+    while (reader->Read(&ev)) {
+    }
+    return reader->Finish();
+  };
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::pair<std::function<void(v1::SamplingParams*)>, std::string> cases[] = {
+      {[&](v1::SamplingParams* s) { s->set_temperature(inf); }, "sampling.temperature"},
+      {[&](v1::SamplingParams* s) { s->set_temperature(std::nanf("")); }, "sampling.temperature"},
+      {[&](v1::SamplingParams* s) { s->set_repetition_penalty(inf); },
+       "sampling.repetition_penalty"},
+      {[&](v1::SamplingParams* s) { s->set_top_k(2147483647); }, "sampling.top_k"},
+      {[&](v1::SamplingParams* s) { s->set_top_p(inf); }, "sampling.top_p"}};
+  for (const auto& [set, field] : cases) {
+    const grpc::Status bad = say_with(set);
+    EXPECT_EQ(bad.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << field;
+    EXPECT_EQ(bad.error_message().rfind(field + ": ", 0), 0u) << bad.error_message();
+  }
+  EXPECT_EQ(Get(id).messages_size(), 1) << "no refused turn left a message behind";
+  // A page token ListSessions never gave.
+  {
+    grpc::ClientContext ctx;
+    Auth(&ctx, "key-a");
+    v1::ListSessionsRequest req;
+    req.set_page_token("garbage");
+    v1::ListSessionsResponse resp;
+    const grpc::Status list = stub_->ListSessions(&ctx, req, &resp);
+    EXPECT_EQ(list.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(list.error_message(), "page_token: is not a next_page_token of ListSessions");
+  }
+  // Pages chain through the tokens ListSessions gives.
+  for (int i = 0; i < 4; ++i) Create();
+  std::set<std::string> listed;
+  std::string token;
+  do {
+    grpc::ClientContext ctx;
+    Auth(&ctx, "key-a");
+    v1::ListSessionsRequest req;
+    req.set_page_size(2);
+    req.set_page_token(token);
+    v1::ListSessionsResponse resp;
+    ASSERT_TRUE(stub_->ListSessions(&ctx, req, &resp).ok());
+    for (const v1::Session& s : resp.sessions()) EXPECT_TRUE(listed.insert(s.session_id()).second);
+    token = resp.next_page_token();
+  } while (!token.empty());
+  EXPECT_EQ(listed.size(), 5u);
+  // An authorization header that is not "Bearer <key>".
+  {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "key-a");
+    v1::GetSessionRequest req;
+    req.set_session_id(id);
+    v1::Session s;
+    const grpc::Status no_bearer = stub_->GetSession(&ctx, req, &s);
+    EXPECT_EQ(no_bearer.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
 }
 
 TEST(CoordinatorRedisTest, TwoCoordinatorsShareSessionsThroughRedis) {
@@ -294,6 +491,32 @@ TEST(CoordinatorRedisTest, TwoCoordinatorsShareSessionsThroughRedis) {
   v1::Session stored;
   ASSERT_TRUE(sa->GetSession(&gctx, get, &stored).ok());
   EXPECT_EQ(stored.messages_size(), 4);
+}
+
+TEST(CoordinatorRedisTest, ARedisThatKeepsNothingOnDiskIsRefusedUnlessAllowed) {
+  if (!testing::RedisServer::Available()) GTEST_SKIP() << "redis-server is not installed";
+  const std::string dir = testing::MakeTempDir("coordinator_volatile_redis");
+  testing::RedisServer redis;
+  ASSERT_TRUE(redis.Start(dir, /*persistent=*/false));
+  const std::string command = std::string(RECALL_COORDINATOR_BINARY) +
+                              " --listen 127.0.0.1:0 --data-dir " + dir + " --store " +
+                              redis.url() + " 2>&1";
+  FILE* p = popen(command.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+  const int status = pclose(p);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << out;
+  EXPECT_NE(out.find("keeps nothing on disk (appendonly no, save \"\")"), std::string::npos) << out;
+  EXPECT_NE(out.find("--allow-volatile-store"), std::string::npos) << out;
+  ServerProcess coordinator;
+  std::string error;
+  EXPECT_TRUE(coordinator.Start(RECALL_COORDINATOR_BINARY,
+                                {"--listen", "127.0.0.1:0", "--data-dir", dir, "--store",
+                                 redis.url(), "--allow-volatile-store"},
+                                dir, &error))
+      << error;
 }
 
 TEST(CoordinatorRegistrationTest, AWorkerRegistersItselfAndServes) {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/json_limits.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
 #include "worker/model/random_model.h"
@@ -167,8 +168,12 @@ absl::StatusOr<ModelConfig> ReadHfConfig(const std::string& config_json_path) {
   if (!in) return absl::NotFoundError(absl::StrCat(config_json_path, ": cannot open"));
   std::stringstream ss;
   ss << in.rdbuf();
+  const std::string text = ss.str();
+  if (absl::Status s = json_limits::CheckJsonDepth(text); !s.ok()) {
+    return Annotate(s, config_json_path);
+  }
   try {
-    const json j = json::parse(ss.str());
+    const json j = json::parse(text);
     return ParseConfig(config_json_path, j);
   } catch (const json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(config_json_path, ": invalid JSON: ", e.what()));

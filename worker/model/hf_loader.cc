@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/json_limits.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
 #include "worker/model/file_storage.h"
@@ -85,8 +86,10 @@ class TensorSource {
     if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
     std::stringstream ss;
     ss << in.rdbuf();
+    const std::string text = ss.str();
+    if (absl::Status s = json_limits::CheckJsonDepth(text); !s.ok()) return Annotate(s, path);
     try {
-      const json j = json::parse(ss.str());
+      const json j = json::parse(text);
       auto wm = j.find("weight_map");
       if (!j.is_object() || wm == j.end() || !wm->is_object()) {
         return absl::InvalidArgumentError(path + ": missing object \"weight_map\"");
@@ -97,7 +100,8 @@ class TensorSource {
               absl::StrCat(path, ": weight_map entry \"", name, "\" is not a file name"));
         }
         const std::string file = shard.get<std::string>();
-        if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..") {
+        if (file.empty() || file.find_first_of(std::string("/\0", 2)) != std::string::npos ||
+            file == "." || file == "..") {
           return absl::InvalidArgumentError(absl::StrCat(
               path, ": weight_map entry \"", name, "\" names an invalid shard \"", file, "\""));
         }

@@ -1,12 +1,17 @@
 // llama2.c checkpoint loader (run.c format): a 7-int32 header, then fp32 weights. The file is
 // mapped read-only and every Matrix is a view into the mapping (zero copy).
+// Every header field is range-checked, and the file must be exactly as long as the header
+// implies: run.c trusts the header, so a wrong vocab_size there reads past a short file or
+// misplaces every weight of a long one (and then the tokenizer, sized by it, too).
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status.h"
 #include "worker/model/file_storage.h"
 #include "worker/model/loader.h"
@@ -84,6 +89,46 @@ class Cursor {
   uint64_t offset_ = kHeaderBytes;
 };
 
+// The vocab_size (sign: tied or not) whose llama2.c layout is exactly `file_size` bytes
+// when every other field is as in the header, or 0 when none is.
+int64_t FittingVocab(uint64_t file_size, uint64_t dim, uint64_t other_floats, bool tied) {
+  if (file_size < kHeaderBytes || (file_size - kHeaderBytes) % sizeof(float) != 0) return 0;
+  const uint64_t floats = (file_size - kHeaderBytes) / sizeof(float);
+  const uint64_t per_token = (tied ? 1 : 2) * dim;
+  if (floats <= other_floats || (floats - other_floats) % per_token != 0) return 0;
+  const uint64_t vocab = (floats - other_floats) / per_token;
+  if (vocab > (1 << 24)) return 0;
+  return tied ? static_cast<int64_t>(vocab) : -static_cast<int64_t>(vocab);
+}
+
+// The file is not the size its header implies: truncated (DataLoss), or longer, which run.c
+// would accept but which means a header field is wrong (reading on would misplace every
+// weight after it). Names vocab_size when another vocab_size would fit the file exactly.
+absl::Status SizeMismatch(const std::string& path, const Header& h, uint64_t file_size,
+                          uint64_t expected, uint64_t other_floats) {
+  const std::string implied = absl::StrCat(
+      "the header (dim ", h.dim, ", hidden_dim ", h.hidden_dim, ", n_layers ", h.n_layers,
+      ", n_heads ", h.n_heads, ", n_kv_heads ", h.n_kv_heads, ", vocab_size ", h.vocab_size,
+      ", seq_len ", h.seq_len, ") implies ", expected, " bytes, file has ", file_size, " bytes");
+  std::vector<std::string> fits;
+  for (bool tied : {true, false}) {
+    if (const int64_t v = FittingVocab(file_size, h.dim, other_floats, tied); v != 0) {
+      fits.push_back(absl::StrCat(v, tied ? " (tied)" : " (untied)"));
+    }
+  }
+  const std::string hint =
+      fits.empty() ? ""
+                   : absl::StrCat("; header field vocab_size = ", h.vocab_size,
+                                  " is likely wrong: vocab_size = ", absl::StrJoin(fits, " or "),
+                                  " fits the file exactly");
+  if (file_size < expected) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": truncated llama2.c checkpoint: ", implied, hint));
+  }
+  return absl::DataLossError(absl::StrCat(path, ": llama2.c checkpoint is ", file_size - expected,
+                                          " bytes longer than its header allows: ", implied, hint));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Model>> LoadLlama2c(const std::string& path) {
@@ -108,11 +153,8 @@ absl::StatusOr<std::unique_ptr<Model>> LoadLlama2c(const std::string& path) {
   const uint64_t floats =
       vocab * dim + layers * per_layer + dim + 2 * freq + (tied ? 0 : vocab * dim);
   const uint64_t expected = kHeaderBytes + floats * sizeof(float);
-  if (file_size < expected) {
-    return absl::DataLossError(absl::StrCat(
-        path, ": truncated llama2.c checkpoint: the header (dim ", h.dim, ", hidden_dim ",
-        h.hidden_dim, ", n_layers ", h.n_layers, ", vocab_size ", h.vocab_size, ", seq_len ",
-        h.seq_len, ") implies ", expected, " bytes, file has ", file_size, " bytes"));
+  if (file_size != expected) {
+    return SizeMismatch(path, h, file_size, expected, floats - (tied ? 1 : 2) * vocab * dim);
   }
 
   auto model = std::make_unique<Model>();
@@ -131,8 +173,8 @@ absl::StatusOr<std::unique_ptr<Model>> LoadLlama2c(const std::string& path) {
   c.rope_style = kernels::RopeStyle::kInterleaved;
   c.tied_embeddings = tied;
   c.weight_dtype = kernels::DType::kF32;
-  c.bos_token_id = 1;
-  c.eos_token_id = 2;
+  c.bos_token_id = vocab > 1 ? 1 : -1;  // as the llama2.c tokenizer's ids
+  c.eos_token_id = vocab > 2 ? 2 : -1;
   RECALL_RETURN_IF_ERROR(Annotate(c.Validate(), path));
 
   // llama2.c stores each weight kind for all layers together.

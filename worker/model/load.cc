@@ -7,6 +7,7 @@
 #include "common/status.h"
 #include "worker/model/loader.h"
 #include "worker/model/random_model.h"
+#include "worker/model/tokenizer_fit.h"
 
 namespace recall::model {
 
@@ -50,11 +51,9 @@ absl::StatusOr<Loaded> LoadAll(const LoadOptions& options) {
   out.hf_tokenizer = std::filesystem::is_directory(tok_path)
                          ? std::filesystem::exists(tok_path + "/tokenizer.json")
                          : tok_path.size() >= 5 && tok_path.substr(tok_path.size() - 5) == ".json";
-  if (out.tokenizer->vocab_size() > out.model->config.vocab_size) {
-    return flags::FieldError(
-        "tokenizer",
-        absl::StrCat("its vocabulary (", out.tokenizer->vocab_size(),
-                     " tokens) is larger than the model's (", out.model->config.vocab_size, ")"));
+  if (absl::Status fit = CheckTokenizerFitsModel(out.model->config, *out.tokenizer, tok_path);
+      !fit.ok()) {
+    return flags::FieldError("tokenizer", fit.message());
   }
   return out;
 }

@@ -27,7 +27,8 @@ struct LoadOptions {
 };
 
 // InvalidArgument naming the option field (flags::FieldError: model, tokenizer,
-// random_dtype); loader errors name the file.
+// random_dtype); loader errors name the file. The tokenizer must fit the model
+// (CheckTokenizerFitsModel), so a pair that loads can run a turn.
 absl::StatusOr<Loaded> LoadAll(const LoadOptions& options);
 
 }  // namespace recall::model

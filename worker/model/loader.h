@@ -12,7 +12,9 @@ namespace recall::model {
 
 // llama2.c checkpoint (run.c format): header of 7 int32 (dim, hidden_dim, n_layers, n_heads,
 // n_kv_heads, vocab_size, seq_len; vocab_size < 0 means an untied classifier follows), then
-// fp32 weights in llama2.c order. RoPE interleaved, theta 10000, eps 1e-5.
+// fp32 weights in llama2.c order. RoPE interleaved, theta 10000, eps 1e-5. InvalidArgument
+// naming the header field for a value out of range; DataLoss when the file is not exactly
+// the size the header implies (naming vocab_size when another value would fit).
 absl::StatusOr<std::unique_ptr<Model>> LoadLlama2c(const std::string& path);
 
 // Hugging Face directory: config.json plus model.safetensors, or sharded

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -76,6 +77,14 @@ absl::Status ModelConfig::Validate() const {
   if (!(rope_theta > 0.0f) || !std::isfinite(rope_theta)) {
     return absl::InvalidArgumentError(
         absl::StrCat("model config: rope_theta = ", rope_theta, " must be positive and finite"));
+  }
+  for (const auto& [name, id] :
+       {std::pair{"bos_token_id", bos_token_id}, std::pair{"eos_token_id", eos_token_id}}) {
+    if (id < -1 || id >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("model config: ", name, " = ", id,
+                                                     " is outside [0, vocab_size = ", vocab_size,
+                                                     ") (or -1 for none)"));
+    }
   }
   if (!(norm_eps > 0.0f) || norm_eps >= 1.0f) {
     return absl::InvalidArgumentError(

@@ -28,11 +28,12 @@ struct ModelConfig {
   bool qkv_bias = false;         // Qwen2
   bool qk_norm = false;          // Qwen3: RMSNorm over each q/k head before RoPE
   kernels::DType weight_dtype = kernels::DType::kF32;
-  int bos_token_id = 1;
-  int eos_token_id = 2;
+  int bos_token_id = 1;  // -1: none
+  int eos_token_id = 2;  // -1: none
 
-  // Checks that the numbers are positive and consistent (heads divide, etc.); the message
-  // names the field and the limit.
+  // Checks that the numbers are positive, bounded (size arithmetic stays in int64) and
+  // consistent (n_kv_heads divides n_heads, head_dim even, n_heads * head_dim bounded,
+  // bos/eos ids inside the vocabulary); the message names the field and the limit.
   absl::Status Validate() const;
 };
 

@@ -1,10 +1,15 @@
 #include "worker/model/safetensors.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
+#include <string_view>
+#include <tuple>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/json_limits.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
 #include "worker/model/file_storage.h"
@@ -96,9 +101,56 @@ absl::StatusOr<SafetensorsTensor> ParseTensor(const std::string& path, const std
                                     " needs ", expected, " bytes but data_offsets [", begin, ", ",
                                     end, "] hold ", end - begin));
   }
+  if (begin % kernels::DTypeSize(t.dtype) != 0) {
+    return TensorError(path, name,
+                       absl::StrCat("data_offsets begin ", begin, " is not a multiple of the ",
+                                    kernels::DTypeSize(t.dtype), "-byte ",
+                                    kernels::DTypeName(t.dtype), " element (misaligned)"));
+  }
   t.data = data_base + begin;
   t.bytes = static_cast<size_t>(expected);
   return t;
+}
+
+// The tensors must tile the data section: sorted by offset, each begins where the previous
+// one ends (no overlap, no hole), and the last ends where the file ends. A header length
+// field that is off by a few bytes (the JSON still parsing thanks to its space padding)
+// shifts the data section and is caught here, instead of loading every weight misaligned.
+absl::Status CheckLayout(const std::string& path,
+                         const std::map<std::string, SafetensorsTensor>& tensors,
+                         const char* data_base, uint64_t data_size, uint64_t header_len) {
+  std::vector<std::tuple<uint64_t, uint64_t, std::string_view>> spans;  // begin, end, name
+  spans.reserve(tensors.size());
+  for (const auto& [name, t] : tensors) {
+    const uint64_t begin = static_cast<uint64_t>(static_cast<const char*>(t.data) - data_base);
+    spans.emplace_back(begin, begin + t.bytes, name);
+  }
+  std::sort(spans.begin(), spans.end());
+  uint64_t covered = 0;  // the data section is tiled up to here
+  std::string_view previous;
+  for (const auto& [begin, end, name] : spans) {
+    if (begin < covered) {
+      return TensorError(path, std::string(name),
+                         absl::StrCat("data_offsets [", begin, ", ", end, "] overlap tensor \"",
+                                      std::string(previous), "\", which ends at ", covered));
+    }
+    if (begin > covered) {
+      return TensorError(
+          path, std::string(name),
+          absl::StrCat("data_offsets [", begin, ", ", end, "] leave bytes [", covered, ", ", begin,
+                       ") of the data section to no tensor (a hole)"));
+    }
+    covered = end;
+    previous = name;
+  }
+  if (covered != data_size) {
+    return absl::DataLossError(absl::StrCat(
+        path, ": the tensors end at byte ", covered, " of the data section but the file holds ",
+        data_size, " bytes after the ", header_len,
+        "-byte header: the header must end exactly where the data begins (is the header "
+        "length field wrong?)"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -140,11 +192,20 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   const char* data_base = base + 8 + header_len;
   const uint64_t data_size = file_size - 8 - header_len;
 
+  if (header_len < 2 || base[8] != '{') {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": safetensors header (", header_len,
+                                                   " bytes) does not start with '{'"));
+  }
+  const std::string_view header_text(base + 8, header_len);
+  if (absl::Status s = json_limits::CheckJsonDepth(header_text); !s.ok()) {
+    return Annotate(s, absl::StrCat(path, ": safetensors header"));
+  }
+
   auto file = std::unique_ptr<SafetensorsFile>(new SafetensorsFile());
   file->path_ = path;
   json header;
   try {
-    header = json::parse(base + 8, base + 8 + header_len);
+    header = json::parse(header_text.begin(), header_text.end());
   } catch (const json::exception& e) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": safetensors header is not valid JSON: ", e.what()));
@@ -173,6 +234,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": malformed safetensors header: ", e.what()));
   }
+  RECALL_RETURN_IF_ERROR(CheckLayout(path, file->tensors_, data_base, data_size, header_len));
   file->storage_ = std::move(storage);
   return file;
 }

@@ -3,6 +3,11 @@
 //    "__metadata__": {"key": "value"}}
 // then the tensor data (offsets relative to the end of the header). The file is mapped
 // read-only; tensor data pointers point into the mapping. F32, F16 and BF16 are supported.
+// Checked before any tensor is used: the header length against the file, the header is a
+// JSON object (at most json_limits::kMaxDepth deep), every dtype, shape product (no
+// overflow) and data_offsets range; each tensor starts at a multiple of its element size,
+// and the tensors tile the data section exactly (no overlap, no hole, nothing after the
+// last one), so a header length that is off by a byte is an error, not shifted weights.
 // Every error names the file and, where there is one, the tensor.
 // Thread safety: immutable after Open.
 #pragma once
@@ -32,8 +37,9 @@ struct SafetensorsTensor {
 
 class SafetensorsFile {
  public:
-  // Maps and parses `path`. NotFound if it does not exist; DataLoss for a truncated file;
-  // InvalidArgument for a malformed header, unsupported dtype or inconsistent tensor.
+  // Maps and parses `path`. NotFound if it does not exist; DataLoss for a truncated file or
+  // a data section the tensors do not end exactly at; InvalidArgument for a malformed
+  // header, unsupported dtype or inconsistent, overlapping or misaligned tensor.
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
 
   const std::string& path() const { return path_; }

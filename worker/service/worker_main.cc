@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cache/eviction/session_evictor.h"
+#include "common/grpc/parse_errors.h"
 #include "common/metrics/http_server.h"
 #include "common/status.h"
 #include "grpcpp/ext/health_check_service_server_builder_option.h"
@@ -41,17 +42,18 @@ override the session cache defaults below.
 // Registers with a coordinator now and every 5 s until destroyed (recall.v1.Registry).
 class Registration {
  public:
-  Registration(const std::string& coordinator, const std::string& advertise, std::string key)
+  Registration(const std::string& coordinator, const std::string& advertise,
+               grpcutil::ClusterCredential cluster)
       : stub_(v1::Registry::NewStub(
             grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials()))),
-        key_(std::move(key)),
+        cluster_(std::move(cluster)),
         thread_([this, coordinator, advertise] {
           bool reported = false;
           absl::MutexLock lock(&mu_);
           while (!stop_) {
             grpc::ClientContext ctx;
             ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
-            if (!key_.empty()) ctx.AddMetadata("authorization", "Bearer " + key_);
+            cluster_.Attach(&ctx);
             v1::RegisterRequest req;
             req.set_address(advertise);
             v1::RegisterResponse resp;
@@ -79,7 +81,7 @@ class Registration {
 
  private:
   std::unique_ptr<v1::Registry::Stub> stub_;
-  const std::string key_;
+  const grpcutil::ClusterCredential cluster_;
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
@@ -112,7 +114,11 @@ absl::Status Run(const std::vector<std::string>& argv) {
   std::string model_name = options.model.model;
   while (model_name.size() > 1 && model_name.back() == '/') model_name.pop_back();
   model_name = model_name.substr(model_name.find_last_of('/') + 1);
-  WorkerService service(*scheduler, {model_name, options.engine.tp, "0.1.0"});
+  grpcutil::ClusterCredential cluster = grpcutil::ClusterCredential::Open();
+  if (!options.cluster_token_file.empty()) {
+    RECALL_ASSIGN_OR_RETURN(cluster, grpcutil::ClusterCredential::Load(options.cluster_token_file));
+  }
+  WorkerService service(*scheduler, {model_name, options.engine.tp, "0.1.0"}, cluster);
 
   // Signals: handled by sigwait below, so block them before gRPC starts its threads.
   sigset_t signals;
@@ -126,8 +132,12 @@ absl::Status Run(const std::vector<std::string>& argv) {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  // A port another process holds is an error, not a second listener (gRPC's default
+  // SO_REUSEPORT would let two workers share it).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(&service);
   builder.SetMaxReceiveMessageSize(64 << 20);  // full transcripts
+  builder.experimental().SetInterceptorCreators(grpcutil::ParseErrorInterceptors());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("--listen: cannot listen on ", listen));
@@ -144,6 +154,12 @@ absl::Status Run(const std::vector<std::string>& argv) {
                model_name.c_str(), model::ChatFormatName(options.scheduler.chat_format),
                listen.c_str(), port, (*engine)->Summary().c_str(),
                http ? absl::StrCat("on port ", http->port()).c_str() : "off");
+  if (!cluster.enabled()) {
+    std::fprintf(stderr,
+                 "recall-worker: WARNING: no --cluster-token-file; this port takes RunTurn, "
+                 "DropSession and Abort from anyone who can reach %s\n",
+                 listen.c_str());
+  }
   if (!options.port_file.empty()) {
     const std::string& path = options.port_file;
     const std::string tmp = path + ".tmp";
@@ -160,7 +176,7 @@ absl::Status Run(const std::vector<std::string>& argv) {
         !options.advertise.empty()
             ? options.advertise
             : absl::StrCat(listen.substr(0, listen.find_last_of(':')), ":", port);
-    registration = std::make_unique<Registration>(options.coordinator, advertise, options.api_key);
+    registration = std::make_unique<Registration>(options.coordinator, advertise, cluster);
   }
 
   int sig = 0;

@@ -221,8 +221,11 @@ const flags::FlagSet<WorkerOptions>& WorkerFlags() {
             "the address the coordinator dials (default: --listen's host, the bound port)",
             [](auto& o) -> auto& { return o.advertise; })
         .String(
-            "api-key", "KEY", "for --coordinator when it checks keys",
-            [](auto& o) -> auto& { return o.api_key; })
+            "cluster-token-file", "PATH",
+            "the cluster token: this port then accepts only calls carrying it (tenants' API\n"
+            "keys get PERMISSION_DENIED) and registering with --coordinator presents it\n"
+            "(default: none, the port is open to anyone who reaches it; a warning at start)",
+            [](auto& o) -> auto& { return o.cluster_token_file; })
         .Int(
             "max-tokens-limit", "N", "upper bound of a turn's max_tokens (default: the context)",
             [](auto& o) -> auto& { return o.max_tokens_limit; }, 1, 1 << 24)

@@ -29,7 +29,7 @@ struct WorkerOptions {
   std::string port_file;            // "grpc=PORT metrics=PORT" once listening
   std::string coordinator;          // register with it (every 5 s)
   std::string advertise;            // the address the coordinator dials
-  std::string api_key;              // for the coordinator
+  std::string cluster_token_file;   // the cluster credential (this port, and registering)
   runtime::EngineOptions engine;
   serving::SchedulerOptions scheduler;
   std::optional<int> max_tokens_limit;  // a turn's max_tokens at most (default: the context)

@@ -1,6 +1,7 @@
 #include "worker/service/worker_service.h"
 
 #include <algorithm>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "worker/service/run_turn_reactor.h"
@@ -32,12 +33,27 @@ serving::TurnRequest FromProto(const v1::RunTurnRequest& r, int default_max_toke
   out.messages = Messages(r.messages());
   out.history_length = r.history_length();
   out.history = Messages(r.history());
+  bool any_reply = false;
+  for (const v1::ChatMessage& m : r.history()) any_reply = any_reply || m.token_ids_size() > 0;
+  if (any_reply) {
+    for (const v1::ChatMessage& m : r.history()) {
+      std::optional<serving::ReplyRecord>& reply = out.history_replies.emplace_back();
+      if (m.role() != "assistant" || m.finish_reason() == v1::FINISH_REASON_UNSPECIFIED) continue;
+      reply.emplace();
+      reply->token_ids.assign(m.token_ids().begin(), m.token_ids().end());
+      reply->finish = m.finish_reason() == v1::FINISH_REASON_STOP ? serving::TurnFinish::kStop
+                      : m.finish_reason() == v1::FINISH_REASON_CONTEXT
+                          ? serving::TurnFinish::kContext
+                          : serving::TurnFinish::kLength;
+    }
+  }
   const v1::SamplingParams& s = r.sampling();
   if (s.has_temperature()) out.sampling.temperature = s.temperature();
   if (s.has_top_p()) out.sampling.top_p = s.top_p();
   if (s.has_top_k()) out.sampling.top_k = s.top_k();
   if (s.has_repetition_penalty()) out.sampling.repetition_penalty = s.repetition_penalty();
-  if (s.has_seed()) out.sampling.seed = s.seed();
+  // Unset: a fresh seed, so two requests without one do not sample alike.
+  out.sampling.seed = s.has_seed() ? s.seed() : std::random_device{}();
   out.max_tokens = s.has_max_tokens() ? s.max_tokens() : default_max_tokens;
   out.stop.assign(s.stop().begin(), s.stop().end());
   out.logprobs = s.has_logprobs() && s.logprobs();
@@ -58,11 +74,29 @@ serving::TurnRequest FromProto(const v1::RunTurnRequest& r, int default_max_toke
   return out;
 }
 
-WorkerService::WorkerService(serving::Scheduler& scheduler, WorkerIdentity identity)
-    : scheduler_(scheduler), identity_(std::move(identity)) {}
+WorkerService::WorkerService(serving::Scheduler& scheduler, WorkerIdentity identity,
+                             grpcutil::ClusterCredential cluster)
+    : scheduler_(scheduler), identity_(std::move(identity)), cluster_(std::move(cluster)) {}
+
+namespace {
+constexpr char kPort[] = "the worker's port";
+}  // namespace
+
+grpc::ServerUnaryReactor* WorkerService::Refused(grpc::CallbackServerContext* context) {
+  grpc::Status st = cluster_.Check(*context, kPort);
+  if (st.ok()) return nullptr;
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(st);
+  return reactor;
+}
 
 grpc::ServerWriteReactor<v1::TurnEvent>* WorkerService::RunTurn(
     grpc::CallbackServerContext* context, const v1::RunTurnRequest* request) {
+  if (grpc::Status st = cluster_.Check(*context, kPort); !st.ok()) {
+    return RunTurnReactor::Start(
+        scheduler_, "", 0,
+        absl::Status(static_cast<absl::StatusCode>(st.error_code()), st.error_message()));
+  }
   const int default_max_tokens = std::min(256, scheduler_.options().limits.max_tokens);
   serving::TurnRequest turn = FromProto(*request, default_max_tokens);
   if (turn.request_id.empty()) {
@@ -77,6 +111,7 @@ grpc::ServerWriteReactor<v1::TurnEvent>* WorkerService::RunTurn(
 grpc::ServerUnaryReactor* WorkerService::DropSession(grpc::CallbackServerContext* context,
                                                      const v1::DropSessionRequest* request,
                                                      v1::DropSessionResponse* response) {
+  if (auto* refused = Refused(context)) return refused;
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (request->session_id().empty()) {
     reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "session_id: is required"));
@@ -94,6 +129,7 @@ grpc::ServerUnaryReactor* WorkerService::DropSession(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* WorkerService::Abort(grpc::CallbackServerContext* context,
                                                const v1::AbortRequest* request,
                                                v1::AbortResponse* response) {
+  if (auto* refused = Refused(context)) return refused;
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   auto answer = [reactor, response](int aborted) {
     response->set_aborted(aborted);
@@ -121,6 +157,7 @@ grpc::ServerUnaryReactor* WorkerService::Abort(grpc::CallbackServerContext* cont
 grpc::ServerUnaryReactor* WorkerService::GetLoad(grpc::CallbackServerContext* context,
                                                  const v1::GetLoadRequest*,
                                                  v1::LoadReport* response) {
+  if (auto* refused = Refused(context)) return refused;
   const serving::LoadSnapshot l = scheduler_.Load();
   response->set_kv_blocks_total(l.kv_blocks_total);
   response->set_kv_blocks_free(l.kv_blocks_free);
@@ -138,6 +175,7 @@ grpc::ServerUnaryReactor* WorkerService::GetLoad(grpc::CallbackServerContext* co
 
 grpc::ServerUnaryReactor* WorkerService::Info(grpc::CallbackServerContext* context,
                                               const v1::InfoRequest*, v1::InfoResponse* response) {
+  if (auto* refused = Refused(context)) return refused;
   const serving::SchedulerOptions& o = scheduler_.options();
   response->set_model(identity_.model);
   response->set_context_length(scheduler_.model().config.max_seq_len);

@@ -9,6 +9,7 @@
 
 #include <string>
 
+#include "common/grpc/cluster_credential.h"
 #include "grpcpp/grpcpp.h"
 #include "recall/v1/worker.grpc.pb.h"
 #include "worker/serving/scheduler.h"
@@ -28,7 +29,9 @@ serving::TurnRequest FromProto(const v1::RunTurnRequest& request, int default_ma
 
 class WorkerService final : public v1::Worker::CallbackService {
  public:
-  WorkerService(serving::Scheduler& scheduler, WorkerIdentity identity);
+  // Every call must carry `cluster` (when it is enabled).
+  WorkerService(serving::Scheduler& scheduler, WorkerIdentity identity,
+                grpcutil::ClusterCredential cluster = grpcutil::ClusterCredential::Open());
 
   grpc::ServerWriteReactor<v1::TurnEvent>* RunTurn(grpc::CallbackServerContext* context,
                                                    const v1::RunTurnRequest* request) override;
@@ -48,6 +51,10 @@ class WorkerService final : public v1::Worker::CallbackService {
  private:
   serving::Scheduler& scheduler_;
   const WorkerIdentity identity_;
+  const grpcutil::ClusterCredential cluster_;
+
+  // The cluster check of a unary call: the reactor finished with its error, or nullptr.
+  grpc::ServerUnaryReactor* Refused(grpc::CallbackServerContext* context);
 };
 
 }  // namespace recall::service

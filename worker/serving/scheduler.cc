@@ -169,7 +169,11 @@ Scheduler::Scheduler(const model::Model& model, std::unique_ptr<runtime::Forward
       own_forward_(std::move(own_forward)),
       ranks_(std::move(ranks)),
       tokenizer_(tokenizer),
-      options_(options),
+      options_([&] {
+        SchedulerOptions o = options;
+        o.limits.vocab_size = model.config.vocab_size;
+        return o;
+      }()),
       caches_(std::move(caches)),
       metrics_(std::make_unique<Metrics>(registry)) {
   logits_.resize(static_cast<size_t>(options.max_active) * model.config.vocab_size);

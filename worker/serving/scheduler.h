@@ -229,6 +229,10 @@ class Scheduler {
   // Blocks per rank (ranks' pools fill alike except under head-adaptive eviction).
   using RankBlocks = std::vector<int64_t>;
   RankBlocks BlocksToAdmit(const Turn& turn) const;
+  // The error of a turn whose cache cannot fit the whole pool even at its end (the session
+  // keeps every token: no evictor; what is cached, the rest of the prompt and max_tokens, up
+  // to the context), or OK. ResourceExhausted, not retryable.
+  absl::Status CheckPeakFits(const Turn& turn) const;
   bool Fits(const RankBlocks& need) const;                     // every rank's pool has them free
   int64_t PoolBlocks() const;                                  // the smallest rank pool
   int64_t FreeBlocks() const;                                  // the fewest free blocks of any rank

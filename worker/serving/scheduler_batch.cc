@@ -19,6 +19,19 @@ absl::StatusOr<int> Scheduler::PlanFeed(Turn& t) {
   const int remaining = t.decoding ? 1 : static_cast<int>(t.prompt.size() - t.fed);
   int n = t.decoding ? 1 : std::min(options_.prefill_chunk, remaining);
   t.stepping = false;
+  if (!t.decoding) {
+    // Replayed decode steps go one per step; a prefill chunk stops where they begin.
+    for (const auto& [begin, end] : t.step_ranges) {
+      if (t.fed >= end) continue;
+      if (t.fed >= begin) {
+        n = 1;
+        t.stepping = true;
+      } else {
+        n = std::min<int>(n, static_cast<int>(begin - t.fed));
+      }
+      break;
+    }
+  }
   if (s.positions != runtime::Positions::kCompact) return n;
   cache::eviction::SessionEvictor* e = s.evictor();
   // The cache holds at most its budget, its window and one chunk: past that, prompt tokens go

@@ -36,6 +36,35 @@ Scheduler::RankBlocks Scheduler::BlocksToAdmit(const Turn& t) const {
   return need;
 }
 
+absl::Status Scheduler::CheckPeakFits(const Turn& t) const {
+  const Session* s = t.session;
+  if (!s->evictors.empty() || s->episodic != nullptr) return absl::OkStatus();  // bounded
+  if (s->cache() == nullptr) {  // no cache yet: will the settings make an evicting one?
+    absl::StatusOr<SessionCacheSpec> spec =
+        caches_.Resolve(t.req.cache, std::hash<std::string>()(s->id));
+    if (!spec.ok() || spec->evictor.has_value()) return absl::OkStatus();  // reported later
+  }
+  const int cached = s->cache() != nullptr ? s->max_length() : 0;
+  const int prompt = static_cast<int>(t.prompt.size() - t.fed);
+  const int generate = std::max(0, t.req.max_tokens - t.n_resume);
+  const int64_t tokens =
+      std::min<int64_t>(int64_t{cached} + prompt + generate, model_.config.max_seq_len);
+  for (const SchedulerRank& r : ranks_.ranks) {
+    const kernels::PagedKvLayout& layout = r.pool->layout();
+    const int64_t bt = layout.block_tokens;
+    const int64_t need = layout.n_layers * ((tokens + bt - 1) / bt);
+    if (need > r.pool->num_blocks()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the turn may need ", need, " KV blocks (", cached, " cached + ", prompt, " prompt + ",
+          generate, " sampling.max_tokens tokens in ", layout.n_layers,
+          " layers) but the whole pool has ", r.pool->num_blocks(),
+          ": lower sampling.max_tokens, choose an evicting cache policy or give the worker more "
+          "--kv-cache-bytes (not retryable)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 bool Scheduler::Fits(const RankBlocks& need) const {
   for (size_t r = 0; r < need.size(); ++r) {
     if (ranks_.ranks[r].pool->free_blocks() < need[r]) return false;

@@ -144,12 +144,19 @@ void Scheduler::Admit() {
         continue;
       }
     }
+    if (!t->touched) {
+      if (absl::Status st = CheckPeakFits(*t); !st.ok()) {
+        FinishTurn(*t, st);
+        continue;
+      }
+    }
     const RankBlocks need = BlocksToAdmit(*t);
     const int64_t most = *std::max_element(need.begin(), need.end());
     if (most > PoolBlocks()) {
-      FinishTurn(*t, absl::ResourceExhaustedError(absl::StrCat(
-                         "the turn needs ", most, " KV blocks but the whole pool has ",
-                         PoolBlocks(), ": use a smaller budget or a shorter transcript")));
+      FinishTurn(*t,
+                 absl::ResourceExhaustedError(absl::StrCat(
+                     "the turn needs ", most, " KV blocks but the whole pool has ", PoolBlocks(),
+                     ": use a smaller budget or a shorter transcript (not retryable)")));
       continue;
     }
     if (!MakeRoom(need, t->session)) {
@@ -227,12 +234,28 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
   }
   const std::vector<model::ChatMessage> history = all;
   all.insert(all.end(), r.messages.begin(), r.messages.end());
-  RECALL_ASSIGN_OR_RETURN(std::string full, model::RenderChat(options_.chat_format, all, true));
-  std::vector<int32_t> tokens = tokenizer_.Encode(full, true);
+  // With the replies' tokens, the history is replayed through the steps that built the
+  // cache; without them (or where that cannot be exact), its rendering is prefilled.
+  // (Not where the first prompt was compressed once, SnapKV, nor for episodic sessions,
+  // whose episodes replay their own way.)
+  const absl::StatusOr<SessionCacheSpec> spec = caches_.Resolve(r.cache, 0);
+  const bool replayable = spec.ok() && spec->policy != "snapkv" && spec->policy != "episodic";
+  std::optional<ReplayPlan> replay;
+  if (replayable && !r.history_replies.empty() && r.history_replies.size() == history.size()) {
+    RECALL_ASSIGN_OR_RETURN(replay, PlanReplay(options_.chat_format, tokenizer_, history,
+                                               r.history_replies, r.messages));
+  }
+  std::vector<int32_t> tokens;
+  if (replay.has_value()) {
+    tokens = std::move(replay->tokens);
+    t.step_ranges = std::move(replay->step_ranges);
+  } else {
+    RECALL_ASSIGN_OR_RETURN(std::string full, model::RenderChat(options_.chat_format, all, true));
+    tokens = tokenizer_.Encode(full, true);
+  }
   if (tokens.empty()) return absl::InvalidArgumentError("messages: render to no tokens");
   // A session whose cache re-positions at the context length is rebuilt from a transcript of
   // any length, fed as it fits (PlanFeed); any other must fit the context.
-  const absl::StatusOr<SessionCacheSpec> spec = caches_.Resolve(r.cache, 0);
   const bool compact = spec.ok() && spec->positions == runtime::Positions::kCompact;
   if (static_cast<int64_t>(tokens.size()) >= config.max_seq_len && !compact) {
     return absl::InvalidArgumentError(absl::StrCat("messages: the transcript is ", tokens.size(),
@@ -275,6 +298,8 @@ absl::Status Scheduler::Prepare(Turn& t) {
       t.session->busy = false;
       return absl::InvalidArgumentError("resume_tokens: do not fit the context");
     }
+    // The reply tokens the client has were fed as decode steps: so are they here.
+    t.step_ranges.emplace_back(t.prompt.size(), t.prompt.size() + resume.size());
     t.prompt.insert(t.prompt.end(), resume.begin(), resume.end());
     t.n_resume = static_cast<int>(resume.size());
   }

@@ -44,6 +44,9 @@ struct Scheduler::Turn {
   // a compact session whose prompt would grow its cache past its budget, its window and one
   // prefill chunk (Scheduler::PlanFeed).
   bool stepping = false;
+  // Prompt tokens the session's history fed as decode steps (an exact rebuild, replay.h; a
+  // failover's resume tokens): [begin, end) ranges of `prompt`, in order, fed one per step.
+  std::vector<std::pair<size_t, size_t>> step_ranges;
   bool decoding = false;
   int32_t next = -1;  // sampled and to be fed at the next step
   std::vector<int32_t> generated;

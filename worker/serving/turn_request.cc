@@ -43,17 +43,24 @@ bool IsHistoryNeeded(const absl::Status& status) {
   return status.GetPayload("recall.history_needed").has_value();
 }
 
-absl::Status ValidateSampling(const kernels::SamplingParams& s, const std::string& prefix) {
-  if (!(s.temperature >= 0.0f)) {
-    return Invalid(prefix + "temperature", absl::StrCat("must be >= 0, got ", s.temperature));
+absl::Status ValidateSampling(const kernels::SamplingParams& s, const std::string& prefix,
+                              int vocab_size) {
+  if (!(s.temperature >= 0.0f && s.temperature <= kMaxTemperature)) {
+    return Invalid(prefix + "temperature",
+                   absl::StrCat("must be in [0, ", kMaxTemperature, "], got ", s.temperature));
   }
   if (!(s.top_p > 0.0f && s.top_p <= 1.0f)) {
     return Invalid(prefix + "top_p", absl::StrCat("must be in (0, 1], got ", s.top_p));
   }
-  if (s.top_k < 0) return Invalid(prefix + "top_k", absl::StrCat("must be >= 0, got ", s.top_k));
-  if (!(s.repetition_penalty > 0.0f)) {
-    return Invalid(prefix + "repetition_penalty",
-                   absl::StrCat("must be > 0, got ", s.repetition_penalty));
+  if (s.top_k < 0 || s.top_k > vocab_size) {
+    return Invalid(prefix + "top_k",
+                   absl::StrCat("must be in [0, ", vocab_size,
+                                "] (0: off; the vocabulary's size), got ", s.top_k));
+  }
+  if (!(s.repetition_penalty > 0.0f && s.repetition_penalty <= kMaxRepetitionPenalty)) {
+    return Invalid(
+        prefix + "repetition_penalty",
+        absl::StrCat("must be in (0, ", kMaxRepetitionPenalty, "], got ", s.repetition_penalty));
   }
   return absl::OkStatus();
 }
@@ -93,7 +100,7 @@ absl::Status ValidateTurnRequest(const TurnRequest& r, const TurnLimits& limits,
                                            r.history_length));
   }
   RECALL_RETURN_IF_ERROR(ValidateMessages(r.history, "history"));
-  RECALL_RETURN_IF_ERROR(ValidateSampling(r.sampling, "sampling."));
+  RECALL_RETURN_IF_ERROR(ValidateSampling(r.sampling, "sampling.", limits.vocab_size));
   if (r.max_tokens < 1 || r.max_tokens > limits.max_tokens) {
     return Invalid("sampling.max_tokens",
                    absl::StrCat("must be in [1, ", limits.max_tokens, "], got ", r.max_tokens));

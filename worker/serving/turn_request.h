@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "absl/status/status.h"
 #include "kernels/sampling_params.h"
 #include "worker/model/chat_template.h"
+#include "worker/serving/replay.h"
 
 namespace recall::serving {
 
@@ -50,6 +52,9 @@ struct TurnRequest {
   std::vector<model::ChatMessage> messages;  // this turn's new messages
   int history_length = 0;                    // messages before this turn
   std::vector<model::ChatMessage> history;   // those messages, or empty when not sent
+  // Per history message: an assistant reply's tokens and end, when the caller kept them
+  // (then a rebuild replays the history exactly: replay.h). Empty, or history's size.
+  std::vector<std::optional<ReplyRecord>> history_replies;
   kernels::SamplingParams sampling;
   int max_tokens = 256;
   std::vector<std::string> stop;  // extra stop strings
@@ -65,6 +70,7 @@ struct TurnLimits {
   size_t max_session_id_bytes = 128;
   size_t max_stop_strings = 16;
   size_t max_stop_bytes = 256;
+  int vocab_size = std::numeric_limits<int>::max();  // top_k's bound (the scheduler sets it)
 };
 
 // InvalidArgument naming the field (as on the wire: "sampling.top_p", "messages[2].role",
@@ -79,6 +85,10 @@ absl::Status HistoryNeededError(const std::string& session_id, int history_lengt
 bool IsHistoryNeeded(const absl::Status& status);
 
 // Sampling values alone; `prefix` is prepended to field names ("sampling." on the wire).
-absl::Status ValidateSampling(const kernels::SamplingParams& s, const std::string& prefix);
+// Every float must be finite and within its bound; top_k at most `vocab_size`.
+inline constexpr float kMaxTemperature = 100.0f;
+inline constexpr float kMaxRepetitionPenalty = 100.0f;
+absl::Status ValidateSampling(const kernels::SamplingParams& s, const std::string& prefix,
+                              int vocab_size = std::numeric_limits<int>::max());
 
 }  // namespace recall::serving

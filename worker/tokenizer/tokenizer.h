@@ -67,8 +67,9 @@ class TokenStreamDecoder {
 //
 // llama2.c tokenizer.bin (tokenizer_llama2c.cc): Encode is run.c's encode, Decode/TokenBytes
 // what run.c prints (leading space dropped after BOS, "<0xHH>" pieces as raw bytes,
-// unprintable single bytes dropped). vocab_size <= 0 reads tokens up to the end of file.
-// BOS = 1, EOS = 2.
+// unprintable single bytes dropped). vocab_size <= 0 reads tokens up to the end of file;
+// otherwise the file must hold exactly vocab_size tokens (InvalidArgument when more follow).
+// BOS = 1, EOS = 2; a byte whose fallback id (byte + 3) is past the vocabulary encodes as 0.
 // SentencePiece (tokenizer_sentencepiece.cc): Encode/Decode are libsentencepiece's; Decode
 // always drops control tokens. TokenBytes drops a piece's leading space only after BOS.
 // For both: with parse_special, literal "<s>"/"</s>" in the text become BOS/EOS and the text
@@ -77,6 +78,8 @@ class TokenStreamDecoder {
 // post_processor puts first (-1 if nothing, e.g. SmolLM2) and add_bos adds exactly that;
 // eos_id() comes from generation_config.json / config.json / tokenizer_config.json beside
 // the file (-1 if none). Decode replaces ill-formed UTF-8 with U+FFFD, as the library does.
+// Its ids must be below 2^24 and the file's size (the id table is sized by the largest), and
+// the JSON may nest at most json_limits::kMaxDepth levels.
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadLlama2cTokenizer(const std::string& path,
                                                                 int vocab_size);
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePieceTokenizer(const std::string& path);

@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/json_limits.h"
 #include "common/status.h"
 #include "common/utf8.h"
 #include "nlohmann/json.hpp"
@@ -32,6 +33,8 @@ namespace recall::model {
 namespace {
 
 using nlohmann::json;
+
+constexpr int64_t kMaxVocab = int64_t{1} << 24;  // as ModelConfig's limit
 
 // Supported normalizers: none, NFC, or a Sequence of those; *nfc says whether NFC applies.
 absl::Status ParseNormalizer(const json& n, bool* nfc) {
@@ -88,7 +91,7 @@ int32_t SiblingEosId(const std::string& tokenizer_path, const Tokenizer& tokeniz
   const std::filesystem::path dir = std::filesystem::path(tokenizer_path).parent_path();
   for (const char* name : {"generation_config.json", "config.json"}) {
     absl::StatusOr<std::string> text = internal::ReadFileBytes((dir / name).string());
-    if (!text.ok()) continue;
+    if (!text.ok() || !json_limits::CheckJsonDepth(*text).ok()) continue;
     const json config = json::parse(*text, nullptr, /*allow_exceptions=*/false);
     if (!config.is_object() || !config.contains("eos_token_id")) continue;
     const json& eos = config["eos_token_id"];
@@ -97,7 +100,7 @@ int32_t SiblingEosId(const std::string& tokenizer_path, const Tokenizer& tokeniz
   }
   absl::StatusOr<std::string> text =
       internal::ReadFileBytes((dir / "tokenizer_config.json").string());
-  if (text.ok()) {
+  if (text.ok() && json_limits::CheckJsonDepth(*text).ok()) {
     const json config = json::parse(*text, nullptr, /*allow_exceptions=*/false);
     if (config.is_object() && config.contains("eos_token")) {
       const json& eos = config["eos_token"];
@@ -114,7 +117,8 @@ int32_t SiblingEosId(const std::string& tokenizer_path, const Tokenizer& tokeniz
 
 class HfTokenizer final : public Tokenizer {
  public:
-  static absl::StatusOr<std::unique_ptr<HfTokenizer>> FromJson(const json& root);
+  // `max_vocab` bounds the ids (the id table is allocated from the largest one).
+  static absl::StatusOr<std::unique_ptr<HfTokenizer>> FromJson(const json& root, int64_t max_vocab);
 
   std::vector<int32_t> Encode(std::string_view text, bool add_bos,
                               bool parse_special) const override {
@@ -193,7 +197,8 @@ class HfTokenizer final : public Tokenizer {
   bool nfc_ = false;  // normalizer: NFC
 };
 
-absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(const json& root) {
+absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(const json& root,
+                                                                   int64_t max_vocab) {
   auto tok = std::unique_ptr<HfTokenizer>(new HfTokenizer());
   RECALL_RETURN_IF_ERROR(ParseNormalizer(root.value("normalizer", json()), &tok->nfc_));
   RECALL_RETURN_IF_ERROR(CheckDecoder(root.value("decoder", json())));
@@ -218,6 +223,12 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(const json& r
     max_id = std::max(max_id, t.id);
     tok->added_.emplace(t.content, t.id);
     (t.normalized ? normalized_tokens : raw_tokens).push_back(std::move(t));
+  }
+  if (max_id < 0) return absl::InvalidArgumentError("model.vocab and added_tokens are empty");
+  if (max_id >= max_vocab) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token id ", max_id, " is out of range: ids must be below ", max_vocab,
+                     " (the smaller of 2^24 and the file's size; a vocabulary's ids are dense)"));
   }
   tok->decoded_.resize(max_id + 1);
   tok->special_.assign(max_id + 1, false);
@@ -249,13 +260,16 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(const json& r
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadHfTokenizer(const std::string& tokenizer_json) {
   RECALL_ASSIGN_OR_RETURN(const std::string text, internal::ReadFileBytes(tokenizer_json));
+  if (absl::Status s = json_limits::CheckJsonDepth(text); !s.ok()) {
+    return Annotate(s, tokenizer_json);
+  }
   absl::StatusOr<std::unique_ptr<HfTokenizer>> tok;
   try {
     const json root = json::parse(text);
     if (!root.is_object()) {
       return absl::DataLossError(absl::StrCat(tokenizer_json, ": not a JSON object"));
     }
-    tok = HfTokenizer::FromJson(root);
+    tok = HfTokenizer::FromJson(root, std::min<int64_t>(kMaxVocab, text.size()));
   } catch (const json::parse_error& e) {
     return absl::DataLossError(absl::StrCat(tokenizer_json, ": not valid JSON (", e.what(), ")"));
   } catch (const json::exception& e) {

@@ -4,7 +4,8 @@
 // (little-endian, as written by llama2.c's tokenizer.py). Ids 0, 1, 2 are <unk>, BOS, EOS.
 //
 // Encode is run.c's `encode`: a dummy-prefix " " token when the text is non-empty, one
-// token per UTF-8 code point (byte-fallback ids byte+3 when the code point is not a piece),
+// token per UTF-8 code point (byte-fallback ids byte+3 when the code point is not a piece;
+// <unk> when byte+3 is past a vocabulary too small for it, where run.c reads out of bounds),
 // then repeatedly merge the adjacent pair whose concatenation is the piece with the highest
 // score (leftmost on ties). run.c rescans every pair after each merge; we keep the pairs in
 // a priority queue ordered by (score, position), which picks the same pair at every step in
@@ -126,6 +127,13 @@ class Llama2cTokenizer final : public Tokenizer {
     return it == piece_to_id_.end() ? -1 : it->second;
   }
 
+  // run.c's byte fallback, byte + 3 (the <0xHH> pieces of a SentencePiece export), or <unk>
+  // (0) when the vocabulary is too small to hold that id: run.c would index past its table.
+  int32_t ByteFallbackId(unsigned char c) const {
+    const int32_t id = static_cast<int32_t>(c) + 3;
+    return id < vocab_size() ? id : 0;
+  }
+
   // Appends run.c's tokens for `text` (no BOS/EOS).
   void EncodeSegment(std::string_view text, std::vector<int32_t>* out) const {
     std::vector<int32_t> ids;
@@ -142,7 +150,7 @@ class Llama2cTokenizer final : public Tokenizer {
       if (const int32_t id = Lookup(cp); id >= 0) {
         ids.push_back(id);
       } else {
-        for (unsigned char c : cp) ids.push_back(static_cast<int32_t>(c) + 3);
+        for (unsigned char c : cp) ids.push_back(ByteFallbackId(c));
       }
       start = end;
     }
@@ -252,6 +260,14 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadLlama2cTokenizer(const std::strin
   }
   if (pieces.empty()) {
     return absl::DataLossError(absl::StrCat(path, ": no tokens after the header"));
+  }
+  if (pos != data.size()) {
+    // tokenizer.py writes exactly the model's vocabulary: more tokens mean another model's
+    // tokenizer (or a wrong vocab_size in the checkpoint header).
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": holds more than vocab_size = ", vocab_size, " tokens (",
+                     data.size() - pos, " bytes follow token ", vocab_size - 1,
+                     "): the tokenizer does not match the model's vocab_size"));
   }
   return std::unique_ptr<Tokenizer>(
       std::make_unique<Llama2cTokenizer>(std::move(pieces), std::move(scores)));

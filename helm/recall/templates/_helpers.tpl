@@ -108,3 +108,8 @@ gives RECALL_WORKER_KV_CACHE_BYTES. */}}
 {{- fail "coordinator.apiKeys.enabled needs coordinator.apiKeys.existingSecret or coordinator.apiKeys.keys" -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The Secret holding the cluster token (key "token"). */}}
+{{- define "recall.clusterTokenSecret" -}}
+{{- .Values.clusterToken.existingSecret | default (printf "%s-cluster-token" (include "recall.fullname" .)) -}}
+{{- end -}}

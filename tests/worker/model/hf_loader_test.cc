@@ -233,6 +233,39 @@ TEST_F(HfLoaderTest, ShardIndexNamingAPathOutsideTheDirIsRejected) {
   EXPECT_TRUE(Contains(m.status(), "../evil.safetensors")) << m.status();
 }
 
+// Issue 27: model.safetensors with its header length one byte short loaded (the JSON ends in
+// padding spaces) with every weight shifted by a byte, and the model answered <unk>.
+TEST_F(HfLoaderTest, SafetensorsHeaderLengthOneByteShortIsAnErrorNamingTheFile) {
+  TinyHf spec;
+  spec.WriteConfig(dir_);
+  std::string header, data;
+  spec.Tensors().Build(&header, &data);
+  if (header.back() != ' ') header += std::string(8, ' ');  // padded, as most real files
+  const std::string path = dir_ + "/model.safetensors";
+  test::WriteFile(path, test::SafetensorsBytes(header, data, header.size() - 1));
+  auto m = LoadHuggingFace(dir_);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kDataLoss) << m.status();
+  EXPECT_TRUE(Contains(m.status(), path)) << m.status();
+  EXPECT_TRUE(Contains(m.status(), "the header must end exactly where the data begins"))
+      << m.status();
+}
+
+TEST_F(HfLoaderTest, DeeplyNestedConfigAndIndexAreRefusedBeforeParsing) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  test::WriteFile(dir_ + "/config.json", "{\"rope_scaling\": " + deep + "}");
+  auto m = LoadHuggingFace(dir_);
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument) << m.status();
+  EXPECT_TRUE(Contains(m.status(), dir_ + "/config.json: JSON nests deeper than 64 levels"))
+      << m.status();
+  TinyHf().WriteConfig(dir_);
+  test::WriteFile(dir_ + "/model.safetensors.index.json", "{\"metadata\": " + deep + "}");
+  m = LoadHuggingFace(dir_);
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument) << m.status();
+  EXPECT_TRUE(Contains(m.status(), "model.safetensors.index.json: JSON nests deeper"))
+      << m.status();
+}
+
 TEST_F(HfLoaderTest, MissingConfigIsNotFound) {
   TinyHf().Tensors().Write(dir_ + "/model.safetensors");
   auto m = LoadHuggingFace(dir_);

@@ -188,6 +188,74 @@ TEST_F(Llama2cLoaderTest, HugeButValidHeaderIsDataLossWithoutOverflow) {
   EXPECT_TRUE(Contains(m.status(), "file has 44 bytes")) << m.status();
 }
 
+// Issue 27: stories260K with vocab_size 1, 8 or -1 in its header loaded (the file is longer
+// than such a header implies), then `recall generate` crashed on its first encode.
+TEST_F(Llama2cLoaderTest, Stories260KWithAWrongVocabSizeIsDataLossNamingIt) {
+  RECALL_REQUIRE_SHARED_FILE(kStories);
+  const std::string bytes = testing::ReadFileOrEmpty(testing::SharedPath(kStories));
+  for (int32_t vocab : {1, 8, -1, 511, 513, -512}) {
+    std::string bad = bytes;
+    std::memcpy(bad.data() + 5 * 4, &vocab, 4);
+    const std::string path = dir_ + "/vocab_" + std::to_string(vocab) + ".bin";
+    test::WriteFile(path, bad);
+    auto m = LoadLlama2c(path);
+    ASSERT_FALSE(m.ok()) << vocab;
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kDataLoss) << m.status();
+    EXPECT_TRUE(Contains(m.status(), path)) << m.status();
+    EXPECT_TRUE(Contains(m.status(), "header field vocab_size = " + std::to_string(vocab) +
+                                         " is likely wrong: vocab_size = 512 (tied)"))
+        << m.status();
+    EXPECT_TRUE(Contains(m.status(), "file has 1056540 bytes")) << m.status();
+  }
+}
+
+TEST_F(Llama2cLoaderTest, SyntheticCheckpointWithAWrongVocabSizeIsDataLossNamingIt) {
+  const std::vector<int32_t> good = {8, 12, 2, 2, 1, 16, 4};
+  const std::string bytes = test::Llama2cCheckpoint(good);
+  const std::string path = dir_ + "/tiny.bin";
+  test::WriteFile(path, bytes);
+  ASSERT_TRUE(LoadLlama2c(path).ok());
+  for (int32_t vocab : {1, 8, -1, 15, 17, -16}) {
+    std::string bad = bytes;
+    std::memcpy(bad.data() + 5 * 4, &vocab, 4);
+    test::WriteFile(path, bad);
+    auto m = LoadLlama2c(path);
+    ASSERT_FALSE(m.ok()) << vocab;
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kDataLoss) << m.status();
+    EXPECT_TRUE(Contains(m.status(), path)) << m.status();
+    EXPECT_TRUE(Contains(m.status(), "vocab_size = 16 (tied)")) << m.status();
+  }
+}
+
+TEST_F(Llama2cLoaderTest, EveryOtherDimensionThatDisagreesWithTheFileIsDataLoss) {
+  // In range and self-consistent, but not the dimensions the file was written with.
+  const std::vector<int32_t> good = {8, 12, 2, 2, 1, 16, 4};
+  const std::string bytes = test::Llama2cCheckpoint(good);
+  const std::string path = dir_ + "/tiny.bin";
+  const struct {
+    int index;
+    int32_t value;
+  } cases[] = {{0, 16}, {0, 4}, {1, 13}, {1, 11}, {2, 1}, {2, 3}, {3, 1}, {4, 2}, {6, 2}, {6, 6}};
+  for (const auto& c : cases) {
+    std::string bad = bytes;
+    std::memcpy(bad.data() + c.index * 4, &c.value, 4);
+    test::WriteFile(path, bad);
+    auto m = LoadLlama2c(path);
+    ASSERT_FALSE(m.ok()) << c.index << "=" << c.value;
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kDataLoss) << m.status();
+    EXPECT_TRUE(Contains(m.status(), path)) << m.status();
+    EXPECT_TRUE(Contains(m.status(), "implies")) << m.status();
+  }
+}
+
+TEST_F(Llama2cLoaderTest, TrailingBytesAreDataLoss) {
+  const std::string path = dir_ + "/tiny.bin";
+  test::WriteFile(path, test::Llama2cCheckpoint({8, 12, 2, 2, 1, -16, 4}) + std::string(4, '\0'));
+  auto m = LoadLlama2c(path);
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kDataLoss) << m.status();
+  EXPECT_TRUE(Contains(m.status(), "4 bytes longer than its header allows")) << m.status();
+}
+
 TEST_F(Llama2cLoaderTest, MissingFileIsNotFoundNamingThePath) {
   const std::string path = dir_ + "/does_not_exist.bin";
   auto m = LoadLlama2c(path);

@@ -84,6 +84,19 @@ TEST(ModelConfigTest, RejectsBadRopeThetaAndEps) {
   ExpectInvalid(c, "norm_eps");
 }
 
+TEST(ModelConfigTest, RejectsBosAndEosOutsideTheVocabulary) {
+  ModelConfig c = Good();
+  c.bos_token_id = 512;
+  ExpectInvalid(c, "bos_token_id = 512 is outside [0, vocab_size = 512)");
+  c = Good();
+  c.eos_token_id = -2;
+  ExpectInvalid(c, "eos_token_id = -2");
+  c = Good();
+  c.bos_token_id = -1;  // none
+  c.eos_token_id = 511;
+  EXPECT_TRUE(c.Validate().ok()) << c.Validate();
+}
+
 TEST(ModelConfigTest, ArchNames) {
   EXPECT_STREQ(ArchName(Arch::kLlama), "llama");
   EXPECT_STREQ(ArchName(Arch::kMistral), "mistral");

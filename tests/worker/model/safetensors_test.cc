@@ -98,7 +98,7 @@ TEST_F(SafetensorsTest, HeaderLengthBeyondFileIsDataLoss) {
 TEST_F(SafetensorsTest, InvalidJsonIsInvalidArgument) {
   ExpectError(OpenWith("{\"a\": {\"dtype\": ", 0), absl::StatusCode::kInvalidArgument,
               "not valid JSON");
-  ExpectError(OpenWith("[1, 2]", 0), absl::StatusCode::kInvalidArgument, "not a JSON object");
+  ExpectError(OpenWith("[1, 2]", 0), absl::StatusCode::kInvalidArgument, "does not start with '{'");
   ExpectError(OpenWith("{\"a\": 5}", 0), absl::StatusCode::kInvalidArgument,
               "tensor \"a\": entry is not a JSON object");
   ExpectError(OpenWith("{\"a\": {\"dtype\": \"F32\", \"shape\": [1]}}", 4),
@@ -171,6 +171,65 @@ TEST_F(SafetensorsTest, EveryCorruptedHeaderByteGivesAStatusNotACrash) {
     }
   }
   EXPECT_GT(errors, 0);
+}
+
+// Issue 27: a header length field one byte short still parsed (the JSON is padded with
+// spaces), shifting the data section by a byte: every weight loaded misaligned and the model
+// produced <unk>. One byte long takes a byte of data into the header.
+TEST_F(SafetensorsTest, HeaderLengthOffByOneIsAnError) {
+  test::SafetensorsWriter w;
+  w.Add("a", test::TestTensor{{2, 2}, {1.0f, 2.0f, 3.0f, 4.0f}, kernels::DType::kF32});
+  w.Add("b", test::TestTensor{{3}, {5.0f, 6.0f, 7.0f}, kernels::DType::kBF16});
+  std::string header, data;
+  w.Build(&header, &data);
+  if (header.back() != ' ') header += std::string(8, ' ');  // padded, as most real files
+  path_ = dir_ + "/off_by_one.safetensors";
+  WriteFile(path_, SafetensorsBytes(header, data, header.size()));
+  ASSERT_TRUE(SafetensorsFile::Open(path_).ok());
+  WriteFile(path_, SafetensorsBytes(header, data, header.size() - 1));
+  ExpectError(SafetensorsFile::Open(path_).status(), absl::StatusCode::kDataLoss,
+              absl::StrCat("the tensors end at byte ", data.size(),
+                           " of the data section but the "
+                           "file holds ",
+                           data.size() + 1, " bytes after the ", header.size() - 1,
+                           "-byte header: the header must end exactly where the data begins"));
+  WriteFile(path_, SafetensorsBytes(header, data, header.size() + 1));
+  EXPECT_FALSE(SafetensorsFile::Open(path_).ok());
+}
+
+TEST_F(SafetensorsTest, OverlapsHolesAndMisalignedTensorsAreInvalidArgument) {
+  ExpectError(OpenWith("{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]},"
+                       " \"b\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [4, 12]}}",
+                       12),
+              absl::StatusCode::kInvalidArgument,
+              "tensor \"b\": data_offsets [4, 12] overlap tensor \"a\", which ends at 8");
+  ExpectError(OpenWith("{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]},"
+                       " \"b\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [8, 12]}}",
+                       12),
+              absl::StatusCode::kInvalidArgument,
+              "tensor \"b\": data_offsets [8, 12] leave bytes [4, 8) of the data section to no "
+              "tensor");
+  ExpectError(
+      OpenWith("{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [2, 6]}}", 6),
+      absl::StatusCode::kInvalidArgument,
+      "tensor \"a\": data_offsets begin 2 is not a multiple of the 4-byte f32 element");
+  // Two names for the same bytes are an overlap too.
+  ExpectError(OpenWith("{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]},"
+                       " \"b\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]}}",
+                       4),
+              absl::StatusCode::kInvalidArgument, "overlap tensor \"a\"");
+  // Empty tensors take no bytes and may sit anywhere in the tiling.
+  EXPECT_TRUE(OpenWith("{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]},"
+                       " \"e\": {\"dtype\": \"F32\", \"shape\": [0], \"data_offsets\": [4, 4]}}",
+                       4)
+                  .ok());
+}
+
+TEST_F(SafetensorsTest, DeeplyNestedHeaderIsRefusedBeforeParsing) {
+  const std::string deep =
+      "{\"__metadata__\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+  ExpectError(OpenWith(deep, 0), absl::StatusCode::kInvalidArgument,
+              "JSON nests deeper than 64 levels");
 }
 
 TEST_F(SafetensorsTest, MissingFileIsNotFound) {

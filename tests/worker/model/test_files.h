@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -167,5 +168,78 @@ struct TinyHf {
     Tensors().Write(dir + "/model.safetensors");
   }
 };
+
+// The number of fp32 values after a llama2.c header {dim, hidden_dim, n_layers, n_heads,
+// n_kv_heads, vocab_size, seq_len} (vocab_size < 0: an untied classifier follows).
+inline int64_t Llama2cFloats(const std::vector<int32_t>& h) {
+  const int64_t dim = h[0], hidden = h[1], layers = h[2], head_dim = h[0] / h[3];
+  const int64_t kv_dim = h[4] * head_dim, vocab = h[5] < 0 ? -int64_t{h[5]} : h[5];
+  const int64_t per_layer = 2 * dim + 2 * dim * dim + 2 * kv_dim * dim + 3 * hidden * dim;
+  return vocab * dim + layers * per_layer + dim + int64_t{h[6]} * head_dim +
+         (h[5] < 0 ? vocab * dim : 0);
+}
+
+// A llama2.c checkpoint exactly as long as `header` implies; weight k is TestValue(0, k).
+inline std::string Llama2cCheckpoint(const std::vector<int32_t>& header) {
+  std::string out(reinterpret_cast<const char*>(header.data()), header.size() * 4);
+  const int64_t floats = Llama2cFloats(header);
+  for (int64_t k = 0; k < floats; ++k) {
+    const float f = TestValue(0, k);
+    out.append(reinterpret_cast<const char*>(&f), 4);
+  }
+  return out;
+}
+
+// The first `vocab` pieces of a llama2.c tokenizer.bin laid out as a SentencePiece export:
+// <unk>, <s>, </s>, <0x00>..<0xFF> (ids 3..258, run.c's byte fallback), then " ", the
+// letters, and " " + each letter, scored so that longer pieces merge first.
+inline std::string Llama2cTokenizerBytes(int vocab) {
+  std::vector<std::string> pieces = {"<unk>", "<s>", "</s>"};
+  for (int b = 0; b < 256; ++b) {
+    char hex[8];
+    std::snprintf(hex, sizeof(hex), "<0x%02X>", b);
+    pieces.push_back(hex);
+  }
+  pieces.push_back(" ");
+  for (char c = 'a'; c <= 'z'; ++c) pieces.push_back(std::string(1, c));
+  for (char c = 'a'; c <= 'z'; ++c) pieces.push_back(std::string(" ") + c);
+  std::string out;
+  const int32_t max_len = 6;
+  out.append(reinterpret_cast<const char*>(&max_len), 4);
+  for (int id = 0; id < vocab; ++id) {
+    const std::string& p = pieces.at(static_cast<size_t>(id));
+    const float score = static_cast<float>(p.size()) - id * 1e-3f;
+    const int32_t len = static_cast<int32_t>(p.size());
+    out.append(reinterpret_cast<const char*>(&score), 4);
+    out.append(reinterpret_cast<const char*>(&len), 4);
+    out += p;
+  }
+  return out;
+}
+inline constexpr int kLlama2cTokenizerMaxVocab = 3 + 256 + 1 + 26 + 26;
+
+// A byte-level BPE tokenizer.json with one token per byte (id = byte value) and no merges.
+inline std::string ByteLevelTokenizerJson() {
+  std::string vocab;
+  int extra = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+    const uint32_t cp = printable ? b : 256 + extra++;
+    std::string utf8;  // cp < 0x800: one or two bytes
+    if (cp < 0x80) {
+      utf8 = std::string(1, static_cast<char>(cp));
+    } else {
+      utf8 = {static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
+    }
+    if (utf8 == "\"" || utf8 == "\\") utf8 = "\\" + utf8;
+    absl::StrAppend(&vocab, b > 0 ? "," : "", "\"", utf8, "\":", b);
+  }
+  return absl::StrCat(
+      "{\"version\":\"1.0\",\"added_tokens\":[],\"normalizer\":null,"
+      "\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false,"
+      "\"trim_offsets\":true,\"use_regex\":true},\"post_processor\":null,"
+      "\"decoder\":{\"type\":\"ByteLevel\"},\"model\":{\"type\":\"BPE\",\"vocab\":{",
+      vocab, "},\"merges\":[]}}");
+}
 
 }  // namespace recall::model::test

@@ -24,7 +24,7 @@ const std::map<std::string, std::vector<std::string>> kValues = {
     {"port-file", {"p"}},
     {"coordinator", {"c:1"}},
     {"advertise", {"a:1"}},
-    {"api-key", {"k"}},
+    {"cluster-token-file", {"k"}},
     {"max-tokens-limit", {"7"}},
     {"device", {"cuda"}},
     {"tp", {"2"}},

@@ -331,6 +331,25 @@ TEST_F(SchedulerTest, TurnThatCanNeverFitIsResourceExhausted) {
   EXPECT_EQ(pool_->free_blocks(), 2 * model_->config.n_layers);
 }
 
+TEST_F(SchedulerTest, TurnWhoseFullCacheCanNeverFitIsRefusedBeforeAnyToken) {
+  Start(8);  // 128 token slots per layer
+  Collected c = Run(Turn("greedy", "Once upon a time", 300));
+  EXPECT_EQ(c.status.code(), absl::StatusCode::kResourceExhausted) << c.status;
+  EXPECT_TRUE(c.token_ids.empty()) << "refused before any token streams";
+  EXPECT_NE(c.status.message().find("sampling.max_tokens"), std::string::npos) << c.status;
+  EXPECT_NE(c.status.message().find("not retryable"), std::string::npos) << c.status;
+  EXPECT_EQ(pool_->free_blocks(), pool_->num_blocks());
+  // The same turn within the pool, and an evicting session whose cache stays bounded.
+  EXPECT_TRUE(Run(Turn("small", "Once upon a time", 100)).status.ok());
+  TurnRequest lazy = Turn("lazy", "Once upon a time", 300);
+  lazy.cache.policy = "lazy";
+  lazy.cache.budget_tokens = 48;
+  lazy.cache.window = 16;
+  Collected l = Run(lazy);
+  ASSERT_TRUE(l.status.ok()) << l.status;
+  EXPECT_GT(l.token_ids.size(), 100u);
+}
+
 TEST_F(SchedulerTest, TurnLongerThanTheContextIsInvalidArgument) {
   Start(64);
   std::string text;

@@ -330,5 +330,36 @@ TEST_F(HfTokenizerErrorTest, MalformedOrUnsupportedContentIsInvalidArgument) {
   EXPECT_EQ(LoadText("bad_type.json", bad_type.dump()).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST_F(HfTokenizerErrorTest, IdsBeyondTheFileSizeAreRefusedBeforeAllocating) {
+  // The id table is sized by the largest id: one id of 2^31 - 1 asked for 64 GiB.
+  const json minimal = {
+      {"model", {{"type", "BPE"}, {"vocab", {{"a", 0}, {"b", 1}, {"ab", 2}}}, {"merges", {"a b"}}}},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}}},
+      {"decoder", {{"type", "ByteLevel"}}}};
+  json big_vocab_id = minimal;
+  big_vocab_id["model"]["vocab"]["ab"] = 2147483647;
+  absl::Status s = LoadText("big_vocab_id.json", big_vocab_id.dump());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("token id 2147483647 is out of range"), std::string::npos) << s;
+  json big_added_id = minimal;
+  big_added_id["added_tokens"] = {{{"id", 100000000}, {"content", "<x>"}, {"special", true}}};
+  s = LoadText("big_added_id.json", big_added_id.dump());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("token id 100000000 is out of range"), std::string::npos) << s;
+  json empty = minimal;
+  empty["model"]["vocab"] = json::object();
+  empty["model"]["merges"] = json::array();
+  EXPECT_EQ(LoadText("empty.json", empty.dump()).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(HfTokenizerErrorTest, DeepNestingIsRefusedBeforeParsing) {
+  // Copying a json value recurses per level: a million levels overflowed the stack.
+  const std::string deep =
+      "{\"normalizer\": " + std::string(1000000, '[') + std::string(1000000, ']') + "}";
+  const absl::Status s = LoadText("deep.json", deep);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("JSON nests deeper than 64 levels"), std::string::npos) << s;
+}
+
 }  // namespace
 }  // namespace recall::model

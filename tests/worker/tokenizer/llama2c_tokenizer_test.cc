@@ -274,5 +274,38 @@ TEST_F(Llama2cTokenizerFileErrorTest, CorruptLengthIsDataLoss) {
   EXPECT_EQ(big.status().code(), absl::StatusCode::kDataLoss) << big.status();
 }
 
+// Issue 27: a checkpoint header with vocab_size 1 or 8 read only that many tokens of
+// tok512.bin, and encoding then produced byte-fallback ids up to 258 and indexed past them.
+TEST_F(Llama2cTokenizerFileErrorTest, MoreTokensThanTheModelsVocabSizeIsInvalidArgument) {
+  RECALL_REQUIRE_SHARED_FILE(kTok512);
+  for (int vocab : {1, 8, 511}) {
+    auto tok = LoadLlama2cTokenizer(SharedPath(kTok512), vocab);
+    ASSERT_FALSE(tok.ok()) << vocab;
+    EXPECT_EQ(tok.status().code(), absl::StatusCode::kInvalidArgument) << tok.status();
+    EXPECT_NE(tok.status().message().find(SharedPath(kTok512) + ": holds more than vocab_size = " +
+                                          std::to_string(vocab) + " tokens"),
+              std::string::npos)
+        << tok.status();
+  }
+}
+
+TEST_F(Llama2cTokenizerFileErrorTest, AVocabularyTooSmallForByteFallbackEncodesUnknownBytesAsUnk) {
+  RECALL_REQUIRE_SHARED_FILE(kTok512);
+  // The first 8 tokens of tok512.bin as a whole file: <unk>, <s>, </s>, <0x00>..<0x04>.
+  const std::string data = ReadFileOrEmpty(SharedPath(kTok512));
+  size_t pos = 4;
+  for (int i = 0; i < 8; ++i) {
+    int32_t len = 0;
+    std::memcpy(&len, data.data() + pos + 4, 4);
+    pos += 8 + len;
+  }
+  const std::string path = dir_ + "/tok8.bin";
+  testing::WriteFile(path, data.substr(0, pos));
+  auto tok = LoadLlama2cTokenizer(path, 8);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  // 'O' (0x4F) would fall back to id 82 and '\x01' to id 4, which this vocabulary holds.
+  EXPECT_EQ((*tok)->Encode("O\x01", /*add_bos=*/true), (std::vector<int32_t>{1, 0, 4}));
+}
+
 }  // namespace
 }  // namespace recall::model

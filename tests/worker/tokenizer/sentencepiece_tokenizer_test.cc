@@ -120,5 +120,29 @@ TEST(SentencePieceTokenizerErrorTest, MissingAndCorruptFiles) {
   std::filesystem::remove_all(dir);
 }
 
+// Found by fuzz/sentencepiece_fuzzer: a BPE model whose seventh piece is "\0\0\0\0" (empty
+// as a C string) makes libsentencepiece's trie builder throw Darts::Details::Exception out of
+// LoadFromSerializedProto, which terminated the process.
+TEST(SentencePieceTokenizerErrorTest, APieceThatMakesTheLibraryThrowIsDataLoss) {
+  static constexpr char kModel[] =
+      "\012\016\012\005<unk>\025\000\000\000\000\030\002\012\014\012\003<s>\025\000\000"
+      "\000\000\030\003\012\015\012\004</s>\025\000\000\000\000\030\003\012\014\012\003"
+      "\342\226\201\025\000\000\200\277\030\001\012\012\012\001a\025\000\000\000\300\030"
+      "\001\012\012\012\001b\025\000\000@\300\030\001\012\012\012\004\000\000\000\000\200"
+      "\300\030\013\210\002\000\300\002\000\310\002\001\320\002\002\330\002\377\377\377"
+      "\377\377\377\377\377\377\001\032\020\012\010identity\030\001 \000(\001";
+  const std::string dir = ::recall::testing::MakeTempDir("sp_throws");
+  const std::string path = dir + "/tokenizer.model";
+  testing::WriteFile(path, std::string(kModel, sizeof(kModel) - 1));
+  auto tok = LoadSentencePieceTokenizer(path);
+  ASSERT_FALSE(tok.ok());
+  EXPECT_EQ(tok.status().code(), absl::StatusCode::kDataLoss) << tok.status();
+  EXPECT_NE(tok.status().message().find(path + ": not a valid SentencePiece model "
+                                               "(libsentencepiece threw: "),
+            std::string::npos)
+      << tok.status();
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace recall::model

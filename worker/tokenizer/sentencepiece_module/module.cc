@@ -2,21 +2,40 @@
 // libsentencepiece. No Abseil header may be included here (see the facade's header).
 #include <sentencepiece_processor.h>
 
+#include <exception>
+#include <string>
+
 #include "worker/tokenizer/tokenizer_sentencepiece_processor.h"
 
 namespace recall::model::internal {
 namespace {
 
+// libsentencepiece reports most bad models with a Status, but some throw: its trie builder
+// (darts_clone) throws Darts::Details::Exception for a piece that is empty as a C string,
+// e.g. "\0\0". An exception must not cross the module's C boundary (it would terminate the
+// worker), so every call that parses or walks the model catches and reports it.
+template <typename Call>
+bool Guarded(std::string* error, Call call) {
+  try {
+    return call();
+  } catch (const std::exception& e) {
+    *error = std::string("libsentencepiece threw: ") + e.what();
+  } catch (...) {
+    *error = "libsentencepiece threw an unknown exception";
+  }
+  return false;
+}
+
 class LibraryProcessor final : public SentencePieceProcessor {
  public:
   bool LoadFromSerializedProto(const std::string& data, std::string* error) override {
-    return Check(sp_.LoadFromSerializedProto(data), error);
+    return Guarded(error, [&] { return Check(sp_.LoadFromSerializedProto(data), error); });
   }
   bool Encode(std::string_view text, std::vector<int>* ids, std::string* error) const override {
-    return Check(sp_.Encode(text, ids), error);
+    return Guarded(error, [&] { return Check(sp_.Encode(text, ids), error); });
   }
   bool Decode(const std::vector<int>& ids, std::string* text, std::string* error) const override {
-    return Check(sp_.Decode(ids, text), error);
+    return Guarded(error, [&] { return Check(sp_.Decode(ids, text), error); });
   }
   int GetPieceSize() const override { return sp_.GetPieceSize(); }
   std::string IdToPiece(int id) const override { return sp_.IdToPiece(id); }

@@ -1,0 +1,139 @@
+// Exact rebuild (replay.h) on stories260K: a session whose cache is dropped between turns and
+// rebuilt from its transcript with the replies' tokens gives the same greedy replies as a
+// session that kept its cache, for FullKV and for evicting policies, and a failover's resume
+// tokens fed as decode steps give the rest of the reply the original would have given. The
+// same sessions rebuilt from text alone are also run, and how many of their replies differ
+// is printed (not asserted: whether rounding or a different eviction changes a greedy token
+// depends on the text).
+#include "worker/serving/replay.h"
+
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "tests/common/stories260k.h"
+#include "worker/serving/scheduler.h"
+#include "worker/serving/turn_collect.h"
+
+namespace recall::serving {
+namespace {
+
+const char* const kTurns[] = {"Once upon a time", "Then the dog ran to the park.",
+                              "What did Lily say?", "And then?"};
+
+class ReplayTest : public recall::testing::Stories260KTest {
+ protected:
+  void SetUp() override {
+    Stories260KTest::SetUp();
+    if (model_ == nullptr) return;
+    backend_ = kernels::CreateCpuBackend({2});
+    const model::ModelConfig& c = model_->config;
+    auto pool = cache::BlockPool::Create({c.n_layers, c.n_kv_heads, c.head_dim, 16}, 4096);
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    pool_ = std::move(*pool);
+    SchedulerOptions o;
+    o.stop_token_ids = {2};
+    auto s = Scheduler::Create(*model_, *backend_, *pool_, *tok_, o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    sched_ = std::move(*s);
+  }
+
+  TurnRequest Turn(const std::string& session, const std::string& text, int history_length,
+                   const std::string& policy) {
+    TurnRequest r;
+    r.session_id = session;
+    r.messages = {{"user", text}};
+    r.history_length = history_length;
+    r.sampling.temperature = 0;
+    r.max_tokens = 60;
+    if (policy != "full") {
+      r.cache.policy = policy;
+      r.cache.budget_tokens = 40;
+      r.cache.window = 8;
+    } else {
+      r.cache.policy = "full";
+    }
+    return r;
+  }
+
+  Collected Run(TurnRequest r) {
+    auto stream = sched_->Submit(std::move(r));
+    if (!stream.ok()) return Collected{.status = stream.status()};
+    return CollectTurn(**stream);
+  }
+
+  // Runs kTurns on `session`. Before every turn after the first its cache is dropped and the
+  // turn carries the transcript: with the replies' tokens when `with_tokens`, as text only
+  // otherwise. `drop` false keeps the cache (the reference). Returns each reply.
+  std::vector<Collected> Conversation(const std::string& session, const std::string& policy,
+                                      bool drop, bool with_tokens) {
+    std::vector<Collected> replies;
+    std::vector<model::ChatMessage> history;
+    std::vector<std::optional<ReplyRecord>> records;
+    for (const char* text : kTurns) {
+      TurnRequest r = Turn(session, text, static_cast<int>(history.size()), policy);
+      if (drop && !history.empty()) {
+        EXPECT_TRUE(sched_->DropSession(session).ok());
+        r.history = history;
+        if (with_tokens) r.history_replies = records;
+      }
+      Collected c = Run(r);
+      EXPECT_TRUE(c.status.ok()) << policy << ": " << c.status;
+      history.push_back({"user", text});
+      history.push_back({"assistant", c.summary.text});
+      records.emplace_back();  // the user message
+      records.push_back(ReplyRecord{c.token_ids, c.summary.finish});
+      replies.push_back(std::move(c));
+    }
+    return replies;
+  }
+
+  std::unique_ptr<kernels::Backend> backend_;
+  std::unique_ptr<cache::BlockPool> pool_;
+  std::unique_ptr<Scheduler> sched_;
+};
+
+TEST_F(ReplayTest, ARebuiltSessionRepliesAsIfItHadKeptItsCache) {
+  for (const std::string policy : {"full", "lazy", "h2o", "tova", "streaming", "vase"}) {
+    // One session id for the three runs (a policy may seed itself from it, as VaSE does).
+    const std::string id = "s-" + policy;
+    const std::vector<Collected> kept = Conversation(id, policy, false, false);
+    ASSERT_TRUE(sched_->DropSession(id).ok());
+    const std::vector<Collected> replayed = Conversation(id, policy, true, true);
+    ASSERT_TRUE(sched_->DropSession(id).ok());
+    const std::vector<Collected> text = Conversation(id, policy, true, false);
+    ASSERT_TRUE(sched_->DropSession(id).ok());
+    ASSERT_EQ(kept.size(), replayed.size());
+    int text_differs = 0;
+    for (size_t i = 0; i < kept.size(); ++i) {
+      EXPECT_EQ(replayed[i].token_ids, kept[i].token_ids) << policy << " turn " << i;
+      if (i > 0) {
+        EXPECT_TRUE(replayed[i].summary.rebuilt) << policy << " turn " << i;
+      }
+      text_differs += text[i].token_ids != kept[i].token_ids;
+    }
+    std::printf(
+        "%-9s replayed: %zu of %zu replies equal to the kept cache's; rebuilt from "
+        "text: %d differ\n",
+        policy.c_str(), kept.size(), kept.size(), text_differs);
+  }
+}
+
+TEST_F(ReplayTest, ResumeTokensAreFedAsTheDecodeStepsTheyWere) {
+  for (const std::string policy : {"full", "lazy"}) {
+    TurnRequest whole_request = Turn("whole-" + policy, "Once upon a time", 0, policy);
+    whole_request.max_tokens = 120;
+    const Collected whole = Run(whole_request);
+    ASSERT_TRUE(whole.status.ok()) << whole.status;
+    ASSERT_GT(whole.token_ids.size(), 60u);
+    TurnRequest r = Turn("resumed-" + policy, "Once upon a time", 0, policy);
+    r.max_tokens = 120;
+    r.resume_tokens.assign(whole.token_ids.begin(), whole.token_ids.begin() + 50);
+    const Collected rest = Run(r);
+    ASSERT_TRUE(rest.status.ok()) << rest.status;
+    const std::vector<int32_t> expected(whole.token_ids.begin() + 50, whole.token_ids.end());
+    EXPECT_EQ(rest.token_ids, expected) << policy;
+  }
+}
+
+}  // namespace
+}  // namespace recall::serving

@@ -1,0 +1,69 @@
+#include "worker/serving/replay.h"
+
+#include "common/status.h"
+#include "worker/serving/turn_prompt.h"
+
+namespace recall::serving {
+
+absl::StatusOr<std::optional<ReplayPlan>> PlanReplay(
+    model::ChatFormat format, const model::Tokenizer& tokenizer,
+    const std::vector<model::ChatMessage>& history,
+    const std::vector<std::optional<ReplyRecord>>& replies,
+    const std::vector<model::ChatMessage>& messages) {
+  std::vector<model::ChatMessage> all = history;
+  all.insert(all.end(), messages.begin(), messages.end());
+  size_t first = 0;
+  while (first < history.size() && history[first].role != "assistant") ++first;
+  if (first == history.size()) return std::nullopt;
+  ReplayPlan plan;
+  // The first turn: the rendering up to its generation prompt.
+  const std::vector<model::ChatMessage> opening(all.begin(), all.begin() + first);
+  RECALL_ASSIGN_OR_RETURN(std::string text, model::RenderChat(format, opening, true));
+  plan.tokens = tokenizer.Encode(text, true);
+  for (size_t a = first; a < history.size();) {
+    // history[a] is a reply.
+    if (a >= replies.size() || !replies[a].has_value() || plan.tokens.empty()) return std::nullopt;
+    const ReplyRecord& reply = *replies[a];
+    model::TokenStreamDecoder decoder(tokenizer);
+    decoder.Next(plan.tokens.back());
+    decoder.Flush();
+    std::string decoded;
+    for (int32_t id : reply.token_ids) {
+      if (id < 0 || id >= tokenizer.vocab_size()) return std::nullopt;
+      decoded += decoder.Next(id);
+    }
+    decoded += decoder.Flush();
+    if (decoded != history[a].content) return std::nullopt;
+    // Fed as decode steps: every reply token a later step fed. After a stop token all were
+    // (the stop token itself never is); after a length end the last one goes first in the
+    // next prompt.
+    const bool all_fed = reply.finish == TurnFinish::kStop;
+    const size_t stepped =
+        all_fed || reply.token_ids.empty() ? reply.token_ids.size() : reply.token_ids.size() - 1;
+    if (stepped > 0) {
+      plan.step_ranges.emplace_back(plan.tokens.size(), plan.tokens.size() + stepped);
+      plan.tokens.insert(plan.tokens.end(), reply.token_ids.begin(),
+                         reply.token_ids.begin() + static_cast<std::ptrdiff_t>(stepped));
+    }
+    std::vector<int32_t> prompt(reply.token_ids.begin() + static_cast<std::ptrdiff_t>(stepped),
+                                reply.token_ids.end());
+    // The next prompt: how the format closes this reply, then the messages up to the next
+    // reply (or the end, this turn's messages included).
+    size_t next = a + 1;
+    while (next < history.size() && history[next].role != "assistant") ++next;
+    const size_t upto = next < history.size() ? next : all.size();
+    if (upto == a + 1) return std::nullopt;  // two replies in a row: no turn between them
+    const std::vector<model::ChatMessage> before(all.begin(), all.begin() + a + 1);
+    const std::vector<model::ChatMessage> after(all.begin() + a + 1, all.begin() + upto);
+    RECALL_ASSIGN_OR_RETURN(std::optional<std::string> more,
+                            ContinuationText(format, before, after));
+    if (!more.has_value()) return std::nullopt;
+    const std::vector<int32_t> encoded = tokenizer.Encode(*more, false);
+    prompt.insert(prompt.end(), encoded.begin(), encoded.end());
+    plan.tokens.insert(plan.tokens.end(), prompt.begin(), prompt.end());
+    a = next;
+  }
+  return plan;
+}
+
+}  // namespace recall::serving
