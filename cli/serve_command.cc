@@ -20,15 +20,17 @@ namespace {
 constexpr char kUsageHead[] = R"(usage: recall serve --model PATH [--tokenizer PATH] [options]
 
 Starts one recall-worker (a child process) and a coordinator in front of it, with the
-session store in DATA_DIR/sessions.db. Chat with it: recall chat --server HOST:PORT.
+session store in DATA_DIR/sessions.db. Chat with it: recall chat --server HOST:PORT, or any
+OpenAI client at http://HOST:HTTP_PORT/v1 (--http-listen).
 
 )";
 
 struct ServeOptions {
   std::string listen = "127.0.0.1:50050";  // the coordinator
+  std::string http_listen = "127.0.0.1:8080";  // its OpenAI-compatible HTTP API; "off": none
   std::string data_dir = "./recall-data";
   std::string api_keys;   // "<key> <tenant>" lines; empty: no auth
-  std::string port_file;  // "grpc=PORT" once ready
+  std::string port_file;  // "grpc=PORT http=PORT" once ready
   service::WorkerOptions worker;
   ServeOptions() {
     worker.listen = "127.0.0.1:0";
@@ -45,13 +47,18 @@ const flags::FlagSet<ServeOptions>& ServeFlags() {
             "listen", "HOST:PORT", "the coordinator (default 127.0.0.1:50050)",
             [](auto& o) -> auto& { return o.listen; })
         .String(
+            "http-listen", "HOST:PORT",
+            "the OpenAI-compatible HTTP API (default 127.0.0.1:8080; port 0 picks one;\n"
+            "off: none)",
+            [](auto& o) -> auto& { return o.http_listen; })
+        .String(
             "data-dir", "DIR", "session store folder (default ./recall-data)",
             [](auto& o) -> auto& { return o.data_dir; })
         .String(
             "api-keys", "FILE", "\"<key> <tenant>\" lines; default: no auth (local use)",
             [](auto& o) -> auto& { return o.api_keys; })
         .String(
-            "port-file", "PATH", "write \"grpc=PORT\" once ready",
+            "port-file", "PATH", "write \"grpc=PORT http=PORT\" once ready (http=0: off)",
             [](auto& o) -> auto& { return o.port_file; })
         .Include(service::WorkerFlags(), [](auto& o) -> auto& { return o.worker; },
                  {"listen", "port-file", "coordinator", "advertise"});
@@ -107,16 +114,24 @@ absl::Status Serve(const ServeOptions& o) {
   c.data_dir = data_dir;
   c.api_keys_path = o.api_keys;
   c.cluster_token_file = worker_options.cluster_token_file;
-  RECALL_ASSIGN_OR_RETURN(std::unique_ptr<coordinator::CoordinatorServer> server,
-                          coordinator::CoordinatorServer::Start(c));
+  if (o.http_listen != "off") c.http_listen = o.http_listen;
+  absl::StatusOr<std::unique_ptr<coordinator::CoordinatorServer>> started =
+      coordinator::CoordinatorServer::Start(c);
+  if (!started.ok()) return ServeFlags().Explain(started.status());
+  std::unique_ptr<coordinator::CoordinatorServer> server = std::move(*started);
   std::cerr << "recall serve: ready on " << c.listen << " (port " << server->port()
             << "); worker on port " << worker.port("grpc") << "; sessions in " << data_dir
             << "/sessions.db\n";
+  if (server->http_port() > 0) {
+    std::cerr << "recall serve: OpenAI-compatible HTTP API on http://"
+              << c.http_listen.substr(0, c.http_listen.rfind(':')) << ":" << server->http_port()
+              << "/v1\n";
+  }
   if (!o.port_file.empty()) {
     const std::string& path = o.port_file;
     {
       std::ofstream out(path + ".tmp");
-      out << "grpc=" << server->port() << "\n";
+      out << "grpc=" << server->port() << " http=" << server->http_port() << "\n";
     }
     std::rename((path + ".tmp").c_str(), path.c_str());
   }

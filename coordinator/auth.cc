@@ -32,13 +32,19 @@ absl::StatusOr<ApiKeys> ApiKeys::Load(const std::string& path) {
 }
 
 absl::StatusOr<std::string> ApiKeys::Authenticate(const grpc::ServerContextBase& context) const {
-  if (!enabled_) return std::string("default");
   const auto& md = context.client_metadata();
   auto it = md.find("authorization");
-  if (it == md.end()) {
+  if (it == md.end()) return AuthenticateBearer(std::nullopt);
+  return AuthenticateBearer(std::string(it->second.data(), it->second.size()));
+}
+
+absl::StatusOr<std::string> ApiKeys::AuthenticateBearer(
+    const std::optional<std::string>& authorization) const {
+  if (!enabled_) return std::string("default");
+  if (!authorization.has_value()) {
     return absl::UnauthenticatedError("authorization: missing; send \"Bearer <api key>\"");
   }
-  std::string value(it->second.data(), it->second.size());
+  std::string value = *authorization;
   const std::string prefix = "Bearer ";
   if (value.rfind(prefix, 0) != 0) {
     return absl::UnauthenticatedError("authorization: expected \"Bearer <api key>\"");

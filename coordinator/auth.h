@@ -1,9 +1,11 @@
 // API keys: a file of "<key> <tenant>" lines ('#' comments, blank lines ignored). A call
-// carries its key in the "authorization" metadata as "Bearer <key>". Without a key file
-// (local use, `recall serve`) every caller is the tenant "default".
+// carries its key as "Bearer <key>": in the "authorization" metadata on gRPC, in the
+// Authorization header on HTTP; both map to the same tenants. Without a key file (local use,
+// `recall serve`) every caller is the tenant "default".
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -19,6 +21,9 @@ class ApiKeys {
 
   // The caller's tenant, or UNAUTHENTICATED (missing or unknown key).
   absl::StatusOr<std::string> Authenticate(const grpc::ServerContextBase& context) const;
+  // The same from the header's value ("Bearer <key>"); nullopt: no header.
+  absl::StatusOr<std::string> AuthenticateBearer(
+      const std::optional<std::string>& authorization) const;
   bool enabled() const { return enabled_; }
 
  private:

@@ -4,30 +4,15 @@
 
 #include <chrono>
 #include <optional>
-#include <random>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "coordinator/grpc_status.h"
 
 namespace recall::coordinator {
 namespace {
-
-std::string NewSessionId() {
-  static std::mutex mu;
-  static std::mt19937_64 rng(std::random_device{}());
-  std::lock_guard<std::mutex> lock(mu);
-  return absl::StrCat("s-", absl::Hex(rng(), absl::kZeroPad16), absl::Hex(rng(), absl::kZeroPad16));
-}
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 // Page tokens are opaque to clients: "p1." and the hex of the last session id listed.
 std::string EncodePageToken(const std::string& id) {
@@ -66,46 +51,15 @@ void ToProto(const SessionRecord& r, bool with_messages, v1::Session* out) {
 
 }  // namespace
 
-ChatService::ChatService(SessionStore& store, WorkerRegistry& workers, ApiKeys keys,
-                         CoordinatorOptions options, metrics::Registry& metrics)
-    : store_(store),
+ChatService::ChatService(Conversations& conversations, SessionStore& store, WorkerRegistry& workers,
+                         const ApiKeys& keys, metrics::Registry& metrics)
+    : conversations_(conversations),
+      store_(store),
       workers_(workers),
-      keys_(std::move(keys)),
-      options_(options),
+      keys_(keys),
+      options_(conversations.options()),
       metrics_(metrics),
-      store_pool_(options.store_threads) {}
-
-void ChatService::RememberEpisodes(const std::string& key, const v1::TurnDone& done) {
-  absl::MutexLock lock(&mu_);
-  if (done.has_episodes()) {
-    episodes_[key] = done.episodes();
-  } else {
-    episodes_.erase(key);  // not built (yet, or any more after a rebuild)
-  }
-}
-
-void ChatService::ForgetEpisodes(const std::string& key) {
-  absl::MutexLock lock(&mu_);
-  episodes_.erase(key);
-}
-
-bool ChatService::RecallEpisodes(const std::string& key, v1::EpisodesReport* out) {
-  absl::MutexLock lock(&mu_);
-  auto it = episodes_.find(key);
-  if (it == episodes_.end()) return false;
-  *out = it->second;
-  return true;
-}
-
-bool ChatService::BeginTurn(const std::string& key) {
-  absl::MutexLock lock(&mu_);
-  return running_.insert(key).second;
-}
-
-void ChatService::EndTurn(const std::string& key) {
-  absl::MutexLock lock(&mu_);
-  running_.erase(key);
-}
+      store_pool_(options_.store_threads) {}
 
 grpc::Status ChatService::CreateSession(grpc::ServerContext* context,
                                         const v1::CreateSessionRequest* request,
@@ -119,56 +73,11 @@ grpc::Status ChatService::CreateSession(grpc::ServerContext* context,
   if (request->metadata_size() > 64) {
     return Invalid("metadata", absl::StrCat(request->metadata_size(), " entries; at most 64"));
   }
-  RECALL_GRPC_ASSIGN_OR_RETURN(const int count, store_.CountSessions(tenant));
-  if (count >= options_.max_sessions_per_tenant) {
-    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                        absl::StrCat("tenant has ", count, " sessions, the limit is ",
-                                     options_.max_sessions_per_tenant,
-                                     "; delete some (not retryable)"));
-  }
-  std::string model = request->model();
-  std::set<std::string> served;
-  for (const WorkerView& w : workers_.Snapshot()) {
-    if (!w.info.model().empty()) served.insert(w.info.model());
-  }
-  if (model.empty() && served.size() == 1) model = *served.begin();
-  if (!model.empty() && !served.empty() && served.count(model) == 0) {
-    return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                        absl::StrCat("model: no worker serves \"", model, "\""));
-  }
-  if (request->cache().has_kv_dtype()) {
-    const std::string& t = request->cache().kv_dtype();
-    if (t != "f32" && t != "bf16" && t != "f16" && t != "int8") {
-      return grpc::Status(
-          grpc::StatusCode::INVALID_ARGUMENT,
-          absl::StrCat("cache.kv_dtype: \"", t, "\" is not one of f32, bf16, f16, int8"));
-    }
-    std::set<std::string> stored;
-    for (const WorkerView& w : workers_.Snapshot()) {
-      if (!w.info.default_cache().kv_dtype().empty())
-        stored.insert(w.info.default_cache().kv_dtype());
-    }
-    if (!stored.empty() && stored.count(t) == 0) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          absl::StrCat("cache.kv_dtype: no worker stores ", t,
-                                       " (the workers store ", absl::StrJoin(stored, ", "), ")"));
-    }
-  }
-  SessionRecord r;
-  r.id = NewSessionId();
-  r.tenant = tenant;
-  r.model = model;
-  request->cache().SerializeToString(&r.cache_settings);
-  r.metadata.insert(request->metadata().begin(), request->metadata().end());
-  r.created_unix_ms = NowMs();
-  RECALL_GRPC_RETURN_IF_ERROR(store_.Create(r));
-  if (!request->system_prompt().empty()) {
-    RECALL_GRPC_RETURN_IF_ERROR(
-        store_.Append(tenant, r.id, 0, {"system", request->system_prompt()}));
-    r.messages.push_back({"system", request->system_prompt()});
-  }
-  metrics_.GetCounter("recall_coordinator_sessions_created_total", "Sessions created")
-      ->Increment();
+  RECALL_GRPC_ASSIGN_OR_RETURN(
+      const SessionRecord r,
+      conversations_.Create(tenant, request->model(), request->cache(),
+                            {request->metadata().begin(), request->metadata().end()},
+                            request->system_prompt()));
   ToProto(r, true, response);
   return grpc::Status::OK;
 }
@@ -180,7 +89,7 @@ grpc::Status ChatService::GetSession(grpc::ServerContext* context,
   if (grpc::Status st = CheckSessionId(request->session_id()); !st.ok()) return st;
   RECALL_GRPC_ASSIGN_OR_RETURN(const SessionRecord r, store_.Get(tenant, request->session_id()));
   ToProto(r, true, response);
-  RecallEpisodes(tenant + "/" + r.id, response->mutable_episodes());
+  conversations_.RecallEpisodes(tenant + "/" + r.id, response->mutable_episodes());
   if (response->episodes().windows().empty()) response->clear_episodes();
   return grpc::Status::OK;
 }
@@ -217,7 +126,7 @@ grpc::Status ChatService::DeleteSession(grpc::ServerContext* context,
   if (grpc::Status st = CheckSessionId(request->session_id()); !st.ok()) return st;
   RECALL_GRPC_ASSIGN_OR_RETURN(const SessionRecord r, store_.Get(tenant, request->session_id()));
   RECALL_GRPC_RETURN_IF_ERROR(store_.Delete(tenant, r.id));
-  ForgetEpisodes(tenant + "/" + r.id);
+  conversations_.ForgetEpisodes(tenant + "/" + r.id);
   // Best effort: the worker's cache is derived state and would age out anyway.
   if (auto stub = workers_.Stub(r.worker); stub != nullptr) {
     grpc::ClientContext ctx;
@@ -234,16 +143,7 @@ grpc::Status ChatService::DeleteSession(grpc::ServerContext* context,
 grpc::Status ChatService::ListModels(grpc::ServerContext* context, const v1::ListModelsRequest*,
                                      v1::ListModelsResponse* response) {
   RECALL_GRPC_ASSIGN_OR_RETURN(const std::string tenant, keys_.Authenticate(*context));
-  std::map<std::string, v1::ModelInfo> models;
-  for (const WorkerView& w : workers_.Snapshot()) {
-    if (w.info.model().empty()) continue;
-    v1::ModelInfo& m = models[w.info.model()];
-    m.set_name(w.info.model());
-    m.set_context_length(w.info.context_length());
-    if (m.policies().empty()) *m.mutable_policies() = w.info.policies();
-    m.set_workers(m.workers() + (w.healthy && !w.draining ? 1 : 0));
-  }
-  for (auto& [name, m] : models) *response->add_models() = m;
+  for (v1::ModelInfo& m : conversations_.Models()) *response->add_models() = std::move(m);
   return grpc::Status::OK;
 }
 

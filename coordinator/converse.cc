@@ -1,27 +1,16 @@
 // ChatService::Converse and Generate on gRPC's callback API: a TurnReactor per call runs one
 // turn with a TurnRunner and writes its events to the client.
-#include <atomic>
 #include <deque>
-#include <mutex>
 #include <optional>
-#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/clock.h"
 #include "common/logging.h"
 #include "coordinator/chat_service.h"
 #include "coordinator/grpc_status.h"
 
 namespace recall::coordinator {
 
-// A seed for a turn whose request sets none (sampling then differs from turn to turn).
-static uint64_t RandomSeed() {
-  static std::mutex mu;
-  static std::mt19937_64 rng(std::random_device{}());
-  std::lock_guard<std::mutex> lock(mu);
-  return rng();
-}
 namespace {
 
 v1::ConverseEvent DoneEvent(const TurnResult& r) {
@@ -73,8 +62,9 @@ class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::Conve
 
   // Starts the turn. Last in its caller: the call may end at once.
   void Run(TurnSpec spec) {
-    std::shared_ptr<TurnRunner> runner = TurnRunner::Create(
-        service_.workers_, service_.metrics_, service_.RunnerOptions(), std::move(spec), this);
+    std::shared_ptr<TurnRunner> runner =
+        TurnRunner::Create(service_.workers_, service_.metrics_,
+                           service_.conversations_.RunnerOptions(), std::move(spec), this);
     bool cancelled;
     {
       absl::MutexLock lock(&mu_);
@@ -87,7 +77,6 @@ class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::Conve
 
   // The call's status and last event. Called once; last in its caller.
   void End(grpc::Status status, std::optional<v1::ConverseEvent> last = std::nullopt) {
-    if (began_) service_.EndTurn(key_);  // before the client can see the end
     {
       absl::MutexLock lock(&mu_);
       RECALL_CHECK(!end_.has_value()) << "a Converse call ended twice";
@@ -149,81 +138,33 @@ class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::Conve
   // Converse, on the store pool: the session, the turn limit, the running-turn mark, the user
   // message (durable before any worker sees it); then the turn.
   void Prepare(const v1::ConverseRequest& request) {
-    SessionStore& store = service_.store_;
-    absl::StatusOr<SessionRecord> rec = store.Get(tenant_, request.session_id());
-    if (!rec.ok()) {
-      End(ToGrpc(rec.status()));
+    const std::string& message = request.message();
+    absl::StatusOr<OpenTurn> turn = service_.conversations_.Begin(
+        tenant_, request.session_id(),
+        [&message](const SessionRecord& rec) -> absl::StatusOr<TurnMessages> {
+          return TurnMessages{rec.message_count, {{"user", message}}};
+        },
+        request.sampling(), "grpc");
+    if (!turn.ok()) {
+      End(ToGrpc(turn.status()));
       return;
     }
-    if (rec->message_count / 2 >= service_.options_.max_turns) {
-      End(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                       absl::StrCat("session_id: the session has reached the limit of ",
-                                    service_.options_.max_turns, " turns")));
-      return;
-    }
-    key_ = tenant_ + "/" + rec->id;
-    if (!service_.BeginTurn(key_)) {
-      End(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                       "session_id: a turn of this session is running; send the next when it "
-                       "ends"));
-      return;
-    }
-    began_ = true;
-    session_id_ = rec->id;
-    bound_ = rec->worker;
-    index_ = rec->message_count;
-    const absl::Status st = store.Append(tenant_, rec->id, index_, {"user", request.message()});
-    if (!st.ok()) {
-      End(ToGrpc(st));
-      return;
-    }
-    TurnSpec spec;
-    for (const StoredMessage& m : rec->messages) {
-      v1::ChatMessage& pm = spec.history.emplace_back();
-      pm.set_role(m.role);
-      pm.set_content(m.content);
-      pm.mutable_token_ids()->Add(m.token_ids.begin(), m.token_ids.end());
-      if (m.finish != 0) pm.set_finish_reason(static_cast<v1::FinishReason>(m.finish));
-    }
-    spec.bound = rec->worker;
-    v1::RunTurnRequest& base = spec.request;
-    base.set_session_id(rec->id);
-    v1::ChatMessage* user = base.add_messages();
-    user->set_role("user");
-    user->set_content(request.message());
-    base.set_history_length(index_);
-    *base.mutable_sampling() = request.sampling();
-    // An unset seed draws a fresh one, chosen here so a failover resumes with the same draws.
-    if (!base.sampling().has_seed()) base.mutable_sampling()->set_seed(RandomSeed());
-    base.mutable_cache()->ParseFromString(rec->cache_settings);
-    Run(std::move(spec));
+    turn_ = std::move(*turn);
+    Run(turn_->spec);
   }
 
   // Converse, on the store pool: store the reply and the binding, or take the user message
-  // back (the transcript keeps only completed turns); then end the call.
+  // back (the transcript keeps only completed turns); then end the call (the running mark is
+  // cleared before the client can see the end).
   void Complete(absl::StatusOr<TurnResult> outcome) {
-    const grpc::Status status = outcome.ok() ? grpc::Status::OK : ToGrpc(outcome.status());
-    service_.metrics_
-        .GetCounter("recall_coordinator_turns_total", "Converse turns by status code",
-                    absl::StrCat("code=\"", static_cast<int>(status.error_code()), "\""))
-        ->Increment();
-    SessionStore& store = service_.store_;
+    const absl::Status stored = service_.conversations_.Finish(*turn_, outcome);
     if (!outcome.ok()) {
-      store.Truncate(tenant_, session_id_, index_).IgnoreError();
-      End(status);
-      return;
+      End(ToGrpc(outcome.status()));
+    } else if (!stored.ok()) {
+      End(ToGrpc(stored));
+    } else {
+      End(grpc::Status::OK, DoneEvent(*outcome));
     }
-    StoredMessage reply{"assistant", outcome->text};
-    reply.token_ids = outcome->tokens;
-    reply.finish = static_cast<int>(outcome->done.finish_reason());
-    const absl::Status st = store.Append(tenant_, session_id_, index_ + 1, reply);
-    if (!st.ok()) {
-      End(ToGrpc(st));
-      return;
-    }
-    if (outcome->worker != bound_) store.Bind(tenant_, session_id_, outcome->worker).IgnoreError();
-    service_.RememberEpisodes(key_, outcome->done);
-    End(grpc::Status::OK, DoneEvent(*outcome));
   }
 
   // Starts the next write, or finishes the call; does nothing while a write is in flight.
@@ -269,13 +210,9 @@ class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::Conve
 
   ChatService& service_;
   const bool converse_;  // else Generate
-  // Converse: the session, set by Prepare, read by Complete and End.
+  // Converse: the caller's tenant; the turn, set by Prepare, read by Complete.
   std::string tenant_;
-  std::string key_;  // tenant/session, for the running-turn mark and the episodes
-  std::string session_id_;
-  std::string bound_;
-  int index_ = 0;       // the user message's index in the transcript
-  bool began_ = false;  // the running-turn mark is set
+  std::optional<OpenTurn> turn_;
 
   absl::Mutex mu_;
   std::shared_ptr<TurnRunner> runner_ ABSL_GUARDED_BY(mu_);
@@ -287,13 +224,6 @@ class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::Conve
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   v1::ConverseEvent write_;  // the write in flight (only touched while writing_)
 };
-
-TurnRunnerOptions ChatService::RunnerOptions() const {
-  TurnRunnerOptions o;
-  o.max_attempts = options_.max_attempts;
-  o.default_max_tokens = options_.default_max_tokens;
-  return o;
-}
 
 namespace {
 
@@ -349,18 +279,8 @@ grpc::ServerWriteReactor<v1::ConverseEvent>* ChatService::Generate(
     reactor->End(std::move(checked));
     return reactor;
   }
-  static std::atomic<int64_t> counter{0};
-  TurnSpec spec;
-  spec.request.set_session_id(
-      absl::StrCat("gen-", tenant, "-", counter++, "-", RealClock::Get().NowNanos()));
-  v1::ChatMessage* user = spec.request.add_messages();
-  user->set_role("user");
-  user->set_content(request->prompt());
-  *spec.request.mutable_sampling() = request->sampling();
-  if (!spec.request.sampling().has_seed()) spec.request.mutable_sampling()->set_seed(RandomSeed());
-  *spec.request.mutable_cache() = request->cache();
-  spec.drop_after = true;  // the session was one turn long: free its cache at once
-  reactor->Run(std::move(spec));
+  reactor->Run(
+      conversations_.OneOff(tenant, request->prompt(), request->sampling(), request->cache()));
   return reactor;
 }
 

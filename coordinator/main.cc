@@ -16,8 +16,9 @@ namespace {
 constexpr char kUsageHead[] =
     R"(usage: recall-coordinator [--workers HOST:PORT[,HOST:PORT...]] [options]
 
-Serves recall.v1.Chat (sessions, Converse, Generate, ListModels) and grpc.health.v1, routes
-each session to a worker, stores transcripts in SQLite and fails turns over when a worker dies.
+Serves recall.v1.Chat (sessions, Converse, Generate, ListModels) and grpc.health.v1 (and,
+with --http-listen, the OpenAI-compatible HTTP API), routes each session to a worker, stores
+transcripts in SQLite and fails turns over when a worker dies.
 
 )";
 
@@ -39,6 +40,14 @@ const flags::FlagSet<CoordinatorConfig>& CoordinatorFlags() {
         .String(
             "listen", "HOST:PORT", "gRPC address (default 127.0.0.1:50050; port 0 picks one)",
             [](auto& o) -> auto& { return o.listen; })
+        .String(
+            "http-listen", "HOST:PORT",
+            "OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models,\n"
+            "/health); default off; port 0 picks one; HTTPS with --tls-cert",
+            [](auto& o) -> auto& { return o.http_listen; })
+        .Int(
+            "http-threads", "N", "HTTP connections served at once (default 64)",
+            [](auto& o) -> auto& { return o.http_threads; }, 1, 4096)
         .String(
             "data-dir", "DIR", "where sessions.db lives (default .)",
             [](auto& o) -> auto& { return o.data_dir; })
@@ -76,7 +85,7 @@ const flags::FlagSet<CoordinatorConfig>& CoordinatorFlags() {
             "tls-client-ca", "FILE", "require client certificates signed by this CA (mTLS)",
             [](auto& o) -> auto& { return o.tls_client_ca; })
         .Custom(
-            "port-file", "PATH", "write \"grpc=PORT metrics=PORT\" once listening",
+            "port-file", "PATH", "write \"grpc=PORT metrics=PORT http=PORT\" once listening",
             [](CoordinatorConfig& c, absl::string_view v) {
               c.port_file = std::string(v);
               return absl::OkStatus();
@@ -120,10 +129,17 @@ absl::Status Run(const std::vector<std::string>& argv) {
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  RECALL_ASSIGN_OR_RETURN(std::unique_ptr<CoordinatorServer> server, CoordinatorServer::Start(c));
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> started = CoordinatorServer::Start(c);
+  if (!started.ok()) return CoordinatorFlags().Explain(started.status());
+  std::unique_ptr<CoordinatorServer> server = std::move(*started);
   std::fprintf(stderr, "recall-coordinator: serving on %s (port %d), %zu worker(s), store %s\n",
                c.listen.c_str(), server->port(), c.workers.size(),
                c.store_url.empty() ? (c.data_dir + "/sessions.db").c_str() : c.store_url.c_str());
+  if (server->http_port() > 0) {
+    const std::string host = c.http_listen.substr(0, c.http_listen.rfind(':'));
+    std::fprintf(stderr, "recall-coordinator: OpenAI-compatible HTTP API on %s://%s:%d/v1\n",
+                 c.tls_cert.empty() ? "http" : "https", host.c_str(), server->http_port());
+  }
   if (c.cluster_token_file.empty()) {
     std::fprintf(stderr, "recall-coordinator: WARNING: no --cluster-token-file; %s\n",
                  c.api_keys_path.empty()
@@ -135,7 +151,8 @@ absl::Status Run(const std::vector<std::string>& argv) {
     const std::string& path = c.port_file;
     {
       std::ofstream out(path + ".tmp");
-      out << "grpc=" << server->port() << " metrics=" << server->metrics_port() << "\n";
+      out << "grpc=" << server->port() << " metrics=" << server->metrics_port()
+          << " http=" << server->http_port() << "\n";
     }
     std::rename((path + ".tmp").c_str(), path.c_str());
   }

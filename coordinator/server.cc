@@ -41,8 +41,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     for (const WorkerView& w : reg->Snapshot()) n += w.healthy ? 1 : 0;
     return n;
   });
-  s->service_ = std::make_unique<ChatService>(*s->store_, *s->registry_, s->keys_,
-                                              config.options, s->metrics_);
+  s->conversations_ =
+      std::make_unique<Conversations>(*s->store_, *s->registry_, config.options, s->metrics_);
+  s->service_ = std::make_unique<ChatService>(*s->conversations_, *s->store_, *s->registry_,
+                                              s->keys_, s->metrics_);
   s->registry_service_ = std::make_unique<RegistryService>(*s->registry_, s->keys_, cluster);
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
   if (!config.tls_cert.empty() || !config.tls_key.empty()) {
@@ -89,10 +91,23 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     RECALL_ASSIGN_OR_RETURN(s->http_,
                             metrics::HttpServer::Start(host, config.metrics_port, &s->metrics_));
   }
+  if (!config.http_listen.empty()) {
+    HttpOptions http;
+    http.listen = config.http_listen;
+    http.threads = config.http_threads;
+    http.tls_cert = config.tls_cert;
+    http.tls_key = config.tls_key;
+    http.tls_client_ca = config.tls_client_ca;
+    http.max_body_bytes =
+        std::max<size_t>(http.max_body_bytes, 4 * config.options.max_message_bytes);
+    RECALL_ASSIGN_OR_RETURN(s->http_api_, HttpApi::Start(http, *s->conversations_, *s->registry_,
+                                                         s->keys_, s->metrics_));
+  }
   return s;
 }
 
 void CoordinatorServer::Shutdown(std::chrono::milliseconds grace) {
+  if (http_api_ != nullptr) http_api_->Shutdown();
   if (server_ == nullptr) return;
   server_->GetHealthCheckService()->SetServingStatus(false);
   server_->Shutdown(std::chrono::system_clock::now() + grace);

@@ -1,6 +1,7 @@
 // CoordinatorServer: the coordinator's gRPC server (recall.v1.Chat + grpc.health.v1), its
-// session store, worker registry and metrics endpoint, started from one config. Used by
-// recall-coordinator and by `recall serve`.
+// OpenAI-compatible HTTP API (http_api.h, when http_listen is set), its session store, worker
+// registry and metrics endpoint, started from one config. Both edges run turns through one
+// Conversations and TurnRunner. Used by recall-coordinator and by `recall serve`.
 #pragma once
 
 #include <memory>
@@ -10,6 +11,8 @@
 #include "absl/status/statusor.h"
 #include "common/metrics/http_server.h"
 #include "coordinator/chat_service.h"
+#include "coordinator/conversations.h"
+#include "coordinator/http_api.h"
 #include "coordinator/registry_service.h"
 #include "grpcpp/grpcpp.h"
 
@@ -17,6 +20,8 @@ namespace recall::coordinator {
 
 struct CoordinatorConfig {
   std::string listen = "127.0.0.1:50050";
+  std::string http_listen;            // the OpenAI-compatible HTTP API; empty: off
+  int http_threads = 64;              // HTTP connections served at once
   std::vector<std::string> workers;   // worker addresses
   std::string data_dir = ".";         // the SQLite file sessions.db lives here
   std::string store_url;              // "redis://HOST:PORT" for a shared store; empty: SQLite
@@ -24,9 +29,10 @@ struct CoordinatorConfig {
   std::string api_keys_path;          // empty: no auth (tenant "default")
   std::string cluster_token_file;     // the workers' and the registry's credential; empty: none
   int metrics_port = -1;              // -1: off; 0: any free port
-  // TLS: PEM files. With tls_client_ca, clients must present a certificate it signed (mTLS).
+  // TLS: PEM files, for gRPC and HTTP alike. With tls_client_ca, clients must present a
+  // certificate it signed (mTLS).
   std::string tls_cert, tls_key, tls_client_ca;
-  std::string port_file;  // the main writes "grpc=PORT metrics=PORT" here once listening
+  std::string port_file;  // the main writes "grpc=PORT metrics=PORT http=PORT" once listening
   CoordinatorOptions options;
 };
 
@@ -38,8 +44,10 @@ class CoordinatorServer {
 
   int port() const { return port_; }
   int metrics_port() const { return http_ ? http_->port() : 0; }
+  int http_port() const { return http_api_ ? http_api_->port() : 0; }
   WorkerRegistry& workers() { return *registry_; }
-  // Stops accepting calls; running streams get `grace` to finish.
+  // Stops accepting calls; running gRPC streams get `grace` to finish, running HTTP turns are
+  // cancelled.
   void Shutdown(std::chrono::milliseconds grace = std::chrono::seconds(5));
 
  private:
@@ -49,10 +57,12 @@ class CoordinatorServer {
   std::unique_ptr<SessionStore> store_;
   std::unique_ptr<WorkerRegistry> registry_;
   ApiKeys keys_ = ApiKeys::Open();
+  std::unique_ptr<Conversations> conversations_;
   std::unique_ptr<ChatService> service_;
   std::unique_ptr<RegistryService> registry_service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<metrics::HttpServer> http_;
+  std::unique_ptr<HttpApi> http_api_;
   int port_ = 0;
 };
 

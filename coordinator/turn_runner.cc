@@ -85,7 +85,8 @@ TurnRunner::TurnRunner(WorkerRegistry& workers, metrics::Registry& metrics,
       options_(options),
       spec_(std::move(spec)),
       sink_(sink),
-      sticky_(spec_.bound) {}
+      sticky_(spec_.bound),
+      send_history_(spec_.send_history) {}
 
 TurnRunner::~TurnRunner() = default;
 

@@ -7,7 +7,7 @@
 //     by weighted rendezvous hashing, never to a worker that already failed this turn.
 //   - Stream RunTurn from that worker, reporting each TokenEvent to the sink as it arrives.
 //   - HistoryNeeded event (the worker lacks the session): run it again on the same route with
-//     the transcript (spec.history), once.
+//     the transcript (spec.history), once. With spec.send_history it goes with every attempt.
 //   - RESOURCE_EXHAUSTED (the worker is full): try another worker, with the transcript.
 //   - The worker fails (unreachable, the stream breaks, it ends without a TurnDone): mark it
 //     down, and resume on another worker with the transcript plus the tokens already
@@ -71,6 +71,10 @@ struct TurnSpec {
   std::vector<v1::ChatMessage> history;  // the transcript before the turn
   std::string bound;                     // the session's worker; empty: none yet
   bool drop_after = false;               // a one-turn session: drop its cache when done
+  // Send the history from the first attempt, so the worker compares it with its copy: the
+  // transcript was rewritten (a client's diverging message list), and a worker's copy of the
+  // same length may hold other messages.
+  bool send_history = false;
 };
 
 // A turn that happened.

@@ -9,6 +9,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libsentencepiece-dev libopenblas-dev nlohmann-json3-dev libpcre2-dev
   libsqlite3-dev libhiredis-dev redis-server openssl
+  # the coordinator's OpenAI-compatible HTTP API (cpp-httplib 0.11, built with OpenSSL)
+  libcpp-httplib-dev libssl-dev curl
   gnuplot-nox
   # the loader fuzzers (fuzz/, tests/fuzz): clang with libFuzzer and the sanitizer runtimes
   clang libclang-rt-14-dev

@@ -9,6 +9,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "recall/v1/chat.grpc.pb.h"
+#include "tests/common/test_certs.h"
 #include "tests/common/test_util.h"
 
 namespace recall {
@@ -24,25 +25,9 @@ std::string Read(const std::string& path) {
 class CoordinatorTlsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (std::system("command -v openssl > /dev/null") != 0) GTEST_SKIP() << "no openssl";
+    if (!testing::HaveOpenssl()) GTEST_SKIP() << "no openssl";
     dir_ = testing::MakeTempDir("tls");
-    // A CA, a server certificate for localhost, a client certificate, all signed by the CA.
-    const std::string script =
-        "cd " + dir_ + " && "
-        "openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 "
-        "  -subj /CN=recall-test-ca 2>/dev/null && "
-        "openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr "
-        "  -subj /CN=localhost 2>/dev/null && "
-        "printf 'subjectAltName=DNS:localhost' > san.ext && "
-        "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
-        "  -out server.pem -days 2 -extfile san.ext 2>/dev/null && "
-        "openssl req -newkey rsa:2048 -nodes -keyout client.key -out client.csr "
-        "  -subj /CN=client 2>/dev/null && "
-        "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
-        "  -out client.pem -days 2 2>/dev/null && "
-        "openssl req -x509 -newkey rsa:2048 -nodes -keyout other.key -out other.pem -days 2 "
-        "  -subj /CN=other-ca 2>/dev/null";
-    ASSERT_EQ(std::system(script.c_str()), 0) << "openssl failed";
+    ASSERT_TRUE(testing::MakeTestCertificates(dir_)) << "openssl failed";
   }
 
   void StartCoordinator(bool mtls) {

@@ -69,8 +69,8 @@ TEST(EndlessServeTest, AConversationFortyTimesTheContextRunsInBoundedMemory) {
       serve.Start(RECALL_CLI_BINARY,
                   {"serve", "--model", testing::SharedPath("models/stories260K/stories260K.bin"),
                    "--tokenizer", testing::SharedPath("models/stories260K/tok512.bin"), "--listen",
-                   "127.0.0.1:0", "--data-dir", dir, "--policy", "lazy", "--budget", "128",
-                   "--threads", "1", "--kv-cache-bytes", "64M"},
+                   "127.0.0.1:0", "--http-listen", "off", "--data-dir", dir, "--policy", "lazy",
+                   "--budget", "128", "--threads", "1", "--kv-cache-bytes", "64M"},
                   dir, &error, std::chrono::seconds(120)))
       << error;
   const pid_t worker = ChildNamed(serve.pid(), "recall-worker");

@@ -1,0 +1,274 @@
+#include "coordinator/conversations.h"
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/clock.h"
+#include "common/logging.h"
+#include "common/status.h"
+
+namespace recall::coordinator {
+namespace {
+
+std::string NewSessionId() {
+  static std::mutex mu;
+  static std::mt19937_64 rng(std::random_device{}());
+  std::lock_guard<std::mutex> lock(mu);
+  return absl::StrCat("s-", absl::Hex(rng(), absl::kZeroPad16), absl::Hex(rng(), absl::kZeroPad16));
+}
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+v1::ChatMessage ToProto(const StoredMessage& m) {
+  v1::ChatMessage out;
+  out.set_role(m.role);
+  out.set_content(m.content);
+  out.mutable_token_ids()->Add(m.token_ids.begin(), m.token_ids.end());
+  if (m.finish != 0) out.set_finish_reason(static_cast<v1::FinishReason>(m.finish));
+  return out;
+}
+
+// A seed for a turn whose request sets none (sampling then differs from turn to turn).
+uint64_t RandomSeed() {
+  static std::mutex mu;
+  static std::mt19937_64 rng(std::random_device{}());
+  std::lock_guard<std::mutex> lock(mu);
+  return rng();
+}
+
+// The request's sampling; an unset seed draws a fresh one, chosen here so a failover resumes
+// with the same draws.
+v1::SamplingParams WithSeed(const v1::SamplingParams& sampling) {
+  v1::SamplingParams out = sampling;
+  if (!out.has_seed()) out.set_seed(RandomSeed());
+  return out;
+}
+
+}  // namespace
+
+Conversations::Conversations(SessionStore& store, WorkerRegistry& workers,
+                             CoordinatorOptions options, metrics::Registry& metrics)
+    : store_(store), workers_(workers), options_(options), metrics_(metrics) {}
+
+TurnRunnerOptions Conversations::RunnerOptions() const {
+  TurnRunnerOptions o;
+  o.max_attempts = options_.max_attempts;
+  o.default_max_tokens = options_.default_max_tokens;
+  return o;
+}
+
+absl::StatusOr<SessionRecord> Conversations::Create(
+    const std::string& tenant, const std::string& model, const v1::CacheSettings& cache,
+    const std::map<std::string, std::string>& metadata, const std::string& system_prompt) {
+  RECALL_ASSIGN_OR_RETURN(const int count, store_.CountSessions(tenant));
+  if (count >= options_.max_sessions_per_tenant) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("tenant has ", count, " sessions, the limit is ",
+                     options_.max_sessions_per_tenant, "; delete some (not retryable)"));
+  }
+  const std::vector<WorkerView> workers = workers_.Snapshot();
+  std::set<std::string> served;
+  for (const WorkerView& w : workers) {
+    if (!w.info.model().empty()) served.insert(w.info.model());
+  }
+  SessionRecord r;
+  r.model = model;
+  if (r.model.empty() && served.size() == 1) r.model = *served.begin();
+  if (!r.model.empty() && !served.empty() && served.count(r.model) == 0) {
+    return absl::NotFoundError(absl::StrCat("model: no worker serves \"", r.model, "\""));
+  }
+  if (cache.has_kv_dtype()) {
+    const std::string& t = cache.kv_dtype();
+    if (t != "f32" && t != "bf16" && t != "f16" && t != "int8") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cache.kv_dtype: \"", t, "\" is not one of f32, bf16, f16, int8"));
+    }
+    std::set<std::string> stored;
+    for (const WorkerView& w : workers) {
+      if (!w.info.default_cache().kv_dtype().empty()) {
+        stored.insert(w.info.default_cache().kv_dtype());
+      }
+    }
+    if (!stored.empty() && stored.count(t) == 0) {
+      return absl::FailedPreconditionError(absl::StrCat("cache.kv_dtype: no worker stores ", t,
+                                                        " (the workers store ",
+                                                        absl::StrJoin(stored, ", "), ")"));
+    }
+  }
+  r.id = NewSessionId();
+  r.tenant = tenant;
+  cache.SerializeToString(&r.cache_settings);
+  r.metadata = metadata;
+  r.created_unix_ms = NowMs();
+  RECALL_RETURN_IF_ERROR(store_.Create(r));
+  if (!system_prompt.empty()) {
+    RECALL_RETURN_IF_ERROR(store_.Append(tenant, r.id, 0, {"system", system_prompt}));
+    r.messages.push_back({"system", system_prompt});
+    r.message_count = 1;
+  }
+  metrics_.GetCounter("recall_coordinator_sessions_created_total", "Sessions created")->Increment();
+  return r;
+}
+
+absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
+                                              const std::string& session_id,
+                                              const TurnPlanner& plan,
+                                              const v1::SamplingParams& sampling,
+                                              const std::string& edge) {
+  OpenTurn turn;
+  turn.tenant = tenant;
+  turn.session_id = session_id;
+  turn.key = tenant + "/" + session_id;
+  turn.edge = edge;
+  if (!MarkRunning(turn.key)) {
+    return absl::FailedPreconditionError(
+        "session_id: a turn of this session is running; send the next when it ends");
+  }
+  // Everything below happens with the mark set; an error clears it.
+  absl::Status status = [&]() -> absl::Status {
+    RECALL_ASSIGN_OR_RETURN(const SessionRecord rec, store_.Get(tenant, session_id));
+    RECALL_ASSIGN_OR_RETURN(TurnMessages m, plan(rec));
+    RECALL_CHECK(!m.add.empty() && m.keep >= 0 && m.keep <= rec.message_count)
+        << "a turn planner kept " << m.keep << " of " << rec.message_count << " messages and added "
+        << m.add.size();
+    if (m.keep / 2 >= options_.max_turns) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "session_id: the session has reached the limit of ", options_.max_turns, " turns"));
+    }
+    if (m.keep < rec.message_count) {
+      RECALL_RETURN_IF_ERROR(store_.Truncate(tenant, session_id, m.keep));
+      turn.spec.send_history = true;  // a worker's copy of that length may differ
+    }
+    for (size_t i = 0; i < m.add.size(); ++i) {
+      absl::Status st = store_.Append(tenant, session_id, m.keep + static_cast<int>(i), m.add[i]);
+      if (!st.ok()) {
+        store_.Truncate(tenant, session_id, m.keep).IgnoreError();
+        return st;
+      }
+    }
+    turn.model = rec.model;
+    turn.index = m.keep;
+    TurnSpec& spec = turn.spec;
+    for (int i = 0; i < m.keep; ++i) spec.history.push_back(ToProto(rec.messages[i]));
+    spec.bound = rec.worker;
+    v1::RunTurnRequest& request = spec.request;
+    request.set_session_id(session_id);
+    for (const StoredMessage& a : m.add) *request.add_messages() = ToProto(a);
+    request.set_history_length(m.keep);
+    *request.mutable_sampling() = WithSeed(sampling);
+    request.mutable_cache()->ParseFromString(rec.cache_settings);
+    return absl::OkStatus();
+  }();
+  if (!status.ok()) {
+    ClearRunning(turn.key);
+    return status;
+  }
+  return turn;
+}
+
+absl::Status Conversations::Finish(const OpenTurn& turn,
+                                   const absl::StatusOr<TurnResult>& outcome) {
+  metrics_
+      .GetCounter("recall_coordinator_turns_total", "Session turns by status code and edge",
+                  absl::StrCat("code=\"", static_cast<int>(outcome.status().code()), "\",edge=\"",
+                               turn.edge, "\""))
+      ->Increment();
+  absl::Status stored;
+  if (!outcome.ok()) {
+    store_.Truncate(turn.tenant, turn.session_id, turn.index).IgnoreError();
+  } else {
+    const int at = turn.index + turn.spec.request.messages_size();
+    StoredMessage reply{"assistant", outcome->text};
+    reply.token_ids = outcome->tokens;  // so a rebuild replays the reply exactly
+    reply.finish = static_cast<int>(outcome->done.finish_reason());
+    stored = store_.Append(turn.tenant, turn.session_id, at, reply);
+    if (stored.ok() && outcome->worker != turn.spec.bound) {
+      store_.Bind(turn.tenant, turn.session_id, outcome->worker).IgnoreError();
+    }
+    if (stored.ok()) RememberEpisodes(turn.key, outcome->done);
+  }
+  ClearRunning(turn.key);
+  return stored;
+}
+
+TurnSpec Conversations::OneOff(const std::string& tenant, const std::string& prompt,
+                               const v1::SamplingParams& sampling,
+                               const v1::CacheSettings& cache) const {
+  static std::atomic<int64_t> counter{0};
+  TurnSpec spec;
+  spec.request.set_session_id(
+      absl::StrCat("gen-", tenant, "-", counter++, "-", RealClock::Get().NowNanos()));
+  v1::ChatMessage* user = spec.request.add_messages();
+  user->set_role("user");
+  user->set_content(prompt);
+  *spec.request.mutable_sampling() = WithSeed(sampling);
+  *spec.request.mutable_cache() = cache;
+  spec.drop_after = true;  // the session was one turn long: free its cache at once
+  return spec;
+}
+
+std::vector<v1::ModelInfo> Conversations::Models() const {
+  std::map<std::string, v1::ModelInfo> models;
+  for (const WorkerView& w : workers_.Snapshot()) {
+    if (w.info.model().empty()) continue;
+    v1::ModelInfo& m = models[w.info.model()];
+    m.set_name(w.info.model());
+    m.set_context_length(w.info.context_length());
+    if (m.policies().empty()) *m.mutable_policies() = w.info.policies();
+    m.set_workers(m.workers() + (w.healthy && !w.draining ? 1 : 0));
+  }
+  std::vector<v1::ModelInfo> out;
+  for (auto& [name, m] : models) out.push_back(std::move(m));
+  return out;
+}
+
+int Conversations::MaxTokensLimit() const {
+  int limit = 0;
+  for (const WorkerView& w : workers_.Snapshot()) {
+    const int l = w.info.max_tokens_limit();
+    if (l > 0 && (limit == 0 || l < limit)) limit = l;
+  }
+  return limit;
+}
+
+void Conversations::RememberEpisodes(const std::string& key, const v1::TurnDone& done) {
+  absl::MutexLock lock(&mu_);
+  if (done.has_episodes()) {
+    episodes_[key] = done.episodes();
+  } else {
+    episodes_.erase(key);  // not built (yet, or any more after a rebuild)
+  }
+}
+
+void Conversations::ForgetEpisodes(const std::string& key) {
+  absl::MutexLock lock(&mu_);
+  episodes_.erase(key);
+}
+
+bool Conversations::RecallEpisodes(const std::string& key, v1::EpisodesReport* out) {
+  absl::MutexLock lock(&mu_);
+  auto it = episodes_.find(key);
+  if (it == episodes_.end()) return false;
+  *out = it->second;
+  return true;
+}
+
+bool Conversations::MarkRunning(const std::string& key) {
+  absl::MutexLock lock(&mu_);
+  return running_.insert(key).second;
+}
+
+void Conversations::ClearRunning(const std::string& key) {
+  absl::MutexLock lock(&mu_);
+  running_.erase(key);
+}
+
+}  // namespace recall::coordinator

@@ -1,0 +1,125 @@
+// Conversations: what every edge of the coordinator does to a session around a turn, so the
+// gRPC Chat service (chat_service.h) and the OpenAI-compatible HTTP API (http_api.h) create,
+// store and run turns the same way; the turn itself is a TurnRunner's (turn_runner.h).
+//
+//   Create  a session in the store: the tenant's session limit, the model (the one served
+//           when none is named; NotFound for a model no worker serves), the KV type (one of
+//           the workers' types), an optional system prompt.
+//   Begin   a turn: mark the session as running (one turn at a time per session), load it,
+//           ask the edge's planner which messages the turn adds (and how much of the stored
+//           transcript it keeps: a client's diverging message list rewrites the tail), check
+//           the turn limit, store the messages (durable before any worker sees them) and build
+//           the TurnSpec: the new messages, the transcript before them as history, the bound
+//           worker, the session's cache settings.
+//   Finish  it: store the reply and the worker binding, or take the turn's messages back (the
+//           transcript keeps only turns that happened); count it; clear the running mark.
+//   OneOff  the TurnSpec of a throwaway one-turn session (gRPC Generate, /v1/completions):
+//           stored nowhere, its cache dropped on the worker after the reply.
+//
+// Thread safety: thread safe. Create, Begin and Finish do blocking store I/O: call them from a
+// thread that may block (the store pool, an HTTP handler thread), never from a TurnSink call.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/metrics/registry.h"
+#include "coordinator/session_store.h"
+#include "coordinator/turn_runner.h"
+#include "coordinator/worker_registry.h"
+#include "recall/v1/chat.pb.h"
+
+namespace recall::coordinator {
+
+struct CoordinatorOptions {
+  size_t max_message_bytes = 256 << 10;  // user message / system prompt
+  int max_turns = 10000;                 // exchanges per session
+  int max_sessions_per_tenant = 100000;
+  int max_attempts = 4;          // workers tried for one turn
+  int default_max_tokens = 256;  // the workers' default when a turn leaves it unset
+  int store_threads = 4;         // threads for Converse's session store steps
+};
+
+// What a turn does to the stored transcript: keep its first `keep` messages (the rest are
+// dropped first), then append `add`.
+struct TurnMessages {
+  int keep = 0;
+  std::vector<StoredMessage> add;  // at least one
+};
+
+// Decides a turn's messages from the session as stored. An error refuses the turn.
+using TurnPlanner = std::function<absl::StatusOr<TurnMessages>(const SessionRecord&)>;
+
+// A turn between Begin and Finish.
+struct OpenTurn {
+  std::string tenant;
+  std::string session_id;
+  std::string model;  // the session's
+  int index = 0;      // the first new message's position in the transcript
+  TurnSpec spec;      // for a TurnRunner
+  std::string key;    // tenant/session: the running mark and the episodes
+  std::string edge;   // "grpc" or "http", for the turns metric
+};
+
+class Conversations {
+ public:
+  Conversations(SessionStore& store, WorkerRegistry& workers, CoordinatorOptions options,
+                metrics::Registry& metrics);
+
+  const CoordinatorOptions& options() const { return options_; }
+  TurnRunnerOptions RunnerOptions() const;
+
+  // A new session of `tenant`, with the system prompt as its first message when not empty.
+  // ResourceExhausted at the tenant's limit; NotFound for a model no worker serves;
+  // InvalidArgument / FailedPrecondition for a KV type that is no type / that no worker stores.
+  absl::StatusOr<SessionRecord> Create(const std::string& tenant, const std::string& model,
+                                       const v1::CacheSettings& cache,
+                                       const std::map<std::string, std::string>& metadata,
+                                       const std::string& system_prompt);
+
+  // Begins a turn of `tenant`'s session `session_id` (see the top). NotFound for a session
+  // that does not exist (or is another tenant's); FailedPrecondition while a turn of it runs or
+  // at the turn limit; the planner's errors; store errors. Every error leaves the session as
+  // it was and not running.
+  absl::StatusOr<OpenTurn> Begin(const std::string& tenant, const std::string& session_id,
+                                 const TurnPlanner& plan, const v1::SamplingParams& sampling,
+                                 const std::string& edge);
+  // Ends a turn that Begin opened: stores the reply (outcome ok) or takes the turn's messages
+  // back. Store errors are returned (the running mark is cleared either way).
+  absl::Status Finish(const OpenTurn& turn, const absl::StatusOr<TurnResult>& outcome);
+
+  // A one-turn session of `tenant` whose only message is `prompt` (from the user).
+  TurnSpec OneOff(const std::string& tenant, const std::string& prompt,
+                  const v1::SamplingParams& sampling, const v1::CacheSettings& cache) const;
+
+  // The models the workers serve, by name (the healthy, not draining workers counted).
+  std::vector<v1::ModelInfo> Models() const;
+  // The smallest max_tokens limit among the workers (0: none known).
+  int MaxTokensLimit() const;
+
+  // The episodes a session's last turn reported (policy "episodic"); kept in memory only.
+  bool RecallEpisodes(const std::string& key, v1::EpisodesReport* out);
+  void ForgetEpisodes(const std::string& key);
+
+ private:
+  void RememberEpisodes(const std::string& key, const v1::TurnDone& done);
+  // Marks a session as having a turn running; false if it already has one.
+  bool MarkRunning(const std::string& key);
+  void ClearRunning(const std::string& key);
+
+  SessionStore& store_;
+  WorkerRegistry& workers_;
+  const CoordinatorOptions options_;
+  metrics::Registry& metrics_;
+  absl::Mutex mu_;
+  std::set<std::string> running_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, v1::EpisodesReport> episodes_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace recall::coordinator

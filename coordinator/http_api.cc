@@ -1,0 +1,453 @@
+#include "coordinator/http_api.h"
+
+#include <httplib.h>
+
+#include <chrono>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/flags.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "common/utf8.h"
+#include "coordinator/http_turn.h"
+#include "coordinator/openai/request.h"
+#include "coordinator/openai/response.h"
+
+namespace recall::coordinator {
+namespace {
+
+constexpr char kSessionHeader[] = "X-Session-Id";
+constexpr size_t kMaxSessionIdBytes = 128;
+
+// "HOST:PORT" -> host, port ("[::1]:80" -> "::1", 80).
+absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(listen.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    return flags::FieldError(
+        "http_listen",
+        absl::StrCat("expected HOST:PORT (port in [0, 65535]), got \"", listen, "\""));
+  }
+  std::string host = listen.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return std::make_pair(host, port);
+}
+
+std::vector<StoredMessage> ToStored(const std::vector<openai::Message>& messages) {
+  std::vector<StoredMessage> out;
+  out.reserve(messages.size());
+  for (const openai::Message& m : messages) out.push_back({m.role, m.content});
+  return out;
+}
+
+// The session a request names: the header or the body's "session_id" ("" for none).
+absl::StatusOr<std::string> NamedSession(const httplib::Request& req, const std::string& body) {
+  const std::string header = req.get_header_value(kSessionHeader);
+  if (!header.empty() && !body.empty() && header != body) {
+    return absl::InvalidArgumentError(
+        "session_id: the X-Session-Id header and the body's session_id name different sessions");
+  }
+  const std::string& id = header.empty() ? body : header;
+  if (id.size() > kMaxSessionIdBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session_id: ", id.size(), " bytes; at most ", kMaxSessionIdBytes));
+  }
+  if (!utf8::IsValid(id)) return absl::InvalidArgumentError("session_id: is not valid UTF-8");
+  return id;
+}
+
+}  // namespace
+
+// One request's turn, from its start to its end. Touched by the request's thread only (the
+// handler, then the stream's content provider and its releaser, one after the other).
+struct HttpApi::Reply {
+  Reply(openai::Endpoint endpoint, std::string model, bool include_usage)
+      : writer(endpoint, std::move(model), include_usage) {}
+
+  openai::ResponseWriter writer;
+  TurnSpec spec;                        // until the turn starts
+  std::optional<OpenTurn> open;         // a session's turn (chat); none for a completion
+  std::vector<StoredMessage> messages;  // chat: the request's list, for the index
+  std::shared_ptr<HttpTurn> turn;
+  std::string first_text;  // a stream's text that arrived before its headers went out
+  bool concluded = false;
+  absl::Status concluded_status;
+};
+
+HttpApi::HttpApi(const HttpOptions& options, Conversations& conversations, WorkerRegistry& workers,
+                 const ApiKeys& keys, metrics::Registry& metrics)
+    : options_(options),
+      conversations_(conversations),
+      workers_(workers),
+      keys_(keys),
+      metrics_(metrics),
+      index_(options.index_entries) {}
+
+absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpOptions& options,
+                                                        Conversations& conversations,
+                                                        WorkerRegistry& workers,
+                                                        const ApiKeys& keys,
+                                                        metrics::Registry& metrics) {
+  RECALL_ASSIGN_OR_RETURN(const auto host_port, SplitHostPort(options.listen));
+  std::unique_ptr<HttpApi> api(new HttpApi(options, conversations, workers, keys, metrics));
+  if (!options.tls_cert.empty()) {
+    auto server = std::make_unique<httplib::SSLServer>(
+        options.tls_cert.c_str(), options.tls_key.c_str(),
+        options.tls_client_ca.empty() ? nullptr : options.tls_client_ca.c_str());
+    if (!server->is_valid()) {
+      return flags::FieldError(
+          "tls_cert",
+          absl::StrCat(
+              "cannot load ", options.tls_cert, " and ", options.tls_key,
+              options.tls_client_ca.empty() ? "" : absl::StrCat(" and ", options.tls_client_ca),
+              " for HTTPS"));
+    }
+    api->server_ = std::move(server);
+  } else {
+    api->server_ = std::make_unique<httplib::Server>();
+  }
+  httplib::Server& s = *api->server_;
+  const int threads = options.threads;
+  s.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  s.set_payload_max_length(options.max_body_bytes);
+  s.set_keep_alive_max_count(1000);
+  s.set_write_timeout(30, 0);  // a client that reads nothing for 30 s loses its stream
+  HttpApi* self = api.get();
+  s.Post("/v1/chat/completions", [self](const httplib::Request& req, httplib::Response& res) {
+    self->ChatCompletions(req, res);
+  });
+  s.Post("/v1/completions", [self](const httplib::Request& req, httplib::Response& res) {
+    self->Completions(req, res);
+  });
+  s.Get("/v1/models",
+        [self](const httplib::Request& req, httplib::Response& res) { self->Models(req, res); });
+  s.Get("/v1/models/(.+)",
+        [self](const httplib::Request& req, httplib::Response& res) { self->Models(req, res); });
+  s.Get("/health",
+        [self](const httplib::Request& req, httplib::Response& res) { self->Health(req, res); });
+  // Errors the library answers itself (no route, a body too large, an unreadable request)
+  // get OpenAI's error body too; the handlers' own errors already have one.
+  s.set_error_handler(
+      [self, max = options.max_body_bytes](const httplib::Request& req, httplib::Response& res) {
+        if (!res.body.empty()) return;
+        absl::Status st;
+        if (res.status == 404) {
+          st = absl::NotFoundError(absl::StrCat("no route ", req.method, " ", req.path));
+        } else if (res.status == 413) {
+          st = absl::InvalidArgumentError(
+              absl::StrCat("the request body is larger than ", max, " bytes"));
+        } else {
+          st = absl::InvalidArgumentError(
+              absl::StrCat("the request cannot be read (HTTP ", res.status, ")"));
+        }
+        const int status = res.status;
+        self->Fail(res, st);
+        res.status = status;
+      });
+  s.set_exception_handler(
+      [self](const httplib::Request&, httplib::Response& res, std::exception_ptr e) {
+        std::string what = "unknown";
+        try {
+          std::rethrow_exception(e);
+        } catch (const std::exception& ex) {
+          what = ex.what();
+        } catch (...) {
+        }
+        RECALL_LOG(ERROR) << "HTTP handler failed: " << what;
+        self->Fail(res, absl::InternalError(absl::StrCat("internal error: ", what)));
+      });
+  s.set_logger([self](const httplib::Request& req, const httplib::Response& res) {
+    std::string path = "other";
+    for (const char* known : {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health"}) {
+      if (req.path.rfind(known, 0) == 0) path = known;
+    }
+    self->metrics_
+        .GetCounter("recall_coordinator_http_requests_total",
+                    "HTTP API requests by path and status",
+                    absl::StrCat("path=\"", path, "\",code=\"", res.status, "\""))
+        ->Increment();
+  });
+  const auto& [host, port] = host_port;
+  if (port == 0) {
+    api->port_ = s.bind_to_any_port(host);
+  } else {
+    api->port_ = s.bind_to_port(host, port) ? port : -1;
+  }
+  if (api->port_ <= 0) {
+    return flags::FieldError("http_listen", absl::StrCat("cannot listen on ", options.listen),
+                             absl::StatusCode::kUnavailable);
+  }
+  api->thread_ = std::thread([self] { self->server_->listen_after_bind(); });
+  // Server::stop does nothing before the loop runs (cpp-httplib 0.11 has no wait_until_ready):
+  // wait for it, or a Shutdown right after Start would wait on the loop forever.
+  for (int i = 0; i < 5000 && !s.is_running(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (!s.is_running()) {
+    return flags::FieldError("http_listen", absl::StrCat("cannot serve on ", options.listen),
+                             absl::StatusCode::kUnavailable);
+  }
+  return api;
+}
+
+HttpApi::~HttpApi() { Shutdown(); }
+
+void HttpApi::Shutdown() {
+  std::set<std::shared_ptr<HttpTurn>> running;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    running = running_;
+  }
+  for (const std::shared_ptr<HttpTurn>& t : running) t->Cancel();
+  if (server_ != nullptr) server_->stop();  // returns at once; the loop ends its requests
+  if (thread_.joinable()) thread_.join();
+}
+
+void HttpApi::Fail(httplib::Response& res, const absl::Status& status) {
+  const openai::HttpError e = openai::ErrorResponse(status);
+  res.status = e.status;
+  res.set_content(e.body, "application/json");
+}
+
+absl::StatusOr<std::string> HttpApi::Admit(const httplib::Request& req) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::UnavailableError("the coordinator is shutting down; retryable");
+  }
+  std::optional<std::string> authorization;
+  if (req.has_header("Authorization")) authorization = req.get_header_value("Authorization");
+  return keys_.AuthenticateBearer(authorization);
+}
+
+openai::RequestLimits HttpApi::Limits() const {
+  openai::RequestLimits limits;
+  limits.max_message_bytes = conversations_.options().max_message_bytes;
+  limits.max_tokens = conversations_.MaxTokensLimit();
+  return limits;
+}
+
+absl::Status HttpApi::CheckModel(const std::string& model) {
+  if (model.empty()) return absl::OkStatus();
+  const std::vector<v1::ModelInfo> served = conversations_.Models();
+  if (served.empty()) return absl::OkStatus();  // no worker known yet: the turn will say so
+  for (const v1::ModelInfo& m : served) {
+    if (m.name() == model) return absl::OkStatus();
+  }
+  return absl::NotFoundError(absl::StrCat("model: no worker serves \"", model, "\""));
+}
+
+void HttpApi::ChatCompletions(const httplib::Request& req, httplib::Response& res) {
+  absl::Status status = [&]() -> absl::Status {
+    RECALL_ASSIGN_OR_RETURN(const std::string tenant, Admit(req));
+    RECALL_ASSIGN_OR_RETURN(openai::ChatRequest chat, openai::ParseChatRequest(req.body, Limits()));
+    RECALL_RETURN_IF_ERROR(CheckModel(chat.model));
+    RECALL_ASSIGN_OR_RETURN(const std::string named, NamedSession(req, chat.session_id));
+    std::vector<StoredMessage> messages = ToStored(chat.messages);
+    std::optional<OpenTurn> open;
+    if (named.empty()) {
+      RECALL_ASSIGN_OR_RETURN(open, BeginUnnamed(tenant, chat.model, messages, chat.sampling));
+    } else {
+      RECALL_ASSIGN_OR_RETURN(
+          open, conversations_.Begin(
+                    tenant, named,
+                    [&messages](const SessionRecord& rec) -> absl::StatusOr<TurnMessages> {
+                      return MatchTranscript(rec.messages, messages);
+                    },
+                    chat.sampling, "http"));
+    }
+    res.set_header(kSessionHeader, open->session_id);
+    // The model that serves the session (the request's name when the session has none).
+    auto reply =
+        std::make_shared<Reply>(openai::Endpoint::kChat,
+                                open->model.empty() ? chat.model : open->model, chat.include_usage);
+    reply->spec = open->spec;
+    reply->open = std::move(open);
+    reply->messages = std::move(messages);
+    Respond(std::move(reply), chat.stream, res);
+    return absl::OkStatus();
+  }();
+  if (!status.ok()) Fail(res, status);
+}
+
+absl::StatusOr<OpenTurn> HttpApi::BeginUnnamed(const std::string& tenant, const std::string& model,
+                                               const std::vector<StoredMessage>& messages,
+                                               const v1::SamplingParams& sampling) {
+  for (const auto& [length, id] : index_.Find(tenant, messages)) {
+    absl::StatusOr<OpenTurn> open = conversations_.Begin(
+        tenant, id,
+        [&messages](const SessionRecord& rec) -> absl::StatusOr<TurnMessages> {
+          TurnMessages m = MatchTranscript(rec.messages, messages);
+          if (m.keep != rec.message_count) {
+            return absl::AbortedError("the session went on: not this conversation");
+          }
+          return m;
+        },
+        sampling, "http");
+    // Running, deleted or gone on since it was recorded: the next candidate, or a new session.
+    if (open.ok()) return open;
+  }
+  RECALL_ASSIGN_OR_RETURN(const SessionRecord created,
+                          conversations_.Create(tenant, model, v1::CacheSettings(), {}, ""));
+  return conversations_.Begin(
+      tenant, created.id,
+      [&messages](const SessionRecord&) -> absl::StatusOr<TurnMessages> {
+        return TurnMessages{0, messages};
+      },
+      sampling, "http");
+}
+
+void HttpApi::Completions(const httplib::Request& req, httplib::Response& res) {
+  absl::Status status = [&]() -> absl::Status {
+    RECALL_ASSIGN_OR_RETURN(const std::string tenant, Admit(req));
+    RECALL_ASSIGN_OR_RETURN(openai::CompletionRequest completion,
+                            openai::ParseCompletionRequest(req.body, Limits()));
+    RECALL_RETURN_IF_ERROR(CheckModel(completion.model));
+    std::string model = completion.model;
+    if (model.empty()) {
+      const std::vector<v1::ModelInfo> served = conversations_.Models();
+      if (served.size() == 1) model = served[0].name();
+    }
+    auto reply =
+        std::make_shared<Reply>(openai::Endpoint::kCompletion, model, completion.include_usage);
+    reply->spec =
+        conversations_.OneOff(tenant, completion.prompt, completion.sampling, v1::CacheSettings());
+    Respond(std::move(reply), completion.stream, res);
+    return absl::OkStatus();
+  }();
+  if (!status.ok()) Fail(res, status);
+}
+
+void HttpApi::Respond(std::shared_ptr<Reply> reply, bool stream, httplib::Response& res) {
+  reply->turn =
+      HttpTurn::Start(workers_, metrics_, conversations_.RunnerOptions(), std::move(reply->spec));
+  bool stopping;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping = stopping_;
+    running_.insert(reply->turn);
+  }
+  if (stopping) reply->turn->Cancel();
+  // Wait for the first text or the end: a turn that fails before any text gets its HTTP
+  // status (a stream's status line goes out with its first event).
+  HttpTurn::Update first = reply->turn->Next();
+  if (!stream || first.ended) {
+    const absl::Status st = Conclude(*reply, /*cancel=*/false);
+    if (!st.ok()) {
+      Fail(res, st);
+      return;
+    }
+    const TurnResult& r = *reply->turn->outcome();
+    if (!stream) {
+      res.set_content(reply->writer.Body(r.text, r.done.finish_reason(), r.done.usage()),
+                      "application/json");
+      return;
+    }
+  }
+  reply->first_text = std::move(first.text);
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, reply](size_t, httplib::DataSink& sink) { return Pump(*reply, sink); },
+      // Last, also when the provider never ran (the client went away before the headers).
+      [this, reply](bool) { Conclude(*reply, /*cancel=*/true).IgnoreError(); });
+}
+
+bool HttpApi::Pump(Reply& reply, httplib::DataSink& sink) {
+  const auto write = [&sink](const std::string& data) {
+    return data.empty() || sink.write(data.data(), data.size());
+  };
+  bool ok = write(reply.writer.First());
+  if (ok && !reply.first_text.empty()) ok = write(reply.writer.Delta(reply.first_text));
+  while (ok && !reply.concluded) {
+    HttpTurn::Update u = reply.turn->Next();
+    if (!u.text.empty()) ok = write(reply.writer.Delta(u.text));
+    if (u.ended) break;
+  }
+  if (!ok) {  // the client went away: cancel the turn (the worker's too)
+    Conclude(reply, /*cancel=*/true).IgnoreError();
+    return false;
+  }
+  const absl::Status st = Conclude(reply, /*cancel=*/false);
+  if (st.ok()) {
+    const TurnResult& r = *reply.turn->outcome();
+    write(reply.writer.Last(r.done.finish_reason(), r.done.usage()));
+  } else {
+    write(openai::ErrorEvent(st));  // the stream had begun: the error is its last event
+  }
+  sink.done();
+  return true;
+}
+
+absl::Status HttpApi::Conclude(Reply& reply, bool cancel) {
+  if (reply.concluded) return reply.concluded_status;
+  reply.concluded = true;
+  if (cancel) reply.turn->Cancel();
+  while (!reply.turn->Next().ended) {
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    running_.erase(reply.turn);
+  }
+  const absl::StatusOr<TurnResult>& outcome = reply.turn->outcome();
+  absl::Status st = outcome.status();
+  if (reply.open.has_value()) {
+    const absl::Status stored = conversations_.Finish(*reply.open, outcome);
+    if (st.ok()) st = stored;
+    if (st.ok()) {
+      std::vector<StoredMessage> transcript = reply.messages;
+      transcript.push_back({"assistant", outcome->text});
+      index_.Put(reply.open->tenant, reply.open->session_id, transcript);
+    }
+  }
+  if (st.code() == absl::StatusCode::kCancelled) {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) st = absl::UnavailableError("the coordinator is shutting down; retryable");
+  }
+  reply.concluded_status = st;
+  return st;
+}
+
+void HttpApi::Models(const httplib::Request& req, httplib::Response& res) {
+  absl::StatusOr<std::string> tenant = Admit(req);
+  if (!tenant.ok()) {
+    Fail(res, tenant.status());
+    return;
+  }
+  const std::vector<v1::ModelInfo> models = conversations_.Models();
+  if (req.matches.size() < 2) {
+    res.set_content(openai::ModelList(models), "application/json");
+    return;
+  }
+  const std::string id = req.matches[1];
+  for (const v1::ModelInfo& m : models) {
+    if (m.name() == id) {
+      res.set_content(openai::ModelObject(m), "application/json");
+      return;
+    }
+  }
+  Fail(res, absl::NotFoundError(absl::StrCat("model: no worker serves \"", id, "\"")));
+}
+
+void HttpApi::Health(const httplib::Request&, httplib::Response& res) {
+  int healthy = 0;
+  for (const WorkerView& w : workers_.Snapshot()) healthy += w.healthy && !w.draining ? 1 : 0;
+  bool stopping;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping = stopping_;
+  }
+  const bool ok = healthy > 0 && !stopping;
+  res.status = ok ? 200 : 503;
+  res.set_content(absl::StrCat("{\"status\":\"", ok ? "ok" : "unavailable",
+                               "\",\"healthy_workers\":", healthy, "}"),
+                  "application/json");
+}
+
+}  // namespace recall::coordinator

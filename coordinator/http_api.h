@@ -1,0 +1,131 @@
+// HttpApi: the OpenAI-compatible HTTP API on the coordinator (cpp-httplib; HTTPS, and mTLS,
+// with the coordinator's certificate when it has one).
+//
+//   POST /v1/chat/completions  a turn of a session, streamed as Server-Sent Events
+//                              ("stream": true) or as one chat.completion body
+//   POST /v1/completions       one turn of a throwaway session, as gRPC Generate
+//   GET  /v1/models[/ID]       the models the workers serve
+//   GET  /health               200 while a worker is healthy, else 503 (no API key needed)
+// Bodies and errors: coordinator/openai/. API keys: "Authorization: Bearer KEY", the same
+// keys and tenants as on gRPC (auth.h); 401 without a known key.
+//
+// Sessions. A request names its session with the X-Session-Id header or "session_id" in the
+// body; the response carries the session's id in X-Session-Id. The client sends the whole
+// conversation each time (the OpenAI way) and the coordinator matches it against the stored
+// transcript (transcript_match.h): only the new messages go to the worker, which continues
+// its cache; a list that diverges rebuilds the session in place (same id). A session that
+// does not exist is 404. Without a session id, the request continues the session whose
+// transcript (as recorded by this coordinator) the list extends, or else starts a new
+// session (stored like any other, so the returned id can be named later). The turn itself is
+// the gRPC path's: Conversations (store the new messages, build the spec, store the reply) and
+// a TurnRunner (routing, history resend, failover, metrics).
+//
+// Threads: cpp-httplib serves each connection on a thread of its pool (`threads`). A
+// request's store steps run on that thread and it waits there for the runner's reports
+// (HttpTurn), so a running HTTP turn holds one pool thread, unlike the gRPC edge's reactors.
+// A streamed reply is written from that thread as the text arrives; a failed write (the
+// client went away) cancels the runner, and with it the worker's turn. A non-streamed
+// request whose client goes away runs to its end (cpp-httplib 0.11 reports a closed
+// connection only on a write). The reply is stored before the client sees its end.
+#pragma once
+
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/metrics/registry.h"
+#include "coordinator/auth.h"
+#include "coordinator/conversations.h"
+#include "coordinator/openai/request.h"
+#include "coordinator/transcript_match.h"
+#include "coordinator/worker_registry.h"
+
+namespace httplib {
+class Server;
+class DataSink;
+struct Request;
+struct Response;
+}  // namespace httplib
+
+namespace recall::coordinator {
+
+class HttpTurn;
+
+struct HttpOptions {
+  std::string listen;             // HOST:PORT (port 0 picks one); REQUIRES: not empty
+  int threads = 64;               // connections served at once
+  std::string tls_cert, tls_key;  // PEM files: HTTPS when set
+  std::string tls_client_ca;      // require client certificates signed by this CA (mTLS)
+  size_t max_body_bytes = 64 << 20;
+  size_t index_entries = 100000;  // transcripts remembered for requests naming no session
+};
+
+class HttpApi {
+ public:
+  // Listens and serves on its own thread. Unavailable when it cannot listen; InvalidArgument
+  // naming the field for a bad address or unreadable TLS files. All references must outlive
+  // the API.
+  static absl::StatusOr<std::unique_ptr<HttpApi>> Start(const HttpOptions& options,
+                                                        Conversations& conversations,
+                                                        WorkerRegistry& workers,
+                                                        const ApiKeys& keys,
+                                                        metrics::Registry& metrics);
+  ~HttpApi();  // Shutdown
+  HttpApi(const HttpApi&) = delete;
+  HttpApi& operator=(const HttpApi&) = delete;
+
+  int port() const { return port_; }
+  // Refuses new requests (503), cancels the running turns, and stops once their requests
+  // have ended. Idempotent.
+  void Shutdown();
+
+ private:
+  struct Reply;  // a turn from its start to its end, for one request
+
+  HttpApi(const HttpOptions& options, Conversations& conversations, WorkerRegistry& workers,
+          const ApiKeys& keys, metrics::Registry& metrics);
+
+  void ChatCompletions(const httplib::Request& req, httplib::Response& res);
+  void Completions(const httplib::Request& req, httplib::Response& res);
+  void Models(const httplib::Request& req, httplib::Response& res);
+  void Health(const httplib::Request& req, httplib::Response& res);
+
+  // The caller's tenant (Authorization header); Unavailable once shutting down.
+  absl::StatusOr<std::string> Admit(const httplib::Request& req);
+  // The message size and max_tokens limits requests are checked against.
+  openai::RequestLimits Limits() const;
+  // NotFound for a model no worker serves ("" passes).
+  absl::Status CheckModel(const std::string& model);
+  // A turn for a request naming no session: the session it continues, or a new one.
+  absl::StatusOr<OpenTurn> BeginUnnamed(const std::string& tenant, const std::string& model,
+                                        const std::vector<StoredMessage>& messages,
+                                        const v1::SamplingParams& sampling);
+  // Runs the reply's turn and answers the request (a JSON body, or a stream).
+  void Respond(std::shared_ptr<Reply> reply, bool stream, httplib::Response& res);
+  // Writes a stream's events until its end; false when the client went away.
+  bool Pump(Reply& reply, httplib::DataSink& sink);
+  // Ends the reply's turn (cancelled first when `cancel`), stores it (a session's turn) and
+  // returns what the client should learn: the turn's error, a store error, or OK. Once.
+  absl::Status Conclude(Reply& reply, bool cancel);
+  void Fail(httplib::Response& res, const absl::Status& status);
+
+  const HttpOptions options_;
+  Conversations& conversations_;
+  WorkerRegistry& workers_;
+  const ApiKeys& keys_;
+  metrics::Registry& metrics_;
+  TranscriptIndex index_;
+  std::unique_ptr<httplib::Server> server_;
+  std::thread thread_;  // the server's accept loop
+  int port_ = 0;
+
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<std::shared_ptr<HttpTurn>> running_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace recall::coordinator

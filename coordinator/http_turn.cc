@@ -1,0 +1,49 @@
+#include "coordinator/http_turn.h"
+
+#include <utility>
+
+namespace recall::coordinator {
+
+std::shared_ptr<HttpTurn> HttpTurn::Start(WorkerRegistry& workers, metrics::Registry& metrics,
+                                          TurnRunnerOptions options, TurnSpec spec) {
+  std::shared_ptr<HttpTurn> turn(new HttpTurn());
+  turn->runner_ = TurnRunner::Create(workers, metrics, options, std::move(spec), turn.get());
+  turn->runner_->Start();
+  return turn;
+}
+
+HttpTurn::Update HttpTurn::Next() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](HttpTurn* t)
+           ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->mu_) { return !t->pending_.empty() || t->ended_; },
+      this));
+  Update u;
+  u.text = std::move(pending_);
+  pending_.clear();
+  // The end is reported once the text before it was taken.
+  u.ended = ended_ && u.text.empty();
+  return u;
+}
+
+void HttpTurn::Cancel() { runner_->Cancel(); }
+
+void HttpTurn::OnTokens(const v1::TokenEvent& tokens) {
+  if (tokens.text().empty()) return;
+  std::shared_ptr<HttpTurn> self = shared_from_this();  // alive until the lock is released
+  absl::MutexLock lock(&mu_);
+  pending_ += tokens.text();
+}
+
+void HttpTurn::OnTurnDone(TurnResult result) { End(std::move(result)); }
+
+void HttpTurn::OnTurnError(absl::Status status) { End(std::move(status)); }
+
+void HttpTurn::End(absl::StatusOr<TurnResult> outcome) {
+  std::shared_ptr<HttpTurn> self = shared_from_this();  // alive until the lock is released
+  absl::MutexLock lock(&mu_);
+  outcome_ = std::move(outcome);
+  ended_ = true;
+}
+
+}  // namespace recall::coordinator

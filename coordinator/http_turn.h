@@ -1,0 +1,57 @@
+// HttpTurn: one turn on a TurnRunner for an HTTP request, whose handler thread waits for the
+// runner's reports (cpp-httplib is blocking: a request is served on one thread of its pool).
+//
+// The TurnSink calls only queue text and record the end, and wake the waiting thread; they
+// never block or do store I/O (which the HTTP thread does, through Conversations).
+//
+// Ownership: Start returns a shared_ptr; the runner's sink calls hold a reference while they
+// run, so the HTTP side may drop its reference as soon as Next reports the end.
+// Thread safety: Next and Cancel from the HTTP thread; the sink calls from the runner's.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "coordinator/turn_runner.h"
+
+namespace recall::coordinator {
+
+class HttpTurn final : public TurnSink, public std::enable_shared_from_this<HttpTurn> {
+ public:
+  // Starts `spec` on a runner. `workers` and `metrics` must outlive the turn.
+  static std::shared_ptr<HttpTurn> Start(WorkerRegistry& workers, metrics::Registry& metrics,
+                                         TurnRunnerOptions options, TurnSpec spec);
+
+  struct Update {
+    std::string text;  // the reply's text that arrived since the last call
+    bool ended = false;
+  };
+  // Blocks until there is new text or the turn ended.
+  Update Next();
+  // The turn's end. REQUIRES: Next reported it.
+  const absl::StatusOr<TurnResult>& outcome() const { return outcome_; }
+  // Cancels the turn (the worker's turn is aborted); it then ends with CANCELLED.
+  void Cancel();
+
+  // ---- TurnSink.
+  void OnTokens(const v1::TokenEvent& tokens) override;
+  void OnTurnDone(TurnResult result) override;
+  void OnTurnError(absl::Status status) override;
+
+ private:
+  HttpTurn() = default;
+  void End(absl::StatusOr<TurnResult> outcome);
+
+  std::shared_ptr<TurnRunner> runner_;  // set before the runner starts
+  absl::Mutex mu_;
+  std::string pending_ ABSL_GUARDED_BY(mu_);
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  // Written once, under mu_, before ended_; read by the HTTP thread after it saw ended_.
+  absl::StatusOr<TurnResult> outcome_ = absl::UnknownError("the turn has not ended");
+};
+
+}  // namespace recall::coordinator

@@ -1,0 +1,332 @@
+#include "coordinator/openai/request.h"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "common/flags.h"
+#include "common/status.h"
+#include "common/utf8.h"
+#include "nlohmann/json.hpp"
+
+namespace recall::openai {
+namespace {
+
+using Json = nlohmann::json;
+
+absl::Status Bad(const std::string& field, const std::string& what) {
+  return flags::FieldError(field, what);
+}
+
+std::string Got(double v) { return absl::StrCat(", got ", v); }
+
+// The field, or nullptr when it is absent or null (null means "the default", as in OpenAI's API).
+const Json* Find(const Json& object, const std::string& name) {
+  auto it = object.find(name);
+  if (it == object.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+absl::StatusOr<Json> ParseObject(absl::string_view body) {
+  Json j;
+  try {
+    j = Json::parse(body.begin(), body.end());
+  } catch (const Json::out_of_range& e) {
+    // nlohmann refuses a number beyond a double's range (1e999) while parsing; it names it.
+    return absl::InvalidArgumentError(
+        absl::StrCat("the request body has a number that is not finite; numbers must be finite (",
+                     e.what(), ")"));
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the request body is not valid JSON (", e.what(), ")"));
+  }
+  if (!j.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the request body must be a JSON object, got ", j.type_name()));
+  }
+  return j;
+}
+
+absl::StatusOr<std::optional<double>> Number(const Json& o, const std::string& name) {
+  const Json* v = Find(o, name);
+  if (v == nullptr) return std::nullopt;
+  if (!v->is_number()) return Bad(name, absl::StrCat("must be a number, got ", v->type_name()));
+  const double d = v->get<double>();
+  if (!std::isfinite(d)) return Bad(name, "must be a finite number");
+  return d;
+}
+
+absl::StatusOr<std::optional<int64_t>> Integer(const Json& o, const std::string& name) {
+  const Json* v = Find(o, name);
+  if (v == nullptr) return std::nullopt;
+  if (v->is_number_unsigned()) {
+    const uint64_t u = v->get<uint64_t>();
+    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return Bad(name, absl::StrCat("must fit in 64 bits, got ", u));
+    }
+    return static_cast<int64_t>(u);
+  }
+  if (v->is_number_integer()) return v->get<int64_t>();
+  if (v->is_number_float()) {
+    const double d = v->get<double>();
+    if (!std::isfinite(d)) return Bad(name, "must be a finite integer");
+    return Bad(name, absl::StrCat("must be an integer", Got(d)));
+  }
+  return Bad(name, absl::StrCat("must be an integer, got ", v->type_name()));
+}
+
+absl::StatusOr<std::optional<bool>> Bool(const Json& o, const std::string& name) {
+  const Json* v = Find(o, name);
+  if (v == nullptr) return std::nullopt;
+  if (!v->is_boolean())
+    return Bad(name, absl::StrCat("must be true or false, got ", v->type_name()));
+  return v->get<bool>();
+}
+
+absl::StatusOr<std::optional<std::string>> String(const Json& o, const std::string& name) {
+  const Json* v = Find(o, name);
+  if (v == nullptr) return std::nullopt;
+  if (!v->is_string()) return Bad(name, absl::StrCat("must be a string, got ", v->type_name()));
+  return v->get<std::string>();
+}
+
+// A text the client sends: at most `max_bytes`, valid UTF-8.
+absl::Status CheckText(const std::string& field, const std::string& text, size_t max_bytes) {
+  if (text.size() > max_bytes) {
+    return Bad(field, absl::StrCat(text.size(), " bytes; at most ", max_bytes));
+  }
+  if (!utf8::IsValid(text)) return Bad(field, "is not valid UTF-8");
+  return absl::OkStatus();
+}
+
+// The sampling fields both endpoints share, and the refusals of what Recall does not do.
+absl::Status ParseSampling(const Json& o, const RequestLimits& limits, v1::SamplingParams* s) {
+  RECALL_ASSIGN_OR_RETURN(const std::optional<double> temperature, Number(o, "temperature"));
+  if (temperature.has_value()) {
+    if (*temperature < 0 || *temperature > 2) {
+      return Bad("temperature", absl::StrCat("must be in [0, 2]", Got(*temperature)));
+    }
+    s->set_temperature(static_cast<float>(*temperature));
+  }
+  RECALL_ASSIGN_OR_RETURN(const std::optional<double> top_p, Number(o, "top_p"));
+  if (top_p.has_value()) {
+    if (!(*top_p > 0 && *top_p <= 1)) {
+      return Bad("top_p", absl::StrCat("must be in (0, 1]", Got(*top_p)));
+    }
+    s->set_top_p(static_cast<float>(*top_p));
+  }
+  // max_completion_tokens is the newer name; max_tokens when it is absent.
+  std::string tokens_field = "max_completion_tokens";
+  RECALL_ASSIGN_OR_RETURN(std::optional<int64_t> max_tokens, Integer(o, tokens_field));
+  if (!max_tokens.has_value()) {
+    tokens_field = "max_tokens";
+    RECALL_ASSIGN_OR_RETURN(max_tokens, Integer(o, tokens_field));
+  }
+  if (max_tokens.has_value()) {
+    const int64_t hi = limits.max_tokens > 0 ? limits.max_tokens : (1 << 30);
+    if (*max_tokens < 1 || *max_tokens > hi) {
+      return Bad(tokens_field, absl::StrCat("must be in [1, ", hi, "], got ", *max_tokens));
+    }
+    s->set_max_tokens(static_cast<int32_t>(*max_tokens));
+  }
+  if (const Json* stop = Find(o, "stop"); stop != nullptr) {
+    if (stop->is_string()) {
+      if (stop->get<std::string>().empty()) return Bad("stop", "must not be empty");
+      s->add_stop(stop->get<std::string>());
+    } else if (stop->is_array()) {
+      if (stop->size() > 4)
+        return Bad("stop", absl::StrCat("at most 4 strings, got ", stop->size()));
+      for (size_t i = 0; i < stop->size(); ++i) {
+        const Json& e = (*stop)[i];
+        const std::string at = absl::StrCat("stop[", i, "]");
+        if (!e.is_string()) return Bad(at, absl::StrCat("must be a string, got ", e.type_name()));
+        if (e.get<std::string>().empty()) return Bad(at, "must not be empty");
+        s->add_stop(e.get<std::string>());
+      }
+    } else {
+      return Bad("stop",
+                 absl::StrCat("must be a string or an array of strings, got ", stop->type_name()));
+    }
+  }
+  RECALL_ASSIGN_OR_RETURN(const std::optional<int64_t> seed, Integer(o, "seed"));
+  if (seed.has_value()) s->set_seed(static_cast<uint64_t>(*seed));
+  RECALL_ASSIGN_OR_RETURN(const std::optional<int64_t> top_k, Integer(o, "top_k"));
+  if (top_k.has_value()) {
+    if (*top_k < 0 || *top_k > (1 << 30)) {
+      return Bad("top_k", absl::StrCat("must be in [0, 1073741824], got ", *top_k));
+    }
+    s->set_top_k(static_cast<int32_t>(*top_k));
+  }
+  RECALL_ASSIGN_OR_RETURN(const std::optional<double> repetition, Number(o, "repetition_penalty"));
+  if (repetition.has_value()) {
+    if (!(*repetition > 0 && *repetition <= 100)) {
+      return Bad("repetition_penalty", absl::StrCat("must be in (0, 100]", Got(*repetition)));
+    }
+    s->set_repetition_penalty(static_cast<float>(*repetition));
+  }
+  for (const char* penalty : {"frequency_penalty", "presence_penalty"}) {
+    RECALL_ASSIGN_OR_RETURN(const std::optional<double> p, Number(o, penalty));
+    if (p.has_value() && *p != 0) {
+      return Bad(penalty, absl::StrCat("only 0 is supported (Recall's penalty is the "
+                                       "multiplicative repetition_penalty)",
+                                       Got(*p)));
+    }
+  }
+  RECALL_ASSIGN_OR_RETURN(const std::optional<int64_t> n, Integer(o, "n"));
+  if (n.has_value() && *n != 1) return Bad("n", absl::StrCat("only 1 is supported, got ", *n));
+  RECALL_ASSIGN_OR_RETURN(const std::optional<int64_t> top_logprobs, Integer(o, "top_logprobs"));
+  if (top_logprobs.value_or(0) != 0) return Bad("top_logprobs", "is not supported");
+  for (const char* tools : {"tools", "functions"}) {
+    const Json* t = Find(o, tools);
+    if (t != nullptr && !(t->is_array() && t->empty())) {
+      return Bad(tools, "is not supported (no tool calling)");
+    }
+  }
+  if (const Json* format = Find(o, "response_format"); format != nullptr) {
+    const Json* type = format->is_object() ? Find(*format, "type") : nullptr;
+    if (type != nullptr && !(type->is_string() && type->get<std::string>() == "text")) {
+      return Bad("response_format.type",
+                 absl::StrCat("only \"text\" is supported, got ", type->dump()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// stream and stream_options.include_usage.
+absl::Status ParseStream(const Json& o, bool* stream, bool* include_usage) {
+  RECALL_ASSIGN_OR_RETURN(const std::optional<bool> s, Bool(o, "stream"));
+  *stream = s.value_or(false);
+  if (const Json* options = Find(o, "stream_options"); options != nullptr) {
+    if (!options->is_object()) {
+      return Bad("stream_options", absl::StrCat("must be an object, got ", options->type_name()));
+    }
+    auto usage = Bool(*options, "include_usage");
+    if (!usage.ok()) return Bad("stream_options.include_usage", "must be true or false");
+    *include_usage = usage->value_or(false);
+  }
+  return absl::OkStatus();
+}
+
+// messages[i].content: a string, or text parts.
+absl::StatusOr<std::string> Content(const Json& m, const std::string& at, const std::string& role) {
+  const Json* c = Find(m, "content");
+  if (c == nullptr) {
+    if (role == "assistant") return std::string();  // a reply with tool calls only
+    return Bad(at + ".content", "is required");
+  }
+  if (c->is_string()) return c->get<std::string>();
+  if (!c->is_array()) {
+    return Bad(at + ".content",
+               absl::StrCat("must be a string or an array of text parts, got ", c->type_name()));
+  }
+  std::string text;
+  for (size_t j = 0; j < c->size(); ++j) {
+    const Json& part = (*c)[j];
+    const std::string pat = absl::StrCat(at, ".content[", j, "]");
+    if (!part.is_object())
+      return Bad(pat, absl::StrCat("must be an object, got ", part.type_name()));
+    RECALL_ASSIGN_OR_RETURN(const std::optional<std::string> type, String(part, "type"));
+    if (type.value_or("") != "text") {
+      return Bad(pat + ".type",
+                 absl::StrCat("\"", type.value_or(""), "\" is not supported (text parts only)"));
+    }
+    RECALL_ASSIGN_OR_RETURN(const std::optional<std::string> t, String(part, "text"));
+    if (!t.has_value()) return Bad(pat + ".text", "is required");
+    if (j > 0) text += "\n";
+    text += *t;
+  }
+  return text;
+}
+
+absl::StatusOr<std::vector<Message>> Messages(const Json& o, const RequestLimits& limits) {
+  const Json* list = Find(o, "messages");
+  if (list == nullptr) return Bad("messages", "is required");
+  if (!list->is_array()) {
+    return Bad("messages", absl::StrCat("must be an array, got ", list->type_name()));
+  }
+  if (list->empty()) return Bad("messages", "must not be empty");
+  std::vector<Message> out;
+  for (size_t i = 0; i < list->size(); ++i) {
+    const Json& m = (*list)[i];
+    const std::string at = absl::StrCat("messages[", i, "]");
+    if (!m.is_object()) return Bad(at, absl::StrCat("must be an object, got ", m.type_name()));
+    RECALL_ASSIGN_OR_RETURN(std::optional<std::string> role, String(m, "role"));
+    if (!role.has_value()) return Bad(at + ".role", "is required");
+    if (*role == "developer") role = "system";
+    if (*role != "system" && *role != "user" && *role != "assistant") {
+      const std::string shown = role->size() <= 32 ? *role : role->substr(0, 32) + "...";
+      return Bad(at + ".role", absl::StrCat("\"", shown,
+                                            "\" is not supported (one of system, developer, user, "
+                                            "assistant; no tool messages)"));
+    }
+    if (const Json* calls = Find(m, "tool_calls"); calls != nullptr && !calls->empty()) {
+      return Bad(at + ".tool_calls", "is not supported (no tool calling)");
+    }
+    RECALL_ASSIGN_OR_RETURN(std::string content, Content(m, at, *role));
+    RECALL_RETURN_IF_ERROR(CheckText(at + ".content", content, limits.max_message_bytes));
+    out.push_back({*role, std::move(content)});
+  }
+  if (out.back().role != "user") {
+    return Bad(absl::StrCat("messages[", out.size() - 1, "].role"),
+               absl::StrCat("the last message must be the user's, got ", out.back().role));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body, const RequestLimits& limits) {
+  RECALL_ASSIGN_OR_RETURN(const Json o, ParseObject(body));
+  ChatRequest r;
+  RECALL_ASSIGN_OR_RETURN(const std::optional<std::string> model, String(o, "model"));
+  r.model = model.value_or("");
+  RECALL_ASSIGN_OR_RETURN(r.messages, Messages(o, limits));
+  RECALL_RETURN_IF_ERROR(ParseSampling(o, limits, &r.sampling));
+  RECALL_ASSIGN_OR_RETURN(const std::optional<bool> logprobs, Bool(o, "logprobs"));
+  if (logprobs.value_or(false)) return Bad("logprobs", "is not supported");
+  RECALL_RETURN_IF_ERROR(ParseStream(o, &r.stream, &r.include_usage));
+  RECALL_ASSIGN_OR_RETURN(const std::optional<std::string> session, String(o, "session_id"));
+  r.session_id = session.value_or("");
+  return r;
+}
+
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body,
+                                                         const RequestLimits& limits) {
+  RECALL_ASSIGN_OR_RETURN(const Json o, ParseObject(body));
+  CompletionRequest r;
+  RECALL_ASSIGN_OR_RETURN(const std::optional<std::string> model, String(o, "model"));
+  r.model = model.value_or("");
+  const Json* prompt = Find(o, "prompt");
+  if (prompt == nullptr) return Bad("prompt", "is required");
+  if (prompt->is_array()) {
+    if (prompt->size() != 1 || !(*prompt)[0].is_string()) {
+      return Bad("prompt",
+                 "only one text prompt per request is supported (a string, or an "
+                 "array of one string)");
+    }
+    r.prompt = (*prompt)[0].get<std::string>();
+  } else if (prompt->is_string()) {
+    r.prompt = prompt->get<std::string>();
+  } else {
+    return Bad("prompt", absl::StrCat("must be a string, got ", prompt->type_name()));
+  }
+  if (r.prompt.empty()) return Bad("prompt", "is empty");
+  RECALL_RETURN_IF_ERROR(CheckText("prompt", r.prompt, limits.max_message_bytes));
+  RECALL_RETURN_IF_ERROR(ParseSampling(o, limits, &r.sampling));
+  RECALL_ASSIGN_OR_RETURN(const std::optional<int64_t> logprobs, Integer(o, "logprobs"));
+  if (logprobs.value_or(0) != 0) return Bad("logprobs", "is not supported");
+  RECALL_ASSIGN_OR_RETURN(const std::optional<bool> echo, Bool(o, "echo"));
+  if (echo.value_or(false)) return Bad("echo", "is not supported");
+  RECALL_ASSIGN_OR_RETURN(const std::optional<std::string> suffix, String(o, "suffix"));
+  if (!suffix.value_or("").empty()) return Bad("suffix", "is not supported");
+  RECALL_ASSIGN_OR_RETURN(const std::optional<int64_t> best_of, Integer(o, "best_of"));
+  if (best_of.value_or(1) != 1) {
+    return Bad("best_of", absl::StrCat("only 1 is supported, got ", *best_of));
+  }
+  RECALL_RETURN_IF_ERROR(ParseStream(o, &r.stream, &r.include_usage));
+  return r;
+}
+
+}  // namespace recall::openai

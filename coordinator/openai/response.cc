@@ -1,0 +1,220 @@
+#include "coordinator/openai/response.h"
+
+#include <cctype>
+#include <chrono>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "common/flags.h"
+#include "nlohmann/json.hpp"
+
+namespace recall::openai {
+namespace {
+
+using Json = nlohmann::json;
+
+std::string Dump(const Json& j) {
+  // Text from the workers is valid UTF-8; replace rather than throw if it ever is not.
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+std::string Event(const Json& j) { return absl::StrCat("data: ", Dump(j), "\n\n"); }
+
+std::string NewId(const char* prefix) {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  return absl::StrCat(prefix, absl::Hex(rng(), absl::kZeroPad16),
+                      absl::Hex(rng() & 0xffffffff, absl::kZeroPad8));
+}
+
+int64_t NowSeconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+const char* FinishName(v1::FinishReason reason) {
+  return reason == v1::FINISH_REASON_STOP ? "stop" : "length";  // LENGTH and CONTEXT
+}
+
+Json UsageJson(const v1::Usage& u) {
+  return {{"prompt_tokens", u.prompt_tokens()},
+          {"completion_tokens", u.generated_tokens()},
+          {"total_tokens", u.prompt_tokens() + u.generated_tokens()},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens()}}}};
+}
+
+// The field an error's message names: the FieldError payload, else a leading "field: ".
+std::string Param(const absl::Status& status) {
+  std::string field = flags::FieldOf(status);
+  if (!field.empty()) return field;
+  const std::string message(status.message());
+  const size_t colon = message.find(": ");
+  if (colon == std::string::npos || colon == 0) return "";
+  for (size_t i = 0; i < colon; ++i) {
+    const char c = message[i];
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '[' ||
+          c == ']')) {
+      return "";
+    }
+  }
+  return message.substr(0, colon);
+}
+
+Json ErrorJson(const absl::Status& status, int* http) {
+  const char* type = "invalid_request_error";
+  const char* code = nullptr;
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+      *http = 400;
+      break;
+    case absl::StatusCode::kUnauthenticated:
+      *http = 401;
+      code = "invalid_api_key";
+      break;
+    case absl::StatusCode::kPermissionDenied:
+      *http = 403;
+      type = "permission_error";
+      break;
+    case absl::StatusCode::kNotFound:
+      *http = 404;
+      code = "not_found";
+      break;
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kAlreadyExists:
+      *http = 409;
+      code = "conflict";
+      break;
+    case absl::StatusCode::kResourceExhausted:
+      *http = 429;
+      type = "rate_limit_error";
+      code = "rate_limit_exceeded";
+      break;
+    case absl::StatusCode::kUnavailable:
+      *http = 503;
+      type = "server_error";
+      code = "unavailable";
+      break;
+    case absl::StatusCode::kDeadlineExceeded:
+      *http = 504;
+      type = "server_error";
+      code = "timeout";
+      break;
+    default:
+      *http = 500;
+      type = "server_error";
+      break;
+  }
+  const std::string param = Param(status);
+  if (*http == 404 && param == "model") code = "model_not_found";
+  Json e = {{"message", std::string(status.message())},
+            {"type", type},
+            {"param", param.empty() ? Json() : Json(param)},
+            {"code", code == nullptr ? Json() : Json(code)}};
+  return {{"error", std::move(e)}};
+}
+
+}  // namespace
+
+HttpError ErrorResponse(const absl::Status& status) {
+  HttpError out;
+  out.body = Dump(ErrorJson(status, &out.status));
+  return out;
+}
+
+std::string ErrorEvent(const absl::Status& status) {
+  int http = 0;
+  return Event(ErrorJson(status, &http));
+}
+
+ResponseWriter::ResponseWriter(Endpoint endpoint, std::string model, bool include_usage)
+    : endpoint_(endpoint),
+      model_(std::move(model)),
+      include_usage_(include_usage),
+      id_(NewId(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-")),
+      created_(NowSeconds()) {}
+
+std::string ResponseWriter::Body(const std::string& text, v1::FinishReason reason,
+                                 const v1::Usage& usage) const {
+  Json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", FinishName(reason)}};
+  if (endpoint_ == Endpoint::kChat) {
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  } else {
+    choice["text"] = text;
+  }
+  const Json body = {
+      {"id", id_},
+      {"object", endpoint_ == Endpoint::kChat ? "chat.completion" : "text_completion"},
+      {"created", created_},
+      {"model", model_},
+      {"choices", Json::array({std::move(choice)})},
+      {"usage", UsageJson(usage)}};
+  return Dump(body);
+}
+
+std::string ResponseWriter::Chunk(const std::string& text, bool role, const char* finish) const {
+  Json choice = {{"index", 0},
+                 {"logprobs", nullptr},
+                 {"finish_reason", finish == nullptr ? Json() : Json(finish)}};
+  if (endpoint_ == Endpoint::kChat) {
+    Json delta = Json::object();
+    if (role) delta["role"] = "assistant";
+    if (role || !text.empty()) delta["content"] = text;
+    choice["delta"] = std::move(delta);
+  } else {
+    choice["text"] = text;
+  }
+  Json chunk = Envelope(Json::array({std::move(choice)}));
+  if (include_usage_) chunk["usage"] = nullptr;
+  return Event(chunk);
+}
+
+nlohmann::json ResponseWriter::Envelope(nlohmann::json choices) const {
+  return {{"id", id_},
+          {"object", endpoint_ == Endpoint::kChat ? "chat.completion.chunk" : "text_completion"},
+          {"created", created_},
+          {"model", model_},
+          {"choices", std::move(choices)}};
+}
+
+std::string ResponseWriter::First() const {
+  return endpoint_ == Endpoint::kChat ? Chunk("", /*role=*/true, nullptr) : std::string();
+}
+
+std::string ResponseWriter::Delta(const std::string& text) const {
+  return Chunk(text, /*role=*/false, nullptr);
+}
+
+std::string ResponseWriter::Last(v1::FinishReason reason, const v1::Usage& usage) const {
+  std::string out = Chunk("", /*role=*/false, FinishName(reason));
+  if (include_usage_) {
+    Json chunk = Envelope(Json::array());
+    chunk["usage"] = UsageJson(usage);
+    out += Event(chunk);
+  }
+  out += "data: [DONE]\n\n";
+  return out;
+}
+
+namespace {
+
+Json ModelJson(const v1::ModelInfo& m) {
+  return {{"id", m.name()},
+          {"object", "model"},
+          {"created", 0},
+          {"owned_by", "recall"},
+          {"context_length", m.context_length()},
+          {"workers", m.workers()}};
+}
+
+}  // namespace
+
+std::string ModelObject(const v1::ModelInfo& m) { return Dump(ModelJson(m)); }
+
+std::string ModelList(const std::vector<v1::ModelInfo>& models) {
+  Json data = Json::array();
+  for (const v1::ModelInfo& m : models) data.push_back(ModelJson(m));
+  return Dump(Json{{"object", "list"}, {"data", std::move(data)}});
+}
+
+}  // namespace recall::openai

@@ -1,0 +1,67 @@
+// The OpenAI-compatible response bodies: chat.completion and text_completion objects, their
+// streamed chunks as Server-Sent Events ("data: {...}\n\n", the last "data: [DONE]\n\n"),
+// the model list, and errors ({"error": {"message", "type", "param", "code"}} with the HTTP
+// status of the Status's code).
+//
+// Finish reasons: "stop" (a stop token or string), "length" (max_tokens, or the model's
+// context). Usage: prompt_tokens (the whole context before the reply, cached or not),
+// completion_tokens, total_tokens and prompt_tokens_details.cached_tokens (the part of the
+// prompt reused from the session's cache on its worker).
+// Thread safety: a ResponseWriter is immutable after construction.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "nlohmann/json_fwd.hpp"
+#include "recall/v1/chat.pb.h"
+
+namespace recall::openai {
+
+enum class Endpoint { kChat, kCompletion };
+
+struct HttpError {
+  int status = 500;
+  std::string body;  // {"error": {...}}
+};
+
+// INVALID_ARGUMENT 400, UNAUTHENTICATED 401, PERMISSION_DENIED 403, NOT_FOUND 404,
+// FAILED_PRECONDITION and ALREADY_EXISTS 409, RESOURCE_EXHAUSTED 429, UNAVAILABLE 503,
+// DEADLINE_EXCEEDED 504, anything else 500. "param" is the field the message names.
+HttpError ErrorResponse(const absl::Status& status);
+// An error after a stream began: "data: {"error": {...}}\n\n".
+std::string ErrorEvent(const absl::Status& status);
+
+// One reply: a non-stream body, or a stream's events.
+class ResponseWriter {
+ public:
+  ResponseWriter(Endpoint endpoint, std::string model, bool include_usage);
+
+  const std::string& id() const { return id_; }
+  // The whole reply as one JSON body.
+  std::string Body(const std::string& text, v1::FinishReason reason, const v1::Usage& usage) const;
+  // Stream events: the first (chat: the assistant role; completions: none), one per piece of
+  // text, and the end (the finish reason; the usage when asked; [DONE]).
+  std::string First() const;
+  std::string Delta(const std::string& text) const;
+  std::string Last(v1::FinishReason reason, const v1::Usage& usage) const;
+
+ private:
+  std::string Chunk(const std::string& text, bool role, const char* finish) const;
+  // A chunk's fields around its choices.
+  nlohmann::json Envelope(nlohmann::json choices) const;
+
+  const Endpoint endpoint_;
+  const std::string model_;
+  const bool include_usage_;
+  const std::string id_;
+  const int64_t created_;
+};
+
+// GET /v1/models and GET /v1/models/{id}.
+std::string ModelList(const std::vector<v1::ModelInfo>& models);
+std::string ModelObject(const v1::ModelInfo& model);
+
+}  // namespace recall::openai

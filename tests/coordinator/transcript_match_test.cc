@@ -1,0 +1,95 @@
+// Whole message lists matched against stored transcripts: a list that extends the
+// transcript adds only its new messages; one that diverges keeps the common prefix (the
+// session is rebuilt in place); a regenerated reply rebuilds from the message before it. The
+// index finds, longest first, sessions whose recorded transcript a list extends.
+#include "coordinator/transcript_match.h"
+
+#include "gtest/gtest.h"
+
+namespace recall::coordinator {
+namespace {
+
+std::vector<StoredMessage> List(std::initializer_list<std::pair<const char*, const char*>> ms) {
+  std::vector<StoredMessage> out;
+  for (const auto& [role, content] : ms) out.push_back({role, content});
+  return out;
+}
+
+const std::vector<StoredMessage> kStored =
+    List({{"system", "Tell a story."}, {"user", "Hi"}, {"assistant", " Once"}});
+
+TEST(MatchTranscriptTest, AListThatExtendsTheTranscriptAddsOnlyItsNewMessages) {
+  const TurnMessages m = MatchTranscript(
+      kStored,
+      List(
+          {{"system", "Tell a story."}, {"user", "Hi"}, {"assistant", " Once"}, {"user", "More"}}));
+  EXPECT_EQ(m.keep, 3);
+  ASSERT_EQ(m.add.size(), 1u);
+  EXPECT_EQ(m.add[0].content, "More");
+  EXPECT_EQ(MatchTranscript({}, List({{"user", "a"}})).keep, 0) << "a new session";
+}
+
+TEST(MatchTranscriptTest, ADivergingListKeepsTheCommonPrefix) {
+  // The client edited the reply (byte for byte: a trimmed space is a change).
+  const TurnMessages edited = MatchTranscript(
+      kStored,
+      List({{"system", "Tell a story."}, {"user", "Hi"}, {"assistant", "Once"}, {"user", "More"}}));
+  EXPECT_EQ(edited.keep, 2);
+  ASSERT_EQ(edited.add.size(), 2u);
+  EXPECT_EQ(edited.add[0].role, "assistant");
+  // Another system prompt: nothing is kept.
+  EXPECT_EQ(MatchTranscript(kStored, List({{"system", "Be terse."}, {"user", "Hi"}})).keep, 0);
+  // A different role with the same text is a different message.
+  EXPECT_EQ(MatchTranscript(kStored, List({{"user", "Tell a story."}, {"user", "x"}})).keep, 0);
+}
+
+TEST(MatchTranscriptTest, ARegeneratedReplyRebuildsFromTheMessageBeforeIt) {
+  // The list the transcript already holds, up to the user message: ask for the reply again.
+  const TurnMessages m =
+      MatchTranscript(kStored, List({{"system", "Tell a story."}, {"user", "Hi"}}));
+  EXPECT_EQ(m.keep, 1);
+  ASSERT_EQ(m.add.size(), 1u);
+  EXPECT_EQ(m.add[0].content, "Hi");
+}
+
+TEST(TranscriptIndexTest, FindsTheLongestRecordedPrefixFirstAndOnlyForItsTenant) {
+  TranscriptIndex index(100);
+  const auto one = List({{"user", "a"}, {"assistant", "b"}});
+  const auto two = List({{"user", "a"}, {"assistant", "b"}, {"user", "c"}, {"assistant", "d"}});
+  index.Put("t", "s1", one);
+  index.Put("t", "s2", two);
+  auto request = two;
+  request.push_back({"user", "e"});
+  const auto found = index.Find("t", request);
+  ASSERT_EQ(found.size(), 2u);
+  EXPECT_EQ(found[0], std::make_pair(4, std::string("s2")));
+  EXPECT_EQ(found[1], std::make_pair(2, std::string("s1")));
+  EXPECT_TRUE(index.Find("other tenant", request).empty());
+  const auto same = index.Find("t", two);
+  ASSERT_EQ(same.size(), 1u) << "a list equal to s2's transcript is no continuation of s2";
+  EXPECT_EQ(same[0].second, "s1");
+}
+
+TEST(TranscriptIndexTest, ASessionIsRecordedOnceAndTheOldestEntriesGoFirst) {
+  TranscriptIndex index(2);
+  const auto a = List({{"user", "a"}, {"assistant", "A"}});
+  auto a2 = a;
+  a2.push_back({"user", "aa"});
+  a2.push_back({"assistant", "AA"});
+  index.Put("t", "s1", a);
+  index.Put("t", "s1", a2);  // the session went on: its old transcript is forgotten
+  EXPECT_EQ(index.size(), 1u);
+  auto next = a;
+  next.push_back({"user", "?"});
+  EXPECT_TRUE(index.Find("t", next).empty());
+  index.Put("t", "s2", List({{"user", "b"}, {"assistant", "B"}}));
+  index.Put("t", "s3", List({{"user", "c"}, {"assistant", "C"}}));
+  EXPECT_EQ(index.size(), 2u) << "bounded";
+  auto after = a2;
+  after.push_back({"user", "?"});
+  EXPECT_TRUE(index.Find("t", after).empty()) << "s1, the least recently used, went first";
+  EXPECT_EQ(index.Find("t", List({{"user", "c"}, {"assistant", "C"}, {"user", "?"}})).size(), 1u);
+}
+
+}  // namespace
+}  // namespace recall::coordinator

@@ -1,0 +1,576 @@
+// The OpenAI-compatible HTTP API of a real recall-coordinator (--http-listen) in front of a
+// real recall-worker (stories260K), over loopback with cpp-httplib's client, reading the raw
+// bytes: SSE framing ("data: {...}\n\n" chunks, the role first, the finish reason, the usage
+// chunk when asked, "data: [DONE]\n\n" last); one chat.completion body; /v1/completions,
+// /v1/models, /health; a multi-turn chat that resends the whole list and reuses the session's
+// cache (cached tokens > 0), with the session named, and matched without a name; a diverging
+// list rebuilding the session in place; OpenAI's error bodies with their HTTP statuses; API
+// keys and tenants; HTTPS and mTLS; `recall serve` with the API on; and a client leaving
+// mid-stream, whose turn the worker drops within a measured bound.
+#include <httplib.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "common/subprocess.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "recall/v1/chat.grpc.pb.h"
+#include "recall/v1/worker.grpc.pb.h"
+#include "tests/common/test_certs.h"
+#include "tests/common/test_util.h"
+
+namespace recall {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr char kModel[] = "models/stories260K/stories260K.bin";
+constexpr char kTokenizer[] = "models/stories260K/tok512.bin";
+
+struct HttpReply {
+  int status = 0;  // 0: no response
+  std::string body;
+  httplib::Headers headers;
+  std::string Header(const std::string& name) const {
+    auto it = headers.find(name);
+    return it == headers.end() ? "" : it->second;
+  }
+  Json JsonBody() const { return Json::parse(body, nullptr, false); }
+};
+
+// One request; `headers` besides the key's Authorization ("" key: none). `receive`, when
+// given, sees the body's bytes as they arrive and may return false to hang up.
+HttpReply Send(httplib::Client& client, const std::string& method, const std::string& path,
+               const std::string& body, const std::string& key, httplib::Headers headers = {},
+               std::function<bool(const std::string& so_far)> receive = nullptr) {
+  httplib::Request req;
+  req.method = method;
+  req.path = path;
+  req.headers = std::move(headers);
+  if (!key.empty()) req.headers.emplace("Authorization", "Bearer " + key);
+  if (!body.empty()) {
+    req.body = body;
+    req.headers.emplace("Content-Type", "application/json");
+  }
+  HttpReply reply;
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    reply.body.append(data, n);
+    return receive == nullptr || receive(reply.body);
+  };
+  httplib::Response res;
+  httplib::Error error = httplib::Error::Success;
+  if (client.send(req, res, error) || error == httplib::Error::Canceled) {
+    reply.status = res.status;
+    reply.headers = res.headers;
+  }
+  return reply;
+}
+
+// The events of an SSE body: each "data: " payload; EXPECTs the framing.
+std::vector<std::string> Events(const std::string& body) {
+  std::vector<std::string> out;
+  EXPECT_TRUE(body.size() >= 2 && body.substr(body.size() - 2) == "\n\n")
+      << "a stream ends with a blank line";
+  for (absl::string_view e : absl::StrSplit(body, "\n\n", absl::SkipEmpty())) {
+    EXPECT_EQ(e.substr(0, 6), "data: ") << "every event is one data line: " << e;
+    EXPECT_EQ(e.find('\n'), absl::string_view::npos) << "one line per event: " << e;
+    out.emplace_back(e.substr(6));
+  }
+  return out;
+}
+
+std::string ChatBody(const std::vector<Json>& messages, int max_tokens, bool stream,
+                     const std::string& extra = "") {
+  Json body = {{"messages", Json(messages)},
+               {"max_tokens", max_tokens},
+               {"temperature", 0},
+               {"stream", stream}};
+  if (stream) body["stream_options"] = {{"include_usage", true}};
+  std::string text = body.dump();
+  if (!extra.empty()) text = text.substr(0, text.size() - 1) + "," + extra + "}";
+  return text;
+}
+
+Json Message(const std::string& role, const std::string& content) {
+  return {{"role", role}, {"content", content}};
+}
+
+class OpenAiHttpTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    RECALL_REQUIRE_SHARED_FILE(kModel);
+    dir_ = testing::MakeTempDir("openai_http");
+    std::ofstream(dir_ + "/keys") << "key-a tenant-a\nkey-b tenant-b\n";
+    std::string error;
+    ASSERT_TRUE(worker_.Start(
+        RECALL_WORKER_BINARY,
+        {"--model", testing::SharedPath(kModel), "--tokenizer", testing::SharedPath(kTokenizer),
+         "--listen", "127.0.0.1:0", "--kv-cache-bytes", "16M", "--threads", "1"},
+        dir_, &error))
+        << error;
+    ASSERT_TRUE(
+        coordinator_.Start(RECALL_COORDINATOR_BINARY,
+                           {"--workers", "127.0.0.1:" + std::to_string(worker_.port("grpc")),
+                            "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--data-dir",
+                            dir_, "--api-keys", dir_ + "/keys", "--max-message-bytes", "4000"},
+                           dir_, &error))
+        << error;
+    ASSERT_GT(coordinator_.port("http"), 0) << "the port file names the HTTP port";
+    http_ = std::make_unique<httplib::Client>("127.0.0.1", coordinator_.port("http"));
+    http_->set_read_timeout(120, 0);
+    chat_ = v1::Chat::NewStub(
+        grpc::CreateChannel("127.0.0.1:" + std::to_string(coordinator_.port("grpc")),
+                            grpc::InsecureChannelCredentials()));
+  }
+
+  HttpReply Post(const std::string& path, const std::string& body, const std::string& key = "key-a",
+                 httplib::Headers headers = {}) {
+    return Send(*http_, "POST", path, body, key, std::move(headers));
+  }
+
+  // The session as the gRPC API sees it (the same store).
+  v1::Session GetSession(const std::string& id, const std::string& key = "key-a") {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer " + key);
+    v1::GetSessionRequest req;
+    req.set_session_id(id);
+    v1::Session s;
+    const grpc::Status st = chat_->GetSession(&ctx, req, &s);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    return s;
+  }
+
+  std::string dir_;
+  ServerProcess worker_;
+  ServerProcess coordinator_;
+  std::unique_ptr<httplib::Client> http_;
+  std::unique_ptr<v1::Chat::Stub> chat_;
+};
+
+TEST_F(OpenAiHttpTest, AStreamedChatIsServerSentEventsEndingInDone) {
+  const HttpReply r = Post("/v1/chat/completions",
+                           ChatBody({Message("user", "Once upon a time")}, 12, /*stream=*/true));
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.Header("Content-Type"), "text/event-stream");
+  EXPECT_EQ(r.Header("X-Session-Id").rfind("s-", 0), 0u) << "a new session's id";
+  const std::vector<std::string> events = Events(r.body);
+  ASSERT_GE(events.size(), 4u) << r.body;
+  EXPECT_EQ(events.back(), "[DONE]");
+  const Json first = Json::parse(events[0]);
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  std::string text;
+  for (size_t i = 1; i + 3 < events.size(); ++i) {
+    const Json e = Json::parse(events[i]);
+    EXPECT_EQ(e["id"], first["id"]) << "one id for the whole stream";
+    EXPECT_EQ(e["choices"][0]["finish_reason"], nullptr);
+    EXPECT_EQ(e["usage"], nullptr) << "include_usage: null usage on every chunk but the last";
+    text += e["choices"][0]["delta"]["content"].get<std::string>();
+  }
+  EXPECT_FALSE(text.empty());
+  const Json finish = Json::parse(events[events.size() - 3]);
+  EXPECT_EQ(finish["choices"][0]["finish_reason"], "length") << "12 tokens, max_tokens 12";
+  const Json usage = Json::parse(events[events.size() - 2]);
+  EXPECT_EQ(usage["choices"], Json::array());
+  EXPECT_EQ(usage["usage"]["completion_tokens"], 12);
+  EXPECT_GT(usage["usage"]["prompt_tokens"].get<int>(), 0);
+  EXPECT_EQ(usage["usage"]["total_tokens"].get<int>(),
+            usage["usage"]["prompt_tokens"].get<int>() + 12);
+  // The stored transcript holds what was streamed.
+  const v1::Session s = GetSession(r.Header("X-Session-Id"));
+  ASSERT_EQ(s.messages_size(), 2);
+  EXPECT_EQ(s.messages(1).content(), text);
+}
+
+TEST_F(OpenAiHttpTest, ANonStreamedChatIsOneChatCompletion) {
+  const HttpReply r =
+      Post("/v1/chat/completions", ChatBody({Message("user", "Once upon a time")}, 5, false));
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.Header("Content-Type"), "application/json");
+  const Json j = r.JsonBody();
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["model"], "stories260K.bin") << "the session's model, when the request names none";
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_FALSE(j["choices"][0]["message"]["content"].get<std::string>().empty());
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["completion_tokens"], 5);
+  EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"], 0) << "a new session";
+  // A stop string ends the reply with "stop", and the stop string is not in it.
+  const std::string text = j["choices"][0]["message"]["content"];
+  ASSERT_GE(text.size(), 3u) << text;
+  const std::string stop = text.substr(1, 2);  // complete by the second or third token
+  const HttpReply stopped = Post(
+      "/v1/chat/completions",
+      ChatBody({Message("user", "Once upon a time")}, 5, false, "\"stop\":" + Json(stop).dump()));
+  ASSERT_EQ(stopped.status, 200) << stopped.body;
+  EXPECT_EQ(stopped.JsonBody()["choices"][0]["finish_reason"], "stop") << stopped.body;
+}
+
+TEST_F(OpenAiHttpTest, ResendingTheWholeListReusesTheSessionsCache) {
+  std::vector<Json> messages = {Message("system", "Tell a story."),
+                                Message("user", "Once upon a time")};
+  const HttpReply one = Post("/v1/chat/completions", ChatBody(messages, 16, true));
+  ASSERT_EQ(one.status, 200) << one.body;
+  const std::string id = one.Header("X-Session-Id");
+  std::string reply;
+  for (const std::string& e : Events(one.body)) {
+    if (e == "[DONE]") break;
+    const Json j = Json::parse(e);
+    if (!j["choices"].empty() && j["choices"][0]["delta"].contains("content")) {
+      reply += j["choices"][0]["delta"]["content"].get<std::string>();
+    }
+  }
+  ASSERT_FALSE(reply.empty());
+
+  // The usual OpenAI client: the whole list again, plus the next message; the session named.
+  messages.push_back(Message("assistant", reply));
+  messages.push_back(Message("user", "What happened next?"));
+  const HttpReply two =
+      Post("/v1/chat/completions", ChatBody(messages, 16, true), "key-a", {{"X-Session-Id", id}});
+  ASSERT_EQ(two.status, 200) << two.body;
+  EXPECT_EQ(two.Header("X-Session-Id"), id) << "the same session";
+  const std::vector<std::string> events = Events(two.body);
+  const Json usage = Json::parse(events[events.size() - 2])["usage"];
+  EXPECT_GT(usage["prompt_tokens_details"]["cached_tokens"].get<int>(), 0)
+      << "the worker continued the session's cache: " << usage;
+  EXPECT_EQ(GetSession(id).messages_size(), 5) << "one transcript, stored once";
+
+  // The same again without naming the session (a stateless client): matched by its list.
+  std::string reply2;
+  for (size_t i = 1; i + 3 < events.size(); ++i) {
+    reply2 += Json::parse(events[i])["choices"][0]["delta"]["content"].get<std::string>();
+  }
+  messages.push_back(Message("assistant", reply2));
+  messages.push_back(Message("user", "And then?"));
+  const HttpReply three = Post("/v1/chat/completions", ChatBody(messages, 8, false));
+  ASSERT_EQ(three.status, 200) << three.body;
+  EXPECT_EQ(three.Header("X-Session-Id"), id) << "the list extends that session's transcript";
+  EXPECT_GT(three.JsonBody()["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 0)
+      << three.body;
+  EXPECT_EQ(GetSession(id).messages_size(), 7);
+
+  // A list that diverges (the first user message edited): the session is rebuilt in place.
+  const std::vector<Json> edited = {Message("system", "Tell a story."),
+                                    Message("user", "Once there was a cat")};
+  const HttpReply four =
+      Post("/v1/chat/completions", ChatBody(edited, 8, false), "key-a", {{"X-Session-Id", id}});
+  ASSERT_EQ(four.status, 200) << four.body;
+  EXPECT_EQ(four.Header("X-Session-Id"), id) << "rebuilt, not forked";
+  EXPECT_EQ(four.JsonBody()["usage"]["prompt_tokens_details"]["cached_tokens"], 0)
+      << "the cache was rebuilt from the new list";
+  const v1::Session rebuilt = GetSession(id);
+  ASSERT_EQ(rebuilt.messages_size(), 3) << "the transcript is the request's list and its reply";
+  EXPECT_EQ(rebuilt.messages(1).content(), "Once there was a cat");
+  EXPECT_EQ(rebuilt.messages(2).content(),
+            four.JsonBody()["choices"][0]["message"]["content"].get<std::string>());
+}
+
+TEST_F(OpenAiHttpTest, CompletionsModelsAndHealth) {
+  const HttpReply c =
+      Post("/v1/completions", R"({"prompt":"Once upon a time","max_tokens":6,"temperature":0})");
+  ASSERT_EQ(c.status, 200) << c.body;
+  EXPECT_EQ(c.JsonBody()["object"], "text_completion");
+  EXPECT_FALSE(c.JsonBody()["choices"][0]["text"].get<std::string>().empty());
+  EXPECT_EQ(c.JsonBody()["usage"]["completion_tokens"], 6);
+  EXPECT_EQ(c.Header("X-Session-Id"), "") << "a completion belongs to no session";
+  const HttpReply cs =
+      Post("/v1/completions",
+           R"({"prompt":"Once upon a time","max_tokens":6,"temperature":0,"stream":true})");
+  ASSERT_EQ(cs.status, 200) << cs.body;
+  const std::vector<std::string> events = Events(cs.body);
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(Json::parse(events[0])["object"], "text_completion");
+  EXPECT_EQ(Json::parse(events[events.size() - 2])["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(events.back(), "[DONE]");
+
+  const HttpReply models = Send(*http_, "GET", "/v1/models", "", "key-a");
+  ASSERT_EQ(models.status, 200) << models.body;
+  EXPECT_EQ(models.JsonBody()["object"], "list");
+  ASSERT_EQ(models.JsonBody()["data"].size(), 1u);
+  EXPECT_EQ(models.JsonBody()["data"][0]["id"], "stories260K.bin");
+  EXPECT_EQ(models.JsonBody()["data"][0]["context_length"], 512);
+  EXPECT_EQ(Send(*http_, "GET", "/v1/models/stories260K.bin", "", "key-a").status, 200);
+  const HttpReply missing = Send(*http_, "GET", "/v1/models/gpt-4", "", "key-a");
+  EXPECT_EQ(missing.status, 404);
+  EXPECT_EQ(missing.JsonBody()["error"]["code"], "model_not_found");
+
+  const HttpReply health = Send(*http_, "GET", "/health", "", "");
+  EXPECT_EQ(health.status, 200) << "no API key needed";
+  EXPECT_EQ(health.JsonBody()["healthy_workers"], 1);
+}
+
+TEST_F(OpenAiHttpTest, BadRequestsGetOpenAIErrorsNamingTheField) {
+  struct Case {
+    std::string body;
+    std::string key;
+    httplib::Headers headers;
+    int status;
+    Json param;
+    std::string message;  // a part of the message
+  };
+  const std::vector<Json> hi = {Message("user", "Hi")};
+  const Case cases[] = {
+      {ChatBody(hi, 4, false, R"("temperature": 2.5)"),
+       "key-a",
+       {},
+       400,
+       "temperature",
+       "temperature: must be in [0, 2], got 2.5"},
+      {ChatBody(hi, 4, false, R"("frequency_penalty": 0.5)"),
+       "key-a",
+       {},
+       400,
+       "frequency_penalty",
+       "only 0 is supported"},
+      {ChatBody(hi, 100000, false), "key-a", {}, 400, "max_tokens", "must be in [1, 512]"},
+      {R"({"messages": [{"role": "user", "content": "Hi"}], "top_p": 0})",
+       "key-a",
+       {},
+       400,
+       "top_p",
+       "must be in (0, 1], got 0"},
+      {R"({"messages": [{"role": "user", "content": "Hi")",
+       "key-a",
+       {},
+       400,
+       nullptr,
+       "not valid JSON"},
+      {R"({"messages": [{"role": "assistant", "content": "Hi"}]})",
+       "key-a",
+       {},
+       400,
+       "messages[0].role",
+       "the last message must be the user's"},
+      {R"({"messages": [{"role": "user", "content": ")" + std::string(4001, 'x') + R"("}]})",
+       "key-a",
+       {},
+       400,
+       "messages[0].content",
+       "4001 bytes; at most 4000"},
+      {ChatBody(hi, 4, false, R"("model": "gpt-4")"),
+       "key-a",
+       {},
+       404,
+       "model",
+       "no worker serves \"gpt-4\""},
+      {ChatBody(hi, 4, false),
+       "key-a",
+       {{"X-Session-Id", "s-nope"}},
+       404,
+       "session_id",
+       "no session \"s-nope\""},
+      {ChatBody(hi, 4, false, R"("session_id": "s-a")"),
+       "key-a",
+       {{"X-Session-Id", "s-b"}},
+       400,
+       "session_id",
+       "name different sessions"},
+      {ChatBody(hi, 4, false), "wrong-key", {}, 401, "authorization", "unknown API key"},
+      {ChatBody(hi, 4, false), "", {}, 401, "authorization", "missing"},
+  };
+  for (const Case& c : cases) {
+    const HttpReply r = Post("/v1/chat/completions", c.body, c.key, c.headers);
+    EXPECT_EQ(r.status, c.status) << c.body.substr(0, 200) << " -> " << r.body;
+    const Json e = r.JsonBody()["error"];
+    EXPECT_EQ(e["param"], c.param) << r.body;
+    EXPECT_NE(e["message"].get<std::string>().find(c.message), std::string::npos) << r.body;
+    EXPECT_TRUE(e.contains("type") && e.contains("code")) << r.body;
+  }
+  EXPECT_EQ(Send(*http_, "GET", "/v1/models", "", "").status, 401);
+  const HttpReply no_route = Send(*http_, "GET", "/v1/chat/completions", "", "key-a");
+  EXPECT_EQ(no_route.status, 404);
+  EXPECT_EQ(no_route.JsonBody()["error"]["message"], "no route GET /v1/chat/completions");
+
+  // A session is its tenant's: another key finds nothing.
+  const HttpReply mine = Post("/v1/chat/completions", ChatBody(hi, 4, false));
+  ASSERT_EQ(mine.status, 200) << mine.body;
+  const HttpReply theirs = Post("/v1/chat/completions", ChatBody(hi, 4, false), "key-b",
+                                {{"X-Session-Id", mine.Header("X-Session-Id")}});
+  EXPECT_EQ(theirs.status, 404) << theirs.body;
+  // The refused requests stored nothing: the session took its one turn only.
+  EXPECT_EQ(GetSession(mine.Header("X-Session-Id")).messages_size(), 2);
+}
+
+TEST(OpenAiHttpServeTest, RecallServeServesTheApiAndPrintsItsAddress) {
+  RECALL_REQUIRE_SHARED_FILE(kModel);
+  const std::string dir = testing::MakeTempDir("openai_serve");
+  ServerProcess serve;
+  std::string error;
+  ASSERT_TRUE(
+      serve.Start(RECALL_CLI_BINARY,
+                  {"serve", "--model", testing::SharedPath(kModel), "--tokenizer",
+                   testing::SharedPath(kTokenizer), "--listen", "127.0.0.1:0", "--http-listen",
+                   "127.0.0.1:0", "--data-dir", dir, "--threads", "1", "--kv-cache-bytes", "16M"},
+                  dir, &error, std::chrono::seconds(120)))
+      << error;
+  ASSERT_GT(serve.port("http"), 0);
+  httplib::Client client("127.0.0.1", serve.port("http"));
+  client.set_read_timeout(60, 0);
+  const HttpReply r = Send(client, "POST", "/v1/chat/completions",
+                           ChatBody({Message("user", "Once upon a time")}, 4, false), /*key=*/"");
+  EXPECT_EQ(r.status, 200) << "no keys: every caller is the default tenant; " << r.body;
+}
+
+class OpenAiHttpTlsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!testing::HaveOpenssl()) GTEST_SKIP() << "no openssl";
+    // A refused handshake closes the connection under the client's next write: without this
+    // the client's write would kill the test with SIGPIPE (cpp-httplib's client leaves it on).
+    signal(SIGPIPE, SIG_IGN);
+    dir_ = testing::MakeTempDir("openai_tls");
+    ASSERT_TRUE(testing::MakeTestCertificates(dir_)) << "openssl failed";
+  }
+
+  void Start(bool mtls) {
+    std::vector<std::string> args = {
+        "--listen", "127.0.0.1:0", "--http-listen",      "127.0.0.1:0", "--data-dir",
+        dir_,       "--tls-cert",  dir_ + "/server.pem", "--tls-key",   dir_ + "/server.key"};
+    if (mtls) {
+      args.push_back("--tls-client-ca");
+      args.push_back(dir_ + "/ca.pem");
+    }
+    std::string error;
+    ASSERT_TRUE(coordinator_.Start(RECALL_COORDINATOR_BINARY, args, dir_, &error)) << error;
+  }
+
+  // GET /v1/models over HTTPS trusting `ca`, with the client certificate when `with_cert`.
+  int Models(const std::string& ca, bool with_cert) {
+    std::unique_ptr<httplib::SSLClient> client =
+        with_cert ? std::make_unique<httplib::SSLClient>("localhost", coordinator_.port("http"),
+                                                         dir_ + "/client.pem", dir_ + "/client.key")
+                  : std::make_unique<httplib::SSLClient>("localhost", coordinator_.port("http"));
+    client->set_ca_cert_path((dir_ + "/" + ca).c_str());
+    client->enable_server_certificate_verification(true);
+    client->set_connection_timeout(20, 0);  // the library's default is 300 s
+    client->set_read_timeout(20, 0);
+    client->set_write_timeout(20, 0);
+    httplib::Result r = client->Get("/v1/models");
+    return r ? r->status : 0;
+  }
+
+  std::string dir_;
+  ServerProcess coordinator_;
+};
+
+TEST_F(OpenAiHttpTlsTest, HttpsAcceptsClientsThatTrustTheCaOnly) {
+  Start(/*mtls=*/false);
+  EXPECT_EQ(Models("ca.pem", false), 200);
+  EXPECT_EQ(Models("other.pem", false), 0) << "a client that does not trust the CA";
+  httplib::Client plain("127.0.0.1", coordinator_.port("http"));
+  httplib::Result r = plain.Get("/v1/models");
+  EXPECT_TRUE(!r || r->status != 200) << "plain HTTP on the HTTPS port";
+}
+
+TEST_F(OpenAiHttpTlsTest, MutualTlsRequiresAClientCertificate) {
+  Start(/*mtls=*/true);
+  EXPECT_EQ(Models("ca.pem", true), 200);
+  EXPECT_EQ(Models("ca.pem", false), 0);
+}
+
+// A slow model (random weights of SmolLM2's shape, tens of ms a token) so that a reply is
+// still running when the client leaves.
+class OpenAiHttpCancelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string config = testing::SharedPath("tokenizers/smollm2/config.json");
+    if (!std::filesystem::exists(config)) GTEST_SKIP() << "shared data missing: " << config;
+    dir_ = testing::MakeTempDir("openai_cancel");
+    std::string error;
+    ASSERT_TRUE(
+        worker_.Start(RECALL_WORKER_BINARY,
+                      {"--model", testing::SharedPath("tokenizers/smollm2"), "--random-weights",
+                       "--listen", "127.0.0.1:0", "--kv-cache-bytes", "64M", "--threads", "1"},
+                      dir_, &error))
+        << error;
+    ASSERT_TRUE(coordinator_.Start(
+        RECALL_COORDINATOR_BINARY,
+        {"--workers", "127.0.0.1:" + std::to_string(worker_.port("grpc")), "--listen",
+         "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--data-dir", dir_},
+        dir_, &error))
+        << error;
+  }
+
+  v1::LoadReport Load() {
+    auto stub = v1::Worker::NewStub(grpc::CreateChannel(
+        "127.0.0.1:" + std::to_string(worker_.port("grpc")), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    v1::LoadReport load;
+    if (!stub->GetLoad(&ctx, v1::GetLoadRequest(), &load).ok()) load.Clear();
+    return load;
+  }
+
+  std::string dir_;
+  ServerProcess worker_;
+  ServerProcess coordinator_;
+};
+
+TEST_F(OpenAiHttpCancelTest, AClientLeavingMidStreamCancelsTheWorkersTurn) {
+  // Up to 200 tokens at tens of ms each; the client hangs up after the first text.
+  httplib::Client client("127.0.0.1", coordinator_.port("http"));
+  client.set_read_timeout(120, 0);
+  const int64_t total = Load().kv_blocks_total();
+  ASSERT_GT(total, 0);
+  std::chrono::steady_clock::time_point left;
+  const HttpReply r =
+      Send(client, "POST", "/v1/chat/completions",
+           ChatBody({Message("user", "Once upon a time")}, 200, true), "", {},
+           [&](const std::string& so_far) {
+             // The role chunk and one with text, both whole.
+             const size_t text = so_far.find("\"content\":\"", 60);
+             if (text == std::string::npos || so_far.find("\n\n", text) == std::string::npos) {
+               return true;
+             }
+             left = std::chrono::steady_clock::now();
+             return false;  // hang up
+           });
+  ASSERT_EQ(r.status, 200);
+  ASSERT_NE(left, std::chrono::steady_clock::time_point()) << "no text arrived: " << r.body;
+  const std::string id = r.Header("X-Session-Id");
+
+  // Ask the worker back to back (no sleeps) until its turn is gone; give up after 10 s.
+  double seconds = -1;
+  v1::LoadReport load;
+  while (std::chrono::steady_clock::now() - left < std::chrono::seconds(10)) {
+    load = Load();
+    if (load.active_turns() == 0 && load.queued_turns() == 0 && load.kv_blocks_free() == total) {
+      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - left).count();
+      break;
+    }
+  }
+  ASSERT_GE(seconds, 0) << "10 s after the client left the worker still has " << load.active_turns()
+                        << " active turns";
+  RecordProperty("seconds_from_hangup_to_free_worker", std::to_string(seconds));
+  EXPECT_LT(seconds, 3.0) << "the next write fails, the runner cancels, the worker aborts";
+
+  // The coordinator takes the user message back once the runner reported the cancel (after
+  // the worker let go of the turn: wait for it, bounded); the session then takes its next turn.
+  auto chat = v1::Chat::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(coordinator_.port("grpc")),
+                          grpc::InsecureChannelCredentials()));
+  int messages = -1;
+  for (int i = 0; i < 500 && messages != 0; ++i) {
+    grpc::ClientContext ctx;
+    v1::GetSessionRequest req;
+    req.set_session_id(id);
+    v1::Session s;
+    ASSERT_TRUE(chat->GetSession(&ctx, req, &s).ok());
+    messages = s.messages_size();
+    if (messages != 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(messages, 0) << "the cancelled turn did not happen";
+  const HttpReply again =
+      Send(client, "POST", "/v1/chat/completions",
+           ChatBody({Message("user", "Once upon a time")}, 2, false), "", {{"X-Session-Id", id}});
+  EXPECT_EQ(again.status, 200) << again.body;
+}
+
+}  // namespace
+}  // namespace recall
