@@ -46,9 +46,13 @@ enum class RopeStyle : uint8_t {
   kHalfSplit = 1,    // Hugging Face Llama: rotate pairs (i, i + head_dim/2)
 };
 
-// RoPE's frequency of pair i: theta^(-2i / head_dim), as every Rope computes it.
+// RoPE's frequency of pair i: theta^(-2i / head_dim), as every Rope computes it. Taken in
+// double and rounded once, so the host and the device get the same float: their powf differ
+// by an ulp or more for some pairs, and at position 20,000 an ulp of a frequency is 1e-5 of a
+// rotated key (seen on an H100: the device's re-rotation failed its check against the host).
 RECALL_HOST_DEVICE inline float RopeFreq(float theta, int i, int head_dim) {
-  return 1.0f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+  return static_cast<float>(
+      1.0 / pow(static_cast<double>(theta), static_cast<double>(2 * i) / head_dim));
 }
 
 // How the KV cache stores one element. Attention reads every type and accumulates in fp32.
