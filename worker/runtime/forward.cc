@@ -328,7 +328,9 @@ absl::Status ForwardPass::Run(std::span<const BatchItem> batch, float* logits) {
   }
   absl::Status ran;
   if (recordable) {
-    const StepKey key{kv_.n_items, kv_.max_kv_len, tokens_, kv_.pool, kv_.probs, kv_.probs_stride};
+    const StepKey key{kv_.n_items,      kv_.max_kv_len,          tokens_,
+                      kv_.pool,         kv_.layout.dtype,        kv_.layout.block_tokens,
+                      kv_.probs,        kv_.probs_stride};
     ran = graphs_.Run(
         key, [&] { return RunLayers(batch, total); }, x_.get(),
         static_cast<size_t>(total) * c.dim * sizeof(float));

@@ -3,7 +3,7 @@
 // step is hundreds of short kernels; one graph launch replaces them.
 //
 // A graph replays the arguments it was recorded with, so a step may reuse one only when
-// everything baked into it is the same: the batch's item count, the metadata buffer (its
+// everything baked into it is the same: the batch's item count, the pool and its layout, the metadata buffer (its
 // contents are read anew: tokens, positions, lengths and block tables change every step), the
 // probability pointers, and the longest cache length the attention grid covers. The forward
 // pass rounds that length up to a bucket (BucketLength), so one graph serves many steps.
@@ -31,6 +31,9 @@ struct StepKey {
   int max_kv_len = 0;           // as the attention grid covers it (bucketed)
   const void* meta = nullptr;   // the metadata the ops read (tokens first)
   const void* pool = nullptr;   // the KV block pool
+  // The pool's layout: a freed pool's memory may come back as another pool's, typed otherwise.
+  kernels::KvDType kv_dtype = kernels::KvDType::kF32;
+  int block_tokens = 0;
   const void* probs = nullptr;  // KvBatch::probs (null: no item wants them)
   const void* probs_stride = nullptr;
   bool operator==(const StepKey&) const = default;
