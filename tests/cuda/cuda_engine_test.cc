@@ -206,6 +206,75 @@ TEST_F(CudaEngineTest, BatchedStepsMatchTheCpu) {
 // (layer, KV head) -> positions of the kept slots.
 using KeepSets = std::map<std::pair<int, int>, std::vector<int32_t>>;
 
+// With bf16, f16 and int8 KV caches the GPU engine gives the CPU engine's logits for the same
+// token stream (the goldens' text, teacher-forced), and a lazy-eviction run on those caches
+// keeps what the CPU keeps. Each side rounds the same values into the same type, so only
+// the f32 arithmetic before the rounding differs.
+TEST_F(CudaEngineTest, TypedKvCachesDecodeAsTheCpuDoes) {
+  const model::ModelConfig& c = model_->config;
+  const std::vector<int32_t> stream = tok_->Encode(
+      Golden("models/stories260K/golden_greedy_once_upon_a_time_n256.txt"), /*add_bos=*/true);
+  ASSERT_GT(stream.size(), 120u);
+  for (const kernels::KvDType dtype :
+       {kernels::KvDType::kBF16, kernels::KvDType::kF16, kernels::KvDType::kInt8}) {
+    const char* name = kernels::KvDTypeName(dtype);
+    std::map<int, std::vector<float>> logits;
+    for (kernels::Backend* b : {cpu_.get(), gpu_.get()}) {
+      const int key = b == gpu_.get();
+      Engine& e = key ? gpu_engine_ : cpu_engine_;
+      auto pool = cache::BlockPool::Create({c.n_layers, c.n_kv_heads, c.head_dim, 16, dtype},
+                                           4 * c.n_layers * ((c.max_seq_len + 15) / 16),
+                                           b->memory());
+      ASSERT_TRUE(pool.ok()) << pool.status();
+      cache::SequenceCache cache(pool->get());
+      runtime::BatchItem item{&cache, stream.data(), 8, false};
+      std::vector<float> step(c.vocab_size);
+      ASSERT_TRUE(e.forward->Run({&item, 1}, step.data()).ok()) << name;
+      for (size_t t = 8; t < stream.size(); ++t) {
+        item = runtime::BatchItem{&cache, &stream[t], 1};
+        const absl::Status st = e.forward->Run({&item, 1}, step.data());
+        ASSERT_TRUE(st.ok()) << name << " step " << t << ": " << st;
+        logits[key].insert(logits[key].end(), step.begin(), step.end());
+      }
+    }
+    EXPECT_LT(kernels::RelErr(logits[1], logits[0]), 1e-3) << name;
+
+    cache::eviction::SessionEvictorOptions o;
+    o.policy.name = "lazy";
+    o.policy.window = 16;
+    o.policy.alpha = 1e-3f;
+    o.budget.budget = 48;
+    std::map<int, std::vector<int32_t>> tokens;
+    std::map<int, KeepSets> keep;
+    for (kernels::Backend* b : {cpu_.get(), gpu_.get()}) {
+      const int key = b == gpu_.get();
+      Engine& e = key ? gpu_engine_ : cpu_engine_;
+      auto pool = cache::BlockPool::Create({c.n_layers, c.n_kv_heads, c.head_dim, 16, dtype},
+                                           4 * c.n_layers * ((c.max_seq_len + 15) / 16),
+                                           b->memory());
+      ASSERT_TRUE(pool.ok()) << pool.status();
+      auto seq = LocalSequence::Create(*e.forward, **pool, o);
+      ASSERT_TRUE(seq.ok()) << seq.status();
+      GenerateOptions g;
+      g.sampling.temperature = 0.0f;
+      g.max_tokens = 160;
+      auto result = Generate(**seq, *b, c, *tok_,
+                             tok_->Encode("Once upon a time, there was a little girl", true), g);
+      ASSERT_TRUE(result.ok()) << name << ": " << result.status();
+      EXPECT_GT(result->evictions, 0) << name;
+      tokens[key] = result->tokens;
+      const cache::SequenceCache& sc = (*seq)->cache();
+      for (int l = 0; l < c.n_layers; ++l) {
+        for (int h = 0; h < c.n_kv_heads; ++h) {
+          for (int s = 0; s < sc.length(l, h); ++s) keep[key][{l, h}].push_back(sc.position(l, h, s));
+        }
+      }
+    }
+    EXPECT_EQ(tokens[1], tokens[0]) << name;
+    EXPECT_EQ(keep[1], keep[0]) << name;
+  }
+}
+
 TEST_F(CudaEngineTest, EvictionKeepsTheCpuKeepSets) {
   for (const char* policy : {"lazy", "h2o"}) {
     cache::eviction::SessionEvictorOptions o;
