@@ -310,9 +310,17 @@ LazyCost MeasureLazy(const Shape& s, DeviceModel& dm, kernels::Backend& gpu, int
     CHECK_OK((*seq)->Prefill(prompt, 512, logits.data()));
     std::vector<double> t;
     for (int i = 0; i < steps + 8; ++i) {
+      if (i == 8) kernels::CudaOpTimes(gpu, /*reset=*/true);  // time the measured steps
       const auto t0 = Clock::now();
       CHECK_OK((*seq)->Decode((i * 13 + 1) % c.vocab_size, logits.data()));
       if (i >= 8) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    // With --time-ops 1: where each step's time goes, FullKV and lazy side by side.
+    const std::string op_times = kernels::CudaOpTimes(gpu, /*reset=*/true);
+    if (!op_times.empty()) {
+      std::printf("GPU time per op, %s %s ctx %d, over %d steps (wall %.3f ms/step median):\n%s",
+                  s.name.c_str(), lazy ? "lazy 30%" : "FullKV", context, steps, Median(t) * 1e3,
+                  op_times.c_str());
     }
     return Median(t) * 1e3;
   };

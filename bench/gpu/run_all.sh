@@ -4,7 +4,8 @@
 # transformers' baseline and the report side by side, and the TP eviction collectives on CUDA
 # ranks sharing the GPU (staged). Logs and JSON go to $OUT (default /tmp/recall-gpu). Knobs:
 # TEST_ARGS, BENCH=0 (tests only), BENCH_ARGS, HF_ARGS, GRAPHS_CMP=0 (skip the run without
-# CUDA graphs), OPS=0 (skip the per-op GPU times), TP_BENCH=0 (skip the TP benchmark).
+# CUDA graphs), OPS=0 (skip the per-op GPU times), TP_BENCH=0 (skip the TP benchmark),
+# KV_DTYPES="bf16 int8" (the decode benchmark again per KV type, beside bench.log's f32).
 set -u
 OUT=${OUT:-/tmp/recall-gpu}; mkdir -p "$OUT"
 # BIN: the build folder with tests/cuda/ and bench/ (default: build/);
@@ -47,6 +48,13 @@ if [ "${BENCH:-1}" = 1 ] && [ "${OPS:-1}" = 1 ]; then
     --batches 1,16 --contexts 1024 --steps 16 --time-ops 1 > "$OUT"/op_times.txt 2>&1
   echo "op times rc=$?"; grep -E "^GPU time|all ops|^  matmul" "$OUT"/op_times.txt | head -40
 fi
+for d in ${KV_DTYPES:-}; do
+  # The same steps with KV cached in another type: attention reads fewer bytes, and more
+  # sessions fit (the capacity lines). Compare with bench.log's f32 lines of this run.
+  timeout ${KV_TIMEOUT:-120} "$BIN"/bench/recall_gpu_decode_bench --shapes smollm2-135m,llama-3-8b \
+    --batches 1,16 --contexts 1024,8192 --kv-dtype "$d" > "$OUT"/kv_"$d".txt 2>&1
+  echo "kv $d rc=$?"; grep -E "^recall|sessions|lazy" "$OUT"/kv_"$d".txt | head -24
+done
 if [ "${BENCH:-1}" = 1 ] && [ "${TP_BENCH:-1}" = 1 ]; then
   timeout ${TP_TIMEOUT:-180} "$BIN"/bench/recall_tp_eviction_bench --device cuda --tp 2 \
     --devices 0,0 --tp-comm staged --steps 96 2>&1 | tee "$OUT"/tp_eviction_cuda.txt
