@@ -17,6 +17,21 @@
 namespace recall::cli {
 namespace {
 
+// A reply whose turn did not complete, as a listing marks it (the turn is kept for the record
+// and left out of later prompts).
+const char* StateNote(const v1::ChatMessage& m) {
+  switch (m.state()) {
+    case v1::TURN_STATE_IN_PROGRESS:
+      return " (in progress)";
+    case v1::TURN_STATE_INTERRUPTED:
+      return " (interrupted: not in later prompts)";
+    case v1::TURN_STATE_FAILED:
+      return " (failed: not in later prompts)";
+    default:
+      return "";
+  }
+}
+
 constexpr char kChatUsageHead[] = R"(usage: recall chat --server HOST:PORT [options]
 
 A multi-turn chat with a Recall coordinator. Interactive on a terminal; otherwise reads one
@@ -179,7 +194,7 @@ absl::Status Chat(const ChatOptions& o) {
       }
       RECALL_ASSIGN_OR_RETURN(v1::Session s, client->GetSession(session_id));
       for (const v1::ChatMessage& m : s.messages())
-        std::cout << m.role() << ": " << m.content() << "\n";
+        std::cout << m.role() << StateNote(m) << ": " << m.content() << "\n";
       continue;
     }
     if (line == "/stats") {
@@ -258,7 +273,7 @@ absl::Status Sessions(const ConnectOptions& c, const std::vector<std::string>& p
     std::cout << "session " << s.session_id() << "  model " << s.model() << "  turns " << s.turns()
               << "\n";
     for (const v1::ChatMessage& m : s.messages()) {
-      std::cout << "\n" << m.role() << ":\n" << m.content() << "\n";
+      std::cout << "\n" << m.role() << StateNote(m) << ":\n" << m.content() << "\n";
     }
     return absl::OkStatus();
   }

@@ -44,6 +44,7 @@ void ToProto(const SessionRecord& r, bool with_messages, v1::Session* out) {
       v1::ChatMessage* pm = out->add_messages();
       pm->set_role(m.role);
       pm->set_content(m.content);
+      pm->set_state(static_cast<v1::TurnState>(m.state));
     }
   }
   out->set_turns(with_messages ? std::min(users, replies) : r.message_count / 2);

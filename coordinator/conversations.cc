@@ -1,5 +1,6 @@
 #include "coordinator/conversations.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -10,6 +11,7 @@
 #include "common/clock.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "coordinator/turn_journal.h"
 
 namespace recall::coordinator {
 namespace {
@@ -56,7 +58,11 @@ v1::SamplingParams WithSeed(const v1::SamplingParams& sampling) {
 
 Conversations::Conversations(SessionStore& store, WorkerRegistry& workers,
                              CoordinatorOptions options, metrics::Registry& metrics)
-    : store_(store), workers_(workers), options_(options), metrics_(metrics) {}
+    : store_(store),
+      workers_(workers),
+      options_(options),
+      metrics_(metrics),
+      journal_pool_(std::max(1, options.store_threads)) {}
 
 TurnRunnerOptions Conversations::RunnerOptions() const {
   TurnRunnerOptions o;
@@ -147,22 +153,27 @@ absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
       RECALL_RETURN_IF_ERROR(store_.Truncate(tenant, session_id, m.keep));
       turn.spec.send_history = true;  // a worker's copy of that length may differ
     }
-    for (size_t i = 0; i < m.add.size(); ++i) {
-      absl::Status st = store_.Append(tenant, session_id, m.keep + static_cast<int>(i), m.add[i]);
-      if (!st.ok()) {
-        store_.Truncate(tenant, session_id, m.keep).IgnoreError();
-        return st;
-      }
-    }
+    // The turn's messages and its reply's place, in one write.
+    std::vector<StoredMessage> write = m.add;
+    StoredMessage& reply = write.emplace_back();
+    reply.role = "assistant";
+    reply.state = TurnState::kInProgress;
+    reply.lease_unix_ms = NowMs() + TurnJournal::kLeaseMs;
+    RECALL_RETURN_IF_ERROR(store_.AppendAll(tenant, session_id, m.keep, write));
     turn.model = rec.model;
     turn.index = m.keep;
+    turn.reply_index = m.keep + static_cast<int>(m.add.size());
     TurnSpec& spec = turn.spec;
-    for (int i = 0; i < m.keep; ++i) spec.history.push_back(ToProto(rec.messages[i]));
+    // The prompt holds the complete turns only; where the stored transcript has others, the
+    // worker's copy may hold them: it compares and rebuilds.
+    const std::vector<StoredMessage> history = CompleteTurns(rec.messages, m.keep);
+    if (static_cast<int>(history.size()) != m.keep) spec.send_history = true;
+    for (const StoredMessage& h : history) spec.history.push_back(ToProto(h));
     spec.bound = rec.worker;
     v1::RunTurnRequest& request = spec.request;
     request.set_session_id(session_id);
     for (const StoredMessage& a : m.add) *request.add_messages() = ToProto(a);
-    request.set_history_length(m.keep);
+    request.set_history_length(static_cast<int>(history.size()));
     *request.mutable_sampling() = WithSeed(sampling);
     request.mutable_cache()->ParseFromString(rec.cache_settings);
     return absl::OkStatus();
@@ -174,22 +185,39 @@ absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
   return turn;
 }
 
-absl::Status Conversations::Finish(const OpenTurn& turn,
-                                   const absl::StatusOr<TurnResult>& outcome) {
+std::unique_ptr<TurnJournal> Conversations::Journal(const OpenTurn& turn, TurnSink* edge) {
+  return std::make_unique<TurnJournal>(store_, journal_pool_, turn, edge);
+}
+
+absl::Status Conversations::Finish(const OpenTurn& turn, const absl::StatusOr<TurnResult>& outcome,
+                                   const StoredMessage& sent) {
   metrics_
       .GetCounter("recall_coordinator_turns_total", "Session turns by status code and edge",
                   absl::StrCat("code=\"", static_cast<int>(outcome.status().code()), "\",edge=\"",
                                turn.edge, "\""))
       ->Increment();
   absl::Status stored;
-  if (!outcome.ok()) {
-    store_.Truncate(turn.tenant, turn.session_id, turn.index).IgnoreError();
+  const absl::StatusCode code = outcome.status().code();
+  const bool refused =
+      code == absl::StatusCode::kInvalidArgument || code == absl::StatusCode::kOutOfRange ||
+      code == absl::StatusCode::kFailedPrecondition ||
+      code == absl::StatusCode::kResourceExhausted || code == absl::StatusCode::kPermissionDenied ||
+      code == absl::StatusCode::kNotFound;
+  if (!outcome.ok() && refused && sent.token_ids.empty() && sent.content.empty()) {
+    // The request was refused before any reply: the turn did not happen.
+    stored = store_.Truncate(turn.tenant, turn.session_id, turn.index);
+  } else if (!outcome.ok()) {
+    StoredMessage ended = sent;
+    ended.role = "assistant";
+    ended.state = sent.token_ids.empty() && sent.content.empty() ? TurnState::kFailed
+                                                                 : TurnState::kInterrupted;
+    ended.lease_unix_ms = 0;
+    stored = store_.Replace(turn.tenant, turn.session_id, turn.reply_index, ended);
   } else {
-    const int at = turn.index + turn.spec.request.messages_size();
     StoredMessage reply{"assistant", outcome->text};
     reply.token_ids = outcome->tokens;  // so a rebuild replays the reply exactly
     reply.finish = static_cast<int>(outcome->done.finish_reason());
-    stored = store_.Append(turn.tenant, turn.session_id, at, reply);
+    stored = store_.Replace(turn.tenant, turn.session_id, turn.reply_index, reply);
     if (stored.ok() && outcome->worker != turn.spec.bound) {
       store_.Bind(turn.tenant, turn.session_id, outcome->worker).IgnoreError();
     }

@@ -8,11 +8,17 @@
 //   Begin   a turn: mark the session as running (one turn at a time per session), load it,
 //           ask the edge's planner which messages the turn adds (and how much of the stored
 //           transcript it keeps: a client's diverging message list rewrites the tail), check
-//           the turn limit, store the messages (durable before any worker sees them) and build
-//           the TurnSpec: the new messages, the transcript before them as history, the bound
+//           the turn limit, store the messages and the reply's place, in progress, as one
+//           write (durable before any worker sees them) and build the TurnSpec: the new
+//           messages, the complete turns before them as history (CompleteTurns), the bound
 //           worker, the session's cache settings.
-//   Finish  it: store the reply and the worker binding, or take the turn's messages back (the
-//           transcript keeps only turns that happened); count it; clear the running mark.
+//   Journal the turn's reply as it streams: a TurnJournal (turn_journal.h) stores each batch
+//           of tokens before the edge sends it.
+//   Finish  it: store the reply complete and the worker binding, or, when the turn failed,
+//           what was sent of it, marked interrupted (some was sent) or failed (none); count
+//           it; clear the running mark. A request refused before any reply (a bad field, a
+//           turn that can never fit: the codes a retry cannot fix) is taken back: that turn did
+//           not happen. Later prompts hold only the complete turns.
 //   OneOff  the TurnSpec of a throwaway one-turn session (gRPC Generate, /v1/completions):
 //           stored nowhere, its cache dropped on the worker after the reply.
 //
@@ -22,6 +28,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -32,6 +39,7 @@
 #include "common/metrics/registry.h"
 #include "coordinator/session_store.h"
 #include "coordinator/turn_runner.h"
+#include "coordinator/work_pool.h"
 #include "coordinator/worker_registry.h"
 #include "recall/v1/chat.pb.h"
 
@@ -48,6 +56,8 @@ struct CoordinatorOptions {
 
 // What a turn does to the stored transcript: keep its first `keep` messages (the rest are
 // dropped first), then append `add`.
+class TurnJournal;
+
 struct TurnMessages {
   int keep = 0;
   std::vector<StoredMessage> add;  // at least one
@@ -62,6 +72,7 @@ struct OpenTurn {
   std::string session_id;
   std::string model;  // the session's
   int index = 0;      // the first new message's position in the transcript
+  int reply_index = 0;  // the reply's position (after the new messages)
   TurnSpec spec;      // for a TurnRunner
   std::string key;    // tenant/session: the running mark and the episodes
   std::string edge;   // "grpc" or "http", for the turns metric
@@ -90,9 +101,15 @@ class Conversations {
   absl::StatusOr<OpenTurn> Begin(const std::string& tenant, const std::string& session_id,
                                  const TurnPlanner& plan, const v1::SamplingParams& sampling,
                                  const std::string& edge);
-  // Ends a turn that Begin opened: stores the reply (outcome ok) or takes the turn's messages
-  // back. Store errors are returned (the running mark is cleared either way).
-  absl::Status Finish(const OpenTurn& turn, const absl::StatusOr<TurnResult>& outcome);
+  // The journal of `turn`'s reply, passing on to `edge` (see TurnJournal).
+  std::unique_ptr<TurnJournal> Journal(const OpenTurn& turn, TurnSink* edge);
+  // Ends a turn that Begin opened: stores the reply complete (outcome ok), or `sent` (what the
+  // client was sent: the journal's) as interrupted, or failed when nothing was sent. Store
+  // errors are returned (the running mark is cleared either way).
+  absl::Status Finish(const OpenTurn& turn, const absl::StatusOr<TurnResult>& outcome,
+                      const StoredMessage& sent);
+  // At start: the turns a previous run left in progress, marked interrupted (their count).
+  absl::StatusOr<int> InterruptLeftoverTurns() { return store_.InterruptInProgress(); }
 
   // A one-turn session of `tenant` whose only message is `prompt` (from the user).
   TurnSpec OneOff(const std::string& tenant, const std::string& prompt,
@@ -119,6 +136,7 @@ class Conversations {
   metrics::Registry& metrics_;
   absl::Mutex mu_;
   std::set<std::string> running_ ABSL_GUARDED_BY(mu_);
+  WorkPool journal_pool_;  // the journals' store writes
   std::map<std::string, v1::EpisodesReport> episodes_ ABSL_GUARDED_BY(mu_);
 };
 

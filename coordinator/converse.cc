@@ -8,6 +8,7 @@
 #include "common/logging.h"
 #include "coordinator/chat_service.h"
 #include "coordinator/grpc_status.h"
+#include "coordinator/turn_journal.h"
 
 namespace recall::coordinator {
 
@@ -60,11 +61,13 @@ class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::Conve
     service_.store_pool_.Run([this, request] { Prepare(*request); });
   }
 
-  // Starts the turn. Last in its caller: the call may end at once.
+  // Starts the turn (a Converse turn's events pass through its journal). Last in its caller:
+  // the call may end at once.
   void Run(TurnSpec spec) {
-    std::shared_ptr<TurnRunner> runner =
-        TurnRunner::Create(service_.workers_, service_.metrics_,
-                           service_.conversations_.RunnerOptions(), std::move(spec), this);
+    std::shared_ptr<TurnRunner> runner = TurnRunner::Create(
+        service_.workers_, service_.metrics_, service_.conversations_.RunnerOptions(),
+        std::move(spec), journal_ != nullptr ? static_cast<TurnSink*>(journal_.get()) : this);
+    if (journal_ != nullptr) journal_->SetRunner(runner);
     bool cancelled;
     {
       absl::MutexLock lock(&mu_);
@@ -150,14 +153,15 @@ class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::Conve
       return;
     }
     turn_ = std::move(*turn);
+    journal_ = service_.conversations_.Journal(*turn_, this);
     Run(turn_->spec);
   }
 
-  // Converse, on the store pool: store the reply and the binding, or take the user message
-  // back (the transcript keeps only completed turns); then end the call (the running mark is
-  // cleared before the client can see the end).
+  // Converse, on the store pool: store the reply complete and the binding, or what the client
+  // was sent of it, interrupted (or failed when nothing); then end the call (the running mark
+  // is cleared before the client can see the end).
   void Complete(absl::StatusOr<TurnResult> outcome) {
-    const absl::Status stored = service_.conversations_.Finish(*turn_, outcome);
+    const absl::Status stored = service_.conversations_.Finish(*turn_, outcome, journal_->sent());
     if (!outcome.ok()) {
       End(ToGrpc(outcome.status()));
     } else if (!stored.ok()) {
@@ -213,6 +217,7 @@ class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::Conve
   // Converse: the caller's tenant; the turn, set by Prepare, read by Complete.
   std::string tenant_;
   std::optional<OpenTurn> turn_;
+  std::unique_ptr<TurnJournal> journal_;  // Converse: set by Prepare before the turn runs
 
   absl::Mutex mu_;
   std::shared_ptr<TurnRunner> runner_ ABSL_GUARDED_BY(mu_);

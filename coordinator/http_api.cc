@@ -325,8 +325,12 @@ void HttpApi::Completions(const httplib::Request& req, httplib::Response& res) {
 }
 
 void HttpApi::Respond(std::shared_ptr<Reply> reply, bool stream, httplib::Response& res) {
-  reply->turn =
-      HttpTurn::Start(workers_, metrics_, conversations_.RunnerOptions(), std::move(reply->spec));
+  std::function<std::unique_ptr<TurnJournal>(TurnSink*)> journal;
+  if (reply->open.has_value()) {
+    journal = [this, &reply](TurnSink* edge) { return conversations_.Journal(*reply->open, edge); };
+  }
+  reply->turn = HttpTurn::Start(workers_, metrics_, conversations_.RunnerOptions(),
+                                std::move(reply->spec), journal);
   bool stopping;
   {
     absl::MutexLock lock(&mu_);
@@ -398,7 +402,7 @@ absl::Status HttpApi::Conclude(Reply& reply, bool cancel) {
   const absl::StatusOr<TurnResult>& outcome = reply.turn->outcome();
   absl::Status st = outcome.status();
   if (reply.open.has_value()) {
-    const absl::Status stored = conversations_.Finish(*reply.open, outcome);
+    const absl::Status stored = conversations_.Finish(*reply.open, outcome, reply.turn->sent());
     if (st.ok()) st = stored;
     if (st.ok()) {
       std::vector<StoredMessage> transcript = reply.messages;

@@ -4,10 +4,15 @@
 
 namespace recall::coordinator {
 
-std::shared_ptr<HttpTurn> HttpTurn::Start(WorkerRegistry& workers, metrics::Registry& metrics,
-                                          TurnRunnerOptions options, TurnSpec spec) {
+std::shared_ptr<HttpTurn> HttpTurn::Start(
+    WorkerRegistry& workers, metrics::Registry& metrics, TurnRunnerOptions options, TurnSpec spec,
+    const std::function<std::unique_ptr<TurnJournal>(TurnSink* edge)>& journal) {
   std::shared_ptr<HttpTurn> turn(new HttpTurn());
-  turn->runner_ = TurnRunner::Create(workers, metrics, options, std::move(spec), turn.get());
+  if (journal != nullptr) turn->journal_ = journal(turn.get());
+  TurnSink* sink =
+      turn->journal_ != nullptr ? static_cast<TurnSink*>(turn->journal_.get()) : turn.get();
+  turn->runner_ = TurnRunner::Create(workers, metrics, options, std::move(spec), sink);
+  if (turn->journal_ != nullptr) turn->journal_->SetRunner(turn->runner_);
   turn->runner_->Start();
   return turn;
 }
@@ -27,6 +32,10 @@ HttpTurn::Update HttpTurn::Next() {
 }
 
 void HttpTurn::Cancel() { runner_->Cancel(); }
+
+StoredMessage HttpTurn::sent() const {
+  return journal_ != nullptr ? journal_->sent() : StoredMessage{};
+}
 
 void HttpTurn::OnTokens(const v1::TokenEvent& tokens) {
   if (tokens.text().empty()) return;

@@ -9,6 +9,7 @@
 // Thread safety: Next and Cancel from the HTTP thread; the sink calls from the runner's.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -16,15 +17,18 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "coordinator/turn_journal.h"
 #include "coordinator/turn_runner.h"
 
 namespace recall::coordinator {
 
 class HttpTurn final : public TurnSink, public std::enable_shared_from_this<HttpTurn> {
  public:
-  // Starts `spec` on a runner. `workers` and `metrics` must outlive the turn.
-  static std::shared_ptr<HttpTurn> Start(WorkerRegistry& workers, metrics::Registry& metrics,
-                                         TurnRunnerOptions options, TurnSpec spec);
+  // Starts `spec` on a runner. `workers` and `metrics` must outlive the turn. With `journal`
+  // (a session turn's, made for this HttpTurn as its edge), the runner reports through it.
+  static std::shared_ptr<HttpTurn> Start(
+      WorkerRegistry& workers, metrics::Registry& metrics, TurnRunnerOptions options, TurnSpec spec,
+      const std::function<std::unique_ptr<TurnJournal>(TurnSink* edge)>& journal = nullptr);
 
   struct Update {
     std::string text;  // the reply's text that arrived since the last call
@@ -36,6 +40,9 @@ class HttpTurn final : public TurnSink, public std::enable_shared_from_this<Http
   const absl::StatusOr<TurnResult>& outcome() const { return outcome_; }
   // Cancels the turn (the worker's turn is aborted); it then ends with CANCELLED.
   void Cancel();
+  // The reply as sent (stored by the journal); empty without one. REQUIRES: Next reported the
+  // end.
+  StoredMessage sent() const;
 
   // ---- TurnSink.
   void OnTokens(const v1::TokenEvent& tokens) override;
@@ -46,7 +53,8 @@ class HttpTurn final : public TurnSink, public std::enable_shared_from_this<Http
   HttpTurn() = default;
   void End(absl::StatusOr<TurnResult> outcome);
 
-  std::shared_ptr<TurnRunner> runner_;  // set before the runner starts
+  std::shared_ptr<TurnRunner> runner_;    // set before the runner starts
+  std::unique_ptr<TurnJournal> journal_;  // likewise
   absl::Mutex mu_;
   std::string pending_ ABSL_GUARDED_BY(mu_);
   bool ended_ ABSL_GUARDED_BY(mu_) = false;

@@ -9,6 +9,7 @@
 // One connection guarded by a mutex, reconnected after an I/O error.
 #include <hiredis/hiredis.h>
 
+#include <chrono>
 #include <cstdio>
 
 #include "absl/strings/numbers.h"
@@ -30,13 +31,40 @@ redis.call('HSET', KEYS[1], 'tenant', ARGV[1], 'model', ARGV[2], 'cache', ARGV[3
 redis.call('ZADD', KEYS[2], 0, ARGV[7])
 return 1)lua";
 
-// KEYS: session, messages. ARGV: tenant, index, message. -1 not found, -2 wrong index.
+// KEYS: session, messages. ARGV: tenant, index, messages... -1 not found, -2 - n: the list
+// has n messages, not index.
 constexpr char kAppend[] = R"lua(
 if redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[1] then return -1 end
 local n = redis.call('LLEN', KEYS[2])
 if n ~= tonumber(ARGV[2]) then return -2 - n end
-redis.call('RPUSH', KEYS[2], ARGV[3])
+for i = 3, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
 return 1)lua";
+
+// KEYS: session, messages. ARGV: tenant, index, message. -1 not found, -2 - n: the list has
+// n messages, none at index.
+constexpr char kReplace[] = R"lua(
+if redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[1] then return -1 end
+local n = redis.call('LLEN', KEYS[2])
+if tonumber(ARGV[2]) >= n then return -2 - n end
+redis.call('LSET', KEYS[2], tonumber(ARGV[2]), ARGV[3])
+return 1)lua";
+
+int64_t NowUnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string ToJson(const StoredMessage& message) {
+  nlohmann::json m = {{"role", message.role}, {"content", message.content}};
+  if (!message.token_ids.empty() || message.finish != 0) {
+    m["token_ids"] = message.token_ids;
+    m["finish"] = message.finish;
+  }
+  if (message.state != TurnState::kComplete) m["state"] = static_cast<int>(message.state);
+  if (message.lease_unix_ms != 0) m["lease_ms"] = message.lease_unix_ms;
+  return m.dump();
+}
 
 // KEYS: session, messages, tenant set. ARGV: tenant, id.
 constexpr char kDelete[] = R"lua(
@@ -97,12 +125,30 @@ class RedisStore final : public SessionStore {
     absl::Status st = LoadHeader(tenant, id, &r);
     if (!st.ok()) return st;
     RECALL_ASSIGN_OR_RETURN(Reply rep, Command({"LRANGE", MessagesKey(id), "0", "-1"}));
+    const int64_t now = NowUnixMs();
     for (size_t i = 0; i < rep->elements; ++i) {
-      const nlohmann::json m =
-          nlohmann::json::parse(std::string(rep->element[i]->str, rep->element[i]->len));
+      const nlohmann::json m = nlohmann::json::parse(
+          std::string(rep->element[i]->str, rep->element[i]->len), nullptr, false);
+      if (m.is_discarded() || !m.is_object() || !m.contains("role") || !m["role"].is_string() ||
+          !m.contains("content") || !m["content"].is_string()) {
+        return absl::DataLossError(absl::StrCat("session store: message ", i, " of session ",
+                                                QuotedId(id), " is not a stored message"));
+      }
       StoredMessage& msg = r.messages.emplace_back();
-      msg.role = m.at("role").get<std::string>();
-      msg.content = m.at("content").get<std::string>();
+      msg.role = m["role"].get<std::string>();
+      msg.content = m["content"].get<std::string>();
+      if (m.contains("state") && m["state"].is_number_integer()) {
+        const int state = m["state"].get<int>();
+        msg.state = state >= 0 && state <= 3 ? static_cast<TurnState>(state) : TurnState::kFailed;
+      }
+      if (m.contains("lease_ms") && m["lease_ms"].is_number_integer()) {
+        msg.lease_unix_ms = m["lease_ms"].get<int64_t>();
+      }
+      // Its writer is gone (no replica renewed the lease): the turn was interrupted.
+      if (msg.state == TurnState::kInProgress && msg.lease_unix_ms != 0 &&
+          msg.lease_unix_ms < now) {
+        msg.state = TurnState::kInterrupted;
+      }
       if (m.contains("token_ids") && m["token_ids"].is_array()) {
         for (const nlohmann::json& t : m["token_ids"]) {
           if (t.is_number_integer()) msg.token_ids.push_back(t.get<int32_t>());
@@ -138,25 +184,39 @@ class RedisStore final : public SessionStore {
     return rep->integer < 0 ? NotFound(id) : absl::OkStatus();
   }
 
-  absl::Status Append(const std::string& tenant, const std::string& id, int index,
-                      const StoredMessage& message) override {
-    nlohmann::json m = {{"role", message.role}, {"content", message.content}};
-    if (!message.token_ids.empty() || message.finish != 0) {
-      m["token_ids"] = message.token_ids;
-      m["finish"] = message.finish;
-    }
+  absl::Status AppendAll(const std::string& tenant, const std::string& id, int index,
+                         const std::vector<StoredMessage>& messages) override {
+    std::vector<std::string> args = {
+        "EVAL", kAppend, "2", SessionKey(id), MessagesKey(id), tenant, std::to_string(index)};
+    for (const StoredMessage& m : messages) args.push_back(ToJson(m));
     absl::MutexLock lock(&mu_);
-    RECALL_ASSIGN_OR_RETURN(
-        Reply rep, Command({"EVAL", kAppend, "2", SessionKey(id), MessagesKey(id), tenant,
-                            std::to_string(index), m.dump()}));
+    RECALL_ASSIGN_OR_RETURN(Reply rep, Command(args));
     if (rep->integer == -1) return NotFound(id);
     if (rep->integer < -1) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "session \"", id, "\" has ", -2 - rep->integer, " messages, not ", index,
-          ": another turn changed it"));
+      return absl::FailedPreconditionError(absl::StrCat("session ", QuotedId(id), " has ",
+                                                        -2 - rep->integer, " messages, not ", index,
+                                                        ": another turn changed it"));
     }
     return absl::OkStatus();
   }
+
+  absl::Status Replace(const std::string& tenant, const std::string& id, int index,
+                       const StoredMessage& message) override {
+    absl::MutexLock lock(&mu_);
+    RECALL_ASSIGN_OR_RETURN(Reply rep,
+                            Command({"EVAL", kReplace, "2", SessionKey(id), MessagesKey(id), tenant,
+                                     std::to_string(index), ToJson(message)}));
+    if (rep->integer == -1) return NotFound(id);
+    if (rep->integer < -1) {
+      return absl::FailedPreconditionError(absl::StrCat("session ", QuotedId(id), " has ",
+                                                        -2 - rep->integer, " messages, none at ",
+                                                        index, ": another turn changed it"));
+    }
+    return absl::OkStatus();
+  }
+
+  // Replicas share the store: their turns' leases say which are interrupted (Get).
+  absl::StatusOr<int> InterruptInProgress() override { return 0; }
 
   absl::Status Truncate(const std::string& tenant, const std::string& id, int index) override {
     absl::MutexLock lock(&mu_);

@@ -1,6 +1,7 @@
 #include "coordinator/server.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -24,6 +25,14 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       s->store_,
       OpenStore(config.store_url.empty() ? config.data_dir + "/sessions.db" : config.store_url,
                 config.allow_volatile_store));
+  // Turns a previous run left streaming: their writer is gone, so they were interrupted.
+  RECALL_ASSIGN_OR_RETURN(const int interrupted, s->store_->InterruptInProgress());
+  if (interrupted > 0) {
+    std::fprintf(stderr,
+                 "recall-coordinator: %d turn(s) were streaming when the last run stopped; "
+                 "marked interrupted (their partial replies are kept)\n",
+                 interrupted);
+  }
   if (!config.api_keys_path.empty()) {
     RECALL_ASSIGN_OR_RETURN(s->keys_, ApiKeys::Load(config.api_keys_path));
   }

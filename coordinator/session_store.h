@@ -22,6 +22,22 @@ inline std::string QuotedId(const std::string& id) {
   return "\"" + id.substr(0, 64) + "...\" (" + std::to_string(id.size()) + " bytes)";
 }
 
+// How a turn stands, kept on its assistant reply (the messages before the reply, back to the
+// previous reply, are the turn's prompt and share its state). docs/architecture.md,
+// "Transcripts", has the semantics.
+//   kComplete    the reply ended (stop, length): the turn is part of every later prompt.
+//   kInProgress  the reply is streaming; `content` and `token_ids` hold what the client was
+//                sent so far (written before it was sent). A coordinator that restarts marks
+//                its in-progress turns interrupted (SQLite); on Redis, shared by replicas, one
+//                whose lease passed reads as interrupted.
+//   kInterrupted the turn broke after part of the reply was sent (client cancel, coordinator
+//                or store failure); the partial reply is kept.
+//   kFailed      the turn ended with an error before any of the reply was sent.
+// Only complete turns go into later prompts: an interrupted or failed turn's messages are
+// kept for the record (GetSession shows them) but never sent to a model again.
+enum class TurnState : int { kComplete = 0, kInProgress = 1, kInterrupted = 2, kFailed = 3 };
+const char* TurnStateName(TurnState state);
+
 struct StoredMessage {
   std::string role;
   std::string content;
@@ -30,9 +46,17 @@ struct StoredMessage {
   // unknown (a reply stored before these were kept).
   std::vector<int32_t> token_ids;
   int finish = 0;
+  TurnState state = TurnState::kComplete;  // an assistant reply's turn
+  int64_t lease_unix_ms = 0;  // kInProgress: its writer vouches for it until then (0: always)
 };
 
+// The messages of `messages[0, count)` that a prompt may contain: without the turns that
+// are not complete (a reply that is not, and the messages of its turn before it). Messages
+// after the last reply (a turn being asked) and system messages are kept.
+std::vector<StoredMessage> CompleteTurns(const std::vector<StoredMessage>& messages, int count);
+
 // StoredMessage's reply fields as bytes (little-endian int32: finish, then the ids), and back.
+// (The state and lease are columns / fields of their own.)
 std::string EncodeReply(const StoredMessage& m);
 void DecodeReply(const std::string& bytes, StoredMessage* m);
 
@@ -62,10 +86,23 @@ class SessionStore {
                                                           const std::string& after,
                                                           int limit) = 0;
   virtual absl::Status Delete(const std::string& tenant, const std::string& id) = 0;
-  // Appends at position `index`, which must equal the current message count (so two
-  // writers cannot interleave turns): FailedPrecondition otherwise. Durable on return.
-  virtual absl::Status Append(const std::string& tenant, const std::string& id, int index,
-                              const StoredMessage& message) = 0;
+  // Appends `messages` at position `index`, all or none, where `index` must equal the current
+  // message count (so two writers cannot interleave turns): FailedPrecondition otherwise.
+  // Durable on return.
+  virtual absl::Status AppendAll(const std::string& tenant, const std::string& id, int index,
+                                 const std::vector<StoredMessage>& messages) = 0;
+  absl::Status Append(const std::string& tenant, const std::string& id, int index,
+                      const StoredMessage& message) {
+    return AppendAll(tenant, id, index, std::vector<StoredMessage>{message});
+  }
+  // Overwrites the message at `index` (a reply as it grows and ends); FailedPrecondition when
+  // the transcript has no message there. Durable on return.
+  virtual absl::Status Replace(const std::string& tenant, const std::string& id, int index,
+                               const StoredMessage& message) = 0;
+  // At a coordinator's start: marks every in-progress turn interrupted (their writer is gone)
+  // and returns how many. A store shared by several coordinators (Redis) marks none: its
+  // in-progress turns read as interrupted once their lease has passed.
+  virtual absl::StatusOr<int> InterruptInProgress() = 0;
   // Removes messages from position `index` on (a turn that did not happen).
   virtual absl::Status Truncate(const std::string& tenant, const std::string& id, int index) = 0;
   virtual absl::Status Bind(const std::string& tenant, const std::string& id,

@@ -2,6 +2,9 @@
 // so an appended message is on disk when Append returns.
 #include <sqlite3.h>
 
+#include <set>
+#include <utility>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -31,6 +34,8 @@ CREATE TABLE IF NOT EXISTS messages (
   role TEXT NOT NULL,
   content BLOB NOT NULL,
   reply BLOB NOT NULL DEFAULT x'',
+  state INTEGER NOT NULL DEFAULT 0,
+  lease_ms INTEGER NOT NULL DEFAULT 0,
   PRIMARY KEY (session_id, idx));
 )sql";
 
@@ -88,7 +93,9 @@ class SqliteStore final : public SessionStore {
     absl::MutexLock lock(&mu_);
     SessionRecord r;
     RECALL_RETURN_IF_ERROR(LoadHeader(tenant, id, &r));
-    Stmt m(db_, "SELECT role, content, reply FROM messages WHERE session_id = ? ORDER BY idx");
+    Stmt m(db_,
+           "SELECT role, content, reply, state, lease_ms FROM messages WHERE session_id = ? "
+           "ORDER BY idx");
     m.BindText(1, id);
     int rc;
     while ((rc = m.Step()) == SQLITE_ROW) {
@@ -96,6 +103,9 @@ class SqliteStore final : public SessionStore {
       msg.role = m.Text(0);
       msg.content = m.Text(1);
       DecodeReply(m.Text(2), &msg);
+      const int64_t state = m.Int(3);
+      msg.state = state >= 0 && state <= 3 ? static_cast<TurnState>(state) : TurnState::kFailed;
+      msg.lease_unix_ms = m.Int(4);
     }
     if (rc != SQLITE_DONE) return Check(rc, "read transcript");
     return r;
@@ -130,8 +140,8 @@ class SqliteStore final : public SessionStore {
     return absl::OkStatus();
   }
 
-  absl::Status Append(const std::string& tenant, const std::string& id, int index,
-                      const StoredMessage& message) override {
+  absl::Status AppendAll(const std::string& tenant, const std::string& id, int index,
+                         const std::vector<StoredMessage>& messages) override {
     absl::MutexLock lock(&mu_);
     SessionRecord r;
     RECALL_RETURN_IF_ERROR(LoadHeader(tenant, id, &r));
@@ -140,11 +150,49 @@ class SqliteStore final : public SessionStore {
           "session \"", id, "\" has ", r.message_count, " messages, not ", index,
           ": another turn changed it"));
     }
+    RECALL_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE", "append messages"));
+    for (size_t i = 0; i < messages.size(); ++i) {
+      const StoredMessage& message = messages[i];
+      Stmt s(db_,
+             "INSERT INTO messages (session_id, idx, role, content, reply, state, lease_ms) "
+             "VALUES (?, ?, ?, ?, ?, ?, ?)");
+      s.BindText(1, id).Bind(2, index + static_cast<int64_t>(i)).BindText(3, message.role);
+      s.Bind(4, message.content).Bind(5, EncodeReply(message));
+      s.Bind(6, static_cast<int64_t>(message.state)).Bind(7, message.lease_unix_ms);
+      absl::Status st = Check(s.Step(), "append message");
+      if (!st.ok()) {
+        Exec("ROLLBACK", "append messages").IgnoreError();
+        return st;
+      }
+    }
+    return Exec("COMMIT", "append messages");
+  }
+
+  absl::Status Replace(const std::string& tenant, const std::string& id, int index,
+                       const StoredMessage& message) override {
+    absl::MutexLock lock(&mu_);
+    SessionRecord r;
+    RECALL_RETURN_IF_ERROR(LoadHeader(tenant, id, &r));
     Stmt s(db_,
-           "INSERT INTO messages (session_id, idx, role, content, reply) VALUES (?, ?, ?, ?, ?)");
-    s.BindText(1, id).Bind(2, index).BindText(3, message.role).Bind(4, message.content);
-    s.Bind(5, EncodeReply(message));
-    return Check(s.Step(), "append message");
+           "UPDATE messages SET role = ?, content = ?, reply = ?, state = ?, lease_ms = ? "
+           "WHERE session_id = ? AND idx = ?");
+    s.BindText(1, message.role).Bind(2, message.content).Bind(3, EncodeReply(message));
+    s.Bind(4, static_cast<int64_t>(message.state)).Bind(5, message.lease_unix_ms);
+    s.BindText(6, id).Bind(7, static_cast<int64_t>(index));
+    RECALL_RETURN_IF_ERROR(Check(s.Step(), "replace message"));
+    if (sqlite3_changes(db_) == 0) {
+      return absl::FailedPreconditionError(absl::StrCat("session \"", id, "\" has ",
+                                                        r.message_count, " messages, none at ",
+                                                        index, ": another turn changed it"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<int> InterruptInProgress() override {
+    absl::MutexLock lock(&mu_);
+    Stmt s(db_, "UPDATE messages SET state = 2, lease_ms = 0 WHERE state = 1");
+    RECALL_RETURN_IF_ERROR(Check(s.Step(), "mark interrupted turns"));
+    return sqlite3_changes(db_);
   }
 
   absl::Status Truncate(const std::string& tenant, const std::string& id, int index) override {
@@ -181,6 +229,10 @@ class SqliteStore final : public SessionStore {
     if (rc == SQLITE_OK || rc == SQLITE_DONE || rc == SQLITE_ROW) return absl::OkStatus();
     return absl::UnavailableError(
         absl::StrCat("session store: ", what, ": ", sqlite3_errmsg(db_), " (retryable)"));
+  }
+
+  absl::Status Exec(const char* sql, const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return Check(sqlite3_exec(db_, sql, nullptr, nullptr, nullptr), what);
   }
 
   static void Fill(const Stmt& s, SessionRecord* r) {
@@ -231,21 +283,67 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string&
     sqlite3_close(db);
     return absl::DataLossError(absl::StrCat("session store ", path, ": ", msg));
   }
-  // Files from before replies were kept get the column (empty: replayed as text).
-  bool has_reply = false;
+  // Files from before replies' tokens (empty: replayed as text) and turn states (complete)
+  // were kept get the columns.
+  std::set<std::string> columns;
   {
     Stmt info(db, "PRAGMA table_info(messages)");
-    while (info.Step() == SQLITE_ROW) has_reply = has_reply || info.Text(1) == "reply";
+    while (info.Step() == SQLITE_ROW) columns.insert(info.Text(1));
   }
-  if (!has_reply &&
-      sqlite3_exec(db, "ALTER TABLE messages ADD COLUMN reply BLOB NOT NULL DEFAULT x''", nullptr,
-                   nullptr, &err) != SQLITE_OK) {
-    const std::string msg = err ? err : "?";
-    sqlite3_free(err);
-    sqlite3_close(db);
-    return absl::DataLossError(absl::StrCat("session store ", path, ": ", msg));
+  for (const auto& [column, sql] :
+       {std::pair<const char*, const char*>{"reply",
+                                            "ALTER TABLE messages ADD COLUMN reply BLOB NOT "
+                                            "NULL DEFAULT x''"},
+        {"state",
+         "ALTER TABLE messages ADD COLUMN state INTEGER NOT "
+         "NULL DEFAULT 0"},
+        {"lease_ms",
+         "ALTER TABLE messages ADD COLUMN lease_ms "
+         "INTEGER NOT NULL DEFAULT 0"}}) {
+    if (columns.count(column) != 0) continue;
+    if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+      const std::string msg = err ? err : "?";
+      sqlite3_free(err);
+      sqlite3_close(db);
+      return absl::DataLossError(absl::StrCat("session store ", path, ": ", msg));
+    }
   }
   return std::unique_ptr<SessionStore>(new SqliteStore(db));
+}
+
+const char* TurnStateName(TurnState state) {
+  switch (state) {
+    case TurnState::kComplete:
+      return "complete";
+    case TurnState::kInProgress:
+      return "in_progress";
+    case TurnState::kInterrupted:
+      return "interrupted";
+    case TurnState::kFailed:
+      return "failed";
+  }
+  return "unknown";
+}
+
+std::vector<StoredMessage> CompleteTurns(const std::vector<StoredMessage>& messages, int count) {
+  std::vector<StoredMessage> out;
+  std::vector<StoredMessage> turn;  // the messages since the last reply
+  for (int i = 0; i < count && i < static_cast<int>(messages.size()); ++i) {
+    const StoredMessage& m = messages[i];
+    if (m.role == "system") {
+      out.push_back(m);
+    } else if (m.role != "assistant") {
+      turn.push_back(m);
+    } else {
+      if (m.state == TurnState::kComplete) {
+        out.insert(out.end(), turn.begin(), turn.end());
+        out.push_back(m);
+      }
+      turn.clear();
+    }
+  }
+  out.insert(out.end(), turn.begin(), turn.end());
+  return out;
 }
 
 std::string EncodeReply(const StoredMessage& m) {

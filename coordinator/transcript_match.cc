@@ -9,8 +9,10 @@
 namespace recall::coordinator {
 namespace {
 
+// A stored turn that is not complete never matches: the client's message takes its place.
 bool Same(const StoredMessage& a, const StoredMessage& b) {
-  return a.role == b.role && a.content == b.content;
+  return a.role == b.role && a.content == b.content && a.state == TurnState::kComplete &&
+         b.state == TurnState::kComplete;
 }
 
 // The hash of a transcript, message by message: Next(Next(Start(tenant), m0), m1)...

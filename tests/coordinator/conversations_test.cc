@@ -1,8 +1,10 @@
-// Conversations over a real SQLite store (no workers): a turn stores its messages before it
-// runs and builds the spec the worker gets (new messages, history, history_length); a turn
-// that keeps less than the transcript rewrites it and sends the history from the first
-// attempt; a failed turn is taken back; one turn at a time per session, the mark cleared on
-// every path; the turn limit; sessions of another tenant are not found.
+// Conversations over a real SQLite store (no workers): a turn stores its messages and its
+// reply's place (in progress) before it runs and builds the spec the worker gets (new
+// messages, history, history_length); a turn that keeps less than the transcript rewrites it
+// and sends the history from the first attempt; a failed turn is kept, marked failed, an
+// interrupted one with what was sent, and neither is in a later prompt; a coordinator's
+// restart marks turns left in progress interrupted; one turn at a time per session, the mark
+// cleared on every path; the turn limit; sessions of another tenant are not found.
 #include "coordinator/conversations.h"
 
 #include "gtest/gtest.h"
@@ -56,7 +58,14 @@ TEST_F(ConversationsTest, ATurnStoresItsMessagesFirstAndTheReplyAfter) {
   auto turn =
       conversations_->Begin("t", id_, Plan(1, {{"user", "Hi"}}), v1::SamplingParams(), "http");
   ASSERT_TRUE(turn.ok()) << turn.status();
-  EXPECT_EQ(Transcript().size(), 2u) << "the user message is stored before the turn runs";
+  {
+    const std::vector<StoredMessage> t = Transcript();
+    ASSERT_EQ(t.size(), 3u) << "the user message and the reply's place, before the turn runs";
+    EXPECT_EQ(t[2].role, "assistant");
+    EXPECT_EQ(t[2].state, TurnState::kInProgress);
+    EXPECT_GT(t[2].lease_unix_ms, 0);
+  }
+  EXPECT_EQ(turn->reply_index, 2);
   const v1::RunTurnRequest& r = turn->spec.request;
   EXPECT_EQ(r.session_id(), id_);
   EXPECT_EQ(r.history_length(), 1);
@@ -65,30 +74,76 @@ TEST_F(ConversationsTest, ATurnStoresItsMessagesFirstAndTheReplyAfter) {
   ASSERT_EQ(turn->spec.history.size(), 1u);
   EXPECT_EQ(turn->spec.history[0].role(), "system");
   EXPECT_FALSE(turn->spec.send_history) << "the transcript was only extended";
-  ASSERT_TRUE(conversations_->Finish(*turn, Reply(" Once")).ok());
+  ASSERT_TRUE(conversations_->Finish(*turn, Reply(" Once"), {}).ok());
   const std::vector<StoredMessage> t = Transcript();
   ASSERT_EQ(t.size(), 3u);
   EXPECT_EQ(t[2].role, "assistant");
   EXPECT_EQ(t[2].content, " Once");
+  EXPECT_EQ(t[2].state, TurnState::kComplete);
   EXPECT_EQ(store_->Get("t", id_)->worker, "w1") << "bound to the worker that replied";
 }
 
 TEST_F(ConversationsTest, KeepingLessRewritesTheTranscriptAndSendsTheHistory) {
   auto first = conversations_->Begin("t", id_, Plan(1, {{"user", "Hi"}}), {}, "http");
   ASSERT_TRUE(first.ok());
-  ASSERT_TRUE(conversations_->Finish(*first, Reply(" Once")).ok());
+  ASSERT_TRUE(conversations_->Finish(*first, Reply(" Once"), {}).ok());
   auto edited = conversations_->Begin(
       "t", id_, Plan(1, {{"user", "Hello"}, {"assistant", "x"}, {"user", "More"}}), {}, "http");
   ASSERT_TRUE(edited.ok()) << edited.status();
   EXPECT_TRUE(edited->spec.send_history) << "a worker's copy of that length may differ";
   EXPECT_EQ(edited->spec.request.history_length(), 1);
   EXPECT_EQ(edited->spec.request.messages_size(), 3);
-  const std::vector<StoredMessage> t = Transcript();
-  ASSERT_EQ(t.size(), 4u);
+  std::vector<StoredMessage> t = Transcript();
+  ASSERT_EQ(t.size(), 5u);
   EXPECT_EQ(t[1].content, "Hello");
-  // It fails: its messages are taken back; the dropped tail stays dropped.
-  ASSERT_TRUE(conversations_->Finish(*edited, absl::UnavailableError("no worker")).ok());
-  EXPECT_EQ(Transcript().size(), 1u);
+  // It fails before any token: kept, marked failed; the dropped tail stays dropped.
+  ASSERT_TRUE(conversations_->Finish(*edited, absl::UnavailableError("no worker"), {}).ok());
+  t = Transcript();
+  ASSERT_EQ(t.size(), 5u);
+  EXPECT_EQ(t[4].state, TurnState::kFailed);
+  EXPECT_EQ(t[4].content, "");
+  // The next turn's prompt holds the complete turns only: the system prompt, and "Hello" with
+  // the client's "x"; not "More", whose turn failed.
+  const std::vector<StoredMessage> prompt = CompleteTurns(t, 5);
+  ASSERT_EQ(prompt.size(), 3u);
+  EXPECT_EQ(prompt[1].content, "Hello");
+  EXPECT_EQ(prompt[2].content, "x");
+  // (This fixture's limit is 2 turns: keep the first four messages for the next one.)
+  auto next = conversations_->Begin("t", id_, Plan(3, {{"user", "Again"}}), {}, "grpc");
+  ASSERT_TRUE(next.ok()) << next.status();
+  ASSERT_EQ(next->spec.history.size(), 3u);
+  EXPECT_EQ(next->spec.history[2].content(), "x");
+  EXPECT_EQ(next->spec.request.history_length(), 3);
+  EXPECT_TRUE(next->spec.send_history) << "the worker's copy may hold the failed turn";
+}
+
+TEST_F(ConversationsTest, AnInterruptedTurnKeepsWhatWasSentAndLeavesLaterPrompts) {
+  auto turn = conversations_->Begin("t", id_, Plan(1, {{"user", "Hi"}}), {}, "grpc");
+  ASSERT_TRUE(turn.ok());
+  StoredMessage sent{"assistant", " Once upon"};
+  sent.token_ids = {11, 12};
+  ASSERT_TRUE(
+      conversations_->Finish(*turn, absl::CancelledError("the client went away"), sent).ok());
+  std::vector<StoredMessage> t = Transcript();
+  ASSERT_EQ(t.size(), 3u);
+  EXPECT_EQ(t[2].state, TurnState::kInterrupted);
+  EXPECT_EQ(t[2].content, " Once upon");
+  EXPECT_EQ(t[2].token_ids, (std::vector<int32_t>{11, 12}));
+  auto next = conversations_->Begin("t", id_, Plan(3, {{"user", "Hi again"}}), {}, "grpc");
+  ASSERT_TRUE(next.ok());
+  ASSERT_EQ(next->spec.history.size(), 1u) << "only the system prompt: no orphaned \"Hi\"";
+  EXPECT_EQ(next->spec.request.history_length(), 1);
+  EXPECT_TRUE(next->spec.send_history);
+  EXPECT_EQ(next->reply_index, 4);
+  // The coordinator dies with this turn streaming: the next start marks it interrupted.
+  conversations_.reset();
+  auto marked = store_->InterruptInProgress();
+  ASSERT_TRUE(marked.ok()) << marked.status();
+  EXPECT_EQ(*marked, 1);
+  t = Transcript();
+  ASSERT_EQ(t.size(), 5u);
+  EXPECT_EQ(t[4].state, TurnState::kInterrupted);
+  EXPECT_EQ(*store_->InterruptInProgress(), 0) << "nothing left in progress";
 }
 
 TEST_F(ConversationsTest, OneTurnAtATimeAndTheMarkIsClearedOnEveryPath) {
@@ -97,7 +152,7 @@ TEST_F(ConversationsTest, OneTurnAtATimeAndTheMarkIsClearedOnEveryPath) {
   auto second = conversations_->Begin("t", id_, Plan(1, {{"user", "Hi"}}), {}, "grpc");
   EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(second.status().message().find("is running"), std::string::npos);
-  ASSERT_TRUE(conversations_->Finish(*running, absl::CancelledError("gone")).ok());
+  ASSERT_TRUE(conversations_->Finish(*running, absl::CancelledError("gone"), {}).ok());
   // A planner's refusal clears the mark too.
   auto refused = conversations_->Begin(
       "t", id_,
@@ -115,7 +170,7 @@ TEST_F(ConversationsTest, TheTurnLimitAndOtherTenants) {
   for (int i = 0; i < 2; ++i) {
     auto turn = conversations_->Begin("t", id_, Plan(1 + 2 * i, {{"user", "Hi"}}), {}, "http");
     ASSERT_TRUE(turn.ok()) << turn.status();
-    ASSERT_TRUE(conversations_->Finish(*turn, Reply(" ok")).ok());
+    ASSERT_TRUE(conversations_->Finish(*turn, Reply(" ok"), {}).ok());
   }
   auto third = conversations_->Begin("t", id_, Plan(5, {{"user", "Hi"}}), {}, "http");
   EXPECT_EQ(third.status().code(), absl::StatusCode::kFailedPrecondition);

@@ -101,6 +101,68 @@ TEST_P(SessionStoreTest, DataSurvivesReopening) {
   EXPECT_EQ((*again)->Get("a", "s1")->messages.at(0).content, "kept");
 }
 
+// A turn's messages and its reply's place go in as one write; the reply is replaced as it
+// grows and ends, its state and tokens kept; replacing where there is no message is refused;
+// a start marks in-progress turns interrupted (SQLite), or their lease does (Redis).
+TEST_P(SessionStoreTest, TurnsAreWrittenWholeAndTheirRepliesReplaced) {
+  ASSERT_TRUE(store_->Create(Record("s1", "a")).ok());
+  StoredMessage reply{"assistant", ""};
+  reply.state = TurnState::kInProgress;
+  reply.lease_unix_ms = 1;  // long past
+  ASSERT_TRUE(store_->AppendAll("a", "s1", 0, {{"user", "hi"}, reply}).ok());
+  EXPECT_EQ(store_->AppendAll("a", "s1", 1, {{"user", "x"}, {"user", "y"}}).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store_->Get("a", "s1")->messages.size(), 2u) << "a refused write adds nothing";
+  StoredMessage partial = reply;
+  partial.content = " Once";
+  partial.token_ids = {5, 6};
+  partial.lease_unix_ms = 4102444800000;  // 2100
+  ASSERT_TRUE(store_->Replace("a", "s1", 1, partial).ok());
+  auto rec = store_->Get("a", "s1");
+  ASSERT_TRUE(rec.ok());
+  ASSERT_EQ(rec->messages.size(), 2u);
+  EXPECT_EQ(rec->messages[1].content, " Once");
+  EXPECT_EQ(rec->messages[1].token_ids, (std::vector<int32_t>{5, 6}));
+  EXPECT_EQ(rec->messages[1].state, TurnState::kInProgress);
+  EXPECT_EQ(store_->Replace("a", "s1", 2, partial).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store_->Replace("b", "s1", 1, partial).code(), absl::StatusCode::kNotFound);
+  auto marked = store_->InterruptInProgress();
+  ASSERT_TRUE(marked.ok()) << marked.status();
+  if (GetParam() == "sqlite") {
+    EXPECT_EQ(*marked, 1);
+    EXPECT_EQ(store_->Get("a", "s1")->messages[1].state, TurnState::kInterrupted);
+  } else {
+    EXPECT_EQ(*marked, 0) << "replicas share Redis: leases decide";
+    EXPECT_EQ(store_->Get("a", "s1")->messages[1].state, TurnState::kInProgress);
+    partial.lease_unix_ms = 1;
+    ASSERT_TRUE(store_->Replace("a", "s1", 1, partial).ok());
+    EXPECT_EQ(store_->Get("a", "s1")->messages[1].state, TurnState::kInterrupted)
+        << "a lease that passed reads as interrupted";
+  }
+  StoredMessage done{"assistant", " Once upon"};
+  done.finish = 1;
+  ASSERT_TRUE(store_->Replace("a", "s1", 1, done).ok());
+  EXPECT_EQ(store_->Get("a", "s1")->messages[1].state, TurnState::kComplete);
+  EXPECT_EQ(store_->Get("a", "s1")->messages[1].finish, 1);
+}
+
+// Which messages a prompt may hold: complete turns, system messages, the turn being asked.
+TEST(CompleteTurnsTest, DropsTheTurnsThatAreNotComplete) {
+  StoredMessage cut{"assistant", "Hal"};
+  cut.state = TurnState::kInterrupted;
+  StoredMessage failed{"assistant", ""};
+  failed.state = TurnState::kFailed;
+  const std::vector<StoredMessage> all = {{"system", "s"}, {"user", "a"}, {"assistant", "A"},
+                                          {"user", "b"},   cut,           {"user", "c"},
+                                          failed,          {"user", "d"}};
+  std::vector<std::string> kept;
+  for (const StoredMessage& m : CompleteTurns(all, 8)) kept.push_back(m.content);
+  EXPECT_EQ(kept, (std::vector<std::string>{"s", "a", "A", "d"}));
+  kept.clear();
+  for (const StoredMessage& m : CompleteTurns(all, 4)) kept.push_back(m.content);
+  EXPECT_EQ(kept, (std::vector<std::string>{"s", "a", "A", "b"})) << "b's reply is not in [0, 4)";
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, SessionStoreTest, ::testing::Values("sqlite", "redis"),
                          [](const auto& info) { return info.param; });
 

@@ -654,7 +654,8 @@ TEST_F(FailoverTest, AClientCancellingMidReplyFreesTheWorkersTurnPromptly) {
   // A reply of up to 200 tokens at tens of ms each (seconds of work), cancelled by the client
   // after its first tokens. The cancel reaches the worker through the coordinator with no
   // polling anywhere: the worker's load shows no turn (and every KV block free) within a
-  // bound measured from the cancel, and the transcript does not keep the turn.
+  // bound measured from the cancel, and the transcript keeps the turn, interrupted, with the
+  // reply's first tokens the client was sent.
   const std::string id = Create();
   grpc::ClientContext ctx;
   Auth(&ctx, "key-a");
@@ -667,12 +668,14 @@ TEST_F(FailoverTest, AClientCancellingMidReplyFreesTheWorkersTurnPromptly) {
   v1::ConverseEvent ev;
   ASSERT_TRUE(reader->Read(&ev));
   ASSERT_TRUE(ev.has_tokens());
+  std::string received = ev.tokens().text();
   const int busy = BusyWorker();
   ASSERT_GE(busy, 0) << "no worker was running the turn";
   const int64_t total = Load(busy).kv_blocks_total();
   const auto cancelled_at = std::chrono::steady_clock::now();
   ctx.TryCancel();
   while (reader->Read(&ev)) {
+    if (ev.has_tokens()) received += ev.tokens().text();
   }
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
 
@@ -693,14 +696,22 @@ TEST_F(FailoverTest, AClientCancellingMidReplyFreesTheWorkersTurnPromptly) {
   RecordProperty("seconds_from_cancel_to_free_worker", std::to_string(seconds));
   EXPECT_LT(seconds, 2.0) << "a cancelled turn is aborted within a step or so";
 
-  // The coordinator takes the user message back once the runner has reported the cancel
-  // (after the client saw CANCELLED, so wait for it, bounded).
-  int messages = -1;
-  for (int i = 0; i < 500 && messages != 1; ++i) {
-    messages = Get(id).messages_size();
-    if (messages != 1) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  // The coordinator marks the turn interrupted once the runner has reported the cancel
+  // (after the client saw CANCELLED, so wait for it, bounded). The stored part is what was
+  // written before it was sent: at least what this client received (more may have been on
+  // its way when it cancelled).
+  v1::Session s;
+  for (int i = 0; i < 500; ++i) {
+    s = Get(id);
+    if (s.messages_size() == 3 && s.messages(2).state() != v1::TURN_STATE_IN_PROGRESS) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  EXPECT_EQ(messages, 1) << "only the system prompt: the cancelled turn did not happen";
+  ASSERT_EQ(s.messages_size(), 3) << "the system prompt, the user message, the partial reply";
+  EXPECT_EQ(s.messages(1).content(), "Once upon a time");
+  EXPECT_EQ(s.messages(2).state(), v1::TURN_STATE_INTERRUPTED);
+  EXPECT_FALSE(received.empty());
+  EXPECT_EQ(s.messages(2).content().rfind(received, 0), 0u)
+      << "stored \"" << s.messages(2).content() << "\", received \"" << received << "\"";
   Reply next = Say(id, "Once upon a time", 4);
   EXPECT_TRUE(next.status.ok()) << "the session takes its next turn: "
                                 << next.status.error_message();

@@ -550,22 +550,24 @@ TEST_F(OpenAiHttpCancelTest, AClientLeavingMidStreamCancelsTheWorkersTurn) {
   RecordProperty("seconds_from_hangup_to_free_worker", std::to_string(seconds));
   EXPECT_LT(seconds, 3.0) << "the next write fails, the runner cancels, the worker aborts";
 
-  // The coordinator takes the user message back once the runner reported the cancel (after
-  // the worker let go of the turn: wait for it, bounded); the session then takes its next turn.
+  // The coordinator marks the turn interrupted once the runner reported the cancel (after the
+  // worker let go of the turn: wait for it, bounded), keeping the part of the reply that was
+  // sent; the session then takes its next turn.
   auto chat = v1::Chat::NewStub(
       grpc::CreateChannel("127.0.0.1:" + std::to_string(coordinator_.port("grpc")),
                           grpc::InsecureChannelCredentials()));
-  int messages = -1;
-  for (int i = 0; i < 500 && messages != 0; ++i) {
+  v1::Session s;
+  for (int i = 0; i < 500; ++i) {
     grpc::ClientContext ctx;
     v1::GetSessionRequest req;
     req.set_session_id(id);
-    v1::Session s;
     ASSERT_TRUE(chat->GetSession(&ctx, req, &s).ok());
-    messages = s.messages_size();
-    if (messages != 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (s.messages_size() == 2 && s.messages(1).state() != v1::TURN_STATE_IN_PROGRESS) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  EXPECT_EQ(messages, 0) << "the cancelled turn did not happen";
+  ASSERT_EQ(s.messages_size(), 2) << "the user message and the partial reply";
+  EXPECT_EQ(s.messages(1).state(), v1::TURN_STATE_INTERRUPTED);
+  EXPECT_FALSE(s.messages(1).content().empty()) << "the text the client was sent is kept";
   const HttpReply again =
       Send(client, "POST", "/v1/chat/completions",
            ChatBody({Message("user", "Once upon a time")}, 2, false), "", {{"X-Session-Id", id}});

@@ -1,0 +1,123 @@
+#include "coordinator/turn_journal.h"
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace recall::coordinator {
+namespace {
+
+int64_t NowUnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+void Merge(const v1::TokenEvent& from, v1::TokenEvent* into) {
+  into->mutable_token_ids()->Add(from.token_ids().begin(), from.token_ids().end());
+  into->mutable_logprobs()->Add(from.logprobs().begin(), from.logprobs().end());
+  into->mutable_text()->append(from.text());
+}
+
+}  // namespace
+
+TurnJournal::TurnJournal(SessionStore& store, WorkPool& pool, const OpenTurn& turn, TurnSink* edge)
+    : store_(store),
+      pool_(pool),
+      tenant_(turn.tenant),
+      session_id_(turn.session_id),
+      reply_index_(turn.reply_index),
+      edge_(edge) {
+  sent_.role = "assistant";
+  sent_.state = TurnState::kInProgress;
+}
+
+void TurnJournal::SetRunner(std::shared_ptr<TurnRunner> runner) {
+  absl::MutexLock lock(&mu_);
+  runner_ = std::move(runner);
+}
+
+void TurnJournal::OnTokens(const v1::TokenEvent& tokens) {
+  absl::MutexLock lock(&mu_);
+  if (failed_) return;
+  if (pending_.has_value()) {
+    Merge(tokens, &*pending_);
+  } else {
+    pending_ = tokens;
+  }
+  Kick();
+}
+
+void TurnJournal::OnTurnDone(TurnResult result) {
+  absl::MutexLock lock(&mu_);
+  end_ = std::move(result);
+  Kick();
+}
+
+void TurnJournal::OnTurnError(absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  end_ = std::move(status);
+  Kick();
+}
+
+void TurnJournal::Kick() {
+  if (flushing_) return;
+  flushing_ = true;
+  pool_.Run([this] { Flush(); });
+}
+
+void TurnJournal::Flush() {
+  while (true) {
+    std::optional<v1::TokenEvent> tokens;
+    std::optional<absl::StatusOr<TurnResult>> end;
+    {
+      absl::MutexLock lock(&mu_);
+      if (failed_) pending_.reset();
+      tokens = std::move(pending_);
+      pending_.reset();
+      if (!tokens.has_value()) {
+        if (!end_.has_value()) {
+          flushing_ = false;
+          return;
+        }
+        end = std::move(end_);
+        end_.reset();
+        if (failed_) end = failure_;  // the store failed: the turn ends with that
+      }
+    }
+    if (end.has_value()) {
+      // Last: the edge may destroy the journal once it has its end.
+      if (end->ok()) {
+        edge_->OnTurnDone(std::move(**end));
+      } else {
+        edge_->OnTurnError(end->status());
+      }
+      return;
+    }
+    StoredMessage next = sent_;
+    next.token_ids.insert(next.token_ids.end(), tokens->token_ids().begin(),
+                          tokens->token_ids().end());
+    next.content += tokens->text();
+    next.lease_unix_ms = NowUnixMs() + kLeaseMs;
+    const absl::Status st = store_.Replace(tenant_, session_id_, reply_index_, next);
+    if (!st.ok()) {
+      std::shared_ptr<TurnRunner> runner;
+      {
+        absl::MutexLock lock(&mu_);
+        failed_ = true;
+        failure_ = absl::UnavailableError(
+            absl::StrCat("the session store failed while the reply was streaming (", st.message(),
+                         "); the reply stops at the ", sent_.token_ids.size(),
+                         " tokens stored; the turn is kept as interrupted (retryable)"));
+        runner = runner_;
+      }
+      if (runner != nullptr) runner->Cancel();  // its end comes through OnTurnError
+      continue;
+    }
+    sent_ = std::move(next);
+    edge_->OnTokens(*tokens);
+  }
+}
+
+}  // namespace recall::coordinator
