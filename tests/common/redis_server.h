@@ -34,8 +34,9 @@ class RedisServer {
 
   // Starts it and waits until it accepts connections. False on failure. `persistent` false:
   // appendonly no and no save points (a server that keeps nothing on disk).
-  bool Start(const std::string& dir, bool persistent = true) {
-    port_ = FreePort();
+  // `port` 0: a free one.
+  bool Start(const std::string& dir, bool persistent = true, int port = 0) {
+    port_ = port != 0 ? port : FreePort();
     pid_ = fork();
     if (pid_ == 0) {
       execl("/usr/bin/redis-server", "redis-server", "--port", std::to_string(port_).c_str(),
@@ -59,6 +60,13 @@ class RedisServer {
   }
 
   int port() const { return port_; }
+  // SIGKILL (an outage); Start(dir, true, port()) brings it back with what it had persisted.
+  void Kill() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
   std::string url() const { return "redis://127.0.0.1:" + std::to_string(port_); }
 
   ~RedisServer() {

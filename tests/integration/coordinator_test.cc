@@ -493,6 +493,92 @@ TEST(CoordinatorRedisTest, TwoCoordinatorsShareSessionsThroughRedis) {
   EXPECT_EQ(stored.messages_size(), 4);
 }
 
+// Redis dies while a reply streams: the client's stream ends UNAVAILABLE with no token that
+// was not stored first; once Redis is back (from its append-only file) the turn is there,
+// not complete, holding at least what the client was sent; the client's retry of the turn is
+// answered exactly as with no fault (the broken turn is in no prompt).
+TEST(CoordinatorRedisTest, ARedisOutageMidReplyLosesNothingSentAndOrphansNothing) {
+  RECALL_REQUIRE_SHARED_FILE(kModel);
+  if (!testing::RedisServer::Available()) GTEST_SKIP() << "redis-server is not installed";
+  const std::string dir = testing::MakeTempDir("coordinator_redis_outage");
+  testing::RedisServer redis;
+  ASSERT_TRUE(redis.Start(dir));
+  ServerProcess worker, coordinator;
+  std::string error;
+  ASSERT_TRUE(worker.Start(
+      RECALL_WORKER_BINARY,
+      {"--model", testing::SharedPath(kModel), "--tokenizer", testing::SharedPath(kTokenizer),
+       "--listen", "127.0.0.1:0", "--kv-cache-bytes", "16M", "--threads", "1"},
+      dir, &error))
+      << error;
+  ASSERT_TRUE(coordinator.Start(RECALL_COORDINATOR_BINARY,
+                                {"--workers", "127.0.0.1:" + std::to_string(worker.port("grpc")),
+                                 "--listen", "127.0.0.1:0", "--store", redis.url()},
+                                dir, &error))
+      << error;
+  auto stub = v1::Chat::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(coordinator.port("grpc")), grpc::InsecureChannelCredentials()));
+  auto create = [&] {
+    grpc::ClientContext ctx;
+    v1::Session s;
+    EXPECT_TRUE(stub->CreateSession(&ctx, v1::CreateSessionRequest(), &s).ok());
+    return s.session_id();
+  };
+  // `on_first` runs after the first tokens arrive.
+  auto say = [&](const std::string& id, std::function<void()> on_first, std::string* text) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    v1::ConverseRequest req;
+    req.set_session_id(id);
+    req.set_message("Once upon a time");
+    req.mutable_sampling()->set_temperature(0);
+    req.mutable_sampling()->set_max_tokens(200);
+    auto reader = stub->Converse(&ctx, req);
+    v1::ConverseEvent ev;
+    while (reader->Read(&ev)) {
+      if (!ev.has_tokens()) continue;
+      *text += ev.tokens().text();
+      if (on_first) {
+        on_first();
+        on_first = nullptr;
+      }
+    }
+    return reader->Finish();
+  };
+  std::string reference;
+  ASSERT_TRUE(say(create(), nullptr, &reference).ok());
+  ASSERT_GT(reference.size(), 40u);
+
+  const std::string id = create();
+  std::string received;
+  const grpc::Status broken = say(
+      id, [&] { redis.Kill(); }, &received);
+  EXPECT_EQ(broken.error_code(), grpc::StatusCode::UNAVAILABLE) << broken.error_message();
+  EXPECT_NE(broken.error_message().find("session store"), std::string::npos)
+      << broken.error_message();
+  EXPECT_LT(received.size(), reference.size()) << "the reply stopped when the store failed";
+  ASSERT_TRUE(redis.Start(dir, /*persistent=*/true, redis.port()));
+
+  v1::Session stored;
+  for (int i = 0; i < 100; ++i) {  // the store connection comes back on its next use
+    grpc::ClientContext ctx;
+    v1::GetSessionRequest get;
+    get.set_session_id(id);
+    if (stub->GetSession(&ctx, get, &stored).ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(stored.messages_size(), 2) << "the user message and the reply as stored";
+  EXPECT_NE(stored.messages(1).state(), v1::TURN_STATE_COMPLETE);
+  EXPECT_EQ(stored.messages(1).content().rfind(received, 0), 0u)
+      << "stored \"" << stored.messages(1).content() << "\", sent \"" << received << "\"";
+  EXPECT_EQ(reference.rfind(stored.messages(1).content(), 0), 0u);
+
+  std::string again;
+  const grpc::Status retried = say(id, nullptr, &again);
+  ASSERT_TRUE(retried.ok()) << retried.error_message();
+  EXPECT_EQ(again, reference) << "the broken turn is in no prompt";
+}
+
 TEST(CoordinatorRedisTest, ARedisThatKeepsNothingOnDiskIsRefusedUnlessAllowed) {
   if (!testing::RedisServer::Available()) GTEST_SKIP() << "redis-server is not installed";
   const std::string dir = testing::MakeTempDir("coordinator_volatile_redis");
