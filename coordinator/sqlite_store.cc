@@ -5,6 +5,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -173,6 +174,14 @@ class SqliteStore final : public SessionStore {
     absl::MutexLock lock(&mu_);
     SessionRecord r;
     RECALL_RETURN_IF_ERROR(LoadHeader(tenant, id, &r));
+    // A reply still streaming is written without an fsync (WAL, synchronous=NORMAL): it
+    // survives the coordinator's crash (the write is in the OS's cache), not the machine's;
+    // every other write, the ended reply included, is fsync'd (synchronous=FULL).
+    const bool streaming = message.state == TurnState::kInProgress;
+    if (streaming) RECALL_RETURN_IF_ERROR(Exec("PRAGMA synchronous=NORMAL", "replace message"));
+    absl::Cleanup full = [this, streaming]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      if (streaming) Exec("PRAGMA synchronous=FULL", "replace message").IgnoreError();
+    };
     Stmt s(db_,
            "UPDATE messages SET role = ?, content = ?, reply = ?, state = ?, lease_ms = ? "
            "WHERE session_id = ? AND idx = ?");
