@@ -1,11 +1,17 @@
 #include "cli/chat_command.h"
 
+#include <editline/readline.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <optional>
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
@@ -16,6 +22,78 @@
 
 namespace recall::cli {
 namespace {
+
+// Ctrl-C while a reply streams: the count of SIGINTs since the reply began. A second one
+// quits at once (the default action), as does one at the prompt (libedit's own handling).
+volatile sig_atomic_t g_interrupts = 0;
+
+void OnInterrupt(int) {
+  g_interrupts = g_interrupts + 1;
+  if (g_interrupts >= 2) {
+    signal(SIGINT, SIG_DFL);
+    raise(SIGINT);
+  }
+}
+
+// Streams one reply to stdout; Ctrl-C cancels it. The reply's end (or CANCELLED).
+absl::StatusOr<v1::ConverseDone> StreamReply(Client& client, const std::string& session_id,
+                                             const std::string& message,
+                                             const v1::SamplingParams& sampling) {
+  std::unique_ptr<ReplyStream> reply = client.ConverseStream(session_id, message, sampling);
+  g_interrupts = 0;
+  struct sigaction on_int {
+  }, previous{};
+  on_int.sa_handler = OnInterrupt;
+  sigemptyset(&on_int.sa_mask);
+  sigaction(SIGINT, &on_int, &previous);
+  std::atomic<bool> reading{true};
+  // The handler only counts; this thread turns the first Ctrl-C into a cancel.
+  std::thread watcher([&] {
+    while (reading.load()) {
+      if (g_interrupts > 0) {
+        reply->Cancel();
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+  std::string text;
+  while (reply->Next(&text)) std::cout << text << std::flush;
+  reading = false;
+  watcher.join();
+  sigaction(SIGINT, &previous, nullptr);
+  if (g_interrupts > 0) {
+    std::cout << "\n[stopped: the part above is kept in the session, marked interrupted]"
+              << std::flush;
+    return absl::CancelledError("stopped");
+  }
+  if (!reply->status().ok()) return reply->status();
+  return reply->done();
+}
+
+std::string HistoryFile() {
+  const char* home = std::getenv("HOME");
+  return home != nullptr && home[0] != '\0' ? std::string(home) + "/.recall_history" : "";
+}
+
+// One line of input: edited with history on a terminal (libedit), else read as is. False at
+// the end of input.
+bool ReadLine(bool tty, std::string* line) {
+  if (!tty) return static_cast<bool>(std::getline(std::cin, *line));
+  char* got = readline("> ");
+  if (got == nullptr) {
+    std::cout << "\n";
+    return false;
+  }
+  *line = got;
+  std::free(got);
+  if (!line->empty()) {
+    add_history(line->c_str());
+    // Saved at once: Ctrl-C at the prompt ends the process there.
+    if (const std::string file = HistoryFile(); !file.empty()) write_history(file.c_str());
+  }
+  return true;
+}
 
 // A reply whose turn did not complete, as a listing marks it (the turn is kept for the record
 // and left out of later prompts).
@@ -36,6 +114,9 @@ constexpr char kChatUsageHead[] = R"(usage: recall chat --server HOST:PORT [opti
 
 A multi-turn chat with a Recall coordinator. Interactive on a terminal; otherwise reads one
 user message per line from standard input and prints each reply as it streams.
+On a terminal, lines are edited and recalled as in a shell (libedit; history kept in
+~/.recall_history); Ctrl-C stops a reply (the server keeps what was generated, marked
+interrupted, out of later prompts), a second Ctrl-C or one at the prompt quits.
 Commands (a line starting with /; never sent to the model):
   /new       start a new session       /history   print the transcript
   /stats     usage of the last reply   /help      list these commands
@@ -82,7 +163,7 @@ struct ChatOptions {
   std::string session;  // continue it instead of starting one
   std::string system;
   int max_tokens = 256;
-  double temperature = 0.7;
+  std::optional<double> temperature;  // the server's default (1.0) when unset
   std::optional<int64_t> seed;
   serving::CacheRequest cache;  // a new session's cache settings
 };
@@ -103,12 +184,14 @@ const flags::FlagSet<ChatOptions>& ChatFlags() {
             "max-tokens", "N", "per reply (default 256)",
             [](auto& o) -> auto& { return o.max_tokens; }, 1, 1 << 20)
         .Double(
-            "temperature", "T", "default 0.7 (0 = greedy)",
+            "temperature", "T", "default 1.0, the server's (0 = greedy)",
             [](auto& o) -> auto& { return o.temperature; }, 0, 100)
         .Int(
             "seed", "N", "sampling seed", [](auto& o) -> auto& { return o.seed; }, 0, INT64_MAX)
         .Include(
-            service::SessionCacheFlags(), [](auto& o) -> auto& { return o.cache; });
+            service::SessionCacheFlags(), [](auto& o) -> auto& { return o.cache; })
+        .Short('n', "max-tokens")
+        .Short('s', "seed");
     return f;
   }();
   return *kFlags;
@@ -157,7 +240,7 @@ absl::Status Chat(const ChatOptions& o) {
   RECALL_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(o.connect));
   v1::SamplingParams sampling;
   sampling.set_max_tokens(o.max_tokens);
-  sampling.set_temperature(static_cast<float>(o.temperature));
+  if (o.temperature.has_value()) sampling.set_temperature(static_cast<float>(*o.temperature));
   if (o.seed.has_value()) sampling.set_seed(static_cast<uint64_t>(*o.seed));
   v1::CreateSessionRequest create;
   create.set_system_prompt(o.system);
@@ -173,9 +256,13 @@ absl::Status Chat(const ChatOptions& o) {
   const bool tty = isatty(STDIN_FILENO);
   v1::ConverseDone last;
   std::string line;
+  const std::string history_file = tty ? HistoryFile() : "";
+  if (!history_file.empty()) {
+    using_history();
+    read_history(history_file.c_str());  // none yet: fine
+  }
   while (true) {
-    if (tty) std::cout << "> " << std::flush;
-    if (!std::getline(std::cin, line)) break;
+    if (!ReadLine(tty, &line)) break;
     if (line.empty()) continue;
     if (line == "/quit" || line == "/exit" || line == "/bye") break;
     if (line == "/help") {
@@ -225,15 +312,18 @@ absl::Status Chat(const ChatOptions& o) {
       replied = true;
     };
     absl::StatusOr<v1::ConverseDone> done =
-        client->Converse(session_id, line, sampling, [&](const std::string& text) {
-          reply_starts();
-          std::cout << text << std::flush;
-        });
+        tty ? StreamReply(*client, session_id, line, sampling)
+            : client->Converse(session_id, line, sampling, [&](const std::string& text) {
+                reply_starts();
+                std::cout << text << std::flush;
+              });
     if (done.ok()) reply_starts();
     if (replied) std::cout << "\n" << std::flush;
     if (!done.ok()) {
       if (!tty) return done.status();  // reported once, by the caller, with the exit code
-      std::cerr << "recall chat: " << done.status().message() << "\n";
+      if (done.status().code() != absl::StatusCode::kCancelled) {
+        std::cerr << "recall chat: " << done.status().message() << "\n";
+      }
       continue;
     }
     last = *done;

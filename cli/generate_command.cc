@@ -41,7 +41,7 @@ struct GenerateCliOptions {
   std::string prompt;
   int max_tokens = 256;
   double temperature = 1.0;
-  double top_p = 0.9;
+  double top_p = 1.0;
   int top_k = 0;
   double repetition_penalty = 1.0;
   std::optional<int64_t> seed;  // default: from the clock
@@ -77,7 +77,7 @@ const flags::FlagSet<GenerateCliOptions>& GenerateFlags() {
             "temperature", "T", "0 = greedy (default 1.0)",
             [](auto& o) -> auto& { return o.temperature; }, 0, 100)
         .Double(
-            "top-p", "P", "nucleus sampling mass in (0, 1] (default 0.9)",
+            "top-p", "P", "nucleus sampling mass in (0, 1] (default 1.0: off)",
             [](auto& o) -> auto& { return o.top_p; }, 1e-6, 1)
         .Int(
             "top-k", "K", "keep the K most likely tokens, 0 = off (default 0)",
@@ -116,7 +116,12 @@ const flags::FlagSet<GenerateCliOptions>& GenerateFlags() {
             "recent", "N", "episodic: sentences before the last kept uncompressed (default 4)",
             [](auto& o) -> auto& { return o.recent; }, 0, 1 << 20)
         .Include(
-            service::SharedCacheFlags(), [](auto& o) -> auto& { return o.shared; });
+            service::SharedCacheFlags(), [](auto& o) -> auto& { return o.shared; })
+        .Short('m', "model")
+        .Short('p', "prompt")
+        .Short('n', "max-tokens")
+        .Short('s', "seed")
+        .Short('t', "threads");
     return f;
   }();
   return *kFlags;

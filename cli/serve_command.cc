@@ -1,10 +1,14 @@
 #include "cli/serve_command.h"
 
 #include <signal.h>
+#include <string.h>
+#include <sys/wait.h>
 
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
@@ -21,14 +25,18 @@ constexpr char kUsageHead[] = R"(usage: recall serve --model PATH [--tokenizer P
 
 Starts one recall-worker (a child process) and a coordinator in front of it, with the
 session store in DATA_DIR/sessions.db. Chat with it: recall chat --server HOST:PORT, or any
-OpenAI client at http://HOST:HTTP_PORT/v1 (--http-listen).
+OpenAI client at http://HOST:HTTP_PORT/v1 (--http-listen). Prometheus metrics on
+http://127.0.0.1:METRICS_PORT/metrics. If the worker dies it is restarted (up to 3 times in
+a minute); after that recall serve exits, saying why. One log line per turn on stderr
+(RECALL_LOG_LEVEL=WARNING silences them).
 
 )";
 
 struct ServeOptions {
   std::string listen = "127.0.0.1:50050";  // the coordinator
   std::string http_listen = "127.0.0.1:8080";  // its OpenAI-compatible HTTP API; "off": none
-  std::string data_dir = "./recall-data";
+  std::string data_dir;                        // empty: DefaultDataDir()
+  int metrics_port = 0;                        // the coordinator's /metrics: 0 a free port, -1 off
   std::string api_keys;   // "<key> <tenant>" lines; empty: no auth
   std::string port_file;  // "grpc=PORT http=PORT" once ready
   service::WorkerOptions worker;
@@ -52,8 +60,15 @@ const flags::FlagSet<ServeOptions>& ServeFlags() {
             "off: none)",
             [](auto& o) -> auto& { return o.http_listen; })
         .String(
-            "data-dir", "DIR", "session store folder (default ./recall-data)",
+            "data-dir", "DIR",
+            "session store folder (default $XDG_DATA_HOME/recall, else\n"
+            "~/.local/share/recall; ./recall-data without HOME)",
             [](auto& o) -> auto& { return o.data_dir; })
+        .Int(
+            "metrics-port", "N",
+            "the coordinator's Prometheus /metrics on 127.0.0.1 (default 0: a free port,\n"
+            "printed; -1: off)",
+            [](auto& o) -> auto& { return o.metrics_port; }, -1, 65535)
         .String(
             "api-keys", "FILE", "\"<key> <tenant>\" lines; default: no auth (local use)",
             [](auto& o) -> auto& { return o.api_keys; })
@@ -61,7 +76,9 @@ const flags::FlagSet<ServeOptions>& ServeFlags() {
             "port-file", "PATH", "write \"grpc=PORT http=PORT\" once ready (http=0: off)",
             [](auto& o) -> auto& { return o.port_file; })
         .Include(service::WorkerFlags(), [](auto& o) -> auto& { return o.worker; },
-                 {"listen", "port-file", "coordinator", "advertise"});
+                 {"listen", "port-file", "coordinator", "advertise"})
+        .Short('m', "model")
+        .Short('t', "threads");
     return f;
   }();
   return *kFlags;
@@ -79,14 +96,41 @@ std::string WorkerBinary() {
   return "";
 }
 
+// Where sessions live when --data-dir is not given: the same folder whatever the current
+// directory (the XDG base directory convention).
+std::string DefaultDataDir() {
+  if (const char* xdg = std::getenv("XDG_DATA_HOME"); xdg != nullptr && xdg[0] == '/') {
+    return std::string(xdg) + "/recall";
+  }
+  if (const char* home = std::getenv("HOME"); home != nullptr && home[0] != '\0') {
+    return std::string(home) + "/.local/share/recall";
+  }
+  return "./recall-data";
+}
+
+// How a child ended, for a message.
+std::string ExitReason(int status) {
+  if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    return absl::StrCat("was killed by signal ", WTERMSIG(status), " (",
+                        strsignal(WTERMSIG(status)), ")");
+  }
+  return absl::StrCat("ended (wait status ", status, ")");
+}
+
 absl::Status Serve(const ServeOptions& o) {
   if (o.worker.model.model.empty()) return absl::InvalidArgumentError("--model: required");
   const std::string worker_bin = WorkerBinary();
   if (worker_bin.empty()) {
     return absl::NotFoundError("cannot find recall-worker beside this binary");
   }
-  const std::string& data_dir = o.data_dir;
-  std::filesystem::create_directories(data_dir);
+  const std::string data_dir = o.data_dir.empty() ? DefaultDataDir() : o.data_dir;
+  std::error_code ec;
+  std::filesystem::create_directories(data_dir, ec);
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--data-dir: cannot create ", data_dir, ": ", ec.message()));
+  }
   // The worker's port takes calls only from this coordinator: a cluster token made once in
   // the data directory (mode 0600), unless --cluster-token-file names one.
   service::WorkerOptions worker_options = o.worker;
@@ -101,6 +145,7 @@ absl::Status Serve(const ServeOptions& o) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGCHLD);  // the worker's end
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   ServerProcess worker;
@@ -114,6 +159,7 @@ absl::Status Serve(const ServeOptions& o) {
   c.data_dir = data_dir;
   c.api_keys_path = o.api_keys;
   c.cluster_token_file = worker_options.cluster_token_file;
+  c.metrics_port = o.metrics_port;
   if (o.http_listen != "off") c.http_listen = o.http_listen;
   absl::StatusOr<std::unique_ptr<coordinator::CoordinatorServer>> started =
       coordinator::CoordinatorServer::Start(c);
@@ -127,6 +173,10 @@ absl::Status Serve(const ServeOptions& o) {
               << c.http_listen.substr(0, c.http_listen.rfind(':')) << ":" << server->http_port()
               << "/v1\n";
   }
+  if (server->metrics_port() > 0) {
+    std::cerr << "recall serve: metrics on http://127.0.0.1:" << server->metrics_port()
+              << "/metrics\n";
+  }
   if (!o.port_file.empty()) {
     const std::string& path = o.port_file;
     {
@@ -135,12 +185,43 @@ absl::Status Serve(const ServeOptions& o) {
     }
     std::rename((path + ".tmp").c_str(), path.c_str());
   }
-  int sig = 0;
-  sigwait(&signals, &sig);
+  // Until SIGINT or SIGTERM; a worker that dies is restarted on its port (the coordinator
+  // knows it there), at most kRestarts times within a minute.
+  constexpr int kRestarts = 3;
+  const int worker_port = worker.port("grpc");
+  std::vector<std::chrono::steady_clock::time_point> restarts;
+  absl::Status ended = absl::OkStatus();
+  while (true) {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    if (sig != SIGCHLD) break;
+    const std::optional<int> status = worker.Reap();
+    if (!status.has_value()) continue;  // another child
+    const auto now = std::chrono::steady_clock::now();
+    std::erase_if(restarts, [&](auto t) { return now - t > std::chrono::minutes(1); });
+    std::cerr << "recall serve: the worker " << ExitReason(*status);
+    if (static_cast<int>(restarts.size()) >= kRestarts) {
+      std::cerr << "\n";
+      ended = absl::UnavailableError(
+          absl::StrCat("the worker ", ExitReason(*status), ", its ", kRestarts + 1,
+                       "th end within a minute; not restarting it (its log is above)"));
+      break;
+    }
+    std::cerr << "; restarting it\n";
+    restarts.push_back(now);
+    service::WorkerOptions again = worker_options;
+    again.listen = absl::StrCat("127.0.0.1:", worker_port);
+    if (!worker.Start(worker_bin, service::WorkerFlags().Render(again), data_dir, &error,
+                      std::chrono::seconds(300))) {
+      ended = absl::UnavailableError(absl::StrCat("the worker did not restart: ", error));
+      break;
+    }
+    std::cerr << "recall serve: worker back on port " << worker_port << "\n";
+  }
   std::cerr << "recall serve: shutting down\n";
   server->Shutdown();
   worker.Stop();
-  return absl::OkStatus();
+  return ended;
 }
 
 }  // namespace

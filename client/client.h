@@ -52,6 +52,10 @@ class ReplyStream {
   bool Next(std::string* text);
   absl::Status status() const { return status_; }
   const v1::ConverseDone& done() const { return done_; }
+  // Stops the reply (the server cancels the turn, keeping what was sent as interrupted); Next
+  // then returns false and status() is CANCELLED. Callable from any thread, while another
+  // thread is in Next.
+  void Cancel() { context_->TryCancel(); }
 
  private:
   std::unique_ptr<grpc::ClientContext> context_;

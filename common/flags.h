@@ -10,7 +10,8 @@
 //   RECALL_RETURN_IF_ERROR(f.Parse(argv, &o));  // "--window: must be in [1, 1048576], got 0"
 //   std::vector<std::string> argv2 = f.Render(o);  // the flags that reproduce o's non-defaults
 //
-// Parse takes --name VALUE, --name=VALUE and switches, checks each value's type and range and
+// Parse takes --name VALUE, --name=VALUE and switches (and -x VALUE where Short declared -x
+// for a flag, as llama.cpp's -m -p -n -s -t), checks each value's type and range and
 // names the flag in every error; an unknown flag is refused with the closest known name, a
 // positional argument is refused, and flags declared Exclusive may not be given together.
 // Render lets a parent process forward its options to a child from the same table (recall
@@ -260,13 +261,28 @@ class FlagSet {
     return *this;
   }
 
+  // -c as another spelling of --name (a flag declared before, or included).
+  FlagSet& Short(char c, const std::string& name) {
+    shorts_.emplace_back(c, name);
+    return *this;
+  }
+
   // Fills `out` (which holds the defaults) from `argv`; returns the names of the flags given.
   // InvalidArgument naming the flag for any error.
   absl::Status Parse(const std::vector<std::string>& argv, T* out,
                      std::set<std::string>* given = nullptr) const {
     std::set<std::string> seen;
     for (size_t i = 0; i < argv.size(); ++i) {
-      const std::string& a = argv[i];
+      std::string a = argv[i];
+      if (a.size() == 2 && a[0] == '-' && a[1] != '-') {
+        const std::string* long_name = ShortName(a[1]);
+        if (long_name == nullptr) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "unknown flag ", a, ShortList().empty() ? "" : " (short flags here: ", ShortList(),
+              ShortList().empty() ? "" : ")"));
+        }
+        a = "--" + *long_name;
+      }
       if (a.size() < 3 || a.rfind("--", 0) != 0) {
         return absl::InvalidArgumentError(
             absl::StrCat("unexpected argument \"", a, "\": options are --name VALUE (see --help)"));
@@ -342,8 +358,8 @@ class FlagSet {
         section = f.section;
         if (!section.empty()) absl::StrAppend(&out, section, ":\n");
       }
-      std::string left =
-          absl::StrCat("  --", f.name, f.value_name.empty() ? "" : " ", f.value_name);
+      std::string left = absl::StrCat("  ", ShortOf(f.name), "--", f.name,
+                                      f.value_name.empty() ? "" : " ", f.value_name);
       if (left.size() < 26) {
         left.resize(26, ' ');
         absl::StrAppend(&out, left, Indent(f.help), "\n");
@@ -475,7 +491,27 @@ class FlagSet {
   }
 
   std::string section_;
+  const std::string* ShortName(char c) const {
+    for (const auto& [s, name] : shorts_) {
+      if (s == c) return &name;
+    }
+    return nullptr;
+  }
+  std::string ShortOf(const std::string& name) const {
+    for (const auto& [s, n] : shorts_) {
+      if (n == name) return absl::StrCat("-", std::string(1, s), ", ");
+    }
+    return "";
+  }
+  std::string ShortList() const {
+    std::string out;
+    for (const auto& [s, n] : shorts_)
+      absl::StrAppend(&out, out.empty() ? "" : " ", "-", std::string(1, s));
+    return out;
+  }
+
   std::vector<Flag> flags_;
+  std::vector<std::pair<char, std::string>> shorts_;
   std::vector<std::pair<std::string, std::string>> exclusive_;
   std::vector<std::function<absl::Status(const T&, const std::set<std::string>&)>> checks_;
 };

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -84,6 +85,15 @@ class ServerProcess {
     }
     kill(pid_, SIGKILL);
     waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return status;
+  }
+
+  // If it has exited: reaps it and returns its wait status (then pid() is -1); else nullopt.
+  std::optional<int> Reap() {
+    if (pid_ <= 0) return std::nullopt;
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) != pid_) return std::nullopt;
     pid_ = -1;
     return status;
   }

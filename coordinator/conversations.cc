@@ -223,6 +223,7 @@ absl::Status Conversations::Finish(const OpenTurn& turn, const absl::StatusOr<Tu
     }
     if (stored.ok()) RememberEpisodes(turn.key, outcome->done);
   }
+  LogTurn(turn, outcome, sent);
   ClearRunning(turn.key);
   return stored;
 }
@@ -241,6 +242,30 @@ TurnSpec Conversations::OneOff(const std::string& tenant, const std::string& pro
   *spec.request.mutable_cache() = cache;
   spec.drop_after = true;  // the session was one turn long: free its cache at once
   return spec;
+}
+
+// One line per session turn (at INFO; RECALL_LOG_LEVEL=WARNING silences it).
+void Conversations::LogTurn(const OpenTurn& turn, const absl::StatusOr<TurnResult>& outcome,
+                            const StoredMessage& sent) const {
+  if (!outcome.ok()) {
+    RECALL_LOG(INFO) << "turn session=" << turn.session_id << " edge=" << turn.edge
+                     << " ended=" << absl::StatusCodeToString(outcome.status().code())
+                     << " sent_tokens=" << sent.token_ids.size();
+    return;
+  }
+  const v1::Usage& u = outcome->done.usage();
+  const double decode = outcome->seconds - outcome->first_token_seconds;
+  const int generated = static_cast<int>(outcome->tokens.size());
+  RECALL_LOG(INFO) << "turn session=" << turn.session_id << " edge=" << turn.edge
+                   << " worker=" << outcome->worker << " prompt=" << u.prompt_tokens()
+                   << " cached=" << u.cached_tokens() << " generated=" << generated
+                   << " ttft_ms=" << static_cast<int64_t>(outcome->first_token_seconds * 1e3)
+                   << " tok_per_s="
+                   << (generated > 1 && decode > 0 ? static_cast<int64_t>((generated - 1) / decode)
+                                                   : 0)
+                   << " evictions=" << outcome->done.evictions()
+                   << " kv_bytes=" << outcome->done.kv_bytes()
+                   << " failovers=" << outcome->failovers;
 }
 
 std::vector<v1::ModelInfo> Conversations::Models() const {

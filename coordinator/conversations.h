@@ -126,6 +126,8 @@ class Conversations {
 
  private:
   void RememberEpisodes(const std::string& key, const v1::TurnDone& done);
+  void LogTurn(const OpenTurn& turn, const absl::StatusOr<TurnResult>& outcome,
+               const StoredMessage& sent) const;
   // Marks a session as having a turn running; false if it already has one.
   bool MarkRunning(const std::string& key);
   void ClearRunning(const std::string& key);

@@ -200,6 +200,7 @@ void TurnRunner::OnEvent(const v1::TurnEvent& event) {
   }
   const v1::TokenEvent& t = event.tokens();
   if (result_.tokens.empty() && t.token_ids_size() > 0) {
+    result_.first_token_seconds = since_start_.ElapsedSeconds();
     metrics_
         .GetHistogram("recall_coordinator_time_to_first_token_seconds",
                       "From the request to the first token sent",
@@ -278,6 +279,7 @@ void TurnRunner::FailNoWorker() {
 }
 
 void TurnRunner::Succeed() {
+  result_.seconds = since_start_.ElapsedSeconds();
   std::shared_ptr<v1::Worker::Stub> stub =
       spec_.drop_after ? workers_.Stub(result_.worker) : nullptr;
   if (stub == nullptr) {

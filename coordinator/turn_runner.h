@@ -84,6 +84,8 @@ struct TurnResult {
   int failovers = 0;            // workers lost during the turn
   std::vector<int32_t> tokens;  // the whole reply, as reported to the sink
   std::string text;
+  double first_token_seconds = 0;  // from Start to the first token (0: none)
+  double seconds = 0;              // from Start to the end
 };
 
 // Where a TurnRunner reports. See the threading notes above.

@@ -11,6 +11,8 @@ PACKAGES=(
   libsqlite3-dev libhiredis-dev redis-server openssl
   # the coordinator's OpenAI-compatible HTTP API (cpp-httplib 0.11, built with OpenSSL)
   libcpp-httplib-dev libssl-dev curl
+  # recall chat's line editing and history
+  libedit-dev
   gnuplot-nox
   # the loader fuzzers (fuzz/, tests/fuzz): clang with libFuzzer and the sanitizer runtimes
   clang libclang-rt-14-dev

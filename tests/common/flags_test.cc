@@ -1,5 +1,6 @@
 // FlagSet: parsing into typed options, errors naming the flag, unknown flags with a
-// suggestion, exclusive pairs, rendering for forwarding, nested option structs, FieldError.
+// suggestion, exclusive pairs, rendering for forwarding, nested option structs, FieldError,
+// short spellings.
 #include "common/flags.h"
 
 #include "gtest/gtest.h"
@@ -149,6 +150,24 @@ TEST(FlagSetTest, HelpListsEveryFlagBySection) {
   EXPECT_NE(help.find("engine:\n  --threads N"), std::string::npos) << help;
   EXPECT_NE(help.find("cache:\n  --window W"), std::string::npos) << help;
   EXPECT_NE(help.find("--no-cuda-graphs"), std::string::npos);
+}
+
+TEST(FlagSetTest, ShortSpellingsStandForTheirFlags) {
+  FlagSet<Options> f = OptionFlags();
+  f.Short('t', "threads").Short('w', "window");
+  Options o;
+  std::set<std::string> given;
+  ASSERT_TRUE(f.Parse({"-t", "4", "-w", "64"}, &o, &given).ok());
+  EXPECT_EQ(o.threads, 4);
+  EXPECT_EQ(o.inner.window, 64);
+  EXPECT_EQ(given, (std::set<std::string>{"threads", "window"}));
+  const absl::Status bad = f.Parse({"-x", "1"}, &o);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("unknown flag -x (short flags here: -t -w)"), std::string::npos)
+      << bad.message();
+  EXPECT_NE(f.Help().find("-t, --threads N"), std::string::npos) << f.Help();
+  EXPECT_NE(f.Parse({"-t", "0x"}, &o).message().find("--threads"), std::string::npos)
+      << "errors name the long flag";
 }
 
 }  // namespace
