@@ -63,6 +63,16 @@ absl::StatusOr<v1::ConverseDone> StreamReply(Client& client, const std::string& 
   watcher.join();
   sigaction(SIGINT, &previous, nullptr);
   if (g_interrupts > 0) {
+    // The server ends the turn a moment after the client: wait (bounded) until it has, so the
+    // next message does not find the turn still running.
+    for (int i = 0; i < 60; ++i) {
+      absl::StatusOr<v1::Session> s = client.GetSession(session_id);
+      if (!s.ok() || s->messages().empty() ||
+          s->messages().rbegin()->state() != v1::TURN_STATE_IN_PROGRESS) {
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
     std::cout << "\n[stopped: the part above is kept in the session, marked interrupted]"
               << std::flush;
     return absl::CancelledError("stopped");
