@@ -92,6 +92,12 @@ grpc::Status ChatService::GetSession(grpc::ServerContext* context,
   ToProto(r, true, response);
   conversations_.RecallEpisodes(tenant + "/" + r.id, response->mutable_episodes());
   if (response->episodes().windows().empty()) response->clear_episodes();
+  v1::TurnDone last;
+  if (conversations_.RecallLastTurn(tenant + "/" + r.id, &last)) {
+    response->set_total_tokens(last.usage().prompt_tokens() + last.usage().generated_tokens());
+    response->set_held_tokens(last.held_tokens());
+    response->set_kv_bytes(last.kv_bytes());
+  }
   return grpc::Status::OK;
 }
 

@@ -294,22 +294,26 @@ int Conversations::MaxTokensLimit() const {
 
 void Conversations::RememberEpisodes(const std::string& key, const v1::TurnDone& done) {
   absl::MutexLock lock(&mu_);
-  if (done.has_episodes()) {
-    episodes_[key] = done.episodes();
-  } else {
-    episodes_.erase(key);  // not built (yet, or any more after a rebuild)
-  }
+  last_done_[key] = done;  // episodes unset: not built (yet, or any more after a rebuild)
 }
 
 void Conversations::ForgetEpisodes(const std::string& key) {
   absl::MutexLock lock(&mu_);
-  episodes_.erase(key);
+  last_done_.erase(key);
 }
 
 bool Conversations::RecallEpisodes(const std::string& key, v1::EpisodesReport* out) {
   absl::MutexLock lock(&mu_);
-  auto it = episodes_.find(key);
-  if (it == episodes_.end()) return false;
+  auto it = last_done_.find(key);
+  if (it == last_done_.end() || !it->second.has_episodes()) return false;
+  *out = it->second.episodes();
+  return true;
+}
+
+bool Conversations::RecallLastTurn(const std::string& key, v1::TurnDone* out) {
+  absl::MutexLock lock(&mu_);
+  auto it = last_done_.find(key);
+  if (it == last_done_.end()) return false;
   *out = it->second;
   return true;
 }

@@ -123,6 +123,9 @@ class Conversations {
   // The episodes a session's last turn reported (policy "episodic"); kept in memory only.
   bool RecallEpisodes(const std::string& key, v1::EpisodesReport* out);
   void ForgetEpisodes(const std::string& key);
+  // The worker's summary of the session's last turn this coordinator served (kept in memory
+  // only, like the episodes; false when there is none).
+  bool RecallLastTurn(const std::string& key, v1::TurnDone* out);
 
  private:
   void RememberEpisodes(const std::string& key, const v1::TurnDone& done);
@@ -139,7 +142,7 @@ class Conversations {
   absl::Mutex mu_;
   std::set<std::string> running_ ABSL_GUARDED_BY(mu_);
   WorkPool journal_pool_;  // the journals' store writes
-  std::map<std::string, v1::EpisodesReport> episodes_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, v1::TurnDone> last_done_ ABSL_GUARDED_BY(mu_);  // by key
 };
 
 }  // namespace recall::coordinator

@@ -1,8 +1,11 @@
 // A conversation 40 times stories260K's context through a real `recall serve --policy lazy
 // --budget 128` (a coordinator and a worker process, gRPC over loopback): every turn is
 // answered, the KV bytes after each turn stay within the session's bound once it is warm, and
-// the worker's resident memory from turn 20 to the end stays flat within 5%. The figures are
-// printed.
+// the worker's resident memory from turn 20 to the end stays flat within 5%; GetSession reports
+// the conversation's length and the tokens cached. And a conversation 10 contexts long through
+// recall-coordinator and two recall-worker processes whose serving worker is SIGKILLed
+// mid-reply: the other rebuilds the session from the transcript within the session's bound
+// (the turn's peak KV bytes) and the conversation goes on. The figures are printed.
 #include <dirent.h>
 
 #include <algorithm>
@@ -14,6 +17,7 @@
 #include "client/client.h"
 #include "common/subprocess.h"
 #include "gtest/gtest.h"
+#include "recall/v1/worker.grpc.pb.h"
 #include "tests/common/test_util.h"
 
 namespace recall {
@@ -126,6 +130,98 @@ TEST(EndlessServeTest, AConversationFortyTimesTheContextRunsInBoundedMemory) {
   EXPECT_LE(kv_max, bound);
   EXPECT_GT(rss_warm, 0);
   EXPECT_LE(rss_max, rss_warm * 105 / 100) << "worker RSS grew more than 5%";
+  auto stored = client->GetSession(session->session_id());
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(stored->total_tokens(), tokens) << "the conversation's length";
+  EXPECT_GT(stored->held_tokens(), 0);
+  EXPECT_LE(stored->held_tokens(), 128 + 32 + 64 + 1) << "the tokens cached";
+}
+
+// Worker i's load (empty if it does not answer).
+v1::LoadReport Load(int port) {
+  auto stub = v1::Worker::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  v1::LoadReport load;
+  if (!stub->GetLoad(&ctx, v1::GetLoadRequest(), &load).ok()) load.Clear();
+  return load;
+}
+
+TEST(EndlessServeTest, ALongConversationSurvivesItsWorkerKilledMidReplyInBoundedMemory) {
+  RECALL_REQUIRE_SHARED_FILE("models/stories260K/stories260K.bin");
+  const std::string dir = testing::MakeTempDir("endless_failover");
+  ServerProcess workers[2], coordinator;
+  std::string error;
+  for (ServerProcess& w : workers) {
+    ASSERT_TRUE(w.Start(
+        RECALL_WORKER_BINARY,
+        {"--model", testing::SharedPath("models/stories260K/stories260K.bin"), "--tokenizer",
+         testing::SharedPath("models/stories260K/tok512.bin"), "--listen", "127.0.0.1:0",
+         "--policy", "lazy", "--budget", "128", "--threads", "1", "--kv-cache-bytes", "64M"},
+        dir, &error))
+        << error;
+  }
+  const int ports[2] = {workers[0].port("grpc"), workers[1].port("grpc")};
+  ASSERT_TRUE(coordinator.Start(
+      RECALL_COORDINATOR_BINARY,
+      {"--workers",
+       "127.0.0.1:" + std::to_string(ports[0]) + ",127.0.0.1:" + std::to_string(ports[1]),
+       "--listen", "127.0.0.1:0", "--data-dir", dir},
+      dir, &error))
+      << error;
+  auto client =
+      Client::Connect({.address = "127.0.0.1:" + std::to_string(coordinator.port("grpc"))});
+  auto session = client->CreateSession(v1::CreateSessionRequest());
+  ASSERT_TRUE(session.ok()) << session.status();
+  v1::SamplingParams sampling;
+  sampling.set_max_tokens(120);
+  sampling.set_temperature(0.8f);
+  sampling.set_seed(11);
+  const char* lines[] = {"Tom went to the park.", "What did he see?", "Lily came too.",
+                         "Then what happened?"};
+  const int context = 512;
+  // budget + window + one prefill chunk (+ the token fed), in blocks (as above).
+  const int64_t block_bytes = 4 * 8 * 2 * 2 * 16;
+  const int64_t bound = int64_t{(128 + 32 + 64 + 1 + 15) / 16} * 5 * block_bytes;
+  int64_t tokens = 0;
+  int turn = 0;
+  for (; tokens < 10 * context; ++turn) {
+    auto done = client->Converse(session->session_id(), lines[turn % 4], sampling,
+                                 [](const std::string&) {});
+    ASSERT_TRUE(done.ok()) << "turn " << turn << ": " << done.status();
+    tokens = done->usage().prompt_tokens() + done->usage().generated_tokens();
+  }
+  // The next reply: its worker is killed once the first tokens arrive.
+  int killed = -1;
+  auto done =
+      client->Converse(session->session_id(), "And then?", sampling, [&](const std::string&) {
+        if (killed >= 0) return;
+        for (int i = 0; i < 2 && killed < 0; ++i) {
+          if (Load(ports[i]).active_turns() > 0) killed = i;
+        }
+        if (killed >= 0) workers[killed].Kill();
+      });
+  ASSERT_GE(killed, 0) << "no worker was seen running the turn";
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->failovers(), 1);
+  EXPECT_TRUE(done->rebuilt()) << "the survivor rebuilt the session from the transcript";
+  std::printf(
+      "endless failover: a %lld-token conversation (%.1fx the context) rebuilt on the "
+      "surviving worker with peak KV %lld bytes (bound %lld), held %lld after\n",
+      static_cast<long long>(tokens), static_cast<double>(tokens) / context,
+      static_cast<long long>(done->peak_kv_bytes()), static_cast<long long>(bound),
+      static_cast<long long>(done->kv_bytes()));
+  EXPECT_GT(done->peak_kv_bytes(), 0);
+  EXPECT_LE(done->peak_kv_bytes(), bound) << "the rebuild stayed within the session's bound";
+  // The conversation goes on, on the survivor, within the bound.
+  for (int more = 0; more < 5; ++more) {
+    auto next = client->Converse(session->session_id(), lines[more % 4], sampling,
+                                 [](const std::string&) {});
+    ASSERT_TRUE(next.ok()) << next.status();
+    EXPECT_LE(next->kv_bytes(), bound);
+    EXPECT_EQ(next->worker(), "127.0.0.1:" + std::to_string(ports[1 - killed]));
+  }
 }
 
 }  // namespace

@@ -27,6 +27,7 @@ void ToProto(const serving::TurnSummary& s, v1::TurnDone* done) {
   done->mutable_usage()->set_generated_tokens(s.generated_tokens);
   done->set_kv_bytes(s.kv_bytes);
   done->set_peak_kv_bytes(s.peak_kv_bytes);
+  done->set_held_tokens(s.held_tokens);
   done->set_evictions(s.evictions);
   done->set_evicted_tokens(s.evicted_tokens);
   done->set_rebuilt(s.rebuilt);

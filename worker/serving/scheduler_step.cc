@@ -345,6 +345,7 @@ void Scheduler::FinishTurn(Turn& t, absl::Status status) {
     sum.cached_tokens = t.cached_tokens;
     sum.generated_tokens = static_cast<int>(t.generated.size());
     sum.kv_bytes = s->bytes_held();
+    if (s->cache() != nullptr) sum.held_tokens = s->cache()->max_length();
     sum.peak_kv_bytes = t.peak_kv_bytes;
     if (!s->evictors.empty()) {
       sum.evictions = TotalEvictions(*s) - t.evictions_at_start;

@@ -35,6 +35,7 @@ struct TurnSummary {
   int cached_tokens = 0;  // reused from the resident cache
   int generated_tokens = 0;
   int64_t kv_bytes = 0;  // held after the turn
+  int64_t held_tokens = 0;  // slots of the largest (layer, KV head) cache after the turn
   int64_t peak_kv_bytes = 0;
   int64_t evictions = 0;
   int64_t evicted_tokens = 0;
