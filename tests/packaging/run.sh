@@ -40,7 +40,7 @@ echo "cmake --install $build --prefix $prefix"
 run "$work/install.log" "$cmake" --install "$build" --prefix "$prefix" ||
   fail "cmake --install (are recall, recall-worker, recall-coordinator and the SDK built?)"
 for f in bin/recall bin/recall-worker bin/recall-coordinator \
-  include/recall/client/client.h include/recall/v1/chat.pb.h include/recall/v1/chat.grpc.pb.h \
+  lib/librecall_sentencepiece.so include/recall/client/client.h include/recall/v1/chat.pb.h include/recall/v1/chat.grpc.pb.h \
   include/recall/v1/worker.pb.h "$libdir/librecall_client.a" "$libdir/librecall_proto.a" \
   "$libdir/cmake/Recall/RecallConfig.cmake" "$libdir/cmake/Recall/RecallConfigVersion.cmake" \
   "$libdir/cmake/Recall/RecallTargets.cmake" "$libdir/pkgconfig/recall.pc"; do
