@@ -2,6 +2,9 @@
 // per line), streams each reply to stdout, keeps the conversation in one session.
 //
 //   ./build/client/recall_chat_example 127.0.0.1:50050 [api-key] < questions.txt
+//
+// client/client.h quotes its core lines; tests/packaging builds this file against an installed
+// SDK (find_package(Recall) and pkg-config, docs/usage.md) and runs it with no server.
 #include <iostream>
 #include <string>
 

@@ -1,8 +1,15 @@
 // The C++ client SDK for the Recall coordinator (proto/recall/v1/chat.proto).
 //
-//   auto client = recall::Client::Connect({.address = "127.0.0.1:50050", .api_key = key});
-//   auto session = client->StartSession({});          // a recall::Session
-//   session->Send("Hello!", [](const std::string& text) { std::cout << text; });
+// The example is client/chat_example.cc (built with the project, and against an installed SDK
+// by tests/packaging); its core, as written there:
+//
+//   recall::ClientOptions options;
+//   auto client = recall::Client::Connect(options);
+//   recall::v1::CreateSessionRequest create;
+//   auto session = client->StartSession(create);
+//   if (!session.ok()) { ... session.status() ... }
+//   auto done =
+//       (*session)->Send(line, [](const std::string& text) { std::cout << text << std::flush; });
 //
 // Idempotent calls (GetSession, ListSessions, ListModels, DeleteSession) are retried with
 // exponential backoff on UNAVAILABLE; Converse is not (the coordinator already fails a turn
