@@ -115,8 +115,15 @@ def main():
         else:
             serve_log.seek(0)
             fail("recall serve did not restart its worker", serve_log.read())
-        turn = subprocess.run([RECALL, "chat", "--server", server, "-n", "8"],
-                              input="Lily went\n", capture_output=True, text=True, timeout=120)
+        # (The coordinator may still count the worker down for a heartbeat or two: a turn
+        # then fails UNAVAILABLE, retryable; retry for a while, as a client would.)
+        for _ in range(40):
+            turn = subprocess.run([RECALL, "chat", "--server", server, "-n", "8"],
+                                  input="Lily went\n", capture_output=True, text=True,
+                                  timeout=120)
+            if turn.returncode == 0 and "assistant:" in turn.stdout:
+                break
+            time.sleep(0.25)
         if turn.returncode != 0 or "assistant:" not in turn.stdout:
             serve_log.seek(0)
             fail("no turn after the restart: " + turn.stdout + turn.stderr, serve_log.read())
