@@ -163,7 +163,18 @@ class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::Conve
   // was sent of it, interrupted (or failed when nothing); then end the call (the running mark
   // is cleared before the client can see the end).
   void Complete(absl::StatusOr<TurnResult> outcome) {
-    const absl::Status stored = service_.conversations_.Finish(*turn_, outcome, journal_->sent());
+    // A client that left before the reply's end reached it did not get the whole reply (the
+    // worker may have finished first): the turn is interrupted, with what was sent.
+    bool client_left;
+    {
+      absl::MutexLock lock(&mu_);
+      client_left = broken_;
+    }
+    const absl::StatusOr<TurnResult> as_stored =
+        outcome.ok() && client_left
+            ? absl::StatusOr<TurnResult>(absl::CancelledError("the client left before the end"))
+            : outcome;
+    const absl::Status stored = service_.conversations_.Finish(*turn_, as_stored, journal_->sent());
     if (!outcome.ok()) {
       End(ToGrpc(outcome.status()));
     } else if (!stored.ok()) {

@@ -402,7 +402,14 @@ absl::Status HttpApi::Conclude(Reply& reply, bool cancel) {
   const absl::StatusOr<TurnResult>& outcome = reply.turn->outcome();
   absl::Status st = outcome.status();
   if (reply.open.has_value()) {
-    const absl::Status stored = conversations_.Finish(*reply.open, outcome, reply.turn->sent());
+    // A client that left (cancel) before the end did not get the whole reply, even when the
+    // worker finished first: the turn is interrupted, with what was sent.
+    const absl::StatusOr<TurnResult> as_stored =
+        outcome.ok() && cancel
+            ? absl::StatusOr<TurnResult>(absl::CancelledError("the client left before the end"))
+            : outcome;
+    const absl::Status stored = conversations_.Finish(*reply.open, as_stored, reply.turn->sent());
+    st = as_stored.status();
     if (st.ok()) st = stored;
     if (st.ok()) {
       std::vector<StoredMessage> transcript = reply.messages;
