@@ -13,6 +13,8 @@ PACKAGES=(
   libcpp-httplib-dev libssl-dev curl
   # recall chat's line editing and history
   libedit-dev
+  # the Python gRPC client test (tests/integration/python_grpc)
+  python3-grpcio python3-protobuf
   gnuplot-nox
   # the loader fuzzers (fuzz/, tests/fuzz): clang with libFuzzer and the sanitizer runtimes
   clang libclang-rt-14-dev
