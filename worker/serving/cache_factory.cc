@@ -1,6 +1,7 @@
 #include "worker/serving/cache_factory.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "cache/eviction/eviction_policy.h"
@@ -129,11 +130,12 @@ absl::StatusOr<SessionCacheSpec> CacheFactory::Make(const CacheDefaults& d, uint
   o.policy.alpha = static_cast<float>(d.alpha);
   o.policy.value_protection = static_cast<float>(d.value_protection);
   o.budget = layers_;
-  if (d.budget_fraction.has_value()) {
-    if (episodic) {
-      return Invalid(prefix + "budget_fraction",
-                     "episodic needs budget_tokens (its episodes are built to it)");
-    }
+  if (d.budget_fraction.has_value() && episodic) {
+    // Episodes are built to a budget in tokens: the fraction of the context length (what a
+    // fraction means for every policy once a session passes the context).
+    o.budget.budget =
+        std::max(1.0, std::round(*d.budget_fraction * static_cast<double>(config_.max_seq_len)));
+  } else if (d.budget_fraction.has_value()) {
     o.budget.unit = cache::eviction::BudgetOptions::Unit::kFraction;
     o.budget.budget = *d.budget_fraction;
   } else {

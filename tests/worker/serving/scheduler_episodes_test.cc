@@ -150,10 +150,10 @@ TEST_F(SchedulerEpisodesTest, BadEpisodicSettingsAreRefusedByName) {
   c = Cache();
   c.budget_tokens.reset();
   c.budget_fraction = 0.5;
+  // A fraction is of the context length, in tokens (episodes are built to a token budget).
   Collected f = Run("hi", 0, c);
-  EXPECT_EQ(f.status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(f.status.message(),
-            "cache.budget_fraction: episodic needs budget_tokens (its episodes are built to it)");
+  EXPECT_TRUE(f.status.ok()) << f.status;
+  EXPECT_GT(f.summary.generated_tokens, 0);
 }
 
 }  // namespace
