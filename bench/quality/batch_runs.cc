@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "worker/serving/cache_factory.h"
 
 namespace recall::bench {
 
@@ -36,15 +38,23 @@ absl::StatusOr<std::vector<Run>> MakeRuns(runtime::ForwardPass& forward, cache::
     runs[i].seq = std::make_unique<SequenceCache>(&pool);
     if (i == 0) continue;
     const RunSpec& c = specs[i - 1];
-    cache::eviction::SessionEvictorOptions eo;
-    eo.policy.name = c.policy;
-    eo.policy.window = knobs.window;
-    eo.policy.alpha = knobs.alpha;
-    eo.policy.sinks = knobs.sinks;
-    eo.budget.unit = cache::eviction::BudgetOptions::Unit::kTokens;
-    eo.budget.budget = c.budget_tokens;
+    // The evictor a worker would make for these settings (serving::CacheFactory, the one
+    // place settings become evictor options), so the benchmark measures what users run.
+    serving::CacheDefaults defaults;
+    defaults.policy = c.policy;
+    defaults.budget_tokens = c.budget_tokens;
+    defaults.window = knobs.window;
+    defaults.alpha = knobs.alpha;
+    RECALL_ASSIGN_OR_RETURN(const serving::CacheFactory factory,
+                            serving::CacheFactory::Create(defaults, mc, mc.n_kv_heads, 1));
+    RECALL_ASSIGN_OR_RETURN(const serving::SessionCacheSpec spec,
+                            factory.Resolve(serving::CacheRequest(), session));
+    if (!spec.evictor.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat("policy ", c.policy, " does not evict"));
+    }
+    cache::eviction::SessionEvictorOptions eo = *spec.evictor;
+    eo.policy.sinks = knobs.sinks;  // a benchmark knob the serving settings do not expose
     eo.n_heads = mc.n_heads;
-    eo.session = session;
     RECALL_ASSIGN_OR_RETURN(runs[i].evictor, SessionEvictor::Create(eo, runs[i].seq.get()));
     runs[i].evictor->Reserve(mc.max_seq_len);
     if (runs[i].evictor->policy().needs_attention()) {
