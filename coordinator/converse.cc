@@ -29,13 +29,6 @@ v1::ConverseEvent DoneEvent(const TurnResult& r) {
   return event;
 }
 
-// Appends `from` to `into`: tokens that queued up behind a slow client go out as one event.
-void Merge(const v1::TokenEvent& from, v1::TokenEvent* into) {
-  into->mutable_token_ids()->Add(from.token_ids().begin(), from.token_ids().end());
-  into->mutable_logprobs()->Add(from.logprobs().begin(), from.logprobs().end());
-  into->mutable_text()->append(from.text());
-}
-
 }  // namespace
 
 // One Converse or Generate call.
@@ -97,7 +90,7 @@ class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::Conve
       absl::MutexLock lock(&mu_);
       if (broken_) return;
       if (!events_.empty() && events_.back().has_tokens()) {
-        Merge(tokens, events_.back().mutable_tokens());
+        MergeTokens(tokens, events_.back().mutable_tokens());
       } else {
         *events_.emplace_back().mutable_tokens() = tokens;
       }

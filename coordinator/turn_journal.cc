@@ -14,12 +14,6 @@ int64_t NowUnixMs() {
       .count();
 }
 
-void Merge(const v1::TokenEvent& from, v1::TokenEvent* into) {
-  into->mutable_token_ids()->Add(from.token_ids().begin(), from.token_ids().end());
-  into->mutable_logprobs()->Add(from.logprobs().begin(), from.logprobs().end());
-  into->mutable_text()->append(from.text());
-}
-
 }  // namespace
 
 TurnJournal::TurnJournal(SessionStore& store, WorkPool& pool, const OpenTurn& turn, TurnSink* edge)
@@ -42,7 +36,7 @@ void TurnJournal::OnTokens(const v1::TokenEvent& tokens) {
   absl::MutexLock lock(&mu_);
   if (failed_) return;
   if (pending_.has_value()) {
-    Merge(tokens, &*pending_);
+    MergeTokens(tokens, &*pending_);
   } else {
     pending_ = tokens;
   }

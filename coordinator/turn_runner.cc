@@ -278,6 +278,12 @@ void TurnRunner::FailNoWorker() {
       absl::StrCat("no worker could take the turn (", last_error_, "); retryable")));
 }
 
+void MergeTokens(const v1::TokenEvent& from, v1::TokenEvent* into) {
+  into->mutable_token_ids()->Add(from.token_ids().begin(), from.token_ids().end());
+  into->mutable_logprobs()->Add(from.logprobs().begin(), from.logprobs().end());
+  into->mutable_text()->append(from.text());
+}
+
 void TurnRunner::Succeed() {
   result_.seconds = since_start_.ElapsedSeconds();
   std::shared_ptr<v1::Worker::Stub> stub =

@@ -88,6 +88,9 @@ struct TurnResult {
   double seconds = 0;              // from Start to the end
 };
 
+// Appends `from`'s tokens, logprobs and text to `into` (tokens that queued up go on as one event).
+void MergeTokens(const v1::TokenEvent& from, v1::TokenEvent* into);
+
 // Where a TurnRunner reports. See the threading notes above.
 class TurnSink {
  public:
