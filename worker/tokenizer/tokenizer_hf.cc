@@ -81,7 +81,11 @@ absl::Status PrefixIds(const json& p, std::vector<int32_t>* prefix) {
     if (item.contains("Sequence")) break;
     const std::string name = item.at("SpecialToken").at("id").get<std::string>();
     const json& special = p.at("special_tokens").at(name);
-    for (const json& id : special.at("ids")) prefix->push_back(id.get<int32_t>());
+    for (const json& id : special.at("ids")) {
+      RECALL_ASSIGN_OR_RETURN(const int32_t v,
+                              hf::TokenIdFromJson(id, "post_processor.special_tokens id"));
+      prefix->push_back(v);
+    }
   }
   return absl::OkStatus();
 }
@@ -95,8 +99,10 @@ int32_t SiblingEosId(const std::string& tokenizer_path, const Tokenizer& tokeniz
     const json config = json::parse(*text, nullptr, /*allow_exceptions=*/false);
     if (!config.is_object() || !config.contains("eos_token_id")) continue;
     const json& eos = config["eos_token_id"];
-    if (eos.is_number_integer()) return eos.get<int32_t>();
-    if (eos.is_array() && !eos.empty() && eos[0].is_number_integer()) return eos[0].get<int32_t>();
+    const json& first = eos.is_array() && !eos.empty() ? eos[0] : eos;
+    if (absl::StatusOr<int32_t> id = hf::TokenIdFromJson(first, "eos_token_id"); id.ok()) {
+      return *id;
+    }
   }
   absl::StatusOr<std::string> text =
       internal::ReadFileBytes((dir / "tokenizer_config.json").string());
@@ -212,7 +218,7 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(const json& r
   const json added = root.value("added_tokens", json::array());
   for (const json& a : added) {
     hf::AddedToken t;
-    t.id = a.at("id").get<int32_t>();
+    RECALL_ASSIGN_OR_RETURN(t.id, hf::TokenIdFromJson(a.at("id"), "added_tokens id"));
     t.content = a.at("content").get<std::string>();
     t.special = a.value("special", false);
     t.single_word = a.value("single_word", false);

@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "common/utf8.h"
 #include "nlohmann/json.hpp"
 
@@ -53,6 +54,19 @@ std::string ByteLevelDecodeToken(std::string_view token) {
   return std::string(token);
 }
 
+absl::StatusOr<int32_t> TokenIdFromJson(const nlohmann::json& j, absl::string_view what) {
+  if (!j.is_number_integer()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " is not an integer"));
+  }
+  const bool fits = j.is_number_unsigned()
+                        ? j.get<uint64_t>() <= uint64_t{INT32_MAX}
+                        : j.get<int64_t>() >= 0 && j.get<int64_t>() <= int64_t{INT32_MAX};
+  if (!fits) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " is ", j.dump(), ", not in [0, 2^31)"));
+  }
+  return static_cast<int32_t>(j.get<int64_t>());
+}
+
 absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const nlohmann::json& model) {
   auto model_ptr = std::unique_ptr<BpeModel>(new BpeModel());
   BpeModel& m = *model_ptr;
@@ -78,10 +92,8 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const nlohmann::jso
   m.byte_id_.fill(-1);
   std::string bytes;
   for (const auto& [token, id_json] : vocab.items()) {
-    const int32_t id = id_json.get<int32_t>();
-    if (id < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("model.vocab: negative id for ", token));
-    }
+    RECALL_ASSIGN_OR_RETURN(
+        const int32_t id, TokenIdFromJson(id_json, absl::StrCat("model.vocab: the id of ", token)));
     m.vocab_.emplace(token, id);
     if (ByteLevelToBytes(token, &bytes)) {
       if (bytes.size() == 1) m.byte_id_[static_cast<uint8_t>(bytes[0])] = id;

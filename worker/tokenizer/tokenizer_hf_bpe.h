@@ -18,10 +18,15 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "nlohmann/json_fwd.hpp"
 
 namespace recall::model::hf {
+
+// A token id from JSON: an integer in [0, 2^31); InvalidArgument naming `what` otherwise (a
+// float or an out-of-range number is refused, never converted).
+absl::StatusOr<int32_t> TokenIdFromJson(const nlohmann::json& j, absl::string_view what);
 
 // GPT-2's byte -> code point mapping: printable Latin-1 bytes map to themselves, the others
 // to U+0100 upwards.

@@ -346,6 +346,19 @@ TEST_F(HfTokenizerErrorTest, IdsBeyondTheFileSizeAreRefusedBeforeAllocating) {
   s = LoadText("big_added_id.json", big_added_id.dump());
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("token id 100000000 is out of range"), std::string::npos) << s;
+  // Ids that are no int32 are refused, never converted (a fuzzer found 1.2e20 and 2^64 - 1
+  // converted with undefined behaviour).
+  for (const json& id : {json(1.18447e20), json(18446744073709551615ull), json(-1), json(1.5)}) {
+    json odd = minimal;
+    odd["model"]["vocab"]["ab"] = id;
+    s = LoadText("odd_id.json", odd.dump());
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << id.dump() << ": " << s;
+    EXPECT_NE(s.message().find("model.vocab: the id of ab"), std::string::npos) << s;
+    json odd_added = minimal;
+    odd_added["added_tokens"] = {{{"id", id}, {"content", "<x>"}, {"special", true}}};
+    s = LoadText("odd_added.json", odd_added.dump());
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << id.dump() << ": " << s;
+  }
   json empty = minimal;
   empty["model"]["vocab"] = json::object();
   empty["model"]["merges"] = json::array();
