@@ -312,7 +312,8 @@ absl::Status Chat(const ChatOptions& o) {
       std::cerr << "recall chat: unknown command " << line << " (/help lists them)\n";
       continue;
     }
-    if (session_id.empty()) RECALL_RETURN_IF_ERROR(new_session());
+    const bool first_turn = session_id.empty();
+    if (first_turn) RECALL_RETURN_IF_ERROR(new_session());
     // Piped: a transcript. "assistant:" comes with the reply's first text (or its end), so a
     // turn the server refuses shows no empty reply before the error.
     if (!tty) std::cout << "user: " << line << "\n" << std::flush;
@@ -330,6 +331,13 @@ absl::Status Chat(const ChatOptions& o) {
     if (done.ok()) reply_starts();
     if (replied) std::cout << "\n" << std::flush;
     if (!done.ok()) {
+      // A first message the server refused leaves no session behind (as a chat left without
+      // one); a turn cut short is kept in its session.
+      if (first_turn && done.status().code() == absl::StatusCode::kInvalidArgument) {
+        client->DeleteSession(session_id).IgnoreError();
+        std::cerr << "[session " << session_id << " removed: its first message was refused]\n";
+        session_id.clear();
+      }
       if (!tty) return done.status();  // reported once, by the caller, with the exit code
       if (done.status().code() != absl::StatusCode::kCancelled) {
         std::cerr << "recall chat: " << done.status().message() << "\n";
