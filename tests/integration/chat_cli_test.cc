@@ -89,6 +89,12 @@ TEST(ChatCliTest, CommandsStayLocalAndAChatWithoutMessagesLeavesNoSession) {
   EXPECT_EQ(empty.out.find("user:"), std::string::npos) << "no command reached the model";
   EXPECT_EQ(RunSessions(dir, address, "ls"), "") << "no session left behind";
 
+  // A first message the server refuses leaves no session either.
+  ChatRun refused = RunChat(dir, address, "bad \xff utf-8\n");
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.err.find("message: is not valid UTF-8"), std::string::npos) << refused.err;
+  EXPECT_EQ(RunSessions(dir, address, "ls"), "") << "the refused first message left a session";
+
   ChatRun one = RunChat(dir, address, "Once upon a time\n/exit\nnot sent\n");
   EXPECT_EQ(one.exit_code, 0) << one.err;
   EXPECT_EQ(one.out.find("not sent"), std::string::npos) << one.out;
