@@ -15,6 +15,14 @@ class Clock {
   double NowSeconds() const { return static_cast<double>(NowNanos()) * 1e-9; }
 };
 
+// Wall-clock milliseconds since the Unix epoch (for timestamps that outlive the process:
+// stored records, leases shared between processes), not for measuring durations.
+inline int64_t UnixMillis() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 class RealClock final : public Clock {
  public:
   int64_t NowNanos() const override {

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <mutex>
 #include <random>
 
@@ -21,12 +20,6 @@ std::string NewSessionId() {
   static std::mt19937_64 rng(std::random_device{}());
   std::lock_guard<std::mutex> lock(mu);
   return absl::StrCat("s-", absl::Hex(rng(), absl::kZeroPad16), absl::Hex(rng(), absl::kZeroPad16));
-}
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
 }
 
 v1::ChatMessage ToProto(const StoredMessage& m) {
@@ -113,7 +106,7 @@ absl::StatusOr<SessionRecord> Conversations::Create(
   r.tenant = tenant;
   cache.SerializeToString(&r.cache_settings);
   r.metadata = metadata;
-  r.created_unix_ms = NowMs();
+  r.created_unix_ms = UnixMillis();
   RECALL_RETURN_IF_ERROR(store_.Create(r));
   if (!system_prompt.empty()) {
     RECALL_RETURN_IF_ERROR(store_.Append(tenant, r.id, 0, {"system", system_prompt}));
@@ -158,7 +151,7 @@ absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
     StoredMessage& reply = write.emplace_back();
     reply.role = "assistant";
     reply.state = TurnState::kInProgress;
-    reply.lease_unix_ms = NowMs() + TurnJournal::kLeaseMs;
+    reply.lease_unix_ms = UnixMillis() + TurnJournal::kLeaseMs;
     RECALL_RETURN_IF_ERROR(store_.AppendAll(tenant, session_id, m.keep, write));
     turn.model = rec.model;
     turn.index = m.keep;

@@ -9,12 +9,12 @@
 // One connection guarded by a mutex, reconnected after an I/O error.
 #include <hiredis/hiredis.h>
 
-#include <chrono>
 #include <cstdio>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/clock.h"
 #include "common/status.h"
 #include "coordinator/session_store.h"
 #include "nlohmann/json.hpp"
@@ -48,12 +48,6 @@ local n = redis.call('LLEN', KEYS[2])
 if tonumber(ARGV[2]) >= n then return -2 - n end
 redis.call('LSET', KEYS[2], tonumber(ARGV[2]), ARGV[3])
 return 1)lua";
-
-int64_t NowUnixMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 std::string ToJson(const StoredMessage& message) {
   nlohmann::json m = {{"role", message.role}, {"content", message.content}};
@@ -125,7 +119,7 @@ class RedisStore final : public SessionStore {
     absl::Status st = LoadHeader(tenant, id, &r);
     if (!st.ok()) return st;
     RECALL_ASSIGN_OR_RETURN(Reply rep, Command({"LRANGE", MessagesKey(id), "0", "-1"}));
-    const int64_t now = NowUnixMs();
+    const int64_t now = UnixMillis();
     for (size_t i = 0; i < rep->elements; ++i) {
       const nlohmann::json m = nlohmann::json::parse(
           std::string(rep->element[i]->str, rep->element[i]->len), nullptr, false);

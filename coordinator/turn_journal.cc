@@ -1,20 +1,11 @@
 #include "coordinator/turn_journal.h"
 
-#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 
 namespace recall::coordinator {
-namespace {
-
-int64_t NowUnixMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
 
 TurnJournal::TurnJournal(SessionStore& store, WorkPool& pool, const OpenTurn& turn, TurnSink* edge)
     : store_(store),
@@ -93,7 +84,7 @@ void TurnJournal::Flush() {
     next.token_ids.insert(next.token_ids.end(), tokens->token_ids().begin(),
                           tokens->token_ids().end());
     next.content += tokens->text();
-    next.lease_unix_ms = NowUnixMs() + kLeaseMs;
+    next.lease_unix_ms = UnixMillis() + kLeaseMs;
     const absl::Status st = store_.Replace(tenant_, session_id_, reply_index_, next);
     if (!st.ok()) {
       std::shared_ptr<TurnRunner> runner;

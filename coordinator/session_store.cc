@@ -1,0 +1,87 @@
+// The store-independent parts of session_store.h: turn states, the prompt's complete turns,
+// the reply encoding both stores use, and OpenStore.
+#include "coordinator/session_store.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace recall::coordinator {
+
+const char* TurnStateName(TurnState state) {
+  switch (state) {
+    case TurnState::kComplete:
+      return "complete";
+    case TurnState::kInProgress:
+      return "in_progress";
+    case TurnState::kInterrupted:
+      return "interrupted";
+    case TurnState::kFailed:
+      return "failed";
+  }
+  return "unknown";
+}
+
+std::vector<StoredMessage> CompleteTurns(const std::vector<StoredMessage>& messages, int count) {
+  std::vector<StoredMessage> out;
+  std::vector<StoredMessage> turn;  // the messages since the last reply
+  for (int i = 0; i < count && i < static_cast<int>(messages.size()); ++i) {
+    const StoredMessage& m = messages[i];
+    if (m.role == "system") {
+      out.push_back(m);
+    } else if (m.role != "assistant") {
+      turn.push_back(m);
+    } else {
+      if (m.state == TurnState::kComplete) {
+        out.insert(out.end(), turn.begin(), turn.end());
+        out.push_back(m);
+      }
+      turn.clear();
+    }
+  }
+  out.insert(out.end(), turn.begin(), turn.end());
+  return out;
+}
+
+std::string EncodeReply(const StoredMessage& m) {
+  if (m.token_ids.empty() && m.finish == 0) return "";
+  std::string out;
+  out.reserve(4 * (m.token_ids.size() + 1));
+  auto put = [&out](int32_t v) {
+    const uint32_t u = static_cast<uint32_t>(v);
+    for (int b = 0; b < 4; ++b) out.push_back(static_cast<char>((u >> (8 * b)) & 0xFF));
+  };
+  put(m.finish);
+  for (int32_t id : m.token_ids) put(id);
+  return out;
+}
+
+void DecodeReply(const std::string& bytes, StoredMessage* m) {
+  m->token_ids.clear();
+  m->finish = 0;
+  if (bytes.size() < 4 || bytes.size() % 4 != 0) return;  // none (or unreadable: as text)
+  auto get = [&bytes](size_t at) {
+    uint32_t u = 0;
+    for (int b = 0; b < 4; ++b)
+      u |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[at + b])) << (8 * b);
+    return static_cast<int32_t>(u);
+  };
+  m->finish = get(0);
+  for (size_t at = 4; at < bytes.size(); at += 4) m->token_ids.push_back(get(at));
+}
+
+absl::StatusOr<std::unique_ptr<SessionStore>> OpenStore(const std::string& url,
+                                                        bool allow_volatile) {
+  const std::string redis = "redis://", sqlite = "sqlite://";
+  if (url.rfind(redis, 0) == 0) {
+    const std::string rest = url.substr(redis.size());
+    const size_t colon = rest.rfind(':');
+    int port = 6379;
+    if (colon != std::string::npos && !absl::SimpleAtoi(rest.substr(colon + 1), &port)) {
+      return absl::InvalidArgumentError(absl::StrCat("--store: bad port in ", url));
+    }
+    return OpenRedisStore(rest.substr(0, colon), port, allow_volatile);
+  }
+  return OpenSqliteStore(url.rfind(sqlite, 0) == 0 ? url.substr(sqlite.size()) : url);
+}
+
+}  // namespace recall::coordinator
