@@ -71,6 +71,40 @@ class TurnRunner::Call final : public grpc::ClientReadReactor<v1::TurnEvent> {
   std::shared_ptr<Call> self_;
 };
 
+// The DropSession of a one-turn session, on a reactor for the same reason as Call: its
+// OnDone comes after gRPC let go of the call, so once it let go of its context and stub, no
+// reference to the channel is left on this gRPC thread when the runner reports the end. (The
+// std::function form of a unary call lets go of the call only after its callback returned,
+// i.e. after the report, when the caller may already have destroyed the channel.)
+class TurnRunner::DropCall final : public grpc::ClientUnaryReactor {
+ public:
+  DropCall(std::shared_ptr<TurnRunner> runner, std::shared_ptr<v1::Worker::Stub> stub)
+      : runner_(std::move(runner)), stub_(std::move(stub)) {}
+
+  void Start(std::shared_ptr<DropCall> self) {
+    self_ = std::move(self);
+    context_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    runner_->workers_.Attach(&context_);
+    request_.set_session_id(runner_->spec_.request.session_id());
+    stub_->async()->DropSession(&context_, &request_, &response_, this);
+    StartCall();
+  }
+
+  void OnDone(const grpc::Status&) override {
+    std::shared_ptr<TurnRunner> runner = runner_;
+    self_.reset();  // `this` is gone from here on
+    runner->sink_->OnTurnDone(std::move(runner->result_));
+  }
+
+ private:
+  const std::shared_ptr<TurnRunner> runner_;
+  const std::shared_ptr<v1::Worker::Stub> stub_;
+  grpc::ClientContext context_;
+  v1::DropSessionRequest request_;
+  v1::DropSessionResponse response_;
+  std::shared_ptr<DropCall> self_;
+};
+
 std::shared_ptr<TurnRunner> TurnRunner::Create(WorkerRegistry& workers, metrics::Registry& metrics,
                                                TurnRunnerOptions options, TurnSpec spec,
                                                TurnSink* sink) {
@@ -294,25 +328,8 @@ void TurnRunner::Succeed() {
   }
   // The session was one turn long: free its cache, then report (best effort: the cache is
   // derived state and would age out anyway).
-  struct Drop {
-    grpc::ClientContext context;
-    v1::DropSessionRequest request;
-    v1::DropSessionResponse response;
-  };
-  auto drop = std::make_shared<Drop>();
-  drop->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  workers_.Attach(&drop->context);
-  drop->request.set_session_id(spec_.request.session_id());
-  // The callback owns the stub and the call, and lets both go before reporting.
-  v1::Worker::Stub* const to = stub.get();
-  Drop* const call = drop.get();
-  to->async()->DropSession(&call->context, &call->request, &call->response,
-                           [self = shared_from_this(), drop = std::move(drop),
-                            stub = std::move(stub)](const grpc::Status&) mutable {
-                             drop.reset();
-                             stub.reset();
-                             self->sink_->OnTurnDone(std::move(self->result_));
-                           });
+  auto drop = std::make_shared<DropCall>(shared_from_this(), std::move(stub));
+  drop->Start(drop);
 }
 
 void TurnRunner::Fail(absl::Status status) { sink_->OnTurnError(std::move(status)); }

@@ -118,6 +118,7 @@ class TurnRunner : public std::enable_shared_from_this<TurnRunner> {
 
  private:
   class Call;  // one RunTurn attempt
+  class DropCall;  // the DropSession of a one-turn session
 
   TurnRunner(WorkerRegistry& workers, metrics::Registry& metrics, TurnRunnerOptions options,
              TurnSpec spec, TurnSink* sink);
