@@ -41,7 +41,11 @@ absl::StatusOr<std::vector<Run>> MakeRuns(runtime::ForwardPass& forward, cache::
     // The evictor a worker would make for these settings (serving::CacheFactory, the one
     // place settings become evictor options), so the benchmark measures what users run.
     serving::CacheDefaults defaults;
-    defaults.policy = c.policy;
+    // A worker makes no evictor for "full"; the benchmark's FullKV rows still need one that
+    // never evicts (for the same accounting of memory and counted positions), so it takes
+    // the options resolved for another policy with the name swapped.
+    const bool full = c.policy == "full";
+    defaults.policy = full ? "streaming" : c.policy;
     defaults.budget_tokens = c.budget_tokens;
     defaults.window = knobs.window;
     defaults.alpha = knobs.alpha;
@@ -53,6 +57,7 @@ absl::StatusOr<std::vector<Run>> MakeRuns(runtime::ForwardPass& forward, cache::
       return absl::InvalidArgumentError(absl::StrCat("policy ", c.policy, " does not evict"));
     }
     cache::eviction::SessionEvictorOptions eo = *spec.evictor;
+    if (full) eo.policy.name = "full";
     eo.policy.sinks = knobs.sinks;  // a benchmark knob the serving settings do not expose
     eo.n_heads = mc.n_heads;
     RECALL_ASSIGN_OR_RETURN(runs[i].evictor, SessionEvictor::Create(eo, runs[i].seq.get()));

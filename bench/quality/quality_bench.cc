@@ -13,8 +13,11 @@
 // usage: recall_quality_bench [--model PATH] [--tokenizer PATH] [--texts N]
 //   [--policies full,streaming,h2o,tova,lazy] [--budgets 0.2,0.3,0.5,0.7] [--window W]
 //   [--alpha A] [--sinks S] [--prefix N] [--greedy-prefix N] [--probe-early N]
-//   [--probe-late N] [--seed S] [--threads N] [--kv-dtypes f32,bf16,int8]
-//   [--out-json PATH] [--out-png PATH]
+//   [--probe-late N] [--seed S] [--heldout-seed S2] [--peaks 0.15,0.2,0.3]
+//   [--threads N] [--kv-dtypes f32,bf16,int8] [--out-json PATH] [--out-png PATH]
+// Besides the per-budget table it prints every policy at equal PEAK memory (equal_peak.h) on
+// the texts of --seed and, beside them, on a held-out set sampled with --heldout-seed (0: no
+// held-out set).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -26,11 +29,13 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "bench/quality/equal_peak.h"
 #include "bench/quality/eval_set.h"
 #include "bench/quality/quality_eval.h"
 #include "bench/quality/report.h"
 #include "cache/block_pool.h"
 #include "common/clock.h"
+#include "common/status.h"
 #include "kernels/backend.h"
 #include "worker/model/loader.h"
 #include "worker/runtime/forward.h"
@@ -44,7 +49,8 @@ struct Flags {
   std::string tokenizer = std::string(RECALL_SHARED_DIR_DEFAULT) + "/models/stories260K/tok512.bin";
   int texts = 16;
   std::vector<std::string> policies = {"full", "streaming", "h2o", "tova", "lazy"};
-  std::vector<double> budgets = {0.2, 0.3, 0.5, 0.7};
+  std::vector<double> budgets = {0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7};
+  std::vector<double> peaks = {0.15, 0.2, 0.3, 0.4, 0.5};
   int window = 16;
   double alpha = 1e-4;
   int sinks = 4;
@@ -53,6 +59,7 @@ struct Flags {
   int probe_early = 100;
   int probe_late = 350;
   uint64_t seed = 1;
+  uint64_t heldout_seed = 2;
   int threads = 0;
   std::vector<std::string> kv_dtypes = {"f32"};
   std::string out_json = "quality_stories260K.json";
@@ -83,7 +90,15 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
         ok = ok && absl::SimpleAtod(b, &x) && x > 0 && x <= 1;
         f->budgets.push_back(x);
       }
-    } else if (name == "--window") ok = ParseInt(v, &f->window);
+    } else if (name == "--peaks") {
+      f->peaks.clear();
+      for (absl::string_view b : absl::StrSplit(v, ',', absl::SkipEmpty())) {
+        double x = 0;
+        ok = ok && absl::SimpleAtod(b, &x) && x > 0 && x <= 1;
+        f->peaks.push_back(x);
+      }
+    } else if (name == "--window")
+      ok = ParseInt(v, &f->window);
     else if (name == "--alpha") ok = absl::SimpleAtod(v, &f->alpha);
     else if (name == "--sinks") ok = ParseInt(v, &f->sinks);
     else if (name == "--prefix") ok = ParseInt(v, &f->prefix);
@@ -91,6 +106,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     else if (name == "--probe-early") ok = ParseInt(v, &f->probe_early);
     else if (name == "--probe-late") ok = ParseInt(v, &f->probe_late);
     else if (name == "--seed") ok = absl::SimpleAtoi(v, &f->seed);
+    else if (name == "--heldout-seed")
+      ok = absl::SimpleAtoi(v, &f->heldout_seed);
     else if (name == "--threads") ok = ParseInt(v, &f->threads);
     else if (name == "--kv-dtypes") {
       f->kv_dtypes = absl::StrSplit(v, ',', absl::SkipEmpty());
@@ -104,9 +121,10 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     }
     return ok;
   };
-  if (!ParseFlagPairs(argc, argv, flag,
-                      "budgets are fractions in (0, 1]; --kv-dtypes lists f32 (first), bf16, f16, "
-                      "int8")) {
+  if (!ParseFlagPairs(
+          argc, argv, flag,
+          "budgets and peaks are fractions in (0, 1]; --kv-dtypes lists f32 (first), bf16, f16, "
+          "int8")) {
     return false;
   }
   if (f->policies.empty() || f->budgets.empty()) {
@@ -163,47 +181,67 @@ int Main(int argc, char** argv) {
   qo.sinks = f.sinks;
   qo.prefix = f.prefix;
   qo.greedy_prefix = f.greedy_prefix;
-  // Per KV type, every configuration; the fp32 pass records the FullKV reference of each
-  // text that the other types are judged against.
-  std::vector<std::vector<QualityStats>> stats_by_type(f.kv_dtypes.size(),
-                                                       std::vector<QualityStats>(configs.size()));
-  std::vector<FullReference> references(texts->size());
-  watch.Reset();
-  for (size_t k = 0; k < f.kv_dtypes.size(); ++k) {
-    const kernels::KvDType type = *ParseKvDType(f.kv_dtypes[k]);
-    std::unique_ptr<cache::BlockPool> typed;
-    cache::BlockPool* use = pool->get();
-    if (type != kernels::KvDType::kF32) {
-      kernels::PagedKvLayout tl = layout;
-      tl.dtype = type;
-      auto p = cache::BlockPool::Create(tl, pool_blocks);
-      if (!p.ok()) return Fail(p.status());
-      typed = std::move(*p);
-      use = typed.get();
+  // Every configuration on every text of `set`, on a pool of each of `types` (the first f32:
+  // its pass records the FullKV reference of each text that the other types are judged
+  // against).
+  const auto evaluate = [&](const std::vector<EvalText>& set,
+                            const std::vector<RecallProbe>& set_probes,
+                            const std::vector<std::string>& types,
+                            std::vector<std::vector<QualityStats>>* out) -> absl::Status {
+    out->assign(types.size(), std::vector<QualityStats>(configs.size()));
+    std::vector<FullReference> references(set.size());
+    for (size_t k = 0; k < types.size(); ++k) {
+      const kernels::KvDType type = *ParseKvDType(types[k]);
+      std::unique_ptr<cache::BlockPool> typed;
+      cache::BlockPool* use = pool->get();
+      if (type != kernels::KvDType::kF32) {
+        kernels::PagedKvLayout tl = layout;
+        tl.dtype = type;
+        RECALL_ASSIGN_OR_RETURN(typed, cache::BlockPool::Create(tl, pool_blocks));
+        use = typed.get();
+      }
+      for (size_t t = 0; t < set.size(); ++t) {
+        std::vector<RecallProbe> mine;
+        for (const RecallProbe& p : set_probes) {
+          if (p.text == static_cast<int>(t)) mine.push_back(p);
+        }
+        QualityEvalOptions to = qo;
+        if (k == 0) {
+          to.record = &references[t];
+        } else {
+          to.reference = &references[t];
+        }
+        RECALL_RETURN_IF_ERROR(EvaluateText(forward, *use, set[t], mine, configs, to, &(*out)[k]));
+      }
     }
-    for (size_t t = 0; t < texts->size(); ++t) {
-      std::vector<RecallProbe> mine;
-      for (const RecallProbe& p : probes) {
-        if (p.text == static_cast<int>(t)) mine.push_back(p);
-      }
-      QualityEvalOptions to = qo;
-      if (k == 0) {
-        to.record = &references[t];
-      } else {
-        to.reference = &references[t];
-      }
-      absl::Status s =
-          EvaluateText(forward, *use, (*texts)[t], mine, configs, to, &stats_by_type[k]);
-      if (!s.ok()) return Fail(s);
+    return absl::OkStatus();
+  };
+  std::vector<std::vector<QualityStats>> stats_by_type;
+  watch.Reset();
+  if (absl::Status s = evaluate(*texts, probes, f.kv_dtypes, &stats_by_type); !s.ok()) {
+    return Fail(s);
+  }
+  // The held-out text set: fp32 KV only, for the equal-peak comparison.
+  std::vector<std::vector<QualityStats>> heldout;
+  if (f.heldout_seed != 0) {
+    EvalSetOptions ho = eo;
+    ho.seed = f.heldout_seed;
+    auto held_texts = SampleEvalSet(forward, **pool, **tokenizer, ho);
+    if (!held_texts.ok()) return Fail(held_texts.status());
+    const std::vector<RecallProbe> held_probes =
+        FindRecallProbes(**tokenizer, *held_texts, f.probe_early, f.probe_late);
+    if (absl::Status s = evaluate(*held_texts, held_probes, {"f32"}, &heldout); !s.ok()) {
+      return Fail(s);
     }
   }
   const std::vector<QualityStats>& stats = stats_by_type[0];
   const double eval_seconds = watch.ElapsedSeconds();
   std::printf(
-      "evaluated %zu configurations x %zu KV types in %.1f s (W=%d, alpha=%g, sinks=%d, "
+      "evaluated %zu configurations x %zu KV types%s in %.1f s (W=%d, alpha=%g, sinks=%d, "
       "prefix=%d, greedy prefix=%d)\n\n",
-      configs.size(), f.kv_dtypes.size(), eval_seconds, f.window, f.alpha, f.sinks, f.prefix,
-      f.greedy_prefix);
+      configs.size(), f.kv_dtypes.size(),
+      f.heldout_seed != 0 ? " (and fp32 on the held-out texts)" : "", eval_seconds, f.window,
+      f.alpha, f.sinks, f.prefix, f.greedy_prefix);
   for (size_t k = 0; k < f.kv_dtypes.size(); ++k) {
     if (f.kv_dtypes.size() > 1) {
       std::printf("KV type %s%s:\n", f.kv_dtypes[k].c_str(),
@@ -212,11 +250,20 @@ int Main(int argc, char** argv) {
     PrintTable(configs, stats_by_type[k]);
     if (f.kv_dtypes.size() > 1) std::printf("\n");
   }
-  std::printf("\nKL: mean KL(full || evicted) in nats and top1: top-1 agreement, both over "
-              "the npos positions after each run's first eviction; ppl/ppl_f: perplexity of "
-              "the text there, evicted/full; greedy: tokens until the first divergence from "
-              "FullKV greedy / cap; recall/rec_f: mean probability of a late repeated name, "
-              "evicted/full; peak/final: KV bytes held vs the full cache.\n");
+  std::printf(
+      "\nKL: mean KL(full || evicted) in nats and top1: top-1 agreement, both over "
+      "the npos positions after each run's first eviction; ppl/ppl_f: perplexity of "
+      "the text there, evicted/full; greedy: tokens until the first divergence from "
+      "FullKV greedy / cap; recall/rec_f: mean probability of a late repeated name, "
+      "evicted/full; peak/final: KV bytes held vs the full cache.\n\n");
+  const std::vector<EqualPeakRow> equal = EqualPeak(configs, stats, f.peaks);
+  PrintEqualPeak(absl::StrCat("texts of seed ", f.seed), equal, f.peaks);
+  std::vector<EqualPeakRow> equal_heldout;
+  if (!heldout.empty()) {
+    equal_heldout = EqualPeak(configs, heldout[0], f.peaks);
+    std::printf("\n");
+    PrintEqualPeak(absl::StrCat("held-out texts of seed ", f.heldout_seed), equal_heldout, f.peaks);
+  }
 
   nlohmann::json json;
   json["settings"] = {
@@ -248,6 +295,13 @@ int Main(int argc, char** argv) {
   }
   json["recall_probes"] = probe_list;
   json["results"] = ResultsJson(configs, stats);
+  json["settings"]["heldout_seed"] = f.heldout_seed;
+  json["settings"]["peaks"] = f.peaks;
+  json["equal_peak"] = EqualPeakJson(equal, f.peaks);
+  if (!heldout.empty()) {
+    json["heldout_results"] = ResultsJson(configs, heldout[0]);
+    json["equal_peak_heldout"] = EqualPeakJson(equal_heldout, f.peaks);
+  }
   json["settings"]["kv_dtypes"] = f.kv_dtypes;
   for (size_t k = 0; k < f.kv_dtypes.size(); ++k) {
     json["results_by_kv_dtype"][f.kv_dtypes[k]] = ResultsJson(configs, stats_by_type[k]);

@@ -1,0 +1,96 @@
+#include "bench/quality/equal_peak.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace recall::bench {
+
+std::vector<EqualPeakRow> EqualPeak(const std::vector<QualityConfig>& configs,
+                                    const std::vector<QualityStats>& stats,
+                                    const std::vector<double>& targets) {
+  std::vector<EqualPeakRow> rows;
+  for (size_t i = 0; i < configs.size(); ++i) {
+    if (configs[i].policy == "full") continue;
+    auto row = std::find_if(rows.begin(), rows.end(),
+                            [&](const EqualPeakRow& r) { return r.policy == configs[i].policy; });
+    if (row == rows.end()) {
+      rows.push_back({configs[i].policy, true, {}, {}});
+      row = rows.end() - 1;
+    }
+    const QualityStats& s = stats[i];
+    if (s.evicted_slots > 0) row->never_evicts = false;
+    if (s.positions == 0 || s.full_kv_bytes_sum <= 0) continue;
+    row->points.push_back({s.peak_kv_bytes_sum / s.full_kv_bytes_sum,
+                           static_cast<double>(s.top1_agree) / static_cast<double>(s.positions),
+                           s.kl_sum / static_cast<double>(s.positions)});
+  }
+  for (EqualPeakRow& row : rows) {
+    std::stable_sort(row.points.begin(), row.points.end(),
+                     [](const PeakPoint& a, const PeakPoint& b) { return a.peak < b.peak; });
+    for (const double x : targets) {
+      std::optional<PeakPoint> got;
+      if (!row.never_evicts) {
+        for (size_t k = 0; k < row.points.size() && !got; ++k) {
+          const PeakPoint& a = row.points[k];
+          if (a.peak == x) got = a;
+          if (k + 1 < row.points.size()) {
+            const PeakPoint& b = row.points[k + 1];
+            if (a.peak < x && x < b.peak) {
+              const double f = (x - a.peak) / (b.peak - a.peak);
+              got = PeakPoint{x, a.top1 + f * (b.top1 - a.top1), a.kl + f * (b.kl - a.kl)};
+            }
+          }
+        }
+      }
+      row.at.push_back(got);
+    }
+  }
+  return rows;
+}
+
+void PrintEqualPeak(const std::string& label, const std::vector<EqualPeakRow>& rows,
+                    const std::vector<double>& targets) {
+  std::printf(
+      "At equal peak KV memory, %s: top-1 agreement / mean KL (nats), interpolated "
+      "over the budget sweep ('-': outside the peaks the sweep reached)\n",
+      label.c_str());
+  std::printf("%-10s", "peak held");
+  for (const double x : targets) std::printf(" %17.0f%%", 100 * x);
+  std::printf("\n");
+  for (const EqualPeakRow& row : rows) {
+    std::printf("%-10s", row.policy.c_str());
+    if (row.never_evicts) {
+      std::printf(" never evicts on these texts (holds everything: no equal-peak figure)\n");
+      continue;
+    }
+    for (const std::optional<PeakPoint>& p : row.at) {
+      if (p) {
+        std::printf("  %6.2f%% / %7.4f", 100 * p->top1, p->kl);
+      } else {
+        std::printf(" %18s", "-");
+      }
+    }
+    std::printf("\n");
+  }
+}
+
+nlohmann::json EqualPeakJson(const std::vector<EqualPeakRow>& rows,
+                             const std::vector<double>& targets) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const EqualPeakRow& row : rows) {
+    nlohmann::json at = nlohmann::json::array();
+    for (size_t k = 0; k < targets.size(); ++k) {
+      const std::optional<PeakPoint>& p = row.at[k];
+      at.push_back(p ? nlohmann::json{{"peak", targets[k]}, {"top1", p->top1}, {"kl", p->kl}}
+                     : nlohmann::json{{"peak", targets[k]}, {"top1", nullptr}, {"kl", nullptr}});
+    }
+    nlohmann::json sweep = nlohmann::json::array();
+    for (const PeakPoint& p : row.points) {
+      sweep.push_back({{"peak", p.peak}, {"top1", p.top1}, {"kl", p.kl}});
+    }
+    out[row.policy] = {{"never_evicts", row.never_evicts}, {"at", at}, {"sweep", sweep}};
+  }
+  return out;
+}
+
+}  // namespace recall::bench

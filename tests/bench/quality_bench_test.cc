@@ -1,0 +1,58 @@
+// recall_quality_bench on a tiny setting (one text per set; full, streaming and lazy+ at two
+// budgets): a real run of the benchmark binary on stories260K that ends well, whose FullKV
+// rows agree with FullKV, and whose JSON holds the equal-peak comparison on both text sets.
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/common/test_util.h"
+
+namespace recall::bench {
+namespace {
+
+TEST(QualityBenchTest, ATinyRunComparesAtEqualPeakOnTwoTextSets) {
+  RECALL_REQUIRE_SHARED_FILE("models/stories260K/stories260K.bin");
+  const std::string dir = testing::MakeTempDir("quality_bench");
+  const std::string cmd =
+      std::string(RECALL_QUALITY_BENCH_BINARY) + " --model " +
+      testing::SharedPath("models/stories260K/stories260K.bin") + " --tokenizer " +
+      testing::SharedPath("models/stories260K/tok512.bin") +
+      " --texts 1 --policies full,streaming,lazy+ --budgets 0.2,0.5 --peaks 0.3,0.9" +
+      " --heldout-seed 7 --out-json " + dir + "/q.json --out-png " + dir + "/q.png > " + dir +
+      "/stdout.txt 2>&1";
+  const int rc = std::system(cmd.c_str());
+  const std::string stdout_text = testing::ReadFileOrEmpty(dir + "/stdout.txt");
+  ASSERT_EQ(rc, 0) << cmd << "\n" << stdout_text;
+  EXPECT_NE(stdout_text.find("At equal peak KV memory, held-out texts of seed 7"),
+            std::string::npos)
+      << stdout_text;
+
+  std::ifstream in(dir + "/q.json");
+  const nlohmann::json json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(json.is_discarded()) << "q.json is not JSON";
+  for (const nlohmann::json& r : json["results"]) {
+    if (r["policy"] != "full") continue;
+    EXPECT_GT(r["positions_counted"].get<int>(), 0) << r.dump();
+    EXPECT_EQ(r["top1_agreement"].get<double>(), 1.0) << r.dump();
+  }
+  for (const char* key : {"equal_peak", "equal_peak_heldout"}) {
+    ASSERT_TRUE(json.contains(key)) << key;
+    EXPECT_FALSE(json[key].contains("full")) << key;
+    for (const char* policy : {"streaming", "lazy+"}) {
+      const nlohmann::json& row = json[key][policy];
+      EXPECT_FALSE(row["never_evicts"].get<bool>()) << key << " " << policy;
+      ASSERT_EQ(row["sweep"].size(), 2u) << key << " " << policy;
+      // 30% lies between the two budgets' peaks (about 20-25% and 50-53%): interpolated,
+      // a top-1 agreement in (0, 1]; 90% lies beyond the sweep: no figure.
+      const double top1 = row["at"][0]["top1"].get<double>();
+      EXPECT_GT(top1, 0.0) << key << " " << policy;
+      EXPECT_LE(top1, 1.0) << key << " " << policy;
+      EXPECT_TRUE(row["at"][1]["top1"].is_null()) << key << " " << policy;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace recall::bench
