@@ -39,6 +39,7 @@
 #include "kernels/backend.h"
 #include "worker/model/loader.h"
 #include "worker/runtime/forward.h"
+#include "worker/serving/cache_factory.h"
 #include "worker/tokenizer/tokenizer.h"
 
 namespace recall::bench {
@@ -51,8 +52,9 @@ struct Flags {
   std::vector<std::string> policies = {"full", "streaming", "h2o", "tova", "lazy"};
   std::vector<double> budgets = {0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7};
   std::vector<double> peaks = {0.15, 0.2, 0.3, 0.4, 0.5};
-  int window = 16;
-  double alpha = 1e-4;
+  // Without --window/--alpha: what `recall serve` resolves for a session (CacheDefaults).
+  int window = serving::CacheDefaults().window;
+  double alpha = serving::CacheDefaults().alpha;
   int sinks = 4;
   int prefix = 16;
   int greedy_prefix = 384;

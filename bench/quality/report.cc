@@ -122,6 +122,7 @@ absl::Status WritePlot(const std::string& png_path, const std::string& title,
     std::ofstream f(dat);
     if (!f) return absl::PermissionDeniedError(absl::StrCat(dat, ": cannot open for writing"));
     for (const std::string& p : policies) {
+      // x: the peak KV held (column 6), so policies are compared at equal memory.
       f << "# " << p << ": budget% top1% kl greedy recall_ratio peak_kv%\n";
       for (size_t i = 0; i < configs.size(); ++i) {
         if (configs[i].policy != p) continue;
@@ -143,20 +144,21 @@ absl::Status WritePlot(const std::string& png_path, const std::string& title,
       << "set output '" << png_path << "'\n"
       << "names = \"" << absl::StrJoin(policies, " ") << "\"\n"
       << "set multiplot layout 2,2 title \"" << title << "\"\n"
-      << "set grid\nset key bottom right\nset xlabel 'KV budget (% of 512-token context)'\n"
+      << "set grid\nset key bottom right\nset xlabel 'peak KV held (% of FullKV)'\n"
       << "set ylabel 'top-1 agreement with FullKV (%)'\n"
       << "plot for [i=0:" << policies.size() - 1 << "] '" << dat
-      << "' index i using 1:2 with linespoints lw 2 title word(names, i+1)\n"
-      << "set logscale y\nset key top right\nset ylabel 'mean KL(full || evicted) (nats; FullKV = 0 not drawn)'\n"
+      << "' index i using 6:2 with linespoints lw 2 title word(names, i+1)\n"
+      << "set logscale y\nset key top right\nset ylabel 'mean KL(full || evicted) (nats; FullKV = "
+         "0 not drawn)'\n"
       << "plot for [i=0:" << policies.size() - 1 << "] '" << dat
-      << "' index i using 1:3 with linespoints lw 2 title word(names, i+1)\n"
+      << "' index i using 6:3 with linespoints lw 2 title word(names, i+1)\n"
       << "unset logscale y\nset key top left\n"
       << "set ylabel 'greedy tokens until first divergence'\n"
       << "plot for [i=0:" << policies.size() - 1 << "] '" << dat
-      << "' index i using 1:4 with linespoints lw 2 title word(names, i+1)\n"
+      << "' index i using 6:4 with linespoints lw 2 title word(names, i+1)\n"
       << "set key bottom right\nset ylabel 'recall probe: p(evicted) / p(full)'\n"
       << "plot for [i=0:" << policies.size() - 1 << "] '" << dat
-      << "' index i using 1:5 with linespoints lw 2 title word(names, i+1)\n"
+      << "' index i using 6:5 with linespoints lw 2 title word(names, i+1)\n"
       << "unset multiplot\n";
   }
   return RunGnuplot(gp);

@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "cache/eviction/full_policy.h"
 #include "cache/eviction/h2o_policy.h"
+#include "cache/eviction/lazy_plus_policy.h"
 #include "cache/eviction/lazy_policy.h"
 #include "cache/eviction/rkv_policy.h"
 #include "cache/eviction/snapkv_policy.h"
@@ -47,7 +48,7 @@ void CompactState(HeadState* state, const std::vector<int32_t>& keep) {
 
 const std::vector<std::string>& PolicyNames() {
   static const std::vector<std::string>* const kNames = new std::vector<std::string>{
-      "full", "streaming", "h2o", "tova", "lazy", "vase", "rkv", "snapkv"};
+      "full", "streaming", "h2o", "tova", "lazy", "lazy+", "vase", "rkv", "snapkv"};
   return *kNames;
 }
 
@@ -82,10 +83,10 @@ absl::StatusOr<std::unique_ptr<EvictionPolicy>> CreatePolicy(const PolicyOptions
   }
   const std::string& n = options.name;
   if (options.meta_score == PolicyOptions::MetaScore::kCaote && n != "h2o" && n != "tova" &&
-      n != "snapkv" && n != "lazy") {
+      n != "snapkv" && n != "lazy" && n != "lazy+") {
     return absl::InvalidArgumentError(absl::StrCat(
         "eviction policy: meta_score caote needs a policy whose score is a non-negative "
-        "attention estimate (h2o, tova, snapkv, lazy), got '",
+        "attention estimate (h2o, tova, snapkv, lazy, lazy+), got '",
         n, "'"));
   }
   if (options.meta_score == PolicyOptions::MetaScore::kCaoteCurrentQuery && n == "snapkv") {
@@ -98,6 +99,7 @@ absl::StatusOr<std::unique_ptr<EvictionPolicy>> CreatePolicy(const PolicyOptions
   if (n == "h2o") return std::make_unique<H2oPolicy>(options);
   if (n == "tova") return std::make_unique<TovaPolicy>(options);
   if (n == "lazy") return std::make_unique<LazyPolicy>(options);
+  if (n == "lazy+") return std::make_unique<LazyPlusPolicy>(options);
   if (n == "vase") return std::make_unique<VasePolicy>(options);
   if (n == "rkv") return std::make_unique<RkvPolicy>(options);
   if (n == "snapkv") return std::make_unique<SnapKvPolicy>(options);

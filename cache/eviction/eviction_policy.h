@@ -58,7 +58,7 @@ struct CandidateSet;  // candidate_set.h
 
 // One Options struct for every policy; each policy reads the fields it needs.
 struct PolicyOptions {
-  // "full", "streaming", "h2o", "tova", "lazy", "vase", "rkv", "snapkv".
+  // "full", "streaming", "h2o", "tova", "lazy", "lazy+", "vase", "rkv", "snapkv".
   std::string name = "full";
   // W: LazyEviction's observation window and protected recent window; H2O's recent window;
   // VaSE's eviction interval and attention window (the paper uses 64); SnapKV's prefill

@@ -37,7 +37,7 @@ void LazyPolicy::SelectKeep(const HeadState& state, int len, int budget, int t,
   score.resize(static_cast<size_t>(len));
   for (int j = 0; j < window_begin; ++j) {
     score[static_cast<size_t>(j)] =
-        Score(t, state.ts[static_cast<size_t>(j)], state.mri[static_cast<size_t>(j)]);
+        SlotScore(t, state.ts[static_cast<size_t>(j)], state.mri[static_cast<size_t>(j)]);
   }
   internal::KeepTopK(options(), budget, 0, window_begin, budget - options().window, ctx, keep);
   internal::KeepRange(window_begin, len, keep);

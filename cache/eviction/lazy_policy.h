@@ -33,6 +33,10 @@ class LazyPolicy : public EvictionPolicy {
   // S(t, ts, mri) as above: kernels::LazyScore, bit for bit the score the CUDA eviction
   // kernel ranks by.
   static double Score(int t, int32_t ts, int32_t mri);
+
+ protected:
+  // The score SelectKeep ranks a slot by: Score for "lazy"; lazy+ overrides it.
+  virtual double SlotScore(int t, int32_t ts, int32_t mri) const { return Score(t, ts, mri); }
 };
 
 }  // namespace recall::cache::eviction

@@ -82,7 +82,7 @@ TEST(CaoteTest, NormalizeScoresAndGroupMeanAttention) {
 TEST(CaoteTest, CreatePolicyChecksWhichPoliciesTakeWhichMetaScore) {
   PolicyOptions o;
   o.meta_score = PolicyOptions::MetaScore::kCaote;
-  for (const char* name : {"h2o", "tova", "snapkv", "lazy"}) {
+  for (const char* name : {"h2o", "tova", "snapkv", "lazy", "lazy+"}) {
     o.name = name;
     EXPECT_TRUE(CreatePolicy(o).ok()) << name;
   }

@@ -19,7 +19,7 @@ TEST(CreatePolicyTest, EveryListedNameCreatesThePolicyOfThatName) {
     EXPECT_EQ((*policy)->name(), name);
   }
   EXPECT_EQ(PolicyNames(), (std::vector<std::string>{"full", "streaming", "h2o", "tova", "lazy",
-                                                     "vase", "rkv", "snapkv"}));
+                                                     "lazy+", "vase", "rkv", "snapkv"}));
 }
 
 TEST(CreatePolicyTest, UnknownNameIsInvalidArgumentListingValidNames) {
@@ -29,7 +29,7 @@ TEST(CreatePolicyTest, UnknownNameIsInvalidArgumentListingValidNames) {
   ASSERT_EQ(policy.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(policy.status().message(),
             "eviction policy: unknown name 'snapkv2'; valid names: full, streaming, h2o, tova, "
-            "lazy, vase, rkv, snapkv");
+            "lazy, lazy+, vase, rkv, snapkv");
 }
 
 TEST(CreatePolicyTest, OutOfRangeOptionsNameTheField) {

@@ -1,0 +1,36 @@
+#include "cache/eviction/lazy_plus_policy.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/logging.h"
+
+namespace recall::cache::eviction {
+
+double LazyPlusPolicy::Score(int t, int32_t ts, int32_t mri) {
+  const double since = static_cast<double>(t) - ts;
+  const double h1 = 2.0 / (1.0 + std::exp(1.0 + since / std::max(mri, 1)));
+  const double h2 =
+      mri > 0 ? 2.0 / (1.0 + std::exp(std::max(static_cast<double>(mri), since) - 1.0)) : 0.0;
+  return h1 + h2;
+}
+
+void LazyPlusPolicy::Observe(HeadState* state, const float* p, int len, int t) const {
+  RECALL_CHECK(state->size() == len)
+      << "lazy+: state has " << state->size() << " slots, len " << len;
+  const float alpha = options().alpha;
+  int32_t* ts = state->ts.data();
+  int32_t* mri = state->mri.data();
+  float* seen = state->score.data();
+  for (int j = 0; j < len; ++j) {
+    if (p[j] < alpha) continue;
+    if (seen[j] != 0.0f) {
+      mri[j] = std::max(mri[j], t - ts[j]);
+    } else {
+      seen[j] = 1.0f;  // the first importance: no interval yet
+    }
+    ts[j] = t;
+  }
+}
+
+}  // namespace recall::cache::eviction

@@ -1,0 +1,108 @@
+// lazy+ (lazy_plus_policy.h): LazyEviction without the blind spot of its released rule. The
+// scenario of EVICTION.md section 1 is played through both policies: a token that mattered
+// only at its first steps outranks a genuinely recurring one under "lazy" and not under
+// "lazy+"; a token important at every step keeps its full prior under both; lazy+ evicts at
+// every step over budget, so its cache peaks at the budget.
+#include "cache/eviction/lazy_plus_policy.h"
+
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace recall::cache::eviction {
+namespace {
+
+PolicyOptions Options(const char* name, int window, float alpha) {
+  PolicyOptions o;
+  o.name = name;
+  o.window = window;
+  o.alpha = alpha;
+  return o;
+}
+
+// Scenario: alpha = 0.1; slot 0 a prompt token, slot 1 decoded at step 1 (seen from step 2).
+TEST(LazyPlusPolicyTest, AFirstImportanceIsNotARecurrence) {
+  LazyPlusPolicy plus(Options("lazy+", 4, 0.1f));
+  LazyPolicy lazy(Options("lazy", 4, 0.1f));
+  HeadState a, b;
+  AppendSlots(&a, 1, 1);
+  AppendSlots(&b, 1, 1);
+  const float p1[1] = {0.5f};  // the prompt token is first important at step 1
+  plus.Observe(&a, p1, 1, 1);
+  lazy.Observe(&b, p1, 1, 1);
+  EXPECT_EQ(a.mri[0], 0) << "lazy+: no interval yet";
+  EXPECT_EQ(a.ts[0], 1);
+  EXPECT_EQ(b.mri[0], 1) << "lazy counts step 0 -> 1 as a recurrence";
+  AppendSlots(&a, 1, 2);
+  const float p2[2] = {0.0f, 0.3f};  // the new token attends to itself at its first step
+  plus.Observe(&a, p2, 2, 2);
+  EXPECT_EQ(a.mri[1], 0);
+  const float p5[2] = {0.2f, 0.0f};  // the prompt token recurs 4 steps later
+  plus.Observe(&a, p5, 2, 5);
+  EXPECT_EQ(a.mri[0], 4);
+  EXPECT_EQ(a.ts[0], 5);
+}
+
+// Hand-computed (Python, double): H1 divides by max(mri, 1), H2 is taken on max(mri, t - ts).
+TEST(LazyPlusPolicyTest, ThePriorDecaysOnceATokenStopsRecurring) {
+  // Important at two consecutive steps, last at step 2, now t = 40: lazy keeps H2 = 1.
+  EXPECT_NEAR(LazyPolicy::Score(40, 2, 1), 1.0, 1e-12);
+  // lazy+: H1 = 2 / (1 + exp(1 + 38)) = 2.3e-17, H2 = 2 / (1 + exp(37)) = 1.7e-16.
+  EXPECT_NEAR(LazyPlusPolicy::Score(40, 2, 1), 1.9375740086e-16, 1e-24);
+  // Important at every step (a sink): the same as lazy, H1 + H2 = 0.538 + 1.
+  EXPECT_NEAR(LazyPlusPolicy::Score(40, 40, 1), 1.53788284273999, 1e-12);
+  // Recurring every 4 steps, last important 2 steps ago: H1 = 2 / (1 + exp(1 + 2 / 4))
+  // = 0.364851, H2 = 2 / (1 + exp(3)) = 0.094852: within its interval as under lazy.
+  EXPECT_NEAR(LazyPlusPolicy::Score(40, 38, 4), 0.459702793967846, 1e-12);
+  EXPECT_NEAR(LazyPlusPolicy::Score(40, 38, 4), LazyPolicy::Score(40, 38, 4), 1e-5);
+  // Important once, 3 steps ago (mri = 0): lazy scores 0; lazy+ ranks such tokens by how
+  // recently they were important, H1 = 2 / (1 + exp(1 + 3)) = 0.035972, H2 = 0.
+  EXPECT_EQ(LazyPolicy::Score(40, 37, 0), 0.0);
+  EXPECT_NEAR(LazyPlusPolicy::Score(40, 37, 0), 0.0359724199241831, 1e-12);
+}
+
+// Scenario (EVICTION.md section 1's blind spot): W = 4, alpha = 0.1, budget C = 5 (one
+// candidate place beside the window). Slot 0 is important at steps 1 and 2 only; slot 1 is
+// important at steps 1, 5, 9, ..., 37 (every 4 steps); slots 2..5 are never important.
+// At t = 40 lazy keeps slot 0 (mri = 1: S = 1 for good) and loses the recurring slot 1;
+// lazy+ keeps slot 1.
+TEST(LazyPlusPolicyTest, KeepsTheRecurringTokenOverTheOnceImportantOne) {
+  for (const char* name : {"lazy", "lazy+"}) {
+    const PolicyOptions o = Options(name, 4, 0.1f);
+    auto policy = CreatePolicy(o);
+    ASSERT_TRUE(policy.ok()) << policy.status();
+    HeadState s;
+    AppendSlots(&s, 6, 1);
+    for (int t = 1; t <= 40; ++t) {
+      float p[6] = {0, 0, 0, 0, 0, 0};
+      if (t <= 2) p[0] = 0.5f;
+      if ((t - 1) % 4 == 0) p[1] = 0.5f;
+      (*policy)->Observe(&s, p, 6, t);
+    }
+    SelectScratch scratch;
+    SelectContext ctx;
+    ctx.scratch = &scratch;
+    std::vector<int32_t> keep;
+    ASSERT_TRUE((*policy)->ShouldEvict(6, 5, 40));
+    (*policy)->SelectKeep(s, 6, 5, 40, ctx, &keep);
+    const std::vector<int32_t> want = std::string(name) == "lazy"
+                                          ? std::vector<int32_t>{0, 2, 3, 4, 5}
+                                          : std::vector<int32_t>{1, 2, 3, 4, 5};
+    EXPECT_EQ(keep, want) << name;
+  }
+}
+
+// W = 4, C = 8: lazy evicts only at multiples of W (peak C + W); lazy+ waits W steps (the
+// prompt is judged on W steps of attention, as under lazy) and then evicts at every step over C.
+TEST(LazyPlusPolicyTest, EvictsAtEveryStepOverBudgetFromStepW) {
+  LazyPlusPolicy plus(Options("lazy+", 4, 1e-4f));
+  LazyPolicy lazy(Options("lazy", 4, 1e-4f));
+  for (int t = 1; t <= 12; ++t) {
+    EXPECT_EQ(plus.ShouldEvict(9, 8, t), t >= 4) << "t=" << t;
+    EXPECT_FALSE(plus.ShouldEvict(8, 8, t)) << "t=" << t;
+    EXPECT_EQ(lazy.ShouldEvict(9, 8, t), t % 4 == 0) << "t=" << t;
+  }
+}
+
+}  // namespace
+}  // namespace recall::cache::eviction
