@@ -96,8 +96,8 @@ flags::FlagSet<serving::CacheRequest> SessionCacheFlags() {
   f.Section("session cache")
       .String(
           "policy", "NAME",
-          "full, lazy, h2o, tova, streaming, snapkv, rkv, vase, or episodic (EpiCache,\n"
-          "one CPU rank: --budget in tokens)",
+          "full, lazy, lazy+, h2o, tova, streaming, snapkv, rkv, vase, or episodic\n"
+          "(EpiCache, one CPU rank: --budget in tokens)",
           [](auto& o) -> auto& { return o.policy; })
       .Int(
           "budget", "N", "KV budget in tokens per layer and KV head",
