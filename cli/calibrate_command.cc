@@ -6,7 +6,9 @@
 #include <iostream>
 #include <optional>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "cache/block_pool.h"
 #include "cache/eviction/session_evictor.h"
 #include "common/flags.h"
@@ -15,6 +17,7 @@
 #include "worker/model/load.h"
 #include "worker/runtime/engine.h"
 #include "worker/service/worker_options.h"
+#include "worker/serving/cache_factory.h"
 
 namespace recall::cli {
 namespace {
@@ -25,6 +28,11 @@ constexpr char kUsageHead[] =
 Generates a calibration sample with the full cache while tracking LazyEviction's per-token
 state (no eviction), and prints the given percentile of the maximum recurrence intervals
 (MRI) observed: the window W that covers that share of recurrences.
+
+It also suggests alpha: beside the full cache, one cache of --policy at --budget-frac of
+the text per alpha of --alphas decodes the same tokens; the alpha whose cache agrees best
+with the full one (lowest mean KL of the next-token distributions after its first eviction)
+is suggested. --alphas none skips this.
 
 )";
 
@@ -37,6 +45,11 @@ struct WindowOptions {
   std::string prompt = "Once upon a time";
   int64_t seed = 1;
   int threads = 0;
+  // The alpha search: the candidates, and the cache each is tried with.
+  std::string alphas = "1e-4,3e-4,1e-3,3e-3,1e-2,3e-2";
+  std::string policy = "lazy+";
+  double budget_frac = 0.2;
+  int window = serving::CacheDefaults().window;
 };
 
 const flags::FlagSet<WindowOptions>& WindowFlags() {
@@ -66,13 +79,80 @@ const flags::FlagSet<WindowOptions>& WindowFlags() {
             0, INT64_MAX)
         .Int(
             "threads", "N", "CPU threads (default: all cores)",
-            [](auto& o) -> auto& { return o.threads; }, 0, 1024);
+            [](auto& o) -> auto& { return o.threads; }, 0, 1024)
+        .Section("alpha search")
+        .String(
+            "alphas", "LIST",
+            "alphas to try, comma-separated, or none (default 1e-4,3e-4,1e-3,3e-3,1e-2,3e-2)",
+            [](auto& o) -> auto& { return o.alphas; })
+        .String(
+            "policy", "NAME", "the evicting policy they are tried with (default lazy+)",
+            [](auto& o) -> auto& { return o.policy; })
+        .Double(
+            "budget-frac", "F", "its budget, a fraction of --tokens (default 0.2)",
+            [](auto& o) -> auto& { return o.budget_frac; }, 1e-6, 1)
+        .Int(
+            "window", "W", "its window (default 32, as recall serve)",
+            [](auto& o) -> auto& { return o.window; }, 1, 1 << 20);
     return f;
   }();
   return *kFlags;
 }
 
+absl::StatusOr<std::vector<double>> ParseAlphas(const std::string& list) {
+  std::vector<double> out;
+  if (list == "none") return out;
+  for (absl::string_view a : absl::StrSplit(list, ',', absl::SkipEmpty())) {
+    double x = 0;
+    if (!absl::SimpleAtod(a, &x) || !(x > 0 && x < 1)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--alphas: '", a, "' is not a number in (0, 1) (a comma-separated list, or none)"));
+    }
+    out.push_back(x);
+  }
+  if (out.empty()) return absl::InvalidArgumentError("--alphas: empty list (use none to skip)");
+  return out;
+}
+
+// One alpha of the search: its cache, and how far it is from the full cache so far.
+struct AlphaTrial {
+  double alpha = 0;
+  std::unique_ptr<cache::SequenceCache> seq;
+  std::unique_ptr<cache::eviction::SessionEvictor> evictor;
+  std::vector<float> probs;
+  double kl_sum = 0;
+  int64_t top1 = 0;
+  int64_t positions = 0;
+};
+
+// KL(p || q) of the softmaxes of two logit rows, in double; also whether their argmaxes agree.
+double KlOfLogits(const float* p_logits, const float* q_logits, int n, bool* same_top1) {
+  const auto log_sum_exp = [n](const float* x, int* argmax) {
+    double m = x[0];
+    *argmax = 0;
+    for (int i = 1; i < n; ++i) {
+      if (x[i] > m) {
+        m = x[i];
+        *argmax = i;
+      }
+    }
+    double sum = 0;
+    for (int i = 0; i < n; ++i) sum += std::exp(static_cast<double>(x[i]) - m);
+    return m + std::log(sum);
+  };
+  int ap = 0, aq = 0;
+  const double lp = log_sum_exp(p_logits, &ap), lq = log_sum_exp(q_logits, &aq);
+  double kl = 0;
+  for (int i = 0; i < n; ++i) {
+    const double logp = p_logits[i] - lp;
+    kl += std::exp(logp) * (logp - (q_logits[i] - lq));
+  }
+  *same_top1 = ap == aq;
+  return std::max(kl, 0.0);
+}
+
 absl::Status Run(const WindowOptions& o) {
+  RECALL_ASSIGN_OR_RETURN(const std::vector<double> alphas, ParseAlphas(o.alphas));
   absl::StatusOr<model::Loaded> loaded_or = model::LoadAll(o.model);
   if (!loaded_or.ok()) return WindowFlags().Explain(loaded_or.status());
   model::Loaded& loaded = *loaded_or;
@@ -90,9 +170,10 @@ absl::Status Run(const WindowOptions& o) {
   }
   runtime::EngineOptions eo;
   eo.threads = o.threads;
+  const int caches = 1 + static_cast<int>(alphas.size());
   eo.kv_cache_bytes =
-      runtime::KvBytesFor(c, static_cast<int>(tokens) + 16, eo.block_tokens, eo.kv_dtype);
-  eo.forward.max_batch_tokens = static_cast<int>(prompt.size());
+      caches * runtime::KvBytesFor(c, static_cast<int>(tokens) + 16, eo.block_tokens, eo.kv_dtype);
+  eo.forward.max_batch_tokens = std::max(static_cast<int>(prompt.size()), caches);
   eo.forward.batch_invariant = false;
   RECALL_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine,
                           runtime::Engine::Create(*loaded.model, eo));
@@ -103,6 +184,20 @@ absl::Status Run(const WindowOptions& o) {
   std::vector<float> logits(c.vocab_size);
   std::vector<int32_t> mris;
   const int64_t texts = o.texts;
+  std::optional<serving::CacheFactory> factory;
+  if (!alphas.empty()) {
+    serving::CacheDefaults d;
+    d.policy = o.policy;
+    d.budget_tokens = std::max(1, static_cast<int>(std::ceil(o.budget_frac * tokens - 1e-9)));
+    d.window = o.window;
+    absl::StatusOr<serving::CacheFactory> f =
+        serving::CacheFactory::Create(d, c, c.n_kv_heads, 1, eo.kv_dtype);
+    if (!f.ok())
+      return absl::InvalidArgumentError(absl::StrCat("--policy: ", f.status().message()));
+    factory.emplace(*std::move(f));
+  }
+  std::vector<AlphaTrial> trials(alphas.size());
+  for (size_t i = 0; i < alphas.size(); ++i) trials[i].alpha = alphas[i];
   const double alpha = o.alpha, pct = o.percentile;
 
   for (int64_t text = 0; text < texts; ++text) {
@@ -115,20 +210,65 @@ absl::Status Run(const WindowOptions& o) {
     so.n_heads = c.n_heads;
     RECALL_ASSIGN_OR_RETURN(std::unique_ptr<cache::eviction::SessionEvictor> evictor,
                             cache::eviction::SessionEvictor::Create(so, &seq));
+    for (AlphaTrial& trial : trials) {
+      serving::CacheRequest request;
+      request.alpha = trial.alpha;
+      RECALL_ASSIGN_OR_RETURN(const serving::SessionCacheSpec spec,
+                              factory->Resolve(request, static_cast<uint64_t>(o.seed + text)));
+      if (!spec.evictor.has_value()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--policy: ", o.policy, " does not evict; name an evicting policy"));
+      }
+      cache::eviction::SessionEvictorOptions to = *spec.evictor;
+      to.n_heads = c.n_heads;
+      trial.seq = std::make_unique<cache::SequenceCache>(&engine->pool(0));
+      RECALL_ASSIGN_OR_RETURN(trial.evictor,
+                              cache::eviction::SessionEvictor::Create(to, trial.seq.get()));
+      if (trial.evictor->policy().compresses_prefill()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--policy: ", o.policy,
+                         " compresses the prompt; the search needs a decode-time policy"));
+      }
+      trial.probs.assign(probs.size(), 0.0f);
+    }
+    std::vector<float> all_logits(static_cast<size_t>(caches) * c.vocab_size);
     runtime::BatchItem pre{&seq, prompt.data(), static_cast<int>(prompt.size())};
     RECALL_RETURN_IF_ERROR(forward.Run({&pre, 1}, logits.data()));
+    for (AlphaTrial& trial : trials) {
+      runtime::BatchItem p{trial.seq.get(), prompt.data(), static_cast<int>(prompt.size())};
+      RECALL_RETURN_IF_ERROR(forward.Run({&p, 1}, all_logits.data()));
+    }
     kernels::SamplingParams sampling;
     sampling.temperature = 1.0f;
     sampling.top_p = 0.95f;
     kernels::Rng rng(static_cast<uint64_t>(o.seed + text));
     std::vector<int32_t> history = prompt;
+    std::vector<runtime::BatchItem> batch(static_cast<size_t>(caches));
     while (static_cast<int64_t>(history.size()) < tokens) {
       const int32_t next = backend.Sample(logits.data(), c.vocab_size, sampling, rng,
                                           history.data(), static_cast<int>(history.size()));
       history.push_back(next);
-      runtime::BatchItem item{&seq, &history.back(), 1, true, probs.data(), stride};
-      RECALL_RETURN_IF_ERROR(forward.Run({&item, 1}, logits.data()));
+      // Every cache decodes the token the full cache sampled (teacher forcing).
+      batch[0] = runtime::BatchItem{&seq, &history.back(), 1, true, probs.data(), stride};
+      for (size_t i = 0; i < trials.size(); ++i) {
+        batch[i + 1] = runtime::BatchItem{trials[i].seq.get(),    &history.back(), 1, true,
+                                          trials[i].probs.data(), stride};
+      }
+      RECALL_RETURN_IF_ERROR(forward.Run(batch, all_logits.data()));
+      std::copy(all_logits.begin(), all_logits.begin() + c.vocab_size, logits.begin());
       RECALL_RETURN_IF_ERROR(evictor->Step(probs.data(), stride));
+      for (size_t i = 0; i < trials.size(); ++i) {
+        AlphaTrial& trial = trials[i];
+        // Judged from the step after its first eviction, as the quality benchmark does.
+        if (trial.evictor->evictions() > 0) {
+          bool same = false;
+          trial.kl_sum += KlOfLogits(logits.data(), all_logits.data() + (i + 1) * c.vocab_size,
+                                     c.vocab_size, &same);
+          trial.top1 += same ? 1 : 0;
+          ++trial.positions;
+        }
+        RECALL_RETURN_IF_ERROR(trial.evictor->Step(trial.probs.data(), stride));
+      }
     }
     for (int l = 0; l < c.n_layers; ++l) {
       for (int h = 0; h < c.n_kv_heads; ++h) {
@@ -148,6 +288,29 @@ absl::Status Run(const WindowOptions& o) {
               static_cast<long long>(texts), static_cast<long long>(tokens), alpha, mris.size(),
               mris[(mris.size() - 1) / 2], pct, mris[std::min(rank, mris.size() - 1)]);
   std::printf("suggested --window %d\n", mris[std::min(rank, mris.size() - 1)]);
+  if (trials.empty()) return absl::OkStatus();
+  std::printf("alpha search: %s at --budget-frac %g (%d tokens), W=%d, against the full cache\n",
+              o.policy.c_str(), o.budget_frac,
+              static_cast<int>(std::ceil(o.budget_frac * tokens - 1e-9)), o.window);
+  const AlphaTrial* best = nullptr;
+  for (const AlphaTrial& t : trials) {
+    if (t.positions == 0) {
+      std::printf("  alpha=%-8g never evicted: no figure\n", t.alpha);
+      continue;
+    }
+    const double kl = t.kl_sum / static_cast<double>(t.positions);
+    std::printf("  alpha=%-8g mean_kl=%.5f top1=%.2f%% positions=%lld\n", t.alpha, kl,
+                100.0 * static_cast<double>(t.top1) / static_cast<double>(t.positions),
+                static_cast<long long>(t.positions));
+    if (best == nullptr || kl < best->kl_sum / static_cast<double>(best->positions)) {
+      best = &t;
+    }
+  }
+  if (best == nullptr) {
+    return absl::FailedPreconditionError(
+        "no alpha's cache evicted: lower --budget-frac or generate more --tokens");
+  }
+  std::printf("suggested --alpha %g\n", best->alpha);
   return absl::OkStatus();
 }
 
