@@ -18,6 +18,7 @@
 #include "worker/runtime/engine.h"
 #include "worker/service/worker_options.h"
 #include "worker/serving/cache_factory.h"
+#include "worker/serving/calibration.h"
 
 namespace recall::cli {
 namespace {
@@ -50,6 +51,7 @@ struct WindowOptions {
   std::string policy = "lazy+";
   double budget_frac = 0.2;
   int window = serving::CacheDefaults().window;
+  std::string out;  // write the suggestion as a calibration file (serving/calibration.h)
 };
 
 const flags::FlagSet<WindowOptions>& WindowFlags() {
@@ -93,7 +95,12 @@ const flags::FlagSet<WindowOptions>& WindowFlags() {
             [](auto& o) -> auto& { return o.budget_frac; }, 1e-6, 1)
         .Int(
             "window", "W", "its window (default 32, as recall serve)",
-            [](auto& o) -> auto& { return o.window; }, 1, 1 << 20);
+            [](auto& o) -> auto& { return o.window; }, 1, 1 << 20)
+        .String(
+            "out", "FILE",
+            "write the suggested alpha and the window it was measured with to FILE, for\n"
+            "recall serve --calibration FILE",
+            [](auto& o) -> auto& { return o.out; });
     return f;
   }();
   return *kFlags;
@@ -153,6 +160,10 @@ double KlOfLogits(const float* p_logits, const float* q_logits, int n, bool* sam
 
 absl::Status Run(const WindowOptions& o) {
   RECALL_ASSIGN_OR_RETURN(const std::vector<double> alphas, ParseAlphas(o.alphas));
+  if (alphas.empty() && !o.out.empty()) {
+    return absl::InvalidArgumentError(
+        "--out: writes the alpha search's result; drop --alphas none");
+  }
   absl::StatusOr<model::Loaded> loaded_or = model::LoadAll(o.model);
   if (!loaded_or.ok()) return WindowFlags().Explain(loaded_or.status());
   model::Loaded& loaded = *loaded_or;
@@ -311,6 +322,12 @@ absl::Status Run(const WindowOptions& o) {
         "no alpha's cache evicted: lower --budget-frac or generate more --tokens");
   }
   std::printf("suggested --alpha %g\n", best->alpha);
+  if (!o.out.empty()) {
+    RECALL_RETURN_IF_ERROR(
+        serving::WriteEvictionCalibration(o.out, {o.policy, o.budget_frac, o.window, best->alpha}));
+    std::printf("wrote %s (window %d, alpha %g): recall serve --calibration %s\n", o.out.c_str(),
+                o.window, best->alpha, o.out.c_str());
+  }
   return absl::OkStatus();
 }
 

@@ -1,6 +1,7 @@
 // `recall calibrate-window` on stories260K: prints the MRI percentile as the suggested window
 // and, from caches of the policy at each alpha decoding beside the full cache, one figure per
-// alpha and the suggested alpha (one with the lowest mean KL); a bad alpha list or a policy
+// alpha and the suggested alpha (one with the lowest mean KL), written with --out as the file
+// `recall serve --calibration` takes; a bad alpha list or a policy
 // that does not evict is bad usage (exit 2) naming the flag.
 #include <cstdio>
 #include <string>
@@ -10,6 +11,7 @@
 #include "cli/calibrate_command.h"
 #include "gtest/gtest.h"
 #include "tests/common/test_util.h"
+#include "worker/serving/calibration.h"
 
 namespace recall::cli {
 namespace {
@@ -42,12 +44,14 @@ double MeanKl(const std::string& printed, const std::string& alpha) {
 
 TEST(CalibrateWindowCommandTest, SuggestsAWindowAndTheAlphaWithTheLowestKl) {
   RECALL_REQUIRE_SHARED_FILE(kModel);
+  const std::string out = recall::testing::MakeTempDir("calibrate_window") + "/cal.json";
   ::testing::internal::CaptureStdout();
-  const int rc = RunCalibrateWindow(Flags({"--alphas", "1e-4,3e-2", "--budget-frac", "0.3"}));
+  const int rc = RunCalibrateWindow(
+      Flags({"--alphas", "1e-4,3e-2", "--budget-frac", "0.3", "--window", "24", "--out", out}));
   const std::string printed = ::testing::internal::GetCapturedStdout();
   ASSERT_EQ(rc, 0) << printed;
   EXPECT_NE(printed.find("suggested --window "), std::string::npos) << printed;
-  EXPECT_NE(printed.find("alpha search: lazy+ at --budget-frac 0.3 (60 tokens), W=32"),
+  EXPECT_NE(printed.find("alpha search: lazy+ at --budget-frac 0.3 (60 tokens), W=24"),
             std::string::npos)
       << printed;
   const double low = MeanKl(printed, "0.0001"), high = MeanKl(printed, "0.03");
@@ -55,6 +59,14 @@ TEST(CalibrateWindowCommandTest, SuggestsAWindowAndTheAlphaWithTheLowestKl) {
   ASSERT_GT(high, 0) << printed;
   const std::string suggested = low <= high ? "0.0001" : "0.03";
   EXPECT_NE(printed.find("suggested --alpha " + suggested + "\n"), std::string::npos) << printed;
+  // The file recall serve --calibration takes: the suggested alpha, the window it was
+  // measured with.
+  absl::StatusOr<serving::EvictionCalibration> c = serving::ReadEvictionCalibration(out);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->window, 24);
+  EXPECT_EQ(c->alpha, low <= high ? 1e-4 : 3e-2);
+  EXPECT_EQ(c->policy, "lazy+");
+  EXPECT_EQ(c->budget_fraction, 0.3);
 }
 
 TEST(CalibrateWindowCommandTest, ABadAlphaListOrAPolicyThatKeepsEverythingIsUsage) {

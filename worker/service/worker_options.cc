@@ -4,6 +4,7 @@
 #include "common/status.h"
 #include "worker/model/chat_stops.h"
 #include "worker/model/chat_template.h"
+#include "worker/serving/calibration.h"
 
 namespace recall::service {
 
@@ -235,6 +236,11 @@ const flags::FlagSet<WorkerOptions>& WorkerFlags() {
             SchedulingFlags(), [](auto& o) -> auto& { return o.scheduler; })
         .Include(
             SessionCacheFlags(), [](auto& o) -> auto& { return o.cache; })
+        .String(
+            "calibration", "FILE",
+            "a `recall calibrate-window --out` file: its window and alpha become the\n"
+            "session defaults (--window and --alpha given here still win)",
+            [](auto& o) -> auto& { return o.calibration_file; })
         .Include(
             SharedCacheFlags(), [](auto& o) -> auto& { return o.scheduler.cache; });
     return f;
@@ -244,6 +250,15 @@ const flags::FlagSet<WorkerOptions>& WorkerFlags() {
 
 absl::Status ResolveWorkerOptions(WorkerOptions* o) {
   o->engine.forward.max_batch_tokens = o->scheduler.max_batch_tokens;
+  if (!o->calibration_file.empty()) {
+    absl::StatusOr<serving::EvictionCalibration> c =
+        serving::ReadEvictionCalibration(o->calibration_file);
+    if (!c.ok()) {
+      return absl::Status(c.status().code(), absl::StrCat("--calibration: ", c.status().message()));
+    }
+    o->scheduler.cache.window = c->window;
+    o->scheduler.cache.alpha = c->alpha;
+  }
   o->scheduler.cache = o->scheduler.cache.With(o->cache);
   if (o->scheduler.cache.policy == "episodic" &&
       (o->engine.tp > 1 || o->engine.device != runtime::Device::kCpu)) {

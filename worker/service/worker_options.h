@@ -33,6 +33,9 @@ struct WorkerOptions {
   runtime::EngineOptions engine;
   serving::SchedulerOptions scheduler;
   std::optional<int> max_tokens_limit;  // a turn's max_tokens at most (default: the context)
+  // `recall calibrate-window --out` file: its window and alpha become the session defaults
+  // (ResolveWorkerOptions; --window and --alpha still win).
+  std::string calibration_file;
   // Session cache defaults as the flags give them (over scheduler.cache's).
   serving::CacheRequest cache;
 };

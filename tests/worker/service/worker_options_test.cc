@@ -4,10 +4,13 @@
 // fields, come out naming the flags.
 #include "worker/service/worker_options.h"
 
+#include <fstream>
 #include <map>
 
 #include "gtest/gtest.h"
+#include "tests/common/test_util.h"
 #include "tests/common/tiny_model.h"
+#include "worker/serving/calibration.h"
 
 namespace recall::service {
 namespace {
@@ -26,6 +29,7 @@ const std::map<std::string, std::vector<std::string>> kValues = {
     {"advertise", {"a:1"}},
     {"cluster-token-file", {"k"}},
     {"max-tokens-limit", {"7"}},
+    {"calibration", {"cal.json"}},
     {"device", {"cuda"}},
     {"tp", {"2"}},
     {"devices", {"0,1"}},
@@ -154,6 +158,55 @@ TEST(WorkerOptionsTest, ResolveAppliesTheSessionDefaultsAndTheForwardCapacity) {
   EXPECT_EQ(
       WorkerFlags().Parse({"--max-batch-tokens", "16", "--prefill-chunk", "64"}, &chunk).message(),
       "--prefill-chunk: 64 is more than --max-batch-tokens (16)");
+}
+
+// A calibration file (`recall calibrate-window --out`) sets the window and alpha defaults;
+// --window / --alpha beside it win; a missing or broken file is an error naming the flag and
+// the file, never a crash.
+TEST(WorkerOptionsTest, ACalibrationFileSetsWindowAndAlphaUnlessTheFlagsDo) {
+  const std::string dir = testing::MakeTempDir("calibration");
+  const std::string good = dir + "/cal.json";
+  ASSERT_TRUE(serving::WriteEvictionCalibration(good, {"lazy+", 0.2, 48, 0.03}).ok());
+  WorkerOptions o;
+  ASSERT_TRUE(WorkerFlags().Parse({"--policy", "lazy+", "--calibration", good}, &o).ok());
+  ASSERT_TRUE(ResolveWorkerOptions(&o).ok());
+  EXPECT_EQ(o.scheduler.cache.window, 48);
+  EXPECT_EQ(o.scheduler.cache.alpha, 0.03);
+  WorkerOptions flags_win;
+  ASSERT_TRUE(WorkerFlags()
+                  .Parse({"--calibration", good, "--window", "16", "--alpha", "0.001"}, &flags_win)
+                  .ok());
+  ASSERT_TRUE(ResolveWorkerOptions(&flags_win).ok());
+  EXPECT_EQ(flags_win.scheduler.cache.window, 16);
+  EXPECT_EQ(flags_win.scheduler.cache.alpha, 0.001);
+
+  const std::vector<std::pair<std::string, std::string>> broken = {
+      {"", "not a JSON object"},
+      {"{\"format\": \"recall-eviction-calibration\", \"version\": 1, \"window\": 0, "
+       "\"alpha\": 0.1}",
+       "\"window\" must be an integer"},
+      {"{\"format\": \"recall-eviction-calibration\", \"version\": 1, \"window\": 8, "
+       "\"alpha\": \"x\"}",
+       "\"alpha\" must be a number in (0, 1)"},
+      {"{\"format\": \"recall-layer-sensitivity\"}", "\"format\" must be"},
+      {"[1, 2", "not a JSON object"},
+  };
+  for (const auto& [text, message] : broken) {
+    const std::string path = dir + "/broken.json";
+    {
+      std::ofstream f(path);
+      f << text;
+    }
+    WorkerOptions b;
+    ASSERT_TRUE(WorkerFlags().Parse({"--calibration", path}, &b).ok());
+    const absl::Status st = ResolveWorkerOptions(&b);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_EQ(st.message().rfind("--calibration: " + path + ": ", 0), 0u) << st;
+    EXPECT_NE(st.message().find(message), std::string::npos) << st;
+  }
+  WorkerOptions missing;
+  ASSERT_TRUE(WorkerFlags().Parse({"--calibration", dir + "/none.json"}, &missing).ok());
+  EXPECT_EQ(ResolveWorkerOptions(&missing).code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

@@ -1,0 +1,73 @@
+#include "worker/serving/calibration.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace recall::serving {
+namespace {
+
+constexpr char kFormat[] = "recall-eviction-calibration";
+
+absl::Status Bad(const std::string& path, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+}
+
+}  // namespace
+
+absl::StatusOr<EvictionCalibration> ReadEvictionCalibration(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot read the calibration file"));
+  std::stringstream text;
+  text << in.rdbuf();
+  const nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return Bad(path, "not a JSON object");
+  const auto field = [&](const char* name) -> const nlohmann::json* {
+    auto it = j.find(name);
+    return it == j.end() ? nullptr : &*it;
+  };
+  const nlohmann::json* format = field("format");
+  if (format == nullptr || !format->is_string() || format->get<std::string>() != kFormat) {
+    return Bad(path, absl::StrCat("\"format\" must be \"", kFormat, "\""));
+  }
+  const nlohmann::json* version = field("version");
+  if (version == nullptr || !version->is_number_integer() || version->get<int64_t>() != 1) {
+    return Bad(path, "\"version\" must be 1");
+  }
+  EvictionCalibration c;
+  const nlohmann::json* window = field("window");
+  if (window == nullptr || !window->is_number_integer() || window->get<int64_t>() < 1 ||
+      window->get<int64_t>() > (1 << 20)) {
+    return Bad(path, "\"window\" must be an integer in [1, 1048576]");
+  }
+  c.window = static_cast<int>(window->get<int64_t>());
+  const nlohmann::json* alpha = field("alpha");
+  if (alpha == nullptr || !alpha->is_number() || !(alpha->get<double>() > 0) ||
+      !(alpha->get<double>() < 1)) {
+    return Bad(path, "\"alpha\" must be a number in (0, 1)");
+  }
+  c.alpha = alpha->get<double>();
+  if (const nlohmann::json* p = field("policy"); p != nullptr && p->is_string()) {
+    c.policy = p->get<std::string>();
+  }
+  if (const nlohmann::json* f = field("budget_fraction"); f != nullptr && f->is_number()) {
+    c.budget_fraction = f->get<double>();
+  }
+  return c;
+}
+
+absl::Status WriteEvictionCalibration(const std::string& path, const EvictionCalibration& c) {
+  const nlohmann::json j = {{"format", kFormat},  {"version", 1},
+                            {"policy", c.policy}, {"budget_fraction", c.budget_fraction},
+                            {"window", c.window}, {"alpha", c.alpha}};
+  std::ofstream out(path);
+  if (!out) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open for writing"));
+  out << j.dump(2) << "\n";
+  if (!out) return absl::DataLossError(absl::StrCat(path, ": write failed"));
+  return absl::OkStatus();
+}
+
+}  // namespace recall::serving

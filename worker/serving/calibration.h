@@ -1,0 +1,31 @@
+// A model's calibrated eviction settings, as `recall calibrate-window --out FILE` writes them
+// and `recall-worker --calibration FILE` (and so `recall serve`) takes them as the session
+// defaults (flags given beside it still win):
+//   {"format": "recall-eviction-calibration", "version": 1, "policy": "lazy+",
+//    "budget_fraction": 0.2, "window": 32, "alpha": 0.03}
+// `window` and `alpha` are the defaults it sets; `policy` and `budget_fraction` say what the
+// alpha was measured with (the policy's cache at that fraction of the text, against the full
+// cache), for the reader.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace recall::serving {
+
+struct EvictionCalibration {
+  std::string policy;
+  double budget_fraction = 0;
+  int window = 0;
+  double alpha = 0;
+};
+
+// NotFound when the file cannot be read; InvalidArgument naming the file and the field when it
+// is not such a JSON object (any content, however broken, is an error, never a crash).
+absl::StatusOr<EvictionCalibration> ReadEvictionCalibration(const std::string& path);
+
+// PermissionDenied / DataLoss naming the file when it cannot be written.
+absl::Status WriteEvictionCalibration(const std::string& path, const EvictionCalibration& c);
+
+}  // namespace recall::serving
