@@ -276,7 +276,7 @@ TEST_F(CudaEngineTest, TypedKvCachesDecodeAsTheCpuDoes) {
 }
 
 TEST_F(CudaEngineTest, EvictionKeepsTheCpuKeepSets) {
-  for (const char* policy : {"lazy", "h2o"}) {
+  for (const char* policy : {"lazy", "h2o", "lazy+"}) {
     cache::eviction::SessionEvictorOptions o;
     o.policy.name = policy;
     o.policy.window = 16;
@@ -327,7 +327,7 @@ TEST_F(CudaEngineTest, HostRowReadingPoliciesAreRefusedOnTheGpu) {
     EXPECT_NE(seq.status().message().find("GPU"), std::string::npos) << seq.status();
     EXPECT_TRUE(LocalSequence::Create(*cpu_engine_.forward, *cpu_engine_.pool, o).ok()) << name;
   }
-  for (const char* name : {"lazy", "h2o", "tova", "streaming"}) {
+  for (const char* name : {"lazy", "lazy+", "h2o", "tova", "streaming"}) {
     cache::eviction::SessionEvictorOptions o;
     o.policy.name = name;
     o.budget.budget = 48;
