@@ -12,7 +12,7 @@
 //
 // usage: recall_quality_bench [--model PATH] [--tokenizer PATH] [--texts N]
 //   [--policies full,streaming,h2o,tova,lazy] [--budgets 0.2,0.3,0.5,0.7] [--window W]
-//   [--alpha A] [--sinks S] [--prefix N] [--greedy-prefix N] [--probe-early N]
+//   [--alpha A] [--calibration FILE] [--sinks S] [--prefix N] [--greedy-prefix N] [--probe-early N]
 //   [--probe-late N] [--seed S] [--heldout-seed S2] [--peaks 0.15,0.2,0.3]
 //   [--threads N] [--kv-dtypes f32,bf16,int8] [--out-json PATH] [--out-png PATH]
 // Besides the per-budget table it prints every policy at equal PEAK memory (equal_peak.h) on
@@ -40,6 +40,7 @@
 #include "worker/model/loader.h"
 #include "worker/runtime/forward.h"
 #include "worker/serving/cache_factory.h"
+#include "worker/serving/calibration.h"
 #include "worker/tokenizer/tokenizer.h"
 
 namespace recall::bench {
@@ -52,9 +53,12 @@ struct Flags {
   std::vector<std::string> policies = {"full", "streaming", "h2o", "tova", "lazy"};
   std::vector<double> budgets = {0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7};
   std::vector<double> peaks = {0.15, 0.2, 0.3, 0.4, 0.5};
-  // Without --window/--alpha: what `recall serve` resolves for a session (CacheDefaults).
+  // Without --window/--alpha: what `recall serve` resolves for a session (CacheDefaults, or
+  // the window and alpha of --calibration FILE, as `recall serve --calibration FILE`).
   int window = serving::CacheDefaults().window;
   double alpha = serving::CacheDefaults().alpha;
+  std::string calibration;
+  bool window_given = false, alpha_given = false;
   int sinks = 4;
   int prefix = 16;
   int greedy_prefix = 384;
@@ -99,10 +103,16 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
         ok = ok && absl::SimpleAtod(b, &x) && x > 0 && x <= 1;
         f->peaks.push_back(x);
       }
-    } else if (name == "--window")
+    } else if (name == "--window") {
       ok = ParseInt(v, &f->window);
-    else if (name == "--alpha") ok = absl::SimpleAtod(v, &f->alpha);
-    else if (name == "--sinks") ok = ParseInt(v, &f->sinks);
+      f->window_given = true;
+    } else if (name == "--alpha") {
+      ok = absl::SimpleAtod(v, &f->alpha);
+      f->alpha_given = true;
+    } else if (name == "--calibration") {
+      f->calibration = v;
+    } else if (name == "--sinks")
+      ok = ParseInt(v, &f->sinks);
     else if (name == "--prefix") ok = ParseInt(v, &f->prefix);
     else if (name == "--greedy-prefix") ok = ParseInt(v, &f->greedy_prefix);
     else if (name == "--probe-early") ok = ParseInt(v, &f->probe_early);
@@ -128,6 +138,16 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
           "budgets and peaks are fractions in (0, 1]; --kv-dtypes lists f32 (first), bf16, f16, "
           "int8")) {
     return false;
+  }
+  if (!f->calibration.empty()) {
+    absl::StatusOr<serving::EvictionCalibration> c =
+        serving::ReadEvictionCalibration(f->calibration);
+    if (!c.ok()) {
+      std::fprintf(stderr, "--calibration: %s\n", std::string(c.status().message()).c_str());
+      return false;
+    }
+    if (!f->window_given) f->window = c->window;
+    if (!f->alpha_given) f->alpha = c->alpha;
   }
   if (f->policies.empty() || f->budgets.empty()) {
     std::fprintf(stderr, "--policies and --budgets must not be empty\n");

@@ -1,6 +1,7 @@
 // recall_quality_bench on a tiny setting (one text per set; full, streaming and lazy+ at two
-// budgets): a real run of the benchmark binary on stories260K that ends well, whose FullKV
-// rows agree with FullKV, and whose JSON holds the equal-peak comparison on both text sets.
+// budgets, W and alpha from a calibration file): a real run of the benchmark binary on
+// stories260K that ends well, whose FullKV rows agree with FullKV, and whose JSON holds the
+// settings it ran with and the equal-peak comparison on both text sets.
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -8,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/common/test_util.h"
+#include "worker/serving/calibration.h"
 
 namespace recall::bench {
 namespace {
@@ -15,13 +17,15 @@ namespace {
 TEST(QualityBenchTest, ATinyRunComparesAtEqualPeakOnTwoTextSets) {
   RECALL_REQUIRE_SHARED_FILE("models/stories260K/stories260K.bin");
   const std::string dir = testing::MakeTempDir("quality_bench");
+  // The window and alpha come from a calibration file, as for recall serve --calibration.
+  ASSERT_TRUE(serving::WriteEvictionCalibration(dir + "/cal.json", {"lazy+", 0.2, 24, 0.02}).ok());
   const std::string cmd =
       std::string(RECALL_QUALITY_BENCH_BINARY) + " --model " +
       testing::SharedPath("models/stories260K/stories260K.bin") + " --tokenizer " +
       testing::SharedPath("models/stories260K/tok512.bin") +
       " --texts 1 --policies full,streaming,lazy+ --budgets 0.2,0.5 --peaks 0.3,0.9" +
-      " --heldout-seed 7 --out-json " + dir + "/q.json --out-png " + dir + "/q.png > " + dir +
-      "/stdout.txt 2>&1";
+      " --heldout-seed 7 --calibration " + dir + "/cal.json --out-json " + dir +
+      "/q.json --out-png " + dir + "/q.png > " + dir + "/stdout.txt 2>&1";
   const int rc = std::system(cmd.c_str());
   const std::string stdout_text = testing::ReadFileOrEmpty(dir + "/stdout.txt");
   ASSERT_EQ(rc, 0) << cmd << "\n" << stdout_text;
@@ -32,6 +36,8 @@ TEST(QualityBenchTest, ATinyRunComparesAtEqualPeakOnTwoTextSets) {
   std::ifstream in(dir + "/q.json");
   const nlohmann::json json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   ASSERT_FALSE(json.is_discarded()) << "q.json is not JSON";
+  EXPECT_EQ(json["settings"]["window"], 24);
+  EXPECT_EQ(json["settings"]["alpha"], 0.02);
   for (const nlohmann::json& r : json["results"]) {
     if (r["policy"] != "full") continue;
     EXPECT_GT(r["positions_counted"].get<int>(), 0) << r.dump();
