@@ -12,8 +12,9 @@ namespace recall::bench {
 struct PolicyOverheadOptions {
   int prompt = 512;   // tokens prefilled before timing; also the budget C
   int steps = 64;     // timed decode steps
-  int window = 32;    // W: lazy evicts every W steps, so the length stays in [C, C + W]
-  std::vector<std::string> policies = {"full", "streaming", "h2o", "tova", "rkv", "vase", "lazy"};
+  int window = 32;    // W: lazy evicts every W steps (length in [C, C + W]); lazy+ every step
+  std::vector<std::string> policies = {"full", "streaming", "h2o",  "tova",
+                                       "rkv",  "vase",      "lazy", "lazy+"};
 };
 
 // Prints one line per policy: mean step time (forward + attention probabilities + policy
