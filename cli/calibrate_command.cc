@@ -15,6 +15,7 @@
 #include "common/status.h"
 #include "kernels/backend.h"
 #include "worker/model/load.h"
+#include "worker/offline/log_probs.h"
 #include "worker/runtime/engine.h"
 #include "worker/service/worker_options.h"
 #include "worker/serving/cache_factory.h"
@@ -132,29 +133,12 @@ struct AlphaTrial {
   int64_t positions = 0;
 };
 
-// KL(p || q) of the softmaxes of two logit rows, in double; also whether their argmaxes agree.
-double KlOfLogits(const float* p_logits, const float* q_logits, int n, bool* same_top1) {
-  const auto log_sum_exp = [n](const float* x, int* argmax) {
-    double m = x[0];
-    *argmax = 0;
-    for (int i = 1; i < n; ++i) {
-      if (x[i] > m) {
-        m = x[i];
-        *argmax = i;
-      }
-    }
-    double sum = 0;
-    for (int i = 0; i < n; ++i) sum += std::exp(static_cast<double>(x[i]) - m);
-    return m + std::log(sum);
-  };
-  int ap = 0, aq = 0;
-  const double lp = log_sum_exp(p_logits, &ap), lq = log_sum_exp(q_logits, &aq);
+// KL(p || q) of the next-token distributions, from p's log-probabilities and q's logits
+// (`logq` is scratch).
+double Kl(const std::vector<double>& logp, const float* q_logits, std::vector<double>* logq) {
+  offline::LogSoftmax(q_logits, static_cast<int>(logp.size()), logq->data());
   double kl = 0;
-  for (int i = 0; i < n; ++i) {
-    const double logp = p_logits[i] - lp;
-    kl += std::exp(logp) * (logp - (q_logits[i] - lq));
-  }
-  *same_top1 = ap == aq;
+  for (size_t i = 0; i < logp.size(); ++i) kl += std::exp(logp[i]) * (logp[i] - (*logq)[i]);
   return std::max(kl, 0.0);
 }
 
@@ -243,6 +227,7 @@ absl::Status Run(const WindowOptions& o) {
       trial.probs.assign(probs.size(), 0.0f);
     }
     std::vector<float> all_logits(static_cast<size_t>(caches) * c.vocab_size);
+    std::vector<double> logp(c.vocab_size), logq(c.vocab_size);
     runtime::BatchItem pre{&seq, prompt.data(), static_cast<int>(prompt.size())};
     RECALL_RETURN_IF_ERROR(forward.Run({&pre, 1}, logits.data()));
     for (AlphaTrial& trial : trials) {
@@ -268,14 +253,20 @@ absl::Status Run(const WindowOptions& o) {
       RECALL_RETURN_IF_ERROR(forward.Run(batch, all_logits.data()));
       std::copy(all_logits.begin(), all_logits.begin() + c.vocab_size, logits.begin());
       RECALL_RETURN_IF_ERROR(evictor->Step(probs.data(), stride));
+      bool full_scored = false;
+      int32_t full_top = 0;
       for (size_t i = 0; i < trials.size(); ++i) {
         AlphaTrial& trial = trials[i];
         // Judged from the step after its first eviction, as the quality benchmark does.
         if (trial.evictor->evictions() > 0) {
-          bool same = false;
-          trial.kl_sum += KlOfLogits(logits.data(), all_logits.data() + (i + 1) * c.vocab_size,
-                                     c.vocab_size, &same);
-          trial.top1 += same ? 1 : 0;
+          if (!full_scored) {
+            offline::LogSoftmax(logits.data(), c.vocab_size, logp.data());
+            full_top = offline::Argmax(logits.data(), c.vocab_size);
+            full_scored = true;
+          }
+          const float* q = all_logits.data() + (i + 1) * c.vocab_size;
+          trial.kl_sum += Kl(logp, q, &logq);
+          trial.top1 += offline::Argmax(q, c.vocab_size) == full_top ? 1 : 0;
           ++trial.positions;
         }
         RECALL_RETURN_IF_ERROR(trial.evictor->Step(trial.probs.data(), stride));

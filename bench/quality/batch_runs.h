@@ -14,6 +14,7 @@
 #include "cache/block_pool.h"
 #include "cache/eviction/session_evictor.h"
 #include "cache/sequence_cache.h"
+#include "worker/offline/log_probs.h"
 #include "worker/runtime/forward.h"
 
 namespace recall::bench {
@@ -51,10 +52,8 @@ absl::Status PrefillRuns(runtime::ForwardPass& forward, std::vector<Run>& runs,
 absl::Status DecodeRuns(runtime::ForwardPass& forward, std::vector<Run>& runs,
                         const std::vector<int>& active, const int32_t* tokens, float* logits);
 
-// log softmax in double. logits: [vocab]; out: [vocab].
-void LogSoftmax(const float* logits, int vocab, double* out);
-
-// Greedy choice: the largest logit, ties to the lowest id.
-int32_t Argmax(const float* logits, int vocab);
+// worker/offline/log_probs.h, under the names the benchmarks use.
+using offline::Argmax;
+using offline::LogSoftmax;
 
 }  // namespace recall::bench
