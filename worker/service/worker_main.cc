@@ -154,6 +154,19 @@ absl::Status Run(const std::vector<std::string>& argv) {
                model_name.c_str(), model::ChatFormatName(options.scheduler.chat_format),
                listen.c_str(), port, (*engine)->Summary().c_str(),
                http ? absl::StrCat("on port ", http->port()).c_str() : "off");
+  {
+    // The session defaults a CacheRequest leaves unset (flags over --calibration's file).
+    const serving::CacheDefaults& d = options.scheduler.cache;
+    const std::string budget = d.budget_fraction.has_value()
+                                   ? absl::StrCat(*d.budget_fraction * 100, "%")
+                                   : absl::StrCat(d.budget_tokens, " tokens");
+    std::fprintf(stderr,
+                 "recall-worker: session defaults: policy %s, budget %s, window %d, alpha %g%s\n",
+                 d.policy.c_str(), budget.c_str(), d.window, d.alpha,
+                 options.calibration_file.empty()
+                     ? ""
+                     : absl::StrCat(" (calibration ", options.calibration_file, ")").c_str());
+  }
   if (!cluster.enabled()) {
     std::fprintf(stderr,
                  "recall-worker: WARNING: no --cluster-token-file; this port takes RunTurn, "
