@@ -8,9 +8,11 @@
 #     bash tools/train/device_train.sh            # first and later calls alike
 #   env: RUN (default build-train/run, ignored by git: stays on a warm machine between
 #        calls), TOK (default tools/train/tokenizer/tokenizer.model, the committed one),
-#        INIT (an export brought
-#        back by an earlier call, carried as an ignored path: used when RUN has no
-#        checkpoint), MINUTES (this call's training time, default 8), TRAIN_MINUTES (the
+#        INIT (an export brought back by an earlier call, carried as an ignored path: used
+#        when RUN has no checkpoint, i.e. on a fresh machine; default build-train/export
+#        when that holds one, so copy each call's OUT/model there and carry it in every
+#        call: a machine idle for 30 s between two calls is given back, and a call on a
+#        fresh machine without it starts from scratch), MINUTES (this call's training time, default 8), TRAIN_MINUTES (the
 #        whole run's training time over all calls, default 22: the cosine schedule follows
 #        it, so the run ends its schedule within one session's 30 device minutes whatever
 #        the speed; 0 means step-based, STEPS steps), STEPS (default 4000), EXTRA (more
@@ -18,6 +20,7 @@
 set -euo pipefail
 RUN=${RUN:-build-train/run}
 TOK=${TOK:-tools/train/tokenizer/tokenizer.model}
+if [ -z "${INIT:-}" ] && [ -f build-train/export/training.json ]; then INIT=build-train/export; fi
 MINUTES=${MINUTES:-8}
 TRAIN_MINUTES=${TRAIN_MINUTES:-22}
 STEPS=${STEPS:-4000}
@@ -31,6 +34,7 @@ if [ -f "$RUN/ckpt.pt" ]; then
   start=(--resume)
 elif [ -n "${INIT:-}" ]; then
   start=(--init-from "$INIT")
+  echo "device_train: no checkpoint in $RUN; continuing from the export $INIT"
 fi
 nproc_workers=$(( $(nproc) > 4 ? $(nproc) - 4 : 1 ))
 # shellcheck disable=SC2086

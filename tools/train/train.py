@@ -197,17 +197,22 @@ def heldout_accuracy(model, tk, convs, device, window=None, max_questions=None, 
 
 # ----------------------------------------------------------------------------- main
 
-def lr_at(step, args, trained_s=0.0):
+def lr_at(step, args, trained_s=0.0, fresh_from=None):
     """Linear warmup over --warmup steps, then cosine to --min-lr: over the steps up to
     --steps, or with --train-minutes over the training time (so a run of unknown speed
-    still ends its schedule within a fixed device budget)."""
+    still ends its schedule within a fixed device budget). A run continued from an export
+    (fresh_from: its step) has a fresh optimizer, whose first steps are as large as the
+    learning rate whatever the gradient: it warms up again over --rewarmup steps."""
     if step < args.warmup:
         return args.lr * (step + 1) / args.warmup
     if args.train_minutes:
         progress = min(1.0, trained_s / (args.train_minutes * 60))
     else:
         progress = min(1.0, (step - args.warmup) / max(1, args.steps - args.warmup))
-    return args.min_lr + 0.5 * (args.lr - args.min_lr) * (1 + math.cos(math.pi * progress))
+    lr = args.min_lr + 0.5 * (args.lr - args.min_lr) * (1 + math.cos(math.pi * progress))
+    if fresh_from is not None and step - fresh_from < args.rewarmup:
+        lr *= (step - fresh_from + 1) / args.rewarmup
+    return lr
 
 
 def main():
@@ -236,6 +241,8 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--min-lr", type=float, default=1e-4)
     ap.add_argument("--warmup", type=int, default=200)
+    ap.add_argument("--rewarmup", type=int, default=50,
+                    help="warmup steps after --init-from (a fresh optimizer)")
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--grad-clip", type=float, default=1.0)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -269,6 +276,7 @@ def main():
     step = 0
     trained_s = 0.0  # seconds spent training, over all calls
     state = None
+    fresh_from = None  # the step an --init-from run started at (fresh optimizer)
     if args.resume and os.path.exists(ckpt_path):
         state = torch.load(ckpt_path, map_location="cpu", weights_only=False)  # ours; see export_hf
         cfg = Config(**state["config"])
@@ -278,7 +286,7 @@ def main():
         with open(os.path.join(args.init_from, "training.json")) as f:
             info = json.load(f)
         cfg = Config(**info["config"])
-        step = info["step"]
+        step = fresh_from = info["step"]
         trained_s = info.get("trained_s", 0.0)
         from export_hf import read_safetensors  # noqa: E402
         weights = read_safetensors(os.path.join(args.init_from, "model.safetensors"))
@@ -342,7 +350,7 @@ def main():
 
     t_step = time.time()
     while more():
-        lr = lr_at(step, args, trained_s)
+        lr = lr_at(step, args, trained_s, fresh_from)
         for g in opt.param_groups:
             g["lr"] = lr
         opt.zero_grad(set_to_none=True)
