@@ -1,5 +1,6 @@
 // Scheduler: construction, the thread-safe API, and metrics. The engine loop is in
-// scheduler_step.cc, memory admission in scheduler_memory.cc.
+// scheduler_step.cc, admission in scheduler_admit.cc; the sessions and where their caches
+// live (pools, host memory, the host budget) are SessionMemory's (session_memory.h).
 #include "worker/serving/scheduler.h"
 
 #include <algorithm>
@@ -175,12 +176,25 @@ Scheduler::Scheduler(const model::Model& model, std::unique_ptr<runtime::Forward
         return o;
       }()),
       caches_(std::move(caches)),
-      metrics_(std::make_unique<Metrics>(registry)) {
+      metrics_(std::make_unique<Metrics>(registry)),
+      memory_(
+          [&] {
+            std::vector<cache::BlockPool*> pools;
+            for (const SchedulerRank& r : ranks_.ranks) pools.push_back(r.pool);
+            return pools;
+          }(),
+          options.host_cache_bytes,
+          {.offloads = metrics_->offloads,
+           .restores = metrics_->restores,
+           .drops = metrics_->drops_memory}) {
+  memory_.set_on_drop([this](const Session& s) {
+    if (s.episodic != nullptr && builder_ != nullptr) builder_->Cancel(s.id);
+  });
   logits_.resize(static_cast<size_t>(options.max_active) * model.config.vocab_size);
   {
     absl::MutexLock lock(&mu_);
-    load_.kv_blocks_total = PoolBlocks();
-    load_.kv_blocks_free = FreeBlocks();
+    load_.kv_blocks_total = memory_.PoolBlocks();
+    load_.kv_blocks_free = memory_.FreeBlocks();
     for (const SchedulerRank& r : ranks_.ranks) load_.kv_block_bytes += r.pool->block_bytes();
   }
   metrics::Registry* r = metrics_->registry;

@@ -53,6 +53,7 @@
 #include "worker/runtime/forward.h"
 #include "worker/serving/cache_factory.h"
 #include "worker/serving/session.h"
+#include "worker/serving/session_memory.h"
 #include "worker/serving/turn_request.h"
 #include "worker/serving/turn_stream.h"
 #include "worker/tokenizer/tokenizer.h"
@@ -225,21 +226,16 @@ class Scheduler {
   void FinishTurn(Turn& turn, absl::Status status);
   void EndTurn(Turn& turn);  // removes it from active_, frees the session's busy flag
 
-  // Memory (scheduler_memory.cc).
-  // Blocks per rank (ranks' pools fill alike except under head-adaptive eviction).
-  using RankBlocks = std::vector<int64_t>;
+  // Admission (scheduler_admit.cc); where session caches live is memory_'s (session_memory.h).
+  using RankBlocks = SessionMemory::RankBlocks;
   RankBlocks BlocksToAdmit(const Turn& turn) const;
   // The error of a turn whose cache cannot fit the whole pool even at its end (the session
   // keeps every token: no evictor; what is cached, the rest of the prompt and max_tokens, up
   // to the context), or OK. ResourceExhausted, not retryable.
   absl::Status CheckPeakFits(const Turn& turn) const;
-  bool Fits(const RankBlocks& need) const;                     // every rank's pool has them free
-  int64_t PoolBlocks() const;                                  // the smallest rank pool
-  int64_t FreeBlocks() const;                                  // the fewest free blocks of any rank
-  bool MakeRoom(const RankBlocks& need, const Session* keep);  // offload / drop idle sessions
+  // memory_.MakeRoom sparing the running turns' sessions and `keep`.
+  bool MakeRoom(const RankBlocks& need, const Session* keep);
   bool PreemptOne();
-  void OffloadOrDrop(Session& s);
-  void DropCache(Session& s);
   absl::Status EnsureResident(Turn& turn);
   absl::Status CreateCache(Session& s, const Turn& turn);
   // EpiCache sessions (scheduler_episodes.cc).
@@ -283,12 +279,10 @@ class Scheduler {
   LoadSnapshot load_ ABSL_GUARDED_BY(mu_);
 
   // Engine thread only.
-  std::map<std::string, std::unique_ptr<Session>> sessions_;
   std::deque<std::shared_ptr<Turn>> waiting_;
   std::vector<std::shared_ptr<Turn>> active_;
   std::vector<float> logits_;
   int64_t step_ = 0;
-  int64_t host_bytes_ = 0;
   std::deque<std::pair<double, int64_t>> token_times_;  // (seconds, tokens) for tokens/s
 
   // EpiCache (engine thread; created on first use).
@@ -299,6 +293,7 @@ class Scheduler {
 
   struct Metrics;
   std::unique_ptr<Metrics> metrics_;
+  SessionMemory memory_;  // engine thread only
   std::thread thread_;
 };
 

@@ -173,7 +173,7 @@ void Scheduler::RunBatch() {
     if (!PreemptOne()) {
       // A single turn that outgrew the pool: end it rather than hang.
       FinishTurn(*active_.back(), absl::ResourceExhaustedError(absl::StrCat(
-                                      "the KV pool is exhausted (", PoolBlocks(),
+                                      "the KV pool is exhausted (", memory_.PoolBlocks(),
                                       " blocks); retry after ", options_.retry_after_ms, " ms")));
       if (active_.empty()) return;
     }

@@ -58,9 +58,9 @@ cache::eviction::SessionEvictorOptions Scheduler::EvictorOptions(const Session& 
 void Scheduler::CollectEpisodes() {
   if (builder_ == nullptr) return;
   for (EpisodeResult& r : builder_->TakeReady()) {
-    auto it = sessions_.find(r.session);
-    if (it == sessions_.end() || it->second->episodic == nullptr) continue;
-    SessionEpisodes& e = *it->second->episodic;
+    Session* s = memory_.Find(r.session);
+    if (s == nullptr || s->episodic == nullptr) continue;
+    SessionEpisodes& e = *s->episodic;
     if (r.generation != e.generation) continue;  // a newer job was submitted
     e.building = false;
     if (!r.set.ok()) {  // logged by the builder; the session keeps what it has
@@ -80,7 +80,7 @@ void Scheduler::InstallEpisodes(Session& s) {
   int64_t incoming = 0;
   for (const auto& c : set.caches) incoming += c->host_bytes();
   const int64_t outgoing = e.parked_host_bytes() + (s.offloaded() ? s.host_bytes() : 0);
-  if (host_bytes_ - outgoing + incoming > options_.host_cache_bytes) {
+  if (!memory_.HostFits(incoming, outgoing)) {
     metrics_->episodes_over_host->Increment();
     RECALL_LOG(WARNING) << "session " << s.id << ": " << set.caches.size() << " episodes ("
                         << incoming << " host bytes) do not fit --host-cache-bytes; kept "
@@ -91,12 +91,12 @@ void Scheduler::InstallEpisodes(Session& s) {
     if (!c->Rebind(ranks_.ranks[0].pool).ok()) return;  // same layout by construction
   }
   // The old caches go: the parked ones and the one in use.
-  host_bytes_ -= e.parked_host_bytes();
-  if (s.offloaded()) host_bytes_ -= s.host_bytes();
+  memory_.CountHost(-e.parked_host_bytes());
+  if (s.offloaded()) memory_.CountHost(-s.host_bytes());
   s.evictors.clear();
   s.caches.clear();
   e.parked = std::move(set.caches);
-  for (const auto& c : e.parked) host_bytes_ += c->host_bytes();
+  memory_.CountHost(e.parked_host_bytes());
   e.upto.assign(e.parked.size(), r->history_tokens);
   e.list = std::move(set.episodes);
   e.router = std::move(r->router);
@@ -110,19 +110,16 @@ absl::Status Scheduler::SwitchEpisode(Session& s, int episode) {
   SessionEpisodes& e = *s.episodic;
   if (episode == e.active && !s.caches.empty()) return absl::OkStatus();
   if (!s.caches.empty()) {
-    // An offloaded cache's host bytes are counted in host_bytes_ whether it is the
+    // An offloaded cache's host bytes are counted by memory_ whether it is the
     // session's or parked; only offloading and dropping change the count.
     if (e.active >= 0) {
       // Park the cache in use (upto: what it held after its last completed turn).
-      if (s.resident()) {
-        s.Offload();
-        host_bytes_ += s.host_bytes();
-      }
+      if (s.resident()) memory_.OffloadPinned(s);
       s.evictors.clear();
       e.parked[static_cast<size_t>(e.active)] = std::move(s.caches[0]);
     } else {
       // The pre-episode lazy cache is replaced by the episodes.
-      if (s.offloaded()) host_bytes_ -= s.host_bytes();
+      if (s.offloaded()) memory_.CountHost(-s.host_bytes());
       s.evictors.clear();
     }
     s.caches.clear();

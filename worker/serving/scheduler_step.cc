@@ -52,8 +52,7 @@ bool Scheduler::Step() {
   }
   // A session with a turn waiting is not offloaded or dropped to make room for others.
   for (auto& t : waiting_) {
-    auto it = sessions_.find(t->req.session_id);
-    if (it != sessions_.end()) it->second->busy = true;
+    if (Session* s = memory_.Find(t->req.session_id)) s->busy = true;
   }
   CollectEpisodes();
   Admit();
@@ -71,17 +70,17 @@ bool Scheduler::Step() {
   int64_t tokens = 0;
   for (const auto& [when, n] : token_times_) tokens += n;
   int resident = 0, offloaded = 0;
-  for (const auto& [id, s] : sessions_) {
+  for (const auto& [id, s] : memory_.sessions()) {
     resident += s->resident() ? 1 : 0;
     offloaded += s->offloaded() ? 1 : 0;
   }
   absl::MutexLock lock(&mu_);
-  load_.kv_blocks_free = FreeBlocks();
+  load_.kv_blocks_free = memory_.FreeBlocks();
   load_.active_turns = static_cast<int>(active_.size());
   load_.queued_turns = static_cast<int>(waiting_.size());
   load_.resident_sessions = resident;
   load_.offloaded_sessions = offloaded;
-  load_.host_bytes_used = host_bytes_;
+  load_.host_bytes_used = memory_.host_bytes();
   load_.tokens_per_second =
       token_times_.empty() ? 0.0 : tokens / std::max(1.0, now - token_times_.front().first);
   return !active_.empty();
@@ -121,15 +120,15 @@ void Scheduler::ApplyCommands() {
       answer(static_cast<int64_t>(hit.size()));
       continue;
     }
-    auto it = sessions_.find(c.key);
-    if (it == sessions_.end()) {
+    Session* s = memory_.Find(c.key);
+    if (s == nullptr) {
       answer(hit.empty() ? absl::NotFoundError(absl::StrCat(
                                "session_id: this worker holds no session \"", c.key, "\""))
                          : absl::StatusOr<int64_t>(0));
       continue;
     }
-    const int64_t freed = it->second->resident() ? it->second->bytes_held() : 0;
-    DropCache(*it->second);
+    const int64_t freed = s->resident() ? s->bytes_held() : 0;
+    memory_.Drop(*s);
     answer(freed);
   }
 }
@@ -152,11 +151,11 @@ void Scheduler::Admit() {
     }
     const RankBlocks need = BlocksToAdmit(*t);
     const int64_t most = *std::max_element(need.begin(), need.end());
-    if (most > PoolBlocks()) {
-      FinishTurn(*t,
-                 absl::ResourceExhaustedError(absl::StrCat(
-                     "the turn needs ", most, " KV blocks but the whole pool has ", PoolBlocks(),
-                     ": use a smaller budget or a shorter transcript (not retryable)")));
+    if (most > memory_.PoolBlocks()) {
+      FinishTurn(*t, absl::ResourceExhaustedError(absl::StrCat(
+                         "the turn needs ", most, " KV blocks but the whole pool has ",
+                         memory_.PoolBlocks(),
+                         ": use a smaller budget or a shorter transcript (not retryable)")));
       continue;
     }
     if (!MakeRoom(need, t->session)) {
@@ -184,8 +183,7 @@ void Scheduler::Admit() {
 absl::Status Scheduler::PrepareContext(Turn& t) {
   const TurnRequest& r = t.req;
   const model::ModelConfig& config = model_.config;
-  auto it = sessions_.find(r.session_id);
-  Session* s = it == sessions_.end() ? nullptr : it->second.get();
+  Session* s = memory_.Find(r.session_id);
   // The worker's copy of the transcript is usable when it has as many messages as the
   // request says came before, and they equal the request's history when one is sent.
   const bool same_history =
@@ -262,13 +260,12 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
                                                    " tokens, the model's context length is ",
                                                    config.max_seq_len));
   }
-  if (s != nullptr) DropCache(*s);
+  if (s != nullptr) memory_.Drop(*s);
   auto fresh = std::make_unique<Session>();
   fresh->id = r.session_id;
   fresh->messages = history;
   if (compact) fresh->positions = runtime::Positions::kCompact;
-  s = fresh.get();
-  sessions_[r.session_id] = std::move(fresh);
+  s = &memory_.Add(std::move(fresh));
   if (r.history_length > 0) {
     t.rebuilt = true;
     metrics_->rebuilds->Increment();
@@ -372,13 +369,12 @@ void Scheduler::FinishTurn(Turn& t, absl::Status status) {
     (absl::IsCancelled(status) ? metrics_->cancelled : metrics_->failed)->Increment();
     t.stream->Finish(status);
     // A partly run turn leaves the cache out of step with the transcript: drop it.
-    if (t.touched && s != nullptr) DropCache(*s);
+    if (t.touched && s != nullptr) memory_.Drop(*s);
   }
-  auto it = sessions_.find(t.req.session_id);
-  if (it != sessions_.end()) {
-    it->second->busy = false;
-    it->second->last_used = step_;
-    if (it->second->caches.empty()) sessions_.erase(it);  // never got a cache
+  if (Session* held = memory_.Find(t.req.session_id)) {
+    held->busy = false;
+    held->last_used = step_;
+    memory_.DropIfUncached(held->id);  // never got a cache
   }
 }
 

@@ -1,5 +1,6 @@
-// Scheduler: KV memory admission. Offloading idle sessions to host memory, dropping them
-// when the host budget is spent, preempting running turns, and creating session caches.
+// Scheduler: admission. The blocks a turn needs, whether it can ever fit, making room for it
+// (memory_ chooses what to offload or drop), preempting a running turn, and making or
+// restoring a session's cache when its turn is admitted.
 #include <algorithm>
 #include <functional>
 #include <set>
@@ -65,54 +66,11 @@ absl::Status Scheduler::CheckPeakFits(const Turn& t) const {
   return absl::OkStatus();
 }
 
-bool Scheduler::Fits(const RankBlocks& need) const {
-  for (size_t r = 0; r < need.size(); ++r) {
-    if (ranks_.ranks[r].pool->free_blocks() < need[r]) return false;
-  }
-  return true;
-}
-
-int64_t Scheduler::PoolBlocks() const {
-  int64_t n = ranks_.ranks[0].pool->num_blocks();
-  for (const SchedulerRank& r : ranks_.ranks) n = std::min<int64_t>(n, r.pool->num_blocks());
-  return n;
-}
-
-int64_t Scheduler::FreeBlocks() const {
-  int64_t n = ranks_.ranks[0].pool->free_blocks();
-  for (const SchedulerRank& r : ranks_.ranks) n = std::min<int64_t>(n, r.pool->free_blocks());
-  return n;
-}
-
 bool Scheduler::MakeRoom(const RankBlocks& need, const Session* keep) {
-  if (Fits(need)) return true;
+  if (memory_.Fits(need)) return true;
   std::set<const Session*> running;
   for (const auto& t : active_) running.insert(t->session);
-  while (!Fits(need)) {
-    // Idle sessions first (least recently used), then sessions whose turn is still waiting
-    // (they are restored when it is admitted); never a running turn's or `keep`.
-    Session* victim = nullptr;
-    for (const bool waiting : {false, true}) {
-      for (auto& [id, s] : sessions_) {
-        if (s.get() == keep || s->busy != waiting || running.count(s.get()) > 0 || !s->resident() ||
-            s->bytes_held() == 0) {
-          continue;
-        }
-        if (victim == nullptr || s->last_used < victim->last_used) victim = s.get();
-      }
-      if (victim != nullptr) break;
-    }
-    if (victim == nullptr) return false;
-    if (victim->busy) {
-      // Its turn must find it again: offload even past the host budget (as a preemption).
-      victim->Offload();
-      host_bytes_ += victim->host_bytes();
-      metrics_->offloads->Increment();
-    } else {
-      OffloadOrDrop(*victim);
-    }
-  }
-  return true;
+  return memory_.MakeRoom(need, keep, running);
 }
 
 bool Scheduler::PreemptOne() {
@@ -123,33 +81,12 @@ bool Scheduler::PreemptOne() {
   std::shared_ptr<Turn> t = *newest;
   active_.erase(newest);
   Session& s = *t->session;
-  s.Offload();  // kept even past the host budget: the turn must resume
-  host_bytes_ += s.host_bytes();
+  memory_.OffloadPinned(s);  // kept even past the host budget: the turn must resume
   metrics_->preemptions->Increment();
   RECALL_LOG(INFO) << "preempted turn " << t->req.request_id << " of session " << s.id
                    << " to host memory (" << s.host_bytes() << " bytes)";
   waiting_.push_front(std::move(t));
   return true;
-}
-
-void Scheduler::OffloadOrDrop(Session& s) {
-  if (host_bytes_ + s.bytes_held() <= options_.host_cache_bytes) {
-    s.Offload();
-    host_bytes_ += s.host_bytes();
-    metrics_->offloads->Increment();
-    return;
-  }
-  metrics_->drops_memory->Increment();
-  DropCache(s);
-}
-
-void Scheduler::DropCache(Session& s) {
-  if (s.offloaded()) host_bytes_ -= s.host_bytes();
-  if (s.episodic != nullptr) {
-    host_bytes_ -= s.episodic->parked_host_bytes();
-    if (builder_ != nullptr) builder_->Cancel(s.id);
-  }
-  sessions_.erase(s.id);  // destroys the evictors, then the caches (their blocks go back)
 }
 
 absl::Status Scheduler::CreateCache(Session& s, const Turn& t) {
@@ -208,10 +145,7 @@ absl::Status Scheduler::EnsureResident(Turn& t) {
     RECALL_RETURN_IF_ERROR(CreateCache(s, t));
     fresh = true;
   } else if (s.offloaded()) {
-    const int64_t host = s.host_bytes();
-    RECALL_RETURN_IF_ERROR(s.Restore());
-    host_bytes_ -= host;
-    metrics_->restores->Increment();
+    RECALL_RETURN_IF_ERROR(memory_.Restore(s));
   }
   if (t.touched) return absl::OkStatus();  // resuming after preemption
   s.pending.clear();                       // Prepare moved them into the prompt

@@ -1,0 +1,111 @@
+#include "worker/serving/session_memory.h"
+
+#include <algorithm>
+
+#include "common/logging.h"
+#include "common/status.h"
+
+namespace recall::serving {
+
+SessionMemory::SessionMemory(std::vector<cache::BlockPool*> pools, int64_t host_budget,
+                             Counters counters)
+    : pools_(std::move(pools)), host_budget_(host_budget), counters_(counters) {
+  RECALL_CHECK(!pools_.empty()) << "SessionMemory needs a pool";
+}
+
+SessionMemory::~SessionMemory() = default;
+
+Session* SessionMemory::Find(const std::string& id) const {
+  auto it = sessions_.find(id);
+  return it == sessions_.end() ? nullptr : it->second.get();
+}
+
+Session& SessionMemory::Add(std::unique_ptr<Session> session) {
+  RECALL_CHECK(sessions_.count(session->id) == 0) << "session " << session->id << " held twice";
+  Session& s = *session;
+  sessions_[s.id] = std::move(session);
+  return s;
+}
+
+void SessionMemory::DropIfUncached(const std::string& id) {
+  Session* s = Find(id);
+  if (s != nullptr && s->caches.empty()) Drop(*s);
+}
+
+void SessionMemory::Drop(Session& s) {
+  if (on_drop_) on_drop_(s);
+  if (s.offloaded()) host_bytes_ -= s.host_bytes();
+  if (s.episodic != nullptr) host_bytes_ -= s.episodic->parked_host_bytes();
+  sessions_.erase(s.id);  // destroys the evictors, then the caches (their blocks go back)
+}
+
+bool SessionMemory::Fits(const RankBlocks& need) const {
+  for (size_t r = 0; r < need.size(); ++r) {
+    if (pools_[r]->free_blocks() < need[r]) return false;
+  }
+  return true;
+}
+
+int64_t SessionMemory::PoolBlocks() const {
+  int64_t n = pools_[0]->num_blocks();
+  for (const cache::BlockPool* p : pools_) n = std::min<int64_t>(n, p->num_blocks());
+  return n;
+}
+
+int64_t SessionMemory::FreeBlocks() const {
+  int64_t n = pools_[0]->free_blocks();
+  for (const cache::BlockPool* p : pools_) n = std::min<int64_t>(n, p->free_blocks());
+  return n;
+}
+
+bool SessionMemory::MakeRoom(const RankBlocks& need, const Session* keep,
+                             const std::set<const Session*>& running) {
+  while (!Fits(need)) {
+    // Idle sessions first (least recently used), then sessions whose turn is still waiting
+    // (they are restored when it is admitted); never a running turn's or `keep`.
+    Session* victim = nullptr;
+    for (const bool waiting : {false, true}) {
+      for (auto& [id, s] : sessions_) {
+        if (s.get() == keep || s->busy != waiting || running.count(s.get()) > 0 || !s->resident() ||
+            s->bytes_held() == 0) {
+          continue;
+        }
+        if (victim == nullptr || s->last_used < victim->last_used) victim = s.get();
+      }
+      if (victim != nullptr) break;
+    }
+    if (victim == nullptr) return false;
+    if (victim->busy) {
+      OffloadPinned(*victim);  // its turn must find it again
+      counters_.offloads->Increment();
+    } else {
+      OffloadOrDrop(*victim);
+    }
+  }
+  return true;
+}
+
+void SessionMemory::OffloadOrDrop(Session& s) {
+  if (HostFits(s.bytes_held())) {
+    OffloadPinned(s);
+    counters_.offloads->Increment();
+    return;
+  }
+  counters_.drops->Increment();
+  Drop(s);
+}
+
+void SessionMemory::OffloadPinned(Session& s) {
+  s.Offload();
+  host_bytes_ += s.host_bytes();
+}
+
+absl::Status SessionMemory::Restore(Session& s) {
+  const int64_t host = s.host_bytes();
+  RECALL_RETURN_IF_ERROR(s.Restore());
+  host_bytes_ -= host;
+  counters_.restores->Increment();
+  return absl::OkStatus();
+}
+
+}  // namespace recall::serving

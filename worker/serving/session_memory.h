@@ -1,0 +1,95 @@
+// SessionMemory: the sessions one scheduler holds, and where their KV caches live.
+//
+// A session's cache is resident (its blocks in every rank's pool), offloaded (copied to host
+// memory, its blocks freed), or gone: dropped with the session, which is rebuilt from its
+// transcript at its next turn. SessionMemory owns the sessions, counts the host bytes of
+// offloaded and parked caches against the host budget, and chooses what leaves the pools when
+// a turn needs blocks: idle sessions first, least recently used first, then sessions whose
+// turn is still waiting (offloaded even past the host budget: their turn must find them).
+// What runs and what waits is the scheduler's business: it names the sessions to spare.
+//
+// Engine thread only (not thread safe).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "cache/block_pool.h"
+#include "common/metrics/registry.h"
+#include "worker/serving/session.h"
+
+namespace recall::serving {
+
+class SessionMemory {
+ public:
+  // Blocks per rank (ranks' pools fill alike except under head-adaptive eviction).
+  using RankBlocks = std::vector<int64_t>;
+  struct Counters {
+    metrics::Counter* offloads = nullptr;  // caches moved to host memory
+    metrics::Counter* restores = nullptr;  // caches moved back to the pools
+    metrics::Counter* drops = nullptr;     // sessions dropped for lack of host memory
+  };
+
+  // `pools`: one per rank, in rank order; they must outlive this. `host_budget`: the host
+  // bytes offloaded and parked caches may take (offloads for preemption may pass it).
+  SessionMemory(std::vector<cache::BlockPool*> pools, int64_t host_budget, Counters counters);
+  ~SessionMemory();  // destroys the sessions (their blocks go back to the pools)
+  SessionMemory(const SessionMemory&) = delete;
+  SessionMemory& operator=(const SessionMemory&) = delete;
+
+  // Runs before a session is dropped (the scheduler cancels its episode builds).
+  void set_on_drop(std::function<void(const Session&)> on_drop) { on_drop_ = std::move(on_drop); }
+
+  Session* Find(const std::string& id) const;
+  // Takes the session (replacing none: its id must be new) and returns it.
+  Session& Add(std::unique_ptr<Session> session);
+  const std::map<std::string, std::unique_ptr<Session>>& sessions() const { return sessions_; }
+  // Drops the session when it holds no cache (its first turn failed before making one).
+  void DropIfUncached(const std::string& id);
+  // Drops the session: its cache wherever it lives (and its parked episodes) and the session.
+  void Drop(Session& s);
+
+  // Pools.
+  bool Fits(const RankBlocks& need) const;  // every rank's pool has them free
+  int64_t PoolBlocks() const;               // the smallest rank pool
+  int64_t FreeBlocks() const;               // the fewest free blocks of any rank
+
+  // Offloads or drops sessions until `need` fits (see above); never `keep` or a session in
+  // `running`. False when nothing more can be freed.
+  bool MakeRoom(const RankBlocks& need, const Session* keep,
+                const std::set<const Session*>& running);
+  // Offloads while the host budget allows, drops the session otherwise.
+  void OffloadOrDrop(Session& s);
+  // Offloads even past the host budget (a preempted or waiting turn's session). Counts no
+  // offload: the caller says what it was.
+  void OffloadPinned(Session& s);
+  // Moves an offloaded cache back to the pools (the blocks must be free).
+  absl::Status Restore(Session& s);
+
+  // Host memory.
+  int64_t host_bytes() const { return host_bytes_; }
+  int64_t host_budget() const { return host_budget_; }
+  // Whether `extra` more host bytes fit the budget once `freed` are given back.
+  bool HostFits(int64_t extra, int64_t freed = 0) const {
+    return host_bytes_ - freed + extra <= host_budget_;
+  }
+  // Accounts host bytes that moved without an offload or restore of the session's own cache
+  // (episodes parked, installed or replaced; +: taken, -: given back).
+  void CountHost(int64_t delta) { host_bytes_ += delta; }
+
+ private:
+  const std::vector<cache::BlockPool*> pools_;
+  const int64_t host_budget_;
+  const Counters counters_;
+  std::function<void(const Session&)> on_drop_;
+  std::map<std::string, std::unique_ptr<Session>> sessions_;
+  int64_t host_bytes_ = 0;
+};
+
+}  // namespace recall::serving
