@@ -186,9 +186,15 @@ Scheduler::Scheduler(const model::Model& model, std::unique_ptr<runtime::Forward
           options.host_cache_bytes,
           {.offloads = metrics_->offloads,
            .restores = metrics_->restores,
-           .drops = metrics_->drops_memory}) {
+           .drops = metrics_->drops_memory}),
+      episodes_(model, tokenizer, ranks_.ranks.size() == 1 ? ranks_.ranks[0].pool : nullptr,
+                options.episode_threads, memory_,
+                {.installed = metrics_->episodes_installed,
+                 .failed = metrics_->episodes_failed,
+                 .over_host = metrics_->episodes_over_host,
+                 .switches = metrics_->episode_switches}) {
   memory_.set_on_drop([this](const Session& s) {
-    if (s.episodic != nullptr && builder_ != nullptr) builder_->Cancel(s.id);
+    if (s.episodic != nullptr) episodes_.Cancel(s.id);
   });
   logits_.resize(static_cast<size_t>(options.max_active) * model.config.vocab_size);
   {
@@ -228,7 +234,7 @@ Scheduler::~Scheduler() {
 }
 
 absl::Status Scheduler::CheckDefaultPolicy() const {
-  if (options_.cache.policy == "episodic" && !EpisodesSupported()) {
+  if (options_.cache.policy == "episodic" && !episodes_.Supported()) {
     return absl::InvalidArgumentError(
         "default policy \"episodic\" runs on one CPU rank; this scheduler has tp > 1 or a GPU "
         "pool");
@@ -238,7 +244,7 @@ absl::Status Scheduler::CheckDefaultPolicy() const {
 
 std::vector<std::string> Scheduler::policies() const {
   std::vector<std::string> names = cache::eviction::PolicyNames();
-  if (EpisodesSupported()) names.push_back("episodic");
+  if (episodes_.Supported()) names.push_back("episodic");
   return names;
 }
 
@@ -322,6 +328,8 @@ void Scheduler::DropSessionAsync(const std::string& session_id,
                                  std::function<void(absl::StatusOr<int64_t>)> done) {
   PostAsync({Command::Kind::kDrop, session_id, std::move(done)});
 }
+
+void Scheduler::WaitForEpisodeBuilds() const { episodes_.WaitIdle(); }
 
 LoadSnapshot Scheduler::Load() const {
   absl::MutexLock lock(&mu_);

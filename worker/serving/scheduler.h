@@ -52,6 +52,7 @@
 #include "worker/runtime/engine.h"
 #include "worker/runtime/forward.h"
 #include "worker/serving/cache_factory.h"
+#include "worker/serving/episode_serving.h"
 #include "worker/serving/session.h"
 #include "worker/serving/session_memory.h"
 #include "worker/serving/turn_request.h"
@@ -59,8 +60,6 @@
 #include "worker/tokenizer/tokenizer.h"
 
 namespace recall::serving {
-
-class EpisodeBuilder;
 
 struct SchedulerOptions {
   int max_batch_tokens = 256;  // tokens per forward pass
@@ -191,7 +190,7 @@ class Scheduler {
                                                          const model::Tokenizer& tokenizer,
                                                          const SchedulerOptions& options,
                                                          metrics::Registry* metrics);
-  absl::Status CheckDefaultPolicy() const;  // "episodic" needs EpisodesSupported()
+  absl::Status CheckDefaultPolicy() const;  // "episodic" needs episodes_.Supported()
 
   // Hands a command to the engine thread and waits for its result.
   absl::StatusOr<int64_t> Post(Command command);
@@ -238,25 +237,9 @@ class Scheduler {
   bool PreemptOne();
   absl::Status EnsureResident(Turn& turn);
   absl::Status CreateCache(Session& s, const Turn& turn);
-  // EpiCache sessions (scheduler_episodes.cc).
-  bool EpisodesSupported() const;  // one rank whose pool the host can read
-  // Creates the builder and the routing embedder on first use.
-  absl::Status EnsureEpisodeBuilder();
-  // Hands finished builds to their sessions (installed at their next turn).
-  void CollectEpisodes();
-  // For an episodic session's continuing turn: installs a finished build, routes the turn
-  // to its episode (swapping caches), prepends the tokens that episode has not seen, and
-  // submits a rebuild when one is due.
+  // An episodic session's continuing turn: episodes_.BeginTurn, then the tokens the episode
+  // in use has not seen go before the prompt.
   absl::Status PrepareEpisodes(Turn& turn);
-  void InstallEpisodes(Session& s);
-  // After a completed turn: the active episode's cache holds every token of the session.
-  void EpisodeTurnDone(Session& s);
-  // Makes `episode`'s cache the session's (parking the one in use), with a fresh evictor.
-  absl::Status SwitchEpisode(Session& s, int episode);
-  // Submits a build of the session's history when one is due.
-  void SubmitEpisodes(Session& s);
-  // The lazy evictor options of an episodic session's cache.
-  cache::eviction::SessionEvictorOptions EvictorOptions(const Session& s) const;
 
   // Summed over the session's ranks.
   static int64_t TotalEvictions(const Session& s);
@@ -285,15 +268,10 @@ class Scheduler {
   int64_t step_ = 0;
   std::deque<std::pair<double, int64_t>> token_times_;  // (seconds, tokens) for tokens/s
 
-  // EpiCache (engine thread; created on first use).
-  std::unique_ptr<EpisodeBuilder> builder_;
-  std::atomic<EpisodeBuilder*> builder_ptr_{nullptr};  // for other threads
-  std::unique_ptr<kernels::Backend> route_backend_;
-  std::unique_ptr<cache::episodic::Embedder> route_embedder_;
-
   struct Metrics;
   std::unique_ptr<Metrics> metrics_;
-  SessionMemory memory_;  // engine thread only
+  SessionMemory memory_;     // engine thread only
+  EpisodeServing episodes_;  // engine thread only (but WaitIdle)
   std::thread thread_;
 };
 

@@ -9,7 +9,6 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "worker/runtime/positions.h"
-#include "worker/serving/episode_builder.h"
 #include "worker/serving/scheduler.h"
 #include "worker/serving/scheduler_turn.h"
 
@@ -100,9 +99,10 @@ absl::Status Scheduler::CreateCache(Session& s, const Turn& t) {
   if (spec.policy == "episodic") {
     s.episodic = std::make_unique<SessionEpisodes>();
     s.episodic->spec = spec;
-    absl::Status ready = EnsureEpisodeBuilder();
+    absl::Status ready = episodes_.Start();
     absl::StatusOr<std::unique_ptr<cache::eviction::SessionEvictor>> evictor =
-        ready.ok() ? cache::eviction::SessionEvictor::Create(EvictorOptions(s), s.caches[0].get())
+        ready.ok() ? cache::eviction::SessionEvictor::Create(episodes_.EvictorOptions(s),
+                                                             s.caches[0].get())
                    : absl::StatusOr<std::unique_ptr<cache::eviction::SessionEvictor>>(ready);
     if (!evictor.ok()) {
       s.caches.clear();

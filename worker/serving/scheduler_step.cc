@@ -54,7 +54,7 @@ bool Scheduler::Step() {
   for (auto& t : waiting_) {
     if (Session* s = memory_.Find(t->req.session_id)) s->busy = true;
   }
-  CollectEpisodes();
+  episodes_.Collect();
   Admit();
   {
     // The turns just admitted count as running during their first step already (its first
@@ -178,6 +178,18 @@ void Scheduler::Admit() {
     t->session->last_used = step_;
     active_.push_back(std::move(t));
   }
+}
+
+absl::Status Scheduler::PrepareEpisodes(Turn& t) {
+  Session& s = *t.session;
+  RECALL_ASSIGN_OR_RETURN(const size_t held, episodes_.BeginTurn(s, t.req.messages));
+  if (held < s.tokens.size()) {
+    t.prompt.insert(t.prompt.begin(), s.tokens.begin() + held, s.tokens.end());
+    t.n_replay = static_cast<int>(s.tokens.size() - held);
+    t.cached_tokens -= t.n_replay;
+    metrics_->replayed_tokens->Increment(t.n_replay);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Scheduler::PrepareContext(Turn& t) {
@@ -349,7 +361,7 @@ void Scheduler::FinishTurn(Turn& t, absl::Status status) {
       sum.evicted_tokens = TotalEvictedSlots(*s) - t.evicted_at_start;
     }
     sum.rebuilt = t.rebuilt;
-    if (s->episodic != nullptr) EpisodeTurnDone(*s);
+    if (s->episodic != nullptr) episodes_.TurnDone(*s);
     if (s->episodic != nullptr && !s->episodic->list.empty()) {
       for (const auto& e : s->episodic->list) {
         sum.episode_windows.push_back(static_cast<int>(e.windows.size()));

@@ -1,6 +1,5 @@
-// Scheduler: EpiCache sessions (policy "episodic", EVICTION.md section 2). Episodes are
-// built off the serving path by an EpisodeBuilder; between turns the scheduler installs a
-// finished build, routes each turn to its episode and swaps that episode's cache in.
+#include "worker/serving/episode_serving.h"
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -10,27 +9,36 @@
 #include "worker/runtime/device.h"
 #include "worker/runtime/episodic/model_embedder.h"
 #include "worker/serving/episode_builder.h"
-#include "worker/serving/scheduler.h"
-#include "worker/serving/scheduler_turn.h"
 
 namespace recall::serving {
 
 namespace ep = cache::episodic;
 
-bool Scheduler::EpisodesSupported() const {
-  return ranks_.ranks.size() == 1 && ranks_.ranks[0].pool->memory().host_accessible();
+EpisodeServing::EpisodeServing(const model::Model& model, const model::Tokenizer& tokenizer,
+                               cache::BlockPool* pool, int threads, SessionMemory& memory,
+                               Counters counters)
+    : model_(model),
+      tokenizer_(tokenizer),
+      pool_(pool),
+      threads_(threads),
+      memory_(memory),
+      counters_(counters) {}
+
+EpisodeServing::~EpisodeServing() = default;
+
+bool EpisodeServing::Supported() const {
+  return pool_ != nullptr && pool_->memory().host_accessible();
 }
 
-absl::Status Scheduler::EnsureEpisodeBuilder() {
+absl::Status EpisodeServing::Start() {
   if (builder_ != nullptr) return absl::OkStatus();
-  if (!EpisodesSupported()) {
+  if (!Supported()) {
     return absl::InvalidArgumentError(
         "cache.policy: episodic runs on one CPU rank (its block-wise build scores keys on the "
         "host); this worker has tp > 1 or a GPU pool");
   }
   RECALL_ASSIGN_OR_RETURN(builder_,
-                          EpisodeBuilder::Create(model_, tokenizer_, ranks_.ranks[0].pool->layout(),
-                                                 options_.episode_threads));
+                          EpisodeBuilder::Create(model_, tokenizer_, pool_->layout(), threads_));
   builder_ptr_.store(builder_.get());
   RECALL_ASSIGN_OR_RETURN(
       route_backend_, runtime::MakeBackend({.device = runtime::Device::kCpu, .cpu_threads = 1}));
@@ -42,11 +50,15 @@ absl::Status Scheduler::EnsureEpisodeBuilder() {
   return absl::OkStatus();
 }
 
-void Scheduler::WaitForEpisodeBuilds() const {
+void EpisodeServing::WaitIdle() const {
   if (EpisodeBuilder* b = builder_ptr_.load()) b->WaitIdle();
 }
 
-cache::eviction::SessionEvictorOptions Scheduler::EvictorOptions(const Session& s) const {
+void EpisodeServing::Cancel(const std::string& session) {
+  if (builder_ != nullptr) builder_->Cancel(session);
+}
+
+cache::eviction::SessionEvictorOptions EpisodeServing::EvictorOptions(const Session& s) const {
   // EpiCache decodes with LazyEviction; head-adaptive budgets (Ada-KV) apply to the episodes'
   // build and to decoding alike.
   cache::eviction::SessionEvictorOptions o = *s.episodic->spec.evictor;
@@ -55,7 +67,7 @@ cache::eviction::SessionEvictorOptions Scheduler::EvictorOptions(const Session& 
   return o;
 }
 
-void Scheduler::CollectEpisodes() {
+void EpisodeServing::Collect() {
   if (builder_ == nullptr) return;
   for (EpisodeResult& r : builder_->TakeReady()) {
     Session* s = memory_.Find(r.session);
@@ -64,14 +76,14 @@ void Scheduler::CollectEpisodes() {
     if (r.generation != e.generation) continue;  // a newer job was submitted
     e.building = false;
     if (!r.set.ok()) {  // logged by the builder; the session keeps what it has
-      metrics_->episodes_failed->Increment();
+      counters_.failed->Increment();
       continue;
     }
     e.ready = std::make_unique<EpisodeResult>(std::move(r));
   }
 }
 
-void Scheduler::InstallEpisodes(Session& s) {
+void EpisodeServing::Install(Session& s) {
   SessionEpisodes& e = *s.episodic;
   std::unique_ptr<EpisodeResult> r = std::move(e.ready);
   runtime::episodic::EpisodeSet& set = *r->set;
@@ -81,14 +93,14 @@ void Scheduler::InstallEpisodes(Session& s) {
   for (const auto& c : set.caches) incoming += c->host_bytes();
   const int64_t outgoing = e.parked_host_bytes() + (s.offloaded() ? s.host_bytes() : 0);
   if (!memory_.HostFits(incoming, outgoing)) {
-    metrics_->episodes_over_host->Increment();
+    counters_.over_host->Increment();
     RECALL_LOG(WARNING) << "session " << s.id << ": " << set.caches.size() << " episodes ("
                         << incoming << " host bytes) do not fit --host-cache-bytes; kept "
                         << "serving without them";
     return;
   }
   for (auto& c : set.caches) {
-    if (!c->Rebind(ranks_.ranks[0].pool).ok()) return;  // same layout by construction
+    if (!c->Rebind(pool_).ok()) return;  // same layout by construction
   }
   // The old caches go: the parked ones and the one in use.
   memory_.CountHost(-e.parked_host_bytes());
@@ -101,12 +113,12 @@ void Scheduler::InstallEpisodes(Session& s) {
   e.list = std::move(set.episodes);
   e.router = std::move(r->router);
   e.active = -1;
-  metrics_->episodes_installed->Increment();
+  counters_.installed->Increment();
   RECALL_LOG(INFO) << "session " << s.id << ": " << e.list.size() << " episodes installed ("
                    << r->history_tokens << " tokens, built in " << set.build_seconds << " s)";
 }
 
-absl::Status Scheduler::SwitchEpisode(Session& s, int episode) {
+absl::Status EpisodeServing::Switch(Session& s, int episode) {
   SessionEpisodes& e = *s.episodic;
   if (episode == e.active && !s.caches.empty()) return absl::OkStatus();
   if (!s.caches.empty()) {
@@ -134,7 +146,7 @@ absl::Status Scheduler::SwitchEpisode(Session& s, int episode) {
   return absl::OkStatus();
 }
 
-void Scheduler::SubmitEpisodes(Session& s) {
+void EpisodeServing::Submit(Session& s) {
   SessionEpisodes& e = *s.episodic;
   const int budget = static_cast<int>(e.spec.evictor->budget.budget);
   if (e.building || static_cast<int>(s.tokens.size()) <= budget) return;
@@ -166,20 +178,21 @@ void Scheduler::SubmitEpisodes(Session& s) {
   e.turns_since_build = 0;
 }
 
-void Scheduler::EpisodeTurnDone(Session& s) {
+void EpisodeServing::TurnDone(Session& s) {
   SessionEpisodes& e = *s.episodic;
   if (e.active >= 0) e.upto[static_cast<size_t>(e.active)] = s.tokens.size();
 }
 
-absl::Status Scheduler::PrepareEpisodes(Turn& t) {
-  Session& s = *t.session;
+absl::StatusOr<size_t> EpisodeServing::BeginTurn(Session& s,
+                                                 const std::vector<model::ChatMessage>& messages) {
   SessionEpisodes& e = *s.episodic;
   ++e.turns_since_build;
-  if (e.ready != nullptr) InstallEpisodes(s);
+  if (e.ready != nullptr) Install(s);
+  size_t held = s.tokens.size();
   if (!e.list.empty()) {
     // Route by the turn's last user message.
     std::string text;
-    for (const model::ChatMessage& m : t.req.messages) {
+    for (const model::ChatMessage& m : messages) {
       if (m.role == "user") text = m.content;
     }
     const ep::Embedder& embedder =
@@ -188,21 +201,14 @@ absl::Status Scheduler::PrepareEpisodes(Turn& t) {
     int episode = ep::RouteToEpisode(q, e.list);
     e.fell_back = episode < 0;
     if (episode < 0) episode = e.active >= 0 ? e.active : static_cast<int>(e.list.size()) - 1;
-    if (episode != e.active && e.active >= 0) metrics_->episode_switches->Increment();
-    RECALL_RETURN_IF_ERROR(SwitchEpisode(s, episode));
-    // The tokens this episode has not seen come first (positions continue from its own).
-    const size_t from = e.upto[static_cast<size_t>(episode)];
-    if (from < s.tokens.size()) {
-      t.prompt.insert(t.prompt.begin(), s.tokens.begin() + from, s.tokens.end());
-      t.n_replay = static_cast<int>(s.tokens.size() - from);
-      t.cached_tokens -= t.n_replay;
-      metrics_->replayed_tokens->Increment(t.n_replay);
-    }
-    // upto moves when the turn completes (EpisodeTurnDone); a turn that fails before it
-    // ran leaves the cache, and so upto, as they were.
+    if (episode != e.active && e.active >= 0) counters_.switches->Increment();
+    RECALL_RETURN_IF_ERROR(Switch(s, episode));
+    held = std::min(held, e.upto[static_cast<size_t>(episode)]);
+    // upto moves when the turn completes (TurnDone); a turn that fails before it ran leaves
+    // the cache, and so upto, as they were.
   }
-  SubmitEpisodes(s);
-  return absl::OkStatus();
+  Submit(s);
+  return held;
 }
 
 }  // namespace recall::serving
