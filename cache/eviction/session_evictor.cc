@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cache/eviction/caote.h"
+#include "cache/eviction/lazy_backend_state.h"
 #include "cache/eviction/snapkv_policy.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -105,14 +106,18 @@ SessionEvictor::SessionEvictor(const SessionEvictorOptions& options,
   tp_heads_.n_local = n_kv_heads_;
   tp_heads_.offset = options.kv_head_offset;
   tp_heads_.n_total = options.total_kv_heads > 0 ? options.total_kv_heads : n_kv_heads_;
-  on_backend_ = options.backend != nullptr && !options.backend->memory().host_accessible() &&
-                policy_->has_backend_step() && !shared_ && !options.budget.head_adaptive &&
-                options.policy.meta_score == PolicyOptions::MetaScore::kNone &&
-                options.policy.value_protection <= 0.0f;
+  if (options.backend != nullptr && !options.backend->memory().host_accessible() &&
+      policy_->has_backend_step() && !shared_ && !options.budget.head_adaptive &&
+      options.policy.meta_score == PolicyOptions::MetaScore::kNone &&
+      options.policy.value_protection <= 0.0f) {
+    backend_state_ = std::make_unique<LazyBackendState>(options.backend, n_layers_, n_kv_heads_);
+  }
   if (options.comm != nullptr) {
     tp_heads_.replicas = options.comm->size() * n_kv_heads_ / tp_heads_.n_total;
   }
 }
+
+SessionEvictor::~SessionEvictor() = default;
 
 void SessionEvictor::Reserve(int max_len) {
   for (HeadState& s : states_) s.Reserve(max_len);
@@ -399,7 +404,7 @@ absl::Status SessionEvictor::Step(const float* probs, int64_t stride) {
         "session evictor: policy '", policy_->name(),
         "' compresses the prompt: call CompressPrefill after prefill, before the first Step"));
   }
-  if (on_backend_) return StepOnBackend(probs, stride);
+  if (backend_state_ != nullptr) return StepOnBackend(probs, stride);
   RECALL_RETURN_IF_ERROR(AgreeOnStep());
   const int t = ++step_;
   peak_bytes_ = std::max(peak_bytes_, cache_->bytes_held());

@@ -67,6 +67,8 @@
 
 namespace recall::cache::eviction {
 
+class LazyBackendState;
+
 struct SessionEvictorOptions {
   PolicyOptions policy;
   BudgetOptions budget;  // `reserved` is raised to the policy's min_budget()
@@ -127,6 +129,7 @@ class SessionEvictor {
   // cache's n_kv_heads. The cache must outlive the evictor.
   static absl::StatusOr<std::unique_ptr<SessionEvictor>> Create(
       const SessionEvictorOptions& options, SequenceCache* cache);
+  ~SessionEvictor();
 
   // One decode step, see above. InvalidArgument if probs is null while the policy needs
   // attention, or stride < the longest (layer, head) length; FailedPrecondition for a
@@ -136,7 +139,7 @@ class SessionEvictor {
   // True when Step takes its probabilities in the backend's memory and updates the state
   // there (see SessionEvictorOptions::backend). The caller then passes probabilities the
   // forward pass left in backend memory (BatchItem::probs_on_backend).
-  bool steps_on_backend() const { return on_backend_; }
+  bool steps_on_backend() const { return backend_state_ != nullptr; }
   // The length a budget fraction applies to: the sequence's length, capped at fraction_cap.
   int FractionLength() const {
     const int64_t n = cache_->sequence_length();
@@ -233,19 +236,12 @@ class SessionEvictor {
   absl::Status EvictHeads(int layer, int budget, int t, const float* layer_probs, int64_t stride,
                           SelectContext& ctx, bool* compacted);
 
-  // ---- Stepping on the backend (session_evictor_backend.cc).
-  // Step when on_backend_.
+  // ---- Stepping on the backend (session_evictor_backend.cc; the state: lazy_backend_state.h).
+  // Step when backend_state_ is set.
   absl::Status StepOnBackend(const float* probs, int64_t stride);
-  // The eviction step on the backend (Backend::LazyEvict) of every (layer, head) over its
-  // budget at step t; the keep lists come back for the positions, counters and digest.
+  // The eviction step on the backend of every (layer, head) over its budget at step t; the
+  // keep lists come back for the positions, counters and digest.
   absl::Status EvictOnBackend(int t);
-  // Grows the backend state to hold max_len slots per head (keeping its contents).
-  absl::Status EnsureBackendState(int max_len);
-  // Grows LazyEvict's keep lists to `widest` slots for every head.
-  absl::Status EnsureKeepLists(int widest);
-  // Backend state -> host states (when the host copy is stale), and back.
-  void PullStates();
-  void PushStates();
 
   // Compacts (layer, head) to `keep` (and its state if with_state) and counts it.
   void CompactHead(int layer, int head, int len, const std::vector<int32_t>& keep, bool with_state);
@@ -298,16 +294,11 @@ class SessionEvictor {
   std::vector<std::vector<int32_t>> global_keeps_;  // [total_kv_heads]
   KeepDigest common_digest_;   // decisions every rank must share
   KeepDigest replica_digest_;  // decisions for this rank's own heads
-  // Stepping on the backend: ts then mri, [2][n_layers * n_kv_heads][state_cap_] int32, and
-  // LazyEvict's keep lists, [n_layers * n_kv_heads][widest budget] int32.
-  bool on_backend_ = false;
-  kernels::Buffer backend_state_, backend_keeps_;
-  int state_cap_ = 0;
-  std::vector<int32_t> backend_lens_;  // [n_layers * n_kv_heads] slots the backend state holds
-  std::vector<int32_t> lens_now_;      // the cache's lengths at this step
-  std::vector<int32_t> image_;         // host staging of backend_state_
-  std::vector<int32_t> evict_rows_, evict_lens_, evict_keeps_;  // LazyEvict's rows
-  bool host_stale_ = false;            // the backend state is ahead of states_
+  // Stepping on the backend (null: on the host): the state, the cache's lengths at this step
+  // and the rows an eviction step evicts.
+  std::unique_ptr<LazyBackendState> backend_state_;
+  std::vector<int32_t> lens_now_;
+  std::vector<int32_t> evict_rows_, evict_lens_, evict_keeps_;
 };
 
 }  // namespace recall::cache::eviction
