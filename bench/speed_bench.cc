@@ -1,11 +1,16 @@
 // Speed benchmark of the CPU runtime: decode tokens/s at batch 1 and 8 and prefill tokens/s
 // for a random-weight model with the shape of SmolLM2-135M (../shared/tokenizers/smollm2/
-// config.json), in fp32 and bf16 weights. Baselines measured in the same run:
+// config.json) or a named shape (--shape, bench/shapes.h), in fp32, bf16 and int8 weights
+// (int8: the bf16 model quantized at load, worker/model/quantize.h). Baselines measured in
+// the same run:
 //   - memory bandwidth (STREAM-like copy) -> the decode roofline: bandwidth / bytes per token
 //   - cblas_sgemm GFLOP/s at a prefill-like shape -> the prefill target
-// Targets (issue 2): batch-1 decode >= 70% of the roofline; prefill >= 60% of sgemm.
+//   - the bf16 rows -> int8's speed-ups (int8/bf16)
+// Targets: batch-1 decode >= 70% of the roofline; prefill >= 60% of sgemm; int8 decode >=
+// 1.8x bf16 and >= 90% of its roofline, int8 prefill >= 1.5x bf16.
 //
-// usage: recall_speed_bench [--config PATH] [--threads N] [--steps N] [--prompt N]
+// usage: recall_speed_bench [--config PATH | --shape NAME] [--threads N] [--steps N]
+//                           [--prompt N] [--dtypes f32,bf16,int8] [--policies 0|1]
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -13,11 +18,15 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
 #include "bench/policy_overhead.h"
+#include "bench/shapes.h"
 #include "cache/block_pool.h"
 #include "common/clock.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/int8.h"
+#include "worker/model/quantize.h"
 #include "worker/model/random_model.h"
 #include "worker/runtime/forward.h"
 
@@ -29,16 +38,20 @@ struct Flags {
   int threads = 0;
   int steps = 32;
   int prompt = 512;
+  std::string shape;  // a bench/shapes.h name instead of --config
+  std::string dtypes = "f32,bf16,int8";
+  bool policies = true;  // the eviction overhead table after the weight types
 };
 
 // Bytes a decode step streams from memory: every weight matrix once (the embedding lookup
 // reads one row), plus the KV cache of each sequence.
 double WeightBytesPerStep(const model::Model& m) {
-  double bytes = static_cast<double>(m.lm_head.bytes()) + m.final_norm.bytes();
+  double bytes =
+      static_cast<double>(m.lm_head.bytes() + m.lm_head.scale_bytes() + m.final_norm.bytes());
   for (const model::LayerWeights& l : m.layers) {
     for (const kernels::Matrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down,
-                                     &l.attn_norm, &l.ffn_norm}) {
-      bytes += static_cast<double>(w->bytes());
+                                     &l.attn_norm, &l.ffn_norm, &l.bq, &l.bk, &l.bv}) {
+      bytes += static_cast<double>(w->bytes() + w->scale_bytes());
     }
   }
   return bytes;
@@ -129,16 +142,28 @@ int Main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--threads")) f.threads = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--steps")) f.steps = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--prompt")) f.prompt = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--shape"))
+      f.shape = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--dtypes"))
+      f.dtypes = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--policies"))
+      f.policies = std::atoi(argv[i + 1]) != 0;
     else {
       std::fprintf(stderr, "unknown flag %s\n", argv[i]);
       return 2;
     }
   }
-  auto config = model::ReadHfConfig(f.config);
-  if (!config.ok()) {
-    std::printf("SKIP: cannot read the SmolLM2 config (%s)\n",
-                std::string(config.status().message()).c_str());
-    return 0;
+  absl::StatusOr<model::ModelConfig> config = NamedShape(f.shape);
+  if (f.shape.empty()) {
+    config = model::ReadHfConfig(f.config);
+    if (!config.ok()) {
+      std::printf("SKIP: cannot read the SmolLM2 config (%s)\n",
+                  std::string(config.status().message()).c_str());
+      return 0;
+    }
+  } else if (config->dim == 0) {
+    std::fprintf(stderr, "--shape: unknown shape \"%s\"\n", f.shape.c_str());
+    return 2;
   }
   config->max_seq_len = std::max(config->max_seq_len, f.prompt + f.steps + 128);
   std::unique_ptr<kernels::Backend> backend = kernels::CreateCpuBackend({f.threads});
@@ -148,32 +173,54 @@ int Main(int argc, char** argv) {
   const double sgemm = MeasureSgemmGflops(f.prompt, n, k);
   std::printf("machine: copy bandwidth %.2f GB/s; cblas_sgemm %dx%dx%d %.1f GFLOP/s\n", bw,
               f.prompt, n, k, sgemm);
-  std::printf("model: SmolLM2-135M shape (dim %d, %d layers, %d/%d heads, vocab %d), random "
-              "weights; prompt %d, %d decode steps\n\n",
-              config->dim, config->n_layers, config->n_heads, config->n_kv_heads,
-              config->vocab_size, f.prompt, f.steps);
+  std::printf(
+      "model: %s shape (dim %d, %d layers, %d/%d heads, vocab %d), random "
+      "weights; prompt %d, %d decode steps; int8 GEMV: %s\n\n",
+      f.shape.empty() ? "SmolLM2-135M" : f.shape.c_str(), config->dim, config->n_layers,
+      config->n_heads, config->n_kv_heads, config->vocab_size, f.prompt, f.steps,
+      kernels::cpu::Int8GemvUsesVnni() ? "AVX-512 VNNI" : "plain loops");
   std::printf("%-5s %12s %10s %10s %9s %12s %10s %10s %9s\n", "dtype", "weights_MB", "dec_b1",
               "roofline", "b1/roof", "dec_b8", "prefill", "GFLOP/s", "pf/sgemm");
-  for (kernels::DType dtype : {kernels::DType::kF32, kernels::DType::kBF16}) {
+  Result bf16{};
+  for (const std::string& name : std::vector<std::string>(absl::StrSplit(f.dtypes, ','))) {
+    const bool int8 = name == "int8";
+    kernels::DType dtype = kernels::DType::kBF16;
+    if (name == "f32") {
+      dtype = kernels::DType::kF32;
+    } else if (name != "bf16" && !int8) {
+      std::fprintf(stderr, "--dtypes: \"%s\" is not f32, bf16 or int8\n", name.c_str());
+      return 2;
+    }
     auto model = model::MakeRandomModel(*config, dtype, 1);
+    if (model.ok() && int8) {
+      if (absl::Status q = model::QuantizeWeightsInt8(**model); !q.ok()) model = q;
+    }
     if (!model.ok()) {
       std::fprintf(stderr, "%s\n", std::string(model.status().message()).c_str());
       return 1;
     }
     const Result r = RunModel(**model, *backend, f);
+    if (name == "bf16") bf16 = r;
     // Roofline at batch 1: weights + this sequence's KV cache streamed once per token.
     const double roof = bw * 1e9 / (r.bytes_per_step + r.kv_bytes_per_token_b1);
     const double pf_gflops = r.prefill_tps * MatmulFlopsPerToken(**model) / 1e9;
-    std::printf("%-5s %12.1f %10.1f %10.1f %8.0f%% %12.1f %10.1f %10.1f %8.0f%%\n",
-                kernels::DTypeName(dtype), r.bytes_per_step / 1e6, r.decode1_tps, roof,
-                100.0 * r.decode1_tps / roof, r.decode8_tps, r.prefill_tps, pf_gflops,
-                100.0 * pf_gflops / sgemm);
+    std::printf("%-5s %12.1f %10.1f %10.1f %8.0f%% %12.1f %10.1f %10.1f %8.0f%%\n", name.c_str(),
+                r.bytes_per_step / 1e6, r.decode1_tps, roof, 100.0 * r.decode1_tps / roof,
+                r.decode8_tps, r.prefill_tps, pf_gflops, 100.0 * pf_gflops / sgemm);
+    if (int8 && bf16.decode1_tps > 0) {
+      std::printf("int8/bf16: decode b1 %.2fx, decode b8 %.2fx, prefill %.2fx\n",
+                  r.decode1_tps / bf16.decode1_tps, r.decode8_tps / bf16.decode8_tps,
+                  r.prefill_tps / bf16.prefill_tps);
+    }
   }
   std::printf("\n(dec_* and prefill in tokens/s; roofline = bandwidth / bytes read per token; "
               "prefill GFLOP/s counts matmul FLOPs only)\n");
 
   // Eviction bookkeeping: decode-step time per policy vs FullKV at the same length (bf16).
-  auto model = model::MakeRandomModel(*config, kernels::DType::kBF16, 1);
+  auto model =
+      f.policies
+          ? model::MakeRandomModel(*config, kernels::DType::kBF16, 1)
+          : absl::StatusOr<std::unique_ptr<model::Model>>(absl::CancelledError("--policies 0"));
   if (model.ok()) {
     PolicyOverheadOptions po;
     po.prompt = f.prompt;

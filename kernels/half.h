@@ -68,9 +68,11 @@ inline uint16_t F32ToF16(float f) {
   return static_cast<uint16_t>(sign | (rounded >> 13));
 }
 
-// Reads element i of a tensor stored as `dtype` as fp32. `data` may be unaligned.
+// Reads element i of a tensor stored as `dtype` as fp32 (kI8: the integer, without its row's
+// scale). `data` may be unaligned.
 inline float LoadAsF32(const void* data, DType dtype, int64_t i) {
   const char* p = static_cast<const char*>(data);
+  if (dtype == DType::kI8) return static_cast<float>(static_cast<const int8_t*>(data)[i]);
   if (dtype == DType::kF32) {
     float f;
     std::memcpy(&f, p + i * 4, 4);

@@ -8,14 +8,18 @@
 
 namespace recall::kernels {
 
-enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
+// Element types of weight matrices. kI8: symmetric int8 with one fp32 scale per row (per
+// output channel of a linear layer): w[r, c] = q[r, c] * scales[r] (kernels/cpu/int8.h).
+enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2, kI8 = 3 };
 
-inline size_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : 2; }
+inline size_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : t == DType::kI8 ? 1 : 2; }
 inline const char* DTypeName(DType t) {
   switch (t) {
     case DType::kF32: return "f32";
     case DType::kF16: return "f16";
     case DType::kBF16: return "bf16";
+    case DType::kI8:
+      return "int8";
   }
   return "?";
 }
@@ -27,10 +31,15 @@ struct Matrix {
   DType dtype = DType::kF32;
   int64_t rows = 0;
   int64_t cols = 0;
+  const float* scales = nullptr;      // kI8: [rows], one per row; null for the other types
+  const int32_t* row_sums = nullptr;  // kI8: [rows], the sum of each row's integers
 
   bool empty() const { return data == nullptr; }
   int64_t numel() const { return rows * cols; }
-  size_t bytes() const { return static_cast<size_t>(numel()) * DTypeSize(dtype); }
+  size_t bytes() const { return static_cast<size_t>(numel()) * DTypeSize(dtype); }  // elements
+  size_t scale_bytes() const {  // kI8: the scales and the row sums
+    return dtype == DType::kI8 ? static_cast<size_t>(rows) * (sizeof(float) + sizeof(int32_t)) : 0;
+  }
   const float* f32() const { return static_cast<const float*>(data); }  // REQUIRES: kF32
 };
 

@@ -7,6 +7,11 @@ void ConvertToF32(const void* src, DType t, int64_t count, float* dst) {
     std::memcpy(dst, src, static_cast<size_t>(count) * sizeof(float));
     return;
   }
+  if (t == DType::kI8) {
+    const int8_t* q = static_cast<const int8_t*>(src);
+    for (int64_t i = 0; i < count; ++i) dst[i] = static_cast<float>(q[i]);
+    return;
+  }
   const uint16_t* h = static_cast<const uint16_t*>(src);
   int64_t i = 0;
 #if defined(RECALL_CPU_AVX512)

@@ -55,9 +55,12 @@ inline float F16ToF32(uint16_t h) {
 #endif
 }
 
-// Element i of a matrix stored with dtype t, as f32.
+// Element i of a matrix stored with dtype t, as f32 (kI8: the integer, without its row's
+// scale).
 inline float LoadAsF32(const void* data, DType t, int64_t i) {
   switch (t) {
+    case DType::kI8:
+      return static_cast<float>(static_cast<const int8_t*>(data)[i]);
     case DType::kF32:
       return static_cast<const float*>(data)[i];
     case DType::kF16:
@@ -68,7 +71,8 @@ inline float LoadAsF32(const void* data, DType t, int64_t i) {
   return 0.0f;
 }
 
-// dst[0, count) = src[0, count) widened to f32. src points at the first element.
+// dst[0, count) = src[0, count) widened to f32. src points at the first element. kI8: the
+// integers, without the rows' scales (DequantizeRowsInt8 applies them).
 void ConvertToF32(const void* src, DType t, int64_t count, float* dst);
 
 #if defined(__AVX2__) && defined(__F16C__)

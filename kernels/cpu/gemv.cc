@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/convert.h"
+#include "kernels/cpu/int8.h"
 
 namespace recall::kernels::cpu {
 namespace {
@@ -150,6 +151,10 @@ void GemvTyped(ThreadPool& pool, const float* x, int n, const Matrix& w, float* 
 }  // namespace
 
 void Gemv(ThreadPool& pool, const float* x, int n, const Matrix& w, float* y) {
+  if (w.dtype == DType::kI8) {
+    GemvInt8(pool, x, n, w, y);
+    return;
+  }
 #if defined(RECALL_CPU_SCALAR_GEMV)
   const int64_t rows = w.rows, cols = w.cols;
   pool.ParallelFor(rows, 16, [&](int64_t r0, int64_t r1, int) {
@@ -174,6 +179,8 @@ void Gemv(ThreadPool& pool, const float* x, int n, const Matrix& w, float* y) {
     case DType::kF16:
       GemvTyped<DType::kF16>(pool, x, n, w, y);
       break;
+    case DType::kI8:
+      break;  // above
   }
 #endif
 }

@@ -7,6 +7,7 @@
 #include "kernels/cpu/blas_setup.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/gemv.h"
+#include "kernels/cpu/int8.h"
 
 namespace recall::kernels::cpu {
 namespace {
@@ -19,7 +20,9 @@ constexpr int64_t kRowAlign = 16;
 MatMul::MatMul(ThreadPool& pool) : pool_(pool), panels_(pool.num_threads()) { ConfigureBlas(); }
 
 void MatMul::Run(const float* x, int n, const Matrix& w, float* y) {
-  if (n <= kGemvMaxInputs) {
+  // Int8 weights take the int8 GEMV whatever n: its results (activations quantized per row)
+  // are then the same for every batch.
+  if (n <= kGemvMaxInputs || w.dtype == DType::kI8) {
     RunGemv(x, n, w, y);
   } else {
     RunSgemm(x, n, w, y);
@@ -62,7 +65,11 @@ void MatMul::SgemmRows(const float* x, int n, const Matrix& w, int64_t r0, int64
   const char* base = static_cast<const char*>(w.data);
   for (int64_t p0 = r0; p0 < r1; p0 += panel_rows) {
     const int64_t pr = std::min(panel_rows, r1 - p0);
-    ConvertToF32(base + p0 * cols * elem, w.dtype, pr * cols, panel.data());
+    if (w.dtype == DType::kI8) {
+      DequantizeRowsInt8(w, p0, pr, panel.data());
+    } else {
+      ConvertToF32(base + p0 * cols * elem, w.dtype, pr * cols, panel.data());
+    }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, pr, cols, 1.0f, x, cols, panel.data(),
                 cols, 0.0f, y + p0, rows);
   }

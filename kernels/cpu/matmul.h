@@ -1,4 +1,5 @@
-// MatMul: y = x * w^T for f32 / f16 / bf16 weights, fp32 activations.
+// MatMul: y = x * w^T for f32 / f16 / bf16 / int8 weights, fp32 activations. Int8 weights
+// always take the int8 GEMV (kernels/cpu/int8.h; RunSgemm widens them, for comparison).
 //   n <= kGemvMaxInputs: the multithreaded SIMD GEMV (decode; bandwidth bound).
 //   larger n: cblas_sgemm (prefill; compute bound). The weight rows are split across the
 //   pool's threads, each calling single-threaded OpenBLAS on its share: one set of threads

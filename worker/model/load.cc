@@ -6,6 +6,7 @@
 #include "common/flags.h"
 #include "common/status.h"
 #include "worker/model/loader.h"
+#include "worker/model/quantize.h"
 #include "worker/model/random_model.h"
 #include "worker/model/tokenizer_fit.h"
 
@@ -32,6 +33,12 @@ absl::StatusOr<Loaded> LoadAll(const LoadOptions& options) {
     RECALL_ASSIGN_OR_RETURN(out.model, MakeRandomModel(config, dt, /*seed=*/1));
   } else {
     RECALL_ASSIGN_OR_RETURN(out.model, model::LoadModel(model_path));
+  }
+  if (options.weight_dtype == "int8") {
+    RECALL_RETURN_IF_ERROR(QuantizeWeightsInt8(*out.model));
+  } else if (options.weight_dtype != "auto") {
+    return flags::FieldError(
+        "weight_dtype", absl::StrCat("\"", options.weight_dtype, "\" is not one of auto, int8"));
   }
   std::string tok_path = options.tokenizer;
   if (tok_path.empty() && options.random_weights) {

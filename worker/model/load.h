@@ -24,10 +24,13 @@ struct LoadOptions {
   // random, in random_dtype (f32, bf16 or f16): for speed benchmarks of real shapes.
   bool random_weights = false;
   std::string random_dtype = "bf16";
+  // How matrix weights are held: "auto" (as loaded) or "int8" (quantized at load,
+  // worker/model/quantize.h; runs on one CPU rank).
+  std::string weight_dtype = "auto";
 };
 
 // InvalidArgument naming the option field (flags::FieldError: model, tokenizer,
-// random_dtype); loader errors name the file. The tokenizer must fit the model
+// random_dtype, weight_dtype); loader errors name the file. The tokenizer must fit the model
 // (CheckTokenizerFitsModel), so a pair that loads can run a turn.
 absl::StatusOr<Loaded> LoadAll(const LoadOptions& options);
 

@@ -54,6 +54,8 @@ class Filler {
         case kernels::DType::kBF16:
           static_cast<uint16_t*>(out)[i] = F32ToBf16(v);
           break;
+        case kernels::DType::kI8:  // random models are made in a float type
+          break;
       }
     }
     return Keep(std::move(s), dtype, rows, cols);

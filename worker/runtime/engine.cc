@@ -72,6 +72,11 @@ int64_t FullContextKvBytes(const model::ModelConfig& c, int block_tokens, kernel
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const model::Model& model,
                                                        const EngineOptions& options) {
   RECALL_RETURN_IF_ERROR(options.Validate());
+  if (model.config.weight_dtype == kernels::DType::kI8 &&
+      (options.device != Device::kCpu || options.tp > 1 || options.opaque_cpu_memory)) {
+    return flags::FieldError("weight_dtype",
+                             "int8 weights run on one CPU rank for now ({device} cpu, {tp} 1)");
+  }
   std::unique_ptr<Engine> e(new Engine(model, options));
   RECALL_RETURN_IF_ERROR(options.tp > 1 ? e->CreateGroup() : e->CreateOneRank());
   return e;

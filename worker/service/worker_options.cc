@@ -26,7 +26,13 @@ flags::FlagSet<model::LoadOptions> ModelFlags() {
           [](auto& o) -> auto& { return o.random_weights; })
       .Choice("dtype", "TYPE", "--random-weights' type: f32, bf16 (default) or f16",
               [](auto& o) -> auto& { return o.random_dtype; }, {"f32", "bf16", "f16"})
-      .Field("random_dtype");
+      .Field("random_dtype")
+      .Choice("weight-dtype", "TYPE",
+              "how matrix weights are held: auto (as loaded; default) or int8 (quantized at\n"
+              "load, one scale per output channel: about half the bytes of bf16 to read per\n"
+              "token; one CPU rank)",
+              [](auto& o) -> auto& { return o.weight_dtype; }, {"auto", "int8"})
+      .Field("weight_dtype");
   return f;
 }
 

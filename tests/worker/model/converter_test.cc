@@ -29,6 +29,8 @@ float Round(float v, kernels::DType dtype) {
       return F16ToF32(F32ToF16(v));
     case kernels::DType::kBF16:
       return Bf16ToF32(F32ToBf16(v));
+    case kernels::DType::kI8:  // not a file type
+      break;
   }
   return v;
 }

@@ -48,6 +48,8 @@ inline const char* SafetensorsDType(kernels::DType dtype) {
       return "F16";
     case kernels::DType::kBF16:
       return "BF16";
+    case kernels::DType::kI8:
+      return "I8";
   }
   return "?";
 }
