@@ -21,6 +21,7 @@ const std::map<std::string, std::vector<std::string>> kValues = {
     {"tokenizer", {"t.bin"}},
     {"random-weights", {}},
     {"dtype", {"f16"}},
+    {"weight-dtype", {"int8"}},
     {"chat-format", {"chatml"}},
     {"listen", {"0.0.0.0:1"}},
     {"metrics-port", {"9"}},
