@@ -110,7 +110,7 @@ absl::Status LazyBackendState::Observe(const float* probs, int64_t stride, int n
 
 absl::Status LazyBackendState::Evict(const kernels::PagedKv& kv, const std::vector<int32_t>& rows,
                                      const std::vector<int32_t>& keeps, int window, int t,
-                                     const std::function<void(size_t, const int32_t*)>& kept) {
+                                     const std::function<void(size_t, const int32_t*, int)>& kept) {
   const int widest = keeps.empty() ? 0 : *std::max_element(keeps.begin(), keeps.end());
   RECALL_CHECK(keeps_.bytes() >= lens_.size() * static_cast<size_t>(widest) * sizeof(int32_t))
       << "keep lists not sized for budget " << widest;
@@ -135,7 +135,7 @@ absl::Status LazyBackendState::Evict(const kernels::PagedKv& kv, const std::vect
   backend_->memory().CopyOut(image_.data(), e.keep_out, image_.size() * sizeof(int32_t));
   RECALL_RETURN_IF_ERROR(backend_->Health());
   for (size_t i = 0; i < rows.size(); ++i) {
-    kept(i, image_.data() + i * static_cast<size_t>(widest));
+    kept(i, image_.data() + i * static_cast<size_t>(widest), evict_lens_[i]);
     lens_[static_cast<size_t>(rows[i])] = keeps[i];
   }
   return absl::OkStatus();

@@ -46,12 +46,12 @@ class LazyBackendState {
                        const std::vector<int32_t>& lens_now, float alpha, int t);
 
   // Backend::LazyEvict of `rows` (ascending) at step t, each keeping keeps[i] slots (the
-  // keep lists must have room: EnsureKeepLists), then kept(i, keep) for each with its keep
-  // list on the host (keeps[i] slots), in order. The rows' lengths become keeps[i]. The
-  // backend's first error, if any (before any kept call).
+  // keep lists must have room: EnsureKeepLists), then kept(i, keep, len) for each with its
+  // keep list on the host (keeps[i] slots) and the length it had, in order. The rows'
+  // lengths become keeps[i]. The backend's first error, if any (before any kept call).
   absl::Status Evict(const kernels::PagedKv& kv, const std::vector<int32_t>& rows,
                      const std::vector<int32_t>& keeps, int window, int t,
-                     const std::function<void(size_t, const int32_t*)>& kept);
+                     const std::function<void(size_t, const int32_t*, int)>& kept);
 
  private:
   // Host -> backend (the whole state).

@@ -298,7 +298,7 @@ class SessionEvictor {
   // and the rows an eviction step evicts.
   std::unique_ptr<LazyBackendState> backend_state_;
   std::vector<int32_t> lens_now_;
-  std::vector<int32_t> evict_rows_, evict_lens_, evict_keeps_;
+  std::vector<int32_t> evict_rows_, evict_keeps_;
 };
 
 }  // namespace recall::cache::eviction

@@ -65,16 +65,14 @@ absl::Status SessionEvictor::EvictOnBackend(int t) {
       evict_keeps_.push_back(budget);
     }
   }
-  evict_lens_.clear();
-  for (const int32_t r : evict_rows_) evict_lens_.push_back(lens[static_cast<size_t>(r)]);
   RECALL_RETURN_IF_ERROR(backend_state_->Evict(
       cache_->View(), evict_rows_, evict_keeps_, options_.policy.window, t,
-      [&](size_t i, const int32_t* keep) {
+      [&](size_t i, const int32_t* keep, int len) {
         const int r = evict_rows_[i], l = r / n_kv_heads_, h = r % n_kv_heads_;
         keep_.assign(keep, keep + evict_keeps_[i]);
         DigestKeep(l, h);
         cache_->CompactMoved(l, h, keep_.data(), evict_keeps_[i]);
-        CountEviction(l, h, evict_lens_[i], evict_keeps_[i]);
+        CountEviction(l, h, len, evict_keeps_[i]);
       }));
   cache_->TrimBlocks();
   return absl::OkStatus();

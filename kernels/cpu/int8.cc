@@ -105,16 +105,16 @@ void GemvInt8(ThreadPool& pool, const float* x, int n, const Matrix& w, float* y
   qx.resize(static_cast<size_t>(n * cols));
   sx.resize(static_cast<size_t>(n));
   QuantizeRowsInt8(x, n, cols, qx.data(), sx.data());
-  const int8_t* q = static_cast<const int8_t*>(w.data);
 #if defined(RECALL_INT8_VNNI)
-  thread_local std::vector<uint8_t> xu;
-  xu.resize(qx.size());
-  for (size_t i = 0; i < qx.size(); ++i) xu[i] = static_cast<uint8_t>(qx[i] + 128);
+  // qx + 128 as unsigned bytes, in place: flipping the sign bit adds 128 to a two's
+  // complement byte read as unsigned.
+  uint8_t* xu = reinterpret_cast<uint8_t*>(qx.data());
+  for (size_t i = 0; i < qx.size(); ++i) xu[i] ^= 0x80u;
   constexpr int kRowBlock = 4;
   const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
   const int64_t min_blocks =
       std::max<int64_t>(1, (int64_t{64} << 10) / std::max<int64_t>(1, kRowBlock * cols));
-  const uint8_t* xp = xu.data();
+  const uint8_t* xp = xu;
   const float* sp = sx.data();
   pool.ParallelFor(blocks, min_blocks, [&](int64_t b0, int64_t b1, int) {
     int64_t r = b0 * kRowBlock;
@@ -125,8 +125,8 @@ void GemvInt8(ThreadPool& pool, const float* x, int n, const Matrix& w, float* y
     for (; r + kRowBlock <= r_end; r += kRowBlock) RowsAllInputs<kRowBlock>(w, r, xp, sp, n, y);
     for (; r < r_end; ++r) RowsAllInputs<1>(w, r, xp, sp, n, y);
   });
-  (void)q;
 #else
+  const int8_t* q = static_cast<const int8_t*>(w.data);
   const int8_t* xq = qx.data();
   const float* sp = sx.data();  // not sx: thread_local, another thread's in the lambda
   pool.ParallelFor(rows, 16, [&](int64_t r0, int64_t r1, int) {
