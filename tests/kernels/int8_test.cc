@@ -94,18 +94,30 @@ std::vector<float> Reference(const std::vector<float>& x, int n, const Quantized
   return y;
 }
 
-TEST(Int8, GemvEqualsTheIntegerReferenceForAnyShape) {
+// Every kernel (the ones this CPU lacks run the plain loops), any shape: rows not a multiple of
+// the panels' 32, columns not a multiple of their 4-byte groups, inputs past the panels' 12.
+TEST(Int8, EveryKernelEqualsTheIntegerReferenceForAnyShape) {
   ThreadPool pool(2);
-  for (const auto& [rows, cols] :
-       {std::pair<int64_t, int64_t>{1, 1}, {3, 64}, {13, 65}, {37, 200}, {64, 127}, {101, 576}}) {
+  if (!Int8GemvUsesVnni()) GTEST_LOG_(INFO) << "no AVX-512 VNNI here: only the plain loops run";
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{1, 1},
+                                   {3, 64},
+                                   {13, 65},
+                                   {37, 200},
+                                   {64, 127},
+                                   {101, 576},
+                                   {33, 2}}) {
     Quantized w = Quantize(Random(rows * cols, rows + cols), rows, cols);
-    for (int n : {1, 2, 3, 4, 5, 9}) {
+    for (int n : {1, 2, 3, 4, 5, 9, 12, 13, 16, 25}) {
       const std::vector<float> x = Random(n * cols, 7 * n + cols, 3.0f);
-      std::vector<float> y(static_cast<size_t>(n * rows));
-      GemvInt8(pool, x.data(), n, w.matrix, y.data());
       const std::vector<float> want = Reference(x, n, w);
-      for (size_t i = 0; i < y.size(); ++i) {
-        ASSERT_EQ(y[i], want[i]) << rows << "x" << cols << " n " << n << " element " << i;
+      for (Int8Kernel kernel : {Int8Kernel::kAuto, Int8Kernel::kVnniRows, Int8Kernel::kVnniPanels,
+                                Int8Kernel::kGeneric}) {
+        std::vector<float> y(static_cast<size_t>(n * rows), -1.0f);
+        GemvInt8(pool, x.data(), n, w.matrix, y.data(), kernel);
+        for (size_t i = 0; i < y.size(); ++i) {
+          ASSERT_EQ(y[i], want[i]) << rows << "x" << cols << " n " << n << " kernel "
+                                   << static_cast<int>(kernel) << " element " << i;
+        }
       }
     }
   }
