@@ -8,12 +8,21 @@
 //   - the bf16 rows -> int8's speed-ups (int8/bf16)
 // Targets: batch-1 decode >= 70% of the roofline; prefill >= 60% of sgemm; int8 decode >=
 // 1.8x bf16 and >= 90% of its roofline, int8 prefill >= 1.5x bf16.
+// Memory, per weight type: the bytes the weights hold (resident growth of a child process
+// that makes, and for int8 quantizes, the model) and the sessions of --session-tokens
+// tokens (FullKV, bf16 KV, the pool's own block bytes) that fit beside them in --budget-gib.
 //
 // usage: recall_speed_bench [--config PATH | --shape NAME] [--threads N] [--steps N]
 //                           [--prompt N] [--dtypes f32,bf16,int8] [--policies 0|1]
+//                           [--budget-gib G] [--session-tokens N]
+#include <malloc.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,7 +50,40 @@ struct Flags {
   std::string shape;  // a bench/shapes.h name instead of --config
   std::string dtypes = "f32,bf16,int8";
   bool policies = true;  // the eviction overhead table after the weight types
+  double budget_gib = 4;      // the memory table's fixed budget
+  int session_tokens = 4096;  // and its sessions' length
 };
+
+int64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * sysconf(_SC_PAGESIZE);
+}
+
+// The resident bytes a model in `dtype` (int8: bf16 quantized at load) adds to a fresh child
+// process, so that no earlier model's freed memory is reused; -1 on failure.
+int64_t WeightBytesHeld(const model::ModelConfig& config, kernels::DType dtype, bool int8) {
+  int fds[2];
+  if (pipe(fds) != 0) return -1;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    malloc_trim(0);  // the parent's freed heap pages, which the model would reuse unseen
+    const int64_t before = ResidentBytes();
+    auto m = model::MakeRandomModel(config, dtype, 1);
+    if (m.ok() && int8 && !model::QuantizeWeightsInt8(**m).ok()) m = absl::InternalError("");
+    const int64_t held = m.ok() ? ResidentBytes() - before : -1;
+    (void)!write(fds[1], &held, sizeof(held));
+    _exit(0);
+  }
+  close(fds[1]);
+  int64_t held = -1;
+  if (pid < 0 || read(fds[0], &held, sizeof(held)) != sizeof(held)) held = -1;
+  close(fds[0]);
+  if (pid > 0) waitpid(pid, nullptr, 0);
+  return held;
+}
 
 // Bytes a decode step streams from memory: every weight matrix once (the embedding lookup
 // reads one row), plus the KV cache of each sequence.
@@ -148,6 +190,10 @@ int Main(int argc, char** argv) {
       f.dtypes = argv[i + 1];
     else if (!std::strcmp(argv[i], "--policies"))
       f.policies = std::atoi(argv[i + 1]) != 0;
+    else if (!std::strcmp(argv[i], "--budget-gib"))
+      f.budget_gib = std::atof(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--session-tokens"))
+      f.session_tokens = std::atoi(argv[i + 1]);
     else {
       std::fprintf(stderr, "unknown flag %s\n", argv[i]);
       return 2;
@@ -182,6 +228,11 @@ int Main(int argc, char** argv) {
   std::printf("%-5s %12s %10s %10s %9s %12s %10s %10s %9s\n", "dtype", "weights_MB", "dec_b1",
               "roofline", "b1/roof", "dec_b8", "prefill", "GFLOP/s", "pf/sgemm");
   Result bf16{};
+  struct Held {
+    std::string name;
+    int64_t bytes;
+  };
+  std::vector<Held> held;
   for (const std::string& name : std::vector<std::string>(absl::StrSplit(f.dtypes, ','))) {
     const bool int8 = name == "int8";
     kernels::DType dtype = kernels::DType::kBF16;
@@ -201,6 +252,7 @@ int Main(int argc, char** argv) {
     }
     const Result r = RunModel(**model, *backend, f);
     if (name == "bf16") bf16 = r;
+    held.push_back({name, WeightBytesHeld(*config, dtype, int8)});
     // Roofline at batch 1: weights + this sequence's KV cache streamed once per token.
     const double roof = bw * 1e9 / (r.bytes_per_step + r.kv_bytes_per_token_b1);
     const double pf_gflops = r.prefill_tps * MatmulFlopsPerToken(**model) / 1e9;
@@ -215,6 +267,33 @@ int Main(int argc, char** argv) {
   }
   std::printf("\n(dec_* and prefill in tokens/s; roofline = bandwidth / bytes read per token; "
               "prefill GFLOP/s counts matmul FLOPs only)\n");
+
+  // Memory: the weights' resident bytes and the sessions that fit beside them.
+  kernels::PagedKvLayout kv{config->n_layers, config->n_kv_heads, config->head_dim, 16,
+                            kernels::KvDType::kBF16};
+  const int64_t session_bytes =
+      (f.session_tokens + kv.block_tokens - 1) / kv.block_tokens * kv.BlockBytes() * kv.n_layers;
+  const double budget = f.budget_gib * (int64_t{1} << 30);
+  std::printf(
+      "\nmemory: weights held (resident growth of a process making the model) and "
+      "sessions of %d tokens (FullKV, bf16 KV, %.1f MB each) in %.3g GiB:\n",
+      f.session_tokens, session_bytes / 1e6, f.budget_gib);
+  std::printf("%-5s %14s %10s\n", "dtype", "weights_held_MB", "sessions");
+  int64_t bf16_held = 0, bf16_sessions = 0;
+  for (const Held& h : held) {
+    const int64_t sessions =
+        h.bytes < 0
+            ? -1
+            : std::max<int64_t>(0, static_cast<int64_t>((budget - h.bytes) / session_bytes));
+    std::printf("%-5s %14.1f %10lld\n", h.name.c_str(), h.bytes / 1e6,
+                static_cast<long long>(sessions));
+    if (h.name == "bf16") bf16_held = h.bytes, bf16_sessions = sessions;
+    if (h.name == "int8" && bf16_held > 0 && bf16_sessions > 0) {
+      std::printf("int8/bf16: weights held %.2fx, sessions %.2fx\n",
+                  static_cast<double>(h.bytes) / bf16_held,
+                  static_cast<double>(sessions) / bf16_sessions);
+    }
+  }
 
   // Eviction bookkeeping: decode-step time per policy vs FullKV at the same length (bf16).
   auto model =

@@ -5,6 +5,7 @@
 
 #include "common/logging.h"
 #include "kernels/cpu/convert.h"
+#include "kernels/cpu/int8.h"
 #include "kernels/cpu/simd_math.h"
 
 namespace recall::kernels::cpu {
@@ -24,6 +25,10 @@ void Embedding(ThreadPool& pool, const Matrix& table, const int32_t* tokens, int
   const size_t row_bytes = static_cast<size_t>(dim) * DTypeSize(table.dtype);
   pool.ParallelFor(n, RowsPerThread(dim), [&](int64_t b, int64_t e, int) {
     for (int64_t i = b; i < e; ++i) {
+      if (table.dtype == DType::kI8) {  // int8 rows carry their scales
+        DequantizeRowsInt8(table, tokens[i], 1, out + i * dim);
+        continue;
+      }
       const char* row = static_cast<const char*>(table.data) + tokens[i] * row_bytes;
       ConvertToF32(row, table.dtype, dim, out + i * dim);
     }

@@ -17,6 +17,15 @@ namespace {
 
 constexpr size_t kAlignment = 64;
 
+// madvise(MADV_DONTNEED) over the whole pages inside [begin, begin + bytes): a private
+// mapping's pages are dropped (read again from the file, or as zeros, if ever touched).
+void DropPages(const void* begin, size_t bytes) {
+  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = (reinterpret_cast<uintptr_t>(begin) + page - 1) / page * page;
+  const uintptr_t hi = (reinterpret_cast<uintptr_t>(begin) + bytes) / page * page;
+  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+}
+
 // A read-only private mapping of a whole file.
 class MappedStorage : public Storage {
  public:
@@ -27,6 +36,7 @@ class MappedStorage : public Storage {
 
   const void* data() const override { return data_; }
   size_t size() const override { return size_; }
+  void Discard(const void* begin, size_t bytes) override { DropPages(begin, bytes); }
 
  private:
   void* data_;
@@ -89,6 +99,8 @@ absl::StatusOr<std::unique_ptr<HeapStorage>> HeapStorage::Create(size_t bytes) {
 }
 
 HeapStorage::~HeapStorage() { std::free(data_); }
+
+void HeapStorage::Discard(const void* begin, size_t bytes) { DropPages(begin, bytes); }
 
 absl::StatusOr<std::unique_ptr<Storage>> MapFile(const std::string& path) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);

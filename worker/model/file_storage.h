@@ -25,6 +25,7 @@ class HeapStorage : public Storage {
   const void* data() const override { return data_; }
   size_t size() const override { return size_; }
   void* MutableData() { return data_; }
+  void Discard(const void* begin, size_t bytes) override;
 
  private:
   HeapStorage(void* data, size_t size) : data_(data), size_(size) {}

@@ -33,6 +33,10 @@ class Storage {
   virtual ~Storage() = default;
   virtual const void* data() const = 0;
   virtual size_t size() const = 0;
+  // The bytes [begin, begin + bytes) (inside this storage) are not read again: the storage may
+  // give the whole pages among them back to the system (a file mapping's pages are dropped, a
+  // heap buffer's become zero pages). The default keeps them.
+  virtual void Discard(const void* begin, size_t bytes) {}
 };
 
 struct Model {

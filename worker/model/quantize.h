@@ -1,8 +1,8 @@
 // Int8 weights for a loaded model (LoadOptions::weight_dtype "int8"; kernels/cpu/int8.h):
-// every layer's linear weights (q, k, v, o, gate, up, down) and the LM head are quantized
-// per output channel (one scale per row) from whatever type they were loaded in. The token
-// embeddings stay as loaded: decoding reads one row of them per token, not the whole table.
-// A tied LM head gets its own int8 copy.
+// every layer's linear weights (q, k, v, o, gate, up, down) are quantized per output channel
+// (one scale per row) from whatever type they were loaded in; the LM head and the token
+// embeddings by default too (Int8Options; docs/benchmarks.md#int8-weights measures the
+// choices). A tied table quantized both ways is one int8 copy for both.
 #pragma once
 
 #include "absl/status/status.h"
@@ -10,9 +10,14 @@
 
 namespace recall::model {
 
-// In place; the loaded weights' storage stays (a file mapping is not read again).
+// In place; the originals of the quantized matrices are discarded (Storage::Discard: their
+// pages go back to the system) unless another view still reads them (a tied LM head).
 // ResourceExhausted when the int8 copy cannot be allocated. A model already in int8 is left
 // as it is.
-absl::Status QuantizeWeightsInt8(Model& model);
+struct Int8Options {
+  bool lm_head = true;     // else the LM head stays as loaded (it is read whole every token)
+  bool embeddings = true;  // else the embeddings stay as loaded (one row is read per token)
+};
+absl::Status QuantizeWeightsInt8(Model& model, const Int8Options& options = {});
 
 }  // namespace recall::model

@@ -2,6 +2,8 @@
 // reference implementation's golden text, the int8 model's next-token distributions stay
 // close to the f32 model's (mean KL, top-1 agreement, printed); the weights read per token
 // shrink to about a quarter of f32's; an engine that cannot run them says so by field.
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -13,6 +15,7 @@
 #include "tests/common/stories260k.h"
 #include "worker/model/load.h"
 #include "worker/model/quantize.h"
+#include "worker/model/random_model.h"
 #include "worker/runtime/engine.h"
 #include "worker/runtime/forward.h"
 
@@ -66,31 +69,38 @@ TEST_F(Int8WeightsTest, NextTokenDistributionsStayCloseToF32OnTheGoldenText) {
   tokens.resize(std::min<size_t>(tokens.size(), model_->config.max_seq_len - 1));
   ASSERT_GT(tokens.size(), 200u);
 
-  auto int8 = model::LoadModel(testing::SharedPath(testing::kStoriesModel));
-  ASSERT_TRUE(int8.ok()) << int8.status();
-  ASSERT_TRUE(model::QuantizeWeightsInt8(**int8).ok());
-  const model::LayerWeights& l = (*int8)->layers[0];
-  EXPECT_EQ(l.wq.dtype, kernels::DType::kI8);
-  EXPECT_EQ(l.w_down.dtype, kernels::DType::kI8);
-  EXPECT_EQ((*int8)->lm_head.dtype, kernels::DType::kI8);
-  EXPECT_EQ((*int8)->tok_embeddings.dtype, kernels::DType::kF32);  // looked up, not streamed
-  EXPECT_EQ(l.wq.bytes() * 4, model_->layers[0].wq.bytes());
-
   const auto want = TeacherForced(*model_, tokens);
-  const auto got = TeacherForced(**int8, tokens);
-  double kl = 0;
-  int same = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const std::vector<double> p = LogSoftmax(want[i]), q = LogSoftmax(got[i]);
-    for (size_t v = 0; v < p.size(); ++v) kl += std::exp(p[v]) * (p[v] - q[v]);
-    same += Argmax(want[i]) == Argmax(got[i]) ? 1 : 0;
+  for (const bool embeddings : {true, false}) {
+    auto int8 = model::LoadModel(testing::SharedPath(testing::kStoriesModel));
+    ASSERT_TRUE(int8.ok()) << int8.status();
+    ASSERT_TRUE(model::QuantizeWeightsInt8(**int8, {.embeddings = embeddings}).ok());
+    const model::LayerWeights& l = (*int8)->layers[0];
+    EXPECT_EQ(l.wq.dtype, kernels::DType::kI8);
+    EXPECT_EQ(l.w_down.dtype, kernels::DType::kI8);
+    EXPECT_EQ((*int8)->lm_head.dtype, kernels::DType::kI8);
+    // stories260K's table is tied: quantized, one int8 copy serves both.
+    EXPECT_EQ((*int8)->tok_embeddings.dtype,
+              embeddings ? kernels::DType::kI8 : kernels::DType::kF32);
+    EXPECT_EQ((*int8)->tok_embeddings.data == (*int8)->lm_head.data, embeddings);
+    EXPECT_EQ(l.wq.bytes() * 4, model_->layers[0].wq.bytes());
+
+    const auto got = TeacherForced(**int8, tokens);
+    double kl = 0;
+    int same = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const std::vector<double> p = LogSoftmax(want[i]), q = LogSoftmax(got[i]);
+      for (size_t v = 0; v < p.size(); ++v) kl += std::exp(p[v]) * (p[v] - q[v]);
+      same += Argmax(want[i]) == Argmax(got[i]) ? 1 : 0;
+    }
+    kl /= static_cast<double>(want.size());
+    const double top1 = static_cast<double>(same) / static_cast<double>(want.size());
+    std::printf(
+        "stories260K int8 vs f32 weights (embeddings %s), %zu golden tokens: mean KL "
+        "%.5f, top-1 %.4f\n",
+        embeddings ? "int8" : "f32", want.size(), kl, top1);
+    EXPECT_LT(kl, 0.01);
+    EXPECT_GE(top1, 0.95);
   }
-  kl /= static_cast<double>(want.size());
-  const double top1 = static_cast<double>(same) / static_cast<double>(want.size());
-  std::printf("stories260K int8 vs f32 weights, %zu golden tokens: mean KL %.5f, top-1 %.4f\n",
-              want.size(), kl, top1);
-  EXPECT_LT(kl, 0.01);
-  EXPECT_GE(top1, 0.95);
 }
 
 TEST_F(Int8WeightsTest, EnginesThatCannotRunInt8WeightsSaySoByField) {
@@ -106,6 +116,46 @@ TEST_F(Int8WeightsTest, EnginesThatCannotRunInt8WeightsSaySoByField) {
   one.kv_cache_bytes = int64_t{8} << 20;
   auto engine = Engine::Create(*model_, one);
   EXPECT_TRUE(engine.ok()) << engine.status();
+}
+
+// This process's resident bytes (/proc/self/statm).
+int64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * sysconf(_SC_PAGESIZE);
+}
+
+// The bf16 originals of the quantized matrices go back to the system: resident memory falls
+// by at least 40% of their bytes (the int8 copies are half of them), and the model still runs.
+TEST(Int8WeightsMemory, TheOriginalsAreGivenBack) {
+  model::ModelConfig c;
+  c.dim = 512;
+  c.hidden_dim = 1536;
+  c.n_layers = 8;
+  c.n_heads = 8;
+  c.n_kv_heads = 8;
+  c.head_dim = 64;
+  c.vocab_size = 4096;
+  c.max_seq_len = 64;
+  auto m = model::MakeRandomModel(c, kernels::DType::kBF16, 1);
+  ASSERT_TRUE(m.ok()) << m.status();
+  size_t originals = (*m)->lm_head.bytes();
+  for (const model::LayerWeights& l : (*m)->layers) {
+    for (const kernels::Matrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+      originals += w->bytes();
+    }
+  }
+  const int64_t before = ResidentBytes();
+  ASSERT_TRUE(model::QuantizeWeightsInt8(**m).ok());
+  const int64_t after = ResidentBytes();
+  std::printf("bf16 originals %.1f MB; resident %.1f MB before quantizing, %.1f MB after\n",
+              originals / 1e6, before / 1e6, after / 1e6);
+  EXPECT_LE(after, before - static_cast<int64_t>(originals) * 2 / 5);
+  const auto logits = TeacherForced(**m, {1, 2, 3});
+  for (const std::vector<float>& l : logits) {
+    for (const float v : l) ASSERT_TRUE(std::isfinite(v));
+  }
 }
 
 TEST(Int8WeightsLoad, AnUnknownWeightTypeIsRefusedByField) {
