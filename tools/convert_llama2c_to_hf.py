@@ -1,12 +1,18 @@
 #!/usr/bin/env python3
 """Converts a llama2.c checkpoint (run.c format) to a Hugging Face Llama directory.
 
-    python3 tools/convert_llama2c_to_hf.py CHECKPOINT.bin OUT_DIR [--dtype f32|bf16|f16]
-                                           [--shards N]
+    python3 tools/convert_llama2c_to_hf.py CHECKPOINT.bin OUT_DIR [--dtype f32|bf16|f16|fp8]
+                                           [--fp8-block N] [--shards N]
 
 Writes OUT_DIR/config.json (LlamaForCausalLM) and OUT_DIR/model.safetensors, or with
 --shards N > 1, model-0000i-of-0000N.safetensors plus model.safetensors.index.json.
 Python standard library only.
+
+--dtype fp8 writes an FP8 checkpoint the way published ones are laid out (Hugging Face's
+fine-grained FP8, quant_method "fp8"): every linear layer's weight as F8_E4M3 (E4M3FN: max
+448, no infinities) with a float32 `weight_scale_inv` of one scale per --fp8-block x
+--fp8-block block (default 128; weight = e4m3 value * scale), the embeddings, LM head and
+norms in bf16, and config.json's quantization_config naming the block size.
 
 RoPE layouts: llama2.c rotates interleaved pairs (2i, 2i+1) within each head; Hugging Face
 rotates (i, i + head_dim/2). So the rows of every q/k head are reordered (the permute() of
@@ -17,6 +23,7 @@ because q and k get the same permutation.
 
 import argparse
 import json
+import math
 import os
 import struct
 import sys
@@ -26,7 +33,50 @@ DTYPES = {
     "f32": ("F32", "float32", 4),
     "bf16": ("BF16", "bfloat16", 2),
     "f16": ("F16", "float16", 2),
+    "fp8": ("F8_E4M3", "bfloat16", 1),
 }
+
+E4M3_MAX = 448.0
+
+
+def e4m3_code(x):
+    """The E4M3FN byte nearest to x (round to nearest even; |x| > 448 saturates)."""
+    sign = 0x80 if math.copysign(1.0, x) < 0 else 0
+    a = abs(x)
+    if a == 0:
+        return sign
+    if a >= E4M3_MAX:
+        return sign | 0x7E
+    f, e = math.frexp(a)  # a = f * 2**e, 0.5 <= f < 1
+    u = e - 1             # a = (2f) * 2**u
+    if u < -6:            # subnormal: m * 2**-9, m <= 8 (8 is the smallest normal's code)
+        return sign | round(a * 512.0)
+    m = round((2.0 * f - 1.0) * 8.0)
+    if m == 8:
+        m, u = 0, u + 1
+    if u > 8 or (u == 8 and m == 7):
+        return sign | 0x7E
+    return sign | ((u + 7) << 3) | m
+
+
+def e4m3_blocks(values, rows, cols, block):
+    """(codes, scales): values [rows, cols] in E4M3 with one float32 scale per block x block
+    block (scale = max |w| / 448 over the block; weight = e4m3 * scale)."""
+    brs, bcs = -(-rows // block), -(-cols // block)
+    scales = array("f", [0.0] * (brs * bcs))
+    for br in range(brs):
+        for bc in range(bcs):
+            most = 0.0
+            for r in range(br * block, min(rows, (br + 1) * block)):
+                row = values[r * cols + bc * block:r * cols + min(cols, (bc + 1) * block)]
+                most = max(most, max(abs(v) for v in row))
+            scales[br * bcs + bc] = most / E4M3_MAX if most > 0 else 1.0
+    codes = bytearray(rows * cols)
+    for r in range(rows):
+        for c in range(cols):
+            codes[r * cols + c] = e4m3_code(values[r * cols + c] / scales[(r // block) * bcs +
+                                                                           c // block])
+    return bytes(codes), scales
 
 
 def read_checkpoint(path):
@@ -130,14 +180,30 @@ def encode(values, dtype):
     return out.tobytes()
 
 
-def write_safetensors(path, tensors, dtype):
-    st_dtype = DTYPES[dtype][0]
+def as_stored(tensors, dtype, block):
+    """[(name, shape, values, dtype)]: with fp8, linear weights in E4M3 plus their scales
+    (float32) and everything else in bf16; otherwise every tensor in `dtype`."""
+    if dtype != "fp8":
+        return [(n, shape, v, dtype) for n, shape, v in tensors]
+    out = []
+    for name, shape, values in tensors:
+        if name.endswith("_proj.weight"):
+            codes, scales = e4m3_blocks(values, shape[0], shape[1], block)
+            out.append((name, shape, codes, "fp8"))
+            out.append((name + "_scale_inv", [-(-shape[0] // block), -(-shape[1] // block)],
+                        scales, "f32"))
+        else:
+            out.append((name, shape, values, "bf16"))
+    return out
+
+
+def write_safetensors(path, tensors):
     header = {"__metadata__": {"format": "pt"}}
     blobs = []
     offset = 0
-    for name, shape, values in tensors:
-        blob = encode(values, dtype)
-        header[name] = {"dtype": st_dtype, "shape": shape,
+    for name, shape, values, dtype in tensors:
+        blob = values if dtype == "fp8" else encode(values, dtype)
+        header[name] = {"dtype": DTYPES[dtype][0], "shape": shape,
                         "data_offsets": [offset, offset + len(blob)]}
         blobs.append(blob)
         offset += len(blob)
@@ -156,13 +222,16 @@ def main():
     ap.add_argument("checkpoint")
     ap.add_argument("out_dir")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="f32")
+    ap.add_argument("--fp8-block", type=int, default=128)
     ap.add_argument("--shards", type=int, default=1)
     args = ap.parse_args()
     if args.shards < 1:
         raise SystemExit("--shards must be >= 1")
+    if args.fp8_block < 1:
+        raise SystemExit("--fp8-block must be >= 1")
 
     cfg, weights = read_checkpoint(args.checkpoint)
-    tensors = hf_tensors(cfg, split_weights(cfg, weights))
+    tensors = as_stored(hf_tensors(cfg, split_weights(cfg, weights)), args.dtype, args.fp8_block)
     os.makedirs(args.out_dir, exist_ok=True)
     config = {
         "architectures": ["LlamaForCausalLM"],
@@ -182,13 +251,20 @@ def main():
         "eos_token_id": 2,
         "torch_dtype": DTYPES[args.dtype][1],
     }
+    if args.dtype == "fp8":
+        config["quantization_config"] = {
+            "quant_method": "fp8",
+            "fmt": "e4m3",
+            "activation_scheme": "dynamic",
+            "weight_block_size": [args.fp8_block, args.fp8_block],
+        }
     with open(os.path.join(args.out_dir, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
         f.write("\n")
 
     n = min(args.shards, len(tensors))
     if n == 1:
-        write_safetensors(os.path.join(args.out_dir, "model.safetensors"), tensors, args.dtype)
+        write_safetensors(os.path.join(args.out_dir, "model.safetensors"), tensors)
     else:
         # Contiguous groups of about equal element counts.
         total = sum(len(t[2]) for t in tensors)
@@ -203,7 +279,7 @@ def main():
         total_size = 0
         for i, group in enumerate(groups):
             name = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
-            total_size += write_safetensors(os.path.join(args.out_dir, name), group, args.dtype)
+            total_size += write_safetensors(os.path.join(args.out_dir, name), group)
             for t in group:
                 weight_map[t[0]] = name
         index = {"metadata": {"total_size": total_size}, "weight_map": weight_map}

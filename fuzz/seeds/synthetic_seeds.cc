@@ -45,9 +45,9 @@ void Safetensors(const std::string& out) {
     }
   }
   test::SafetensorsWriter mixed;
-  mixed.Add("a", test::TestTensor{{2, 2}, {1, 2, 3, 4}, kernels::DType::kF32});
-  mixed.Add("b", test::TestTensor{{3}, {5, 6, 7}, kernels::DType::kBF16});
-  mixed.Add("empty", test::TestTensor{{0, 4}, {}, kernels::DType::kF16});
+  mixed.Add("a", test::TestTensor{{2, 2}, {1, 2, 3, 4}, kernels::DType::kF32, {}, {}});
+  mixed.Add("b", test::TestTensor{{3}, {5, 6, 7}, kernels::DType::kBF16, {}, {}});
+  mixed.Add("empty", test::TestTensor{{0, 4}, {}, kernels::DType::kF16, {}, {}});
   WriteSeed(out, "safetensors", "mixed.st", SafetensorsOf(mixed, true));
   WriteSeed(out, "safetensors", "no_tensors.st", test::SafetensorsBytes("{}", "", 2));
 }

@@ -113,6 +113,42 @@ absl::StatusOr<const ArchEntry*> FindArch(const std::string& path, const json& j
                                                  "\" (supported: ", kSupported, ")"));
 }
 
+// quantization_config: absent, or an FP8 checkpoint (quant_method "fp8", E4M3 weights,
+// optional weight_block_size [rows, cols]); every other method is refused by name.
+absl::Status ParseQuantization(const std::string& path, const json& j, ModelConfig& c) {
+  auto it = j.find("quantization_config");
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  const std::string field = "quantization_config";
+  if (!it->is_object()) return FieldError(path, field, "must be an object, got " + it->dump());
+  auto method = it->find("quant_method");
+  if (method == it->end() || !method->is_string()) {
+    return FieldError(path, field + ".quant_method", "is missing (supported: fp8)");
+  }
+  if (*method != "fp8") {
+    return FieldError(path, field + ".quant_method",
+                      "= " + method->dump() + " is not supported (supported: fp8)");
+  }
+  if (auto fmt = it->find("fmt"); fmt != it->end() && *fmt != "e4m3") {
+    return FieldError(path, field + ".fmt", "= " + fmt->dump() + " is not supported (only e4m3)");
+  }
+  c.fp8 = true;
+  auto block = it->find("weight_block_size");
+  if (block == it->end() || block->is_null()) return absl::OkStatus();
+  if (!block->is_array() || block->size() != 2) {
+    return FieldError(path, field + ".weight_block_size",
+                      "must be [rows, cols], got " + block->dump());
+  }
+  for (int i = 0; i < 2; ++i) {
+    const json& v = (*block)[i];
+    if (!v.is_number_integer() || v.get<int64_t>() <= 0 || v.get<int64_t>() > (1 << 20)) {
+      return FieldError(path, field + ".weight_block_size",
+                        "entries must be integers in [1, 1048576], got " + block->dump());
+    }
+    c.fp8_block[i] = v.get<int>();
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ModelConfig> ParseConfig(const std::string& path, const json& j) {
   if (!j.is_object()) return absl::InvalidArgumentError(path + ": not a JSON object");
   RECALL_ASSIGN_OR_RETURN(const ArchEntry* arch, FindArch(path, j));
@@ -157,6 +193,7 @@ absl::StatusOr<ModelConfig> ParseConfig(const std::string& path, const json& j) 
   if (auto it = j.find("hidden_act"); it != j.end() && it->is_string() && *it != "silu") {
     return FieldError(path, "hidden_act", "= " + it->dump() + " is not supported (only silu)");
   }
+  RECALL_RETURN_IF_ERROR(ParseQuantization(path, j, c));
   RECALL_RETURN_IF_ERROR(Annotate(c.Validate(), path));
   return c;
 }

@@ -1,6 +1,7 @@
 // Hugging Face loader: config.json plus model.safetensors (or shards listed in
 // model.safetensors.index.json). Matrices are zero-copy views into the mapped files in the
-// file's dtype; norm weights and biases are converted to owned fp32.
+// file's dtype (an FP8 checkpoint's linear weights widened to owned bf16, worker/model/fp8.h);
+// norm weights and biases are converted to owned fp32.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include "common/status.h"
 #include "nlohmann/json.hpp"
 #include "worker/model/file_storage.h"
+#include "worker/model/fp8.h"
 #include "worker/model/half.h"
 #include "worker/model/loader.h"
 #include "worker/model/random_model.h"
@@ -130,7 +132,8 @@ class Builder {
 
   // A [rows, cols] matrix in the file's dtype; a view unless the data is misaligned.
   absl::StatusOr<kernels::Matrix> Matrix(const std::string& name, int64_t rows, int64_t cols) {
-    RECALL_ASSIGN_OR_RETURN(const SafetensorsTensor* t, Get(name, {rows, cols}));
+    RECALL_ASSIGN_OR_RETURN(const SafetensorsTensor* t, Get(name, {rows, cols}, /*fp8=*/true));
+    if (t->e4m3) return Fp8Matrix(name, *t, rows, cols);
     kernels::Matrix m;
     m.dtype = t->dtype;
     m.rows = rows;
@@ -143,6 +146,23 @@ class Builder {
       model_->storage.push_back(std::move(copy));
     }
     elements_[static_cast<int>(t->dtype)] += t->numel();
+    return m;
+  }
+
+  // An FP8 linear weight and its scales, widened to an owned bf16 matrix (fp8.h).
+  absl::StatusOr<kernels::Matrix> Fp8Matrix(const std::string& name, const SafetensorsTensor& t,
+                                            int64_t rows, int64_t cols) {
+    std::string file;
+    RECALL_ASSIGN_OR_RETURN(const SafetensorsTensor* scale,
+                            source_.Find(name + "_scale_inv", &file));
+    if (scale == nullptr) {
+      return absl::NotFoundError(absl::StrCat(file, ": missing tensor \"", name,
+                                              "_scale_inv\" (the scales of F8_E4M3 \"", name,
+                                              "\")"));
+    }
+    RECALL_ASSIGN_OR_RETURN(kernels::Matrix m, WidenFp8(file, name, t, *scale, rows, cols,
+                                                        model_->config.fp8_block, *model_));
+    elements_[static_cast<int>(kernels::DType::kBF16)] += t.numel();
     return m;
   }
 
@@ -174,8 +194,10 @@ class Builder {
   }
 
  private:
+  // fp8: whether the tensor may be F8_E4M3 (a linear weight of an FP8 checkpoint).
   absl::StatusOr<const SafetensorsTensor*> Get(const std::string& name,
-                                               std::initializer_list<int64_t> shape) {
+                                               std::initializer_list<int64_t> shape,
+                                               bool fp8 = false) {
     std::string file;
     RECALL_ASSIGN_OR_RETURN(const SafetensorsTensor* t, source_.Find(name, &file));
     if (t == nullptr) {
@@ -185,6 +207,13 @@ class Builder {
       return absl::InvalidArgumentError(absl::StrCat(file, ": tensor \"", name, "\" has shape ",
                                                      t->ShapeString(), ", expected ", Shape(shape),
                                                      " from config.json"));
+    }
+    if (t->e4m3 && !(fp8 && model_->config.fp8)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          file, ": tensor \"", name, "\" is F8_E4M3, ",
+          model_->config.fp8 ? "which only linear weights may be"
+                             : "but config.json has no quantization_config with quant_method "
+                               "\"fp8\""));
     }
     return t;
   }

@@ -28,6 +28,11 @@ struct ModelConfig {
   bool qkv_bias = false;         // Qwen2
   bool qk_norm = false;          // Qwen3: RMSNorm over each q/k head before RoPE
   kernels::DType weight_dtype = kernels::DType::kF32;
+  // An FP8 checkpoint (config.json quantization_config, quant_method "fp8"): linear weights
+  // stored as F8_E4M3 with `weight_scale_inv` scales over blocks of fp8_block[0] rows x
+  // fp8_block[1] columns ({0, 0}: one scale per tensor). The loader widens them to bf16.
+  bool fp8 = false;
+  int fp8_block[2] = {0, 0};
   int bos_token_id = 1;  // -1: none
   int eos_token_id = 2;  // -1: none
 

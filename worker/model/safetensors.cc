@@ -26,12 +26,25 @@ absl::Status TensorError(const std::string& path, const std::string& name,
   return absl::InvalidArgumentError(absl::StrCat(path, ": tensor \"", name, "\": ", problem));
 }
 
-absl::StatusOr<kernels::DType> ParseDType(const std::string& s) {
-  if (s == "F32") return kernels::DType::kF32;
-  if (s == "F16") return kernels::DType::kF16;
-  if (s == "BF16") return kernels::DType::kBF16;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unsupported dtype \"", s, "\" (supported: F32, F16, BF16)"));
+absl::Status ParseDType(const std::string& s, SafetensorsTensor& t) {
+  if (s == "F32") {
+    t.dtype = kernels::DType::kF32;
+  } else if (s == "F16") {
+    t.dtype = kernels::DType::kF16;
+  } else if (s == "BF16") {
+    t.dtype = kernels::DType::kBF16;
+  } else if (s == "F8_E4M3") {
+    t.dtype = kernels::DType::kI8;
+    t.e4m3 = true;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported dtype \"", s, "\" (supported: F32, F16, BF16, F8_E4M3)"));
+  }
+  return absl::OkStatus();
+}
+
+const char* StoredName(const SafetensorsTensor& t) {
+  return t.e4m3 ? "F8_E4M3" : kernels::DTypeName(t.dtype);
 }
 
 // Reads a non-negative JSON integer that fits in uint64.
@@ -56,10 +69,8 @@ absl::StatusOr<SafetensorsTensor> ParseTensor(const std::string& path, const std
     return TensorError(path, name, "missing string field \"dtype\"");
   }
   SafetensorsTensor t;
-  {
-    absl::StatusOr<kernels::DType> dtype = ParseDType(dtype_it->get<std::string>());
-    if (!dtype.ok()) return TensorError(path, name, std::string(dtype.status().message()));
-    t.dtype = *dtype;
+  if (absl::Status s = ParseDType(dtype_it->get<std::string>(), t); !s.ok()) {
+    return TensorError(path, name, std::string(s.message()));
   }
   auto shape_it = entry.find("shape");
   if (shape_it == entry.end() || !shape_it->is_array()) {
@@ -96,16 +107,16 @@ absl::StatusOr<SafetensorsTensor> ParseTensor(const std::string& path, const std
   }
   const uint64_t expected = numel * kernels::DTypeSize(t.dtype);
   if (end - begin != expected) {
-    return TensorError(path, name,
-                       absl::StrCat("shape ", t.ShapeString(), " of ", kernels::DTypeName(t.dtype),
-                                    " needs ", expected, " bytes but data_offsets [", begin, ", ",
-                                    end, "] hold ", end - begin));
+    return TensorError(
+        path, name,
+        absl::StrCat("shape ", t.ShapeString(), " of ", StoredName(t), " needs ", expected,
+                     " bytes but data_offsets [", begin, ", ", end, "] hold ", end - begin));
   }
   if (begin % kernels::DTypeSize(t.dtype) != 0) {
     return TensorError(path, name,
                        absl::StrCat("data_offsets begin ", begin, " is not a multiple of the ",
-                                    kernels::DTypeSize(t.dtype), "-byte ",
-                                    kernels::DTypeName(t.dtype), " element (misaligned)"));
+                                    kernels::DTypeSize(t.dtype), "-byte ", StoredName(t),
+                                    " element (misaligned)"));
   }
   t.data = data_base + begin;
   t.bytes = static_cast<size_t>(expected);

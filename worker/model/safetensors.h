@@ -2,7 +2,8 @@
 //   {"name": {"dtype": "F32", "shape": [r, c], "data_offsets": [begin, end]}, ...,
 //    "__metadata__": {"key": "value"}}
 // then the tensor data (offsets relative to the end of the header). The file is mapped
-// read-only; tensor data pointers point into the mapping. F32, F16 and BF16 are supported.
+// read-only; tensor data pointers point into the mapping. F32, F16 and BF16 are supported,
+// and F8_E4M3 (FP8 checkpoints' linear weights; the loader widens them with their scales).
 // Checked before any tensor is used: the header length against the file, the header is a
 // JSON object (at most json_limits::kMaxDepth deep), every dtype, shape product (no
 // overflow) and data_offsets range; each tensor starts at a multiple of its element size,
@@ -27,6 +28,9 @@ namespace recall::model {
 
 struct SafetensorsTensor {
   kernels::DType dtype = kernels::DType::kF32;
+  // F8_E4M3 (E4M3FN bytes): dtype is then kI8, standing for the 1-byte size only; the bytes
+  // are not integers and only the FP8 loader (worker/model/fp8.h) reads them.
+  bool e4m3 = false;
   std::vector<int64_t> shape;
   const void* data = nullptr;  // into the mapping; may be unaligned for the dtype
   size_t bytes = 0;

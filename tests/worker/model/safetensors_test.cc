@@ -144,7 +144,7 @@ TEST_F(SafetensorsTest, UnsupportedDtypeIsInvalidArgumentNamingTheTensor) {
                        "\"data_offsets\": [0, 4]}}",
                        4),
               absl::StatusCode::kInvalidArgument,
-              "tensor \"q\": unsupported dtype \"I8\" (supported: F32, F16, BF16)");
+              "tensor \"q\": unsupported dtype \"I8\" (supported: F32, F16, BF16, F8_E4M3)");
 }
 
 TEST_F(SafetensorsTest, EveryCorruptedHeaderByteGivesAStatusNotACrash) {

@@ -66,6 +66,9 @@ struct TestTensor {
   std::vector<int64_t> shape;
   std::vector<float> values;
   kernels::DType dtype = kernels::DType::kF32;
+  // When set, written as these bytes with this safetensors dtype (e.g. "F8_E4M3") instead.
+  std::string raw;
+  std::string raw_dtype;
 };
 
 // A tiny safetensors writer. Tensors are written in name order.
@@ -78,11 +81,11 @@ class SafetensorsWriter {
   void Build(std::string* header, std::string* data, bool pad = true) const {
     std::vector<std::string> entries = {"\"__metadata__\":{\"format\":\"pt\"}"};
     for (const auto& [name, t] : tensors_) {
-      const std::string bytes = Encode(t.values, t.dtype);
-      entries.push_back(absl::StrCat("\"", name, "\":{\"dtype\":\"", SafetensorsDType(t.dtype),
-                                     "\",\"shape\":[", absl::StrJoin(t.shape, ","),
-                                     "],\"data_offsets\":[", data->size(), ",",
-                                     data->size() + bytes.size(), "]}"));
+      const std::string bytes = t.raw_dtype.empty() ? Encode(t.values, t.dtype) : t.raw;
+      const char* dtype = t.raw_dtype.empty() ? SafetensorsDType(t.dtype) : t.raw_dtype.c_str();
+      entries.push_back(absl::StrCat("\"", name, "\":{\"dtype\":\"", dtype, "\",\"shape\":[",
+                                     absl::StrJoin(t.shape, ","), "],\"data_offsets\":[",
+                                     data->size(), ",", data->size() + bytes.size(), "]}"));
       *data += bytes;
     }
     *header = absl::StrCat("{", absl::StrJoin(entries, ","), "}");
