@@ -73,9 +73,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const model::Model& model
                                                        const EngineOptions& options) {
   RECALL_RETURN_IF_ERROR(options.Validate());
   if (model.config.weight_dtype == kernels::DType::kI8 &&
-      (options.device != Device::kCpu || options.tp > 1 || options.opaque_cpu_memory)) {
+      (options.device != Device::kCpu || options.opaque_cpu_memory)) {
     return flags::FieldError("weight_dtype",
-                             "int8 weights run on one CPU rank for now ({device} cpu, {tp} 1)");
+                             "int8 weights run on CPU ranks for now ({device} cpu)");
   }
   std::unique_ptr<Engine> e(new Engine(model, options));
   RECALL_RETURN_IF_ERROR(options.tp > 1 ? e->CreateGroup() : e->CreateOneRank());
@@ -185,20 +185,22 @@ absl::Status Engine::RunAll(const std::function<absl::Status(int)>& fn) {
 std::string Engine::Summary() const {
   const cache::BlockPool& p = group_ ? group_->pool(0) : *pool_;
   std::string where = DeviceName(options_.device);
+  std::string weights = kernels::DTypeName(model_.config.weight_dtype);
+  if (model_.config.fp8) absl::StrAppend(&weights, " (from FP8)");
   if (group_) {
     if (options_.device == Device::kCuda) {
       for (int r = 0; r < options_.tp; ++r)
         absl::StrAppend(&where, r == 0 ? " " : ",", group_->cuda_device(r));
       absl::StrAppend(&where, ", ", group_->collectives());
     }
-    return absl::StrCat("tp ", options_.tp, " (", where, " ranks); KV pool ", p.num_blocks(),
-                        " blocks of ", p.block_bytes(), " bytes per rank");
+    return absl::StrCat("tp ", options_.tp, " (", where, " ranks); ", weights, " weights; KV pool ",
+                        p.num_blocks(), " blocks of ", p.block_bytes(), " bytes per rank");
   }
   if (options_.device == Device::kCuda) {
     absl::StrAppend(&where, " ", options_.devices.empty() ? 0 : options_.devices[0]);
   }
-  return absl::StrCat(where, "; KV pool ", p.num_blocks(), " blocks of ", p.block_bytes(),
-                      " bytes (", kv_bytes_ / 1048576.0, " MiB)");
+  return absl::StrCat(where, "; ", weights, " weights; KV pool ", p.num_blocks(), " blocks of ",
+                      p.block_bytes(), " bytes (", kv_bytes_ / 1048576.0, " MiB)");
 }
 
 }  // namespace recall::runtime

@@ -106,7 +106,8 @@ TEST_F(Int8WeightsTest, NextTokenDistributionsStayCloseToF32OnTheGoldenText) {
 TEST_F(Int8WeightsTest, EnginesThatCannotRunInt8WeightsSaySoByField) {
   if (model_ == nullptr) return;
   ASSERT_TRUE(model::QuantizeWeightsInt8(*model_).ok());
-  for (const EngineOptions& o : {EngineOptions{.tp = 2}, EngineOptions{.device = Device::kCuda}}) {
+  for (const EngineOptions& o :
+       {EngineOptions{.device = Device::kCuda}, EngineOptions{.opaque_cpu_memory = true}}) {
     auto engine = Engine::Create(*model_, o);
     ASSERT_FALSE(engine.ok());
     EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument);

@@ -18,6 +18,10 @@ Matrix RowSlice(const Matrix& m, int64_t begin, int64_t n) {
   Matrix out = m;
   out.data = static_cast<const uint8_t*>(m.data) + begin * m.cols * kernels::DTypeSize(m.dtype);
   out.rows = n;
+  if (m.dtype == kernels::DType::kI8) {  // the rows' scales and sums go with them
+    out.scales = m.scales + begin;
+    out.row_sums = m.row_sums + begin;
+  }
   return out;
 }
 
@@ -30,17 +34,33 @@ Matrix VectorSlice(const Matrix& m, int64_t begin, int64_t n) {
   return out;
 }
 
-// Columns [begin, begin + n) of m, copied into new storage owned by `model`.
+// Columns [begin, begin + n) of m, copied into new storage owned by `model`. Int8 rows keep
+// their scales (the slice holds the same integers as the full row) and get the sums of their
+// slice.
 absl::StatusOr<Matrix> ColumnSlice(const Matrix& m, int64_t begin, int64_t n, model::Model* model) {
   const size_t esize = kernels::DTypeSize(m.dtype);
-  RECALL_ASSIGN_OR_RETURN(std::unique_ptr<model::HeapStorage> storage,
-                          model::HeapStorage::Create(static_cast<size_t>(m.rows * n) * esize));
+  const bool int8 = m.dtype == kernels::DType::kI8;
+  const size_t bytes = static_cast<size_t>(m.rows * n) * esize;
+  const size_t sums_at = (bytes + 63) / 64 * 64;
+  RECALL_ASSIGN_OR_RETURN(
+      std::unique_ptr<model::HeapStorage> storage,
+      model::HeapStorage::Create(int8 ? sums_at + static_cast<size_t>(m.rows) * 4 : bytes));
   uint8_t* dst = static_cast<uint8_t*>(storage->MutableData());
   const uint8_t* src = static_cast<const uint8_t*>(m.data);
   for (int64_t r = 0; r < m.rows; ++r) {
     std::memcpy(dst + r * n * esize, src + (r * m.cols + begin) * esize, n * esize);
   }
   Matrix out{storage->data(), m.dtype, m.rows, n};
+  if (int8) {
+    auto* sums = reinterpret_cast<int32_t*>(dst + sums_at);
+    for (int64_t r = 0; r < m.rows; ++r) {
+      int32_t sum = 0;
+      for (int64_t c = 0; c < n; ++c) sum += reinterpret_cast<const int8_t*>(dst)[r * n + c];
+      sums[r] = sum;
+    }
+    out.scales = m.scales;
+    out.row_sums = sums;
+  }
   model->storage.push_back(std::move(storage));
   return out;
 }

@@ -164,6 +164,10 @@ absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::Create(const model::Model& ful
         "kv_cache_fraction",
         absl::StrCat(options.kv_cache_fraction, " must be in (0, 1], and only for device cuda"));
   }
+  if (full.config.weight_dtype == kernels::DType::kI8 && (cuda || options.opaque_cpu_memory)) {
+    return flags::FieldError("weight_dtype",
+                             "int8 weights run on CPU ranks for now ({device} cpu)");
+  }
   std::vector<int> devices(static_cast<size_t>(options.tp), -1);
   if (cuda) {
     RECALL_ASSIGN_OR_RETURN(devices, RankDevices(options));
