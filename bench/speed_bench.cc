@@ -13,7 +13,7 @@
 // tokens (FullKV, bf16 KV, the pool's own block bytes) that fit beside them in --budget-gib.
 //
 // usage: recall_speed_bench [--config PATH | --shape NAME] [--threads N] [--steps N]
-//                           [--prompt N] [--dtypes f32,bf16,int8] [--policies 0|1]
+//                           [--prompt N] [--dtypes f32,bf16,int8,int8-head] [--policies 0|1]
 //                           [--budget-gib G] [--session-tokens N]
 #include <malloc.h>
 #include <sys/wait.h>
@@ -63,7 +63,8 @@ int64_t ResidentBytes() {
 
 // The resident bytes a model in `dtype` (int8: bf16 quantized at load) adds to a fresh child
 // process, so that no earlier model's freed memory is reused; -1 on failure.
-int64_t WeightBytesHeld(const model::ModelConfig& config, kernels::DType dtype, bool int8) {
+int64_t WeightBytesHeld(const model::ModelConfig& config, kernels::DType dtype, bool int8,
+                        const model::Int8Options& int8_options) {
   int fds[2];
   if (pipe(fds) != 0) return -1;
   const pid_t pid = fork();
@@ -72,7 +73,9 @@ int64_t WeightBytesHeld(const model::ModelConfig& config, kernels::DType dtype, 
     malloc_trim(0);  // the parent's freed heap pages, which the model would reuse unseen
     const int64_t before = ResidentBytes();
     auto m = model::MakeRandomModel(config, dtype, 1);
-    if (m.ok() && int8 && !model::QuantizeWeightsInt8(**m).ok()) m = absl::InternalError("");
+    if (m.ok() && int8 && !model::QuantizeWeightsInt8(**m, int8_options).ok()) {
+      m = absl::InternalError("");
+    }
     const int64_t held = m.ok() ? ResidentBytes() - before : -1;
     (void)!write(fds[1], &held, sizeof(held));
     _exit(0);
@@ -225,7 +228,7 @@ int Main(int argc, char** argv) {
       f.shape.empty() ? "SmolLM2-135M" : f.shape.c_str(), config->dim, config->n_layers,
       config->n_heads, config->n_kv_heads, config->vocab_size, f.prompt, f.steps,
       kernels::cpu::Int8GemvUsesVnni() ? "AVX-512 VNNI" : "plain loops");
-  std::printf("%-5s %12s %10s %10s %9s %12s %10s %10s %9s\n", "dtype", "weights_MB", "dec_b1",
+  std::printf("%-9s %12s %10s %10s %9s %12s %10s %10s %9s\n", "dtype", "weights_MB", "dec_b1",
               "roofline", "b1/roof", "dec_b8", "prefill", "GFLOP/s", "pf/sgemm");
   Result bf16{};
   struct Held {
@@ -234,17 +237,21 @@ int Main(int argc, char** argv) {
   };
   std::vector<Held> held;
   for (const std::string& name : std::vector<std::string>(absl::StrSplit(f.dtypes, ','))) {
-    const bool int8 = name == "int8";
+    // int8-head: int8 with the LM head (and a tied table) left in bf16.
+    const bool int8 = name == "int8" || name == "int8-head";
     kernels::DType dtype = kernels::DType::kBF16;
     if (name == "f32") {
       dtype = kernels::DType::kF32;
     } else if (name != "bf16" && !int8) {
-      std::fprintf(stderr, "--dtypes: \"%s\" is not f32, bf16 or int8\n", name.c_str());
+      std::fprintf(stderr, "--dtypes: \"%s\" is not f32, bf16, int8 or int8-head\n", name.c_str());
       return 2;
     }
+    const model::Int8Options int8_options =
+        name == "int8-head" ? model::Int8Options{.lm_head = false, .embeddings = false}
+                            : model::Int8Options{};
     auto model = model::MakeRandomModel(*config, dtype, 1);
     if (model.ok() && int8) {
-      if (absl::Status q = model::QuantizeWeightsInt8(**model); !q.ok()) model = q;
+      if (absl::Status q = model::QuantizeWeightsInt8(**model, int8_options); !q.ok()) model = q;
     }
     if (!model.ok()) {
       std::fprintf(stderr, "%s\n", std::string(model.status().message()).c_str());
@@ -252,15 +259,15 @@ int Main(int argc, char** argv) {
     }
     const Result r = RunModel(**model, *backend, f);
     if (name == "bf16") bf16 = r;
-    held.push_back({name, WeightBytesHeld(*config, dtype, int8)});
+    held.push_back({name, WeightBytesHeld(*config, dtype, int8, int8_options)});
     // Roofline at batch 1: weights + this sequence's KV cache streamed once per token.
     const double roof = bw * 1e9 / (r.bytes_per_step + r.kv_bytes_per_token_b1);
     const double pf_gflops = r.prefill_tps * MatmulFlopsPerToken(**model) / 1e9;
-    std::printf("%-5s %12.1f %10.1f %10.1f %8.0f%% %12.1f %10.1f %10.1f %8.0f%%\n", name.c_str(),
+    std::printf("%-9s %12.1f %10.1f %10.1f %8.0f%% %12.1f %10.1f %10.1f %8.0f%%\n", name.c_str(),
                 r.bytes_per_step / 1e6, r.decode1_tps, roof, 100.0 * r.decode1_tps / roof,
                 r.decode8_tps, r.prefill_tps, pf_gflops, 100.0 * pf_gflops / sgemm);
     if (int8 && bf16.decode1_tps > 0) {
-      std::printf("int8/bf16: decode b1 %.2fx, decode b8 %.2fx, prefill %.2fx\n",
+      std::printf("%s/bf16: decode b1 %.2fx, decode b8 %.2fx, prefill %.2fx\n", name.c_str(),
                   r.decode1_tps / bf16.decode1_tps, r.decode8_tps / bf16.decode8_tps,
                   r.prefill_tps / bf16.prefill_tps);
     }
@@ -278,14 +285,14 @@ int Main(int argc, char** argv) {
       "\nmemory: weights held (resident growth of a process making the model) and "
       "sessions of %d tokens (FullKV, bf16 KV, %.1f MB each) in %.3g GiB:\n",
       f.session_tokens, session_bytes / 1e6, f.budget_gib);
-  std::printf("%-5s %14s %10s\n", "dtype", "weights_held_MB", "sessions");
+  std::printf("%-9s %15s %10s\n", "dtype", "weights_held_MB", "sessions");
   int64_t bf16_held = 0, bf16_sessions = 0;
   for (const Held& h : held) {
     const int64_t sessions =
         h.bytes < 0
             ? -1
             : std::max<int64_t>(0, static_cast<int64_t>((budget - h.bytes) / session_bytes));
-    std::printf("%-5s %14.1f %10lld\n", h.name.c_str(), h.bytes / 1e6,
+    std::printf("%-9s %15.1f %10lld\n", h.name.c_str(), h.bytes / 1e6,
                 static_cast<long long>(sessions));
     if (h.name == "bf16") bf16_held = h.bytes, bf16_sessions = sessions;
     if (h.name == "int8" && bf16_held > 0 && bf16_sessions > 0) {
