@@ -3,6 +3,8 @@
 // answered as usual while its episodes are built in the background; once they are, every
 // turn's ConverseDone reports them and GetSession shows the last report; bad episodic
 // settings are refused with INVALID_ARGUMENT naming the field, the transcript unchanged.
+#include <algorithm>
+#include <cstdio>
 #include <string>
 #include <thread>
 
@@ -63,15 +65,15 @@ class EpisodicServingTest : public ::testing::Test {
     return s.session_id();
   }
 
-  grpc::Status Say(const std::string& session, const std::string& message,
-                   v1::ConverseDone* done) {
+  grpc::Status Say(const std::string& session, const std::string& message, v1::ConverseDone* done,
+                   int max_tokens = 8) {
     grpc::ClientContext ctx;
     Deadline(&ctx);
     v1::ConverseRequest req;
     req.set_session_id(session);
     req.set_message(message);
     req.mutable_sampling()->set_temperature(0);
-    req.mutable_sampling()->set_max_tokens(8);
+    req.mutable_sampling()->set_max_tokens(max_tokens);
     auto reader = stub_->Converse(&ctx, req);
     v1::ConverseEvent ev;
     while (reader->Read(&ev)) {
@@ -132,6 +134,47 @@ TEST_F(EpisodicServingTest, EpisodesAreBuiltWhileServingAndReported) {
   const v1::Session s = Get(id);
   EXPECT_EQ(s.episodes().SerializeAsString(), done.episodes().SerializeAsString());
   EXPECT_EQ(s.turns(), turns);
+}
+
+// Compact positions (the default with a budget) take an episodic session past the model's
+// context: episodes are built from a history longer than the context (block-wise, the
+// positions re-positioned as they go), every turn is answered, and the KV bytes stay within
+// the budget, the window, a prefill chunk and the turn.
+TEST_F(EpisodicServingTest, AnEpisodicConversationGoesFourTimesPastTheContext) {
+  const std::string id = Create(Episodic());
+  v1::ConverseDone done;
+  int64_t tokens = 0, kv_max = 0;
+  int turn = 0, with_episodes = 0;
+  for (; turn < 200 && tokens < 4 * 512; ++turn) {
+    SCOPED_TRACE(turn);
+    const grpc::Status st = Say(id, kStories[turn % 4], &done, 24);
+    ASSERT_TRUE(st.ok()) << st.error_code() << " " << st.error_message();
+    tokens = done.usage().prompt_tokens() + done.usage().generated_tokens();
+    kv_max = std::max<int64_t>(kv_max, done.kv_bytes());
+    with_episodes += done.has_episodes() ? 1 : 0;
+    // Leave the background build time now and then (a loaded machine outruns it).
+    if (turn % 8 == 7) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  // budget 32 + window 8 + one prefill chunk (64) + the turn's prompt and reply fed one by
+  // one past that, in 16-token blocks over 5 layers of 4 KV heads x 8 x (K, V) x 2 bytes.
+  const int64_t block_bytes = 4 * 8 * 2 * 2 * 16;
+  const int64_t bound = int64_t{(32 + 8 + 64 + 1 + 15) / 16} * 5 * block_bytes;
+  std::printf(
+      "episodic past the context: %d turns, %lld tokens (%.1fx 512), %d turns with "
+      "episodes, KV at most %lld bytes (bound %lld)\n",
+      turn, static_cast<long long>(tokens), tokens / 512.0, with_episodes,
+      static_cast<long long>(kv_max), static_cast<long long>(bound));
+  // The last episodes cover the transcript's windows of 4 messages: built from a history
+  // well past the context (about 4 windows fit in it; measured 12 at the end), not the last
+  // build that fit.
+  int windows = 0;
+  for (const int w : done.episodes().windows()) windows += w;
+  std::printf("the last episodes hold %d windows of the %d messages\n", windows, 2 * turn);
+  EXPECT_GE(tokens, 4 * 512);
+  EXPECT_GT(with_episodes, turn / 2);
+  EXPECT_GE(windows, 8) << "episodes were not rebuilt past the context";
+  EXPECT_LE(kv_max, bound);
+  EXPECT_EQ(Get(id).total_tokens(), tokens);
 }
 
 TEST_F(EpisodicServingTest, BadEpisodicSettingsAreInvalidArgumentNamingTheField) {

@@ -114,14 +114,8 @@ absl::StatusOr<SessionCacheSpec> CacheFactory::Make(const CacheDefaults& d, uint
     return Invalid(prefix + "positions",
                    "compact needs a policy that evicts (a full cache grows with the session)");
   }
-  if (d.policy == "episodic" && d.positions == "compact") {
-    return Invalid(prefix + "positions",
-                   "compact is not available for episodic sessions yet (their episodes keep "
-                   "original positions)");
-  }
-  spec.positions = d.policy != "full" && d.policy != "episodic" && d.positions != "original"
-                       ? runtime::Positions::kCompact
-                       : runtime::Positions::kOriginal;
+  spec.positions = d.policy != "full" && d.positions != "original" ? runtime::Positions::kCompact
+                                                                   : runtime::Positions::kOriginal;
   if (d.policy == "full") return spec;
 
   cache::eviction::SessionEvictorOptions o;

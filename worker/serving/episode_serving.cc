@@ -173,6 +173,7 @@ void EpisodeServing::Submit(Session& s) {
   job.embedder = e.spec.embedder;
   job.options.episodes = e.spec.episodes;
   job.options.block.block_tokens = e.spec.block_tokens;
+  job.options.block.positions = s.positions;  // compact: a history of any length is read
   builder_->Submit(std::move(job));
   e.building = true;
   e.turns_since_build = 0;

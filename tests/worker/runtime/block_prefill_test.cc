@@ -109,6 +109,52 @@ TEST_F(BlockPrefillTest, HistoryTenTimesTheBudgetPeaksAtBudgetPlusOneBlock) {
   EXPECT_EQ(cache.position(0, 0, budget), 10 * budget);
 }
 
+// Compact positions (issue 25): a history eight times the context is read with the positions
+// re-positioned before they would pass it; original positions stop at the context.
+TEST_F(BlockPrefillTest, CompactPositionsReadAHistoryLongerThanTheContext) {
+  model::ModelConfig c = model_->config;
+  c.max_seq_len = 128;
+  auto small = model::MakeRandomModel(c, kernels::DType::kF32, 7);
+  ASSERT_TRUE(small.ok()) << small.status();
+  ForwardPass forward(**small, *backend_, ForwardOptions{64});
+  const int budget = 32, block = 64;
+  const std::vector<int32_t> history = Tokens(8 * c.max_seq_len, 5), patch = Tokens(16, 6);
+  BlockPrefillOptions o{block, 64, false};
+  {
+    cache::SequenceCache cache(pool_.get());
+    auto stats = BlockwisePrefill(forward, &cache, history, patch, Uniform(budget), o);
+    ASSERT_FALSE(stats.ok());
+    EXPECT_NE(stats.status().message().find("context"), std::string::npos) << stats.status();
+  }
+  o.positions = Positions::kCompact;
+  cache::SequenceCache cache(pool_.get());
+  auto stats = BlockwisePrefill(forward, &cache, history, patch, Uniform(budget), o);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_GT(stats->compactions, 4);
+  EXPECT_LE(stats->max_layer_slots, budget + block);
+  EXPECT_LE(cache.next_position(), c.max_seq_len);
+  for (int l = 0; l < c.n_layers; ++l) {
+    for (int h = 0; h < c.n_kv_heads; ++h) {
+      ASSERT_EQ(cache.length(l, h), budget);
+      for (int s = 1; s < budget; ++s) {
+        EXPECT_LT(cache.position(l, h, s - 1), cache.position(l, h, s));
+      }
+      EXPECT_LT(cache.position(l, h, budget - 1), cache.next_position());
+    }
+  }
+  // It goes on: the next token lands at the next position, within the context.
+  const int32_t next = 5;
+  BatchItem item{&cache, &next, 1};
+  std::vector<float> logits(static_cast<size_t>(c.vocab_size));
+  ASSERT_TRUE(forward.Run({&item, 1}, logits.data()).ok());
+  for (const float v : logits) ASSERT_TRUE(std::isfinite(v));
+  // A budget and a block that cannot fit the context together: refused when it comes to it.
+  cache::SequenceCache tight(pool_.get());
+  auto refused = BlockwisePrefill(forward, &tight, history, patch, Uniform(100), o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kOutOfRange) << refused.status();
+}
+
 TEST_F(BlockPrefillTest, KeepsTheSlotsThePatchQueriesRankHighest) {
   // One block: the history, then the patch; the reference runs the same tokens in a plain
   // cache, captures the patch's queries and ranks the history slots with PatchScores.

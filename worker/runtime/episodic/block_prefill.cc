@@ -146,6 +146,17 @@ absl::StatusOr<BlockPrefillStats> BlockwisePrefill(ForwardPass& forward,
   for (size_t start = 0; start < history.size(); start += step) {
     const std::span<const int32_t> block =
         history.subspan(start, std::min(step, history.size() - start));
+    if (options.positions == Positions::kCompact &&
+        NeedsCompaction(*cache, c, static_cast<int>(block.size()) + p)) {
+      CompactPositions(forward.backend(), c, *cache, cache->max_length());
+      ++stats.compactions;
+      if (NeedsCompaction(*cache, c, static_cast<int>(block.size()) + p)) {
+        return absl::OutOfRangeError(absl::StrCat(
+            "history: the cache's ", cache->max_length(), " tokens and a block of ",
+            block.size() + p, " (with the patch) exceed the context length ", c.max_seq_len,
+            " even re-positioned (budget + block_tokens must fit in it)"));
+      }
+    }
     RECALL_RETURN_IF_ERROR(RunChunked(forward, cache, block, options.chunk, nullptr));
     ++stats.blocks;
     Observe(*cache, &stats);

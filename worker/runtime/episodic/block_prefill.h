@@ -12,7 +12,8 @@
 // is never part of the cache and the next block continues the history's positions.
 //
 // Memory: the cache never holds more than budget_l + block_tokens slots in layer l (history
-// block and patch together fit in one block), whatever the history's length. The cache must
+// block and patch together fit in one block), whatever the history's length; with compact
+// positions neither do the positions pass the context, however long the history. The cache must
 // be host-readable (the CPU backend's pool): the scores are computed on the host.
 //
 // Not thread safe: one caller drives a forward pass and a cache.
@@ -24,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "cache/sequence_cache.h"
 #include "worker/runtime/forward.h"
+#include "worker/runtime/positions.h"
 
 namespace recall::runtime::episodic {
 
@@ -34,6 +36,11 @@ struct BlockPrefillOptions {
   int chunk = 256;
   // One top-(budget_l * n_kv_heads) per layer over all KV heads instead of budget_l per head.
   bool head_adaptive = false;
+  // kCompact: a history longer than the context is read too; before a block (and its patch)
+  // would pass the context length, the cache is re-positioned (positions.h). Needs the
+  // largest budget plus block_tokens within the context (OutOfRange otherwise, when it
+  // comes to it).
+  Positions positions = Positions::kOriginal;
 };
 
 struct BlockPrefillStats {
@@ -42,6 +49,7 @@ struct BlockPrefillStats {
   int64_t peak_bytes = 0;     // the most KV bytes the cache held
   int max_layer_slots = 0;    // the most slots any (layer, head) held
   int64_t evicted_slots = 0;  // history slots evicted, over all (layer, head)
+  int compactions = 0;        // re-positionings (Positions::kCompact)
   double seconds = 0;         // in all
   double score_seconds = 0;   // of which scoring and selection on the host
 };
