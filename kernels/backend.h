@@ -161,6 +161,9 @@ class Backend {
   // output must not depend on what it is batched with). Callers that need invariance split
   // larger calls into pieces of at most this many rows.
   virtual int BatchInvariantRows() const = 0;
+  // Whether MatMul and Embedding take int8 matrices (DType::kI8, their scales and row sums in
+  // this backend's memory). False when the backend's int8 kernel failed its start-up check.
+  virtual bool RunsInt8Weights() const { return true; }
 
   // x[i, :] += bias.  x: [n, dim]; bias: [dim].
   virtual void AddBias(float* x, const float* bias, int n, int dim) = 0;

@@ -45,6 +45,10 @@ struct CudaBackendOptions {
   // against that reference (CheckRerotate, kernels/cpu/rerotate_check.h) and falls back the
   // same way.
   bool host_rerotate = false;
+  // Refuse int8 weights (RunsInt8Weights() false). Otherwise CreateCudaBackend checks the int8
+  // matmul and embedding (CheckInt8MatMul, kernels/cpu/matmul_check.h) and, when they fail,
+  // refuses them this way: an engine with int8 weights then fails to start, by name.
+  bool refuse_int8_weights = false;
 };
 
 // FailedPrecondition when no CUDA device is present (or `device` is out of range);

@@ -32,6 +32,8 @@ absl::StatusOr<std::vector<Run>> MakeRuns(runtime::ForwardPass& forward, cache::
     defaults.budget_tokens = c.budget_tokens;
     defaults.window = knobs.window;
     defaults.alpha = knobs.alpha;
+    defaults.layer_budgets = knobs.layer_budgets;
+    defaults.layer_alpha = knobs.layer_alpha;
     RECALL_ASSIGN_OR_RETURN(const serving::CacheFactory factory,
                             serving::CacheFactory::Create(defaults, mc, mc.n_kv_heads, 1));
     RECALL_ASSIGN_OR_RETURN(const serving::SessionCacheSpec spec,

@@ -28,6 +28,8 @@ struct PolicyKnobs {
   int window = 16;  // W
   float alpha = 1e-4f;
   int sinks = 4;
+  std::string layer_budgets = "uniform";  // as recall serve's --layer-budgets
+  double layer_alpha = 1.2;
 };
 
 struct Run {

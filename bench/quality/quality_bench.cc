@@ -12,7 +12,8 @@
 //
 // usage: recall_quality_bench [--model PATH] [--tokenizer PATH] [--texts N]
 //   [--policies full,streaming,h2o,tova,lazy] [--budgets 0.2,0.3,0.5,0.7] [--window W]
-//   [--alpha A] [--calibration FILE] [--sinks S] [--prefix N] [--greedy-prefix N] [--probe-early N]
+//   [--alpha A] [--calibration FILE] [--layer-budgets uniform|pyramid|PROFILE] [--layer-alpha A]
+//   [--sinks S] [--prefix N] [--greedy-prefix N] [--probe-early N]
 //   [--probe-late N] [--seed S] [--heldout-seed S2] [--peaks 0.15,0.2,0.3]
 //   [--threads N] [--kv-dtypes f32,bf16,int8] [--out-json PATH] [--out-png PATH]
 // Besides the per-budget table it prints every policy at equal PEAK memory (equal_peak.h) on
@@ -58,6 +59,8 @@ struct Flags {
   int window = serving::CacheDefaults().window;
   double alpha = serving::CacheDefaults().alpha;
   std::string calibration;
+  std::string layer_budgets = "uniform";  // uniform, pyramid or a profile (recall calibrate)
+  double layer_alpha = 1.2;
   bool window_given = false, alpha_given = false;
   int sinks = 4;
   int prefix = 16;
@@ -111,9 +114,14 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       f->alpha_given = true;
     } else if (name == "--calibration") {
       f->calibration = v;
-    } else if (name == "--sinks")
+    } else if (name == "--sinks") {
       ok = ParseInt(v, &f->sinks);
-    else if (name == "--prefix") ok = ParseInt(v, &f->prefix);
+    } else if (name == "--layer-budgets") {
+      f->layer_budgets = v;
+    } else if (name == "--layer-alpha") {
+      ok = absl::SimpleAtod(v, &f->layer_alpha);
+    } else if (name == "--prefix")
+      ok = ParseInt(v, &f->prefix);
     else if (name == "--greedy-prefix") ok = ParseInt(v, &f->greedy_prefix);
     else if (name == "--probe-early") ok = ParseInt(v, &f->probe_early);
     else if (name == "--probe-late") ok = ParseInt(v, &f->probe_late);
@@ -201,6 +209,8 @@ int Main(int argc, char** argv) {
   qo.window = f.window;
   qo.alpha = static_cast<float>(f.alpha);
   qo.sinks = f.sinks;
+  qo.layer_budgets = f.layer_budgets;
+  qo.layer_alpha = f.layer_alpha;
   qo.prefix = f.prefix;
   qo.greedy_prefix = f.greedy_prefix;
   // Every configuration on every text of `set`, on a pool of each of `types` (the first f32:

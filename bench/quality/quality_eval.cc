@@ -21,7 +21,9 @@ std::vector<RunSpec> Specs(const std::vector<QualityConfig>& configs) {
   return specs;
 }
 
-PolicyKnobs Knobs(const QualityEvalOptions& o) { return {o.window, o.alpha, o.sinks}; }
+PolicyKnobs Knobs(const QualityEvalOptions& o) {
+  return {o.window, o.alpha, o.sinks, o.layer_budgets, o.layer_alpha};
+}
 
 absl::Status TeacherForced(runtime::ForwardPass& forward, cache::BlockPool& pool,
                            const EvalText& text, const std::vector<RecallProbe>& probes,

@@ -47,6 +47,8 @@ struct QualityEvalOptions {
   int window = 16;
   float alpha = 1e-4f;
   int sinks = 4;
+  std::string layer_budgets = "uniform";  // recall serve's --layer-budgets
+  double layer_alpha = 1.2;
   int prefix = 16;          // teacher-forced prefill
   int greedy_prefix = 384;  // greedy prompt
   // When set, this run's full cache (item 0) is written here...

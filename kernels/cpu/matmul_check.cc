@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "kernels/cpu/int8.h"
 
 namespace recall::kernels {
 namespace {
@@ -161,6 +162,79 @@ absl::Status CheckAddRmsNorm(Backend& backend, const char* who) {
 }
 
 }  // namespace
+
+absl::Status CheckInt8MatMul(Backend& backend) {
+  CpuBackendOptions one_thread;
+  one_thread.num_threads = 1;
+  const std::unique_ptr<Backend> cpu = CreateCpuBackend(one_thread);
+  const std::string who = absl::StrCat(backend.Name(), " backend: ");
+  Memory& memory = backend.memory();
+  const int most = std::max(1, std::min(backend.BatchInvariantRows(), 64));
+  for (const Shape s : {Shape{300, 512}, Shape{101, 77}}) {
+    const std::vector<float> wf = Values(static_cast<size_t>(s.rows * s.cols), s.rows * s.cols);
+    // The integers, then the scales and the row sums, in one staged buffer (as UploadModel).
+    const size_t q_bytes = static_cast<size_t>(s.rows * s.cols), at = (q_bytes + 63) / 64 * 64;
+    std::vector<char> packed(at + static_cast<size_t>(s.rows) * 8);
+    auto* q = reinterpret_cast<int8_t*>(packed.data());
+    auto* scales = reinterpret_cast<float*>(packed.data() + at);
+    auto* sums = reinterpret_cast<int32_t*>(scales + s.rows);
+    cpu::QuantizeRowsInt8(wf.data(), s.rows, s.cols, q, scales, sums);
+    Matrix host{q, DType::kI8, s.rows, s.cols, scales, sums};
+    std::vector<float> widened(wf.size());
+    cpu::DequantizeRowsInt8(host, 0, s.rows, widened.data());
+    RECALL_ASSIGN_OR_RETURN(Staged w, Staged::Of(memory, packed.data(), packed.size()));
+    const char* base = static_cast<const char*>(w.get());
+    const Matrix device{base,
+                        DType::kI8,
+                        s.rows,
+                        s.cols,
+                        reinterpret_cast<const float*>(base + at),
+                        reinterpret_cast<const int32_t*>(base + at + s.rows * sizeof(float))};
+    const std::vector<float> x = Values(static_cast<size_t>(most * s.cols), 9);
+    RECALL_ASSIGN_OR_RETURN(Staged dx, Staged::Of(memory, x.data(), x.size() * sizeof(float)));
+    std::vector<float> want(static_cast<size_t>(most * s.rows));
+    cpu->MatMul(x.data(), most, Matrix{widened.data(), DType::kF32, s.rows, s.cols}, want.data());
+    const std::vector<float> nan(want.size(), NAN);
+    RECALL_ASSIGN_OR_RETURN(Staged all, Staged::Of(memory, nan.data(), nan.size() * sizeof(float)));
+    backend.MatMul(dx.f(), most, device, all.f());
+    const std::vector<float> got = all.Download();
+    RECALL_RETURN_IF_ERROR(backend.Health());
+    const std::string shape = absl::StrCat("int8 ", s.rows, "x", s.cols);
+    if (const double err = RowError(got, want, s.rows); !(err <= 3e-2)) {
+      return absl::InternalError(absl::StrCat(who, "MatMul of ", most, " rows of ", shape,
+                                              " is off the widened weights' product by ", err,
+                                              " (relative; the limit is 3e-2)"));
+    }
+    if (most >= 4) {
+      RECALL_ASSIGN_OR_RETURN(Staged one, Staged::Of(memory, nan.data(), s.rows * sizeof(float)));
+      backend.MatMul(dx.f() + 3 * s.cols, 1, device, one.f());
+      const std::vector<float> p = one.Download();
+      if (!std::equal(p.begin(), p.end(), got.begin() + 3 * s.rows)) {
+        return absl::InternalError(absl::StrCat(who, "MatMul of ", shape,
+                                                " is not batch-invariant: 1 row alone differs "
+                                                "from the same row among ",
+                                                most));
+      }
+    }
+    // Embedding: rows of the int8 table, exactly q * scale.
+    const std::vector<int32_t> tokens = {0, static_cast<int32_t>(s.rows - 1), 7};
+    RECALL_ASSIGN_OR_RETURN(Staged dt, Staged::Of(memory, tokens.data(), tokens.size() * 4));
+    const std::vector<float> e_nan(tokens.size() * s.cols, NAN);
+    RECALL_ASSIGN_OR_RETURN(Staged de, Staged::Of(memory, e_nan.data(), e_nan.size() * 4));
+    backend.Embedding(device, static_cast<const int32_t*>(dt.get()),
+                      static_cast<int>(tokens.size()), de.f());
+    const std::vector<float> e = de.Download();
+    RECALL_RETURN_IF_ERROR(backend.Health());
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      if (!std::equal(e.begin() + i * s.cols, e.begin() + (i + 1) * s.cols,
+                      widened.begin() + tokens[i] * s.cols)) {
+        return absl::InternalError(absl::StrCat(
+            who, "Embedding of an ", shape, " table differs from q * scale at row ", tokens[i]));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::Status CheckMatMul(Backend& backend) {
   CpuBackendOptions one_thread;

@@ -16,4 +16,11 @@ namespace recall::kernels {
 // error). Allocates a few MB of the backend's memory for the duration of the call.
 absl::Status CheckMatMul(Backend& backend);
 
+// Int8 weights (kernels/cpu/int8.h): MatMul of up to BatchInvariantRows() rows within 3e-2 of
+// the f32 product with the dequantized weights (relative to each output row's largest value:
+// the CPU quantizes the activations too, a GPU widens the weights only), every row
+// bit-identical whatever the row count, and Embedding of an int8 table exactly q * scale.
+// Catches a wrong layout, scale or offset, not rounding.
+absl::Status CheckInt8MatMul(Backend& backend);
+
 }  // namespace recall::kernels

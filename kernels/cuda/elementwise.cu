@@ -51,10 +51,18 @@ __device__ float ToFloat(const void* p, int dtype, int64_t i) {
   return __half2float(static_cast<const __half*>(p)[i]);
 }
 
-__global__ void EmbeddingKernel(const void* table, int dtype, int64_t dim, const int32_t* tokens,
-                                float* out) {
-  const int64_t row = static_cast<int64_t>(tokens[blockIdx.x]) * dim;
+// scales: an int8 table's row scales (null for the float types).
+__global__ void EmbeddingKernel(const void* table, int dtype, const float* scales, int64_t dim,
+                                const int32_t* tokens, float* out) {
+  const int64_t token = tokens[blockIdx.x];
+  const int64_t row = token * dim;
   float* o = out + blockIdx.x * dim;
+  if (scales != nullptr) {  // q * s, as the CPU's DequantizeRowsInt8
+    const int8_t* q = static_cast<const int8_t*>(table) + row;
+    const float s = scales[token];
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) o[j] = static_cast<float>(q[j]) * s;
+    return;
+  }
   for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) o[j] = ToFloat(table, dtype, row + j);
 }
 
@@ -197,7 +205,8 @@ void LaunchEmbedding(const Matrix& table, const int32_t* tokens, int n, float* o
                      cudaStream_t stream) {
   if (n <= 0) return;
   EmbeddingKernel<<<n, RowThreads(static_cast<int>(table.cols)), 0, stream>>>(
-      table.data, static_cast<int>(table.dtype), table.cols, tokens, out);
+      table.data, static_cast<int>(table.dtype), table.dtype == DType::kI8 ? table.scales : nullptr,
+      table.cols, tokens, out);
 }
 
 void LaunchRmsNorm(const float* x, const float* weight, int n, int dim, float eps, float* out,

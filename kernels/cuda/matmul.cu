@@ -1,5 +1,7 @@
 // The CUDA backend's batch-invariant matmul for few rows: y = x * w^T with x fp32 [n, K], w
-// f32 / bf16 / f16 [O, K], y fp32 [n, O], on CUDA cores with fp32 accumulation.
+// f32 / bf16 / f16 / int8 [O, K], y fp32 [n, O], on CUDA cores with fp32 accumulation. Int8
+// weights are widened to fp32 in registers and the sum is multiplied by the row's scale at
+// the end (weight-only: x is not quantized, unlike the CPU's int8 kernels).
 //
 // Batch invariance by construction: y[r, o] is the same sequence of operations whatever n
 // is and wherever row r sits in the batch. Lane l of the warp that owns output o takes the
@@ -19,6 +21,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/launch.h"
 
@@ -74,11 +77,24 @@ __device__ inline void Load8(const __half* p, int64_t c, int64_t count, float* o
   }
 }
 
+template <bool kVector>
+__device__ inline void Load8(const int8_t* p, int64_t c, int64_t count, float* out) {
+  const int64_t k = 8 * c;
+  if (kVector) {
+    const uint2 v = *reinterpret_cast<const uint2*>(p + k);
+    const int8_t* b = reinterpret_cast<const int8_t*>(&v);
+    for (int e = 0; e < 8; ++e) out[e] = static_cast<float>(b[e]);
+  } else {
+    for (int e = 0; e < 8; ++e) out[e] = k + e < count ? static_cast<float>(p[k + e]) : 0.0f;
+  }
+}
+
 // Up to kMaxProjections matrices of the same input: warp group g belongs to the first
 // matrix m with g < group_end[m].
 template <typename W>
 struct Projections {
   const W* w[kMaxProjections];
+  const float* scales[kMaxProjections];  // int8: one per output row; null otherwise
   float* y[kMaxProjections];
   int rows[kMaxProjections];
   int group_end[kMaxProjections];
@@ -103,6 +119,7 @@ __global__ void SkinnyMatMulKernel(const float* x, int n, int64_t K, const Proje
   int m = 0;
   while (g >= Pick3(p.group_end, m)) ++m;
   const W* w = Pick3(p.w, m);
+  const float* scales = Pick3(p.scales, m);
   float* y = Pick3(p.y, m);
   const int O = Pick3(p.rows, m);
   const int o0 = (g - (m == 0 ? 0 : Pick3(p.group_end, m - 1))) * kO;
@@ -138,7 +155,10 @@ __global__ void SkinnyMatMulKernel(const float* x, int n, int64_t K, const Proje
     for (int i = 0; i < kO; ++i) {
       float v = acc[i][r];
       for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-      if (lane == 0 && o0 + i < O) y[static_cast<int64_t>(r0 + r) * O + o0 + i] = v;
+      if (lane == 0 && o0 + i < O) {
+        if constexpr (std::is_same_v<W, int8_t>) v *= scales[o0 + i];
+        y[static_cast<int64_t>(r0 + r) * O + o0 + i] = v;
+      }
     }
   }
 }
@@ -164,6 +184,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   int m = 0;
   while (active && g >= Pick3(p.group_end, m)) ++m;
   const W* w = Pick3(p.w, m);
+  const float* scales = Pick3(p.scales, m);
   float* y = Pick3(p.y, m);
   const int O = Pick3(p.rows, m);
   const int o0 = (g - (m == 0 ? 0 : Pick3(p.group_end, m - 1))) * kO;
@@ -223,7 +244,10 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int i = 0; i < kO; ++i) {
       float v = acc[i][r];
       for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-      if (lane == 0 && o0 + i < O) y[static_cast<int64_t>(r0 + r) * O + o0 + i] = v;
+      if (lane == 0 && o0 + i < O) {
+        if constexpr (std::is_same_v<W, int8_t>) v *= scales[o0 + i];
+        y[static_cast<int64_t>(r0 + r) * O + o0 + i] = v;
+      }
     }
   }
 }
@@ -238,6 +262,7 @@ void Launch(const float* x, int n, const Matrix* w, float* const* y, int count,
   int groups = 0;
   for (int m = 0; m < count; ++m) {
     p.w[m] = static_cast<const W*>(w[m].data);
+    p.scales[m] = w[m].scales;
     p.y[m] = y[m];
     p.rows[m] = static_cast<int>(w[m].rows);
     groups += (p.rows[m] + kO - 1) / kO;
@@ -277,7 +302,7 @@ void LaunchSkinnyMatMul(const float* x, int n, const Matrix* w, float* const* y,
     case DType::kF16:
       return Launch<__half>(x, n, w, y, count, stream);
     case DType::kI8:
-      return;  // not uploaded: Engine::Create refuses int8 weights on CUDA
+      return Launch<int8_t>(x, n, w, y, count, stream);
   }
 }
 

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "kernels/cpu/int8.h"
 #include "kernels/cpu/matmul_check.h"
 #include "kernels/cpu/pick_check.h"
 #include "kernels/cpu/rerotate_check.h"
@@ -281,6 +282,43 @@ TEST_F(CudaTest, CublasMatMulsFallbackComputesTheSame) {
   (*fallback)->MatMul(dx.get(), 4, w.device, out.get());
   EXPECT_LT(RelErr(out.Download(), ref), 1e-2);
   EXPECT_TRUE((*fallback)->Health().ok()) << (*fallback)->Health();
+}
+
+// Int8 weights (issue 31): the start-up check passes, and the GPU's weight-only product is
+// within 1e-5 of the f32 product with the widened weights at 1, 16 and 64 rows (the CPU
+// quantizes the activations too, so it is compared with the widened weights, not the CPU).
+TEST_F(CudaTest, Int8MatMulIsTheWidenedWeightsProduct) {
+  EXPECT_TRUE(CheckInt8MatMul(*gpu_).ok()) << CheckInt8MatMul(*gpu_);
+  EXPECT_TRUE(gpu_->RunsInt8Weights());
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{896, 4864}, {130, 77}}) {
+    const auto wf = RandomVec(static_cast<size_t>(rows * cols), 21, -0.5f, 0.5f);
+    const size_t at = (static_cast<size_t>(rows * cols) + 63) / 64 * 64;
+    std::vector<int8_t> packed(at + static_cast<size_t>(rows) * 8);
+    auto* scales = reinterpret_cast<float*>(packed.data() + at);
+    auto* sums = reinterpret_cast<int32_t*>(scales + rows);
+    cpu::QuantizeRowsInt8(wf.data(), rows, cols, packed.data(), scales, sums);
+    std::vector<float> widened(wf.size());
+    cpu::DequantizeRowsInt8(Matrix{packed.data(), DType::kI8, rows, cols, scales, sums}, 0, rows,
+                            widened.data());
+    DeviceVec<int8_t> dw(*gpu_, packed);
+    const int8_t* base = dw.get();
+    const Matrix device{base,
+                        DType::kI8,
+                        rows,
+                        cols,
+                        reinterpret_cast<const float*>(base + at),
+                        reinterpret_cast<const int32_t*>(base + at + rows * sizeof(float))};
+    for (const int n : {1, 16, 64, 100}) {
+      const auto x = RandomVec(static_cast<size_t>(n * cols), n, -1.0f, 1.0f);
+      std::vector<float> ref(static_cast<size_t>(n * rows));
+      cpu_->MatMul(x.data(), n, Matrix{widened.data(), DType::kF32, rows, cols}, ref.data());
+      DeviceVec<float> dx(*gpu_, x);
+      auto out = DeviceVec<float>::Poisoned(*gpu_, ref.size());
+      gpu_->MatMul(dx.get(), n, device, out.get());
+      EXPECT_LT(RelErr(out.Download(), ref), 1e-5) << rows << "x" << cols << " n " << n;
+    }
+  }
+  EXPECT_TRUE(gpu_->Health().ok()) << gpu_->Health();
 }
 
 // MatMulMany (q/k/v-like shapes of different heights in one launch) gives every matrix the

@@ -17,13 +17,16 @@ namespace {
 // The CPU backend with one fault.
 class WrongMatMul final : public testing::DelegatingBackend {
  public:
-  enum Fault { kOff, kVariant, kMany, kAddNorm };
+  enum Fault { kOff, kVariant, kMany, kAddNorm, kInt8Sign };
   explicit WrongMatMul(Fault fault) : fault_(fault) {}
   const char* Name() const override { return "wrong"; }
   void MatMul(const float* x, int n, const Matrix& w, float* y) override {
     cpu_->MatMul(x, n, w, y);
     if (fault_ == kOff && n > 1) y[0] += 1e-2f;                           // off the reference
     if (fault_ == kVariant && n == 1) y[0] = std::nextafter(y[0], 1e9f);  // one bit, alone
+    if (fault_ == kInt8Sign && w.dtype == DType::kI8) {                   // e.g. a wrong zero point
+      for (int64_t r = 0; r < w.rows; ++r) y[r] = -y[r];
+    }
   }
   void MatMulMany(const float* x, int n, const Matrix* w, float* const* y, int count) override {
     Backend::MatMulMany(x, n, w, y, count);
@@ -41,6 +44,17 @@ class WrongMatMul final : public testing::DelegatingBackend {
 TEST(CheckMatMulTest, TheCpuBackendPassesOnHostAndOpaqueMemory) {
   const absl::Status st = testing::OnHostAndOpaqueCpu(CheckMatMul);
   EXPECT_TRUE(st.ok()) << st;
+}
+
+TEST(CheckMatMulTest, TheCpuBackendsInt8KernelsPassOnHostAndOpaqueMemory) {
+  const absl::Status st = testing::OnHostAndOpaqueCpu(CheckInt8MatMul);
+  EXPECT_TRUE(st.ok()) << st;
+  WrongMatMul wrong(WrongMatMul::kInt8Sign);
+  const absl::Status bad = CheckInt8MatMul(wrong);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(bad.message().find("MatMul of 24 rows of int8 300x512 is off the widened weights"),
+            std::string::npos)
+      << bad;
 }
 
 TEST(CheckMatMulTest, EachFaultIsNamed) {

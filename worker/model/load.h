@@ -25,7 +25,7 @@ struct LoadOptions {
   bool random_weights = false;
   std::string random_dtype = "bf16";
   // How matrix weights are held: "auto" (as loaded) or "int8" (quantized at load,
-  // worker/model/quantize.h; runs on one CPU rank).
+  // worker/model/quantize.h; runs on CPU ranks).
   std::string weight_dtype = "auto";
 };
 

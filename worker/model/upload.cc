@@ -39,14 +39,26 @@ class Uploader {
       src = staging_.data();
       d.dtype = kernels::DType::kBF16;
     }
-    absl::StatusOr<kernels::Buffer> buffer = kernels::Buffer::Allocate(memory_, d.bytes());
+    // Int8: the scales and the row sums follow the integers in the same buffer.
+    const bool int8 = d.dtype == kernels::DType::kI8;
+    const size_t scales_at = (d.bytes() + 63) / 64 * 64;
+    const size_t total = int8 ? scales_at + d.scale_bytes() : d.bytes();
+    absl::StatusOr<kernels::Buffer> buffer = kernels::Buffer::Allocate(memory_, total);
     if (!buffer.ok()) {
-      return absl::ResourceExhaustedError(absl::StrCat("uploading the model's ", name, " (",
-                                                       d.bytes(), " bytes): ",
-                                                       buffer.status().message()));
+      return absl::ResourceExhaustedError(absl::StrCat("uploading the model's ", name, " (", total,
+                                                       " bytes): ", buffer.status().message()));
     }
     memory_.CopyIn(buffer->get(), src, d.bytes());
     d.data = buffer->get();
+    if (int8) {
+      char* base = static_cast<char*>(buffer->get());
+      const size_t scale_bytes = static_cast<size_t>(d.rows) * sizeof(float);
+      memory_.CopyIn(base + scales_at, m.scales, scale_bytes);
+      memory_.CopyIn(base + scales_at + scale_bytes, m.row_sums,
+                     static_cast<size_t>(d.rows) * sizeof(int32_t));
+      d.scales = reinterpret_cast<const float*>(base + scales_at);
+      d.row_sums = reinterpret_cast<const int32_t*>(base + scales_at + scale_bytes);
+    }
     out_.storage.push_back(std::make_unique<BufferStorage>(std::move(*buffer)));
     done_.emplace(key, d);
     return d;

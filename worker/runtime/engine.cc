@@ -72,11 +72,6 @@ int64_t FullContextKvBytes(const model::ModelConfig& c, int block_tokens, kernel
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const model::Model& model,
                                                        const EngineOptions& options) {
   RECALL_RETURN_IF_ERROR(options.Validate());
-  if (model.config.weight_dtype == kernels::DType::kI8 &&
-      (options.device != Device::kCpu || options.opaque_cpu_memory)) {
-    return flags::FieldError("weight_dtype",
-                             "int8 weights run on CPU ranks for now ({device} cpu)");
-  }
   std::unique_ptr<Engine> e(new Engine(model, options));
   RECALL_RETURN_IF_ERROR(options.tp > 1 ? e->CreateGroup() : e->CreateOneRank());
   return e;
@@ -92,6 +87,11 @@ absl::Status Engine::CreateOneRank() {
                                                  .cuda_device = device,
                                                  .cpu_threads = o.threads,
                                                  .opaque_cpu_memory = o.opaque_cpu_memory}));
+  if (c.weight_dtype == kernels::DType::kI8 && !backend_->RunsInt8Weights()) {
+    return flags::FieldError("weight_dtype",
+                             "int8: this device's int8 kernels failed their start-up check "
+                             "(the log says how); load the weights as they are");
+  }
   const model::Model* weights = &model_;
   if (o.device == Device::kCuda) {
     RECALL_ASSIGN_OR_RETURN(uploaded_, model::UploadModel(model_, backend_->memory()));

@@ -30,7 +30,7 @@ flags::FlagSet<model::LoadOptions> ModelFlags() {
       .Choice("weight-dtype", "TYPE",
               "how matrix weights are held: auto (as loaded; default) or int8 (quantized at\n"
               "load, one scale per output channel: about half the bytes of bf16 to read per\n"
-              "token; one CPU rank)",
+              "token; CPU ranks)",
               [](auto& o) -> auto& { return o.weight_dtype; }, {"auto", "int8"})
       .Field("weight_dtype");
   return f;

@@ -16,6 +16,7 @@
 #include "worker/model/load.h"
 #include "worker/model/quantize.h"
 #include "worker/model/random_model.h"
+#include "worker/model/upload.h"
 #include "worker/runtime/engine.h"
 #include "worker/runtime/forward.h"
 
@@ -103,20 +104,46 @@ TEST_F(Int8WeightsTest, NextTokenDistributionsStayCloseToF32OnTheGoldenText) {
   }
 }
 
-TEST_F(Int8WeightsTest, EnginesThatCannotRunInt8WeightsSaySoByField) {
+// UploadModel (what a GPU rank runs on) carries int8 matrices with their scales and row sums:
+// on the CPU backend with opaque memory (device-like), the uploaded model's logits are the
+// host model's, bit for bit.
+TEST_F(Int8WeightsTest, UploadedInt8WeightsGiveTheHostModelsLogits) {
   if (model_ == nullptr) return;
   ASSERT_TRUE(model::QuantizeWeightsInt8(*model_).ok());
-  for (const EngineOptions& o :
-       {EngineOptions{.device = Device::kCuda}, EngineOptions{.opaque_cpu_memory = true}}) {
-    auto engine = Engine::Create(*model_, o);
-    ASSERT_FALSE(engine.ok());
-    EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(engine.status().message().find("weight_dtype"), std::string::npos) << engine.status();
+  std::unique_ptr<kernels::Backend> opaque = kernels::CreateCpuBackend({1, true});
+  ASSERT_FALSE(opaque->memory().host_accessible());
+  auto uploaded = model::UploadModel(*model_, opaque->memory());
+  ASSERT_TRUE(uploaded.ok()) << uploaded.status();
+  EXPECT_EQ((*uploaded)->layers[0].wq.dtype, kernels::DType::kI8);
+  EXPECT_NE((*uploaded)->layers[0].wq.scales, model_->layers[0].wq.scales);
+  const model::ModelConfig& c = model_->config;
+  std::vector<float> want(static_cast<size_t>(c.vocab_size)), got(want.size());
+  for (const bool device : {false, true}) {
+    std::unique_ptr<kernels::Backend> host = kernels::CreateCpuBackend({1});
+    kernels::Backend& b = device ? *opaque : *host;
+    auto pool = cache::BlockPool::Create({c.n_layers, c.n_kv_heads, c.head_dim, 16}, c.n_layers * 8,
+                                         b.memory());
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    ForwardPass forward(device ? **uploaded : *model_, b, ForwardOptions{16});
+    cache::SequenceCache seq(pool->get());
+    const std::vector<int32_t> tokens = {1, 403, 407, 261, 378, 14};
+    BatchItem item{&seq, tokens.data(), static_cast<int>(tokens.size())};
+    ASSERT_TRUE(forward.Run({&item, 1}, (device ? got : want).data()).ok());
   }
+  EXPECT_EQ(got, want);
+}
+
+TEST_F(Int8WeightsTest, EnginesOfOneAndTwoCpuRanksTakeInt8Weights) {
+  if (model_ == nullptr) return;
+  ASSERT_TRUE(model::QuantizeWeightsInt8(*model_).ok());
   EngineOptions one;
   one.kv_cache_bytes = int64_t{8} << 20;
   auto engine = Engine::Create(*model_, one);
   EXPECT_TRUE(engine.ok()) << engine.status();
+  EngineOptions tp2 = one;
+  tp2.tp = 2;
+  auto group = Engine::Create(*model_, tp2);
+  EXPECT_TRUE(group.ok()) << group.status();
 }
 
 // This process's resident bytes (/proc/self/statm).

@@ -83,6 +83,13 @@ absl::StatusOr<std::unique_ptr<TpGroup::Rank>> TpGroup::CreateRank(const model::
                      .opaque_cpu_memory = options.opaque_cpu_memory}));
     rank->model = std::move(shard);
   }
+  if (full.config.weight_dtype == kernels::DType::kI8 && !rank->backend->RunsInt8Weights()) {
+    return flags::FieldError("weight_dtype",
+                             absl::StrCat("int8: rank ", r,
+                                          "'s device failed the int8 kernels' "
+                                          "start-up check (the log says how); load the weights "
+                                          "as they are"));
+  }
   return rank;
 }
 
@@ -163,10 +170,6 @@ absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::Create(const model::Model& ful
     return flags::FieldError(
         "kv_cache_fraction",
         absl::StrCat(options.kv_cache_fraction, " must be in (0, 1], and only for device cuda"));
-  }
-  if (full.config.weight_dtype == kernels::DType::kI8 && (cuda || options.opaque_cpu_memory)) {
-    return flags::FieldError("weight_dtype",
-                             "int8 weights run on CPU ranks for now ({device} cpu)");
   }
   std::vector<int> devices(static_cast<size_t>(options.tp), -1);
   if (cuda) {
