@@ -306,7 +306,7 @@ class RedisStore final : public SessionStore {
     r->tenant = tenant;
     r->model = field(1);
     r->cache_settings = field(2);
-    r->metadata = nlohmann::json::parse(field(3)).get<std::map<std::string, std::string>>();
+    RECALL_ASSIGN_OR_RETURN(r->metadata, ParseStoredMetadata(field(3), id));
     int64_t created = 0;
     (void)absl::SimpleAtoi(field(4), &created);
     r->created_unix_ms = created;

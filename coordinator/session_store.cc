@@ -4,6 +4,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
 
 namespace recall::coordinator {
 
@@ -82,6 +83,22 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenStore(const std::string& url,
     return OpenRedisStore(rest.substr(0, colon), port, allow_volatile);
   }
   return OpenSqliteStore(url.rfind(sqlite, 0) == 0 ? url.substr(sqlite.size()) : url);
+}
+
+absl::StatusOr<std::map<std::string, std::string>> ParseStoredMetadata(const std::string& text,
+                                                                       const std::string& id) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  std::map<std::string, std::string> out;
+  bool ok = j.is_object();
+  for (auto it = ok ? j.begin() : j.end(); ok && it != j.end(); ++it) {
+    ok = it.value().is_string();
+    if (ok) out[it.key()] = it.value().get<std::string>();
+  }
+  if (!ok) {
+    return absl::DataLossError(absl::StrCat("session store: the metadata of session ", QuotedId(id),
+                                            " is not a JSON object of strings"));
+  }
+  return out;
 }
 
 }  // namespace recall::coordinator

@@ -111,6 +111,11 @@ class SessionStore {
 };
 
 // SQLite (WAL, synchronous=FULL) in `path`; the file is created if missing.
+// A session's stored metadata (a JSON object of strings) back as a map. DataLoss naming the
+// session when the stored text is not one: a damaged store is an error, never a crash.
+absl::StatusOr<std::map<std::string, std::string>> ParseStoredMetadata(const std::string& text,
+                                                                       const std::string& id);
+
 absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string& path);
 
 // Redis at host:port (redis_store.cc); Unavailable when it cannot connect. A server that

@@ -124,7 +124,7 @@ class SqliteStore final : public SessionStore {
     while ((rc = s.Step()) == SQLITE_ROW) {
       SessionRecord r;
       r.tenant = tenant;
-      Fill(s, &r);
+      RECALL_RETURN_IF_ERROR(Fill(s, &r));
       out.push_back(std::move(r));
     }
     if (rc != SQLITE_DONE) return Check(rc, "list sessions");
@@ -243,15 +243,15 @@ class SqliteStore final : public SessionStore {
     return Check(sqlite3_exec(db_, sql, nullptr, nullptr, nullptr), what);
   }
 
-  static void Fill(const Stmt& s, SessionRecord* r) {
+  static absl::Status Fill(const Stmt& s, SessionRecord* r) {
     r->id = s.Text(0);
     r->model = s.Text(1);
     r->cache_settings = s.Text(2);
-    r->metadata = nlohmann::json::parse(s.Text(3), nullptr, false)
-                      .get<std::map<std::string, std::string>>();
+    RECALL_ASSIGN_OR_RETURN(r->metadata, ParseStoredMetadata(s.Text(3), r->id));
     r->created_unix_ms = s.Int(4);
     r->worker = s.Text(5);
     r->message_count = static_cast<int>(s.Int(6));
+    return absl::OkStatus();
   }
 
   absl::Status LoadHeader(const std::string& tenant, const std::string& id, SessionRecord* r)
@@ -264,8 +264,7 @@ class SqliteStore final : public SessionStore {
     if (rc == SQLITE_DONE) return NotFound(id);
     if (rc != SQLITE_ROW) return Check(rc, "read session");
     r->tenant = tenant;
-    Fill(s, r);
-    return absl::OkStatus();
+    return Fill(s, r);
   }
 
   absl::Mutex mu_;

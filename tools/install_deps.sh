@@ -9,6 +9,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libsentencepiece-dev libopenblas-dev nlohmann-json3-dev libpcre2-dev
   libsqlite3-dev libhiredis-dev redis-server openssl
+  # the session store tests damage a store by hand (sqlite3; redis-cli comes with redis-server)
+  sqlite3
   # the coordinator's OpenAI-compatible HTTP API (cpp-httplib 0.11, built with OpenSSL)
   libcpp-httplib-dev libssl-dev curl
   # recall chat's line editing and history

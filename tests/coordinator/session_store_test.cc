@@ -4,6 +4,8 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <cstdlib>
+
 #include "gtest/gtest.h"
 #include "tests/common/redis_server.h"
 #include "tests/common/test_util.h"
@@ -90,6 +92,35 @@ TEST_P(SessionStoreTest, ListPagesInIdOrder) {
   auto rest = store_->List("a", "s2", 10);
   ASSERT_EQ(rest->size(), 4u);
   EXPECT_EQ(rest->front().id, "s3");
+}
+
+// A store damaged outside the coordinator (a hand edit, another writer): a session whose
+// metadata is not a JSON object of strings is DataLoss naming it, from Get and List, not a
+// crash; the others still read.
+TEST_P(SessionStoreTest, DamagedMetadataIsDataLossNotACrash) {
+  ASSERT_TRUE(store_->Create(Record("s1", "a")).ok());
+  ASSERT_TRUE(store_->Create(Record("s2", "a")).ok());
+  for (const std::string bad : {"{bad", "[1, 2]", "{\"user\": 7}"}) {
+    SCOPED_TRACE(bad);
+    std::string cmd;
+    if (GetParam() == "redis") {
+      cmd = "redis-cli -p " + std::to_string(redis_.port()) + " HSET recall:s:s1 metadata '" + bad +
+            "' > /dev/null";
+    } else {
+      cmd = "sqlite3 " + url_ + " \"UPDATE sessions SET metadata = '" + bad + "' WHERE id = 's1'\"";
+    }
+    if (std::system(("command -v " + cmd.substr(0, cmd.find(' ')) + " > /dev/null").c_str()) != 0) {
+      GTEST_SKIP() << cmd.substr(0, cmd.find(' ')) << " is not installed";
+    }
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    const auto got = store_->Get("a", "s1");
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+    EXPECT_NE(got.status().message().find("\"s1\""), std::string::npos) << got.status();
+    EXPECT_TRUE(store_->Get("a", "s2").ok());
+    if (GetParam() != "redis") {
+      EXPECT_EQ(store_->List("a", "", 10).status().code(), absl::StatusCode::kDataLoss);
+    }
+  }
 }
 
 TEST_P(SessionStoreTest, DataSurvivesReopening) {
