@@ -154,7 +154,7 @@ void GemvInt8(ThreadPool& pool, const float* x, int n, const Matrix& w, float* y
   const int64_t stride = kernel == Int8Kernel::kVnniPanels ? (cols + 3) / 4 * 4 : cols;
   thread_local std::vector<int8_t> qx;
   thread_local std::vector<float> sx;
-  qx.assign(static_cast<size_t>(n * stride), 0);
+  qx.resize(static_cast<size_t>(n * stride));
   sx.resize(static_cast<size_t>(n));
   int8_t* qp = qx.data();
   float* sp = sx.data();  // not sx in the lambdas: thread_local, another thread's there
@@ -164,6 +164,7 @@ void GemvInt8(ThreadPool& pool, const float* x, int n, const Matrix& w, float* y
                      for (int64_t j = j0; j < j1; ++j) {
                        int8_t* row = qp + j * stride;
                        QuantizeRowsInt8(x + j * cols, 1, cols, row, sp + j);
+                       std::fill(row + cols, row + stride, int8_t{0});  // the panels' padding
                        // + 128 as unsigned bytes for vpdpbusd: flipping the sign bit adds 128
                        // to a two's complement byte read as unsigned.
                        if (!offset) continue;

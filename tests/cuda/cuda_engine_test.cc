@@ -9,6 +9,7 @@
 
 #include "cache/block_pool.h"
 #include "kernels/cpu/sampling.h"
+#include "tests/common/logits_compare.h"
 #include "tests/common/test_util.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "worker/model/loader.h"
@@ -352,20 +353,7 @@ TEST_F(CudaEngineTest, Int8WeightsStayCloseToF32) {
   ASSERT_TRUE(uploaded.ok()) << uploaded.status();
   const auto on_gpu = run(*gpu_, **uploaded);
   auto kl = [&](const std::vector<std::vector<float>>& q) {
-    double sum = 0;
-    for (size_t i = 0; i < f32.size(); ++i) {
-      auto ls = [](const std::vector<float>& x) {
-        const double most = *std::max_element(x.begin(), x.end());
-        double z = 0;
-        for (float v : x) z += std::exp(v - most);
-        std::vector<double> o(x.size());
-        for (size_t k = 0; k < x.size(); ++k) o[k] = x[k] - most - std::log(z);
-        return o;
-      };
-      const auto p = ls(f32[i]), r = ls(q[i]);
-      for (size_t k = 0; k < p.size(); ++k) sum += std::exp(p[k]) * (p[k] - r[k]);
-    }
-    return sum / static_cast<double>(f32.size());
+    return testing::CompareLogits(f32, q).mean_kl;
   };
   const double cpu_kl = kl(on_cpu), gpu_kl = kl(on_gpu);
   std::printf("int8 weights against f32, 200 golden tokens: CPU KL %.5f, GPU KL %.5f\n", cpu_kl,

@@ -8,6 +8,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cuda_backend.h"
+#include "tests/common/logits_compare.h"
 #include "tests/worker/runtime/tp_fixture.h"
 #include "worker/model/quantize.h"
 
@@ -134,25 +135,9 @@ TEST_F(TpGenerateTest, Int8WeightsOnSeveralRanksStayCloseToOneRank) {
   for (const int tp : {2, 4}) {
     const auto many = run(tp, path);
     ASSERT_EQ(many.size(), one.size());
-    double kl = 0;
-    int same = 0;
-    for (size_t i = 0; i < one.size(); ++i) {
-      auto log_softmax = [](const std::vector<float>& x) {
-        const double most = *std::max_element(x.begin(), x.end());
-        double sum = 0;
-        for (float v : x) sum += std::exp(v - most);
-        std::vector<double> out(x.size());
-        for (size_t k = 0; k < x.size(); ++k) out[k] = x[k] - most - std::log(sum);
-        return out;
-      };
-      const std::vector<double> p = log_softmax(one[i]), q = log_softmax(many[i]);
-      for (size_t k = 0; k < p.size(); ++k) kl += std::exp(p[k]) * (p[k] - q[k]);
-      same += std::max_element(one[i].begin(), one[i].end()) - one[i].begin() ==
-                      std::max_element(many[i].begin(), many[i].end()) - many[i].begin()
-                  ? 1
-                  : 0;
-    }
-    kl /= static_cast<double>(one.size());
+    const testing::LogitsAgreement a = testing::CompareLogits(one, many);
+    const double kl = a.mean_kl;
+    const int same = static_cast<int>(std::lround(a.top1 * steps));
     std::printf("int8 weights, tp %d against tp 1 over %d steps: mean KL %.5f, top-1 %.3f\n", tp,
                 steps, kl, static_cast<double>(same) / steps);
     EXPECT_LT(kl, 0.004) << "tp " << tp;

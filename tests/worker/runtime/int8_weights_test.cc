@@ -12,6 +12,7 @@
 #include "cache/block_pool.h"
 #include "cache/sequence_cache.h"
 #include "gtest/gtest.h"
+#include "tests/common/logits_compare.h"
 #include "tests/common/stories260k.h"
 #include "worker/model/load.h"
 #include "worker/model/quantize.h"
@@ -45,20 +46,6 @@ std::vector<std::vector<float>> TeacherForced(const model::Model& m,
   return out;
 }
 
-std::vector<double> LogSoftmax(const std::vector<float>& x) {
-  double most = x[0];
-  for (float v : x) most = std::max(most, static_cast<double>(v));
-  double sum = 0;
-  for (float v : x) sum += std::exp(v - most);
-  std::vector<double> out(x.size());
-  for (size_t i = 0; i < x.size(); ++i) out[i] = x[i] - most - std::log(sum);
-  return out;
-}
-
-size_t Argmax(const std::vector<float>& x) {
-  return static_cast<size_t>(std::max_element(x.begin(), x.end()) - x.begin());
-}
-
 TEST_F(Int8WeightsTest, NextTokenDistributionsStayCloseToF32OnTheGoldenText) {
   if (model_ == nullptr) return;
   std::ifstream in(
@@ -86,15 +73,8 @@ TEST_F(Int8WeightsTest, NextTokenDistributionsStayCloseToF32OnTheGoldenText) {
     EXPECT_EQ(l.wq.bytes() * 4, model_->layers[0].wq.bytes());
 
     const auto got = TeacherForced(**int8, tokens);
-    double kl = 0;
-    int same = 0;
-    for (size_t i = 0; i < want.size(); ++i) {
-      const std::vector<double> p = LogSoftmax(want[i]), q = LogSoftmax(got[i]);
-      for (size_t v = 0; v < p.size(); ++v) kl += std::exp(p[v]) * (p[v] - q[v]);
-      same += Argmax(want[i]) == Argmax(got[i]) ? 1 : 0;
-    }
-    kl /= static_cast<double>(want.size());
-    const double top1 = static_cast<double>(same) / static_cast<double>(want.size());
+    const testing::LogitsAgreement a = testing::CompareLogits(want, got);
+    const double kl = a.mean_kl, top1 = a.top1;
     std::printf(
         "stories260K int8 vs f32 weights (embeddings %s), %zu golden tokens: mean KL "
         "%.5f, top-1 %.4f\n",
