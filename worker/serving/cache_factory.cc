@@ -15,6 +15,13 @@ absl::Status Invalid(const std::string& field, const std::string& what) {
   return flags::FieldError(field, what);
 }
 
+// What a policy's min_budget() is made of, for the error that names it.
+std::string MinBudgetReason(const std::string& policy) {
+  if (policy == "streaming" || policy == "vase") return "its sinks and one recent token";
+  if (policy == "rkv") return "its query window";
+  return "its window W; a smaller window lowers it";
+}
+
 }  // namespace
 
 CacheDefaults CacheDefaults::With(const CacheRequest& r) const {
@@ -134,6 +141,19 @@ absl::StatusOr<SessionCacheSpec> CacheFactory::Make(const CacheDefaults& d, uint
     o.budget.budget = *d.budget_fraction;
   } else {
     o.budget.budget = d.budget_tokens;
+  }
+  if (!d.budget_fraction.has_value() && !episodic) {
+    // A budget in tokens below what the policy always keeps would be raised to it silently
+    // (BudgetOptions::reserved): the session would hold more than it was given.
+    RECALL_ASSIGN_OR_RETURN(const std::unique_ptr<cache::eviction::EvictionPolicy> policy,
+                            cache::eviction::CreatePolicy(o.policy));
+    if (d.budget_tokens < policy->min_budget()) {
+      return Invalid(prefix + "budget_tokens",
+                     absl::StrCat(d.budget_tokens, " is below the ", policy->min_budget(),
+                                  " tokens per layer and KV head that ", d.policy,
+                                  " always keeps (", MinBudgetReason(d.policy),
+                                  "): give a budget of at least ", policy->min_budget()));
+    }
   }
   o.session = seed;
   o.total_kv_heads = total_kv_heads_;

@@ -140,6 +140,37 @@ TEST(WorkerOptionsTest, EngineAndCacheErrorsNameTheFlags) {
   EXPECT_EQ(flags.Explain(profile).message().rfind("--layer-budgets: ", 0), 0u) << profile;
 }
 
+TEST(WorkerOptionsTest, ABudgetBelowWhatThePolicyAlwaysKeepsIsRefusedNotRaised) {
+  const model::ModelConfig config = testing::TinyModelConfig(2, 64);
+  serving::CacheDefaults d;
+  d.policy = "lazy+";
+  d.window = 32;
+  d.budget_tokens = 16;
+  const absl::Status st = serving::CacheFactory::Create(d, config, config.n_kv_heads, 1).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(WorkerFlags().Explain(st).message(),
+            "--budget: 16 is below the 32 tokens per layer and KV head that lazy+ always keeps "
+            "(its window W; a smaller window lowers it): give a budget of at least 32")
+      << st;
+  // A session asking for it is refused by the field's name; the worker's defaults stand.
+  d.budget_tokens = 64;
+  auto factory = serving::CacheFactory::Create(d, config, config.n_kv_heads, 1);
+  ASSERT_TRUE(factory.ok()) << factory.status();
+  serving::CacheRequest r;
+  r.policy = "streaming";
+  r.budget_tokens = 4;  // sinks (4) + 1 is streaming's smallest
+  const absl::Status session = factory->Resolve(r, 1).status();
+  EXPECT_EQ(session.message(),
+            "cache.budget_tokens: 4 is below the 5 tokens per layer and KV head that streaming "
+            "always keeps (its sinks and one recent token): give a budget of at least 5");
+  r.budget_tokens = 5;
+  EXPECT_TRUE(factory->Resolve(r, 1).ok());
+  r.budget_tokens = 4;
+  r.window = 2;
+  r.policy = "lazy";  // its smallest budget is its window
+  EXPECT_TRUE(factory->Resolve(r, 1).ok());
+}
+
 TEST(WorkerOptionsTest, ResolveAppliesTheSessionDefaultsAndTheForwardCapacity) {
   WorkerOptions o;
   ASSERT_TRUE(WorkerFlags()
