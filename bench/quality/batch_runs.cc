@@ -34,6 +34,8 @@ absl::StatusOr<std::vector<Run>> MakeRuns(runtime::ForwardPass& forward, cache::
     defaults.alpha = knobs.alpha;
     defaults.layer_budgets = knobs.layer_budgets;
     defaults.layer_alpha = knobs.layer_alpha;
+    defaults.value_protection = knobs.value_protection;
+    defaults.tp_eviction = knobs.tp_eviction;
     RECALL_ASSIGN_OR_RETURN(const serving::CacheFactory factory,
                             serving::CacheFactory::Create(defaults, mc, mc.n_kv_heads, 1));
     RECALL_ASSIGN_OR_RETURN(const serving::SessionCacheSpec spec,
@@ -43,7 +45,8 @@ absl::StatusOr<std::vector<Run>> MakeRuns(runtime::ForwardPass& forward, cache::
     }
     cache::eviction::SessionEvictorOptions eo = *spec.evictor;
     if (full) eo.policy.name = "full";
-    eo.policy.sinks = knobs.sinks;  // a benchmark knob the serving settings do not expose
+    eo.policy.sinks = knobs.sinks;  // benchmark knobs the serving settings do not expose
+    if (!full) eo.policy.meta_score = knobs.meta_score;
     eo.n_heads = mc.n_heads;
     RECALL_ASSIGN_OR_RETURN(runs[i].evictor, SessionEvictor::Create(eo, runs[i].seq.get()));
     runs[i].evictor->Reserve(mc.max_seq_len);

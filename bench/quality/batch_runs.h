@@ -30,6 +30,11 @@ struct PolicyKnobs {
   int sinks = 4;
   std::string layer_budgets = "uniform";  // as recall serve's --layer-budgets
   double layer_alpha = 1.2;
+  double value_protection = 0;          // recall serve's --value-protection
+  std::string tp_eviction = "uniform";  // recall serve's --tp-eviction (head-adaptive)
+  // A benchmark knob the serving settings do not expose: CAOTE over the policy's score.
+  cache::eviction::PolicyOptions::MetaScore meta_score =
+      cache::eviction::PolicyOptions::MetaScore::kNone;
 };
 
 struct Run {

@@ -7,20 +7,25 @@ namespace recall::bench {
 
 std::vector<EqualPeakRow> EqualPeak(const std::vector<QualityConfig>& configs,
                                     const std::vector<QualityStats>& stats,
-                                    const std::vector<double>& targets) {
+                                    const std::vector<double>& targets,
+                                    const std::vector<QualityStats>* bytes_of,
+                                    const std::string& suffix) {
   std::vector<EqualPeakRow> rows;
   for (size_t i = 0; i < configs.size(); ++i) {
     if (configs[i].policy == "full") continue;
+    const std::string name = configs[i].policy + suffix;
     auto row = std::find_if(rows.begin(), rows.end(),
-                            [&](const EqualPeakRow& r) { return r.policy == configs[i].policy; });
+                            [&](const EqualPeakRow& r) { return r.policy == name; });
     if (row == rows.end()) {
-      rows.push_back({configs[i].policy, true, {}, {}});
+      rows.push_back({name, true, {}, {}});
       row = rows.end() - 1;
     }
     const QualityStats& s = stats[i];
     if (s.evicted_slots > 0) row->never_evicts = false;
-    if (s.positions == 0 || s.full_kv_bytes_sum <= 0) continue;
-    row->points.push_back({s.peak_kv_bytes_sum / s.full_kv_bytes_sum,
+    const double full_bytes =
+        bytes_of != nullptr ? (*bytes_of)[i].full_kv_bytes_sum : s.full_kv_bytes_sum;
+    if (s.positions == 0 || full_bytes <= 0) continue;
+    row->points.push_back({s.peak_kv_bytes_sum / full_bytes,
                            static_cast<double>(s.top1_agree) / static_cast<double>(s.positions),
                            s.kl_sum / static_cast<double>(s.positions)});
   }
@@ -48,17 +53,35 @@ std::vector<EqualPeakRow> EqualPeak(const std::vector<QualityConfig>& configs,
   return rows;
 }
 
+std::vector<std::string> BestAtEachPeak(const std::vector<EqualPeakRow>& rows) {
+  std::vector<std::string> best;
+  const size_t n = rows.empty() ? 0 : rows[0].at.size();
+  for (size_t k = 0; k < n; ++k) {
+    const EqualPeakRow* top = nullptr;
+    for (const EqualPeakRow& row : rows) {
+      if (k >= row.at.size() || !row.at[k]) continue;
+      const PeakPoint& p = *row.at[k];
+      if (top == nullptr || p.top1 > top->at[k]->top1 ||
+          (p.top1 == top->at[k]->top1 && p.kl < top->at[k]->kl)) {
+        top = &row;
+      }
+    }
+    best.push_back(top != nullptr ? top->policy : "");
+  }
+  return best;
+}
+
 void PrintEqualPeak(const std::string& label, const std::vector<EqualPeakRow>& rows,
                     const std::vector<double>& targets) {
   std::printf(
       "At equal peak KV memory, %s: top-1 agreement / mean KL (nats), interpolated "
       "over the budget sweep ('-': outside the peaks the sweep reached)\n",
       label.c_str());
-  std::printf("%-10s", "peak held");
+  std::printf("%-12s", "peak held");
   for (const double x : targets) std::printf(" %17.0f%%", 100 * x);
   std::printf("\n");
   for (const EqualPeakRow& row : rows) {
-    std::printf("%-10s", row.policy.c_str());
+    std::printf("%-12s", row.policy.c_str());
     if (row.never_evicts) {
       std::printf(" never evicts on these texts (holds everything: no equal-peak figure)\n");
       continue;

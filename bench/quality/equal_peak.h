@@ -29,10 +29,19 @@ struct EqualPeakRow {
 };
 
 // One row per policy (in first-seen order; "full" left out), from the per-configuration
-// stats of one text set.
+// stats of one text set. Peaks are fractions of each configuration's own FullKV bytes, or,
+// when `bytes_of` is given, of bytes_of[i]'s (the fp32 run of the same texts and
+// configurations), so that runs on KV types of other widths are placed at the bytes they
+// really hold; `suffix` is appended to the policy names (" f16").
 std::vector<EqualPeakRow> EqualPeak(const std::vector<QualityConfig>& configs,
                                     const std::vector<QualityStats>& stats,
-                                    const std::vector<double>& targets);
+                                    const std::vector<double>& targets,
+                                    const std::vector<QualityStats>* bytes_of = nullptr,
+                                    const std::string& suffix = "");
+
+// Per target, the row with the highest top-1 there (ties: lower KL), or "" where no row has
+// a figure.
+std::vector<std::string> BestAtEachPeak(const std::vector<EqualPeakRow>& rows);
 
 // Prints the rows as "top-1 / KL" at each target peak, `label` naming the text set.
 void PrintEqualPeak(const std::string& label, const std::vector<EqualPeakRow>& rows,

@@ -13,12 +13,15 @@
 // usage: recall_quality_bench [--model PATH] [--tokenizer PATH] [--texts N]
 //   [--policies full,streaming,h2o,tova,lazy] [--budgets 0.2,0.3,0.5,0.7] [--window W]
 //   [--alpha A] [--calibration FILE] [--layer-budgets uniform|pyramid|PROFILE] [--layer-alpha A]
+//   [--value-protection F] [--tp-eviction uniform|shared|head-adaptive]
+//   [--meta-score none|caote|caote-query]
 //   [--sinks S] [--prefix N] [--greedy-prefix N] [--probe-early N]
 //   [--probe-late N] [--seed S] [--heldout-seed S2] [--peaks 0.15,0.2,0.3]
 //   [--threads N] [--kv-dtypes f32,bf16,int8] [--out-json PATH] [--out-png PATH]
 // Besides the per-budget table it prints every policy at equal PEAK memory (equal_peak.h) on
 // the texts of --seed and, beside them, on a held-out set sampled with --heldout-seed (0: no
-// held-out set).
+// held-out set), and with several KV types, every (policy, type) at the bytes it holds as a
+// fraction of the f32 FullKV's bytes (a 16-bit type holds twice the tokens in equal bytes).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -61,6 +64,9 @@ struct Flags {
   std::string calibration;
   std::string layer_budgets = "uniform";  // uniform, pyramid or a profile (recall calibrate)
   double layer_alpha = 1.2;
+  double value_protection = 0;
+  std::string tp_eviction = "uniform";
+  std::string meta_score = "none";
   bool window_given = false, alpha_given = false;
   int sinks = 4;
   int prefix = 16;
@@ -82,6 +88,14 @@ std::optional<kernels::KvDType> ParseKvDType(const std::string& name) {
                                    kernels::KvDType::kF16, kernels::KvDType::kInt8}) {
     if (name == kernels::KvDTypeName(t)) return t;
   }
+  return std::nullopt;
+}
+
+std::optional<cache::eviction::PolicyOptions::MetaScore> MetaScoreFromName(const std::string& n) {
+  using M = cache::eviction::PolicyOptions::MetaScore;
+  if (n == "none") return M::kNone;
+  if (n == "caote") return M::kCaote;
+  if (n == "caote-query") return M::kCaoteCurrentQuery;
   return std::nullopt;
 }
 
@@ -120,6 +134,13 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       f->layer_budgets = v;
     } else if (name == "--layer-alpha") {
       ok = absl::SimpleAtod(v, &f->layer_alpha);
+    } else if (name == "--value-protection") {
+      ok = absl::SimpleAtod(v, &f->value_protection);
+    } else if (name == "--tp-eviction") {
+      f->tp_eviction = v;
+    } else if (name == "--meta-score") {
+      f->meta_score = v;
+      ok = MetaScoreFromName(v).has_value();
     } else if (name == "--prefix")
       ok = ParseInt(v, &f->prefix);
     else if (name == "--greedy-prefix") ok = ParseInt(v, &f->greedy_prefix);
@@ -144,7 +165,7 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
   if (!ParseFlagPairs(
           argc, argv, flag,
           "budgets and peaks are fractions in (0, 1]; --kv-dtypes lists f32 (first), bf16, f16, "
-          "int8")) {
+          "int8; --meta-score is none, caote or caote-query")) {
     return false;
   }
   if (!f->calibration.empty()) {
@@ -162,6 +183,16 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     return false;
   }
   return true;
+}
+
+// The best row at each target peak, under an equal-peak table.
+void PrintBest(const std::vector<EqualPeakRow>& rows, const std::vector<double>& peaks) {
+  const std::vector<std::string> best = BestAtEachPeak(rows);
+  std::printf("%-12s", "best");
+  for (size_t k = 0; k < peaks.size(); ++k) {
+    std::printf(" %18s", best[k].empty() ? "-" : best[k].c_str());
+  }
+  std::printf("\n");
 }
 
 int Main(int argc, char** argv) {
@@ -211,6 +242,9 @@ int Main(int argc, char** argv) {
   qo.sinks = f.sinks;
   qo.layer_budgets = f.layer_budgets;
   qo.layer_alpha = f.layer_alpha;
+  qo.value_protection = f.value_protection;
+  qo.tp_eviction = f.tp_eviction;
+  qo.meta_score = *MetaScoreFromName(f.meta_score);
   qo.prefix = f.prefix;
   qo.greedy_prefix = f.greedy_prefix;
   // Every configuration on every text of `set`, on a pool of each of `types` (the first f32:
@@ -253,7 +287,7 @@ int Main(int argc, char** argv) {
   if (absl::Status s = evaluate(*texts, probes, f.kv_dtypes, &stats_by_type); !s.ok()) {
     return Fail(s);
   }
-  // The held-out text set: fp32 KV only, for the equal-peak comparison.
+  // The held-out text set, on every KV type too, for the equal-peak comparison.
   std::vector<std::vector<QualityStats>> heldout;
   if (f.heldout_seed != 0) {
     EvalSetOptions ho = eo;
@@ -262,7 +296,7 @@ int Main(int argc, char** argv) {
     if (!held_texts.ok()) return Fail(held_texts.status());
     const std::vector<RecallProbe> held_probes =
         FindRecallProbes(**tokenizer, *held_texts, f.probe_early, f.probe_late);
-    if (absl::Status s = evaluate(*held_texts, held_probes, {"f32"}, &heldout); !s.ok()) {
+    if (absl::Status s = evaluate(*held_texts, held_probes, f.kv_dtypes, &heldout); !s.ok()) {
       return Fail(s);
     }
   }
@@ -271,9 +305,8 @@ int Main(int argc, char** argv) {
   std::printf(
       "evaluated %zu configurations x %zu KV types%s in %.1f s (W=%d, alpha=%g, sinks=%d, "
       "prefix=%d, greedy prefix=%d)\n\n",
-      configs.size(), f.kv_dtypes.size(),
-      f.heldout_seed != 0 ? " (and fp32 on the held-out texts)" : "", eval_seconds, f.window,
-      f.alpha, f.sinks, f.prefix, f.greedy_prefix);
+      configs.size(), f.kv_dtypes.size(), f.heldout_seed != 0 ? " (and on the held-out texts)" : "",
+      eval_seconds, f.window, f.alpha, f.sinks, f.prefix, f.greedy_prefix);
   for (size_t k = 0; k < f.kv_dtypes.size(); ++k) {
     if (f.kv_dtypes.size() > 1) {
       std::printf("KV type %s%s:\n", f.kv_dtypes[k].c_str(),
@@ -290,11 +323,41 @@ int Main(int argc, char** argv) {
       "evicted/full; peak/final: KV bytes held vs the full cache.\n\n");
   const std::vector<EqualPeakRow> equal = EqualPeak(configs, stats, f.peaks);
   PrintEqualPeak(absl::StrCat("texts of seed ", f.seed), equal, f.peaks);
+  PrintBest(equal, f.peaks);
   std::vector<EqualPeakRow> equal_heldout;
   if (!heldout.empty()) {
     equal_heldout = EqualPeak(configs, heldout[0], f.peaks);
     std::printf("\n");
     PrintEqualPeak(absl::StrCat("held-out texts of seed ", f.heldout_seed), equal_heldout, f.peaks);
+    PrintBest(equal_heldout, f.peaks);
+  }
+  // With several KV types: every (policy, type) at the bytes it really holds, as a fraction
+  // of the fp32 FullKV's bytes (a half-width type holds twice the tokens in the same bytes).
+  std::vector<EqualPeakRow> equal_bytes, equal_bytes_heldout;
+  if (f.kv_dtypes.size() > 1) {
+    const auto all_types = [&](const std::vector<std::vector<QualityStats>>& by_type) {
+      std::vector<EqualPeakRow> rows;
+      for (size_t k = 0; k < f.kv_dtypes.size(); ++k) {
+        std::vector<EqualPeakRow> r =
+            EqualPeak(configs, by_type[k], f.peaks, &by_type[0], absl::StrCat(" ", f.kv_dtypes[k]));
+        rows.insert(rows.end(), r.begin(), r.end());
+      }
+      return rows;
+    };
+    equal_bytes = all_types(stats_by_type);
+    std::printf("\n");
+    PrintEqualPeak(absl::StrCat("texts of seed ", f.seed,
+                                ", every KV type at its bytes (fractions of the f32 FullKV's)"),
+                   equal_bytes, f.peaks);
+    PrintBest(equal_bytes, f.peaks);
+    if (!heldout.empty()) {
+      equal_bytes_heldout = all_types(heldout);
+      std::printf("\n");
+      PrintEqualPeak(absl::StrCat("held-out texts of seed ", f.heldout_seed,
+                                  ", every KV type at its bytes (fractions of the f32 FullKV's)"),
+                     equal_bytes_heldout, f.peaks);
+      PrintBest(equal_bytes_heldout, f.peaks);
+    }
   }
 
   nlohmann::json json;
@@ -313,6 +376,9 @@ int Main(int argc, char** argv) {
       {"window", f.window},
       {"alpha", f.alpha},
       {"sinks", f.sinks},
+      {"value_protection", f.value_protection},
+      {"tp_eviction", f.tp_eviction},
+      {"meta_score", f.meta_score},
       {"teacher_forced_prefix", f.prefix},
       {"greedy_prefix", f.greedy_prefix},
       {"probe_early", f.probe_early},
@@ -337,6 +403,13 @@ int Main(int argc, char** argv) {
   json["settings"]["kv_dtypes"] = f.kv_dtypes;
   for (size_t k = 0; k < f.kv_dtypes.size(); ++k) {
     json["results_by_kv_dtype"][f.kv_dtypes[k]] = ResultsJson(configs, stats_by_type[k]);
+    if (!heldout.empty()) {
+      json["heldout_results_by_kv_dtype"][f.kv_dtypes[k]] = ResultsJson(configs, heldout[k]);
+    }
+  }
+  if (!equal_bytes.empty()) json["equal_bytes"] = EqualPeakJson(equal_bytes, f.peaks);
+  if (!equal_bytes_heldout.empty()) {
+    json["equal_bytes_heldout"] = EqualPeakJson(equal_bytes_heldout, f.peaks);
   }
   absl::Status s = WriteJson(f.out_json, json);
   if (!s.ok()) return Fail(s);

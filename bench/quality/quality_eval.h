@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "bench/quality/eval_set.h"
 #include "cache/block_pool.h"
+#include "cache/eviction/eviction_policy.h"
 #include "worker/runtime/forward.h"
 
 namespace recall::bench {
@@ -49,6 +50,10 @@ struct QualityEvalOptions {
   int sinks = 4;
   std::string layer_budgets = "uniform";  // recall serve's --layer-budgets
   double layer_alpha = 1.2;
+  double value_protection = 0;          // recall serve's --value-protection
+  std::string tp_eviction = "uniform";  // recall serve's --tp-eviction
+  cache::eviction::PolicyOptions::MetaScore meta_score =
+      cache::eviction::PolicyOptions::MetaScore::kNone;
   int prefix = 16;          // teacher-forced prefill
   int greedy_prefix = 384;  // greedy prompt
   // When set, this run's full cache (item 0) is written here...

@@ -60,5 +60,36 @@ TEST(EqualPeakTest, APolicyThatNeverEvictsHasNoFigure) {
   EXPECT_TRUE(json["snapkv"]["at"][0]["top1"].is_null());
 }
 
+TEST(EqualPeakTest, AHalfWidthKvTypeIsPlacedAtTheBytesItHolds) {
+  // f16 runs hold half the bytes of the f32 runs of the same budgets: 40% of the f16 FullKV
+  // is 20% of the f32 FullKV's bytes.
+  const std::vector<QualityConfig> configs = {{"lazy+", 0.4, 205}, {"lazy+", 0.6, 308}};
+  std::vector<QualityStats> f32 = {Stats(0.4, 0.985, 0.004), Stats(0.6, 0.995, 0.001)};
+  std::vector<QualityStats> f16 = {Stats(0.4, 0.984, 0.004), Stats(0.6, 0.994, 0.001)};
+  for (QualityStats& s : f16) {
+    s.full_kv_bytes_sum /= 2;
+    s.peak_kv_bytes_sum /= 2;
+  }
+  const std::vector<EqualPeakRow> own = EqualPeak(configs, f16, {0.2, 0.4});
+  EXPECT_FALSE(own[0].at[0].has_value()) << "against its own FullKV it is at 40%";
+  const std::vector<EqualPeakRow> rows = EqualPeak(configs, f16, {0.2, 0.3}, &f32, " f16");
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].policy, "lazy+ f16");
+  ASSERT_TRUE(rows[0].at[0].has_value());
+  EXPECT_NEAR(rows[0].at[0]->top1, 0.984, 1e-12);
+  ASSERT_TRUE(rows[0].at[1].has_value());
+  EXPECT_NEAR(rows[0].at[1]->top1, 0.994, 1e-12);
+}
+
+TEST(EqualPeakTest, BestAtEachPeakTakesTheHighestTop1ThenTheLowerKl) {
+  EqualPeakRow a{"streaming",
+                 false,
+                 {},
+                 {PeakPoint{0.2, 0.95, 0.02}, PeakPoint{0.3, 0.97, 0.01}, std::nullopt}};
+  EqualPeakRow b{
+      "lazy+", false, {}, {PeakPoint{0.2, 0.96, 0.03}, PeakPoint{0.3, 0.97, 0.005}, std::nullopt}};
+  EXPECT_EQ(BestAtEachPeak({a, b}), (std::vector<std::string>{"lazy+", "lazy+", ""}));
+}
+
 }  // namespace
 }  // namespace recall::bench
