@@ -244,8 +244,8 @@ const flags::FlagSet<WorkerOptions>& WorkerFlags() {
             SessionCacheFlags(), [](auto& o) -> auto& { return o.cache; })
         .String(
             "calibration", "FILE",
-            "a `recall calibrate-window --out` file: its window and alpha become the\n"
-            "session defaults (--window and --alpha given here still win)",
+            "a `recall calibrate-window --out` file: its policy, budget fraction, window and\n"
+            "alpha become the session defaults (the flags given here still win)",
             [](auto& o) -> auto& { return o.calibration_file; })
         .Include(
             SharedCacheFlags(), [](auto& o) -> auto& { return o.scheduler.cache; });
@@ -264,6 +264,12 @@ absl::Status ResolveWorkerOptions(WorkerOptions* o) {
     }
     o->scheduler.cache.window = c->window;
     o->scheduler.cache.alpha = c->alpha;
+    // The policy and budget the calibration measured become the defaults too, so a model
+    // served with its calibration runs what was measured for it.
+    if (!c->policy.empty()) o->scheduler.cache.policy = c->policy;
+    if (c->budget_fraction > 0) {
+      o->scheduler.cache.budget_fraction = c->budget_fraction;
+    }
   }
   o->scheduler.cache = o->scheduler.cache.With(o->cache);
   if (o->scheduler.cache.policy == "episodic" &&

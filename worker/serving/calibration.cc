@@ -1,10 +1,12 @@
 #include "worker/serving/calibration.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "cache/eviction/eviction_policy.h"
 #include "nlohmann/json.hpp"
 
 namespace recall::serving {
@@ -50,10 +52,22 @@ absl::StatusOr<EvictionCalibration> ReadEvictionCalibration(const std::string& p
     return Bad(path, "\"alpha\" must be a number in (0, 1)");
   }
   c.alpha = alpha->get<double>();
-  if (const nlohmann::json* p = field("policy"); p != nullptr && p->is_string()) {
+  if (const nlohmann::json* p = field("policy"); p != nullptr) {
+    const auto& names = cache::eviction::PolicyNames();
+    if (!p->is_string() || p->get<std::string>() == "full" ||
+        std::find(names.begin(), names.end(), p->get<std::string>()) == names.end()) {
+      std::string known;
+      for (const std::string& n : names) {
+        if (n != "full") absl::StrAppend(&known, known.empty() ? "" : ", ", n);
+      }
+      return Bad(path, absl::StrCat("\"policy\" must be an evicting policy (", known, ")"));
+    }
     c.policy = p->get<std::string>();
   }
-  if (const nlohmann::json* f = field("budget_fraction"); f != nullptr && f->is_number()) {
+  if (const nlohmann::json* f = field("budget_fraction"); f != nullptr) {
+    if (!f->is_number() || !(f->get<double>() > 0) || !(f->get<double>() <= 1)) {
+      return Bad(path, "\"budget_fraction\" must be a number in (0, 1]");
+    }
     c.budget_fraction = f->get<double>();
   }
   return c;

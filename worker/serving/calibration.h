@@ -3,9 +3,9 @@
 // defaults (flags given beside it still win):
 //   {"format": "recall-eviction-calibration", "version": 1, "policy": "lazy+",
 //    "budget_fraction": 0.2, "window": 32, "alpha": 0.03}
-// `window` and `alpha` are the defaults it sets; `policy` and `budget_fraction` say what the
-// alpha was measured with (the policy's cache at that fraction of the text, against the full
-// cache), for the reader.
+// `policy` and `budget_fraction` are what the alpha was measured with (the policy's cache at
+// that fraction of the text, against the full cache); all four become the worker's session
+// defaults. Both are optional in the file (a missing policy or fraction leaves the worker's).
 #pragma once
 
 #include <string>

@@ -192,25 +192,33 @@ TEST(WorkerOptionsTest, ResolveAppliesTheSessionDefaultsAndTheForwardCapacity) {
       "--prefill-chunk: 64 is more than --max-batch-tokens (16)");
 }
 
-// A calibration file (`recall calibrate-window --out`) sets the window and alpha defaults;
-// --window / --alpha beside it win; a missing or broken file is an error naming the flag and
-// the file, never a crash.
-TEST(WorkerOptionsTest, ACalibrationFileSetsWindowAndAlphaUnlessTheFlagsDo) {
+// A calibration file (`recall calibrate-window --out`) sets the policy, budget fraction,
+// window and alpha defaults; the flags beside it win; a missing or broken file is an error
+// naming the flag and the file, never a crash.
+TEST(WorkerOptionsTest, ACalibrationFileSetsTheSessionDefaultsUnlessTheFlagsDo) {
   const std::string dir = testing::MakeTempDir("calibration");
   const std::string good = dir + "/cal.json";
   ASSERT_TRUE(serving::WriteEvictionCalibration(good, {"lazy+", 0.2, 48, 0.03}).ok());
   WorkerOptions o;
-  ASSERT_TRUE(WorkerFlags().Parse({"--policy", "lazy+", "--calibration", good}, &o).ok());
+  ASSERT_TRUE(WorkerFlags().Parse({"--calibration", good}, &o).ok());
   ASSERT_TRUE(ResolveWorkerOptions(&o).ok());
+  EXPECT_EQ(o.scheduler.cache.policy, "lazy+");
+  ASSERT_TRUE(o.scheduler.cache.budget_fraction.has_value());
+  EXPECT_EQ(*o.scheduler.cache.budget_fraction, 0.2);
   EXPECT_EQ(o.scheduler.cache.window, 48);
   EXPECT_EQ(o.scheduler.cache.alpha, 0.03);
   WorkerOptions flags_win;
   ASSERT_TRUE(WorkerFlags()
-                  .Parse({"--calibration", good, "--window", "16", "--alpha", "0.001"}, &flags_win)
+                  .Parse({"--calibration", good, "--window", "16", "--alpha", "0.001", "--policy",
+                          "streaming", "--budget", "64"},
+                         &flags_win)
                   .ok());
   ASSERT_TRUE(ResolveWorkerOptions(&flags_win).ok());
   EXPECT_EQ(flags_win.scheduler.cache.window, 16);
   EXPECT_EQ(flags_win.scheduler.cache.alpha, 0.001);
+  EXPECT_EQ(flags_win.scheduler.cache.policy, "streaming");
+  EXPECT_FALSE(flags_win.scheduler.cache.budget_fraction.has_value());
+  EXPECT_EQ(flags_win.scheduler.cache.budget_tokens, 64);
 
   const std::vector<std::pair<std::string, std::string>> broken = {
       {"", "not a JSON object"},
@@ -221,6 +229,12 @@ TEST(WorkerOptionsTest, ACalibrationFileSetsWindowAndAlphaUnlessTheFlagsDo) {
        "\"alpha\": \"x\"}",
        "\"alpha\" must be a number in (0, 1)"},
       {"{\"format\": \"recall-layer-sensitivity\"}", "\"format\" must be"},
+      {"{\"format\": \"recall-eviction-calibration\", \"version\": 1, \"window\": 8, "
+       "\"alpha\": 0.1, \"policy\": \"full\"}",
+       "\"policy\" must be an evicting policy (streaming, "},
+      {"{\"format\": \"recall-eviction-calibration\", \"version\": 1, \"window\": 8, "
+       "\"alpha\": 0.1, \"budget_fraction\": 1.5}",
+       "\"budget_fraction\" must be a number in (0, 1]"},
       {"[1, 2", "not a JSON object"},
   };
   for (const auto& [text, message] : broken) {
