@@ -160,6 +160,11 @@ flags::FlagSet<serving::CacheDefaults> SharedCacheFlags() {
           "keep this fraction of the budget for the tokens with the largest values (as\n"
           "VaSE), on any policy (default 0)",
           [](auto& o) -> auto& { return o.value_protection; }, 0, 0.99)
+      .Choice("meta-score", "NAME",
+              "none (default) or caote: rank the policy's candidates by CAOTE, their score\n"
+              "as attention times how far their value is from the attention output (h2o,\n"
+              "tova, lazy, lazy+; CPU ranks)",
+              [](auto& o) -> auto& { return o.meta_score; }, {"none", "caote"})
       .Switch(
           "tp-verify",
           "debug: every eviction step checks that all ranks kept the same tokens; a\n"
@@ -272,6 +277,11 @@ absl::Status ResolveWorkerOptions(WorkerOptions* o) {
     }
   }
   o->scheduler.cache = o->scheduler.cache.With(o->cache);
+  if (o->scheduler.cache.meta_score != "none" && o->engine.device != runtime::Device::kCpu) {
+    return absl::InvalidArgumentError(
+        "--meta-score: caote reads the cached values on the host; CPU ranks only (drop "
+        "--device cuda or --meta-score)");
+  }
   if (o->scheduler.cache.policy == "episodic" &&
       (o->engine.tp > 1 || o->engine.device != runtime::Device::kCpu)) {
     return absl::InvalidArgumentError(

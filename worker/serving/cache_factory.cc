@@ -130,6 +130,21 @@ absl::StatusOr<SessionCacheSpec> CacheFactory::Make(const CacheDefaults& d, uint
   o.policy.window = d.window;
   o.policy.alpha = static_cast<float>(d.alpha);
   o.policy.value_protection = static_cast<float>(d.value_protection);
+  if (d.meta_score == "caote") {
+    // CAOTE rescores an attention estimate: the policies that have one take it; a session
+    // choosing another policy keeps that policy's own ranking, but the worker's own default
+    // policy must take it (prefix "" is the worker's defaults).
+    const bool takes = !episodic && (d.policy == "h2o" || d.policy == "tova" ||
+                                     d.policy == "lazy" || d.policy == "lazy+");
+    if (!takes && prefix.empty()) {
+      return Invalid("meta_score", absl::StrCat("caote ranks by an attention estimate: h2o, tova, "
+                                                "lazy or lazy+, not ",
+                                                d.policy));
+    }
+    if (takes) o.policy.meta_score = cache::eviction::PolicyOptions::MetaScore::kCaote;
+  } else if (d.meta_score != "none") {
+    return Invalid("meta_score", absl::StrCat("\"", d.meta_score, "\" is not one of none, caote"));
+  }
   o.budget = layers_;
   if (d.budget_fraction.has_value() && episodic) {
     // Episodes are built to a budget in tokens: the fraction of the context length (what a

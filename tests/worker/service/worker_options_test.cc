@@ -59,6 +59,7 @@ const std::map<std::string, std::vector<std::string>> kValues = {
     {"layer-budgets", {"pyramid"}},
     {"layer-alpha", {"1.5"}},
     {"value-protection", {"0.25"}},
+    {"meta-score", {"caote"}},
     {"tp-verify", {}},
     {"positions", {"original"}},
 };
@@ -169,6 +170,44 @@ TEST(WorkerOptionsTest, ABudgetBelowWhatThePolicyAlwaysKeepsIsRefusedNotRaised) 
   r.window = 2;
   r.policy = "lazy";  // its smallest budget is its window
   EXPECT_TRUE(factory->Resolve(r, 1).ok());
+}
+
+TEST(WorkerOptionsTest, CaoteRescoresThePoliciesWithAnAttentionEstimateOnCpuRanks) {
+  const model::ModelConfig config = testing::TinyModelConfig(2, 64);
+  WorkerOptions o;
+  ASSERT_TRUE(WorkerFlags()
+                  .Parse({"--policy", "lazy+", "--budget", "32", "--meta-score", "caote"}, &o)
+                  .ok());
+  ASSERT_TRUE(ResolveWorkerOptions(&o).ok());
+  auto factory = serving::CacheFactory::Create(o.scheduler.cache, config, config.n_kv_heads, 1);
+  ASSERT_TRUE(factory.ok()) << factory.status();
+  using M = cache::eviction::PolicyOptions::MetaScore;
+  auto spec = factory->Resolve(serving::CacheRequest(), 1);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->evictor->policy.meta_score, M::kCaote);
+  // A session choosing a policy without an attention estimate keeps its own ranking.
+  serving::CacheRequest r;
+  r.policy = "streaming";
+  spec = factory->Resolve(r, 1);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->evictor->policy.meta_score, M::kNone);
+  // A worker whose own default cannot take it, or on GPU ranks, does not start.
+  serving::CacheDefaults d = o.scheduler.cache;
+  d.policy = "streaming";
+  EXPECT_EQ(WorkerFlags()
+                .Explain(serving::CacheFactory::Create(d, config, config.n_kv_heads, 1).status())
+                .message(),
+            "--meta-score: caote ranks by an attention estimate: h2o, tova, lazy or lazy+, not "
+            "streaming");
+  WorkerOptions gpu;
+  ASSERT_TRUE(WorkerFlags()
+                  .Parse({"--policy", "lazy+", "--meta-score", "caote", "--device", "cuda"}, &gpu)
+                  .ok());
+  EXPECT_EQ(ResolveWorkerOptions(&gpu).message(),
+            "--meta-score: caote reads the cached values on the host; CPU ranks only (drop "
+            "--device cuda or --meta-score)");
+  WorkerOptions bad;
+  EXPECT_FALSE(WorkerFlags().Parse({"--meta-score", "caote-query"}, &bad).ok());
 }
 
 TEST(WorkerOptionsTest, ResolveAppliesTheSessionDefaultsAndTheForwardCapacity) {
