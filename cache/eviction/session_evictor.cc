@@ -348,6 +348,8 @@ absl::Status SessionEvictor::CompressPrefill(const float* window_queries, int w,
     }
   }
   if (scale == 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(head_dim_));
+  // The whole prompt was held before it is compressed: that is the session's peak so far.
+  peak_bytes_ = std::max(peak_bytes_, cache_->bytes_held());
   allocator_.Allocate(prompt, budgets_.data());
   const int n_heads = options_.n_heads;
   const int group = n_heads / n_kv_heads_;

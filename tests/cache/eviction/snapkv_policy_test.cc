@@ -111,6 +111,8 @@ TEST_F(SnapKvSessionTest, CompressPrefillKeepsTopPooledWindowAttentionPlusWindow
   EXPECT_EQ(Kept(0), (std::vector<int32_t>{7, 8, 9, 12, 13, 14, 15}));
   EXPECT_EQ(Kept(1), (std::vector<int32_t>{2, 3, 4, 12, 13, 14, 15}));
   EXPECT_EQ(seq_->num_blocks(), 2 * 2) << "blocks go back at once";
+  EXPECT_EQ(ev->peak_kv_bytes(), 2 * 4 * pool_->block_bytes())
+      << "the whole prompt was held before it was compressed";
   EXPECT_EQ(ev->evictions(), 2);
   EXPECT_EQ(ev->evicted_slots(), 18);
   for (int t = 1; t <= 5; ++t) {
