@@ -35,6 +35,7 @@ absl::StatusOr<std::vector<Run>> MakeRuns(runtime::ForwardPass& forward, cache::
     defaults.layer_budgets = knobs.layer_budgets;
     defaults.layer_alpha = knobs.layer_alpha;
     defaults.value_protection = knobs.value_protection;
+    if (c.policy == "lazy+") defaults.alpha_uniform = knobs.alpha_uniform;
     defaults.tp_eviction = knobs.tp_eviction;
     RECALL_ASSIGN_OR_RETURN(const serving::CacheFactory factory,
                             serving::CacheFactory::Create(defaults, mc, mc.n_kv_heads, 1));

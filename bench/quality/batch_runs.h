@@ -31,6 +31,7 @@ struct PolicyKnobs {
   std::string layer_budgets = "uniform";  // as recall serve's --layer-budgets
   double layer_alpha = 1.2;
   double value_protection = 0;          // recall serve's --value-protection
+  double alpha_uniform = 0;             // recall serve's --alpha-uniform (lazy+)
   std::string tp_eviction = "uniform";  // recall serve's --tp-eviction (head-adaptive)
   // A benchmark knob the serving settings do not expose: CAOTE over the policy's score.
   cache::eviction::PolicyOptions::MetaScore meta_score =

@@ -13,7 +13,7 @@
 // usage: recall_quality_bench [--model PATH] [--tokenizer PATH] [--texts N]
 //   [--policies full,streaming,h2o,tova,lazy] [--budgets 0.2,0.3,0.5,0.7] [--window W]
 //   [--alpha A] [--calibration FILE] [--layer-budgets uniform|pyramid|PROFILE] [--layer-alpha A]
-//   [--value-protection F] [--tp-eviction uniform|shared|head-adaptive]
+//   [--value-protection F] [--alpha-uniform K] [--tp-eviction uniform|shared|head-adaptive]
 //   [--meta-score none|caote|caote-query]
 //   [--sinks S] [--prefix N] [--greedy-prefix N] [--probe-early N]
 //   [--probe-late N] [--seed S] [--heldout-seed S2] [--peaks 0.15,0.2,0.3]
@@ -65,6 +65,7 @@ struct Flags {
   std::string layer_budgets = "uniform";  // uniform, pyramid or a profile (recall calibrate)
   double layer_alpha = 1.2;
   double value_protection = 0;
+  double alpha_uniform = 0;
   std::string tp_eviction = "uniform";
   std::string meta_score = "none";
   bool window_given = false, alpha_given = false;
@@ -136,6 +137,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       ok = absl::SimpleAtod(v, &f->layer_alpha);
     } else if (name == "--value-protection") {
       ok = absl::SimpleAtod(v, &f->value_protection);
+    } else if (name == "--alpha-uniform") {
+      ok = absl::SimpleAtod(v, &f->alpha_uniform) && f->alpha_uniform >= 0;
     } else if (name == "--tp-eviction") {
       f->tp_eviction = v;
     } else if (name == "--meta-score") {
@@ -243,6 +246,7 @@ int Main(int argc, char** argv) {
   qo.layer_budgets = f.layer_budgets;
   qo.layer_alpha = f.layer_alpha;
   qo.value_protection = f.value_protection;
+  qo.alpha_uniform = f.alpha_uniform;
   qo.tp_eviction = f.tp_eviction;
   qo.meta_score = *MetaScoreFromName(f.meta_score);
   qo.prefix = f.prefix;
@@ -377,6 +381,7 @@ int Main(int argc, char** argv) {
       {"alpha", f.alpha},
       {"sinks", f.sinks},
       {"value_protection", f.value_protection},
+      {"alpha_uniform", f.alpha_uniform},
       {"tp_eviction", f.tp_eviction},
       {"meta_score", f.meta_score},
       {"teacher_forced_prefix", f.prefix},

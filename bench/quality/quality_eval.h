@@ -51,6 +51,7 @@ struct QualityEvalOptions {
   std::string layer_budgets = "uniform";  // recall serve's --layer-budgets
   double layer_alpha = 1.2;
   double value_protection = 0;          // recall serve's --value-protection
+  double alpha_uniform = 0;             // recall serve's --alpha-uniform (lazy+ only)
   std::string tp_eviction = "uniform";  // recall serve's --tp-eviction
   cache::eviction::PolicyOptions::MetaScore meta_score =
       cache::eviction::PolicyOptions::MetaScore::kNone;

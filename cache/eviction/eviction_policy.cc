@@ -61,6 +61,14 @@ absl::StatusOr<std::unique_ptr<EvictionPolicy>> CreatePolicy(const PolicyOptions
     return absl::InvalidArgumentError(
         absl::StrCat("eviction policy: alpha must be in [0, 1], got ", options.alpha));
   }
+  if (!(options.alpha_uniform >= 0.0f && options.alpha_uniform <= 1e6f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "eviction policy: alpha_uniform must be in [0, 1e6], got ", options.alpha_uniform));
+  }
+  if (options.alpha_uniform > 0.0f && options.name != "lazy+") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "eviction policy: alpha_uniform is lazy+'s threshold, not '", options.name, "''s"));
+  }
   if (options.sinks < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("eviction policy: sinks must be >= 0, got ", options.sinks));

@@ -68,6 +68,11 @@ struct PolicyOptions {
   // LazyEviction importance threshold: slot j is important at a step iff p_j >= alpha.
   // Default 1e-4 (the released default for Qwen-7B; use 5e-4 for Llama-3-8B).
   float alpha = 1e-4f;
+  // lazy+ only: when > 0, a slot is important at a step iff p_j >= alpha_uniform / len, a
+  // multiple of the uniform share of the len cached slots, instead of p_j >= alpha. The same
+  // value then means the same thing at every budget and cache length (an absolute alpha that
+  // suits 100 slots marks almost nothing in 1,000, and 1e-4 marks everything in 512).
+  float alpha_uniform = 0.0f;
   // StreamingLLM and VaSE attention sinks: the first `sinks` slots are always kept.
   int sinks = 4;
   // Fraction of the budget reserved for the largest-value-range slots, in [0, 1); 0 = off.

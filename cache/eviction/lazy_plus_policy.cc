@@ -18,7 +18,9 @@ double LazyPlusPolicy::Score(int t, int32_t ts, int32_t mri) {
 void LazyPlusPolicy::Observe(HeadState* state, const float* p, int len, int t) const {
   RECALL_CHECK(state->size() == len)
       << "lazy+: state has " << state->size() << " slots, len " << len;
-  const float alpha = options().alpha;
+  const float alpha = options().alpha_uniform > 0.0f
+                          ? options().alpha_uniform / static_cast<float>(len)
+                          : options().alpha;
   int32_t* ts = state->ts.data();
   int32_t* mri = state->mri.data();
   float* seen = state->score.data();

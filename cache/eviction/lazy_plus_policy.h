@@ -25,6 +25,9 @@
 //     (lazy's is C + W) once the prompt has been judged. The first eviction waits for step W,
 //     as lazy's does, so a prompt longer than the budget is judged on W steps of attention,
 //     not one (evicting at step 1 halved the greedy agreement on 384-token prompts).
+// With PolicyOptions::alpha_uniform = k > 0 the threshold is k / len (k times the uniform
+// share of the cached slots) instead of alpha: measured on stories260K, one k suits every
+// budget, where the best absolute alpha falls as the budget grows (docs/eviction.md).
 // As 4 makes the protected window cost no memory, W can be larger than lazy's: on
 // stories260K the best W grew with the budget (32 at a 20% peak, 48 at 30%, 64 at 40-50%;
 // docs/eviction.md). The window is not derived from the budget, because SessionEvictor's

@@ -160,10 +160,15 @@ flags::FlagSet<serving::CacheDefaults> SharedCacheFlags() {
           "keep this fraction of the budget for the tokens with the largest values (as\n"
           "VaSE), on any policy (default 0)",
           [](auto& o) -> auto& { return o.value_protection; }, 0, 0.99)
+      .Double(
+          "alpha-uniform", "K",
+          "lazy+: a token is important when its attention is at least K times the\n"
+          "uniform share 1/len of the cached tokens, instead of --alpha (default 0: off)",
+          [](auto& o) -> auto& { return o.alpha_uniform; }, 0, 1e6)
       .Choice("meta-score", "NAME",
               "none (default) or caote: rank the policy's candidates by CAOTE, their score\n"
               "as attention times how far their value is from the attention output (h2o,\n"
-              "tova, lazy, lazy+; CPU ranks)",
+              "tova, lazy, lazy+, snapkv; CPU ranks)",
               [](auto& o) -> auto& { return o.meta_score; }, {"none", "caote"})
       .Switch(
           "tp-verify",

@@ -130,15 +130,25 @@ absl::StatusOr<SessionCacheSpec> CacheFactory::Make(const CacheDefaults& d, uint
   o.policy.window = d.window;
   o.policy.alpha = static_cast<float>(d.alpha);
   o.policy.value_protection = static_cast<float>(d.value_protection);
+  if (d.alpha_uniform > 0) {
+    // lazy+'s threshold; a session choosing another policy keeps its alpha, but the worker's
+    // own default policy must be lazy+ (prefix "" is the worker's defaults).
+    if (d.policy != "lazy+" && prefix.empty()) {
+      return Invalid("alpha_uniform",
+                     absl::StrCat("a threshold of lazy+ only; the default policy is ", d.policy));
+    }
+    if (d.policy == "lazy+") o.policy.alpha_uniform = static_cast<float>(d.alpha_uniform);
+  }
   if (d.meta_score == "caote") {
     // CAOTE rescores an attention estimate: the policies that have one take it; a session
     // choosing another policy keeps that policy's own ranking, but the worker's own default
     // policy must take it (prefix "" is the worker's defaults).
-    const bool takes = !episodic && (d.policy == "h2o" || d.policy == "tova" ||
-                                     d.policy == "lazy" || d.policy == "lazy+");
+    const bool takes =
+        !episodic && (d.policy == "h2o" || d.policy == "tova" || d.policy == "lazy" ||
+                      d.policy == "lazy+" || d.policy == "snapkv");
     if (!takes && prefix.empty()) {
       return Invalid("meta_score", absl::StrCat("caote ranks by an attention estimate: h2o, tova, "
-                                                "lazy or lazy+, not ",
+                                                "lazy, lazy+ or snapkv, not ",
                                                 d.policy));
     }
     if (takes) o.policy.meta_score = cache::eviction::PolicyOptions::MetaScore::kCaote;

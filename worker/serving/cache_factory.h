@@ -38,6 +38,7 @@ struct CacheDefaults {
   double layer_alpha = 1.2;               // a JSON profile's exponent
   double value_protection = 0;            // budget share kept for the largest values (VaSE)
   std::string meta_score = "none";        // "none" or "caote" (cache/eviction/caote.h)
+  double alpha_uniform = 0;               // lazy+: threshold k / len instead of alpha; 0 = off
   bool verify_tp_keep = false;            // debug: ranks check they kept the same tokens
 
   // These defaults with the fields `r` sets in their place (a budget in tokens clears a

@@ -94,6 +94,34 @@ TEST(LazyPlusPolicyTest, KeepsTheRecurringTokenOverTheOnceImportantOne) {
 
 // W = 4, C = 8: lazy evicts only at multiples of W (peak C + W); lazy+ waits W steps (the
 // prompt is judged on W steps of attention, as under lazy) and then evicts at every step over C.
+// With alpha_uniform = k, a slot is important iff p >= k / len: the same attention counts in a
+// short cache only if it is k times that cache's uniform share, and counts in a long one.
+TEST(LazyPlusPolicyTest, AnAlphaRelativeToTheUniformShareFollowsTheCacheLength) {
+  PolicyOptions o = Options("lazy+", 4, 0.9f);  // an absolute alpha nothing here reaches
+  o.alpha_uniform = 2.0f;
+  ASSERT_TRUE(CreatePolicy(o).ok());
+  LazyPlusPolicy plus(o);
+  HeadState shrt, lng;
+  AppendSlots(&shrt, 4, 1);
+  AppendSlots(&lng, 40, 1);
+  std::vector<float> p4 = {0.45f, 0.55f, 0.0f, 0.0f};  // 2 / 4 = 0.5
+  plus.Observe(&shrt, p4.data(), 4, 1);
+  EXPECT_EQ(shrt.ts[0], 0) << "0.45 < 2 / 4: not important";
+  EXPECT_EQ(shrt.ts[1], 1);
+  std::vector<float> p40(40, 0.0f);
+  p40[0] = 0.06f;  // >= 2 / 40 = 0.05
+  p40[1] = 0.04f;
+  plus.Observe(&lng, p40.data(), 40, 1);
+  EXPECT_EQ(lng.ts[0], 1);
+  EXPECT_EQ(lng.ts[1], 0);
+  // Only lazy+ takes it, and not a negative one.
+  o.name = "lazy";
+  EXPECT_EQ(CreatePolicy(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.name = "lazy+";
+  o.alpha_uniform = -1.0f;
+  EXPECT_EQ(CreatePolicy(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(LazyPlusPolicyTest, EvictsAtEveryStepOverBudgetFromStepW) {
   LazyPlusPolicy plus(Options("lazy+", 4, 1e-4f));
   LazyPolicy lazy(Options("lazy", 4, 1e-4f));

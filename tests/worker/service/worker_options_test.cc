@@ -60,6 +60,7 @@ const std::map<std::string, std::vector<std::string>> kValues = {
     {"layer-alpha", {"1.5"}},
     {"value-protection", {"0.25"}},
     {"meta-score", {"caote"}},
+    {"alpha-uniform", {"3"}},
     {"tp-verify", {}},
     {"positions", {"original"}},
 };
@@ -197,8 +198,8 @@ TEST(WorkerOptionsTest, CaoteRescoresThePoliciesWithAnAttentionEstimateOnCpuRank
   EXPECT_EQ(WorkerFlags()
                 .Explain(serving::CacheFactory::Create(d, config, config.n_kv_heads, 1).status())
                 .message(),
-            "--meta-score: caote ranks by an attention estimate: h2o, tova, lazy or lazy+, not "
-            "streaming");
+            "--meta-score: caote ranks by an attention estimate: h2o, tova, lazy, lazy+ or snapkv, "
+            "not streaming");
   WorkerOptions gpu;
   ASSERT_TRUE(WorkerFlags()
                   .Parse({"--policy", "lazy+", "--meta-score", "caote", "--device", "cuda"}, &gpu)
@@ -208,6 +209,25 @@ TEST(WorkerOptionsTest, CaoteRescoresThePoliciesWithAnAttentionEstimateOnCpuRank
             "--device cuda or --meta-score)");
   WorkerOptions bad;
   EXPECT_FALSE(WorkerFlags().Parse({"--meta-score", "caote-query"}, &bad).ok());
+
+  // --alpha-uniform: lazy+'s; sessions of other policies keep their alpha.
+  d = o.scheduler.cache;
+  d.meta_score = "none";
+  d.alpha_uniform = 3;
+  factory = serving::CacheFactory::Create(d, config, config.n_kv_heads, 1);
+  ASSERT_TRUE(factory.ok()) << factory.status();
+  spec = factory->Resolve(serving::CacheRequest(), 1);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->evictor->policy.alpha_uniform, 3.0f);
+  r.policy = "lazy";
+  spec = factory->Resolve(r, 1);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->evictor->policy.alpha_uniform, 0.0f);
+  d.policy = "lazy";
+  EXPECT_EQ(WorkerFlags()
+                .Explain(serving::CacheFactory::Create(d, config, config.n_kv_heads, 1).status())
+                .message(),
+            "--alpha-uniform: a threshold of lazy+ only; the default policy is lazy");
 }
 
 TEST(WorkerOptionsTest, ResolveAppliesTheSessionDefaultsAndTheForwardCapacity) {
