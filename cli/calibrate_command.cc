@@ -34,7 +34,9 @@ state (no eviction), and prints the given percentile of the maximum recurrence i
 It also suggests alpha: beside the full cache, one cache of --policy at --budget-frac of
 the text per alpha of --alphas decodes the same tokens; the alpha whose cache agrees best
 with the full one (lowest mean KL of the next-token distributions after its first eviction)
-is suggested. --alphas none skips this.
+is suggested. --alphas none skips this. With lazy+, --alphas-uniform also tries thresholds
+relative to the uniform share of the cache (K / len, recall serve's --alpha-uniform), and
+--value-protection / --meta-score give every tried cache those settings.
 
 )";
 
@@ -49,7 +51,10 @@ struct WindowOptions {
   int threads = 0;
   // The alpha search: the candidates, and the cache each is tried with.
   std::string alphas = "1e-4,3e-4,1e-3,3e-3,1e-2,3e-2";
+  std::string alphas_uniform = "none";
   std::string policy = "lazy+";
+  double value_protection = 0;
+  std::string meta_score = "none";
   double budget_frac = 0.2;
   int window = serving::CacheDefaults().window;
   std::string out;  // write the suggestion as a calibration file (serving/calibration.h)
@@ -89,8 +94,20 @@ const flags::FlagSet<WindowOptions>& WindowFlags() {
             "alphas to try, comma-separated, or none (default 1e-4,3e-4,1e-3,3e-3,1e-2,3e-2)",
             [](auto& o) -> auto& { return o.alphas; })
         .String(
+            "alphas-uniform", "LIST",
+            "lazy+: also try these relative thresholds K (a token is important at K times\n"
+            "the uniform share 1/len), comma-separated, or none (default none)",
+            [](auto& o) -> auto& { return o.alphas_uniform; })
+        .String(
             "policy", "NAME", "the evicting policy they are tried with (default lazy+)",
             [](auto& o) -> auto& { return o.policy; })
+        .Double(
+            "value-protection", "F",
+            "the tried caches keep this fraction of the budget for the largest values\n"
+            "(default 0)",
+            [](auto& o) -> auto& { return o.value_protection; }, 0, 0.99)
+        .Choice("meta-score", "NAME", "none (default) or caote, for the tried caches",
+                [](auto& o) -> auto& { return o.meta_score; }, {"none", "caote"})
         .Double(
             "budget-frac", "F", "its budget, a fraction of --tokens (default 0.2)",
             [](auto& o) -> auto& { return o.budget_frac; }, 1e-6, 1)
@@ -99,8 +116,9 @@ const flags::FlagSet<WindowOptions>& WindowFlags() {
             [](auto& o) -> auto& { return o.window; }, 1, 1 << 20)
         .String(
             "out", "FILE",
-            "write the suggested alpha and the window it was measured with to FILE, for\n"
-            "recall serve --calibration FILE",
+            "write the suggested alpha(s) with the policy, budget fraction, window, value\n"
+            "protection and meta score they were measured with to FILE, for recall serve\n"
+            "--calibration FILE",
             [](auto& o) -> auto& { return o.out; });
     return f;
   }();
@@ -122,9 +140,28 @@ absl::StatusOr<std::vector<double>> ParseAlphas(const std::string& list) {
   return out;
 }
 
+absl::StatusOr<std::vector<double>> ParseUniformAlphas(const std::string& list) {
+  std::vector<double> out;
+  if (list == "none") return out;
+  for (absl::string_view a : absl::StrSplit(list, ',', absl::SkipEmpty())) {
+    double x = 0;
+    if (!absl::SimpleAtod(a, &x) || !(x > 0 && x <= 1e6)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--alphas-uniform: '", a,
+                       "' is not a number in (0, 1e6] (a comma-separated list, or none)"));
+    }
+    out.push_back(x);
+  }
+  if (out.empty()) {
+    return absl::InvalidArgumentError("--alphas-uniform: empty list (use none to skip)");
+  }
+  return out;
+}
+
 // One alpha of the search: its cache, and how far it is from the full cache so far.
 struct AlphaTrial {
   double alpha = 0;
+  double alpha_uniform = 0;  // > 0: lazy+'s relative threshold instead of alpha
   std::unique_ptr<cache::SequenceCache> seq;
   std::unique_ptr<cache::eviction::SessionEvictor> evictor;
   std::vector<float> probs;
@@ -144,6 +181,12 @@ double Kl(const std::vector<double>& logp, const float* q_logits, std::vector<do
 
 absl::Status Run(const WindowOptions& o) {
   RECALL_ASSIGN_OR_RETURN(const std::vector<double> alphas, ParseAlphas(o.alphas));
+  RECALL_ASSIGN_OR_RETURN(const std::vector<double> uniform, ParseUniformAlphas(o.alphas_uniform));
+  if (!uniform.empty() && (alphas.empty() || o.policy != "lazy+")) {
+    return absl::InvalidArgumentError(
+        "--alphas-uniform: lazy+'s relative thresholds, tried beside --alphas; give --policy "
+        "lazy+ and an --alphas list");
+  }
   if (alphas.empty() && !o.out.empty()) {
     return absl::InvalidArgumentError(
         "--out: writes the alpha search's result; drop --alphas none");
@@ -165,7 +208,7 @@ absl::Status Run(const WindowOptions& o) {
   }
   runtime::EngineOptions eo;
   eo.threads = o.threads;
-  const int caches = 1 + static_cast<int>(alphas.size());
+  const int caches = 1 + static_cast<int>(alphas.size() + uniform.size());
   eo.kv_cache_bytes =
       caches * runtime::KvBytesFor(c, static_cast<int>(tokens) + 16, eo.block_tokens, eo.kv_dtype);
   eo.forward.max_batch_tokens = std::max(static_cast<int>(prompt.size()), caches);
@@ -185,14 +228,20 @@ absl::Status Run(const WindowOptions& o) {
     d.policy = o.policy;
     d.budget_tokens = std::max(1, static_cast<int>(std::ceil(o.budget_frac * tokens - 1e-9)));
     d.window = o.window;
+    d.value_protection = o.value_protection;
+    d.meta_score = o.meta_score;
     absl::StatusOr<serving::CacheFactory> f =
         serving::CacheFactory::Create(d, c, c.n_kv_heads, 1, eo.kv_dtype);
     if (!f.ok())
       return absl::InvalidArgumentError(absl::StrCat("--policy: ", f.status().message()));
     factory.emplace(*std::move(f));
   }
-  std::vector<AlphaTrial> trials(alphas.size());
+  std::vector<AlphaTrial> trials(alphas.size() + uniform.size());
   for (size_t i = 0; i < alphas.size(); ++i) trials[i].alpha = alphas[i];
+  for (size_t i = 0; i < uniform.size(); ++i) {
+    trials[alphas.size() + i].alpha = alphas[0];  // unused: the relative threshold replaces it
+    trials[alphas.size() + i].alpha_uniform = uniform[i];
+  }
   const double alpha = o.alpha, pct = o.percentile;
 
   for (int64_t text = 0; text < texts; ++text) {
@@ -216,6 +265,7 @@ absl::Status Run(const WindowOptions& o) {
       }
       cache::eviction::SessionEvictorOptions to = *spec.evictor;
       to.n_heads = c.n_heads;
+      to.policy.alpha_uniform = static_cast<float>(trial.alpha_uniform);
       trial.seq = std::make_unique<cache::SequenceCache>(&engine->pool(0));
       RECALL_ASSIGN_OR_RETURN(trial.evictor,
                               cache::eviction::SessionEvictor::Create(to, trial.seq.get()));
@@ -294,30 +344,50 @@ absl::Status Run(const WindowOptions& o) {
   std::printf("alpha search: %s at --budget-frac %g (%d tokens), W=%d, against the full cache\n",
               o.policy.c_str(), o.budget_frac,
               static_cast<int>(std::ceil(o.budget_frac * tokens - 1e-9)), o.window);
+  if (o.value_protection > 0 || o.meta_score != "none") {
+    std::printf("  (every cache with value protection %g, meta score %s)\n", o.value_protection,
+                o.meta_score.c_str());
+  }
+  // The best of all trials, and the best absolute alpha (the file's alpha, for the policies
+  // that do not take a relative one).
   const AlphaTrial* best = nullptr;
+  const AlphaTrial* best_absolute = nullptr;
+  const auto kl_of = [](const AlphaTrial& t) {
+    return t.kl_sum / static_cast<double>(t.positions);
+  };
   for (const AlphaTrial& t : trials) {
+    const std::string name = t.alpha_uniform > 0 ? absl::StrCat("alpha_uniform=", t.alpha_uniform)
+                                                 : absl::StrCat("alpha=", t.alpha);
     if (t.positions == 0) {
-      std::printf("  alpha=%-8g never evicted: no figure\n", t.alpha);
+      std::printf("  %-18s never evicted: no figure\n", name.c_str());
       continue;
     }
-    const double kl = t.kl_sum / static_cast<double>(t.positions);
-    std::printf("  alpha=%-8g mean_kl=%.5f top1=%.2f%% positions=%lld\n", t.alpha, kl,
+    std::printf("  %-18s mean_kl=%.5f top1=%.2f%% positions=%lld\n", name.c_str(), kl_of(t),
                 100.0 * static_cast<double>(t.top1) / static_cast<double>(t.positions),
                 static_cast<long long>(t.positions));
-    if (best == nullptr || kl < best->kl_sum / static_cast<double>(best->positions)) {
-      best = &t;
+    if (best == nullptr || kl_of(t) < kl_of(*best)) best = &t;
+    if (t.alpha_uniform == 0 && (best_absolute == nullptr || kl_of(t) < kl_of(*best_absolute))) {
+      best_absolute = &t;
     }
   }
-  if (best == nullptr) {
+  if (best == nullptr || best_absolute == nullptr) {
     return absl::FailedPreconditionError(
         "no alpha's cache evicted: lower --budget-frac or generate more --tokens");
   }
-  std::printf("suggested --alpha %g\n", best->alpha);
+  std::printf("suggested --alpha %g\n", best_absolute->alpha);
+  if (best->alpha_uniform > 0) std::printf("suggested --alpha-uniform %g\n", best->alpha_uniform);
   if (!o.out.empty()) {
-    RECALL_RETURN_IF_ERROR(
-        serving::WriteEvictionCalibration(o.out, {o.policy, o.budget_frac, o.window, best->alpha}));
-    std::printf("wrote %s (window %d, alpha %g): recall serve --calibration %s\n", o.out.c_str(),
-                o.window, best->alpha, o.out.c_str());
+    serving::EvictionCalibration cal{o.policy, o.budget_frac, o.window, best_absolute->alpha};
+    cal.alpha_uniform = best->alpha_uniform;
+    cal.value_protection = o.value_protection;
+    cal.meta_score = o.meta_score;
+    RECALL_RETURN_IF_ERROR(serving::WriteEvictionCalibration(o.out, cal));
+    std::printf("wrote %s (window %d, alpha %g%s): recall serve --calibration %s\n", o.out.c_str(),
+                o.window, best_absolute->alpha,
+                best->alpha_uniform > 0
+                    ? absl::StrCat(", alpha_uniform ", best->alpha_uniform).c_str()
+                    : "",
+                o.out.c_str());
   }
   return absl::OkStatus();
 }

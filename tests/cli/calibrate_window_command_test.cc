@@ -3,11 +3,13 @@
 // alpha and the suggested alpha (one with the lowest mean KL), written with --out as the file
 // `recall serve --calibration` takes; a bad alpha list or a policy
 // that does not evict is bad usage (exit 2) naming the flag.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "cli/calibrate_command.h"
 #include "gtest/gtest.h"
 #include "tests/common/test_util.h"
@@ -30,8 +32,9 @@ std::vector<std::string> Flags(std::vector<std::string> extra) {
 }
 
 // The mean KL printed for `alpha` ("  alpha=A mean_kl=K ..."), or -1.
-double MeanKl(const std::string& printed, const std::string& alpha) {
-  const size_t at = printed.find("  alpha=" + alpha + " ");
+double MeanKl(const std::string& printed, const std::string& alpha,
+              const std::string& name = "alpha") {
+  const size_t at = printed.find("  " + name + "=" + alpha + " ");
   if (at == std::string::npos) return -1;
   const size_t kl = printed.find("mean_kl=", at);
   double v = -1;
@@ -67,6 +70,47 @@ TEST(CalibrateWindowCommandTest, SuggestsAWindowAndTheAlphaWithTheLowestKl) {
   EXPECT_EQ(c->alpha, low <= high ? 1e-4 : 3e-2);
   EXPECT_EQ(c->policy, "lazy+");
   EXPECT_EQ(c->budget_fraction, 0.3);
+}
+
+// lazy+'s relative thresholds are tried beside the absolute alphas, every cache with the given
+// value protection and meta score; the file carries the winner and those settings.
+TEST(CalibrateWindowCommandTest, TriesRelativeThresholdsAndWritesWhatItRanWith) {
+  RECALL_REQUIRE_SHARED_FILE(kModel);
+  const std::string out = recall::testing::MakeTempDir("calibrate_uniform") + "/cal.json";
+  ::testing::internal::CaptureStdout();
+  const int rc = RunCalibrateWindow(
+      Flags({"--alphas", "1e-4", "--alphas-uniform", "0.5,3", "--budget-frac", "0.3",
+             "--value-protection", "0.1", "--meta-score", "caote", "--out", out}));
+  const std::string printed = ::testing::internal::GetCapturedStdout();
+  ASSERT_EQ(rc, 0) << printed;
+  EXPECT_NE(printed.find("(every cache with value protection 0.1, meta score caote)"),
+            std::string::npos)
+      << printed;
+  const double absolute = MeanKl(printed, "0.0001");
+  const double half = MeanKl(printed, "0.5", "alpha_uniform");
+  const double three = MeanKl(printed, "3", "alpha_uniform");
+  ASSERT_GT(absolute, 0) << printed;
+  ASSERT_GT(half, 0) << printed;
+  ASSERT_GT(three, 0) << printed;
+  EXPECT_NE(printed.find("suggested --alpha 0.0001\n"), std::string::npos) << printed;
+  double winner = 0;
+  if (std::min(half, three) < absolute) winner = half <= three ? 0.5 : 3;
+  if (winner > 0) {
+    EXPECT_NE(printed.find(absl::StrCat("suggested --alpha-uniform ", winner, "\n")),
+              std::string::npos)
+        << printed;
+  }
+  absl::StatusOr<serving::EvictionCalibration> c = serving::ReadEvictionCalibration(out);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->alpha, 1e-4);
+  EXPECT_EQ(c->alpha_uniform, winner);
+  EXPECT_EQ(c->value_protection, 0.1);
+  EXPECT_EQ(c->meta_score, "caote");
+  // Relative thresholds are lazy+'s.
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(RunCalibrateWindow(Flags({"--policy", "lazy", "--alphas-uniform", "3"})), 2);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("--alphas-uniform: lazy+'s relative thresholds"), std::string::npos) << err;
 }
 
 TEST(CalibrateWindowCommandTest, ABadAlphaListOrAPolicyThatKeepsEverythingIsUsage) {

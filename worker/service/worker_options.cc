@@ -1,5 +1,7 @@
 #include "worker/service/worker_options.h"
 
+#include <optional>
+
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "worker/model/chat_stops.h"
@@ -254,8 +256,9 @@ const flags::FlagSet<WorkerOptions>& WorkerFlags() {
             SessionCacheFlags(), [](auto& o) -> auto& { return o.cache; })
         .String(
             "calibration", "FILE",
-            "a `recall calibrate-window --out` file: its policy, budget fraction, window and\n"
-            "alpha become the session defaults (the flags given here still win)",
+            "a `recall calibrate-window --out` file: its policy, budget fraction, window,\n"
+            "alpha(s), value protection and meta score become the session defaults (the\n"
+            "flags given here still win)",
             [](auto& o) -> auto& { return o.calibration_file; })
         .Include(
             SharedCacheFlags(), [](auto& o) -> auto& { return o.scheduler.cache; });
@@ -266,12 +269,14 @@ const flags::FlagSet<WorkerOptions>& WorkerFlags() {
 
 absl::Status ResolveWorkerOptions(WorkerOptions* o) {
   o->engine.forward.max_batch_tokens = o->scheduler.max_batch_tokens;
+  std::optional<serving::EvictionCalibration> calibration;
   if (!o->calibration_file.empty()) {
     absl::StatusOr<serving::EvictionCalibration> c =
         serving::ReadEvictionCalibration(o->calibration_file);
     if (!c.ok()) {
       return absl::Status(c.status().code(), absl::StrCat("--calibration: ", c.status().message()));
     }
+    calibration = *c;
     o->scheduler.cache.window = c->window;
     o->scheduler.cache.alpha = c->alpha;
     // The policy and budget the calibration measured become the defaults too, so a model
@@ -282,6 +287,17 @@ absl::Status ResolveWorkerOptions(WorkerOptions* o) {
     }
   }
   o->scheduler.cache = o->scheduler.cache.With(o->cache);
+  if (calibration.has_value()) {
+    // These are every session's (no per-session field): the file fills those still at their
+    // defaults, so a value given beside it (other than the default) wins; the policy's own
+    // settings only where the default policy is still the one the file measured.
+    serving::CacheDefaults& d = o->scheduler.cache;
+    if (d.value_protection == 0) d.value_protection = calibration->value_protection;
+    if (d.policy == calibration->policy) {
+      if (d.alpha_uniform == 0) d.alpha_uniform = calibration->alpha_uniform;
+      if (d.meta_score == "none") d.meta_score = calibration->meta_score;
+    }
+  }
   if (o->scheduler.cache.meta_score != "none" && o->engine.device != runtime::Device::kCpu) {
     return absl::InvalidArgumentError(
         "--meta-score: caote reads the cached values on the host; CPU ranks only (drop "

@@ -64,6 +64,24 @@ absl::StatusOr<EvictionCalibration> ReadEvictionCalibration(const std::string& p
     }
     c.policy = p->get<std::string>();
   }
+  if (const nlohmann::json* k = field("alpha_uniform"); k != nullptr) {
+    if (!k->is_number() || !(k->get<double>() >= 0) || !(k->get<double>() <= 1e6)) {
+      return Bad(path, "\"alpha_uniform\" must be a number in [0, 1e6]");
+    }
+    c.alpha_uniform = k->get<double>();
+  }
+  if (const nlohmann::json* v = field("value_protection"); v != nullptr) {
+    if (!v->is_number() || !(v->get<double>() >= 0) || !(v->get<double>() < 1)) {
+      return Bad(path, "\"value_protection\" must be a number in [0, 1)");
+    }
+    c.value_protection = v->get<double>();
+  }
+  if (const nlohmann::json* m = field("meta_score"); m != nullptr) {
+    if (!m->is_string() || (m->get<std::string>() != "none" && m->get<std::string>() != "caote")) {
+      return Bad(path, "\"meta_score\" must be \"none\" or \"caote\"");
+    }
+    c.meta_score = m->get<std::string>();
+  }
   if (const nlohmann::json* f = field("budget_fraction"); f != nullptr) {
     if (!f->is_number() || !(f->get<double>() > 0) || !(f->get<double>() <= 1)) {
       return Bad(path, "\"budget_fraction\" must be a number in (0, 1]");
@@ -74,9 +92,15 @@ absl::StatusOr<EvictionCalibration> ReadEvictionCalibration(const std::string& p
 }
 
 absl::Status WriteEvictionCalibration(const std::string& path, const EvictionCalibration& c) {
-  const nlohmann::json j = {{"format", kFormat},  {"version", 1},
-                            {"policy", c.policy}, {"budget_fraction", c.budget_fraction},
-                            {"window", c.window}, {"alpha", c.alpha}};
+  const nlohmann::json j = {{"format", kFormat},
+                            {"version", 1},
+                            {"policy", c.policy},
+                            {"budget_fraction", c.budget_fraction},
+                            {"window", c.window},
+                            {"alpha", c.alpha},
+                            {"alpha_uniform", c.alpha_uniform},
+                            {"value_protection", c.value_protection},
+                            {"meta_score", c.meta_score}};
   std::ofstream out(path);
   if (!out) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open for writing"));
   out << j.dump(2) << "\n";

@@ -2,10 +2,13 @@
 // and `recall-worker --calibration FILE` (and so `recall serve`) takes them as the session
 // defaults (flags given beside it still win):
 //   {"format": "recall-eviction-calibration", "version": 1, "policy": "lazy+",
-//    "budget_fraction": 0.2, "window": 32, "alpha": 0.03}
+//    "budget_fraction": 0.2, "window": 32, "alpha": 0.03, "alpha_uniform": 3,
+//    "value_protection": 0.1, "meta_score": "caote"}
 // `policy` and `budget_fraction` are what the alpha was measured with (the policy's cache at
 // that fraction of the text, against the full cache); all four become the worker's session
-// defaults. Both are optional in the file (a missing policy or fraction leaves the worker's).
+// defaults. Both are optional in the file (a missing policy or fraction leaves the worker's),
+// as are the last three (lazy+'s relative threshold when it won the search, and the value
+// protection and meta score the search ran with; missing: 0, 0, "none").
 #pragma once
 
 #include <string>
@@ -19,6 +22,9 @@ struct EvictionCalibration {
   double budget_fraction = 0;
   int window = 0;
   double alpha = 0;
+  double alpha_uniform = 0;  // > 0: lazy+'s threshold alpha_uniform / len won the search
+  double value_protection = 0;
+  std::string meta_score = "none";
 };
 
 // NotFound when the file cannot be read; InvalidArgument naming the file and the field when it

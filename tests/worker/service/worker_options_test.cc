@@ -279,6 +279,31 @@ TEST(WorkerOptionsTest, ACalibrationFileSetsTheSessionDefaultsUnlessTheFlagsDo) 
   EXPECT_FALSE(flags_win.scheduler.cache.budget_fraction.has_value());
   EXPECT_EQ(flags_win.scheduler.cache.budget_tokens, 64);
 
+  // lazy+'s relative threshold, value protection and meta score from the file; a --policy
+  // beside it keeps the file's lazy+ settings off its sessions.
+  serving::EvictionCalibration full_cal{"lazy+", 0.2, 32, 0.03};
+  full_cal.alpha_uniform = 3;
+  full_cal.value_protection = 0.1;
+  full_cal.meta_score = "caote";
+  const std::string full_file = dir + "/full.json";
+  ASSERT_TRUE(serving::WriteEvictionCalibration(full_file, full_cal).ok());
+  WorkerOptions all;
+  ASSERT_TRUE(WorkerFlags().Parse({"--calibration", full_file}, &all).ok());
+  ASSERT_TRUE(ResolveWorkerOptions(&all).ok());
+  EXPECT_EQ(all.scheduler.cache.alpha_uniform, 3);
+  EXPECT_EQ(all.scheduler.cache.value_protection, 0.1);
+  EXPECT_EQ(all.scheduler.cache.meta_score, "caote");
+  WorkerOptions other;
+  ASSERT_TRUE(
+      WorkerFlags()
+          .Parse({"--calibration", full_file, "--policy", "streaming", "--value-protection", "0.3"},
+                 &other)
+          .ok());
+  ASSERT_TRUE(ResolveWorkerOptions(&other).ok());
+  EXPECT_EQ(other.scheduler.cache.alpha_uniform, 0);
+  EXPECT_EQ(other.scheduler.cache.meta_score, "none");
+  EXPECT_EQ(other.scheduler.cache.value_protection, 0.3);
+
   const std::vector<std::pair<std::string, std::string>> broken = {
       {"", "not a JSON object"},
       {"{\"format\": \"recall-eviction-calibration\", \"version\": 1, \"window\": 0, "
@@ -294,6 +319,15 @@ TEST(WorkerOptionsTest, ACalibrationFileSetsTheSessionDefaultsUnlessTheFlagsDo) 
       {"{\"format\": \"recall-eviction-calibration\", \"version\": 1, \"window\": 8, "
        "\"alpha\": 0.1, \"budget_fraction\": 1.5}",
        "\"budget_fraction\" must be a number in (0, 1]"},
+      {"{\"format\": \"recall-eviction-calibration\", \"version\": 1, \"window\": 8, "
+       "\"alpha\": 0.1, \"meta_score\": \"caote-query\"}",
+       "\"meta_score\" must be \"none\" or \"caote\""},
+      {"{\"format\": \"recall-eviction-calibration\", \"version\": 1, \"window\": 8, "
+       "\"alpha\": 0.1, \"value_protection\": 1}",
+       "\"value_protection\" must be a number in [0, 1)"},
+      {"{\"format\": \"recall-eviction-calibration\", \"version\": 1, \"window\": 8, "
+       "\"alpha\": 0.1, \"alpha_uniform\": -2}",
+       "\"alpha_uniform\" must be a number in [0, 1e6]"},
       {"[1, 2", "not a JSON object"},
   };
   for (const auto& [text, message] : broken) {
