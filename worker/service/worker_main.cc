@@ -160,9 +160,13 @@ absl::Status Run(const std::vector<std::string>& argv) {
     const std::string budget = d.budget_fraction.has_value()
                                    ? absl::StrCat(*d.budget_fraction * 100, "%")
                                    : absl::StrCat(d.budget_tokens, " tokens");
+    std::string extra;
+    if (d.alpha_uniform > 0) absl::StrAppend(&extra, ", alpha-uniform ", d.alpha_uniform);
+    if (d.value_protection > 0) absl::StrAppend(&extra, ", value protection ", d.value_protection);
+    if (d.meta_score != "none") absl::StrAppend(&extra, ", meta score ", d.meta_score);
     std::fprintf(stderr,
-                 "recall-worker: session defaults: policy %s, budget %s, window %d, alpha %g%s\n",
-                 d.policy.c_str(), budget.c_str(), d.window, d.alpha,
+                 "recall-worker: session defaults: policy %s, budget %s, window %d, alpha %g%s%s\n",
+                 d.policy.c_str(), budget.c_str(), d.window, d.alpha, extra.c_str(),
                  options.calibration_file.empty()
                      ? ""
                      : absl::StrCat(" (calibration ", options.calibration_file, ")").c_str());
