@@ -58,7 +58,8 @@ struct Flags {
   std::vector<double> budgets = {0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7};
   std::vector<double> peaks = {0.15, 0.2, 0.3, 0.4, 0.5};
   // Without --window/--alpha: what `recall serve` resolves for a session (CacheDefaults, or
-  // the window and alpha of --calibration FILE, as `recall serve --calibration FILE`).
+  // the window, alpha(s), value protection and meta score of --calibration FILE, as
+  // `recall serve --calibration FILE`).
   int window = serving::CacheDefaults().window;
   double alpha = serving::CacheDefaults().alpha;
   std::string calibration;
@@ -180,6 +181,11 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     }
     if (!f->window_given) f->window = c->window;
     if (!f->alpha_given) f->alpha = c->alpha;
+    // As a worker takes them (worker_options.cc): the file fills what is still at its default;
+    // the relative threshold is lazy+'s, and the meta score goes to the policies that take it.
+    if (f->value_protection == 0) f->value_protection = c->value_protection;
+    if (f->alpha_uniform == 0) f->alpha_uniform = c->alpha_uniform;
+    if (f->meta_score == "none") f->meta_score = c->meta_score;
   }
   if (f->policies.empty() || f->budgets.empty()) {
     std::fprintf(stderr, "--policies and --budgets must not be empty\n");
@@ -308,9 +314,14 @@ int Main(int argc, char** argv) {
   const double eval_seconds = watch.ElapsedSeconds();
   std::printf(
       "evaluated %zu configurations x %zu KV types%s in %.1f s (W=%d, alpha=%g, sinks=%d, "
-      "prefix=%d, greedy prefix=%d)\n\n",
+      "prefix=%d, greedy prefix=%d%s)\n\n",
       configs.size(), f.kv_dtypes.size(), f.heldout_seed != 0 ? " (and on the held-out texts)" : "",
-      eval_seconds, f.window, f.alpha, f.sinks, f.prefix, f.greedy_prefix);
+      eval_seconds, f.window, f.alpha, f.sinks, f.prefix, f.greedy_prefix,
+      absl::StrCat(
+          f.alpha_uniform > 0 ? absl::StrCat(", lazy+ alpha-uniform=", f.alpha_uniform) : "",
+          f.value_protection > 0 ? absl::StrCat(", value protection=", f.value_protection) : "",
+          f.meta_score != "none" ? absl::StrCat(", meta score=", f.meta_score) : "")
+          .c_str());
   for (size_t k = 0; k < f.kv_dtypes.size(); ++k) {
     if (f.kv_dtypes.size() > 1) {
       std::printf("KV type %s%s:\n", f.kv_dtypes[k].c_str(),
