@@ -291,17 +291,25 @@ absl::Status ResolveWorkerOptions(WorkerOptions* o) {
     // These are every session's (no per-session field): the file fills those still at their
     // defaults, so a value given beside it (other than the default) wins; the policy's own
     // settings only where the default policy is still the one the file measured.
+    // Value protection and the meta score read cached values on the host: a GPU worker runs
+    // the file's policy without them.
     serving::CacheDefaults& d = o->scheduler.cache;
-    if (d.value_protection == 0) d.value_protection = calibration->value_protection;
+    const bool cpu = o->engine.device == runtime::Device::kCpu;
+    if (d.value_protection == 0 && cpu) d.value_protection = calibration->value_protection;
     if (d.policy == calibration->policy) {
       if (d.alpha_uniform == 0) d.alpha_uniform = calibration->alpha_uniform;
-      if (d.meta_score == "none") d.meta_score = calibration->meta_score;
+      if (d.meta_score == "none" && cpu) d.meta_score = calibration->meta_score;
     }
   }
   if (o->scheduler.cache.meta_score != "none" && o->engine.device != runtime::Device::kCpu) {
     return absl::InvalidArgumentError(
         "--meta-score: caote reads the cached values on the host; CPU ranks only (drop "
         "--device cuda or --meta-score)");
+  }
+  if (o->scheduler.cache.value_protection > 0 && o->engine.device != runtime::Device::kCpu) {
+    return absl::InvalidArgumentError(
+        "--value-protection: reads the cached values on the host; CPU ranks only (drop "
+        "--device cuda or --value-protection)");
   }
   if (o->scheduler.cache.policy == "episodic" &&
       (o->engine.tp > 1 || o->engine.device != runtime::Device::kCpu)) {

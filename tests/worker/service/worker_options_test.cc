@@ -303,6 +303,18 @@ TEST(WorkerOptionsTest, ACalibrationFileSetsTheSessionDefaultsUnlessTheFlagsDo) 
   EXPECT_EQ(other.scheduler.cache.alpha_uniform, 0);
   EXPECT_EQ(other.scheduler.cache.meta_score, "none");
   EXPECT_EQ(other.scheduler.cache.value_protection, 0.3);
+  // A GPU worker takes the file's policy and thresholds, not what reads values on the host.
+  WorkerOptions gpu;
+  ASSERT_TRUE(WorkerFlags().Parse({"--calibration", full_file, "--device", "cuda"}, &gpu).ok());
+  ASSERT_TRUE(ResolveWorkerOptions(&gpu).ok());
+  EXPECT_EQ(gpu.scheduler.cache.policy, "lazy+");
+  EXPECT_EQ(gpu.scheduler.cache.alpha_uniform, 3);
+  EXPECT_EQ(gpu.scheduler.cache.value_protection, 0);
+  EXPECT_EQ(gpu.scheduler.cache.meta_score, "none");
+  ASSERT_TRUE(WorkerFlags().Parse({"--device", "cuda", "--value-protection", "0.2"}, &gpu).ok());
+  EXPECT_EQ(ResolveWorkerOptions(&gpu).message(),
+            "--value-protection: reads the cached values on the host; CPU ranks only (drop "
+            "--device cuda or --value-protection)");
 
   const std::vector<std::pair<std::string, std::string>> broken = {
       {"", "not a JSON object"},
