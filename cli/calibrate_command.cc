@@ -55,6 +55,7 @@ struct WindowOptions {
   std::string policy = "lazy+";
   double value_protection = 0;
   std::string meta_score = "none";
+  std::string layer_budgets = "uniform";
   double budget_frac = 0.2;
   int window = serving::CacheDefaults().window;
   std::string out;  // write the suggestion as a calibration file (serving/calibration.h)
@@ -108,6 +109,11 @@ const flags::FlagSet<WindowOptions>& WindowFlags() {
             [](auto& o) -> auto& { return o.value_protection; }, 0, 0.99)
         .Choice("meta-score", "NAME", "none (default) or caote, for the tried caches",
                 [](auto& o) -> auto& { return o.meta_score; }, {"none", "caote"})
+        .String(
+            "layer-budgets", "SPEC",
+            "the tried caches' per-layer split: uniform (default), pyramid, or a profile\n"
+            "(recall calibrate)",
+            [](auto& o) -> auto& { return o.layer_budgets; })
         .Double(
             "budget-frac", "F", "its budget, a fraction of --tokens (default 0.2)",
             [](auto& o) -> auto& { return o.budget_frac; }, 1e-6, 1)
@@ -230,6 +236,7 @@ absl::Status Run(const WindowOptions& o) {
     d.window = o.window;
     d.value_protection = o.value_protection;
     d.meta_score = o.meta_score;
+    d.layer_budgets = o.layer_budgets;
     absl::StatusOr<serving::CacheFactory> f =
         serving::CacheFactory::Create(d, c, c.n_kv_heads, 1, eo.kv_dtype);
     if (!f.ok())
@@ -344,9 +351,9 @@ absl::Status Run(const WindowOptions& o) {
   std::printf("alpha search: %s at --budget-frac %g (%d tokens), W=%d, against the full cache\n",
               o.policy.c_str(), o.budget_frac,
               static_cast<int>(std::ceil(o.budget_frac * tokens - 1e-9)), o.window);
-  if (o.value_protection > 0 || o.meta_score != "none") {
-    std::printf("  (every cache with value protection %g, meta score %s)\n", o.value_protection,
-                o.meta_score.c_str());
+  if (o.value_protection > 0 || o.meta_score != "none" || o.layer_budgets != "uniform") {
+    std::printf("  (every cache with value protection %g, meta score %s, layer budgets %s)\n",
+                o.value_protection, o.meta_score.c_str(), o.layer_budgets.c_str());
   }
   // The best of all trials, and the best absolute alpha (the file's alpha, for the policies
   // that do not take a relative one).
@@ -381,6 +388,7 @@ absl::Status Run(const WindowOptions& o) {
     cal.alpha_uniform = best->alpha_uniform;
     cal.value_protection = o.value_protection;
     cal.meta_score = o.meta_score;
+    cal.layer_budgets = o.layer_budgets;
     RECALL_RETURN_IF_ERROR(serving::WriteEvictionCalibration(o.out, cal));
     std::printf("wrote %s (window %d, alpha %g%s): recall serve --calibration %s\n", o.out.c_str(),
                 o.window, best_absolute->alpha,

@@ -186,6 +186,7 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     if (f->value_protection == 0) f->value_protection = c->value_protection;
     if (f->alpha_uniform == 0) f->alpha_uniform = c->alpha_uniform;
     if (f->meta_score == "none") f->meta_score = c->meta_score;
+    if (f->layer_budgets == "uniform") f->layer_budgets = c->layer_budgets;
   }
   if (f->policies.empty() || f->budgets.empty()) {
     std::fprintf(stderr, "--policies and --budgets must not be empty\n");

@@ -83,7 +83,8 @@ TEST(CalibrateWindowCommandTest, TriesRelativeThresholdsAndWritesWhatItRanWith) 
              "--value-protection", "0.1", "--meta-score", "caote", "--out", out}));
   const std::string printed = ::testing::internal::GetCapturedStdout();
   ASSERT_EQ(rc, 0) << printed;
-  EXPECT_NE(printed.find("(every cache with value protection 0.1, meta score caote)"),
+  EXPECT_NE(printed.find("(every cache with value protection 0.1, meta score caote, layer "
+                         "budgets uniform)"),
             std::string::npos)
       << printed;
   const double absolute = MeanKl(printed, "0.0001");

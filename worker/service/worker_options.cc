@@ -257,8 +257,8 @@ const flags::FlagSet<WorkerOptions>& WorkerFlags() {
         .String(
             "calibration", "FILE",
             "a `recall calibrate-window --out` file: its policy, budget fraction, window,\n"
-            "alpha(s), value protection and meta score become the session defaults (the\n"
-            "flags given here still win)",
+            "alpha(s), value protection, meta score and layer budgets become the session\n"
+            "defaults (the flags given here still win)",
             [](auto& o) -> auto& { return o.calibration_file; })
         .Include(
             SharedCacheFlags(), [](auto& o) -> auto& { return o.scheduler.cache; });
@@ -298,6 +298,7 @@ absl::Status ResolveWorkerOptions(WorkerOptions* o) {
     if (d.value_protection == 0 && cpu) d.value_protection = calibration->value_protection;
     if (d.policy == calibration->policy) {
       if (d.alpha_uniform == 0) d.alpha_uniform = calibration->alpha_uniform;
+      if (d.layer_budgets == "uniform") d.layer_budgets = calibration->layer_budgets;
       if (d.meta_score == "none" && cpu) d.meta_score = calibration->meta_score;
     }
   }

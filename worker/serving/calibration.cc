@@ -82,6 +82,16 @@ absl::StatusOr<EvictionCalibration> ReadEvictionCalibration(const std::string& p
     }
     c.meta_score = m->get<std::string>();
   }
+  if (const nlohmann::json* l = field("layer_budgets"); l != nullptr) {
+    if (!l->is_string() || l->get<std::string>().empty()) {
+      return Bad(path, "\"layer_budgets\" must be uniform, pyramid or a profile's path");
+    }
+    c.layer_budgets = l->get<std::string>();
+    if (c.layer_budgets != "uniform" && c.layer_budgets != "pyramid" && c.layer_budgets[0] != '/') {
+      const size_t slash = path.rfind('/');
+      if (slash != std::string::npos) c.layer_budgets = path.substr(0, slash + 1) + c.layer_budgets;
+    }
+  }
   if (const nlohmann::json* f = field("budget_fraction"); f != nullptr) {
     if (!f->is_number() || !(f->get<double>() > 0) || !(f->get<double>() <= 1)) {
       return Bad(path, "\"budget_fraction\" must be a number in (0, 1]");
@@ -100,7 +110,8 @@ absl::Status WriteEvictionCalibration(const std::string& path, const EvictionCal
                             {"alpha", c.alpha},
                             {"alpha_uniform", c.alpha_uniform},
                             {"value_protection", c.value_protection},
-                            {"meta_score", c.meta_score}};
+                            {"meta_score", c.meta_score},
+                            {"layer_budgets", c.layer_budgets}};
   std::ofstream out(path);
   if (!out) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open for writing"));
   out << j.dump(2) << "\n";

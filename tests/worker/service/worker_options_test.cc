@@ -285,6 +285,7 @@ TEST(WorkerOptionsTest, ACalibrationFileSetsTheSessionDefaultsUnlessTheFlagsDo) 
   full_cal.alpha_uniform = 3;
   full_cal.value_protection = 0.1;
   full_cal.meta_score = "caote";
+  full_cal.layer_budgets = "pyramid";
   const std::string full_file = dir + "/full.json";
   ASSERT_TRUE(serving::WriteEvictionCalibration(full_file, full_cal).ok());
   WorkerOptions all;
@@ -293,6 +294,15 @@ TEST(WorkerOptionsTest, ACalibrationFileSetsTheSessionDefaultsUnlessTheFlagsDo) 
   EXPECT_EQ(all.scheduler.cache.alpha_uniform, 3);
   EXPECT_EQ(all.scheduler.cache.value_protection, 0.1);
   EXPECT_EQ(all.scheduler.cache.meta_score, "caote");
+  EXPECT_EQ(all.scheduler.cache.layer_budgets, "pyramid");
+  // A profile named relative to the calibration file is found beside it.
+  serving::EvictionCalibration rel_cal = full_cal;
+  rel_cal.layer_budgets = "model.sensitivity.json";
+  ASSERT_TRUE(serving::WriteEvictionCalibration(dir + "/rel.json", rel_cal).ok());
+  absl::StatusOr<serving::EvictionCalibration> rel =
+      serving::ReadEvictionCalibration(dir + "/rel.json");
+  ASSERT_TRUE(rel.ok()) << rel.status();
+  EXPECT_EQ(rel->layer_budgets, dir + "/model.sensitivity.json");
   WorkerOptions other;
   ASSERT_TRUE(
       WorkerFlags()
@@ -337,6 +347,9 @@ TEST(WorkerOptionsTest, ACalibrationFileSetsTheSessionDefaultsUnlessTheFlagsDo) 
       {"{\"format\": \"recall-eviction-calibration\", \"version\": 1, \"window\": 8, "
        "\"alpha\": 0.1, \"value_protection\": 1}",
        "\"value_protection\" must be a number in [0, 1)"},
+      {"{\"format\": \"recall-eviction-calibration\", \"version\": 1, \"window\": 8, "
+       "\"alpha\": 0.1, \"layer_budgets\": 3}",
+       "\"layer_budgets\" must be uniform, pyramid or a profile's path"},
       {"{\"format\": \"recall-eviction-calibration\", \"version\": 1, \"window\": 8, "
        "\"alpha\": 0.1, \"alpha_uniform\": -2}",
        "\"alpha_uniform\" must be a number in [0, 1e6]"},
