@@ -2,6 +2,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "bench/quality/report.h"
 
 namespace recall::bench {
 
@@ -95,6 +100,48 @@ void PrintEqualPeak(const std::string& label, const std::vector<EqualPeakRow>& r
     }
     std::printf("\n");
   }
+}
+
+absl::Status WriteEqualPeakPlot(const std::string& png_path, const std::string& title,
+                                const std::string& x_label, const std::vector<EqualPeakRow>& rows) {
+  if (absl::Status s = RequireGnuplot(); !s.ok()) return s;
+  std::vector<std::string> names;
+  const std::string dat = png_path + ".dat", gp = png_path + ".gp";
+  {
+    std::ofstream f(dat);
+    if (!f) return absl::PermissionDeniedError(absl::StrCat(dat, ": cannot open for writing"));
+    for (const EqualPeakRow& row : rows) {
+      if (row.never_evicts || row.points.empty()) continue;
+      std::string name = row.policy;
+      std::replace(name.begin(), name.end(), ' ', '_');  // gnuplot's word() splits on spaces
+      names.push_back(name);
+      f << "# " << row.policy << ": peak% top1% kl\n";
+      for (const PeakPoint& p : row.points) {
+        f << 100 * p.peak << " " << 100 * p.top1 << " " << p.kl << "\n";
+      }
+      f << "\n\n";
+    }
+  }
+  if (names.empty()) return absl::FailedPreconditionError("no row has points to plot");
+  {
+    std::ofstream f(gp);
+    if (!f) return absl::PermissionDeniedError(absl::StrCat(gp, ": cannot open for writing"));
+    f << "set terminal pngcairo size 1400,700 font 'Sans,11'\n"
+      << "set output '" << png_path << "'\nset termoption noenhanced\n"
+      << "names = \"" << absl::StrJoin(names, " ") << "\"\n"
+      << "set multiplot layout 1,2 title \"" << title << "\"\n"
+      << "set grid\nset key bottom right font ',9'\nset xlabel '" << x_label << "'\n"
+      << "set xrange [0:60]\nset yrange [85:100]\n"
+      << "set ylabel 'top-1 agreement with the f32 FullKV (%)'\n"
+      << "plot for [i=0:" << names.size() - 1 << "] '" << dat
+      << "' index i using 1:2 with linespoints lw 2 title word(names, i+1)\n"
+      << "set logscale y\nset yrange [*:*]\nset key top right font ',9'\n"
+      << "set ylabel 'mean KL(full || evicted), nats'\n"
+      << "plot for [i=0:" << names.size() - 1 << "] '" << dat
+      << "' index i using 1:3 with linespoints lw 2 title word(names, i+1)\n"
+      << "unset multiplot\n";
+  }
+  return RunGnuplot(gp);
 }
 
 nlohmann::json EqualPeakJson(const std::vector<EqualPeakRow>& rows,

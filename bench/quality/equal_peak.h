@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "bench/quality/quality_eval.h"
 #include "nlohmann/json.hpp"
 
@@ -46,6 +47,11 @@ std::vector<std::string> BestAtEachPeak(const std::vector<EqualPeakRow>& rows);
 // Prints the rows as "top-1 / KL" at each target peak, `label` naming the text set.
 void PrintEqualPeak(const std::string& label, const std::vector<EqualPeakRow>& rows,
                     const std::vector<double>& targets);
+
+// A plot of the rows' swept points (top-1 and KL against the peak held), one line per row:
+// png_path + ".dat" / ".gp", then gnuplot. FailedPrecondition without gnuplot.
+absl::Status WriteEqualPeakPlot(const std::string& png_path, const std::string& title,
+                                const std::string& x_label, const std::vector<EqualPeakRow>& rows);
 
 // The rows as {policy: {"never_evicts", "at": [{peak, top1, kl} or null]}}.
 nlohmann::json EqualPeakJson(const std::vector<EqualPeakRow>& rows,

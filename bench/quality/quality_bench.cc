@@ -375,6 +375,23 @@ int Main(int argc, char** argv) {
       PrintBest(equal_bytes_heldout, f.peaks);
     }
   }
+  if (!equal_bytes.empty()) {
+    // The bytes view as a plot too: the held-out set's rows when there is one.
+    const std::string png =
+        absl::StrCat(f.out_png.size() > 4 && f.out_png.substr(f.out_png.size() - 4) == ".png"
+                         ? f.out_png.substr(0, f.out_png.size() - 4)
+                         : f.out_png,
+                     "_bytes.png");
+    const bool held = !equal_bytes_heldout.empty();
+    ReportPlot(WriteEqualPeakPlot(
+                   png,
+                   absl::StrCat("Every (policy, KV type) at the bytes it holds: stories260K, ",
+                                held ? "held-out texts of seed " : "texts of seed ",
+                                held ? f.heldout_seed : f.seed),
+                   "peak KV bytes held (% of the f32 FullKV bytes)",
+                   held ? equal_bytes_heldout : equal_bytes),
+               png);
+  }
 
   nlohmann::json json;
   json["settings"] = {

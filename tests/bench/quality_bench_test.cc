@@ -60,5 +60,43 @@ TEST(QualityBenchTest, ATinyRunComparesAtEqualPeakOnTwoTextSets) {
   }
 }
 
+// With two KV types, every (policy, type) is placed at the bytes it holds: a bf16 run at a 20%
+// budget holds about 11% of the f32 FullKV's bytes, a peak no f32 run of the sweep reaches.
+TEST(QualityBenchTest, KvTypesAreComparedAtTheBytesTheyHold) {
+  RECALL_REQUIRE_SHARED_FILE("models/stories260K/stories260K.bin");
+  const std::string dir = testing::MakeTempDir("quality_bench_bytes");
+  const std::string cmd = std::string(RECALL_QUALITY_BENCH_BINARY) + " --model " +
+                          testing::SharedPath("models/stories260K/stories260K.bin") +
+                          " --tokenizer " + testing::SharedPath("models/stories260K/tok512.bin") +
+                          " --texts 1 --policies full,streaming --budgets 0.2,0.4 --peaks 0.15" +
+                          " --heldout-seed 7 --kv-dtypes f32,bf16 --out-json " + dir +
+                          "/q.json --out-png " + dir + "/q.png > " + dir + "/stdout.txt 2>&1";
+  const int rc = std::system(cmd.c_str());
+  const std::string stdout_text = testing::ReadFileOrEmpty(dir + "/stdout.txt");
+  ASSERT_EQ(rc, 0) << cmd << "\n" << stdout_text;
+  EXPECT_NE(stdout_text.find("every KV type at its bytes"), std::string::npos) << stdout_text;
+  EXPECT_NE(stdout_text.find("q_bytes.png"), std::string::npos)
+      << "the bytes plot is written (or its absence warned)\n"
+      << stdout_text;
+  std::ifstream in(dir + "/q.json");
+  const nlohmann::json json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(json.is_discarded()) << "q.json is not JSON";
+  for (const char* key : {"equal_bytes", "equal_bytes_heldout"}) {
+    ASSERT_TRUE(json.contains(key)) << key;
+    const nlohmann::json& f32 = json[key]["streaming f32"];
+    const nlohmann::json& bf16 = json[key]["streaming bf16"];
+    ASSERT_EQ(f32["sweep"].size(), 2u) << key;
+    ASSERT_EQ(bf16["sweep"].size(), 2u) << key;
+    // Half the bytes per token: each bf16 point sits at half its f32 twin's peak.
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_NEAR(bf16["sweep"][i]["peak"].get<double>(), f32["sweep"][i]["peak"].get<double>() / 2,
+                  0.02)
+          << key << " " << i;
+    }
+    EXPECT_TRUE(f32["at"][0]["top1"].is_null()) << key;
+    EXPECT_FALSE(bf16["at"][0]["top1"].is_null()) << key;
+  }
+}
+
 }  // namespace
 }  // namespace recall::bench
