@@ -50,11 +50,10 @@ absl::StatusOr<std::vector<Run>> MakeRuns(runtime::ForwardPass& forward, cache::
     // The meta score goes to the policies that take it (CreatePolicy's rule), as a worker's
     // --meta-score does; the others keep their own ranking.
     using MetaScore = cache::eviction::PolicyOptions::MetaScore;
-    const bool attention_estimate = c.policy == "h2o" || c.policy == "tova" || c.policy == "lazy" ||
-                                    c.policy == "lazy+" || c.policy == "snapkv";
-    if (!full && (knobs.meta_score == MetaScore::kNone ||
-                  (knobs.meta_score == MetaScore::kCaote && attention_estimate) ||
-                  (knobs.meta_score == MetaScore::kCaoteCurrentQuery && c.policy != "snapkv"))) {
+    if (!full &&
+        (knobs.meta_score == MetaScore::kNone ||
+         (knobs.meta_score == MetaScore::kCaote && cache::eviction::TakesCaote(c.policy)) ||
+         (knobs.meta_score == MetaScore::kCaoteCurrentQuery && c.policy != "snapkv"))) {
       eo.policy.meta_score = knobs.meta_score;
     }
     eo.n_heads = mc.n_heads;

@@ -360,19 +360,18 @@ int Main(int argc, char** argv) {
       }
       return rows;
     };
+    const auto show = [&](const std::string& set, const std::vector<EqualPeakRow>& rows) {
+      std::printf("\n");
+      PrintEqualPeak(
+          absl::StrCat(set, ", every KV type at its bytes (fractions of the f32 FullKV's)"), rows,
+          f.peaks);
+      PrintBest(rows, f.peaks);
+    };
     equal_bytes = all_types(stats_by_type);
-    std::printf("\n");
-    PrintEqualPeak(absl::StrCat("texts of seed ", f.seed,
-                                ", every KV type at its bytes (fractions of the f32 FullKV's)"),
-                   equal_bytes, f.peaks);
-    PrintBest(equal_bytes, f.peaks);
+    show(absl::StrCat("texts of seed ", f.seed), equal_bytes);
     if (!heldout.empty()) {
       equal_bytes_heldout = all_types(heldout);
-      std::printf("\n");
-      PrintEqualPeak(absl::StrCat("held-out texts of seed ", f.heldout_seed,
-                                  ", every KV type at its bytes (fractions of the f32 FullKV's)"),
-                     equal_bytes_heldout, f.peaks);
-      PrintBest(equal_bytes_heldout, f.peaks);
+      show(absl::StrCat("held-out texts of seed ", f.heldout_seed), equal_bytes_heldout);
     }
   }
   if (!equal_bytes.empty()) {

@@ -52,6 +52,11 @@ const std::vector<std::string>& PolicyNames() {
   return *kNames;
 }
 
+bool TakesCaote(const std::string& policy) {
+  return policy == "h2o" || policy == "tova" || policy == "snapkv" || policy == "lazy" ||
+         policy == "lazy+";
+}
+
 absl::StatusOr<std::unique_ptr<EvictionPolicy>> CreatePolicy(const PolicyOptions& options) {
   if (options.window < 1) {
     return absl::InvalidArgumentError(
@@ -90,8 +95,7 @@ absl::StatusOr<std::unique_ptr<EvictionPolicy>> CreatePolicy(const PolicyOptions
         absl::StrCat("eviction policy: lambda must be in [0, 1], got ", options.lambda));
   }
   const std::string& n = options.name;
-  if (options.meta_score == PolicyOptions::MetaScore::kCaote && n != "h2o" && n != "tova" &&
-      n != "snapkv" && n != "lazy" && n != "lazy+") {
+  if (options.meta_score == PolicyOptions::MetaScore::kCaote && !TakesCaote(n)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "eviction policy: meta_score caote needs a policy whose score is a non-negative "
         "attention estimate (h2o, tova, snapkv, lazy, lazy+), got '",

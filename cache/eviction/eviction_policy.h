@@ -210,6 +210,10 @@ class EvictionPolicy {
 // The names CreatePolicy accepts, in order, for messages and parameterized tests.
 const std::vector<std::string>& PolicyNames();
 
+// Whether the policy's score is a non-negative attention estimate, which CAOTE
+// (MetaScore::kCaote) rescores: h2o, tova, snapkv, lazy, lazy+.
+bool TakesCaote(const std::string& policy);
+
 // InvalidArgument for an unknown name (the message lists the valid names) or an
 // out-of-range option (the message names the field and the limit).
 absl::StatusOr<std::unique_ptr<EvictionPolicy>> CreatePolicy(const PolicyOptions& options);

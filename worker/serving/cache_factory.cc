@@ -143,9 +143,7 @@ absl::StatusOr<SessionCacheSpec> CacheFactory::Make(const CacheDefaults& d, uint
     // CAOTE rescores an attention estimate: the policies that have one take it; a session
     // choosing another policy keeps that policy's own ranking, but the worker's own default
     // policy must take it (prefix "" is the worker's defaults).
-    const bool takes =
-        !episodic && (d.policy == "h2o" || d.policy == "tova" || d.policy == "lazy" ||
-                      d.policy == "lazy+" || d.policy == "snapkv");
+    const bool takes = !episodic && cache::eviction::TakesCaote(d.policy);
     if (!takes && prefix.empty()) {
       return Invalid("meta_score", absl::StrCat("caote ranks by an attention estimate: h2o, tova, "
                                                 "lazy, lazy+ or snapkv, not ",
