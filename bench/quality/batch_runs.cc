@@ -56,6 +56,11 @@ absl::StatusOr<std::vector<Run>> MakeRuns(runtime::ForwardPass& forward, cache::
          (knobs.meta_score == MetaScore::kCaoteCurrentQuery && c.policy != "snapkv"))) {
       eo.policy.meta_score = knobs.meta_score;
     }
+    if (!full && knobs.merge_similarity <= 1) {
+      eo.policy.merge = true;
+      eo.policy.merge_threshold = static_cast<float>(knobs.merge_similarity);
+      eo.policy.merge_keys = knobs.merge_keys;
+    }
     eo.n_heads = mc.n_heads;
     RECALL_ASSIGN_OR_RETURN(runs[i].evictor, SessionEvictor::Create(eo, runs[i].seq.get()));
     runs[i].evictor->Reserve(mc.max_seq_len);

@@ -36,6 +36,9 @@ struct PolicyKnobs {
   // A benchmark knob the serving settings do not expose: CAOTE over the policy's score.
   cache::eviction::PolicyOptions::MetaScore meta_score =
       cache::eviction::PolicyOptions::MetaScore::kNone;
+  // Merging evicted tokens (cache/eviction/merge.h): off when merge_similarity > 1.
+  double merge_similarity = 2;
+  bool merge_keys = false;
 };
 
 struct Run {

@@ -14,7 +14,7 @@
 //   [--policies full,streaming,h2o,tova,lazy] [--budgets 0.2,0.3,0.5,0.7] [--window W]
 //   [--alpha A] [--calibration FILE] [--layer-budgets uniform|pyramid|PROFILE] [--layer-alpha A]
 //   [--value-protection F] [--alpha-uniform K] [--tp-eviction uniform|shared|head-adaptive]
-//   [--meta-score none|caote|caote-query]
+//   [--meta-score none|caote|caote-query] [--merge SIM] [--merge-keys on|off]
 //   [--sinks S] [--prefix N] [--greedy-prefix N] [--probe-early N]
 //   [--probe-late N] [--seed S] [--heldout-seed S2] [--peaks 0.15,0.2,0.3]
 //   [--threads N] [--kv-dtypes f32,bf16,int8] [--out-json PATH] [--out-png PATH]
@@ -69,6 +69,8 @@ struct Flags {
   double alpha_uniform = 0;
   std::string tp_eviction = "uniform";
   std::string meta_score = "none";
+  double merge_similarity = 2;  // <= 1: merge evicted tokens (--merge SIM)
+  bool merge_keys = false;
   bool window_given = false, alpha_given = false;
   int sinks = 4;
   int prefix = 16;
@@ -142,6 +144,12 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       ok = absl::SimpleAtod(v, &f->alpha_uniform) && f->alpha_uniform >= 0;
     } else if (name == "--tp-eviction") {
       f->tp_eviction = v;
+    } else if (name == "--merge") {
+      ok = absl::SimpleAtod(v, &f->merge_similarity) && f->merge_similarity >= -1 &&
+           f->merge_similarity <= 1;
+    } else if (name == "--merge-keys") {
+      ok = std::strcmp(v, "on") == 0 || std::strcmp(v, "off") == 0;
+      f->merge_keys = std::strcmp(v, "on") == 0;
     } else if (name == "--meta-score") {
       f->meta_score = v;
       ok = MetaScoreFromName(v).has_value();
@@ -169,7 +177,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
   if (!ParseFlagPairs(
           argc, argv, flag,
           "budgets and peaks are fractions in (0, 1]; --kv-dtypes lists f32 (first), bf16, f16, "
-          "int8; --meta-score is none, caote or caote-query")) {
+          "int8; --meta-score is none, caote or caote-query; --merge takes a key similarity in "
+          "[-1, 1]; --merge-keys is on or off")) {
     return false;
   }
   if (!f->calibration.empty()) {
@@ -256,6 +265,8 @@ int Main(int argc, char** argv) {
   qo.alpha_uniform = f.alpha_uniform;
   qo.tp_eviction = f.tp_eviction;
   qo.meta_score = *MetaScoreFromName(f.meta_score);
+  qo.merge_similarity = f.merge_similarity;
+  qo.merge_keys = f.merge_keys;
   qo.prefix = f.prefix;
   qo.greedy_prefix = f.greedy_prefix;
   // Every configuration on every text of `set`, on a pool of each of `types` (the first f32:
@@ -321,7 +332,10 @@ int Main(int argc, char** argv) {
       absl::StrCat(
           f.alpha_uniform > 0 ? absl::StrCat(", lazy+ alpha-uniform=", f.alpha_uniform) : "",
           f.value_protection > 0 ? absl::StrCat(", value protection=", f.value_protection) : "",
-          f.meta_score != "none" ? absl::StrCat(", meta score=", f.meta_score) : "")
+          f.meta_score != "none" ? absl::StrCat(", meta score=", f.meta_score) : "",
+          f.merge_similarity <= 1 ? absl::StrCat(", merge at similarity ", f.merge_similarity,
+                                                 f.merge_keys ? " (keys too)" : "")
+                                  : "")
           .c_str());
   for (size_t k = 0; k < f.kv_dtypes.size(); ++k) {
     if (f.kv_dtypes.size() > 1) {
@@ -412,6 +426,9 @@ int Main(int argc, char** argv) {
       {"alpha_uniform", f.alpha_uniform},
       {"tp_eviction", f.tp_eviction},
       {"meta_score", f.meta_score},
+      {"merge_similarity",
+       f.merge_similarity <= 1 ? nlohmann::json(f.merge_similarity) : nlohmann::json(nullptr)},
+      {"merge_keys", f.merge_keys},
       {"teacher_forced_prefix", f.prefix},
       {"greedy_prefix", f.greedy_prefix},
       {"probe_early", f.probe_early},

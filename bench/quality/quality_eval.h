@@ -55,6 +55,8 @@ struct QualityEvalOptions {
   std::string tp_eviction = "uniform";  // recall serve's --tp-eviction
   cache::eviction::PolicyOptions::MetaScore meta_score =
       cache::eviction::PolicyOptions::MetaScore::kNone;
+  double merge_similarity = 2;  // <= 1: merge evicted tokens at this key similarity
+  bool merge_keys = false;
   int prefix = 16;          // teacher-forced prefill
   int greedy_prefix = 384;  // greedy prompt
   // When set, this run's full cache (item 0) is written here...

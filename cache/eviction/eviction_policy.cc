@@ -66,6 +66,10 @@ absl::StatusOr<std::unique_ptr<EvictionPolicy>> CreatePolicy(const PolicyOptions
     return absl::InvalidArgumentError(
         absl::StrCat("eviction policy: alpha must be in [0, 1], got ", options.alpha));
   }
+  if (!(options.merge_threshold >= -1.0f && options.merge_threshold <= 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "eviction policy: merge_threshold must be in [-1, 1], got ", options.merge_threshold));
+  }
   if (!(options.alpha_uniform >= 0.0f && options.alpha_uniform <= 1e6f)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "eviction policy: alpha_uniform must be in [0, 1e6], got ", options.alpha_uniform));

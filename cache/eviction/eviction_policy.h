@@ -103,6 +103,15 @@ struct PolicyOptions {
   // to evict, and value protection.
   enum class MetaScore { kNone, kCaote, kCaoteCurrentQuery };
   MetaScore meta_score = MetaScore::kNone;
+
+  // Merging evicted tokens (merge.h, EVICTION.md section 4): when on, SessionEvictor merges
+  // each evicted slot's value (and key, with merge_keys) into the kept slot of the most
+  // similar key, if their cosine similarity is at least merge_threshold, weighting by this
+  // step's attention (per KV head: the mean over its query heads; equal weights for policies
+  // that read no attention). The keep decision and memory are unchanged. Host caches only.
+  bool merge = false;
+  float merge_threshold = 0.5f;  // in [-1, 1]
+  bool merge_keys = false;
 };
 
 // Per-slot state of one (sequence, layer, KV head), in slot order. All arrays have the same

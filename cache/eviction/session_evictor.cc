@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "cache/eviction/caote.h"
 #include "cache/eviction/lazy_backend_state.h"
+#include "cache/eviction/merge.h"
 #include "cache/eviction/snapkv_policy.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -38,11 +39,12 @@ absl::StatusOr<std::unique_ptr<SessionEvictor>> SessionEvictor::Create(
   if (!cache->host_readable() &&
       ((*policy)->needs_keys() || (*policy)->needs_value_range() ||
        (*policy)->compresses_prefill() || options.policy.value_protection > 0.0f ||
-       options.policy.meta_score != PolicyOptions::MetaScore::kNone)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "session evictor: policy '", options.policy.name,
-        "' (or value protection / a meta score) reads cached K/V rows on the host, which a GPU "
-        "cache does not allow yet; on a GPU use full, lazy, h2o, tova or streaming"));
+       options.policy.meta_score != PolicyOptions::MetaScore::kNone || options.policy.merge)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session evictor: policy '", options.policy.name,
+                     "' (or value protection / a meta score / merging) reads cached K/V rows on "
+                     "the host, which a GPU "
+                     "cache does not allow yet; on a GPU use full, lazy, h2o, tova or streaming"));
   }
   if (options.n_heads < 1 || options.n_heads % n_kv_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat("session evictor: n_heads ", options.n_heads,
@@ -109,7 +111,7 @@ SessionEvictor::SessionEvictor(const SessionEvictorOptions& options,
   if (options.backend != nullptr && !options.backend->memory().host_accessible() &&
       policy_->has_backend_step() && !shared_ && !options.budget.head_adaptive &&
       options.policy.meta_score == PolicyOptions::MetaScore::kNone &&
-      options.policy.value_protection <= 0.0f) {
+      options.policy.value_protection <= 0.0f && !options.policy.merge) {
     backend_state_ = std::make_unique<LazyBackendState>(options.backend, n_layers_, n_kv_heads_);
   }
   if (options.comm != nullptr) {
@@ -271,8 +273,39 @@ absl::Status SessionEvictor::SelectForHead(int layer, int head, const HeadState&
   return absl::OkStatus();
 }
 
+void SessionEvictor::MergeInto(int layer, int head, int len, const std::vector<int32_t>& keep) {
+  if (!options_.policy.merge) return;
+  const kernels::PagedKvHead rows = cache_->View().Head(layer, head);
+  const size_t d = static_cast<size_t>(head_dim_);
+  merge_keys_.resize(static_cast<size_t>(len) * d);
+  values_.resize(static_cast<size_t>(len) * d);
+  for (int s = 0; s < len; ++s) {
+    kernels::LoadKvRow(rows, 0, s, merge_keys_.data() + s * d);
+    kernels::LoadKvRow(rows, 1, s, values_.data() + s * d);
+  }
+  const float* weight = nullptr;
+  if (merge_probs_ != nullptr) {
+    merge_a_.resize(static_cast<size_t>(len));
+    GroupMeanAttention(merge_probs_, options_.n_heads, n_kv_heads_, merge_stride_, head, len,
+                       merge_a_.data());
+    merge_w_.assign(merge_a_.begin(), merge_a_.end());
+    weight = merge_w_.data();
+  }
+  const MergeOptions mo{options_.policy.merge_threshold, options_.policy.merge_keys};
+  if (MergeEvicted(mo, weight, len, keep, head_dim_, merge_keys_.data(), values_.data(), &merge_) ==
+      0) {
+    return;
+  }
+  for (const int32_t j : keep) {
+    if (merge_.mass[static_cast<size_t>(j)] == 0.0) continue;
+    kernels::StoreKvRow(rows, 1, j, values_.data() + j * d);
+    if (mo.merge_keys) kernels::StoreKvRow(rows, 0, j, merge_keys_.data() + j * d);
+  }
+}
+
 void SessionEvictor::CompactHead(int layer, int head, int len, const std::vector<int32_t>& keep,
                                  bool with_state) {
+  MergeInto(layer, head, len, keep);
   cache_->Compact(layer, head, keep);
   if (with_state) {
     CompactState(&states_[static_cast<size_t>(layer) * states_per_layer_ + head], keep);
@@ -422,6 +455,8 @@ absl::Status SessionEvictor::Step(const float* probs, int64_t stride) {
     const int budget = budgets_[static_cast<size_t>(l)];
     const float* layer_probs =
         needs_probs_ ? probs + static_cast<int64_t>(l) * n_heads * stride : nullptr;
+    merge_probs_ = layer_probs;
+    merge_stride_ = stride;
     const int32_t* lengths = cache_->lengths(l);
     // Bring the states up to the cache lengths.
     for (int h = 0; h < states_per_layer_; ++h) {
@@ -451,6 +486,7 @@ absl::Status SessionEvictor::Step(const float* probs, int64_t stride) {
       if (static_cast<int>(keep_.size()) == len) continue;
       ++state_evictions_[static_cast<size_t>(l)];
       for (int h = 0; h < n_kv_heads_; ++h) {
+        MergeInto(l, h, len, keep_);
         cache_->Compact(l, h, keep_);
         ++evictions_;
         evicted_slots_ += len - static_cast<int64_t>(keep_.size());

@@ -61,6 +61,7 @@
 #include "cache/eviction/candidate_set.h"
 #include "cache/eviction/eviction_policy.h"
 #include "cache/eviction/head_adaptive.h"
+#include "cache/eviction/merge.h"
 #include "cache/eviction/tp_sync.h"
 #include "cache/sequence_cache.h"
 #include "kernels/backend.h"
@@ -243,6 +244,10 @@ class SessionEvictor {
   // keep lists come back for the positions, counters and digest.
   absl::Status EvictOnBackend(int t);
 
+  // With PolicyOptions::merge: merges the slots of (layer, head) that `keep` evicts into the
+  // ones it keeps (merge.h), rewriting kept K/V rows in the cache; weights from this layer's
+  // probabilities of the step (merge_probs_) when there are any.
+  void MergeInto(int layer, int head, int len, const std::vector<int32_t>& keep);
   // Compacts (layer, head) to `keep` (and its state if with_state) and counts it.
   void CompactHead(int layer, int head, int len, const std::vector<int32_t>& keep, bool with_state);
   // Counts one compaction of (layer, head) from len to kept slots.
@@ -287,6 +292,12 @@ class SessionEvictor {
   HeadAdaptiveScratch adaptive_;
   std::vector<float> values_;  // [len, head_dim] gathered V rows
   std::vector<double> caote_a_, caote_c_, caote_o_, caote_sum_;
+  // Merging (PolicyOptions::merge): this layer's probabilities of the step, and scratch.
+  const float* merge_probs_ = nullptr;
+  int64_t merge_stride_ = 0;
+  std::vector<float> merge_keys_, merge_w_;
+  std::vector<double> merge_a_;
+  MergeScratch merge_;
   // Tensor parallelism.
   std::vector<double> sums_;                        // [len] layer-shared mean numerators
   GatherScratch gather_;

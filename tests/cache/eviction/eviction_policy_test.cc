@@ -37,7 +37,7 @@ TEST(CreatePolicyTest, OutOfRangeOptionsNameTheField) {
     PolicyOptions options;
     std::string field;
   };
-  std::vector<Case> cases(7);
+  std::vector<Case> cases(8);
   cases[0].options.window = 0;
   cases[0].field = "window";
   cases[1].options.alpha = -1.0f;
@@ -52,6 +52,8 @@ TEST(CreatePolicyTest, OutOfRangeOptionsNameTheField) {
   cases[5].field = "query_window";
   cases[6].options.lambda = 1.5f;
   cases[6].field = "lambda";
+  cases[7].options.merge_threshold = 1.5f;
+  cases[7].field = "merge_threshold";
   for (Case& c : cases) {
     c.options.name = "lazy";
     absl::StatusOr<std::unique_ptr<EvictionPolicy>> policy = CreatePolicy(c.options);

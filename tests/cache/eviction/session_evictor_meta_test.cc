@@ -275,5 +275,45 @@ TEST_F(SessionEvictorMetaTest, BadCombinationsAreRejected) {
   EXPECT_EQ(ev->step(), 0);
 }
 
+// Scenario: merging (PolicyOptions::merge, merge.h) with streaming, 2 sinks, C = 6: 10 slots
+// keep {0, 1, 6, 7, 8, 9}. Evicted slot 2 has slot 6's key and slot 3 has slot 7's; slots 4
+// and 5 point where no kept key does. Streaming reads no attention, so the weights are equal:
+// the kept V rows of 6 and 7 become the means (v6 + v2) / 2 and (v7 + v3) / 2, slots 4 and 5
+// are dropped, every other kept row and every key is unchanged (keys merge only with
+// merge_keys). Without merging nothing but the slots moves.
+TEST_F(SessionEvictorMetaTest, MergingMovesEvictedValuesIntoTheKeptSlotOfTheSameKey) {
+  const RowFn k_fn = [](int pos, int, int, int d) {
+    const int dir = pos == 2 || pos == 6   ? 0
+                    : pos == 3 || pos == 7 ? 1
+                    : pos == 4 || pos == 5 ? 2
+                                           : 3;
+    return d == dir ? 1.0f : 0.0f;
+  };
+  for (const bool merge : {false, true}) {
+    SequenceCache seq(pool_.get());
+    SessionEvictorOptions o = Options("streaming", 6, 2);
+    o.policy.sinks = 2;
+    o.policy.merge = merge;
+    std::unique_ptr<SessionEvictor> ev = Make(&seq, o);
+    ASSERT_NE(ev, nullptr);
+    Append(seq, 10, k_fn, DefaultV);
+    ASSERT_TRUE(ev->Step(nullptr, kStride).ok());
+    for (int l = 0; l < kLayers; ++l) {
+      for (int h = 0; h < kKv; ++h) {
+        ASSERT_EQ(Positions(seq, l, h), (std::vector<int32_t>{0, 1, 6, 7, 8, 9}));
+        for (int s = 0; s < 6; ++s) {
+          const int pos = seq.position(l, h, s);
+          const float want = !merge ? DefaultV(pos, l, h, 0)
+                             : pos == 6 || pos == 7
+                                 ? (DefaultV(pos, l, h, 0) + DefaultV(pos - 4, l, h, 0)) / 2
+                                 : DefaultV(pos, l, h, 0);
+          EXPECT_FLOAT_EQ(seq.View().V(l, h, s)[0], want) << merge << " " << pos;
+          for (int d = 0; d < kDim; ++d) EXPECT_EQ(seq.View().K(l, h, s)[d], k_fn(pos, l, h, d));
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace recall::cache::eviction
