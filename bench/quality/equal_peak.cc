@@ -2,11 +2,12 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "bench/quality/report.h"
+#include "common/status.h"
 
 namespace recall::bench {
 
@@ -108,8 +109,7 @@ absl::Status WriteEqualPeakPlot(const std::string& png_path, const std::string& 
   std::vector<std::string> names;
   const std::string dat = png_path + ".dat", gp = png_path + ".gp";
   {
-    std::ofstream f(dat);
-    if (!f) return absl::PermissionDeniedError(absl::StrCat(dat, ": cannot open for writing"));
+    std::ostringstream f;
     for (const EqualPeakRow& row : rows) {
       if (row.never_evicts || row.points.empty()) continue;
       std::string name = row.policy;
@@ -121,11 +121,11 @@ absl::Status WriteEqualPeakPlot(const std::string& png_path, const std::string& 
       }
       f << "\n\n";
     }
+    RECALL_RETURN_IF_ERROR(WriteText(dat, f.str()));
   }
   if (names.empty()) return absl::FailedPreconditionError("no row has points to plot");
   {
-    std::ofstream f(gp);
-    if (!f) return absl::PermissionDeniedError(absl::StrCat(gp, ": cannot open for writing"));
+    std::ostringstream f;
     f << "set terminal pngcairo size 1400,700 font 'Sans,11'\n"
       << "set output '" << png_path << "'\nset termoption noenhanced\n"
       << "names = \"" << absl::StrJoin(names, " ") << "\"\n"
@@ -140,6 +140,7 @@ absl::Status WriteEqualPeakPlot(const std::string& png_path, const std::string& 
       << "plot for [i=0:" << names.size() - 1 << "] '" << dat
       << "' index i using 1:3 with linespoints lw 2 title word(names, i+1)\n"
       << "unset multiplot\n";
+    RECALL_RETURN_IF_ERROR(WriteText(gp, f.str()));
   }
   return RunGnuplot(gp);
 }

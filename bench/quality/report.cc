@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -98,12 +99,16 @@ void PrintTable(const std::vector<QualityConfig>& configs,
   }
 }
 
-absl::Status WriteJson(const std::string& path, const nlohmann::json& json) {
+absl::Status WriteText(const std::string& path, const std::string& text) {
   std::ofstream f(path);
   if (!f) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open for writing"));
-  f << json.dump(2) << "\n";
+  f << text;
   if (!f) return absl::DataLossError(absl::StrCat(path, ": write failed"));
   return absl::OkStatus();
+}
+
+absl::Status WriteJson(const std::string& path, const nlohmann::json& json) {
+  return WriteText(path, json.dump(2) + "\n");
 }
 
 absl::Status WritePlot(const std::string& png_path, const std::string& title,
@@ -119,8 +124,7 @@ absl::Status WritePlot(const std::string& png_path, const std::string& title,
   }
   const std::string dat = png_path + ".dat", gp = png_path + ".gp";
   {
-    std::ofstream f(dat);
-    if (!f) return absl::PermissionDeniedError(absl::StrCat(dat, ": cannot open for writing"));
+    std::ostringstream f;
     for (const std::string& p : policies) {
       // x: the peak KV held (column 6), so policies are compared at equal memory.
       f << "# " << p << ": budget% top1% kl greedy recall_ratio peak_kv%\n";
@@ -136,10 +140,10 @@ absl::Status WritePlot(const std::string& png_path, const std::string& title,
       }
       f << "\n\n";
     }
+    RECALL_RETURN_IF_ERROR(WriteText(dat, f.str()));
   }
   {
-    std::ofstream f(gp);
-    if (!f) return absl::PermissionDeniedError(absl::StrCat(gp, ": cannot open for writing"));
+    std::ostringstream f;
     f << "set terminal pngcairo size 1400,1000 font 'Sans,11'\n"
       << "set output '" << png_path << "'\n"
       << "names = \"" << absl::StrJoin(policies, " ") << "\"\n"
@@ -160,6 +164,7 @@ absl::Status WritePlot(const std::string& png_path, const std::string& title,
       << "plot for [i=0:" << policies.size() - 1 << "] '" << dat
       << "' index i using 6:5 with linespoints lw 2 title word(names, i+1)\n"
       << "unset multiplot\n";
+    RECALL_RETURN_IF_ERROR(WriteText(gp, f.str()));
   }
   return RunGnuplot(gp);
 }

@@ -21,6 +21,9 @@ nlohmann::json ResultsJson(const std::vector<QualityConfig>& configs,
 void PrintTable(const std::vector<QualityConfig>& configs,
                 const std::vector<QualityStats>& stats);
 
+// Writes `text` to `path` (PermissionDenied when it cannot be opened, DataLoss when the write
+// fails); WriteJson writes the JSON indented.
+absl::Status WriteText(const std::string& path, const std::string& text);
 absl::Status WriteJson(const std::string& path, const nlohmann::json& json);
 
 // The benchmarks' plotting and exit helpers. FailedPrecondition when gnuplot is not

@@ -4,7 +4,7 @@
 
 namespace recall::cache::eviction {
 
-int MergeEvicted(const MergeOptions& options, const float* weight, int len,
+int MergeEvicted(const MergeOptions& options, const double* weight, int len,
                  const std::vector<int32_t>& keep, int head_dim, float* keys, float* values,
                  MergeScratch* s) {
   const size_t n = static_cast<size_t>(len);

@@ -34,7 +34,7 @@ struct MergeScratch {
 // Merges every evicted slot as above, rewriting the kept rows of `values` (and of `keys` with
 // merge_keys) in place. Returns the number of slots merged. Rows of slots not kept are left
 // as they were. A zero key merges nowhere; a kept slot whose weights sum to 0 is unchanged.
-int MergeEvicted(const MergeOptions& options, const float* weight, int len,
+int MergeEvicted(const MergeOptions& options, const double* weight, int len,
                  const std::vector<int32_t>& keep, int head_dim, float* keys, float* values,
                  MergeScratch* scratch);
 

@@ -40,11 +40,10 @@ absl::StatusOr<std::unique_ptr<SessionEvictor>> SessionEvictor::Create(
       ((*policy)->needs_keys() || (*policy)->needs_value_range() ||
        (*policy)->compresses_prefill() || options.policy.value_protection > 0.0f ||
        options.policy.meta_score != PolicyOptions::MetaScore::kNone || options.policy.merge)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("session evictor: policy '", options.policy.name,
-                     "' (or value protection / a meta score / merging) reads cached K/V rows on "
-                     "the host, which a GPU "
-                     "cache does not allow yet; on a GPU use full, lazy, h2o, tova or streaming"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session evictor: policy '", options.policy.name,
+        "' (or value protection / a meta score / merging) reads cached K/V rows on the host, "
+        "which a GPU cache does not allow yet; on a GPU use full, lazy, h2o, tova or streaming"));
   }
   if (options.n_heads < 1 || options.n_heads % n_kv_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat("session evictor: n_heads ", options.n_heads,
@@ -283,13 +282,12 @@ void SessionEvictor::MergeInto(int layer, int head, int len, const std::vector<i
     kernels::LoadKvRow(rows, 0, s, merge_keys_.data() + s * d);
     kernels::LoadKvRow(rows, 1, s, values_.data() + s * d);
   }
-  const float* weight = nullptr;
+  const double* weight = nullptr;
   if (merge_probs_ != nullptr) {
     merge_a_.resize(static_cast<size_t>(len));
     GroupMeanAttention(merge_probs_, options_.n_heads, n_kv_heads_, merge_stride_, head, len,
                        merge_a_.data());
-    merge_w_.assign(merge_a_.begin(), merge_a_.end());
-    weight = merge_w_.data();
+    weight = merge_a_.data();
   }
   const MergeOptions mo{options_.policy.merge_threshold, options_.policy.merge_keys};
   if (MergeEvicted(mo, weight, len, keep, head_dim_, merge_keys_.data(), values_.data(), &merge_) ==

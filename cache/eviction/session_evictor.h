@@ -295,7 +295,7 @@ class SessionEvictor {
   // Merging (PolicyOptions::merge): this layer's probabilities of the step, and scratch.
   const float* merge_probs_ = nullptr;
   int64_t merge_stride_ = 0;
-  std::vector<float> merge_keys_, merge_w_;
+  std::vector<float> merge_keys_;
   std::vector<double> merge_a_;
   MergeScratch merge_;
   // Tensor parallelism.

@@ -21,7 +21,7 @@ struct Rows {
 TEST(MergeEvictedTest, EachEvictedSlotGoesToItsMostSimilarKeptKeyByWeight) {
   Rows r;
   // Slot 3's key is (0.8, 0.6) too: nearer x (0.8) than y (0.6), so it also goes to slot 0.
-  const std::vector<float> w = {0.5f, 0.2f, 0.25f, 0.25f, 0.1f};
+  const std::vector<double> w = {0.5, 0.2, 0.25, 0.25, 0.1};
   MergeScratch scratch;
   const int merged = MergeEvicted({0.5f, false}, w.data(), 5, {0, 1}, kDim, r.keys.data(),
                                   r.values.data(), &scratch);
@@ -63,7 +63,7 @@ TEST(MergeEvictedTest, AThresholdAboveEverySimilarityMergesNothing) {
 TEST(MergeEvictedTest, ZeroKeysAndZeroWeightsMergeNowhere) {
   std::vector<float> keys = {1, 0, 0, 0, 1, 0};
   std::vector<float> values = {1, 1, 7, 7, 9, 9};
-  const std::vector<float> w = {0.0f, 0.5f, 0.0f};
+  const std::vector<double> w = {0.0, 0.5, 0.0};
   MergeScratch scratch;
   // Slot 1's key is zero (no direction); slot 2 has weight 0: nothing moves.
   EXPECT_EQ(
