@@ -192,10 +192,14 @@ TEST(EndlessServeTest, ALongConversationSurvivesItsWorkerKilledMidReplyInBounded
     ASSERT_TRUE(done.ok()) << "turn " << turn << ": " << done.status();
     tokens = done->usage().prompt_tokens() + done->usage().generated_tokens();
   }
-  // The next reply: its worker is killed once the first tokens arrive.
+  // The next reply: its worker is killed once the first tokens arrive. As long a reply as the
+  // worker allows (the context), so that it is still running when a loaded machine delivers
+  // the first tokens (a 120-token reply could end first: ~1 run in 30 under ctest -j2).
   int killed = -1;
+  v1::SamplingParams long_reply = sampling;
+  long_reply.set_max_tokens(context);
   auto done =
-      client->Converse(session->session_id(), "And then?", sampling, [&](const std::string&) {
+      client->Converse(session->session_id(), "And then?", long_reply, [&](const std::string&) {
         if (killed >= 0) return;
         for (int i = 0; i < 2 && killed < 0; ++i) {
           if (Load(ports[i]).active_turns() > 0) killed = i;
