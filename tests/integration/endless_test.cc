@@ -194,7 +194,7 @@ TEST(EndlessServeTest, ALongConversationSurvivesItsWorkerKilledMidReplyInBounded
   }
   // The next reply: its worker is killed once the first tokens arrive. As long a reply as the
   // worker allows (the context), so that it is still running when a loaded machine delivers
-  // the first tokens (a 120-token reply could end first: ~1 run in 30 under ctest -j2).
+  // the first tokens (a 120-token reply may end first: it failed once under ctest -j2).
   int killed = -1;
   v1::SamplingParams long_reply = sampling;
   long_reply.set_max_tokens(context);
