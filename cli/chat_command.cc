@@ -64,17 +64,34 @@ absl::StatusOr<v1::ConverseDone> StreamReply(Client& client, const std::string& 
   sigaction(SIGINT, &previous, nullptr);
   if (g_interrupts > 0) {
     // The server ends the turn a moment after the client: wait (bounded) until it has, so the
-    // next message does not find the turn still running.
+    // next message does not find the turn still running, and say what it recorded: a reply
+    // that had already completed on the server (its last tokens still on their way) is kept
+    // whole.
+    v1::TurnState recorded = v1::TURN_STATE_IN_PROGRESS;
     for (int i = 0; i < 60; ++i) {
       absl::StatusOr<v1::Session> s = client.GetSession(session_id);
-      if (!s.ok() || s->messages().empty() ||
-          s->messages().rbegin()->state() != v1::TURN_STATE_IN_PROGRESS) {
-        break;
-      }
+      if (!s.ok() || s->messages().empty()) break;
+      recorded = s->messages().rbegin()->state();
+      if (recorded != v1::TURN_STATE_IN_PROGRESS) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    std::cout << "\n[stopped: the part above is kept in the session, marked interrupted]"
-              << std::flush;
+    switch (recorded) {
+      case v1::TURN_STATE_INTERRUPTED:
+        std::cout << "\n[stopped: the part above is kept in the session, marked interrupted]";
+        break;
+      case v1::TURN_STATE_IN_PROGRESS:
+        std::cout << "\n[stopped: the server has not ended the turn yet; /history shows how "
+                     "it is kept]";
+        break;
+      case v1::TURN_STATE_FAILED:
+        std::cout << "\n[stopped: the turn failed on the server and is not in later prompts]";
+        break;
+      default:
+        std::cout << "\n[stopped: the reply had already completed on the server and is kept "
+                     "whole]";
+        break;
+    }
+    std::cout << std::flush;
     return absl::CancelledError("stopped");
   }
   if (!reply->status().ok()) return reply->status();
