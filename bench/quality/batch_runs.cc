@@ -61,6 +61,8 @@ absl::StatusOr<std::vector<Run>> MakeRuns(runtime::ForwardPass& forward, cache::
       eo.policy.merge_threshold = static_cast<float>(knobs.merge_similarity);
       eo.policy.merge_keys = knobs.merge_keys;
     }
+    eo.policy.attention_decay = knobs.attention_decay;
+    eo.policy.attention_weight = knobs.attention_weight;
     eo.n_heads = mc.n_heads;
     RECALL_ASSIGN_OR_RETURN(runs[i].evictor, SessionEvictor::Create(eo, runs[i].seq.get()));
     runs[i].evictor->Reserve(mc.max_seq_len);

@@ -39,6 +39,9 @@ struct PolicyKnobs {
   // Merging evicted tokens (cache/eviction/merge.h): off when merge_similarity > 1.
   double merge_similarity = 2;
   bool merge_keys = false;
+  // lazy+'s attention term (PolicyOptions::attention_decay / attention_weight).
+  float attention_decay = cache::eviction::PolicyOptions().attention_decay;
+  float attention_weight = cache::eviction::PolicyOptions().attention_weight;
 };
 
 struct Run {

@@ -15,6 +15,7 @@
 //   [--alpha A] [--calibration FILE] [--layer-budgets uniform|pyramid|PROFILE] [--layer-alpha A]
 //   [--value-protection F] [--alpha-uniform K] [--tp-eviction uniform|shared|head-adaptive]
 //   [--meta-score none|caote|caote-query] [--merge SIM] [--merge-keys on|off]
+//   [--attention-decay G] [--attention-weight B]
 //   [--sinks S] [--prefix N] [--greedy-prefix N] [--probe-early N]
 //   [--probe-late N] [--seed S] [--heldout-seed S2] [--peaks 0.15,0.2,0.3]
 //   [--threads N] [--kv-dtypes f32,bf16,int8] [--out-json PATH] [--out-png PATH]
@@ -71,6 +72,9 @@ struct Flags {
   std::string meta_score = "none";
   double merge_similarity = 2;  // <= 1: merge evicted tokens (--merge SIM)
   bool merge_keys = false;
+  // lazy+'s attention term (PolicyOptions; weight 0: the recurrence score alone).
+  double attention_decay = cache::eviction::PolicyOptions().attention_decay;
+  double attention_weight = cache::eviction::PolicyOptions().attention_weight;
   bool window_given = false, alpha_given = false;
   int sinks = 4;
   int prefix = 16;
@@ -150,6 +154,12 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     } else if (name == "--merge-keys") {
       ok = std::strcmp(v, "on") == 0 || std::strcmp(v, "off") == 0;
       f->merge_keys = std::strcmp(v, "on") == 0;
+    } else if (name == "--attention-decay") {
+      ok = absl::SimpleAtod(v, &f->attention_decay) && f->attention_decay >= 0 &&
+           f->attention_decay < 1;
+    } else if (name == "--attention-weight") {
+      ok = absl::SimpleAtod(v, &f->attention_weight) && f->attention_weight >= 0 &&
+           f->attention_weight <= 1e6;
     } else if (name == "--meta-score") {
       f->meta_score = v;
       ok = MetaScoreFromName(v).has_value();
@@ -178,7 +188,9 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
           argc, argv, flag,
           "budgets and peaks are fractions in (0, 1]; --kv-dtypes lists f32 (first), bf16, f16, "
           "int8; --meta-score is none, caote or caote-query; --merge takes a key similarity in "
-          "[-1, 1]; --merge-keys is on or off")) {
+          "[-1, 1]; --merge-keys is on or off; --attention-decay is in [0, 1), --attention-weight "
+          "in [0, "
+          "1e6]")) {
     return false;
   }
   if (!f->calibration.empty()) {
@@ -267,6 +279,8 @@ int Main(int argc, char** argv) {
   qo.meta_score = *MetaScoreFromName(f.meta_score);
   qo.merge_similarity = f.merge_similarity;
   qo.merge_keys = f.merge_keys;
+  qo.attention_decay = static_cast<float>(f.attention_decay);
+  qo.attention_weight = static_cast<float>(f.attention_weight);
   qo.prefix = f.prefix;
   qo.greedy_prefix = f.greedy_prefix;
   // Every configuration on every text of `set`, on a pool of each of `types` (the first f32:
@@ -333,6 +347,8 @@ int Main(int argc, char** argv) {
           f.alpha_uniform > 0 ? absl::StrCat(", lazy+ alpha-uniform=", f.alpha_uniform) : "",
           f.value_protection > 0 ? absl::StrCat(", value protection=", f.value_protection) : "",
           f.meta_score != "none" ? absl::StrCat(", meta score=", f.meta_score) : "",
+          absl::StrCat(", lazy+ attention decay=", f.attention_decay,
+                       " weight=", f.attention_weight),
           f.merge_similarity <= 1 ? absl::StrCat(", merge at similarity ", f.merge_similarity,
                                                  f.merge_keys ? " (keys too)" : "")
                                   : "")
@@ -429,6 +445,8 @@ int Main(int argc, char** argv) {
       {"merge_similarity",
        f.merge_similarity <= 1 ? nlohmann::json(f.merge_similarity) : nlohmann::json(nullptr)},
       {"merge_keys", f.merge_keys},
+      {"lazy_plus_attention_decay", f.attention_decay},
+      {"lazy_plus_attention_weight", f.attention_weight},
       {"teacher_forced_prefix", f.prefix},
       {"greedy_prefix", f.greedy_prefix},
       {"probe_early", f.probe_early},

@@ -22,9 +22,10 @@ std::vector<RunSpec> Specs(const std::vector<QualityConfig>& configs) {
 }
 
 PolicyKnobs Knobs(const QualityEvalOptions& o) {
-  return {o.window,           o.alpha,         o.sinks,       o.layer_budgets, o.layer_alpha,
-          o.value_protection, o.alpha_uniform, o.tp_eviction, o.meta_score,    o.merge_similarity,
-          o.merge_keys};
+  return {
+      o.window,           o.alpha,           o.sinks,           o.layer_budgets, o.layer_alpha,
+      o.value_protection, o.alpha_uniform,   o.tp_eviction,     o.meta_score,    o.merge_similarity,
+      o.merge_keys,       o.attention_decay, o.attention_weight};
 }
 
 absl::Status TeacherForced(runtime::ForwardPass& forward, cache::BlockPool& pool,

@@ -57,6 +57,8 @@ struct QualityEvalOptions {
       cache::eviction::PolicyOptions::MetaScore::kNone;
   double merge_similarity = 2;  // <= 1: merge evicted tokens at this key similarity
   bool merge_keys = false;
+  float attention_decay = cache::eviction::PolicyOptions().attention_decay;  // lazy+
+  float attention_weight = cache::eviction::PolicyOptions().attention_weight;
   int prefix = 16;          // teacher-forced prefill
   int greedy_prefix = 384;  // greedy prompt
   // When set, this run's full cache (item 0) is written here...

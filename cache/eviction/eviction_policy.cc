@@ -78,6 +78,14 @@ absl::StatusOr<std::unique_ptr<EvictionPolicy>> CreatePolicy(const PolicyOptions
     return absl::InvalidArgumentError(absl::StrCat(
         "eviction policy: alpha_uniform is lazy+'s threshold, not '", options.name, "''s"));
   }
+  if (!(options.attention_decay >= 0.0f && options.attention_decay < 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "eviction policy: attention_decay must be in [0, 1), got ", options.attention_decay));
+  }
+  if (!(options.attention_weight >= 0.0f && options.attention_weight <= 1e6f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "eviction policy: attention_weight must be in [0, 1e6], got ", options.attention_weight));
+  }
   if (options.sinks < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("eviction policy: sinks must be >= 0, got ", options.sinks));

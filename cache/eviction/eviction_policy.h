@@ -73,6 +73,14 @@ struct PolicyOptions {
   // value then means the same thing at every budget and cache length (an absolute alpha that
   // suits 100 slots marks almost nothing in 1,000, and 1e-4 marks everything in 512).
   float alpha_uniform = 0.0f;
+  // lazy+ only: the attention term of its score. Each slot keeps a decayed sum of the
+  // attention it drew, e <- attention_decay * e + p_j at every step, and its score gains
+  // attention_weight * r / (1 + r), r = e * (1 - attention_decay) * len (the recent attention
+  // as a multiple of the uniform share; r = 1 for a slot that always draws 1 / len). Weight 0
+  // gives the recurrence score alone. decay in [0, 1), weight in [0, 1e6]; other policies
+  // ignore both.
+  float attention_decay = 0.9f;
+  float attention_weight = 3.0f;
   // StreamingLLM and VaSE attention sinks: the first `sinks` slots are always kept.
   int sinks = 4;
   // Fraction of the budget reserved for the largest-value-range slots, in [0, 1); 0 = off.
@@ -123,7 +131,9 @@ struct HeadState {
   std::vector<int32_t> ts;
   std::vector<int32_t> mri;  // LazyEviction: maximum recurrence interval
   // H2O: accumulated attention; TOVA: last step's attention; VaSE, R-KV: attention summed over
-  // the current observation window; SnapKV (prefill only): the pooled window score.
+  // the current observation window; SnapKV (prefill only): the pooled window score; lazy+:
+  // the decayed attention sum, stored negated (sign bit set, -0.0 included) once the slot has
+  // been important (lazy_plus_policy.h).
   std::vector<float> score;
 
   int size() const { return static_cast<int>(ts.size()); }

@@ -23,16 +23,30 @@ void LazyPlusPolicy::Observe(HeadState* state, const float* p, int len, int t) c
                           : options().alpha;
   int32_t* ts = state->ts.data();
   int32_t* mri = state->mri.data();
-  float* seen = state->score.data();
+  const float decay = options().attention_decay;
+  float* stored = state->score.data();
   for (int j = 0; j < len; ++j) {
-    if (p[j] < alpha) continue;
-    if (seen[j] != 0.0f) {
-      mri[j] = std::max(mri[j], t - ts[j]);
-    } else {
-      seen[j] = 1.0f;  // the first importance: no interval yet
+    bool seen = Seen(stored[j]);
+    const float e = decay * DecayedAttention(stored[j]) + p[j];
+    if (p[j] >= alpha) {
+      // The first importance (not yet seen) records no interval.
+      if (seen) mri[j] = std::max(mri[j], t - ts[j]);
+      seen = true;
+      ts[j] = t;
     }
-    ts[j] = t;
+    stored[j] = seen ? -e : e;
   }
+}
+
+double LazyPlusPolicy::AttentionTerm(float stored, int len) const {
+  const double r =
+      DecayedAttention(stored) * (1.0 - static_cast<double>(options().attention_decay)) * len;
+  return options().attention_weight * r / (1.0 + r);
+}
+
+double LazyPlusPolicy::SlotScore(const HeadState& state, int j, int len, int t) const {
+  const auto s = static_cast<size_t>(j);
+  return Score(t, state.ts[s], state.mri[s]) + AttentionTerm(state.score[s], len);
 }
 
 }  // namespace recall::cache::eviction

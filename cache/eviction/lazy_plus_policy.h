@@ -4,11 +4,11 @@
 // it is important at two consecutive steps, which happens to every new token that attends to
 // itself above alpha at its first step and to every prompt token first important at step 1;
 // a token that genuinely recurs every 3 or more steps scores at most about 0.78, so tokens
-// that mattered once outrank the recurring ones. lazy+ changes four things, and nothing else
+// that mattered once outrank the recurring ones. lazy+ changes five things, and nothing else
 // (same protected window of W, same threshold alpha, same ties):
 //  1. A slot's first importance is not a recurrence: it sets ts = t and marks the slot seen
-//     (HeadState::score = 1) without touching mri. mri grows only from the second importance
-//     on, i.e. only across an interval between two importances.
+//     (the sign bit of HeadState::score, see 5) without touching mri. mri grows only from the
+//     second importance on, i.e. only across an interval between two importances.
 //  2. H2 is taken on the effective interval m = max(mri, t - ts): a token that has not been
 //     important for longer than its recorded interval has, by now, a recurrence interval at
 //     least that long. The prior decays for tokens that stopped recurring and stays for those
@@ -25,16 +25,24 @@
 //     (lazy's is C + W) once the prompt has been judged. The first eviction waits for step W,
 //     as lazy's does, so a prompt longer than the budget is judged on W steps of attention,
 //     not one (evicting at step 1 halved the greedy agreement on 384-token prompts).
+//  5. The score also weighs how much attention the slot drew lately, not only when it crossed
+//     the threshold: e <- decay * e + p_j at every step (HeadState::score holds e, its sign
+//     bit the "seen" flag of 1), and S = H1 + H2 + weight * r / (1 + r) with r = e * (1 - decay) *
+//     len, the recent attention as a multiple of the uniform share. The threshold makes a slot
+//     at 1.01 and at 50 times alpha equal, and between importances H1 and H2 know only the
+//     timing; measured on stories260K, this term is most of lazy+'s gain at a 20-40% peak
+//     (docs/eviction.md). PolicyOptions::attention_weight = 0 gives the rule of 1-4 alone.
 // With PolicyOptions::alpha_uniform = k > 0 the threshold is k / len (k times the uniform
 // share of the cached slots) instead of alpha: measured on stories260K, one k suits every
 // budget, where the best absolute alpha falls as the budget grows (docs/eviction.md).
 // As 4 makes the protected window cost no memory, W can be larger than lazy's: on
-// stories260K the best W grew with the budget (32 at a 20% peak, 48 at 30%, 64 at 40-50%;
-// docs/eviction.md). The window is not derived from the budget, because SessionEvictor's
-// two-phase selection (head-adaptive budgets, CAOTE) needs the always-kept slots to be the same
-// at every budget.
-// It runs on the host path on every device (no backend step).
+// stories260K, before 5, the best W grew with the budget (32 at a 20% peak, 48 at 30%, 64 at
+// 40-50%; with 5 it matters less, docs/eviction.md). The window is not derived from the budget,
+// because SessionEvictor's two-phase selection (head-adaptive budgets, CAOTE) needs the always-kept
+// slots to be the same at every budget. It runs on the host path on every device (no backend step).
 #pragma once
+
+#include <cmath>
 
 #include "cache/eviction/lazy_policy.h"
 
@@ -50,10 +58,17 @@ class LazyPlusPolicy final : public LazyPolicy {
     return len > budget && t >= options().window;
   }
 
+  // The recurrence score H1 + H2 of 1-3 (without the attention term of 5).
   static double Score(int t, int32_t ts, int32_t mri);
+  // The attention term of 5 for a slot whose HeadState::score is `stored`, in [0, weight).
+  double AttentionTerm(float stored, int len) const;
+  // HeadState::score's two parts: the decayed attention sum, and whether the slot has been
+  // important (the sign bit).
+  static float DecayedAttention(float stored) { return std::fabs(stored); }
+  static bool Seen(float stored) { return std::signbit(stored); }
 
  protected:
-  double SlotScore(int t, int32_t ts, int32_t mri) const override { return Score(t, ts, mri); }
+  double SlotScore(const HeadState& state, int j, int len, int t) const override;
 };
 
 }  // namespace recall::cache::eviction

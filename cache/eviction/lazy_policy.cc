@@ -23,6 +23,10 @@ void LazyPolicy::Observe(HeadState* state, const float* p, int len, int t) const
   }
 }
 
+double LazyPolicy::SlotScore(const HeadState& state, int j, int /*len*/, int t) const {
+  return Score(t, state.ts[static_cast<size_t>(j)], state.mri[static_cast<size_t>(j)]);
+}
+
 void LazyPolicy::SelectKeep(const HeadState& state, int len, int budget, int t,
                             const SelectContext& ctx, std::vector<int32_t>* keep) const {
   RECALL_CHECK(budget >= min_budget()) << "lazy: budget " << budget << " < window";
@@ -35,10 +39,8 @@ void LazyPolicy::SelectKeep(const HeadState& state, int len, int budget, int t,
   const int window_begin = len - options().window;
   std::vector<double>& score = ctx.scratch->score;
   score.resize(static_cast<size_t>(len));
-  for (int j = 0; j < window_begin; ++j) {
-    score[static_cast<size_t>(j)] =
-        SlotScore(t, state.ts[static_cast<size_t>(j)], state.mri[static_cast<size_t>(j)]);
-  }
+  for (int j = 0; j < window_begin; ++j)
+    score[static_cast<size_t>(j)] = SlotScore(state, j, len, t);
   internal::KeepTopK(options(), budget, 0, window_begin, budget - options().window, ctx, keep);
   internal::KeepRange(window_begin, len, keep);
 }

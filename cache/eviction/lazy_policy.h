@@ -35,8 +35,9 @@ class LazyPolicy : public EvictionPolicy {
   static double Score(int t, int32_t ts, int32_t mri);
 
  protected:
-  // The score SelectKeep ranks a slot by: Score for "lazy"; lazy+ overrides it.
-  virtual double SlotScore(int t, int32_t ts, int32_t mri) const { return Score(t, ts, mri); }
+  // The score SelectKeep ranks slot j of `state` (len slots) by at step t: Score for "lazy";
+  // lazy+ overrides it.
+  virtual double SlotScore(const HeadState& state, int j, int len, int t) const;
 };
 
 }  // namespace recall::cache::eviction

@@ -164,6 +164,10 @@ absl::Status Run(const std::vector<std::string>& argv) {
     if (d.alpha_uniform > 0) absl::StrAppend(&extra, ", alpha-uniform ", d.alpha_uniform);
     if (d.value_protection > 0) absl::StrAppend(&extra, ", value protection ", d.value_protection);
     if (d.meta_score != "none") absl::StrAppend(&extra, ", meta score ", d.meta_score);
+    if (d.policy == "lazy+") {
+      absl::StrAppend(&extra, ", attention weight ", d.attention_weight, " decay ",
+                      d.attention_decay);
+    }
     std::fprintf(stderr,
                  "recall-worker: session defaults: policy %s, budget %s, window %d, alpha %g%s%s\n",
                  d.policy.c_str(), budget.c_str(), d.window, d.alpha, extra.c_str(),

@@ -167,6 +167,16 @@ flags::FlagSet<serving::CacheDefaults> SharedCacheFlags() {
           "lazy+: a token is important when its attention is at least K times the\n"
           "uniform share 1/len of the cached tokens, instead of --alpha (default 0: off)",
           [](auto& o) -> auto& { return o.alpha_uniform; }, 0, 1e6)
+      .Double(
+          "attention-weight", "B",
+          "lazy+: weight of the recent attention in a token's score (0: the recurrence\n"
+          "score alone; default 3)",
+          [](auto& o) -> auto& { return o.attention_weight; }, 0, 1e6)
+      .Double(
+          "attention-decay", "G",
+          "lazy+: the recent attention is a sum decayed by G per step, in [0, 0.999]\n"
+          "(default 0.9)",
+          [](auto& o) -> auto& { return o.attention_decay; }, 0, 0.999)
       .Choice("meta-score", "NAME",
               "none (default) or caote: rank the policy's candidates by CAOTE, their score\n"
               "as attention times how far their value is from the attention output (h2o,\n"

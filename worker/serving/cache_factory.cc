@@ -130,6 +130,8 @@ absl::StatusOr<SessionCacheSpec> CacheFactory::Make(const CacheDefaults& d, uint
   o.policy.window = d.window;
   o.policy.alpha = static_cast<float>(d.alpha);
   o.policy.value_protection = static_cast<float>(d.value_protection);
+  o.policy.attention_weight = static_cast<float>(d.attention_weight);
+  o.policy.attention_decay = static_cast<float>(d.attention_decay);
   if (d.alpha_uniform > 0) {
     // lazy+'s threshold; a session choosing another policy keeps its alpha, but the worker's
     // own default policy must be lazy+ (prefix "" is the worker's defaults).

@@ -39,6 +39,9 @@ struct CacheDefaults {
   double value_protection = 0;            // budget share kept for the largest values (VaSE)
   std::string meta_score = "none";        // "none" or "caote" (cache/eviction/caote.h)
   double alpha_uniform = 0;               // lazy+: threshold k / len instead of alpha; 0 = off
+  // lazy+: its score's attention term (cache/eviction/eviction_policy.h).
+  double attention_weight = cache::eviction::PolicyOptions().attention_weight;
+  double attention_decay = cache::eviction::PolicyOptions().attention_decay;
   bool verify_tp_keep = false;            // debug: ranks check they kept the same tokens
 
   // These defaults with the fields `r` sets in their place (a budget in tokens clears a

@@ -2,9 +2,12 @@
 // scenario of EVICTION.md section 1 is played through both policies: a token that mattered
 // only at its first steps outranks a genuinely recurring one under "lazy" and not under
 // "lazy+"; a token important at every step keeps its full prior under both; lazy+ evicts at
-// every step over budget, so its cache peaks at the budget.
+// every step over budget, so its cache peaks at the budget; its attention term ranks slots of
+// the same timing by the attention they drew.
 #include "cache/eviction/lazy_plus_policy.h"
 
+#include <cmath>
+#include <limits>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -129,6 +132,106 @@ TEST(LazyPlusPolicyTest, EvictsAtEveryStepOverBudgetFromStepW) {
     EXPECT_EQ(plus.ShouldEvict(9, 8, t), t >= 4) << "t=" << t;
     EXPECT_FALSE(plus.ShouldEvict(8, 8, t)) << "t=" << t;
     EXPECT_EQ(lazy.ShouldEvict(9, 8, t), t % 4 == 0) << "t=" << t;
+  }
+}
+
+// The decayed attention sum, e <- 0.9 e + p at every step, and the "seen" sign bit.
+TEST(LazyPlusPolicyTest, KeepsADecayedAttentionSumAndASeenFlag) {
+  PolicyOptions o = Options("lazy+", 4, 0.1f);
+  LazyPlusPolicy plus(o);
+  HeadState s;
+  AppendSlots(&s, 2, 1);
+  const float p1[2] = {0.05f, 0.5f};  // slot 0 below alpha, slot 1 important
+  plus.Observe(&s, p1, 2, 1);
+  EXPECT_FALSE(LazyPlusPolicy::Seen(s.score[0]));
+  EXPECT_TRUE(LazyPlusPolicy::Seen(s.score[1]));
+  EXPECT_FLOAT_EQ(LazyPlusPolicy::DecayedAttention(s.score[0]), 0.05f);
+  EXPECT_FLOAT_EQ(LazyPlusPolicy::DecayedAttention(s.score[1]), 0.5f);
+  const float p2[2] = {0.0f, 0.0f};
+  plus.Observe(&s, p2, 2, 2);
+  EXPECT_FLOAT_EQ(LazyPlusPolicy::DecayedAttention(s.score[0]), 0.045f);
+  EXPECT_FLOAT_EQ(LazyPlusPolicy::DecayedAttention(s.score[1]), 0.45f);
+  EXPECT_TRUE(LazyPlusPolicy::Seen(s.score[1])) << "seen stays set";
+  const float p3[2] = {0.2f, 0.0f};
+  plus.Observe(&s, p3, 2, 3);
+  EXPECT_FLOAT_EQ(LazyPlusPolicy::DecayedAttention(s.score[0]), 0.2405f);
+  EXPECT_EQ(s.mri[0], 0) << "its first importance";
+  EXPECT_EQ(s.ts[0], 3);
+  // Compaction carries both parts with the slot.
+  CompactState(&s, {1});
+  EXPECT_TRUE(LazyPlusPolicy::Seen(s.score[0]));
+  EXPECT_FLOAT_EQ(LazyPlusPolicy::DecayedAttention(s.score[0]), 0.405f);
+  // With alpha 0 every slot is important at once, even with no attention (stored -0.0).
+  o.alpha = 0.0f;
+  LazyPlusPolicy zero(o);
+  HeadState z;
+  AppendSlots(&z, 1, 1);
+  const float p0[1] = {0.0f};
+  zero.Observe(&z, p0, 1, 1);
+  EXPECT_TRUE(LazyPlusPolicy::Seen(z.score[0]));
+  EXPECT_EQ(LazyPlusPolicy::DecayedAttention(z.score[0]), 0.0f);
+}
+
+// weight * r / (1 + r), r = e * (1 - decay) * len; hand-computed.
+TEST(LazyPlusPolicyTest, TheAttentionTermIsTheRecentAttentionOverTheUniformShare) {
+  PolicyOptions o = Options("lazy+", 4, 0.1f);
+  o.attention_decay = 0.9f;
+  o.attention_weight = 3.0f;
+  LazyPlusPolicy plus(o);
+  // e = 1, 6 slots: r = 1 * 0.1 * 6 = 0.6 (up to 0.9f's rounding), term = 3 * 0.6 / 1.6.
+  EXPECT_NEAR(plus.AttentionTerm(-1.0f, 6), 1.125, 1e-6);
+  EXPECT_NEAR(plus.AttentionTerm(1.0f, 6), 1.125, 1e-6) << "the seen flag does not count";
+  EXPECT_EQ(plus.AttentionTerm(0.0f, 6), 0.0);
+  // A slot that always draws the uniform share 1 / len has e -> 1 / (len * 0.1), r -> 1.
+  EXPECT_NEAR(plus.AttentionTerm(1.0f / (6 * 0.1f), 6), 1.5, 1e-6);
+  o.attention_weight = 0.0f;
+  EXPECT_EQ(LazyPlusPolicy(o).AttentionTerm(-1.0f, 6), 0.0);
+}
+
+// W = 2, C = 3: two candidates (slots 0 and 1) for one place. Both are important at the same
+// steps (the same ts and mri), slot 1 with far more attention. The recurrence score ties
+// them, and the tie keeps the older slot 0; the attention term keeps slot 1. Weight 0 gives
+// the recurrence score alone.
+TEST(LazyPlusPolicyTest, TheAttentionTermKeepsTheSlotThatDrewMoreAttention) {
+  for (const float weight : {3.0f, 0.0f}) {
+    PolicyOptions o = Options("lazy+", 2, 0.1f);
+    o.attention_weight = weight;
+    LazyPlusPolicy plus(o);
+    HeadState s;
+    AppendSlots(&s, 4, 1);
+    for (int t = 1; t <= 6; ++t) {
+      const float p[4] = {0.12f, 0.8f, 0.04f, 0.04f};
+      plus.Observe(&s, p, 4, t);
+    }
+    ASSERT_EQ(s.ts[0], s.ts[1]);
+    ASSERT_EQ(s.mri[0], s.mri[1]);
+    SelectScratch scratch;
+    SelectContext ctx;
+    ctx.scratch = &scratch;
+    std::vector<int32_t> keep;
+    plus.SelectKeep(s, 4, 3, 6, ctx, &keep);
+    const std::vector<int32_t> want =
+        weight > 0 ? std::vector<int32_t>{1, 2, 3} : std::vector<int32_t>{0, 2, 3};
+    EXPECT_EQ(keep, want) << "weight " << weight;
+  }
+}
+
+TEST(LazyPlusPolicyTest, RefusesAnAttentionDecayOrWeightOutOfRange) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const float decay : {-0.1f, 1.0f, nan}) {
+    PolicyOptions o = Options("lazy+", 4, 0.1f);
+    o.attention_decay = decay;
+    const absl::Status s = CreatePolicy(o).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << decay;
+    EXPECT_NE(s.message().find("attention_decay must be in [0, 1)"), absl::string_view::npos) << s;
+  }
+  for (const float weight : {-1.0f, 2e6f, nan}) {
+    PolicyOptions o = Options("lazy+", 4, 0.1f);
+    o.attention_weight = weight;
+    const absl::Status s = CreatePolicy(o).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << weight;
+    EXPECT_NE(s.message().find("attention_weight must be in [0, 1e6]"), absl::string_view::npos)
+        << s;
   }
 }
 

@@ -61,6 +61,8 @@ const std::map<std::string, std::vector<std::string>> kValues = {
     {"value-protection", {"0.25"}},
     {"meta-score", {"caote"}},
     {"alpha-uniform", {"3"}},
+    {"attention-weight", {"0.5"}},
+    {"attention-decay", {"0.8"}},
     {"tp-verify", {}},
     {"positions", {"original"}},
 };
@@ -228,6 +230,34 @@ TEST(WorkerOptionsTest, CaoteRescoresThePoliciesWithAnAttentionEstimateOnCpuRank
                 .Explain(serving::CacheFactory::Create(d, config, config.n_kv_heads, 1).status())
                 .message(),
             "--alpha-uniform: a threshold of lazy+ only; the default policy is lazy");
+
+  // lazy+'s attention term: defaults, flags, and the range named by the flag.
+  WorkerOptions att;
+  ASSERT_TRUE(WorkerFlags().Parse({"--policy", "lazy+", "--budget", "64"}, &att).ok());
+  ASSERT_TRUE(ResolveWorkerOptions(&att).ok());
+  factory = serving::CacheFactory::Create(att.scheduler.cache, config, config.n_kv_heads, 1);
+  ASSERT_TRUE(factory.ok()) << factory.status();
+  spec = factory->Resolve(serving::CacheRequest(), 1);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->evictor->policy.attention_weight, 3.0f);
+  EXPECT_EQ(spec->evictor->policy.attention_decay, 0.9f);
+  WorkerOptions att2;
+  ASSERT_TRUE(WorkerFlags()
+                  .Parse({"--policy", "lazy+", "--budget", "64", "--attention-weight", "0",
+                          "--attention-decay", "0.5"},
+                         &att2)
+                  .ok());
+  ASSERT_TRUE(ResolveWorkerOptions(&att2).ok());
+  factory = serving::CacheFactory::Create(att2.scheduler.cache, config, config.n_kv_heads, 1);
+  ASSERT_TRUE(factory.ok()) << factory.status();
+  spec = factory->Resolve(serving::CacheRequest(), 1);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->evictor->policy.attention_weight, 0.0f);
+  EXPECT_EQ(spec->evictor->policy.attention_decay, 0.5f);
+  const absl::Status decay = WorkerFlags().Parse({"--attention-decay", "1"}, &bad);
+  EXPECT_FALSE(decay.ok());
+  EXPECT_NE(decay.message().find("--attention-decay"), absl::string_view::npos) << decay;
+  EXPECT_FALSE(WorkerFlags().Parse({"--attention-weight", "-1"}, &bad).ok());
 }
 
 TEST(WorkerOptionsTest, ResolveAppliesTheSessionDefaultsAndTheForwardCapacity) {
