@@ -1,5 +1,8 @@
 #include "client/client.h"
 
+#include <algorithm>
+#include <cstdio>
+#include <random>
 #include <thread>
 
 namespace recall {
@@ -88,14 +91,24 @@ absl::StatusOr<v1::ListModelsResponse> Client::ListModels() {
 
 namespace {
 
+// Reads a reply to its end. The first `skip` bytes of its text are not passed on (a retried
+// turn's replay repeats what the broken attempt passed on); *delivered counts what was.
 template <typename Reader>
-absl::StatusOr<v1::ConverseDone> ReadReply(Reader& reader, const TextCallback& on_text) {
+absl::StatusOr<v1::ConverseDone> ReadReply(Reader& reader, const TextCallback& on_text,
+                                           size_t skip = 0, size_t* delivered = nullptr) {
   v1::ConverseEvent ev;
   v1::ConverseDone done;
   bool got_done = false;
+  size_t seen = 0;
   while (reader->Read(&ev)) {
     if (ev.has_tokens()) {
-      if (on_text && !ev.tokens().text().empty()) on_text(ev.tokens().text());
+      const std::string& text = ev.tokens().text();
+      const size_t from = seen >= skip ? 0 : std::min(text.size(), skip - seen);
+      seen += text.size();
+      if (from < text.size()) {
+        if (delivered != nullptr) *delivered += text.size() - from;
+        if (on_text) on_text(text.substr(from));
+      }
     } else if (ev.has_done()) {
       done = ev.done();
       got_done = true;
@@ -109,18 +122,44 @@ absl::StatusOr<v1::ConverseDone> ReadReply(Reader& reader, const TextCallback& o
 
 }  // namespace
 
+std::string Client::NewTurnId() {
+  static thread_local std::mt19937_64 rng(std::random_device{}());
+  char id[40];
+  std::snprintf(id, sizeof(id), "sdk-%016llx%016llx", static_cast<unsigned long long>(rng()),
+                static_cast<unsigned long long>(rng()));
+  return id;
+}
+
 absl::StatusOr<v1::ConverseDone> Client::Converse(const std::string& session_id,
                                                   const std::string& message,
                                                   const v1::SamplingParams& sampling,
-                                                  const TextCallback& on_text) {
+                                                  const TextCallback& on_text,
+                                                  const std::string& turn_id) {
   v1::ConverseRequest req;
   req.set_session_id(session_id);
   req.set_message(message);
   *req.mutable_sampling() = sampling;
-  grpc::ClientContext ctx;
-  Prepare(&ctx);
-  auto reader = stub_->Converse(&ctx, req);
-  return ReadReply(reader, on_text);
+  req.set_turn_id(turn_id.empty() ? NewTurnId() : turn_id);
+  // Sent again on UNAVAILABLE (the coordinator unreachable, or the stream broke): the turn id
+  // makes the coordinator stream back the turn it already has instead of running it twice.
+  // Once sent, FAILED_PRECONDITION (that turn still ending on the coordinator) is waited out
+  // too. A replay repeats the reply from its start: what was passed on is skipped.
+  size_t delivered = 0;
+  auto backoff = std::chrono::milliseconds(100);
+  for (int attempt = 0;; ++attempt) {
+    grpc::ClientContext ctx;
+    Prepare(&ctx);
+    auto reader = stub_->Converse(&ctx, req);
+    absl::StatusOr<v1::ConverseDone> done = ReadReply(reader, on_text, delivered, &delivered);
+    const bool retry =
+        !done.ok() && attempt < options_.retries &&
+        (done.status().code() == absl::StatusCode::kUnavailable ||
+         (attempt > 0 && done.status().code() == absl::StatusCode::kFailedPrecondition &&
+          done.status().message().find("still running") != absl::string_view::npos));
+    if (!retry) return done;
+    std::this_thread::sleep_for(backoff);
+    backoff *= 2;
+  }
 }
 
 absl::StatusOr<v1::ConverseDone> Client::Generate(const v1::GenerateRequest& request,

@@ -12,9 +12,12 @@
 //       (*session)->Send(line, [](const std::string& text) { std::cout << text << std::flush; });
 //
 // Idempotent calls (GetSession, ListSessions, ListModels, DeleteSession) are retried with
-// exponential backoff on UNAVAILABLE; Converse is not (the coordinator already fails a turn
-// over between workers; a client retry would send the message twice). Every call has a
-// deadline. Errors are absl::Status with the server's code and message.
+// exponential backoff on UNAVAILABLE. So is Converse (and Session::Send): each turn carries a
+// turn id, so a retry after a broken stream gets the turn the coordinator already has (its
+// reply passed on from where the broken attempt stopped; ConverseDone.replayed and
+// turn_state say how it ended) instead of sending the message twice. The iterator form
+// (ConverseStream, Session::Stream) is not retried. Every call has a deadline. Errors are
+// absl::Status with the server's code and message.
 #pragma once
 
 #include <chrono>
@@ -33,7 +36,7 @@ struct ClientOptions {
   std::string address = "127.0.0.1:50050";
   std::string api_key;                                    // sent as "authorization: Bearer <key>"
   std::chrono::milliseconds deadline{600'000};            // per call
-  int retries = 3;                                        // for idempotent calls on UNAVAILABLE
+  int retries = 3;  // for idempotent calls and Converse on UNAVAILABLE (backoff 0.1 s, doubling)
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // default: insecure (loopback)
 };
 
@@ -83,11 +86,15 @@ class Client {
   absl::Status DeleteSession(const std::string& session_id);
   absl::StatusOr<v1::ListModelsResponse> ListModels();
 
-  // One turn: streams the reply's text to `on_text`; returns the final event.
+  // One turn: streams the reply's text to `on_text`; returns the final event. `turn_id`
+  // (ConverseRequest.turn_id; a fresh random one when empty) names the turn for retries.
   absl::StatusOr<v1::ConverseDone> Converse(const std::string& session_id,
                                             const std::string& message,
                                             const v1::SamplingParams& sampling,
-                                            const TextCallback& on_text);
+                                            const TextCallback& on_text,
+                                            const std::string& turn_id = "");
+  // A random turn id ("sdk-" and 32 hex digits).
+  static std::string NewTurnId();
   absl::StatusOr<v1::ConverseDone> Generate(const v1::GenerateRequest& request,
                                             const TextCallback& on_text);
   // Converse as an iterator.

@@ -45,6 +45,7 @@ void ToProto(const SessionRecord& r, bool with_messages, v1::Session* out) {
       pm->set_role(m.role);
       pm->set_content(m.content);
       pm->set_state(static_cast<v1::TurnState>(m.state));
+      pm->set_turn_id(m.turn_id);
     }
   }
   out->set_turns(with_messages ? std::min(users, replies) : r.message_count / 2);

@@ -4,6 +4,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "coordinator/chat_service.h"
@@ -133,14 +134,36 @@ class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::Conve
   void OnDone() override { delete this; }
 
  private:
-  // Converse, on the store pool: the session, the turn limit, the running-turn mark, the user
-  // message (durable before any worker sees it); then the turn.
+  // Converse, on the store pool: a turn the request's turn_id names, streamed back as stored;
+  // else the session, the turn limit, the running-turn mark, the user message (durable before
+  // any worker sees it); then the turn.
   void Prepare(const v1::ConverseRequest& request) {
     const std::string& message = request.message();
+    const std::string& turn_id = request.turn_id();
+    if (!turn_id.empty()) {
+      absl::StatusOr<SessionRecord> rec = service_.store_.Get(tenant_, request.session_id());
+      if (!rec.ok()) {
+        End(ToGrpc(rec.status()));
+        return;
+      }
+      if (const int i = FindTurn(*rec, turn_id); i >= 0) {
+        Replay(*rec, i, request);
+        return;
+      }
+    }
     absl::StatusOr<OpenTurn> turn = service_.conversations_.Begin(
         tenant_, request.session_id(),
-        [&message](const SessionRecord& rec) -> absl::StatusOr<TurnMessages> {
-          return TurnMessages{rec.message_count, {{"user", message}}};
+        [&message, &turn_id](const SessionRecord& rec) -> absl::StatusOr<TurnMessages> {
+          if (!turn_id.empty() && FindTurn(rec, turn_id) >= 0) {
+            // Stored between the look above and the running mark: that request ran it.
+            return absl::FailedPreconditionError(
+                absl::StrCat("turn_id ", QuotedId(turn_id),
+                             ": a request with this id ran the turn meanwhile; send it again to "
+                             "get that turn (retryable)"));
+          }
+          StoredMessage user{"user", message};
+          user.turn_id = turn_id;
+          return TurnMessages{rec.message_count, {std::move(user)}};
         },
         request.sampling(), "grpc");
     if (!turn.ok()) {
@@ -150,6 +173,53 @@ class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::Conve
     turn_ = std::move(*turn);
     journal_ = service_.conversations_.Journal(*turn_, this);
     Run(turn_->spec);
+  }
+
+  // The position of the user message whose turn id is `turn_id`, or -1.
+  static int FindTurn(const SessionRecord& rec, const std::string& turn_id) {
+    for (size_t i = 0; i < rec.messages.size(); ++i) {
+      const StoredMessage& m = rec.messages[i];
+      if (m.role == "user" && m.turn_id == turn_id) return static_cast<int>(i);
+    }
+    return -1;
+  }
+
+  // The turn whose user message is rec.messages[user], as stored: its reply (the assistant
+  // message after it) as one tokens event, then done with replayed set and the turn's state.
+  void Replay(const SessionRecord& rec, int user, const v1::ConverseRequest& request) {
+    const StoredMessage& asked = rec.messages[static_cast<size_t>(user)];
+    if (asked.content != request.message()) {
+      End(Invalid("turn_id", absl::StrCat(QuotedId(request.turn_id()), " names message ", user,
+                                          " of the session, whose text differs from this "
+                                          "message; a new turn needs a new id")));
+      return;
+    }
+    StoredMessage reply;
+    reply.state = TurnState::kFailed;  // no reply stored: nothing was sent
+    for (size_t i = static_cast<size_t>(user) + 1; i < rec.messages.size(); ++i) {
+      if (rec.messages[i].role == "assistant") {
+        reply = rec.messages[i];
+        break;
+      }
+    }
+    if (reply.state == TurnState::kInProgress) {
+      End(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                       absl::StrCat("turn_id ", QuotedId(request.turn_id()),
+                                    ": that turn is still running; send this again once it has "
+                                    "ended (retryable)")));
+      return;
+    }
+    if (!reply.content.empty() || !reply.token_ids.empty()) {
+      v1::TokenEvent tokens;
+      tokens.mutable_token_ids()->Add(reply.token_ids.begin(), reply.token_ids.end());
+      tokens.set_text(reply.content);
+      OnTokens(tokens);
+    }
+    v1::ConverseEvent done;
+    done.mutable_done()->set_finish_reason(static_cast<v1::FinishReason>(reply.finish));
+    done.mutable_done()->set_replayed(true);
+    done.mutable_done()->set_turn_state(static_cast<v1::TurnState>(reply.state));
+    End(grpc::Status::OK, std::move(done));
   }
 
   // Converse, on the store pool: store the reply complete and the binding, or what the client
@@ -250,6 +320,14 @@ grpc::Status CheckConverse(const ApiKeys& keys, const CoordinatorOptions& option
                                            options.max_message_bytes));
   }
   if (!IsUtf8(request.message())) return Invalid("message", "is not valid UTF-8");
+  const std::string& id = request.turn_id();
+  if (id.size() > 128) return Invalid("turn_id", absl::StrCat(id.size(), " bytes; at most 128"));
+  for (const char c : id) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != ':' &&
+        c != '-') {
+      return Invalid("turn_id", "may hold only A-Z a-z 0-9 . _ : -");
+    }
+  }
   return grpc::Status::OK;
 }
 

@@ -57,6 +57,7 @@ std::string ToJson(const StoredMessage& message) {
   }
   if (message.state != TurnState::kComplete) m["state"] = static_cast<int>(message.state);
   if (message.lease_unix_ms != 0) m["lease_ms"] = message.lease_unix_ms;
+  if (!message.turn_id.empty()) m["turn_id"] = message.turn_id;
   return m.dump();
 }
 
@@ -150,6 +151,9 @@ class RedisStore final : public SessionStore {
       }
       if (m.contains("finish") && m["finish"].is_number_integer())
         msg.finish = m["finish"].get<int>();
+      if (m.contains("turn_id") && m["turn_id"].is_string()) {
+        msg.turn_id = m["turn_id"].get<std::string>();
+      }
     }
     r.message_count = static_cast<int>(r.messages.size());
     return r;

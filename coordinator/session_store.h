@@ -48,6 +48,9 @@ struct StoredMessage {
   int finish = 0;
   TurnState state = TurnState::kComplete;  // an assistant reply's turn
   int64_t lease_unix_ms = 0;  // kInProgress: its writer vouches for it until then (0: always)
+  // A user message: the client's id for its turn (ConverseRequest.turn_id; "" when none), so
+  // a retried Converse finds the turn instead of running it twice.
+  std::string turn_id;
 };
 
 // The messages of `messages[0, count)` that a prompt may contain: without the turns that

@@ -36,6 +36,7 @@ CREATE TABLE IF NOT EXISTS messages (
   reply BLOB NOT NULL DEFAULT x'',
   state INTEGER NOT NULL DEFAULT 0,
   lease_ms INTEGER NOT NULL DEFAULT 0,
+  turn_id TEXT NOT NULL DEFAULT '',
   PRIMARY KEY (session_id, idx));
 )sql";
 
@@ -93,9 +94,10 @@ class SqliteStore final : public SessionStore {
     absl::MutexLock lock(&mu_);
     SessionRecord r;
     RECALL_RETURN_IF_ERROR(LoadHeader(tenant, id, &r));
-    Stmt m(db_,
-           "SELECT role, content, reply, state, lease_ms FROM messages WHERE session_id = ? "
-           "ORDER BY idx");
+    Stmt m(
+        db_,
+        "SELECT role, content, reply, state, lease_ms, turn_id FROM messages WHERE session_id = ? "
+        "ORDER BY idx");
     m.BindText(1, id);
     int rc;
     while ((rc = m.Step()) == SQLITE_ROW) {
@@ -106,6 +108,7 @@ class SqliteStore final : public SessionStore {
       const int64_t state = m.Int(3);
       msg.state = state >= 0 && state <= 3 ? static_cast<TurnState>(state) : TurnState::kFailed;
       msg.lease_unix_ms = m.Int(4);
+      msg.turn_id = m.Text(5);
     }
     if (rc != SQLITE_DONE) return Check(rc, "read transcript");
     return r;
@@ -154,11 +157,12 @@ class SqliteStore final : public SessionStore {
     for (size_t i = 0; i < messages.size(); ++i) {
       const StoredMessage& message = messages[i];
       Stmt s(db_,
-             "INSERT INTO messages (session_id, idx, role, content, reply, state, lease_ms) "
-             "VALUES (?, ?, ?, ?, ?, ?, ?)");
+             "INSERT INTO messages (session_id, idx, role, content, reply, state, lease_ms, "
+             "turn_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
       s.BindText(1, id).Bind(2, index + static_cast<int64_t>(i)).BindText(3, message.role);
       s.Bind(4, message.content).Bind(5, EncodeReply(message));
       s.Bind(6, static_cast<int64_t>(message.state)).Bind(7, message.lease_unix_ms);
+      s.BindText(8, message.turn_id);
       absl::Status st = Check(s.Step(), "append message");
       if (!st.ok()) {
         Exec("ROLLBACK", "append messages").IgnoreError();
@@ -182,11 +186,11 @@ class SqliteStore final : public SessionStore {
       if (streaming) Exec("PRAGMA synchronous=FULL", "replace message").IgnoreError();
     };
     Stmt s(db_,
-           "UPDATE messages SET role = ?, content = ?, reply = ?, state = ?, lease_ms = ? "
-           "WHERE session_id = ? AND idx = ?");
+           "UPDATE messages SET role = ?, content = ?, reply = ?, state = ?, lease_ms = ?, "
+           "turn_id = ? WHERE session_id = ? AND idx = ?");
     s.BindText(1, message.role).Bind(2, message.content).Bind(3, EncodeReply(message));
     s.Bind(4, static_cast<int64_t>(message.state)).Bind(5, message.lease_unix_ms);
-    s.BindText(6, id).Bind(7, static_cast<int64_t>(index));
+    s.BindText(6, message.turn_id).BindText(7, id).Bind(8, static_cast<int64_t>(index));
     RECALL_RETURN_IF_ERROR(Check(s.Step(), "replace message"));
     if (sqlite3_changes(db_) == 0) {
       return absl::FailedPreconditionError(absl::StrCat("session \"", id, "\" has ",
@@ -290,8 +294,8 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string&
     sqlite3_close(db);
     return absl::DataLossError(absl::StrCat("session store ", path, ": ", msg));
   }
-  // Files from before replies' tokens (empty: replayed as text) and turn states (complete)
-  // were kept get the columns.
+  // Files from before replies' tokens (empty: replayed as text), turn states (complete) and
+  // turn ids (none) were kept get the columns.
   std::set<std::string> columns;
   {
     Stmt info(db, "PRAGMA table_info(messages)");
@@ -306,7 +310,8 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string&
          "NULL DEFAULT 0"},
         {"lease_ms",
          "ALTER TABLE messages ADD COLUMN lease_ms "
-         "INTEGER NOT NULL DEFAULT 0"}}) {
+         "INTEGER NOT NULL DEFAULT 0"},
+        {"turn_id", "ALTER TABLE messages ADD COLUMN turn_id TEXT NOT NULL DEFAULT ''"}}) {
     if (columns.count(column) != 0) continue;
     if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
       const std::string msg = err ? err : "?";

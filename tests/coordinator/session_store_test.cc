@@ -2,6 +2,7 @@
 #include "coordinator/session_store.h"
 
 #include <signal.h>
+#include <sqlite3.h>
 #include <sys/wait.h>
 
 #include <cstdlib>
@@ -175,6 +176,63 @@ TEST_P(SessionStoreTest, TurnsAreWrittenWholeAndTheirRepliesReplaced) {
   ASSERT_TRUE(store_->Replace("a", "s1", 1, done).ok());
   EXPECT_EQ(store_->Get("a", "s1")->messages[1].state, TurnState::kComplete);
   EXPECT_EQ(store_->Get("a", "s1")->messages[1].finish, 1);
+}
+
+// A user message's turn id (ConverseRequest.turn_id) is kept, through a reopening; other
+// messages have none.
+TEST_P(SessionStoreTest, TurnIdsAreKept) {
+  ASSERT_TRUE(store_->Create(Record("s1", "a")).ok());
+  StoredMessage user{"user", "hi"};
+  user.turn_id = "turn-1:a_b.c";
+  StoredMessage reply{"assistant", ""};
+  reply.state = TurnState::kInProgress;
+  ASSERT_TRUE(store_->AppendAll("a", "s1", 0, {user, reply}).ok());
+  StoredMessage done{"assistant", " Once"};
+  ASSERT_TRUE(store_->Replace("a", "s1", 1, done).ok());
+  ASSERT_TRUE(store_->Append("a", "s1", 2, {"user", "no id"}).ok());
+  store_.reset();
+  auto again = OpenStore(url_);
+  ASSERT_TRUE(again.ok()) << again.status();
+  auto rec = (*again)->Get("a", "s1");
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  ASSERT_EQ(rec->messages.size(), 3u);
+  EXPECT_EQ(rec->messages[0].turn_id, "turn-1:a_b.c");
+  EXPECT_EQ(rec->messages[1].turn_id, "");
+  EXPECT_EQ(rec->messages[1].content, " Once");
+  EXPECT_EQ(rec->messages[2].turn_id, "");
+}
+
+// A session file written before turn ids were kept opens with the column added: its messages
+// have none, and new ones keep theirs.
+TEST(SqliteStoreTest, AFileFromBeforeTurnIdsGetsTheColumn) {
+  const std::string path = testing::MakeTempDir("store_old") + "/sessions.db";
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  const char* old_schema = R"sql(
+CREATE TABLE sessions (id TEXT PRIMARY KEY, tenant TEXT NOT NULL, model TEXT NOT NULL,
+  cache BLOB NOT NULL, metadata TEXT NOT NULL, created_ms INTEGER NOT NULL,
+  worker TEXT NOT NULL DEFAULT '');
+CREATE TABLE messages (session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+  idx INTEGER NOT NULL, role TEXT NOT NULL, content BLOB NOT NULL,
+  reply BLOB NOT NULL DEFAULT x'', state INTEGER NOT NULL DEFAULT 0,
+  lease_ms INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (session_id, idx));
+INSERT INTO sessions VALUES ('s1', 'a', 'm', x'', '{}', 1, '');
+INSERT INTO messages (session_id, idx, role, content) VALUES ('s1', 0, 'user', 'old');
+)sql";
+  char* err = nullptr;
+  ASSERT_EQ(sqlite3_exec(db, old_schema, nullptr, nullptr, &err), SQLITE_OK) << err;
+  sqlite3_close(db);
+  auto store = OpenStore(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  StoredMessage user{"user", "new"};
+  user.turn_id = "t2";
+  ASSERT_TRUE((*store)->Append("a", "s1", 1, user).ok());
+  auto rec = (*store)->Get("a", "s1");
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  ASSERT_EQ(rec->messages.size(), 2u);
+  EXPECT_EQ(rec->messages[0].content, "old");
+  EXPECT_EQ(rec->messages[0].turn_id, "");
+  EXPECT_EQ(rec->messages[1].turn_id, "t2");
 }
 
 // Which messages a prompt may hold: complete turns, system messages, the turn being asked.

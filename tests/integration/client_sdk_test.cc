@@ -1,5 +1,7 @@
 // The C++ SDK against `recall serve`-like processes (a coordinator and a worker): callback
-// and iterator forms of a turn give the same reply, History, Close, and errors as statuses.
+// and iterator forms of a turn give the same reply, History, Close, and errors as statuses;
+// a turn whose coordinator is killed mid-reply is sent again under its turn id and comes back
+// as stored, not run twice.
 #include "client/client.h"
 #include "common/subprocess.h"
 #include "gtest/gtest.h"
@@ -46,6 +48,54 @@ TEST(ClientSdkTest, CallbackAndIteratorRepliesHistoryAndClose) {
   EXPECT_EQ((*a)->History().status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(client->Converse("s-missing", "hi", {}, nullptr).status().code(),
             absl::StatusCode::kNotFound);
+}
+
+// The coordinator is killed (SIGKILL) after the reply's first text and started again on the
+// same port and store: Send retries under the same turn id, and the turn comes back as the
+// new coordinator has it (interrupted, as every turn left in progress by a dead coordinator),
+// its text passed on once, in order, with no second user message stored.
+TEST(ClientSdkTest, SendRetriesATurnWhoseCoordinatorDiedWithoutSendingItTwice) {
+  RECALL_REQUIRE_SHARED_FILE(kModel);
+  const std::string dir = testing::MakeTempDir("sdk_retry");
+  ServerProcess worker, coordinator;
+  std::string error;
+  const std::string address = testing::StartServe(dir, worker, coordinator, &error);
+  ASSERT_FALSE(address.empty()) << error;
+  const std::string port = address.substr(address.rfind(':') + 1);
+  auto client = Client::Connect({.address = address, .retries = 8});
+  auto session = client->StartSession({});
+  ASSERT_TRUE(session.ok()) << session.status();
+  (*session)->sampling().set_temperature(0);
+  (*session)->sampling().set_max_tokens(200);
+  std::string text;
+  bool restarted = false;
+  auto done = (*session)->Send("Once upon a time", [&](const std::string& t) {
+    text += t;
+    if (restarted) return;
+    restarted = true;
+    coordinator.Kill();
+    std::string err;
+    ASSERT_TRUE(coordinator.Start(RECALL_COORDINATOR_BINARY,
+                                  {"--workers", "127.0.0.1:" + std::to_string(worker.port("grpc")),
+                                   "--listen", "127.0.0.1:" + port, "--data-dir", dir},
+                                  dir, &err))
+        << err;
+  });
+  ASSERT_TRUE(restarted) << "no text arrived";
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_TRUE(done->replayed());
+  EXPECT_EQ(done->turn_state(), v1::TURN_STATE_INTERRUPTED);
+  auto history = (*session)->History();
+  ASSERT_TRUE(history.ok()) << history.status();
+  ASSERT_EQ(history->size(), 2u) << "one user message and its reply";
+  EXPECT_EQ((*history)[0].content(), "Once upon a time");
+  EXPECT_EQ((*history)[0].turn_id().rfind("sdk-", 0), 0u) << (*history)[0].turn_id();
+  EXPECT_EQ((*history)[1].state(), v1::TURN_STATE_INTERRUPTED);
+  EXPECT_EQ(text, (*history)[1].content()) << "every piece once, in order";
+  // The session goes on.
+  auto next = (*session)->Send("What happened next?", nullptr);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_FALSE(next->replayed());
 }
 
 }  // namespace

@@ -97,12 +97,14 @@ class CoordinatorTest : public ::testing::Test {
 
   // One turn; `on_first_tokens` runs once after the first token event arrives.
   Reply Say(const std::string& session, const std::string& message, int max_tokens = 30,
-            const std::string& key = "key-a", std::function<void()> on_first_tokens = nullptr) {
+            const std::string& key = "key-a", std::function<void()> on_first_tokens = nullptr,
+            const std::string& turn_id = "") {
     grpc::ClientContext ctx;
     Auth(&ctx, key);
     v1::ConverseRequest req;
     req.set_session_id(session);
     req.set_message(message);
+    req.set_turn_id(turn_id);
     req.mutable_sampling()->set_temperature(0);
     req.mutable_sampling()->set_max_tokens(max_tokens);
     auto reader = stub_->Converse(&ctx, req);
@@ -286,6 +288,55 @@ TEST_F(CoordinatorTest, SessionsSurviveACoordinatorRestart) {
   EXPECT_EQ(after.SerializeAsString(), before.SerializeAsString());
   Reply r = Say(id, "What happened next?");
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(Get(id).messages_size(), 5);
+}
+
+// A Converse naming a turn the session has (ConverseRequest.turn_id) streams it back as
+// stored instead of running it again, across a coordinator restart; a different message under
+// that id, or an id out of its alphabet or length, is refused naming the field.
+TEST_F(CoordinatorTest, ATurnIdMakesASecondConverseReturnTheStoredTurn) {
+  const std::string id = Create();
+  const Reply first = Say(id, "Once upon a time", 30, "key-a", nullptr, "turn-1");
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  EXPECT_FALSE(first.done.replayed());
+  ASSERT_FALSE(first.text.empty());
+  const Reply again = Say(id, "Once upon a time", 30, "key-a", nullptr, "turn-1");
+  ASSERT_TRUE(again.status.ok()) << again.status.error_message();
+  EXPECT_TRUE(again.done.replayed());
+  EXPECT_EQ(again.done.turn_state(), v1::TURN_STATE_COMPLETE);
+  EXPECT_EQ(again.text, first.text);
+  EXPECT_EQ(again.tokens, first.tokens);
+  EXPECT_EQ(again.done.finish_reason(), first.done.finish_reason());
+  v1::Session s = Get(id);
+  ASSERT_EQ(s.messages_size(), 3) << "the system prompt, one user message, one reply";
+  EXPECT_EQ(s.messages(1).turn_id(), "turn-1");
+
+  const Reply other = Say(id, "Something else", 30, "key-a", nullptr, "turn-1");
+  EXPECT_EQ(other.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(other.status.error_message().find("turn_id: \"turn-1\" names message 1"),
+            std::string::npos)
+      << other.status.error_message();
+  EXPECT_EQ(Say(id, "Once upon a time", 30, "key-b", nullptr, "turn-1").status.error_code(),
+            grpc::StatusCode::NOT_FOUND)
+      << "another tenant's session";
+  for (const std::string& bad : {std::string("a b"), std::string("t/1"), std::string(129, 'x')}) {
+    const Reply r = Say(id, "Once upon a time", 30, "key-a", nullptr, bad);
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad;
+    EXPECT_EQ(r.status.error_message().rfind("turn_id: ", 0), 0u) << r.status.error_message();
+  }
+  EXPECT_EQ(Get(id).messages_size(), 3) << "nothing refused was stored";
+
+  const Reply next = Say(id, "What happened next?", 30, "key-a", nullptr, "turn-2");
+  ASSERT_TRUE(next.status.ok()) << next.status.error_message();
+  EXPECT_FALSE(next.done.replayed());
+  EXPECT_EQ(Get(id).messages_size(), 5);
+
+  coordinator_.Stop();
+  StartCoordinator();
+  const Reply after = Say(id, "Once upon a time", 30, "key-a", nullptr, "turn-1");
+  ASSERT_TRUE(after.status.ok()) << after.status.error_message();
+  EXPECT_TRUE(after.done.replayed());
+  EXPECT_EQ(after.text, first.text);
   EXPECT_EQ(Get(id).messages_size(), 5);
 }
 
@@ -807,6 +858,50 @@ TEST_F(FailoverTest, AClientCancellingMidReplyFreesTheWorkersTurnPromptly) {
   Reply next = Say(id, "Once upon a time", 4);
   EXPECT_TRUE(next.status.ok()) << "the session takes its next turn: "
                                 << next.status.error_message();
+}
+
+// A turn named by a turn id, asked again while it runs: FAILED_PRECONDITION (retryable); once
+// the client's cancel has interrupted it, asked again: the part that was sent, as stored,
+// marked interrupted, and nothing run again.
+TEST_F(FailoverTest, ATurnIdAskedAgainWhileItRunsOrAfterItBrokeIsNotRunTwice) {
+  const std::string id = Create();
+  grpc::ClientContext ctx;
+  Auth(&ctx, "key-a");
+  v1::ConverseRequest req;
+  req.set_session_id(id);
+  req.set_message("Once upon a time");
+  req.set_turn_id("long-1");
+  req.mutable_sampling()->set_temperature(0);
+  req.mutable_sampling()->set_max_tokens(200);
+  auto reader = stub_->Converse(&ctx, req);
+  v1::ConverseEvent ev;
+  ASSERT_TRUE(reader->Read(&ev));
+  ASSERT_TRUE(ev.has_tokens());
+  std::string received = ev.tokens().text();
+  const Reply during = Say(id, "Once upon a time", 200, "key-a", nullptr, "long-1");
+  EXPECT_EQ(during.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(during.status.error_message().find("still running"), std::string::npos)
+      << during.status.error_message();
+  ctx.TryCancel();
+  while (reader->Read(&ev)) {
+    if (ev.has_tokens()) received += ev.tokens().text();
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  v1::Session s;
+  for (int i = 0; i < 500; ++i) {
+    s = Get(id);
+    if (s.messages_size() == 3 && s.messages(2).state() != v1::TURN_STATE_IN_PROGRESS) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(s.messages_size(), 3);
+  ASSERT_EQ(s.messages(2).state(), v1::TURN_STATE_INTERRUPTED);
+  const Reply after = Say(id, "Once upon a time", 200, "key-a", nullptr, "long-1");
+  ASSERT_TRUE(after.status.ok()) << after.status.error_message();
+  EXPECT_TRUE(after.done.replayed());
+  EXPECT_EQ(after.done.turn_state(), v1::TURN_STATE_INTERRUPTED);
+  EXPECT_EQ(after.text, s.messages(2).content());
+  EXPECT_EQ(after.text.rfind(received, 0), 0u) << "what the client was sent comes first";
+  EXPECT_EQ(Get(id).messages_size(), 3) << "not run again";
 }
 
 }  // namespace
