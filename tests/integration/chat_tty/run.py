@@ -29,15 +29,7 @@ def fail(message, *logs):
 
 def read_until(fd, buf, want, seconds):
     """Reads the pty into buf until `want` appears in it (or the time is up)."""
-    end = time.time() + seconds
-    while time.time() < end and want not in buf[0]:
-        ready, _, _ = select.select([fd], [], [], 0.05)
-        if ready:
-            try:
-                buf[0] += os.read(fd, 65536).decode(errors="replace")
-            except OSError:
-                break
-    return want in buf[0]
+    return read_while(fd, buf, lambda b: want in b, seconds)
 
 
 def read_while(fd, buf, pred, seconds):
