@@ -164,6 +164,11 @@ class Backend {
   // Whether MatMul and Embedding take int8 matrices (DType::kI8, their scales and row sums in
   // this backend's memory). False when the backend's int8 kernel failed its start-up check.
   virtual bool RunsInt8Weights() const { return true; }
+  // Whether MatMul takes FP8 matrices (DType::kF8E4M3 with their block scales; never
+  // Embedding: FP8 checkpoints keep the embeddings in a float type). The CUDA backend only,
+  // when its FP8 kernel passed its start-up check; the CPU runs an FP8 checkpoint widened
+  // (weight_dtype auto) or requantized (int8) at load.
+  virtual bool RunsFp8Weights() const { return false; }
 
   // x[i, :] += bias.  x: [n, dim]; bias: [dim].
   virtual void AddBias(float* x, const float* bias, int n, int dim) = 0;

@@ -49,6 +49,8 @@ struct CudaBackendOptions {
   // matmul and embedding (CheckInt8MatMul, kernels/cpu/matmul_check.h) and, when they fail,
   // refuses them this way: an engine with int8 weights then fails to start, by name.
   bool refuse_int8_weights = false;
+  // Refuse FP8 weights (RunsFp8Weights() false), as refuse_int8_weights for CheckFp8MatMul.
+  bool refuse_fp8_weights = false;
 };
 
 // FailedPrecondition when no CUDA device is present (or `device` is out of range);

@@ -10,9 +10,14 @@ namespace recall::kernels {
 
 // Element types of weight matrices. kI8: symmetric int8 with one fp32 scale per row (per
 // output channel of a linear layer): w[r, c] = q[r, c] * scales[r] (kernels/cpu/int8.h).
-enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2, kI8 = 3 };
+// kF8E4M3: an FP8 checkpoint's E4M3FN bytes (kernels/fp8.h) with one fp32 scale per row and
+// block of scale_block columns: w[r, c] = e4m3(q[r, c]) * scales[r * ScaleColumns() +
+// c / scale_block]. Only the CUDA backend multiplies them (Backend::RunsFp8Weights).
+enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2, kI8 = 3, kF8E4M3 = 4 };
 
-inline size_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : t == DType::kI8 ? 1 : 2; }
+inline size_t DTypeSize(DType t) {
+  return t == DType::kF32 ? 4 : (t == DType::kI8 || t == DType::kF8E4M3) ? 1 : 2;
+}
 inline const char* DTypeName(DType t) {
   switch (t) {
     case DType::kF32: return "f32";
@@ -20,6 +25,8 @@ inline const char* DTypeName(DType t) {
     case DType::kBF16: return "bf16";
     case DType::kI8:
       return "int8";
+    case DType::kF8E4M3:
+      return "fp8";
   }
   return "?";
 }
@@ -31,13 +38,19 @@ struct Matrix {
   DType dtype = DType::kF32;
   int64_t rows = 0;
   int64_t cols = 0;
-  const float* scales = nullptr;      // kI8: [rows], one per row; null for the other types
+  // kI8: [rows], one per row; kF8E4M3: [rows, ScaleColumns()]; null for the other types.
+  const float* scales = nullptr;
   const int32_t* row_sums = nullptr;  // kI8: [rows], the sum of each row's integers
+  int32_t scale_block = 0;            // kF8E4M3: columns per scale, a multiple of 8
 
   bool empty() const { return data == nullptr; }
   int64_t numel() const { return rows * cols; }
   size_t bytes() const { return static_cast<size_t>(numel()) * DTypeSize(dtype); }  // elements
-  size_t scale_bytes() const {  // kI8: the scales and the row sums
+  int64_t ScaleColumns() const {  // kF8E4M3: scales per row
+    return scale_block > 0 ? (cols + scale_block - 1) / scale_block : 0;
+  }
+  size_t scale_bytes() const {  // kI8: the scales and the row sums; kF8E4M3: the scales
+    if (dtype == DType::kF8E4M3) return static_cast<size_t>(rows * ScaleColumns()) * sizeof(float);
     return dtype == DType::kI8 ? static_cast<size_t>(rows) * (sizeof(float) + sizeof(int32_t)) : 0;
   }
   const float* f32() const { return static_cast<const float*>(data); }  // REQUIRES: kF32

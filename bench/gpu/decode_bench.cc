@@ -1,5 +1,6 @@
-// GPU decode benchmark of the CUDA backend (issue 7). Random bf16 weights with the shapes of
-// SmolLM2-135M, Qwen2.5-0.5B and Llama-3-8B, paged KV of
+// GPU decode benchmark of the CUDA backend (issue 7). Random weights with the shapes of
+// SmolLM2-135M, Qwen2.5-0.5B and Llama-3-8B (bf16; with --weight-dtype int8 or fp8 the layers'
+// linear weights in that type with their scales, the embeddings and LM head bf16), paged KV of
 // --kv-dtype (f32 by default, as the committed results; bf16, f16, int8). Prints, per (shape,
 // batch, context): decode tokens/s and the fraction of the HBM roofline, where the roofline step
 // time is (weight bytes + KV bytes read and written per step) / the device-to-device copy bandwidth
@@ -14,6 +15,7 @@
 //   recall_gpu_decode_bench [--shapes smollm2-135m,qwen2.5-0.5b,llama-3-8b] [--batches 1,16,64]
 //       [--contexts 1024,8192] [--steps 32] [--out-json FILE] [--time-ops 1]
 //       [--temperature T] [--top-k K] [--top-p P] [--kv-dtype f32|bf16|f16|int8]
+//       [--weight-dtype bf16|int8|fp8]
 // --temperature > 0 samples on the device instead (Backend::SampleRows, with --top-k and
 // --top-p), to see what sampling adds to a step against a greedy run.
 // --time-ops 1 prints each configuration's GPU time per op (CudaOpTimes; the events add a
@@ -63,10 +65,13 @@ Shape MakeShape(const std::string& name) { return {name, bench::NamedShape(name)
     }                                                                          \
   } while (0)
 
-// Device memory filled by tiling one random host chunk (uniform in +-scale, rounded to bf16 or
-// kept f32).
 // The KV storage type of every pool (--kv-dtype).
 kernels::KvDType g_kv_dtype = kernels::KvDType::kF32;
+// The type of the layers' linear weights (--weight-dtype): bf16, int8 or fp8.
+kernels::DType g_weight_dtype = kernels::DType::kBF16;
+
+// Device memory filled by tiling one random host chunk (uniform in +-scale, rounded to bf16 or
+// kept f32; int8 and fp8: random bytes, no NaN code).
 
 class Filler {
  public:
@@ -99,7 +104,10 @@ class Filler {
     std::vector<char> bytes(n * kernels::DTypeSize(dt));
     for (size_t i = 0; i < n; ++i) {
       const float v = d(rng);
-      if (dt == kernels::DType::kF32) {
+      if (kernels::DTypeSize(dt) == 1) {
+        const uint8_t code = static_cast<uint8_t>(rng());
+        bytes[i] = static_cast<char>((code & 0x7F) == 0x7F ? 0x38 : code);
+      } else if (dt == kernels::DType::kF32) {
         reinterpret_cast<float*>(bytes.data())[i] = v;
       } else {
         reinterpret_cast<uint16_t*>(bytes.data())[i] = model::F32ToBf16(v);
@@ -131,6 +139,19 @@ void MakeDeviceModel(const model::ModelConfig& c, kernels::Memory& memory, Devic
     return kernels::Matrix{fill.Fill(n, kernels::DType::kF32, scale, out.buffers),
                            kernels::DType::kF32, 1, n};
   };
+  // A layer's linear weight in --weight-dtype: the bytes, then the scales the kernel reads
+  // (int8: one per row; fp8: one per row and block of 128 columns), counted in the bytes read.
+  const auto linear = [&](int64_t rows, int64_t cols) {
+    if (g_weight_dtype == kernels::DType::kBF16) return mat(rows, cols);
+    kernels::Matrix x{fill.Fill(rows * cols, g_weight_dtype, 1.0f, out.buffers), g_weight_dtype,
+                      rows, cols};
+    if (g_weight_dtype == kernels::DType::kF8E4M3) x.scale_block = 128;
+    const int64_t scales = g_weight_dtype == kernels::DType::kI8 ? rows : rows * x.ScaleColumns();
+    x.scales = static_cast<const float*>(
+        fill.Fill(scales, kernels::DType::kF32, 1.0f / (64 * std::sqrt(float(cols))), out.buffers));
+    out.weight_bytes += static_cast<int64_t>(x.bytes()) + scales * 4;
+    return x;
+  };
   const int q = c.n_heads * c.head_dim, kv = c.n_kv_heads * c.head_dim;
   out.m.tok_embeddings = mat(c.vocab_size, c.dim);
   out.m.lm_head = c.tied_embeddings ? out.m.tok_embeddings : mat(c.vocab_size, c.dim);
@@ -140,9 +161,10 @@ void MakeDeviceModel(const model::ModelConfig& c, kernels::Memory& memory, Devic
   for (model::LayerWeights& w : out.m.layers) {
     w.attn_norm = vec(c.dim, 1.0f);
     w.ffn_norm = vec(c.dim, 1.0f);
-    w.wq = mat(q, c.dim), w.wk = mat(kv, c.dim), w.wv = mat(kv, c.dim), w.wo = mat(c.dim, q);
-    w.w_gate = mat(c.hidden_dim, c.dim), w.w_up = mat(c.hidden_dim, c.dim);
-    w.w_down = mat(c.dim, c.hidden_dim);
+    w.wq = linear(q, c.dim), w.wk = linear(kv, c.dim), w.wv = linear(kv, c.dim);
+    w.wo = linear(c.dim, q);
+    w.w_gate = linear(c.hidden_dim, c.dim), w.w_up = linear(c.hidden_dim, c.dim);
+    w.w_down = linear(c.dim, c.hidden_dim);
     if (c.qkv_bias) w.bq = vec(q, 0.02f), w.bk = vec(kv, 0.02f), w.bv = vec(kv, 0.02f);
   }
 }
@@ -385,6 +407,17 @@ int Main(int argc, char** argv) {
         std::fprintf(stderr, "--kv-dtype: %s is not one of f32, bf16, f16, int8\n", v.c_str());
         return 2;
       }
+    } else if (a == "--weight-dtype") {
+      if (v == "bf16")
+        g_weight_dtype = kernels::DType::kBF16;
+      else if (v == "int8")
+        g_weight_dtype = kernels::DType::kI8;
+      else if (v == "fp8")
+        g_weight_dtype = kernels::DType::kF8E4M3;
+      else {
+        std::fprintf(stderr, "--weight-dtype: %s is not one of bf16, int8, fp8\n", v.c_str());
+        return 2;
+      }
     } else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
@@ -397,6 +430,12 @@ int Main(int argc, char** argv) {
     std::printf("SKIP: %s\n", std::string(gpu.status().message()).c_str());
     return 0;
   }
+  if ((g_weight_dtype == kernels::DType::kI8 && !(*gpu)->RunsInt8Weights()) ||
+      (g_weight_dtype == kernels::DType::kF8E4M3 && !(*gpu)->RunsFp8Weights())) {
+    std::printf("FAIL: the device's %s matmul failed its start-up check (the log says how)\n",
+                kernels::DTypeName(g_weight_dtype));
+    return 1;
+  }
   cudaDeviceProp prop;
   cudaGetDeviceProperties(&prop, 0);
   const double bw = CopyBandwidth((*gpu)->memory());
@@ -404,6 +443,7 @@ int Main(int argc, char** argv) {
   std::fflush(stdout);
   std::ostringstream js;
   js << "{\"device\": \"" << prop.name << "\", \"kv_dtype\": \"" << kernels::KvDTypeName(g_kv_dtype)
+     << "\", \"weight_dtype\": \"" << kernels::DTypeName(g_weight_dtype)
      << "\", \"copy_gbs\": " << bw / 1e9 << ", \"results\": [";
   bool first = true;
   std::ostringstream extra;
@@ -415,7 +455,8 @@ int Main(int argc, char** argv) {
     }
     DeviceModel dm;
     MakeDeviceModel(s.c, (*gpu)->memory(), dm);
-    std::printf("%s: %.2f GB of bf16 weights read per step\n", s.name.c_str(), dm.weight_bytes / 1e9);
+    std::printf("%s: %.2f GB of weights read per step (%s linear weights)\n", s.name.c_str(),
+                dm.weight_bytes / 1e9, kernels::DTypeName(g_weight_dtype));
     for (int ctx : contexts) {
       for (int b : batches) {
         const Result r = RunDecode(s, dm, **gpu, sampling, b, ctx, steps, bw, graphs);

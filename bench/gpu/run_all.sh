@@ -5,7 +5,8 @@
 # ranks sharing the GPU (staged). Logs and JSON go to $OUT (default /tmp/recall-gpu). Knobs:
 # TEST_ARGS, BENCH=0 (tests only), BENCH_ARGS, HF_ARGS, GRAPHS_CMP=0 (skip the run without
 # CUDA graphs), OPS=0 (skip the per-op GPU times), TP_BENCH=0 (skip the TP benchmark),
-# KV_DTYPES="bf16 int8" (the decode benchmark again per KV type, beside bench.log's f32).
+# KV_DTYPES="bf16 int8" (the decode benchmark again per KV type, beside bench.log's f32),
+# WEIGHT_DTYPES="int8 fp8" (again per type of the layers' weights, beside a bf16 run).
 set -u
 OUT=${OUT:-/tmp/recall-gpu}; mkdir -p "$OUT"
 # BIN: the build folder with tests/cuda/ and bench/ (default: build/);
@@ -54,6 +55,16 @@ for d in ${KV_DTYPES:-}; do
   timeout ${KV_TIMEOUT:-120} "$BIN"/bench/recall_gpu_decode_bench --shapes smollm2-135m,llama-3-8b \
     --batches 1,16 --contexts 1024,8192 --kv-dtype "$d" > "$OUT"/kv_"$d".txt 2>&1
   echo "kv $d rc=$?"; grep -E "^recall|sessions|lazy" "$OUT"/kv_"$d".txt | head -24
+done
+for d in ${WEIGHT_DTYPES:-}; do
+  # Int8 / FP8 linear weights (issue 31): half the bytes of bf16 per step. Compare with the
+  # bf16 lines of weights_bf16.txt, measured in the same loop.
+  for w in bf16 "$d"; do
+    [ "$w" = bf16 ] && [ -f "$OUT"/weights_bf16.txt ] && continue
+    timeout ${WEIGHTS_TIMEOUT:-120} "$BIN"/bench/recall_gpu_decode_bench --shapes qwen2.5-0.5b,llama-3-8b \
+      --batches 1,16 --contexts 1024 --weight-dtype "$w" > "$OUT"/weights_"$w".txt 2>&1
+    echo "weights $w rc=$?"; grep -E "^recall|FAIL|weights read" "$OUT"/weights_"$w".txt | head -12
+  done
 done
 if [ "${BENCH:-1}" = 1 ] && [ "${TP_BENCH:-1}" = 1 ]; then
   timeout ${TP_TIMEOUT:-180} "$BIN"/bench/recall_tp_eviction_bench --device cuda --tp 2 \

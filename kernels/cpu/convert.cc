@@ -12,6 +12,11 @@ void ConvertToF32(const void* src, DType t, int64_t count, float* dst) {
     for (int64_t i = 0; i < count; ++i) dst[i] = static_cast<float>(q[i]);
     return;
   }
+  if (t == DType::kF8E4M3) {
+    const uint8_t* q = static_cast<const uint8_t*>(src);
+    for (int64_t i = 0; i < count; ++i) dst[i] = E4M3ToF32(q[i]);
+    return;
+  }
   const uint16_t* h = static_cast<const uint16_t*>(src);
   int64_t i = 0;
 #if defined(RECALL_CPU_AVX512)

@@ -16,6 +16,7 @@
 #pragma GCC diagnostic pop
 #endif
 
+#include "kernels/fp8.h"
 #include "kernels/tensor.h"
 
 namespace recall::kernels::cpu {
@@ -56,11 +57,13 @@ inline float F16ToF32(uint16_t h) {
 }
 
 // Element i of a matrix stored with dtype t, as f32 (kI8: the integer, without its row's
-// scale).
+// scale; kF8E4M3: the code's value, without its block's scale).
 inline float LoadAsF32(const void* data, DType t, int64_t i) {
   switch (t) {
     case DType::kI8:
       return static_cast<float>(static_cast<const int8_t*>(data)[i]);
+    case DType::kF8E4M3:
+      return E4M3ToF32(static_cast<const uint8_t*>(data)[i]);
     case DType::kF32:
       return static_cast<const float*>(data)[i];
     case DType::kF16:

@@ -180,6 +180,7 @@ void Gemv(ThreadPool& pool, const float* x, int n, const Matrix& w, float* y) {
       GemvTyped<DType::kF16>(pool, x, n, w, y);
       break;
     case DType::kI8:
+    case DType::kF8E4M3:  // never here: CpuBackend refuses FP8 weights
       break;  // above
   }
 #endif

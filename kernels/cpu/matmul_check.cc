@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "kernels/cpu/int8.h"
+#include "kernels/fp8.h"
 
 namespace recall::kernels {
 namespace {
@@ -231,6 +232,128 @@ absl::Status CheckInt8MatMul(Backend& backend) {
         return absl::InternalError(absl::StrCat(
             who, "Embedding of an ", shape, " table differs from q * scale at row ", tokens[i]));
       }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// An FP8 matrix of Values(rows * cols, seed) with one scale per row and block of `block`
+// columns (scale = the block's largest |w| / 448), and the same weights widened to f32:
+// the bytes first, then the scales from offset `at`, as UploadModel stages them.
+struct Fp8Host {
+  std::vector<char> packed;
+  size_t at = 0;
+  std::vector<float> widened;
+  Matrix host;
+};
+
+Fp8Host MakeFp8(int64_t rows, int64_t cols, int block, uint32_t seed) {
+  Fp8Host f;
+  f.host = Matrix{nullptr, DType::kF8E4M3, rows, cols};
+  f.host.scale_block = block;
+  const int64_t per_row = f.host.ScaleColumns();
+  f.at = (static_cast<size_t>(rows * cols) + 63) / 64 * 64;
+  f.packed.resize(f.at + f.host.scale_bytes());
+  auto* q = reinterpret_cast<uint8_t*>(f.packed.data());
+  auto* scales = reinterpret_cast<float*>(f.packed.data() + f.at);
+  const std::vector<float> w = Values(static_cast<size_t>(rows * cols), seed);
+  f.widened.resize(w.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < per_row; ++b) {
+      const int64_t c0 = b * block, c1 = std::min(cols, c0 + block);
+      float most = 0;
+      for (int64_t c = c0; c < c1; ++c) most = std::max(most, std::fabs(w[r * cols + c]));
+      const float s = most > 0 ? most / 448.0f : 1.0f;
+      scales[r * per_row + b] = s;
+      for (int64_t c = c0; c < c1; ++c) {
+        q[r * cols + c] = F32ToE4M3(w[r * cols + c] / s);
+        f.widened[r * cols + c] = E4M3ToF32(q[r * cols + c]) * s;
+      }
+    }
+  }
+  f.host.data = q;
+  f.host.scales = scales;
+  return f;
+}
+
+absl::Status CheckFp8MatMul(Backend& backend) {
+  CpuBackendOptions one_thread;
+  one_thread.num_threads = 1;
+  const std::unique_ptr<Backend> cpu = CreateCpuBackend(one_thread);
+  const std::string who = absl::StrCat(backend.Name(), " backend: ");
+  Memory& memory = backend.memory();
+  const int most = std::max(1, std::min(backend.BatchInvariantRows(), 64));
+  struct Case {
+    Shape s;
+    int block;
+  };
+  for (const Case k : {Case{{300, 512}, 128}, Case{{101, 77}, 16}}) {
+    const Shape s = k.s;
+    Fp8Host f = MakeFp8(s.rows, s.cols, k.block, static_cast<uint32_t>(s.rows * s.cols));
+    RECALL_ASSIGN_OR_RETURN(Staged w, Staged::Of(memory, f.packed.data(), f.packed.size()));
+    Matrix device = f.host;
+    device.data = w.get();
+    device.scales = reinterpret_cast<const float*>(static_cast<const char*>(w.get()) + f.at);
+    const std::vector<float> x = Values(static_cast<size_t>(most * s.cols), 11);
+    RECALL_ASSIGN_OR_RETURN(Staged dx, Staged::Of(memory, x.data(), x.size() * sizeof(float)));
+    std::vector<float> want(static_cast<size_t>(most * s.rows));
+    cpu->MatMul(x.data(), most, Matrix{f.widened.data(), DType::kF32, s.rows, s.cols}, want.data());
+    const std::vector<float> nan(want.size(), NAN);
+    RECALL_ASSIGN_OR_RETURN(Staged all, Staged::Of(memory, nan.data(), nan.size() * sizeof(float)));
+    backend.MatMul(dx.f(), most, device, all.f());
+    const std::vector<float> got = all.Download();
+    RECALL_RETURN_IF_ERROR(backend.Health());
+    const std::string shape =
+        absl::StrCat("fp8 ", s.rows, "x", s.cols, " (blocks of ", k.block, " columns)");
+    if (const double err = RowError(got, want, s.rows); !(err <= 1e-4)) {
+      return absl::InternalError(absl::StrCat(who, "MatMul of ", most, " rows of ", shape,
+                                              " is off the widened weights' product by ", err,
+                                              " (relative; the limit is 1e-4)"));
+    }
+    if (most >= 4) {
+      RECALL_ASSIGN_OR_RETURN(Staged one, Staged::Of(memory, nan.data(), s.rows * sizeof(float)));
+      backend.MatMul(dx.f() + 3 * s.cols, 1, device, one.f());
+      const std::vector<float> p = one.Download();
+      if (!std::equal(p.begin(), p.end(), got.begin() + 3 * s.rows)) {
+        return absl::InternalError(
+            absl::StrCat(who, "MatMul of ", shape,
+                         " is not batch-invariant: 1 row alone differs from the "
+                         "same row among ",
+                         most));
+      }
+    }
+  }
+  // Two matrices of one input with different blocks in one MatMulMany.
+  Fp8Host a = MakeFp8(96, 512, 128, 5), b = MakeFp8(40, 512, 64, 6);
+  RECALL_ASSIGN_OR_RETURN(Staged wa, Staged::Of(memory, a.packed.data(), a.packed.size()));
+  RECALL_ASSIGN_OR_RETURN(Staged wb, Staged::Of(memory, b.packed.data(), b.packed.size()));
+  Matrix m[2] = {a.host, b.host};
+  m[0].data = wa.get();
+  m[0].scales = reinterpret_cast<const float*>(static_cast<const char*>(wa.get()) + a.at);
+  m[1].data = wb.get();
+  m[1].scales = reinterpret_cast<const float*>(static_cast<const char*>(wb.get()) + b.at);
+  const int n = std::min(most, 3);
+  const std::vector<float> x = Values(static_cast<size_t>(n * 512), 13);
+  RECALL_ASSIGN_OR_RETURN(Staged dx, Staged::Of(memory, x.data(), x.size() * sizeof(float)));
+  std::vector<std::vector<float>> alone;
+  std::vector<Staged> together;
+  together.reserve(2);
+  float* y[2];
+  for (int i = 0; i < 2; ++i) {
+    const std::vector<float> nan(static_cast<size_t>(n * m[i].rows), NAN);
+    RECALL_ASSIGN_OR_RETURN(Staged one, Staged::Of(memory, nan.data(), nan.size() * 4));
+    backend.MatMul(dx.f(), n, m[i], one.f());
+    alone.push_back(one.Download());
+    RECALL_ASSIGN_OR_RETURN(Staged many, Staged::Of(memory, nan.data(), nan.size() * 4));
+    together.push_back(std::move(many));
+    y[i] = together.back().f();
+  }
+  backend.MatMulMany(dx.f(), n, m, y, 2);
+  RECALL_RETURN_IF_ERROR(backend.Health());
+  for (int i = 0; i < 2; ++i) {
+    if (together[static_cast<size_t>(i)].Download() != alone[static_cast<size_t>(i)]) {
+      return absl::InternalError(absl::StrCat(who, "MatMulMany of two FP8 matrices: matrix ", i,
+                                              " differs from its own MatMul"));
     }
   }
   return absl::OkStatus();

@@ -23,4 +23,11 @@ absl::Status CheckMatMul(Backend& backend);
 // Catches a wrong layout, scale or offset, not rounding.
 absl::Status CheckInt8MatMul(Backend& backend);
 
+// FP8 weights (DType::kF8E4M3 with block scales; a backend whose RunsFp8Weights() is true):
+// MatMul of up to BatchInvariantRows() rows within 1e-4 of the f32 product with the widened
+// weights (e4m3 * scale, exact in f32: only the order of the sums may differ), blocks of 128
+// and 16 columns over aligned and unaligned widths, every row bit-identical whatever the row
+// count, and MatMulMany of two FP8 matrices with different blocks the bits of their own MatMul.
+absl::Status CheckFp8MatMul(Backend& backend);
+
 }  // namespace recall::kernels

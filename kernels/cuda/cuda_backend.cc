@@ -40,6 +40,7 @@ class CudaBackend final : public Backend {
         host_evict_(options.host_evict),
         cublas_matmuls_(options.cublas_matmuls),
         int8_weights_(!options.refuse_int8_weights),
+        fp8_weights_(!options.refuse_fp8_weights),
         host_rerotate_(options.host_rerotate) {
     if (options.time_ops) timer_ = std::make_unique<OpTimer>();
   }
@@ -103,6 +104,7 @@ class CudaBackend final : public Backend {
   static constexpr int kSkinnyRows = 64;
   int BatchInvariantRows() const override { return cublas_matmuls_ ? 1 : kSkinnyRows; }
   bool RunsInt8Weights() const override { return int8_weights_; }
+  bool RunsFp8Weights() const override { return fp8_weights_; }
   // Up to three matrices of one dtype over few rows: one launch of the same kernel.
   void MatMulMany(const float* x, int n, const Matrix* w, float* const* y, int count) override {
     if (count == 1) return MatMul(x, n, w[0], y[0]);
@@ -501,6 +503,7 @@ class CudaBackend final : public Backend {
   bool host_evict_;      // CudaBackendOptions::host_evict
   bool cublas_matmuls_;  // CudaBackendOptions::cublas_matmuls
   bool int8_weights_;    // !CudaBackendOptions::refuse_int8_weights
+  bool fp8_weights_;     // !CudaBackendOptions::refuse_fp8_weights
   bool host_rerotate_;   // CudaBackendOptions::host_rerotate
   std::vector<int32_t> host_ts_, host_mri_, host_keep_;  // EvictOnHost's row
   cpu::LazyKeepScratch keep_scratch_;
@@ -560,8 +563,10 @@ void CudaBackend::MatMul(const float* x, int n, const Matrix& w, float* y) {
   const Timed timed(this, timer_ == nullptr ? std::string()
                                             : absl::StrCat("matmul ", DTypeName(w.dtype), " ",
                                                            w.rows, "x", w.cols, " n", n));
-  // Int8 weights always take our kernel (cuBLAS has no int8-weight, fp32-input GEMM).
-  if (w.dtype == DType::kI8 || (!cublas_matmuls_ && n <= kSkinnyRows)) {
+  // Int8 and FP8 weights always take our kernel (cuBLAS has no int8-weight, fp32-input GEMM;
+  // cuBLASLt's FP8 GEMM would need x in FP8 and per-block scales it does not take).
+  if (w.dtype == DType::kI8 || w.dtype == DType::kF8E4M3 ||
+      (!cublas_matmuls_ && n <= kSkinnyRows)) {
     LaunchSkinnyMatMul(x, n, &w, &y, 1, s());
     Launched("matmul (skinny)");
     return;
@@ -704,6 +709,9 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOpti
        "(each key row is copied back)"},
       {CheckInt8MatMul, &CudaBackendOptions::refuse_int8_weights,
        "int8 matmul or embedding failed its check, so int8 weights are refused on it"},
+      {CheckFp8MatMul, &CudaBackendOptions::refuse_fp8_weights,
+       "FP8 matmul failed its check, so FP8 weights are refused on it (load the checkpoint "
+       "with weight_dtype auto: widened to bf16)"},
   };
   CudaBackendOptions fixed = options;
   for (const Fallback& f : kFallbacks) {

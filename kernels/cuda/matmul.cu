@@ -1,7 +1,10 @@
 // The CUDA backend's batch-invariant matmul for few rows: y = x * w^T with x fp32 [n, K], w
-// f32 / bf16 / f16 / int8 [O, K], y fp32 [n, O], on CUDA cores with fp32 accumulation. Int8
-// weights are widened to fp32 in registers and the sum is multiplied by the row's scale at
-// the end (weight-only: x is not quantized, unlike the CPU's int8 kernels).
+// f32 / bf16 / f16 / int8 / fp8 [O, K], y fp32 [n, O], on CUDA cores with fp32 accumulation.
+// Int8 weights are widened to fp32 in registers and the sum is multiplied by the row's scale
+// at the end (weight-only: x is not quantized, unlike the CPU's int8 kernels). FP8 (E4M3)
+// weights are widened and multiplied by their block's scale in registers, before the FMAs:
+// each element is then e4m3 * scale rounded once, the value the host's reference widens to
+// (a block is a multiple of 8 columns, so the 8 elements of a chunk share one scale).
 //
 // Batch invariance by construction: y[r, o] is the same sequence of operations whatever n
 // is and wherever row r sits in the batch. Lane l of the warp that owns output o takes the
@@ -19,6 +22,7 @@
 // arithmetic.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 #include <type_traits>
@@ -89,12 +93,41 @@ __device__ inline void Load8(const int8_t* p, int64_t c, int64_t count, float* o
   }
 }
 
+template <bool kVector>
+__device__ inline void Load8(const __nv_fp8_e4m3* p, int64_t c, int64_t count, float* out) {
+  const int64_t k = 8 * c;
+  if (kVector) {
+    const uint2 v = *reinterpret_cast<const uint2*>(p + k);
+    const __nv_fp8x2_e4m3* pairs = reinterpret_cast<const __nv_fp8x2_e4m3*>(&v);
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = static_cast<float2>(pairs[i]);
+      out[2 * i] = f.x;
+      out[2 * i + 1] = f.y;
+    }
+  } else {
+    for (int e = 0; e < 8; ++e) out[e] = k + e < count ? static_cast<float>(p[k + e]) : 0.0f;
+  }
+}
+
+// The 8 widened weights of chunk c of row o, times their block's scale when W is FP8.
+template <typename W, bool kVector>
+__device__ inline void LoadWeights8(const W* w, int o, int64_t K, int64_t c, const float* scales,
+                                    int scale_cols, int scale_block, float* out) {
+  Load8<kVector>(w + static_cast<int64_t>(o) * K, c, K, out);
+  if constexpr (std::is_same_v<W, __nv_fp8_e4m3>) {
+    const float s = scales[static_cast<int64_t>(o) * scale_cols + (8 * c) / scale_block];
+    for (int e = 0; e < 8; ++e) out[e] *= s;
+  }
+}
+
 // Up to kMaxProjections matrices of the same input: warp group g belongs to the first
 // matrix m with g < group_end[m].
 template <typename W>
 struct Projections {
   const W* w[kMaxProjections];
-  const float* scales[kMaxProjections];  // int8: one per output row; null otherwise
+  const float* scales[kMaxProjections];  // int8: one per output row; fp8: [rows, scale_cols]
+  int scale_cols[kMaxProjections];       // fp8: scales per row
+  int scale_block[kMaxProjections];      // fp8: columns per scale
   float* y[kMaxProjections];
   int rows[kMaxProjections];
   int group_end[kMaxProjections];
@@ -120,6 +153,7 @@ __global__ void SkinnyMatMulKernel(const float* x, int n, int64_t K, const Proje
   while (g >= Pick3(p.group_end, m)) ++m;
   const W* w = Pick3(p.w, m);
   const float* scales = Pick3(p.scales, m);
+  const int scale_cols = Pick3(p.scale_cols, m), scale_block = Pick3(p.scale_block, m);
   float* y = Pick3(p.y, m);
   const int O = Pick3(p.rows, m);
   const int o0 = (g - (m == 0 ? 0 : Pick3(p.group_end, m - 1))) * kO;
@@ -134,7 +168,7 @@ __global__ void SkinnyMatMulKernel(const float* x, int n, int64_t K, const Proje
     float wv[kO][8];
     for (int i = 0; i < kO; ++i) {
       if (o0 + i < O) {
-        Load8<kVector>(w + static_cast<int64_t>(o0 + i) * K, c, K, wv[i]);
+        LoadWeights8<W, kVector>(w, o0 + i, K, c, scales, scale_cols, scale_block, wv[i]);
       } else {
         for (int e = 0; e < 8; ++e) wv[i][e] = 0.0f;
       }
@@ -185,6 +219,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   while (active && g >= Pick3(p.group_end, m)) ++m;
   const W* w = Pick3(p.w, m);
   const float* scales = Pick3(p.scales, m);
+  const int scale_cols = Pick3(p.scale_cols, m), scale_block = Pick3(p.scale_block, m);
   float* y = Pick3(p.y, m);
   const int O = Pick3(p.rows, m);
   const int o0 = (g - (m == 0 ? 0 : Pick3(p.group_end, m - 1))) * kO;
@@ -221,7 +256,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     float wv[kO][8];
     for (int i = 0; i < kO; ++i) {
       if (o0 + i < O) {
-        Load8<kVector>(w + static_cast<int64_t>(o0 + i) * K, c, K, wv[i]);
+        LoadWeights8<W, kVector>(w, o0 + i, K, c, scales, scale_cols, scale_block, wv[i]);
       } else {
         for (int e = 0; e < 8; ++e) wv[i][e] = 0.0f;
       }
@@ -263,6 +298,8 @@ void Launch(const float* x, int n, const Matrix* w, float* const* y, int count,
   for (int m = 0; m < count; ++m) {
     p.w[m] = static_cast<const W*>(w[m].data);
     p.scales[m] = w[m].scales;
+    p.scale_cols[m] = static_cast<int>(w[m].ScaleColumns());
+    p.scale_block[m] = w[m].scale_block;
     p.y[m] = y[m];
     p.rows[m] = static_cast<int>(w[m].rows);
     groups += (p.rows[m] + kO - 1) / kO;
@@ -303,6 +340,8 @@ void LaunchSkinnyMatMul(const float* x, int n, const Matrix* w, float* const* y,
       return Launch<__half>(x, n, w, y, count, stream);
     case DType::kI8:
       return Launch<int8_t>(x, n, w, y, count, stream);
+    case DType::kF8E4M3:
+      return Launch<__nv_fp8_e4m3>(x, n, w, y, count, stream);
   }
 }
 

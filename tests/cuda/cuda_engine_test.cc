@@ -4,14 +4,19 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <string>
 
+#include "absl/strings/str_cat.h"
 #include "cache/block_pool.h"
 #include "kernels/cpu/sampling.h"
+#include "kernels/fp8.h"
 #include "tests/common/logits_compare.h"
 #include "tests/common/test_util.h"
 #include "tests/cuda/cuda_test_util.h"
+#include "worker/model/file_storage.h"
 #include "worker/model/loader.h"
 #include "worker/model/quantize.h"
 #include "worker/model/upload.h"
@@ -324,25 +329,31 @@ TEST_F(CudaEngineTest, EvictionKeepsTheCpuKeepSets) {
 // Int8 weights on the GPU (weight-only widening) against the CPU's int8 (activations
 // quantized too) and f32: teacher-forced over 200 tokens of the golden text, mean KL of each
 // against f32 below 0.01 and the GPU's below the CPU's (it quantizes less).
+// The next-token logits after each of `tokens`, fed one at a time to `m` on `backend`.
+std::vector<std::vector<float>> TeacherForced(kernels::Backend& backend, const model::Model& m,
+                                              const std::vector<int32_t>& tokens) {
+  const model::ModelConfig& c = m.config;
+  auto pool = cache::BlockPool::Create({c.n_layers, c.n_kv_heads, c.head_dim, 16}, c.n_layers * 16,
+                                       backend.memory());
+  EXPECT_TRUE(pool.ok()) << pool.status();
+  runtime::ForwardPass forward(m, backend, runtime::ForwardOptions{16});
+  cache::SequenceCache seq(pool->get());
+  std::vector<std::vector<float>> out;
+  std::vector<float> logits(static_cast<size_t>(c.vocab_size));
+  for (const int32_t t : tokens) {
+    runtime::BatchItem item{&seq, &t, 1};
+    EXPECT_TRUE(forward.Run({&item, 1}, logits.data()).ok());
+    out.push_back(logits);
+  }
+  return out;
+}
+
 TEST_F(CudaEngineTest, Int8WeightsStayCloseToF32) {
   std::vector<int32_t> tokens =
       tok_->Encode(Golden("models/stories260K/golden_greedy_once_upon_a_time_n256.txt"), true);
   tokens.resize(200);
-  const model::ModelConfig& c = model_->config;
   auto run = [&](kernels::Backend& backend, const model::Model& m) {
-    auto pool = cache::BlockPool::Create({c.n_layers, c.n_kv_heads, c.head_dim, 16},
-                                         c.n_layers * 16, backend.memory());
-    EXPECT_TRUE(pool.ok()) << pool.status();
-    runtime::ForwardPass forward(m, backend, runtime::ForwardOptions{16});
-    cache::SequenceCache seq(pool->get());
-    std::vector<std::vector<float>> out;
-    std::vector<float> logits(static_cast<size_t>(c.vocab_size));
-    for (const int32_t t : tokens) {
-      runtime::BatchItem item{&seq, &t, 1};
-      EXPECT_TRUE(forward.Run({&item, 1}, logits.data()).ok());
-      out.push_back(logits);
-    }
-    return out;
+    return TeacherForced(backend, m, tokens);
   };
   const auto f32 = run(*cpu_, *model_);
   auto int8 = model::LoadLlama2c(testing::SharedPath(kModel));
@@ -361,6 +372,61 @@ TEST_F(CudaEngineTest, Int8WeightsStayCloseToF32) {
   EXPECT_LT(gpu_kl, 0.01);
   EXPECT_LT(gpu_kl, cpu_kl);
   EXPECT_TRUE(gpu_->Health().ok()) << gpu_->Health();
+}
+
+// FP8 weights kept on the GPU (weight_dtype fp8, issue 31), stories260K written as an FP8
+// checkpoint by tools/convert_llama2c_to_hf.py, against the same E4M3 values widened to f32
+// (code value * scale) on the CPU: teacher-forced over 200 golden tokens, every logit within
+// 1e-3 (only the order of the sums differs) and the same argmax at every position.
+TEST_F(CudaEngineTest, Fp8WeightsOnTheGpuAreTheirWidenedValues) {
+  const std::string dir = testing::MakeTempDir("cuda_fp8");
+  const std::string cmd = absl::StrCat(
+      "python3 ", testing::SourcePath("tools/convert_llama2c_to_hf.py"), " ",
+      testing::SharedPath(kModel), " ", dir, " --dtype fp8 --fp8-block 32 > /dev/null");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  auto kept = model::LoadModel(dir, /*keep_fp8=*/true);
+  auto wide = model::LoadModel(dir, /*keep_fp8=*/true);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  ASSERT_TRUE(wide.ok()) << wide.status();
+  ASSERT_EQ((*kept)->config.weight_dtype, kernels::DType::kF8E4M3);
+  for (model::LayerWeights& l : (*wide)->layers) {
+    for (kernels::Matrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+      auto f32 = model::HeapStorage::Create(static_cast<size_t>(w->numel()) * sizeof(float));
+      ASSERT_TRUE(f32.ok());
+      auto* dst = static_cast<float*>((*f32)->MutableData());
+      const auto* q = static_cast<const uint8_t*>(w->data);
+      for (int64_t r = 0; r < w->rows; ++r) {
+        for (int64_t c = 0; c < w->cols; ++c) {
+          dst[r * w->cols + c] = kernels::E4M3ToF32(q[r * w->cols + c]) *
+                                 w->scales[r * w->ScaleColumns() + c / w->scale_block];
+        }
+      }
+      *w = kernels::Matrix{(*f32)->data(), kernels::DType::kF32, w->rows, w->cols};
+      (*wide)->storage.push_back(std::move(*f32));
+    }
+  }
+  std::vector<int32_t> tokens =
+      tok_->Encode(Golden("models/stories260K/golden_greedy_once_upon_a_time_n256.txt"), true);
+  tokens.resize(200);
+  auto uploaded = model::UploadModel(**kept, gpu_->memory());
+  ASSERT_TRUE(uploaded.ok()) << uploaded.status();
+  const auto on_gpu = TeacherForced(*gpu_, **uploaded, tokens);
+  const auto on_cpu = TeacherForced(*cpu_, **wide, tokens);
+  double worst = 0;
+  for (size_t i = 0; i < on_cpu.size(); ++i) {
+    for (size_t v = 0; v < on_cpu[i].size(); ++v) {
+      worst = std::max(worst, static_cast<double>(std::fabs(on_gpu[i][v] - on_cpu[i][v])));
+    }
+  }
+  const testing::LogitsAgreement agree = testing::CompareLogits(on_cpu, on_gpu);
+  std::printf(
+      "fp8 weights, GPU kept against CPU widened, 200 golden tokens: largest logit "
+      "difference %.2e, top-1 %.3f, KL %.2e\n",
+      worst, agree.top1, agree.mean_kl);
+  EXPECT_LT(worst, 1e-3);
+  EXPECT_EQ(agree.top1, 1.0);
+  EXPECT_TRUE(gpu_->Health().ok()) << gpu_->Health();
+  std::filesystem::remove_all(dir);
 }
 
 TEST_F(CudaEngineTest, HostRowReadingPoliciesAreRefusedOnTheGpu) {

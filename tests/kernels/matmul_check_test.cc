@@ -3,12 +3,15 @@
 // ops differ from the plain ones.
 #include "kernels/cpu/matmul_check.h"
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/fp8.h"
 #include "tests/kernels/delegating_backend.h"
 
 namespace recall::kernels {
@@ -53,6 +56,47 @@ TEST(CheckMatMulTest, TheCpuBackendsInt8KernelsPassOnHostAndOpaqueMemory) {
   const absl::Status bad = CheckInt8MatMul(wrong);
   EXPECT_EQ(bad.code(), absl::StatusCode::kInternal);
   EXPECT_NE(bad.message().find("MatMul of 24 rows of int8 300x512 is off the widened weights"),
+            std::string::npos)
+      << bad;
+}
+
+// FP8 weights the way the CUDA kernel reads them, on the host: each weight widened to
+// e4m3 * its row's and block's scale, then the CPU's f32 product. kWrongBlock reads the
+// scale of the next block (a layout fault that the values of one block would not show).
+class HostFp8 final : public testing::DelegatingBackend {
+ public:
+  enum Fault { kNone, kWrongBlock };
+  explicit HostFp8(Fault fault) : fault_(fault) {}
+  const char* Name() const override { return "host fp8"; }
+  bool RunsFp8Weights() const override { return true; }
+  void MatMul(const float* x, int n, const Matrix& w, float* y) override {
+    if (w.dtype != DType::kF8E4M3) return cpu_->MatMul(x, n, w, y);
+    std::vector<float> wide(static_cast<size_t>(w.numel()));
+    const auto* q = static_cast<const uint8_t*>(w.data);
+    const int64_t per_row = w.ScaleColumns();
+    for (int64_t r = 0; r < w.rows; ++r) {
+      for (int64_t c = 0; c < w.cols; ++c) {
+        int64_t b = c / w.scale_block;
+        if (fault_ == kWrongBlock) b = std::min(b + 1, per_row - 1);
+        wide[r * w.cols + c] = E4M3ToF32(q[r * w.cols + c]) * w.scales[r * per_row + b];
+      }
+    }
+    cpu_->MatMul(x, n, Matrix{wide.data(), DType::kF32, w.rows, w.cols}, y);
+  }
+
+ private:
+  Fault fault_;
+};
+
+TEST(CheckMatMulTest, TheFp8CheckPassesTheFormatsMeaningAndNamesAWrongBlock) {
+  HostFp8 right(HostFp8::kNone);
+  const absl::Status ok = CheckFp8MatMul(right);
+  EXPECT_TRUE(ok.ok()) << ok;
+  HostFp8 wrong(HostFp8::kWrongBlock);
+  const absl::Status bad = CheckFp8MatMul(wrong);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(bad.message().find("MatMul of 24 rows of fp8 300x512 (blocks of 128 columns) is off "
+                               "the widened weights' product"),
             std::string::npos)
       << bad;
 }

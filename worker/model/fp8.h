@@ -4,21 +4,22 @@
 // `<name>_scale_inv` tensor of one scale per block (weight = e4m3 value * scale, the
 // convention of Hugging Face's fine-grained FP8 and DeepSeek-V3's checkpoints). The loader
 // widens them to bf16 at load: the CPU runs them as bf16 or, with --weight-dtype int8, as int8
-// requantized from the widened values.
+// requantized from the widened values. With --weight-dtype fp8 it keeps them as E4M3 bytes
+// (DType::kF8E4M3, half bf16's bytes), which only the CUDA backend multiplies.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "kernels/fp8.h"
 #include "kernels/tensor.h"
 #include "worker/model/model.h"
 #include "worker/model/safetensors.h"
 
 namespace recall::model {
 
-// The value of one E4M3FN byte (NaN for 0x7F and 0xFF).
-float E4M3ToF32(uint8_t code);
+using kernels::E4M3ToF32;
 
 // Widens the [rows, cols] E4M3 tensor `w` with its scales `scale` (F32, F16 or BF16;
 // [ceil(rows / block[0]), ceil(cols / block[1])], or one scale for block {0, 0}) into a new
@@ -29,5 +30,14 @@ absl::StatusOr<kernels::Matrix> WidenFp8(const std::string& file, const std::str
                                          const SafetensorsTensor& w, const SafetensorsTensor& scale,
                                          int64_t rows, int64_t cols, const int (&block)[2],
                                          Model& model);
+
+// The same weights kept as E4M3: a view of w's bytes (checked for NaN) with the scales
+// spread to one per row and block of columns (kernels/tensor.h, DType::kF8E4M3) in storage
+// appended to `model.storage`. The errors of WidenFp8, and InvalidArgument when the blocks'
+// columns are not a multiple of 8 (the CUDA kernel reads 8 columns under one scale).
+absl::StatusOr<kernels::Matrix> KeepFp8(const std::string& file, const std::string& name,
+                                        const SafetensorsTensor& w, const SafetensorsTensor& scale,
+                                        int64_t rows, int64_t cols, const int (&block)[2],
+                                        Model& model);
 
 }  // namespace recall::model

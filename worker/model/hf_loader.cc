@@ -128,12 +128,16 @@ std::string Shape(std::initializer_list<int64_t> dims) {
 // Builds the Model's views, checking every tensor against the config.
 class Builder {
  public:
-  Builder(const TensorSource& source, Model* model) : source_(source), model_(model) {}
+  Builder(const TensorSource& source, Model* model, bool keep_fp8)
+      : source_(source), model_(model), keep_fp8_(keep_fp8) {}
 
-  // A [rows, cols] matrix in the file's dtype; a view unless the data is misaligned.
-  absl::StatusOr<kernels::Matrix> Matrix(const std::string& name, int64_t rows, int64_t cols) {
+  // A [rows, cols] matrix in the file's dtype; a view unless the data is misaligned. An FP8
+  // one is widened to bf16, or kept as FP8 when it is a layer's linear weight and the loader
+  // keeps FP8.
+  absl::StatusOr<kernels::Matrix> Matrix(const std::string& name, int64_t rows, int64_t cols,
+                                         bool linear = false) {
     RECALL_ASSIGN_OR_RETURN(const SafetensorsTensor* t, Get(name, {rows, cols}, /*fp8=*/true));
-    if (t->e4m3) return Fp8Matrix(name, *t, rows, cols);
+    if (t->e4m3) return Fp8Matrix(name, *t, rows, cols, linear && keep_fp8_);
     kernels::Matrix m;
     m.dtype = t->dtype;
     m.rows = rows;
@@ -149,9 +153,9 @@ class Builder {
     return m;
   }
 
-  // An FP8 linear weight and its scales, widened to an owned bf16 matrix (fp8.h).
+  // An FP8 weight and its scales, widened to an owned bf16 matrix or kept (fp8.h).
   absl::StatusOr<kernels::Matrix> Fp8Matrix(const std::string& name, const SafetensorsTensor& t,
-                                            int64_t rows, int64_t cols) {
+                                            int64_t rows, int64_t cols, bool keep) {
     std::string file;
     RECALL_ASSIGN_OR_RETURN(const SafetensorsTensor* scale,
                             source_.Find(name + "_scale_inv", &file));
@@ -160,9 +164,11 @@ class Builder {
                                               "_scale_inv\" (the scales of F8_E4M3 \"", name,
                                               "\")"));
     }
-    RECALL_ASSIGN_OR_RETURN(kernels::Matrix m, WidenFp8(file, name, t, *scale, rows, cols,
-                                                        model_->config.fp8_block, *model_));
-    elements_[static_cast<int>(kernels::DType::kBF16)] += t.numel();
+    const int(&block)[2] = model_->config.fp8_block;
+    RECALL_ASSIGN_OR_RETURN(kernels::Matrix m,
+                            keep ? KeepFp8(file, name, t, *scale, rows, cols, block, *model_)
+                                 : WidenFp8(file, name, t, *scale, rows, cols, block, *model_));
+    elements_[static_cast<int>(m.dtype)] += t.numel();
     return m;
   }
 
@@ -184,10 +190,12 @@ class Builder {
     return t != nullptr;
   }
 
+  bool Kept(kernels::DType dtype) const { return elements_[static_cast<int>(dtype)] > 0; }
+
   // The dtype holding most matrix elements.
   kernels::DType MainDType() const {
     int best = 0;
-    for (int i = 1; i < 3; ++i) {
+    for (int i = 1; i < kDTypes; ++i) {
       if (elements_[i] > elements_[best]) best = i;
     }
     return static_cast<kernels::DType>(best);
@@ -218,20 +226,23 @@ class Builder {
     return t;
   }
 
+  static constexpr int kDTypes = static_cast<int>(kernels::DType::kF8E4M3) + 1;
   const TensorSource& source_;
   Model* model_;
-  int64_t elements_[3] = {0, 0, 0};
+  bool keep_fp8_;
+  int64_t elements_[kDTypes] = {};
 };
 
 absl::Status LoadLayer(Builder& b, const ModelConfig& c, int l, LayerWeights& w) {
+  constexpr bool kLinear = true;
   const std::string p = absl::StrCat("model.layers.", l, ".");
   const int64_t D = c.dim, H = c.hidden_dim, hd = c.head_dim;
   const int64_t q = c.n_heads * hd, kv = c.n_kv_heads * hd;
   RECALL_ASSIGN_OR_RETURN(w.attn_norm, b.Vector(p + "input_layernorm.weight", D));
-  RECALL_ASSIGN_OR_RETURN(w.wq, b.Matrix(p + "self_attn.q_proj.weight", q, D));
-  RECALL_ASSIGN_OR_RETURN(w.wk, b.Matrix(p + "self_attn.k_proj.weight", kv, D));
-  RECALL_ASSIGN_OR_RETURN(w.wv, b.Matrix(p + "self_attn.v_proj.weight", kv, D));
-  RECALL_ASSIGN_OR_RETURN(w.wo, b.Matrix(p + "self_attn.o_proj.weight", D, q));
+  RECALL_ASSIGN_OR_RETURN(w.wq, b.Matrix(p + "self_attn.q_proj.weight", q, D, kLinear));
+  RECALL_ASSIGN_OR_RETURN(w.wk, b.Matrix(p + "self_attn.k_proj.weight", kv, D, kLinear));
+  RECALL_ASSIGN_OR_RETURN(w.wv, b.Matrix(p + "self_attn.v_proj.weight", kv, D, kLinear));
+  RECALL_ASSIGN_OR_RETURN(w.wo, b.Matrix(p + "self_attn.o_proj.weight", D, q, kLinear));
   if (c.qkv_bias) {
     RECALL_ASSIGN_OR_RETURN(w.bq, b.Vector(p + "self_attn.q_proj.bias", q));
     RECALL_ASSIGN_OR_RETURN(w.bk, b.Vector(p + "self_attn.k_proj.bias", kv));
@@ -242,15 +253,15 @@ absl::Status LoadLayer(Builder& b, const ModelConfig& c, int l, LayerWeights& w)
     RECALL_ASSIGN_OR_RETURN(w.k_norm, b.Vector(p + "self_attn.k_norm.weight", hd));
   }
   RECALL_ASSIGN_OR_RETURN(w.ffn_norm, b.Vector(p + "post_attention_layernorm.weight", D));
-  RECALL_ASSIGN_OR_RETURN(w.w_gate, b.Matrix(p + "mlp.gate_proj.weight", H, D));
-  RECALL_ASSIGN_OR_RETURN(w.w_up, b.Matrix(p + "mlp.up_proj.weight", H, D));
-  RECALL_ASSIGN_OR_RETURN(w.w_down, b.Matrix(p + "mlp.down_proj.weight", D, H));
+  RECALL_ASSIGN_OR_RETURN(w.w_gate, b.Matrix(p + "mlp.gate_proj.weight", H, D, kLinear));
+  RECALL_ASSIGN_OR_RETURN(w.w_up, b.Matrix(p + "mlp.up_proj.weight", H, D, kLinear));
+  RECALL_ASSIGN_OR_RETURN(w.w_down, b.Matrix(p + "mlp.down_proj.weight", D, H, kLinear));
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Model>> LoadHuggingFace(const std::string& dir) {
+absl::StatusOr<std::unique_ptr<Model>> LoadHuggingFace(const std::string& dir, bool keep_fp8) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
     return absl::NotFoundError(absl::StrCat(dir, ": not a directory"));
@@ -267,7 +278,7 @@ absl::StatusOr<std::unique_ptr<Model>> LoadHuggingFace(const std::string& dir) {
 
   TensorSource source;
   RECALL_RETURN_IF_ERROR(source.Open(dir));
-  Builder b(source, model.get());
+  Builder b(source, model.get(), keep_fp8);
   RECALL_ASSIGN_OR_RETURN(model->tok_embeddings,
                           b.Matrix("model.embed_tokens.weight", c.vocab_size, c.dim));
   model->layers.resize(c.n_layers);
@@ -282,7 +293,9 @@ absl::StatusOr<std::unique_ptr<Model>> LoadHuggingFace(const std::string& dir) {
   } else {
     RECALL_ASSIGN_OR_RETURN(model->lm_head, b.Matrix("lm_head.weight", c.vocab_size, c.dim));
   }
-  c.weight_dtype = b.MainDType();
+  // A model whose linear weights were kept in FP8 runs only where FP8 matmuls do, whatever
+  // the embeddings' share of the elements.
+  c.weight_dtype = b.Kept(kernels::DType::kF8E4M3) ? kernels::DType::kF8E4M3 : b.MainDType();
   model->source = dir;
   source.MoveStorageInto(model.get());
   return model;

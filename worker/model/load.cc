@@ -32,13 +32,18 @@ absl::StatusOr<Loaded> LoadAll(const LoadOptions& options) {
     }
     RECALL_ASSIGN_OR_RETURN(out.model, MakeRandomModel(config, dt, /*seed=*/1));
   } else {
-    RECALL_ASSIGN_OR_RETURN(out.model, model::LoadModel(model_path));
+    RECALL_ASSIGN_OR_RETURN(out.model, model::LoadModel(model_path, options.weight_dtype == "fp8"));
   }
   if (options.weight_dtype == "int8") {
     RECALL_RETURN_IF_ERROR(QuantizeWeightsInt8(*out.model));
+  } else if (options.weight_dtype == "fp8") {
+    // An FP8 checkpoint's weights were kept as stored; any other model is quantized.
+    if (out.model->config.weight_dtype != kernels::DType::kF8E4M3) {
+      RECALL_RETURN_IF_ERROR(QuantizeWeightsFp8(*out.model));
+    }
   } else if (options.weight_dtype != "auto") {
-    return flags::FieldError(
-        "weight_dtype", absl::StrCat("\"", options.weight_dtype, "\" is not one of auto, int8"));
+    return flags::FieldError("weight_dtype", absl::StrCat("\"", options.weight_dtype,
+                                                          "\" is not one of auto, int8, fp8"));
   }
   std::string tok_path = options.tokenizer;
   if (tok_path.empty() && options.random_weights) {

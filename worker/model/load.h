@@ -24,8 +24,10 @@ struct LoadOptions {
   // random, in random_dtype (f32, bf16 or f16): for speed benchmarks of real shapes.
   bool random_weights = false;
   std::string random_dtype = "bf16";
-  // How matrix weights are held: "auto" (as loaded) or "int8" (quantized at load,
-  // worker/model/quantize.h; runs on CPU ranks).
+  // How matrix weights are held: "auto" (as loaded; an FP8 checkpoint widened to bf16),
+  // "int8" (quantized at load, worker/model/quantize.h) or "fp8" (an FP8 checkpoint's linear
+  // weights kept as E4M3, worker/model/fp8.h, any other model's quantized to E4M3 at load,
+  // quantize.h; runs on CUDA devices only).
   std::string weight_dtype = "auto";
 };
 

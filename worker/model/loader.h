@@ -19,10 +19,13 @@ absl::StatusOr<std::unique_ptr<Model>> LoadLlama2c(const std::string& path);
 
 // Hugging Face directory: config.json plus model.safetensors, or sharded
 // model-0000x-of-0000y.safetensors with model.safetensors.index.json. Llama, Mistral,
-// Qwen2 and Qwen3 families; f32, f16, bf16 tensors. RoPE half-split.
-absl::StatusOr<std::unique_ptr<Model>> LoadHuggingFace(const std::string& dir);
+// Qwen2 and Qwen3 families; f32, f16, bf16 tensors, and FP8 checkpoints (fp8.h), whose
+// linear weights are widened to bf16 or, with keep_fp8, kept as DType::kF8E4M3 (the
+// embeddings and LM head are widened either way). RoPE half-split.
+absl::StatusOr<std::unique_ptr<Model>> LoadHuggingFace(const std::string& dir,
+                                                       bool keep_fp8 = false);
 
-// A directory is loaded as Hugging Face, a file as llama2.c.
-absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& path);
+// A directory is loaded as Hugging Face, a file as llama2.c. keep_fp8: as LoadHuggingFace.
+absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& path, bool keep_fp8 = false);
 
 }  // namespace recall::model

@@ -30,7 +30,8 @@ struct ModelConfig {
   kernels::DType weight_dtype = kernels::DType::kF32;
   // An FP8 checkpoint (config.json quantization_config, quant_method "fp8"): linear weights
   // stored as F8_E4M3 with `weight_scale_inv` scales over blocks of fp8_block[0] rows x
-  // fp8_block[1] columns ({0, 0}: one scale per tensor). The loader widens them to bf16.
+  // fp8_block[1] columns ({0, 0}: one scale per tensor). The loader widens them to bf16, or
+  // keeps them (weight_dtype is then kF8E4M3; worker/model/fp8.h).
   bool fp8 = false;
   int fp8_block[2] = {0, 0};
   int bos_token_id = 1;  // -1: none

@@ -1,10 +1,12 @@
 #include "worker/model/quantize.h"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "common/status.h"
 #include "kernels/cpu/int8.h"
+#include "kernels/fp8.h"
 #include "kernels/half.h"
 #include "worker/model/file_storage.h"
 
@@ -45,6 +47,42 @@ absl::Status Quantize(Model& model, kernels::Matrix& m, std::vector<Range>& orig
   m.scales = scales;
   m.row_sums = sums;
   m.dtype = kernels::DType::kI8;
+  model.storage.push_back(std::move(s));
+  return absl::OkStatus();
+}
+
+// m as E4M3 with one scale per row and block of kFp8Block columns.
+absl::Status QuantizeFp8(Model& model, kernels::Matrix& m, std::vector<Range>& originals) {
+  if (m.empty() || m.dtype == kernels::DType::kF8E4M3) return absl::OkStatus();
+  if (m.dtype == kernels::DType::kI8) {
+    return absl::FailedPreconditionError("FP8 from int8 weights: quantize from the loaded type");
+  }
+  originals.push_back({static_cast<const char*>(m.data), m.bytes()});
+  kernels::Matrix out{nullptr, kernels::DType::kF8E4M3, m.rows, m.cols};
+  out.scale_block = kFp8Block;
+  const int64_t per_row = out.ScaleColumns();
+  const size_t scale_offset = (static_cast<size_t>(m.numel()) + 63) / 64 * 64;
+  RECALL_ASSIGN_OR_RETURN(std::unique_ptr<HeapStorage> s,
+                          HeapStorage::Create(scale_offset + out.scale_bytes()));
+  auto* q = static_cast<uint8_t*>(s->MutableData());
+  auto* scales = reinterpret_cast<float*>(static_cast<char*>(s->MutableData()) + scale_offset);
+  std::vector<float> row(static_cast<size_t>(m.cols));
+  for (int64_t r = 0; r < m.rows; ++r) {
+    for (int64_t c = 0; c < m.cols; ++c) {
+      row[static_cast<size_t>(c)] = kernels::LoadAsF32(m.data, m.dtype, r * m.cols + c);
+    }
+    for (int64_t b = 0; b < per_row; ++b) {
+      const int64_t c0 = b * kFp8Block, c1 = std::min(m.cols, c0 + kFp8Block);
+      float most = 0.0f;
+      for (int64_t c = c0; c < c1; ++c) most = std::max(most, std::fabs(row[c]));
+      const float scale = most > 0.0f ? most / 448.0f : 1.0f;
+      scales[r * per_row + b] = scale;
+      for (int64_t c = c0; c < c1; ++c) q[r * m.cols + c] = kernels::F32ToE4M3(row[c] / scale);
+    }
+  }
+  out.data = q;
+  out.scales = scales;
+  m = out;
   model.storage.push_back(std::move(s));
   return absl::OkStatus();
 }
@@ -94,6 +132,18 @@ absl::Status QuantizeWeightsInt8(Model& model, const Int8Options& options) {
   }
   DiscardOriginals(model, originals);
   model.config.weight_dtype = kernels::DType::kI8;
+  return absl::OkStatus();
+}
+
+absl::Status QuantizeWeightsFp8(Model& model) {
+  std::vector<Range> originals;
+  for (LayerWeights& l : model.layers) {
+    for (kernels::Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+      RECALL_RETURN_IF_ERROR(QuantizeFp8(model, *m, originals));
+    }
+  }
+  DiscardOriginals(model, originals);
+  model.config.weight_dtype = kernels::DType::kF8E4M3;
   return absl::OkStatus();
 }
 

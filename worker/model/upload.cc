@@ -39,10 +39,12 @@ class Uploader {
       src = staging_.data();
       d.dtype = kernels::DType::kBF16;
     }
-    // Int8: the scales and the row sums follow the integers in the same buffer.
+    // Int8: the scales and the row sums follow the integers in the same buffer; FP8: the
+    // scales follow the bytes.
     const bool int8 = d.dtype == kernels::DType::kI8;
+    const bool fp8 = d.dtype == kernels::DType::kF8E4M3;
     const size_t scales_at = (d.bytes() + 63) / 64 * 64;
-    const size_t total = int8 ? scales_at + d.scale_bytes() : d.bytes();
+    const size_t total = int8 || fp8 ? scales_at + d.scale_bytes() : d.bytes();
     absl::StatusOr<kernels::Buffer> buffer = kernels::Buffer::Allocate(memory_, total);
     if (!buffer.ok()) {
       return absl::ResourceExhaustedError(absl::StrCat("uploading the model's ", name, " (", total,
@@ -58,6 +60,11 @@ class Uploader {
                      static_cast<size_t>(d.rows) * sizeof(int32_t));
       d.scales = reinterpret_cast<const float*>(base + scales_at);
       d.row_sums = reinterpret_cast<const int32_t*>(base + scales_at + scale_bytes);
+    }
+    if (fp8) {
+      char* base = static_cast<char*>(buffer->get());
+      memory_.CopyIn(base + scales_at, m.scales, d.scale_bytes());
+      d.scales = reinterpret_cast<const float*>(base + scales_at);
     }
     out_.storage.push_back(std::make_unique<BufferStorage>(std::move(*buffer)));
     done_.emplace(key, d);

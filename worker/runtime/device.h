@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
@@ -28,5 +29,11 @@ struct BackendSpec {
 // A backend for one rank. CUDA: the CUDA backend's error (Unimplemented in builds without
 // CUDA, FailedPrecondition without a GPU or for an ordinal that does not exist).
 absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(const BackendSpec& spec);
+
+// InvalidArgument naming weight_dtype when `backend` does not multiply matrices of
+// `weight_dtype`: int8 on a device whose int8 kernels failed their start-up check, FP8 on a
+// CPU or on a device whose FP8 kernel failed its check. `who`: "this device", "rank 1", ...
+absl::Status CheckBackendRunsWeights(kernels::DType weight_dtype, const kernels::Backend& backend,
+                                     const std::string& who);
 
 }  // namespace recall::runtime

@@ -87,11 +87,7 @@ absl::Status Engine::CreateOneRank() {
                                                  .cuda_device = device,
                                                  .cpu_threads = o.threads,
                                                  .opaque_cpu_memory = o.opaque_cpu_memory}));
-  if (c.weight_dtype == kernels::DType::kI8 && !backend_->RunsInt8Weights()) {
-    return flags::FieldError("weight_dtype",
-                             "int8: this device's int8 kernels failed their start-up check "
-                             "(the log says how); load the weights as they are");
-  }
+  RECALL_RETURN_IF_ERROR(CheckBackendRunsWeights(c.weight_dtype, *backend_, "this device"));
   const model::Model* weights = &model_;
   if (o.device == Device::kCuda) {
     RECALL_ASSIGN_OR_RETURN(uploaded_, model::UploadModel(model_, backend_->memory()));

@@ -30,10 +30,12 @@ flags::FlagSet<model::LoadOptions> ModelFlags() {
               [](auto& o) -> auto& { return o.random_dtype; }, {"f32", "bf16", "f16"})
       .Field("random_dtype")
       .Choice("weight-dtype", "TYPE",
-              "how matrix weights are held: auto (as loaded; default) or int8 (quantized at\n"
-              "load, one scale per output channel: about half the bytes of bf16 to read per\n"
-              "token; CPU ranks)",
-              [](auto& o) -> auto& { return o.weight_dtype; }, {"auto", "int8"})
+              "how matrix weights are held: auto (as loaded, an FP8 checkpoint widened to\n"
+              "bf16; default), int8 (quantized at load, one scale per output channel: about\n"
+              "half the bytes of bf16 to read per token) or fp8 (E4M3 with block scales: an FP8\n"
+              "checkpoint's linear weights as stored, any other model's quantized at load;\n"
+              "CUDA devices only)",
+              [](auto& o) -> auto& { return o.weight_dtype; }, {"auto", "int8", "fp8"})
       .Field("weight_dtype");
   return f;
 }

@@ -30,6 +30,7 @@ float Round(float v, kernels::DType dtype) {
     case kernels::DType::kBF16:
       return Bf16ToF32(F32ToBf16(v));
     case kernels::DType::kI8:  // not a file type
+    case kernels::DType::kF8E4M3:
       break;
   }
   return v;

@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -35,6 +36,23 @@ TEST(Fp8, E4M3DecodesTheFormatsValues) {
   EXPECT_EQ(E4M3ToF32(0x07), 7 * std::ldexp(1.0f, -9));
   EXPECT_TRUE(std::isnan(E4M3ToF32(0x7F)));
   EXPECT_TRUE(std::isnan(E4M3ToF32(0xFF)));
+}
+
+TEST(Fp8, E4M3EncodesToTheNearestCodeTiesToEven) {
+  for (int c = 0; c < 256; ++c) {  // every finite code is its own value's code
+    if ((c & 0x7F) == 0x7F) continue;
+    EXPECT_EQ(kernels::F32ToE4M3(E4M3ToF32(static_cast<uint8_t>(c))), c) << c;
+  }
+  EXPECT_EQ(kernels::F32ToE4M3(1.0625f), 0x38);  // halfway 1 and 1.125: to mantissa 0
+  EXPECT_EQ(kernels::F32ToE4M3(1.1875f), 0x3A);  // halfway 1.125 and 1.25: to mantissa 2
+  EXPECT_EQ(kernels::F32ToE4M3(1.07f), 0x39);
+  EXPECT_EQ(kernels::F32ToE4M3(std::ldexp(1.0f, -10)), 0x00);        // halfway 0 and 2^-9
+  EXPECT_EQ(kernels::F32ToE4M3(1.5f * std::ldexp(1.0f, -9)), 0x02);  // halfway 1 and 2 (x 2^-9)
+  EXPECT_EQ(kernels::F32ToE4M3(7.5f * std::ldexp(1.0f, -9)), 0x08);  // up to the smallest normal
+  EXPECT_EQ(kernels::F32ToE4M3(464.0f), 0x7E);  // past 448 saturates, never NaN
+  EXPECT_EQ(kernels::F32ToE4M3(-1e9f), 0xFE);
+  EXPECT_EQ(kernels::F32ToE4M3(-0.0f), 0x80);
+  EXPECT_EQ(kernels::F32ToE4M3(std::nanf("")), 0x7F);
 }
 
 class Fp8LoaderTest : public ::testing::Test {
@@ -183,6 +201,74 @@ TEST_F(Fp8LoaderTest, MalformedCheckpointsAreRefusedByName) {
     EXPECT_FALSE(s.ok()) << c.what;
     EXPECT_NE(s.message().find(c.expect), std::string::npos) << c.what << ": " << s;
   }
+}
+
+// Kept as FP8 (weight_dtype fp8), a linear weight is the file's bytes with one scale per row
+// and block of columns, each the scale of the row's block; rounded to bf16, code value times
+// scale is exactly what the widening loader gives. The embeddings are widened either way.
+TEST_F(Fp8LoaderTest, KeptWeightsAreTheBytesWithEachRowsBlockScales) {
+  spec_.dim = 8;
+  spec_.hidden = 12;  // down [8, 12]: a block of 8 columns and a partial one of 4
+  const int block[2] = {4, 8};
+  Fp8Tensors(block).Write(dir_ + "/model.safetensors");
+  WriteConfig(R"({"quant_method":"fp8","weight_block_size":[4,8]})");
+  auto kept = LoadModel(dir_, /*keep_fp8=*/true);
+  auto widened = LoadModel(dir_);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  ASSERT_TRUE(widened.ok()) << widened.status();
+  EXPECT_EQ((*kept)->config.weight_dtype, kernels::DType::kF8E4M3);
+  EXPECT_NE((*kept)->tok_embeddings.dtype, kernels::DType::kF8E4M3);
+  const LayerWeights& k = (*kept)->layers[1];
+  const LayerWeights& w = (*widened)->layers[1];
+  for (const auto& [name, km, wm] :
+       {std::tuple<std::string, const kernels::Matrix*, const kernels::Matrix*>{
+            "model.layers.1.self_attn.q_proj.weight", &k.wq, &w.wq},
+        {"model.layers.1.mlp.down_proj.weight", &k.w_down, &w.w_down}}) {
+    ASSERT_EQ(km->dtype, kernels::DType::kF8E4M3) << name;
+    EXPECT_EQ(km->scale_block, 8);
+    EXPECT_EQ(km->ScaleColumns(), (km->cols + 7) / 8);
+    const int salt = salts_.at(name);
+    const auto* bytes = static_cast<const uint8_t*>(km->data);
+    for (int64_t r = 0; r < km->rows; ++r) {
+      for (int64_t b = 0; b < km->ScaleColumns(); ++b) {
+        EXPECT_EQ(km->scales[r * km->ScaleColumns() + b], Scale(salt, r / 4, b)) << name;
+      }
+      for (int64_t c = 0; c < km->cols; ++c) {
+        const int64_t i = r * km->cols + c;
+        ASSERT_EQ(bytes[i], Code(salt, i)) << name;
+        const float value = E4M3ToF32(bytes[i]) * km->scales[r * km->ScaleColumns() + c / 8];
+        ASSERT_EQ(kernels::F32ToBf16(value), static_cast<const uint16_t*>(wm->data)[i]) << name;
+      }
+    }
+  }
+}
+
+// A scale per tensor is kept as one scale per row over the whole (8-rounded) width; blocks
+// of columns that are not a multiple of 8 are refused by name when kept (the GPU reads 8
+// columns under one scale) and widened otherwise.
+TEST_F(Fp8LoaderTest, KeptScalesPerTensorAndBlocksOfOddWidths) {
+  spec_.dim = 8;
+  spec_.hidden = 12;
+  const int per_tensor[2] = {1 << 20, 1 << 20};  // one block: the tensor
+  Fp8Tensors(per_tensor).Write(dir_ + "/model.safetensors");
+  WriteConfig(R"({"quant_method":"fp8"})");
+  auto kept = LoadModel(dir_, true);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  const kernels::Matrix& down = (*kept)->layers[0].w_down;
+  EXPECT_EQ(down.scale_block, 16);
+  EXPECT_EQ(down.ScaleColumns(), 1);
+  for (int64_t r = 0; r < down.rows; ++r) EXPECT_EQ(down.scales[r], down.scales[0]);
+  const int odd[2] = {4, 3};
+  Fp8Tensors(odd).Write(dir_ + "/model.safetensors");
+  WriteConfig(R"({"quant_method":"fp8","weight_block_size":[4,3]})");
+  auto refused = LoadModel(dir_, true);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("weight_dtype fp8 needs blocks of a multiple of 8 "
+                                            "columns (weight_block_size gives 3)"),
+            std::string::npos)
+      << refused.status();
+  EXPECT_TRUE(LoadModel(dir_).ok());
 }
 
 // The repository's tool writes stories260K as an FP8 checkpoint; loaded, every linear weight

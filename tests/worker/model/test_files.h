@@ -50,6 +50,8 @@ inline const char* SafetensorsDType(kernels::DType dtype) {
       return "BF16";
     case kernels::DType::kI8:
       return "I8";
+    case kernels::DType::kF8E4M3:
+      return "F8_E4M3";
   }
   return "?";
 }

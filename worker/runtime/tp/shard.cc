@@ -22,6 +22,7 @@ Matrix RowSlice(const Matrix& m, int64_t begin, int64_t n) {
     out.scales = m.scales + begin;
     out.row_sums = m.row_sums + begin;
   }
+  if (m.dtype == kernels::DType::kF8E4M3) out.scales = m.scales + begin * m.ScaleColumns();
   return out;
 }
 
@@ -36,21 +37,42 @@ Matrix VectorSlice(const Matrix& m, int64_t begin, int64_t n) {
 
 // Columns [begin, begin + n) of m, copied into new storage owned by `model`. Int8 rows keep
 // their scales (the slice holds the same integers as the full row) and get the sums of their
-// slice.
+// slice. FP8 rows keep the scales of the blocks the slice covers, so the slice must start on
+// a block (InvalidArgument naming tp otherwise), unless a row has a single scale.
 absl::StatusOr<Matrix> ColumnSlice(const Matrix& m, int64_t begin, int64_t n, model::Model* model) {
   const size_t esize = kernels::DTypeSize(m.dtype);
   const bool int8 = m.dtype == kernels::DType::kI8;
+  const bool fp8 = m.dtype == kernels::DType::kF8E4M3;
+  const bool one_scale = fp8 && m.ScaleColumns() == 1;
+  if (fp8 && !one_scale && begin % m.scale_block != 0) {
+    return flags::FieldError(
+        "tp", absl::StrCat("a rank's columns of an FP8 weight [", m.rows, ", ", m.cols,
+                           "] start at column ", begin, ", inside a block of ", m.scale_block,
+                           " columns that share one scale; pick a tp whose shards start on a "
+                           "block, or load the weights with weight_dtype auto or int8"));
+  }
+  Matrix out{nullptr, m.dtype, m.rows, n};
+  if (fp8) out.scale_block = one_scale ? static_cast<int32_t>((n + 7) / 8 * 8) : m.scale_block;
   const size_t bytes = static_cast<size_t>(m.rows * n) * esize;
   const size_t sums_at = (bytes + 63) / 64 * 64;
-  RECALL_ASSIGN_OR_RETURN(
-      std::unique_ptr<model::HeapStorage> storage,
-      model::HeapStorage::Create(int8 ? sums_at + static_cast<size_t>(m.rows) * 4 : bytes));
+  const size_t extra = int8 ? static_cast<size_t>(m.rows) * 4 : fp8 ? out.scale_bytes() : 0;
+  RECALL_ASSIGN_OR_RETURN(std::unique_ptr<model::HeapStorage> storage,
+                          model::HeapStorage::Create(extra > 0 ? sums_at + extra : bytes));
   uint8_t* dst = static_cast<uint8_t*>(storage->MutableData());
   const uint8_t* src = static_cast<const uint8_t*>(m.data);
   for (int64_t r = 0; r < m.rows; ++r) {
     std::memcpy(dst + r * n * esize, src + (r * m.cols + begin) * esize, n * esize);
   }
-  Matrix out{storage->data(), m.dtype, m.rows, n};
+  out.data = storage->data();
+  if (fp8) {
+    auto* scales = reinterpret_cast<float*>(dst + sums_at);
+    const int64_t per_row = out.ScaleColumns(), first = one_scale ? 0 : begin / m.scale_block;
+    for (int64_t r = 0; r < m.rows; ++r) {
+      std::memcpy(scales + r * per_row, m.scales + r * m.ScaleColumns() + first,
+                  static_cast<size_t>(per_row) * sizeof(float));
+    }
+    out.scales = scales;
+  }
   if (int8) {
     auto* sums = reinterpret_cast<int32_t*>(dst + sums_at);
     for (int64_t r = 0; r < m.rows; ++r) {

@@ -83,13 +83,8 @@ absl::StatusOr<std::unique_ptr<TpGroup::Rank>> TpGroup::CreateRank(const model::
                      .opaque_cpu_memory = options.opaque_cpu_memory}));
     rank->model = std::move(shard);
   }
-  if (full.config.weight_dtype == kernels::DType::kI8 && !rank->backend->RunsInt8Weights()) {
-    return flags::FieldError("weight_dtype",
-                             absl::StrCat("int8: rank ", r,
-                                          "'s device failed the int8 kernels' "
-                                          "start-up check (the log says how); load the weights "
-                                          "as they are"));
-  }
+  RECALL_RETURN_IF_ERROR(
+      CheckBackendRunsWeights(full.config.weight_dtype, *rank->backend, absl::StrCat("rank ", r)));
   return rank;
 }
 
