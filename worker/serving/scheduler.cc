@@ -254,6 +254,21 @@ absl::StatusOr<std::shared_ptr<TurnStream>> Scheduler::Submit(TurnRequest reques
   stops.insert(stops.end(), request.stop.begin(), request.stop.end());
   absl::MutexLock lock(&mu_);
   if (stop_) return absl::UnavailableError("the worker is shutting down");
+  if (aborting_sessions_.count(request.session_id) > 0) {
+    // The session's turn is being aborted: it ends at the engine's next command check.
+    struct Wait {
+      const Scheduler* s;
+      const std::string* id;
+    };
+    Wait w{this, &request.session_id};
+    mu_.AwaitWithTimeout(absl::Condition(
+                             +[](Wait* w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                               return w->s->stop_ || w->s->busy_sessions_.count(*w->id) == 0;
+                             },
+                             &w),
+                         kAbortWait);
+    if (stop_) return absl::UnavailableError("the worker is shutting down");
+  }
   if (busy_sessions_.count(request.session_id) > 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("session_id: session \"", request.session_id,
@@ -269,6 +284,7 @@ absl::StatusOr<std::shared_ptr<TurnStream>> Scheduler::Submit(TurnRequest reques
   }
   if (request.request_id.empty()) request.request_id = absl::StrCat("r", next_request_++);
   busy_sessions_.insert(request.session_id);
+  busy_requests_[request.request_id] = request.session_id;
   auto turn = std::make_shared<Turn>(std::move(request), std::move(stops));
   std::shared_ptr<TurnStream> stream = turn->stream;
   incoming_.push_back(std::move(turn));
@@ -313,10 +329,20 @@ std::function<void(absl::StatusOr<int64_t>)> AsCount(std::function<void(int)> do
 }  // namespace
 
 void Scheduler::AbortRequestAsync(const std::string& request_id, std::function<void(int)> done) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = busy_requests_.find(request_id); it != busy_requests_.end()) {
+      aborting_sessions_.insert(it->second);
+    }
+  }
   PostAsync({Command::Kind::kAbortRequest, request_id, AsCount(std::move(done))});
 }
 
 void Scheduler::AbortSessionAsync(const std::string& session_id, std::function<void(int)> done) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (busy_sessions_.count(session_id) > 0) aborting_sessions_.insert(session_id);
+  }
   PostAsync({Command::Kind::kAbortSession, session_id, AsCount(std::move(done))});
 }
 

@@ -137,11 +137,14 @@ class Scheduler {
   Scheduler& operator=(const Scheduler&) = delete;
 
   // Queues a turn. InvalidArgument for a bad request (see ValidateTurnRequest);
-  // FailedPrecondition when the session already has a turn running or waiting;
+  // FailedPrecondition when the session already has a turn running or waiting, unless that
+  // turn is being aborted (its client left: the coordinator may send the session's next turn
+  // before the abort reached the batch), which Submit waits for, up to kAbortWait;
   // ResourceExhausted (retryable, with a hint) when the waiting queue is full. Errors found
   // later (session not resident without history, a turn longer than the context, a turn
   // that can never fit the pool) end the stream with that status before any token.
   absl::StatusOr<std::shared_ptr<TurnStream>> Submit(TurnRequest request);
+  static constexpr absl::Duration kAbortWait = absl::Seconds(10);
 
   // Abort running or waiting turns; their streams end with Cancelled and their sessions'
   // caches are dropped (a partial reply is not part of the transcript). Returns how many.
@@ -257,6 +260,10 @@ class Scheduler {
   std::deque<std::shared_ptr<Turn>> incoming_ ABSL_GUARDED_BY(mu_);
   std::vector<Command> commands_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> busy_sessions_ ABSL_GUARDED_BY(mu_);
+  // The busy sessions' turns by request id, and the sessions whose turn an abort was asked
+  // for (its client left): a next turn of such a session waits for the abort (Submit).
+  std::map<std::string, std::string> busy_requests_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> aborting_sessions_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   int64_t next_request_ ABSL_GUARDED_BY(mu_) = 0;
   LoadSnapshot load_ ABSL_GUARDED_BY(mu_);

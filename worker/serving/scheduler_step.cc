@@ -332,6 +332,8 @@ void Scheduler::FinishTurn(Turn& t, absl::Status status) {
     // Before the stream ends, so a client may send the session's next turn at once.
     absl::MutexLock lock(&mu_);
     busy_sessions_.erase(t.req.session_id);
+    busy_requests_.erase(t.req.request_id);
+    aborting_sessions_.erase(t.req.session_id);
   }
   Session* s = t.session;
   if (status.ok()) {

@@ -225,6 +225,24 @@ TEST_F(SchedulerTest, SecondTurnWhileOneRunsIsRefused) {
   CollectTurn(**first);
 }
 
+// A client that leaves and sends the session's next turn at once (a retry) finds the left
+// turn still in the batch until the engine applies its abort: Submit waits for that instead
+// of refusing, and the next turn runs.
+TEST_F(SchedulerTest, ANextTurnWaitsForTheAbortOfTheSessionsTurn) {
+  Start(512);
+  TurnRequest left = Turn("left", "Once upon a time", 200);
+  left.request_id = "left-1";
+  auto first = sched_->Submit(std::move(left));
+  ASSERT_TRUE(first.ok());
+  sched_->AbortRequestAsync("left-1");
+  auto next = sched_->Submit(Turn("left", "Once upon a time", 5));
+  ASSERT_TRUE(next.ok()) << next.status();
+  const absl::StatusCode ended = CollectTurn(**first).status.code();
+  EXPECT_TRUE(ended == absl::StatusCode::kCancelled || ended == absl::StatusCode::kOk) << ended;
+  const Collected c = CollectTurn(**next);
+  EXPECT_TRUE(c.status.ok()) << c.status;
+}
+
 TEST_F(SchedulerTest, IdleSessionsAreOffloadedAndRestoredExactly) {
   // 12 blocks of 16 tokens: room for about two sessions of ~90 tokens at a time.
   Start(12);
