@@ -15,7 +15,8 @@
 // exponential backoff on UNAVAILABLE. So is Converse (and Session::Send): each turn carries a
 // turn id, so a retry after a broken stream gets the turn the coordinator already has (its
 // reply passed on from where the broken attempt stopped; ConverseDone.replayed and
-// turn_state say how it ended) instead of sending the message twice. The iterator form
+// turn_state say how it ended; a turn the break interrupted is resumed, ConverseDone.resumed,
+// and its reply is whole) instead of sending the message twice. The iterator form
 // (ConverseStream, Session::Stream) is not retried. Every call has a deadline. Errors are
 // absl::Status with the server's code and message.
 #pragma once

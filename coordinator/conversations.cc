@@ -8,8 +8,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/clock.h"
+#include "common/flags.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "coordinator/turn_ids.h"
 #include "coordinator/turn_journal.h"
 
 namespace recall::coordinator {
@@ -143,6 +145,7 @@ absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
           "session_id: the session has reached the limit of ", options_.max_turns, " turns"));
     }
     if (m.keep < rec.message_count) {
+      turn.replaced.assign(rec.messages.begin() + m.keep, rec.messages.end());
       RECALL_RETURN_IF_ERROR(store_.Truncate(tenant, session_id, m.keep));
       turn.spec.send_history = true;  // a worker's copy of that length may differ
     }
@@ -178,6 +181,66 @@ absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
   return turn;
 }
 
+absl::StatusOr<OpenTurn> Conversations::Resume(const std::string& tenant,
+                                               const std::string& session_id,
+                                               const std::string& field, const std::string& turn_id,
+                                               const v1::SamplingParams& sampling,
+                                               const std::string& edge) {
+  OpenTurn turn;
+  turn.tenant = tenant;
+  turn.session_id = session_id;
+  turn.key = tenant + "/" + session_id;
+  turn.edge = edge;
+  if (!MarkRunning(turn.key)) {
+    return absl::FailedPreconditionError(
+        "session_id: a turn of this session is running; send the next when it ends");
+  }
+  absl::Status status = [&]() -> absl::Status {
+    RECALL_ASSIGN_OR_RETURN(const SessionRecord rec, store_.Get(tenant, session_id));
+    const auto refuse = [&](const std::string& why) {
+      return flags::FieldError(field, absl::StrCat("\"", turn_id, "\" ", why),
+                               absl::StatusCode::kFailedPrecondition);
+    };
+    const int user = FindTurn(rec, turn_id);
+    if (user < 0) return refuse("is not in the session (its turn was replaced)");
+    const int reply_index = user + 1;
+    if (reply_index != rec.message_count - 1 ||
+        rec.messages[static_cast<size_t>(reply_index)].role != "assistant") {
+      return refuse("names a turn the session went on from; it cannot be resumed");
+    }
+    StoredMessage partial = rec.messages[static_cast<size_t>(reply_index)];
+    if (partial.state == TurnState::kComplete || partial.state == TurnState::kInProgress) {
+      return refuse("names a turn that is complete or running, not one to resume");
+    }
+    partial.state = TurnState::kInProgress;
+    partial.lease_unix_ms = UnixMillis() + TurnJournal::kLeaseMs;
+    RECALL_RETURN_IF_ERROR(store_.Replace(tenant, session_id, reply_index, partial));
+    turn.model = rec.model;
+    turn.index = user;
+    turn.reply_index = reply_index;
+    turn.resumed = partial;
+    TurnSpec& spec = turn.spec;
+    const std::vector<StoredMessage> history = CompleteTurns(rec.messages, user);
+    for (const StoredMessage& h : history) spec.history.push_back(ToProto(h));
+    spec.send_history = true;  // the worker's copy may hold the interrupted turn
+    spec.bound = rec.worker;
+    spec.resume_tokens = partial.token_ids;
+    spec.resume_text = partial.content;
+    v1::RunTurnRequest& request = spec.request;
+    request.set_session_id(session_id);
+    *request.add_messages() = ToProto(rec.messages[static_cast<size_t>(user)]);
+    request.set_history_length(static_cast<int>(history.size()));
+    *request.mutable_sampling() = WithSeed(sampling);
+    request.mutable_cache()->ParseFromString(rec.cache_settings);
+    return absl::OkStatus();
+  }();
+  if (!status.ok()) {
+    ClearRunning(turn.key);
+    return status;
+  }
+  return turn;
+}
+
 std::unique_ptr<TurnJournal> Conversations::Journal(const OpenTurn& turn, TurnSink* edge) {
   return std::make_unique<TurnJournal>(store_, journal_pool_, turn, edge);
 }
@@ -199,6 +262,9 @@ absl::Status Conversations::Finish(const OpenTurn& turn, const absl::StatusOr<Tu
   if (!outcome.ok() && refused && sent.token_ids.empty() && sent.content.empty()) {
     // The request was refused before any reply: the turn did not happen.
     stored = store_.Truncate(turn.tenant, turn.session_id, turn.index);
+    if (stored.ok() && !turn.replaced.empty()) {
+      stored = store_.AppendAll(turn.tenant, turn.session_id, turn.index, turn.replaced);
+    }
   } else if (!outcome.ok()) {
     StoredMessage ended = sent;
     ended.role = "assistant";

@@ -12,13 +12,16 @@
 //           write (durable before any worker sees them) and build the TurnSpec: the new
 //           messages, the complete turns before them as history (CompleteTurns), the bound
 //           worker, the session's cache settings.
+//   Resume  an interrupted (or failed) last turn named by its turn id: back in progress with
+//           the part sent, the worker continuing it from there (resume tokens).
 //   Journal the turn's reply as it streams: a TurnJournal (turn_journal.h) stores each batch
 //           of tokens before the edge sends it.
 //   Finish  it: store the reply complete and the worker binding, or, when the turn failed,
 //           what was sent of it, marked interrupted (some was sent) or failed (none); count
 //           it; clear the running mark. A request refused before any reply (a bad field, a
 //           turn that can never fit: the codes a retry cannot fix) is taken back: that turn did
-//           not happen. Later prompts hold only the complete turns.
+//           not happen, and the messages it replaced are put back. Later prompts hold only the
+//           complete turns.
 //   OneOff  the TurnSpec of a throwaway one-turn session (gRPC Generate, /v1/completions):
 //           stored nowhere, its cache dropped on the worker after the reply.
 //
@@ -29,6 +32,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -73,6 +77,11 @@ struct OpenTurn {
   std::string model;  // the session's
   int index = 0;      // the first new message's position in the transcript
   int reply_index = 0;  // the reply's position (after the new messages)
+  // The stored messages from `index` on that the turn replaced (a diverging message list):
+  // put back when the turn is taken back.
+  std::vector<StoredMessage> replaced;
+  // Resume: the reply as it was stored before (the part sent); its journal starts from it.
+  std::optional<StoredMessage> resumed;
   TurnSpec spec;      // for a TurnRunner
   std::string key;    // tenant/session: the running mark and the episodes
   std::string edge;   // "grpc" or "http", for the turns metric
@@ -101,6 +110,20 @@ class Conversations {
   absl::StatusOr<OpenTurn> Begin(const std::string& tenant, const std::string& session_id,
                                  const TurnPlanner& plan, const v1::SamplingParams& sampling,
                                  const std::string& edge);
+  // `tenant`'s session `session_id` as stored (NotFound for none, or another tenant's).
+  absl::StatusOr<SessionRecord> Load(const std::string& tenant, const std::string& session_id) {
+    return store_.Get(tenant, session_id);
+  }
+  // Resumes the turn whose user message has turn id `turn_id` (turn_ids.h) and whose reply
+  // was interrupted or failed: marks the session running, stores the reply back in progress
+  // (the part sent kept) and builds a spec that sends that message again with the complete
+  // turns before it as history and the part sent as resume tokens (TurnSpec), so the worker
+  // continues the reply where it stopped. FailedPrecondition naming `field` when the turn is
+  // not the session's last (the session went on), is complete or running, or is gone; and
+  // Begin's errors. Finish ends it like any turn.
+  absl::StatusOr<OpenTurn> Resume(const std::string& tenant, const std::string& session_id,
+                                  const std::string& field, const std::string& turn_id,
+                                  const v1::SamplingParams& sampling, const std::string& edge);
   // The journal of `turn`'s reply, passing on to `edge` (see TurnJournal).
   std::unique_ptr<TurnJournal> Journal(const OpenTurn& turn, TurnSink* edge);
   // Ends a turn that Begin opened: stores the reply complete (outcome ok), or `sent` (what the

@@ -4,11 +4,11 @@
 #include <optional>
 #include <utility>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "coordinator/chat_service.h"
 #include "coordinator/grpc_status.h"
+#include "coordinator/turn_ids.h"
 #include "coordinator/turn_journal.h"
 
 namespace recall::coordinator {
@@ -175,17 +175,10 @@ class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::Conve
     Run(turn_->spec);
   }
 
-  // The position of the user message whose turn id is `turn_id`, or -1.
-  static int FindTurn(const SessionRecord& rec, const std::string& turn_id) {
-    for (size_t i = 0; i < rec.messages.size(); ++i) {
-      const StoredMessage& m = rec.messages[i];
-      if (m.role == "user" && m.turn_id == turn_id) return static_cast<int>(i);
-    }
-    return -1;
-  }
-
   // The turn whose user message is rec.messages[user], as stored: its reply (the assistant
-  // message after it) as one tokens event, then done with replayed set and the turn's state.
+  // message after it) as one tokens event, then done with replayed set and the turn's state;
+  // or, when it was interrupted or failed and is the session's last turn, resumed: the stored
+  // part as one tokens event, then the rest as the worker continues it.
   void Replay(const SessionRecord& rec, int user, const v1::ConverseRequest& request) {
     const StoredMessage& asked = rec.messages[static_cast<size_t>(user)];
     if (asked.content != request.message()) {
@@ -194,19 +187,17 @@ class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::Conve
                                           "message; a new turn needs a new id")));
       return;
     }
-    StoredMessage reply;
-    reply.state = TurnState::kFailed;  // no reply stored: nothing was sent
-    for (size_t i = static_cast<size_t>(user) + 1; i < rec.messages.size(); ++i) {
-      if (rec.messages[i].role == "assistant") {
-        reply = rec.messages[i];
-        break;
-      }
-    }
+    const StoredMessage reply = TurnReply(rec, user);
     if (reply.state == TurnState::kInProgress) {
       End(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                        absl::StrCat("turn_id ", QuotedId(request.turn_id()),
                                     ": that turn is still running; send this again once it has "
                                     "ended (retryable)")));
+      return;
+    }
+    const bool ended = reply.state == TurnState::kInterrupted || reply.state == TurnState::kFailed;
+    if (ended && user + 2 == rec.message_count) {
+      Resume(request);
       return;
     }
     if (!reply.content.empty() || !reply.token_ids.empty()) {
@@ -220,6 +211,28 @@ class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::Conve
     done.mutable_done()->set_replayed(true);
     done.mutable_done()->set_turn_state(static_cast<v1::TurnState>(reply.state));
     End(grpc::Status::OK, std::move(done));
+  }
+
+  // Converse, on the store pool: the request's turn continued where it stopped
+  // (Conversations::Resume), its stored part sent first.
+  void Resume(const v1::ConverseRequest& request) {
+    absl::StatusOr<OpenTurn> turn = service_.conversations_.Resume(
+        tenant_, request.session_id(), "turn_id", request.turn_id(), request.sampling(), "grpc");
+    if (!turn.ok()) {
+      End(ToGrpc(turn.status()));
+      return;
+    }
+    turn_ = std::move(*turn);
+    resumed_ = true;
+    const StoredMessage& part = *turn_->resumed;
+    if (!part.content.empty() || !part.token_ids.empty()) {
+      v1::TokenEvent tokens;
+      tokens.mutable_token_ids()->Add(part.token_ids.begin(), part.token_ids.end());
+      tokens.set_text(part.content);
+      OnTokens(tokens);
+    }
+    journal_ = service_.conversations_.Journal(*turn_, this);
+    Run(turn_->spec);
   }
 
   // Converse, on the store pool: store the reply complete and the binding, or what the client
@@ -243,7 +256,9 @@ class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::Conve
     } else if (!stored.ok()) {
       End(ToGrpc(stored));
     } else {
-      End(grpc::Status::OK, DoneEvent(*outcome));
+      v1::ConverseEvent done = DoneEvent(*outcome);
+      done.mutable_done()->set_resumed(resumed_);
+      End(grpc::Status::OK, std::move(done));
     }
   }
 
@@ -294,6 +309,7 @@ class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::Conve
   std::string tenant_;
   std::optional<OpenTurn> turn_;
   std::unique_ptr<TurnJournal> journal_;  // Converse: set by Prepare before the turn runs
+  bool resumed_ = false;                  // Converse: the turn was resumed (Resume)
 
   absl::Mutex mu_;
   std::shared_ptr<TurnRunner> runner_ ABSL_GUARDED_BY(mu_);
@@ -320,15 +336,7 @@ grpc::Status CheckConverse(const ApiKeys& keys, const CoordinatorOptions& option
                                            options.max_message_bytes));
   }
   if (!IsUtf8(request.message())) return Invalid("message", "is not valid UTF-8");
-  const std::string& id = request.turn_id();
-  if (id.size() > 128) return Invalid("turn_id", absl::StrCat(id.size(), " bytes; at most 128"));
-  for (const char c : id) {
-    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != ':' &&
-        c != '-') {
-      return Invalid("turn_id", "may hold only A-Z a-z 0-9 . _ : -");
-    }
-  }
-  return grpc::Status::OK;
+  return ToGrpc(CheckTurnId("turn_id", request.turn_id()));
 }
 
 grpc::Status CheckGenerate(const ApiKeys& keys, const CoordinatorOptions& options,

@@ -15,11 +15,13 @@
 #include "coordinator/http_turn.h"
 #include "coordinator/openai/request.h"
 #include "coordinator/openai/response.h"
+#include "coordinator/turn_ids.h"
 
 namespace recall::coordinator {
 namespace {
 
 constexpr char kSessionHeader[] = "X-Session-Id";
+constexpr char kKeyHeader[] = "Idempotency-Key";
 constexpr size_t kMaxSessionIdBytes = 128;
 
 // "HOST:PORT" -> host, port ("[::1]:80" -> "::1", 80).
@@ -76,6 +78,8 @@ struct HttpApi::Reply {
   std::vector<StoredMessage> messages;  // chat: the request's list, for the index
   std::shared_ptr<HttpTurn> turn;
   std::string first_text;  // a stream's text that arrived before its headers went out
+  std::string tenant, key;  // an Idempotency-Key this request holds the claim on, until the end
+  std::string resumed;      // a resumed turn's stored part, sent before the rest
   bool concluded = false;
   absl::Status concluded_status;
 };
@@ -87,7 +91,8 @@ HttpApi::HttpApi(const HttpOptions& options, Conversations& conversations, Worke
       workers_(workers),
       keys_(keys),
       metrics_(metrics),
-      index_(options.index_entries) {}
+      index_(options.index_entries),
+      idempotency_(options.index_entries) {}
 
 absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpOptions& options,
                                                         Conversations& conversations,
@@ -244,24 +249,74 @@ absl::Status HttpApi::CheckModel(const std::string& model) {
 }
 
 void HttpApi::ChatCompletions(const httplib::Request& req, httplib::Response& res) {
+  std::string tenant, key;  // a claimed key, released here unless a reply took it over
   absl::Status status = [&]() -> absl::Status {
-    RECALL_ASSIGN_OR_RETURN(const std::string tenant, Admit(req));
+    RECALL_ASSIGN_OR_RETURN(tenant, Admit(req));
     RECALL_ASSIGN_OR_RETURN(openai::ChatRequest chat, openai::ParseChatRequest(req.body, Limits()));
     RECALL_RETURN_IF_ERROR(CheckModel(chat.model));
     RECALL_ASSIGN_OR_RETURN(const std::string named, NamedSession(req, chat.session_id));
     std::vector<StoredMessage> messages = ToStored(chat.messages);
-    std::optional<OpenTurn> open;
-    if (named.empty()) {
+    std::optional<OpenTurn> resumed_turn;
+    const std::string asked_key = req.get_header_value(kKeyHeader);
+    std::string session = named;
+    if (!asked_key.empty()) {
+      RECALL_RETURN_IF_ERROR(CheckTurnId(kKeyHeader, asked_key));
+      messages.back().turn_id = asked_key;  // the user's (ParseChatRequest checks it)
+      if (!idempotency_.Claim(tenant, asked_key)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(kKeyHeader, " \"", asked_key,
+                         "\": a request with this key is running; send it again once it has "
+                         "ended (retryable)"));
+      }
+      key = asked_key;
+      const std::string known = named.empty() ? idempotency_.Find(tenant, key) : named;
+      if (!known.empty()) {
+        KeyedState keyed;
+        RECALL_ASSIGN_OR_RETURN(const std::optional<StoredMessage> done,
+                                KeyedTurn(tenant, known, key, messages.back(), &keyed));
+        if (done.has_value()) {
+          res.set_header(kSessionHeader, known);
+          Replay(*done, keyed.model.empty() ? chat.model : keyed.model, chat.include_usage,
+                 chat.stream, res);
+          return absl::OkStatus();
+        }
+        // The key's turn did not complete: resumed where it stopped when it is the session's
+        // last, else run again in its session (the list rewrites the tail).
+        if (keyed.resume) {
+          RECALL_ASSIGN_OR_RETURN(resumed_turn, conversations_.Resume(tenant, known, kKeyHeader,
+                                                                      key, chat.sampling, "http"));
+        } else if (keyed.rerun) {
+          session = known;
+        }
+      }
+    }
+    std::optional<OpenTurn> open = std::move(resumed_turn);
+    if (open.has_value()) {
+      // resumed: nothing to begin
+    } else if (session.empty()) {
       RECALL_ASSIGN_OR_RETURN(open, BeginUnnamed(tenant, chat.model, messages, chat.sampling));
     } else {
       RECALL_ASSIGN_OR_RETURN(
-          open, conversations_.Begin(
-                    tenant, named,
-                    [&messages](const SessionRecord& rec) -> absl::StatusOr<TurnMessages> {
-                      return MatchTranscript(rec.messages, messages);
-                    },
-                    chat.sampling, "http"));
+          open,
+          conversations_.Begin(
+              tenant, session,
+              [&messages, &key](const SessionRecord& rec) -> absl::StatusOr<TurnMessages> {
+                if (const int i = key.empty() ? -1 : FindTurn(rec, key); i >= 0) {
+                  const TurnState state = TurnReply(rec, i).state;
+                  if (state == TurnState::kComplete || state == TurnState::kInProgress) {
+                    // Stored between the look above and the running mark (another
+                    // coordinator): that request ran it.
+                    return absl::FailedPreconditionError(absl::StrCat(
+                        kKeyHeader, " \"", key,
+                        "\": a request with this key ran the turn meanwhile; send it again to "
+                        "get that turn (retryable)"));
+                  }
+                }
+                return MatchTranscript(rec.messages, messages);
+              },
+              chat.sampling, "http"));
     }
+    if (!key.empty()) idempotency_.Put(tenant, key, open->session_id);
     res.set_header(kSessionHeader, open->session_id);
     // The model that serves the session (the request's name when the session has none).
     auto reply =
@@ -270,10 +325,64 @@ void HttpApi::ChatCompletions(const httplib::Request& req, httplib::Response& re
     reply->spec = open->spec;
     reply->open = std::move(open);
     reply->messages = std::move(messages);
+    if (reply->open->resumed.has_value()) reply->resumed = reply->open->resumed->content;
+    reply->tenant = tenant;
+    reply->key = std::move(key);  // released when the reply concludes
+    key.clear();
     Respond(std::move(reply), chat.stream, res);
     return absl::OkStatus();
   }();
+  if (!key.empty()) idempotency_.Release(tenant, key);
   if (!status.ok()) Fail(res, status);
+}
+
+absl::StatusOr<std::optional<StoredMessage>> HttpApi::KeyedTurn(const std::string& tenant,
+                                                                const std::string& session_id,
+                                                                const std::string& key,
+                                                                const StoredMessage& asked,
+                                                                KeyedState* state) {
+  *state = KeyedState();
+  absl::StatusOr<SessionRecord> rec = conversations_.Load(tenant, session_id);
+  if (absl::IsNotFound(rec.status())) return std::nullopt;  // Begin says so (or a new session)
+  RECALL_RETURN_IF_ERROR(rec.status());
+  state->model = rec->model;
+  const int i = FindTurn(*rec, key);
+  if (i < 0) return std::nullopt;
+  if (rec->messages[static_cast<size_t>(i)].content != asked.content) {
+    return flags::FieldError(
+        kKeyHeader, absl::StrCat("\"", key, "\" names message ", i, " of session ", session_id,
+                                 ", whose text differs from this request's last message; a new "
+                                 "turn needs a new key"));
+  }
+  StoredMessage reply = TurnReply(*rec, i);
+  switch (reply.state) {
+    case TurnState::kComplete:
+      return reply;
+    case TurnState::kInProgress:
+      return absl::FailedPreconditionError(
+          absl::StrCat(kKeyHeader, " \"", key,
+                       "\": that turn is still running; send this again once it has ended "
+                       "(retryable)"));
+    default:  // interrupted or failed: resumed when it is the last turn, else run again
+      (i + 2 == rec->message_count ? state->resume : state->rerun) = true;
+      return std::nullopt;
+  }
+}
+
+void HttpApi::Replay(const StoredMessage& reply, const std::string& model, bool include_usage,
+                     bool stream, httplib::Response& res) {
+  const openai::ResponseWriter writer(openai::Endpoint::kChat, model, include_usage);
+  v1::Usage usage;  // what the reply holds; the prompt's tokens are not stored
+  usage.set_generated_tokens(static_cast<int32_t>(reply.token_ids.size()));
+  const auto finish = static_cast<v1::FinishReason>(reply.finish);
+  res.set_header("Idempotent-Replayed", "true");
+  if (!stream) {
+    res.set_content(writer.Body(reply.content, finish, usage), "application/json");
+    return;
+  }
+  res.set_header("Cache-Control", "no-cache");
+  res.set_content(writer.First() + writer.Delta(reply.content) + writer.Last(finish, usage),
+                  "text/event-stream");
 }
 
 absl::StatusOr<OpenTurn> HttpApi::BeginUnnamed(const std::string& tenant, const std::string& model,
@@ -354,7 +463,7 @@ void HttpApi::Respond(std::shared_ptr<Reply> reply, bool stream, httplib::Respon
       return;
     }
   }
-  reply->first_text = std::move(first.text);
+  reply->first_text = reply->resumed + first.text;  // a resumed turn's stored part first
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
@@ -421,6 +530,8 @@ absl::Status HttpApi::Conclude(Reply& reply, bool cancel) {
     absl::MutexLock lock(&mu_);
     if (stopping_) st = absl::UnavailableError("the coordinator is shutting down; retryable");
   }
+  // The key's turn is stored as it ended: a request sent again now finds it.
+  if (!reply.key.empty()) idempotency_.Release(reply.tenant, reply.key);
   reply.concluded_status = st;
   return st;
 }

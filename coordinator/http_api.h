@@ -20,6 +20,18 @@
 // the gRPC path's: Conversations (store the new messages, build the spec, store the reply) and
 // a TurnRunner (routing, history resend, failover, metrics).
 //
+// Retries. An Idempotency-Key header (a turn id, turn_ids.h: at most 128 bytes of A-Z a-z 0-9
+// . _ : -) names the request's turn; it is stored on the turn's user message (the request's
+// last message). A request whose key names a turn that completed
+// gets that turn's stored reply (as a body or a stream, with "Idempotent-Replayed: true"),
+// not a second run; one whose key's turn is running (this or another request) gets 409
+// (retryable, as OpenAI's SDKs do); one whose key's turn was interrupted or failed resumes it
+// (Conversations::Resume: the whole reply, its stored part first, the worker continuing from
+// there), or, when the session went on after it, runs it again in the session (the list
+// rewrites the tail); a key that names a turn with another message is 400. The key's session is
+// found in the named session's store, or, for a request naming none, in this coordinator's memory
+// of its keys (IdempotencyKeys).
+//
 // Threads: cpp-httplib serves each connection on a thread of its pool (`threads`). A
 // request's store steps run on that thread and it waits there for the runner's reports
 // (HttpTurn), so a running HTTP turn holds one pool thread, unlike the gRPC edge's reactors.
@@ -30,6 +42,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -40,6 +53,7 @@
 #include "common/metrics/registry.h"
 #include "coordinator/auth.h"
 #include "coordinator/conversations.h"
+#include "coordinator/idempotency_keys.h"
 #include "coordinator/openai/request.h"
 #include "coordinator/transcript_match.h"
 #include "coordinator/worker_registry.h"
@@ -104,6 +118,24 @@ class HttpApi {
   absl::StatusOr<OpenTurn> BeginUnnamed(const std::string& tenant, const std::string& model,
                                         const std::vector<StoredMessage>& messages,
                                         const v1::SamplingParams& sampling);
+  // What KeyedTurn found besides a turn to replay.
+  struct KeyedState {
+    std::string model;    // the session's
+    bool resume = false;  // the key's turn did not complete and is the session's last
+    bool rerun = false;   // it did not complete and the session went on after it
+  };
+  // The completed turn `key` names in `tenant`'s session `session_id`, when there is one to
+  // replay (nullopt: no such turn, or one that did not complete; `*state` says which).
+  // FailedPrecondition while the turn runs; InvalidArgument when the key's message is not
+  // `asked`; the store's errors.
+  absl::StatusOr<std::optional<StoredMessage>> KeyedTurn(const std::string& tenant,
+                                                         const std::string& session_id,
+                                                         const std::string& key,
+                                                         const StoredMessage& asked,
+                                                         KeyedState* state);
+  // Answers a request with a turn's stored reply (a body or a stream).
+  void Replay(const StoredMessage& reply, const std::string& model, bool include_usage, bool stream,
+              httplib::Response& res);
   // Runs the reply's turn and answers the request (a JSON body, or a stream).
   void Respond(std::shared_ptr<Reply> reply, bool stream, httplib::Response& res);
   // Writes a stream's events until its end; false when the client went away.
@@ -119,6 +151,7 @@ class HttpApi {
   const ApiKeys& keys_;
   metrics::Registry& metrics_;
   TranscriptIndex index_;
+  IdempotencyKeys idempotency_;
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;  // the server's accept loop
   int port_ = 0;

@@ -14,6 +14,7 @@ TurnJournal::TurnJournal(SessionStore& store, WorkPool& pool, const OpenTurn& tu
       session_id_(turn.session_id),
       reply_index_(turn.reply_index),
       edge_(edge) {
+  if (turn.resumed.has_value()) sent_ = *turn.resumed;  // the part sent before, stored
   sent_.role = "assistant";
   sent_.state = TurnState::kInProgress;
 }

@@ -120,7 +120,10 @@ TurnRunner::TurnRunner(WorkerRegistry& workers, metrics::Registry& metrics,
       spec_(std::move(spec)),
       sink_(sink),
       sticky_(spec_.bound),
-      send_history_(spec_.send_history) {}
+      send_history_(spec_.send_history) {
+  result_.tokens = spec_.resume_tokens;
+  result_.text = spec_.resume_text;
+}
 
 TurnRunner::~TurnRunner() = default;
 

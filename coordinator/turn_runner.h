@@ -75,6 +75,11 @@ struct TurnSpec {
   // transcript was rewritten (a client's diverging message list), and a worker's copy of the
   // same length may hold other messages.
   bool send_history = false;
+  // A turn resumed after an interruption (Conversations::Resume): the reply so far. The
+  // worker gets its tokens as the decode steps they were and continues; the result holds
+  // them (and the text) before what follows; only what follows is reported to the sink.
+  std::vector<int32_t> resume_tokens;
+  std::string resume_text;
 };
 
 // A turn that happened.

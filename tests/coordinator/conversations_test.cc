@@ -117,6 +117,31 @@ TEST_F(ConversationsTest, KeepingLessRewritesTheTranscriptAndSendsTheHistory) {
   EXPECT_TRUE(next->spec.send_history) << "the worker's copy may hold the failed turn";
 }
 
+// A turn that replaced the transcript's tail and is then refused before any reply (a code a
+// retry cannot fix) is taken back: its messages go, and the tail it replaced comes back as it
+// was stored (nothing already accepted is lost).
+TEST_F(ConversationsTest, ARefusedTurnPutsBackTheMessagesItReplaced) {
+  auto first = conversations_->Begin("t", id_, Plan(1, {{"user", "Hi"}}), {}, "http");
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(conversations_->Finish(*first, Reply(" Once"), {}).ok());
+  const std::vector<StoredMessage> before = Transcript();
+  ASSERT_EQ(before.size(), 3u);
+  auto edited = conversations_->Begin("t", id_, Plan(1, {{"user", "Hello"}}), {}, "http");
+  ASSERT_TRUE(edited.ok()) << edited.status();
+  ASSERT_EQ(edited->replaced.size(), 2u);
+  ASSERT_EQ(Transcript()[1].content, "Hello");
+  ASSERT_TRUE(
+      conversations_->Finish(*edited, absl::FailedPreconditionError("the worker refused it"), {})
+          .ok());
+  const std::vector<StoredMessage> after = Transcript();
+  ASSERT_EQ(after.size(), before.size());
+  for (size_t i = 0; i < after.size(); ++i) {
+    EXPECT_EQ(after[i].role, before[i].role) << i;
+    EXPECT_EQ(after[i].content, before[i].content) << i;
+    EXPECT_EQ(after[i].state, before[i].state) << i;
+  }
+}
+
 TEST_F(ConversationsTest, AnInterruptedTurnKeepsWhatWasSentAndLeavesLaterPrompts) {
   auto turn = conversations_->Begin("t", id_, Plan(1, {{"user", "Hi"}}), {}, "grpc");
   ASSERT_TRUE(turn.ok());
@@ -144,6 +169,63 @@ TEST_F(ConversationsTest, AnInterruptedTurnKeepsWhatWasSentAndLeavesLaterPrompts
   ASSERT_EQ(t.size(), 5u);
   EXPECT_EQ(t[4].state, TurnState::kInterrupted);
   EXPECT_EQ(*store_->InterruptInProgress(), 0) << "nothing left in progress";
+}
+
+// Resume: the interrupted last turn named by its id goes back in progress with the part sent,
+// its spec sends the same user message with the turns before it and the part as resume
+// tokens, and Finish stores the whole reply. A turn the session went on from, a complete
+// turn, or an unknown id is refused naming the field.
+TEST_F(ConversationsTest, AnInterruptedLastTurnIsResumedFromThePartSent) {
+  StoredMessage user{"user", "Hi"};
+  user.turn_id = "t-1";
+  auto turn = conversations_->Begin("t", id_, Plan(1, {user}), {}, "grpc");
+  ASSERT_TRUE(turn.ok());
+  StoredMessage sent{"assistant", " Once upon"};
+  sent.token_ids = {11, 12};
+  ASSERT_TRUE(conversations_->Finish(*turn, absl::CancelledError("went away"), sent).ok());
+  auto resumed = conversations_->Resume("t", id_, "turn_id", "t-1", {}, "grpc");
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->reply_index, 2);
+  ASSERT_TRUE(resumed->resumed.has_value());
+  EXPECT_EQ(resumed->resumed->content, " Once upon");
+  EXPECT_EQ(resumed->spec.resume_tokens, (std::vector<int32_t>{11, 12}));
+  EXPECT_EQ(resumed->spec.resume_text, " Once upon");
+  ASSERT_EQ(resumed->spec.request.messages_size(), 1);
+  EXPECT_EQ(resumed->spec.request.messages(0).content(), "Hi");
+  EXPECT_EQ(resumed->spec.request.history_length(), 1) << "the system prompt";
+  EXPECT_TRUE(resumed->spec.send_history);
+  std::vector<StoredMessage> t = Transcript();
+  ASSERT_EQ(t.size(), 3u);
+  EXPECT_EQ(t[2].state, TurnState::kInProgress);
+  EXPECT_EQ(t[2].content, " Once upon") << "the part sent stays while it runs";
+  EXPECT_EQ(conversations_->Resume("t", id_, "turn_id", "t-1", {}, "grpc").status().code(),
+            absl::StatusCode::kFailedPrecondition)
+      << "one turn at a time";
+  TurnResult whole = Reply(" Once upon a time");
+  whole.tokens = {11, 12, 13};
+  ASSERT_TRUE(conversations_->Finish(*resumed, whole, {}).ok());
+  t = Transcript();
+  EXPECT_EQ(t[2].state, TurnState::kComplete);
+  EXPECT_EQ(t[2].content, " Once upon a time");
+  const auto refused = [&](const std::string& id) {
+    return conversations_->Resume("t", id_, "turn_id", id, {}, "grpc").status();
+  };
+  EXPECT_NE(refused("t-1").message().find("turn_id: \"t-1\" names a turn that is complete"),
+            std::string::npos)
+      << refused("t-1");
+  EXPECT_NE(refused("t-9").message().find("turn_id: \"t-9\" is not in the session"),
+            std::string::npos);
+  // Interrupted, then the session went on: not resumable.
+  StoredMessage second{"user", "More"};
+  second.turn_id = "t-2";
+  auto two = conversations_->Begin("t", id_, Plan(3, {second}), {}, "grpc");
+  ASSERT_TRUE(two.ok()) << two.status();
+  ASSERT_TRUE(conversations_->Finish(*two, absl::CancelledError("went away"), sent).ok());
+  auto three = conversations_->Begin("t", id_, Plan(5, {{"user", "Again"}}), {}, "grpc");
+  ASSERT_FALSE(three.ok()) << "this fixture's limit is two turns";
+  ASSERT_TRUE(store_->Append("t", id_, 5, {"user", "Again"}).ok());
+  EXPECT_EQ(refused("t-2").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused("t-2").message().find("went on"), std::string::npos) << refused("t-2");
 }
 
 TEST_F(ConversationsTest, OneTurnAtATimeAndTheMarkIsClearedOnEveryPath) {

@@ -51,9 +51,10 @@ TEST(ClientSdkTest, CallbackAndIteratorRepliesHistoryAndClose) {
 }
 
 // The coordinator is killed (SIGKILL) after the reply's first text and started again on the
-// same port and store: Send retries under the same turn id, and the turn comes back as the
-// new coordinator has it (interrupted, as every turn left in progress by a dead coordinator),
-// its text passed on once, in order, with no second user message stored.
+// same port and store: Send retries under the same turn id; the new coordinator has the turn
+// interrupted (as every turn left in progress by a dead coordinator) and resumes it, so the
+// reply is whole, the same text as the turn without the fault, passed on once, in order, with
+// no second user message stored.
 TEST(ClientSdkTest, SendRetriesATurnWhoseCoordinatorDiedWithoutSendingItTwice) {
   RECALL_REQUIRE_SHARED_FILE(kModel);
   const std::string dir = testing::MakeTempDir("sdk_retry");
@@ -63,6 +64,13 @@ TEST(ClientSdkTest, SendRetriesATurnWhoseCoordinatorDiedWithoutSendingItTwice) {
   ASSERT_FALSE(address.empty()) << error;
   const std::string port = address.substr(address.rfind(':') + 1);
   auto client = Client::Connect({.address = address, .retries = 8});
+  auto reference = client->StartSession({});
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  (*reference)->sampling().set_temperature(0);
+  (*reference)->sampling().set_max_tokens(200);
+  std::string whole;
+  ASSERT_TRUE(
+      (*reference)->Send("Once upon a time", [&](const std::string& t) { whole += t; }).ok());
   auto session = client->StartSession({});
   ASSERT_TRUE(session.ok()) << session.status();
   (*session)->sampling().set_temperature(0);
@@ -83,15 +91,15 @@ TEST(ClientSdkTest, SendRetriesATurnWhoseCoordinatorDiedWithoutSendingItTwice) {
   });
   ASSERT_TRUE(restarted) << "no text arrived";
   ASSERT_TRUE(done.ok()) << done.status();
-  EXPECT_TRUE(done->replayed());
-  EXPECT_EQ(done->turn_state(), v1::TURN_STATE_INTERRUPTED);
+  EXPECT_TRUE(done->resumed());
   auto history = (*session)->History();
   ASSERT_TRUE(history.ok()) << history.status();
   ASSERT_EQ(history->size(), 2u) << "one user message and its reply";
   EXPECT_EQ((*history)[0].content(), "Once upon a time");
   EXPECT_EQ((*history)[0].turn_id().rfind("sdk-", 0), 0u) << (*history)[0].turn_id();
-  EXPECT_EQ((*history)[1].state(), v1::TURN_STATE_INTERRUPTED);
+  EXPECT_EQ((*history)[1].state(), v1::TURN_STATE_COMPLETE);
   EXPECT_EQ(text, (*history)[1].content()) << "every piece once, in order";
+  EXPECT_EQ(text, whole) << "the reply of the same turn without the fault";
   // The session goes on.
   auto next = (*session)->Send("What happened next?", nullptr);
   ASSERT_TRUE(next.ok()) << next.status();

@@ -861,9 +861,12 @@ TEST_F(FailoverTest, AClientCancellingMidReplyFreesTheWorkersTurnPromptly) {
 }
 
 // A turn named by a turn id, asked again while it runs: FAILED_PRECONDITION (retryable); once
-// the client's cancel has interrupted it, asked again: the part that was sent, as stored,
-// marked interrupted, and nothing run again.
+// the client's cancel has interrupted it, asked again: resumed, the part that was sent first
+// (as stored) and the worker continuing from there, the whole reply the tokens of the same
+// turn run without the interruption; the user message is not stored twice.
 TEST_F(FailoverTest, ATurnIdAskedAgainWhileItRunsOrAfterItBrokeIsNotRunTwice) {
+  const Reply reference = Say(Create(), "Once upon a time", 60);
+  ASSERT_TRUE(reference.status.ok()) << reference.status.error_message();
   const std::string id = Create();
   grpc::ClientContext ctx;
   Auth(&ctx, "key-a");
@@ -872,13 +875,13 @@ TEST_F(FailoverTest, ATurnIdAskedAgainWhileItRunsOrAfterItBrokeIsNotRunTwice) {
   req.set_message("Once upon a time");
   req.set_turn_id("long-1");
   req.mutable_sampling()->set_temperature(0);
-  req.mutable_sampling()->set_max_tokens(200);
+  req.mutable_sampling()->set_max_tokens(60);
   auto reader = stub_->Converse(&ctx, req);
   v1::ConverseEvent ev;
   ASSERT_TRUE(reader->Read(&ev));
   ASSERT_TRUE(ev.has_tokens());
   std::string received = ev.tokens().text();
-  const Reply during = Say(id, "Once upon a time", 200, "key-a", nullptr, "long-1");
+  const Reply during = Say(id, "Once upon a time", 60, "key-a", nullptr, "long-1");
   EXPECT_EQ(during.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_NE(during.status.error_message().find("still running"), std::string::npos)
       << during.status.error_message();
@@ -895,13 +898,24 @@ TEST_F(FailoverTest, ATurnIdAskedAgainWhileItRunsOrAfterItBrokeIsNotRunTwice) {
   }
   ASSERT_EQ(s.messages_size(), 3);
   ASSERT_EQ(s.messages(2).state(), v1::TURN_STATE_INTERRUPTED);
-  const Reply after = Say(id, "Once upon a time", 200, "key-a", nullptr, "long-1");
+  const std::string part = s.messages(2).content();
+  ASSERT_LT(part.size(), reference.text.size()) << "interrupted before its end";
+  const Reply after = Say(id, "Once upon a time", 60, "key-a", nullptr, "long-1");
   ASSERT_TRUE(after.status.ok()) << after.status.error_message();
-  EXPECT_TRUE(after.done.replayed());
-  EXPECT_EQ(after.done.turn_state(), v1::TURN_STATE_INTERRUPTED);
-  EXPECT_EQ(after.text, s.messages(2).content());
+  EXPECT_FALSE(after.done.replayed());
+  EXPECT_TRUE(after.done.resumed());
+  EXPECT_EQ(after.text.rfind(part, 0), 0u) << "the stored part comes first";
   EXPECT_EQ(after.text.rfind(received, 0), 0u) << "what the client was sent comes first";
-  EXPECT_EQ(Get(id).messages_size(), 3) << "not run again";
+  EXPECT_EQ(after.tokens, reference.tokens) << "the tokens of the turn without the interruption";
+  EXPECT_EQ(after.text, reference.text);
+  s = Get(id);
+  ASSERT_EQ(s.messages_size(), 3) << "the user message is not stored twice";
+  EXPECT_EQ(s.messages(2).state(), v1::TURN_STATE_COMPLETE);
+  EXPECT_EQ(s.messages(2).content(), reference.text);
+  // Complete now: asked again, it is replayed as stored.
+  const Reply replay = Say(id, "Once upon a time", 60, "key-a", nullptr, "long-1");
+  EXPECT_TRUE(replay.done.replayed());
+  EXPECT_EQ(replay.text, reference.text);
 }
 
 }  // namespace

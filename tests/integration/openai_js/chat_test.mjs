@@ -2,8 +2,9 @@
 // passes the API's base URL): the models list; a streamed multi-turn chat that resends the
 // whole list each turn, naming its session with the X-Session-Id header the first reply
 // carried, then without it (matched by its list); usage and finish reasons; the cache reused
-// on later turns (cached_tokens > 0); a completion; an error the SDK raises with its status
-// and param. Prints PASS/FAIL per check; exits 1 if any failed.
+// on later turns (cached_tokens > 0); a request sent again with its Idempotency-Key answered
+// from the store; a completion; an error the SDK raises with its status and param. Prints
+// PASS/FAIL per check; exits 1 if any failed.
 import OpenAI from 'openai';
 
 const baseURL = process.argv[2];
@@ -76,6 +77,22 @@ try {
         'turn 3: a chat.completion with text and a finish_reason', JSON.stringify(three));
   check(three.usage?.prompt_tokens_details?.cached_tokens > 0, 'turn 3: cached_tokens > 0',
         JSON.stringify(three.usage));
+
+  // The same request twice with one Idempotency-Key: the second is the stored turn, not a
+  // second run (the session keeps one turn of it).
+  const keyed = [{ role: 'user', content: 'Once upon a time' }];
+  const options = { headers: { 'Idempotency-Key': 'js-turn-1' } };
+  const first = await client.chat.completions
+    .create({ model, messages: keyed, max_tokens: 8, temperature: 0.9 }, options)
+    .withResponse();
+  const again = await client.chat.completions
+    .create({ model, messages: keyed, max_tokens: 8, temperature: 0.9 }, options)
+    .withResponse();
+  check(again.response.headers.get('idempotent-replayed') === 'true' &&
+        again.data.choices[0].message.content === first.data.choices[0].message.content &&
+        again.response.headers.get('x-session-id') === first.response.headers.get('x-session-id'),
+        'Idempotency-Key: the same request again gets the stored reply of the same session',
+        `${again.response.headers.get('idempotent-replayed')} ${JSON.stringify(again.data)}`);
 
   const completion = await client.completions.create({ model, prompt: 'Once upon a time',
                                                        max_tokens: 8, temperature: 0 });

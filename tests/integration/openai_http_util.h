@@ -1,0 +1,198 @@
+// Helpers of the HTTP API's integration tests: one raw request over cpp-httplib's client (the
+// bytes as they arrive, a hang-up when asked), SSE events, chat request bodies, and the two
+// stacks they run against (stories260K; a slow random model for turns that are still running).
+// The test target defines RECALL_WORKER_BINARY and RECALL_COORDINATOR_BINARY.
+#pragma once
+
+#include <httplib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "common/subprocess.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "recall/v1/chat.grpc.pb.h"
+#include "recall/v1/worker.grpc.pb.h"
+#include "tests/common/test_util.h"
+
+namespace recall {
+
+using Json = nlohmann::json;
+
+struct HttpReply {
+  int status = 0;  // 0: no response
+  std::string body;
+  httplib::Headers headers;
+  std::string Header(const std::string& name) const {
+    auto it = headers.find(name);
+    return it == headers.end() ? "" : it->second;
+  }
+  Json JsonBody() const { return Json::parse(body, nullptr, false); }
+};
+
+// One request; `headers` besides the key's Authorization ("" key: none). `receive`, when
+// given, sees the body's bytes as they arrive and may return false to hang up.
+inline HttpReply Send(httplib::Client& client, const std::string& method, const std::string& path,
+                      const std::string& body, const std::string& key,
+                      httplib::Headers headers = {},
+                      std::function<bool(const std::string& so_far)> receive = nullptr) {
+  httplib::Request req;
+  req.method = method;
+  req.path = path;
+  req.headers = std::move(headers);
+  if (!key.empty()) req.headers.emplace("Authorization", "Bearer " + key);
+  if (!body.empty()) {
+    req.body = body;
+    req.headers.emplace("Content-Type", "application/json");
+  }
+  HttpReply reply;
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    reply.body.append(data, n);
+    return receive == nullptr || receive(reply.body);
+  };
+  httplib::Response res;
+  httplib::Error error = httplib::Error::Success;
+  if (client.send(req, res, error) || error == httplib::Error::Canceled) {
+    reply.status = res.status;
+    reply.headers = res.headers;
+  }
+  return reply;
+}
+
+// The events of an SSE body: each "data: " payload; EXPECTs the framing.
+inline std::vector<std::string> Events(const std::string& body) {
+  std::vector<std::string> out;
+  EXPECT_TRUE(body.size() >= 2 && body.substr(body.size() - 2) == "\n\n")
+      << "a stream ends with a blank line";
+  for (absl::string_view e : absl::StrSplit(body, "\n\n", absl::SkipEmpty())) {
+    EXPECT_EQ(e.substr(0, 6), "data: ") << "every event is one data line: " << e;
+    EXPECT_EQ(e.find('\n'), absl::string_view::npos) << "one line per event: " << e;
+    out.emplace_back(e.substr(6));
+  }
+  return out;
+}
+
+inline std::string ChatBody(const std::vector<Json>& messages, int max_tokens, bool stream,
+                            const std::string& extra = "") {
+  Json body = {{"messages", Json(messages)},
+               {"max_tokens", max_tokens},
+               {"temperature", 0},
+               {"stream", stream}};
+  if (stream) body["stream_options"] = {{"include_usage", true}};
+  std::string text = body.dump();
+  if (!extra.empty()) text = text.substr(0, text.size() - 1) + "," + extra + "}";
+  return text;
+}
+
+inline Json Message(const std::string& role, const std::string& content) {
+  return {{"role", role}, {"content", content}};
+}
+
+inline constexpr char kModel[] = "models/stories260K/stories260K.bin";
+inline constexpr char kTokenizer[] = "models/stories260K/tok512.bin";
+
+// A real recall-worker (stories260K) behind a real recall-coordinator with the HTTP API on,
+// two API keys (key-a: tenant-a, key-b: tenant-b).
+class OpenAiHttpTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    RECALL_REQUIRE_SHARED_FILE(kModel);
+    dir_ = testing::MakeTempDir("openai_http");
+    std::ofstream(dir_ + "/keys") << "key-a tenant-a\nkey-b tenant-b\n";
+    std::string error;
+    ASSERT_TRUE(worker_.Start(
+        RECALL_WORKER_BINARY,
+        {"--model", testing::SharedPath(kModel), "--tokenizer", testing::SharedPath(kTokenizer),
+         "--listen", "127.0.0.1:0", "--kv-cache-bytes", "16M", "--threads", "1"},
+        dir_, &error))
+        << error;
+    StartCoordinator();
+  }
+
+  // The coordinator (again: its sessions are in dir_'s store) and the clients of it.
+  void StartCoordinator() {
+    std::string error;
+    ASSERT_TRUE(
+        coordinator_.Start(RECALL_COORDINATOR_BINARY,
+                           {"--workers", "127.0.0.1:" + std::to_string(worker_.port("grpc")),
+                            "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--data-dir",
+                            dir_, "--api-keys", dir_ + "/keys", "--max-message-bytes", "4000"},
+                           dir_, &error))
+        << error;
+    ASSERT_GT(coordinator_.port("http"), 0) << "the port file names the HTTP port";
+    http_ = std::make_unique<httplib::Client>("127.0.0.1", coordinator_.port("http"));
+    http_->set_read_timeout(120, 0);
+    chat_ = v1::Chat::NewStub(
+        grpc::CreateChannel("127.0.0.1:" + std::to_string(coordinator_.port("grpc")),
+                            grpc::InsecureChannelCredentials()));
+  }
+
+  HttpReply Post(const std::string& path, const std::string& body, const std::string& key = "key-a",
+                 httplib::Headers headers = {}) {
+    return Send(*http_, "POST", path, body, key, std::move(headers));
+  }
+
+  // The session as the gRPC API sees it (the same store).
+  v1::Session GetSession(const std::string& id, const std::string& key = "key-a") {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer " + key);
+    v1::GetSessionRequest req;
+    req.set_session_id(id);
+    v1::Session s;
+    const grpc::Status st = chat_->GetSession(&ctx, req, &s);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    return s;
+  }
+
+  std::string dir_;
+  ServerProcess worker_;
+  ServerProcess coordinator_;
+  std::unique_ptr<httplib::Client> http_;
+  std::unique_ptr<v1::Chat::Stub> chat_;
+};
+
+// A slow model (random weights of SmolLM2's shape, tens of ms a token) so that a reply is
+// still running when the client leaves.
+class OpenAiHttpCancelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string config = testing::SharedPath("tokenizers/smollm2/config.json");
+    if (!std::filesystem::exists(config)) GTEST_SKIP() << "shared data missing: " << config;
+    dir_ = testing::MakeTempDir("openai_cancel");
+    std::string error;
+    ASSERT_TRUE(
+        worker_.Start(RECALL_WORKER_BINARY,
+                      {"--model", testing::SharedPath("tokenizers/smollm2"), "--random-weights",
+                       "--listen", "127.0.0.1:0", "--kv-cache-bytes", "64M", "--threads", "1"},
+                      dir_, &error))
+        << error;
+    ASSERT_TRUE(coordinator_.Start(
+        RECALL_COORDINATOR_BINARY,
+        {"--workers", "127.0.0.1:" + std::to_string(worker_.port("grpc")), "--listen",
+         "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--data-dir", dir_},
+        dir_, &error))
+        << error;
+  }
+
+  v1::LoadReport Load() {
+    auto stub = v1::Worker::NewStub(grpc::CreateChannel(
+        "127.0.0.1:" + std::to_string(worker_.port("grpc")), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    v1::LoadReport load;
+    if (!stub->GetLoad(&ctx, v1::GetLoadRequest(), &load).ok()) load.Clear();
+    return load;
+  }
+
+  std::string dir_;
+  ServerProcess worker_;
+  ServerProcess coordinator_;
+};
+
+}  // namespace recall

@@ -1,0 +1,238 @@
+// The HTTP API's Idempotency-Key (coordinator/http_api.h, "Retries") on a real coordinator and
+// worker over loopback: a request sent again with its key gets the turn as stored (a body or
+// a stream, "Idempotent-Replayed: true") instead of a second run, also for a named session
+// after the coordinator restarted; a key naming another message or a malformed key is refused
+// naming the header; a key whose
+// turn is still running gets 409, and once that turn was interrupted (the client left) the
+// key resumes it: the whole reply, the same as the turn without the interruption.
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/integration/openai_http_util.h"
+
+namespace recall {
+namespace {
+
+// The text of a stream's deltas, concatenated.
+std::string StreamedText(const std::string& body) {
+  std::string text;
+  for (const std::string& e : Events(body)) {
+    if (e == "[DONE]") continue;
+    const Json j = Json::parse(e, nullptr, false);
+    if (j.is_discarded() || !j.contains("choices") || j["choices"].empty()) continue;
+    const Json& delta = j["choices"][0]["delta"];
+    if (delta.contains("content") && delta["content"].is_string()) {
+      text += delta["content"].get<std::string>();
+    }
+  }
+  return text;
+}
+
+std::string ReplyText(const HttpReply& r) {
+  return r.JsonBody()["choices"][0]["message"]["content"].get<std::string>();
+}
+
+TEST_F(OpenAiHttpTest, AKeySentAgainGetsTheStoredTurnNotASecondRun) {
+  const std::vector<Json> first = {Message("user", "Once upon a time")};
+  const HttpReply one = Post("/v1/chat/completions", ChatBody(first, 8, false), "key-a",
+                             {{"Idempotency-Key", "turn-1"}});
+  ASSERT_EQ(one.status, 200) << one.body;
+  EXPECT_EQ(one.Header("Idempotent-Replayed"), "");
+  const std::string id = one.Header("X-Session-Id");
+  const std::string text = ReplyText(one);
+  ASSERT_FALSE(text.empty());
+
+  const HttpReply again = Post("/v1/chat/completions", ChatBody(first, 8, false), "key-a",
+                               {{"Idempotency-Key", "turn-1"}});
+  ASSERT_EQ(again.status, 200) << again.body;
+  EXPECT_EQ(again.Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(again.Header("X-Session-Id"), id);
+  EXPECT_EQ(ReplyText(again), text);
+  EXPECT_EQ(again.JsonBody()["usage"]["completion_tokens"],
+            one.JsonBody()["usage"]["completion_tokens"]);
+  const HttpReply streamed = Post("/v1/chat/completions", ChatBody(first, 8, true), "key-a",
+                                  {{"Idempotency-Key", "turn-1"}});
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  EXPECT_EQ(streamed.Header("Content-Type"), "text/event-stream");
+  EXPECT_EQ(StreamedText(streamed.body), text);
+  EXPECT_EQ(Events(streamed.body).back(), "[DONE]");
+  // Another tenant's request with the same key is its own turn.
+  const HttpReply theirs = Post("/v1/chat/completions", ChatBody(first, 8, false), "key-b",
+                                {{"Idempotency-Key", "turn-1"}});
+  ASSERT_EQ(theirs.status, 200) << theirs.body;
+  EXPECT_EQ(theirs.Header("Idempotent-Replayed"), "");
+  EXPECT_NE(theirs.Header("X-Session-Id"), id);
+
+  v1::Session s = GetSession(id);
+  ASSERT_EQ(s.messages_size(), 2) << "one turn, run once";
+  EXPECT_EQ(s.messages(0).turn_id(), "turn-1");
+
+  // The next turn, with its own key, continues the session; the first key still replays.
+  std::vector<Json> second = first;
+  second.push_back(Message("assistant", text));
+  second.push_back(Message("user", "Then what?"));
+  const HttpReply two = Post("/v1/chat/completions", ChatBody(second, 6, false), "key-a",
+                             {{"Idempotency-Key", "turn-2"}});
+  ASSERT_EQ(two.status, 200) << two.body;
+  EXPECT_EQ(two.Header("X-Session-Id"), id);
+  s = GetSession(id);
+  ASSERT_EQ(s.messages_size(), 4);
+  EXPECT_EQ(s.messages(2).turn_id(), "turn-2");
+  EXPECT_EQ(ReplyText(Post("/v1/chat/completions", ChatBody(first, 8, false), "key-a",
+                           {{"Idempotency-Key", "turn-1"}})),
+            text);
+  EXPECT_EQ(GetSession(id).messages_size(), 4);
+}
+
+TEST_F(OpenAiHttpTest, ANamedSessionsKeyIsFoundInTheStoreAfterARestart) {
+  const std::vector<Json> first = {Message("user", "Once upon a time")};
+  const HttpReply one = Post("/v1/chat/completions", ChatBody(first, 8, false), "key-a",
+                             {{"Idempotency-Key", "named-1"}});
+  ASSERT_EQ(one.status, 200) << one.body;
+  const std::string id = one.Header("X-Session-Id");
+  coordinator_.Stop();
+  StartCoordinator();
+  const HttpReply again = Post("/v1/chat/completions", ChatBody(first, 8, false), "key-a",
+                               {{"Idempotency-Key", "named-1"}, {"X-Session-Id", id}});
+  ASSERT_EQ(again.status, 200) << again.body;
+  EXPECT_EQ(again.Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(ReplyText(again), ReplyText(one));
+  EXPECT_EQ(GetSession(id).messages_size(), 2);
+}
+
+TEST_F(OpenAiHttpTest, BadKeysAreRefusedNamingTheHeader) {
+  const std::vector<Json> hi = {Message("user", "Once upon a time")};
+  ASSERT_EQ(
+      Post("/v1/chat/completions", ChatBody(hi, 4, false), "key-a", {{"Idempotency-Key", "k-1"}})
+          .status,
+      200);
+  const struct {
+    std::string body;
+    std::string key;
+    std::string expect;
+  } cases[] = {
+      {ChatBody({Message("user", "Another beginning")}, 4, false), "k-1",
+       "Idempotency-Key: \"k-1\" names message 0 of session"},
+      {ChatBody(hi, 4, false), "has space", "Idempotency-Key: may hold only A-Z a-z 0-9 . _ : -"},
+      {ChatBody(hi, 4, false), std::string(129, 'k'), "Idempotency-Key: 129 bytes; at most 128"},
+  };
+  for (const auto& c : cases) {
+    const HttpReply r = Post("/v1/chat/completions", c.body, "key-a", {{"Idempotency-Key", c.key}});
+    EXPECT_EQ(r.status, 400) << c.expect << ": " << r.body;
+    const std::string message = r.JsonBody()["error"]["message"].get<std::string>();
+    EXPECT_NE(message.find(c.expect), std::string::npos) << message;
+  }
+}
+
+// The slow model: a key whose turn is running is 409 (the SDKs' retryable conflict); the
+// client leaves mid-stream, the turn is stored interrupted, and the key resumes it in the same
+// session: the reply (a body, then a stream) is the one the turn gives without the
+// interruption, and the transcript holds that one turn, complete.
+TEST_F(OpenAiHttpCancelTest, AKeysRunningTurnIs409AndItsInterruptedTurnIsResumed) {
+  httplib::Client client("127.0.0.1", coordinator_.port("http"));
+  client.set_read_timeout(120, 0);
+  httplib::Client other("127.0.0.1", coordinator_.port("http"));
+  other.set_read_timeout(120, 0);
+  const std::vector<Json> asked = {Message("user", "Once upon a time")};
+  const HttpReply reference =
+      Send(client, "POST", "/v1/chat/completions", ChatBody(asked, 40, false), "");
+  ASSERT_EQ(reference.status, 200) << reference.body;
+  HttpReply while_running;
+  const HttpReply r =
+      Send(client, "POST", "/v1/chat/completions", ChatBody(asked, 40, true), "",
+           {{"Idempotency-Key", "slow-1"}}, [&](const std::string& so_far) {
+             const size_t text = so_far.find("\"content\":\"", 60);
+             if (text == std::string::npos || so_far.find("\n\n", text) == std::string::npos) {
+               return true;
+             }
+             while_running = Send(other, "POST", "/v1/chat/completions", ChatBody(asked, 40, false),
+                                  "", {{"Idempotency-Key", "slow-1"}});
+             return false;  // hang up
+           });
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(while_running.status, 409) << while_running.body;
+  EXPECT_NE(while_running.body.find("a request with this key is running"), std::string::npos)
+      << while_running.body;
+  const std::string id = r.Header("X-Session-Id");
+
+  auto chat = v1::Chat::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(coordinator_.port("grpc")),
+                          grpc::InsecureChannelCredentials()));
+  const auto session = [&] {
+    grpc::ClientContext ctx;
+    v1::GetSessionRequest req;
+    req.set_session_id(id);
+    v1::Session s;
+    EXPECT_TRUE(chat->GetSession(&ctx, req, &s).ok());
+    return s;
+  };
+  v1::Session s;
+  for (int i = 0; i < 1000; ++i) {  // the hang-up reaches the coordinator at its next write
+    s = session();
+    if (s.messages_size() == 2 && s.messages(1).state() == v1::TURN_STATE_INTERRUPTED) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(s.messages_size(), 2);
+  ASSERT_EQ(s.messages(1).state(), v1::TURN_STATE_INTERRUPTED);
+  const std::string part = s.messages(1).content();
+  const std::string whole = ReplyText(reference);
+  ASSERT_LT(part.size(), whole.size()) << "interrupted before its end";
+
+  // Sent again (as an SDK would after the broken stream): resumed, in the same session.
+  HttpReply again;
+  for (int i = 0; i < 100; ++i) {  // until the first request released its key
+    again = Send(client, "POST", "/v1/chat/completions", ChatBody(asked, 40, false), "",
+                 {{"Idempotency-Key", "slow-1"}});
+    if (again.status != 409) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(again.status, 200) << again.body;
+  EXPECT_EQ(again.Header("Idempotent-Replayed"), "");
+  EXPECT_EQ(again.Header("X-Session-Id"), id);
+  EXPECT_EQ(ReplyText(again).rfind(part, 0), 0u) << "the stored part first";
+  EXPECT_EQ(ReplyText(again), whole) << "the reply of the turn without the interruption";
+  s = session();
+  ASSERT_EQ(s.messages_size(), 2) << "one turn";
+  EXPECT_EQ(s.messages(0).turn_id(), "slow-1");
+  EXPECT_EQ(s.messages(1).state(), v1::TURN_STATE_COMPLETE);
+  EXPECT_EQ(s.messages(1).content(), whole);
+  // And now it replays.
+  const HttpReply replayed = Send(client, "POST", "/v1/chat/completions",
+                                  ChatBody(asked, 40, false), "", {{"Idempotency-Key", "slow-1"}});
+  EXPECT_EQ(replayed.Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(ReplyText(replayed), whole);
+}
+
+// A stream resumed: its events carry the stored part first, then the rest, as one reply.
+TEST_F(OpenAiHttpCancelTest, AnInterruptedStreamIsResumedAsAStream) {
+  httplib::Client client("127.0.0.1", coordinator_.port("http"));
+  client.set_read_timeout(120, 0);
+  const std::vector<Json> asked = {Message("user", "Once upon a time")};
+  const HttpReply reference =
+      Send(client, "POST", "/v1/chat/completions", ChatBody(asked, 30, false), "");
+  ASSERT_EQ(reference.status, 200) << reference.body;
+  const HttpReply r =
+      Send(client, "POST", "/v1/chat/completions", ChatBody(asked, 30, true), "",
+           {{"Idempotency-Key", "slow-2"}}, [&](const std::string& so_far) {
+             const size_t text = so_far.find("\"content\":\"", 60);
+             return text == std::string::npos || so_far.find("\n\n", text) == std::string::npos;
+           });
+  ASSERT_EQ(r.status, 200);
+  HttpReply again;
+  for (int i = 0; i < 500; ++i) {  // until the first request ended (409 until then)
+    again = Send(client, "POST", "/v1/chat/completions", ChatBody(asked, 30, true), "",
+                 {{"Idempotency-Key", "slow-2"}});
+    if (again.status != 409) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(again.status, 200) << again.body;
+  EXPECT_EQ(again.Header("X-Session-Id"), r.Header("X-Session-Id"));
+  EXPECT_EQ(StreamedText(again.body), ReplyText(reference));
+  EXPECT_EQ(Events(again.body).back(), "[DONE]");
+}
+
+}  // namespace
+}  // namespace recall
