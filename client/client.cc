@@ -91,24 +91,15 @@ absl::StatusOr<v1::ListModelsResponse> Client::ListModels() {
 
 namespace {
 
-// Reads a reply to its end. The first `skip` bytes of its text are not passed on (a retried
-// turn's replay repeats what the broken attempt passed on); *delivered counts what was.
+// Reads a Generate reply to its end, passing its text on.
 template <typename Reader>
-absl::StatusOr<v1::ConverseDone> ReadReply(Reader& reader, const TextCallback& on_text,
-                                           size_t skip = 0, size_t* delivered = nullptr) {
+absl::StatusOr<v1::ConverseDone> ReadReply(Reader& reader, const TextCallback& on_text) {
   v1::ConverseEvent ev;
   v1::ConverseDone done;
   bool got_done = false;
-  size_t seen = 0;
   while (reader->Read(&ev)) {
     if (ev.has_tokens()) {
-      const std::string& text = ev.tokens().text();
-      const size_t from = seen >= skip ? 0 : std::min(text.size(), skip - seen);
-      seen += text.size();
-      if (from < text.size()) {
-        if (delivered != nullptr) *delivered += text.size() - from;
-        if (on_text) on_text(text.substr(from));
-      }
+      if (on_text && !ev.tokens().text().empty()) on_text(ev.tokens().text());
     } else if (ev.has_done()) {
       done = ev.done();
       got_done = true;
@@ -135,31 +126,13 @@ absl::StatusOr<v1::ConverseDone> Client::Converse(const std::string& session_id,
                                                   const v1::SamplingParams& sampling,
                                                   const TextCallback& on_text,
                                                   const std::string& turn_id) {
-  v1::ConverseRequest req;
-  req.set_session_id(session_id);
-  req.set_message(message);
-  *req.mutable_sampling() = sampling;
-  req.set_turn_id(turn_id.empty() ? NewTurnId() : turn_id);
-  // Sent again on UNAVAILABLE (the coordinator unreachable, or the stream broke): the turn id
-  // makes the coordinator stream back the turn it already has instead of running it twice.
-  // Once sent, FAILED_PRECONDITION (that turn still ending on the coordinator) is waited out
-  // too. A replay repeats the reply from its start: what was passed on is skipped.
-  size_t delivered = 0;
-  auto backoff = std::chrono::milliseconds(100);
-  for (int attempt = 0;; ++attempt) {
-    grpc::ClientContext ctx;
-    Prepare(&ctx);
-    auto reader = stub_->Converse(&ctx, req);
-    absl::StatusOr<v1::ConverseDone> done = ReadReply(reader, on_text, delivered, &delivered);
-    const bool retry =
-        !done.ok() && attempt < options_.retries &&
-        (done.status().code() == absl::StatusCode::kUnavailable ||
-         (attempt > 0 && done.status().code() == absl::StatusCode::kFailedPrecondition &&
-          done.status().message().find("still running") != absl::string_view::npos));
-    if (!retry) return done;
-    std::this_thread::sleep_for(backoff);
-    backoff *= 2;
+  std::unique_ptr<ReplyStream> reply = ConverseStream(session_id, message, sampling, turn_id);
+  std::string text;
+  while (reply->Next(&text)) {
+    if (on_text) on_text(text);
   }
+  if (!reply->status().ok()) return reply->status();
+  return reply->done();
 }
 
 absl::StatusOr<v1::ConverseDone> Client::Generate(const v1::GenerateRequest& request,
@@ -172,20 +145,44 @@ absl::StatusOr<v1::ConverseDone> Client::Generate(const v1::GenerateRequest& req
 
 std::unique_ptr<ReplyStream> Client::ConverseStream(const std::string& session_id,
                                                     const std::string& message,
-                                                    const v1::SamplingParams& sampling) {
+                                                    const v1::SamplingParams& sampling,
+                                                    const std::string& turn_id) {
   v1::ConverseRequest req;
   req.set_session_id(session_id);
   req.set_message(message);
   *req.mutable_sampling() = sampling;
-  auto ctx = std::make_unique<grpc::ClientContext>();
-  Prepare(ctx.get());
-  auto reader = stub_->Converse(ctx.get(), req);
-  return std::make_unique<ReplyStream>(std::move(ctx), std::move(reader));
+  req.set_turn_id(turn_id.empty() ? NewTurnId() : turn_id);
+  return std::make_unique<ReplyStream>(*this, std::move(req));
+}
+
+ReplyStream::ReplyStream(const Client& client, v1::ConverseRequest request)
+    : client_(client), request_(std::move(request)) {
+  Open();
+}
+
+bool ReplyStream::Open() {
+  auto context = std::make_unique<grpc::ClientContext>();
+  client_.Prepare(context.get());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cancelled_) return false;
+    context_ = std::move(context);
+  }
+  reader_ = client_.stub_->Converse(context_.get(), request_);
+  seen_ = 0;
+  ++attempt_;
+  return true;
+}
+
+void ReplyStream::Cancel() {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancelled_ = true;
+  if (context_ != nullptr) context_->TryCancel();
 }
 
 ReplyStream::~ReplyStream() {
-  if (!finished_) {
-    context_->TryCancel();
+  if (!finished_ && reader_ != nullptr) {
+    Cancel();
     v1::ConverseEvent ev;
     while (reader_->Read(&ev)) {
     }
@@ -193,18 +190,51 @@ ReplyStream::~ReplyStream() {
   }
 }
 
+// Sent again on UNAVAILABLE (the coordinator unreachable, or the stream broke): the turn id
+// makes the coordinator stream back (or resume) the turn it already has instead of running it
+// twice. Once sent, FAILED_PRECONDITION (that turn still ending on the coordinator) is waited
+// out too. Each attempt repeats the reply from its start: what was passed on is skipped.
 bool ReplyStream::Next(std::string* text) {
-  if (finished_) return false;
-  v1::ConverseEvent ev;
-  while (reader_->Read(&ev)) {
-    if (ev.has_done()) {
-      done_ = ev.done();
-    } else if (!ev.tokens().text().empty()) {
-      *text = ev.tokens().text();
-      return true;
+  auto backoff = std::chrono::milliseconds(100) * (1 << std::min(attempt_ - 1, 10));
+  while (!finished_) {
+    v1::ConverseEvent ev;
+    while (reader_->Read(&ev)) {
+      if (ev.has_done()) {
+        done_ = ev.done();
+        got_done_ = true;
+        continue;
+      }
+      const std::string& piece = ev.tokens().text();
+      const size_t from = seen_ >= delivered_ ? 0 : std::min(piece.size(), delivered_ - seen_);
+      seen_ += piece.size();
+      if (from < piece.size()) {
+        *text = piece.substr(from);
+        delivered_ += text->size();
+        return true;
+      }
+    }
+    status_ = ToAbsl(reader_->Finish());
+    if (status_.ok() && !got_done_) {
+      status_ = absl::InternalError("the reply stream ended without a final event");
+    }
+    bool cancelled;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      cancelled = cancelled_;
+    }
+    const absl::StatusCode code = status_.code();
+    const bool retry = !cancelled && attempt_ <= client_.options_.retries &&
+                       (code == absl::StatusCode::kUnavailable ||
+                        (attempt_ > 1 && code == absl::StatusCode::kFailedPrecondition &&
+                         status_.message().find("still running") != absl::string_view::npos));
+    if (!retry) break;
+    std::this_thread::sleep_for(backoff);
+    backoff *= 2;
+    if (!Open()) {
+      status_ = absl::CancelledError("the reply was cancelled");
+      break;
     }
   }
-  status_ = ToAbsl(reader_->Finish());
   finished_ = true;
   return false;
 }

@@ -16,14 +16,15 @@
 // turn id, so a retry after a broken stream gets the turn the coordinator already has (its
 // reply passed on from where the broken attempt stopped; ConverseDone.replayed and
 // turn_state say how it ended; a turn the break interrupted is resumed, ConverseDone.resumed,
-// and its reply is whole) instead of sending the message twice. The iterator form
-// (ConverseStream, Session::Stream) is not retried. Every call has a deadline. Errors are
-// absl::Status with the server's code and message.
+// and its reply is whole) instead of sending the message twice; the iterator form
+// (ConverseStream, Session::Stream) alike. Every call has a deadline. Errors are absl::Status
+// with the server's code and message.
 #pragma once
 
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -46,17 +47,22 @@ using TextCallback = std::function<void(const std::string& text)>;
 
 class Session;
 
+class Client;
+
 // A reply read piece by piece (the iterator form of Converse):
 //   auto reply = session->Stream("Hi");
 //   std::string text;
 //   while (reply->Next(&text)) std::cout << text;
 //   if (!reply->status().ok()) ...
+// A stream that breaks (UNAVAILABLE) is asked again under the same turn id, up to the
+// client's retries, and Next goes on with the text the broken attempt had not passed on.
 class ReplyStream {
  public:
-  ReplyStream(std::unique_ptr<grpc::ClientContext> context,
-              std::unique_ptr<grpc::ClientReader<v1::ConverseEvent>> reader)
-      : context_(std::move(context)), reader_(std::move(reader)) {}
+  // Made by Client::ConverseStream; `request` carries its turn id. Starts the call.
+  ReplyStream(const Client& client, v1::ConverseRequest request);
   ~ReplyStream();  // cancels the turn if the reply was not read to its end
+  ReplyStream(const ReplyStream&) = delete;
+  ReplyStream& operator=(const ReplyStream&) = delete;
 
   // The next piece of text (tokens whose text is held back come with a later piece);
   // false at the end of the reply.
@@ -66,13 +72,24 @@ class ReplyStream {
   // Stops the reply (the server cancels the turn, keeping what was sent as interrupted); Next
   // then returns false and status() is CANCELLED. Callable from any thread, while another
   // thread is in Next.
-  void Cancel() { context_->TryCancel(); }
+  void Cancel();
 
  private:
+  // A call of request_ (the next attempt); false once cancelled.
+  bool Open();
+
+  const Client& client_;
+  const v1::ConverseRequest request_;
+  std::mutex mu_;  // context_ and cancelled_: Cancel may come from another thread
   std::unique_ptr<grpc::ClientContext> context_;
+  bool cancelled_ = false;
   std::unique_ptr<grpc::ClientReader<v1::ConverseEvent>> reader_;
+  int attempt_ = 0;
+  size_t delivered_ = 0;  // text bytes passed on by Next
+  size_t seen_ = 0;       // text bytes of this attempt (a replay repeats the passed-on part)
   absl::Status status_;
   v1::ConverseDone done_;
+  bool got_done_ = false;
   bool finished_ = false;
 };
 
@@ -98,15 +115,17 @@ class Client {
   static std::string NewTurnId();
   absl::StatusOr<v1::ConverseDone> Generate(const v1::GenerateRequest& request,
                                             const TextCallback& on_text);
-  // Converse as an iterator.
+  // Converse as an iterator (retried the same way).
   std::unique_ptr<ReplyStream> ConverseStream(const std::string& session_id,
                                               const std::string& message,
-                                              const v1::SamplingParams& sampling);
+                                              const v1::SamplingParams& sampling,
+                                              const std::string& turn_id = "");
 
   // A new session wrapped for multi-turn use.
   absl::StatusOr<std::unique_ptr<Session>> StartSession(const v1::CreateSessionRequest& request);
 
  private:
+  friend class ReplyStream;
   explicit Client(ClientOptions options);
   void Prepare(grpc::ClientContext* ctx) const;
   template <typename Call>

@@ -1,7 +1,7 @@
 // The C++ SDK against `recall serve`-like processes (a coordinator and a worker): callback
 // and iterator forms of a turn give the same reply, History, Close, and errors as statuses;
-// a turn whose coordinator is killed mid-reply is sent again under its turn id and comes back
-// as stored, not run twice.
+// a turn whose coordinator is killed mid-reply is sent again under its turn id and resumed,
+// not run twice, in both forms.
 #include "client/client.h"
 #include "common/subprocess.h"
 #include "gtest/gtest.h"
@@ -51,11 +51,14 @@ TEST(ClientSdkTest, CallbackAndIteratorRepliesHistoryAndClose) {
 }
 
 // The coordinator is killed (SIGKILL) after the reply's first text and started again on the
-// same port and store: Send retries under the same turn id; the new coordinator has the turn
-// interrupted (as every turn left in progress by a dead coordinator) and resumes it, so the
-// reply is whole, the same text as the turn without the fault, passed on once, in order, with
-// no second user message stored.
-TEST(ClientSdkTest, SendRetriesATurnWhoseCoordinatorDiedWithoutSendingItTwice) {
+// same port and store: the SDK asks again under the same turn id (Send and the iterator form
+// alike); the new coordinator has the turn interrupted (as every turn left in progress by a
+// dead coordinator) and resumes it, so the reply is whole, the same text as the turn without
+// the fault, passed on once, in order, with no second user message stored.
+class ClientSdkRetryTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ClientSdkRetryTest, ATurnWhoseCoordinatorDiedIsResumedNotSentTwice) {
+  const bool iterator = GetParam();
   RECALL_REQUIRE_SHARED_FILE(kModel);
   const std::string dir = testing::MakeTempDir("sdk_retry");
   ServerProcess worker, coordinator;
@@ -77,7 +80,7 @@ TEST(ClientSdkTest, SendRetriesATurnWhoseCoordinatorDiedWithoutSendingItTwice) {
   (*session)->sampling().set_max_tokens(200);
   std::string text;
   bool restarted = false;
-  auto done = (*session)->Send("Once upon a time", [&](const std::string& t) {
+  const auto on_text = [&](const std::string& t) {
     text += t;
     if (restarted) return;
     restarted = true;
@@ -88,10 +91,21 @@ TEST(ClientSdkTest, SendRetriesATurnWhoseCoordinatorDiedWithoutSendingItTwice) {
                                    "--listen", "127.0.0.1:" + port, "--data-dir", dir},
                                   dir, &err))
         << err;
-  });
+  };
+  v1::ConverseDone done;
+  if (iterator) {
+    auto reply = (*session)->Stream("Once upon a time");
+    std::string piece;
+    while (reply->Next(&piece)) on_text(piece);
+    ASSERT_TRUE(reply->status().ok()) << reply->status();
+    done = reply->done();
+  } else {
+    auto sent = (*session)->Send("Once upon a time", on_text);
+    ASSERT_TRUE(sent.ok()) << sent.status();
+    done = *sent;
+  }
   ASSERT_TRUE(restarted) << "no text arrived";
-  ASSERT_TRUE(done.ok()) << done.status();
-  EXPECT_TRUE(done->resumed());
+  EXPECT_TRUE(done.resumed());
   auto history = (*session)->History();
   ASSERT_TRUE(history.ok()) << history.status();
   ASSERT_EQ(history->size(), 2u) << "one user message and its reply";
@@ -105,6 +119,9 @@ TEST(ClientSdkTest, SendRetriesATurnWhoseCoordinatorDiedWithoutSendingItTwice) {
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_FALSE(next->replayed());
 }
+
+INSTANTIATE_TEST_SUITE_P(CallbackAndIterator, ClientSdkRetryTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Stream" : "Send"; });
 
 }  // namespace
 }  // namespace recall
