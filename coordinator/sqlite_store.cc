@@ -1,5 +1,6 @@
 // SessionStore on SQLite: one connection guarded by a mutex, WAL journal, synchronous=FULL
-// so an appended message is on disk when Append returns.
+// so an appended message is on disk when Append returns. A streaming reply's writes are
+// parts (reply_parts), merged by Get and folded into the message by Replace.
 #include <sqlite3.h>
 
 #include <set>
@@ -38,7 +39,34 @@ CREATE TABLE IF NOT EXISTS messages (
   lease_ms INTEGER NOT NULL DEFAULT 0,
   turn_id TEXT NOT NULL DEFAULT '',
   PRIMARY KEY (session_id, idx));
+CREATE TABLE IF NOT EXISTS reply_parts (
+  session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+  idx INTEGER NOT NULL,
+  seq INTEGER NOT NULL,
+  content BLOB NOT NULL,
+  ids BLOB NOT NULL,
+  PRIMARY KEY (session_id, idx, seq));
 )sql";
+
+// Token ids as little-endian int32 bytes, and back (a reply part's ids).
+std::string EncodeIds(const std::vector<int32_t>& ids) {
+  std::string out;
+  out.reserve(ids.size() * 4);
+  for (const int32_t id : ids) {
+    const uint32_t u = static_cast<uint32_t>(id);
+    for (int b = 0; b < 4; ++b) out.push_back(static_cast<char>((u >> (8 * b)) & 0xFF));
+  }
+  return out;
+}
+
+void AppendIds(const std::string& bytes, std::vector<int32_t>* ids) {
+  for (size_t i = 0; i + 4 <= bytes.size(); i += 4) {
+    uint32_t u = 0;
+    for (int b = 0; b < 4; ++b)
+      u |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[i + b])) << (8 * b);
+    ids->push_back(static_cast<int32_t>(u));
+  }
+}
 
 // A prepared statement that finalizes itself.
 class Stmt {
@@ -111,7 +139,55 @@ class SqliteStore final : public SessionStore {
       msg.turn_id = m.Text(5);
     }
     if (rc != SQLITE_DONE) return Check(rc, "read transcript");
+    // Replies written part by part (AppendReply): their parts after what the row holds.
+    Stmt p(db_, "SELECT idx, content, ids FROM reply_parts WHERE session_id = ? ORDER BY idx, seq");
+    p.BindText(1, id);
+    while ((rc = p.Step()) == SQLITE_ROW) {
+      const int64_t idx = p.Int(0);
+      if (idx < 0 || idx >= static_cast<int64_t>(r.messages.size())) continue;
+      StoredMessage& msg = r.messages[static_cast<size_t>(idx)];
+      msg.content += p.Text(1);
+      AppendIds(p.Text(2), &msg.token_ids);
+    }
+    if (rc != SQLITE_DONE) return Check(rc, "read reply parts");
     return r;
+  }
+
+  absl::Status AppendReply(const std::string& tenant, const std::string& id, int index,
+                           const StoredMessage& delta, const StoredMessage& whole) override {
+    absl::MutexLock lock(&mu_);
+    // Streaming: no fsync (see Replace).
+    RECALL_RETURN_IF_ERROR(Exec("PRAGMA synchronous=NORMAL", "append reply"));
+    absl::Cleanup full = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      Exec("PRAGMA synchronous=FULL", "append reply").IgnoreError();
+    };
+    RECALL_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE", "append reply"));
+    absl::Status st = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+      Stmt lease(db_,
+                 "UPDATE messages SET lease_ms = ? WHERE session_id = ? AND idx = ? AND state = 1 "
+                 "AND EXISTS (SELECT 1 FROM sessions WHERE id = ? AND tenant = ?)");
+      lease.Bind(1, whole.lease_unix_ms).BindText(2, id).Bind(3, static_cast<int64_t>(index));
+      lease.BindText(4, id).BindText(5, tenant);
+      RECALL_RETURN_IF_ERROR(Check(lease.Step(), "append reply"));
+      if (sqlite3_changes(db_) == 0) {
+        return absl::FailedPreconditionError(absl::StrCat("session \"", id,
+                                                          "\" has no reply in progress at ", index,
+                                                          ": another turn changed it"));
+      }
+      Stmt part(db_,
+                "INSERT INTO reply_parts (session_id, idx, seq, content, ids) VALUES (?, ?, "
+                "(SELECT COALESCE(MAX(seq), -1) + 1 FROM reply_parts WHERE session_id = ? AND "
+                "idx = ?), ?, ?)");
+      part.BindText(1, id).Bind(2, static_cast<int64_t>(index)).BindText(3, id);
+      part.Bind(4, static_cast<int64_t>(index)).Bind(5, delta.content);
+      part.Bind(6, EncodeIds(delta.token_ids));
+      return Check(part.Step(), "append reply");
+    }();
+    if (!st.ok()) {
+      Exec("ROLLBACK", "append reply").IgnoreError();
+      return st;
+    }
+    return Exec("COMMIT", "append reply");
   }
 
   absl::StatusOr<std::vector<SessionRecord>> List(const std::string& tenant,
@@ -185,19 +261,30 @@ class SqliteStore final : public SessionStore {
     absl::Cleanup full = [this, streaming]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
       if (streaming) Exec("PRAGMA synchronous=FULL", "replace message").IgnoreError();
     };
-    Stmt s(db_,
-           "UPDATE messages SET role = ?, content = ?, reply = ?, state = ?, lease_ms = ?, "
-           "turn_id = ? WHERE session_id = ? AND idx = ?");
-    s.BindText(1, message.role).Bind(2, message.content).Bind(3, EncodeReply(message));
-    s.Bind(4, static_cast<int64_t>(message.state)).Bind(5, message.lease_unix_ms);
-    s.BindText(6, message.turn_id).BindText(7, id).Bind(8, static_cast<int64_t>(index));
-    RECALL_RETURN_IF_ERROR(Check(s.Step(), "replace message"));
-    if (sqlite3_changes(db_) == 0) {
-      return absl::FailedPreconditionError(absl::StrCat("session \"", id, "\" has ",
-                                                        r.message_count, " messages, none at ",
-                                                        index, ": another turn changed it"));
+    // The message whole, its parts (AppendReply) folded in: one transaction.
+    RECALL_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE", "replace message"));
+    absl::Status st = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+      Stmt s(db_,
+             "UPDATE messages SET role = ?, content = ?, reply = ?, state = ?, lease_ms = ?, "
+             "turn_id = ? WHERE session_id = ? AND idx = ?");
+      s.BindText(1, message.role).Bind(2, message.content).Bind(3, EncodeReply(message));
+      s.Bind(4, static_cast<int64_t>(message.state)).Bind(5, message.lease_unix_ms);
+      s.BindText(6, message.turn_id).BindText(7, id).Bind(8, static_cast<int64_t>(index));
+      RECALL_RETURN_IF_ERROR(Check(s.Step(), "replace message"));
+      if (sqlite3_changes(db_) == 0) {
+        return absl::FailedPreconditionError(absl::StrCat("session \"", id, "\" has ",
+                                                          r.message_count, " messages, none at ",
+                                                          index, ": another turn changed it"));
+      }
+      Stmt parts(db_, "DELETE FROM reply_parts WHERE session_id = ? AND idx = ?");
+      parts.BindText(1, id).Bind(2, static_cast<int64_t>(index));
+      return Check(parts.Step(), "replace message");
+    }();
+    if (!st.ok()) {
+      Exec("ROLLBACK", "replace message").IgnoreError();
+      return st;
     }
-    return absl::OkStatus();
+    return Exec("COMMIT", "replace message");
   }
 
   absl::StatusOr<int> InterruptInProgress() override {
@@ -211,9 +298,21 @@ class SqliteStore final : public SessionStore {
     absl::MutexLock lock(&mu_);
     SessionRecord r;
     RECALL_RETURN_IF_ERROR(LoadHeader(tenant, id, &r));
-    Stmt s(db_, "DELETE FROM messages WHERE session_id = ? AND idx >= ?");
-    s.BindText(1, id).Bind(2, index);
-    return Check(s.Step(), "truncate transcript");
+    RECALL_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE", "truncate transcript"));
+    absl::Status st = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+      for (const char* sql : {"DELETE FROM messages WHERE session_id = ? AND idx >= ?",
+                              "DELETE FROM reply_parts WHERE session_id = ? AND idx >= ?"}) {
+        Stmt s(db_, sql);
+        s.BindText(1, id).Bind(2, index);
+        RECALL_RETURN_IF_ERROR(Check(s.Step(), "truncate transcript"));
+      }
+      return absl::OkStatus();
+    }();
+    if (!st.ok()) {
+      Exec("ROLLBACK", "truncate transcript").IgnoreError();
+      return st;
+    }
+    return Exec("COMMIT", "truncate transcript");
   }
 
   absl::Status Bind(const std::string& tenant, const std::string& id,

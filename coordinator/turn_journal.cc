@@ -81,13 +81,18 @@ void TurnJournal::Flush() {
       }
       return;
     }
-    StoredMessage next = sent_;
-    next.token_ids.insert(next.token_ids.end(), tokens->token_ids().begin(),
-                          tokens->token_ids().end());
-    next.content += tokens->text();
-    next.lease_unix_ms = UnixMillis() + kLeaseMs;
-    const absl::Status st = store_.Replace(tenant_, session_id_, reply_index_, next);
+    // The delta is written; sent_ becomes the whole (taken back if the write fails).
+    StoredMessage delta;
+    delta.token_ids.assign(tokens->token_ids().begin(), tokens->token_ids().end());
+    delta.content = tokens->text();
+    const size_t had_ids = sent_.token_ids.size(), had_text = sent_.content.size();
+    sent_.token_ids.insert(sent_.token_ids.end(), delta.token_ids.begin(), delta.token_ids.end());
+    sent_.content += delta.content;
+    sent_.lease_unix_ms = UnixMillis() + kLeaseMs;
+    const absl::Status st = store_.AppendReply(tenant_, session_id_, reply_index_, delta, sent_);
     if (!st.ok()) {
+      sent_.token_ids.resize(had_ids);
+      sent_.content.resize(had_text);
       std::shared_ptr<TurnRunner> runner;
       {
         absl::MutexLock lock(&mu_);
@@ -101,7 +106,6 @@ void TurnJournal::Flush() {
       if (runner != nullptr) runner->Cancel();  // its end comes through OnTurnError
       continue;
     }
-    sent_ = std::move(next);
     edge_->OnTokens(*tokens);
   }
 }

@@ -202,6 +202,76 @@ TEST_P(SessionStoreTest, TurnIdsAreKept) {
   EXPECT_EQ(rec->messages[2].turn_id, "");
 }
 
+// A reply written as it streams (AppendReply, a delta per write) reads whole, through a
+// reopening and once marked interrupted; replacing it writes it whole once (not the parts
+// again); truncating drops it; a delta where no reply is in progress is refused (SQLite).
+TEST_P(SessionStoreTest, RepliesWrittenPartByPartReadWhole) {
+  ASSERT_TRUE(store_->Create(Record("s1", "a")).ok());
+  StoredMessage whole{"assistant", ""};
+  whole.state = TurnState::kInProgress;
+  whole.lease_unix_ms = 4102444800000;  // 2100
+  ASSERT_TRUE(store_->AppendAll("a", "s1", 0, {{"user", "hi"}, whole}).ok());
+  const std::vector<std::pair<std::string, std::vector<int32_t>>> deltas = {
+      {" Once", {5}}, {" upon", {6, 7}}, {"", {8}}, {" a time", {9}}};
+  for (const auto& [text, ids] : deltas) {
+    StoredMessage delta;
+    delta.content = text;
+    delta.token_ids = ids;
+    whole.content += text;
+    whole.token_ids.insert(whole.token_ids.end(), ids.begin(), ids.end());
+    ASSERT_TRUE(store_->AppendReply("a", "s1", 1, delta, whole).ok());
+  }
+  const auto reply = [&](SessionStore& store) {
+    auto rec = store.Get("a", "s1");
+    EXPECT_TRUE(rec.ok()) << rec.status();
+    return rec.ok() && rec->messages.size() == 2 ? rec->messages[1] : StoredMessage{};
+  };
+  EXPECT_EQ(reply(*store_).content, " Once upon a time");
+  EXPECT_EQ(reply(*store_).token_ids, (std::vector<int32_t>{5, 6, 7, 8, 9}));
+  EXPECT_EQ(reply(*store_).state, TurnState::kInProgress);
+  store_.reset();
+  auto again = OpenStore(url_);
+  ASSERT_TRUE(again.ok()) << again.status();
+  store_ = std::move(*again);
+  EXPECT_EQ(reply(*store_).content, " Once upon a time");
+  if (GetParam() == "sqlite") {
+    ASSERT_TRUE(store_->InterruptInProgress().ok());
+    EXPECT_EQ(reply(*store_).state, TurnState::kInterrupted);
+    EXPECT_EQ(reply(*store_).content, " Once upon a time");
+    StoredMessage none;
+    none.content = "x";
+    EXPECT_EQ(store_->AppendReply("a", "s1", 1, none, whole).code(),
+              absl::StatusCode::kFailedPrecondition)
+        << "no reply in progress";
+    EXPECT_EQ(store_->AppendReply("b", "s1", 1, none, whole).code(),
+              absl::StatusCode::kFailedPrecondition)
+        << "another tenant's";
+  }
+  StoredMessage done = whole;
+  done.state = TurnState::kComplete;
+  done.lease_unix_ms = 0;
+  ASSERT_TRUE(store_->Replace("a", "s1", 1, done).ok());
+  EXPECT_EQ(reply(*store_).content, " Once upon a time") << "whole once, not the parts again";
+  EXPECT_EQ(reply(*store_).token_ids, (std::vector<int32_t>{5, 6, 7, 8, 9}));
+  // Parts of a second reply, then the transcript truncated before it: nothing of it stays.
+  StoredMessage next{"assistant", ""};
+  next.state = TurnState::kInProgress;
+  ASSERT_TRUE(store_->AppendAll("a", "s1", 2, {{"user", "more"}, next}).ok());
+  StoredMessage delta;
+  delta.content = " The";
+  delta.token_ids = {10};
+  next.content = " The";
+  next.token_ids = {10};
+  ASSERT_TRUE(store_->AppendReply("a", "s1", 3, delta, next).ok());
+  ASSERT_TRUE(store_->Truncate("a", "s1", 2).ok());
+  ASSERT_TRUE(store_->AppendAll("a", "s1", 2, {{"user", "other"}, {"assistant", " A"}}).ok());
+  auto rec = store_->Get("a", "s1");
+  ASSERT_TRUE(rec.ok());
+  ASSERT_EQ(rec->messages.size(), 4u);
+  EXPECT_EQ(rec->messages[3].content, " A") << "the dropped reply's parts went with it";
+  EXPECT_TRUE(rec->messages[3].token_ids.empty());
+}
+
 // A session file written before turn ids were kept opens with the column added: its messages
 // have none, and new ones keep theirs.
 TEST(SqliteStoreTest, AFileFromBeforeTurnIdsGetsTheColumn) {
