@@ -24,11 +24,9 @@ COPY . .
 RUN cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DRECALL_NATIVE=OFF \
       -DRECALL_BUILD_TESTS=OFF -DRECALL_BUILD_BENCH=OFF \
     && cmake --build build --target recall-worker recall-coordinator recall recall_sentencepiece
-# recall-worker loads librecall_sentencepiece.so from ../lib beside its binary.
-RUN install -D -m 0755 build/worker/service/recall-worker /opt/recall/bin/recall-worker \
-    && install -D -m 0755 build/coordinator/recall-coordinator /opt/recall/bin/recall-coordinator \
-    && install -D -m 0755 build/cli/recall /opt/recall/bin/recall \
-    && install -D -m 0644 build/lib/librecall_sentencepiece.so /opt/recall/lib/librecall_sentencepiece.so
+# The project's install rules (packaging/CMakeLists.txt), runtime component: bin/ and the
+# lib/librecall_sentencepiece.so recall-worker loads from ../lib beside its binary.
+RUN cmake --install build --prefix /opt/recall --component runtime
 # The runtime packages: whatever owns a library the binaries load (CUDA's own libraries are
 # in the runtime image already).
 RUN set -eu; \

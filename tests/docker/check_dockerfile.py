@@ -9,7 +9,7 @@
   files really produce (add_executable in that folder, or a library put in build/lib), and
   -D options CMakeLists.txt declares;
 - the image runs as the non-root uid the Helm chart's podSecurityContext expects, and puts
-  the binaries the chart runs on PATH.
+  the binaries the chart runs on PATH (installed by path, or by the install rules' component).
 
 Prints PASS/FAIL per check; exits 1 if any failed.
 """
@@ -152,7 +152,17 @@ def main():
     path_ok = re.search(r"PATH=/opt/recall/bin:", text) is not None
     chart_cmds = set(re.findall(r'command: \["(recall-[a-z]+)"\]', "".join(
         read(f"helm/recall/templates/{f}") for f in os.listdir(os.path.join(REPO, "helm/recall/templates")))))
-    installed = set(re.findall(r"/opt/recall/bin/([\w-]+)", "\n".join(r for _, w, r in ins if w == "RUN")))
+    runs = "\n".join(r for _, w, r in ins if w == "RUN")
+    installed = set(re.findall(r"/opt/recall/bin/([\w-]+)", runs))
+    # `cmake --install build --prefix /opt/recall --component C`: the executables the install
+    # rules put in bin/ for component C.
+    for component in re.findall(r"cmake --install build --prefix /opt/recall --component (\w+)", runs):
+        rules = re.findall(r"install\(TARGETS ([^)]*?)\s+RUNTIME DESTINATION \$\{CMAKE_INSTALL_BINDIR\}"
+                           r"\s+COMPONENT (\w+)\)", read("packaging/CMakeLists.txt"))
+        for targets, c in rules:
+            if c == component:
+                installed |= set(targets.split())
+        check(f"the install component {component} exists", any(c == component for _, c in rules))
     check(f"the binaries the chart runs ({', '.join(sorted(chart_cmds))}) are on the image's PATH",
           path_ok and chart_cmds and chart_cmds <= installed, f"installed {sorted(installed)}")
     print("dockerfile check: " + ("all passed" if not failed else f"{failed} FAILED"))
