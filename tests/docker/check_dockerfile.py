@@ -162,7 +162,7 @@ def main():
         for targets, c in rules:
             if c == component:
                 installed |= set(targets.split())
-        check(f"the install component {component} exists", any(c == component for _, c in rules))
+        check(f"the install component {component} puts executables in bin/", any(c == component for _, c in rules))
     check(f"the binaries the chart runs ({', '.join(sorted(chart_cmds))}) are on the image's PATH",
           path_ok and chart_cmds and chart_cmds <= installed, f"installed {sorted(installed)}")
     print("dockerfile check: " + ("all passed" if not failed else f"{failed} FAILED"))
