@@ -3,6 +3,9 @@
 //   recall:m:<id>        list of messages, each a JSON object {"role", "content"} (a reply
 //                        also "token_ids" and "finish")
 //   recall:t:<tenant>    sorted set of the tenant's session ids (score 0: ordered by id)
+//   recall:p:<id>        list of reply parts (AppendReply), each JSON {"i": message index,
+//                        "c": text, "t": token ids}, merged into their messages by Get and
+//                        dropped when their message is replaced or truncated
 // Every check-and-write (create if absent, append at an index, tenant checks) is one Lua
 // script, so replicas cannot interleave. Durability is Redis's: run it with
 // `appendonly yes` and `appendfsync always` for "stored before it is sent to a worker".
@@ -40,13 +43,36 @@ if n ~= tonumber(ARGV[2]) then return -2 - n end
 for i = 3, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
 return 1)lua";
 
-// KEYS: session, messages. ARGV: tenant, index, message. -1 not found, -2 - n: the list has
-// n messages, none at index.
+// KEYS: session, messages, parts. ARGV: tenant, index, message. -1 not found, -2 - n: the
+// list has n messages, none at index. The message's parts go (it is written whole).
 constexpr char kReplace[] = R"lua(
 if redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[1] then return -1 end
 local n = redis.call('LLEN', KEYS[2])
-if tonumber(ARGV[2]) >= n then return -2 - n end
-redis.call('LSET', KEYS[2], tonumber(ARGV[2]), ARGV[3])
+local index = tonumber(ARGV[2])
+if index >= n then return -2 - n end
+redis.call('LSET', KEYS[2], index, ARGV[3])
+local ps = redis.call('LRANGE', KEYS[3], 0, -1)
+redis.call('DEL', KEYS[3])
+for _, p in ipairs(ps) do
+  if cjson.decode(p).i ~= index then redis.call('RPUSH', KEYS[3], p) end
+end
+return 1)lua";
+
+// KEYS: session, messages, parts. ARGV: tenant, index, lease, part, renew_before. -1 not
+// found, -2 no message there, -3 it is not in progress. The message's lease is renewed (its
+// JSON, which holds no parts, rewritten) only when it ends before renew_before.
+constexpr char kAppendReply[] = R"lua(
+if redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[1] then return -1 end
+local i = tonumber(ARGV[2])
+local m = redis.call('LINDEX', KEYS[2], i)
+if not m then return -2 end
+local msg = cjson.decode(m)
+if msg.state ~= 1 then return -3 end
+if (msg.lease_ms or 0) < tonumber(ARGV[5]) then
+  msg.lease_ms = tonumber(ARGV[3])
+  redis.call('LSET', KEYS[2], i, cjson.encode(msg))
+end
+redis.call('RPUSH', KEYS[3], ARGV[4])
 return 1)lua";
 
 std::string ToJson(const StoredMessage& message) {
@@ -61,18 +87,23 @@ std::string ToJson(const StoredMessage& message) {
   return m.dump();
 }
 
-// KEYS: session, messages, tenant set. ARGV: tenant, id.
+// KEYS: session, messages, tenant set, parts. ARGV: tenant, id.
 constexpr char kDelete[] = R"lua(
 if redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[1] then return -1 end
-redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[4])
 redis.call('ZREM', KEYS[3], ARGV[2])
 return 1)lua";
 
-// KEYS: session, messages. ARGV: tenant, index.
+// KEYS: session, messages, parts. ARGV: tenant, index. The dropped messages' parts go too.
 constexpr char kTruncate[] = R"lua(
 if redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[1] then return -1 end
 local i = tonumber(ARGV[2])
 if i == 0 then redis.call('DEL', KEYS[2]) else redis.call('LTRIM', KEYS[2], 0, i - 1) end
+local ps = redis.call('LRANGE', KEYS[3], 0, -1)
+redis.call('DEL', KEYS[3])
+for _, p in ipairs(ps) do
+  if cjson.decode(p).i < i then redis.call('RPUSH', KEYS[3], p) end
+end
 return 1)lua";
 
 // KEYS: session. ARGV: tenant, worker.
@@ -84,6 +115,7 @@ return 1)lua";
 std::string SessionKey(const std::string& id) { return "recall:s:" + id; }
 std::string MessagesKey(const std::string& id) { return "recall:m:" + id; }
 std::string TenantKey(const std::string& t) { return "recall:t:" + t; }
+std::string PartsKey(const std::string& id) { return "recall:p:" + id; }
 
 absl::Status NotFound(const std::string& id) {
   return absl::NotFoundError(absl::StrCat("session_id: no session ", QuotedId(id)));
@@ -91,6 +123,10 @@ absl::Status NotFound(const std::string& id) {
 
 class RedisStore final : public SessionStore {
  public:
+  // AppendReply renews a streaming reply's lease (rewriting its message) only when it ends
+  // within this: a write every half lease, not one per part.
+  static constexpr int64_t kRenewWithinMs = 30'000;
+
   RedisStore(std::string host, int port) : host_(std::move(host)), port_(port) {}
   ~RedisStore() override {
     if (ctx_ != nullptr) redisFree(ctx_);
@@ -155,8 +191,44 @@ class RedisStore final : public SessionStore {
         msg.turn_id = m["turn_id"].get<std::string>();
       }
     }
+    // Replies written part by part (AppendReply): their parts after what the message holds.
+    RECALL_ASSIGN_OR_RETURN(Reply parts, Command({"LRANGE", PartsKey(id), "0", "-1"}));
+    for (size_t k = 0; k < parts->elements; ++k) {
+      const nlohmann::json p = nlohmann::json::parse(
+          std::string(parts->element[k]->str, parts->element[k]->len), nullptr, false);
+      if (p.is_discarded() || !p.is_object() || !p.contains("i") || !p["i"].is_number_integer() ||
+          !p.contains("c") || !p["c"].is_string() || !p.contains("t") || !p["t"].is_array()) {
+        return absl::DataLossError(absl::StrCat("session store: reply part ", k, " of session ",
+                                                QuotedId(id), " is not a stored part"));
+      }
+      const int64_t at = p["i"].get<int64_t>();
+      if (at < 0 || at >= static_cast<int64_t>(r.messages.size())) continue;
+      StoredMessage& msg = r.messages[static_cast<size_t>(at)];
+      msg.content += p["c"].get<std::string>();
+      for (const nlohmann::json& t : p["t"]) {
+        if (t.is_number_integer()) msg.token_ids.push_back(t.get<int32_t>());
+      }
+    }
     r.message_count = static_cast<int>(r.messages.size());
     return r;
+  }
+
+  absl::Status AppendReply(const std::string& tenant, const std::string& id, int index,
+                           const StoredMessage& delta, const StoredMessage& whole) override {
+    const nlohmann::json part = {{"i", index}, {"c", delta.content}, {"t", delta.token_ids}};
+    absl::MutexLock lock(&mu_);
+    RECALL_ASSIGN_OR_RETURN(
+        Reply rep,
+        Command({"EVAL", kAppendReply, "3", SessionKey(id), MessagesKey(id), PartsKey(id), tenant,
+                 std::to_string(index), std::to_string(whole.lease_unix_ms), part.dump(),
+                 std::to_string(UnixMillis() + kRenewWithinMs)}));
+    if (rep->integer == -1) return NotFound(id);
+    if (rep->integer < -1) {
+      return absl::FailedPreconditionError(absl::StrCat("session ", QuotedId(id),
+                                                        " has no reply in progress at ", index,
+                                                        ": another turn changed it"));
+    }
+    return absl::OkStatus();
   }
 
   absl::StatusOr<std::vector<SessionRecord>> List(const std::string& tenant,
@@ -176,9 +248,9 @@ class RedisStore final : public SessionStore {
 
   absl::Status Delete(const std::string& tenant, const std::string& id) override {
     absl::MutexLock lock(&mu_);
-    RECALL_ASSIGN_OR_RETURN(Reply rep, Command({"EVAL", kDelete, "3", SessionKey(id),
-                                                      MessagesKey(id), TenantKey(tenant), tenant,
-                                                      id}));
+    RECALL_ASSIGN_OR_RETURN(Reply rep,
+                            Command({"EVAL", kDelete, "4", SessionKey(id), MessagesKey(id),
+                                     TenantKey(tenant), PartsKey(id), tenant, id}));
     return rep->integer < 0 ? NotFound(id) : absl::OkStatus();
   }
 
@@ -201,9 +273,9 @@ class RedisStore final : public SessionStore {
   absl::Status Replace(const std::string& tenant, const std::string& id, int index,
                        const StoredMessage& message) override {
     absl::MutexLock lock(&mu_);
-    RECALL_ASSIGN_OR_RETURN(Reply rep,
-                            Command({"EVAL", kReplace, "2", SessionKey(id), MessagesKey(id), tenant,
-                                     std::to_string(index), ToJson(message)}));
+    RECALL_ASSIGN_OR_RETURN(
+        Reply rep, Command({"EVAL", kReplace, "3", SessionKey(id), MessagesKey(id), PartsKey(id),
+                            tenant, std::to_string(index), ToJson(message)}));
     if (rep->integer == -1) return NotFound(id);
     if (rep->integer < -1) {
       return absl::FailedPreconditionError(absl::StrCat("session ", QuotedId(id), " has ",
@@ -218,9 +290,9 @@ class RedisStore final : public SessionStore {
 
   absl::Status Truncate(const std::string& tenant, const std::string& id, int index) override {
     absl::MutexLock lock(&mu_);
-    RECALL_ASSIGN_OR_RETURN(Reply rep, Command({"EVAL", kTruncate, "2", SessionKey(id),
-                                                      MessagesKey(id), tenant,
-                                                      std::to_string(index)}));
+    RECALL_ASSIGN_OR_RETURN(
+        Reply rep, Command({"EVAL", kTruncate, "3", SessionKey(id), MessagesKey(id), PartsKey(id),
+                            tenant, std::to_string(index)}));
     return rep->integer < 0 ? NotFound(id) : absl::OkStatus();
   }
 

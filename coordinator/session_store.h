@@ -100,10 +100,10 @@ class SessionStore {
   }
   // Appends `delta` (its token ids and text) to the reply in progress at `index`, which is
   // then `whole` (with whole's lease): a reply as it streams. A store that can append writes
-  // the delta only (SQLite: a part per write, merged into the message by Get, folded by
-  // Replace and dropped by Truncate, so a long reply costs O(its length) bytes written, not
-  // O(length^2)); the default writes `whole` (Replace). FailedPrecondition when there is no
-  // reply in progress there.
+  // the delta only (SQLite and Redis: a part per write, merged into the message by Get,
+  // folded by Replace and dropped by Truncate, so a long reply costs O(its length) bytes
+  // written, not O(length^2)); the default writes `whole` (Replace). FailedPrecondition when
+  // there is no reply in progress there.
   virtual absl::Status AppendReply(const std::string& tenant, const std::string& id, int index,
                                    const StoredMessage& delta, const StoredMessage& whole) {
     return Replace(tenant, id, index, whole);
