@@ -212,6 +212,8 @@ absl::StatusOr<OpenTurn> Conversations::Resume(const std::string& tenant,
     if (partial.state == TurnState::kComplete || partial.state == TurnState::kInProgress) {
       return refuse("names a turn that is complete or running, not one to resume");
     }
+    // Refused before any reply (a failed turn that can never run): back as it was stored.
+    turn.replaced.assign(rec.messages.begin() + user, rec.messages.end());
     partial.state = TurnState::kInProgress;
     partial.lease_unix_ms = UnixMillis() + TurnJournal::kLeaseMs;
     RECALL_RETURN_IF_ERROR(store_.Replace(tenant, session_id, reply_index, partial));

@@ -228,6 +228,24 @@ TEST_F(ConversationsTest, AnInterruptedLastTurnIsResumedFromThePartSent) {
   EXPECT_NE(refused("t-2").message().find("went on"), std::string::npos) << refused("t-2");
 }
 
+// A failed turn (nothing sent) resumed and then refused by the worker (a code a retry cannot
+// fix) is not taken out of the transcript: it stays as it was stored, failed.
+TEST_F(ConversationsTest, AResumedFailedTurnThatIsRefusedStaysAsStored) {
+  StoredMessage user{"user", "Hi"};
+  user.turn_id = "t-1";
+  auto turn = conversations_->Begin("t", id_, Plan(1, {user}), {}, "grpc");
+  ASSERT_TRUE(turn.ok());
+  ASSERT_TRUE(conversations_->Finish(*turn, absl::UnavailableError("no worker"), {}).ok());
+  auto resumed = conversations_->Resume("t", id_, "turn_id", "t-1", {}, "grpc");
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  ASSERT_TRUE(conversations_->Finish(*resumed, absl::InvalidArgumentError("too long"), {}).ok());
+  const std::vector<StoredMessage> t = Transcript();
+  ASSERT_EQ(t.size(), 3u) << "the user message is kept";
+  EXPECT_EQ(t[1].content, "Hi");
+  EXPECT_EQ(t[1].turn_id, "t-1");
+  EXPECT_EQ(t[2].state, TurnState::kFailed);
+}
+
 TEST_F(ConversationsTest, OneTurnAtATimeAndTheMarkIsClearedOnEveryPath) {
   auto running = conversations_->Begin("t", id_, Plan(1, {{"user", "Hi"}}), {}, "grpc");
   ASSERT_TRUE(running.ok());
