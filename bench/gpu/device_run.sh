@@ -7,5 +7,7 @@ set -u
 FINAL=${OUT:-/tmp/recall-gpu-out}; mkdir -p "$FINAL"
 export OUT=/tmp/recall-gpu; rm -rf "$OUT"; mkdir -p "$OUT"
 export BIN=$PWD/.gpu/bin LIB=$PWD/.gpu/lib RECALL_SHARED_DIR=$PWD/.gpu/shared
+# The tests that run the repository's tools (the FP8 checkpoint writer) find them here.
+export RECALL_SOURCE_DIR=$PWD
 timeout "${RUN_ALL_TIMEOUT:-480}" bash bench/gpu/run_all.sh 2>&1 | tee "$OUT"/run_all.log
 tar czf "$FINAL"/gpu_run.tgz -C "$OUT" .

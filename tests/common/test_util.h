@@ -22,7 +22,12 @@ inline std::string SharedDir() {
 
 inline std::string SharedPath(const std::string& relative) { return SharedDir() + "/" + relative; }
 
+// A file of the source tree: under $RECALL_SOURCE_DIR (a checkout moved elsewhere, as on the
+// GPU machine, where bench/gpu/device_run.sh sets it), else the tree the test was built from.
 inline std::string SourcePath(const std::string& relative) {
+  if (const char* env = std::getenv("RECALL_SOURCE_DIR"); env != nullptr && *env != '\0') {
+    return std::string(env) + "/" + relative;
+  }
   return std::string(RECALL_SOURCE_DIR) + "/" + relative;
 }
 
