@@ -119,11 +119,9 @@ absl::StatusOr<SessionRecord> Conversations::Create(
   return r;
 }
 
-absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
-                                              const std::string& session_id,
-                                              const TurnPlanner& plan,
-                                              const v1::SamplingParams& sampling,
-                                              const std::string& edge) {
+absl::StatusOr<OpenTurn> Conversations::Open(
+    const std::string& tenant, const std::string& session_id, const std::string& edge,
+    const std::function<absl::Status(const SessionRecord&, OpenTurn&)>& fill) {
   OpenTurn turn;
   turn.tenant = tenant;
   turn.session_id = session_id;
@@ -136,43 +134,7 @@ absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
   // Everything below happens with the mark set; an error clears it.
   absl::Status status = [&]() -> absl::Status {
     RECALL_ASSIGN_OR_RETURN(const SessionRecord rec, store_.Get(tenant, session_id));
-    RECALL_ASSIGN_OR_RETURN(TurnMessages m, plan(rec));
-    RECALL_CHECK(!m.add.empty() && m.keep >= 0 && m.keep <= rec.message_count)
-        << "a turn planner kept " << m.keep << " of " << rec.message_count << " messages and added "
-        << m.add.size();
-    if (m.keep / 2 >= options_.max_turns) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "session_id: the session has reached the limit of ", options_.max_turns, " turns"));
-    }
-    if (m.keep < rec.message_count) {
-      turn.replaced.assign(rec.messages.begin() + m.keep, rec.messages.end());
-      RECALL_RETURN_IF_ERROR(store_.Truncate(tenant, session_id, m.keep));
-      turn.spec.send_history = true;  // a worker's copy of that length may differ
-    }
-    // The turn's messages and its reply's place, in one write.
-    std::vector<StoredMessage> write = m.add;
-    StoredMessage& reply = write.emplace_back();
-    reply.role = "assistant";
-    reply.state = TurnState::kInProgress;
-    reply.lease_unix_ms = UnixMillis() + TurnJournal::kLeaseMs;
-    RECALL_RETURN_IF_ERROR(store_.AppendAll(tenant, session_id, m.keep, write));
-    turn.model = rec.model;
-    turn.index = m.keep;
-    turn.reply_index = m.keep + static_cast<int>(m.add.size());
-    TurnSpec& spec = turn.spec;
-    // The prompt holds the complete turns only; where the stored transcript has others, the
-    // worker's copy may hold them: it compares and rebuilds.
-    const std::vector<StoredMessage> history = CompleteTurns(rec.messages, m.keep);
-    if (static_cast<int>(history.size()) != m.keep) spec.send_history = true;
-    for (const StoredMessage& h : history) spec.history.push_back(ToProto(h));
-    spec.bound = rec.worker;
-    v1::RunTurnRequest& request = spec.request;
-    request.set_session_id(session_id);
-    for (const StoredMessage& a : m.add) *request.add_messages() = ToProto(a);
-    request.set_history_length(static_cast<int>(history.size()));
-    *request.mutable_sampling() = WithSeed(sampling);
-    request.mutable_cache()->ParseFromString(rec.cache_settings);
-    return absl::OkStatus();
+    return fill(rec, turn);
   }();
   if (!status.ok()) {
     ClearRunning(turn.key);
@@ -181,66 +143,93 @@ absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
   return turn;
 }
 
+void Conversations::BuildSpec(const SessionRecord& rec, int index,
+                              const std::vector<StoredMessage>& messages,
+                              const v1::SamplingParams& sampling, OpenTurn& turn) {
+  turn.model = rec.model;
+  turn.index = index;
+  turn.reply_index = index + static_cast<int>(messages.size());
+  TurnSpec& spec = turn.spec;
+  // The prompt holds the complete turns only; where the stored transcript has others, the
+  // worker's copy may hold them: it compares and rebuilds.
+  const std::vector<StoredMessage> history = CompleteTurns(rec.messages, index);
+  if (static_cast<int>(history.size()) != index) spec.send_history = true;
+  for (const StoredMessage& h : history) spec.history.push_back(ToProto(h));
+  spec.bound = rec.worker;
+  v1::RunTurnRequest& request = spec.request;
+  request.set_session_id(turn.session_id);
+  for (const StoredMessage& m : messages) *request.add_messages() = ToProto(m);
+  request.set_history_length(static_cast<int>(history.size()));
+  *request.mutable_sampling() = WithSeed(sampling);
+  request.mutable_cache()->ParseFromString(rec.cache_settings);
+}
+
+absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
+                                              const std::string& session_id,
+                                              const TurnPlanner& plan,
+                                              const v1::SamplingParams& sampling,
+                                              const std::string& edge) {
+  return Open(
+      tenant, session_id, edge, [&](const SessionRecord& rec, OpenTurn& turn) -> absl::Status {
+        RECALL_ASSIGN_OR_RETURN(TurnMessages m, plan(rec));
+        RECALL_CHECK(!m.add.empty() && m.keep >= 0 && m.keep <= rec.message_count)
+            << "a turn planner kept " << m.keep << " of " << rec.message_count
+            << " messages and added " << m.add.size();
+        if (m.keep / 2 >= options_.max_turns) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "session_id: the session has reached the limit of ", options_.max_turns, " turns"));
+        }
+        if (m.keep < rec.message_count) {
+          turn.replaced.assign(rec.messages.begin() + m.keep, rec.messages.end());
+          RECALL_RETURN_IF_ERROR(store_.Truncate(tenant, session_id, m.keep));
+          turn.spec.send_history = true;  // a worker's copy of that length may differ
+        }
+        // The turn's messages and its reply's place, in one write.
+        std::vector<StoredMessage> write = m.add;
+        StoredMessage& reply = write.emplace_back();
+        reply.role = "assistant";
+        reply.state = TurnState::kInProgress;
+        reply.lease_unix_ms = UnixMillis() + TurnJournal::kLeaseMs;
+        RECALL_RETURN_IF_ERROR(store_.AppendAll(tenant, session_id, m.keep, write));
+        BuildSpec(rec, m.keep, m.add, sampling, turn);
+        return absl::OkStatus();
+      });
+}
+
 absl::StatusOr<OpenTurn> Conversations::Resume(const std::string& tenant,
                                                const std::string& session_id,
                                                const std::string& field, const std::string& turn_id,
                                                const v1::SamplingParams& sampling,
                                                const std::string& edge) {
-  OpenTurn turn;
-  turn.tenant = tenant;
-  turn.session_id = session_id;
-  turn.key = tenant + "/" + session_id;
-  turn.edge = edge;
-  if (!MarkRunning(turn.key)) {
-    return absl::FailedPreconditionError(
-        "session_id: a turn of this session is running; send the next when it ends");
-  }
-  absl::Status status = [&]() -> absl::Status {
-    RECALL_ASSIGN_OR_RETURN(const SessionRecord rec, store_.Get(tenant, session_id));
-    const auto refuse = [&](const std::string& why) {
-      return flags::FieldError(field, absl::StrCat("\"", turn_id, "\" ", why),
-                               absl::StatusCode::kFailedPrecondition);
-    };
-    const int user = FindTurn(rec, turn_id);
-    if (user < 0) return refuse("is not in the session (its turn was replaced)");
-    const int reply_index = user + 1;
-    if (reply_index != rec.message_count - 1 ||
-        rec.messages[static_cast<size_t>(reply_index)].role != "assistant") {
-      return refuse("names a turn the session went on from; it cannot be resumed");
-    }
-    StoredMessage partial = rec.messages[static_cast<size_t>(reply_index)];
-    if (partial.state == TurnState::kComplete || partial.state == TurnState::kInProgress) {
-      return refuse("names a turn that is complete or running, not one to resume");
-    }
-    // Refused before any reply (a failed turn that can never run): back as it was stored.
-    turn.replaced.assign(rec.messages.begin() + user, rec.messages.end());
-    partial.state = TurnState::kInProgress;
-    partial.lease_unix_ms = UnixMillis() + TurnJournal::kLeaseMs;
-    RECALL_RETURN_IF_ERROR(store_.Replace(tenant, session_id, reply_index, partial));
-    turn.model = rec.model;
-    turn.index = user;
-    turn.reply_index = reply_index;
-    turn.resumed = partial;
-    TurnSpec& spec = turn.spec;
-    const std::vector<StoredMessage> history = CompleteTurns(rec.messages, user);
-    for (const StoredMessage& h : history) spec.history.push_back(ToProto(h));
-    spec.send_history = true;  // the worker's copy may hold the interrupted turn
-    spec.bound = rec.worker;
-    spec.resume_tokens = partial.token_ids;
-    spec.resume_text = partial.content;
-    v1::RunTurnRequest& request = spec.request;
-    request.set_session_id(session_id);
-    *request.add_messages() = ToProto(rec.messages[static_cast<size_t>(user)]);
-    request.set_history_length(static_cast<int>(history.size()));
-    *request.mutable_sampling() = WithSeed(sampling);
-    request.mutable_cache()->ParseFromString(rec.cache_settings);
-    return absl::OkStatus();
-  }();
-  if (!status.ok()) {
-    ClearRunning(turn.key);
-    return status;
-  }
-  return turn;
+  return Open(
+      tenant, session_id, edge, [&](const SessionRecord& rec, OpenTurn& turn) -> absl::Status {
+        const auto refuse = [&](const std::string& why) {
+          return flags::FieldError(field, absl::StrCat("\"", turn_id, "\" ", why),
+                                   absl::StatusCode::kFailedPrecondition);
+        };
+        const int user = FindTurn(rec, turn_id);
+        if (user < 0) return refuse("is not in the session (its turn was replaced)");
+        const int reply_index = user + 1;
+        if (reply_index != rec.message_count - 1 ||
+            rec.messages[static_cast<size_t>(reply_index)].role != "assistant") {
+          return refuse("names a turn the session went on from; it cannot be resumed");
+        }
+        StoredMessage partial = rec.messages[static_cast<size_t>(reply_index)];
+        if (partial.state == TurnState::kComplete || partial.state == TurnState::kInProgress) {
+          return refuse("names a turn that is complete or running, not one to resume");
+        }
+        // Refused before any reply (a failed turn that can never run): back as stored.
+        turn.replaced.assign(rec.messages.begin() + user, rec.messages.end());
+        partial.state = TurnState::kInProgress;
+        partial.lease_unix_ms = UnixMillis() + TurnJournal::kLeaseMs;
+        RECALL_RETURN_IF_ERROR(store_.Replace(tenant, session_id, reply_index, partial));
+        BuildSpec(rec, user, {rec.messages[static_cast<size_t>(user)]}, sampling, turn);
+        turn.resumed = partial;
+        turn.spec.send_history = true;  // the worker's copy may hold the interrupted turn
+        turn.spec.resume_tokens = partial.token_ids;
+        turn.spec.resume_text = partial.content;
+        return absl::OkStatus();
+      });
 }
 
 std::unique_ptr<TurnJournal> Conversations::Journal(const OpenTurn& turn, TurnSink* edge) {

@@ -151,6 +151,16 @@ class Conversations {
   bool RecallLastTurn(const std::string& key, v1::TurnDone* out);
 
  private:
+  // Marks the session running, loads it and lets `fill` store the turn's messages and build
+  // the turn; an error (the store's, fill's) clears the mark. Begin's and Resume's frame.
+  absl::StatusOr<OpenTurn> Open(
+      const std::string& tenant, const std::string& session_id, const std::string& edge,
+      const std::function<absl::Status(const SessionRecord&, OpenTurn&)>& fill);
+  // turn's model, places and spec: `messages` sent at `index` of `rec`'s transcript, the
+  // complete turns before them as history.
+  static void BuildSpec(const SessionRecord& rec, int index,
+                        const std::vector<StoredMessage>& messages,
+                        const v1::SamplingParams& sampling, OpenTurn& turn);
   void RememberEpisodes(const std::string& key, const v1::TurnDone& done);
   void LogTurn(const OpenTurn& turn, const absl::StatusOr<TurnResult>& outcome,
                const StoredMessage& sent) const;

@@ -164,13 +164,49 @@ absl::Status CheckAddRmsNorm(Backend& backend, const char* who) {
 
 }  // namespace
 
+// MatMul of up to BatchInvariantRows() rows of x (Values(..., x_seed)) by `device` (a
+// quantized matrix in the backend's memory) against the CPU's f32 product with `widened`,
+// within `limit` (RowError), and one row alone the bits of the same row among the others.
+absl::Status CheckAgainstWidened(Backend& backend, Backend& cpu, const Matrix& device,
+                                 const std::vector<float>& widened, const std::string& shape,
+                                 double limit, uint32_t x_seed, const std::string& who) {
+  Memory& memory = backend.memory();
+  const int most = std::max(1, std::min(backend.BatchInvariantRows(), 64));
+  const int64_t rows = device.rows, cols = device.cols;
+  const std::vector<float> x = Values(static_cast<size_t>(most * cols), x_seed);
+  RECALL_ASSIGN_OR_RETURN(Staged dx, Staged::Of(memory, x.data(), x.size() * sizeof(float)));
+  std::vector<float> want(static_cast<size_t>(most * rows));
+  cpu.MatMul(x.data(), most, Matrix{widened.data(), DType::kF32, rows, cols}, want.data());
+  const std::vector<float> nan(want.size(), NAN);
+  RECALL_ASSIGN_OR_RETURN(Staged all, Staged::Of(memory, nan.data(), nan.size() * sizeof(float)));
+  backend.MatMul(dx.f(), most, device, all.f());
+  const std::vector<float> got = all.Download();
+  RECALL_RETURN_IF_ERROR(backend.Health());
+  if (const double err = RowError(got, want, rows); !(err <= limit)) {
+    return absl::InternalError(absl::StrCat(who, "MatMul of ", most, " rows of ", shape,
+                                            " is off the widened weights' product by ", err,
+                                            " (relative; the limit is ", limit, ")"));
+  }
+  if (most >= 4) {
+    RECALL_ASSIGN_OR_RETURN(Staged one, Staged::Of(memory, nan.data(), rows * sizeof(float)));
+    backend.MatMul(dx.f() + 3 * cols, 1, device, one.f());
+    const std::vector<float> p = one.Download();
+    if (!std::equal(p.begin(), p.end(), got.begin() + 3 * rows)) {
+      return absl::InternalError(absl::StrCat(who, "MatMul of ", shape,
+                                              " is not batch-invariant: 1 row alone differs "
+                                              "from the same row among ",
+                                              most));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckInt8MatMul(Backend& backend) {
   CpuBackendOptions one_thread;
   one_thread.num_threads = 1;
   const std::unique_ptr<Backend> cpu = CreateCpuBackend(one_thread);
   const std::string who = absl::StrCat(backend.Name(), " backend: ");
   Memory& memory = backend.memory();
-  const int most = std::max(1, std::min(backend.BatchInvariantRows(), 64));
   for (const Shape s : {Shape{300, 512}, Shape{101, 77}}) {
     const std::vector<float> wf = Values(static_cast<size_t>(s.rows * s.cols), s.rows * s.cols);
     // The integers, then the scales and the row sums, in one staged buffer (as UploadModel).
@@ -191,32 +227,9 @@ absl::Status CheckInt8MatMul(Backend& backend) {
                         s.cols,
                         reinterpret_cast<const float*>(base + at),
                         reinterpret_cast<const int32_t*>(base + at + s.rows * sizeof(float))};
-    const std::vector<float> x = Values(static_cast<size_t>(most * s.cols), 9);
-    RECALL_ASSIGN_OR_RETURN(Staged dx, Staged::Of(memory, x.data(), x.size() * sizeof(float)));
-    std::vector<float> want(static_cast<size_t>(most * s.rows));
-    cpu->MatMul(x.data(), most, Matrix{widened.data(), DType::kF32, s.rows, s.cols}, want.data());
-    const std::vector<float> nan(want.size(), NAN);
-    RECALL_ASSIGN_OR_RETURN(Staged all, Staged::Of(memory, nan.data(), nan.size() * sizeof(float)));
-    backend.MatMul(dx.f(), most, device, all.f());
-    const std::vector<float> got = all.Download();
-    RECALL_RETURN_IF_ERROR(backend.Health());
     const std::string shape = absl::StrCat("int8 ", s.rows, "x", s.cols);
-    if (const double err = RowError(got, want, s.rows); !(err <= 3e-2)) {
-      return absl::InternalError(absl::StrCat(who, "MatMul of ", most, " rows of ", shape,
-                                              " is off the widened weights' product by ", err,
-                                              " (relative; the limit is 3e-2)"));
-    }
-    if (most >= 4) {
-      RECALL_ASSIGN_OR_RETURN(Staged one, Staged::Of(memory, nan.data(), s.rows * sizeof(float)));
-      backend.MatMul(dx.f() + 3 * s.cols, 1, device, one.f());
-      const std::vector<float> p = one.Download();
-      if (!std::equal(p.begin(), p.end(), got.begin() + 3 * s.rows)) {
-        return absl::InternalError(absl::StrCat(who, "MatMul of ", shape,
-                                                " is not batch-invariant: 1 row alone differs "
-                                                "from the same row among ",
-                                                most));
-      }
-    }
+    RECALL_RETURN_IF_ERROR(
+        CheckAgainstWidened(backend, *cpu, device, widened, shape, 3e-2, 9, who));
     // Embedding: rows of the int8 table, exactly q * scale.
     const std::vector<int32_t> tokens = {0, static_cast<int32_t>(s.rows - 1), 7};
     RECALL_ASSIGN_OR_RETURN(Staged dt, Staged::Of(memory, tokens.data(), tokens.size() * 4));
@@ -294,34 +307,10 @@ absl::Status CheckFp8MatMul(Backend& backend) {
     Matrix device = f.host;
     device.data = w.get();
     device.scales = reinterpret_cast<const float*>(static_cast<const char*>(w.get()) + f.at);
-    const std::vector<float> x = Values(static_cast<size_t>(most * s.cols), 11);
-    RECALL_ASSIGN_OR_RETURN(Staged dx, Staged::Of(memory, x.data(), x.size() * sizeof(float)));
-    std::vector<float> want(static_cast<size_t>(most * s.rows));
-    cpu->MatMul(x.data(), most, Matrix{f.widened.data(), DType::kF32, s.rows, s.cols}, want.data());
-    const std::vector<float> nan(want.size(), NAN);
-    RECALL_ASSIGN_OR_RETURN(Staged all, Staged::Of(memory, nan.data(), nan.size() * sizeof(float)));
-    backend.MatMul(dx.f(), most, device, all.f());
-    const std::vector<float> got = all.Download();
-    RECALL_RETURN_IF_ERROR(backend.Health());
     const std::string shape =
         absl::StrCat("fp8 ", s.rows, "x", s.cols, " (blocks of ", k.block, " columns)");
-    if (const double err = RowError(got, want, s.rows); !(err <= 1e-4)) {
-      return absl::InternalError(absl::StrCat(who, "MatMul of ", most, " rows of ", shape,
-                                              " is off the widened weights' product by ", err,
-                                              " (relative; the limit is 1e-4)"));
-    }
-    if (most >= 4) {
-      RECALL_ASSIGN_OR_RETURN(Staged one, Staged::Of(memory, nan.data(), s.rows * sizeof(float)));
-      backend.MatMul(dx.f() + 3 * s.cols, 1, device, one.f());
-      const std::vector<float> p = one.Download();
-      if (!std::equal(p.begin(), p.end(), got.begin() + 3 * s.rows)) {
-        return absl::InternalError(
-            absl::StrCat(who, "MatMul of ", shape,
-                         " is not batch-invariant: 1 row alone differs from the "
-                         "same row among ",
-                         most));
-      }
-    }
+    RECALL_RETURN_IF_ERROR(
+        CheckAgainstWidened(backend, *cpu, device, f.widened, shape, 1e-4, 11, who));
   }
   // Two matrices of one input with different blocks in one MatMulMany.
   Fp8Host a = MakeFp8(96, 512, 128, 5), b = MakeFp8(40, 512, 64, 6);
