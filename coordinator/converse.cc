@@ -21,6 +21,7 @@ v1::ConverseEvent DoneEvent(const TurnResult& r) {
   d->set_finish_reason(r.done.finish_reason());
   *d->mutable_usage() = r.done.usage();
   d->set_kv_bytes(r.done.kv_bytes());
+  d->set_state_bytes(r.done.state_bytes());
   d->set_peak_kv_bytes(r.done.peak_kv_bytes());
   d->set_rebuilt(r.done.rebuilt());
   d->set_evictions(r.done.evictions());

@@ -65,7 +65,6 @@ absl::StatusOr<std::vector<Run>> MakeRuns(runtime::ForwardPass& forward, cache::
     eo.policy.attention_weight = knobs.attention_weight;
     eo.n_heads = mc.n_heads;
     RECALL_ASSIGN_OR_RETURN(runs[i].evictor, SessionEvictor::Create(eo, runs[i].seq.get()));
-    runs[i].evictor->Reserve(mc.max_seq_len);
     if (runs[i].evictor->policy().needs_attention()) {
       runs[i].probs.resize(static_cast<size_t>(mc.n_layers) * mc.n_heads * mc.max_seq_len);
     }

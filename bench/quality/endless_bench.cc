@@ -219,10 +219,10 @@ int Main(int argc, char** argv) {
       {"threads", f.threads},
       {"block_tokens", block_tokens},
       {"peak_tokens",
-       absl::StrCat(
-           "peak_kv_bytes / (n_layers * n_kv_heads * head_dim * 2 * 4, fp32 KV) = peak_kv_bytes / ",
-           token_bytes, ": whole blocks of ", block_tokens,
-           " slots, so the slots held rounded up to the block")},
+       absl::StrCat("peak_kv_bytes (the KV blocks and the policy's per-slot state) / (n_layers * "
+                    "n_kv_heads * head_dim * 2 * 4, fp32 KV) = peak_kv_bytes / ",
+                    token_bytes, ": whole blocks of ", block_tokens,
+                    " slots and the state, in tokens (rounded down): the baseline's M")},
   };
   out("model %s: %d layers, %d/%d heads, head_dim %d, context %d; threads %d\n", f.model,
       mc.n_layers, mc.n_heads, mc.n_kv_heads, mc.head_dim, context, f.threads);

@@ -17,33 +17,76 @@
 
 namespace recall::cache::eviction {
 
-void HeadState::Reserve(int slots) {
-  ts.reserve(static_cast<size_t>(slots));
-  mri.reserve(static_cast<size_t>(slots));
-  score.reserve(static_cast<size_t>(slots));
+namespace {
+
+// Room for `n` elements with a little slack: an eighth and 16 more, so appends of one slot
+// reallocate rarely while the capacity stays close to the size.
+size_t Roomy(size_t n) { return n + n / 8 + 16; }
+
+template <typename T>
+void Append(std::vector<T>& v, int n, T value) {
+  const size_t want = v.size() + static_cast<size_t>(n);
+  if (want > v.capacity()) v.reserve(Roomy(want));
+  v.insert(v.end(), static_cast<size_t>(n), value);
+}
+
+// Gives memory back when the capacity passes twice the slack over the size (after an
+// eviction, or a long prompt compacted to its budget).
+template <typename T>
+void Fit(std::vector<T>& v, size_t floor) {
+  if (v.capacity() <= std::max(floor, Roomy(Roomy(v.size())))) return;
+  std::vector<T> fitted;
+  fitted.reserve(std::max(floor, Roomy(v.size())));
+  fitted.assign(v.begin(), v.end());
+  v.swap(fitted);
+}
+
+template <typename T>
+void CompactArray(std::vector<T>& v, const std::vector<int32_t>& keep, int32_t floor) {
+  for (size_t i = 0; i < keep.size(); ++i) v[i] = v[static_cast<size_t>(keep[i])];
+  v.resize(keep.size());
+  Fit(v, static_cast<size_t>(floor));
+}
+
+}  // namespace
+
+int64_t HeadState::bytes() const {
+  return static_cast<int64_t>(ts.capacity() * sizeof(int32_t) + mri.capacity() * sizeof(int32_t) +
+                              score.capacity() * sizeof(float));
+}
+
+int64_t HeadStateBytesBound(uint32_t arrays, int slots) {
+  const int64_t per_slot = 4 * ((arrays & kTsArray ? 1 : 0) + (arrays & kMriArray ? 1 : 0) +
+                                (arrays & kScoreArray ? 1 : 0));
+  return per_slot * static_cast<int64_t>(Roomy(static_cast<size_t>(slots)));
+}
+
+void HeadState::Reserve(int n) {
+  reserved = std::max(reserved, n);
+  if (arrays & kTsArray) ts.reserve(static_cast<size_t>(n));
+  if (arrays & kMriArray) mri.reserve(static_cast<size_t>(n));
+  if (arrays & kScoreArray) score.reserve(static_cast<size_t>(n));
 }
 
 void AppendSlots(HeadState* state, int n, int t) {
   RECALL_CHECK(n >= 0) << "AppendSlots: n = " << n;
-  state->ts.insert(state->ts.end(), static_cast<size_t>(n), t - 1);
-  state->mri.insert(state->mri.end(), static_cast<size_t>(n), 0);
-  state->score.insert(state->score.end(), static_cast<size_t>(n), 0.0f);
+  if (state->arrays & kTsArray) Append(state->ts, n, t - 1);
+  if (state->arrays & kMriArray) Append(state->mri, n, 0);
+  if (state->arrays & kScoreArray) Append(state->score, n, 0.0f);
+  state->slots += n;
 }
 
 void CompactState(HeadState* state, const std::vector<int32_t>& keep) {
   const int len = state->size();
   int32_t prev = -1;
-  for (size_t i = 0; i < keep.size(); ++i) {
-    const int32_t src = keep[i];
+  for (const int32_t src : keep) {
     RECALL_CHECK(src > prev && src < len) << "CompactState: keep list must ascend within length";
     prev = src;
-    state->ts[i] = state->ts[static_cast<size_t>(src)];
-    state->mri[i] = state->mri[static_cast<size_t>(src)];
-    state->score[i] = state->score[static_cast<size_t>(src)];
   }
-  state->ts.resize(keep.size());
-  state->mri.resize(keep.size());
-  state->score.resize(keep.size());
+  if (state->arrays & kTsArray) CompactArray(state->ts, keep, state->reserved);
+  if (state->arrays & kMriArray) CompactArray(state->mri, keep, state->reserved);
+  if (state->arrays & kScoreArray) CompactArray(state->score, keep, state->reserved);
+  state->slots = static_cast<int32_t>(keep.size());
 }
 
 const std::vector<std::string>& PolicyNames() {

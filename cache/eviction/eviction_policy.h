@@ -122,12 +122,28 @@ struct PolicyOptions {
   bool merge_keys = false;
 };
 
-// Per-slot state of one (sequence, layer, KV head), in slot order. All arrays have the same
-// size, which must equal the cache's length for that (layer, head) between steps.
+// The per-slot arrays a HeadState keeps (EvictionPolicy::state_arrays()): a policy keeps
+// only those it reads, because they are memory the session holds beside its KV cache, and
+// SessionEvictor counts them in the session's peak (EVICTION.md section 6).
+enum StateArray : uint32_t {
+  kNoStateArrays = 0,
+  kTsArray = 1u << 0,
+  kMriArray = 1u << 1,
+  kScoreArray = 1u << 2,
+  kAllStateArrays = kTsArray | kMriArray | kScoreArray,
+};
+
+// Per-slot state of one (sequence, layer, KV head), in slot order. The arrays `arrays` names
+// have the same size, which must equal the cache's length for that (layer, head) between
+// steps; the others stay empty.
 struct HeadState {
-  // LazyEviction: last step the slot was important. Every other policy leaves it as
-  // AppendSlots set it (t - 1 for a slot appended before step t), which VaSE reads to know
-  // how many of the window's queries saw the slot.
+  HeadState() = default;
+  explicit HeadState(uint32_t kept) : arrays(kept) {}
+
+  uint32_t arrays = kAllStateArrays;  // which of ts, mri and score this state keeps
+  // LazyEviction: last step the slot was important. Every other policy that keeps it leaves
+  // it as AppendSlots set it (t - 1 for a slot appended before step t), which VaSE reads to
+  // know how many of the window's queries saw the slot.
   std::vector<int32_t> ts;
   std::vector<int32_t> mri;  // LazyEviction: maximum recurrence interval
   // H2O: accumulated attention; TOVA: last step's attention; VaSE, R-KV: attention summed over
@@ -135,14 +151,30 @@ struct HeadState {
   // the decayed attention sum, stored negated (sign bit set, -0.0 included) once the slot has
   // been important (lazy_plus_policy.h).
   std::vector<float> score;
+  int32_t slots = 0;     // the size when no array is kept
+  int32_t reserved = 0;  // Reserve's floor: compaction keeps this much room
 
-  int size() const { return static_cast<int>(ts.size()); }
-  // Pre-sizes the arrays so that appends up to `slots` do not allocate.
+  int size() const {
+    if (arrays & kTsArray) return static_cast<int>(ts.size());
+    if (arrays & kScoreArray) return static_cast<int>(score.size());
+    if (arrays & kMriArray) return static_cast<int>(mri.size());
+    return slots;
+  }
+  // The bytes the arrays hold (their capacity), which AppendSlots and CompactState keep
+  // within about an eighth (and 16 slots) of the size, or of what Reserve asked for.
+  int64_t bytes() const;
+  // Pre-sizes the kept arrays so that appends up to `slots` do not allocate (and compaction
+  // keeps that room: it is held, and counted in bytes()).
   void Reserve(int slots);
 };
 
-// Appends `n` slots appended before step t's Observe: ts = t - 1, mri = 0, score = 0.
-// Prompt tokens seen at the first decode step (t = 1) thus start with ts = 0.
+// The most bytes a HeadState keeping `arrays` holds while it never holds more than `slots`
+// (and Reserve was not called): what it uses and its slack.
+int64_t HeadStateBytesBound(uint32_t arrays, int slots);
+
+// Appends `n` slots appended before step t's Observe: ts = t - 1, mri = 0, score = 0 (in the
+// arrays the state keeps). Prompt tokens seen at the first decode step (t = 1) thus start with
+// ts = 0.
 void AppendSlots(HeadState* state, int n, int t);
 
 // Keeps only the slots in `keep` (strictly ascending, within size), moving them to the
@@ -207,6 +239,9 @@ class EvictionPolicy {
   // Backend::LazyEvict), so a GPU cache can step it without copying probabilities back. Only
   // LazyEviction so far.
   virtual bool has_backend_step() const { return false; }
+  // The HeadState arrays the policy reads and writes (StateArray bits); the caller keeps
+  // only these.
+  virtual uint32_t state_arrays() const = 0;
 
   // Updates `state` with step t's probabilities p[0..len).
   // REQUIRES: state->size() == len, t >= 1.

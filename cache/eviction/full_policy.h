@@ -9,6 +9,7 @@ class FullKvPolicy : public EvictionPolicy {
  public:
   explicit FullKvPolicy(const PolicyOptions& options) : EvictionPolicy(options) {}
   absl::string_view name() const override { return "full"; }
+  uint32_t state_arrays() const override { return kNoStateArrays; }
   bool needs_attention() const override { return false; }
   void Observe(HeadState* state, const float* p, int len, int t) const override {}
   bool ShouldEvict(int len, int budget, int t) const override { return false; }

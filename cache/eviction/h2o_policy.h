@@ -12,6 +12,7 @@ class H2oPolicy : public EvictionPolicy {
  public:
   explicit H2oPolicy(const PolicyOptions& options) : EvictionPolicy(options) {}
   absl::string_view name() const override { return "h2o"; }
+  uint32_t state_arrays() const override { return kScoreArray; }
   int min_budget() const override { return options().window; }
   void Observe(HeadState* state, const float* p, int len, int t) const override;
   bool ShouldEvict(int len, int budget, int t) const override { return len > budget; }

@@ -52,7 +52,6 @@ void LazyBackendState::Pull(std::vector<HeadState>& host) {
     const int32_t* mri = image_.data() + (rows + r) * width;
     s.ts.assign(ts, ts + len);
     s.mri.assign(mri, mri + len);
-    s.score.assign(len, 0.0f);  // lazy does not use it; kept the same size as ts
   }
   host_stale_ = false;
 }

@@ -3,7 +3,7 @@
 //
 // One row per (layer, KV head), r = layer * n_kv_heads + head: ts then mri planes,
 // [2][rows][capacity] int32, grown by doubling. The host copy is the evictor's HeadStates
-// (ts, mri; score kept at the same size), passed in where they move: Observe puts the
+// (ts and mri), passed in where they move: Observe puts the
 // backend ahead of them (stale), Pull brings them up to date, growing copies them over.
 // Evict runs Backend::LazyEvict, which selects and compacts the cache and the state there;
 // only the keep lists come back to the host.
@@ -28,6 +28,10 @@ class LazyBackendState {
   LazyBackendState(kernels::Backend* backend, int n_layers, int n_kv_heads);
 
   int rows() const { return static_cast<int>(lens_.size()); }
+  // The backend memory the state holds (both planes at their capacity).
+  int64_t bytes() const {
+    return 2 * static_cast<int64_t>(lens_.size()) * cap_ * static_cast<int64_t>(sizeof(int32_t));
+  }
   // Slots the backend state holds per row.
   const std::vector<int32_t>& lens() const { return lens_; }
 

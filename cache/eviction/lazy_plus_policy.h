@@ -52,6 +52,7 @@ class LazyPlusPolicy final : public LazyPolicy {
  public:
   explicit LazyPlusPolicy(const PolicyOptions& options) : LazyPolicy(options) {}
   absl::string_view name() const override { return "lazy+"; }
+  uint32_t state_arrays() const override { return kAllStateArrays; }
   bool has_backend_step() const override { return false; }
   void Observe(HeadState* state, const float* p, int len, int t) const override;
   bool ShouldEvict(int len, int budget, int t) const override {

@@ -21,6 +21,7 @@ class LazyPolicy : public EvictionPolicy {
  public:
   explicit LazyPolicy(const PolicyOptions& options) : EvictionPolicy(options) {}
   absl::string_view name() const override { return "lazy"; }
+  uint32_t state_arrays() const override { return kTsArray | kMriArray; }
   bool has_backend_step() const override { return true; }
   int min_budget() const override { return options().window; }
   void Observe(HeadState* state, const float* p, int len, int t) const override;

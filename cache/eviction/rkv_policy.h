@@ -38,6 +38,7 @@ class RkvPolicy : public EvictionPolicy {
  public:
   explicit RkvPolicy(const PolicyOptions& options) : EvictionPolicy(options) {}
   absl::string_view name() const override { return "rkv"; }
+  uint32_t state_arrays() const override { return kScoreArray; }
   int min_budget() const override { return query_window(); }
   bool needs_keys() const override { return true; }
   void Observe(HeadState* state, const float* p, int len, int t) const override;

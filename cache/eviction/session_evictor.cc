@@ -97,7 +97,8 @@ SessionEvictor::SessionEvictor(const SessionEvictorOptions& options,
       head_dim_(cache->View().layout.head_dim),
       shared_(policy_->layer_shared() || options.share_tokens),
       states_per_layer_(shared_ ? 1 : n_kv_heads_),
-      states_(static_cast<size_t>(n_layers_) * states_per_layer_),
+      states_(static_cast<size_t>(n_layers_) * states_per_layer_,
+              HeadState(policy_->state_arrays())),
       state_evictions_(static_cast<size_t>(n_layers_) * states_per_layer_, 0),
       budgets_(static_cast<size_t>(n_layers_)),
       needs_probs_(policy_->needs_attention() ||
@@ -119,6 +120,12 @@ SessionEvictor::SessionEvictor(const SessionEvictorOptions& options,
 }
 
 SessionEvictor::~SessionEvictor() = default;
+
+int64_t SessionEvictor::state_bytes() const {
+  int64_t n = backend_state_ != nullptr ? backend_state_->bytes() : 0;
+  for (const HeadState& s : states_) n += s.bytes();
+  return n;
+}
 
 void SessionEvictor::Reserve(int max_len) {
   for (HeadState& s : states_) s.Reserve(max_len);
@@ -380,7 +387,7 @@ absl::Status SessionEvictor::CompressPrefill(const float* window_queries, int w,
   }
   if (scale == 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(head_dim_));
   // The whole prompt was held before it is compressed: that is the session's peak so far.
-  peak_bytes_ = std::max(peak_bytes_, cache_->bytes_held());
+  NotePeak();
   allocator_.Allocate(prompt, budgets_.data());
   const int n_heads = options_.n_heads;
   const int group = n_heads / n_kv_heads_;
@@ -397,9 +404,7 @@ absl::Status SessionEvictor::CompressPrefill(const float* window_queries, int w,
     for (int h = 0; h < n_kv_heads_; ++h) {
       const int len = prompt;
       GatherKeys(l, h, len);
-      prefill_state_.ts.clear();
-      prefill_state_.mri.clear();
-      prefill_state_.score.clear();
+      prefill_state_ = HeadState(kScoreArray);
       AppendSlots(&prefill_state_, len, 0);
       SnapKvPolicy::WindowScores(keys_.data(), len, q, w, n_heads, h * group, group, head_dim_,
                                  scale, &select_, prefill_state_.score.data());
@@ -417,6 +422,7 @@ absl::Status SessionEvictor::CompressPrefill(const float* window_queries, int w,
     }
   }
   if (compacted) cache_->TrimBlocks();
+  prefill_state_ = HeadState(kScoreArray);  // gives the prompt's scores back
   prefill_compressed_ = true;
   return VerifyStep(0);
 }
@@ -440,7 +446,17 @@ absl::Status SessionEvictor::Step(const float* probs, int64_t stride) {
   if (backend_state_ != nullptr) return StepOnBackend(probs, stride);
   RECALL_RETURN_IF_ERROR(AgreeOnStep());
   const int t = ++step_;
-  peak_bytes_ = std::max(peak_bytes_, cache_->bytes_held());
+  // Bring the states up to the cache lengths: the step's peak is then held.
+  for (int l = 0; l < n_layers_; ++l) {
+    const int32_t* lengths = cache_->lengths(l);
+    for (int h = 0; h < states_per_layer_; ++h) {
+      HeadState& s = states_[static_cast<size_t>(l) * states_per_layer_ + h];
+      RECALL_CHECK(s.size() <= lengths[h])
+          << "cache (" << l << ", " << h << ") was compacted outside the evictor";
+      AppendSlots(&s, lengths[h] - s.size(), t);
+    }
+  }
+  NotePeak();
   allocator_.Allocate(FractionLength(), budgets_.data());
   const int n_heads = options_.n_heads;
   bool compacted = false;
@@ -456,14 +472,6 @@ absl::Status SessionEvictor::Step(const float* probs, int64_t stride) {
     merge_probs_ = layer_probs;
     merge_stride_ = stride;
     const int32_t* lengths = cache_->lengths(l);
-    // Bring the states up to the cache lengths.
-    for (int h = 0; h < states_per_layer_; ++h) {
-      HeadState& s = states_[static_cast<size_t>(l) * states_per_layer_ + h];
-      const int len = lengths[h];
-      RECALL_CHECK(s.size() <= len) << "cache (" << l << ", " << h
-                                    << ") was compacted outside the evictor";
-      AppendSlots(&s, len - s.size(), t);
-    }
     if (shared_) {
       const int len = lengths[0];
       for (int h = 1; h < n_kv_heads_; ++h) {

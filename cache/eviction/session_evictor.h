@@ -168,7 +168,9 @@ class SessionEvictor {
   // not wire the hook fails loudly instead of silently running FullKV.
   absl::Status CompressPrefill(const float* window_queries, int w, float scale = 0.0f);
 
-  // Pre-sizes states and scratch for `max_len` slots per head (optional).
+  // Pre-sizes states and scratch for `max_len` slots per head (optional). The states then
+  // hold that room for good, and state_bytes() counts it: a caller that measures memory
+  // leaves it out (the states grow as they need and give back what they stop using).
   void Reserve(int max_len);
 
   int step() const { return step_; }
@@ -176,9 +178,19 @@ class SessionEvictor {
   // Number of (layer, KV head) compactions performed, and slots evicted in total.
   int64_t evictions() const { return evictions_; }
   int64_t evicted_slots() const { return evicted_slots_; }
-  // KV bytes the sequence held: the most at the start of any step (after the append), and
-  // after the last step.
+  // The bytes the policy's per-slot state holds (its HeadState arrays, and the backend's copy
+  // when it steps there): memory the session holds beside its KV cache, as long as it lives.
+  // Scratch (probabilities, selection buffers) is working memory of a running step, sized by
+  // one head's length, and not counted.
+  int64_t state_bytes() const;
+  // The cache's bytes and the state's: what the session holds for its cache now.
+  int64_t held_bytes() const { return cache_->bytes_held() + state_bytes(); }
+  // The most held_bytes() at any point the evictor saw: in every step once the step's slots
+  // are in the cache and the states, before any eviction (and before prompt compression).
+  // Callers that see other points (after a prefill) take the max with their held_bytes().
   int64_t peak_kv_bytes() const { return peak_bytes_; }
+  // held_bytes() at that point of the last Step or CompressPrefill.
+  int64_t step_peak_bytes() const { return step_peak_bytes_; }
   int64_t final_kv_bytes() const { return cache_->bytes_held(); }
   // Budgets used at the last step, [n_layers].
   const std::vector<int32_t>& budgets() const { return budgets_; }
@@ -191,6 +203,11 @@ class SessionEvictor {
  private:
   SessionEvictor(const SessionEvictorOptions& options, std::unique_ptr<EvictionPolicy> policy,
                  BudgetAllocator budgets, SequenceCache* cache);
+
+  void NotePeak() {
+    step_peak_bytes_ = held_bytes();
+    peak_bytes_ = std::max(peak_bytes_, step_peak_bytes_);
+  }
 
   // ---- Tensor parallelism and token sharing (session_evictor_tp.cc).
   // Broadcasts rank 0's step counter; Internal if this rank's next step differs.
@@ -277,6 +294,7 @@ class SessionEvictor {
   int64_t evictions_ = 0;
   int64_t evicted_slots_ = 0;
   int64_t peak_bytes_ = 0;
+  int64_t step_peak_bytes_ = 0;
   // Scratch.
   std::vector<float> reduced_;  // [n_kv_heads * stride] or [stride]
   std::vector<float> value_range_;

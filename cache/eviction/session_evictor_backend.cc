@@ -32,7 +32,7 @@ absl::Status SessionEvictor::StepOnBackend(const float* probs, int64_t stride) {
     RECALL_RETURN_IF_ERROR(state.EnsureKeepLists(widest));
   }
   const int t = ++step_;
-  peak_bytes_ = std::max(peak_bytes_, cache_->bytes_held());
+  NotePeak();
 
   lens_now_.resize(static_cast<size_t>(state.rows()));
   bool any_evict = false;

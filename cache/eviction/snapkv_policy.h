@@ -29,6 +29,8 @@ class SnapKvPolicy : public EvictionPolicy {
  public:
   explicit SnapKvPolicy(const PolicyOptions& options) : EvictionPolicy(options) {}
   absl::string_view name() const override { return "snapkv"; }
+  // Scores the prompt once, in a state of its own (SessionEvictor::CompressPrefill).
+  uint32_t state_arrays() const override { return kNoStateArrays; }
   bool needs_attention() const override { return false; }
   bool compresses_prefill() const override { return true; }
   int min_budget() const override { return options().window; }

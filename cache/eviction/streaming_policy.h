@@ -12,6 +12,7 @@ class StreamingPolicy : public EvictionPolicy {
  public:
   explicit StreamingPolicy(const PolicyOptions& options) : EvictionPolicy(options) {}
   absl::string_view name() const override { return "streaming"; }
+  uint32_t state_arrays() const override { return kNoStateArrays; }
   bool needs_attention() const override { return false; }
   int min_budget() const override { return options().sinks + 1; }
   void Observe(HeadState* state, const float* p, int len, int t) const override {}

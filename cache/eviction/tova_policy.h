@@ -15,6 +15,7 @@ class TovaPolicy : public EvictionPolicy {
  public:
   explicit TovaPolicy(const PolicyOptions& options) : EvictionPolicy(options) {}
   absl::string_view name() const override { return "tova"; }
+  uint32_t state_arrays() const override { return kScoreArray; }
   bool layer_shared() const override { return true; }
   void Observe(HeadState* state, const float* p, int len, int t) const override;
   bool ShouldEvict(int len, int budget, int t) const override { return len > budget; }

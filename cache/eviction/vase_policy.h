@@ -38,6 +38,7 @@ class VasePolicy : public EvictionPolicy {
  public:
   explicit VasePolicy(const PolicyOptions& options) : EvictionPolicy(options) {}
   absl::string_view name() const override { return "vase"; }
+  uint32_t state_arrays() const override { return kTsArray | kScoreArray; }
   int min_budget() const override { return options().sinks + 1; }
   bool needs_value_range() const override { return true; }
   void Observe(HeadState* state, const float* p, int len, int t) const override;

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <string>
 
+#include "cache/eviction/eviction_policy.h"
 #include "client/client.h"
 #include "common/subprocess.h"
 #include "gtest/gtest.h"
@@ -46,6 +47,15 @@ pid_t ChildNamed(pid_t parent, const std::string& name) {
   }
   closedir(proc);
   return found;
+}
+
+// lazy's per-slot state (ts and mri of every layer's 4 KV heads), which the session holds
+// beside its KV blocks and the worker counts in its KV bytes: as many slots as the blocks.
+int64_t LazyStateBound() {
+  return 5 * 4 *
+         recall::cache::eviction::HeadStateBytesBound(
+             recall::cache::eviction::kTsArray | recall::cache::eviction::kMriArray,
+             128 + 32 + 64 + 1);
 }
 
 // VmRSS of `pid` in KiB (0 if unknown).
@@ -117,7 +127,7 @@ TEST(EndlessServeTest, AConversationFortyTimesTheContextRunsInBoundedMemory) {
   // stories260K's 5 layers of 4 KV heads x 8 elements x (K, V) x 2 bytes (bf16, the default
   // KV type) x 16 tokens.
   const int64_t block_bytes = 4 * 8 * 2 * 2 * 16;
-  const int64_t bound = int64_t{(128 + 32 + 64 + 1 + 15) / 16} * 5 * block_bytes;
+  const int64_t bound = int64_t{(128 + 32 + 64 + 1 + 15) / 16} * 5 * block_bytes + LazyStateBound();
   std::printf(
       "endless: %d turns, %lld tokens (%.1fx the %d-token context); KV after each turn "
       "from turn %d: %lld..%lld bytes (bound %lld); worker RSS %lld KiB at turn %d, at "
@@ -183,7 +193,7 @@ TEST(EndlessServeTest, ALongConversationSurvivesItsWorkerKilledMidReplyInBounded
   const int context = 512;
   // budget + window + one prefill chunk (+ the token fed), in blocks (as above).
   const int64_t block_bytes = 4 * 8 * 2 * 2 * 16;
-  const int64_t bound = int64_t{(128 + 32 + 64 + 1 + 15) / 16} * 5 * block_bytes;
+  const int64_t bound = int64_t{(128 + 32 + 64 + 1 + 15) / 16} * 5 * block_bytes + LazyStateBound();
   int64_t tokens = 0;
   int turn = 0;
   for (; tokens < 10 * context; ++turn) {

@@ -31,7 +31,7 @@ absl::StatusOr<std::unique_ptr<LocalSequence>> LocalSequence::CreateOn(
     const std::optional<cache::eviction::SessionEvictorOptions>& eviction) {
   std::unique_ptr<LocalSequence> seq(new LocalSequence(forward, nullptr, cache));
   RECALL_RETURN_IF_ERROR(seq->MakeEvictor(eviction));
-  seq->peak_bytes_ = cache->bytes_held();
+  seq->peak_bytes_ = seq->HeldBytes();
   return seq;
 }
 
@@ -99,7 +99,7 @@ absl::Status LocalSequence::Prefill(std::span<const int32_t> prompt, int chunk, 
       } else {
         RECALL_RETURN_IF_ERROR(runtime::RunChunked(forward_, cache_, prompt.subspan(fed, n), n,
                                                    fed + n == len ? logits : nullptr, nullptr, 0));
-        peak_bytes_ = std::max(peak_bytes_, cache_->bytes_held());
+        peak_bytes_ = std::max(peak_bytes_, HeldBytes());
       }
       fed += n;
     }
@@ -116,7 +116,7 @@ absl::Status LocalSequence::Prefill(std::span<const int32_t> prompt, int chunk, 
   RECALL_RETURN_IF_ERROR(runtime::RunChunked(forward_, cache_, prompt, chunk, logits,
                                              window_w > 0 ? window_queries.data() : nullptr,
                                              window_w));
-  peak_bytes_ = std::max(peak_bytes_, cache_->bytes_held());
+  peak_bytes_ = std::max(peak_bytes_, HeldBytes());
   if (window_w > 0) return evictor_->CompressPrefill(window_queries.data(), window_w);
   return absl::OkStatus();
 }
@@ -132,7 +132,7 @@ absl::Status LocalSequence::Decode(int32_t token, float* logits) {
   item.probs_stride = probs_stride_;
   item.probs_on_backend = evictor_ != nullptr && evictor_->steps_on_backend();
   RECALL_RETURN_IF_ERROR(forward_.Run({&item, 1}, logits));
-  peak_bytes_ = std::max(peak_bytes_, cache_->bytes_held());
+  peak_bytes_ = std::max(peak_bytes_, HeldBytes());
   if (evictor_ == nullptr) return absl::OkStatus();
   if (item.probs_on_backend) {
     int64_t stride = 0;
@@ -144,9 +144,10 @@ absl::Status LocalSequence::Decode(int32_t token, float* logits) {
 
 SequenceStats LocalSequence::stats() const {
   SequenceStats s;
-  s.kv_bytes = cache_->bytes_held();
+  s.kv_bytes = HeldBytes();
   s.peak_kv_bytes = peak_bytes_;
   if (evictor_ != nullptr) {
+    s.peak_kv_bytes = std::max(s.peak_kv_bytes, evictor_->peak_kv_bytes());
     s.evictions = evictor_->evictions();
     s.evicted_slots = evictor_->evicted_slots();
   }

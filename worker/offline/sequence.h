@@ -21,8 +21,10 @@
 namespace recall::offline {
 
 struct SequenceStats {
-  int64_t kv_bytes = 0;       // KV bytes held now (all ranks)
-  int64_t peak_kv_bytes = 0;  // the most held at any point: after prefill or a step's append
+  // Bytes held for the cache: KV and the eviction policy's per-slot state
+  // (SessionEvictor::held_bytes()), all ranks.
+  int64_t kv_bytes = 0;       // now
+  int64_t peak_kv_bytes = 0;  // the most at any point: after prefill or a step's append
   int64_t evictions = 0;      // (layer, KV head) compactions (all ranks)
   int64_t evicted_slots = 0;  // slots evicted (all ranks)
 };
@@ -90,6 +92,10 @@ class LocalSequence final : public Sequence {
   int64_t probs_stride_ = 0;
   bool wants_probs_ = false;
   runtime::Positions positions_ = runtime::Positions::kOriginal;
+  // The cache's bytes and the eviction state's (SessionEvictor::held_bytes()).
+  int64_t HeldBytes() const {
+    return evictor_ != nullptr ? evictor_->held_bytes() : cache_->bytes_held();
+  }
   int64_t peak_bytes_ = 0;
 };
 

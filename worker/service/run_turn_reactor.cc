@@ -26,6 +26,7 @@ void ToProto(const serving::TurnSummary& s, v1::TurnDone* done) {
   done->mutable_usage()->set_cached_tokens(s.cached_tokens);
   done->mutable_usage()->set_generated_tokens(s.generated_tokens);
   done->set_kv_bytes(s.kv_bytes);
+  done->set_state_bytes(s.state_bytes);
   done->set_peak_kv_bytes(s.peak_kv_bytes);
   done->set_held_tokens(s.held_tokens);
   done->set_evictions(s.evictions);

@@ -238,8 +238,9 @@ absl::Status Scheduler::RunRanks(std::span<const runtime::BatchItem> items,
   // Per rank: its items (its caches and buffers) and the eviction errors of its items.
   std::vector<std::vector<absl::Status>> rank_status(ranks_.ranks.size(),
                                                      std::vector<absl::Status>(items.size()));
-  // Per rank: the bytes each item's cache holds after its new tokens were stored and before
-  // any eviction: the step's peak (a policy evicts back to its budget after it).
+  // Per rank: the bytes each item's cache (and eviction state) holds after its new tokens
+  // were stored and before any eviction: the step's peak (a policy evicts back to its budget
+  // after it).
   std::vector<std::vector<int64_t>> held(ranks_.ranks.size(), std::vector<int64_t>(items.size()));
   auto run_rank = [&](int r) -> absl::Status {
     std::vector<runtime::BatchItem> mine(items.begin(), items.end());
@@ -255,7 +256,11 @@ absl::Status Scheduler::RunRanks(std::span<const runtime::BatchItem> items,
     runtime::ForwardPass& forward = *ranks_.ranks[static_cast<size_t>(r)].forward;
     RECALL_RETURN_IF_ERROR(forward.Run(mine, r == 0 ? logits_.data() : nullptr));
     for (size_t i = 0; i < items.size(); ++i) {
-      held[static_cast<size_t>(r)][i] = mine[i].cache->bytes_held();
+      const std::vector<std::unique_ptr<cache::eviction::SessionEvictor>>& ev =
+          owners[i]->session->evictors;
+      held[static_cast<size_t>(r)][i] =
+          mine[i].cache->bytes_held() +
+          (ev.empty() ? 0 : ev[static_cast<size_t>(r)]->state_bytes());
     }
     for (size_t i = 0; i < items.size(); ++i) {
       if (work[i] == Evict::kNone) continue;
@@ -272,6 +277,8 @@ absl::Status Scheduler::RunRanks(std::span<const runtime::BatchItem> items,
         status = e.Step(t.probs.empty() ? nullptr : t.probs[static_cast<size_t>(r)].data(),
                         t.probs_stride);
       }
+      int64_t& h = held[static_cast<size_t>(r)][i];
+      if (status.ok()) h = std::max(h, e.step_peak_bytes());
     }
     return absl::OkStatus();
   };
@@ -294,7 +301,7 @@ absl::Status Scheduler::RunRanks(std::span<const runtime::BatchItem> items,
 
 void Scheduler::AfterForward(Turn& t, float* logits) {
   Session& s = *t.session;
-  t.peak_kv_bytes = std::max(t.peak_kv_bytes, s.bytes_held());
+  t.peak_kv_bytes = std::max(t.peak_kv_bytes, s.bytes_held() + s.state_bytes());
   if (!t.decoding) {
     // An episode's replayed gap is already in the session's tokens.
     const size_t from = std::max(t.fed, static_cast<size_t>(t.n_replay));

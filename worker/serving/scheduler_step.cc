@@ -355,7 +355,8 @@ void Scheduler::FinishTurn(Turn& t, absl::Status status) {
     sum.prompt_tokens = t.prompt_tokens;
     sum.cached_tokens = t.cached_tokens;
     sum.generated_tokens = static_cast<int>(t.generated.size());
-    sum.kv_bytes = s->bytes_held();
+    sum.state_bytes = s->state_bytes();
+    sum.kv_bytes = s->bytes_held() + sum.state_bytes;
     if (s->cache() != nullptr) sum.held_tokens = s->cache()->max_length();
     sum.peak_kv_bytes = t.peak_kv_bytes;
     if (!s->evictors.empty()) {

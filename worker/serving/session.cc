@@ -29,6 +29,12 @@ int64_t Session::bytes_held() const {
   return sum;
 }
 
+int64_t Session::state_bytes() const {
+  int64_t sum = 0;
+  for (const auto& e : evictors) sum += e->state_bytes();
+  return sum;
+}
+
 int64_t Session::host_bytes() const {
   int64_t sum = 0;
   for (const auto& c : caches) sum += c->host_bytes();

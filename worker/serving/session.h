@@ -87,8 +87,11 @@ struct Session {
   // The longest (layer, KV head) row of any rank's cache.
   int max_length() const;
 
-  // Summed over the ranks.
+  // Summed over the ranks. bytes_held: the caches' KV bytes (in the pools); state_bytes: the
+  // eviction policies' per-slot state (SessionEvictor::state_bytes(), in host memory or the
+  // backend's), held beside them for as long as the session lives.
   int64_t bytes_held() const;
+  int64_t state_bytes() const;
   int64_t host_bytes() const;
   // Offloads every rank's cache to host memory.
   void Offload();

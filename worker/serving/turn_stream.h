@@ -34,7 +34,8 @@ struct TurnSummary {
   int prompt_tokens = 0;  // context before generation (cached + new)
   int cached_tokens = 0;  // reused from the resident cache
   int generated_tokens = 0;
-  int64_t kv_bytes = 0;  // held after the turn
+  int64_t kv_bytes = 0;     // held after the turn: KV and the policy's per-slot state
+  int64_t state_bytes = 0;  // of kv_bytes: the eviction policy's per-slot state
   int64_t held_tokens = 0;  // slots of the largest (layer, KV head) cache after the turn
   int64_t peak_kv_bytes = 0;
   int64_t evictions = 0;

@@ -1,6 +1,7 @@
 #include "cache/eviction/eviction_policy.h"
 
 #include <algorithm>
+#include <numeric>
 #include <vector>
 
 #include "cache/eviction/full_policy.h"
@@ -79,6 +80,52 @@ TEST(HeadStateTest, AppendSlotsStartsTsAtPreviousStepAndCompactMovesAllArraysTog
   EXPECT_EQ(s.mri, (std::vector<int32_t>{21, 23, 24}));
   EXPECT_EQ(s.score, (std::vector<float>{0.5f, 1.5f, 2.0f}));
   EXPECT_EQ(s.size(), 3);
+}
+
+// A state keeps only the arrays it names; the others stay empty (no memory), and size()
+// follows the slots all the same.
+TEST(HeadStateTest, KeepsOnlyTheArraysItNames) {
+  HeadState none(kNoStateArrays);
+  AppendSlots(&none, 7, 1);
+  EXPECT_EQ(none.size(), 7);
+  EXPECT_EQ(none.bytes(), 0);
+  CompactState(&none, {0, 6});
+  EXPECT_EQ(none.size(), 2);
+
+  HeadState lazy(kTsArray | kMriArray);
+  AppendSlots(&lazy, 5, 3);
+  EXPECT_EQ(lazy.ts, (std::vector<int32_t>(5, 2)));
+  EXPECT_EQ(lazy.mri, (std::vector<int32_t>(5, 0)));
+  EXPECT_TRUE(lazy.score.empty());
+  EXPECT_EQ(lazy.score.capacity(), 0u);
+  EXPECT_EQ(lazy.bytes(), static_cast<int64_t>((lazy.ts.capacity() + lazy.mri.capacity()) * 4));
+
+  HeadState scores(kScoreArray);
+  AppendSlots(&scores, 4, 1);
+  EXPECT_EQ(scores.size(), 4);
+  EXPECT_TRUE(scores.ts.empty() && scores.mri.empty());
+}
+
+// What a state holds stays close to what it uses: one-slot appends grow it by an eighth, not
+// by doubling, and compacting a long prompt to a budget gives the memory back.
+TEST(HeadStateTest, BytesStayCloseToTheSlotsHeld) {
+  HeadState s(kAllStateArrays);
+  AppendSlots(&s, 4000, 1);  // a long prompt
+  EXPECT_LE(s.bytes(), 12 * (4000 + 4000 / 8 + 16));
+  std::vector<int32_t> keep(64);
+  for (int i = 0; i < 64; ++i) keep[static_cast<size_t>(i)] = 3936 + i;
+  CompactState(&s, keep);
+  EXPECT_EQ(s.size(), 64);
+  EXPECT_LE(s.bytes(), 12 * (64 + 64 / 8 + 16)) << "the prompt's slots were given back";
+  for (int t = 2; t < 200; ++t) {  // one slot a step, compacted back to 64 every 8 steps
+    AppendSlots(&s, 1, t);
+    EXPECT_LE(s.bytes(), 12 * (2 * s.size() + 32)) << "t " << t;
+    if (t % 8 == 0) {
+      std::vector<int32_t> last(64);
+      std::iota(last.begin(), last.end(), s.size() - 64);
+      CompactState(&s, last);
+    }
+  }
 }
 
 TEST(HeadStateDeathTest, CompactWithNonAscendingKeepDies) {

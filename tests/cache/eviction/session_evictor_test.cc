@@ -1,5 +1,6 @@
 #include "cache/eviction/session_evictor.h"
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <numeric>
@@ -128,9 +129,56 @@ TEST_F(SessionEvictorTest, LazyHoldsExactlyTheBudgetAfterEachEviction) {
     }
   }
   EXPECT_EQ(max_len, 12);
-  EXPECT_EQ(ev->peak_kv_bytes(), 6 * pool_->block_bytes());
+  // ts and mri of 4 (layer, head) states, the 64 slots Reserve asked for.
+  EXPECT_EQ(ev->state_bytes(), kLayers * kKv * 2 * 64 * 4);
+  EXPECT_EQ(ev->peak_kv_bytes(), 6 * pool_->block_bytes() + ev->state_bytes());
   EXPECT_EQ(ev->final_kv_bytes(), 4 * pool_->block_bytes());
   EXPECT_EQ(ev->budgets(), (std::vector<int32_t>{8, 8}));
+}
+
+// The peak counts the policy's per-slot state beside the KV blocks: the bytes of the arrays
+// it keeps (none for streaming; one score per layer for TOVA, whose layers share one token
+// set), at every step's peak (the step's slots in the cache and the states), and what the
+// states hold stays within their slack of what they use.
+TEST_F(SessionEvictorTest, PeakCountsThePolicysStateBesideTheKv) {
+  struct Case {
+    const char* policy;
+    int bytes_per_slot;
+    bool per_layer;
+  };
+  for (const Case& c : {Case{"streaming", 0, false}, Case{"h2o", 4, false}, Case{"tova", 4, true},
+                        Case{"lazy", 8, false}, Case{"lazy+", 12, false}, Case{"vase", 8, false}}) {
+    SCOPED_TRACE(c.policy);
+    SequenceCache seq(pool_.get());
+    std::unique_ptr<SessionEvictor> ev = MakeEvictor(&seq, c.policy, 8, 4);
+    ASSERT_NE(ev, nullptr);
+    Append(seq, 5);
+    std::vector<float> probs;
+    int64_t most = 0;
+    int max_len = 0;
+    for (int t = 1; t <= 40; ++t) {
+      Append(seq, 1);
+      int64_t slots = 0;  // the slots the states hold once brought up to the cache
+      for (int l = 0; l < kLayers; ++l) {
+        for (int h = 0; h < (c.per_layer ? 1 : kKv); ++h) slots += seq.length(l, h);
+      }
+      max_len = std::max(max_len, seq.max_length());
+      const int64_t kv = seq.bytes_held();
+      FillProbs(seq, t, &probs);
+      ASSERT_TRUE(ev->Step(probs.data(), kStride).ok());
+      if (c.bytes_per_slot == 0) {
+        EXPECT_EQ(ev->step_peak_bytes(), kv) << "t " << t;
+      } else {
+        EXPECT_GE(ev->step_peak_bytes(), kv + c.bytes_per_slot * slots) << "t " << t;
+      }
+      most = std::max(most, ev->step_peak_bytes());
+    }
+    EXPECT_EQ(ev->peak_kv_bytes(), most);
+    const int states = kLayers * (c.per_layer ? 1 : kKv);
+    const int room = max_len + max_len / 8 + 16;
+    EXPECT_LE(ev->state_bytes(), int64_t{c.bytes_per_slot} * states * (room + room / 8 + 16));
+    EXPECT_EQ(ev->held_bytes(), seq.bytes_held() + ev->state_bytes());
+  }
 }
 
 // Scenario: two independent sequences fed the same history under lazy, h2o and tova end with

@@ -5,6 +5,7 @@
 // tokens.
 #include <string>
 
+#include "cache/eviction/eviction_policy.h"
 #include "gtest/gtest.h"
 #include "tests/common/stories260k.h"
 #include "worker/runtime/engine.h"
@@ -59,8 +60,14 @@ class EndlessTest : public recall::testing::Stories260KTest {
   // token being fed), in whole blocks, in every layer.
   int64_t Bound() const {
     const int tokens = kBudget + kWindow + kChunk + 1;
-    return int64_t{(tokens + 15) / 16} * model_->config.n_layers *
-           engines_.back()->pool(0).block_bytes() * engines_.back()->tp();
+    const model::ModelConfig& c = model_->config;
+    // lazy's ts and mri per slot of every (layer, KV head), beside the blocks.
+    const int64_t state = int64_t{c.n_layers} * c.n_kv_heads *
+                          cache::eviction::HeadStateBytesBound(
+                              cache::eviction::kTsArray | cache::eviction::kMriArray, tokens);
+    return int64_t{(tokens + 15) / 16} * c.n_layers * engines_.back()->pool(0).block_bytes() *
+               engines_.back()->tp() +
+           state;
   }
 
   double Compactions() {
