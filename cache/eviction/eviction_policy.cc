@@ -19,9 +19,10 @@ namespace recall::cache::eviction {
 
 namespace {
 
-// Room for `n` elements with a little slack: an eighth and 16 more, so appends of one slot
-// reallocate rarely while the capacity stays close to the size.
-size_t Roomy(size_t n) { return n + n / 8 + 16; }
+// Room for `n` elements with a little slack, a 32nd and 4 more: appends of one slot then
+// reallocate once in n / 32 steps (a copy of the state, as cheap as one Observe over it),
+// and the capacity stays close to the size.
+size_t Roomy(size_t n) { return n + n / 32 + 4; }
 
 template <typename T>
 void Append(std::vector<T>& v, int n, T value) {
@@ -52,12 +53,15 @@ void CompactArray(std::vector<T>& v, const std::vector<int32_t>& keep, int32_t f
 
 int64_t HeadState::bytes() const {
   return static_cast<int64_t>(ts.capacity() * sizeof(int32_t) + mri.capacity() * sizeof(int32_t) +
-                              score.capacity() * sizeof(float));
+                              score.capacity() * sizeof(float) +
+                              compact.capacity() * sizeof(CompactSlot));
 }
 
 int64_t HeadStateBytesBound(uint32_t arrays, int slots) {
-  const int64_t per_slot = 4 * ((arrays & kTsArray ? 1 : 0) + (arrays & kMriArray ? 1 : 0) +
-                                (arrays & kScoreArray ? 1 : 0));
+  const int64_t per_slot =
+      4 * ((arrays & kTsArray ? 1 : 0) + (arrays & kMriArray ? 1 : 0) +
+           (arrays & kScoreArray ? 1 : 0)) +
+      (arrays & kCompactSlotArray ? static_cast<int64_t>(sizeof(CompactSlot)) : 0);
   return per_slot * static_cast<int64_t>(Roomy(static_cast<size_t>(slots)));
 }
 
@@ -66,6 +70,7 @@ void HeadState::Reserve(int n) {
   if (arrays & kTsArray) ts.reserve(static_cast<size_t>(n));
   if (arrays & kMriArray) mri.reserve(static_cast<size_t>(n));
   if (arrays & kScoreArray) score.reserve(static_cast<size_t>(n));
+  if (arrays & kCompactSlotArray) compact.reserve(static_cast<size_t>(n));
 }
 
 void AppendSlots(HeadState* state, int n, int t) {
@@ -73,6 +78,9 @@ void AppendSlots(HeadState* state, int n, int t) {
   if (state->arrays & kTsArray) Append(state->ts, n, t - 1);
   if (state->arrays & kMriArray) Append(state->mri, n, 0);
   if (state->arrays & kScoreArray) Append(state->score, n, 0.0f);
+  if (state->arrays & kCompactSlotArray) {
+    Append(state->compact, n, CompactSlot{static_cast<uint16_t>(t - 1), 0, 0});
+  }
   state->slots += n;
 }
 
@@ -86,6 +94,7 @@ void CompactState(HeadState* state, const std::vector<int32_t>& keep) {
   if (state->arrays & kTsArray) CompactArray(state->ts, keep, state->reserved);
   if (state->arrays & kMriArray) CompactArray(state->mri, keep, state->reserved);
   if (state->arrays & kScoreArray) CompactArray(state->score, keep, state->reserved);
+  if (state->arrays & kCompactSlotArray) CompactArray(state->compact, keep, state->reserved);
   state->slots = static_cast<int32_t>(keep.size());
 }
 

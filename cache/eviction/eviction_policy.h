@@ -130,8 +130,19 @@ enum StateArray : uint32_t {
   kTsArray = 1u << 0,
   kMriArray = 1u << 1,
   kScoreArray = 1u << 2,
-  kAllStateArrays = kTsArray | kMriArray | kScoreArray,
+  kCompactSlotArray = 1u << 3,  // lazy+'s 6-byte slots (CompactSlot)
+  kAllStateArrays = kTsArray | kMriArray | kScoreArray | kCompactSlotArray,
 };
+
+// One slot of lazy+'s state in 6 bytes (lazy_plus_policy.h): the step of its last importance
+// modulo 2^16, its recurrence interval, and its decayed attention sum as an IEEE half whose
+// sign bit is the seen flag.
+struct CompactSlot {
+  uint16_t ts = 0;
+  uint16_t mri = 0;
+  uint16_t sum = 0;
+};
+static_assert(sizeof(CompactSlot) == 6, "lazy+'s slot is 6 bytes");
 
 // Per-slot state of one (sequence, layer, KV head), in slot order. The arrays `arrays` names
 // have the same size, which must equal the cache's length for that (layer, head) between
@@ -140,7 +151,7 @@ struct HeadState {
   HeadState() = default;
   explicit HeadState(uint32_t kept) : arrays(kept) {}
 
-  uint32_t arrays = kAllStateArrays;  // which of ts, mri and score this state keeps
+  uint32_t arrays = kAllStateArrays;  // which of ts, mri, score and compact it keeps
   // LazyEviction: last step the slot was important. Every other policy that keeps it leaves
   // it as AppendSlots set it (t - 1 for a slot appended before step t), which VaSE reads to
   // know how many of the window's queries saw the slot.
@@ -151,17 +162,19 @@ struct HeadState {
   // the decayed attention sum, stored negated (sign bit set, -0.0 included) once the slot has
   // been important (lazy_plus_policy.h).
   std::vector<float> score;
-  int32_t slots = 0;     // the size when no array is kept
+  std::vector<CompactSlot> compact;  // lazy+: ts, mri and score in 16 bits each
+  int32_t slots = 0;                 // the size when no array is kept
   int32_t reserved = 0;  // Reserve's floor: compaction keeps this much room
 
   int size() const {
     if (arrays & kTsArray) return static_cast<int>(ts.size());
     if (arrays & kScoreArray) return static_cast<int>(score.size());
     if (arrays & kMriArray) return static_cast<int>(mri.size());
+    if (arrays & kCompactSlotArray) return static_cast<int>(compact.size());
     return slots;
   }
   // The bytes the arrays hold (their capacity), which AppendSlots and CompactState keep
-  // within about an eighth (and 16 slots) of the size, or of what Reserve asked for.
+  // within a 32nd (and 4 slots) of the most slots it held, or of what Reserve asked for.
   int64_t bytes() const;
   // Pre-sizes the kept arrays so that appends up to `slots` do not allocate (and compaction
   // keeps that room: it is held, and counted in bytes()).
@@ -173,8 +186,8 @@ struct HeadState {
 int64_t HeadStateBytesBound(uint32_t arrays, int slots);
 
 // Appends `n` slots appended before step t's Observe: ts = t - 1, mri = 0, score = 0 (in the
-// arrays the state keeps). Prompt tokens seen at the first decode step (t = 1) thus start with
-// ts = 0.
+// arrays the state keeps; a CompactSlot's ts modulo 2^16). Prompt tokens seen at the first decode
+// step (t = 1) thus start with ts = 0.
 void AppendSlots(HeadState* state, int n, int t);
 
 // Keeps only the slots in `keep` (strictly ascending, within size), moving them to the

@@ -4,8 +4,14 @@
 #include <cmath>
 
 #include "common/logging.h"
+#include "kernels/half.h"
 
 namespace recall::cache::eviction {
+namespace {
+
+constexpr float kHalfMax = 65504.0f;  // the largest finite IEEE half: a sum past it saturates
+
+}  // namespace
 
 double LazyPlusPolicy::Score(int t, int32_t ts, int32_t mri) {
   const double since = static_cast<double>(t) - ts;
@@ -21,21 +27,27 @@ void LazyPlusPolicy::Observe(HeadState* state, const float* p, int len, int t) c
   const float alpha = options().alpha_uniform > 0.0f
                           ? options().alpha_uniform / static_cast<float>(len)
                           : options().alpha;
-  int32_t* ts = state->ts.data();
-  int32_t* mri = state->mri.data();
   const float decay = options().attention_decay;
-  float* stored = state->score.data();
+  CompactSlot* slots = state->compact.data();
+  const bool clamp = t % kClampEvery == 0;
   for (int j = 0; j < len; ++j) {
-    bool seen = Seen(stored[j]);
-    const float e = decay * DecayedAttention(stored[j]) + p[j];
+    CompactSlot& s = slots[j];
+    if (clamp && Age(s, t) > kAgeCap) s.ts = static_cast<uint16_t>(t - kAgeCap);
+    const float stored = kernels::F16ToF32(s.sum);
+    bool seen = Seen(stored);
+    const float e = decay * DecayedAttention(stored) + p[j];
     if (p[j] >= alpha) {
       // The first importance (not yet seen) records no interval.
-      if (seen) mri[j] = std::max(mri[j], t - ts[j]);
+      if (seen) s.mri = static_cast<uint16_t>(std::max<int>(s.mri, Age(s, t)));
       seen = true;
-      ts[j] = t;
+      s.ts = static_cast<uint16_t>(t);
     }
-    stored[j] = seen ? -e : e;
+    s.sum = kernels::F32ToF16(seen ? -std::min(e, kHalfMax) : std::min(e, kHalfMax));
   }
+}
+
+float LazyPlusPolicy::Stored(const HeadState& state, int j) {
+  return kernels::F16ToF32(state.compact[static_cast<size_t>(j)].sum);
 }
 
 double LazyPlusPolicy::AttentionTerm(float stored, int len) const {
@@ -45,8 +57,8 @@ double LazyPlusPolicy::AttentionTerm(float stored, int len) const {
 }
 
 double LazyPlusPolicy::SlotScore(const HeadState& state, int j, int len, int t) const {
-  const auto s = static_cast<size_t>(j);
-  return Score(t, state.ts[s], state.mri[s]) + AttentionTerm(state.score[s], len);
+  const CompactSlot& s = state.compact[static_cast<size_t>(j)];
+  return Score(t, t - Age(s, t), s.mri) + AttentionTerm(kernels::F16ToF32(s.sum), len);
 }
 
 }  // namespace recall::cache::eviction

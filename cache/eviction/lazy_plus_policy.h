@@ -7,7 +7,7 @@
 // that mattered once outrank the recurring ones. lazy+ changes five things, and nothing else
 // (same protected window of W, same threshold alpha, same ties):
 //  1. A slot's first importance is not a recurrence: it sets ts = t and marks the slot seen
-//     (the sign bit of HeadState::score, see 5) without touching mri. mri grows only from the
+//     (the sign bit of its attention sum, see 5) without touching mri. mri grows only from the
 //     second importance on, i.e. only across an interval between two importances.
 //  2. H2 is taken on the effective interval m = max(mri, t - ts): a token that has not been
 //     important for longer than its recorded interval has, by now, a recurrence interval at
@@ -26,7 +26,7 @@
 //     as lazy's does, so a prompt longer than the budget is judged on W steps of attention,
 //     not one (evicting at step 1 halved the greedy agreement on 384-token prompts).
 //  5. The score also weighs how much attention the slot drew lately, not only when it crossed
-//     the threshold: e <- decay * e + p_j at every step (HeadState::score holds e, its sign
+//     the threshold: e <- decay * e + p_j at every step (the slot's sum holds e, its sign
 //     bit the "seen" flag of 1), and S = H1 + H2 + weight * r / (1 + r) with r = e * (1 - decay) *
 //     len, the recent attention as a multiple of the uniform share. The threshold makes a slot
 //     at 1.01 and at 50 times alpha equal, and between importances H1 and H2 know only the
@@ -40,6 +40,14 @@
 // 40-50%; with 5 it matters less, docs/eviction.md). The window is not derived from the budget,
 // because SessionEvictor's two-phase selection (head-adaptive budgets, CAOTE) needs the always-kept
 // slots to be the same at every budget. It runs on the host path on every device (no backend step).
+//
+// State: 6 bytes per slot (HeadState::compact, a CompactSlot), half of lazy's 8 + 4, because it
+// is memory the session holds beside each slot's K and V (EVICTION.md section 6): ts modulo
+// 2^16, mri in 16 bits and e as an IEEE half (11 significant bits; e is at most 1 / (1 -
+// decay)). The age t - ts is read modulo 2^16; so that it never wraps, every 16384 steps an
+// age past 32768 is set back to 32768: a slot not important for more than 32768 steps reads
+// as 32768 to 49151 steps old (mri, taken from ages, then stays below 49152). Below that
+// age the clocks are exact.
 #pragma once
 
 #include <cmath>
@@ -52,7 +60,7 @@ class LazyPlusPolicy final : public LazyPolicy {
  public:
   explicit LazyPlusPolicy(const PolicyOptions& options) : LazyPolicy(options) {}
   absl::string_view name() const override { return "lazy+"; }
-  uint32_t state_arrays() const override { return kAllStateArrays; }
+  uint32_t state_arrays() const override { return kCompactSlotArray; }
   bool has_backend_step() const override { return false; }
   void Observe(HeadState* state, const float* p, int len, int t) const override;
   bool ShouldEvict(int len, int budget, int t) const override {
@@ -61,15 +69,30 @@ class LazyPlusPolicy final : public LazyPolicy {
 
   // The recurrence score H1 + H2 of 1-3 (without the attention term of 5).
   static double Score(int t, int32_t ts, int32_t mri);
-  // The attention term of 5 for a slot whose HeadState::score is `stored`, in [0, weight).
+  // The attention term of 5 for a slot whose stored sum is `stored`, in [0, weight).
   double AttentionTerm(float stored, int len) const;
-  // HeadState::score's two parts: the decayed attention sum, and whether the slot has been
+  // The stored sum's two parts: the decayed attention sum, and whether the slot has been
   // important (the sign bit).
   static float DecayedAttention(float stored) { return std::fabs(stored); }
   static bool Seen(float stored) { return std::signbit(stored); }
 
+  // Slot j of `state` at step t (as of its last Observe): the step of its last importance
+  // (t - age), its recurrence interval and its stored sum (widened to float).
+  static int LastImportant(const HeadState& state, int j, int t) {
+    return t - Age(state.compact[static_cast<size_t>(j)], t);
+  }
+  static int Interval(const HeadState& state, int j) {
+    return state.compact[static_cast<size_t>(j)].mri;
+  }
+  static float Stored(const HeadState& state, int j);
+  // Steps between which ages past kAgeCap are set back to it (see above).
+  static constexpr int kClampEvery = 16384, kAgeCap = 32768;
+
  protected:
   double SlotScore(const HeadState& state, int j, int len, int t) const override;
+
+ private:
+  static int Age(const CompactSlot& s, int t) { return (t - s.ts) & 0xffff; }
 };
 
 }  // namespace recall::cache::eviction

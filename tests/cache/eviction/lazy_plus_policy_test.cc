@@ -15,6 +15,9 @@
 namespace recall::cache::eviction {
 namespace {
 
+// The relative error of three roundings to an IEEE half (11 significant bits).
+constexpr float kHalfStep = 3.0f / 2048;
+
 PolicyOptions Options(const char* name, int window, float alpha) {
   PolicyOptions o;
   o.name = name;
@@ -33,17 +36,17 @@ TEST(LazyPlusPolicyTest, AFirstImportanceIsNotARecurrence) {
   const float p1[1] = {0.5f};  // the prompt token is first important at step 1
   plus.Observe(&a, p1, 1, 1);
   lazy.Observe(&b, p1, 1, 1);
-  EXPECT_EQ(a.mri[0], 0) << "lazy+: no interval yet";
-  EXPECT_EQ(a.ts[0], 1);
+  EXPECT_EQ(LazyPlusPolicy::Interval(a, 0), 0) << "lazy+: no interval yet";
+  EXPECT_EQ(LazyPlusPolicy::LastImportant(a, 0, 1), 1);
   EXPECT_EQ(b.mri[0], 1) << "lazy counts step 0 -> 1 as a recurrence";
   AppendSlots(&a, 1, 2);
   const float p2[2] = {0.0f, 0.3f};  // the new token attends to itself at its first step
   plus.Observe(&a, p2, 2, 2);
-  EXPECT_EQ(a.mri[1], 0);
+  EXPECT_EQ(LazyPlusPolicy::Interval(a, 1), 0);
   const float p5[2] = {0.2f, 0.0f};  // the prompt token recurs 4 steps later
   plus.Observe(&a, p5, 2, 5);
-  EXPECT_EQ(a.mri[0], 4);
-  EXPECT_EQ(a.ts[0], 5);
+  EXPECT_EQ(LazyPlusPolicy::Interval(a, 0), 4);
+  EXPECT_EQ(LazyPlusPolicy::LastImportant(a, 0, 5), 5);
 }
 
 // Hand-computed (Python, double): H1 divides by max(mri, 1), H2 is taken on max(mri, t - ts).
@@ -109,14 +112,14 @@ TEST(LazyPlusPolicyTest, AnAlphaRelativeToTheUniformShareFollowsTheCacheLength) 
   AppendSlots(&lng, 40, 1);
   std::vector<float> p4 = {0.45f, 0.55f, 0.0f, 0.0f};  // 2 / 4 = 0.5
   plus.Observe(&shrt, p4.data(), 4, 1);
-  EXPECT_EQ(shrt.ts[0], 0) << "0.45 < 2 / 4: not important";
-  EXPECT_EQ(shrt.ts[1], 1);
+  EXPECT_EQ(LazyPlusPolicy::LastImportant(shrt, 0, 1), 0) << "0.45 < 2 / 4: not important";
+  EXPECT_EQ(LazyPlusPolicy::LastImportant(shrt, 1, 1), 1);
   std::vector<float> p40(40, 0.0f);
   p40[0] = 0.06f;  // >= 2 / 40 = 0.05
   p40[1] = 0.04f;
   plus.Observe(&lng, p40.data(), 40, 1);
-  EXPECT_EQ(lng.ts[0], 1);
-  EXPECT_EQ(lng.ts[1], 0);
+  EXPECT_EQ(LazyPlusPolicy::LastImportant(lng, 0, 1), 1);
+  EXPECT_EQ(LazyPlusPolicy::LastImportant(lng, 1, 1), 0);
   // Only lazy+ takes it, and not a negative one.
   o.name = "lazy";
   EXPECT_EQ(CreatePolicy(o).status().code(), absl::StatusCode::kInvalidArgument);
@@ -135,7 +138,8 @@ TEST(LazyPlusPolicyTest, EvictsAtEveryStepOverBudgetFromStepW) {
   }
 }
 
-// The decayed attention sum, e <- 0.9 e + p at every step, and the "seen" sign bit.
+// The decayed attention sum, e <- 0.9 e + p at every step (kept as an IEEE half: within a
+// rounding of 2^-11 for each step that stored it), and the "seen" sign bit.
 TEST(LazyPlusPolicyTest, KeepsADecayedAttentionSumAndASeenFlag) {
   PolicyOptions o = Options("lazy+", 4, 0.1f);
   LazyPlusPolicy plus(o);
@@ -143,24 +147,30 @@ TEST(LazyPlusPolicyTest, KeepsADecayedAttentionSumAndASeenFlag) {
   AppendSlots(&s, 2, 1);
   const float p1[2] = {0.05f, 0.5f};  // slot 0 below alpha, slot 1 important
   plus.Observe(&s, p1, 2, 1);
-  EXPECT_FALSE(LazyPlusPolicy::Seen(s.score[0]));
-  EXPECT_TRUE(LazyPlusPolicy::Seen(s.score[1]));
-  EXPECT_FLOAT_EQ(LazyPlusPolicy::DecayedAttention(s.score[0]), 0.05f);
-  EXPECT_FLOAT_EQ(LazyPlusPolicy::DecayedAttention(s.score[1]), 0.5f);
+  EXPECT_FALSE(LazyPlusPolicy::Seen(LazyPlusPolicy::Stored(s, 0)));
+  EXPECT_TRUE(LazyPlusPolicy::Seen(LazyPlusPolicy::Stored(s, 1)));
+  EXPECT_NEAR(LazyPlusPolicy::DecayedAttention(LazyPlusPolicy::Stored(s, 0)), 0.05f,
+              0.05f * kHalfStep);
+  EXPECT_NEAR(LazyPlusPolicy::DecayedAttention(LazyPlusPolicy::Stored(s, 1)), 0.5f,
+              0.5f * kHalfStep);
   const float p2[2] = {0.0f, 0.0f};
   plus.Observe(&s, p2, 2, 2);
-  EXPECT_FLOAT_EQ(LazyPlusPolicy::DecayedAttention(s.score[0]), 0.045f);
-  EXPECT_FLOAT_EQ(LazyPlusPolicy::DecayedAttention(s.score[1]), 0.45f);
-  EXPECT_TRUE(LazyPlusPolicy::Seen(s.score[1])) << "seen stays set";
+  EXPECT_NEAR(LazyPlusPolicy::DecayedAttention(LazyPlusPolicy::Stored(s, 0)), 0.045f,
+              0.045f * kHalfStep);
+  EXPECT_NEAR(LazyPlusPolicy::DecayedAttention(LazyPlusPolicy::Stored(s, 1)), 0.45f,
+              0.45f * kHalfStep);
+  EXPECT_TRUE(LazyPlusPolicy::Seen(LazyPlusPolicy::Stored(s, 1))) << "seen stays set";
   const float p3[2] = {0.2f, 0.0f};
   plus.Observe(&s, p3, 2, 3);
-  EXPECT_FLOAT_EQ(LazyPlusPolicy::DecayedAttention(s.score[0]), 0.2405f);
-  EXPECT_EQ(s.mri[0], 0) << "its first importance";
-  EXPECT_EQ(s.ts[0], 3);
+  EXPECT_NEAR(LazyPlusPolicy::DecayedAttention(LazyPlusPolicy::Stored(s, 0)), 0.2405f,
+              0.2405f * kHalfStep);
+  EXPECT_EQ(LazyPlusPolicy::Interval(s, 0), 0) << "its first importance";
+  EXPECT_EQ(LazyPlusPolicy::LastImportant(s, 0, 3), 3);
   // Compaction carries both parts with the slot.
   CompactState(&s, {1});
-  EXPECT_TRUE(LazyPlusPolicy::Seen(s.score[0]));
-  EXPECT_FLOAT_EQ(LazyPlusPolicy::DecayedAttention(s.score[0]), 0.405f);
+  EXPECT_TRUE(LazyPlusPolicy::Seen(LazyPlusPolicy::Stored(s, 0)));
+  EXPECT_NEAR(LazyPlusPolicy::DecayedAttention(LazyPlusPolicy::Stored(s, 0)), 0.405f,
+              0.405f * kHalfStep);
   // With alpha 0 every slot is important at once, even with no attention (stored -0.0).
   o.alpha = 0.0f;
   LazyPlusPolicy zero(o);
@@ -168,8 +178,8 @@ TEST(LazyPlusPolicyTest, KeepsADecayedAttentionSumAndASeenFlag) {
   AppendSlots(&z, 1, 1);
   const float p0[1] = {0.0f};
   zero.Observe(&z, p0, 1, 1);
-  EXPECT_TRUE(LazyPlusPolicy::Seen(z.score[0]));
-  EXPECT_EQ(LazyPlusPolicy::DecayedAttention(z.score[0]), 0.0f);
+  EXPECT_TRUE(LazyPlusPolicy::Seen(LazyPlusPolicy::Stored(z, 0)));
+  EXPECT_EQ(LazyPlusPolicy::DecayedAttention(LazyPlusPolicy::Stored(z, 0)), 0.0f);
 }
 
 // weight * r / (1 + r), r = e * (1 - decay) * len; hand-computed.
@@ -203,8 +213,8 @@ TEST(LazyPlusPolicyTest, TheAttentionTermKeepsTheSlotThatDrewMoreAttention) {
       const float p[4] = {0.12f, 0.8f, 0.04f, 0.04f};
       plus.Observe(&s, p, 4, t);
     }
-    ASSERT_EQ(s.ts[0], s.ts[1]);
-    ASSERT_EQ(s.mri[0], s.mri[1]);
+    ASSERT_EQ(LazyPlusPolicy::LastImportant(s, 0, 6), LazyPlusPolicy::LastImportant(s, 1, 6));
+    ASSERT_EQ(LazyPlusPolicy::Interval(s, 0), LazyPlusPolicy::Interval(s, 1));
     SelectScratch scratch;
     SelectContext ctx;
     ctx.scratch = &scratch;
@@ -233,6 +243,38 @@ TEST(LazyPlusPolicyTest, RefusesAnAttentionDecayOrWeightOutOfRange) {
     EXPECT_NE(s.message().find("attention_weight must be in [0, 1e6]"), absl::string_view::npos)
         << s;
   }
+}
+
+// The clocks are 16 bits: a slot's last importance reads exactly across the wrap of 2^16
+// steps, and an age past 32768 steps is held between 32768 and 49151 so that it never wraps.
+TEST(LazyPlusPolicyTest, SixteenBitClocksReadExactlyAcrossTheirWrap) {
+  LazyPlusPolicy plus(Options("lazy+", 4, 0.1f));
+  HeadState s(plus.state_arrays());
+  AppendSlots(&s, 3, 1);
+  EXPECT_EQ(s.bytes(), static_cast<int64_t>(s.compact.capacity() * 6)) << "6 bytes a slot";
+  const int last = 140000;
+  for (int t = 1; t <= last; ++t) {
+    // Slot 0: important at steps 1 and 2 only; slot 1: every 1000 steps; slot 2: at step
+    // 130000 for the first time, and at 139000 again.
+    const float p[3] = {t <= 2 ? 0.5f : 0.0f, t % 1000 == 0 ? 0.5f : 0.0f,
+                        t == 130000 || t == 139000 ? 0.5f : 0.0f};
+    plus.Observe(&s, p, 3, t);
+    if (t == 70000) {
+      EXPECT_EQ(LazyPlusPolicy::LastImportant(s, 1, t), 70000);
+      EXPECT_EQ(LazyPlusPolicy::Interval(s, 1), 1000);
+    }
+  }
+  const int age0 = last - LazyPlusPolicy::LastImportant(s, 0, last);
+  EXPECT_GE(age0, LazyPlusPolicy::kAgeCap) << "a slot silent since step 2 is old, not new";
+  EXPECT_LT(age0, LazyPlusPolicy::kAgeCap + LazyPlusPolicy::kClampEvery);
+  EXPECT_EQ(LazyPlusPolicy::Interval(s, 0), 1);
+  EXPECT_EQ(LazyPlusPolicy::LastImportant(s, 1, last), 140000);
+  EXPECT_EQ(LazyPlusPolicy::Interval(s, 1), 1000);
+  EXPECT_EQ(LazyPlusPolicy::LastImportant(s, 2, last), 139000);
+  EXPECT_EQ(LazyPlusPolicy::Interval(s, 2), 9000) << "its first interval, across a wrap";
+  // The score reads the same clocks: the recurring slot outranks the long-silent one.
+  EXPECT_GT(LazyPlusPolicy::Score(last, LazyPlusPolicy::LastImportant(s, 1, last), 1000),
+            LazyPlusPolicy::Score(last, LazyPlusPolicy::LastImportant(s, 0, last), 1));
 }
 
 }  // namespace

@@ -174,9 +174,9 @@ TEST_F(GeneratorTest, EvictionKeepsTheCacheWithinBudgetAndIsDeterministic) {
   EXPECT_GT(a->evictions, 0);
   // 8 tokens of both layers; the pool's blocks hold 8 tokens of one layer.
   const int64_t block_bytes = 2 * pool_->block_bytes();
-  // lazy's state: ts and mri of each layer's KV head, 24 slots with their slack (an eighth
-  // and 16), and the room a compaction may leave (the same again).
-  const int64_t room = 24 + 24 / 8 + 16, state = 2 * 1 * 8 * (room + room / 8 + 16);
+  // lazy's state: ts and mri of each layer's KV head, at most 24 slots (and their slack).
+  const int64_t state = 2 * cache::eviction::HeadStateBytesBound(
+                                cache::eviction::kTsArray | cache::eviction::kMriArray, 24);
   EXPECT_LE(a->peak_kv_bytes, 4 * block_bytes + state)
       << "C + W = 24 slots, plus one partial block, and lazy's state";
   EXPECT_LE(a->final_kv_bytes, 3 * block_bytes + state);
