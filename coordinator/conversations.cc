@@ -41,8 +41,8 @@ uint64_t RandomSeed() {
   return rng();
 }
 
-// The request's sampling; an unset seed draws a fresh one, chosen here so a failover resumes
-// with the same draws.
+// The request's sampling; an unset seed draws a fresh one, chosen here and stored with the
+// reply (StoredMessage::seed), so a failover or a resumed turn takes the same draws.
 v1::SamplingParams WithSeed(const v1::SamplingParams& sampling) {
   v1::SamplingParams out = sampling;
   if (!out.has_seed()) out.set_seed(RandomSeed());
@@ -185,13 +185,15 @@ absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
           turn.spec.send_history = true;  // a worker's copy of that length may differ
         }
         // The turn's messages and its reply's place, in one write.
+        const v1::SamplingParams seeded = WithSeed(sampling);
         std::vector<StoredMessage> write = m.add;
         StoredMessage& reply = write.emplace_back();
         reply.role = "assistant";
         reply.state = TurnState::kInProgress;
         reply.lease_unix_ms = UnixMillis() + TurnJournal::kLeaseMs;
+        reply.seed = seeded.seed();
         RECALL_RETURN_IF_ERROR(store_.AppendAll(tenant, session_id, m.keep, write));
-        BuildSpec(rec, m.keep, m.add, sampling, turn);
+        BuildSpec(rec, m.keep, m.add, seeded, turn);
         return absl::OkStatus();
       });
 }
@@ -220,10 +222,16 @@ absl::StatusOr<OpenTurn> Conversations::Resume(const std::string& tenant,
         }
         // Refused before any reply (a failed turn that can never run): back as stored.
         turn.replaced.assign(rec.messages.begin() + user, rec.messages.end());
+        // The draws the turn took: its stored seed when the request names none (the request
+        // that began it named none either, or the seed was stored from it).
+        v1::SamplingParams seeded = sampling;
+        if (!seeded.has_seed() && partial.seed.has_value()) seeded.set_seed(*partial.seed);
+        seeded = WithSeed(seeded);
+        partial.seed = seeded.seed();
         partial.state = TurnState::kInProgress;
         partial.lease_unix_ms = UnixMillis() + TurnJournal::kLeaseMs;
         RECALL_RETURN_IF_ERROR(store_.Replace(tenant, session_id, reply_index, partial));
-        BuildSpec(rec, user, {rec.messages[static_cast<size_t>(user)]}, sampling, turn);
+        BuildSpec(rec, user, {rec.messages[static_cast<size_t>(user)]}, seeded, turn);
         turn.resumed = partial;
         turn.spec.send_history = true;  // the worker's copy may hold the interrupted turn
         turn.spec.resume_tokens = partial.token_ids;
@@ -262,11 +270,13 @@ absl::Status Conversations::Finish(const OpenTurn& turn, const absl::StatusOr<Tu
     ended.state = sent.token_ids.empty() && sent.content.empty() ? TurnState::kFailed
                                                                  : TurnState::kInterrupted;
     ended.lease_unix_ms = 0;
+    ended.seed = turn.spec.request.sampling().seed();  // a resume takes the same draws
     stored = store_.Replace(turn.tenant, turn.session_id, turn.reply_index, ended);
   } else {
     StoredMessage reply{"assistant", outcome->text};
     reply.token_ids = outcome->tokens;  // so a rebuild replays the reply exactly
     reply.finish = static_cast<int>(outcome->done.finish_reason());
+    reply.seed = turn.spec.request.sampling().seed();
     stored = store_.Replace(turn.tenant, turn.session_id, turn.reply_index, reply);
     if (stored.ok() && outcome->worker != turn.spec.bound) {
       store_.Bind(turn.tenant, turn.session_id, outcome->worker).IgnoreError();

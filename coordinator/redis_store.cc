@@ -1,7 +1,7 @@
 // SessionStore on Redis (several coordinator replicas sharing sessions). Layout:
 //   recall:s:<id>        hash: tenant, model, cache, metadata (JSON), created_ms, worker
 //   recall:m:<id>        list of messages, each a JSON object {"role", "content"} (a reply
-//                        also "token_ids" and "finish")
+//                        also "token_ids", "finish" and "seed", a decimal string)
 //   recall:t:<tenant>    sorted set of the tenant's session ids (score 0: ordered by id)
 //   recall:p:<id>        list of reply parts (AppendReply), each JSON {"i": message index,
 //                        "c": text, "t": token ids}, merged into their messages by Get and
@@ -84,6 +84,9 @@ std::string ToJson(const StoredMessage& message) {
   if (message.state != TurnState::kComplete) m["state"] = static_cast<int>(message.state);
   if (message.lease_unix_ms != 0) m["lease_ms"] = message.lease_unix_ms;
   if (!message.turn_id.empty()) m["turn_id"] = message.turn_id;
+  // As a string: the scripts that rewrite a message decode it with cjson, whose numbers are
+  // doubles (53 bits).
+  if (message.seed.has_value()) m["seed"] = std::to_string(*message.seed);
   return m.dump();
 }
 
@@ -189,6 +192,11 @@ class RedisStore final : public SessionStore {
         msg.finish = m["finish"].get<int>();
       if (m.contains("turn_id") && m["turn_id"].is_string()) {
         msg.turn_id = m["turn_id"].get<std::string>();
+      }
+      uint64_t seed = 0;
+      if (m.contains("seed") && m["seed"].is_string() &&
+          absl::SimpleAtoi(m["seed"].get<std::string>(), &seed)) {
+        msg.seed = seed;
       }
     }
     // Replies written part by part (AppendReply): their parts after what the message holds.

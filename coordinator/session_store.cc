@@ -43,14 +43,23 @@ std::vector<StoredMessage> CompleteTurns(const std::vector<StoredMessage>& messa
   return out;
 }
 
+namespace {
+constexpr int32_t kSeedMarker = -2;  // no finish reason is negative
+}  // namespace
+
 std::string EncodeReply(const StoredMessage& m) {
-  if (m.token_ids.empty() && m.finish == 0) return "";
+  if (m.token_ids.empty() && m.finish == 0 && !m.seed.has_value()) return "";
   std::string out;
-  out.reserve(4 * (m.token_ids.size() + 1));
+  out.reserve(4 * (m.token_ids.size() + 4));
   auto put = [&out](int32_t v) {
     const uint32_t u = static_cast<uint32_t>(v);
     for (int b = 0; b < 4; ++b) out.push_back(static_cast<char>((u >> (8 * b)) & 0xFF));
   };
+  if (m.seed.has_value()) {
+    put(kSeedMarker);
+    put(static_cast<int32_t>(static_cast<uint32_t>(*m.seed & 0xFFFFFFFFu)));
+    put(static_cast<int32_t>(static_cast<uint32_t>(*m.seed >> 32)));
+  }
   put(m.finish);
   for (int32_t id : m.token_ids) put(id);
   return out;
@@ -59,6 +68,7 @@ std::string EncodeReply(const StoredMessage& m) {
 void DecodeReply(const std::string& bytes, StoredMessage* m) {
   m->token_ids.clear();
   m->finish = 0;
+  m->seed.reset();
   if (bytes.size() < 4 || bytes.size() % 4 != 0) return;  // none (or unreadable: as text)
   auto get = [&bytes](size_t at) {
     uint32_t u = 0;
@@ -66,8 +76,15 @@ void DecodeReply(const std::string& bytes, StoredMessage* m) {
       u |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[at + b])) << (8 * b);
     return static_cast<int32_t>(u);
   };
-  m->finish = get(0);
-  for (size_t at = 4; at < bytes.size(); at += 4) m->token_ids.push_back(get(at));
+  size_t at = 0;
+  if (get(0) == kSeedMarker) {
+    if (bytes.size() < 16) return;  // unreadable
+    m->seed = static_cast<uint64_t>(static_cast<uint32_t>(get(4))) |
+              static_cast<uint64_t>(static_cast<uint32_t>(get(8))) << 32;
+    at = 12;
+  }
+  m->finish = get(at);
+  for (at += 4; at < bytes.size(); at += 4) m->token_ids.push_back(get(at));
 }
 
 absl::StatusOr<std::unique_ptr<SessionStore>> OpenStore(const std::string& url,

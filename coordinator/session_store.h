@@ -47,6 +47,9 @@ struct StoredMessage {
   std::vector<int32_t> token_ids;
   int finish = 0;
   TurnState state = TurnState::kComplete;  // an assistant reply's turn
+  // An assistant reply: the sampling seed its turn ran with (the request's, or the one the
+  // coordinator drew for it), so a resumed turn takes the same draws. Unset when unknown.
+  std::optional<uint64_t> seed;
   int64_t lease_unix_ms = 0;  // kInProgress: its writer vouches for it until then (0: always)
   // A user message: the client's id for its turn (ConverseRequest.turn_id; "" when none), so
   // a retried Converse finds the turn instead of running it twice.
@@ -58,8 +61,10 @@ struct StoredMessage {
 // after the last reply (a turn being asked) and system messages are kept.
 std::vector<StoredMessage> CompleteTurns(const std::vector<StoredMessage>& messages, int count);
 
-// StoredMessage's reply fields as bytes (little-endian int32: finish, then the ids), and back.
-// (The state and lease are columns / fields of their own.)
+// StoredMessage's reply fields as bytes (little-endian int32: finish, then the ids; with a
+// seed, first the marker -2 and the seed's low and high words), and back. (The state and
+// lease are columns / fields of their own.) Bytes without the marker (written before seeds
+// were kept) read as before, with no seed.
 std::string EncodeReply(const StoredMessage& m);
 void DecodeReply(const std::string& bytes, StoredMessage* m);
 

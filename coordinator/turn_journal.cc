@@ -17,6 +17,7 @@ TurnJournal::TurnJournal(SessionStore& store, WorkPool& pool, const OpenTurn& tu
   if (turn.resumed.has_value()) sent_ = *turn.resumed;  // the part sent before, stored
   sent_.role = "assistant";
   sent_.state = TurnState::kInProgress;
+  sent_.seed = turn.spec.request.sampling().seed();  // so every write keeps it
 }
 
 void TurnJournal::SetRunner(std::shared_ptr<TurnRunner> runner) {

@@ -190,6 +190,11 @@ TEST_F(ConversationsTest, AnInterruptedLastTurnIsResumedFromThePartSent) {
   EXPECT_EQ(resumed->resumed->content, " Once upon");
   EXPECT_EQ(resumed->spec.resume_tokens, (std::vector<int32_t>{11, 12}));
   EXPECT_EQ(resumed->spec.resume_text, " Once upon");
+  // The request named no seed: the coordinator drew one for the turn and stored it with the
+  // reply, and the resumed turn takes the same draws (the worker skips those of the resumed
+  // tokens), so it goes on as the uninterrupted turn would have.
+  ASSERT_TRUE(turn->spec.request.sampling().has_seed());
+  EXPECT_EQ(resumed->spec.request.sampling().seed(), turn->spec.request.sampling().seed());
   ASSERT_EQ(resumed->spec.request.messages_size(), 1);
   EXPECT_EQ(resumed->spec.request.messages(0).content(), "Hi");
   EXPECT_EQ(resumed->spec.request.history_length(), 1) << "the system prompt";
@@ -198,6 +203,7 @@ TEST_F(ConversationsTest, AnInterruptedLastTurnIsResumedFromThePartSent) {
   ASSERT_EQ(t.size(), 3u);
   EXPECT_EQ(t[2].state, TurnState::kInProgress);
   EXPECT_EQ(t[2].content, " Once upon") << "the part sent stays while it runs";
+  EXPECT_EQ(t[2].seed, turn->spec.request.sampling().seed());
   EXPECT_EQ(conversations_->Resume("t", id_, "turn_id", "t-1", {}, "grpc").status().code(),
             absl::StatusCode::kFailedPrecondition)
       << "one turn at a time";

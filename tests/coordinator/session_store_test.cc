@@ -210,6 +210,7 @@ TEST_P(SessionStoreTest, RepliesWrittenPartByPartReadWhole) {
   StoredMessage whole{"assistant", ""};
   whole.state = TurnState::kInProgress;
   whole.lease_unix_ms = 4102444800000;  // 2100
+  whole.seed = 0xFEDCBA9876543210ull;   // past 2^53: no double holds it
   ASSERT_TRUE(store_->AppendAll("a", "s1", 0, {{"user", "hi"}, whole}).ok());
   const std::vector<std::pair<std::string, std::vector<int32_t>>> deltas = {
       {" Once", {5}}, {" upon", {6, 7}}, {"", {8}}, {" a time", {9}}};
@@ -229,6 +230,7 @@ TEST_P(SessionStoreTest, RepliesWrittenPartByPartReadWhole) {
   EXPECT_EQ(reply(*store_).content, " Once upon a time");
   EXPECT_EQ(reply(*store_).token_ids, (std::vector<int32_t>{5, 6, 7, 8, 9}));
   EXPECT_EQ(reply(*store_).state, TurnState::kInProgress);
+  EXPECT_EQ(reply(*store_).seed, 0xFEDCBA9876543210ull) << "the turn's seed, kept";
   store_.reset();
   auto again = OpenStore(url_);
   ASSERT_TRUE(again.ok()) << again.status();
@@ -238,6 +240,7 @@ TEST_P(SessionStoreTest, RepliesWrittenPartByPartReadWhole) {
     ASSERT_TRUE(store_->InterruptInProgress().ok());
     EXPECT_EQ(reply(*store_).state, TurnState::kInterrupted);
     EXPECT_EQ(reply(*store_).content, " Once upon a time");
+    EXPECT_EQ(reply(*store_).seed, 0xFEDCBA9876543210ull);
     StoredMessage none;
     none.content = "x";
     EXPECT_EQ(store_->AppendReply("a", "s1", 1, none, whole).code(),
@@ -253,6 +256,7 @@ TEST_P(SessionStoreTest, RepliesWrittenPartByPartReadWhole) {
   ASSERT_TRUE(store_->Replace("a", "s1", 1, done).ok());
   EXPECT_EQ(reply(*store_).content, " Once upon a time") << "whole once, not the parts again";
   EXPECT_EQ(reply(*store_).token_ids, (std::vector<int32_t>{5, 6, 7, 8, 9}));
+  EXPECT_EQ(reply(*store_).seed, 0xFEDCBA9876543210ull);
   // Parts of a second reply, then the transcript truncated before it: nothing of it stays.
   StoredMessage next{"assistant", ""};
   next.state = TurnState::kInProgress;
@@ -270,6 +274,37 @@ TEST_P(SessionStoreTest, RepliesWrittenPartByPartReadWhole) {
   ASSERT_EQ(rec->messages.size(), 4u);
   EXPECT_EQ(rec->messages[3].content, " A") << "the dropped reply's parts went with it";
   EXPECT_TRUE(rec->messages[3].token_ids.empty());
+  EXPECT_FALSE(rec->messages[3].seed.has_value());
+  EXPECT_FALSE(rec->messages[0].seed.has_value());
+}
+
+// A reply's bytes with a seed, and bytes written before seeds were kept (finish, then ids),
+// which read as before.
+TEST(ReplyBytesTest, SeedsRoundTripAndOldBytesReadWithout) {
+  StoredMessage m{"assistant", "x"};
+  m.finish = 1;
+  m.token_ids = {-2, 7, 70000};
+  m.seed = 0xFFFFFFFF00000001ull;
+  StoredMessage back;
+  DecodeReply(EncodeReply(m), &back);
+  EXPECT_EQ(back.seed, m.seed);
+  EXPECT_EQ(back.finish, 1);
+  EXPECT_EQ(back.token_ids, m.token_ids);
+  m.seed.reset();
+  const std::string old = EncodeReply(m);
+  EXPECT_EQ(old.size(), 16u) << "finish and three ids, as before";
+  back.seed = 5;
+  DecodeReply(old, &back);
+  EXPECT_FALSE(back.seed.has_value());
+  EXPECT_EQ(back.token_ids, m.token_ids);
+  StoredMessage seed_only{"assistant", ""};
+  seed_only.seed = 0;
+  DecodeReply(EncodeReply(seed_only), &back);
+  EXPECT_EQ(back.seed, 0u);
+  EXPECT_TRUE(back.token_ids.empty());
+  DecodeReply(std::string("\xfe\xff\xff\xff", 4), &back);  // a marker cut short
+  EXPECT_FALSE(back.seed.has_value());
+  EXPECT_TRUE(back.token_ids.empty());
 }
 
 // A session file written before turn ids were kept opens with the column added: its messages

@@ -96,6 +96,10 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   // One turn; `on_first_tokens` runs once after the first token event arrives.
+  // Say's sampling: greedy unless a test sets these.
+  float temperature_ = 0.0f;
+  std::optional<uint64_t> seed_;
+
   Reply Say(const std::string& session, const std::string& message, int max_tokens = 30,
             const std::string& key = "key-a", std::function<void()> on_first_tokens = nullptr,
             const std::string& turn_id = "") {
@@ -105,7 +109,8 @@ class CoordinatorTest : public ::testing::Test {
     req.set_session_id(session);
     req.set_message(message);
     req.set_turn_id(turn_id);
-    req.mutable_sampling()->set_temperature(0);
+    req.mutable_sampling()->set_temperature(temperature_);
+    if (seed_.has_value()) req.mutable_sampling()->set_seed(*seed_);
     req.mutable_sampling()->set_max_tokens(max_tokens);
     auto reader = stub_->Converse(&ctx, req);
     Reply r;
@@ -791,6 +796,26 @@ TEST_F(FailoverTest, WorkerKilledMidReplyTheStreamCompletesElsewhereWithNothingL
   Reply next = Say(id, "And then?", 8);
   ASSERT_TRUE(next.status.ok()) << next.status.error_message();
   EXPECT_EQ(next.done.worker(), "127.0.0.1:" + std::to_string(workers_[1 - killed].port("grpc")));
+}
+
+// Sampled (temperature 1, the client's seed): the survivor resumes with the draws the killed
+// worker would have taken next, so the reply is the uninterrupted one.
+TEST_F(FailoverTest, ASampledReplyResumedElsewhereTakesTheSameDraws) {
+  temperature_ = 1.0f;
+  seed_ = 5;
+  const Reply reference = Say(Create(), "Once upon a time", 48);
+  ASSERT_TRUE(reference.status.ok()) << reference.status.error_message();
+  ASSERT_GT(reference.tokens.size(), 20u);
+  int killed = -1;
+  Reply r = Say(Create(), "Once upon a time", 48, "key-a", [&] {
+    killed = BusyWorker();
+    if (killed >= 0) workers_[killed].Kill();  // SIGKILL, mid-stream
+  });
+  ASSERT_GE(killed, 0) << "no worker was running the turn";
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.done.failovers(), 1);
+  EXPECT_EQ(r.tokens, reference.tokens) << "the same draws after the resumed tokens";
+  EXPECT_EQ(r.text, reference.text);
 }
 
 TEST_F(FailoverTest, AClientCancellingMidReplyFreesTheWorkersTurnPromptly) {

@@ -311,6 +311,11 @@ absl::Status Scheduler::Prepare(Turn& t) {
     t.step_ranges.emplace_back(t.prompt.size(), t.prompt.size() + resume.size());
     t.prompt.insert(t.prompt.end(), resume.begin(), resume.end());
     t.n_resume = static_cast<int>(resume.size());
+    // Each resumed token took one draw when it was sampled: the turn goes on with the draws
+    // that followed, so a seeded turn continues with the tokens it would have had.
+    if (t.req.sampling.temperature > 0.0f) {
+      for (int i = 0; i < t.n_resume; ++i) t.rng.NextFloat();
+    }
   }
   return absl::OkStatus();
 }

@@ -413,6 +413,23 @@ TEST_F(SchedulerTest, ResumedTurnContinuesWithoutRepeatingDeliveredTokens) {
   EXPECT_EQ(rest.summary.text, whole.summary.text);
   EXPECT_EQ(whole.text.substr(whole.text.size() - rest.text.size()), rest.text);
 
+  // Sampled (temperature 1, a seed): the resumed turn takes the draws the uninterrupted one
+  // took after its first 12 tokens, so it goes on with the same tokens.
+  TurnRequest sampled = Turn("sampled", "Once upon a time", 40);
+  sampled.sampling.temperature = 1.0f;
+  sampled.sampling.seed = 7;
+  const Collected drawn = Run(sampled);
+  ASSERT_TRUE(drawn.status.ok());
+  ASSERT_GT(drawn.token_ids.size(), 20u);
+  TurnRequest again = sampled;
+  again.session_id = "sampled-failover";
+  again.resume_tokens.assign(drawn.token_ids.begin(), drawn.token_ids.begin() + 12);
+  const Collected drawn_rest = Run(again);
+  ASSERT_TRUE(drawn_rest.status.ok()) << drawn_rest.status;
+  EXPECT_EQ(drawn_rest.token_ids,
+            std::vector<int32_t>(drawn.token_ids.begin() + 12, drawn.token_ids.end()));
+  EXPECT_EQ(drawn_rest.summary.text, drawn.summary.text);
+
   TurnRequest bad = Turn("bad", "x", 5);
   bad.resume_tokens = {1, 2, 3, 4, 5};
   EXPECT_EQ(Run(bad).status.code(), absl::StatusCode::kInvalidArgument);
