@@ -80,6 +80,9 @@ struct HttpApi::Reply {
   std::string first_text;  // a stream's text that arrived before its headers went out
   std::string tenant, key;  // an Idempotency-Key this request holds the claim on, until the end
   std::string resumed;      // a resumed turn's stored part, sent before the rest
+  // A completion with a key: its prompt and the seed it samples with, kept with its reply.
+  std::string prompt, model;
+  uint64_t seed = 0;
   bool concluded = false;
   absl::Status concluded_status;
 };
@@ -276,8 +279,8 @@ void HttpApi::ChatCompletions(const httplib::Request& req, httplib::Response& re
                                 KeyedTurn(tenant, known, key, messages.back(), &keyed));
         if (done.has_value()) {
           res.set_header(kSessionHeader, known);
-          Replay(*done, keyed.model.empty() ? chat.model : keyed.model, chat.include_usage,
-                 chat.stream, res);
+          Replay(openai::Endpoint::kChat, *done, keyed.model.empty() ? chat.model : keyed.model,
+                 chat.include_usage, chat.stream, res);
           return absl::OkStatus();
         }
         // The key's turn did not complete: resumed where it stopped when it is the session's
@@ -369,9 +372,10 @@ absl::StatusOr<std::optional<StoredMessage>> HttpApi::KeyedTurn(const std::strin
   }
 }
 
-void HttpApi::Replay(const StoredMessage& reply, const std::string& model, bool include_usage,
-                     bool stream, httplib::Response& res) {
-  const openai::ResponseWriter writer(openai::Endpoint::kChat, model, include_usage);
+void HttpApi::Replay(openai::Endpoint endpoint, const StoredMessage& reply,
+                     const std::string& model, bool include_usage, bool stream,
+                     httplib::Response& res) {
+  const openai::ResponseWriter writer(endpoint, model, include_usage);
   v1::Usage usage;  // what the reply holds; the prompt's tokens are not stored
   usage.set_generated_tokens(static_cast<int32_t>(reply.token_ids.size()));
   const auto finish = static_cast<v1::FinishReason>(reply.finish);
@@ -413,8 +417,9 @@ absl::StatusOr<OpenTurn> HttpApi::BeginUnnamed(const std::string& tenant, const 
 }
 
 void HttpApi::Completions(const httplib::Request& req, httplib::Response& res) {
+  std::string tenant, key;  // a claimed key, released here unless a reply took it over
   absl::Status status = [&]() -> absl::Status {
-    RECALL_ASSIGN_OR_RETURN(const std::string tenant, Admit(req));
+    RECALL_ASSIGN_OR_RETURN(tenant, Admit(req));
     RECALL_ASSIGN_OR_RETURN(openai::CompletionRequest completion,
                             openai::ParseCompletionRequest(req.body, Limits()));
     RECALL_RETURN_IF_ERROR(CheckModel(completion.model));
@@ -423,13 +428,51 @@ void HttpApi::Completions(const httplib::Request& req, httplib::Response& res) {
       const std::vector<v1::ModelInfo> served = conversations_.Models();
       if (served.size() == 1) model = served[0].name();
     }
+    // A key: the completion it gave is replayed, one that broke off is resumed (the part
+    // sent, then the rest with the same draws), a running one is waited for (409).
+    std::optional<IdempotencyKeys::Completion> kept;
+    if (const std::string asked_key = req.get_header_value(kKeyHeader); !asked_key.empty()) {
+      RECALL_RETURN_IF_ERROR(CheckTurnId(kKeyHeader, asked_key));
+      if (!idempotency_.Claim(tenant, asked_key)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(kKeyHeader, " \"", asked_key,
+                         "\": a request with this key is running; send it again once it has "
+                         "ended (retryable)"));
+      }
+      key = asked_key;
+      kept = idempotency_.FindCompletion(tenant, key);
+      if (kept.has_value() && kept->prompt != completion.prompt) {
+        return flags::FieldError(kKeyHeader,
+                                 absl::StrCat("\"", key, "\" was sent with another prompt"));
+      }
+      if (kept.has_value() && kept->reply.state == TurnState::kComplete) {
+        Replay(openai::Endpoint::kCompletion, kept->reply, kept->model, completion.include_usage,
+               completion.stream, res);
+        return absl::OkStatus();
+      }
+    }
+    v1::SamplingParams sampling = completion.sampling;
+    if (kept.has_value() && !sampling.has_seed() && kept->reply.seed.has_value()) {
+      sampling.set_seed(*kept->reply.seed);
+    }
     auto reply =
         std::make_shared<Reply>(openai::Endpoint::kCompletion, model, completion.include_usage);
-    reply->spec =
-        conversations_.OneOff(tenant, completion.prompt, completion.sampling, v1::CacheSettings());
+    reply->spec = conversations_.OneOff(tenant, completion.prompt, sampling, v1::CacheSettings());
+    if (kept.has_value()) {
+      reply->spec.resume_tokens = kept->reply.token_ids;
+      reply->spec.resume_text = kept->reply.content;
+      reply->resumed = kept->reply.content;
+    }
+    reply->prompt = completion.prompt;
+    reply->model = model;
+    reply->seed = reply->spec.request.sampling().seed();
+    reply->tenant = tenant;
+    reply->key = std::move(key);  // released when the reply concludes
+    key.clear();
     Respond(std::move(reply), completion.stream, res);
     return absl::OkStatus();
   }();
+  if (!key.empty()) idempotency_.Release(tenant, key);
   if (!status.ok()) Fail(res, status);
 }
 
@@ -525,6 +568,21 @@ absl::Status HttpApi::Conclude(Reply& reply, bool cancel) {
       transcript.push_back({"assistant", outcome->text});
       index_.Put(reply.open->tenant, reply.open->session_id, transcript);
     }
+  }
+  if (!reply.open.has_value() && !reply.key.empty()) {
+    // A keyed completion: kept as it ended, for a request sent again (replayed when
+    // complete, resumed from the part sent otherwise).
+    IdempotencyKeys::Completion kept{reply.prompt, reply.model, reply.turn->sent()};
+    kept.reply.seed = reply.seed;
+    if (outcome.ok() && !cancel) {
+      kept.reply.content = outcome->text;
+      kept.reply.token_ids = outcome->tokens;
+      kept.reply.finish = static_cast<int>(outcome->done.finish_reason());
+      kept.reply.state = TurnState::kComplete;
+    } else {
+      kept.reply.state = TurnState::kInterrupted;
+    }
+    idempotency_.PutCompletion(reply.tenant, reply.key, std::move(kept));
   }
   if (st.code() == absl::StatusCode::kCancelled) {
     absl::MutexLock lock(&mu_);

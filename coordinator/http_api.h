@@ -31,6 +31,11 @@
 // rewrites the tail); a key that names a turn with another message is 400. The key's session is
 // found in the named session's store, or, for a request naming none, in this coordinator's memory
 // of its keys (IdempotencyKeys).
+// /v1/completions keeps no session: a keyed completion's request is remembered in this
+// coordinator's memory (IdempotencyKeys::Completion: its prompt, its reply as far as it went
+// and its seed), so a request sent again gets the completion replayed, or, when it broke off,
+// resumed with the same draws (the part sent first); 409 while it runs; 400 for the key with
+// another prompt. Per coordinator, not across restarts.
 //
 // Threads: cpp-httplib serves each connection on a thread of its pool (`threads`). A
 // request's store steps run on that thread and it waits there for the runner's reports
@@ -55,6 +60,7 @@
 #include "coordinator/conversations.h"
 #include "coordinator/idempotency_keys.h"
 #include "coordinator/openai/request.h"
+#include "coordinator/openai/response.h"
 #include "coordinator/transcript_match.h"
 #include "coordinator/worker_registry.h"
 
@@ -134,8 +140,8 @@ class HttpApi {
                                                          const StoredMessage& asked,
                                                          KeyedState* state);
   // Answers a request with a turn's stored reply (a body or a stream).
-  void Replay(const StoredMessage& reply, const std::string& model, bool include_usage, bool stream,
-              httplib::Response& res);
+  void Replay(openai::Endpoint endpoint, const StoredMessage& reply, const std::string& model,
+              bool include_usage, bool stream, httplib::Response& res);
   // Runs the reply's turn and answers the request (a JSON body, or a stream).
   void Respond(std::shared_ptr<Reply> reply, bool stream, httplib::Response& res);
   // Writes a stream's events until its end; false when the client went away.

@@ -8,6 +8,12 @@ std::shared_ptr<HttpTurn> HttpTurn::Start(
     WorkerRegistry& workers, metrics::Registry& metrics, TurnRunnerOptions options, TurnSpec spec,
     const std::function<std::unique_ptr<TurnJournal>(TurnSink* edge)>& journal) {
   std::shared_ptr<HttpTurn> turn(new HttpTurn());
+  {
+    absl::MutexLock lock(&turn->mu_);
+    turn->received_.role = "assistant";
+    turn->received_.token_ids = spec.resume_tokens;
+    turn->received_.content = spec.resume_text;
+  }
   if (journal != nullptr) turn->journal_ = journal(turn.get());
   TurnSink* sink =
       turn->journal_ != nullptr ? static_cast<TurnSink*>(turn->journal_.get()) : turn.get();
@@ -34,13 +40,17 @@ HttpTurn::Update HttpTurn::Next() {
 void HttpTurn::Cancel() { runner_->Cancel(); }
 
 StoredMessage HttpTurn::sent() const {
-  return journal_ != nullptr ? journal_->sent() : StoredMessage{};
+  if (journal_ != nullptr) return journal_->sent();
+  absl::MutexLock lock(&mu_);
+  return received_;
 }
 
 void HttpTurn::OnTokens(const v1::TokenEvent& tokens) {
-  if (tokens.text().empty()) return;
   std::shared_ptr<HttpTurn> self = shared_from_this();  // alive until the lock is released
   absl::MutexLock lock(&mu_);
+  received_.token_ids.insert(received_.token_ids.end(), tokens.token_ids().begin(),
+                             tokens.token_ids().end());
+  received_.content += tokens.text();
   pending_ += tokens.text();
 }
 

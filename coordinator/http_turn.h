@@ -40,8 +40,8 @@ class HttpTurn final : public TurnSink, public std::enable_shared_from_this<Http
   const absl::StatusOr<TurnResult>& outcome() const { return outcome_; }
   // Cancels the turn (the worker's turn is aborted); it then ends with CANCELLED.
   void Cancel();
-  // The reply as sent (stored by the journal); empty without one. REQUIRES: Next reported the
-  // end.
+  // The reply as sent: stored by the journal, or, without one (a completion), as the worker
+  // streamed it (its resumed part first). REQUIRES: Next reported the end.
   StoredMessage sent() const;
 
   // ---- TurnSink.
@@ -55,8 +55,9 @@ class HttpTurn final : public TurnSink, public std::enable_shared_from_this<Http
 
   std::shared_ptr<TurnRunner> runner_;    // set before the runner starts
   std::unique_ptr<TurnJournal> journal_;  // likewise
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::string pending_ ABSL_GUARDED_BY(mu_);
+  StoredMessage received_ ABSL_GUARDED_BY(mu_);  // without a journal: the reply so far
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   // Written once, under mu_, before ended_; read by the HTTP thread after it saw ended_.
   absl::StatusOr<TurnResult> outcome_ = absl::UnknownError("the turn has not ended");

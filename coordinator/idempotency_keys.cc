@@ -35,4 +35,39 @@ std::string IdempotencyKeys::Find(const std::string& tenant, const std::string& 
   return it == session_of_.end() ? "" : it->second;
 }
 
+namespace {
+
+size_t BytesOf(const IdempotencyKeys::Completion& c) {
+  return c.prompt.size() + c.model.size() + c.reply.content.size() +
+         c.reply.token_ids.size() * sizeof(int32_t);
+}
+
+}  // namespace
+
+void IdempotencyKeys::PutCompletion(const std::string& tenant, const std::string& key,
+                                    Completion completion) {
+  const std::string k = Of(tenant, key);
+  absl::MutexLock lock(&mu_);
+  completion_bytes_ += BytesOf(completion);
+  auto [it, added] = completions_.try_emplace(k);
+  if (!added) completion_bytes_ -= BytesOf(it->second);
+  it->second = std::move(completion);
+  if (added) completion_order_.push_back(k);
+  while (!completion_order_.empty() &&
+         (completion_order_.size() > capacity_ || completion_bytes_ > kCompletionBytes)) {
+    auto old = completions_.find(completion_order_.front());
+    completion_bytes_ -= BytesOf(old->second);
+    completions_.erase(old);
+    completion_order_.pop_front();
+  }
+}
+
+std::optional<IdempotencyKeys::Completion> IdempotencyKeys::FindCompletion(
+    const std::string& tenant, const std::string& key) {
+  absl::MutexLock lock(&mu_);
+  auto it = completions_.find(Of(tenant, key));
+  if (it == completions_.end()) return std::nullopt;
+  return it->second;
+}
+
 }  // namespace recall::coordinator

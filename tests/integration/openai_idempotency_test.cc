@@ -234,5 +234,97 @@ TEST_F(OpenAiHttpCancelTest, AnInterruptedStreamIsResumedAsAStream) {
   EXPECT_EQ(Events(again.body).back(), "[DONE]");
 }
 
+// A completion body at temperature 1 (`seed` < 0: none).
+std::string CompletionBody(int max_tokens, bool stream, int seed,
+                           const std::string& prompt = "Once upon a time") {
+  Json body = {
+      {"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 1}, {"stream", stream}};
+  if (seed >= 0) body["seed"] = seed;
+  return body.dump();
+}
+
+// The text of a completion: its body's, or its stream's deltas.
+std::string CompletionText(const HttpReply& r) {
+  const Json j = r.JsonBody();
+  if (!j.is_discarded() && j.contains("choices")) return j["choices"][0]["text"].get<std::string>();
+  std::string text;
+  for (const std::string& e : Events(r.body)) {
+    const Json d = Json::parse(e, nullptr, false);
+    if (d.is_discarded() || !d.contains("choices") || d["choices"].empty()) continue;
+    if (d["choices"][0].contains("text")) text += d["choices"][0]["text"].get<std::string>();
+  }
+  return text;
+}
+
+// /v1/completions keeps no session, so a keyed completion is remembered by the coordinator:
+// 409 while it runs; once the client left mid-stream the key resumes it with the same draws
+// (sampled, at temperature 1), so the completion is the one without the interruption; then it
+// replays; the key with another prompt is refused naming the header. Without a seed in the
+// request the coordinator's own seed is kept with it, so the resumed completion continues the
+// part that was streamed and replays the same.
+TEST_F(OpenAiHttpCancelTest, AKeyedCompletionIsResumedWithTheSameDrawsThenReplayed) {
+  httplib::Client client("127.0.0.1", coordinator_.port("http"));
+  client.set_read_timeout(120, 0);
+  httplib::Client other("127.0.0.1", coordinator_.port("http"));
+  other.set_read_timeout(120, 0);
+  const HttpReply reference =
+      Send(client, "POST", "/v1/completions", CompletionBody(40, false, 3), "");
+  ASSERT_EQ(reference.status, 200) << reference.body;
+  const std::string whole = CompletionText(reference);
+  ASSERT_FALSE(whole.empty());
+  const auto interrupted = [&](const std::string& key, int seed, HttpReply* while_running) {
+    return Send(client, "POST", "/v1/completions", CompletionBody(40, true, seed), "",
+                {{"Idempotency-Key", key}}, [&, key, seed](const std::string& so_far) {
+                  const size_t text = so_far.find("\"text\":\"");
+                  if (text == std::string::npos || so_far.find("\n\n", text) == std::string::npos) {
+                    return true;
+                  }
+                  if (while_running != nullptr) {
+                    *while_running =
+                        Send(other, "POST", "/v1/completions", CompletionBody(40, false, seed), "",
+                             {{"Idempotency-Key", key}});
+                  }
+                  return false;  // hang up
+                });
+  };
+  const auto again = [&](const std::string& key, int seed, const std::string& prompt) {
+    HttpReply r;
+    for (int i = 0; i < 500; ++i) {  // until the first request released its key
+      r = Send(client, "POST", "/v1/completions", CompletionBody(40, false, seed, prompt), "",
+               {{"Idempotency-Key", key}});
+      if (r.status != 409) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return r;
+  };
+
+  HttpReply while_running;
+  const HttpReply cut = interrupted("c-1", 3, &while_running);
+  ASSERT_EQ(cut.status, 200);
+  EXPECT_EQ(while_running.status, 409) << while_running.body;
+  const HttpReply resumed = again("c-1", 3, "Once upon a time");
+  ASSERT_EQ(resumed.status, 200) << resumed.body;
+  EXPECT_EQ(resumed.Header("Idempotent-Replayed"), "");
+  EXPECT_EQ(CompletionText(resumed).rfind(CompletionText(cut), 0), 0u) << "the part sent first";
+  EXPECT_EQ(CompletionText(resumed), whole) << "the completion without the interruption";
+  const HttpReply replayed = again("c-1", 3, "Once upon a time");
+  EXPECT_EQ(replayed.Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(CompletionText(replayed), whole);
+  const HttpReply other_prompt = again("c-1", 3, "Lily went");
+  EXPECT_EQ(other_prompt.status, 400) << other_prompt.body;
+  EXPECT_NE(other_prompt.body.find("Idempotency-Key"), std::string::npos) << other_prompt.body;
+
+  // No seed in the request: the coordinator's is kept with the key.
+  const HttpReply cut2 = interrupted("c-2", -1, nullptr);
+  ASSERT_EQ(cut2.status, 200);
+  const HttpReply resumed2 = again("c-2", -1, "Once upon a time");
+  ASSERT_EQ(resumed2.status, 200) << resumed2.body;
+  EXPECT_EQ(CompletionText(resumed2).rfind(CompletionText(cut2), 0), 0u) << "the part sent first";
+  EXPECT_GT(CompletionText(resumed2).size(), CompletionText(cut2).size());
+  const HttpReply replayed2 = again("c-2", -1, "Once upon a time");
+  EXPECT_EQ(replayed2.Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(CompletionText(replayed2), CompletionText(resumed2));
+}
+
 }  // namespace
 }  // namespace recall
