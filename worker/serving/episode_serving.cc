@@ -125,9 +125,10 @@ absl::Status EpisodeServing::Switch(Session& s, int episode) {
     // An offloaded cache's host bytes are counted by memory_ whether it is the
     // session's or parked; only offloading and dropping change the count.
     if (e.active >= 0) {
-      // Park the cache in use (upto: what it held after its last completed turn).
-      if (s.resident()) memory_.OffloadPinned(s);
+      // Park the cache in use (upto: what it held after its last completed turn). Its
+      // evictor goes first: a parked cache holds no policy state.
       s.evictors.clear();
+      if (s.resident()) memory_.OffloadPinned(s);
       e.parked[static_cast<size_t>(e.active)] = std::move(s.caches[0]);
     } else {
       // The pre-episode lazy cache is replaced by the episodes.

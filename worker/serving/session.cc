@@ -38,7 +38,7 @@ int64_t Session::state_bytes() const {
 int64_t Session::host_bytes() const {
   int64_t sum = 0;
   for (const auto& c : caches) sum += c->host_bytes();
-  return sum;
+  return sum + (offloaded() ? state_bytes() : 0);
 }
 
 void Session::Offload() {

@@ -92,6 +92,8 @@ struct Session {
   // backend's), held beside them for as long as the session lives.
   int64_t bytes_held() const;
   int64_t state_bytes() const;
+  // What an offloaded session holds in host memory: its caches' copies and its policies'
+  // state (which stays where it is), counted against the host budget. 0 when resident.
   int64_t host_bytes() const;
   // Offloads every rank's cache to host memory.
   void Offload();

@@ -86,7 +86,7 @@ bool SessionMemory::MakeRoom(const RankBlocks& need, const Session* keep,
 }
 
 void SessionMemory::OffloadOrDrop(Session& s) {
-  if (HostFits(s.bytes_held())) {
+  if (HostFits(s.bytes_held() + s.state_bytes())) {  // its host_bytes() once offloaded
     OffloadPinned(s);
     counters_.offloads->Increment();
     return;

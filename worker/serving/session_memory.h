@@ -64,7 +64,8 @@ class SessionMemory {
   // `running`. False when nothing more can be freed.
   bool MakeRoom(const RankBlocks& need, const Session* keep,
                 const std::set<const Session*>& running);
-  // Offloads while the host budget allows, drops the session otherwise.
+  // Offloads while the host budget allows (the cache's copy and the policy's state, which
+  // an offloaded session holds in host memory), drops the session otherwise.
   void OffloadOrDrop(Session& s);
   // Offloads even past the host budget (a preempted or waiting turn's session). Counts no
   // offload: the caller says what it was.

@@ -122,6 +122,42 @@ TEST_F(SessionMemoryTest, AnIdleSessionIsDroppedWhenTheHostBudgetIsSpent) {
   EXPECT_EQ(m->Find("c"), nullptr);
 }
 
+// An offloaded session's policy state stays in host memory: the host budget counts it with
+// the cache's copy, so a budget that holds the copy alone does not take the session.
+TEST_F(SessionMemoryTest, TheHostBudgetCountsTheOffloadedSessionsPolicyState) {
+  auto probe = Make(int64_t{1} << 20);
+  Session& s = AddSession(*probe, "lazy", 0);
+  cache::eviction::SessionEvictorOptions o;
+  o.policy.name = "lazy";
+  o.policy.window = 2;
+  o.budget.budget = 8;
+  o.n_heads = 1;
+  auto evictor = cache::eviction::SessionEvictor::Create(o, s.caches[0].get());
+  ASSERT_TRUE(evictor.ok()) << evictor.status();
+  s.evictors.push_back(*std::move(evictor));
+  const std::vector<float> probs(2 * 1 * 8, 0.1f);  // [layers, heads, stride 8]
+  ASSERT_TRUE(s.evictors[0]->Step(probs.data(), 8).ok());
+  const int64_t kv = s.bytes_held(), state = s.state_bytes();
+  ASSERT_GT(state, 0) << "lazy keeps ts and mri for the 4 slots";
+  EXPECT_EQ(s.host_bytes(), 0) << "resident";
+  probe->OffloadPinned(s);
+  EXPECT_EQ(s.host_bytes(), kv + state);
+  EXPECT_EQ(probe->host_bytes(), kv + state);
+  ASSERT_TRUE(probe->Restore(s).ok());
+  EXPECT_EQ(probe->host_bytes(), 0);
+
+  auto tight = Make(kv);  // the cache's copy would fit, the state beside it does not
+  std::vector<std::string> dropped;
+  tight->set_on_drop([&](const Session& d) { dropped.push_back(d.id); });
+  Session& t = AddSession(*tight, "t", 0);
+  auto e = cache::eviction::SessionEvictor::Create(o, t.caches[0].get());
+  ASSERT_TRUE(e.ok());
+  t.evictors.push_back(*std::move(e));
+  ASSERT_TRUE(t.evictors[0]->Step(probs.data(), 8).ok());
+  tight->OffloadOrDrop(t);
+  EXPECT_EQ(dropped, std::vector<std::string>{"t"});
+}
+
 TEST_F(SessionMemoryTest, ASessionWithoutACacheIsDroppedOnlyThen) {
   auto m = Make(int64_t{1} << 20);
   auto bare = std::make_unique<Session>();
