@@ -315,8 +315,9 @@ absl::Status Chat(const ChatOptions& o) {
       std::cout << "prompt " << last.usage().prompt_tokens() << " (cached "
                 << last.usage().cached_tokens() << "), generated "
                 << last.usage().generated_tokens() << ", KV " << last.kv_bytes()
-                << " bytes, evictions " << last.evictions() << ", worker " << last.worker()
-                << ", failovers " << last.failovers() << "\n";
+                << " bytes (policy state " << last.state_bytes() << ", peak "
+                << last.peak_kv_bytes() << "), evictions " << last.evictions() << ", worker "
+                << last.worker() << ", failovers " << last.failovers() << "\n";
       if (last.has_episodes()) {
         std::cout << "episodes " << last.episodes().windows_size() << " (windows:";
         for (int w : last.episodes().windows()) std::cout << " " << w;

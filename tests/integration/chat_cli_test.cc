@@ -22,13 +22,14 @@ struct ChatRun {
   std::string out, err;
 };
 
-// Pipes `input` into `recall chat --server ADDRESS ...` through the shell.
-ChatRun RunChat(const std::string& dir, const std::string& address, const std::string& input) {
+// Pipes `input` into `recall chat --server ADDRESS ... EXTRA` through the shell.
+ChatRun RunChat(const std::string& dir, const std::string& address, const std::string& input,
+                const std::string& extra = "") {
   const std::string in = dir + "/in.txt", out = dir + "/out.txt", err = dir + "/err.txt";
   std::ofstream(in) << input;
   const std::string cmd = std::string("'") + RECALL_CLI_BINARY + "' chat --server " + address +
-                          " --max-tokens 12 --temperature 0 < '" + in + "' > '" + out + "' 2> '" +
-                          err + "'";
+                          " --max-tokens 12 --temperature 0 " + extra + " < '" + in + "' > '" +
+                          out + "' 2> '" + err + "'";
   ChatRun r;
   const int status = std::system(cmd.c_str());
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -61,6 +62,30 @@ TEST(ChatCliTest, PipedTranscriptAndARefusedTurn) {
   EXPECT_EQ(refused.out.substr(at + second.size()), "") << "nothing after the refused turn";
   EXPECT_EQ(refused.out.find("assistant:\n"), std::string::npos) << refused.out;
   EXPECT_NE(refused.err.find("context length is 512"), std::string::npos) << refused.err;
+}
+
+// /stats shows the last reply's memory: its KV bytes, the eviction policy's state among them
+// (lazy keeps ts and mri per slot), and the turn's peak.
+TEST(ChatCliTest, StatsShowTheKvBytesAndThePolicysState) {
+  RECALL_REQUIRE_SHARED_FILE(kModel);
+  const std::string dir = testing::MakeTempDir("chat_cli_stats");
+  ServerProcess worker, coordinator;
+  std::string error;
+  const std::string address = testing::StartServe(dir, worker, coordinator, &error);
+  ASSERT_FALSE(address.empty()) << error;
+  ChatRun r = RunChat(dir, address, "Once upon a time\n/stats\n/quit\n",
+                      "--policy lazy --budget 64 --window 16");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  long long kv = 0, state = 0, peak = 0;
+  const size_t at = r.out.find(", KV ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  ASSERT_EQ(std::sscanf(r.out.c_str() + at, ", KV %lld bytes (policy state %lld, peak %lld)", &kv,
+                        &state, &peak),
+            3)
+      << r.out;
+  EXPECT_GT(state, 0) << r.out;
+  EXPECT_LT(state, kv) << r.out;
+  EXPECT_GE(peak, kv) << r.out;
 }
 
 // Runs `recall sessions ARGS --server ADDRESS`; returns its standard output.
