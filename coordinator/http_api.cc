@@ -251,6 +251,17 @@ absl::Status HttpApi::CheckModel(const std::string& model) {
   return absl::NotFoundError(absl::StrCat("model: no worker serves \"", model, "\""));
 }
 
+absl::Status HttpApi::ClaimKey(const std::string& tenant, const std::string& key) {
+  RECALL_RETURN_IF_ERROR(CheckTurnId(kKeyHeader, key));
+  if (!idempotency_.Claim(tenant, key)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(kKeyHeader, " \"", key,
+                     "\": a request with this key is running; send it again once it has "
+                     "ended (retryable)"));
+  }
+  return absl::OkStatus();
+}
+
 void HttpApi::ChatCompletions(const httplib::Request& req, httplib::Response& res) {
   std::string tenant, key;  // a claimed key, released here unless a reply took it over
   absl::Status status = [&]() -> absl::Status {
@@ -263,14 +274,8 @@ void HttpApi::ChatCompletions(const httplib::Request& req, httplib::Response& re
     const std::string asked_key = req.get_header_value(kKeyHeader);
     std::string session = named;
     if (!asked_key.empty()) {
-      RECALL_RETURN_IF_ERROR(CheckTurnId(kKeyHeader, asked_key));
+      RECALL_RETURN_IF_ERROR(ClaimKey(tenant, asked_key));
       messages.back().turn_id = asked_key;  // the user's (ParseChatRequest checks it)
-      if (!idempotency_.Claim(tenant, asked_key)) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(kKeyHeader, " \"", asked_key,
-                         "\": a request with this key is running; send it again once it has "
-                         "ended (retryable)"));
-      }
       key = asked_key;
       const std::string known = named.empty() ? idempotency_.Find(tenant, key) : named;
       if (!known.empty()) {
@@ -432,13 +437,7 @@ void HttpApi::Completions(const httplib::Request& req, httplib::Response& res) {
     // sent, then the rest with the same draws), a running one is waited for (409).
     std::optional<IdempotencyKeys::Completion> kept;
     if (const std::string asked_key = req.get_header_value(kKeyHeader); !asked_key.empty()) {
-      RECALL_RETURN_IF_ERROR(CheckTurnId(kKeyHeader, asked_key));
-      if (!idempotency_.Claim(tenant, asked_key)) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(kKeyHeader, " \"", asked_key,
-                         "\": a request with this key is running; send it again once it has "
-                         "ended (retryable)"));
-      }
+      RECALL_RETURN_IF_ERROR(ClaimKey(tenant, asked_key));
       key = asked_key;
       kept = idempotency_.FindCompletion(tenant, key);
       if (kept.has_value() && kept->prompt != completion.prompt) {
