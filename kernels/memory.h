@@ -24,6 +24,13 @@ class Memory {
   // ResourceExhausted, naming the size, when it cannot be had.
   virtual absl::StatusOr<void*> Allocate(size_t bytes) = 0;
   virtual void Free(void* p) = 0;
+  // The contents of [p, p + bytes) (inside one allocation) are no longer needed until written
+  // again: host memory gives the whole pages in it back to the system (they read as zeros
+  // when next touched); device memory keeps them (the default does nothing).
+  virtual void Discard(void* p, size_t bytes) {
+    (void)p;
+    (void)bytes;
+  }
 
   // host -> this memory, this memory -> host, and within this memory. Complete on return
   // (device backends synchronize their stream).

@@ -1,4 +1,8 @@
 // HostMemory: the Memory of the CPU backend (kernels/memory.h).
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -22,6 +26,13 @@ class HostMemoryImpl : public Memory {
     return p;
   }
   void Free(void* p) override { std::free(p); }
+  void Discard(void* p, size_t bytes) override {
+    static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+    const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) / page * page;
+    // Only whole pages inside the range: the allocator's own words lie outside it.
+    if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+  }
   void CopyIn(void* dst, const void* src, size_t bytes) override { std::memmove(dst, src, bytes); }
   void CopyOut(void* dst, const void* src, size_t bytes) override { std::memmove(dst, src, bytes); }
   void Copy(void* dst, const void* src, size_t bytes) override { std::memmove(dst, src, bytes); }

@@ -168,6 +168,8 @@ grpc::ServerUnaryReactor* WorkerService::GetLoad(grpc::CallbackServerContext* co
   response->set_offloaded_sessions(l.offloaded_sessions);
   response->set_tokens_per_second(l.tokens_per_second);
   response->set_host_bytes_used(l.host_bytes_used);
+  response->set_side_bytes(l.side_bytes);
+  response->set_side_blocks(l.side_blocks);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

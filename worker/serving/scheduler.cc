@@ -220,6 +220,11 @@ Scheduler::Scheduler(const model::Model& model, std::unique_ptr<runtime::Forward
         &LoadSnapshot::offloaded_sessions);
   gauge("recall_worker_host_cache_bytes", "Host bytes of offloaded caches",
         &LoadSnapshot::host_bytes_used);
+  gauge("recall_worker_side_bytes",
+        "Policy state and turn scratch counted against the KV pool (bytes)",
+        &LoadSnapshot::side_bytes);
+  gauge("recall_worker_side_blocks", "KV blocks lent to cover the policy state and turn scratch",
+        &LoadSnapshot::side_blocks);
   gauge("recall_worker_tokens_per_second", "Tokens processed per second over the last 10 s",
         &LoadSnapshot::tokens_per_second);
   thread_ = std::thread([this] { Loop(); });

@@ -105,6 +105,10 @@ struct LoadSnapshot {
   int offloaded_sessions = 0;
   double tokens_per_second = 0;  // prefill + decode tokens over the last ~10 s
   int64_t host_bytes_used = 0;
+  // Policy state and turns' scratch counted against the pool (SessionMemory's side memory),
+  // and the blocks lent to cover them (in kv_blocks_total, not in kv_blocks_free).
+  int64_t side_bytes = 0;
+  int64_t side_blocks = 0;
 };
 
 class Scheduler {
@@ -219,6 +223,9 @@ class Scheduler {
   void CompactSession(Session& s);
   // Grows turn.probs so each rank's rows hold `len` slots.
   void EnsureProbs(Turn& turn, int len);
+  // Counts the queued and running turns' scratch (probabilities, SnapKV's window, logits)
+  // against the pools with the sessions' state (SessionMemory's side memory).
+  void SettleScratch();
   // The forward pass and then the eviction work of the batch on every rank (rank r's thread);
   // evict_status[i] gets item i's eviction error, if any.
   absl::Status RunRanks(std::span<const runtime::BatchItem> items, std::span<Turn* const> owners,

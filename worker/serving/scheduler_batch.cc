@@ -89,6 +89,24 @@ void Scheduler::EnsureProbs(Turn& t, int len) {
   }
 }
 
+void Scheduler::SettleScratch() {
+  SessionMemory::RankBytes scratch(ranks_.ranks.size(), 0);
+  auto add = [&scratch](const Turn& t) {
+    auto bytes = [](const std::vector<float>& v) {
+      return static_cast<int64_t>(v.capacity() * sizeof(float));
+    };
+    for (size_t r = 0; r < t.probs.size() && r < scratch.size(); ++r)
+      scratch[r] += bytes(t.probs[r]);
+    for (size_t r = 0; r < t.window_queries.size() && r < scratch.size(); ++r) {
+      scratch[r] += bytes(t.window_queries[r]);
+    }
+    scratch[0] += bytes(t.raw_logits);
+  };
+  for (const auto& t : active_) add(*t);
+  for (const auto& t : waiting_) add(*t);
+  memory_.SetScratch(std::move(scratch));
+}
+
 void Scheduler::RunBatch() {
   std::vector<runtime::BatchItem> items;
   std::vector<Turn*> owners;
@@ -163,7 +181,9 @@ void Scheduler::RunBatch() {
       if (active_.empty()) return;
       continue;  // plan again without them
     }
-    // Blocks the batch appends on each rank (per layer, see SequenceCache::BlocksNeededFor).
+    // Blocks the batch appends on each rank (per layer, see SequenceCache::BlocksNeededFor);
+    // Fits adds what the side memory lacks (grown probabilities, the last step's state).
+    SettleScratch();
     RankBlocks need(ranks_.ranks.size(), 0);
     for (size_t i = 0; i < items.size(); ++i) {
       const Session& s = *owners[i]->session;
@@ -174,7 +194,10 @@ void Scheduler::RunBatch() {
       // A single turn that outgrew the pool: end it rather than hang.
       FinishTurn(*active_.back(), absl::ResourceExhaustedError(absl::StrCat(
                                       "the KV pool is exhausted (", memory_.PoolBlocks(),
-                                      " blocks); retry after ", options_.retry_after_ms, " ms")));
+                                      " blocks, ", memory_.side_blocks(),
+                                      " of them holding the policies' state and the turns' "
+                                      "scratch); retry after ",
+                                      options_.retry_after_ms, " ms")));
       if (active_.empty()) return;
     }
   }

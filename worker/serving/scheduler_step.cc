@@ -63,7 +63,10 @@ bool Scheduler::Step() {
     load_.active_turns = static_cast<int>(active_.size());
     load_.queued_turns = static_cast<int>(waiting_.size());
   }
-  if (!active_.empty()) RunBatch();
+  if (!active_.empty()) {
+    RunBatch();
+    memory_.Settle();  // its eviction steps grew the policies' state
+  }
   // Publish the load.
   const double now = RealClock::Get().NowNanos() * 1e-9;
   while (!token_times_.empty() && token_times_.front().first < now - 10) token_times_.pop_front();
@@ -81,6 +84,8 @@ bool Scheduler::Step() {
   load_.resident_sessions = resident;
   load_.offloaded_sessions = offloaded;
   load_.host_bytes_used = memory_.host_bytes();
+  load_.side_bytes = memory_.side_bytes();
+  load_.side_blocks = memory_.side_blocks();
   load_.tokens_per_second =
       token_times_.empty() ? 0.0 : tokens / std::max(1.0, now - token_times_.front().first);
   return !active_.empty();
@@ -396,6 +401,11 @@ void Scheduler::FinishTurn(Turn& t, absl::Status status) {
     held->last_used = step_;
     memory_.DropIfUncached(held->id);  // never got a cache
   }
+  // Its scratch goes with it (`keep` may be the last owner, or a caller's loop the next).
+  t.probs.clear();
+  t.window_queries.clear();
+  t.raw_logits = {};
+  SettleScratch();
 }
 
 }  // namespace recall::serving

@@ -9,11 +9,21 @@ namespace recall::serving {
 
 SessionMemory::SessionMemory(std::vector<cache::BlockPool*> pools, int64_t host_budget,
                              Counters counters)
-    : pools_(std::move(pools)), host_budget_(host_budget), counters_(counters) {
+    : pools_(std::move(pools)),
+      host_budget_(host_budget),
+      counters_(counters),
+      scratch_(pools_.size(), 0),
+      side_(pools_.size(), 0),
+      lent_(pools_.size()),
+      deficit_(pools_.size(), 0) {
   RECALL_CHECK(!pools_.empty()) << "SessionMemory needs a pool";
 }
 
-SessionMemory::~SessionMemory() = default;
+SessionMemory::~SessionMemory() {
+  for (size_t r = 0; r < pools_.size(); ++r) {
+    for (int32_t b : lent_[r]) pools_[r]->Free(b);
+  }
+}
 
 Session* SessionMemory::Find(const std::string& id) const {
   auto it = sessions_.find(id);
@@ -37,13 +47,62 @@ void SessionMemory::Drop(Session& s) {
   if (s.offloaded()) host_bytes_ -= s.host_bytes();
   if (s.episodic != nullptr) host_bytes_ -= s.episodic->parked_host_bytes();
   sessions_.erase(s.id);  // destroys the evictors, then the caches (their blocks go back)
+  Settle();
 }
 
 bool SessionMemory::Fits(const RankBlocks& need) const {
   for (size_t r = 0; r < need.size(); ++r) {
-    if (pools_[r]->free_blocks() < need[r]) return false;
+    if (pools_[r]->free_blocks() < need[r] + deficit_[r]) return false;
   }
   return true;
+}
+
+void SessionMemory::SetScratch(RankBytes scratch) {
+  RECALL_CHECK(scratch.size() == pools_.size()) << "scratch bytes per rank";
+  scratch_ = std::move(scratch);
+  Settle();
+}
+
+void SessionMemory::Settle() {
+  side_ = scratch_;
+  for (const auto& [id, s] : sessions_) {
+    if (!s->resident()) continue;  // an offloaded session's state counts in host memory
+    for (size_t r = 0; r < s->evictors.size() && r < side_.size(); ++r) {
+      side_[r] += s->evictors[r]->state_bytes();
+    }
+  }
+  for (size_t r = 0; r < pools_.size(); ++r) {
+    cache::BlockPool& pool = *pools_[r];
+    const int64_t target = (side_[r] + pool.block_bytes() - 1) / pool.block_bytes();
+    std::vector<int32_t>& lent = lent_[r];
+    while (static_cast<int64_t>(lent.size()) > target) {
+      pool.Free(lent.back());
+      lent.pop_back();
+    }
+    while (static_cast<int64_t>(lent.size()) < target && pool.free_blocks() > 0) {
+      absl::StatusOr<int32_t> b = pool.Allocate();
+      if (!b.ok()) break;
+      pool.memory().Discard(pool.block(*b), static_cast<size_t>(pool.block_bytes()));
+      lent.push_back(*b);
+    }
+    deficit_[r] = target - static_cast<int64_t>(lent.size());
+  }
+}
+
+int64_t SessionMemory::side_bytes() const {
+  int64_t n = 0;
+  for (int64_t b : side_) n += b;
+  return n;
+}
+
+int64_t SessionMemory::side_blocks() const {
+  int64_t n = 0;
+  for (const auto& lent : lent_) n += static_cast<int64_t>(lent.size());
+  return n;
+}
+
+int64_t SessionMemory::side_deficit() const {
+  return *std::max_element(deficit_.begin(), deficit_.end());
 }
 
 int64_t SessionMemory::PoolBlocks() const {
@@ -98,6 +157,7 @@ void SessionMemory::OffloadOrDrop(Session& s) {
 void SessionMemory::OffloadPinned(Session& s) {
   s.Offload();
   host_bytes_ += s.host_bytes();
+  Settle();
 }
 
 absl::Status SessionMemory::Restore(Session& s) {
@@ -105,6 +165,7 @@ absl::Status SessionMemory::Restore(Session& s) {
   RECALL_RETURN_IF_ERROR(s.Restore());
   host_bytes_ -= host;
   counters_.restores->Increment();
+  Settle();
   return absl::OkStatus();
 }
 

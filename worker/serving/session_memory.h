@@ -73,6 +73,24 @@ class SessionMemory {
   // Moves an offloaded cache back to the pools (the blocks must be free).
   absl::Status Restore(Session& s);
 
+  // Side memory: what the sessions and their turns hold beside the KV blocks, counted against
+  // the pools so that --kv-cache-bytes bounds it too: the resident sessions' eviction state
+  // (SessionEvictor::state_bytes) and the turns' scratch (attention probabilities, SnapKV's
+  // window, logits for logprobs: SetScratch). Settle lends each rank's pool whole blocks that
+  // cover it: nobody else uses them, and a pool in host memory gives their pages back to the
+  // system (kernels::Memory::Discard), so the process holds the blocks in use plus the side
+  // memory, within the pool's bytes. What a pool has no free block for is a deficit: Fits
+  // counts it as needed, so the next admission or batch makes room for it first.
+  using RankBytes = std::vector<int64_t>;
+  // The turns' scratch bytes per rank (replacing the last); settles.
+  void SetScratch(RankBytes scratch);
+  // Lends or takes back blocks after the side memory changed (the mutators here call it; the
+  // scheduler after each batch, whose eviction steps grow the policies' state).
+  void Settle();
+  int64_t side_bytes() const;    // summed over the ranks, at the last Settle
+  int64_t side_blocks() const;   // blocks lent to it, summed over the ranks
+  int64_t side_deficit() const;  // blocks it lacks, the most of any rank
+
   // Host memory.
   int64_t host_bytes() const { return host_bytes_; }
   int64_t host_budget() const { return host_budget_; }
@@ -91,6 +109,9 @@ class SessionMemory {
   std::function<void(const Session&)> on_drop_;
   std::map<std::string, std::unique_ptr<Session>> sessions_;
   int64_t host_bytes_ = 0;
+  RankBytes scratch_, side_;
+  std::vector<std::vector<int32_t>> lent_;  // per rank: the blocks lent to side memory
+  RankBlocks deficit_;
 };
 
 }  // namespace recall::serving

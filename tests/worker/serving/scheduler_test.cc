@@ -4,9 +4,11 @@
 // the gRPC surface is tested end to end in tests/integration.
 #include "worker/serving/scheduler.h"
 
+#include <functional>
 #include <thread>
 
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "tests/common/stories260k.h"
 #include "worker/model/loader.h"
@@ -26,9 +28,13 @@ class SchedulerTest : public recall::testing::Stories260KTest {
   // A scheduler over a pool with room for `blocks` blocks of 16 tokens in every layer (the
   // pool's blocks hold one layer each: blocks * n_layers of them).
   void Start(int64_t blocks, SchedulerOptions o = {}) {
+    StartPool(blocks * model_->config.n_layers, o);
+  }
+  // Over a pool of `pool_blocks` blocks (of one layer each).
+  void StartPool(int64_t pool_blocks, SchedulerOptions o = {}) {
     const model::ModelConfig& c = model_->config;
-    auto pool =
-        cache::BlockPool::Create({c.n_layers, c.n_kv_heads, c.head_dim, 16}, blocks * c.n_layers);
+    sched_.reset();
+    auto pool = cache::BlockPool::Create({c.n_layers, c.n_kv_heads, c.head_dim, 16}, pool_blocks);
     ASSERT_TRUE(pool.ok()) << pool.status();
     pool_ = std::move(*pool);
     o.stop_token_ids = {2};
@@ -52,6 +58,17 @@ class SchedulerTest : public recall::testing::Stories260KTest {
     auto stream = sched_->Submit(std::move(r));
     if (!stream.ok()) return Collected{.status = stream.status()};
     return CollectTurn(**stream);
+  }
+
+  // The load once `done` holds for it (it is published after each engine step), or the last
+  // one seen after 10 s.
+  LoadSnapshot WaitForLoad(const std::function<bool(const LoadSnapshot&)>& done) {
+    LoadSnapshot load = sched_->Load();
+    for (int i = 0; i < 1000 && !done(load); ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+      load = sched_->Load();
+    }
+    return load;
   }
 
   std::unique_ptr<kernels::Backend> backend_;
@@ -394,6 +411,53 @@ TEST_F(SchedulerTest, LazyEvictionKeepsTheSessionWithinItsBudget) {
     EXPECT_LE(l.summary.kv_bytes,
               (64 + 16 + 16) / 16 * model_->config.n_layers * pool_->block_bytes());
   }
+}
+
+// The policies' state and the turns' scratch (attention probabilities) are counted against the
+// pool: blocks are lent to cover them. A pool with room for two lazy sessions' KV blocks but
+// not also for their state and a turn's scratch offloads the idle session instead of holding
+// more than its bytes.
+TEST_F(SchedulerTest, PolicyStateAndTurnScratchAreCountedAgainstThePool) {
+  auto lazy = [](const std::string& id) {
+    TurnRequest r = Turn(id, "Once upon a time", 120);
+    r.cache.policy = "lazy";
+    r.cache.budget_tokens = 64;
+    r.cache.window = 16;
+    return r;
+  };
+  Start(512);
+  const int64_t bb = pool_->block_bytes();
+  Collected a = Run(lazy("a"));
+  ASSERT_TRUE(a.status.ok()) << a.status;
+  ASSERT_GT(a.summary.state_bytes, 0);
+  ASSERT_GT(a.summary.evictions, 0);
+  const int64_t kv_blocks = (a.summary.kv_bytes - a.summary.state_bytes) / bb;
+  // The turn's scratch is given back; the idle session's state keeps its blocks.
+  LoadSnapshot load = WaitForLoad([&](const LoadSnapshot& l) {
+    return l.active_turns == 0 && l.side_bytes == a.summary.state_bytes;
+  });
+  EXPECT_EQ(load.side_bytes, a.summary.state_bytes);
+  EXPECT_EQ(load.side_blocks, (a.summary.state_bytes + bb - 1) / bb);
+  EXPECT_EQ(pool_->free_blocks(), pool_->num_blocks() - kv_blocks - load.side_blocks);
+  EXPECT_EQ(load.kv_blocks_free, pool_->free_blocks());
+
+  // Room for session a's blocks and state and for b's KV at its peak (peak_kv_bytes counts
+  // the state too, so this is at least b's peak KV blocks), not for b's state and scratch.
+  const int64_t side_a = load.side_blocks;
+  StartPool(kv_blocks + side_a + a.summary.peak_kv_bytes / bb);
+  Collected a2 = Run(lazy("a"));
+  Collected b2 = Run(lazy("b"));
+  ASSERT_TRUE(a2.status.ok() && b2.status.ok()) << a2.status << b2.status;
+  EXPECT_EQ(a2.token_ids, a.token_ids);
+  EXPECT_EQ(b2.token_ids, a.token_ids);
+  load = WaitForLoad([](const LoadSnapshot& l) { return l.active_turns == 0; });
+  EXPECT_EQ(load.offloaded_sessions, 1);              // a, to make room for b's state and scratch
+  EXPECT_EQ(load.side_bytes, a.summary.state_bytes);  // b's only
+  EXPECT_GE(load.side_blocks * bb, load.side_bytes);
+  // Session a continues from its restored cache and state.
+  Collected a3 = Run(Turn("a", "and then", 10, 2));
+  ASSERT_TRUE(a3.status.ok()) << a3.status;
+  EXPECT_FALSE(a3.summary.rebuilt);
 }
 
 TEST_F(SchedulerTest, ResumedTurnContinuesWithoutRepeatingDeliveredTokens) {
