@@ -93,6 +93,7 @@ class Conversations {
                 metrics::Registry& metrics);
 
   const CoordinatorOptions& options() const { return options_; }
+  SessionStore& store() const { return store_; }
   TurnRunnerOptions RunnerOptions() const;
 
   // A new session of `tenant`, with the system prompt as its first message when not empty.

@@ -95,7 +95,7 @@ HttpApi::HttpApi(const HttpOptions& options, Conversations& conversations, Worke
       keys_(keys),
       metrics_(metrics),
       index_(options.index_entries),
-      idempotency_(options.index_entries) {}
+      idempotency_(options.index_entries, &conversations.store()) {}
 
 absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpOptions& options,
                                                         Conversations& conversations,
@@ -440,7 +440,7 @@ void HttpApi::Completions(const httplib::Request& req, httplib::Response& res) {
       RECALL_RETURN_IF_ERROR(ClaimKey(tenant, asked_key));
       key = asked_key;
       kept = idempotency_.FindCompletion(tenant, key);
-      if (kept.has_value() && kept->prompt != completion.prompt) {
+      if (kept.has_value() && kept->prompt_digest != IdempotencyKeys::Digest(completion.prompt)) {
         return flags::FieldError(kKeyHeader,
                                  absl::StrCat("\"", key, "\" was sent with another prompt"));
       }
@@ -571,7 +571,8 @@ absl::Status HttpApi::Conclude(Reply& reply, bool cancel) {
   if (!reply.open.has_value() && !reply.key.empty()) {
     // A keyed completion: kept as it ended, for a request sent again (replayed when
     // complete, resumed from the part sent otherwise).
-    IdempotencyKeys::Completion kept{reply.prompt, reply.model, reply.turn->sent()};
+    IdempotencyKeys::Completion kept{IdempotencyKeys::Digest(reply.prompt), reply.model,
+                                     reply.turn->sent()};
     kept.reply.seed = reply.seed;
     if (outcome.ok() && !cancel) {
       kept.reply.content = outcome->text;

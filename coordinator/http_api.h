@@ -29,13 +29,15 @@
 // (Conversations::Resume: the whole reply, its stored part first, the worker continuing from
 // there), or, when the session went on after it, runs it again in the session (the list
 // rewrites the tail); a key that names a turn with another message is 400. The key's session is
-// found in the named session's store, or, for a request naming none, in this coordinator's memory
-// of its keys (IdempotencyKeys).
-// /v1/completions keeps no session: a keyed completion's request is remembered in this
-// coordinator's memory (IdempotencyKeys::Completion: its prompt, its reply as far as it went
+// found in the named session's transcript, or, for a request naming none, in the key records
+// of the session store (IdempotencyKeys: kept a day, shared by the coordinators of a store and
+// kept across restarts).
+// /v1/completions keeps no session: a keyed completion's request is remembered in the key
+// records too (IdempotencyKeys::Completion: its prompt's digest, its reply as far as it went
 // and its seed), so a request sent again gets the completion replayed, or, when it broke off,
-// resumed with the same draws (the part sent first); 409 while it runs; 400 for the key with
-// another prompt. Per coordinator, not across restarts.
+// resumed with the same draws (the part sent first); 409 while it runs (on this coordinator);
+// 400 for the key with another prompt. A completion is recorded when it ends: one whose
+// coordinator died meanwhile runs again.
 //
 // Threads: cpp-httplib serves each connection on a thread of its pool (`threads`). A
 // request's store steps run on that thread and it waits there for the runner's reports

@@ -1,11 +1,89 @@
 #include "coordinator/idempotency_keys.h"
 
+#include <openssl/evp.h>
+
+#include <cstdio>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 
 namespace recall::coordinator {
+namespace {
+
+// Store records: a kind byte, then the value. 's': the session id a key's turn went to.
+// 'c': a completion, as length-prefixed fields (Netstrings).
+constexpr char kSessionRecord = 's';
+constexpr char kCompletionRecord = 'c';
+
+void AppendField(std::string* out, const std::string& field) {
+  absl::StrAppend(out, field.size(), ":", field);
+}
+
+// The next field of `in` from `*pos`; false when `in` holds no whole field there.
+bool NextField(const std::string& in, size_t* pos, std::string* field) {
+  const size_t colon = in.find(':', *pos);
+  if (colon == std::string::npos || colon == *pos || colon - *pos > 12) return false;
+  uint64_t size = 0;
+  if (!absl::SimpleAtoi(in.substr(*pos, colon - *pos), &size)) return false;
+  if (size > in.size() - colon - 1) return false;
+  *field = in.substr(colon + 1, size);
+  *pos = colon + 1 + size;
+  return true;
+}
+
+size_t BytesOf(const IdempotencyKeys::Completion& c) {
+  return c.prompt_digest.size() + c.model.size() + c.reply.content.size() +
+         c.reply.token_ids.size() * sizeof(int32_t);
+}
+
+}  // namespace
 
 std::string IdempotencyKeys::Of(const std::string& tenant, const std::string& key) {
   return absl::StrCat(tenant.size(), ":", tenant, key);
+}
+
+std::string IdempotencyKeys::Digest(const std::string& prompt) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  RECALL_CHECK(EVP_Digest(prompt.data(), prompt.size(), md, &n, EVP_sha256(), nullptr) == 1)
+      << "SHA-256 failed";
+  std::string hex;
+  for (unsigned int i = 0; i < n; ++i) {
+    char b[3];
+    std::snprintf(b, sizeof b, "%02x", md[i]);
+    hex += b;
+  }
+  return hex;
+}
+
+std::string IdempotencyKeys::EncodeCompletion(const Completion& c) {
+  std::string out(1, kCompletionRecord);
+  AppendField(&out, c.prompt_digest);
+  AppendField(&out, c.model);
+  AppendField(&out, c.reply.content);
+  AppendField(&out, EncodeReply(c.reply));
+  AppendField(&out, std::to_string(static_cast<int>(c.reply.state)));
+  return out;
+}
+
+std::optional<IdempotencyKeys::Completion> IdempotencyKeys::DecodeCompletion(
+    const std::string& bytes) {
+  if (bytes.empty() || bytes[0] != kCompletionRecord) return std::nullopt;
+  size_t pos = 1;
+  Completion c;
+  c.reply.role = "assistant";
+  std::string reply, state;
+  if (!NextField(bytes, &pos, &c.prompt_digest) || !NextField(bytes, &pos, &c.model) ||
+      !NextField(bytes, &pos, &c.reply.content) || !NextField(bytes, &pos, &reply) ||
+      !NextField(bytes, &pos, &state) || pos != bytes.size()) {
+    return std::nullopt;
+  }
+  int s = 0;
+  if (!absl::SimpleAtoi(state, &s) || s < 0 || s > 3) return std::nullopt;
+  DecodeReply(reply, &c.reply);
+  c.reply.state = static_cast<TurnState>(s);
+  return c;
 }
 
 bool IdempotencyKeys::Claim(const std::string& tenant, const std::string& key) {
@@ -18,10 +96,7 @@ void IdempotencyKeys::Release(const std::string& tenant, const std::string& key)
   running_.erase(Of(tenant, key));
 }
 
-void IdempotencyKeys::Put(const std::string& tenant, const std::string& key,
-                          const std::string& session_id) {
-  const std::string k = Of(tenant, key);
-  absl::MutexLock lock(&mu_);
+void IdempotencyKeys::Remember(const std::string& k, const std::string& session_id) {
   if (session_of_.insert_or_assign(k, session_id).second) order_.push_back(k);
   while (order_.size() > capacity_) {
     session_of_.erase(order_.front());
@@ -29,25 +104,43 @@ void IdempotencyKeys::Put(const std::string& tenant, const std::string& key,
   }
 }
 
+void IdempotencyKeys::Put(const std::string& tenant, const std::string& key,
+                          const std::string& session_id) {
+  {
+    absl::MutexLock lock(&mu_);
+    Remember(Of(tenant, key), session_id);
+  }
+  if (store_ == nullptr) return;
+  if (absl::Status st = store_->PutKeyRecord(tenant, key, kSessionRecord + session_id); !st.ok()) {
+    RECALL_LOG(WARNING) << "Idempotency-Key \"" << key << "\" of session " << QuotedId(session_id)
+                        << " is not in the store (a retry elsewhere may run the turn again): "
+                        << st;
+  }
+}
+
 std::string IdempotencyKeys::Find(const std::string& tenant, const std::string& key) {
-  absl::MutexLock lock(&mu_);
-  auto it = session_of_.find(Of(tenant, key));
-  return it == session_of_.end() ? "" : it->second;
-}
-
-namespace {
-
-size_t BytesOf(const IdempotencyKeys::Completion& c) {
-  return c.prompt.size() + c.model.size() + c.reply.content.size() +
-         c.reply.token_ids.size() * sizeof(int32_t);
-}
-
-}  // namespace
-
-void IdempotencyKeys::PutCompletion(const std::string& tenant, const std::string& key,
-                                    Completion completion) {
   const std::string k = Of(tenant, key);
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = session_of_.find(k);
+    if (it != session_of_.end()) return it->second;
+  }
+  if (store_ == nullptr) return "";
+  absl::StatusOr<std::string> rec = store_->GetKeyRecord(tenant, key);
+  if (!rec.ok()) {
+    if (!absl::IsNotFound(rec.status())) {
+      RECALL_LOG(WARNING) << "Idempotency-Key \"" << key << "\": " << rec.status();
+    }
+    return "";
+  }
+  if (rec->size() < 2 || (*rec)[0] != kSessionRecord) return "";  // another kind of record
+  const std::string session_id = rec->substr(1);
   absl::MutexLock lock(&mu_);
+  Remember(k, session_id);
+  return session_id;
+}
+
+void IdempotencyKeys::RememberCompletion(const std::string& k, Completion completion) {
   completion_bytes_ += BytesOf(completion);
   auto [it, added] = completions_.try_emplace(k);
   if (!added) completion_bytes_ -= BytesOf(it->second);
@@ -62,12 +155,49 @@ void IdempotencyKeys::PutCompletion(const std::string& tenant, const std::string
   }
 }
 
+void IdempotencyKeys::PutCompletion(const std::string& tenant, const std::string& key,
+                                    Completion completion) {
+  const std::string record = store_ != nullptr ? EncodeCompletion(completion) : "";
+  {
+    absl::MutexLock lock(&mu_);
+    RememberCompletion(Of(tenant, key), std::move(completion));
+  }
+  if (store_ == nullptr) return;
+  if (absl::Status st = store_->PutKeyRecord(tenant, key, record); !st.ok()) {
+    RECALL_LOG(WARNING) << "Idempotency-Key \"" << key
+                        << "\": the completion is not in the store (a retry elsewhere may run "
+                           "it again): "
+                        << st;
+  }
+}
+
 std::optional<IdempotencyKeys::Completion> IdempotencyKeys::FindCompletion(
     const std::string& tenant, const std::string& key) {
+  const std::string k = Of(tenant, key);
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = completions_.find(k);
+    if (it != completions_.end()) return it->second;
+  }
+  if (store_ == nullptr) return std::nullopt;
+  absl::StatusOr<std::string> rec = store_->GetKeyRecord(tenant, key);
+  if (!rec.ok()) {
+    if (!absl::IsNotFound(rec.status())) {
+      RECALL_LOG(WARNING) << "Idempotency-Key \"" << key << "\": " << rec.status();
+    }
+    return std::nullopt;
+  }
+  std::optional<Completion> c = DecodeCompletion(*rec);
+  if (!c.has_value()) {
+    if (!rec->empty() && (*rec)[0] == kCompletionRecord) {
+      RECALL_LOG(WARNING) << "Idempotency-Key \"" << key
+                          << "\": its stored completion is damaged; ignored";
+    }
+    return std::nullopt;
+  }
   absl::MutexLock lock(&mu_);
-  auto it = completions_.find(Of(tenant, key));
-  if (it == completions_.end()) return std::nullopt;
-  return it->second;
+  RememberCompletion(k, *c);
+  return c;
 }
 
 }  // namespace recall::coordinator

@@ -1,10 +1,15 @@
 // IdempotencyKeys: the HTTP API's memory of its Idempotency-Key headers (http_api.h). A key is
 // a turn id (turn_ids.h) that the turn's user message stores; for requests that name no
-// session, this map says which session a key's turn went to (and for /v1/completions, which
-// has no session, what the request gave), and which keys have a request
-// running now, so a request sent again while the first still runs is told to wait instead of
-// starting the turn twice. Bounded (the oldest keys go first), in memory, per coordinator: a
-// request that names its session (X-Session-Id) finds its key in the store, across restarts.
+// session, this says which session a key's turn went to (and for /v1/completions, which has
+// no session, what the request gave), and which keys have a request running now, so a
+// request sent again while the first still runs is told to wait instead of starting the turn
+// twice. What a key's request gave is written through to the session store
+// (SessionStore::PutKeyRecord, kept a day), so a retry finds it on any coordinator sharing
+// the store and after a restart; a bounded in-memory copy (the oldest go first) saves the
+// store a read. The running marks are per coordinator: two coordinators may each start a
+// request with the same key at the same moment (a named session's store check still catches
+// that for its turn, http_api.cc). A request that names its session (X-Session-Id) finds its
+// key in the session's transcript.
 //
 // Thread safety: thread safe.
 #pragma once
@@ -24,26 +29,34 @@ namespace recall::coordinator {
 
 class IdempotencyKeys {
  public:
-  explicit IdempotencyKeys(size_t capacity) : capacity_(capacity) {}
+  // `store` (may be null: memory only) must outlive this.
+  IdempotencyKeys(size_t capacity, SessionStore* store) : capacity_(capacity), store_(store) {}
 
   // Marks `tenant`'s `key` as having a request running; false when one already runs.
   bool Claim(const std::string& tenant, const std::string& key);
   void Release(const std::string& tenant, const std::string& key);
 
-  // `tenant`'s `key` ran its turn in session `session_id`.
+  // `tenant`'s `key` ran its turn in session `session_id`. A store that fails to keep it is
+  // logged (a retry may then run the turn again), not an error of the request.
   void Put(const std::string& tenant, const std::string& key, const std::string& session_id);
   // The session `tenant`'s `key` ran in, or "" when none is known.
   std::string Find(const std::string& tenant, const std::string& key);
 
-  // /v1/completions, whose requests no session keeps: what a key's request gave, the prompt
-  // and model it was for, and its reply as far as it went (kComplete, or kInterrupted with
-  // the part that was sent, possibly none), with the seed it sampled with. Bounded by the
-  // key count and by kCompletionBytes of prompts and replies (the oldest go first).
+  // /v1/completions, whose requests no session keeps: what a key's request gave, the digest
+  // of the prompt (Digest) and the model it was for, and its reply as far as it went
+  // (kComplete, or kInterrupted with the part that was sent, possibly none), with the seed it
+  // sampled with. The memory copy is bounded by the key count and by kCompletionBytes of
+  // replies (the oldest go first).
   struct Completion {
-    std::string prompt;
+    std::string prompt_digest;
     std::string model;
     StoredMessage reply;
   };
+  // SHA-256 of `prompt`, as 64 hex digits.
+  static std::string Digest(const std::string& prompt);
+  // A completion as a store record's bytes, and back (nullopt for bytes that are not one).
+  static std::string EncodeCompletion(const Completion& c);
+  static std::optional<Completion> DecodeCompletion(const std::string& bytes);
   static constexpr size_t kCompletionBytes = 64 << 20;
   void PutCompletion(const std::string& tenant, const std::string& key, Completion completion);
   std::optional<Completion> FindCompletion(const std::string& tenant, const std::string& key);
@@ -51,7 +64,13 @@ class IdempotencyKeys {
  private:
   static std::string Of(const std::string& tenant, const std::string& key);
 
+  void Remember(const std::string& k, const std::string& session_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RememberCompletion(const std::string& k, Completion completion)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const size_t capacity_;
+  SessionStore* const store_;
   absl::Mutex mu_;
   std::set<std::string> running_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<std::string, std::string> session_of_ ABSL_GUARDED_BY(mu_);

@@ -119,6 +119,10 @@ std::string SessionKey(const std::string& id) { return "recall:s:" + id; }
 std::string MessagesKey(const std::string& id) { return "recall:m:" + id; }
 std::string TenantKey(const std::string& t) { return "recall:t:" + t; }
 std::string PartsKey(const std::string& id) { return "recall:p:" + id; }
+// An Idempotency-Key record: the tenant's length keeps (tenant, key) pairs apart.
+std::string KeyRecordKey(const std::string& tenant, const std::string& key) {
+  return absl::StrCat("recall:k:", tenant.size(), ":", tenant, key);
+}
 
 absl::Status NotFound(const std::string& id) {
   return absl::NotFoundError(absl::StrCat("session_id: no session ", QuotedId(id)));
@@ -133,6 +137,21 @@ class RedisStore final : public SessionStore {
   RedisStore(std::string host, int port) : host_(std::move(host)), port_(port) {}
   ~RedisStore() override {
     if (ctx_ != nullptr) redisFree(ctx_);
+  }
+
+  absl::Status PutKeyRecord(const std::string& tenant, const std::string& key,
+                            const std::string& value) override {
+    absl::MutexLock lock(&mu_);
+    return Command({"SET", KeyRecordKey(tenant, key), value, "PX", std::to_string(kKeyRecordTtlMs)})
+        .status();
+  }
+
+  absl::StatusOr<std::string> GetKeyRecord(const std::string& tenant,
+                                           const std::string& key) override {
+    absl::MutexLock lock(&mu_);
+    RECALL_ASSIGN_OR_RETURN(Reply rep, Command({"GET", KeyRecordKey(tenant, key)}));
+    if (rep->type != REDIS_REPLY_STRING) return absl::NotFoundError("no key record");
+    return std::string(rep->str, rep->len);
   }
 
   absl::Status Connect() {

@@ -9,6 +9,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/clock.h"
 #include "common/status.h"
 #include "coordinator/session_store.h"
 #include "nlohmann/json.hpp"
@@ -39,6 +40,13 @@ CREATE TABLE IF NOT EXISTS messages (
   lease_ms INTEGER NOT NULL DEFAULT 0,
   turn_id TEXT NOT NULL DEFAULT '',
   PRIMARY KEY (session_id, idx));
+CREATE TABLE IF NOT EXISTS key_records (
+  tenant TEXT NOT NULL,
+  key TEXT NOT NULL,
+  value BLOB NOT NULL,
+  written_ms INTEGER NOT NULL,
+  PRIMARY KEY (tenant, key));
+CREATE INDEX IF NOT EXISTS key_records_by_age ON key_records(written_ms);
 CREATE TABLE IF NOT EXISTS reply_parts (
   session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
   idx INTEGER NOT NULL,
@@ -334,6 +342,31 @@ class SqliteStore final : public SessionStore {
  private:
   static absl::Status NotFound(const std::string& id) {
     return absl::NotFoundError(absl::StrCat("session_id: no session ", QuotedId(id)));
+  }
+
+  absl::Status PutKeyRecord(const std::string& tenant, const std::string& key,
+                            const std::string& value) override {
+    absl::MutexLock lock(&mu_);
+    const int64_t now = UnixMillis();
+    Stmt purge(db_, "DELETE FROM key_records WHERE written_ms < ?");
+    purge.Bind(1, now - kKeyRecordTtlMs);
+    RECALL_RETURN_IF_ERROR(Check(purge.Step(), "forget old key records"));
+    Stmt s(db_,
+           "INSERT OR REPLACE INTO key_records (tenant, key, value, written_ms) "
+           "VALUES (?, ?, ?, ?)");
+    s.BindText(1, tenant).BindText(2, key).Bind(3, value).Bind(4, now);
+    return Check(s.Step(), "write key record");
+  }
+
+  absl::StatusOr<std::string> GetKeyRecord(const std::string& tenant,
+                                           const std::string& key) override {
+    absl::MutexLock lock(&mu_);
+    Stmt s(db_, "SELECT value, written_ms FROM key_records WHERE tenant = ? AND key = ?");
+    s.BindText(1, tenant).BindText(2, key);
+    const int rc = s.Step();
+    if (rc == SQLITE_ROW && s.Int(1) >= UnixMillis() - kKeyRecordTtlMs) return s.Text(0);
+    RECALL_RETURN_IF_ERROR(Check(rc, "read key record"));
+    return absl::NotFoundError("no key record");
   }
 
   absl::Status Check(int rc, const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

@@ -1,7 +1,8 @@
 // The HTTP API's Idempotency-Key (coordinator/http_api.h, "Retries") on a real coordinator and
 // worker over loopback: a request sent again with its key gets the turn as stored (a body or
-// a stream, "Idempotent-Replayed: true") instead of a second run, also for a named session
-// after the coordinator restarted; a key naming another message or a malformed key is refused
+// a stream, "Idempotent-Replayed: true") instead of a second run, also after the coordinator
+// restarted (a named session's key in its transcript, an unnamed one's and a completion's in
+// the store's key records); a key naming another message or a malformed key is refused
 // naming the header; a key whose
 // turn is still running gets 409, and once that turn was interrupted (the client left) the
 // key resumes it: the whole reply, the same as the turn without the interruption.
@@ -324,6 +325,46 @@ TEST_F(OpenAiHttpCancelTest, AKeyedCompletionIsResumedWithTheSameDrawsThenReplay
   const HttpReply replayed2 = again("c-2", -1, "Once upon a time");
   EXPECT_EQ(replayed2.Header("Idempotent-Replayed"), "true");
   EXPECT_EQ(CompletionText(replayed2), CompletionText(resumed2));
+}
+
+// A request that names no session finds its key's turn in the session store after the
+// coordinator restarted (as another coordinator sharing the store would): the turn replayed,
+// not run a second time. So does a keyed completion, and the key with another prompt is
+// still refused.
+TEST_F(OpenAiHttpTest, UnnamedAndCompletionKeysAreFoundInTheStoreAfterARestart) {
+  const std::vector<Json> first = {Message("user", "Once upon a time")};
+  const HttpReply one = Post("/v1/chat/completions", ChatBody(first, 8, false), "key-a",
+                             {{"Idempotency-Key", "unnamed-1"}});
+  ASSERT_EQ(one.status, 200) << one.body;
+  const std::string id = one.Header("X-Session-Id");
+  const HttpReply done = Post("/v1/completions", CompletionBody(12, false, 5), "key-a",
+                              {{"Idempotency-Key", "completion-1"}});
+  ASSERT_EQ(done.status, 200) << done.body;
+
+  coordinator_.Stop();
+  StartCoordinator();
+  const HttpReply again = Post("/v1/chat/completions", ChatBody(first, 8, false), "key-a",
+                               {{"Idempotency-Key", "unnamed-1"}});
+  ASSERT_EQ(again.status, 200) << again.body;
+  EXPECT_EQ(again.Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(again.Header("X-Session-Id"), id);
+  EXPECT_EQ(ReplyText(again), ReplyText(one));
+  EXPECT_EQ(GetSession(id).messages_size(), 2) << "one turn, run once";
+  // Another tenant's key of the same name is not theirs.
+  const HttpReply theirs = Post("/v1/chat/completions", ChatBody(first, 8, false), "key-b",
+                                {{"Idempotency-Key", "unnamed-1"}});
+  ASSERT_EQ(theirs.status, 200) << theirs.body;
+  EXPECT_EQ(theirs.Header("Idempotent-Replayed"), "");
+
+  const HttpReply replayed = Post("/v1/completions", CompletionBody(12, false, 5), "key-a",
+                                  {{"Idempotency-Key", "completion-1"}});
+  ASSERT_EQ(replayed.status, 200) << replayed.body;
+  EXPECT_EQ(replayed.Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(CompletionText(replayed), CompletionText(done));
+  const HttpReply other_prompt = Post("/v1/completions", CompletionBody(12, false, 5, "Lily went"),
+                                      "key-a", {{"Idempotency-Key", "completion-1"}});
+  EXPECT_EQ(other_prompt.status, 400) << other_prompt.body;
+  EXPECT_NE(other_prompt.body.find("another prompt"), std::string::npos) << other_prompt.body;
 }
 
 }  // namespace

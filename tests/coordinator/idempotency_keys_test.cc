@@ -1,0 +1,75 @@
+// IdempotencyKeys (coordinator/idempotency_keys.h) over a real SQLite store: what one instance
+// puts, another over the same store finds (another coordinator, or this one after a restart);
+// a completion's record round-trips, and damaged records read as absent, never a crash.
+#include "coordinator/idempotency_keys.h"
+
+#include "gtest/gtest.h"
+#include "tests/common/test_util.h"
+
+namespace recall::coordinator {
+namespace {
+
+IdempotencyKeys::Completion SomeCompletion() {
+  IdempotencyKeys::Completion c;
+  c.prompt_digest = IdempotencyKeys::Digest("Once upon a time");
+  c.model = "stories";
+  c.reply.role = "assistant";
+  c.reply.content = std::string("there was\0 a cat:", 18);
+  c.reply.token_ids = {5, 0, -1, 511};
+  c.reply.finish = 2;
+  c.reply.seed = 0xfedcba9876543210ULL;
+  c.reply.state = TurnState::kInterrupted;
+  return c;
+}
+
+TEST(IdempotencyKeysTest, WhatOneCoordinatorPutsAnotherFindsInTheStore) {
+  const std::string path = testing::MakeTempDir("idempotency") + "/sessions.db";
+  auto store = OpenStore(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  IdempotencyKeys first(16, store->get());
+  first.Put("a", "k1", "session-1");
+  first.PutCompletion("a", "k2", SomeCompletion());
+
+  IdempotencyKeys second(16, store->get());  // another coordinator, or after a restart
+  EXPECT_EQ(second.Find("a", "k1"), "session-1");
+  EXPECT_EQ(second.Find("b", "k1"), "") << "another tenant's key";
+  EXPECT_EQ(second.Find("a", "k2"), "") << "a completion's key names no session";
+  EXPECT_FALSE(second.FindCompletion("a", "k1").has_value());
+  std::optional<IdempotencyKeys::Completion> c = second.FindCompletion("a", "k2");
+  ASSERT_TRUE(c.has_value());
+  const IdempotencyKeys::Completion want = SomeCompletion();
+  EXPECT_EQ(c->prompt_digest, want.prompt_digest);
+  EXPECT_EQ(c->model, want.model);
+  EXPECT_EQ(c->reply.content, want.reply.content);
+  EXPECT_EQ(c->reply.token_ids, want.reply.token_ids);
+  EXPECT_EQ(c->reply.finish, want.reply.finish);
+  EXPECT_EQ(c->reply.seed, want.reply.seed);
+  EXPECT_EQ(c->reply.state, want.reply.state);
+
+  IdempotencyKeys memory_only(16, nullptr);
+  EXPECT_EQ(memory_only.Find("a", "k1"), "");
+}
+
+TEST(IdempotencyKeysTest, DigestIsSha256InHex) {
+  EXPECT_EQ(IdempotencyKeys::Digest(""),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(IdempotencyKeys::Digest("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+TEST(IdempotencyKeysTest, DamagedCompletionRecordsReadAsAbsent) {
+  const std::string good = IdempotencyKeys::EncodeCompletion(SomeCompletion());
+  ASSERT_TRUE(IdempotencyKeys::DecodeCompletion(good).has_value());
+  for (size_t n = 0; n < good.size(); ++n) {
+    EXPECT_FALSE(IdempotencyKeys::DecodeCompletion(good.substr(0, n)).has_value()) << n;
+  }
+  EXPECT_FALSE(IdempotencyKeys::DecodeCompletion(good + "x").has_value());
+  EXPECT_FALSE(IdempotencyKeys::DecodeCompletion("c99999999999999999999:x").has_value());
+  EXPECT_FALSE(IdempotencyKeys::DecodeCompletion("c-1:x").has_value());
+  std::string bad_state = good;
+  bad_state[bad_state.size() - 1] = '7';  // the state field's one digit
+  EXPECT_FALSE(IdempotencyKeys::DecodeCompletion(bad_state).has_value());
+}
+
+}  // namespace
+}  // namespace recall::coordinator
