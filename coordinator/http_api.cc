@@ -94,7 +94,7 @@ HttpApi::HttpApi(const HttpOptions& options, Conversations& conversations, Worke
       workers_(workers),
       keys_(keys),
       metrics_(metrics),
-      index_(options.index_entries),
+      index_(options.index_entries, &conversations.store()),
       idempotency_(options.index_entries, &conversations.store()) {}
 
 absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpOptions& options,

@@ -1,12 +1,9 @@
 #include "coordinator/idempotency_keys.h"
 
-#include <openssl/evp.h>
-
-#include <cstdio>
-
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "coordinator/digest.h"
 
 namespace recall::coordinator {
 namespace {
@@ -15,6 +12,9 @@ namespace {
 // 'c': a completion, as length-prefixed fields (Netstrings).
 constexpr char kSessionRecord = 's';
 constexpr char kCompletionRecord = 'c';
+
+// The store record of a key (SessionStore::PutRecord's names: "k:" and the key).
+std::string RecordName(const std::string& key) { return "k:" + key; }
 
 void AppendField(std::string* out, const std::string& field) {
   absl::StrAppend(out, field.size(), ":", field);
@@ -44,17 +44,7 @@ std::string IdempotencyKeys::Of(const std::string& tenant, const std::string& ke
 }
 
 std::string IdempotencyKeys::Digest(const std::string& prompt) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int n = 0;
-  RECALL_CHECK(EVP_Digest(prompt.data(), prompt.size(), md, &n, EVP_sha256(), nullptr) == 1)
-      << "SHA-256 failed";
-  std::string hex;
-  for (unsigned int i = 0; i < n; ++i) {
-    char b[3];
-    std::snprintf(b, sizeof b, "%02x", md[i]);
-    hex += b;
-  }
-  return hex;
+  return Hex(Sha256().Add(prompt).Digest());
 }
 
 std::string IdempotencyKeys::EncodeCompletion(const Completion& c) {
@@ -111,7 +101,8 @@ void IdempotencyKeys::Put(const std::string& tenant, const std::string& key,
     Remember(Of(tenant, key), session_id);
   }
   if (store_ == nullptr) return;
-  if (absl::Status st = store_->PutKeyRecord(tenant, key, kSessionRecord + session_id); !st.ok()) {
+  if (absl::Status st = store_->PutRecord(tenant, RecordName(key), kSessionRecord + session_id);
+      !st.ok()) {
     RECALL_LOG(WARNING) << "Idempotency-Key \"" << key << "\" of session " << QuotedId(session_id)
                         << " is not in the store (a retry elsewhere may run the turn again): "
                         << st;
@@ -126,7 +117,7 @@ std::string IdempotencyKeys::Find(const std::string& tenant, const std::string& 
     if (it != session_of_.end()) return it->second;
   }
   if (store_ == nullptr) return "";
-  absl::StatusOr<std::string> rec = store_->GetKeyRecord(tenant, key);
+  absl::StatusOr<std::string> rec = store_->GetRecord(tenant, RecordName(key));
   if (!rec.ok()) {
     if (!absl::IsNotFound(rec.status())) {
       RECALL_LOG(WARNING) << "Idempotency-Key \"" << key << "\": " << rec.status();
@@ -163,7 +154,7 @@ void IdempotencyKeys::PutCompletion(const std::string& tenant, const std::string
     RememberCompletion(Of(tenant, key), std::move(completion));
   }
   if (store_ == nullptr) return;
-  if (absl::Status st = store_->PutKeyRecord(tenant, key, record); !st.ok()) {
+  if (absl::Status st = store_->PutRecord(tenant, RecordName(key), record); !st.ok()) {
     RECALL_LOG(WARNING) << "Idempotency-Key \"" << key
                         << "\": the completion is not in the store (a retry elsewhere may run "
                            "it again): "
@@ -180,7 +171,7 @@ std::optional<IdempotencyKeys::Completion> IdempotencyKeys::FindCompletion(
     if (it != completions_.end()) return it->second;
   }
   if (store_ == nullptr) return std::nullopt;
-  absl::StatusOr<std::string> rec = store_->GetKeyRecord(tenant, key);
+  absl::StatusOr<std::string> rec = store_->GetRecord(tenant, RecordName(key));
   if (!rec.ok()) {
     if (!absl::IsNotFound(rec.status())) {
       RECALL_LOG(WARNING) << "Idempotency-Key \"" << key << "\": " << rec.status();

@@ -4,7 +4,7 @@
 // no session, what the request gave), and which keys have a request running now, so a
 // request sent again while the first still runs is told to wait instead of starting the turn
 // twice. What a key's request gave is written through to the session store
-// (SessionStore::PutKeyRecord, kept a day), so a retry finds it on any coordinator sharing
+// (SessionStore::PutRecord, kept a day), so a retry finds it on any coordinator sharing
 // the store and after a restart; a bounded in-memory copy (the oldest go first) saves the
 // store a read. The running marks are per coordinator: two coordinators may each start a
 // request with the same key at the same moment (a named session's store check still catches

@@ -119,9 +119,10 @@ std::string SessionKey(const std::string& id) { return "recall:s:" + id; }
 std::string MessagesKey(const std::string& id) { return "recall:m:" + id; }
 std::string TenantKey(const std::string& t) { return "recall:t:" + t; }
 std::string PartsKey(const std::string& id) { return "recall:p:" + id; }
-// An Idempotency-Key record: the tenant's length keeps (tenant, key) pairs apart.
-std::string KeyRecordKey(const std::string& tenant, const std::string& key) {
-  return absl::StrCat("recall:k:", tenant.size(), ":", tenant, key);
+// A named record (SessionStore::PutRecord): the tenant's length keeps (tenant, name) pairs
+// apart.
+std::string RecordKey(const std::string& tenant, const std::string& name) {
+  return absl::StrCat("recall:r:", tenant.size(), ":", tenant, name);
 }
 
 absl::Status NotFound(const std::string& id) {
@@ -139,18 +140,18 @@ class RedisStore final : public SessionStore {
     if (ctx_ != nullptr) redisFree(ctx_);
   }
 
-  absl::Status PutKeyRecord(const std::string& tenant, const std::string& key,
-                            const std::string& value) override {
+  absl::Status PutRecord(const std::string& tenant, const std::string& name,
+                         const std::string& value) override {
     absl::MutexLock lock(&mu_);
-    return Command({"SET", KeyRecordKey(tenant, key), value, "PX", std::to_string(kKeyRecordTtlMs)})
+    return Command({"SET", RecordKey(tenant, name), value, "PX", std::to_string(kRecordTtlMs)})
         .status();
   }
 
-  absl::StatusOr<std::string> GetKeyRecord(const std::string& tenant,
-                                           const std::string& key) override {
+  absl::StatusOr<std::string> GetRecord(const std::string& tenant,
+                                        const std::string& name) override {
     absl::MutexLock lock(&mu_);
-    RECALL_ASSIGN_OR_RETURN(Reply rep, Command({"GET", KeyRecordKey(tenant, key)}));
-    if (rep->type != REDIS_REPLY_STRING) return absl::NotFoundError("no key record");
+    RECALL_ASSIGN_OR_RETURN(Reply rep, Command({"GET", RecordKey(tenant, name)}));
+    if (rep->type != REDIS_REPLY_STRING) return absl::NotFoundError("no record");
     return std::string(rep->str, rep->len);
   }
 

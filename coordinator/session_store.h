@@ -127,17 +127,18 @@ class SessionStore {
                             const std::string& worker) = 0;
   virtual absl::StatusOr<int> CountSessions(const std::string& tenant) = 0;
 
-  // Idempotency-Key records (coordinator/idempotency_keys.h): a value per (tenant, key) for
-  // the HTTP requests that name no session, so that a retry finds what its first request did
-  // on any coordinator that shares the store, and after a restart. A record is kept
-  // kKeyRecordTtlMs after it was last written, then forgotten (SQLite purges old records as
-  // it writes new ones; Redis lets them expire). Durable on return.
-  static constexpr int64_t kKeyRecordTtlMs = int64_t{24} * 3600 * 1000;
-  virtual absl::Status PutKeyRecord(const std::string& tenant, const std::string& key,
-                                    const std::string& value) = 0;
-  // NotFound when there is none (or it is older than kKeyRecordTtlMs).
-  virtual absl::StatusOr<std::string> GetKeyRecord(const std::string& tenant,
-                                                   const std::string& key) = 0;
+  // Small named records of a tenant, for the HTTP edge's requests that name no session, so
+  // that what one coordinator learnt holds on any coordinator that shares the store and after
+  // a restart: its Idempotency-Key records (idempotency_keys.h, names "k:KEY") and its index of
+  // transcripts (transcript_match.h, names "t:DIGEST"). Binary safe. A record is kept
+  // kRecordTtlMs after it was last written, then forgotten (SQLite purges old records as it
+  // writes new ones; Redis lets them expire). Durable on return.
+  static constexpr int64_t kRecordTtlMs = int64_t{24} * 3600 * 1000;
+  virtual absl::Status PutRecord(const std::string& tenant, const std::string& name,
+                                 const std::string& value) = 0;
+  // NotFound when there is none (or it is older than kRecordTtlMs).
+  virtual absl::StatusOr<std::string> GetRecord(const std::string& tenant,
+                                                const std::string& name) = 0;
 };
 
 // SQLite (WAL, synchronous=FULL) in `path`; the file is created if missing.

@@ -40,13 +40,13 @@ CREATE TABLE IF NOT EXISTS messages (
   lease_ms INTEGER NOT NULL DEFAULT 0,
   turn_id TEXT NOT NULL DEFAULT '',
   PRIMARY KEY (session_id, idx));
-CREATE TABLE IF NOT EXISTS key_records (
+CREATE TABLE IF NOT EXISTS records (
   tenant TEXT NOT NULL,
-  key TEXT NOT NULL,
+  name TEXT NOT NULL,
   value BLOB NOT NULL,
   written_ms INTEGER NOT NULL,
-  PRIMARY KEY (tenant, key));
-CREATE INDEX IF NOT EXISTS key_records_by_age ON key_records(written_ms);
+  PRIMARY KEY (tenant, name));
+CREATE INDEX IF NOT EXISTS records_by_age ON records(written_ms);
 CREATE TABLE IF NOT EXISTS reply_parts (
   session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
   idx INTEGER NOT NULL,
@@ -344,29 +344,29 @@ class SqliteStore final : public SessionStore {
     return absl::NotFoundError(absl::StrCat("session_id: no session ", QuotedId(id)));
   }
 
-  absl::Status PutKeyRecord(const std::string& tenant, const std::string& key,
-                            const std::string& value) override {
+  absl::Status PutRecord(const std::string& tenant, const std::string& name,
+                         const std::string& value) override {
     absl::MutexLock lock(&mu_);
     const int64_t now = UnixMillis();
-    Stmt purge(db_, "DELETE FROM key_records WHERE written_ms < ?");
-    purge.Bind(1, now - kKeyRecordTtlMs);
-    RECALL_RETURN_IF_ERROR(Check(purge.Step(), "forget old key records"));
+    Stmt purge(db_, "DELETE FROM records WHERE written_ms < ?");
+    purge.Bind(1, now - kRecordTtlMs);
+    RECALL_RETURN_IF_ERROR(Check(purge.Step(), "forget old records"));
     Stmt s(db_,
-           "INSERT OR REPLACE INTO key_records (tenant, key, value, written_ms) "
+           "INSERT OR REPLACE INTO records (tenant, name, value, written_ms) "
            "VALUES (?, ?, ?, ?)");
-    s.BindText(1, tenant).BindText(2, key).Bind(3, value).Bind(4, now);
-    return Check(s.Step(), "write key record");
+    s.BindText(1, tenant).BindText(2, name).Bind(3, value).Bind(4, now);
+    return Check(s.Step(), "write record");
   }
 
-  absl::StatusOr<std::string> GetKeyRecord(const std::string& tenant,
-                                           const std::string& key) override {
+  absl::StatusOr<std::string> GetRecord(const std::string& tenant,
+                                        const std::string& name) override {
     absl::MutexLock lock(&mu_);
-    Stmt s(db_, "SELECT value, written_ms FROM key_records WHERE tenant = ? AND key = ?");
-    s.BindText(1, tenant).BindText(2, key);
+    Stmt s(db_, "SELECT value, written_ms FROM records WHERE tenant = ? AND name = ?");
+    s.BindText(1, tenant).BindText(2, name);
     const int rc = s.Step();
-    if (rc == SQLITE_ROW && s.Int(1) >= UnixMillis() - kKeyRecordTtlMs) return s.Text(0);
-    RECALL_RETURN_IF_ERROR(Check(rc, "read key record"));
-    return absl::NotFoundError("no key record");
+    if (rc == SQLITE_ROW && s.Int(1) >= UnixMillis() - kRecordTtlMs) return s.Text(0);
+    RECALL_RETURN_IF_ERROR(Check(rc, "read record"));
+    return absl::NotFoundError("no record");
   }
 
   absl::Status Check(int rc, const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

@@ -2,9 +2,10 @@
 
 #include <algorithm>
 
-#include "absl/hash/hash.h"
-#include "absl/strings/string_view.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "coordinator/digest.h"
 
 namespace recall::coordinator {
 namespace {
@@ -15,11 +16,17 @@ bool Same(const StoredMessage& a, const StoredMessage& b) {
          b.state == TurnState::kComplete;
 }
 
-// The hash of a transcript, message by message: Next(Next(Start(tenant), m0), m1)...
-uint64_t Start(const std::string& tenant) { return absl::HashOf(absl::string_view(tenant)); }
-uint64_t Next(uint64_t h, const StoredMessage& m) {
-  return absl::HashOf(h, absl::string_view(m.role), absl::string_view(m.content));
+// The digest of a transcript, message by message: the tenant, then each message's role and
+// content as length-prefixed fields, so every coordinator computes the same.
+Sha256 Start(const std::string& tenant) {
+  Sha256 chain;
+  chain.AddField("recall transcript").AddField(tenant);
+  return chain;
 }
+void Next(Sha256& chain, const StoredMessage& m) { chain.AddField(m.role).AddField(m.content); }
+
+// The store record of a transcript's digest (SessionStore::PutRecord's names).
+std::string RecordName(const std::string& digest) { return "t:" + Hex(digest); }
 
 }  // namespace
 
@@ -40,57 +47,110 @@ TurnMessages MatchTranscript(const std::vector<StoredMessage>& stored,
   return out;
 }
 
+void TranscriptIndex::Remember(const std::string& digest, const std::string& id, int length) {
+  if (auto old = digest_of_.find(id); old != digest_of_.end()) {
+    auto e = by_digest_.find(old->second);
+    if (e != by_digest_.end() && e->second.id == id) {
+      lru_.erase(e->second.lru);
+      by_digest_.erase(e);
+    }
+    digest_of_.erase(old);
+  }
+  if (auto taken = by_digest_.find(digest); taken != by_digest_.end()) {
+    // Another session of the same tenant holds the same transcript: the newer one wins.
+    digest_of_.erase(taken->second.id);
+    lru_.erase(taken->second.lru);
+    by_digest_.erase(taken);
+  }
+  lru_.push_front(digest);
+  by_digest_[digest] = Entry{id, length, lru_.begin()};
+  digest_of_[id] = digest;
+  while (by_digest_.size() > capacity_) {
+    auto e = by_digest_.find(lru_.back());
+    lru_.pop_back();
+    digest_of_.erase(e->second.id);
+    by_digest_.erase(e);
+  }
+}
+
 void TranscriptIndex::Put(const std::string& tenant, const std::string& id,
                           const std::vector<StoredMessage>& transcript) {
-  uint64_t h = Start(tenant);
-  for (const StoredMessage& m : transcript) h = Next(h, m);
-  absl::MutexLock lock(&mu_);
-  if (auto old = hash_of_.find(id); old != hash_of_.end()) {
-    auto e = by_hash_.find(old->second);
-    if (e != by_hash_.end() && e->second.id == id) {
-      lru_.erase(e->second.lru);
-      by_hash_.erase(e);
-    }
-    hash_of_.erase(old);
+  Sha256 chain = Start(tenant);
+  for (const StoredMessage& m : transcript) Next(chain, m);
+  const std::string digest = chain.Digest();
+  const int length = static_cast<int>(transcript.size());
+  {
+    absl::MutexLock lock(&mu_);
+    Remember(digest, id, length);
   }
-  if (auto taken = by_hash_.find(h); taken != by_hash_.end()) {
-    // Another session of the same tenant holds the same transcript: the newer one wins.
-    hash_of_.erase(taken->second.id);
-    lru_.erase(taken->second.lru);
-    by_hash_.erase(taken);
-  }
-  lru_.push_front(h);
-  by_hash_[h] = Entry{id, static_cast<int>(transcript.size()), lru_.begin()};
-  hash_of_[id] = h;
-  while (by_hash_.size() > capacity_) {
-    const uint64_t oldest = lru_.back();
-    lru_.pop_back();
-    auto e = by_hash_.find(oldest);
-    hash_of_.erase(e->second.id);
-    by_hash_.erase(e);
+  if (store_ == nullptr) return;
+  if (absl::Status st =
+          store_->PutRecord(tenant, RecordName(digest), absl::StrCat(length, ":", id));
+      !st.ok()) {
+    RECALL_LOG(WARNING) << "the transcript of session " << QuotedId(id)
+                        << " is not in the store's index (its next request may start a new "
+                           "session elsewhere): "
+                        << st;
   }
 }
 
 std::vector<std::pair<int, std::string>> TranscriptIndex::Find(
     const std::string& tenant, const std::vector<StoredMessage>& messages) {
-  std::vector<uint64_t> prefix(messages.size() + 1);
-  prefix[0] = Start(tenant);
-  for (size_t i = 0; i < messages.size(); ++i) prefix[i + 1] = Next(prefix[i], messages[i]);
-  std::vector<std::pair<int, std::string>> out;
-  absl::MutexLock lock(&mu_);
-  for (size_t n = messages.size() - (messages.empty() ? 0 : 1); n >= 1; --n) {
-    if (messages[n - 1].role != "assistant") continue;
-    auto e = by_hash_.find(prefix[n]);
-    if (e == by_hash_.end() || e->second.length != static_cast<int>(n)) continue;
-    lru_.splice(lru_.begin(), lru_, e->second.lru);  // used: most recent
-    out.emplace_back(static_cast<int>(n), e->second.id);
+  // prefix[n]: the digest of messages[0, n), for the lengths that may match (a proper prefix
+  // ending with an assistant message).
+  std::vector<std::string> prefix(messages.size());
+  Sha256 chain = Start(tenant);
+  for (size_t n = 1; n < messages.size(); ++n) {
+    Next(chain, messages[n - 1]);
+    if (messages[n - 1].role == "assistant") prefix[n] = chain.Digest();
   }
+  std::vector<std::pair<int, std::string>> out;
+  std::vector<int> unknown;  // lengths the memory does not know, longest first
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t n = prefix.size(); n-- > 1;) {
+      if (prefix[n].empty()) continue;
+      auto e = by_digest_.find(prefix[n]);
+      if (e == by_digest_.end() || e->second.length != static_cast<int>(n)) {
+        unknown.push_back(static_cast<int>(n));
+        continue;
+      }
+      lru_.splice(lru_.begin(), lru_, e->second.lru);  // used: most recent
+      out.emplace_back(static_cast<int>(n), e->second.id);
+    }
+  }
+  if (store_ == nullptr) return out;
+  for (size_t i = 0; i < unknown.size() && i < static_cast<size_t>(kStoreLookups); ++i) {
+    const int n = unknown[i];
+    absl::StatusOr<std::string> rec = store_->GetRecord(tenant, RecordName(prefix[n]));
+    if (!rec.ok()) {
+      if (!absl::IsNotFound(rec.status())) {
+        RECALL_LOG(WARNING) << "transcript index: " << rec.status();
+        break;  // the store is not answering: no more lookups for this request
+      }
+      continue;
+    }
+    const size_t colon = rec->find(':');
+    int length = 0;
+    if (colon == std::string::npos || !absl::SimpleAtoi(rec->substr(0, colon), &length) ||
+        length != n) {
+      continue;  // not a record of this prefix
+    }
+    const std::string id = rec->substr(colon + 1);
+    {
+      absl::MutexLock lock(&mu_);
+      Remember(prefix[n], id, n);
+    }
+    out.emplace_back(n, id);
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
   return out;
 }
 
 size_t TranscriptIndex::size() {
   absl::MutexLock lock(&mu_);
-  return by_hash_.size();
+  return by_digest_.size();
 }
 
 }  // namespace recall::coordinator

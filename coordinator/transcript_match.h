@@ -12,10 +12,14 @@
 // byte for byte.
 //
 // TranscriptIndex: for clients that name no session. After each turn the HTTP edge records
-// the transcript the session now holds (by a hash of the tenant and its messages); a request
-// whose list extends a recorded transcript continues that session. Several candidates are
-// returned, longest first; the caller verifies each against the store (a hash is not proof).
-// Bounded: the least recently used entries go first. In memory, per coordinator.
+// the transcript the session now holds (by a SHA-256 chain over the tenant and its messages);
+// a request whose list extends a recorded transcript continues that session. Several
+// candidates are returned, longest first; the caller verifies each against the store (a
+// digest is not proof). Records are written through to the session store (named records
+// "t:DIGEST", kept a day), so a plain OpenAI client keeps its session and warm cache when its
+// next request reaches another coordinator sharing the store, or this one after a restart;
+// a bounded memory copy (least recently used first out) answers without a store read, and on
+// a miss the store is asked for the kStoreLookups longest prefixes only.
 //
 // Thread safety: MatchTranscript is pure; TranscriptIndex is thread safe.
 #pragma once
@@ -41,7 +45,9 @@ TurnMessages MatchTranscript(const std::vector<StoredMessage>& stored,
 
 class TranscriptIndex {
  public:
-  explicit TranscriptIndex(size_t capacity) : capacity_(capacity) {}
+  static constexpr int kStoreLookups = 4;
+  // `store` (may be null: memory only) must outlive this.
+  TranscriptIndex(size_t capacity, SessionStore* store) : capacity_(capacity), store_(store) {}
 
   // `tenant`'s session `id` now holds exactly `transcript` (replacing what it was said to hold).
   void Put(const std::string& tenant, const std::string& id,
@@ -56,14 +62,17 @@ class TranscriptIndex {
   struct Entry {
     std::string id;
     int length = 0;
-    std::list<uint64_t>::iterator lru;  // its place in lru_
+    std::list<std::string>::iterator lru;  // its place in lru_
   };
+  void Remember(const std::string& digest, const std::string& id, int length)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const size_t capacity_;
+  SessionStore* const store_;
   absl::Mutex mu_;
-  std::unordered_map<uint64_t, Entry> by_hash_ ABSL_GUARDED_BY(mu_);
-  std::unordered_map<std::string, uint64_t> hash_of_ ABSL_GUARDED_BY(mu_);  // by session id
-  std::list<uint64_t> lru_ ABSL_GUARDED_BY(mu_);                            // most recent first
+  std::unordered_map<std::string, Entry> by_digest_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<std::string, std::string> digest_of_ ABSL_GUARDED_BY(mu_);  // by session
+  std::list<std::string> lru_ ABSL_GUARDED_BY(mu_);  // digests, most recent first
 };
 
 }  // namespace recall::coordinator

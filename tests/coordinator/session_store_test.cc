@@ -309,48 +309,48 @@ TEST(ReplyBytesTest, SeedsRoundTripAndOldBytesReadWithout) {
 
 // Idempotency-Key records: per tenant, replaced by a later write, binary safe, kept across a
 // reopening; a key never written is NotFound.
-TEST_P(SessionStoreTest, KeyRecordsArePerTenantReplacedAndKept) {
-  EXPECT_EQ(store_->GetKeyRecord("a", "k1").status().code(), absl::StatusCode::kNotFound);
+TEST_P(SessionStoreTest, RecordsArePerTenantReplacedAndKept) {
+  EXPECT_EQ(store_->GetRecord("a", "k1").status().code(), absl::StatusCode::kNotFound);
   const std::string bytes("c\x00\xff:2:ab", 8);
-  ASSERT_TRUE(store_->PutKeyRecord("a", "k1", "s-first").ok());
-  ASSERT_TRUE(store_->PutKeyRecord("a", "k1", bytes).ok());
-  ASSERT_TRUE(store_->PutKeyRecord("b", "k1", "s-theirs").ok());
+  ASSERT_TRUE(store_->PutRecord("a", "k1", "s-first").ok());
+  ASSERT_TRUE(store_->PutRecord("a", "k1", bytes).ok());
+  ASSERT_TRUE(store_->PutRecord("b", "k1", "s-theirs").ok());
   // (tenant, key) pairs that would concatenate alike stay apart.
-  ASSERT_TRUE(store_->PutKeyRecord("ab", "c", "s-ab").ok());
-  ASSERT_TRUE(store_->PutKeyRecord("a", "bc", "s-a").ok());
+  ASSERT_TRUE(store_->PutRecord("ab", "c", "s-ab").ok());
+  ASSERT_TRUE(store_->PutRecord("a", "bc", "s-a").ok());
   store_.reset();
   auto again = OpenStore(url_);
   ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_EQ(*(*again)->GetKeyRecord("a", "k1"), bytes);
-  EXPECT_EQ(*(*again)->GetKeyRecord("b", "k1"), "s-theirs");
-  EXPECT_EQ(*(*again)->GetKeyRecord("ab", "c"), "s-ab");
-  EXPECT_EQ(*(*again)->GetKeyRecord("a", "bc"), "s-a");
-  EXPECT_EQ((*again)->GetKeyRecord("c", "k1").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(*(*again)->GetRecord("a", "k1"), bytes);
+  EXPECT_EQ(*(*again)->GetRecord("b", "k1"), "s-theirs");
+  EXPECT_EQ(*(*again)->GetRecord("ab", "c"), "s-ab");
+  EXPECT_EQ(*(*again)->GetRecord("a", "bc"), "s-a");
+  EXPECT_EQ((*again)->GetRecord("c", "k1").status().code(), absl::StatusCode::kNotFound);
 }
 
 // SQLite: a record older than a day reads as absent and goes at the next write.
-TEST(SqliteStoreTest, KeyRecordsOlderThanADayAreForgotten) {
+TEST(SqliteStoreTest, RecordsOlderThanADayAreForgotten) {
   const std::string path = testing::MakeTempDir("store_keys") + "/sessions.db";
   {
     auto store = OpenStore(path);
     ASSERT_TRUE(store.ok()) << store.status();
-    ASSERT_TRUE((*store)->PutKeyRecord("a", "old", "s1").ok());
+    ASSERT_TRUE((*store)->PutRecord("a", "old", "s1").ok());
   }
   sqlite3* db = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-  const std::string age = "UPDATE key_records SET written_ms = written_ms - " +
-                          std::to_string(SessionStore::kKeyRecordTtlMs + 1000);
+  const std::string age = "UPDATE records SET written_ms = written_ms - " +
+                          std::to_string(SessionStore::kRecordTtlMs + 1000);
   ASSERT_EQ(sqlite3_exec(db, age.c_str(), nullptr, nullptr, nullptr), SQLITE_OK);
   sqlite3_close(db);
   auto store = OpenStore(path);
   ASSERT_TRUE(store.ok()) << store.status();
-  EXPECT_EQ((*store)->GetKeyRecord("a", "old").status().code(), absl::StatusCode::kNotFound);
-  ASSERT_TRUE((*store)->PutKeyRecord("a", "new", "s2").ok());
+  EXPECT_EQ((*store)->GetRecord("a", "old").status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE((*store)->PutRecord("a", "new", "s2").ok());
   store->reset();
   ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
   int rows = -1;
   sqlite3_exec(
-      db, "SELECT COUNT(*) FROM key_records",
+      db, "SELECT COUNT(*) FROM records",
       [](void* n, int, char** v, char**) {
         *static_cast<int*>(n) = std::atoi(v[0]);
         return 0;

@@ -5,6 +5,7 @@
 #include "coordinator/transcript_match.h"
 
 #include "gtest/gtest.h"
+#include "tests/common/test_util.h"
 
 namespace recall::coordinator {
 namespace {
@@ -53,7 +54,7 @@ TEST(MatchTranscriptTest, ARegeneratedReplyRebuildsFromTheMessageBeforeIt) {
 }
 
 TEST(TranscriptIndexTest, FindsTheLongestRecordedPrefixFirstAndOnlyForItsTenant) {
-  TranscriptIndex index(100);
+  TranscriptIndex index(100, nullptr);
   const auto one = List({{"user", "a"}, {"assistant", "b"}});
   const auto two = List({{"user", "a"}, {"assistant", "b"}, {"user", "c"}, {"assistant", "d"}});
   index.Put("t", "s1", one);
@@ -71,7 +72,7 @@ TEST(TranscriptIndexTest, FindsTheLongestRecordedPrefixFirstAndOnlyForItsTenant)
 }
 
 TEST(TranscriptIndexTest, ASessionIsRecordedOnceAndTheOldestEntriesGoFirst) {
-  TranscriptIndex index(2);
+  TranscriptIndex index(2, nullptr);
   const auto a = List({{"user", "a"}, {"assistant", "A"}});
   auto a2 = a;
   a2.push_back({"user", "aa"});
@@ -89,6 +90,42 @@ TEST(TranscriptIndexTest, ASessionIsRecordedOnceAndTheOldestEntriesGoFirst) {
   after.push_back({"user", "?"});
   EXPECT_TRUE(index.Find("t", after).empty()) << "s1, the least recently used, went first";
   EXPECT_EQ(index.Find("t", List({{"user", "c"}, {"assistant", "C"}, {"user", "?"}})).size(), 1u);
+}
+
+// Through the store (another coordinator, or this one after a restart): what one index
+// recorded, another finds, per tenant; on a memory miss only the kStoreLookups longest
+// prefixes are asked of the store.
+TEST(TranscriptIndexTest, AnotherIndexOverTheSameStoreFindsWhatOneRecorded) {
+  auto store = OpenStore(testing::MakeTempDir("transcript_index") + "/sessions.db");
+  ASSERT_TRUE(store.ok()) << store.status();
+  const auto one = List({{"user", "a"}, {"assistant", "b"}});
+  const auto two = List({{"user", "a"}, {"assistant", "b"}, {"user", "c"}, {"assistant", "d"}});
+  {
+    TranscriptIndex first(100, store->get());
+    first.Put("t", "s1", one);
+    first.Put("t", "s2", two);
+  }
+  TranscriptIndex second(100, store->get());
+  auto request = two;
+  request.push_back({"user", "e"});
+  const auto found = second.Find("t", request);
+  ASSERT_EQ(found.size(), 2u);
+  EXPECT_EQ(found[0], std::make_pair(4, std::string("s2")));
+  EXPECT_EQ(found[1], std::make_pair(2, std::string("s1")));
+  EXPECT_TRUE(second.Find("other tenant", request).empty());
+  EXPECT_EQ(second.size(), 2u) << "remembered after the store answered";
+
+  // s1's transcript then five more turns: its prefix is the sixth longest, past the lookups.
+  auto longer = one;
+  for (int i = 0; i < 5; ++i) {
+    longer.push_back({"user", "u" + std::to_string(i)});
+    longer.push_back({"assistant", "r" + std::to_string(i)});
+  }
+  longer.push_back({"user", "?"});
+  TranscriptIndex third(100, store->get());
+  EXPECT_TRUE(third.Find("t", longer).empty());
+  longer.erase(longer.begin() + 8, longer.end() - 1);  // one, then three turns: the fourth
+  EXPECT_EQ(third.Find("t", longer), (std::vector<std::pair<int, std::string>>{{2, "s1"}}));
 }
 
 }  // namespace

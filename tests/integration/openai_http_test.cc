@@ -148,6 +148,32 @@ TEST_F(OpenAiHttpTest, ResendingTheWholeListReusesTheSessionsCache) {
             four.JsonBody()["choices"][0]["message"]["content"].get<std::string>());
 }
 
+// A stateless client's conversation keeps its session (and the worker's warm cache) when its
+// next request reaches a coordinator that did not serve the last one: here the same one after
+// a restart, as another replica sharing the store would. The index of transcripts is in the
+// store, not only in the coordinator's memory.
+TEST_F(OpenAiHttpTest, AnUnnamedConversationKeepsItsSessionAcrossACoordinatorRestart) {
+  std::vector<Json> messages = {Message("user", "Once upon a time")};
+  const HttpReply one = Post("/v1/chat/completions", ChatBody(messages, 8, false));
+  ASSERT_EQ(one.status, 200) << one.body;
+  const std::string id = one.Header("X-Session-Id");
+  coordinator_.Stop();
+  StartCoordinator();
+  messages.push_back(
+      Message("assistant", one.JsonBody()["choices"][0]["message"]["content"].get<std::string>()));
+  messages.push_back(Message("user", "What happened next?"));
+  const HttpReply two = Post("/v1/chat/completions", ChatBody(messages, 8, false));
+  ASSERT_EQ(two.status, 200) << two.body;
+  EXPECT_EQ(two.Header("X-Session-Id"), id) << "the session it continues, not a new one";
+  EXPECT_GT(two.JsonBody()["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 0)
+      << two.body;
+  EXPECT_EQ(GetSession(id).messages_size(), 4);
+  // Another tenant with the same list starts its own session.
+  const HttpReply theirs = Post("/v1/chat/completions", ChatBody(messages, 8, false), "key-b");
+  ASSERT_EQ(theirs.status, 200) << theirs.body;
+  EXPECT_NE(theirs.Header("X-Session-Id"), id);
+}
+
 TEST_F(OpenAiHttpTest, CompletionsModelsAndHealth) {
   const HttpReply c =
       Post("/v1/completions", R"({"prompt":"Once upon a time","max_tokens":6,"temperature":0})");
