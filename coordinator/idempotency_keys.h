@@ -6,10 +6,10 @@
 // twice. What a key's request gave is written through to the session store
 // (SessionStore::PutRecord, kept a day), so a retry finds it on any coordinator sharing
 // the store and after a restart; a bounded in-memory copy (the oldest go first) saves the
-// store a read. The running marks are per coordinator: two coordinators may each start a
-// request with the same key at the same moment (a named session's store check still catches
-// that for its turn, http_api.cc). A request that names its session (X-Session-Id) finds its
-// key in the session's transcript.
+// store a read. The running marks are per coordinator; for chat turns the stored turn (in
+// progress once begun) answers the same for every coordinator (http_api.cc), while a keyed
+// completion running on one coordinator is not seen by another until it ends. A request that
+// names its session (X-Session-Id) finds its key in the session's transcript.
 //
 // Thread safety: thread safe.
 #pragma once
