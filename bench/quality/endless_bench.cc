@@ -293,9 +293,10 @@ int Main(int argc, char** argv) {
         }
         r.m = static_cast<int>(r.peak_kv_bytes / token_bytes);
         if (r.peak_kv_bytes % token_bytes != 0) {
-          out("note: %s C=%d peak %lld bytes is not a whole number of tokens in every layer; "
-              "M rounded down to %d\n",
-              p, c, static_cast<long long>(r.peak_kv_bytes), r.m);
+          // (A policy's per-slot state is in the peak, so this is the usual case for them.)
+          out("note: %s C=%d: M = %d, the longest window whose KV fits the peak of %lld bytes "
+              "(KV and the policy's state), rounded down\n",
+              p, c, r.m, static_cast<long long>(r.peak_kv_bytes));
         }
         policy_seconds += r.seconds;
         results.push_back(std::move(r));
