@@ -112,18 +112,35 @@ void EpisodeBuilder::Loop() {
   }
 }
 
+namespace {
+
+int32_t LargestBudget(const EpisodeJob& job) {
+  return job.budgets.empty() ? 0 : *std::max_element(job.budgets.begin(), job.budgets.end());
+}
+
+}  // namespace
+
+int64_t EpisodeBuildPoolBlocksPerLayer(const EpisodeJob& job,
+                                       const kernels::PagedKvLayout& layout) {
+  const int64_t bt = layout.block_tokens;
+  return (LargestBudget(job) + job.options.block.block_tokens + bt - 1) / bt + 1;
+}
+
+int64_t EpisodeBuildHostBytes(const EpisodeJob& job, const kernels::PagedKvLayout& layout) {
+  const int64_t bt = layout.block_tokens;
+  const int64_t episode_blocks = (LargestBudget(job) + bt - 1) / bt;
+  const int64_t blocks_per_layer =
+      EpisodeBuildPoolBlocksPerLayer(job, layout) + job.options.episodes * episode_blocks;
+  return layout.n_layers * blocks_per_layer * layout.BlockBytes();
+}
+
 EpisodeResult EpisodeBuilder::Build(EpisodeJob& job) {
   EpisodeResult r;
   r.session = job.session;
   r.generation = job.generation;
   r.history_tokens = job.history.size();
-  // A pool for the largest layer budget plus one block, in every layer.
-  const int32_t most =
-      job.budgets.empty() ? 0 : *std::max_element(job.budgets.begin(), job.budgets.end());
-  const int64_t per_layer =
-      (most + job.options.block.block_tokens + layout_.block_tokens - 1) / layout_.block_tokens + 1;
-  absl::StatusOr<std::unique_ptr<cache::BlockPool>> pool =
-      cache::BlockPool::Create(layout_, layout_.n_layers * per_layer);
+  absl::StatusOr<std::unique_ptr<cache::BlockPool>> pool = cache::BlockPool::Create(
+      layout_, layout_.n_layers * EpisodeBuildPoolBlocksPerLayer(job, layout_));
   if (!pool.ok()) {
     r.set = pool.status();
     return r;

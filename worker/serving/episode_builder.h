@@ -51,6 +51,13 @@ struct EpisodeResult {
   std::unique_ptr<cache::episodic::Embedder> router;
 };
 
+// The KV blocks per layer of the pool a build of `job` uses: its largest layer budget plus
+// one block of the block-wise prefill, and one more.
+int64_t EpisodeBuildPoolBlocksPerLayer(const EpisodeJob& job, const kernels::PagedKvLayout& layout);
+// At most the host bytes a build of `job` holds: its pool, and the host copies of its
+// episodes (each at most the largest layer budget in every layer).
+int64_t EpisodeBuildHostBytes(const EpisodeJob& job, const kernels::PagedKvLayout& layout);
+
 class EpisodeBuilder {
  public:
   // layout: the serving pool's (the built caches must fit it). threads: CPU threads of the

@@ -75,6 +75,8 @@ void EpisodeServing::Collect() {
     SessionEpisodes& e = *s->episodic;
     if (r.generation != e.generation) continue;  // a newer job was submitted
     e.building = false;
+    memory_.CountHost(-e.build_host_bytes);  // what it holds now is counted if installed
+    e.build_host_bytes = 0;
     if (!r.set.ok()) {  // logged by the builder; the session keeps what it has
       counters_.failed->Increment();
       continue;
@@ -175,6 +177,23 @@ void EpisodeServing::Submit(Session& s) {
   job.options.episodes = e.spec.episodes;
   job.options.block.block_tokens = e.spec.block_tokens;
   job.options.block.positions = s.positions;  // compact: a history of any length is read
+  // The build's pool and its episodes' copies are host memory: counted against the host
+  // budget while it runs; without room the session keeps serving and tries at its next turn.
+  const int64_t host = EpisodeBuildHostBytes(job, pool_->layout());
+  if (!memory_.HostFits(host)) {
+    if (!e.build_deferred) {
+      counters_.over_host->Increment();
+      RECALL_LOG(WARNING) << "session " << s.id << ": building its episodes needs " << host
+                          << " host bytes, over --host-cache-bytes with what it holds now; "
+                          << "serving without them until there is room";
+    }
+    e.build_deferred = true;
+    --e.generation;  // no job went out
+    return;
+  }
+  e.build_deferred = false;
+  memory_.CountHost(host);
+  e.build_host_bytes = host;
   builder_->Submit(std::move(job));
   e.building = true;
   e.turns_since_build = 0;

@@ -38,7 +38,7 @@ class EpisodeServing {
   struct Counters {
     metrics::Counter* installed = nullptr;  // episode sets installed
     metrics::Counter* failed = nullptr;     // builds that failed
-    metrics::Counter* over_host = nullptr;  // builds not installed: over the host budget
+    metrics::Counter* over_host = nullptr;  // builds not run or installed: over the host budget
     metrics::Counter* switches = nullptr;   // turns routed to another episode
   };
 

@@ -52,6 +52,11 @@ struct SessionEpisodes {
   int turns_since_build = 0;  // turns served since the last build was submitted
   uint64_t generation = 0;    // of the last job submitted
   bool building = false;      // a job is queued or building
+  // Host bytes counted against the host budget for the job while it is queued or building:
+  // its pool and its episodes' host copies (EpisodeBuildHostBytes); given back when its result
+  // is taken, whose installation then counts what it holds.
+  int64_t build_host_bytes = 0;
+  bool build_deferred = false;           // the last job waited for host memory (counted once)
   std::unique_ptr<EpisodeResult> ready;  // a finished build, installed next turn
 
   // Host bytes of the parked caches.

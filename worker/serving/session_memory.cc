@@ -45,7 +45,9 @@ void SessionMemory::DropIfUncached(const std::string& id) {
 void SessionMemory::Drop(Session& s) {
   if (on_drop_) on_drop_(s);
   if (s.offloaded()) host_bytes_ -= s.host_bytes();
-  if (s.episodic != nullptr) host_bytes_ -= s.episodic->parked_host_bytes();
+  if (s.episodic != nullptr) {
+    host_bytes_ -= s.episodic->parked_host_bytes() + s.episodic->build_host_bytes;
+  }
   sessions_.erase(s.id);  // destroys the evictors, then the caches (their blocks go back)
   Settle();
 }

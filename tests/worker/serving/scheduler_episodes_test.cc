@@ -2,7 +2,8 @@
 // its history passes the budget, its episodes are then built in the background while it
 // keeps serving, and later turns are routed to the episode of their story, each episode's
 // cache caught up with the turns it missed; dropping the session frees every block and host
-// byte; bad settings are refused by name.
+// byte; episodes and builds over the host budget are not installed or run; bad settings are
+// refused by name.
 #include <string>
 #include <vector>
 
@@ -132,6 +133,27 @@ TEST_F(SchedulerEpisodesTest, EpisodesThatDoNotFitTheHostBudgetAreNotInstalled) 
   Collected next = Run("Lily had a red ball.", 8);
   ASSERT_TRUE(next.status.ok()) << next.status;
   EXPECT_TRUE(next.summary.episode_windows.empty()) << "served without episodes";
+  EXPECT_EQ(Counter("recall_worker_episode_sets_total", "outcome=\"over_host_budget\""), 1);
+  EXPECT_LE(sched_->Load().host_bytes_used, o.host_cache_bytes);
+}
+
+// A build holds host memory while it runs (its own pool and its episodes' copies): it is
+// counted against the host budget too. With room for the two episodes' copies (80 KiB) but
+// not also for the build's pool, the build waits (it ran before, past the budget) and the
+// session is served without episodes; it is counted once, not at every turn.
+TEST_F(SchedulerEpisodesTest, ABuildThatDoesNotFitTheHostBudgetWaits) {
+  SchedulerOptions o;
+  o.host_cache_bytes = 96 << 10;
+  Start(o);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(Run(kStories[i], 2 * i).status.ok());
+  sched_->WaitForEpisodeBuilds();
+  for (int i = 0; i < 2; ++i) {
+    Collected next = Run(i == 0 ? "Lily had a red ball." : "Tom saw a truck.", 8 + 2 * i);
+    ASSERT_TRUE(next.status.ok()) << next.status;
+    EXPECT_TRUE(next.summary.episode_windows.empty()) << "served without episodes";
+    sched_->WaitForEpisodeBuilds();
+  }
+  EXPECT_EQ(Counter("recall_worker_episode_sets_total", "outcome=\"installed\""), 0);
   EXPECT_EQ(Counter("recall_worker_episode_sets_total", "outcome=\"over_host_budget\""), 1);
   EXPECT_LE(sched_->Load().host_bytes_used, o.host_cache_bytes);
 }
