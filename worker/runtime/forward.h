@@ -103,6 +103,9 @@ class ForwardPass {
   // Item `item`'s probabilities of the last Run when it asked for probs_on_backend (else
   // null), in backend memory, and their stride.
   const float* backend_probs(size_t item, int64_t* stride) const;
+  // Bytes of the attention probabilities' scratch in backend memory (device backends: it
+  // grows with the batches' cache lengths and is kept), counted with the turns' scratch.
+  int64_t probs_scratch_bytes() const { return static_cast<int64_t>(probs_.bytes()); }
 
   const model::Model& model() const { return model_; }
   kernels::Backend& backend() const { return backend_; }

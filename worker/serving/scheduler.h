@@ -223,8 +223,9 @@ class Scheduler {
   void CompactSession(Session& s);
   // Grows turn.probs so each rank's rows hold `len` slots.
   void EnsureProbs(Turn& turn, int len);
-  // Counts the queued and running turns' scratch (probabilities, SnapKV's window, logits)
-  // against the pools with the sessions' state (SessionMemory's side memory).
+  // Counts the queued and running turns' scratch (probabilities, SnapKV's window, logits; a
+  // device rank's probabilities scratch) against the pools with the sessions' state
+  // (SessionMemory's side memory).
   void SettleScratch();
   // The forward pass and then the eviction work of the batch on every rank (rank r's thread);
   // evict_status[i] gets item i's eviction error, if any.

@@ -104,6 +104,9 @@ void Scheduler::SettleScratch() {
   };
   for (const auto& t : active_) add(*t);
   for (const auto& t : waiting_) add(*t);
+  for (size_t r = 0; r < scratch.size(); ++r) {
+    scratch[r] += ranks_.ranks[r].forward->probs_scratch_bytes();
+  }
   memory_.SetScratch(std::move(scratch));
 }
 
