@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/common/redis_server.h"
 #include "tests/integration/openai_http_util.h"
 
 namespace recall {
@@ -365,6 +366,70 @@ TEST_F(OpenAiHttpTest, UnnamedAndCompletionKeysAreFoundInTheStoreAfterARestart) 
                                       "key-a", {{"Idempotency-Key", "completion-1"}});
   EXPECT_EQ(other_prompt.status, 400) << other_prompt.body;
   EXPECT_NE(other_prompt.body.find("another prompt"), std::string::npos) << other_prompt.body;
+}
+
+// Two coordinators sharing one Redis store (the Helm chart's replicas): a stateless client's
+// conversation begun on one continues in the same session, on the same warm cache, through
+// the other; a retried key reaching the other replica gets the turn, or the completion, once.
+TEST(OpenAiRedisTest, TwoCoordinatorsShareStatelessSessionsAndKeysThroughRedis) {
+  RECALL_REQUIRE_SHARED_FILE(kModel);
+  if (!testing::RedisServer::Available()) GTEST_SKIP() << "redis-server is not installed";
+  const std::string dir = testing::MakeTempDir("openai_redis");
+  testing::RedisServer redis;
+  ASSERT_TRUE(redis.Start(dir));
+  ServerProcess worker, a, b;
+  std::string error;
+  ASSERT_TRUE(worker.Start(
+      RECALL_WORKER_BINARY,
+      {"--model", testing::SharedPath(kModel), "--tokenizer", testing::SharedPath(kTokenizer),
+       "--listen", "127.0.0.1:0", "--kv-cache-bytes", "16M", "--threads", "1"},
+      dir, &error))
+      << error;
+  const std::string w = "127.0.0.1:" + std::to_string(worker.port("grpc"));
+  for (ServerProcess* c : {&a, &b}) {
+    ASSERT_TRUE(c->Start(RECALL_COORDINATOR_BINARY,
+                         {"--workers", w, "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
+                          "--store", redis.url()},
+                         dir, &error))
+        << error;
+  }
+  httplib::Client ha("127.0.0.1", a.port("http")), hb("127.0.0.1", b.port("http"));
+  ha.set_read_timeout(120, 0);
+  hb.set_read_timeout(120, 0);
+  auto post = [](httplib::Client& c, const std::string& path, const std::string& body,
+                 httplib::Headers headers = {}) {
+    return Send(c, "POST", path, body, "", std::move(headers));
+  };
+
+  std::vector<Json> messages = {Message("user", "Once upon a time")};
+  const HttpReply one = post(ha, "/v1/chat/completions", ChatBody(messages, 8, false),
+                             {{"Idempotency-Key", "redis-1"}});
+  ASSERT_EQ(one.status, 200) << one.body;
+  const std::string id = one.Header("X-Session-Id");
+  // The same request retried through the other replica: replayed, not run again.
+  const HttpReply retried = post(hb, "/v1/chat/completions", ChatBody(messages, 8, false),
+                                 {{"Idempotency-Key", "redis-1"}});
+  ASSERT_EQ(retried.status, 200) << retried.body;
+  EXPECT_EQ(retried.Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(retried.Header("X-Session-Id"), id);
+  EXPECT_EQ(ReplyText(retried), ReplyText(one));
+  // The next turn through the other replica continues the session and its cache.
+  messages.push_back(Message("assistant", ReplyText(one)));
+  messages.push_back(Message("user", "What happened next?"));
+  const HttpReply two = post(hb, "/v1/chat/completions", ChatBody(messages, 8, false));
+  ASSERT_EQ(two.status, 200) << two.body;
+  EXPECT_EQ(two.Header("X-Session-Id"), id);
+  EXPECT_GT(two.JsonBody()["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 0)
+      << two.body;
+
+  const HttpReply done =
+      post(ha, "/v1/completions", CompletionBody(10, false, 9), {{"Idempotency-Key", "redis-c"}});
+  ASSERT_EQ(done.status, 200) << done.body;
+  const HttpReply again =
+      post(hb, "/v1/completions", CompletionBody(10, false, 9), {{"Idempotency-Key", "redis-c"}});
+  ASSERT_EQ(again.status, 200) << again.body;
+  EXPECT_EQ(again.Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(CompletionText(again), CompletionText(done));
 }
 
 }  // namespace
