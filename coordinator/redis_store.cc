@@ -43,6 +43,16 @@ if n ~= tonumber(ARGV[2]) then return -2 - n end
 for i = 3, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
 return 1)lua";
 
+// Lua: keeps the parts list (KEYS[3]) to the parts p for which KEEP holds (an expression of
+// the part's message index, cjson.decode(p).i).
+#define RECALL_KEEP_PARTS(KEEP)                       \
+  "local ps = redis.call('LRANGE', KEYS[3], 0, -1)\n" \
+  "redis.call('DEL', KEYS[3])\n"                      \
+  "for _, p in ipairs(ps) do\n"                       \
+  "  if " KEEP                                        \
+  " then redis.call('RPUSH', KEYS[3], p) end\n"       \
+  "end\n"
+
 // KEYS: session, messages, parts. ARGV: tenant, index, message. -1 not found, -2 - n: the
 // list has n messages, none at index. The message's parts go (it is written whole).
 constexpr char kReplace[] = R"lua(
@@ -51,12 +61,7 @@ local n = redis.call('LLEN', KEYS[2])
 local index = tonumber(ARGV[2])
 if index >= n then return -2 - n end
 redis.call('LSET', KEYS[2], index, ARGV[3])
-local ps = redis.call('LRANGE', KEYS[3], 0, -1)
-redis.call('DEL', KEYS[3])
-for _, p in ipairs(ps) do
-  if cjson.decode(p).i ~= index then redis.call('RPUSH', KEYS[3], p) end
-end
-return 1)lua";
+)lua" RECALL_KEEP_PARTS("cjson.decode(p).i ~= index") "return 1";
 
 // KEYS: session, messages, parts. ARGV: tenant, index, lease, part, renew_before. -1 not
 // found, -2 no message there, -3 it is not in progress. The message's lease is renewed (its
@@ -102,12 +107,9 @@ constexpr char kTruncate[] = R"lua(
 if redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[1] then return -1 end
 local i = tonumber(ARGV[2])
 if i == 0 then redis.call('DEL', KEYS[2]) else redis.call('LTRIM', KEYS[2], 0, i - 1) end
-local ps = redis.call('LRANGE', KEYS[3], 0, -1)
-redis.call('DEL', KEYS[3])
-for _, p in ipairs(ps) do
-  if cjson.decode(p).i < i then redis.call('RPUSH', KEYS[3], p) end
-end
-return 1)lua";
+)lua" RECALL_KEEP_PARTS("cjson.decode(p).i < i") "return 1";
+
+#undef RECALL_KEEP_PARTS
 
 // KEYS: session. ARGV: tenant, worker.
 constexpr char kBind[] = R"lua(
