@@ -8,6 +8,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/flags.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -80,9 +81,11 @@ struct HttpApi::Reply {
   std::string first_text;  // a stream's text that arrived before its headers went out
   std::string tenant, key;  // an Idempotency-Key this request holds the claim on, until the end
   std::string resumed;      // a resumed turn's stored part, sent before the rest
-  // A completion with a key: its prompt and the seed it samples with, kept with its reply.
+  // A completion with a key: its prompt and the seed it samples with, kept with its reply;
+  // the record other coordinators see while it runs, and until when its lease holds.
   std::string prompt, model;
   uint64_t seed = 0;
+  std::optional<IdempotencyKeys::Completion> running;
   bool concluded = false;
   absl::Status concluded_status;
 };
@@ -449,6 +452,15 @@ void HttpApi::Completions(const httplib::Request& req, httplib::Response& res) {
                completion.stream, res);
         return absl::OkStatus();
       }
+      if (kept.has_value() && kept->reply.state == TurnState::kInProgress) {
+        if (kept->reply.lease_unix_ms > UnixMillis()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              kKeyHeader, " \"", key,
+              "\": a request with this key is running on another coordinator; send it again "
+              "once it has ended (retryable)"));
+        }
+        kept->reply.state = TurnState::kInterrupted;  // its coordinator is gone: resumed
+      }
     }
     v1::SamplingParams sampling = completion.sampling;
     if (kept.has_value() && !sampling.has_seed() && kept->reply.seed.has_value()) {
@@ -466,6 +478,16 @@ void HttpApi::Completions(const httplib::Request& req, httplib::Response& res) {
     reply->model = model;
     reply->seed = reply->spec.request.sampling().seed();
     reply->tenant = tenant;
+    if (!key.empty()) {
+      // Seen by the other coordinators while it runs: they answer 409, or, once its lease
+      // has passed (this coordinator died), resume it with the same seed.
+      reply->running = IdempotencyKeys::Completion{
+          IdempotencyKeys::Digest(completion.prompt), model,
+          kept.has_value() ? kept->reply : StoredMessage{"assistant", ""}};
+      reply->running->reply.state = TurnState::kInProgress;
+      reply->running->reply.seed = reply->seed;
+      RenewLease(*reply, tenant, key);
+    }
     reply->key = std::move(key);  // released when the reply concludes
     key.clear();
     Respond(std::move(reply), completion.stream, res);
@@ -473,6 +495,14 @@ void HttpApi::Completions(const httplib::Request& req, httplib::Response& res) {
   }();
   if (!key.empty()) idempotency_.Release(tenant, key);
   if (!status.ok()) Fail(res, status);
+}
+
+void HttpApi::RenewLease(Reply& reply, const std::string& tenant, const std::string& key) {
+  if (!reply.running.has_value()) return;
+  const int64_t now = UnixMillis();
+  if (reply.running->reply.lease_unix_ms - now > kCompletionLeaseMs / 2) return;
+  reply.running->reply.lease_unix_ms = now + kCompletionLeaseMs;
+  idempotency_.PutCompletion(tenant, key, *reply.running);
 }
 
 void HttpApi::Respond(std::shared_ptr<Reply> reply, bool stream, httplib::Response& res) {
@@ -522,6 +552,7 @@ bool HttpApi::Pump(Reply& reply, httplib::DataSink& sink) {
   if (ok && !reply.first_text.empty()) ok = write(reply.writer.Delta(reply.first_text));
   while (ok && !reply.concluded) {
     HttpTurn::Update u = reply.turn->Next();
+    RenewLease(reply, reply.tenant, reply.key);
     if (!u.text.empty()) ok = write(reply.writer.Delta(u.text));
     if (u.ended) break;
   }
@@ -544,8 +575,7 @@ absl::Status HttpApi::Conclude(Reply& reply, bool cancel) {
   if (reply.concluded) return reply.concluded_status;
   reply.concluded = true;
   if (cancel) reply.turn->Cancel();
-  while (!reply.turn->Next().ended) {
-  }
+  while (!reply.turn->Next().ended) RenewLease(reply, reply.tenant, reply.key);
   {
     absl::MutexLock lock(&mu_);
     running_.erase(reply.turn);

@@ -35,9 +35,10 @@
 // /v1/completions keeps no session: a keyed completion's request is remembered in the key
 // records too (IdempotencyKeys::Completion: its prompt's digest, its reply as far as it went
 // and its seed), so a request sent again gets the completion replayed, or, when it broke off,
-// resumed with the same draws (the part sent first); 409 while it runs (on this coordinator);
-// 400 for the key with another prompt. A completion is recorded when it ends: one whose
-// coordinator died meanwhile runs again.
+// resumed with the same draws (the part sent first); 409 while it runs; 400 for the key with
+// another prompt. While it runs its record is in progress under a lease that its coordinator
+// renews as the completion streams (kCompletionLeaseMs): another coordinator answers 409, or,
+// once the lease has passed (the coordinator died), resumes it with the same seed.
 //
 // Threads: cpp-httplib serves each connection on a thread of its pool (`threads`). A
 // request's store steps run on that thread and it waits there for the runner's reports
@@ -150,6 +151,10 @@ class HttpApi {
   // Runs the reply's turn and answers the request (a JSON body, or a stream).
   void Respond(std::shared_ptr<Reply> reply, bool stream, httplib::Response& res);
   // Writes a stream's events until its end; false when the client went away.
+  // A keyed completion's record in progress (Reply::running) is rewritten with a new lease of
+  // kCompletionLeaseMs when half of it has passed; called as the turn's updates arrive.
+  static constexpr int64_t kCompletionLeaseMs = 120'000;
+  void RenewLease(Reply& reply, const std::string& tenant, const std::string& key);
   bool Pump(Reply& reply, httplib::DataSink& sink);
   // Ends the reply's turn (cancelled first when `cancel`), stores it (a session's turn) and
   // returns what the client should learn: the turn's error, a store error, or OK. Once.

@@ -54,6 +54,7 @@ std::string IdempotencyKeys::EncodeCompletion(const Completion& c) {
   AppendField(&out, c.reply.content);
   AppendField(&out, EncodeReply(c.reply));
   AppendField(&out, std::to_string(static_cast<int>(c.reply.state)));
+  AppendField(&out, std::to_string(c.reply.lease_unix_ms));
   return out;
 }
 
@@ -63,14 +64,15 @@ std::optional<IdempotencyKeys::Completion> IdempotencyKeys::DecodeCompletion(
   size_t pos = 1;
   Completion c;
   c.reply.role = "assistant";
-  std::string reply, state;
+  std::string reply, state, lease;
   if (!NextField(bytes, &pos, &c.prompt_digest) || !NextField(bytes, &pos, &c.model) ||
       !NextField(bytes, &pos, &c.reply.content) || !NextField(bytes, &pos, &reply) ||
-      !NextField(bytes, &pos, &state) || pos != bytes.size()) {
+      !NextField(bytes, &pos, &state) || !NextField(bytes, &pos, &lease) || pos != bytes.size()) {
     return std::nullopt;
   }
   int s = 0;
   if (!absl::SimpleAtoi(state, &s) || s < 0 || s > 3) return std::nullopt;
+  if (!absl::SimpleAtoi(lease, &c.reply.lease_unix_ms)) return std::nullopt;
   DecodeReply(reply, &c.reply);
   c.reply.state = static_cast<TurnState>(s);
   return c;
@@ -164,31 +166,27 @@ void IdempotencyKeys::PutCompletion(const std::string& tenant, const std::string
 
 std::optional<IdempotencyKeys::Completion> IdempotencyKeys::FindCompletion(
     const std::string& tenant, const std::string& key) {
-  const std::string k = Of(tenant, key);
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = completions_.find(k);
-    if (it != completions_.end()) return it->second;
-  }
-  if (store_ == nullptr) return std::nullopt;
-  absl::StatusOr<std::string> rec = store_->GetRecord(tenant, RecordName(key));
-  if (!rec.ok()) {
-    if (!absl::IsNotFound(rec.status())) {
-      RECALL_LOG(WARNING) << "Idempotency-Key \"" << key << "\": " << rec.status();
+  // A completion's record changes (in progress, interrupted, complete) on whichever
+  // coordinator runs it: the store is asked first; the memory copy answers only without a
+  // store, or when the store does not.
+  if (store_ != nullptr) {
+    absl::StatusOr<std::string> rec = store_->GetRecord(tenant, RecordName(key));
+    if (rec.ok()) {
+      std::optional<Completion> c = DecodeCompletion(*rec);
+      if (!c.has_value() && !rec->empty() && (*rec)[0] == kCompletionRecord) {
+        RECALL_LOG(WARNING) << "Idempotency-Key \"" << key
+                            << "\": its stored completion is damaged; ignored";
+      }
+      return c;
     }
-    return std::nullopt;
-  }
-  std::optional<Completion> c = DecodeCompletion(*rec);
-  if (!c.has_value()) {
-    if (!rec->empty() && (*rec)[0] == kCompletionRecord) {
-      RECALL_LOG(WARNING) << "Idempotency-Key \"" << key
-                          << "\": its stored completion is damaged; ignored";
-    }
-    return std::nullopt;
+    if (absl::IsNotFound(rec.status())) return std::nullopt;
+    RECALL_LOG(WARNING) << "Idempotency-Key \"" << key << "\": " << rec.status()
+                        << "; answering from this coordinator's memory";
   }
   absl::MutexLock lock(&mu_);
-  RememberCompletion(k, *c);
-  return c;
+  auto it = completions_.find(Of(tenant, key));
+  if (it == completions_.end()) return std::nullopt;
+  return it->second;
 }
 
 }  // namespace recall::coordinator

@@ -5,11 +5,13 @@
 // request sent again while the first still runs is told to wait instead of starting the turn
 // twice. What a key's request gave is written through to the session store
 // (SessionStore::PutRecord, kept a day), so a retry finds it on any coordinator sharing
-// the store and after a restart; a bounded in-memory copy (the oldest go first) saves the
-// store a read. The running marks are per coordinator; for chat turns the stored turn (in
-// progress once begun) answers the same for every coordinator (http_api.cc), while a keyed
-// completion running on one coordinator is not seen by another until it ends. A request that
-// names its session (X-Session-Id) finds its key in the session's transcript.
+// the store and after a restart. A bounded in-memory copy (the oldest go first) saves the
+// store a read for a key's session, which never changes; a completion's record, which does,
+// is read from the store, the copy answering only when there is no store or it fails. The running
+// marks are per coordinator; other coordinators see a running request in the store: a chat turn as
+// its stored turn in progress, a keyed completion as its record in progress, under a lease its
+// coordinator renews (http_api.cc). A request that names its session (X-Session-Id) finds its key
+// in the session's transcript.
 //
 // Thread safety: thread safe.
 #pragma once
@@ -44,9 +46,10 @@ class IdempotencyKeys {
 
   // /v1/completions, whose requests no session keeps: what a key's request gave, the digest
   // of the prompt (Digest) and the model it was for, and its reply as far as it went
-  // (kComplete, or kInterrupted with the part that was sent, possibly none), with the seed it
-  // sampled with. The memory copy is bounded by the key count and by kCompletionBytes of
-  // replies (the oldest go first).
+  // (kComplete, or kInterrupted with the part that was sent, possibly none; kInProgress while
+  // a coordinator runs it, with reply.lease_unix_ms, the time until which it vouches for it),
+  // with the seed it samples with. The memory copy is bounded by the key count and by
+  // kCompletionBytes of replies (the oldest go first).
   struct Completion {
     std::string prompt_digest;
     std::string model;

@@ -19,6 +19,7 @@ IdempotencyKeys::Completion SomeCompletion() {
   c.reply.finish = 2;
   c.reply.seed = 0xfedcba9876543210ULL;
   c.reply.state = TurnState::kInterrupted;
+  c.reply.lease_unix_ms = 1234;
   return c;
 }
 
@@ -45,6 +46,7 @@ TEST(IdempotencyKeysTest, WhatOneCoordinatorPutsAnotherFindsInTheStore) {
   EXPECT_EQ(c->reply.finish, want.reply.finish);
   EXPECT_EQ(c->reply.seed, want.reply.seed);
   EXPECT_EQ(c->reply.state, want.reply.state);
+  EXPECT_EQ(c->reply.lease_unix_ms, want.reply.lease_unix_ms);
 
   IdempotencyKeys memory_only(16, nullptr);
   EXPECT_EQ(memory_only.Find("a", "k1"), "");
@@ -66,9 +68,14 @@ TEST(IdempotencyKeysTest, DamagedCompletionRecordsReadAsAbsent) {
   EXPECT_FALSE(IdempotencyKeys::DecodeCompletion(good + "x").has_value());
   EXPECT_FALSE(IdempotencyKeys::DecodeCompletion("c99999999999999999999:x").has_value());
   EXPECT_FALSE(IdempotencyKeys::DecodeCompletion("c-1:x").has_value());
+  // The last two fields: the state (kInterrupted, 2) and the lease (1234).
+  ASSERT_EQ(good.substr(good.size() - 9), "1:24:1234");
   std::string bad_state = good;
-  bad_state[bad_state.size() - 1] = '7';  // the state field's one digit
+  bad_state[bad_state.size() - 7] = '7';
   EXPECT_FALSE(IdempotencyKeys::DecodeCompletion(bad_state).has_value());
+  std::string bad_lease = good;
+  bad_lease[bad_lease.size() - 1] = 'x';
+  EXPECT_FALSE(IdempotencyKeys::DecodeCompletion(bad_lease).has_value());
 }
 
 }  // namespace

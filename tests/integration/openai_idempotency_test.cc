@@ -7,6 +7,7 @@
 // turn is still running gets 409, and once that turn was interrupted (the client left) the
 // key resumes it: the whole reply, the same as the turn without the interruption.
 #include <chrono>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -430,6 +431,56 @@ TEST(OpenAiRedisTest, TwoCoordinatorsShareStatelessSessionsAndKeysThroughRedis) 
   ASSERT_EQ(again.status, 200) << again.body;
   EXPECT_EQ(again.Header("Idempotent-Replayed"), "true");
   EXPECT_EQ(CompletionText(again), CompletionText(done));
+}
+
+// A keyed completion running on one coordinator is seen by another sharing the Redis store:
+// the key sent there meanwhile is 409 (its record is in progress under its coordinator's
+// lease), and once the completion ended it is replayed there. A slow model (random weights of
+// SmolLM2's shape) keeps the first one running.
+TEST(OpenAiRedisTest, AKeyedCompletionRunningOnOneCoordinatorIs409OnTheOther) {
+  const std::string config = testing::SharedPath("tokenizers/smollm2/config.json");
+  if (!std::filesystem::exists(config)) GTEST_SKIP() << "shared data missing: " << config;
+  if (!testing::RedisServer::Available()) GTEST_SKIP() << "redis-server is not installed";
+  const std::string dir = testing::MakeTempDir("openai_redis_running");
+  testing::RedisServer redis;
+  ASSERT_TRUE(redis.Start(dir));
+  ServerProcess worker, a, b;
+  std::string error;
+  ASSERT_TRUE(
+      worker.Start(RECALL_WORKER_BINARY,
+                   {"--model", testing::SharedPath("tokenizers/smollm2"), "--random-weights",
+                    "--listen", "127.0.0.1:0", "--kv-cache-bytes", "64M", "--threads", "1"},
+                   dir, &error))
+      << error;
+  const std::string w = "127.0.0.1:" + std::to_string(worker.port("grpc"));
+  for (ServerProcess* c : {&a, &b}) {
+    ASSERT_TRUE(c->Start(RECALL_COORDINATOR_BINARY,
+                         {"--workers", w, "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
+                          "--store", redis.url()},
+                         dir, &error))
+        << error;
+  }
+  httplib::Client ha("127.0.0.1", a.port("http")), hb("127.0.0.1", b.port("http"));
+  ha.set_read_timeout(120, 0);
+  hb.set_read_timeout(120, 0);
+  HttpReply meanwhile;
+  const HttpReply first =
+      Send(ha, "POST", "/v1/completions", CompletionBody(30, true, 4), "",
+           {{"Idempotency-Key", "running-1"}}, [&](const std::string& so_far) {
+             if (meanwhile.status == 0 && so_far.find("\"text\":\"") != std::string::npos) {
+               meanwhile = Send(hb, "POST", "/v1/completions", CompletionBody(30, false, 4), "",
+                                {{"Idempotency-Key", "running-1"}});
+             }
+             return true;  // read it to its end
+           });
+  ASSERT_EQ(first.status, 200) << first.body;
+  EXPECT_EQ(meanwhile.status, 409) << meanwhile.body;
+  EXPECT_NE(meanwhile.body.find("another coordinator"), std::string::npos) << meanwhile.body;
+  const HttpReply after = Send(hb, "POST", "/v1/completions", CompletionBody(30, false, 4), "",
+                               {{"Idempotency-Key", "running-1"}});
+  ASSERT_EQ(after.status, 200) << after.body;
+  EXPECT_EQ(after.Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(CompletionText(after), CompletionText(first));
 }
 
 }  // namespace
