@@ -165,9 +165,14 @@ void Scheduler::Admit() {
     }
     if (!MakeRoom(need, t->session)) {
       if (active_.empty()) {  // nothing will free memory: should not happen, never hang
-        FinishTurn(*t, absl::ResourceExhaustedError(absl::StrCat("cannot free ", most,
-                                                                 " KV blocks; retry after ",
-                                                                 options_.retry_after_ms, " ms")));
+        FinishTurn(*t, absl::ResourceExhaustedError(absl::StrCat(
+                           "cannot free ", most, " KV blocks",
+                           memory_.side_deficit() > 0
+                               ? absl::StrCat(" and ", memory_.side_deficit(),
+                                              " more for the policies' state and the turns' "
+                                              "scratch")
+                               : "",
+                           "; retry after ", options_.retry_after_ms, " ms")));
         continue;
       }
       return;  // wait for running turns to end
