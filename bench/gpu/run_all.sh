@@ -26,6 +26,12 @@ timeout ${TEST_TIMEOUT:-180} "$BIN"/tests/cuda/recall_cuda_test ${TEST_ARGS:-} >
 echo "cuda test rc=$?"
 grep -E "^\[  (FAILED|  OK|PASSED|SKIPPED) |Failure|error|Expected|Which is|actual|rel|<" "$OUT"/cuda_test.log | grep -v "^\[       OK" | head -60
 tail -3 "$OUT"/cuda_test.log
+# A session served past the context on the GPU (Scheduler over a CUDA engine; it links
+# libnccl through the engine's TP ranks, like the TP test below).
+ldd "$BIN"/tests/cuda/recall_cuda_serving_test | grep -E "not found|nccl"
+timeout ${TEST_TIMEOUT:-180} "$BIN"/tests/cuda/recall_cuda_serving_test > "$OUT"/cuda_serving_test.log 2>&1
+echo "cuda serving test rc=$?"
+grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|Which is|GPU session" "$OUT"/cuda_serving_test.log | head -20
 # Tensor-parallel CUDA ranks (needs libnccl: the toolkit's, or PyTorch's nvidia-nccl wheel).
 ldd "$BIN"/tests/cuda/recall_cuda_tp_test | grep -E "not found|nccl"
 timeout ${TEST_TIMEOUT:-180} "$BIN"/tests/cuda/recall_cuda_tp_test > "$OUT"/cuda_tp_test.log 2>&1
