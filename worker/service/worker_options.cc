@@ -81,7 +81,9 @@ flags::FlagSet<runtime::EngineOptions> EngineFlags() {
       .Section("memory")
       .Bytes(
           "kv-cache-bytes", "SIZE",
-          "KV pool size over all ranks, e.g. 512M or 2GiB (default: --kv-cache-fraction)",
+          "KV pool size over all ranks, e.g. 512M or 2GiB (default: --kv-cache-fraction);\n"
+          "it holds the sessions' KV blocks, their eviction policies' state and the running\n"
+          "turns' attention scratch",
           [](auto& o) -> auto& { return o.kv_cache_bytes; }, 1)
       .Enum(
           "kv-dtype", "TYPE",
