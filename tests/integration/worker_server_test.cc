@@ -128,6 +128,42 @@ TEST_F(WorkerServerTest, CancellingTheStreamStopsTheTurnAndFreesItsBlocks) {
   EXPECT_EQ(load.active_turns(), 0);
 }
 
+// An idle lazy session's eviction state is held in the pool: GetLoad reports it as side
+// memory, covered by lent blocks that are not free, and it goes with the session.
+TEST_F(WorkerServerTest, ALazySessionsStateIsReportedAndHeldInThePool) {
+  const int64_t total = worker_.Load().kv_blocks_total();
+  v1::RunTurnRequest r = Turn("lazy", "Once upon a time", 120);
+  r.mutable_cache()->set_policy("lazy");
+  r.mutable_cache()->set_budget_tokens(64);
+  r.mutable_cache()->set_window(16);
+  const TurnResult t = worker_.Run(r);
+  ASSERT_TRUE(t.status.ok()) << t.status.error_message();
+  const int64_t state = t.done.state_bytes();
+  ASSERT_GT(state, 0);
+  v1::LoadReport load;
+  for (int i = 0; i < 200; ++i) {  // published after the engine's step
+    load = worker_.Load();
+    if (load.active_turns() == 0 && load.side_bytes() == state) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(load.side_bytes(), state);
+  EXPECT_EQ(load.side_blocks(), (state + load.kv_block_bytes() - 1) / load.kv_block_bytes());
+  const int64_t kv_blocks = (t.done.kv_bytes() - state) / load.kv_block_bytes();
+  EXPECT_EQ(load.kv_blocks_free(), total - kv_blocks - load.side_blocks());
+  grpc::ClientContext ctx;
+  v1::DropSessionRequest drop;
+  drop.set_session_id("lazy");
+  v1::DropSessionResponse dropped;
+  ASSERT_TRUE(worker_.stub().DropSession(&ctx, drop, &dropped).ok());
+  for (int i = 0; i < 200 && worker_.Load().side_bytes() != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  load = worker_.Load();
+  EXPECT_EQ(load.side_bytes(), 0);
+  EXPECT_EQ(load.side_blocks(), 0);
+  EXPECT_EQ(load.kv_blocks_free(), total);
+}
+
 TEST_F(WorkerServerTest, ASlowReaderGetsCoalescedTokensAndTheWholeText) {
   TurnResult fast = worker_.Run(Turn("fast", "Once upon a time", 200));
   ASSERT_TRUE(fast.status.ok());
