@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "cache/eviction/eviction_policy.h"
 #include "gtest/gtest.h"
+#include "tests/common/compact_lazy.h"
 #include "tests/common/stories260k.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "worker/runtime/engine.h"
@@ -18,8 +18,6 @@
 
 namespace recall::serving {
 namespace {
-
-constexpr int kBudget = 64, kWindow = 16, kChunk = 64;
 
 class CudaServingTest : public recall::testing::Stories260KTest {
  protected:
@@ -37,15 +35,7 @@ class CudaServingTest : public recall::testing::Stories260KTest {
     EXPECT_TRUE(engine.ok()) << engine.status();
     if (!engine.ok()) return nullptr;
     engines_.push_back(*std::move(engine));
-    SchedulerOptions so;
-    so.stop_token_ids = {2};
-    so.prefill_chunk = kChunk;
-    so.cache.policy = "lazy";
-    so.cache.budget_tokens = kBudget;
-    so.cache.window = kWindow;
-    auto s = Scheduler::Create(*engines_.back(), *tok_, so, metrics);
-    EXPECT_TRUE(s.ok()) << s.status();
-    return s.ok() ? *std::move(s) : nullptr;
+    return testing::StartCompactLazy(*engines_.back(), *tok_, metrics);
   }
 
   static Collected Run(Scheduler& s, const std::string& text, int history) {
@@ -63,10 +53,7 @@ class CudaServingTest : public recall::testing::Stories260KTest {
   std::vector<std::unique_ptr<runtime::Engine>> engines_;
 };
 
-const char* kLines[] = {
-    "Tom went to the park with his red ball.", "What did Tom see near the big tree?",
-    "Lily wanted to play with the ball too.",  "Why was the dog barking at the cat?",
-    "Then the sun went down and it was late.", "Where did the bird fly after that?"};
+const auto& kLines = testing::kConversationLines;
 
 TEST_F(CudaServingTest, ACompactSessionGoesOnPastTheContextOnTheGpu) {
   if (model_ == nullptr) return;
@@ -76,12 +63,7 @@ TEST_F(CudaServingTest, ACompactSessionGoesOnPastTheContextOnTheGpu) {
   ASSERT_NE(gpu, nullptr);
   ASSERT_NE(cpu, nullptr);
   const model::ModelConfig& c = model_->config;
-  const int tokens = kBudget + kWindow + kChunk + 1;
-  const int64_t bound =
-      int64_t{(tokens + 15) / 16} * c.n_layers * engines_[0]->pool(0).block_bytes() +
-      int64_t{c.n_layers} * c.n_kv_heads *
-          cache::eviction::HeadStateBytesBound(
-              cache::eviction::kTsArray | cache::eviction::kMriArray, tokens);
+  const int64_t bound = testing::CompactLazyBound(c, engines_[0]->pool(0).block_bytes(), 1);
   int64_t consumed = 0;
   int same = 0;
   for (int turn = 0; turn < 30; ++turn) {

@@ -369,34 +369,47 @@ TEST_F(OpenAiHttpTest, UnnamedAndCompletionKeysAreFoundInTheStoreAfterARestart) 
   EXPECT_NE(other_prompt.body.find("another prompt"), std::string::npos) << other_prompt.body;
 }
 
+// A real redis-server, one recall-worker (started with `worker_args`) and two coordinators
+// sharing the Redis store, each with its HTTP API (clients ha_ and hb_).
+class OpenAiRedisTest : public ::testing::Test {
+ protected:
+  void StartCluster(const std::string& name, const std::vector<std::string>& worker_args) {
+    dir_ = testing::MakeTempDir(name);
+    ASSERT_TRUE(redis_.Start(dir_));
+    std::string error;
+    std::vector<std::string> args = worker_args;
+    args.insert(args.end(), {"--listen", "127.0.0.1:0", "--threads", "1"});
+    ASSERT_TRUE(worker_.Start(RECALL_WORKER_BINARY, args, dir_, &error)) << error;
+    const std::string w = "127.0.0.1:" + std::to_string(worker_.port("grpc"));
+    for (ServerProcess* c : {&a_, &b_}) {
+      ASSERT_TRUE(c->Start(RECALL_COORDINATOR_BINARY,
+                           {"--workers", w, "--listen", "127.0.0.1:0", "--http-listen",
+                            "127.0.0.1:0", "--store", redis_.url()},
+                           dir_, &error))
+          << error;
+    }
+    ha_ = std::make_unique<httplib::Client>("127.0.0.1", a_.port("http"));
+    hb_ = std::make_unique<httplib::Client>("127.0.0.1", b_.port("http"));
+    ha_->set_read_timeout(120, 0);
+    hb_->set_read_timeout(120, 0);
+  }
+
+  std::string dir_;
+  testing::RedisServer redis_;
+  ServerProcess worker_, a_, b_;
+  std::unique_ptr<httplib::Client> ha_, hb_;
+};
+
 // Two coordinators sharing one Redis store (the Helm chart's replicas): a stateless client's
 // conversation begun on one continues in the same session, on the same warm cache, through
 // the other; a retried key reaching the other replica gets the turn, or the completion, once.
-TEST(OpenAiRedisTest, TwoCoordinatorsShareStatelessSessionsAndKeysThroughRedis) {
+TEST_F(OpenAiRedisTest, TwoCoordinatorsShareStatelessSessionsAndKeysThroughRedis) {
   RECALL_REQUIRE_SHARED_FILE(kModel);
   if (!testing::RedisServer::Available()) GTEST_SKIP() << "redis-server is not installed";
-  const std::string dir = testing::MakeTempDir("openai_redis");
-  testing::RedisServer redis;
-  ASSERT_TRUE(redis.Start(dir));
-  ServerProcess worker, a, b;
-  std::string error;
-  ASSERT_TRUE(worker.Start(
-      RECALL_WORKER_BINARY,
-      {"--model", testing::SharedPath(kModel), "--tokenizer", testing::SharedPath(kTokenizer),
-       "--listen", "127.0.0.1:0", "--kv-cache-bytes", "16M", "--threads", "1"},
-      dir, &error))
-      << error;
-  const std::string w = "127.0.0.1:" + std::to_string(worker.port("grpc"));
-  for (ServerProcess* c : {&a, &b}) {
-    ASSERT_TRUE(c->Start(RECALL_COORDINATOR_BINARY,
-                         {"--workers", w, "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
-                          "--store", redis.url()},
-                         dir, &error))
-        << error;
-  }
-  httplib::Client ha("127.0.0.1", a.port("http")), hb("127.0.0.1", b.port("http"));
-  ha.set_read_timeout(120, 0);
-  hb.set_read_timeout(120, 0);
+  StartCluster("openai_redis", {"--model", testing::SharedPath(kModel), "--tokenizer",
+                                testing::SharedPath(kTokenizer), "--kv-cache-bytes", "16M"});
+  if (HasFatalFailure()) return;
+  httplib::Client &ha = *ha_, &hb = *hb_;
   auto post = [](httplib::Client& c, const std::string& path, const std::string& body,
                  httplib::Headers headers = {}) {
     return Send(c, "POST", path, body, "", std::move(headers));
@@ -437,32 +450,14 @@ TEST(OpenAiRedisTest, TwoCoordinatorsShareStatelessSessionsAndKeysThroughRedis) 
 // the key sent there meanwhile is 409 (its record is in progress under its coordinator's
 // lease), and once the completion ended it is replayed there. A slow model (random weights of
 // SmolLM2's shape) keeps the first one running.
-TEST(OpenAiRedisTest, AKeyedCompletionRunningOnOneCoordinatorIs409OnTheOther) {
+TEST_F(OpenAiRedisTest, AKeyedCompletionRunningOnOneCoordinatorIs409OnTheOther) {
   const std::string config = testing::SharedPath("tokenizers/smollm2/config.json");
   if (!std::filesystem::exists(config)) GTEST_SKIP() << "shared data missing: " << config;
   if (!testing::RedisServer::Available()) GTEST_SKIP() << "redis-server is not installed";
-  const std::string dir = testing::MakeTempDir("openai_redis_running");
-  testing::RedisServer redis;
-  ASSERT_TRUE(redis.Start(dir));
-  ServerProcess worker, a, b;
-  std::string error;
-  ASSERT_TRUE(
-      worker.Start(RECALL_WORKER_BINARY,
-                   {"--model", testing::SharedPath("tokenizers/smollm2"), "--random-weights",
-                    "--listen", "127.0.0.1:0", "--kv-cache-bytes", "64M", "--threads", "1"},
-                   dir, &error))
-      << error;
-  const std::string w = "127.0.0.1:" + std::to_string(worker.port("grpc"));
-  for (ServerProcess* c : {&a, &b}) {
-    ASSERT_TRUE(c->Start(RECALL_COORDINATOR_BINARY,
-                         {"--workers", w, "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
-                          "--store", redis.url()},
-                         dir, &error))
-        << error;
-  }
-  httplib::Client ha("127.0.0.1", a.port("http")), hb("127.0.0.1", b.port("http"));
-  ha.set_read_timeout(120, 0);
-  hb.set_read_timeout(120, 0);
+  StartCluster("openai_redis_running", {"--model", testing::SharedPath("tokenizers/smollm2"),
+                                        "--random-weights", "--kv-cache-bytes", "64M"});
+  if (HasFatalFailure()) return;
+  httplib::Client &ha = *ha_, &hb = *hb_;
   HttpReply meanwhile;
   const HttpReply first =
       Send(ha, "POST", "/v1/completions", CompletionBody(30, true, 4), "",

@@ -5,8 +5,8 @@
 // tokens.
 #include <string>
 
-#include "cache/eviction/eviction_policy.h"
 #include "gtest/gtest.h"
+#include "tests/common/compact_lazy.h"
 #include "tests/common/stories260k.h"
 #include "worker/runtime/engine.h"
 #include "worker/serving/scheduler.h"
@@ -14,8 +14,6 @@
 
 namespace recall::serving {
 namespace {
-
-constexpr int kBudget = 64, kWindow = 16, kChunk = 64;
 
 class EndlessTest : public recall::testing::Stories260KTest {
  protected:
@@ -28,15 +26,7 @@ class EndlessTest : public recall::testing::Stories260KTest {
     EXPECT_TRUE(engine.ok()) << engine.status();
     if (!engine.ok()) return nullptr;
     engines_.push_back(*std::move(engine));
-    SchedulerOptions so;
-    so.stop_token_ids = {2};
-    so.prefill_chunk = kChunk;
-    so.cache.policy = "lazy";
-    so.cache.budget_tokens = kBudget;
-    so.cache.window = kWindow;
-    auto s = Scheduler::Create(*engines_.back(), *tok_, so, &metrics_);
-    EXPECT_TRUE(s.ok()) << s.status();
-    return s.ok() ? *std::move(s) : nullptr;
+    return testing::StartCompactLazy(*engines_.back(), *tok_, &metrics_);
   }
 
   static TurnRequest Turn(const std::string& session, const std::string& text, int history,
@@ -56,18 +46,9 @@ class EndlessTest : public recall::testing::Stories260KTest {
     return CollectTurn(**stream);
   }
 
-  // The most KV bytes a compact lazy session may hold: budget + window + one chunk (+ the
-  // token being fed), in whole blocks, in every layer.
   int64_t Bound() const {
-    const int tokens = kBudget + kWindow + kChunk + 1;
-    const model::ModelConfig& c = model_->config;
-    // lazy's ts and mri per slot of every (layer, KV head), beside the blocks.
-    const int64_t state = int64_t{c.n_layers} * c.n_kv_heads *
-                          cache::eviction::HeadStateBytesBound(
-                              cache::eviction::kTsArray | cache::eviction::kMriArray, tokens);
-    return int64_t{(tokens + 15) / 16} * c.n_layers * engines_.back()->pool(0).block_bytes() *
-               engines_.back()->tp() +
-           state;
+    return testing::CompactLazyBound(model_->config, engines_.back()->pool(0).block_bytes(),
+                                     engines_.back()->tp());
   }
 
   double Compactions() {
@@ -78,10 +59,7 @@ class EndlessTest : public recall::testing::Stories260KTest {
   std::vector<std::unique_ptr<runtime::Engine>> engines_;
 };
 
-const char* kLines[] = {
-    "Tom went to the park with his red ball.", "What did Tom see near the big tree?",
-    "Lily wanted to play with the ball too.",  "Why was the dog barking at the cat?",
-    "Then the sun went down and it was late.", "Where did the bird fly after that?"};
+const auto& kLines = testing::kConversationLines;
 
 TEST_F(EndlessTest, ACompactSessionGoesOnPastTheContextInBoundedMemory) {
   if (model_ == nullptr) return;
