@@ -3,7 +3,8 @@
 // on the backend's own stream. Matmuls of up to 64 rows (decode batches, batch-invariant
 // pieces) are our own batch-invariant kernel (fp32 activations times the weights widened to
 // fp32); larger ones go through cuBLAS (bf16/f16 weights: the activations are rounded to the
-// weights' type and accumulated in fp32; f32 weights: fp32 SGEMM without TF32); every other
+// weights' type and accumulated in fp32; f32 weights: fp32 SGEMM without TF32; FP8 weights:
+// cuBLASLt's block-scaled FP8 GEMM on Hopper, kernels/cuda/fp8_gemm.h); every other
 // op is one of our kernels (kernels/cuda/), LazyEviction's per-step update
 // (LazyObserve) and eviction step (LazyEvict), the greedy choice (ArgmaxRows) and
 // temperature / top-k / top-p sampling (SampleRows) included. Sampling with a repetition
@@ -51,6 +52,13 @@ struct CudaBackendOptions {
   bool refuse_int8_weights = false;
   // Refuse FP8 weights (RunsFp8Weights() false), as refuse_int8_weights for CheckFp8MatMul.
   bool refuse_fp8_weights = false;
+  // FP8 matmuls of every row count on the batch-invariant kernel. Otherwise, on Hopper with
+  // cuBLAS 12.9 or later, those of more than BatchInvariantRows() rows (prefill and decode
+  // batches with batch invariance off) go to cuBLASLt's block-scaled FP8 GEMM
+  // (kernels/cuda/fp8_gemm.h: the activations are quantized to E4M3 too), once
+  // CreateCudaBackend has checked it (CheckFp8ManyRows, kernels/cpu/matmul_check.h); a failed
+  // check falls back the same way (CudaFp8OnCublasLt says which).
+  bool no_fp8_gemm = false;
 };
 
 // FailedPrecondition when no CUDA device is present (or `device` is out of range);
@@ -86,6 +94,10 @@ bool CudaEvictsOnHost(Backend& backend);
 // Whether a CUDA backend runs every matmul through cuBLAS (CudaBackendOptions::cublas_matmuls,
 // asked for or taken after a failed check); false for other backends and without CUDA.
 bool CudaMatMulsOnCublas(Backend& backend);
+
+// Whether a CUDA backend sends FP8 matmuls of many rows to cuBLASLt's FP8 GEMM (Hopper,
+// cuBLAS 12.9+, not no_fp8_gemm, check passed); false for other backends and without CUDA.
+bool CudaFp8OnCublasLt(Backend& backend);
 
 // Makes `device` the calling thread's current CUDA device (cudaSetDevice). A thread must do
 // this before it queues ops of a backend on that device when the process drives several GPUs

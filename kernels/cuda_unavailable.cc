@@ -26,6 +26,7 @@ bool CudaEvictsOnHost(Backend&) { return false; }
 bool CudaRerotatesOnHost(Backend&) { return false; }
 
 bool CudaMatMulsOnCublas(Backend&) { return false; }
+bool CudaFp8OnCublasLt(Backend&) { return false; }
 
 absl::Status CudaBindThread(int) {
   return absl::UnimplementedError("device cuda: this build has no CUDA backend");

@@ -6,7 +6,8 @@
 # TEST_ARGS, BENCH=0 (tests only), BENCH_ARGS, HF_ARGS, GRAPHS_CMP=0 (skip the run without
 # CUDA graphs), OPS=0 (skip the per-op GPU times), TP_BENCH=0 (skip the TP benchmark),
 # KV_DTYPES="bf16 int8" (the decode benchmark again per KV type, beside bench.log's f32),
-# WEIGHT_DTYPES="int8 fp8" (again per type of the layers' weights, beside a bf16 run).
+# WEIGHT_DTYPES="int8 fp8" (again per type of the layers' weights, beside a bf16 run),
+# FP8_GEMM=0 (skip the FP8 prefill matmul benchmark).
 set -u
 OUT=${OUT:-/tmp/recall-gpu}; mkdir -p "$OUT"
 # BIN: the build folder with tests/cuda/ and bench/ (default: build/);
@@ -72,6 +73,11 @@ for d in ${WEIGHT_DTYPES:-}; do
     echo "weights $w rc=$?"; grep -E "^recall|FAIL|weights read" "$OUT"/weights_"$w".txt | head -12
   done
 done
+if [ "${BENCH:-1}" = 1 ] && [ "${FP8_GEMM:-1}" = 1 ]; then
+  # FP8 matmuls of many rows (prefill): cuBLASLt's FP8 GEMM against our kernel and bf16 cuBLAS.
+  timeout ${FP8_GEMM_TIMEOUT:-120} "$BIN"/bench/recall_gpu_fp8_gemm_bench > "$OUT"/fp8_gemm.txt 2>&1
+  echo "fp8 gemm rc=$?"; cat "$OUT"/fp8_gemm.txt | head -20
+fi
 if [ "${BENCH:-1}" = 1 ] && [ "${TP_BENCH:-1}" = 1 ]; then
   timeout ${TP_TIMEOUT:-180} "$BIN"/bench/recall_tp_eviction_bench --device cuda --tp 2 \
     --devices 0,0 --tp-comm staged --steps 96 2>&1 | tee "$OUT"/tp_eviction_cuda.txt

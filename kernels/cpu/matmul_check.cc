@@ -250,9 +250,19 @@ absl::Status CheckInt8MatMul(Backend& backend) {
   return absl::OkStatus();
 }
 
-// An FP8 matrix of Values(rows * cols, seed) with one scale per row and block of `block`
-// columns (scale = the block's largest |w| / 448), and the same weights widened to f32:
-// the bytes first, then the scales from offset `at`, as UploadModel stages them.
+// 2^(e - half), e cycling through 0 .. 2 * half over (row, block): magnitudes that differ by
+// up to 2^(2 * half) between neighbouring rows and blocks, so a scale read from the wrong
+// row or block is far off.
+float Spread(int64_t row, int64_t block, int half) {
+  return half == 0
+             ? 1.0f
+             : std::ldexp(1.0f, static_cast<int>((row * 7 + block * 3) % (2 * half + 1)) - half);
+}
+
+// An FP8 matrix of Values(rows * cols, seed) (times Spread(row, block, spread)) with one
+// scale per row and block of `block` columns (scale = the block's largest |w| / 448), and the
+// same weights widened to f32: the bytes first, then the scales from offset `at`, as
+// UploadModel stages them.
 struct Fp8Host {
   std::vector<char> packed;
   size_t at = 0;
@@ -260,7 +270,7 @@ struct Fp8Host {
   Matrix host;
 };
 
-Fp8Host MakeFp8(int64_t rows, int64_t cols, int block, uint32_t seed) {
+Fp8Host MakeFp8(int64_t rows, int64_t cols, int block, uint32_t seed, int spread = 0) {
   Fp8Host f;
   f.host = Matrix{nullptr, DType::kF8E4M3, rows, cols};
   f.host.scale_block = block;
@@ -269,11 +279,12 @@ Fp8Host MakeFp8(int64_t rows, int64_t cols, int block, uint32_t seed) {
   f.packed.resize(f.at + f.host.scale_bytes());
   auto* q = reinterpret_cast<uint8_t*>(f.packed.data());
   auto* scales = reinterpret_cast<float*>(f.packed.data() + f.at);
-  const std::vector<float> w = Values(static_cast<size_t>(rows * cols), seed);
+  std::vector<float> w = Values(static_cast<size_t>(rows * cols), seed);
   f.widened.resize(w.size());
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t b = 0; b < per_row; ++b) {
       const int64_t c0 = b * block, c1 = std::min(cols, c0 + block);
+      for (int64_t c = c0; c < c1; ++c) w[r * cols + c] *= Spread(r, b, spread);
       float most = 0;
       for (int64_t c = c0; c < c1; ++c) most = std::max(most, std::fabs(w[r * cols + c]));
       const float s = most > 0 ? most / 448.0f : 1.0f;
@@ -343,6 +354,53 @@ absl::Status CheckFp8MatMul(Backend& backend) {
     if (together[static_cast<size_t>(i)].Download() != alone[static_cast<size_t>(i)]) {
       return absl::InternalError(absl::StrCat(who, "MatMulMany of two FP8 matrices: matrix ", i,
                                               " differs from its own MatMul"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckFp8ManyRows(Backend& backend) {
+  if (!backend.RunsFp8Weights()) return absl::OkStatus();
+  CpuBackendOptions one_thread;
+  one_thread.num_threads = 1;
+  const std::unique_ptr<Backend> cpu = CreateCpuBackend(one_thread);
+  const std::string who = absl::StrCat(backend.Name(), " backend: ");
+  Memory& memory = backend.memory();
+  // 200 rows: past any batch-invariant piece, and not a multiple of 16.
+  constexpr int64_t kRows = 384, kCols = 512, kBlock = 128;
+  constexpr int n = 200;
+  Fp8Host f = MakeFp8(kRows, kCols, kBlock, 17, /*spread=*/6);
+  RECALL_ASSIGN_OR_RETURN(Staged w, Staged::Of(memory, f.packed.data(), f.packed.size()));
+  Matrix device = f.host;
+  device.data = w.get();
+  device.scales = reinterpret_cast<const float*>(static_cast<const char*>(w.get()) + f.at);
+  std::vector<float> x = Values(static_cast<size_t>(n * kCols), 19);
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t c = 0; c < kCols; ++c) x[r * kCols + c] *= Spread(r + 5, c / kBlock, 4);
+  }
+  RECALL_ASSIGN_OR_RETURN(Staged dx, Staged::Of(memory, x.data(), x.size() * sizeof(float)));
+  const std::vector<float> nan(static_cast<size_t>(n * kRows), NAN);
+  RECALL_ASSIGN_OR_RETURN(Staged dy, Staged::Of(memory, nan.data(), nan.size() * sizeof(float)));
+  backend.MatMul(dx.f(), n, device, dy.f());
+  const std::vector<float> got = dy.Download();
+  RECALL_RETURN_IF_ERROR(backend.Health());
+  // The widened weights' product, and sum |x_k w_k| per output: quantizing x to E4M3 moves
+  // each term by at most 2^-4 of itself.
+  std::vector<float> want(got.size()), bound(got.size());
+  cpu->MatMul(x.data(), n, Matrix{f.widened.data(), DType::kF32, kRows, kCols}, want.data());
+  std::vector<float> ax(x.size()), aw(f.widened.size());
+  std::transform(x.begin(), x.end(), ax.begin(), [](float v) { return std::fabs(v); });
+  std::transform(f.widened.begin(), f.widened.end(), aw.begin(),
+                 [](float v) { return std::fabs(v); });
+  cpu->MatMul(ax.data(), n, Matrix{aw.data(), DType::kF32, kRows, kCols}, bound.data());
+  constexpr double kLimit = 0.07;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double off = std::fabs(static_cast<double>(got[i]) - want[i]);
+    if (!(off <= kLimit * bound[i])) {
+      return absl::InternalError(absl::StrCat(
+          who, "MatMul of ", n, " rows of fp8 ", kRows, "x", kCols, " (blocks of ", kBlock,
+          " columns) is off the widened weights' product at row ", i / kRows, ", output ",
+          i % kRows, " by ", off / bound[i], " of sum |x w| (the limit is ", kLimit, ")"));
     }
   }
   return absl::OkStatus();

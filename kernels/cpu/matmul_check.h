@@ -30,4 +30,11 @@ absl::Status CheckInt8MatMul(Backend& backend);
 // count, and MatMulMany of two FP8 matrices with different blocks the bits of their own MatMul.
 absl::Status CheckFp8MatMul(Backend& backend);
 
+// FP8 weights over many rows (200, past any batch-invariant piece; a GPU backend may quantize
+// the activations to E4M3 there, kernels/cuda/fp8_gemm.h): every output within 0.07 of
+// sum |x_k w_k| of the f32 product with the widened weights, over weights and activations
+// whose magnitudes differ by up to 2^12 between neighbouring rows and 128-column blocks (a
+// scale read from the wrong row or block fails). OK at once when !RunsFp8Weights().
+absl::Status CheckFp8ManyRows(Backend& backend);
+
 }  // namespace recall::kernels

@@ -19,6 +19,7 @@
 #include "kernels/cpu/rerotate_check.h"
 #include "kernels/cpu/sampling.h"
 #include "kernels/cuda/cuda_memory.h"
+#include "kernels/cuda/fp8_gemm.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/op_timer.h"
 #include "kernels/kv_rows.h"
@@ -29,11 +30,12 @@ namespace {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, recall::cuda::Stream stream, cublasHandle_t blas, int sm_count,
-              const CudaBackendOptions& options)
+  CudaBackend(int device, recall::cuda::Stream stream, cublasHandle_t blas,
+              std::unique_ptr<Fp8Gemm> fp8_gemm, int sm_count, const CudaBackendOptions& options)
       : device_(device),
         stream_(std::move(stream)),
         blas_(blas),
+        fp8_gemm_(std::move(fp8_gemm)),
         sm_count_(sm_count),
         memory_(device, stream_.get()),
         host_picks_(options.host_picks),
@@ -60,6 +62,8 @@ class CudaBackend final : public Backend {
   bool rerotates_on_host() const { return host_rerotate_; }
   // CudaMatMulsOnCublas.
   bool matmuls_on_cublas() const { return cublas_matmuls_; }
+  // CudaFp8OnCublasLt.
+  bool fp8_on_cublaslt() const { return fp8_gemm_ != nullptr; }
   Memory& memory() override { return memory_; }
   absl::Status Health() override { return memory_.status(); }
 
@@ -70,6 +74,9 @@ class CudaBackend final : public Backend {
 
   absl::Status ReserveWorkspace(const WorkspaceNeeds& needs) override {
     RECALL_RETURN_IF_ERROR(GrowRounding(static_cast<int64_t>(needs.max_tokens) * needs.max_cols));
+    if (fp8_gemm_ != nullptr && needs.max_tokens > kSkinnyRows) {
+      RECALL_RETURN_IF_ERROR(fp8_gemm_->Reserve(needs.max_tokens, needs.max_cols));
+    }
     return GrowAttention(needs.max_tokens, needs.max_heads, needs.head_dim);
   }
 
@@ -481,6 +488,8 @@ class CudaBackend final : public Backend {
   int device_;
   recall::cuda::Stream stream_;
   cublasHandle_t blas_;
+  std::unique_ptr<Fp8Gemm>
+      fp8_gemm_;  // null: no cuBLASLt FP8 here, or CudaBackendOptions::no_fp8_gemm
   int sm_count_;
   CudaMemory memory_;
   cpu::Sampler sampler_;
@@ -563,8 +572,22 @@ void CudaBackend::MatMul(const float* x, int n, const Matrix& w, float* y) {
   const Timed timed(this, timer_ == nullptr ? std::string()
                                             : absl::StrCat("matmul ", DTypeName(w.dtype), " ",
                                                            w.rows, "x", w.cols, " n", n));
-  // Int8 and FP8 weights always take our kernel (cuBLAS has no int8-weight, fp32-input GEMM;
-  // cuBLASLt's FP8 GEMM would need x in FP8 and per-block scales it does not take).
+  // FP8 weights over many rows: cuBLASLt's FP8 GEMM (x quantized too) for the rows it takes.
+  if (w.dtype == DType::kF8E4M3 && n > kSkinnyRows && fp8_gemm_ != nullptr &&
+      Fp8Gemm::Takes(w, x)) {
+    if (memory_.Refuse("cuBLASLt FP8 matmul (may allocate)")) return;
+    const int m = Fp8Gemm::GemmRows(n);
+    const absl::Status ran = fp8_gemm_->Run(x, m, w, y);
+    if (ran.ok()) {
+      if (m == n) return;
+      x += static_cast<int64_t>(m) * w.cols, y += static_cast<int64_t>(m) * w.rows, n -= m;
+    } else if (!absl::IsUnimplemented(ran)) {
+      memory_.Check(cudaErrorUnknown, std::string(ran.message()).c_str());
+      return;
+    }  // else: no algorithm for the shape; our kernel takes every row
+  }
+  // Int8 and FP8 weights otherwise take our kernel (cuBLAS has no int8-weight, fp32-input
+  // GEMM).
   if (w.dtype == DType::kI8 || w.dtype == DType::kF8E4M3 ||
       (!cublas_matmuls_ && n <= kSkinnyRows)) {
     LaunchSkinnyMatMul(x, n, &w, &y, 1, s());
@@ -656,6 +679,11 @@ bool CudaMatMulsOnCublas(Backend& backend) {
   return cuda != nullptr && cuda->matmuls_on_cublas();
 }
 
+bool CudaFp8OnCublasLt(Backend& backend) {
+  auto* cuda = dynamic_cast<cuda::CudaBackend*>(&backend);
+  return cuda != nullptr && cuda->fp8_on_cublaslt();
+}
+
 namespace {
 
 absl::StatusOr<std::unique_ptr<Backend>> Build(const CudaBackendOptions& options) {
@@ -670,8 +698,19 @@ absl::StatusOr<std::unique_ptr<Backend>> Build(const CudaBackendOptions& options
   }
   cublasSetStream(blas, stream.get());
   cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH);  // fp32 stays fp32 (no TF32)
-  return std::unique_ptr<Backend>(new cuda::CudaBackend(
-      options.device, std::move(stream), blas, prop.multiProcessorCount, options));
+  std::unique_ptr<cuda::Fp8Gemm> fp8_gemm;
+  if (!options.no_fp8_gemm) {
+    absl::StatusOr<std::unique_ptr<cuda::Fp8Gemm>> made =
+        cuda::Fp8Gemm::Create(options.device, stream.get());
+    if (!made.ok()) {
+      cublasDestroy(blas);
+      return made.status();
+    }
+    fp8_gemm = *std::move(made);
+  }
+  return std::unique_ptr<Backend>(new cuda::CudaBackend(options.device, std::move(stream), blas,
+                                                        std::move(fp8_gemm),
+                                                        prop.multiProcessorCount, options));
 }
 
 }  // namespace
@@ -712,6 +751,9 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOpti
       {CheckFp8MatMul, &CudaBackendOptions::refuse_fp8_weights,
        "FP8 matmul failed its check, so FP8 weights are refused on it (load the checkpoint "
        "with weight_dtype auto: widened to bf16)"},
+      {CheckFp8ManyRows, &CudaBackendOptions::no_fp8_gemm,
+       "cuBLASLt FP8 GEMM failed its check, so FP8 matmuls of many rows stay on the "
+       "batch-invariant kernel"},
   };
   CudaBackendOptions fixed = options;
   for (const Fallback& f : kFallbacks) {

@@ -39,6 +39,17 @@ constexpr int kMaxProjections = 3;
 void LaunchSkinnyMatMul(const float* x, int n, const Matrix* w, float* const* y, int count,
                         cudaStream_t stream);
 
+// ---- fp8_gemm_inputs.cu (the inputs of kernels/cuda/fp8_gemm.h's cuBLASLt call)
+// q [n, cols] = E4M3(x / scale) per row and block of 128 columns, scale = the block's largest
+// |x| / 448 stored at scales[block * n + row]. REQUIRES: cols % 128 == 0, x 16-byte aligned.
+void LaunchQuantizeE4M3Rows(const float* x, int n, int64_t cols, uint8_t* q, float* scales,
+                            cudaStream_t stream);
+// out [blocks, rows] = in [rows, blocks] transposed.
+void LaunchTransposeScales(const float* in, int64_t rows, int64_t blocks, float* out,
+                           cudaStream_t stream);
+// out[i] = in[i] (bf16) widened to fp32.
+void LaunchWidenBf16(const void* in, int64_t count, float* out, cudaStream_t stream);
+
 // ---- attention.cu
 // Appends the batch's K/V rows (Backend::StoreKvBatch).
 void LaunchStoreKv(const KvBatch& batch, int layer, const float* k, const float* v,

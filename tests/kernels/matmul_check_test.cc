@@ -63,9 +63,13 @@ TEST(CheckMatMulTest, TheCpuBackendsInt8KernelsPassOnHostAndOpaqueMemory) {
 // FP8 weights the way the CUDA kernel reads them, on the host: each weight widened to
 // e4m3 * its row's and block's scale, then the CPU's f32 product. kWrongBlock reads the
 // scale of the next block (a layout fault that the values of one block would not show).
+// kGemm is cuBLASLt's FP8 GEMM's arithmetic (kernels/cuda/fp8_gemm.h): x quantized to E4M3
+// per row and block of `scale_block` columns too; kGemmWeightScales and kGemmInputScales
+// read the weights' or x's scales with rows and blocks swapped (the layout cuBLASLt reads
+// is transposed from the one they are stored in).
 class HostFp8 final : public testing::DelegatingBackend {
  public:
-  enum Fault { kNone, kWrongBlock };
+  enum Fault { kNone, kWrongBlock, kGemm, kGemmWeightScales, kGemmInputScales };
   explicit HostFp8(Fault fault) : fault_(fault) {}
   const char* Name() const override { return "host fp8"; }
   bool RunsFp8Weights() const override { return true; }
@@ -78,15 +82,64 @@ class HostFp8 final : public testing::DelegatingBackend {
       for (int64_t c = 0; c < w.cols; ++c) {
         int64_t b = c / w.scale_block;
         if (fault_ == kWrongBlock) b = std::min(b + 1, per_row - 1);
-        wide[r * w.cols + c] = E4M3ToF32(q[r * w.cols + c]) * w.scales[r * per_row + b];
+        int64_t at = r * per_row + b;
+        if (fault_ == kGemmWeightScales) at = b * w.rows + r;  // [blocks][rows] read flat
+        wide[r * w.cols + c] = E4M3ToF32(q[r * w.cols + c]) * w.scales[at % (w.rows * per_row)];
       }
     }
-    cpu_->MatMul(x, n, Matrix{wide.data(), DType::kF32, w.rows, w.cols}, y);
+    std::vector<float> xq(x, x + static_cast<size_t>(n) * w.cols);
+    if (fault_ >= kGemm) QuantizeRows(xq, n, w.cols, w.scale_block);
+    cpu_->MatMul(xq.data(), n, Matrix{wide.data(), DType::kF32, w.rows, w.cols}, y);
   }
 
  private:
+  // x = E4M3(x / s) * s per row and block, s = the block's largest |x| / 448.
+  void QuantizeRows(std::vector<float>& x, int n, int64_t cols, int block) const {
+    const int64_t blocks = cols / block;
+    std::vector<float> scales(static_cast<size_t>(n * blocks));
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        float most = 0;
+        for (int64_t c = b * block; c < (b + 1) * block; ++c) {
+          most = std::max(most, std::fabs(x[r * cols + c]));
+        }
+        scales[r * blocks + b] = most > 0 ? most / 448.0f : 1.0f;
+      }
+    }
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        const float s = scales[r * blocks + b];
+        const float used = fault_ == kGemmInputScales ? scales[(b * n + r) % (n * blocks)] : s;
+        for (int64_t c = b * block; c < (b + 1) * block; ++c) {
+          x[r * cols + c] = E4M3ToF32(F32ToE4M3(x[r * cols + c] / s)) * used;
+        }
+      }
+    }
+  }
   Fault fault_;
 };
+
+// The many-row FP8 check holds cuBLASLt's arithmetic (x quantized to E4M3 as well) within its
+// bound, and names a scale read with rows and blocks swapped, the weights' or x's.
+TEST(CheckMatMulTest, TheFp8ManyRowsCheckPassesTheGemmsRoundingAndNamesSwappedScales) {
+  for (const HostFp8::Fault right : {HostFp8::kNone, HostFp8::kGemm}) {
+    HostFp8 backend(right);
+    const absl::Status ok = CheckFp8ManyRows(backend);
+    EXPECT_TRUE(ok.ok()) << ok;
+  }
+  for (const HostFp8::Fault fault : {HostFp8::kGemmWeightScales, HostFp8::kGemmInputScales}) {
+    HostFp8 wrong(fault);
+    const absl::Status bad = CheckFp8ManyRows(wrong);
+    EXPECT_EQ(bad.code(), absl::StatusCode::kInternal) << fault;
+    EXPECT_NE(bad.message().find("MatMul of 200 rows of fp8 384x512 (blocks of 128 columns) is "
+                                 "off the widened weights' product at row "),
+              std::string::npos)
+        << bad;
+  }
+  // A backend without FP8 weights has nothing to check.
+  const absl::Status cpu = testing::OnHostAndOpaqueCpu(CheckFp8ManyRows);
+  EXPECT_TRUE(cpu.ok()) << cpu;
+}
 
 TEST(CheckMatMulTest, TheFp8CheckPassesTheFormatsMeaningAndNamesAWrongBlock) {
   HostFp8 right(HostFp8::kNone);

@@ -1,0 +1,176 @@
+// cuBLASLt's block-scaled FP8 GEMM (kernels/cuda/fp8_gemm.h).
+#include "kernels/cuda/fp8_gemm.h"
+
+#include <cublas_api.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "kernels/cuda/launch.h"
+
+namespace recall::kernels::cuda {
+namespace {
+
+constexpr int64_t kBlock = 128;
+constexpr size_t kWorkspaceBytes = 32u << 20;  // what cuBLASLt's Hopper kernels may ask for
+
+absl::Status LtStatus(cublasStatus_t st, const char* what) {
+  if (st == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("cublasLt ", what, ": ", cublasGetStatusString(st)));
+}
+
+#define RECALL_LT_RETURN_IF_ERROR(call) RECALL_RETURN_IF_ERROR(LtStatus((call), #call))
+
+// The descriptors of one call, destroyed with it.
+struct Descriptors {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  ~Descriptors() {
+    if (d != nullptr) cublasLtMatrixLayoutDestroy(d);
+    if (b != nullptr) cublasLtMatrixLayoutDestroy(b);
+    if (a != nullptr) cublasLtMatrixLayoutDestroy(a);
+    if (op != nullptr) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+#if CUBLAS_VERSION >= 120900
+// Column-major, as cuBLASLt sees it: A = w^T's storage (k x m, ld = cols, transposed), B = x
+// (k x n, ld = cols), D = y^T (m x n, ld = rows), which is y [n, rows] row-major.
+absl::Status Describe(Descriptors& d, int64_t rows, int64_t cols, int n, cudaDataType_t out,
+                      const float* w_scales, const float* x_scales) {
+  RECALL_LT_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t transpose = CUBLAS_OP_T, none = CUBLAS_OP_N;
+  RECALL_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                           &transpose, sizeof(transpose)));
+  RECALL_LT_RETURN_IF_ERROR(
+      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &none, sizeof(none)));
+  const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+  RECALL_LT_RETURN_IF_ERROR(
+      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode)));
+  RECALL_LT_RETURN_IF_ERROR(
+      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode)));
+  RECALL_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+      d.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scales, sizeof(w_scales)));
+  RECALL_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+      d.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scales, sizeof(x_scales)));
+  RECALL_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&d.a, CUDA_R_8F_E4M3, cols, rows, cols));
+  RECALL_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&d.b, CUDA_R_8F_E4M3, cols, n, cols));
+  RECALL_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&d.d, out, rows, n, rows));
+  return absl::OkStatus();
+}
+#endif
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Fp8Gemm>> Fp8Gemm::Create(int device, cudaStream_t stream) {
+#if CUBLAS_VERSION >= 120900
+  if (cublasLtGetVersion() < 120900) return std::unique_ptr<Fp8Gemm>();
+  int major = 0;
+  RECALL_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  if (major < 9) return std::unique_ptr<Fp8Gemm>();
+  cublasLtHandle_t handle = nullptr;
+  RECALL_LT_RETURN_IF_ERROR(cublasLtCreate(&handle));
+  return std::unique_ptr<Fp8Gemm>(new Fp8Gemm(handle, stream));
+#else
+  return std::unique_ptr<Fp8Gemm>();
+#endif
+}
+
+Fp8Gemm::~Fp8Gemm() {
+  if (handle_ != nullptr) cublasLtDestroy(handle_);
+}
+
+bool Fp8Gemm::Takes(const Matrix& w, const float* x) {
+  return w.dtype == DType::kF8E4M3 && w.scale_block == kBlock && w.cols % kBlock == 0 &&
+         w.rows % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(w.data) % 16 == 0;
+}
+
+absl::Status Fp8Gemm::Grow(recall::cuda::DeviceBuffer& buffer, size_t bytes) {
+  if (buffer.bytes() >= bytes) return absl::OkStatus();
+  if (buffer.get() != nullptr) cudaStreamSynchronize(stream_);  // queued calls may read it
+  buffer = recall::cuda::DeviceBuffer();
+  RECALL_ASSIGN_OR_RETURN(buffer, recall::cuda::DeviceBuffer::Allocate(bytes));
+  return absl::OkStatus();
+}
+
+absl::Status Fp8Gemm::Reserve(int64_t n, int64_t cols) {
+  const int64_t blocks = (cols + kBlock - 1) / kBlock;
+  RECALL_RETURN_IF_ERROR(Grow(workspace_, kWorkspaceBytes));
+  RECALL_RETURN_IF_ERROR(Grow(x_q_, static_cast<size_t>(n * cols)));
+  return Grow(x_scales_, static_cast<size_t>(n * blocks) * sizeof(float));
+}
+
+absl::StatusOr<const Fp8Gemm::Plan*> Fp8Gemm::PlanFor(int64_t rows, int64_t cols, int n) {
+  const auto key = std::make_tuple(rows, cols, n);
+  if (const auto it = plans_.find(key); it != plans_.end()) return &it->second;
+  Plan plan;
+#if CUBLAS_VERSION >= 120900
+  cublasLtMatmulPreference_t preference = nullptr;
+  RECALL_LT_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&preference));
+  const size_t workspace = kWorkspaceBytes;
+  cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
+      preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
+  for (const cudaDataType_t out : {CUDA_R_32F, CUDA_R_16BF}) {
+    if (st != CUBLAS_STATUS_SUCCESS) break;
+    Descriptors d;
+    // The scale pointers only need to be set for the query; any aligned device address does.
+    const absl::Status described =
+        Describe(d, rows, cols, n, out, w_scales_.as<float>(), x_scales_.as<float>());
+    if (!described.ok()) {
+      cublasLtMatmulPreferenceDestroy(preference);
+      return described;
+    }
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    st = cublasLtMatmulAlgoGetHeuristic(handle_, d.op, d.a, d.b, d.d, d.d, preference, 1, &result,
+                                        &found);
+    if (st == CUBLAS_STATUS_SUCCESS && found > 0) {
+      plan = Plan{true, out, result.algo};
+      break;
+    }
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED) st = CUBLAS_STATUS_SUCCESS;  // try the next type
+  }
+  cublasLtMatmulPreferenceDestroy(preference);
+  RECALL_RETURN_IF_ERROR(LtStatus(st, "cublasLtMatmulAlgoGetHeuristic"));
+#endif
+  return &plans_.emplace(key, plan).first->second;
+}
+
+absl::Status Fp8Gemm::Run(const float* x, int n, const Matrix& w, float* y) {
+  const int64_t rows = w.rows, cols = w.cols, blocks = cols / kBlock;
+  RECALL_RETURN_IF_ERROR(Reserve(n, cols));
+  RECALL_RETURN_IF_ERROR(Grow(w_scales_, static_cast<size_t>(rows * blocks) * sizeof(float)));
+  RECALL_ASSIGN_OR_RETURN(const Plan* plan, PlanFor(rows, cols, n));
+  if (!plan->supported) {
+    return absl::UnimplementedError(absl::StrCat("cublasLt has no block-scaled FP8 GEMM for ", rows,
+                                                 "x", cols, " by ", n, " rows"));
+  }
+#if CUBLAS_VERSION >= 120900
+  void* out = y;
+  if (plan->out == CUDA_R_16BF) {
+    RECALL_RETURN_IF_ERROR(Grow(out_bf16_, static_cast<size_t>(n * rows) * 2));
+    out = out_bf16_.get();
+  }
+  LaunchQuantizeE4M3Rows(x, n, cols, x_q_.as<uint8_t>(), x_scales_.as<float>(), stream_);
+  LaunchTransposeScales(w.scales, rows, blocks, w_scales_.as<float>(), stream_);
+  RECALL_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  Descriptors d;
+  RECALL_RETURN_IF_ERROR(
+      Describe(d, rows, cols, n, plan->out, w_scales_.as<float>(), x_scales_.as<float>()));
+  const float one = 1.0f, zero = 0.0f;
+  RECALL_LT_RETURN_IF_ERROR(cublasLtMatmul(handle_, d.op, &one, w.data, d.a, x_q_.get(), d.b, &zero,
+                                           out, d.d, out, d.d, &plan->algo, workspace_.get(),
+                                           workspace_.bytes(), stream_));
+  if (plan->out == CUDA_R_16BF) {
+    LaunchWidenBf16(out, static_cast<int64_t>(n) * rows, y, stream_);
+    RECALL_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  }
+#endif
+  return absl::OkStatus();
+}
+
+}  // namespace recall::kernels::cuda
