@@ -92,6 +92,8 @@ struct WorkspaceNeeds {
   int64_t max_cols = 0;   // the widest MatMul input
   int max_heads = 0;      // query heads
   int head_dim = 0;
+  int max_matmul_rows = 0;           // rows of one MatMul call (batch-invariant pieces)
+  DType weight_dtype = DType::kF32;  // the layers' linear weights
 };
 
 class Backend {

@@ -74,7 +74,8 @@ class CudaBackend final : public Backend {
 
   absl::Status ReserveWorkspace(const WorkspaceNeeds& needs) override {
     RECALL_RETURN_IF_ERROR(GrowRounding(static_cast<int64_t>(needs.max_tokens) * needs.max_cols));
-    if (fp8_gemm_ != nullptr && needs.max_tokens > kSkinnyRows) {
+    if (fp8_gemm_ != nullptr && needs.weight_dtype == DType::kF8E4M3 &&
+        needs.max_matmul_rows > kSkinnyRows) {
       RECALL_RETURN_IF_ERROR(fp8_gemm_->Reserve(needs.max_tokens, needs.max_cols));
     }
     return GrowAttention(needs.max_tokens, needs.max_heads, needs.head_dim);
@@ -581,10 +582,10 @@ void CudaBackend::MatMul(const float* x, int n, const Matrix& w, float* y) {
     if (ran.ok()) {
       if (m == n) return;
       x += static_cast<int64_t>(m) * w.cols, y += static_cast<int64_t>(m) * w.rows, n -= m;
-    } else if (!absl::IsUnimplemented(ran)) {
+    } else if (!absl::IsUnavailable(ran)) {
       memory_.Check(cudaErrorUnknown, std::string(ran.message()).c_str());
       return;
-    }  // else: no algorithm for the shape; our kernel takes every row
+    }  // else: not taken (no algorithm for the shape, no scratch); our kernel takes every row
   }
   // Int8 and FP8 weights otherwise take our kernel (cuBLAS has no int8-weight, fp32-input
   // GEMM).

@@ -4,9 +4,11 @@
 #include <cublas_api.h>
 
 #include <algorithm>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status.h"
 #include "kernels/cuda/launch.h"
 
@@ -104,68 +106,88 @@ absl::Status Fp8Gemm::Reserve(int64_t n, int64_t cols) {
   return Grow(x_scales_, static_cast<size_t>(n * blocks) * sizeof(float));
 }
 
-absl::StatusOr<const Fp8Gemm::Plan*> Fp8Gemm::PlanFor(int64_t rows, int64_t cols, int n) {
+const Fp8Gemm::Plan& Fp8Gemm::PlanFor(int64_t rows, int64_t cols, int n) {
   const auto key = std::make_tuple(rows, cols, n);
-  if (const auto it = plans_.find(key); it != plans_.end()) return &it->second;
+  if (const auto it = plans_.find(key); it != plans_.end()) return it->second;
   Plan plan;
+  std::string refused;
 #if CUBLAS_VERSION >= 120900
   cublasLtMatmulPreference_t preference = nullptr;
-  RECALL_LT_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&preference));
-  const size_t workspace = kWorkspaceBytes;
-  cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
-      preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
-  for (const cudaDataType_t out : {CUDA_R_32F, CUDA_R_16BF}) {
-    if (st != CUBLAS_STATUS_SUCCESS) break;
-    Descriptors d;
-    // The scale pointers only need to be set for the query; any aligned device address does.
-    const absl::Status described =
-        Describe(d, rows, cols, n, out, w_scales_.as<float>(), x_scales_.as<float>());
-    if (!described.ok()) {
-      cublasLtMatmulPreferenceDestroy(preference);
-      return described;
+  if (cublasLtMatmulPreferenceCreate(&preference) == CUBLAS_STATUS_SUCCESS) {
+    const size_t workspace = kWorkspaceBytes;
+    cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                         &workspace, sizeof(workspace));
+    for (const cudaDataType_t out : {CUDA_R_32F, CUDA_R_16BF}) {
+      Descriptors d;
+      // The scale pointers only need to be set for the query; any aligned device address does.
+      const absl::Status described =
+          Describe(d, rows, cols, n, out, w_scales_.as<float>(), x_scales_.as<float>());
+      if (!described.ok()) {
+        refused = std::string(described.message());
+        break;
+      }
+      cublasLtMatmulHeuristicResult_t result{};
+      int found = 0;
+      const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, d.op, d.a, d.b, d.d, d.d,
+                                                               preference, 1, &result, &found);
+      if (st == CUBLAS_STATUS_SUCCESS && found > 0) {
+        plan = Plan{true, out, result.algo};
+        break;
+      }
+      absl::StrAppend(
+          &refused, refused.empty() ? "" : "; ", out == CUDA_R_32F ? "fp32" : "bf16",
+          " output: ", st == CUBLAS_STATUS_SUCCESS ? "no algorithm" : cublasGetStatusString(st));
     }
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    st = cublasLtMatmulAlgoGetHeuristic(handle_, d.op, d.a, d.b, d.d, d.d, preference, 1, &result,
-                                        &found);
-    if (st == CUBLAS_STATUS_SUCCESS && found > 0) {
-      plan = Plan{true, out, result.algo};
-      break;
-    }
-    if (st == CUBLAS_STATUS_NOT_SUPPORTED) st = CUBLAS_STATUS_SUCCESS;  // try the next type
+    cublasLtMatmulPreferenceDestroy(preference);
+  } else {
+    refused = "cublasLtMatmulPreferenceCreate failed";
   }
-  cublasLtMatmulPreferenceDestroy(preference);
-  RECALL_RETURN_IF_ERROR(LtStatus(st, "cublasLtMatmulAlgoGetHeuristic"));
+#else
+  refused = "built with a cuBLAS older than 12.9";
 #endif
-  return &plans_.emplace(key, plan).first->second;
+  if (!plan.supported) {
+    RECALL_LOG(WARNING) << "cublasLt: no block-scaled FP8 GEMM for " << rows << "x" << cols
+                        << " by " << n << " rows (" << refused
+                        << "); those matmuls stay on the batch-invariant kernel";
+  }
+  return plans_.emplace(key, plan).first->second;
 }
 
 absl::Status Fp8Gemm::Run(const float* x, int n, const Matrix& w, float* y) {
   const int64_t rows = w.rows, cols = w.cols, blocks = cols / kBlock;
-  RECALL_RETURN_IF_ERROR(Reserve(n, cols));
-  RECALL_RETURN_IF_ERROR(Grow(w_scales_, static_cast<size_t>(rows * blocks) * sizeof(float)));
-  RECALL_ASSIGN_OR_RETURN(const Plan* plan, PlanFor(rows, cols, n));
-  if (!plan->supported) {
-    return absl::UnimplementedError(absl::StrCat("cublasLt has no block-scaled FP8 GEMM for ", rows,
-                                                 "x", cols, " by ", n, " rows"));
+  if (const absl::Status st = Reserve(n, cols); !st.ok())
+    return absl::UnavailableError(st.message());
+  if (const absl::Status st = Grow(w_scales_, static_cast<size_t>(rows * blocks) * sizeof(float));
+      !st.ok()) {
+    return absl::UnavailableError(st.message());
+  }
+  const Plan& plan = PlanFor(rows, cols, n);
+  if (!plan.supported) {
+    return absl::UnavailableError(absl::StrCat("cublasLt has no block-scaled FP8 GEMM for ", rows,
+                                               "x", cols, " by ", n, " rows"));
+  }
+  void* out = y;
+  if (plan.out == CUDA_R_16BF) {
+    if (const absl::Status st = Grow(out_bf16_, static_cast<size_t>(n * rows) * 2); !st.ok()) {
+      return absl::UnavailableError(st.message());
+    }
+    out = out_bf16_.get();
   }
 #if CUBLAS_VERSION >= 120900
-  void* out = y;
-  if (plan->out == CUDA_R_16BF) {
-    RECALL_RETURN_IF_ERROR(Grow(out_bf16_, static_cast<size_t>(n * rows) * 2));
-    out = out_bf16_.get();
+  Descriptors d;
+  if (const absl::Status st =
+          Describe(d, rows, cols, n, plan.out, w_scales_.as<float>(), x_scales_.as<float>());
+      !st.ok()) {
+    return absl::UnavailableError(st.message());
   }
   LaunchQuantizeE4M3Rows(x, n, cols, x_q_.as<uint8_t>(), x_scales_.as<float>(), stream_);
   LaunchTransposeScales(w.scales, rows, blocks, w_scales_.as<float>(), stream_);
   RECALL_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  Descriptors d;
-  RECALL_RETURN_IF_ERROR(
-      Describe(d, rows, cols, n, plan->out, w_scales_.as<float>(), x_scales_.as<float>()));
   const float one = 1.0f, zero = 0.0f;
   RECALL_LT_RETURN_IF_ERROR(cublasLtMatmul(handle_, d.op, &one, w.data, d.a, x_q_.get(), d.b, &zero,
-                                           out, d.d, out, d.d, &plan->algo, workspace_.get(),
+                                           out, d.d, out, d.d, &plan.algo, workspace_.get(),
                                            workspace_.bytes(), stream_));
-  if (plan->out == CUDA_R_16BF) {
+  if (plan.out == CUDA_R_16BF) {
     LaunchWidenBf16(out, static_cast<int64_t>(n) * rows, y, stream_);
     RECALL_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }

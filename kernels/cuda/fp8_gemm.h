@@ -48,9 +48,10 @@ class Fp8Gemm {
   // Scratch for calls of up to n rows of x of up to `cols` columns (the weights' scales, a
   // 1/128 of a matrix's fp32 size, grow on the first call of each larger shape).
   absl::Status Reserve(int64_t n, int64_t cols);
-  // y = x * w^T. REQUIRES: Takes(w, x), n == GemmRows(n) > 0. Unimplemented when cuBLASLt has
-  // no algorithm for the shape (the caller multiplies another way; nothing was queued);
-  // another error when a call failed.
+  // y = x * w^T. REQUIRES: Takes(w, x), n == GemmRows(n) > 0. Unavailable when nothing was
+  // queued and the caller should multiply another way: cuBLASLt has no algorithm for the
+  // shape (logged once per shape) or the scratch could not be allocated. Another error when
+  // a queued call failed.
   absl::Status Run(const float* x, int n, const Matrix& w, float* y);
 
  private:
@@ -60,8 +61,9 @@ class Fp8Gemm {
     cublasLtMatmulAlgo_t algo{};
   };
   Fp8Gemm(cublasLtHandle_t handle, cudaStream_t stream) : handle_(handle), stream_(stream) {}
-  // The algorithm for an (rows, cols, n) call: fp32 output first, else bf16.
-  absl::StatusOr<const Plan*> PlanFor(int64_t rows, int64_t cols, int n);
+  // The algorithm for an (rows, cols, n) call: fp32 output first, else bf16; unsupported
+  // (and a warning) when cuBLASLt offers neither or refuses the descriptors.
+  const Plan& PlanFor(int64_t rows, int64_t cols, int n);
   absl::Status Grow(recall::cuda::DeviceBuffer& buffer, size_t bytes);
 
   cublasLtHandle_t handle_;

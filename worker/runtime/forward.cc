@@ -48,6 +48,11 @@ absl::Status ForwardPass::AllocateWorkspaces() {
   needs.max_cols = std::max<int64_t>({c.dim, static_cast<int64_t>(q_dim), c.hidden_dim});
   needs.max_heads = c.n_heads;
   needs.head_dim = c.head_dim;
+  needs.max_matmul_rows =
+      options_.batch_invariant
+          ? std::min<int>(needs.max_tokens, std::max(1, backend_.BatchInvariantRows()))
+          : needs.max_tokens;
+  needs.weight_dtype = c.weight_dtype;
   return backend_.ReserveWorkspace(needs);
 }
 
