@@ -84,7 +84,7 @@ absl::StatusOr<SessionRecord> Conversations::Create(
   r.model = model;
   if (r.model.empty() && served.size() == 1) r.model = *served.begin();
   if (!r.model.empty() && !served.empty() && served.count(r.model) == 0) {
-    return absl::NotFoundError(absl::StrCat("model: no worker serves \"", r.model, "\""));
+    return UnknownModel(r.model, std::vector<std::string>(served.begin(), served.end()));
   }
   if (cache.has_kv_dtype()) {
     const std::string& t = cache.kv_dtype();
@@ -341,6 +341,15 @@ std::vector<v1::ModelInfo> Conversations::Models() const {
   std::vector<v1::ModelInfo> out;
   for (auto& [name, m] : models) out.push_back(std::move(m));
   return out;
+}
+
+absl::Status Conversations::UnknownModel(const std::string& model,
+                                         const std::vector<std::string>& served) {
+  std::vector<std::string> quoted;
+  for (const std::string& name : served) quoted.push_back(absl::StrCat("\"", name, "\""));
+  return absl::NotFoundError(
+      absl::StrCat("model: no worker serves \"", model, "\"",
+                   quoted.empty() ? "" : "; served: ", absl::StrJoin(quoted, ", ")));
 }
 
 int Conversations::MaxTokensLimit() const {

@@ -141,6 +141,10 @@ class Conversations {
 
   // The models the workers serve, by name (the healthy, not draining workers counted).
   std::vector<v1::ModelInfo> Models() const;
+  // NotFound for `model`, naming the models that are served (a client that asked for
+  // "stories260K" learns the name is "stories260K.bin").
+  static absl::Status UnknownModel(const std::string& model,
+                                   const std::vector<std::string>& served);
   // The smallest max_tokens limit among the workers (0: none known).
   int MaxTokensLimit() const;
 

@@ -248,10 +248,12 @@ absl::Status HttpApi::CheckModel(const std::string& model) {
   if (model.empty()) return absl::OkStatus();
   const std::vector<v1::ModelInfo> served = conversations_.Models();
   if (served.empty()) return absl::OkStatus();  // no worker known yet: the turn will say so
+  std::vector<std::string> names;
   for (const v1::ModelInfo& m : served) {
     if (m.name() == model) return absl::OkStatus();
+    names.push_back(m.name());
   }
-  return absl::NotFoundError(absl::StrCat("model: no worker serves \"", model, "\""));
+  return Conversations::UnknownModel(model, names);
 }
 
 absl::Status HttpApi::ClaimKey(const std::string& tenant, const std::string& key) {
@@ -636,13 +638,15 @@ void HttpApi::Models(const httplib::Request& req, httplib::Response& res) {
     return;
   }
   const std::string id = req.matches[1];
+  std::vector<std::string> names;
   for (const v1::ModelInfo& m : models) {
     if (m.name() == id) {
       res.set_content(openai::ModelObject(m), "application/json");
       return;
     }
+    names.push_back(m.name());
   }
-  Fail(res, absl::NotFoundError(absl::StrCat("model: no worker serves \"", id, "\"")));
+  Fail(res, Conversations::UnknownModel(id, names));
 }
 
 void HttpApi::Health(const httplib::Request&, httplib::Response& res) {

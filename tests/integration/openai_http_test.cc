@@ -202,6 +202,8 @@ TEST_F(OpenAiHttpTest, CompletionsModelsAndHealth) {
   const HttpReply missing = Send(*http_, "GET", "/v1/models/gpt-4", "", "key-a");
   EXPECT_EQ(missing.status, 404);
   EXPECT_EQ(missing.JsonBody()["error"]["code"], "model_not_found");
+  EXPECT_EQ(missing.JsonBody()["error"]["message"],
+            "model: no worker serves \"gpt-4\"; served: \"stories260K.bin\"");
 
   const HttpReply health = Send(*http_, "GET", "/health", "", "");
   EXPECT_EQ(health.status, 200) << "no API key needed";
@@ -261,7 +263,7 @@ TEST_F(OpenAiHttpTest, BadRequestsGetOpenAIErrorsNamingTheField) {
        {},
        404,
        "model",
-       "no worker serves \"gpt-4\""},
+       "no worker serves \"gpt-4\"; served: \"stories260K.bin\""},
       {ChatBody(hi, 4, false),
        "key-a",
        {{"X-Session-Id", "s-nope"}},
