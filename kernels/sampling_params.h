@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 namespace recall::kernels {
 
@@ -11,13 +13,16 @@ struct SamplingParams {
   float top_p = 1.0f;               // nucleus mass in (0, 1]; 1 = off
   float repetition_penalty = 1.0f;  // CTRL-style: logit/p if > 0 else logit*p, over history
   uint64_t seed = 0;                // seeds the per-sequence RNG
+  // Added to these tokens' logits before a pick (after the repetition penalty), by token id.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
 // True when Sample's choice depends on the logits alone (no repetition penalty, which needs
-// the sequence's history), so a backend may pick it where the logits are
-// (Backend::SampleRows), given the one uniform draw Sample would take from its Rng.
+// the sequence's history, and no logit bias, which the device kernels do not apply), so a
+// backend may pick it where the logits are (Backend::SampleRows), given the one uniform
+// draw Sample would take from its Rng.
 inline bool SamplesOnBackend(const SamplingParams& p) {
-  return p.repetition_penalty == 1.0f || p.repetition_penalty <= 0.0f;
+  return (p.repetition_penalty == 1.0f || p.repetition_penalty <= 0.0f) && p.logit_bias.empty();
 }
 
 // xorshift64* state; one per sequence so sampling is reproducible per seed.

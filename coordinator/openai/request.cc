@@ -5,6 +5,7 @@
 #include <limits>
 #include <optional>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
 #include "common/status.h"
@@ -165,6 +166,25 @@ absl::Status ParseSampling(const Json& o, const RequestLimits& limits, v1::Sampl
       return Bad("repetition_penalty", absl::StrCat("must be in (0, 100]", Got(*repetition)));
     }
     s->set_repetition_penalty(static_cast<float>(*repetition));
+  }
+  if (const Json* bias = Find(o, "logit_bias"); bias != nullptr) {
+    if (!bias->is_object()) {
+      return Bad("logit_bias", absl::StrCat("must be an object of token ids to numbers, got ",
+                                            bias->type_name()));
+    }
+    for (const auto& [key, value] : bias->items()) {
+      int32_t token = 0;
+      if (!absl::SimpleAtoi(key, &token) || token < 0) {
+        return Bad("logit_bias", absl::StrCat("key \"", key, "\" is not a token id"));
+      }
+      const std::string at = absl::StrCat("logit_bias[\"", key, "\"]");
+      if (!value.is_number()) {
+        return Bad(at, absl::StrCat("must be a number, got ", value.type_name()));
+      }
+      const double v = value.get<double>();
+      if (!(v >= -100 && v <= 100)) return Bad(at, absl::StrCat("must be in [-100, 100]", Got(v)));
+      (*s->mutable_logit_bias())[token] = static_cast<float>(v);
+    }
   }
   for (const char* penalty : {"frequency_penalty", "presence_penalty"}) {
     RECALL_ASSIGN_OR_RETURN(const std::optional<double> p, Number(o, penalty));

@@ -9,6 +9,8 @@
 //   stop                   a string, or an array of at most 4 non-empty strings -> stop
 //   seed                   an integer       -> seed (a negative one as its 64-bit pattern)
 //   top_k >= 0, repetition_penalty > 0      -> the same (not OpenAI's fields; vLLM's)
+//   logit_bias  {"token id": [-100, 100]}  -> logit_bias (ids checked by the worker against
+//                                              its vocabulary)
 //   frequency_penalty, presence_penalty: 0 only. Recall's penalty is the multiplicative
 //     repetition_penalty, not an additive one per count, so a non-zero value is refused
 //     rather than approximated.

@@ -37,6 +37,9 @@ int32_t Sampler::Sample(float* logits, int vocab, const SamplingParams& params, 
   if (params.repetition_penalty != 1.0f && params.repetition_penalty > 0.0f) {
     ApplyRepetitionPenalty(logits, vocab, params.repetition_penalty, history, n_history);
   }
+  for (const auto& [token, bias] : params.logit_bias) {
+    if (token >= 0 && token < vocab) logits[token] += bias;
+  }
   if (params.temperature <= 0.0f) return ArgMax(logits, vocab);
   return Pick(logits, vocab, params, rng.NextFloat());
 }

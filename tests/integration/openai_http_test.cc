@@ -10,12 +10,14 @@
 #include <httplib.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/subprocess.h"
 #include "grpcpp/grpcpp.h"
@@ -87,6 +89,29 @@ TEST_F(OpenAiHttpTest, ANonStreamedChatIsOneChatCompletion) {
       ChatBody({Message("user", "Once upon a time")}, 5, false, "\"stop\":" + Json(stop).dump()));
   ASSERT_EQ(stopped.status, 200) << stopped.body;
   EXPECT_EQ(stopped.JsonBody()["choices"][0]["finish_reason"], "stop") << stopped.body;
+}
+
+// logit_bias reaches the worker's picks (greedy here): +100 on token 300 makes every token
+// that one whatever the prompt, and -100 on every other token of the vocabulary gives the same
+// reply; without a bias the reply is another.
+TEST_F(OpenAiHttpTest, LogitBiasForcesAndBansTokens) {
+  const auto reply = [&](const std::string& prompt, const std::string& bias) {
+    const HttpReply r = Post("/v1/chat/completions", ChatBody({Message("user", prompt)}, 6, false,
+                                                              R"("temperature": 0)" + bias));
+    EXPECT_EQ(r.status, 200) << r.body;
+    const Json j = r.JsonBody();
+    EXPECT_EQ(j["usage"]["completion_tokens"], 6) << r.body;
+    return j["choices"][0]["message"]["content"].get<std::string>();
+  };
+  const std::string plain = reply("Once upon a time", "");
+  const std::string forced = reply("Once upon a time", R"(, "logit_bias": {"300": 100})");
+  EXPECT_NE(forced, plain);
+  EXPECT_EQ(reply("Tom went out", R"(, "logit_bias": {"300": 100})"), forced);
+  Json ban_all_but_300 = Json::object();
+  for (int t = 0; t < 512; ++t) {
+    if (t != 300) ban_all_but_300[std::to_string(t)] = -100;
+  }
+  EXPECT_EQ(reply("Once upon a time", ", \"logit_bias\": " + ban_all_but_300.dump()), forced);
 }
 
 TEST_F(OpenAiHttpTest, ResendingTheWholeListReusesTheSessionsCache) {

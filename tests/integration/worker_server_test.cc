@@ -4,6 +4,7 @@
 // exhaustion (offload / queue / RESOURCE_EXHAUSTED, never a crash), metrics, and every bad
 // input getting its status code.
 #include <atomic>
+#include <limits>
 #include <thread>
 
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -197,6 +198,13 @@ TEST_F(WorkerServerTest, BadInputsGetTheirCodes) {
       [](auto& r) { r.mutable_sampling()->set_top_p(0); });
   add("top_p above one", StatusCode::INVALID_ARGUMENT, "(0, 1]",
       [](auto& r) { r.mutable_sampling()->set_top_p(1.5f); });
+  add("logit_bias past the vocabulary", StatusCode::INVALID_ARGUMENT,
+      "sampling.logit_bias: token 512 is outside the vocabulary [0, 512)",
+      [](auto& r) { (*r.mutable_sampling()->mutable_logit_bias())[512] = 1; });
+  add("logit_bias out of range", StatusCode::INVALID_ARGUMENT,
+      "sampling.logit_bias: token 7: the bias must be in [-100, 100], got inf", [](auto& r) {
+        (*r.mutable_sampling()->mutable_logit_bias())[7] = std::numeric_limits<float>::infinity();
+      });
   add("max_tokens zero", StatusCode::INVALID_ARGUMENT, "sampling.max_tokens",
       [](auto& r) { r.mutable_sampling()->set_max_tokens(0); });
   add("max_tokens over the limit", StatusCode::INVALID_ARGUMENT, "512",

@@ -63,6 +63,27 @@ TEST_F(SamplingTest, RepetitionPenaltyChangesArgmax) {
   EXPECT_EQ(logits, (std::vector<float>{1.0f, 1.5f, -2.0f, 0.5f}));
 }
 
+// Scenario: a logit bias is added after the repetition penalty, for greedy and sampled picks:
+// +100 on token 3 makes it the pick at any temperature, -100 on the argmax hands greedy to the
+// next token; either keeps the pick off the backend (SamplesOnBackend).
+TEST_F(SamplingTest, LogitBiasMovesThePickAndKeepsItOnTheHost) {
+  const std::vector<float> logits = {2.0f, 1.5f, -1.0f, 0.5f};
+  SamplingParams p = Greedy();
+  EXPECT_TRUE(SamplesOnBackend(p));
+  p.logit_bias = {{3, 100.0f}};
+  EXPECT_FALSE(SamplesOnBackend(p));
+  Rng rng(5);
+  EXPECT_EQ(Sample(logits, p, rng), 3);
+  p.temperature = 1.0f;
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(Sample(logits, p, rng), 3) << "draw " << i;
+  p = Greedy();
+  p.logit_bias = {{0, -100.0f}, {99, 50.0f}};  // an id past the vocabulary is skipped
+  EXPECT_EQ(Sample(logits, p, rng), 1);
+  p.repetition_penalty = 2.0f;  // token 1: 1.5 / 2 = 0.75 (penalized first), then token 3 wins
+  p.logit_bias = {{0, -100.0f}, {3, 0.3f}};
+  EXPECT_EQ(Sample(logits, p, rng, {1}), 3);
+}
+
 // Scenario: over random logits and seeds, top_k = 1 and top_p = 1e-6 (temperature 0.8)
 // always return the greedy token.
 TEST_F(SamplingTest, TopKOneAndTinyTopPAreGreedy) {

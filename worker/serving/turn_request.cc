@@ -62,6 +62,22 @@ absl::Status ValidateSampling(const kernels::SamplingParams& s, const std::strin
         prefix + "repetition_penalty",
         absl::StrCat("must be in (0, ", kMaxRepetitionPenalty, "], got ", s.repetition_penalty));
   }
+  if (s.logit_bias.size() > static_cast<size_t>(kMaxLogitBiasTokens)) {
+    return Invalid(prefix + "logit_bias", absl::StrCat("at most ", kMaxLogitBiasTokens,
+                                                       " tokens, got ", s.logit_bias.size()));
+  }
+  for (const auto& [token, bias] : s.logit_bias) {
+    if (token < 0 || token >= vocab_size) {
+      return Invalid(
+          prefix + "logit_bias",
+          absl::StrCat("token ", token, " is outside the vocabulary [0, ", vocab_size, ")"));
+    }
+    if (!(bias >= -kMaxLogitBias && bias <= kMaxLogitBias)) {
+      return Invalid(prefix + "logit_bias",
+                     absl::StrCat("token ", token, ": the bias must be in [", -kMaxLogitBias, ", ",
+                                  kMaxLogitBias, "], got ", bias));
+    }
+  }
   return absl::OkStatus();
 }
 

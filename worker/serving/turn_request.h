@@ -88,6 +88,10 @@ bool IsHistoryNeeded(const absl::Status& status);
 // Every float must be finite and within its bound; top_k at most `vocab_size`.
 inline constexpr float kMaxTemperature = 100.0f;
 inline constexpr float kMaxRepetitionPenalty = 100.0f;
+// logit_bias: values in [-kMaxLogitBias, kMaxLogitBias] (OpenAI's range), token ids in
+// [0, vocab_size), at most kMaxLogitBiasTokens of them.
+inline constexpr float kMaxLogitBias = 100.0f;
+inline constexpr int kMaxLogitBiasTokens = 1024;
 absl::Status ValidateSampling(const kernels::SamplingParams& s, const std::string& prefix,
                               int vocab_size = std::numeric_limits<int>::max());
 

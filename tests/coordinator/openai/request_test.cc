@@ -53,6 +53,8 @@ TEST(ChatRequestTest, MapsEverySamplingFieldAndIgnoresUnknownOnes) {
   EXPECT_EQ(r->sampling.seed(), ~uint64_t{0}) << "a negative seed as its 64-bit pattern";
   EXPECT_EQ(r->sampling.top_k(), 40);
   EXPECT_FLOAT_EQ(r->sampling.repetition_penalty(), 1.1f);
+  ASSERT_EQ(r->sampling.logit_bias_size(), 1);
+  EXPECT_FLOAT_EQ(r->sampling.logit_bias().at(1), 2.0f);
   EXPECT_TRUE(r->stream);
   EXPECT_TRUE(r->include_usage);
 }
@@ -139,6 +141,14 @@ INSTANTIATE_TEST_SUITE_P(
         Refusal{Chat(R"("seed": 18446744073709551615)"), "seed", "must fit in 64 bits"},
         Refusal{Chat(R"("top_k": -1)"), "top_k", "must be in [0, 1073741824], got -1"},
         Refusal{Chat(R"("repetition_penalty": 0)"), "repetition_penalty", "must be in (0, 100]"},
+        Refusal{Chat(R"("logit_bias": [1])"), "logit_bias",
+                "must be an object of token ids to numbers, got array"},
+        Refusal{Chat(R"("logit_bias": {"x1": 5})"), "logit_bias", "key \"x1\" is not a token id"},
+        Refusal{Chat(R"("logit_bias": {"-3": 5})"), "logit_bias", "key \"-3\" is not a token id"},
+        Refusal{Chat(R"("logit_bias": {"7": 101})"), "logit_bias[\"7\"]",
+                "must be in [-100, 100], got 101"},
+        Refusal{Chat(R"("logit_bias": {"7": "ban"})"), "logit_bias[\"7\"]",
+                "must be a number, got string"},
         Refusal{Chat(R"("frequency_penalty": 0.5)"), "frequency_penalty",
                 "only 0 is supported (Recall's penalty is the multiplicative repetition_penalty), "
                 "got 0.5"},
