@@ -134,6 +134,9 @@ absl::Status Serve(const ServeOptions& o) {
   // The worker's port takes calls only from this coordinator: a cluster token made once in
   // the data directory (mode 0600), unless --cluster-token-file names one.
   service::WorkerOptions worker_options = o.worker;
+  if (absl::Status st = service::CheckServedModelName(worker_options.served_model_name); !st.ok()) {
+    return ServeFlags().Explain(st);
+  }
   if (worker_options.cluster_token_file.empty()) {
     worker_options.cluster_token_file = data_dir + "/cluster-token";
     RECALL_RETURN_IF_ERROR(grpcutil::EnsureTokenFile(worker_options.cluster_token_file).status());

@@ -46,6 +46,20 @@ TEST_F(WorkerServerTest, HealthAndInfo) {
   EXPECT_NE(std::find(info.policies().begin(), info.policies().end(), "lazy"),
             info.policies().end());
   EXPECT_EQ(info.max_tokens_limit(), 512);
+  EXPECT_EQ(info.model(), "stories260K.bin") << "the model path's last component";
+}
+
+// --served-model-name is the name the worker gives its model.
+TEST_F(WorkerServerTest, AServedModelNameReplacesTheFileName) {
+  Worker named;
+  std::string error;
+  ASSERT_TRUE(
+      named.Start({"--kv-cache-bytes", "16M", "--served-model-name", "tiny-stories"}, &error))
+      << error;
+  grpc::ClientContext ctx;
+  v1::InfoResponse info;
+  ASSERT_TRUE(named.stub().Info(&ctx, v1::InfoRequest(), &info).ok());
+  EXPECT_EQ(info.model(), "tiny-stories");
 }
 
 // A session may name the worker's KV type (or none); another type, or one that does not

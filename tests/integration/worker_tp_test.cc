@@ -136,6 +136,7 @@ TEST_F(WorkerTpTest, FlagsThatDoNotFitAreRefusedAtStartupByName) {
       {{"--policy", "episodic", "--tp", "2"}, "--policy episodic: runs on one CPU rank"},
       {{"--policy", "lazy", "--budget-frac", "1.5"}, "--budget-frac"},
       {{"--embedder", "bert"}, "--embedder"},
+      {{"--served-model-name", "'a b'"}, "--served-model-name: \"a b\" has a space"},
       {{"--layer-budgets", "/nonexistent/profile.json"}, "--layer-budgets"},
       {{"--layer-alpha", "9"}, "--layer-alpha"},
   };

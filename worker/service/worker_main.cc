@@ -114,6 +114,7 @@ absl::Status Run(const std::vector<std::string>& argv) {
   std::string model_name = options.model.model;
   while (model_name.size() > 1 && model_name.back() == '/') model_name.pop_back();
   model_name = model_name.substr(model_name.find_last_of('/') + 1);
+  if (!options.served_model_name.empty()) model_name = options.served_model_name;
   grpcutil::ClusterCredential cluster = grpcutil::ClusterCredential::Open();
   if (!options.cluster_token_file.empty()) {
     RECALL_ASSIGN_OR_RETURN(cluster, grpcutil::ClusterCredential::Load(options.cluster_token_file));

@@ -2,6 +2,7 @@
 
 #include <optional>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "worker/model/chat_stops.h"
@@ -250,6 +251,11 @@ const flags::FlagSet<WorkerOptions>& WorkerFlags() {
             "this worker again)",
             [](auto& o) -> auto& { return o.coordinator; })
         .String(
+            "served-model-name", "NAME",
+            "the model's name for clients (Info, the OpenAI API's /v1/models and \"model\";\n"
+            "default: the model path's last component, e.g. stories260K.bin)",
+            [](auto& o) -> auto& { return o.served_model_name; })
+        .String(
             "advertise", "HOST:PORT",
             "the address the coordinator dials (default: --listen's host, the bound port)",
             [](auto& o) -> auto& { return o.advertise; })
@@ -281,7 +287,23 @@ const flags::FlagSet<WorkerOptions>& WorkerFlags() {
   return *kFlags;
 }
 
+absl::Status CheckServedModelName(const std::string& n) {
+  if (n.size() > 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--served-model-name: at most 256 bytes, got ", n.size()));
+  }
+  for (const char c : n) {
+    if (static_cast<unsigned char>(c) <= ' ' || c == 0x7F || c == '"' || c == '\\') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--served-model-name: \"", absl::CEscape(n),
+                       "\" has a space, a control character, a quote or a backslash"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ResolveWorkerOptions(WorkerOptions* o) {
+  RECALL_RETURN_IF_ERROR(CheckServedModelName(o->served_model_name));
   o->engine.forward.max_batch_tokens = o->scheduler.max_batch_tokens;
   std::optional<serving::EvictionCalibration> calibration;
   if (!o->calibration_file.empty()) {

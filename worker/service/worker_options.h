@@ -30,6 +30,9 @@ struct WorkerOptions {
   std::string coordinator;          // register with it (every 5 s)
   std::string advertise;            // the address the coordinator dials
   std::string cluster_token_file;   // the cluster credential (this port, and registering)
+  // The model's name in Info, the coordinator's /v1/models and requests' "model" (default:
+  // the model path's last component). Checked by ResolveWorkerOptions.
+  std::string served_model_name;
   runtime::EngineOptions engine;
   serving::SchedulerOptions scheduler;
   std::optional<int> max_tokens_limit;  // a turn's max_tokens at most (default: the context)
@@ -56,6 +59,10 @@ flags::FlagSet<serving::CacheDefaults> SharedCacheFlags();
 flags::FlagSet<serving::SchedulerOptions> SchedulingFlags();
 // Every flag of recall-worker.
 const flags::FlagSet<WorkerOptions>& WorkerFlags();
+
+// OK for "" (the default name) and a name of at most 256 bytes without spaces, control
+// characters, quotes or backslashes; InvalidArgument naming --served-model-name otherwise.
+absl::Status CheckServedModelName(const std::string& name);
 
 // After parsing: the options that follow from others (the forward passes take the batch;
 // the session cache defaults with the flags' settings applied; episodic needs one CPU rank).

@@ -28,6 +28,7 @@ const std::map<std::string, std::vector<std::string>> kValues = {
     {"port-file", {"p"}},
     {"coordinator", {"c:1"}},
     {"advertise", {"a:1"}},
+    {"served-model-name", {"tiny-stories"}},
     {"cluster-token-file", {"k"}},
     {"max-tokens-limit", {"7"}},
     {"calibration", {"cal.json"}},
@@ -275,6 +276,13 @@ TEST(WorkerOptionsTest, ResolveAppliesTheSessionDefaultsAndTheForwardCapacity) {
   ASSERT_TRUE(WorkerFlags().Parse({"--policy", "episodic", "--tp", "2"}, &bad).ok());
   EXPECT_NE(ResolveWorkerOptions(&bad).message().find("--policy episodic: runs on one CPU rank"),
             std::string::npos);
+  EXPECT_TRUE(CheckServedModelName("").ok());
+  EXPECT_TRUE(CheckServedModelName("meta-llama/Llama-3.1-8B-Instruct").ok());
+  EXPECT_EQ(CheckServedModelName("a\tb").message(),
+            "--served-model-name: \"a\\tb\" has a space, a control character, a quote or a "
+            "backslash");
+  EXPECT_EQ(CheckServedModelName(std::string(257, 'x')).message(),
+            "--served-model-name: at most 256 bytes, got 257");
   WorkerOptions chunk;
   EXPECT_EQ(
       WorkerFlags().Parse({"--max-batch-tokens", "16", "--prefill-chunk", "64"}, &chunk).message(),
