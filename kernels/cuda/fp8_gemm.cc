@@ -74,7 +74,11 @@ absl::StatusOr<std::unique_ptr<Fp8Gemm>> Fp8Gemm::Create(int device, cudaStream_
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   if (major < 9) return std::unique_ptr<Fp8Gemm>();
   cublasLtHandle_t handle = nullptr;
-  RECALL_LT_RETURN_IF_ERROR(cublasLtCreate(&handle));
+  if (const cublasStatus_t st = cublasLtCreate(&handle); st != CUBLAS_STATUS_SUCCESS) {
+    RECALL_LOG(WARNING) << "cublasLtCreate: " << cublasGetStatusString(st)
+                        << "; FP8 matmuls stay on the batch-invariant kernel";
+    return std::unique_ptr<Fp8Gemm>();
+  }
   return std::unique_ptr<Fp8Gemm>(new Fp8Gemm(handle, stream));
 #else
   return std::unique_ptr<Fp8Gemm>();
@@ -145,10 +149,10 @@ const Fp8Gemm::Plan& Fp8Gemm::PlanFor(int64_t rows, int64_t cols, int n) {
 #else
   refused = "built with a cuBLAS older than 12.9";
 #endif
-  if (!plan.supported) {
+  if (!plan.supported && warned_.insert(std::make_pair(rows, cols)).second) {
     RECALL_LOG(WARNING) << "cublasLt: no block-scaled FP8 GEMM for " << rows << "x" << cols
                         << " by " << n << " rows (" << refused
-                        << "); those matmuls stay on the batch-invariant kernel";
+                        << "); those matmuls stay on the batch-invariant kernel (said once per shape)";
   }
   return plans_.emplace(key, plan).first->second;
 }

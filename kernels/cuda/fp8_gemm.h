@@ -21,7 +21,9 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <tuple>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "common/cuda/cuda_raii.h"
@@ -31,8 +33,9 @@ namespace recall::kernels::cuda {
 
 class Fp8Gemm {
  public:
-  // Null (not an error) where cuBLASLt has no block-scaled FP8: a cuBLAS older than 12.9 or a
-  // device of compute capability below 9.0. Ops are queued on `stream`.
+  // Null (not an error) where cuBLASLt has no block-scaled FP8: a cuBLAS older than 12.9, a
+  // device of compute capability below 9.0, or no cuBLASLt handle (a warning). Ops are
+  // queued on `stream`.
   static absl::StatusOr<std::unique_ptr<Fp8Gemm>> Create(int device, cudaStream_t stream);
   ~Fp8Gemm();
   Fp8Gemm(const Fp8Gemm&) = delete;
@@ -74,6 +77,7 @@ class Fp8Gemm {
   recall::cuda::DeviceBuffer w_scales_;  // [cols / 128, rows]
   recall::cuda::DeviceBuffer out_bf16_;  // [n, rows] where the plan's output is bf16
   std::map<std::tuple<int64_t, int64_t, int>, Plan> plans_;
+  std::set<std::pair<int64_t, int64_t>> warned_;  // shapes refused and logged
 };
 
 }  // namespace recall::kernels::cuda
