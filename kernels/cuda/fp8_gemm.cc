@@ -152,7 +152,8 @@ const Fp8Gemm::Plan& Fp8Gemm::PlanFor(int64_t rows, int64_t cols, int n) {
   if (!plan.supported && warned_.insert(std::make_pair(rows, cols)).second) {
     RECALL_LOG(WARNING) << "cublasLt: no block-scaled FP8 GEMM for " << rows << "x" << cols
                         << " by " << n << " rows (" << refused
-                        << "); those matmuls stay on the batch-invariant kernel (said once per shape)";
+                        << "); those matmuls stay on the batch-invariant kernel (said once per "
+                           "shape)";
   }
   return plans_.emplace(key, plan).first->second;
 }
