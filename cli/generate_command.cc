@@ -44,6 +44,8 @@ struct GenerateCliOptions {
   double top_p = 1.0;
   int top_k = 0;
   double repetition_penalty = 1.0;
+  double frequency_penalty = 0.0;
+  double presence_penalty = 0.0;
   std::optional<int64_t> seed;  // default: from the clock
   std::vector<std::string> stop;
   bool chat = false;
@@ -85,6 +87,14 @@ const flags::FlagSet<GenerateCliOptions>& GenerateFlags() {
         .Double(
             "repetition-penalty", "R", "> 1 discourages repeats (default 1.0)",
             [](auto& o) -> auto& { return o.repetition_penalty; }, 1e-3, 100)
+        .Double(
+            "frequency-penalty", "X",
+            "subtract X x (times a token occurred in the output) from its logit (default 0)",
+            [](auto& o) -> auto& { return o.frequency_penalty; }, -2, 2)
+        .Double(
+            "presence-penalty", "X",
+            "subtract X from the logit of a token that occurred in the output (default 0)",
+            [](auto& o) -> auto& { return o.presence_penalty; }, -2, 2)
         .Int(
             "seed", "S", "sampling seed (default: from the clock)",
             [](auto& o) -> auto& { return o.seed; }, 0, INT64_MAX)
@@ -171,6 +181,8 @@ absl::Status Run(GenerateCliOptions o) {
   options.sampling.top_p = static_cast<float>(o.top_p);
   options.sampling.top_k = o.top_k;
   options.sampling.repetition_penalty = static_cast<float>(o.repetition_penalty);
+  options.sampling.frequency_penalty = static_cast<float>(o.frequency_penalty);
+  options.sampling.presence_penalty = static_cast<float>(o.presence_penalty);
   options.sampling.seed = static_cast<uint64_t>(
       o.seed.value_or(std::chrono::steady_clock::now().time_since_epoch().count() & 0x7fffffff));
   options.stop_strings = o.stop;

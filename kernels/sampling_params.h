@@ -15,14 +15,25 @@ struct SamplingParams {
   uint64_t seed = 0;                // seeds the per-sequence RNG
   // Added to these tokens' logits before a pick (after the repetition penalty), by token id.
   std::vector<std::pair<int32_t, float>> logit_bias;
+  // OpenAI's additive penalties over the reply so far (not the prompt): a token seen c times
+  // in it loses frequency_penalty * c + presence_penalty (c > 0) from its logit, before the
+  // repetition penalty and the bias. The caller applies them (ApplyReplyPenalties), as only
+  // it knows where the reply starts. 0 = off.
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
 };
 
-// True when Sample's choice depends on the logits alone (no repetition penalty, which needs
-// the sequence's history, and no logit bias, which the device kernels do not apply), so a
+inline bool HasReplyPenalties(const SamplingParams& p) {
+  return p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
+}
+
+// True when Sample's choice depends on the logits alone (no repetition or reply penalty, which
+// need the sequence's tokens, and no logit bias, which the device kernels do not apply), so a
 // backend may pick it where the logits are (Backend::SampleRows), given the one uniform
 // draw Sample would take from its Rng.
 inline bool SamplesOnBackend(const SamplingParams& p) {
-  return (p.repetition_penalty == 1.0f || p.repetition_penalty <= 0.0f) && p.logit_bias.empty();
+  return (p.repetition_penalty == 1.0f || p.repetition_penalty <= 0.0f) && p.logit_bias.empty() &&
+         !HasReplyPenalties(p);
 }
 
 // xorshift64* state; one per sequence so sampling is reproducible per seed.

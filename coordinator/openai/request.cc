@@ -186,13 +186,19 @@ absl::Status ParseSampling(const Json& o, const RequestLimits& limits, v1::Sampl
       (*s->mutable_logit_bias())[token] = static_cast<float>(v);
     }
   }
-  for (const char* penalty : {"frequency_penalty", "presence_penalty"}) {
-    RECALL_ASSIGN_OR_RETURN(const std::optional<double> p, Number(o, penalty));
-    if (p.has_value() && *p != 0) {
-      return Bad(penalty, absl::StrCat("only 0 is supported (Recall's penalty is the "
-                                       "multiplicative repetition_penalty)",
-                                       Got(*p)));
+  RECALL_ASSIGN_OR_RETURN(const std::optional<double> frequency, Number(o, "frequency_penalty"));
+  RECALL_ASSIGN_OR_RETURN(const std::optional<double> presence, Number(o, "presence_penalty"));
+  if (frequency.has_value()) {
+    if (!(*frequency >= -2 && *frequency <= 2)) {
+      return Bad("frequency_penalty", absl::StrCat("must be in [-2, 2]", Got(*frequency)));
     }
+    s->set_frequency_penalty(static_cast<float>(*frequency));
+  }
+  if (presence.has_value()) {
+    if (!(*presence >= -2 && *presence <= 2)) {
+      return Bad("presence_penalty", absl::StrCat("must be in [-2, 2]", Got(*presence)));
+    }
+    s->set_presence_penalty(static_cast<float>(*presence));
   }
   RECALL_ASSIGN_OR_RETURN(const std::optional<int64_t> n, Integer(o, "n"));
   if (n.has_value() && *n != 1) return Bad("n", absl::StrCat("only 1 is supported, got ", *n));

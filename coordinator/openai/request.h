@@ -11,9 +11,7 @@
 //   top_k >= 0, repetition_penalty > 0      -> the same (not OpenAI's fields; vLLM's)
 //   logit_bias  {"token id": [-100, 100]}  -> logit_bias (ids checked by the worker against
 //                                              its vocabulary)
-//   frequency_penalty, presence_penalty: 0 only. Recall's penalty is the multiplicative
-//     repetition_penalty, not an additive one per count, so a non-zero value is refused
-//     rather than approximated.
+//   frequency_penalty, presence_penalty  [-2, 2] -> the same (over the reply's tokens so far)
 //   n: 1 only; logprobs / top_logprobs, tools / functions, a response_format other than
 //     "text", echo, suffix, best_of > 1: refused. Every other field is ignored, as OpenAI's
 //     servers ignore unknown fields.

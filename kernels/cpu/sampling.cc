@@ -16,6 +16,23 @@ int32_t ArgMax(const float* x, int n) {
   return best;
 }
 
+void ApplyReplyPenalties(float* logits, int vocab, const SamplingParams& params,
+                         const int32_t* reply, int n_reply) {
+  if (!HasReplyPenalties(params) || n_reply <= 0) return;
+  // Sorted, equal tokens are neighbours: one pass counts them (no vocabulary-sized table).
+  std::vector<int32_t> sorted(reply, reply + n_reply);
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size();) {
+    size_t j = i;
+    while (j < sorted.size() && sorted[j] == sorted[i]) ++j;
+    const int32_t tok = sorted[i];
+    if (tok >= 0 && tok < vocab) {
+      logits[tok] -= params.frequency_penalty * static_cast<float>(j - i) + params.presence_penalty;
+    }
+    i = j;
+  }
+}
+
 void Sampler::ApplyRepetitionPenalty(float* logits, int vocab, float penalty,
                                      const int32_t* history, int n_history) {
   if (static_cast<int>(seen_.size()) < vocab) seen_.resize(vocab, 0);

@@ -38,6 +38,13 @@ class Sampler {
   std::vector<int32_t> order_;  // candidate ids, most likely first
 };
 
+// OpenAI's frequency and presence penalties: every distinct token t of reply[0, n_reply)
+// within [0, vocab), seen c times, loses params.frequency_penalty * c +
+// params.presence_penalty from logits[t]. Callers apply it before Sample, on the tokens
+// generated so far in this reply (a resumed reply's tokens included).
+void ApplyReplyPenalties(float* logits, int vocab, const SamplingParams& params,
+                         const int32_t* reply, int n_reply);
+
 // Index of the largest value; ties to the lowest index. REQUIRES: n >= 1.
 int32_t ArgMax(const float* x, int n);
 

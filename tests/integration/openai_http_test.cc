@@ -114,6 +114,23 @@ TEST_F(OpenAiHttpTest, LogitBiasForcesAndBansTokens) {
   EXPECT_EQ(reply("Once upon a time", ", \"logit_bias\": " + ban_all_but_300.dump()), forced);
 }
 
+// OpenAI's frequency and presence penalties reach the sampler: a greedy reply changes, and
+// the same request gives the same reply again.
+TEST_F(OpenAiHttpTest, FrequencyAndPresencePenaltiesChangeAGreedyReply) {
+  const auto reply = [&](const std::string& penalties) {
+    const HttpReply r = Post("/v1/completions", R"({"prompt": "Once upon a time", "max_tokens": 24,
+                                    "temperature": 0)" +
+                                                    penalties + "}");
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.JsonBody()["choices"][0]["text"].get<std::string>();
+  };
+  const std::string plain = reply("");
+  const std::string penalized = reply(R"(, "frequency_penalty": 2, "presence_penalty": 1)");
+  EXPECT_NE(penalized, plain);
+  EXPECT_EQ(reply(R"(, "frequency_penalty": 2, "presence_penalty": 1)"), penalized);
+  EXPECT_EQ(Post("/v1/completions", R"({"prompt": "x", "presence_penalty": 2.5})").status, 400);
+}
+
 TEST_F(OpenAiHttpTest, ResendingTheWholeListReusesTheSessionsCache) {
   std::vector<Json> messages = {Message("system", "Tell a story."),
                                 Message("user", "Once upon a time")};
@@ -252,12 +269,12 @@ TEST_F(OpenAiHttpTest, BadRequestsGetOpenAIErrorsNamingTheField) {
        400,
        "temperature",
        "temperature: must be in [0, 2], got 2.5"},
-      {ChatBody(hi, 4, false, R"("frequency_penalty": 0.5)"),
+      {ChatBody(hi, 4, false, R"("frequency_penalty": 2.5)"),
        "key-a",
        {},
        400,
        "frequency_penalty",
-       "only 0 is supported"},
+       "must be in [-2, 2], got 2.5"},
       {ChatBody(hi, 100000, false), "key-a", {}, 400, "max_tokens", "must be in [1, 512]"},
       {R"({"messages": [{"role": "user", "content": "Hi"}], "top_p": 0})",
        "key-a",

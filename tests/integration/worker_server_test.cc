@@ -219,6 +219,13 @@ TEST_F(WorkerServerTest, BadInputsGetTheirCodes) {
       "sampling.logit_bias: token 7: the bias must be in [-100, 100], got inf", [](auto& r) {
         (*r.mutable_sampling()->mutable_logit_bias())[7] = std::numeric_limits<float>::infinity();
       });
+  add("frequency_penalty out of range", StatusCode::INVALID_ARGUMENT,
+      "sampling.frequency_penalty: must be in [-2, 2], got 2.5",
+      [](auto& r) { r.mutable_sampling()->set_frequency_penalty(2.5f); });
+  add("presence_penalty not a number", StatusCode::INVALID_ARGUMENT,
+      "sampling.presence_penalty: must be in [-2, 2], got nan", [](auto& r) {
+        r.mutable_sampling()->set_presence_penalty(std::numeric_limits<float>::quiet_NaN());
+      });
   add("max_tokens zero", StatusCode::INVALID_ARGUMENT, "sampling.max_tokens",
       [](auto& r) { r.mutable_sampling()->set_max_tokens(0); });
   add("max_tokens over the limit", StatusCode::INVALID_ARGUMENT, "512",

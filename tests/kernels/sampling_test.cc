@@ -1,5 +1,7 @@
-// Sample: greedy argmax and its tie rule, repetition penalty, top-k / top-p limits that
+// Sample: greedy argmax and its tie rule, repetition and reply penalties, top-k / top-p limits that
 // reduce to greedy, seed reproducibility, and draw frequencies over many fixed-seed draws.
+#include "kernels/cpu/sampling.h"
+
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -82,6 +84,30 @@ TEST_F(SamplingTest, LogitBiasMovesThePickAndKeepsItOnTheHost) {
   p.repetition_penalty = 2.0f;  // token 1: 1.5 / 2 = 0.75 (penalized first), then token 3 wins
   p.logit_bias = {{0, -100.0f}, {3, 0.3f}};
   EXPECT_EQ(Sample(logits, p, rng, {1}), 3);
+}
+
+// Scenario: OpenAI's penalties count the reply's tokens: frequency_penalty per occurrence,
+// presence_penalty once per distinct token; ids outside the vocabulary are skipped; either
+// keeps the pick off the backend.
+TEST_F(SamplingTest, ReplyPenaltiesSubtractPerCountAndPerPresence) {
+  std::vector<float> logits = {2.0f, 1.5f, -1.0f, 0.5f};
+  SamplingParams p = Greedy();
+  const std::vector<int32_t> reply = {0, 3, 0, 7, 0, -1};
+  cpu::ApplyReplyPenalties(logits.data(), 4, p, reply.data(), 6);
+  EXPECT_EQ(logits, (std::vector<float>{2.0f, 1.5f, -1.0f, 0.5f})) << "both 0: unchanged";
+  p.frequency_penalty = 0.25f;
+  p.presence_penalty = 0.5f;
+  EXPECT_FALSE(SamplesOnBackend(p));
+  cpu::ApplyReplyPenalties(logits.data(), 4, p, reply.data(), 6);
+  // token 0: 3 times -> 2 - 0.75 - 0.5; token 3: once -> 0.5 - 0.25 - 0.5; 1 and 2 unseen.
+  EXPECT_EQ(logits, (std::vector<float>{0.75f, 1.5f, -1.0f, -0.25f}));
+  Rng rng(1);
+  EXPECT_EQ(backend_->Sample(logits.data(), 4, p, rng, nullptr, 0), 1) << "token 0 lost the lead";
+  p.frequency_penalty = -1.0f;  // negative values encourage repeats
+  p.presence_penalty = 0.0f;
+  std::vector<float> again = {2.0f, 1.5f, -1.0f, 0.5f};
+  cpu::ApplyReplyPenalties(again.data(), 4, p, reply.data(), 2);
+  EXPECT_EQ(again, (std::vector<float>{3.0f, 1.5f, -1.0f, 1.5f}));
 }
 
 // Scenario: over random logits and seeds, top_k = 1 and top_p = 1e-6 (temperature 0.8)

@@ -7,6 +7,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/sampling.h"
 #include "worker/serving/stop_text.h"
 #include "worker/serving/turn_request.h"
 
@@ -92,6 +93,9 @@ absl::StatusOr<GenerateResult> Generate(Sequence& seq, kernels::Backend& backend
   serving::StopText stop_text(options.stop_strings);
 
   while (true) {
+    kernels::cpu::ApplyReplyPenalties(logits.data(), config.vocab_size, options.sampling,
+                                      history.data() + prompt.size(),
+                                      static_cast<int>(history.size() - prompt.size()));
     const int32_t next = backend.Sample(logits.data(), config.vocab_size, options.sampling, rng,
                                         history.data(), static_cast<int>(history.size()));
     if (std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(), next) !=

@@ -52,6 +52,8 @@ serving::TurnRequest FromProto(const v1::RunTurnRequest& r, int default_max_toke
   if (s.has_top_p()) out.sampling.top_p = s.top_p();
   if (s.has_top_k()) out.sampling.top_k = s.top_k();
   if (s.has_repetition_penalty()) out.sampling.repetition_penalty = s.repetition_penalty();
+  if (s.has_frequency_penalty()) out.sampling.frequency_penalty = s.frequency_penalty();
+  if (s.has_presence_penalty()) out.sampling.presence_penalty = s.presence_penalty();
   out.sampling.logit_bias.assign(s.logit_bias().begin(), s.logit_bias().end());
   std::sort(out.sampling.logit_bias.begin(), out.sampling.logit_bias.end());  // map order varies
   // Unset: a fresh seed, so two requests without one do not sample alike.

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "kernels/cpu/sampling.h"
 #include "worker/runtime/positions.h"
 #include "worker/serving/scheduler.h"
 #include "worker/serving/scheduler_turn.h"
@@ -372,6 +373,8 @@ void Scheduler::SampleNext(Turn& t, float* logits) {
     id = t.picked;
     if (t.req.sampling.temperature > 0.0f) t.rng.NextFloat();  // the draw the pick used
   } else {
+    kernels::cpu::ApplyReplyPenalties(logits, vocab, t.req.sampling, t.generated.data(),
+                                      static_cast<int>(t.generated.size()));
     id = ranks_.ranks[0].forward->backend().Sample(
         logits, vocab, t.req.sampling, t.rng, s.tokens.data(), static_cast<int>(s.tokens.size()));
   }

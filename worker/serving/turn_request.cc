@@ -62,6 +62,13 @@ absl::Status ValidateSampling(const kernels::SamplingParams& s, const std::strin
         prefix + "repetition_penalty",
         absl::StrCat("must be in (0, ", kMaxRepetitionPenalty, "], got ", s.repetition_penalty));
   }
+  for (const auto& [field, value] : {std::pair{"frequency_penalty", s.frequency_penalty},
+                                     std::pair{"presence_penalty", s.presence_penalty}}) {
+    if (!(value >= -kMaxReplyPenalty && value <= kMaxReplyPenalty)) {
+      return Invalid(prefix + field, absl::StrCat("must be in [", -kMaxReplyPenalty, ", ",
+                                                  kMaxReplyPenalty, "], got ", value));
+    }
+  }
   if (s.logit_bias.size() > static_cast<size_t>(kMaxLogitBiasTokens)) {
     return Invalid(prefix + "logit_bias", absl::StrCat("at most ", kMaxLogitBiasTokens,
                                                        " tokens, got ", s.logit_bias.size()));

@@ -92,6 +92,8 @@ inline constexpr float kMaxRepetitionPenalty = 100.0f;
 // [0, vocab_size), at most kMaxLogitBiasTokens of them.
 inline constexpr float kMaxLogitBias = 100.0f;
 inline constexpr int kMaxLogitBiasTokens = 1024;
+// frequency_penalty, presence_penalty: in [-kMaxReplyPenalty, kMaxReplyPenalty] (OpenAI's).
+inline constexpr float kMaxReplyPenalty = 2.0f;
 absl::Status ValidateSampling(const kernels::SamplingParams& s, const std::string& prefix,
                               int vocab_size = std::numeric_limits<int>::max());
 

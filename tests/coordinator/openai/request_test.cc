@@ -33,7 +33,7 @@ TEST(ChatRequestTest, MapsEverySamplingFieldAndIgnoresUnknownOnes) {
       {"role": "user", "content": "more", "name": "ann"}],
     "temperature": 0.5, "top_p": 0.9, "max_tokens": 7, "max_completion_tokens": 9,
     "stop": ["x", "yz"], "seed": -1, "top_k": 40, "repetition_penalty": 1.1,
-    "frequency_penalty": 0, "presence_penalty": 0.0, "n": 1,
+    "frequency_penalty": 0.5, "presence_penalty": -1.25, "n": 1,
     "stream": true, "stream_options": {"include_usage": true},
     "response_format": {"type": "text"}, "tools": [], "unknown_field": [1, 2, 3]})";
   absl::StatusOr<ChatRequest> r = ParseChatRequest(body, Limits());
@@ -53,6 +53,8 @@ TEST(ChatRequestTest, MapsEverySamplingFieldAndIgnoresUnknownOnes) {
   EXPECT_EQ(r->sampling.seed(), ~uint64_t{0}) << "a negative seed as its 64-bit pattern";
   EXPECT_EQ(r->sampling.top_k(), 40);
   EXPECT_FLOAT_EQ(r->sampling.repetition_penalty(), 1.1f);
+  EXPECT_FLOAT_EQ(r->sampling.frequency_penalty(), 0.5f);
+  EXPECT_FLOAT_EQ(r->sampling.presence_penalty(), -1.25f);
   ASSERT_EQ(r->sampling.logit_bias_size(), 1);
   EXPECT_FLOAT_EQ(r->sampling.logit_bias().at(1), 2.0f);
   EXPECT_TRUE(r->stream);
@@ -149,10 +151,11 @@ INSTANTIATE_TEST_SUITE_P(
                 "must be in [-100, 100], got 101"},
         Refusal{Chat(R"("logit_bias": {"7": "ban"})"), "logit_bias[\"7\"]",
                 "must be a number, got string"},
-        Refusal{Chat(R"("frequency_penalty": 0.5)"), "frequency_penalty",
-                "only 0 is supported (Recall's penalty is the multiplicative repetition_penalty), "
-                "got 0.5"},
-        Refusal{Chat(R"("presence_penalty": -1)"), "presence_penalty", "only 0 is supported"},
+        Refusal{Chat(R"("frequency_penalty": 2.5)"), "frequency_penalty",
+                "must be in [-2, 2], got 2.5"},
+        Refusal{Chat(R"("presence_penalty": -3)"), "presence_penalty",
+                "must be in [-2, 2], got -3"},
+        Refusal{Chat(R"("presence_penalty": "high")"), "presence_penalty", "must be a number"},
         Refusal{Chat(R"("n": 2)"), "n", "only 1 is supported, got 2"},
         Refusal{Chat(R"("logprobs": true)"), "logprobs", "is not supported"},
         Refusal{Chat(R"("top_logprobs": 2)"), "top_logprobs", "is not supported"},

@@ -23,6 +23,7 @@ struct Case {
   int window;
   int prompt_repeats = 1;  // the prompt text this many times (past the context: > 10)
   int max_tokens = 160;
+  bool penalties = false;  // frequency_penalty 0.7 and presence_penalty 0.4 on both paths
 };
 
 class ServingParityTest : public testing::Stories260KTest,
@@ -58,6 +59,10 @@ TEST_P(ServingParityTest, GenerateAndTheSchedulerGiveTheSameTokensAndEvictions) 
   go.max_tokens = kMaxTokens;
   go.sampling.temperature = 0;
   go.stop_token_ids = {2};
+  if (c.penalties) {
+    go.sampling.frequency_penalty = 0.7f;
+    go.sampling.presence_penalty = 0.4f;
+  }
   go.eviction = spec->evictor;
   go.positions = spec->positions;
   go.prefill_chunk = 64;
@@ -81,7 +86,7 @@ TEST_P(ServingParityTest, GenerateAndTheSchedulerGiveTheSameTokensAndEvictions) 
   serving::TurnRequest turn;
   turn.session_id = "parity";
   turn.messages = {{"user", text}};
-  turn.sampling.temperature = 0;
+  turn.sampling = go.sampling;
   turn.max_tokens = kMaxTokens;
   auto stream = (*scheduler)->Submit(std::move(turn));
   ASSERT_TRUE(stream.ok()) << stream.status();
@@ -98,21 +103,33 @@ TEST_P(ServingParityTest, GenerateAndTheSchedulerGiveTheSameTokensAndEvictions) 
     EXPECT_GT(static_cast<int>(prompt.size()), model_->config.max_seq_len);
     EXPECT_GT(offline->tokens.size(), 100u) << "the reply should run on";
   }
+  if (c.penalties) {  // the penalties changed the reply (else this case proves nothing)
+    GenerateOptions plain = go;
+    plain.sampling.frequency_penalty = plain.sampling.presence_penalty = 0;
+    auto unpenalized = Generate((*offline_engine)->forward(0), (*offline_engine)->pool(0), *tok_,
+                                prompt, plain, nullptr);
+    ASSERT_TRUE(unpenalized.ok()) << unpenalized.status();
+    EXPECT_NE(unpenalized->tokens, offline->tokens);
+  }
   if (std::string(c.policy) != "full") {
     EXPECT_GT(offline->evictions, 0) << "the case should evict";
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Policies, ServingParityTest,
-    ::testing::Values(Case{"full", 1024, 32}, Case{"lazy", 48, 16}, Case{"h2o", 48, 16},
-                      Case{"tova", 48, 16}, Case{"streaming", 48, 16}, Case{"vase", 48, 16},
-                      // Past the context: a 900-token prompt fed within
-                      // the bound, 1200 tokens generated, re-positioned.
-                      Case{"lazy", 48, 16, 60, 1200}, Case{"h2o", 48, 16, 60, 1200}),
-    [](const ::testing::TestParamInfo<Case>& info) {
-      return std::string(info.param.policy) + (info.param.prompt_repeats > 1 ? "_endless" : "");
-    });
+INSTANTIATE_TEST_SUITE_P(Policies, ServingParityTest,
+                         ::testing::Values(Case{"full", 1024, 32}, Case{"lazy", 48, 16},
+                                           Case{"h2o", 48, 16}, Case{"tova", 48, 16},
+                                           Case{"streaming", 48, 16}, Case{"vase", 48, 16},
+                                           // Past the context: a 900-token prompt fed within
+                                           // the bound, 1200 tokens generated, re-positioned.
+                                           Case{"lazy", 48, 16, 60, 1200},
+                                           Case{"h2o", 48, 16, 60, 1200},
+                                           Case{"lazy", 48, 16, 1, 160, true}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return std::string(info.param.policy) +
+                                  (info.param.prompt_repeats > 1 ? "_endless" : "") +
+                                  (info.param.penalties ? "_penalties" : "");
+                         });
 
 }  // namespace
 }  // namespace recall::offline
