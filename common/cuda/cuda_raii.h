@@ -36,7 +36,11 @@ class DeviceBuffer {
   static absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) {
     DeviceBuffer buffer;
     if (bytes == 0) return buffer;
-    RECALL_CUDA_RETURN_IF_ERROR(cudaMalloc(&buffer.ptr_, bytes));
+    if (const cudaError_t err = cudaMalloc(&buffer.ptr_, bytes); err != cudaSuccess) {
+      cudaGetLastError();  // not sticky: a later launch check must not see it
+      buffer.ptr_ = nullptr;
+      return CudaStatus(err, "cudaMalloc");
+    }
     buffer.bytes_ = bytes;
     return buffer;
   }

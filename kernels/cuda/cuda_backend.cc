@@ -119,6 +119,9 @@ class CudaBackend final : public Backend {
     bool one_launch = !cublas_matmuls_ && n <= kSkinnyRows && count <= kMaxProjections;
     for (int i = 1; one_launch && i < count; ++i) one_launch = w[i].dtype == w[0].dtype;
     if (!one_launch) return Backend::MatMulMany(x, n, w, y, count);
+    for (int i = 0; i < count; ++i) {
+      if (RefusedScaleBlock(w[i])) return;
+    }
     const Timed timed(this, timer_ == nullptr ? std::string()
                                               : absl::StrCat("matmul x", count, " ",
                                                              DTypeName(w[0].dtype), " n", n));
@@ -402,6 +405,17 @@ class CudaBackend final : public Backend {
 
   cudaStream_t s() const { return stream_.get(); }
   void Launched(const char* what) { memory_.Check(cudaGetLastError(), what); }
+  // The FP8 kernels read one scale per 8-column chunk: blocks of any other width (0 would
+  // divide by zero on the device) fail the backend instead of multiplying with wrong scales.
+  // Every loader makes blocks of a multiple of 8 (Matrix::scale_block, kernels/tensor.h).
+  bool RefusedScaleBlock(const Matrix& w) {
+    if (w.dtype != DType::kF8E4M3 || (w.scale_block > 0 && w.scale_block % 8 == 0)) return false;
+    memory_.Check(cudaErrorInvalidValue,
+                  absl::StrCat("matmul: FP8 scale blocks of ", w.scale_block,
+                               " columns (the kernels need a positive multiple of 8)")
+                      .c_str());
+    return true;
+  }
 
   absl::Status Grow(recall::cuda::DeviceBuffer& buffer, size_t bytes) {
     if (buffer.bytes() >= bytes) return absl::OkStatus();
@@ -554,11 +568,11 @@ absl::StatusOr<std::unique_ptr<OpGraph>> CudaBackend::Record(absl::FunctionRef<v
   cudaGraph_t captured = nullptr;
   const cudaError_t ended = cudaStreamEndCapture(s(), &captured);
   const recall::cuda::Graph graph(captured);
-  if (ended != cudaSuccess) {
+  const absl::Status launch = memory_.TakeRecordingError();  // a launch failed while recording
+  if (ended != cudaSuccess || !launch.ok()) {
     cudaGetLastError();  // a capture that went wrong is not a sticky error
-    return recall::cuda::CudaStatus(ended, "cudaStreamEndCapture");
+    return !launch.ok() ? launch : recall::cuda::CudaStatus(ended, "cudaStreamEndCapture");
   }
-  RECALL_RETURN_IF_ERROR(memory_.status());  // a launch failed while recording
   if (refused != nullptr) {
     RECALL_LOG(DEBUG) << "cuda graph: not recorded: " << refused << " cannot be captured";
     return std::unique_ptr<OpGraph>();
@@ -569,13 +583,13 @@ absl::StatusOr<std::unique_ptr<OpGraph>> CudaBackend::Record(absl::FunctionRef<v
 }
 
 void CudaBackend::MatMul(const float* x, int n, const Matrix& w, float* y) {
-  if (n <= 0) return;
+  if (n <= 0 || RefusedScaleBlock(w)) return;
   const Timed timed(this, timer_ == nullptr ? std::string()
                                             : absl::StrCat("matmul ", DTypeName(w.dtype), " ",
                                                            w.rows, "x", w.cols, " n", n));
   // FP8 weights over many rows: cuBLASLt's FP8 GEMM (x quantized too) for the rows it takes.
   if (w.dtype == DType::kF8E4M3 && n > kSkinnyRows && fp8_gemm_ != nullptr &&
-      Fp8Gemm::Takes(w, x)) {
+      Fp8Gemm::Takes(w, x, y)) {
     if (memory_.Refuse("cuBLASLt FP8 matmul (may allocate)")) return;
     const int m = Fp8Gemm::GemmRows(n);
     const absl::Status ran = fp8_gemm_->Run(x, m, w, y);

@@ -13,7 +13,8 @@ CudaMemory::~CudaMemory() = default;
 bool CudaMemory::Check(cudaError_t err, const char* what) {
   if (err == cudaSuccess) return true;
   absl::MutexLock lock(&mu_);
-  if (first_error_.ok()) first_error_ = recall::cuda::CudaStatus(err, what);
+  absl::Status& kept = recording_ ? recording_error_ : first_error_;
+  if (kept.ok()) kept = recall::cuda::CudaStatus(err, what);
   return false;
 }
 

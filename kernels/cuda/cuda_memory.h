@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -34,7 +35,9 @@ class CudaMemory final : public Memory {
                    size_t row_bytes, size_t rows) override;
   void CompactRows(const PagedKvHead& rows, const int32_t* keep, int n) override;
 
-  // Records `err` (the first error wins); returns whether it was a success.
+  // Records `err` (the first error wins); returns whether it was a success. While recording,
+  // the error is the recording's (TakeRecordingError), not the device's: a launch that cannot
+  // be captured turns graphs off, and the direct run after it says whether the device works.
   bool Check(cudaError_t err, const char* what);
   // The first error seen, or ok.
   absl::Status status() const;
@@ -51,6 +54,11 @@ class CudaMemory final : public Memory {
     recording_ = false;
     return refused_;
   }
+  // The first error Check saw while recording, cleared.
+  absl::Status TakeRecordingError() {
+    absl::MutexLock lock(&mu_);
+    return std::exchange(recording_error_, absl::OkStatus());
+  }
   bool Refuse(const char* what) {
     if (!recording_) return false;
     if (refused_ == nullptr) refused_ = what;
@@ -63,6 +71,7 @@ class CudaMemory final : public Memory {
   cudaStream_t stream_;
   mutable absl::Mutex mu_;
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+  absl::Status recording_error_ ABSL_GUARDED_BY(mu_);
   bool recording_ = false;
   const char* refused_ = nullptr;
   // Makes `buffer` hold at least `bytes` (twice that, to grow rarely); false (the error kept)

@@ -17,6 +17,21 @@ namespace {
 
 constexpr int64_t kBlock = 128;
 constexpr size_t kWorkspaceBytes = 32u << 20;  // what cuBLASLt's Hopper kernels may ask for
+constexpr uint32_t kMallocAlignment = 256;     // cudaMalloc's, our scratch's
+
+// The largest power of two (at most 256) that divides p's address.
+uint32_t Alignment(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  return a == 0 ? kMallocAlignment
+                : static_cast<uint32_t>(std::min<uintptr_t>(a & (~a + 1), kMallocAlignment));
+}
+
+// cuBLASLt answers these before running anything: the call is not for this shape or
+// alignment, and another kernel may take it.
+bool Unsupported(cublasStatus_t st) {
+  return st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE ||
+         st == CUBLAS_STATUS_ARCH_MISMATCH;
+}
 
 absl::Status LtStatus(cublasStatus_t st, const char* what) {
   if (st == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
@@ -89,10 +104,9 @@ Fp8Gemm::~Fp8Gemm() {
   if (handle_ != nullptr) cublasLtDestroy(handle_);
 }
 
-bool Fp8Gemm::Takes(const Matrix& w, const float* x) {
+bool Fp8Gemm::Takes(const Matrix& w, const float* x, const float* y) {
   return w.dtype == DType::kF8E4M3 && w.scale_block == kBlock && w.cols % kBlock == 0 &&
-         w.rows % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(w.data) % 16 == 0;
+         w.rows % 16 == 0 && Alignment(x) >= 16 && Alignment(y) >= 16 && Alignment(w.data) >= 16;
 }
 
 absl::Status Fp8Gemm::Grow(recall::cuda::DeviceBuffer& buffer, size_t bytes) {
@@ -110,8 +124,17 @@ absl::Status Fp8Gemm::Reserve(int64_t n, int64_t cols) {
   return Grow(x_scales_, static_cast<size_t>(n * blocks) * sizeof(float));
 }
 
-const Fp8Gemm::Plan& Fp8Gemm::PlanFor(int64_t rows, int64_t cols, int n) {
-  const auto key = std::make_tuple(rows, cols, n);
+void Fp8Gemm::Refused(int64_t rows, int64_t cols, int n, const std::string& why) {
+  if (!warned_.insert(std::make_pair(rows, cols)).second) return;
+  RECALL_LOG(WARNING) << "cublasLt: no block-scaled FP8 GEMM for " << rows << "x" << cols << " by "
+                      << n << " rows (" << why
+                      << "); those matmuls stay on the batch-invariant kernel (said once per "
+                         "shape)";
+}
+
+Fp8Gemm::Plan& Fp8Gemm::PlanFor(int64_t rows, int64_t cols, int n, uint32_t align_w,
+                                uint32_t align_y) {
+  const auto key = std::make_tuple(rows, cols, n, align_w, align_y);
   if (const auto it = plans_.find(key); it != plans_.end()) return it->second;
   Plan plan;
   std::string refused;
@@ -121,7 +144,18 @@ const Fp8Gemm::Plan& Fp8Gemm::PlanFor(int64_t rows, int64_t cols, int n) {
     const size_t workspace = kWorkspaceBytes;
     cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                          &workspace, sizeof(workspace));
+    // A is the weights, B our quantized x; C and D the output (y, or our bf16 scratch).
+    const uint32_t align_b = kMallocAlignment;
+    cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                         &align_w, sizeof(align_w));
+    cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                         &align_b, sizeof(align_b));
     for (const cudaDataType_t out : {CUDA_R_32F, CUDA_R_16BF}) {
+      const uint32_t align_d = out == CUDA_R_32F ? align_y : kMallocAlignment;
+      cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                           &align_d, sizeof(align_d));
+      cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                           &align_d, sizeof(align_d));
       Descriptors d;
       // The scale pointers only need to be set for the query; any aligned device address does.
       const absl::Status described =
@@ -149,12 +183,7 @@ const Fp8Gemm::Plan& Fp8Gemm::PlanFor(int64_t rows, int64_t cols, int n) {
 #else
   refused = "built with a cuBLAS older than 12.9";
 #endif
-  if (!plan.supported && warned_.insert(std::make_pair(rows, cols)).second) {
-    RECALL_LOG(WARNING) << "cublasLt: no block-scaled FP8 GEMM for " << rows << "x" << cols
-                        << " by " << n << " rows (" << refused
-                        << "); those matmuls stay on the batch-invariant kernel (said once per "
-                           "shape)";
-  }
+  if (!plan.supported) Refused(rows, cols, n, refused);
   return plans_.emplace(key, plan).first->second;
 }
 
@@ -166,7 +195,7 @@ absl::Status Fp8Gemm::Run(const float* x, int n, const Matrix& w, float* y) {
       !st.ok()) {
     return absl::UnavailableError(st.message());
   }
-  const Plan& plan = PlanFor(rows, cols, n);
+  Plan& plan = PlanFor(rows, cols, n, Alignment(w.data), Alignment(y));
   if (!plan.supported) {
     return absl::UnavailableError(absl::StrCat("cublasLt has no block-scaled FP8 GEMM for ", rows,
                                                "x", cols, " by ", n, " rows"));
@@ -189,9 +218,15 @@ absl::Status Fp8Gemm::Run(const float* x, int n, const Matrix& w, float* y) {
   LaunchTransposeScales(w.scales, rows, blocks, w_scales_.as<float>(), stream_);
   RECALL_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   const float one = 1.0f, zero = 0.0f;
-  RECALL_LT_RETURN_IF_ERROR(cublasLtMatmul(handle_, d.op, &one, w.data, d.a, x_q_.get(), d.b, &zero,
-                                           out, d.d, out, d.d, &plan.algo, workspace_.get(),
-                                           workspace_.bytes(), stream_));
+  const cublasStatus_t st =
+      cublasLtMatmul(handle_, d.op, &one, w.data, d.a, x_q_.get(), d.b, &zero, out, d.d, out, d.d,
+                     &plan.algo, workspace_.get(), workspace_.bytes(), stream_);
+  if (Unsupported(st)) {  // refused before it ran: only our scratch was written
+    plan.supported = false;
+    Refused(rows, cols, n, absl::StrCat("cublasLtMatmul: ", cublasGetStatusString(st)));
+    return absl::UnavailableError(absl::StrCat("cublasLtMatmul: ", cublasGetStatusString(st)));
+  }
+  RECALL_RETURN_IF_ERROR(LtStatus(st, "cublasLtMatmul"));
   if (plan.out == CUDA_R_16BF) {
     LaunchWidenBf16(out, static_cast<int64_t>(n) * rows, y, stream_);
     RECALL_CUDA_RETURN_IF_ERROR(cudaGetLastError());

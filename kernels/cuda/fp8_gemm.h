@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <string>
 #include <tuple>
 #include <utility>
 
@@ -41,9 +42,9 @@ class Fp8Gemm {
   Fp8Gemm(const Fp8Gemm&) = delete;
   Fp8Gemm& operator=(const Fp8Gemm&) = delete;
 
-  // Whether Run takes w and x: FP8 with 128-column scale blocks, cols a multiple of 128, rows
-  // a multiple of 16, both 16-byte aligned.
-  static bool Takes(const Matrix& w, const float* x);
+  // Whether Run takes w, x and y: FP8 with 128-column scale blocks, cols a multiple of 128,
+  // rows a multiple of 16, all three 16-byte aligned (cuBLASLt's FP8 minimum).
+  static bool Takes(const Matrix& w, const float* x, const float* y);
   // The rows of an n-row call that Run takes (n rounded down to 16); the caller multiplies the
   // rest.
   static int GemmRows(int n) { return n / 16 * 16; }
@@ -51,10 +52,12 @@ class Fp8Gemm {
   // Scratch for calls of up to n rows of x of up to `cols` columns (the weights' scales, a
   // 1/128 of a matrix's fp32 size, grow on the first call of each larger shape).
   absl::Status Reserve(int64_t n, int64_t cols);
-  // y = x * w^T. REQUIRES: Takes(w, x), n == GemmRows(n) > 0. Unavailable when nothing was
-  // queued and the caller should multiply another way: cuBLASLt has no algorithm for the
-  // shape (logged once per shape) or the scratch could not be allocated. Another error when
-  // a queued call failed.
+  // y = x * w^T. REQUIRES: Takes(w, x, y), n == GemmRows(n) > 0. Unavailable when y was not
+  // written and the caller should multiply another way: cuBLASLt has no algorithm for the
+  // shape or refused the call as unsupported (logged once per shape; the shape is not tried
+  // again), or the scratch could not be allocated. Another error when a queued call failed.
+  // The algorithm is asked for the pointers' real alignment (cuBLASLt assumes 256 bytes
+  // unless told), so a weight or output view at a 16-byte offset gets a kernel that takes it.
   absl::Status Run(const float* x, int n, const Matrix& w, float* y);
 
  private:
@@ -64,9 +67,11 @@ class Fp8Gemm {
     cublasLtMatmulAlgo_t algo{};
   };
   Fp8Gemm(cublasLtHandle_t handle, cudaStream_t stream) : handle_(handle), stream_(stream) {}
-  // The algorithm for an (rows, cols, n) call: fp32 output first, else bf16; unsupported
+  // The algorithm for an (rows, cols, n) call whose weights and fp32 output are aligned to
+  // align_w and align_y bytes: fp32 output first, else bf16 (into out_bf16_); unsupported
   // (and a warning) when cuBLASLt offers neither or refuses the descriptors.
-  const Plan& PlanFor(int64_t rows, int64_t cols, int n);
+  Plan& PlanFor(int64_t rows, int64_t cols, int n, uint32_t align_w, uint32_t align_y);
+  void Refused(int64_t rows, int64_t cols, int n, const std::string& why);
   absl::Status Grow(recall::cuda::DeviceBuffer& buffer, size_t bytes);
 
   cublasLtHandle_t handle_;
@@ -76,7 +81,7 @@ class Fp8Gemm {
   recall::cuda::DeviceBuffer x_scales_;  // [cols / 128, n]
   recall::cuda::DeviceBuffer w_scales_;  // [cols / 128, rows]
   recall::cuda::DeviceBuffer out_bf16_;  // [n, rows] where the plan's output is bf16
-  std::map<std::tuple<int64_t, int64_t, int>, Plan> plans_;
+  std::map<std::tuple<int64_t, int64_t, int, uint32_t, uint32_t>, Plan> plans_;
   std::set<std::pair<int64_t, int64_t>> warned_;  // shapes refused and logged
 };
 

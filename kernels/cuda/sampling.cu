@@ -175,6 +175,17 @@ struct PicksInLaunch {
 // Kernel parameters are at most 4 KB: the rows and the other arguments must fit.
 static_assert(sizeof(PicksInLaunch) + 64 <= 4096, "SampleRows' rows overflow the launch");
 
+// Greedy: the largest order key of the raw logits is the argmax, lowest id among equals.
+// NaNs are skipped (their order key would rank above +inf); a row of NaNs picks token 0.
+__device__ int GreedyPick(const float* x, int cols, SampleShared& sh) {
+  u64 best = 0;
+  for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+    if (!isnan(x[j])) best = max(best, Ord(x[j], j));
+  }
+  best = BlockAll(best, MaxU(), sh.uscratch);
+  return best == 0 ? 0 : TokenOf(best);
+}
+
 template <typename Picks>
 __global__ void SampleRowsKernel(const float* x, int cols, const Picks picks, int32_t* out) {
   __shared__ SampleShared sh;
@@ -183,11 +194,8 @@ __global__ void SampleRowsKernel(const float* x, int cols, const Picks picks, in
   row.x = x + static_cast<int64_t>(blockIdx.x) * cols;
   row.cols = cols;
   if (!(pick.temperature > 0.0f)) {
-    // Greedy: the largest order key of the raw logits is the argmax, lowest id among equals.
-    u64 best = 0;
-    for (int j = threadIdx.x; j < cols; j += blockDim.x) best = max(best, Ord(row.x[j], j));
-    best = BlockAll(best, MaxU(), sh.uscratch);
-    if (threadIdx.x == 0) out[blockIdx.x] = TokenOf(best);
+    const int token = GreedyPick(row.x, cols, sh);
+    if (threadIdx.x == 0) out[blockIdx.x] = token;
     return;
   }
   row.temperature = pick.temperature;
@@ -231,6 +239,11 @@ __global__ void SampleRowsKernel(const float* x, int cols, const Picks picks, in
   if (use_top_p) {
     const u64 need = static_cast<u64>(ceil(static_cast<double>(pick.top_p) * mass));
     candidate.threshold = SelectThreshold(row, candidate, need, false, sh, &mass);
+  }
+  if (mass == 0) {  // NaN or overflowing logits left no mass to draw from: a valid id anyway
+    const int token = GreedyPick(row.x, cols, sh);
+    if (threadIdx.x == 0) out[blockIdx.x] = token;
+    return;
   }
   // The draw: the first token, most likely first, whose cumulative mass passes draw * mass.
   const u64 r = static_cast<u64>(static_cast<double>(pick.draw) * static_cast<double>(mass));

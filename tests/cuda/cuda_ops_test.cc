@@ -58,6 +58,58 @@ struct TestMatrix {
   }
 };
 
+// An int8 (per-row scales) or FP8 (E4M3, scales per row and block of `block` columns) matrix
+// quantized from RandomVec(rows * cols, seed, -0.5, 0.5), staged as UploadModel stages it
+// (the bytes, then the scales (and int8's row sums) from a 64-byte boundary), and the same
+// weights widened to f32 on the host: the reference the device's product is held to.
+struct QuantizedMatrix {
+  std::vector<float> widened;
+  std::unique_ptr<DeviceVec<uint8_t>> dev;
+  Matrix device;
+
+  QuantizedMatrix(Backend& gpu, DType dtype, int64_t rows, int64_t cols, uint32_t seed,
+                  int block = 128) {
+    const auto wf = RandomVec(static_cast<size_t>(rows * cols), seed, -0.5f, 0.5f);
+    const size_t at = (static_cast<size_t>(rows * cols) + 63) / 64 * 64;
+    widened.resize(wf.size());
+    Matrix host{nullptr, dtype, rows, cols};
+    std::vector<uint8_t> packed;
+    if (dtype == DType::kI8) {
+      packed.resize(at + static_cast<size_t>(rows) * 8);
+      auto* q = reinterpret_cast<int8_t*>(packed.data());
+      auto* scales = reinterpret_cast<float*>(packed.data() + at);
+      auto* sums = reinterpret_cast<int32_t*>(scales + rows);
+      cpu::QuantizeRowsInt8(wf.data(), rows, cols, q, scales, sums);
+      cpu::DequantizeRowsInt8(Matrix{q, DType::kI8, rows, cols, scales, sums}, 0, rows,
+                              widened.data());
+    } else {
+      host.scale_block = block;
+      const int64_t per_row = host.ScaleColumns();
+      packed.resize(at + host.scale_bytes());
+      auto* scales = reinterpret_cast<float*>(packed.data() + at);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t b = 0; b < per_row; ++b) {
+          const int64_t c0 = b * block, c1 = std::min(cols, c0 + block);
+          float most = 0;
+          for (int64_t c = c0; c < c1; ++c) most = std::max(most, std::fabs(wf[r * cols + c]));
+          const float s = scales[r * per_row + b] = most > 0 ? most / 448.0f : 1.0f;
+          for (int64_t c = c0; c < c1; ++c) {
+            packed[r * cols + c] = F32ToE4M3(wf[r * cols + c] / s);
+            widened[r * cols + c] = E4M3ToF32(packed[r * cols + c]) * s;
+          }
+        }
+      }
+    }
+    dev = std::make_unique<DeviceVec<uint8_t>>(gpu, packed);
+    device = host;
+    device.data = dev->get();
+    device.scales = reinterpret_cast<const float*>(dev->get() + at);
+    if (dtype == DType::kI8) {
+      device.row_sums = reinterpret_cast<const int32_t*>(dev->get() + at + rows * sizeof(float));
+    }
+  }
+};
+
 TEST_F(CudaTest, EmbeddingIsExactForEveryDtype) {
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (int dim : {8, 64, 576}) {
@@ -296,23 +348,9 @@ TEST_F(CudaTest, Int8MatMulIsTheWidenedWeightsProduct) {
   EXPECT_TRUE(CheckInt8MatMul(*gpu_).ok()) << CheckInt8MatMul(*gpu_);
   EXPECT_TRUE(gpu_->RunsInt8Weights());
   for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{896, 4864}, {130, 77}}) {
-    const auto wf = RandomVec(static_cast<size_t>(rows * cols), 21, -0.5f, 0.5f);
-    const size_t at = (static_cast<size_t>(rows * cols) + 63) / 64 * 64;
-    std::vector<int8_t> packed(at + static_cast<size_t>(rows) * 8);
-    auto* scales = reinterpret_cast<float*>(packed.data() + at);
-    auto* sums = reinterpret_cast<int32_t*>(scales + rows);
-    cpu::QuantizeRowsInt8(wf.data(), rows, cols, packed.data(), scales, sums);
-    std::vector<float> widened(wf.size());
-    cpu::DequantizeRowsInt8(Matrix{packed.data(), DType::kI8, rows, cols, scales, sums}, 0, rows,
-                            widened.data());
-    DeviceVec<int8_t> dw(*gpu_, packed);
-    const int8_t* base = dw.get();
-    const Matrix device{base,
-                        DType::kI8,
-                        rows,
-                        cols,
-                        reinterpret_cast<const float*>(base + at),
-                        reinterpret_cast<const int32_t*>(base + at + rows * sizeof(float))};
+    const QuantizedMatrix q(*gpu_, DType::kI8, rows, cols, 21);
+    const std::vector<float>& widened = q.widened;
+    const Matrix& device = q.device;
     for (const int n : {1, 16, 64, 100}) {
       const auto x = RandomVec(static_cast<size_t>(n * cols), n, -1.0f, 1.0f);
       std::vector<float> ref(static_cast<size_t>(n * rows));
@@ -336,30 +374,9 @@ TEST_F(CudaTest, Fp8MatMulIsTheWidenedWeightsProduct) {
   EXPECT_TRUE(gpu_->RunsFp8Weights());
   for (const auto& [rows, cols, block] :
        {std::tuple<int64_t, int64_t, int>{896, 4864, 128}, {130, 77, 16}}) {
-    Matrix host{nullptr, DType::kF8E4M3, rows, cols};
-    host.scale_block = block;
-    const int64_t per_row = host.ScaleColumns();
-    const auto wf = RandomVec(static_cast<size_t>(rows * cols), 23, -0.5f, 0.5f);
-    const size_t at = (static_cast<size_t>(rows * cols) + 63) / 64 * 64;
-    std::vector<uint8_t> packed(at + host.scale_bytes());
-    auto* scales = reinterpret_cast<float*>(packed.data() + at);
-    std::vector<float> widened(wf.size());
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t b = 0; b < per_row; ++b) {
-        const int64_t c0 = b * block, c1 = std::min(cols, c0 + block);
-        float most = 0;
-        for (int64_t c = c0; c < c1; ++c) most = std::max(most, std::fabs(wf[r * cols + c]));
-        const float s = scales[r * per_row + b] = most > 0 ? most / 448.0f : 1.0f;
-        for (int64_t c = c0; c < c1; ++c) {
-          packed[r * cols + c] = F32ToE4M3(wf[r * cols + c] / s);
-          widened[r * cols + c] = E4M3ToF32(packed[r * cols + c]) * s;
-        }
-      }
-    }
-    DeviceVec<uint8_t> dw(*gpu_, packed);
-    Matrix device = host;
-    device.data = dw.get();
-    device.scales = reinterpret_cast<const float*>(dw.get() + at);
+    const QuantizedMatrix q(*gpu_, DType::kF8E4M3, rows, cols, 23, block);
+    const std::vector<float>& widened = q.widened;
+    const Matrix& device = q.device;
     for (const int n : {1, 16, 64, 100}) {
       const auto x = RandomVec(static_cast<size_t>(n * cols), n, -1.0f, 1.0f);
       std::vector<float> ref(static_cast<size_t>(n * rows));
@@ -455,6 +472,71 @@ TEST_F(CudaTest, MatMulManyEqualsOneMatMulPerMatrix) {
       }
     }
   }
+}
+
+// The same for int8 and FP8 weights (q/k/v of one type in one launch; FP8 with blocks of 128,
+// 64 and 16 columns in it): each matrix gets the bits of its own MatMul.
+TEST_F(CudaTest, MatMulManyOfQuantizedWeightsEqualsOneMatMulPerMatrix) {
+  for (DType dt : {DType::kI8, DType::kF8E4M3}) {
+    const QuantizedMatrix wq(*gpu_, dt, 896, 896, 1, 128), wk(*gpu_, dt, 128, 896, 2, 64),
+        wv(*gpu_, dt, 130, 896, 3, 16);
+    const Matrix w[3] = {wq.device, wk.device, wv.device};
+    for (int n : {1, 3, 7, 64}) {
+      const auto x = RandomVec(static_cast<size_t>(n) * 896, n + 50);
+      DeviceVec<float> dx(*gpu_, x);
+      std::vector<DeviceVec<float>> many, one;
+      float* outs[3];
+      for (int i = 0; i < 3; ++i) {
+        many.push_back(DeviceVec<float>::Poisoned(*gpu_, static_cast<size_t>(n) * w[i].rows));
+        one.push_back(DeviceVec<float>::Poisoned(*gpu_, static_cast<size_t>(n) * w[i].rows));
+        outs[i] = many.back().get();
+        gpu_->MatMul(dx.get(), n, w[i], one.back().get());
+      }
+      gpu_->MatMulMany(dx.get(), n, w, outs, 3);
+      for (int i = 0; i < 3; ++i) {
+        EXPECT_EQ(many[i].Download(), one[i].Download())
+            << DTypeName(dt) << " n " << n << " matrix " << i;
+      }
+    }
+  }
+  EXPECT_TRUE(gpu_->Health().ok()) << gpu_->Health();
+}
+
+// Every E4M3 code (both zeros, the subnormals, the largest, the NaNs) widens on the device to
+// exactly the host's E4M3ToF32: row r of a 256 x K matrix holds code r in column 0 and zeros
+// elsewhere (scale 1), times x = (1, 0, ..., 0). K = 16 takes the 16-byte loads, K = 13 the
+// one-element ones.
+TEST_F(CudaTest, EveryE4M3CodeWidensAsOnTheHost) {
+  for (const int64_t cols : {16, 13}) {
+    Matrix host{nullptr, DType::kF8E4M3, 256, cols};
+    host.scale_block = 16;
+    const size_t at = 256 * static_cast<size_t>(cols) / 64 * 64 + 64;
+    std::vector<uint8_t> packed(at + host.scale_bytes(), 0);
+    auto* scales = reinterpret_cast<float*>(packed.data() + at);
+    for (int r = 0; r < 256; ++r) {
+      packed[static_cast<size_t>(r) * cols] = static_cast<uint8_t>(r);
+      scales[r * host.ScaleColumns()] = 1.0f;
+    }
+    DeviceVec<uint8_t> dw(*gpu_, packed);
+    Matrix device = host;
+    device.data = dw.get();
+    device.scales = reinterpret_cast<const float*>(dw.get() + at);
+    std::vector<float> x(static_cast<size_t>(cols), 0.0f);
+    x[0] = 1.0f;
+    DeviceVec<float> dx(*gpu_, x);
+    auto out = DeviceVec<float>::Poisoned(*gpu_, 256);
+    gpu_->MatMul(dx.get(), 1, device, out.get());
+    const std::vector<float> got = out.Download();
+    for (int r = 0; r < 256; ++r) {
+      const float want = E4M3ToF32(static_cast<uint8_t>(r));
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(got[r])) << "code " << r << " K " << cols;
+      } else {
+        EXPECT_EQ(got[r], want) << "code " << r << " K " << cols;
+      }
+    }
+  }
+  EXPECT_TRUE(gpu_->Health().ok()) << gpu_->Health();
 }
 
 // Paged attention: the same pool contents and (shuffled) block tables on both backends.

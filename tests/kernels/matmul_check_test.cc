@@ -20,7 +20,7 @@ namespace {
 // The CPU backend with one fault.
 class WrongMatMul final : public testing::DelegatingBackend {
  public:
-  enum Fault { kOff, kVariant, kMany, kAddNorm, kInt8Sign };
+  enum Fault { kOff, kVariant, kMany, kAddNorm, kInt8Sign, kInt8NextScale };
   explicit WrongMatMul(Fault fault) : fault_(fault) {}
   const char* Name() const override { return "wrong"; }
   void MatMul(const float* x, int n, const Matrix& w, float* y) override {
@@ -29,6 +29,13 @@ class WrongMatMul final : public testing::DelegatingBackend {
     if (fault_ == kVariant && n == 1) y[0] = std::nextafter(y[0], 1e9f);  // one bit, alone
     if (fault_ == kInt8Sign && w.dtype == DType::kI8) {                   // e.g. a wrong zero point
       for (int64_t r = 0; r < w.rows; ++r) y[r] = -y[r];
+    }
+    if (fault_ == kInt8NextScale && w.dtype == DType::kI8) {  // scales[r + 1] for row r
+      std::vector<float> next(static_cast<size_t>(w.rows));
+      for (int64_t r = 0; r < w.rows; ++r) next[r] = w.scales[(r + 1) % w.rows];
+      Matrix shifted = w;
+      shifted.scales = next.data();
+      cpu_->MatMul(x, n, shifted, y);
     }
   }
   void MatMulMany(const float* x, int n, const Matrix* w, float* const* y, int count) override {
@@ -58,6 +65,12 @@ TEST(CheckMatMulTest, TheCpuBackendsInt8KernelsPassOnHostAndOpaqueMemory) {
   EXPECT_NE(bad.message().find("MatMul of 24 rows of int8 300x512 is off the widened weights"),
             std::string::npos)
       << bad;
+  WrongMatMul next_scale(WrongMatMul::kInt8NextScale);  // an index one row off
+  const absl::Status shifted = CheckInt8MatMul(next_scale);
+  EXPECT_EQ(shifted.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(shifted.message().find("rows of int8 300x512 is off the widened weights"),
+            std::string::npos)
+      << shifted;
 }
 
 // FP8 weights the way the CUDA kernel reads them, on the host: each weight widened to

@@ -311,6 +311,10 @@ absl::Status ForwardPass::Run(std::span<const BatchItem> batch, float* logits) {
   const auto give_back = [&] {
     for (size_t j = 0; j < n_reserved; ++j) batch[j].cache->TrimBlocks();
   };
+  // Staged before the vote: a rank that cannot stage (device scratch) says so in the vote
+  // instead of leaving its peers in the pass's collectives, which NCCL does not time out.
+  const bool recordable = Recordable(batch);
+  if (reserved.ok()) reserved = StageBatch(batch, total, recordable);
   if (options_.comm != nullptr) {
     int32_t all_ok = reserved.ok() ? 1 : 0;
     kernels::Communicator& votes =
@@ -322,11 +326,10 @@ absl::Status ForwardPass::Run(std::span<const BatchItem> batch, float* logits) {
     }
     if (all_ok == 0 && reserved.ok()) {
       reserved = absl::ResourceExhaustedError(
-          "KV block pool of another tensor-parallel rank cannot hold the batch");
+          "another tensor-parallel rank cannot hold the batch (its KV block pool or device "
+          "scratch)");
     }
   }
-  const bool recordable = Recordable(batch);
-  if (reserved.ok()) reserved = StageBatch(batch, total, recordable);
   if (!reserved.ok()) {
     give_back();
     return reserved;
