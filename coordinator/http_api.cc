@@ -79,6 +79,9 @@ struct HttpApi::Reply {
   std::vector<StoredMessage> messages;  // chat: the request's list, for the index
   std::shared_ptr<HttpTurn> turn;
   std::string first_text;  // a stream's text that arrived before its headers went out
+  std::vector<v1::TokenLogprob> first_logprobs;  // likewise, its tokens' logprobs
+  bool logprobs = false;                         // the request asked for them
+  int64_t text_offset = 0;  // a stream's bytes of text sent (completions' logprob offsets)
   std::string tenant, key;  // an Idempotency-Key this request holds the claim on, until the end
   std::string resumed;      // a resumed turn's stored part, sent before the rest
   // A completion with a key: its prompt and the seed it samples with, kept with its reply;
@@ -509,6 +512,7 @@ void HttpApi::RenewLease(Reply& reply, const std::string& tenant, const std::str
 
 void HttpApi::Respond(std::shared_ptr<Reply> reply, bool stream, httplib::Response& res) {
   std::function<std::unique_ptr<TurnJournal>(TurnSink*)> journal;
+  reply->logprobs = reply->spec.request.sampling().logprobs();
   if (reply->open.has_value()) {
     journal = [this, &reply](TurnSink* edge) { return conversations_.Journal(*reply->open, edge); };
   }
@@ -532,12 +536,18 @@ void HttpApi::Respond(std::shared_ptr<Reply> reply, bool stream, httplib::Respon
     }
     const TurnResult& r = *reply->turn->outcome();
     if (!stream) {
-      res.set_content(reply->writer.Body(r.text, r.done.finish_reason(), r.done.usage()),
+      // A turn resumed from the store: its stored part has no logprobs, so none are given.
+      const std::vector<v1::TokenLogprob> logprobs = reply->turn->logprobs();
+      const bool whole = reply->logprobs && reply->resumed.empty();
+      res.set_content(reply->writer.Body(r.text, r.done.finish_reason(), r.done.usage(),
+                                         whole ? &logprobs : nullptr),
                       "application/json");
       return;
     }
   }
   reply->first_text = reply->resumed + first.text;  // a resumed turn's stored part first
+  reply->first_logprobs = std::move(first.logprobs);
+  reply->text_offset = static_cast<int64_t>(reply->resumed.size());
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
@@ -550,12 +560,23 @@ bool HttpApi::Pump(Reply& reply, httplib::DataSink& sink) {
   const auto write = [&sink](const std::string& data) {
     return data.empty() || sink.write(data.data(), data.size());
   };
+  // A piece of text and its tokens' logprobs (when asked: a chunk per token even when the
+  // token released no text yet, as a stop string's prefix or part of a character).
+  const auto delta = [&](const std::string& text, const std::vector<v1::TokenLogprob>& lps) {
+    if (text.empty() && (!reply.logprobs || lps.empty())) return true;
+    const std::string event =
+        reply.writer.Delta(text, reply.logprobs ? &lps : nullptr, reply.text_offset);
+    for (const v1::TokenLogprob& lp : lps) {
+      reply.text_offset += static_cast<int64_t>(lp.token().size());
+    }
+    return write(event);
+  };
   bool ok = write(reply.writer.First());
-  if (ok && !reply.first_text.empty()) ok = write(reply.writer.Delta(reply.first_text));
+  if (ok) ok = delta(reply.first_text, reply.first_logprobs);
   while (ok && !reply.concluded) {
     HttpTurn::Update u = reply.turn->Next();
     RenewLease(reply, reply.tenant, reply.key);
-    if (!u.text.empty()) ok = write(reply.writer.Delta(u.text));
+    ok = delta(u.text, u.logprobs);
     if (u.ended) break;
   }
   if (!ok) {  // the client went away: cancel the turn (the worker's too)

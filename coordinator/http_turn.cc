@@ -26,15 +26,23 @@ std::shared_ptr<HttpTurn> HttpTurn::Start(
 HttpTurn::Update HttpTurn::Next() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
-      +[](HttpTurn* t)
-           ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->mu_) { return !t->pending_.empty() || t->ended_; },
+      +[](HttpTurn* t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->mu_) {
+        return !t->pending_.empty() || !t->pending_logprobs_.empty() || t->ended_;
+      },
       this));
   Update u;
   u.text = std::move(pending_);
   pending_.clear();
-  // The end is reported once the text before it was taken.
-  u.ended = ended_ && u.text.empty();
+  u.logprobs = std::move(pending_logprobs_);
+  pending_logprobs_.clear();
+  // The end is reported once what came before it was taken.
+  u.ended = ended_ && u.text.empty() && u.logprobs.empty();
   return u;
+}
+
+std::vector<v1::TokenLogprob> HttpTurn::logprobs() const {
+  absl::MutexLock lock(&mu_);
+  return logprobs_;
 }
 
 void HttpTurn::Cancel() { runner_->Cancel(); }
@@ -52,6 +60,9 @@ void HttpTurn::OnTokens(const v1::TokenEvent& tokens) {
                              tokens.token_ids().end());
   received_.content += tokens.text();
   pending_ += tokens.text();
+  pending_logprobs_.insert(pending_logprobs_.end(), tokens.token_logprobs().begin(),
+                           tokens.token_logprobs().end());
+  logprobs_.insert(logprobs_.end(), tokens.token_logprobs().begin(), tokens.token_logprobs().end());
 }
 
 void HttpTurn::OnTurnDone(TurnResult result) { End(std::move(result)); }

@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -32,10 +33,14 @@ class HttpTurn final : public TurnSink, public std::enable_shared_from_this<Http
 
   struct Update {
     std::string text;  // the reply's text that arrived since the last call
+    std::vector<v1::TokenLogprob> logprobs;  // its tokens' (when requested), likewise
     bool ended = false;
   };
-  // Blocks until there is new text or the turn ended.
+  // Blocks until there is new text or logprobs, or the turn ended.
   Update Next();
+  // Every token's logprob received from the workers (when requested; a resumed turn's
+  // stored part has none).
+  std::vector<v1::TokenLogprob> logprobs() const;
   // The turn's end. REQUIRES: Next reported it.
   const absl::StatusOr<TurnResult>& outcome() const { return outcome_; }
   // Cancels the turn (the worker's turn is aborted); it then ends with CANCELLED.
@@ -57,6 +62,8 @@ class HttpTurn final : public TurnSink, public std::enable_shared_from_this<Http
   std::unique_ptr<TurnJournal> journal_;  // likewise
   mutable absl::Mutex mu_;
   std::string pending_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::TokenLogprob> pending_logprobs_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::TokenLogprob> logprobs_ ABSL_GUARDED_BY(mu_);  // all of them
   StoredMessage received_ ABSL_GUARDED_BY(mu_);  // without a journal: the reply so far
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   // Written once, under mu_, before ended_; read by the HTTP thread after it saw ended_.

@@ -318,6 +318,7 @@ void TurnRunner::FailNoWorker() {
 void MergeTokens(const v1::TokenEvent& from, v1::TokenEvent* into) {
   into->mutable_token_ids()->Add(from.token_ids().begin(), from.token_ids().end());
   into->mutable_logprobs()->Add(from.logprobs().begin(), from.logprobs().end());
+  into->mutable_token_logprobs()->Add(from.token_logprobs().begin(), from.token_logprobs().end());
   into->mutable_text()->append(from.text());
 }
 

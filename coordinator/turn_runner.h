@@ -93,7 +93,8 @@ struct TurnResult {
   double seconds = 0;              // from Start to the end
 };
 
-// Appends `from`'s tokens, logprobs and text to `into` (tokens that queued up go on as one event).
+// Appends `from`'s tokens, logprobs (both forms) and text to `into` (tokens that queued up go on as
+// one event).
 void MergeTokens(const v1::TokenEvent& from, v1::TokenEvent* into);
 
 // Where a TurnRunner reports. See the threading notes above.

@@ -202,8 +202,6 @@ absl::Status ParseSampling(const Json& o, const RequestLimits& limits, v1::Sampl
   }
   RECALL_ASSIGN_OR_RETURN(const std::optional<int64_t> n, Integer(o, "n"));
   if (n.has_value() && *n != 1) return Bad("n", absl::StrCat("only 1 is supported, got ", *n));
-  RECALL_ASSIGN_OR_RETURN(const std::optional<int64_t> top_logprobs, Integer(o, "top_logprobs"));
-  if (top_logprobs.value_or(0) != 0) return Bad("top_logprobs", "is not supported");
   for (const char* tools : {"tools", "functions"}) {
     const Json* t = Find(o, tools);
     if (t != nullptr && !(t->is_array() && t->empty())) {
@@ -311,7 +309,19 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body, const Reque
   RECALL_ASSIGN_OR_RETURN(r.messages, Messages(o, limits));
   RECALL_RETURN_IF_ERROR(ParseSampling(o, limits, &r.sampling));
   RECALL_ASSIGN_OR_RETURN(const std::optional<bool> logprobs, Bool(o, "logprobs"));
-  if (logprobs.value_or(false)) return Bad("logprobs", "is not supported");
+  RECALL_ASSIGN_OR_RETURN(const std::optional<int64_t> top, Integer(o, "top_logprobs"));
+  if (top.has_value()) {
+    if (*top < 0 || *top > kMaxTopLogprobs) {
+      return Bad("top_logprobs", absl::StrCat("must be in [0, ", kMaxTopLogprobs, "], got ", *top));
+    }
+    if (*top > 0 && !logprobs.value_or(false)) {
+      return Bad("top_logprobs", "needs \"logprobs\": true");
+    }
+  }
+  if (logprobs.value_or(false)) {
+    r.sampling.set_logprobs(true);
+    r.sampling.set_top_logprobs(static_cast<int32_t>(top.value_or(0)));
+  }
   RECALL_RETURN_IF_ERROR(ParseStream(o, &r.stream, &r.include_usage));
   RECALL_ASSIGN_OR_RETURN(const std::optional<std::string> session, String(o, "session_id"));
   r.session_id = session.value_or("");
@@ -341,8 +351,16 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body,
   if (r.prompt.empty()) return Bad("prompt", "is empty");
   RECALL_RETURN_IF_ERROR(CheckText("prompt", r.prompt, limits.max_message_bytes));
   RECALL_RETURN_IF_ERROR(ParseSampling(o, limits, &r.sampling));
+  // The legacy field: the sampled tokens' logprobs and that many alternatives each.
   RECALL_ASSIGN_OR_RETURN(const std::optional<int64_t> logprobs, Integer(o, "logprobs"));
-  if (logprobs.value_or(0) != 0) return Bad("logprobs", "is not supported");
+  if (logprobs.has_value()) {
+    if (*logprobs < 0 || *logprobs > kMaxCompletionLogprobs) {
+      return Bad("logprobs",
+                 absl::StrCat("must be in [0, ", kMaxCompletionLogprobs, "], got ", *logprobs));
+    }
+    r.sampling.set_logprobs(true);
+    r.sampling.set_top_logprobs(static_cast<int32_t>(*logprobs));
+  }
   RECALL_ASSIGN_OR_RETURN(const std::optional<bool> echo, Bool(o, "echo"));
   if (echo.value_or(false)) return Bad("echo", "is not supported");
   RECALL_ASSIGN_OR_RETURN(const std::optional<std::string> suffix, String(o, "suffix"));

@@ -12,9 +12,12 @@
 //   logit_bias  {"token id": [-100, 100]}  -> logit_bias (ids checked by the worker against
 //                                              its vocabulary)
 //   frequency_penalty, presence_penalty  [-2, 2] -> the same (over the reply's tokens so far)
-//   n: 1 only; logprobs / top_logprobs, tools / functions, a response_format other than
-//     "text", echo, suffix, best_of > 1: refused. Every other field is ignored, as OpenAI's
-//     servers ignore unknown fields.
+//   logprobs (chat: true/false), top_logprobs [0, 20] (needs logprobs)
+//                                           -> logprobs, top_logprobs
+//   logprobs (completions: the legacy integer) [0, 5] -> logprobs, top_logprobs
+//   n: 1 only; tools / functions, a response_format other than "text", echo, suffix,
+//     best_of > 1: refused. Every other field is ignored, as OpenAI's servers ignore
+//     unknown fields.
 // Messages: role "system", "developer" (read as system), "user" or "assistant"; content a
 // string or an array of {"type": "text", "text": ...} parts (joined by "\n"); the last
 // message is the user's.
@@ -34,6 +37,10 @@
 #include "recall/v1/worker.pb.h"
 
 namespace recall::openai {
+
+// top_logprobs (chat) and logprobs (completions): OpenAI's limits.
+inline constexpr int kMaxTopLogprobs = 20;
+inline constexpr int kMaxCompletionLogprobs = 5;
 
 struct RequestLimits {
   size_t max_message_bytes = 256 << 10;  // one message's content, or the prompt

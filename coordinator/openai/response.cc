@@ -134,9 +134,59 @@ ResponseWriter::ResponseWriter(Endpoint endpoint, std::string model, bool includ
       id_(NewId(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-")),
       created_(NowSeconds()) {}
 
+namespace {
+
+Json BytesJson(const std::string& bytes) {
+  Json out = Json::array();
+  for (const char c : bytes) out.push_back(static_cast<unsigned char>(c));
+  return out;
+}
+
+}  // namespace
+
+Json ResponseWriter::LogprobsJson(const std::vector<v1::TokenLogprob>* logprobs,
+                                  int64_t text_offset) const {
+  if (logprobs == nullptr) return nullptr;
+  if (endpoint_ == Endpoint::kChat) {
+    Json content = Json::array();
+    for (const v1::TokenLogprob& lp : *logprobs) {
+      Json top = Json::array();
+      for (int i = 0; i < lp.top_ids_size(); ++i) {
+        top.push_back({{"token", lp.top_tokens(i)},
+                       {"logprob", lp.top_logprobs(i)},
+                       {"bytes", BytesJson(lp.top_tokens(i))}});
+      }
+      content.push_back({{"token", lp.token()},
+                         {"logprob", lp.logprob()},
+                         {"bytes", BytesJson(lp.token())},
+                         {"top_logprobs", std::move(top)}});
+    }
+    return {{"content", std::move(content)}, {"refusal", nullptr}};
+  }
+  Json tokens = Json::array(), token_logprobs = Json::array(), top_logprobs = Json::array(),
+       offsets = Json::array();
+  for (const v1::TokenLogprob& lp : *logprobs) {
+    tokens.push_back(lp.token());
+    token_logprobs.push_back(lp.logprob());
+    Json top = Json::object();
+    for (int i = 0; i < lp.top_ids_size(); ++i) {
+      if (!top.contains(lp.top_tokens(i))) top[lp.top_tokens(i)] = lp.top_logprobs(i);
+    }
+    top_logprobs.push_back(std::move(top));
+    offsets.push_back(text_offset);
+    text_offset += static_cast<int64_t>(lp.token().size());
+  }
+  return {{"tokens", std::move(tokens)},
+          {"token_logprobs", std::move(token_logprobs)},
+          {"top_logprobs", std::move(top_logprobs)},
+          {"text_offset", std::move(offsets)}};
+}
+
 std::string ResponseWriter::Body(const std::string& text, v1::FinishReason reason,
-                                 const v1::Usage& usage) const {
-  Json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", FinishName(reason)}};
+                                 const v1::Usage& usage,
+                                 const std::vector<v1::TokenLogprob>* logprobs) const {
+  Json choice = {
+      {"index", 0}, {"logprobs", LogprobsJson(logprobs, 0)}, {"finish_reason", FinishName(reason)}};
   if (endpoint_ == Endpoint::kChat) {
     choice["message"] = {{"role", "assistant"}, {"content", text}};
   } else {
@@ -152,9 +202,10 @@ std::string ResponseWriter::Body(const std::string& text, v1::FinishReason reaso
   return Dump(body);
 }
 
-std::string ResponseWriter::Chunk(const std::string& text, bool role, const char* finish) const {
+std::string ResponseWriter::Chunk(const std::string& text, bool role, const char* finish,
+                                  Json logprobs) const {
   Json choice = {{"index", 0},
-                 {"logprobs", nullptr},
+                 {"logprobs", std::move(logprobs)},
                  {"finish_reason", finish == nullptr ? Json() : Json(finish)}};
   if (endpoint_ == Endpoint::kChat) {
     Json delta = Json::object();
@@ -178,15 +229,17 @@ nlohmann::json ResponseWriter::Envelope(nlohmann::json choices) const {
 }
 
 std::string ResponseWriter::First() const {
-  return endpoint_ == Endpoint::kChat ? Chunk("", /*role=*/true, nullptr) : std::string();
+  return endpoint_ == Endpoint::kChat ? Chunk("", /*role=*/true, nullptr, nullptr) : std::string();
 }
 
-std::string ResponseWriter::Delta(const std::string& text) const {
-  return Chunk(text, /*role=*/false, nullptr);
+std::string ResponseWriter::Delta(const std::string& text,
+                                  const std::vector<v1::TokenLogprob>* logprobs,
+                                  int64_t text_offset) const {
+  return Chunk(text, /*role=*/false, nullptr, LogprobsJson(logprobs, text_offset));
 }
 
 std::string ResponseWriter::Last(v1::FinishReason reason, const v1::Usage& usage) const {
-  std::string out = Chunk("", /*role=*/false, FinishName(reason));
+  std::string out = Chunk("", /*role=*/false, FinishName(reason), nullptr);
   if (include_usage_) {
     Json chunk = Envelope(Json::array());
     chunk["usage"] = UsageJson(usage);

@@ -7,6 +7,11 @@
 // context). Usage: prompt_tokens (the whole context before the reply, cached or not),
 // completion_tokens, total_tokens and prompt_tokens_details.cached_tokens (the part of the
 // prompt reused from the session's cache on its worker).
+// Logprobs (when the request asked): chat's {"content": [{"token", "logprob", "bytes",
+// "top_logprobs": [{"token", "logprob", "bytes"}]}], "refusal": null}; completions' legacy
+// {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"} (offsets in
+// bytes of the reply's text). A token's "token" is its bytes as text (a UTF-8 character split
+// over tokens shows U+FFFD; "bytes" has them exactly). Null when not asked.
 // Thread safety: a ResponseWriter is immutable after construction.
 #pragma once
 
@@ -17,6 +22,7 @@
 #include "absl/status/status.h"
 #include "nlohmann/json_fwd.hpp"
 #include "recall/v1/chat.pb.h"
+#include "recall/v1/worker.pb.h"
 
 namespace recall::openai {
 
@@ -40,16 +46,23 @@ class ResponseWriter {
   ResponseWriter(Endpoint endpoint, std::string model, bool include_usage);
 
   const std::string& id() const { return id_; }
-  // The whole reply as one JSON body.
-  std::string Body(const std::string& text, v1::FinishReason reason, const v1::Usage& usage) const;
+  // The whole reply as one JSON body; `logprobs` null: "logprobs": null.
+  std::string Body(const std::string& text, v1::FinishReason reason, const v1::Usage& usage,
+                   const std::vector<v1::TokenLogprob>* logprobs = nullptr) const;
   // Stream events: the first (chat: the assistant role; completions: none), one per piece of
-  // text, and the end (the finish reason; the usage when asked; [DONE]).
+  // text (with its tokens' logprobs, the first at byte `text_offset` of the reply), and the
+  // end (the finish reason; the usage when asked; [DONE]).
   std::string First() const;
-  std::string Delta(const std::string& text) const;
+  std::string Delta(const std::string& text,
+                    const std::vector<v1::TokenLogprob>* logprobs = nullptr,
+                    int64_t text_offset = 0) const;
   std::string Last(v1::FinishReason reason, const v1::Usage& usage) const;
 
  private:
-  std::string Chunk(const std::string& text, bool role, const char* finish) const;
+  std::string Chunk(const std::string& text, bool role, const char* finish,
+                    nlohmann::json logprobs) const;
+  nlohmann::json LogprobsJson(const std::vector<v1::TokenLogprob>* logprobs,
+                              int64_t text_offset) const;
   // A chunk's fields around its choices.
   nlohmann::json Envelope(nlohmann::json choices) const;
 

@@ -131,6 +131,60 @@ TEST_F(OpenAiHttpTest, FrequencyAndPresencePenaltiesChangeAGreedyReply) {
   EXPECT_EQ(Post("/v1/completions", R"({"prompt": "x", "presence_penalty": 2.5})").status, 400);
 }
 
+// Logprobs: the chat form (per token: token, logprob, bytes, top_logprobs) whole and streamed,
+// and the completions' legacy form; the same greedy request gives the same entries both ways.
+TEST_F(OpenAiHttpTest, LogprobsComeWithEveryTokenWholeAndStreamed) {
+  const std::string extra = R"("temperature": 0, "logprobs": true, "top_logprobs": 2)";
+  const HttpReply whole = Post("/v1/chat/completions",
+                               ChatBody({Message("user", "Once upon a time")}, 10, false, extra));
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  const Json body = whole.JsonBody();
+  const Json& content = body["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), body["usage"]["completion_tokens"].get<size_t>()) << whole.body;
+  std::string spelled;
+  for (const Json& e : content) {
+    ASSERT_EQ(e["top_logprobs"].size(), 2u) << e;
+    EXPECT_EQ(e["top_logprobs"][0]["token"], e["token"]) << "greedy: the most likely first";
+    EXPECT_LE(e["top_logprobs"][1]["logprob"].get<double>(), e["logprob"].get<double>());
+    for (const Json& b : e["bytes"]) spelled.push_back(static_cast<char>(b.get<int>()));
+  }
+  EXPECT_EQ(spelled, body["choices"][0]["message"]["content"].get<std::string>());
+
+  const HttpReply streamed = Post("/v1/chat/completions",
+                                  ChatBody({Message("user", "Once upon a time")}, 10, true, extra));
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  Json entries = Json::array();
+  for (const std::string& e : Events(streamed.body)) {
+    if (e == "[DONE]") break;
+    const Json chunk = Json::parse(e);
+    if (chunk["choices"].empty() || chunk["choices"][0]["logprobs"].is_null()) continue;
+    for (const Json& entry : chunk["choices"][0]["logprobs"]["content"]) entries.push_back(entry);
+  }
+  EXPECT_EQ(entries, content) << "the same greedy tokens, streamed";
+
+  const HttpReply plain =
+      Post("/v1/chat/completions", ChatBody({Message("user", "Once upon a time")}, 4, false));
+  EXPECT_TRUE(plain.JsonBody()["choices"][0]["logprobs"].is_null()) << plain.body;
+
+  const HttpReply completion =
+      Post("/v1/completions",
+           R"({"prompt": "Once upon a time", "max_tokens": 6, "temperature": 0, "logprobs": 3})");
+  ASSERT_EQ(completion.status, 200) << completion.body;
+  const Json completion_body = completion.JsonBody();
+  const Json& choice = completion_body["choices"][0];
+  const Json& lp = choice["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 6u) << completion.body;
+  std::string joined;
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(lp["text_offset"][i].get<size_t>(), joined.size());
+    joined += lp["tokens"][i].get<std::string>();
+    EXPECT_LE(lp["top_logprobs"][i].size(), 3u);
+    EXPECT_EQ(lp["top_logprobs"][i][lp["tokens"][i].get<std::string>()], lp["token_logprobs"][i])
+        << "greedy: the token is among its alternatives, with its logprob";
+  }
+  EXPECT_EQ(joined, choice["text"].get<std::string>());
+}
+
 TEST_F(OpenAiHttpTest, ResendingTheWholeListReusesTheSessionsCache) {
   std::vector<Json> messages = {Message("system", "Tell a story."),
                                 Message("user", "Once upon a time")};

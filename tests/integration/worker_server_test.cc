@@ -226,6 +226,14 @@ TEST_F(WorkerServerTest, BadInputsGetTheirCodes) {
       "sampling.presence_penalty: must be in [-2, 2], got nan", [](auto& r) {
         r.mutable_sampling()->set_presence_penalty(std::numeric_limits<float>::quiet_NaN());
       });
+  add("top_logprobs without logprobs", StatusCode::INVALID_ARGUMENT,
+      "sampling.top_logprobs: needs sampling.logprobs",
+      [](auto& r) { r.mutable_sampling()->set_top_logprobs(3); });
+  add("top_logprobs over 20", StatusCode::INVALID_ARGUMENT,
+      "sampling.top_logprobs: must be in [0, 20], got 21", [](auto& r) {
+        r.mutable_sampling()->set_logprobs(true);
+        r.mutable_sampling()->set_top_logprobs(21);
+      });
   add("max_tokens zero", StatusCode::INVALID_ARGUMENT, "sampling.max_tokens",
       [](auto& r) { r.mutable_sampling()->set_max_tokens(0); });
   add("max_tokens over the limit", StatusCode::INVALID_ARGUMENT, "512",

@@ -103,7 +103,15 @@ void RunTurnReactor::TakeUpdate() {
   if (!u.token_ids.empty() || !u.text.empty()) {
     v1::TokenEvent* tokens = events_.emplace_back().mutable_tokens();
     tokens->mutable_token_ids()->Add(u.token_ids.begin(), u.token_ids.end());
-    tokens->mutable_logprobs()->Add(u.logprobs.begin(), u.logprobs.end());
+    for (serving::TokenLogprob& lp : u.logprobs) {
+      tokens->add_logprobs(lp.logprob);
+      v1::TokenLogprob* detail = tokens->add_token_logprobs();
+      detail->set_logprob(lp.logprob);
+      detail->set_token(std::move(lp.token));
+      detail->mutable_top_ids()->Add(lp.top_ids.begin(), lp.top_ids.end());
+      detail->mutable_top_logprobs()->Add(lp.top_logprobs.begin(), lp.top_logprobs.end());
+      for (std::string& t : lp.top_tokens) detail->add_top_tokens(std::move(t));
+    }
     tokens->set_text(std::move(u.text));
   }
   if (!u.done) return;

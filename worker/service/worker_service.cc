@@ -61,6 +61,7 @@ serving::TurnRequest FromProto(const v1::RunTurnRequest& r, int default_max_toke
   out.max_tokens = s.has_max_tokens() ? s.max_tokens() : default_max_tokens;
   out.stop.assign(s.stop().begin(), s.stop().end());
   out.logprobs = s.has_logprobs() && s.logprobs();
+  out.top_logprobs = s.has_top_logprobs() ? s.top_logprobs() : 0;
   out.resume_tokens.assign(r.resume_tokens().begin(), r.resume_tokens().end());
   const v1::CacheSettings& c = r.cache();
   if (c.has_policy()) out.cache.policy = c.policy();

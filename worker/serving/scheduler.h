@@ -233,6 +233,8 @@ class Scheduler {
                         std::vector<absl::Status>& evict_status);
   void AfterForward(Turn& turn, float* logits);
   void SampleNext(Turn& turn, float* logits);  // logits are overwritten
+  // The logprob of `id` (and turn.req.top_logprobs alternatives) from turn.raw_logits.
+  TokenLogprob Logprob(const Turn& turn, int32_t id) const;
   void FinishTurn(Turn& turn, absl::Status status);
   void EndTurn(Turn& turn);  // removes it from active_, frees the session's busy flag
 

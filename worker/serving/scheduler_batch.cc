@@ -3,6 +3,7 @@
 // bookkeeping, sampling and stop checks.
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -362,6 +363,36 @@ void Scheduler::AfterForward(Turn& t, float* logits) {
   SampleNext(t, logits);
 }
 
+TokenLogprob Scheduler::Logprob(const Turn& t, int32_t id) const {
+  const std::vector<float>& raw = t.raw_logits;
+  const float max = *std::max_element(raw.begin(), raw.end());
+  double sum = 0;
+  for (float v : raw) sum += std::exp(static_cast<double>(v - max));
+  const double log_z = max + std::log(sum);
+  // The token before `id`: its bytes can depend on it (a SentencePiece space after BOS).
+  const int32_t prev = !t.generated.empty() ? t.generated.back()
+                       : t.prompt.empty()   ? -1
+                                            : t.prompt.back();
+  TokenLogprob lp;
+  lp.logprob = static_cast<float>(raw[id] - log_z);
+  lp.token = tokenizer_.TokenBytes(prev, id);
+  const int top = std::min<int>(t.req.top_logprobs, static_cast<int>(raw.size()));
+  if (top > 0) {
+    // Most likely first; equal logits rank the lower id first (as the greedy pick).
+    std::vector<int32_t> order(raw.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(
+        order.begin(), order.begin() + top, order.end(),
+        [&raw](int32_t a, int32_t b) { return raw[a] > raw[b] || (raw[a] == raw[b] && a < b); });
+    for (int i = 0; i < top; ++i) {
+      lp.top_ids.push_back(order[i]);
+      lp.top_logprobs.push_back(static_cast<float>(raw[order[i]] - log_z));
+      lp.top_tokens.push_back(tokenizer_.TokenBytes(prev, order[i]));
+    }
+  }
+  return lp;
+}
+
 void Scheduler::SampleNext(Turn& t, float* logits) {
   Session& s = *t.session;
   const int vocab = model_.config.vocab_size;
@@ -392,19 +423,13 @@ void Scheduler::SampleNext(Turn& t, float* logits) {
     t.done = true;
     return;
   }
-  float logprob = 0;
-  if (t.req.logprobs) {
-    const std::vector<float>& raw = t.raw_logits;
-    const float max = *std::max_element(raw.begin(), raw.end());
-    double sum = 0;
-    for (float v : raw) sum += std::exp(static_cast<double>(v - max));
-    logprob = static_cast<float>(raw[id] - max - std::log(sum));
-  }
+  TokenLogprob logprob;
+  if (t.req.logprobs) logprob = Logprob(t, id);
   t.generated.push_back(id);
   t.next = id;
   metrics_->generated_tokens->Increment();
   const bool stopped = t.stop_text.Append(t.decoder->Next(id));
-  t.stream->PushToken(id, t.req.logprobs, logprob, t.stop_text.TakeReady());
+  t.stream->PushToken(id, t.stop_text.TakeReady(), t.req.logprobs ? &logprob : nullptr);
   if (stopped) {
     t.finish = TurnFinish::kStop;
     t.done = true;

@@ -12,7 +12,7 @@ namespace recall::serving {
 struct Collected {
   absl::Status status;
   std::vector<int32_t> token_ids;
-  std::vector<float> logprobs;  // when requested
+  std::vector<TokenLogprob> logprobs;  // when requested
   std::string text;
   TurnSummary summary;
   int updates = 0;

@@ -128,6 +128,13 @@ absl::Status ValidateTurnRequest(const TurnRequest& r, const TurnLimits& limits,
     return Invalid("sampling.max_tokens",
                    absl::StrCat("must be in [1, ", limits.max_tokens, "], got ", r.max_tokens));
   }
+  if (r.top_logprobs < 0 || r.top_logprobs > kMaxTopLogprobs) {
+    return Invalid("sampling.top_logprobs",
+                   absl::StrCat("must be in [0, ", kMaxTopLogprobs, "], got ", r.top_logprobs));
+  }
+  if (r.top_logprobs > 0 && !r.logprobs) {
+    return Invalid("sampling.top_logprobs", "needs sampling.logprobs");
+  }
   if (r.stop.size() > limits.max_stop_strings) {
     return Invalid("sampling.stop",
                    absl::StrCat(r.stop.size(), " stop strings; at most ", limits.max_stop_strings));

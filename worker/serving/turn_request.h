@@ -59,6 +59,7 @@ struct TurnRequest {
   int max_tokens = 256;
   std::vector<std::string> stop;  // extra stop strings
   bool logprobs = false;
+  int top_logprobs = 0;  // with logprobs: the most likely tokens at each place, at most 20
   CacheRequest cache;
   // Failover: reply tokens the client already has; fed after the prompt, not re-streamed.
   std::vector<int32_t> resume_tokens;
@@ -94,6 +95,8 @@ inline constexpr float kMaxLogitBias = 100.0f;
 inline constexpr int kMaxLogitBiasTokens = 1024;
 // frequency_penalty, presence_penalty: in [-kMaxReplyPenalty, kMaxReplyPenalty] (OpenAI's).
 inline constexpr float kMaxReplyPenalty = 2.0f;
+// top_logprobs: at most this many alternatives per token (OpenAI's limit).
+inline constexpr int kMaxTopLogprobs = 20;
 absl::Status ValidateSampling(const kernels::SamplingParams& s, const std::string& prefix,
                               int vocab_size = std::numeric_limits<int>::max());
 

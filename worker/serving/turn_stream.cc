@@ -16,13 +16,13 @@ const char* TurnFinishName(TurnFinish finish) {
   return "?";
 }
 
-void TurnStream::PushToken(int32_t id, bool has_logprob, float logprob, std::string_view text) {
+void TurnStream::PushToken(int32_t id, std::string_view text, TokenLogprob* logprob) {
   bool notify;
   {
     absl::MutexLock lock(&mu_);
     if (finished_) return;
     pending_.token_ids.push_back(id);
-    if (has_logprob) pending_.logprobs.push_back(logprob);
+    if (logprob != nullptr) pending_.logprobs.push_back(std::move(*logprob));
     pending_.text.append(text);
     notify = has_listener_;
   }

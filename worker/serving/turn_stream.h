@@ -50,9 +50,20 @@ struct TurnSummary {
   std::string text;  // the whole reply
 };
 
+// A sampled token's log probability under the model's distribution (before temperature and
+// the other sampling transforms), its bytes in the reply (UTF-8 may be split over tokens),
+// and the most likely tokens at its place, most likely first (TurnRequest.top_logprobs).
+struct TokenLogprob {
+  float logprob = 0;
+  std::string token;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_logprobs;
+  std::vector<std::string> top_tokens;
+};
+
 struct TurnUpdate {
   std::vector<int32_t> token_ids;
-  std::vector<float> logprobs;  // one per token when requested
+  std::vector<TokenLogprob> logprobs;  // one per token when requested
   std::string text;
   bool done = false;  // then `status` and (if ok) `summary` are final
   absl::Status status;
@@ -63,8 +74,8 @@ class TurnStream {
  public:
   // ---- Engine side.
   // A sampled token with the text it releases (possibly empty), in one update so a reader
-  // that keeps up gets one message per token. has_logprob: logprob is requested.
-  void PushToken(int32_t id, bool has_logprob, float logprob, std::string_view text);
+  // that keeps up gets one message per token. logprob: when requested (moved from).
+  void PushToken(int32_t id, std::string_view text, TokenLogprob* logprob = nullptr);
   void PushText(std::string_view text);
   // The end: an error status, or OK with the summary. Later pushes are ignored.
   void Finish(absl::Status status, TurnSummary summary = {});

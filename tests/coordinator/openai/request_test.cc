@@ -157,8 +157,10 @@ INSTANTIATE_TEST_SUITE_P(
                 "must be in [-2, 2], got -3"},
         Refusal{Chat(R"("presence_penalty": "high")"), "presence_penalty", "must be a number"},
         Refusal{Chat(R"("n": 2)"), "n", "only 1 is supported, got 2"},
-        Refusal{Chat(R"("logprobs": true)"), "logprobs", "is not supported"},
-        Refusal{Chat(R"("top_logprobs": 2)"), "top_logprobs", "is not supported"},
+        Refusal{Chat(R"("logprobs": 1)"), "logprobs", "must be true or false, got number"},
+        Refusal{Chat(R"("top_logprobs": 2)"), "top_logprobs", "needs \"logprobs\": true"},
+        Refusal{Chat(R"("logprobs": true, "top_logprobs": 21)"), "top_logprobs",
+                "must be in [0, 20], got 21"},
         Refusal{Chat(R"("tools": [{"type": "function"}])"), "tools", "no tool calling"},
         Refusal{Chat(R"("response_format": {"type": "json_object"})"), "response_format.type",
                 "only \"text\" is supported, got \"json_object\""},
@@ -181,6 +183,23 @@ TEST(CompletionRequestTest, APromptOfOneStringAndTheSharedSampling) {
   EXPECT_FLOAT_EQ(r->sampling.temperature(), 0.0f);
   EXPECT_TRUE(r->stream);
   EXPECT_FALSE(r->include_usage);
+  EXPECT_FALSE(r->sampling.has_logprobs()) << "null: none";
+  absl::StatusOr<CompletionRequest> two =
+      ParseCompletionRequest(R"({"prompt": "a", "logprobs": 2})", Limits());
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_TRUE(two->sampling.logprobs());
+  EXPECT_EQ(two->sampling.top_logprobs(), 2);
+}
+
+TEST(ChatRequestTest, LogprobsAndTopLogprobs) {
+  absl::StatusOr<ChatRequest> none = ParseChatRequest(Chat(R"("logprobs": false)"), Limits());
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_FALSE(none->sampling.has_logprobs());
+  absl::StatusOr<ChatRequest> r =
+      ParseChatRequest(Chat(R"("logprobs": true, "top_logprobs": 3)"), Limits());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->sampling.logprobs());
+  EXPECT_EQ(r->sampling.top_logprobs(), 3);
 }
 
 TEST(CompletionRequestTest, RefusesWhatItDoesNotDo) {
@@ -193,7 +212,8 @@ TEST(CompletionRequestTest, RefusesWhatItDoesNotDo) {
       {R"({"prompt": "a", "echo": true})", "echo"},
       {R"({"prompt": "a", "suffix": "b"})", "suffix"},
       {R"({"prompt": "a", "best_of": 3})", "best_of"},
-      {R"({"prompt": "a", "logprobs": 2})", "logprobs"},
+      {R"({"prompt": "a", "logprobs": 6})", "logprobs"},
+      {R"({"prompt": "a", "logprobs": true})", "logprobs"},
       {R"({"prompt": "a", "temperature": 9})", "temperature"},
   };
   for (const auto& [body, param] : cases) {

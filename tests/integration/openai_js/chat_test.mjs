@@ -3,7 +3,8 @@
 // whole list each turn, naming its session with the X-Session-Id header the first reply
 // carried, then without it (matched by its list); usage and finish reasons; the cache reused
 // on later turns (cached_tokens > 0); a request sent again with its Idempotency-Key answered
-// from the store; a completion; an error the SDK raises with its status and param. Prints
+// from the store; a completion; logprobs with alternatives (a streamed chat and a
+// completion); an error the SDK raises with its status and param. Prints
 // PASS/FAIL per check; exits 1 if any failed.
 import OpenAI from 'openai';
 
@@ -98,6 +99,40 @@ try {
                                                        max_tokens: 8, temperature: 0 });
   check(completion.choices[0].text.length > 0 && completion.usage.completion_tokens === 8,
         'completions.create: text and usage', JSON.stringify(completion));
+
+  // Logprobs, streamed: one entry per token over the chunks, each with its alternatives; the
+  // greedy token is the most likely one; the entries' bytes spell the reply.
+  const lpStream = await client.chat.completions.create({
+    model, messages: [{ role: 'user', content: 'Once upon a time' }], stream: true,
+    stream_options: { include_usage: true }, max_tokens: 12, temperature: 0, logprobs: true,
+    top_logprobs: 3 });
+  let lpText = '';
+  let lpUsage = null;
+  const entries = [];
+  for await (const chunk of lpStream) {
+    if (chunk.usage) lpUsage = chunk.usage;
+    if (chunk.choices.length === 0) continue;
+    lpText += chunk.choices[0].delta?.content ?? '';
+    entries.push(...(chunk.choices[0].logprobs?.content ?? []));
+  }
+  const spelled = Buffer.from(entries.flatMap((e) => e.bytes)).toString('utf8');
+  check(entries.length === lpUsage?.completion_tokens && entries.length > 0 &&
+        entries.every((e) => e.top_logprobs.length === 3 && e.logprob <= 0 &&
+                             e.top_logprobs[0].token === e.token &&
+                             e.top_logprobs[0].logprob === e.logprob) &&
+        spelled === lpText,
+        'chat logprobs (streamed): one per token, 3 alternatives, the greedy one first, bytes ' +
+        'spell the reply', JSON.stringify({ lpText, spelled, usage: lpUsage, first: entries[0] }));
+
+  const lpCompletion = await client.completions.create({ model, prompt: 'Once upon a time',
+                                                         max_tokens: 8, temperature: 0,
+                                                         logprobs: 2 });
+  const lp = lpCompletion.choices[0].logprobs;
+  check(lp?.tokens.length === 8 && lp.token_logprobs.length === 8 &&
+        lp.top_logprobs.every((t) => Object.keys(t).length >= 1 && Object.keys(t).length <= 2) &&
+        lp.tokens.join('') === lpCompletion.choices[0].text && lp.text_offset[0] === 0,
+        'completions logprobs: tokens, token_logprobs, top_logprobs, text_offset',
+        JSON.stringify(lpCompletion.choices[0]));
 
   try {
     await client.chat.completions.create({ model, messages, temperature: 7 });

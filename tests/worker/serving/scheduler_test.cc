@@ -4,6 +4,7 @@
 // the gRPC surface is tested end to end in tests/integration.
 #include "worker/serving/scheduler.h"
 
+#include <cmath>
 #include <functional>
 #include <thread>
 
@@ -132,6 +133,43 @@ TEST_F(SchedulerTest, SeededSamplingIsTheSamePickedWhereTheLogitsAreOrOnTheHost)
   EXPECT_TRUE(picked.logprobs.empty());
   EXPECT_EQ(picked.token_ids, host.token_ids);
   EXPECT_NE(other.token_ids, host.token_ids) << "another seed samples other tokens";
+}
+
+// Logprobs with alternatives: per token, the top_logprobs most likely tokens, most likely
+// first, the sampled one first when greedy, each a log probability (<= 0, summing to <= 1);
+// the tokens' bytes make up the reply's text.
+TEST_F(SchedulerTest, TopLogprobsRankTheAlternativesAndSpellTheReply) {
+  Start(512);
+  TurnRequest r = Turn("lp", "Lily had a red ball", 16);
+  r.sampling.temperature = 0;
+  r.logprobs = true;
+  r.top_logprobs = 5;
+  const Collected c = Run(std::move(r));
+  ASSERT_TRUE(c.status.ok()) << c.status;
+  ASSERT_EQ(c.logprobs.size(), c.token_ids.size());
+  ASSERT_FALSE(c.token_ids.empty());
+  std::string spelled;
+  for (size_t i = 0; i < c.logprobs.size(); ++i) {
+    const TokenLogprob& lp = c.logprobs[i];
+    SCOPED_TRACE(i);
+    ASSERT_EQ(lp.top_ids.size(), 5u);
+    ASSERT_EQ(lp.top_logprobs.size(), 5u);
+    ASSERT_EQ(lp.top_tokens.size(), 5u);
+    EXPECT_EQ(lp.top_ids[0], c.token_ids[i]) << "greedy picks the most likely";
+    EXPECT_EQ(lp.top_logprobs[0], lp.logprob);
+    EXPECT_EQ(lp.top_tokens[0], lp.token);
+    double mass = 0;
+    for (size_t k = 0; k < 5; ++k) {
+      EXPECT_LE(lp.top_logprobs[k], 0.0f);
+      if (k > 0) {
+        EXPECT_LE(lp.top_logprobs[k], lp.top_logprobs[k - 1]);
+      }
+      mass += std::exp(static_cast<double>(lp.top_logprobs[k]));
+    }
+    EXPECT_LE(mass, 1.0 + 1e-5);
+    spelled += lp.token;
+  }
+  EXPECT_EQ(spelled, c.text);
 }
 
 TEST_F(SchedulerTest, FollowUpTurnPrefillsOnlyItsNewTokens) {

@@ -17,9 +17,9 @@ TEST(TurnStreamTest, TheListenerIsCalledForEveryUpdateAndNotAfterTheEnd) {
   TurnStream stream;
   int calls = 0;
   stream.SetListener([&] { ++calls; });
-  stream.PushToken(1, false, 0, "a");
+  stream.PushToken(1, "a");
   EXPECT_EQ(calls, 1);
-  stream.PushToken(2, false, 0, "");
+  stream.PushToken(2, "");
   EXPECT_EQ(calls, 2);
   stream.PushText("tail");
   EXPECT_EQ(calls, 3);
@@ -28,7 +28,7 @@ TEST(TurnStreamTest, TheListenerIsCalledForEveryUpdateAndNotAfterTheEnd) {
   stream.Finish(absl::OkStatus());
   EXPECT_EQ(calls, 4);
   // After the end, pushes are ignored and nobody is told.
-  stream.PushToken(3, false, 0, "x");
+  stream.PushToken(3, "x");
   stream.PushText("y");
   stream.Finish(absl::CancelledError("late"));
   EXPECT_EQ(calls, 4);
@@ -44,7 +44,7 @@ TEST(TurnStreamTest, TheListenerIsCalledForEveryUpdateAndNotAfterTheEnd) {
 
 TEST(TurnStreamTest, AListenerSetWithAnUpdatePendingIsCalledAtOnce) {
   TurnStream stream;
-  stream.PushToken(7, false, 0, "seven");
+  stream.PushToken(7, "seven");
   int calls = 0;
   stream.SetListener([&] { ++calls; });
   EXPECT_EQ(calls, 1);
@@ -70,12 +70,15 @@ TEST(TurnStreamTest, TheListenerMayTakeTheUpdateItIsToldAbout) {
     ASSERT_TRUE(stream.TryNext(&u));
     taken.push_back(std::move(u));
   });
-  stream.PushToken(1, true, -0.5f, "one");
+  TokenLogprob lp{-0.5f, "one", {1, 4}, {-0.5f, -2.0f}, {"one", "four"}};
+  stream.PushToken(1, "one", &lp);
   stream.PushText(" more");
   stream.Finish(absl::InvalidArgumentError("bad"));
   ASSERT_EQ(taken.size(), 3u);
   EXPECT_EQ(taken[0].token_ids, (std::vector<int32_t>{1}));
-  EXPECT_EQ(taken[0].logprobs, (std::vector<float>{-0.5f}));
+  ASSERT_EQ(taken[0].logprobs.size(), 1u);
+  EXPECT_EQ(taken[0].logprobs[0].logprob, -0.5f);
+  EXPECT_EQ(taken[0].logprobs[0].top_tokens, (std::vector<std::string>{"one", "four"}));
   EXPECT_EQ(taken[0].text, "one");
   EXPECT_TRUE(taken[1].token_ids.empty());
   EXPECT_EQ(taken[1].text, " more");
@@ -113,7 +116,7 @@ TEST(TurnStreamTest, AReaderWokenOnlyByTheListenerGetsEveryTokenOnceInOrder) {
       }
     }
   });
-  for (int i = 0; i < kTokens; ++i) stream.PushToken(i, false, 0, "");
+  for (int i = 0; i < kTokens; ++i) stream.PushToken(i, "");
   stream.Finish(absl::OkStatus());
   reader.join();
   EXPECT_EQ(ends, 1);
