@@ -37,12 +37,19 @@ inline std::unique_ptr<serving::Scheduler> StartCompactLazy(runtime::Engine& eng
 
 // The most KV bytes such a session may hold: budget + window + one chunk (+ the token being
 // fed), in whole blocks, in every layer and rank, with lazy's ts and mri per slot of every
-// (layer, KV head).
-inline int64_t CompactLazyBound(const model::ModelConfig& c, int64_t block_bytes, int tp) {
+// (layer, KV head). on_backend: the evictor steps on a GPU, whose copy of ts and mri
+// (LazyBackendState, beside the host's) has a power-of-two capacity of at least 64 slots.
+inline int64_t CompactLazyBound(const model::ModelConfig& c, int64_t block_bytes, int tp,
+                                bool on_backend = false) {
   const int tokens = kCompactBudget + kCompactWindow + kCompactChunk + 1;
-  const int64_t state = int64_t{c.n_layers} * c.n_kv_heads *
-                        cache::eviction::HeadStateBytesBound(
-                            cache::eviction::kTsArray | cache::eviction::kMriArray, tokens);
+  const int64_t rows = int64_t{c.n_layers} * c.n_kv_heads;
+  int64_t state = rows * cache::eviction::HeadStateBytesBound(
+                             cache::eviction::kTsArray | cache::eviction::kMriArray, tokens);
+  if (on_backend) {
+    int64_t cap = 64;
+    while (cap < tokens) cap *= 2;
+    state += 2 * rows * cap * static_cast<int64_t>(sizeof(int32_t));
+  }
   return int64_t{(tokens + 15) / 16} * c.n_layers * block_bytes * tp + state;
 }
 

@@ -63,7 +63,8 @@ TEST_F(CudaServingTest, ACompactSessionGoesOnPastTheContextOnTheGpu) {
   ASSERT_NE(gpu, nullptr);
   ASSERT_NE(cpu, nullptr);
   const model::ModelConfig& c = model_->config;
-  const int64_t bound = testing::CompactLazyBound(c, engines_[0]->pool(0).block_bytes(), 1);
+  const int64_t bound = testing::CompactLazyBound(c, engines_[0]->pool(0).block_bytes(), 1,
+                                                  /*on_backend=*/true);
   int64_t consumed = 0;
   int same = 0;
   for (int turn = 0; turn < 30; ++turn) {
