@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "cli/sampling_flags.h"
 #include "client/client.h"
 #include "common/flags.h"
 #include "common/status.h"
@@ -190,8 +191,7 @@ struct ChatOptions {
   std::string session;  // continue it instead of starting one
   std::string system;
   int max_tokens = 256;
-  std::optional<double> temperature;  // the server's default (1.0) when unset
-  std::optional<int64_t> seed;
+  SamplingFlags sampling;       // unset: the server's defaults
   serving::CacheRequest cache;  // a new session's cache settings
 };
 
@@ -210,11 +210,8 @@ const flags::FlagSet<ChatOptions>& ChatFlags() {
         .Int(
             "max-tokens", "N", "per reply (default 256)",
             [](auto& o) -> auto& { return o.max_tokens; }, 1, 1 << 20)
-        .Double(
-            "temperature", "T", "default 1.0, the server's (0 = greedy)",
-            [](auto& o) -> auto& { return o.temperature; }, 0, 100)
-        .Int(
-            "seed", "N", "sampling seed", [](auto& o) -> auto& { return o.seed; }, 0, INT64_MAX)
+        .Include(
+            SamplingFlagSet(), [](auto& o) -> auto& { return o.sampling; })
         .Include(
             service::SessionCacheFlags(), [](auto& o) -> auto& { return o.cache; })
         .Short('n', "max-tokens")
@@ -267,8 +264,7 @@ absl::Status Chat(const ChatOptions& o) {
   RECALL_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(o.connect));
   v1::SamplingParams sampling;
   sampling.set_max_tokens(o.max_tokens);
-  if (o.temperature.has_value()) sampling.set_temperature(static_cast<float>(*o.temperature));
-  if (o.seed.has_value()) sampling.set_seed(static_cast<uint64_t>(*o.seed));
+  ApplySampling(o.sampling, &sampling);
   v1::CreateSessionRequest create;
   create.set_system_prompt(o.system);
   ToProto(o.cache, create.mutable_cache());

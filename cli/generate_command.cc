@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "cli/sampling_flags.h"
 #include "common/flags.h"
 #include "common/status.h"
 #include "kernels/sampling_params.h"
@@ -40,13 +41,7 @@ struct GenerateCliOptions {
   model::LoadOptions model;
   std::string prompt;
   int max_tokens = 256;
-  double temperature = 1.0;
-  double top_p = 1.0;
-  int top_k = 0;
-  double repetition_penalty = 1.0;
-  double frequency_penalty = 0.0;
-  double presence_penalty = 0.0;
-  std::optional<int64_t> seed;  // default: from the clock
+  SamplingFlags sampling;  // unset: kernels::SamplingParams' defaults; the seed from the clock
   std::vector<std::string> stop;
   bool chat = false;
   std::optional<std::string> chat_format;
@@ -75,29 +70,6 @@ const flags::FlagSet<GenerateCliOptions>& GenerateFlags() {
         .Int(
             "max-tokens", "N", "tokens to generate at most (default 256)",
             [](auto& o) -> auto& { return o.max_tokens; }, 1, 1 << 20)
-        .Double(
-            "temperature", "T", "0 = greedy (default 1.0)",
-            [](auto& o) -> auto& { return o.temperature; }, 0, 100)
-        .Double(
-            "top-p", "P", "nucleus sampling mass in (0, 1] (default 1.0: off)",
-            [](auto& o) -> auto& { return o.top_p; }, 1e-6, 1)
-        .Int(
-            "top-k", "K", "keep the K most likely tokens, 0 = off (default 0)",
-            [](auto& o) -> auto& { return o.top_k; }, 0, 1 << 20)
-        .Double(
-            "repetition-penalty", "R", "> 1 discourages repeats (default 1.0)",
-            [](auto& o) -> auto& { return o.repetition_penalty; }, 1e-3, 100)
-        .Double(
-            "frequency-penalty", "X",
-            "subtract X x (times a token occurred in the output) from its logit (default 0)",
-            [](auto& o) -> auto& { return o.frequency_penalty; }, -2, 2)
-        .Double(
-            "presence-penalty", "X",
-            "subtract X from the logit of a token that occurred in the output (default 0)",
-            [](auto& o) -> auto& { return o.presence_penalty; }, -2, 2)
-        .Int(
-            "seed", "S", "sampling seed (default: from the clock)",
-            [](auto& o) -> auto& { return o.seed; }, 0, INT64_MAX)
         .List(
             "stop", "TEXT", "stop before this text (repeatable)",
             [](auto& o) -> auto& { return o.stop; })
@@ -118,6 +90,8 @@ const flags::FlagSet<GenerateCliOptions>& GenerateFlags() {
         .Switch(
             "stats", "print token counts, speed, KV bytes and evictions to stderr",
             [](auto& o) -> auto& { return o.stats; })
+        .Include(
+            SamplingFlagSet(), [](auto& o) -> auto& { return o.sampling; })
         .Include(
             service::EngineFlags(), [](auto& o) -> auto& { return o.engine; })
         .Include(service::SessionCacheFlags(), [](auto& o) -> auto& { return o.cache; },
@@ -177,14 +151,9 @@ absl::Status Run(GenerateCliOptions o) {
 
   offline::GenerateOptions options;
   options.max_tokens = o.max_tokens;
-  options.sampling.temperature = static_cast<float>(o.temperature);
-  options.sampling.top_p = static_cast<float>(o.top_p);
-  options.sampling.top_k = o.top_k;
-  options.sampling.repetition_penalty = static_cast<float>(o.repetition_penalty);
-  options.sampling.frequency_penalty = static_cast<float>(o.frequency_penalty);
-  options.sampling.presence_penalty = static_cast<float>(o.presence_penalty);
   options.sampling.seed = static_cast<uint64_t>(
-      o.seed.value_or(std::chrono::steady_clock::now().time_since_epoch().count() & 0x7fffffff));
+      std::chrono::steady_clock::now().time_since_epoch().count() & 0x7fffffff);
+  ApplySampling(o.sampling, &options.sampling);
   options.stop_strings = o.stop;
   options.eviction = spec.evictor;
   options.positions = spec.positions;

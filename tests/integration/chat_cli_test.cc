@@ -64,6 +64,32 @@ TEST(ChatCliTest, PipedTranscriptAndARefusedTurn) {
   EXPECT_NE(refused.err.find("context length is 512"), std::string::npos) << refused.err;
 }
 
+// The sampling flags `recall generate` has reach the server from `recall chat` too: greedy
+// penalties change the reply; a value out of range is a usage error naming the flag.
+TEST(ChatCliTest, SamplingFlagsReachTheServer) {
+  RECALL_REQUIRE_SHARED_FILE(kModel);
+  const std::string dir = testing::MakeTempDir("chat_cli_sampling");
+  ServerProcess worker, coordinator;
+  std::string error;
+  const std::string address = testing::StartServe(dir, worker, coordinator, &error);
+  ASSERT_FALSE(address.empty()) << error;
+  const std::string input = "Once upon a time\n/quit\n";
+  ChatRun plain = RunChat(dir, address, input, "--max-tokens 24");
+  ChatRun penalized =
+      RunChat(dir, address, input, "--max-tokens 24 --frequency-penalty 2 --presence-penalty 1");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  ASSERT_EQ(penalized.exit_code, 0) << penalized.err;
+  EXPECT_NE(penalized.out, plain.out);
+  EXPECT_EQ(
+      RunChat(dir, address, input, "--max-tokens 24 --frequency-penalty 2 --presence-penalty 1")
+          .out,
+      penalized.out)
+      << "greedy: the same again";
+  ChatRun bad = RunChat(dir, address, input, "--top-p 0");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("--top-p"), std::string::npos) << bad.err;
+}
+
 // /stats shows the last reply's memory: its KV bytes, the eviction policy's state among them
 // (lazy keeps ts and mri per slot), and the turn's peak.
 TEST(ChatCliTest, StatsShowTheKvBytesAndThePolicysState) {

@@ -1,0 +1,33 @@
+// The sampling flags `recall generate` and `recall chat` share. An unset flag leaves the
+// default of whoever samples: the engine's for generate (kernels::SamplingParams), the
+// server's for chat (worker.proto's SamplingParams).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "common/flags.h"
+#include "kernels/sampling_params.h"
+#include "recall/v1/worker.pb.h"
+
+namespace recall::cli {
+
+struct SamplingFlags {
+  std::optional<double> temperature;
+  std::optional<double> top_p;
+  std::optional<int> top_k;
+  std::optional<double> repetition_penalty;
+  std::optional<double> frequency_penalty;
+  std::optional<double> presence_penalty;
+  std::optional<int64_t> seed;
+};
+
+// --temperature, --top-p, --top-k, --repetition-penalty, --frequency-penalty,
+// --presence-penalty, --seed, with the ranges the worker checks.
+const flags::FlagSet<SamplingFlags>& SamplingFlagSet();
+
+// The flags given, onto `out` (the other fields are left as they are).
+void ApplySampling(const SamplingFlags& f, kernels::SamplingParams* out);
+void ApplySampling(const SamplingFlags& f, v1::SamplingParams* out);
+
+}  // namespace recall::cli
