@@ -275,6 +275,42 @@ TEST_F(CoordinatorTest, SamplingWithoutASeedDrawsAFreshOne) {
   EXPECT_EQ(seeded.size(), 1u);
 }
 
+// Logprobs over gRPC through the coordinator (its journal merges the events it forwards):
+// one TokenLogprob per token, with the alternatives asked for, the greedy token first.
+TEST_F(CoordinatorTest, ConverseCarriesEachTokensLogprobAndAlternatives) {
+  const std::string id = Create();
+  grpc::ClientContext ctx;
+  Auth(&ctx, "key-a");
+  v1::ConverseRequest req;
+  req.set_session_id(id);
+  req.set_message("Once upon a time");
+  req.mutable_sampling()->set_temperature(0);
+  req.mutable_sampling()->set_max_tokens(12);
+  req.mutable_sampling()->set_logprobs(true);
+  req.mutable_sampling()->set_top_logprobs(4);
+  auto reader = stub_->Converse(&ctx, req);
+  v1::ConverseEvent ev;
+  std::vector<int32_t> tokens;
+  std::vector<v1::TokenLogprob> logprobs;
+  std::string text, spelled;
+  while (reader->Read(&ev)) {
+    tokens.insert(tokens.end(), ev.tokens().token_ids().begin(), ev.tokens().token_ids().end());
+    logprobs.insert(logprobs.end(), ev.tokens().token_logprobs().begin(),
+                    ev.tokens().token_logprobs().end());
+    text += ev.tokens().text();
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  ASSERT_EQ(logprobs.size(), tokens.size());
+  ASSERT_FALSE(tokens.empty());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    ASSERT_EQ(logprobs[i].top_ids_size(), 4) << i;
+    EXPECT_EQ(logprobs[i].top_ids(0), tokens[i]) << i;
+    EXPECT_EQ(logprobs[i].top_logprobs(0), logprobs[i].logprob()) << i;
+    spelled += logprobs[i].token();
+  }
+  EXPECT_EQ(spelled, text);
+}
+
 TEST_F(CoordinatorTest, SessionsSurviveACoordinatorRestart) {
   const std::string id = Create();
   ASSERT_TRUE(Say(id, "Once upon a time").status.ok());
