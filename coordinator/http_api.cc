@@ -505,9 +505,15 @@ void HttpApi::Completions(const httplib::Request& req, httplib::Response& res) {
 void HttpApi::RenewLease(Reply& reply, const std::string& tenant, const std::string& key) {
   if (!reply.running.has_value()) return;
   const int64_t now = UnixMillis();
-  if (reply.running->reply.lease_unix_ms - now > kCompletionLeaseMs / 2) return;
-  reply.running->reply.lease_unix_ms = now + kCompletionLeaseMs;
+  if (reply.running->reply.lease_unix_ms - now > options_.completion_lease_ms / 2) return;
+  reply.running->reply.lease_unix_ms = now + options_.completion_lease_ms;
   idempotency_.PutCompletion(tenant, key, *reply.running);
+}
+
+HttpTurn::Update HttpApi::NextUpdate(Reply& reply) {
+  HttpTurn::Update u = reply.turn->Next(absl::Milliseconds(options_.completion_lease_ms / 4));
+  RenewLease(reply, reply.tenant, reply.key);
+  return u;
 }
 
 void HttpApi::Respond(std::shared_ptr<Reply> reply, bool stream, httplib::Response& res) {
@@ -527,7 +533,8 @@ void HttpApi::Respond(std::shared_ptr<Reply> reply, bool stream, httplib::Respon
   if (stopping) reply->turn->Cancel();
   // Wait for the first text or the end: a turn that fails before any text gets its HTTP
   // status (a stream's status line goes out with its first event).
-  HttpTurn::Update first = reply->turn->Next();
+  HttpTurn::Update first = NextUpdate(*reply);
+  while (first.text.empty() && first.logprobs.empty() && !first.ended) first = NextUpdate(*reply);
   if (!stream || first.ended) {
     const absl::Status st = Conclude(*reply, /*cancel=*/false);
     if (!st.ok()) {
@@ -574,8 +581,7 @@ bool HttpApi::Pump(Reply& reply, httplib::DataSink& sink) {
   bool ok = write(reply.writer.First());
   if (ok) ok = delta(reply.first_text, reply.first_logprobs);
   while (ok && !reply.concluded) {
-    HttpTurn::Update u = reply.turn->Next();
-    RenewLease(reply, reply.tenant, reply.key);
+    HttpTurn::Update u = NextUpdate(reply);
     ok = delta(u.text, u.logprobs);
     if (u.ended) break;
   }
@@ -598,7 +604,8 @@ absl::Status HttpApi::Conclude(Reply& reply, bool cancel) {
   if (reply.concluded) return reply.concluded_status;
   reply.concluded = true;
   if (cancel) reply.turn->Cancel();
-  while (!reply.turn->Next().ended) RenewLease(reply, reply.tenant, reply.key);
+  while (!NextUpdate(reply).ended) {
+  }
   {
     absl::MutexLock lock(&mu_);
     running_.erase(reply.turn);

@@ -37,7 +37,7 @@
 // and its seed), so a request sent again gets the completion replayed, or, when it broke off,
 // resumed with the same draws (the part sent first); 409 while it runs; 400 for the key with
 // another prompt. While it runs its record is in progress under a lease that its coordinator
-// renews as the completion streams (kCompletionLeaseMs): another coordinator answers 409, or,
+// renews while the completion runs (completion_lease_ms): another coordinator answers 409, or,
 // once the lease has passed (the coordinator died), resumes it with the same seed.
 //
 // Threads: cpp-httplib serves each connection on a thread of its pool (`threads`). A
@@ -61,6 +61,7 @@
 #include "common/metrics/registry.h"
 #include "coordinator/auth.h"
 #include "coordinator/conversations.h"
+#include "coordinator/http_turn.h"
 #include "coordinator/idempotency_keys.h"
 #include "coordinator/openai/request.h"
 #include "coordinator/openai/response.h"
@@ -76,8 +77,6 @@ struct Response;
 
 namespace recall::coordinator {
 
-class HttpTurn;
-
 struct HttpOptions {
   std::string listen;             // HOST:PORT (port 0 picks one); REQUIRES: not empty
   int threads = 64;               // connections served at once
@@ -85,6 +84,9 @@ struct HttpOptions {
   std::string tls_client_ca;      // require client certificates signed by this CA (mTLS)
   size_t max_body_bytes = 64 << 20;
   size_t index_entries = 100000;  // transcripts remembered for requests naming no session
+  // A keyed completion's record stays in progress this long without a renewal; its
+  // coordinator renews it when half has passed, whether tokens arrive or not.
+  int64_t completion_lease_ms = 120'000;
 };
 
 class HttpApi {
@@ -152,9 +154,12 @@ class HttpApi {
   void Respond(std::shared_ptr<Reply> reply, bool stream, httplib::Response& res);
   // Writes a stream's events until its end; false when the client went away.
   // A keyed completion's record in progress (Reply::running) is rewritten with a new lease of
-  // kCompletionLeaseMs when half of it has passed; called as the turn's updates arrive.
-  static constexpr int64_t kCompletionLeaseMs = 120'000;
+  // completion_lease_ms when half of it has passed; called at least every quarter lease while
+  // the turn runs (NextUpdate), so a silent turn (a long prefill, a queue) keeps it too.
   void RenewLease(Reply& reply, const std::string& tenant, const std::string& key);
+  // The turn's next update, waiting at most a quarter lease (an empty update then), with the
+  // lease renewed.
+  HttpTurn::Update NextUpdate(Reply& reply);
   bool Pump(Reply& reply, httplib::DataSink& sink);
   // Ends the reply's turn (cancelled first when `cancel`), stores it (a session's turn) and
   // returns what the client should learn: the turn's error, a store error, or OK. Once.

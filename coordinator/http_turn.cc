@@ -23,13 +23,15 @@ std::shared_ptr<HttpTurn> HttpTurn::Start(
   return turn;
 }
 
-HttpTurn::Update HttpTurn::Next() {
+HttpTurn::Update HttpTurn::Next(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](HttpTurn* t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->mu_) {
-        return !t->pending_.empty() || !t->pending_logprobs_.empty() || t->ended_;
-      },
-      this));
+  mu_.AwaitWithTimeout(absl::Condition(
+                           +[](HttpTurn* t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->mu_) {
+                             return !t->pending_.empty() || !t->pending_logprobs_.empty() ||
+                                    t->ended_;
+                           },
+                           this),
+                       timeout);
   Update u;
   u.text = std::move(pending_);
   pending_.clear();

@@ -36,8 +36,9 @@ class HttpTurn final : public TurnSink, public std::enable_shared_from_this<Http
     std::vector<v1::TokenLogprob> logprobs;  // its tokens' (when requested), likewise
     bool ended = false;
   };
-  // Blocks until there is new text or logprobs, or the turn ended.
-  Update Next();
+  // Blocks until there is new text or logprobs, or the turn ended, or `timeout` passed (an
+  // empty update, not ended).
+  Update Next(absl::Duration timeout = absl::InfiniteDuration());
   // Every token's logprob received from the workers (when requested; a resumed turn's
   // stored part has none).
   std::vector<v1::TokenLogprob> logprobs() const;

@@ -48,6 +48,12 @@ const flags::FlagSet<CoordinatorConfig>& CoordinatorFlags() {
         .Int(
             "http-threads", "N", "HTTP connections served at once (default 64)",
             [](auto& o) -> auto& { return o.http_threads; }, 1, 4096)
+        .Int(
+            "completion-lease", "SECONDS",
+            "how long a keyed completion (Idempotency-Key) stays claimed by the coordinator\n"
+            "running it without a renewal; renewed while it runs, silent or not; another\n"
+            "coordinator resumes it after (default 120)",
+            [](auto& o) -> auto& { return o.completion_lease_seconds; }, 1, 86400)
         .String(
             "data-dir", "DIR", "where sessions.db lives (default .)",
             [](auto& o) -> auto& { return o.data_dir; })

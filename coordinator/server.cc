@@ -104,6 +104,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     HttpOptions http;
     http.listen = config.http_listen;
     http.threads = config.http_threads;
+    http.completion_lease_ms = int64_t{config.completion_lease_seconds} * 1000;
     http.tls_cert = config.tls_cert;
     http.tls_key = config.tls_key;
     http.tls_client_ca = config.tls_client_ca;

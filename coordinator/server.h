@@ -22,6 +22,7 @@ struct CoordinatorConfig {
   std::string listen = "127.0.0.1:50050";
   std::string http_listen;            // the OpenAI-compatible HTTP API; empty: off
   int http_threads = 64;              // HTTP connections served at once
+  int completion_lease_seconds = 120;  // a keyed completion's claim while it runs (HttpOptions)
   std::vector<std::string> workers;   // worker addresses
   std::string data_dir = ".";         // the SQLite file sessions.db lives here
   std::string store_url;              // "redis://HOST:PORT" for a shared store; empty: SQLite

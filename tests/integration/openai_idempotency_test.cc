@@ -6,6 +6,7 @@
 // naming the header; a key whose
 // turn is still running gets 409, and once that turn was interrupted (the client left) the
 // key resumes it: the whole reply, the same as the turn without the interruption.
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <string>
@@ -373,7 +374,8 @@ TEST_F(OpenAiHttpTest, UnnamedAndCompletionKeysAreFoundInTheStoreAfterARestart) 
 // sharing the Redis store, each with its HTTP API (clients ha_ and hb_).
 class OpenAiRedisTest : public ::testing::Test {
  protected:
-  void StartCluster(const std::string& name, const std::vector<std::string>& worker_args) {
+  void StartCluster(const std::string& name, const std::vector<std::string>& worker_args,
+                    const std::vector<std::string>& coordinator_args = {}) {
     dir_ = testing::MakeTempDir(name);
     ASSERT_TRUE(redis_.Start(dir_));
     std::string error;
@@ -382,11 +384,11 @@ class OpenAiRedisTest : public ::testing::Test {
     ASSERT_TRUE(worker_.Start(RECALL_WORKER_BINARY, args, dir_, &error)) << error;
     const std::string w = "127.0.0.1:" + std::to_string(worker_.port("grpc"));
     for (ServerProcess* c : {&a_, &b_}) {
-      ASSERT_TRUE(c->Start(RECALL_COORDINATOR_BINARY,
-                           {"--workers", w, "--listen", "127.0.0.1:0", "--http-listen",
-                            "127.0.0.1:0", "--store", redis_.url()},
-                           dir_, &error))
-          << error;
+      std::vector<std::string> c_args = {
+          "--workers",   w,         "--listen",  "127.0.0.1:0", "--http-listen",
+          "127.0.0.1:0", "--store", redis_.url()};
+      c_args.insert(c_args.end(), coordinator_args.begin(), coordinator_args.end());
+      ASSERT_TRUE(c->Start(RECALL_COORDINATOR_BINARY, c_args, dir_, &error)) << error;
     }
     ha_ = std::make_unique<httplib::Client>("127.0.0.1", a_.port("http"));
     hb_ = std::make_unique<httplib::Client>("127.0.0.1", b_.port("http"));
@@ -476,6 +478,43 @@ TEST_F(OpenAiRedisTest, AKeyedCompletionRunningOnOneCoordinatorIs409OnTheOther) 
   ASSERT_EQ(after.status, 200) << after.body;
   EXPECT_EQ(after.Header("Idempotent-Replayed"), "true");
   EXPECT_EQ(CompletionText(after), CompletionText(first));
+}
+
+// A keyed completion whose worker is silent for longer than the lease (a long prefill of
+// random weights of SmolLM2's shape on one thread, no token yet) keeps its claim: its
+// coordinator renews the lease while it waits, so the key sent to the other coordinator
+// meanwhile is 409, not a second run of the completion.
+TEST_F(OpenAiRedisTest, ASilentKeyedCompletionKeepsItsLease) {
+  const std::string config = testing::SharedPath("tokenizers/smollm2/config.json");
+  if (!std::filesystem::exists(config)) GTEST_SKIP() << "shared data missing: " << config;
+  if (!testing::RedisServer::Available()) GTEST_SKIP() << "redis-server is not installed";
+  StartCluster("openai_redis_silent",
+               {"--model", testing::SharedPath("tokenizers/smollm2"), "--random-weights",
+                "--kv-cache-bytes", "256M"},
+               {"--completion-lease", "2"});
+  if (HasFatalFailure()) return;
+  std::string prompt;
+  for (int i = 0; i < 250; ++i) prompt += "The cat sat on the mat by the door. ";
+  const std::string body = CompletionBody(2, false, 4, prompt);
+  const auto started = std::chrono::steady_clock::now();
+  HttpReply first;
+  std::atomic<bool> first_done{false};
+  std::thread runner([&] {
+    first = Send(*ha_, "POST", "/v1/completions", body, "", {{"Idempotency-Key", "silent-1"}});
+    first_done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(3500));  // 1.75 leases, no token yet
+  const bool still_running = !first_done;
+  const HttpReply meanwhile =
+      Send(*hb_, "POST", "/v1/completions", body, "", {{"Idempotency-Key", "silent-1"}});
+  runner.join();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  ASSERT_EQ(first.status, 200) << first.body;
+  ASSERT_TRUE(still_running) << "the prefill ended in under 3.5 s (" << seconds
+                             << " s in all): too fast to leave the worker silent";
+  EXPECT_EQ(meanwhile.status, 409) << meanwhile.body;
+  EXPECT_NE(meanwhile.body.find("another coordinator"), std::string::npos) << meanwhile.body;
 }
 
 }  // namespace
