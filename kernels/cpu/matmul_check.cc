@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -182,45 +183,40 @@ absl::Status CheckAgainstWidened(Backend& backend, Backend& cpu, const Matrix& d
   Memory& memory = backend.memory();
   const int most = std::max(1, std::min(backend.BatchInvariantRows(), 64));
   const int64_t rows = device.rows, cols = device.cols;
-  const std::vector<float> x = Values(static_cast<size_t>(most * cols), x_seed);
-  RECALL_ASSIGN_OR_RETURN(Staged dx, Staged::Of(memory, x.data(), x.size() * sizeof(float)));
-  std::vector<float> want(static_cast<size_t>(most * rows));
-  cpu.MatMul(x.data(), most, Matrix{widened.data(), DType::kF32, rows, cols}, want.data());
-  const std::vector<float> nan(want.size(), NAN);
-  RECALL_ASSIGN_OR_RETURN(Staged all, Staged::Of(memory, nan.data(), nan.size() * sizeof(float)));
-  backend.MatMul(dx.f(), most, device, all.f());
-  const std::vector<float> got = all.Download();
-  RECALL_RETURN_IF_ERROR(backend.Health());
-  if (const double err = RowError(got, want, rows); !(err <= limit)) {
-    return absl::InternalError(absl::StrCat(who, "MatMul of ", most, " rows of ", shape,
-                                            " is off the widened weights' product by ", err,
-                                            " (relative; the limit is ", limit, ")"));
-  }
+  // The product of n rows of x (Values(..., seed), staged into *dx) into *got, within `limit`.
+  const auto product = [&](int n, uint32_t seed, std::optional<Staged>* dx,
+                           std::vector<float>* got) -> absl::Status {
+    const std::vector<float> x = Values(static_cast<size_t>(n * cols), seed);
+    RECALL_ASSIGN_OR_RETURN(*dx, Staged::Of(memory, x.data(), x.size() * sizeof(float)));
+    std::vector<float> want(static_cast<size_t>(n * rows));
+    cpu.MatMul(x.data(), n, Matrix{widened.data(), DType::kF32, rows, cols}, want.data());
+    const std::vector<float> nan(want.size(), NAN);
+    RECALL_ASSIGN_OR_RETURN(Staged all, Staged::Of(memory, nan.data(), nan.size() * sizeof(float)));
+    backend.MatMul((*dx)->f(), n, device, all.f());
+    *got = all.Download();
+    RECALL_RETURN_IF_ERROR(backend.Health());
+    if (const double err = RowError(*got, want, rows); !(err <= limit)) {
+      return absl::InternalError(absl::StrCat(who, "MatMul of ", n, " rows of ", shape,
+                                              " is off the widened weights' product by ", err,
+                                              " (relative; the limit is ", limit, ")"));
+    }
+    return absl::OkStatus();
+  };
+  std::optional<Staged> dx;
+  std::vector<float> got;
+  RECALL_RETURN_IF_ERROR(product(most, x_seed, &dx, &got));
   // Quantized weights take the backend's own kernels at any row count (prefill too), also
   // where its f32 matmuls fell back to a library and it has no batch-invariant rows: check
   // the product of 64 rows as well.
   if (most < 64) {
-    const int many = 64;
-    const std::vector<float> x64 = Values(static_cast<size_t>(many * cols), x_seed + 1);
-    RECALL_ASSIGN_OR_RETURN(Staged dx64,
-                            Staged::Of(memory, x64.data(), x64.size() * sizeof(float)));
-    std::vector<float> want64(static_cast<size_t>(many * rows));
-    cpu.MatMul(x64.data(), many, Matrix{widened.data(), DType::kF32, rows, cols}, want64.data());
-    const std::vector<float> nan64(want64.size(), NAN);
-    RECALL_ASSIGN_OR_RETURN(Staged all64,
-                            Staged::Of(memory, nan64.data(), nan64.size() * sizeof(float)));
-    backend.MatMul(dx64.f(), many, device, all64.f());
-    const std::vector<float> got64 = all64.Download();
-    RECALL_RETURN_IF_ERROR(backend.Health());
-    if (const double err = RowError(got64, want64, rows); !(err <= limit)) {
-      return absl::InternalError(absl::StrCat(who, "MatMul of ", many, " rows of ", shape,
-                                              " is off the widened weights' product by ", err,
-                                              " (relative; the limit is ", limit, ")"));
-    }
+    std::optional<Staged> dx64;
+    std::vector<float> got64;
+    RECALL_RETURN_IF_ERROR(product(64, x_seed + 1, &dx64, &got64));
   }
   if (most >= 4) {
+    const std::vector<float> nan(static_cast<size_t>(rows), NAN);
     RECALL_ASSIGN_OR_RETURN(Staged one, Staged::Of(memory, nan.data(), rows * sizeof(float)));
-    backend.MatMul(dx.f() + 3 * cols, 1, device, one.f());
+    backend.MatMul(dx->f() + 3 * cols, 1, device, one.f());
     const std::vector<float> p = one.Download();
     if (!std::equal(p.begin(), p.end(), got.begin() + 3 * rows)) {
       return absl::InternalError(absl::StrCat(who, "MatMul of ", shape,

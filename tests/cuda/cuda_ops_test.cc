@@ -448,29 +448,33 @@ TEST_F(CudaTest, Fp8MatMulOfManyRowsTakesCublasLtOnHopper) {
   EXPECT_TRUE(gpu_->Health().ok()) << gpu_->Health();
 }
 
+// MatMulMany of n rows (RandomVec(..., seed)) by the three 896-column matrices w gives each
+// the bits of its own MatMul.
+void ExpectManyEqualsOnePerMatrix(Backend& gpu, const Matrix (&w)[3], int n, uint32_t seed) {
+  const auto x = RandomVec(static_cast<size_t>(n) * 896, seed);
+  DeviceVec<float> dx(gpu, x);
+  std::vector<DeviceVec<float>> many, one;
+  float* outs[3];
+  for (int i = 0; i < 3; ++i) {
+    many.push_back(DeviceVec<float>::Poisoned(gpu, static_cast<size_t>(n) * w[i].rows));
+    one.push_back(DeviceVec<float>::Poisoned(gpu, static_cast<size_t>(n) * w[i].rows));
+    outs[i] = many.back().get();
+    gpu.MatMul(dx.get(), n, w[i], one.back().get());
+  }
+  gpu.MatMulMany(dx.get(), n, w, outs, 3);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(many[i].Download(), one[i].Download())
+        << DTypeName(w[i].dtype) << " n " << n << " matrix " << i;
+  }
+}
+
 // MatMulMany (q/k/v-like shapes of different heights in one launch) gives every matrix the
 // bits of its own MatMul call, under the one-launch limit and past it.
 TEST_F(CudaTest, MatMulManyEqualsOneMatMulPerMatrix) {
   for (DType dt : {DType::kF32, DType::kBF16}) {
     TestMatrix wq(*gpu_, dt, 896, 896, 1), wk(*gpu_, dt, 128, 896, 2), wv(*gpu_, dt, 130, 896, 3);
     const Matrix w[3] = {wq.device, wk.device, wv.device};
-    for (int n : {1, 7, 64, 100}) {
-      const auto x = RandomVec(static_cast<size_t>(n) * 896, n + 40);
-      DeviceVec<float> dx(*gpu_, x);
-      std::vector<DeviceVec<float>> many, one;
-      float* outs[3];
-      for (int i = 0; i < 3; ++i) {
-        many.push_back(DeviceVec<float>::Poisoned(*gpu_, static_cast<size_t>(n) * w[i].rows));
-        one.push_back(DeviceVec<float>::Poisoned(*gpu_, static_cast<size_t>(n) * w[i].rows));
-        outs[i] = many.back().get();
-        gpu_->MatMul(dx.get(), n, w[i], one.back().get());
-      }
-      gpu_->MatMulMany(dx.get(), n, w, outs, 3);
-      for (int i = 0; i < 3; ++i) {
-        EXPECT_EQ(many[i].Download(), one[i].Download())
-            << DTypeName(dt) << " n " << n << " matrix " << i;
-      }
-    }
+    for (int n : {1, 7, 64, 100}) ExpectManyEqualsOnePerMatrix(*gpu_, w, n, n + 40);
   }
 }
 
@@ -481,23 +485,7 @@ TEST_F(CudaTest, MatMulManyOfQuantizedWeightsEqualsOneMatMulPerMatrix) {
     const QuantizedMatrix wq(*gpu_, dt, 896, 896, 1, 128), wk(*gpu_, dt, 128, 896, 2, 64),
         wv(*gpu_, dt, 130, 896, 3, 16);
     const Matrix w[3] = {wq.device, wk.device, wv.device};
-    for (int n : {1, 3, 7, 64}) {
-      const auto x = RandomVec(static_cast<size_t>(n) * 896, n + 50);
-      DeviceVec<float> dx(*gpu_, x);
-      std::vector<DeviceVec<float>> many, one;
-      float* outs[3];
-      for (int i = 0; i < 3; ++i) {
-        many.push_back(DeviceVec<float>::Poisoned(*gpu_, static_cast<size_t>(n) * w[i].rows));
-        one.push_back(DeviceVec<float>::Poisoned(*gpu_, static_cast<size_t>(n) * w[i].rows));
-        outs[i] = many.back().get();
-        gpu_->MatMul(dx.get(), n, w[i], one.back().get());
-      }
-      gpu_->MatMulMany(dx.get(), n, w, outs, 3);
-      for (int i = 0; i < 3; ++i) {
-        EXPECT_EQ(many[i].Download(), one[i].Download())
-            << DTypeName(dt) << " n " << n << " matrix " << i;
-      }
-    }
+    for (int n : {1, 3, 7, 64}) ExpectManyEqualsOnePerMatrix(*gpu_, w, n, n + 50);
   }
   EXPECT_TRUE(gpu_->Health().ok()) << gpu_->Health();
 }
