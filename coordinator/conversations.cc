@@ -251,6 +251,10 @@ absl::Status Conversations::Finish(const OpenTurn& turn, const absl::StatusOr<Tu
                   absl::StrCat("code=\"", static_cast<int>(outcome.status().code()), "\",edge=\"",
                                turn.edge, "\""))
       ->Increment();
+  {
+    absl::MutexLock lock(&mu_);
+    finishing_.insert(turn.key);  // the next turn waits for the end stored below
+  }
   absl::Status stored;
   const absl::StatusCode code = outcome.status().code();
   const bool refused =
@@ -388,13 +392,25 @@ bool Conversations::RecallLastTurn(const std::string& key, v1::TurnDone* out) {
 }
 
 bool Conversations::MarkRunning(const std::string& key) {
+  struct Wait {
+    const Conversations* c;
+    const std::string* key;
+  };
+  Wait w{this, &key};
   absl::MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout(absl::Condition(
+                           +[](Wait* w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                             return w->c->finishing_.count(*w->key) == 0;
+                           },
+                           &w),
+                       kFinishWait);
   return running_.insert(key).second;
 }
 
 void Conversations::ClearRunning(const std::string& key) {
   absl::MutexLock lock(&mu_);
   running_.erase(key);
+  finishing_.erase(key);
 }
 
 }  // namespace recall::coordinator

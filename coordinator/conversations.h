@@ -169,9 +169,12 @@ class Conversations {
   void RememberEpisodes(const std::string& key, const v1::TurnDone& done);
   void LogTurn(const OpenTurn& turn, const absl::StatusOr<TurnResult>& outcome,
                const StoredMessage& sent) const;
-  // Marks a session as having a turn running; false if it already has one.
+  // Marks a session as having a turn running; false if it already has one. A turn whose end
+  // is being stored (Finish) is over for its client, who may already see it ended in the
+  // session (a cancelled turn: INTERRUPTED), so it is waited for (up to kFinishWait).
   bool MarkRunning(const std::string& key);
   void ClearRunning(const std::string& key);
+  static constexpr absl::Duration kFinishWait = absl::Seconds(10);
 
   SessionStore& store_;
   WorkerRegistry& workers_;
@@ -179,6 +182,7 @@ class Conversations {
   metrics::Registry& metrics_;
   absl::Mutex mu_;
   std::set<std::string> running_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> finishing_ ABSL_GUARDED_BY(mu_);  // running, in Finish
   WorkPool journal_pool_;  // the journals' store writes
   std::map<std::string, v1::TurnDone> last_done_ ABSL_GUARDED_BY(mu_);  // by key
 };

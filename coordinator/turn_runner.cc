@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <mutex>
+#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -16,6 +18,15 @@ bool IsWorkerFailure(grpc::StatusCode code) {
   return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::UNKNOWN ||
          code == grpc::StatusCode::INTERNAL || code == grpc::StatusCode::ABORTED ||
          code == grpc::StatusCode::DEADLINE_EXCEEDED || code == grpc::StatusCode::CANCELLED;
+}
+
+// A request id for one attempt, unique across coordinators and restarts, so a worker's
+// Abort by request id finds exactly that attempt.
+std::string NewRequestId() {
+  static std::mutex mu;
+  static std::mt19937_64 rng(std::random_device{}());
+  std::lock_guard<std::mutex> lock(mu);
+  return absl::StrCat("c-", absl::Hex(rng(), absl::kZeroPad16), absl::Hex(rng(), absl::kZeroPad16));
 }
 
 absl::Status ToAbsl(const grpc::Status& s) {
@@ -71,38 +82,60 @@ class TurnRunner::Call final : public grpc::ClientReadReactor<v1::TurnEvent> {
   std::shared_ptr<Call> self_;
 };
 
-// The DropSession of a one-turn session, on a reactor for the same reason as Call: its
-// OnDone comes after gRPC let go of the call, so once it let go of its context and stub, no
-// reference to the channel is left on this gRPC thread when the runner reports the end. (The
-// std::function form of a unary call lets go of the call only after its callback returned,
-// i.e. after the report, when the caller may already have destroyed the channel.)
-class TurnRunner::DropCall final : public grpc::ClientUnaryReactor {
+// A unary call to the turn's worker before the runner reports the end, on a reactor for the
+// same reason as Call: its OnDone comes after gRPC let go of the call, so once it let go of
+// its context and stub, no reference to the channel is left on this gRPC thread when the
+// runner reports the end. (The std::function form of a unary call lets go of the call only
+// after its callback returned, i.e. after the report, when the caller may already have
+// destroyed the channel.) Best effort: whatever the call's outcome, the end is reported.
+//   - kDrop: the DropSession of a one-turn session (its cache is derived state and would age
+//     out anyway), then OnTurnDone.
+//   - kAbort: the Abort of a cancelled attempt by its request id, then OnTurnError(CANCELLED).
+//     The worker learns of a cancelled stream on its own callback thread, possibly after the
+//     session's next turn arrived, which it would refuse as "already has a turn running";
+//     its Abort answers once the turn is gone, so the next turn finds the session free.
+class TurnRunner::EndCall final : public grpc::ClientUnaryReactor {
  public:
-  DropCall(std::shared_ptr<TurnRunner> runner, std::shared_ptr<v1::Worker::Stub> stub)
-      : runner_(std::move(runner)), stub_(std::move(stub)) {}
+  enum class Kind { kDrop, kAbort };
 
-  void Start(std::shared_ptr<DropCall> self) {
+  EndCall(std::shared_ptr<TurnRunner> runner, std::shared_ptr<v1::Worker::Stub> stub, Kind kind)
+      : runner_(std::move(runner)), stub_(std::move(stub)), kind_(kind) {}
+
+  void Start(std::shared_ptr<EndCall> self) {
     self_ = std::move(self);
     context_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
     runner_->workers_.Attach(&context_);
-    request_.set_session_id(runner_->spec_.request.session_id());
-    stub_->async()->DropSession(&context_, &request_, &response_, this);
+    if (kind_ == Kind::kDrop) {
+      drop_.set_session_id(runner_->spec_.request.session_id());
+      stub_->async()->DropSession(&context_, &drop_, &dropped_, this);
+    } else {
+      abort_.set_request_id(runner_->request_id_);
+      stub_->async()->Abort(&context_, &abort_, &aborted_, this);
+    }
     StartCall();
   }
 
   void OnDone(const grpc::Status&) override {
     std::shared_ptr<TurnRunner> runner = runner_;
+    const Kind kind = kind_;
     self_.reset();  // `this` is gone from here on
-    runner->sink_->OnTurnDone(std::move(runner->result_));
+    if (kind == Kind::kDrop) {
+      runner->sink_->OnTurnDone(std::move(runner->result_));
+    } else {
+      runner->Fail(absl::CancelledError("the client cancelled the turn"));
+    }
   }
 
  private:
   const std::shared_ptr<TurnRunner> runner_;
   const std::shared_ptr<v1::Worker::Stub> stub_;
+  const Kind kind_;
   grpc::ClientContext context_;
-  v1::DropSessionRequest request_;
-  v1::DropSessionResponse response_;
-  std::shared_ptr<DropCall> self_;
+  v1::DropSessionRequest drop_;
+  v1::DropSessionResponse dropped_;
+  v1::AbortRequest abort_;
+  v1::AbortResponse aborted_;
+  std::shared_ptr<EndCall> self_;
 };
 
 std::shared_ptr<TurnRunner> TurnRunner::Create(WorkerRegistry& workers, metrics::Registry& metrics,
@@ -201,6 +234,8 @@ void TurnRunner::NextAttempt() {
     for (const v1::ChatMessage& m : spec_.history) *request.add_history() = m;
   }
   request.mutable_resume_tokens()->Add(result_.tokens.begin(), result_.tokens.end());
+  request_id_ = NewRequestId();
+  request.set_request_id(request_id_);
   got_done_ = false;
   history_needed_ = false;
   auto call = std::make_shared<Call>(shared_from_this(), std::move(stub), std::move(request));
@@ -259,7 +294,17 @@ void TurnRunner::OnCallEnded(const grpc::Status& status) {
   }
   ended.reset();  // the call is torn down here (unless a Cancel holds it for a moment)
   if (cancelled) {
-    Fail(absl::CancelledError("the client cancelled the turn"));
+    // Unless the worker ended the turn itself, have it abort the turn before the end is
+    // reported (see EndCall).
+    std::shared_ptr<v1::Worker::Stub> stub =
+        (status.ok() && got_done_) ? nullptr : workers_.Stub(route_->worker);
+    if (stub == nullptr) {
+      Fail(absl::CancelledError("the client cancelled the turn"));
+      return;
+    }
+    auto abort =
+        std::make_shared<EndCall>(shared_from_this(), std::move(stub), EndCall::Kind::kAbort);
+    abort->Start(abort);
     return;
   }
   const std::string worker = route_->worker;
@@ -332,7 +377,7 @@ void TurnRunner::Succeed() {
   }
   // The session was one turn long: free its cache, then report (best effort: the cache is
   // derived state and would age out anyway).
-  auto drop = std::make_shared<DropCall>(shared_from_this(), std::move(stub));
+  auto drop = std::make_shared<EndCall>(shared_from_this(), std::move(stub), EndCall::Kind::kDrop);
   drop->Start(drop);
 }
 

@@ -16,8 +16,9 @@
 //   - Any other error is the worker's answer (a bad request): reported, not retried.
 //   - At most `max_attempts + 1` attempts; then UNAVAILABLE (retryable).
 // The sink then gets exactly one OnTurnDone (the TurnDone, the worker, the failovers, the
-// whole reply) or OnTurnError. Cancel ends the turn with CANCELLED. With spec.drop_after, a
-// one-turn session's cache is dropped on its worker before OnTurnDone.
+// whole reply) or OnTurnError. Cancel ends the turn with CANCELLED, after the worker answered
+// an Abort of the attempt (so the session's next turn does not find it still running there).
+// With spec.drop_after, a one-turn session's cache is dropped on its worker before OnTurnDone.
 // Metrics: routes, time to first token, tokens streamed and failovers (the names of the
 // Prometheus series are in turn_runner.cc).
 //
@@ -124,7 +125,7 @@ class TurnRunner : public std::enable_shared_from_this<TurnRunner> {
 
  private:
   class Call;  // one RunTurn attempt
-  class DropCall;  // the DropSession of a one-turn session
+  class EndCall;  // a one-turn session's DropSession, a cancelled attempt's Abort
 
   TurnRunner(WorkerRegistry& workers, metrics::Registry& metrics, TurnRunnerOptions options,
              TurnSpec spec, TurnSink* sink);
@@ -158,6 +159,7 @@ class TurnRunner : public std::enable_shared_from_this<TurnRunner> {
   bool send_history_ = false;
   std::string last_error_ = "no worker is registered";
   std::optional<RouteDecision> route_;  // the attempt in flight
+  std::string request_id_;              // the attempt in flight's (RunTurnRequest.request_id)
   bool got_done_ = false;
   bool history_needed_ = false;
   TurnResult result_;
