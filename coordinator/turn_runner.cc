@@ -294,10 +294,11 @@ void TurnRunner::OnCallEnded(const grpc::Status& status) {
   }
   ended.reset();  // the call is torn down here (unless a Cancel holds it for a moment)
   if (cancelled) {
-    // Unless the worker ended the turn itself, have it abort the turn before the end is
-    // reported (see EndCall).
-    std::shared_ptr<v1::Worker::Stub> stub =
-        (status.ok() && got_done_) ? nullptr : workers_.Stub(route_->worker);
+    // When the cancel ended the call (not the worker, nor its failure: no waiting on a dead
+    // worker), have the worker abort the turn before the end is reported (see EndCall).
+    std::shared_ptr<v1::Worker::Stub> stub = status.error_code() == grpc::StatusCode::CANCELLED
+                                                 ? workers_.Stub(route_->worker)
+                                                 : nullptr;
     if (stub == nullptr) {
       Fail(absl::CancelledError("the client cancelled the turn"));
       return;

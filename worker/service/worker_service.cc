@@ -142,7 +142,9 @@ grpc::ServerUnaryReactor* WorkerService::Abort(grpc::CallbackServerContext* cont
   };
   switch (request->target_case()) {
     case v1::AbortRequest::kRequestId:
-      scheduler_.AbortRequestAsync(request->request_id(), answer);
+      // The coordinator's ids are unique: an Abort that overtook its RunTurn (they come on
+      // different calls) still ends that turn when it arrives.
+      scheduler_.AbortRequestAsync(request->request_id(), answer, /*remember_unseen=*/true);
       return reactor;
     case v1::AbortRequest::kSessionId:
       scheduler_.AbortSessionAsync(request->session_id(), answer);

@@ -274,6 +274,12 @@ absl::StatusOr<std::shared_ptr<TurnStream>> Scheduler::Submit(TurnRequest reques
                          kAbortWait);
     if (stop_) return absl::UnavailableError("the worker is shutting down");
   }
+  if (!request.request_id.empty() && aborted_unseen_.erase(request.request_id) > 0) {
+    aborted_unseen_order_.erase(
+        std::find(aborted_unseen_order_.begin(), aborted_unseen_order_.end(), request.request_id));
+    return absl::CancelledError(
+        absl::StrCat("turn ", request.request_id, " was aborted before it arrived"));
+  }
   if (busy_sessions_.count(request.session_id) > 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("session_id: session \"", request.session_id,
@@ -333,11 +339,19 @@ std::function<void(absl::StatusOr<int64_t>)> AsCount(std::function<void(int)> do
 
 }  // namespace
 
-void Scheduler::AbortRequestAsync(const std::string& request_id, std::function<void(int)> done) {
+void Scheduler::AbortRequestAsync(const std::string& request_id, std::function<void(int)> done,
+                                  bool remember_unseen) {
   {
     absl::MutexLock lock(&mu_);
     if (auto it = busy_requests_.find(request_id); it != busy_requests_.end()) {
       aborting_sessions_.insert(it->second);
+    } else if (remember_unseen && !request_id.empty() &&
+               aborted_unseen_.insert(request_id).second) {
+      aborted_unseen_order_.push_back(request_id);
+      if (static_cast<int>(aborted_unseen_order_.size()) > kRememberedAborts) {
+        aborted_unseen_.erase(aborted_unseen_order_.front());
+        aborted_unseen_order_.pop_front();
+      }
     }
   }
   PostAsync({Command::Kind::kAbortRequest, request_id, AsCount(std::move(done))});

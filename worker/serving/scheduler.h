@@ -164,7 +164,13 @@ class Scheduler {
   // step). These forms return at once, for callers that must not block (gRPC reactions):
   // `done`, when given, gets the same result on the engine thread once the command is
   // applied; it must not block or call the waiting forms.
-  void AbortRequestAsync(const std::string& request_id, std::function<void(int)> done = nullptr);
+  // With `remember_unseen`, an id that names no turn yet is remembered (the last
+  // kRememberedAborts of them) and a turn submitted with it later is refused (Cancelled): the
+  // abort overtook its turn (they come on different calls). For ids that are never reused
+  // (the coordinator's); the worker's own ids ("w...", "r...") are not.
+  void AbortRequestAsync(const std::string& request_id, std::function<void(int)> done = nullptr,
+                         bool remember_unseen = false);
+  static constexpr int kRememberedAborts = 4096;
   void AbortSessionAsync(const std::string& session_id, std::function<void(int)> done = nullptr);
   void AbortAllAsync(std::function<void(int)> done = nullptr);
   void DropSessionAsync(const std::string& session_id,
@@ -274,6 +280,10 @@ class Scheduler {
   // for (its client left): a next turn of such a session waits for the abort (Submit).
   std::map<std::string, std::string> busy_requests_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> aborting_sessions_ ABSL_GUARDED_BY(mu_);
+  // Aborted request ids that named no turn yet (AbortRequestAsync's remember_unseen), oldest
+  // first, at most kRememberedAborts.
+  std::set<std::string> aborted_unseen_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> aborted_unseen_order_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   int64_t next_request_ ABSL_GUARDED_BY(mu_) = 0;
   LoadSnapshot load_ ABSL_GUARDED_BY(mu_);

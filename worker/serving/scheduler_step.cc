@@ -94,8 +94,13 @@ bool Scheduler::Step() {
 void Scheduler::ApplyCommands() {
   std::vector<Command> commands;
   {
+    // Turns submitted before a command was posted are queued first, in the same lock: an
+    // abort of a turn that is still incoming (the engine was in a step when it came) finds it.
     absl::MutexLock lock(&mu_);
     commands.swap(commands_);
+    for (auto& t : incoming_) waiting_.push_back(std::move(t));
+    incoming_.clear();
+    load_.queued_turns = static_cast<int>(waiting_.size());  // Submit's queue limit counts them
   }
   for (Command& c : commands) {
     std::vector<std::shared_ptr<Turn>> hit;

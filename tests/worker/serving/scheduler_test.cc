@@ -298,6 +298,64 @@ TEST_F(SchedulerTest, ANextTurnWaitsForTheAbortOfTheSessionsTurn) {
   EXPECT_TRUE(c.status.ok()) << c.status;
 }
 
+// An abort of a turn submitted while the engine was in a step (still incoming, not yet
+// waiting) finds it: it ends Cancelled instead of running to its end.
+TEST_F(SchedulerTest, AnAbortFindsATurnStillIncoming) {
+  Start(512);
+  auto busy = sched_->Submit(Turn("busy", "Once upon a time", 400));
+  ASSERT_TRUE(busy.ok());
+  TurnUpdate u;
+  ASSERT_TRUE((*busy)->Next(absl::Seconds(30), &u));  // the engine is stepping
+  for (int round = 0; round < 5; ++round) {
+    TurnRequest late = Turn("late" + std::to_string(round), "Lily had a red ball", 200);
+    late.request_id = "late-" + std::to_string(round);
+    auto stream = sched_->Submit(late);
+    ASSERT_TRUE(stream.ok()) << stream.status();
+    absl::Notification aborted;
+    int count = -1;
+    sched_->AbortRequestAsync(late.request_id, [&](int n) {
+      count = n;
+      aborted.Notify();
+    });
+    const Collected c = CollectTurn(**stream);
+    EXPECT_EQ(c.status.code(), absl::StatusCode::kCancelled) << "round " << round;
+    ASSERT_TRUE(aborted.WaitForNotificationWithTimeout(absl::Seconds(30)));
+    EXPECT_EQ(count, 1) << "round " << round;
+  }
+  sched_->AbortSession("busy");
+  CollectTurn(**busy);
+}
+
+// An abort by request id that comes before its turn (they travel on different calls) is
+// remembered when asked to: the turn is refused (Cancelled) when it comes, once. Without
+// remember_unseen (the worker's own ids), nothing is remembered.
+TEST_F(SchedulerTest, AnAbortThatOvertookItsTurnRefusesItWhenItComes) {
+  Start(512);
+  absl::Notification answered;
+  int count = -1;
+  sched_->AbortRequestAsync(
+      "early-1",
+      [&](int n) {
+        count = n;
+        answered.Notify();
+      },
+      /*remember_unseen=*/true);
+  ASSERT_TRUE(answered.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(count, 0);
+  TurnRequest r = Turn("early", "Once upon a time", 5);
+  r.request_id = "early-1";
+  auto refused = sched_->Submit(r);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kCancelled) << refused.status();
+  EXPECT_NE(refused.status().message().find("aborted before it arrived"), std::string::npos)
+      << refused.status();
+  // Once: the id is forgotten after it refused its turn.
+  EXPECT_TRUE(Run(r).status.ok());
+  EXPECT_EQ(sched_->AbortRequest("early-2"), 0);  // not remembered
+  TurnRequest r2 = Turn("early3", "Once upon a time", 5);
+  r2.request_id = "early-2";
+  EXPECT_TRUE(Run(r2).status.ok());
+}
+
 TEST_F(SchedulerTest, IdleSessionsAreOffloadedAndRestoredExactly) {
   // 12 blocks of 16 tokens: room for about two sessions of ~90 tokens at a time.
   Start(12);
