@@ -57,7 +57,8 @@ Conversations::Conversations(SessionStore& store, WorkerRegistry& workers,
       workers_(workers),
       options_(options),
       metrics_(metrics),
-      journal_pool_(std::max(1, options.store_threads)) {}
+      journal_pool_(std::max(1, options.store_threads)),
+      lease_keeper_(absl::Milliseconds(LeaseMs() / 8)) {}
 
 TurnRunnerOptions Conversations::RunnerOptions() const {
   TurnRunnerOptions o;
@@ -190,7 +191,7 @@ absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
         StoredMessage& reply = write.emplace_back();
         reply.role = "assistant";
         reply.state = TurnState::kInProgress;
-        reply.lease_unix_ms = UnixMillis() + TurnJournal::kLeaseMs;
+        reply.lease_unix_ms = UnixMillis() + LeaseMs();
         reply.seed = seeded.seed();
         RECALL_RETURN_IF_ERROR(store_.AppendAll(tenant, session_id, m.keep, write));
         BuildSpec(rec, m.keep, m.add, seeded, turn);
@@ -229,7 +230,7 @@ absl::StatusOr<OpenTurn> Conversations::Resume(const std::string& tenant,
         seeded = WithSeed(seeded);
         partial.seed = seeded.seed();
         partial.state = TurnState::kInProgress;
-        partial.lease_unix_ms = UnixMillis() + TurnJournal::kLeaseMs;
+        partial.lease_unix_ms = UnixMillis() + LeaseMs();
         RECALL_RETURN_IF_ERROR(store_.Replace(tenant, session_id, reply_index, partial));
         BuildSpec(rec, user, {rec.messages[static_cast<size_t>(user)]}, seeded, turn);
         turn.resumed = partial;
@@ -241,7 +242,7 @@ absl::StatusOr<OpenTurn> Conversations::Resume(const std::string& tenant,
 }
 
 std::unique_ptr<TurnJournal> Conversations::Journal(const OpenTurn& turn, TurnSink* edge) {
-  return std::make_unique<TurnJournal>(store_, journal_pool_, turn, edge);
+  return std::make_unique<TurnJournal>(store_, journal_pool_, lease_keeper_, LeaseMs(), turn, edge);
 }
 
 absl::Status Conversations::Finish(const OpenTurn& turn, const absl::StatusOr<TurnResult>& outcome,

@@ -29,6 +29,8 @@
 // thread that may block (the store pool, an HTTP handler thread), never from a TurnSink call.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -41,6 +43,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/metrics/registry.h"
+#include "coordinator/lease_keeper.h"
 #include "coordinator/session_store.h"
 #include "coordinator/turn_runner.h"
 #include "coordinator/work_pool.h"
@@ -56,6 +59,9 @@ struct CoordinatorOptions {
   int max_attempts = 4;          // workers tried for one turn
   int default_max_tokens = 256;  // the workers' default when a turn leaves it unset
   int store_threads = 4;         // threads for Converse's session store steps
+  // How long a reply in progress stays claimed by its coordinator without a write; renewed
+  // while the turn runs, silent or not (Redis replicas read a lapsed one as interrupted).
+  int turn_lease_seconds = 60;
 };
 
 // What a turn does to the stored transcript: keep its first `keep` messages (the rest are
@@ -93,6 +99,7 @@ class Conversations {
                 metrics::Registry& metrics);
 
   const CoordinatorOptions& options() const { return options_; }
+  int64_t LeaseMs() const { return int64_t{std::max(1, options_.turn_lease_seconds)} * 1000; }
   SessionStore& store() const { return store_; }
   TurnRunnerOptions RunnerOptions() const;
 
@@ -184,6 +191,7 @@ class Conversations {
   std::set<std::string> running_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> finishing_ ABSL_GUARDED_BY(mu_);  // running, in Finish
   WorkPool journal_pool_;  // the journals' store writes
+  LeaseKeeper lease_keeper_;  // renews silent journals' leases every eighth of a lease
   std::map<std::string, v1::TurnDone> last_done_ ABSL_GUARDED_BY(mu_);  // by key
 };
 

@@ -106,6 +106,12 @@ const flags::FlagSet<CoordinatorConfig>& CoordinatorFlags() {
         .Int(
             "max-sessions", "N", "sessions per tenant (default 100000)",
             [](auto& o) -> auto& { return o.options.max_sessions_per_tenant; }, 1, 1 << 30)
+        .Int(
+            "turn-lease", "SECONDS",
+            "how long a session turn in progress stays claimed by the coordinator running it\n"
+            "without a write; renewed while it runs, silent or not; replicas sharing a Redis\n"
+            "store read a lapsed one as interrupted, resumable (default 60)",
+            [](auto& o) -> auto& { return o.options.turn_lease_seconds; }, 1, 86400)
         .Check([](const CoordinatorConfig& c, const std::set<std::string>&) -> absl::Status {
           if (c.tls_cert.empty() != c.tls_key.empty()) {
             return absl::InvalidArgumentError("--tls-cert and --tls-key go together");

@@ -131,12 +131,16 @@ absl::Status NotFound(const std::string& id) {
   return absl::NotFoundError(absl::StrCat("session_id: no session ", QuotedId(id)));
 }
 
+// AppendReply renews a streaming reply's lease (rewriting its message) only when less than
+// half of it is left, at the lease `whole` asks for: a write every half lease, not one per
+// part.
+int64_t RenewBefore(int64_t new_lease_unix_ms) {
+  const int64_t now = UnixMillis();
+  return now + (new_lease_unix_ms - now) / 2;
+}
+
 class RedisStore final : public SessionStore {
  public:
-  // AppendReply renews a streaming reply's lease (rewriting its message) only when it ends
-  // within this: a write every half lease, not one per part.
-  static constexpr int64_t kRenewWithinMs = 30'000;
-
   RedisStore(std::string host, int port) : host_(std::move(host)), port_(port) {}
   ~RedisStore() override {
     if (ctx_ != nullptr) redisFree(ctx_);
@@ -251,7 +255,7 @@ class RedisStore final : public SessionStore {
         Reply rep,
         Command({"EVAL", kAppendReply, "3", SessionKey(id), MessagesKey(id), PartsKey(id), tenant,
                  std::to_string(index), std::to_string(whole.lease_unix_ms), part.dump(),
-                 std::to_string(UnixMillis() + kRenewWithinMs)}));
+                 std::to_string(RenewBefore(whole.lease_unix_ms))}));
     if (rep->integer == -1) return NotFound(id);
     if (rep->integer < -1) {
       return absl::FailedPreconditionError(absl::StrCat("session ", QuotedId(id),

@@ -7,9 +7,12 @@
 
 namespace recall::coordinator {
 
-TurnJournal::TurnJournal(SessionStore& store, WorkPool& pool, const OpenTurn& turn, TurnSink* edge)
+TurnJournal::TurnJournal(SessionStore& store, WorkPool& pool, LeaseKeeper& keeper, int64_t lease_ms,
+                         const OpenTurn& turn, TurnSink* edge)
     : store_(store),
       pool_(pool),
+      keeper_(keeper),
+      lease_ms_(lease_ms),
       tenant_(turn.tenant),
       session_id_(turn.session_id),
       reply_index_(turn.reply_index),
@@ -18,6 +21,21 @@ TurnJournal::TurnJournal(SessionStore& store, WorkPool& pool, const OpenTurn& tu
   sent_.role = "assistant";
   sent_.state = TurnState::kInProgress;
   sent_.seed = turn.spec.request.sampling().seed();  // so every write keeps it
+  {
+    absl::MutexLock lock(&mu_);
+    last_write_ms_ = UnixMillis();  // Begin or Resume wrote the reply with its lease
+  }
+  keeper_.Add(this);
+}
+
+TurnJournal::~TurnJournal() { keeper_.Remove(this); }
+
+void TurnJournal::RenewIfSilent(int64_t idle_ms) {
+  absl::MutexLock lock(&mu_);
+  // A write in flight or queued renews it anyway; after the end, nothing is written.
+  if (flushing_ || failed_ || end_.has_value() || UnixMillis() - last_write_ms_ < idle_ms) return;
+  renew_ = true;
+  Kick();
 }
 
 void TurnJournal::SetRunner(std::shared_ptr<TurnRunner> runner) {
@@ -58,11 +76,18 @@ void TurnJournal::Flush() {
   while (true) {
     std::optional<v1::TokenEvent> tokens;
     std::optional<absl::StatusOr<TurnResult>> end;
+    bool renew_only = false;
     {
       absl::MutexLock lock(&mu_);
       if (failed_) pending_.reset();
       tokens = std::move(pending_);
       pending_.reset();
+      if (renew_ && !failed_ && !tokens.has_value() && !end_.has_value()) {
+        tokens.emplace();  // an empty part: the lease is renewed, nothing is passed on
+        renew_only = true;
+      }
+      renew_ = false;
+      if (tokens.has_value()) last_write_ms_ = UnixMillis();
       if (!tokens.has_value()) {
         if (!end_.has_value()) {
           flushing_ = false;
@@ -89,7 +114,7 @@ void TurnJournal::Flush() {
     const size_t had_ids = sent_.token_ids.size(), had_text = sent_.content.size();
     sent_.token_ids.insert(sent_.token_ids.end(), delta.token_ids.begin(), delta.token_ids.end());
     sent_.content += delta.content;
-    sent_.lease_unix_ms = UnixMillis() + kLeaseMs;
+    sent_.lease_unix_ms = UnixMillis() + lease_ms_;
     const absl::Status st = store_.AppendReply(tenant_, session_id_, reply_index_, delta, sent_);
     if (!st.ok()) {
       sent_.token_ids.resize(had_ids);
@@ -107,7 +132,7 @@ void TurnJournal::Flush() {
       if (runner != nullptr) runner->Cancel();  // its end comes through OnTurnError
       continue;
     }
-    edge_->OnTokens(*tokens);
+    if (!renew_only) edge_->OnTokens(*tokens);
   }
 }
 

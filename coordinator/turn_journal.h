@@ -4,7 +4,10 @@
 //
 // Each batch of tokens is written to the turn's reply (state in progress, with a lease) on a
 // store thread and only then passed on to the edge; tokens that arrive while a write is in
-// flight go into the next write, so a slow store costs latency, not a write per token. The
+// flight go into the next write, so a slow store costs latency, not a write per token. While
+// the turn is silent (no token for a while: a long prefill, a queue), the LeaseKeeper has it
+// write an empty part, which renews the lease, so replicas never read a running turn as
+// interrupted. The
 // end (done or error) is passed on after the last write. When a write fails, nothing more is
 // passed on: the runner is cancelled and the turn ends UNAVAILABLE naming the store, with the
 // reply as last stored (Conversations::Finish then marks it interrupted).
@@ -21,19 +24,20 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "coordinator/conversations.h"
+#include "coordinator/lease_keeper.h"
 #include "coordinator/session_store.h"
 #include "coordinator/turn_runner.h"
 #include "coordinator/work_pool.h"
 
 namespace recall::coordinator {
 
-class TurnJournal final : public TurnSink {
+class TurnJournal final : public TurnSink, public LeaseKeeper::Renewable {
  public:
-  // How long an in-progress reply's writer vouches for it after each write (Redis replicas
-  // read an older one as interrupted).
-  static constexpr int64_t kLeaseMs = 60'000;
-
-  TurnJournal(SessionStore& store, WorkPool& pool, const OpenTurn& turn, TurnSink* edge);
+  // `lease_ms`: how long an in-progress reply's writer vouches for it after each write (Redis
+  // replicas read an older one as interrupted). The journal is in `keeper` while it lives.
+  TurnJournal(SessionStore& store, WorkPool& pool, LeaseKeeper& keeper, int64_t lease_ms,
+              const OpenTurn& turn, TurnSink* edge);
+  ~TurnJournal() override;
 
   // The runner, to cancel when a write fails. Before the runner starts.
   void SetRunner(std::shared_ptr<TurnRunner> runner);
@@ -45,6 +49,9 @@ class TurnJournal final : public TurnSink {
   void OnTurnDone(TurnResult result) override;
   void OnTurnError(absl::Status status) override;
 
+  // ---- LeaseKeeper::Renewable: an empty write when nothing was written for `idle_ms`.
+  void RenewIfSilent(int64_t idle_ms) override;
+
  private:
   // Posts Flush unless one is running. REQUIRES: mu_ held.
   void Kick() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -53,6 +60,8 @@ class TurnJournal final : public TurnSink {
 
   SessionStore& store_;
   WorkPool& pool_;
+  LeaseKeeper& keeper_;
+  const int64_t lease_ms_;
   const std::string tenant_, session_id_;
   const int reply_index_;
   TurnSink* const edge_;
@@ -63,6 +72,8 @@ class TurnJournal final : public TurnSink {
   std::optional<v1::TokenEvent> pending_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::StatusOr<TurnResult>> end_ ABSL_GUARDED_BY(mu_);
   bool flushing_ ABSL_GUARDED_BY(mu_) = false;
+  bool renew_ ABSL_GUARDED_BY(mu_) = false;     // an empty write asked for (RenewIfSilent)
+  int64_t last_write_ms_ ABSL_GUARDED_BY(mu_);  // Unix ms of the last write's start
   bool failed_ ABSL_GUARDED_BY(mu_) = false;  // a write failed: drop what comes
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
 };

@@ -517,5 +517,49 @@ TEST_F(OpenAiRedisTest, ASilentKeyedCompletionKeepsItsLease) {
   EXPECT_NE(meanwhile.body.find("another coordinator"), std::string::npos) << meanwhile.body;
 }
 
+// The same for a keyed session turn: its reply in progress stays claimed while its worker is
+// silent for longer than the turn lease (the journal renews it with an empty write), so the
+// key sent to the other coordinator meanwhile is 409 ("still running"), not a resume of a
+// turn read as interrupted (a second run). Its session then takes the next turn.
+TEST_F(OpenAiRedisTest, ASilentSessionTurnKeepsItsLease) {
+  const std::string config = testing::SharedPath("tokenizers/smollm2/config.json");
+  if (!std::filesystem::exists(config)) GTEST_SKIP() << "shared data missing: " << config;
+  if (!testing::RedisServer::Available()) GTEST_SKIP() << "redis-server is not installed";
+  StartCluster("openai_redis_silent_turn",
+               {"--model", testing::SharedPath("tokenizers/smollm2"), "--random-weights",
+                "--kv-cache-bytes", "256M"},
+               {"--turn-lease", "2"});
+  if (HasFatalFailure()) return;
+  std::string prompt;
+  for (int i = 0; i < 250; ++i) prompt += "The cat sat on the mat by the door. ";
+  const std::string body = ChatBody({Message("user", prompt)}, 2, false);
+  const auto started = std::chrono::steady_clock::now();
+  HttpReply first;
+  std::atomic<bool> first_done{false};
+  std::thread runner([&] {
+    first =
+        Send(*ha_, "POST", "/v1/chat/completions", body, "", {{"Idempotency-Key", "silent-turn"}});
+    first_done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(3500));  // 1.75 leases, no token yet
+  const bool still_running = !first_done;
+  const HttpReply meanwhile =
+      Send(*hb_, "POST", "/v1/chat/completions", body, "", {{"Idempotency-Key", "silent-turn"}});
+  runner.join();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  ASSERT_EQ(first.status, 200) << first.body;
+  ASSERT_TRUE(still_running) << "the prefill ended in under 3.5 s (" << seconds
+                             << " s in all): too fast to leave the worker silent";
+  EXPECT_EQ(meanwhile.status, 409) << meanwhile.body;
+  EXPECT_NE(meanwhile.body.find("still running"), std::string::npos) << meanwhile.body;
+  // Complete now: the key replays the reply on either coordinator.
+  const HttpReply replayed =
+      Send(*hb_, "POST", "/v1/chat/completions", body, "", {{"Idempotency-Key", "silent-turn"}});
+  ASSERT_EQ(replayed.status, 200) << replayed.body;
+  EXPECT_EQ(replayed.Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(ReplyText(replayed), ReplyText(first));
+}
+
 }  // namespace
 }  // namespace recall
