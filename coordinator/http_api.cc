@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <utility>
@@ -511,7 +512,8 @@ void HttpApi::RenewLease(Reply& reply, const std::string& tenant, const std::str
 }
 
 HttpTurn::Update HttpApi::NextUpdate(Reply& reply) {
-  HttpTurn::Update u = reply.turn->Next(absl::Milliseconds(options_.completion_lease_ms / 4));
+  HttpTurn::Update u = reply.turn->Next(
+      absl::Milliseconds(std::min(options_.completion_lease_ms / 4, options_.keepalive_ms)));
   RenewLease(reply, reply.tenant, reply.key);
   return u;
 }
@@ -582,6 +584,10 @@ bool HttpApi::Pump(Reply& reply, httplib::DataSink& sink) {
   if (ok) ok = delta(reply.first_text, reply.first_logprobs);
   while (ok && !reply.concluded) {
     HttpTurn::Update u = NextUpdate(reply);
+    if (!u.ended && u.text.empty() && u.logprobs.empty()) {
+      ok = write(": keep-alive\n\n");  // silent for keepalive_ms (an SSE comment)
+      continue;
+    }
     ok = delta(u.text, u.logprobs);
     if (u.ended) break;
   }

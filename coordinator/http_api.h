@@ -87,6 +87,12 @@ struct HttpOptions {
   // A keyed completion's record stays in progress this long without a renewal; its
   // coordinator renews it when half has passed, whether tokens arrive or not.
   int64_t completion_lease_ms = 120'000;
+  // A stream silent this long after its first event gets an SSE comment (": keep-alive"),
+  // which clients ignore: proxies keep the connection (nginx and load balancers close one
+  // idle for 60 s by default), and a client that left is found by the failed write. A
+  // stream is silent mid-reply while a failed-over turn rebuilds its transcript elsewhere, or
+  // while its worker is preempted or queued.
+  int64_t keepalive_ms = 15'000;
 };
 
 class HttpApi {
@@ -157,8 +163,8 @@ class HttpApi {
   // completion_lease_ms when half of it has passed; called at least every quarter lease while
   // the turn runs (NextUpdate), so a silent turn (a long prefill, a queue) keeps it too.
   void RenewLease(Reply& reply, const std::string& tenant, const std::string& key);
-  // The turn's next update, waiting at most a quarter lease (an empty update then), with the
-  // lease renewed.
+  // The turn's next update, waiting at most a quarter lease or keepalive_ms (an empty update
+  // then), with the lease renewed.
   HttpTurn::Update NextUpdate(Reply& reply);
   bool Pump(Reply& reply, httplib::DataSink& sink);
   // Ends the reply's turn (cancelled first when `cancel`), stores it (a session's turn) and

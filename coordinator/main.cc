@@ -54,6 +54,11 @@ const flags::FlagSet<CoordinatorConfig>& CoordinatorFlags() {
             "running it without a renewal; renewed while it runs, silent or not; another\n"
             "coordinator resumes it after (default 120)",
             [](auto& o) -> auto& { return o.completion_lease_seconds; }, 1, 86400)
+        .Double(
+            "sse-keepalive", "SECONDS",
+            "a stream silent this long mid-reply gets an SSE comment line (\": keep-alive\"),\n"
+            "so proxies keep it open and a client that left is noticed (default 15)",
+            [](auto& o) -> auto& { return o.sse_keepalive_seconds; }, 0.001, 3600)
         .String(
             "data-dir", "DIR", "where sessions.db lives (default .)",
             [](auto& o) -> auto& { return o.data_dir; })

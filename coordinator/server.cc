@@ -1,6 +1,7 @@
 #include "coordinator/server.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -105,6 +106,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     http.listen = config.http_listen;
     http.threads = config.http_threads;
     http.completion_lease_ms = int64_t{config.completion_lease_seconds} * 1000;
+    http.keepalive_ms = std::max<int64_t>(1, std::llround(config.sse_keepalive_seconds * 1000));
     http.tls_cert = config.tls_cert;
     http.tls_key = config.tls_key;
     http.tls_client_ca = config.tls_client_ca;

@@ -23,6 +23,7 @@ struct CoordinatorConfig {
   std::string http_listen;            // the OpenAI-compatible HTTP API; empty: off
   int http_threads = 64;              // HTTP connections served at once
   int completion_lease_seconds = 120;  // a keyed completion's claim while it runs (HttpOptions)
+  double sse_keepalive_seconds = 15;   // a silent stream's keep-alive comment (HttpOptions)
   std::vector<std::string> workers;   // worker addresses
   std::string data_dir = ".";         // the SQLite file sessions.db lives here
   std::string store_url;              // "redis://HOST:PORT" for a shared store; empty: SQLite

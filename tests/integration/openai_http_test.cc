@@ -537,5 +537,38 @@ TEST_F(OpenAiHttpCancelTest, AClientLeavingMidStreamCancelsTheWorkersTurn) {
   EXPECT_EQ(again.status, 200) << again.body;
 }
 
+// A stream silent mid-reply for --sse-keepalive gets SSE comment lines, which clients skip:
+// here 2 ms, shorter than a token of this model, so they come between tokens. The data
+// events are the reply the same request gets without streaming.
+TEST_F(OpenAiHttpCancelTest, ASilentStreamGetsKeepAliveComments) {
+  ServerProcess keeping;
+  std::string error;
+  std::filesystem::create_directories(dir_ + "/keeping");
+  ASSERT_TRUE(keeping.Start(
+      RECALL_COORDINATOR_BINARY,
+      {"--workers", "127.0.0.1:" + std::to_string(worker_.port("grpc")), "--listen", "127.0.0.1:0",
+       "--http-listen", "127.0.0.1:0", "--data-dir", dir_ + "/keeping", "--sse-keepalive", "0.002"},
+      dir_, &error))
+      << error;
+  httplib::Client client("127.0.0.1", keeping.port("http"));
+  client.set_read_timeout(120, 0);
+  const HttpReply whole = Send(client, "POST", "/v1/chat/completions",
+                               ChatBody({Message("user", "Once upon a time")}, 12, false), "");
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  const HttpReply streamed = Send(client, "POST", "/v1/chat/completions",
+                                  ChatBody({Message("user", "Once upon a time")}, 12, true), "");
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  EXPECT_NE(streamed.body.find("\n\n: keep-alive\n\n"), std::string::npos) << streamed.body;
+  std::string text;
+  for (const std::string& e : Events(streamed.body)) {
+    if (e == "[DONE]") continue;
+    const Json chunk = Json::parse(e);
+    if (!chunk["choices"].empty() && chunk["choices"][0]["delta"].contains("content")) {
+      text += chunk["choices"][0]["delta"]["content"].get<std::string>();
+    }
+  }
+  EXPECT_EQ(text, whole.JsonBody()["choices"][0]["message"]["content"].get<std::string>());
+}
+
 }  // namespace
 }  // namespace recall

@@ -66,12 +66,14 @@ inline HttpReply Send(httplib::Client& client, const std::string& method, const 
   return reply;
 }
 
-// The events of an SSE body: each "data: " payload; EXPECTs the framing.
+// The events of an SSE body: each "data: " payload; EXPECTs the framing. Comments (the
+// keep-alive, ": keep-alive") are left out.
 inline std::vector<std::string> Events(const std::string& body) {
   std::vector<std::string> out;
   EXPECT_TRUE(body.size() >= 2 && body.substr(body.size() - 2) == "\n\n")
       << "a stream ends with a blank line";
   for (absl::string_view e : absl::StrSplit(body, "\n\n", absl::SkipEmpty())) {
+    if (e.substr(0, 1) == ":") continue;
     EXPECT_EQ(e.substr(0, 6), "data: ") << "every event is one data line: " << e;
     EXPECT_EQ(e.find('\n'), absl::string_view::npos) << "one line per event: " << e;
     out.emplace_back(e.substr(6));
