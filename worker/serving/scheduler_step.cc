@@ -316,9 +316,13 @@ absl::Status Scheduler::Prepare(Turn& t) {
   }
   RECALL_RETURN_IF_ERROR(PrepareContext(t));
   if (!resume.empty()) {
-    if (t.session->cache() != nullptr && t.session->positions == runtime::Positions::kOriginal &&
-        t.session->cache()->next_position() + t.prompt.size() + resume.size() >=
-            static_cast<size_t>(model_.config.max_seq_len)) {
+    // A session without a cache yet (new, or rebuilt from its transcript) starts at 0; one
+    // that does not fit would reach the forward pass, whose error is its whole batch's.
+    const size_t next = t.session->cache() != nullptr
+                            ? static_cast<size_t>(t.session->cache()->next_position())
+                            : 0;
+    if (t.session->positions == runtime::Positions::kOriginal &&
+        next + t.prompt.size() + resume.size() >= static_cast<size_t>(model_.config.max_seq_len)) {
       t.session->busy = false;
       return absl::InvalidArgumentError("resume_tokens: do not fit the context");
     }

@@ -356,6 +356,26 @@ TEST_F(SchedulerTest, AnAbortThatOvertookItsTurnRefusesItWhenItComes) {
   EXPECT_TRUE(Run(r2).status.ok());
 }
 
+// Resume tokens that take a new (or rebuilt) session past the context are refused by name
+// before any step; before, the check needed a cache, and the turn reached the forward pass
+// ("batch item 0: position 513 exceeds the model's context length"), whose error is the
+// whole batch's. A turn running beside it goes on.
+TEST_F(SchedulerTest, ResumeTokensPastTheContextAreRefusedAloneForANewSession) {
+  Start(512);
+  auto bystander = sched_->Submit(Turn("bystander", "Once upon a time", 400));
+  ASSERT_TRUE(bystander.ok());
+  TurnUpdate u;
+  ASSERT_TRUE((*bystander)->Next(absl::Seconds(30), &u));  // it is running
+  // Fewer resume tokens than max_tokens (else refused up front), the prompt's on top.
+  TurnRequest r = Turn("too-long", "Lily had a red ball", model_->config.max_seq_len + 100);
+  r.resume_tokens.assign(static_cast<size_t>(model_->config.max_seq_len) - 8, 300);
+  const Collected refused = Run(r);
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kInvalidArgument) << refused.status;
+  EXPECT_NE(refused.status.message().find("resume_tokens"), std::string::npos) << refused.status;
+  const Collected rest = CollectTurn(**bystander);
+  EXPECT_TRUE(rest.status.ok()) << rest.status;
+}
+
 TEST_F(SchedulerTest, IdleSessionsAreOffloadedAndRestoredExactly) {
   // 12 blocks of 16 tokens: room for about two sessions of ~90 tokens at a time.
   Start(12);
