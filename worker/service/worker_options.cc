@@ -220,6 +220,12 @@ flags::FlagSet<serving::SchedulerOptions> SchedulingFlags() {
                                                          " is more than --max-batch-tokens (",
                                                          o.max_batch_tokens, ")"));
         }
+        if (o.max_active > o.max_batch_tokens) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "--max-active: ", o.max_active, " running turns decode up to ", o.max_active,
+              " tokens a step, more than --max-batch-tokens (", o.max_batch_tokens,
+              "); lower --max-active or raise --max-batch-tokens"));
+        }
         return absl::OkStatus();
       });
   return f;

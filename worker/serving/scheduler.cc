@@ -82,6 +82,12 @@ absl::Status Scheduler::Validate(const SchedulerOptions& options) {
   if (options.max_active < 1 || options.max_queued < 0 || options.host_cache_bytes < 0) {
     return absl::InvalidArgumentError("max_active must be >= 1; max_queued, host bytes >= 0");
   }
+  if (options.max_active > options.max_batch_tokens) {
+    // Every running turn decodes a token a step: a step could not hold them all.
+    return absl::InvalidArgumentError(absl::StrCat("max_active (", options.max_active,
+                                                   ") must be <= max_batch_tokens (",
+                                                   options.max_batch_tokens, ")"));
+  }
   if (options.limits.max_tokens < 1) {
     return absl::InvalidArgumentError("limits.max_tokens must be >= 1");
   }
