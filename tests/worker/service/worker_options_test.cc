@@ -287,6 +287,16 @@ TEST(WorkerOptionsTest, ResolveAppliesTheSessionDefaultsAndTheForwardCapacity) {
   EXPECT_EQ(
       WorkerFlags().Parse({"--max-batch-tokens", "16", "--prefill-chunk", "64"}, &chunk).message(),
       "--prefill-chunk: 64 is more than --max-batch-tokens (16)");
+  WorkerOptions active;
+  EXPECT_EQ(
+      WorkerFlags().Parse({"--max-batch-tokens", "32", "--prefill-chunk", "16"}, &active).message(),
+      "--max-active: 64 running turns decode up to 64 tokens a step, more than "
+      "--max-batch-tokens (32); lower --max-active or raise --max-batch-tokens");
+  EXPECT_TRUE(
+      WorkerFlags()
+          .Parse({"--max-batch-tokens", "32", "--prefill-chunk", "16", "--max-active", "32"},
+                 &active)
+          .ok());
 }
 
 // A calibration file (`recall calibrate-window --out`) sets the policy, budget fraction,
