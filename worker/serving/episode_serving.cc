@@ -123,12 +123,23 @@ void EpisodeServing::Install(Session& s) {
 absl::Status EpisodeServing::Switch(Session& s, int episode) {
   SessionEpisodes& e = *s.episodic;
   if (episode == e.active && !s.caches.empty()) return absl::OkStatus();
+  if (episode < 0 || episode >= static_cast<int>(e.parked.size()) ||
+      e.parked[static_cast<size_t>(episode)] == nullptr) {
+    return absl::InternalError(
+        absl::StrCat("session ", s.id, ": episode ", episode, " has no cache to switch to"));
+  }
+  // The new evictor first: if it cannot be made, nothing has changed.
+  RECALL_ASSIGN_OR_RETURN(std::unique_ptr<cache::eviction::SessionEvictor> evictor,
+                          cache::eviction::SessionEvictor::Create(
+                              EvictorOptions(s), e.parked[static_cast<size_t>(episode)].get()));
   if (!s.caches.empty()) {
     // An offloaded cache's host bytes are counted by memory_ whether it is the
-    // session's or parked; only offloading and dropping change the count.
+    // session's or parked; only offloading and dropping change the count. An offloaded
+    // session's evictor state is on the host too (Session::host_bytes), counted with it.
     if (e.active >= 0) {
       // Park the cache in use (upto: what it held after its last completed turn). Its
       // evictor goes first: a parked cache holds no policy state.
+      if (s.offloaded()) memory_.CountHost(-s.state_bytes());
       s.evictors.clear();
       if (s.resident()) memory_.OffloadPinned(s);
       e.parked[static_cast<size_t>(e.active)] = std::move(s.caches[0]);
@@ -140,11 +151,9 @@ absl::Status EpisodeServing::Switch(Session& s, int episode) {
     s.caches.clear();
   }
   // The episode's cache becomes the session's (offloaded: admission restores it).
-  s.caches.push_back(std::move(e.parked[episode]));
-  RECALL_ASSIGN_OR_RETURN(
-      std::unique_ptr<cache::eviction::SessionEvictor> evictor,
-      cache::eviction::SessionEvictor::Create(EvictorOptions(s), s.caches[0].get()));
+  s.caches.push_back(std::move(e.parked[static_cast<size_t>(episode)]));
   s.evictors.push_back(std::move(evictor));
+  if (s.offloaded()) memory_.CountHost(s.state_bytes());  // Restore takes it back
   e.active = episode;
   return absl::OkStatus();
 }

@@ -124,6 +124,47 @@ TEST_F(SchedulerEpisodesTest, EpisodesAreBuiltInTheBackgroundAndTurnsGoToTheirSt
   EXPECT_EQ(sched_->Load().host_bytes_used, 0);
 }
 
+// An offloaded episodic session switching episode (another session's prompt took the pool)
+// keeps the host-byte count exact: the evictor's state it had on the host goes with the old
+// episode's evictor, the new one's is counted. Dropping both sessions gives back every byte.
+TEST_F(SchedulerEpisodesTest, AnOffloadedSessionSwitchingEpisodeKeepsTheHostCountExact) {
+  const model::ModelConfig& c = model_->config;
+  sched_.reset();
+  auto pool = cache::BlockPool::Create({c.n_layers, c.n_kv_heads, c.head_dim, 16}, 24 * c.n_layers);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  pool_ = std::move(*pool);
+  Start(SchedulerOptions{});
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(Run(kStories[i], 2 * i).status.ok());
+  sched_->WaitForEpisodeBuilds();
+  Collected lily = Run("Lily had a red ball.", 8);
+  ASSERT_TRUE(lily.status.ok()) << lily.status;
+  ASSERT_GE(lily.summary.episode, 0);
+  // A prompt that needs nearly the whole pool: the idle episodic session is offloaded.
+  std::string big;
+  while (tok_->Encode(big, true).size() < 330) big += std::string(kStories[big.size() % 4]) + " ";
+  TurnRequest r;
+  r.session_id = "big";
+  r.messages = {{"user", big}};
+  r.sampling.temperature = 0;
+  r.max_tokens = 4;
+  auto stream = sched_->Submit(std::move(r));
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  const Collected bigc = CollectTurn(**stream);
+  ASSERT_TRUE(bigc.status.ok()) << bigc.status;
+  EXPECT_GT(sched_->Load().offloaded_sessions, 0);
+  // Sue's turn switches the offloaded session to the other episode.
+  Collected sue = Run("Sue baked a cake with her dad.", 10);
+  ASSERT_TRUE(sue.status.ok()) << sue.status;
+  EXPECT_NE(sue.summary.episode, lily.summary.episode);
+  ASSERT_TRUE(sched_->DropSession("epi").ok());
+  sched_->DropSession("big").IgnoreError();  // offloaded or dropped to make room: either way
+  EXPECT_EQ(pool_->free_blocks(), pool_->num_blocks());
+  for (int i = 0; i < 50 && sched_->Load().host_bytes_used != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(sched_->Load().host_bytes_used, 0);
+}
+
 TEST_F(SchedulerEpisodesTest, EpisodesThatDoNotFitTheHostBudgetAreNotInstalled) {
   SchedulerOptions o;
   o.host_cache_bytes = 64 << 10;  // two episodes of 32 slots in 5 layers take 80 KiB
