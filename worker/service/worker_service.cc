@@ -1,6 +1,7 @@
 #include "worker/service/worker_service.h"
 
 #include <algorithm>
+#include <atomic>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -105,8 +106,10 @@ grpc::ServerWriteReactor<v1::TurnEvent>* WorkerService::RunTurn(
   const int default_max_tokens = std::min(256, scheduler_.options().limits.max_tokens);
   serving::TurnRequest turn = FromProto(*request, default_max_tokens);
   if (turn.request_id.empty()) {
-    // Unique per call, so Abort by request id and cancellation find exactly this turn.
-    turn.request_id = absl::StrCat("w", reinterpret_cast<uintptr_t>(context));
+    // Unique in the process (a call's address comes back for later calls), so Abort by
+    // request id and cancellation find exactly this turn, never a later one.
+    static std::atomic<uint64_t> next_id{0};
+    turn.request_id = absl::StrCat("w", next_id.fetch_add(1, std::memory_order_relaxed));
   }
   std::string request_id = turn.request_id;
   return RunTurnReactor::Start(scheduler_, std::move(request_id), request->history_length(),
