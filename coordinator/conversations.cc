@@ -17,6 +17,13 @@
 namespace recall::coordinator {
 namespace {
 
+// A coordinator's id in the replies it writes: 128 random bits, per run.
+std::string NewInstanceId() {
+  std::random_device rd;
+  std::mt19937_64 rng((uint64_t{rd()} << 32) ^ rd());
+  return absl::StrCat("c-", absl::Hex(rng(), absl::kZeroPad16), absl::Hex(rng(), absl::kZeroPad16));
+}
+
 std::string NewSessionId() {
   static std::mutex mu;
   static std::mt19937_64 rng(std::random_device{}());
@@ -56,6 +63,7 @@ Conversations::Conversations(SessionStore& store, WorkerRegistry& workers,
     : store_(store),
       workers_(workers),
       options_(options),
+      instance_id_(NewInstanceId()),
       metrics_(metrics),
       journal_pool_(std::max(1, options.store_threads)),
       lease_keeper_(absl::Milliseconds(LeaseMs() / 8)) {}
@@ -127,6 +135,7 @@ absl::StatusOr<OpenTurn> Conversations::Open(
   turn.tenant = tenant;
   turn.session_id = session_id;
   turn.key = tenant + "/" + session_id;
+  turn.writer = instance_id_;
   turn.edge = edge;
   if (!MarkRunning(turn.key)) {
     return absl::FailedPreconditionError(
@@ -172,6 +181,16 @@ absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
                                               const std::string& edge) {
   return Open(
       tenant, session_id, edge, [&](const SessionRecord& rec, OpenTurn& turn) -> absl::Status {
+        // A reply in progress by another coordinator sharing the store is a turn running
+        // there (its lease is live: a lapsed one reads as interrupted): the transcript is
+        // not cut under it. One of this coordinator's own is an orphan (its running mark is
+        // held here now: a turn whose end could not be stored), taken as interrupted.
+        if (!rec.messages.empty() && rec.messages.back().state == TurnState::kInProgress &&
+            !rec.messages.back().writer.empty() && rec.messages.back().writer != instance_id_) {
+          return absl::FailedPreconditionError(
+              "session_id: a turn of this session is running (on another coordinator); send "
+              "the next when it ends");
+        }
         RECALL_ASSIGN_OR_RETURN(TurnMessages m, plan(rec));
         RECALL_CHECK(!m.add.empty() && m.keep >= 0 && m.keep <= rec.message_count)
             << "a turn planner kept " << m.keep << " of " << rec.message_count
@@ -192,6 +211,7 @@ absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
         reply.role = "assistant";
         reply.state = TurnState::kInProgress;
         reply.lease_unix_ms = UnixMillis() + LeaseMs();
+        reply.writer = instance_id_;
         reply.seed = seeded.seed();
         RECALL_RETURN_IF_ERROR(store_.AppendAll(tenant, session_id, m.keep, write));
         BuildSpec(rec, m.keep, m.add, seeded, turn);
@@ -231,6 +251,7 @@ absl::StatusOr<OpenTurn> Conversations::Resume(const std::string& tenant,
         partial.seed = seeded.seed();
         partial.state = TurnState::kInProgress;
         partial.lease_unix_ms = UnixMillis() + LeaseMs();
+        partial.writer = instance_id_;
         RECALL_RETURN_IF_ERROR(store_.Replace(tenant, session_id, reply_index, partial));
         BuildSpec(rec, user, {rec.messages[static_cast<size_t>(user)]}, seeded, turn);
         turn.resumed = partial;
@@ -275,6 +296,7 @@ absl::Status Conversations::Finish(const OpenTurn& turn, const absl::StatusOr<Tu
     ended.state = sent.token_ids.empty() && sent.content.empty() ? TurnState::kFailed
                                                                  : TurnState::kInterrupted;
     ended.lease_unix_ms = 0;
+    ended.writer.clear();
     ended.seed = turn.spec.request.sampling().seed();  // a resume takes the same draws
     stored = store_.Replace(turn.tenant, turn.session_id, turn.reply_index, ended);
   } else {

@@ -90,6 +90,7 @@ struct OpenTurn {
   std::optional<StoredMessage> resumed;
   TurnSpec spec;      // for a TurnRunner
   std::string key;    // tenant/session: the running mark and the episodes
+  std::string writer;  // the reply in progress's StoredMessage::writer: this coordinator
   std::string edge;   // "grpc" or "http", for the turns metric
 };
 
@@ -100,6 +101,8 @@ class Conversations {
 
   const CoordinatorOptions& options() const { return options_; }
   int64_t LeaseMs() const { return int64_t{std::max(1, options_.turn_lease_seconds)} * 1000; }
+  // This coordinator's id in the replies it writes (StoredMessage::writer): random, per run.
+  const std::string& instance_id() const { return instance_id_; }
   SessionStore& store() const { return store_; }
   TurnRunnerOptions RunnerOptions() const;
 
@@ -186,6 +189,7 @@ class Conversations {
   SessionStore& store_;
   WorkerRegistry& workers_;
   const CoordinatorOptions options_;
+  const std::string instance_id_;
   metrics::Registry& metrics_;
   absl::Mutex mu_;
   std::set<std::string> running_ ABSL_GUARDED_BY(mu_);

@@ -63,9 +63,11 @@ if index >= n then return -2 - n end
 redis.call('LSET', KEYS[2], index, ARGV[3])
 )lua" RECALL_KEEP_PARTS("cjson.decode(p).i ~= index") "return 1";
 
-// KEYS: session, messages, parts. ARGV: tenant, index, lease, part, renew_before. -1 not
-// found, -2 no message there, -3 it is not in progress. The message's lease is renewed (its
-// JSON, which holds no parts, rewritten) only when it ends before renew_before.
+// KEYS: session, messages, parts. ARGV: tenant, index, lease, part, renew_before, writer.
+// -1 not found, -2 no message there, -3 it is not in progress, or by another writer (when
+// both are known: a coordinator whose lease lapsed and whose turn another one resumed). The
+// message's lease is renewed (its JSON, which holds no parts, rewritten) only when it ends
+// before renew_before.
 constexpr char kAppendReply[] = R"lua(
 if redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[1] then return -1 end
 local i = tonumber(ARGV[2])
@@ -73,6 +75,7 @@ local m = redis.call('LINDEX', KEYS[2], i)
 if not m then return -2 end
 local msg = cjson.decode(m)
 if msg.state ~= 1 then return -3 end
+if ARGV[6] ~= '' and msg.w ~= nil and msg.w ~= ARGV[6] then return -3 end
 if (msg.lease_ms or 0) < tonumber(ARGV[5]) then
   msg.lease_ms = tonumber(ARGV[3])
   redis.call('LSET', KEYS[2], i, cjson.encode(msg))
@@ -88,6 +91,7 @@ std::string ToJson(const StoredMessage& message) {
   }
   if (message.state != TurnState::kComplete) m["state"] = static_cast<int>(message.state);
   if (message.lease_unix_ms != 0) m["lease_ms"] = message.lease_unix_ms;
+  if (!message.writer.empty()) m["w"] = message.writer;
   if (!message.turn_id.empty()) m["turn_id"] = message.turn_id;
   // As a string: the scripts that rewrite a message decode it with cjson, whose numbers are
   // doubles (53 bits).
@@ -204,6 +208,7 @@ class RedisStore final : public SessionStore {
       if (m.contains("lease_ms") && m["lease_ms"].is_number_integer()) {
         msg.lease_unix_ms = m["lease_ms"].get<int64_t>();
       }
+      if (m.contains("w") && m["w"].is_string()) msg.writer = m["w"].get<std::string>();
       // Its writer is gone (no replica renewed the lease): the turn was interrupted.
       if (msg.state == TurnState::kInProgress && msg.lease_unix_ms != 0 &&
           msg.lease_unix_ms < now) {
@@ -255,7 +260,7 @@ class RedisStore final : public SessionStore {
         Reply rep,
         Command({"EVAL", kAppendReply, "3", SessionKey(id), MessagesKey(id), PartsKey(id), tenant,
                  std::to_string(index), std::to_string(whole.lease_unix_ms), part.dump(),
-                 std::to_string(RenewBefore(whole.lease_unix_ms))}));
+                 std::to_string(RenewBefore(whole.lease_unix_ms)), whole.writer}));
     if (rep->integer == -1) return NotFound(id);
     if (rep->integer < -1) {
       return absl::FailedPreconditionError(absl::StrCat("session ", QuotedId(id),

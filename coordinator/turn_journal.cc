@@ -20,6 +20,7 @@ TurnJournal::TurnJournal(SessionStore& store, WorkPool& pool, LeaseKeeper& keepe
   if (turn.resumed.has_value()) sent_ = *turn.resumed;  // the part sent before, stored
   sent_.role = "assistant";
   sent_.state = TurnState::kInProgress;
+  sent_.writer = turn.writer;  // the store refuses a write into another writer's reply
   sent_.seed = turn.spec.request.sampling().seed();  // so every write keeps it
   {
     absl::MutexLock lock(&mu_);

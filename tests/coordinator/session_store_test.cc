@@ -278,6 +278,38 @@ TEST_P(SessionStoreTest, RepliesWrittenPartByPartReadWhole) {
   EXPECT_FALSE(rec->messages[0].seed.has_value());
 }
 
+// Redis, shared by coordinators: a reply in progress keeps its writer's id, and a write of
+// another writer into it (a coordinator whose lease lapsed, its turn resumed by another) is
+// refused; its own writer's, or one of unknown writer, goes in.
+TEST_P(SessionStoreTest, AReplyInProgressTakesWritesOfItsWriterOnly) {
+  if (GetParam() != "redis") GTEST_SKIP() << "SQLite keeps no writer: one coordinator owns it";
+  ASSERT_TRUE(store_->Create(Record("s1", "a")).ok());
+  StoredMessage whole{"assistant", ""};
+  whole.state = TurnState::kInProgress;
+  whole.lease_unix_ms = 4102444800000;  // 2100
+  whole.writer = "c-one";
+  ASSERT_TRUE(store_->AppendAll("a", "s1", 0, {{"user", "hi"}, whole}).ok());
+  auto rec = store_->Get("a", "s1");
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  EXPECT_EQ(rec->messages[1].writer, "c-one");
+  StoredMessage delta;
+  delta.content = " Once";
+  delta.token_ids = {5};
+  whole.content = " Once";
+  whole.token_ids = {5};
+  ASSERT_TRUE(store_->AppendReply("a", "s1", 1, delta, whole).ok());
+  StoredMessage other = whole;
+  other.writer = "c-two";
+  EXPECT_EQ(store_->AppendReply("a", "s1", 1, delta, other).code(),
+            absl::StatusCode::kFailedPrecondition);
+  StoredMessage unknown = whole;
+  unknown.writer.clear();
+  EXPECT_TRUE(store_->AppendReply("a", "s1", 1, delta, unknown).ok());
+  rec = store_->Get("a", "s1");
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  EXPECT_EQ(rec->messages[1].content, " Once Once") << "the refused write left nothing";
+}
+
 // A reply's bytes with a seed, and bytes written before seeds were kept (finish, then ids),
 // which read as before.
 TEST(ReplyBytesTest, SeedsRoundTripAndOldBytesReadWithout) {

@@ -561,5 +561,68 @@ TEST_F(OpenAiRedisTest, ASilentSessionTurnKeepsItsLease) {
   EXPECT_EQ(ReplyText(replayed), ReplyText(first));
 }
 
+// A session whose turn is running on one coordinator is not cut by the other: a message
+// list that diverges from its transcript (a regenerate of the running turn) is 409 there
+// while the turn streams, refused before the store is touched (it was truncated, and the
+// running turn's writes could land in the other's reply); the running turn ends complete,
+// as its client saw it.
+TEST_F(OpenAiRedisTest, ARunningTurnIsNotCutByTheOtherCoordinator) {
+  const std::string config = testing::SharedPath("tokenizers/smollm2/config.json");
+  if (!std::filesystem::exists(config)) GTEST_SKIP() << "shared data missing: " << config;
+  if (!testing::RedisServer::Available()) GTEST_SKIP() << "redis-server is not installed";
+  StartCluster("openai_redis_cut", {"--model", testing::SharedPath("tokenizers/smollm2"),
+                                    "--random-weights", "--kv-cache-bytes", "256M"});
+  if (HasFatalFailure()) return;
+  const HttpReply one = Send(*ha_, "POST", "/v1/chat/completions",
+                             ChatBody({Message("user", "Hello")}, 2, false), "");
+  ASSERT_EQ(one.status, 200) << one.body;
+  const std::string id = one.Header("X-Session-Id");
+  const std::vector<Json> two = {Message("user", "Hello"), Message("assistant", ReplyText(one)),
+                                 Message("user", "Tell me a long story")};
+  std::atomic<bool> streaming{false};
+  HttpReply running;
+  std::thread runner([&] {
+    running = Send(*ha_, "POST", "/v1/chat/completions", ChatBody(two, 60, true), "",
+                   {{"X-Session-Id", id}}, [&](const std::string& so_far) {
+                     if (so_far.find("\"content\":\"", 60) != std::string::npos) streaming = true;
+                     return true;
+                   });
+  });
+  for (int i = 0; i < 3000 && !streaming; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const std::vector<Json> other = {Message("user", "Hello"), Message("assistant", ReplyText(one)),
+                                   Message("user", "Something else")};
+  const HttpReply cut = Send(*hb_, "POST", "/v1/chat/completions", ChatBody(other, 2, false), "",
+                             {{"X-Session-Id", id}});
+  runner.join();
+  ASSERT_TRUE(streaming) << running.body;
+  ASSERT_EQ(running.status, 200) << running.body;
+  EXPECT_EQ(cut.status, 409) << cut.body;
+  // Refused by the coordinator before the store is touched (the worker would refuse it
+  // too, busy, but only after the transcript was cut and then put back under the running turn).
+  EXPECT_NE(cut.body.find("running (on another coordinator)"), std::string::npos) << cut.body;
+  // The transcript: the running turn, complete, as streamed.
+  std::string streamed;
+  for (const std::string& e : Events(running.body)) {
+    if (e == "[DONE]") continue;
+    const Json chunk = Json::parse(e);
+    if (!chunk["choices"].empty() && chunk["choices"][0]["delta"].contains("content")) {
+      streamed += chunk["choices"][0]["delta"]["content"].get<std::string>();
+    }
+  }
+  auto chat = v1::Chat::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(b_.port("grpc")),
+                                                    grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::GetSessionRequest req;
+  req.set_session_id(id);
+  v1::Session session;
+  ASSERT_TRUE(chat->GetSession(&ctx, req, &session).ok());
+  ASSERT_EQ(session.messages_size(), 4);
+  EXPECT_EQ(session.messages(2).content(), "Tell me a long story");
+  EXPECT_EQ(session.messages(3).state(), v1::TURN_STATE_COMPLETE);
+  EXPECT_EQ(session.messages(3).content(), streamed);
+}
+
 }  // namespace
 }  // namespace recall
