@@ -201,10 +201,10 @@ absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
         }
         if (m.keep < rec.message_count) {
           turn.replaced.assign(rec.messages.begin() + m.keep, rec.messages.end());
-          RECALL_RETURN_IF_ERROR(store_.Truncate(tenant, session_id, m.keep));
           turn.spec.send_history = true;  // a worker's copy of that length may differ
         }
-        // The turn's messages and its reply's place, in one write.
+        // The messages it replaces out, the turn's messages and its reply's place in: one
+        // atomic write (a failure leaves the transcript as it was).
         const v1::SamplingParams seeded = WithSeed(sampling);
         std::vector<StoredMessage> write = m.add;
         StoredMessage& reply = write.emplace_back();
@@ -213,7 +213,8 @@ absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
         reply.lease_unix_ms = UnixMillis() + LeaseMs();
         reply.writer = instance_id_;
         reply.seed = seeded.seed();
-        RECALL_RETURN_IF_ERROR(store_.AppendAll(tenant, session_id, m.keep, write));
+        RECALL_RETURN_IF_ERROR(
+            store_.ReplaceTail(tenant, session_id, m.keep, rec.message_count, write));
         BuildSpec(rec, m.keep, m.add, seeded, turn);
         return absl::OkStatus();
       });
@@ -285,11 +286,10 @@ absl::Status Conversations::Finish(const OpenTurn& turn, const absl::StatusOr<Tu
       code == absl::StatusCode::kResourceExhausted || code == absl::StatusCode::kPermissionDenied ||
       code == absl::StatusCode::kNotFound;
   if (!outcome.ok() && refused && sent.token_ids.empty() && sent.content.empty()) {
-    // The request was refused before any reply: the turn did not happen.
-    stored = store_.Truncate(turn.tenant, turn.session_id, turn.index);
-    if (stored.ok() && !turn.replaced.empty()) {
-      stored = store_.AppendAll(turn.tenant, turn.session_id, turn.index, turn.replaced);
-    }
+    // The request was refused before any reply: the turn did not happen. Its messages out,
+    // what they replaced back, in one write.
+    stored = store_.ReplaceTail(turn.tenant, turn.session_id, turn.index, turn.reply_index + 1,
+                                turn.replaced);
   } else if (!outcome.ok()) {
     StoredMessage ended = sent;
     ended.role = "assistant";

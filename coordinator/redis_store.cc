@@ -44,13 +44,16 @@ for i = 3, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
 return 1)lua";
 
 // Lua: keeps the parts list (KEYS[3]) to the parts p for which KEEP holds (an expression of
-// the part's message index, cjson.decode(p).i).
-#define RECALL_KEEP_PARTS(KEEP)                       \
-  "local ps = redis.call('LRANGE', KEYS[3], 0, -1)\n" \
-  "redis.call('DEL', KEYS[3])\n"                      \
-  "for _, p in ipairs(ps) do\n"                       \
-  "  if " KEEP                                        \
-  " then redis.call('RPUSH', KEYS[3], p) end\n"       \
+// the part's message index, pi). A part that does not decode (a damaged store) is dropped
+// instead of failing the script halfway (Redis does not roll a failed script back).
+#define RECALL_KEEP_PARTS(KEEP)                                       \
+  "local ps = redis.call('LRANGE', KEYS[3], 0, -1)\n"                 \
+  "redis.call('DEL', KEYS[3])\n"                                      \
+  "for _, p in ipairs(ps) do\n"                                       \
+  "  local ok, d = pcall(cjson.decode, p)\n"                          \
+  "  local pi = ok and type(d) == 'table' and tonumber(d.i) or nil\n" \
+  "  if pi ~= nil and " KEEP                                          \
+  " then redis.call('RPUSH', KEYS[3], p) end\n"                       \
   "end\n"
 
 // KEYS: session, messages, parts. ARGV: tenant, index, message. -1 not found, -2 - n: the
@@ -61,7 +64,7 @@ local n = redis.call('LLEN', KEYS[2])
 local index = tonumber(ARGV[2])
 if index >= n then return -2 - n end
 redis.call('LSET', KEYS[2], index, ARGV[3])
-)lua" RECALL_KEEP_PARTS("cjson.decode(p).i ~= index") "return 1";
+)lua" RECALL_KEEP_PARTS("pi ~= index") "return 1";
 
 // KEYS: session, messages, parts. ARGV: tenant, index, lease, part, renew_before, writer.
 // -1 not found, -2 no message there, -3 it is not in progress, or by another writer (when
@@ -111,7 +114,22 @@ constexpr char kTruncate[] = R"lua(
 if redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[1] then return -1 end
 local i = tonumber(ARGV[2])
 if i == 0 then redis.call('DEL', KEYS[2]) else redis.call('LTRIM', KEYS[2], 0, i - 1) end
-)lua" RECALL_KEEP_PARTS("cjson.decode(p).i < i") "return 1";
+)lua" RECALL_KEEP_PARTS("pi < i") "return 1";
+
+// KEYS: session, messages, parts. ARGV: tenant, keep, count, messages... -1 not found,
+// -2 - n: the list has n messages, not count. The messages from keep on (and their parts)
+// are replaced by the given ones, in one script: atomic.
+constexpr char kReplaceTail[] = R"lua(
+if redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[1] then return -1 end
+local n = redis.call('LLEN', KEYS[2])
+if n ~= tonumber(ARGV[3]) then return -2 - n end
+local i = tonumber(ARGV[2])
+if i < n then
+  if i == 0 then redis.call('DEL', KEYS[2]) else redis.call('LTRIM', KEYS[2], 0, i - 1) end
+)lua" RECALL_KEEP_PARTS("pi < i") R"lua(
+end
+for j = 4, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[j]) end
+return 1)lua";
 
 #undef RECALL_KEEP_PARTS
 
@@ -304,6 +322,23 @@ class RedisStore final : public SessionStore {
     if (rep->integer < -1) {
       return absl::FailedPreconditionError(absl::StrCat("session ", QuotedId(id), " has ",
                                                         -2 - rep->integer, " messages, not ", index,
+                                                        ": another turn changed it"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ReplaceTail(const std::string& tenant, const std::string& id, int keep, int count,
+                           const std::vector<StoredMessage>& messages) override {
+    std::vector<std::string> args = {"EVAL",         kReplaceTail,         "3",
+                                     SessionKey(id), MessagesKey(id),      PartsKey(id),
+                                     tenant,         std::to_string(keep), std::to_string(count)};
+    for (const StoredMessage& m : messages) args.push_back(ToJson(m));
+    absl::MutexLock lock(&mu_);
+    RECALL_ASSIGN_OR_RETURN(Reply rep, Command(args));
+    if (rep->integer == -1) return NotFound(id);
+    if (rep->integer < -1) {
+      return absl::FailedPreconditionError(absl::StrCat("session ", QuotedId(id), " has ",
+                                                        -2 - rep->integer, " messages, not ", count,
                                                         ": another turn changed it"));
     }
     return absl::OkStatus();

@@ -99,6 +99,13 @@ class SessionStore {
                                                           const std::string& after,
                                                           int limit) = 0;
   virtual absl::Status Delete(const std::string& tenant, const std::string& id) = 0;
+  // Replaces the transcript's messages from `keep` on (and their reply parts) with
+  // `messages`, in one atomic, durable write, if it still has `count` messages
+  // (FailedPrecondition otherwise: another turn changed it). REQUIRES: keep <= count. What a
+  // turn that rewrites the transcript's tail writes (and what puts it back when the turn is
+  // taken back): a failure or a crash leaves the old tail, never none.
+  virtual absl::Status ReplaceTail(const std::string& tenant, const std::string& id, int keep,
+                                   int count, const std::vector<StoredMessage>& messages) = 0;
   // Appends `messages` at position `index`, all or none, where `index` must equal the current
   // message count (so two writers cannot interleave turns): FailedPrecondition otherwise.
   // Durable on return.

@@ -195,7 +195,7 @@ class SqliteStore final : public SessionStore {
       Exec("ROLLBACK", "append reply").IgnoreError();
       return st;
     }
-    return Exec("COMMIT", "append reply");
+    return Commit("append reply");
   }
 
   absl::StatusOr<std::vector<SessionRecord>> List(const std::string& tenant,
@@ -229,31 +229,34 @@ class SqliteStore final : public SessionStore {
 
   absl::Status AppendAll(const std::string& tenant, const std::string& id, int index,
                          const std::vector<StoredMessage>& messages) override {
+    return ReplaceTail(tenant, id, index, index, messages);  // the count checked inside
+  }
+
+  absl::Status ReplaceTail(const std::string& tenant, const std::string& id, int keep, int count,
+                           const std::vector<StoredMessage>& messages) override {
     absl::MutexLock lock(&mu_);
-    SessionRecord r;
-    RECALL_RETURN_IF_ERROR(LoadHeader(tenant, id, &r));
-    if (r.message_count != index) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "session \"", id, "\" has ", r.message_count, " messages, not ", index,
-          ": another turn changed it"));
-    }
-    RECALL_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE", "append messages"));
-    for (size_t i = 0; i < messages.size(); ++i) {
-      const StoredMessage& message = messages[i];
-      Stmt s(db_,
-             "INSERT INTO messages (session_id, idx, role, content, reply, state, lease_ms, "
-             "turn_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
-      s.BindText(1, id).Bind(2, index + static_cast<int64_t>(i)).BindText(3, message.role);
-      s.Bind(4, message.content).Bind(5, EncodeReply(message));
-      s.Bind(6, static_cast<int64_t>(message.state)).Bind(7, message.lease_unix_ms);
-      s.BindText(8, message.turn_id);
-      absl::Status st = Check(s.Step(), "append message");
-      if (!st.ok()) {
-        Exec("ROLLBACK", "append messages").IgnoreError();
-        return st;
+    RECALL_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE", "replace messages"));
+    absl::Status st = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+      SessionRecord r;
+      RECALL_RETURN_IF_ERROR(LoadHeader(tenant, id, &r));
+      if (r.message_count != count) {
+        return absl::FailedPreconditionError(absl::StrCat("session \"", id, "\" has ",
+                                                          r.message_count, " messages, not ", count,
+                                                          ": another turn changed it"));
       }
+      for (const char* sql : {"DELETE FROM messages WHERE session_id = ? AND idx >= ?",
+                              "DELETE FROM reply_parts WHERE session_id = ? AND idx >= ?"}) {
+        Stmt s(db_, sql);
+        s.BindText(1, id).Bind(2, keep);
+        RECALL_RETURN_IF_ERROR(Check(s.Step(), "replace messages"));
+      }
+      return InsertMessages(id, keep, messages);
+    }();
+    if (!st.ok()) {
+      Exec("ROLLBACK", "replace messages").IgnoreError();
+      return st;
     }
-    return Exec("COMMIT", "append messages");
+    return Commit("replace messages");
   }
 
   absl::Status Replace(const std::string& tenant, const std::string& id, int index,
@@ -292,7 +295,7 @@ class SqliteStore final : public SessionStore {
       Exec("ROLLBACK", "replace message").IgnoreError();
       return st;
     }
-    return Exec("COMMIT", "replace message");
+    return Commit("replace message");
   }
 
   absl::StatusOr<int> InterruptInProgress() override {
@@ -320,7 +323,7 @@ class SqliteStore final : public SessionStore {
       Exec("ROLLBACK", "truncate transcript").IgnoreError();
       return st;
     }
-    return Exec("COMMIT", "truncate transcript");
+    return Commit("truncate transcript");
   }
 
   absl::Status Bind(const std::string& tenant, const std::string& id,
@@ -377,6 +380,32 @@ class SqliteStore final : public SessionStore {
 
   absl::Status Exec(const char* sql, const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return Check(sqlite3_exec(db_, sql, nullptr, nullptr, nullptr), what);
+  }
+
+  // COMMIT; when it fails (SQLite may leave the transaction open, e.g. on SQLITE_BUSY), the
+  // transaction is rolled back, so later writes are not taken into it and lost.
+  absl::Status Commit(const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    absl::Status st = Exec("COMMIT", what);
+    if (!st.ok() && sqlite3_get_autocommit(db_) == 0) Exec("ROLLBACK", what).IgnoreError();
+    return st;
+  }
+
+  // Inserts `messages` at index..; inside a transaction.
+  absl::Status InsertMessages(const std::string& id, int index,
+                              const std::vector<StoredMessage>& messages)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (size_t i = 0; i < messages.size(); ++i) {
+      const StoredMessage& message = messages[i];
+      Stmt s(db_,
+             "INSERT INTO messages (session_id, idx, role, content, reply, state, lease_ms, "
+             "turn_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
+      s.BindText(1, id).Bind(2, index + static_cast<int64_t>(i)).BindText(3, message.role);
+      s.Bind(4, message.content).Bind(5, EncodeReply(message));
+      s.Bind(6, static_cast<int64_t>(message.state)).Bind(7, message.lease_unix_ms);
+      s.BindText(8, message.turn_id);
+      RECALL_RETURN_IF_ERROR(Check(s.Step(), "append message"));
+    }
+    return absl::OkStatus();
   }
 
   static absl::Status Fill(const Stmt& s, SessionRecord* r) {

@@ -278,6 +278,50 @@ TEST_P(SessionStoreTest, RepliesWrittenPartByPartReadWhole) {
   EXPECT_FALSE(rec->messages[0].seed.has_value());
 }
 
+// A turn rewriting the transcript's tail (a diverging message list; a refused turn put
+// back) is one write: the old tail and its reply parts out, the new messages in; refused
+// with nothing changed when the count is not the one read (another turn changed it). On
+// Redis, a damaged reply part does not stop it halfway: the part is dropped.
+TEST_P(SessionStoreTest, ATailIsReplacedInOneWriteOrNotAtAll) {
+  ASSERT_TRUE(store_->Create(Record("s1", "a")).ok());
+  StoredMessage streaming{"assistant", ""};
+  streaming.state = TurnState::kInProgress;
+  ASSERT_TRUE(store_
+                  ->AppendAll("a", "s1", 0,
+                              {{"user", "u1"}, {"assistant", "a1"}, {"user", "u2"}, streaming})
+                  .ok());
+  StoredMessage delta;
+  delta.content = " part";
+  delta.token_ids = {7};
+  streaming.content = " part";
+  ASSERT_TRUE(store_->AppendReply("a", "s1", 3, delta, streaming).ok());
+  const auto contents = [&] {
+    std::vector<std::string> out;
+    auto rec = store_->Get("a", "s1");
+    EXPECT_TRUE(rec.ok()) << rec.status();
+    if (rec.ok()) {
+      for (const StoredMessage& m : rec->messages) out.push_back(m.content);
+    }
+    return out;
+  };
+  EXPECT_EQ(store_->ReplaceTail("a", "s1", 2, 3, {{"user", "x"}}).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(contents(), (std::vector<std::string>{"u1", "a1", "u2", " part"})) << "unchanged";
+  if (GetParam() == "redis" && std::system("command -v redis-cli > /dev/null") == 0) {
+    // A damaged part (Get reads the session as DataLoss while it is there).
+    const std::string cmd = "redis-cli -p " + std::to_string(redis_.port()) +
+                            " RPUSH recall:p:s1 '{not json' > /dev/null";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  }
+  ASSERT_TRUE(store_->ReplaceTail("a", "s1", 2, 4, {{"user", "u3"}, {"assistant", "a3"}}).ok());
+  EXPECT_EQ(contents(), (std::vector<std::string>{"u1", "a1", "u3", "a3"}))
+      << "the old tail's reply parts went with it";
+  ASSERT_TRUE(store_->ReplaceTail("a", "s1", 4, 4, {{"user", "u4"}}).ok());
+  EXPECT_EQ(contents(), (std::vector<std::string>{"u1", "a1", "u3", "a3", "u4"}));
+  EXPECT_EQ(store_->ReplaceTail("b", "s1", 0, 5, {}).code(), absl::StatusCode::kNotFound)
+      << "another tenant's";
+}
+
 // Redis, shared by coordinators: a reply in progress keeps its writer's id, and a write of
 // another writer into it (a coordinator whose lease lapsed, its turn resumed by another) is
 // refused; its own writer's, or one of unknown writer, goes in.
