@@ -1,8 +1,13 @@
 // SessionStore on SQLite: one connection guarded by a mutex, WAL journal, synchronous=FULL
 // so an appended message is on disk when Append returns. A streaming reply's writes are
 // parts (reply_parts), merged by Get and folded into the message by Replace.
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/file.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <set>
 #include <utility>
 
@@ -109,8 +114,12 @@ class Stmt {
 
 class SqliteStore final : public SessionStore {
  public:
-  explicit SqliteStore(sqlite3* db) : db_(db) {}
-  ~SqliteStore() override { sqlite3_close(db_); }
+  // `lock_fd`: the open lock file this store holds (OpenSqliteStore), closed with it.
+  SqliteStore(sqlite3* db, int lock_fd) : db_(db), lock_fd_(lock_fd) {}
+  ~SqliteStore() override {
+    sqlite3_close(db_);
+    close(lock_fd_);
+  }
 
   absl::Status Create(const SessionRecord& r) override {
     absl::MutexLock lock(&mu_);
@@ -434,11 +443,40 @@ class SqliteStore final : public SessionStore {
 
   absl::Mutex mu_;
   sqlite3* db_;
+  const int lock_fd_;
 };
+
+// One store per file: a second coordinator on the same sessions.db would mark the first's
+// running turns interrupted at its start, and their transcripts would interleave. An
+// exclusive flock on PATH.lock, held while the store is open (the kernel lets it go when the
+// process dies, however).
+absl::StatusOr<int> LockStoreFile(const std::string& path) {
+  const std::string lock_path = path + ".lock";
+  const int fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("session store ", path, ": cannot open ", lock_path, ": ", strerror(errno)));
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int e = errno;
+    close(fd);
+    if (e == EWOULDBLOCK) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("session store ", path, " is in use by another coordinator (", lock_path,
+                       " is locked); run one coordinator per --data-dir, or share sessions between "
+                       "coordinators with --store redis://HOST:PORT"));
+    }
+    return absl::UnavailableError(
+        absl::StrCat("session store ", path, ": cannot lock ", lock_path, ": ", strerror(e)));
+  }
+  return fd;
+}
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string& path) {
+  RECALL_ASSIGN_OR_RETURN(const int lock_fd, LockStoreFile(path));
+  absl::Cleanup unlock = [lock_fd] { close(lock_fd); };  // unless the store takes it
   sqlite3* db = nullptr;
   if (sqlite3_open_v2(path.c_str(), &db,
                       SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
@@ -481,7 +519,8 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string&
       return absl::DataLossError(absl::StrCat("session store ", path, ": ", msg));
     }
   }
-  return std::unique_ptr<SessionStore>(new SqliteStore(db));
+  std::move(unlock).Cancel();
+  return std::unique_ptr<SessionStore>(new SqliteStore(db, lock_fd));
 }
 
 }  // namespace recall::coordinator

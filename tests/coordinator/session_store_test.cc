@@ -405,6 +405,24 @@ TEST_P(SessionStoreTest, RecordsArePerTenantReplacedAndKept) {
 }
 
 // SQLite: a record older than a day reads as absent and goes at the next write.
+// One coordinator per sessions.db: a second store on the same file is refused by name while
+// the first is open (it would mark the first's running turns interrupted), and opens once
+// the first is closed.
+TEST(SqliteStoreTest, ASecondStoreOnTheSameFileIsRefusedWhileTheFirstIsOpen) {
+  const std::string path = testing::MakeTempDir("store_lock") + "/sessions.db";
+  auto first = OpenStore(path);
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = OpenStore(path);
+  ASSERT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition) << second.status();
+  EXPECT_NE(second.status().message().find("in use by another coordinator"), std::string::npos)
+      << second.status();
+  EXPECT_NE(second.status().message().find("--store redis://"), std::string::npos)
+      << second.status();
+  first->reset();
+  auto third = OpenStore(path);
+  EXPECT_TRUE(third.ok()) << third.status();
+}
+
 TEST(SqliteStoreTest, RecordsOlderThanADayAreForgotten) {
   const std::string path = testing::MakeTempDir("store_keys") + "/sessions.db";
   {
