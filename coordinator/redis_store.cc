@@ -133,6 +133,13 @@ return 1)lua";
 
 #undef RECALL_KEEP_PARTS
 
+// KEYS: session, messages, parts. The session's header fields, messages and reply parts, read
+// in one script: a consistent view (another replica's write cannot fall between the reads).
+constexpr char kGet[] = R"lua(
+return {redis.call('HMGET', KEYS[1], 'tenant', 'model', 'cache', 'metadata', 'created_ms',
+                   'worker'),
+        redis.call('LRANGE', KEYS[2], 0, -1), redis.call('LRANGE', KEYS[3], 0, -1)})lua";
+
 // KEYS: session. ARGV: tenant, worker.
 constexpr char kBind[] = R"lua(
 if redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[1] then return -1 end
@@ -204,9 +211,14 @@ class RedisStore final : public SessionStore {
   absl::StatusOr<SessionRecord> Get(const std::string& tenant, const std::string& id) override {
     absl::MutexLock lock(&mu_);
     SessionRecord r;
-    absl::Status st = LoadHeader(tenant, id, &r);
-    if (!st.ok()) return st;
-    RECALL_ASSIGN_OR_RETURN(Reply rep, Command({"LRANGE", MessagesKey(id), "0", "-1"}));
+    RECALL_ASSIGN_OR_RETURN(
+        Reply all, Command({"EVAL", kGet, "3", SessionKey(id), MessagesKey(id), PartsKey(id)}));
+    if (all->type != REDIS_REPLY_ARRAY || all->elements != 3) {
+      return absl::InternalError("session store redis: an unexpected answer to a read");
+    }
+    RECALL_RETURN_IF_ERROR(FillHeader(all->element[0], tenant, id, &r));
+    const redisReply* rep = all->element[1];
+    r.message_count = static_cast<int>(rep->elements);
     const int64_t now = UnixMillis();
     for (size_t i = 0; i < rep->elements; ++i) {
       const nlohmann::json m = nlohmann::json::parse(
@@ -249,7 +261,7 @@ class RedisStore final : public SessionStore {
       }
     }
     // Replies written part by part (AppendReply): their parts after what the message holds.
-    RECALL_ASSIGN_OR_RETURN(Reply parts, Command({"LRANGE", PartsKey(id), "0", "-1"}));
+    const redisReply* parts = all->element[2];
     for (size_t k = 0; k < parts->elements; ++k) {
       const nlohmann::json p = nlohmann::json::parse(
           std::string(parts->element[k]->str, parts->element[k]->len), nullptr, false);
@@ -445,11 +457,22 @@ class RedisStore final : public SessionStore {
     RECALL_ASSIGN_OR_RETURN(
         Reply rep, Command({"HMGET", SessionKey(id), "tenant", "model", "cache", "metadata",
                             "created_ms", "worker"}));
+    RECALL_RETURN_IF_ERROR(FillHeader(rep.get(), tenant, id, r));
+    RECALL_ASSIGN_OR_RETURN(Reply len, Command({"LLEN", MessagesKey(id)}));
+    r->message_count = static_cast<int>(len->integer);
+    return absl::OkStatus();
+  }
+
+  // The header fields from an HMGET's answer (tenant, model, cache, metadata, created_ms,
+  // worker); NotFound unless the session is the tenant's.
+  static absl::Status FillHeader(const redisReply* rep, const std::string& tenant,
+                                 const std::string& id, SessionRecord* r) {
     auto field = [&](int i) {
       const redisReply* e = rep->element[i];
       return e->type == REDIS_REPLY_STRING ? std::string(e->str, e->len) : std::string();
     };
-    if (rep->elements != 6 || rep->element[0]->type != REDIS_REPLY_STRING || field(0) != tenant) {
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 6 ||
+        rep->element[0]->type != REDIS_REPLY_STRING || field(0) != tenant) {
       return NotFound(id);
     }
     r->id = id;
@@ -461,8 +484,6 @@ class RedisStore final : public SessionStore {
     (void)absl::SimpleAtoi(field(4), &created);
     r->created_unix_ms = created;
     r->worker = field(5);
-    RECALL_ASSIGN_OR_RETURN(Reply len, Command({"LLEN", MessagesKey(id)}));
-    r->message_count = static_cast<int>(len->integer);
     return absl::OkStatus();
   }
 
