@@ -296,7 +296,7 @@ absl::Status Conversations::Finish(const OpenTurn& turn, const absl::StatusOr<Tu
     ended.state = sent.token_ids.empty() && sent.content.empty() ? TurnState::kFailed
                                                                  : TurnState::kInterrupted;
     ended.lease_unix_ms = 0;
-    ended.writer.clear();
+    ended.writer = turn.writer;                        // not over another coordinator's takeover
     ended.seed = turn.spec.request.sampling().seed();  // a resume takes the same draws
     stored = store_.Replace(turn.tenant, turn.session_id, turn.reply_index, ended);
   } else {
@@ -304,6 +304,7 @@ absl::Status Conversations::Finish(const OpenTurn& turn, const absl::StatusOr<Tu
     reply.token_ids = outcome->tokens;  // so a rebuild replays the reply exactly
     reply.finish = static_cast<int>(outcome->done.finish_reason());
     reply.seed = turn.spec.request.sampling().seed();
+    reply.writer = turn.writer;  // not over another coordinator's takeover
     stored = store_.Replace(turn.tenant, turn.session_id, turn.reply_index, reply);
     if (stored.ok() && outcome->worker != turn.spec.bound) {
       store_.Bind(turn.tenant, turn.session_id, outcome->worker).IgnoreError();

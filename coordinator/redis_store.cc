@@ -56,13 +56,23 @@ return 1)lua";
   " then redis.call('RPUSH', KEYS[3], p) end\n"                       \
   "end\n"
 
-// KEYS: session, messages, parts. ARGV: tenant, index, message. -1 not found, -2 - n: the
-// list has n messages, none at index. The message's parts go (it is written whole).
+// KEYS: session, messages, parts. ARGV: tenant, index, message, writer, now. -1 not found,
+// -2 - n: the list has n messages, none at index; 2: the message there is a reply in progress
+// of another writer whose lease is live (the writer's turn was taken over: its late end must
+// not overwrite the new one; a lapsed lease may be taken over). The message's parts go (it is
+// written whole).
 constexpr char kReplace[] = R"lua(
 if redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[1] then return -1 end
 local n = redis.call('LLEN', KEYS[2])
 local index = tonumber(ARGV[2])
 if index >= n then return -2 - n end
+if ARGV[4] ~= '' then
+  local ok, c = pcall(cjson.decode, redis.call('LINDEX', KEYS[2], index))
+  if ok and type(c) == 'table' and c.state == 1 and c.w ~= nil and c.w ~= ARGV[4] and
+     (c.lease_ms or 0) >= tonumber(ARGV[5]) then
+    return 2
+  end
+end
 redis.call('LSET', KEYS[2], index, ARGV[3])
 )lua" RECALL_KEEP_PARTS("pi ~= index") "return 1";
 
@@ -361,8 +371,14 @@ class RedisStore final : public SessionStore {
     absl::MutexLock lock(&mu_);
     RECALL_ASSIGN_OR_RETURN(
         Reply rep, Command({"EVAL", kReplace, "3", SessionKey(id), MessagesKey(id), PartsKey(id),
-                            tenant, std::to_string(index), ToJson(message)}));
+                            tenant, std::to_string(index), ToJson(message), message.writer,
+                            std::to_string(UnixMillis())}));
     if (rep->integer == -1) return NotFound(id);
+    if (rep->integer == 2) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("session ", QuotedId(id), ": the reply at ", index,
+                       " is in progress by another coordinator (it took the turn over)"));
+    }
     if (rep->integer < -1) {
       return absl::FailedPreconditionError(absl::StrCat("session ", QuotedId(id), " has ",
                                                         -2 - rep->integer, " messages, none at ",

@@ -51,10 +51,11 @@ struct StoredMessage {
   // coordinator drew for it), so a resumed turn takes the same draws. Unset when unknown.
   std::optional<uint64_t> seed;
   int64_t lease_unix_ms = 0;  // kInProgress: its writer vouches for it until then (0: always)
-  // kInProgress: the coordinator writing it (its instance id, Conversations::instance_id),
-  // so another coordinator sharing the store leaves it alone and its writer knows its own
-  // orphans (a turn whose end could not be stored). "" when unknown (SQLite keeps none: one
-  // coordinator owns its file).
+  // The coordinator writing it (its instance id, Conversations::instance_id): for a reply
+  // in progress, so another coordinator sharing the store leaves it alone and its writer
+  // knows its own orphans (a turn whose end could not be stored); for a write, so the store
+  // refuses it over another writer's reply in progress under a live lease (AppendReply,
+  // Replace). "" when unknown (SQLite keeps none: one coordinator owns its file).
   std::string writer;
   // A user message: the client's id for its turn (ConverseRequest.turn_id; "" when none), so
   // a retried Converse finds the turn instead of running it twice.

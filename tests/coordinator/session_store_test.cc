@@ -352,6 +352,28 @@ TEST_P(SessionStoreTest, AReplyInProgressTakesWritesOfItsWriterOnly) {
   rec = store_->Get("a", "s1");
   ASSERT_TRUE(rec.ok()) << rec.status();
   EXPECT_EQ(rec->messages[1].content, " Once Once") << "the refused write left nothing";
+  // Its end, written whole: refused from another writer while the lease is live, taken from
+  // its own; a lapsed lease is taken over by anyone.
+  StoredMessage end{"assistant", "theirs"};
+  end.writer = "c-two";
+  EXPECT_EQ(store_->Replace("a", "s1", 1, end).code(), absl::StatusCode::kFailedPrecondition);
+  end.writer = "c-one";
+  end.content = "mine";
+  ASSERT_TRUE(store_->Replace("a", "s1", 1, end).ok());
+  StoredMessage lapsed{"assistant", "old"};
+  lapsed.state = TurnState::kInProgress;
+  lapsed.lease_unix_ms = 1;  // long past
+  lapsed.writer = "c-one";
+  ASSERT_TRUE(store_->Replace("a", "s1", 1, lapsed).ok());
+  StoredMessage takeover{"assistant", "new"};
+  takeover.state = TurnState::kInProgress;
+  takeover.lease_unix_ms = 4102444800000;
+  takeover.writer = "c-two";
+  EXPECT_TRUE(store_->Replace("a", "s1", 1, takeover).ok());
+  rec = store_->Get("a", "s1");
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  EXPECT_EQ(rec->messages[1].content, "new");
+  EXPECT_EQ(rec->messages[1].writer, "c-two");
 }
 
 // A reply's bytes with a seed, and bytes written before seeds were kept (finish, then ids),
