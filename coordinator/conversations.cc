@@ -184,12 +184,11 @@ absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
         // A reply in progress by another coordinator sharing the store is a turn running
         // there (its lease is live: a lapsed one reads as interrupted): the transcript is
         // not cut under it. One of this coordinator's own is an orphan (its running mark is
-        // held here now: a turn whose end could not be stored), taken as interrupted.
+        // held here now: a turn whose end could not be stored), which the turn replaces or
+        // follows like an interrupted one.
         if (!rec.messages.empty() && rec.messages.back().state == TurnState::kInProgress &&
             !rec.messages.back().writer.empty() && rec.messages.back().writer != instance_id_) {
-          return absl::FailedPreconditionError(
-              "session_id: a turn of this session is running (on another coordinator); send "
-              "the next when it ends");
+          return RunningElsewhere();  // checked again in the write (ReplaceTail)
         }
         RECALL_ASSIGN_OR_RETURN(TurnMessages m, plan(rec));
         RECALL_CHECK(!m.add.empty() && m.keep >= 0 && m.keep <= rec.message_count)
@@ -214,7 +213,7 @@ absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
         reply.writer = instance_id_;
         reply.seed = seeded.seed();
         RECALL_RETURN_IF_ERROR(
-            store_.ReplaceTail(tenant, session_id, m.keep, rec.message_count, write));
+            store_.ReplaceTail(tenant, session_id, m.keep, rec.message_count, write, instance_id_));
         BuildSpec(rec, m.keep, m.add, seeded, turn);
         return absl::OkStatus();
       });
@@ -289,7 +288,7 @@ absl::Status Conversations::Finish(const OpenTurn& turn, const absl::StatusOr<Tu
     // The request was refused before any reply: the turn did not happen. Its messages out,
     // what they replaced back, in one write.
     stored = store_.ReplaceTail(turn.tenant, turn.session_id, turn.index, turn.reply_index + 1,
-                                turn.replaced);
+                                turn.replaced, turn.writer);
   } else if (!outcome.ok()) {
     StoredMessage ended = sent;
     ended.role = "assistant";

@@ -57,10 +57,10 @@ return 1)lua";
   "end\n"
 
 // KEYS: session, messages, parts. ARGV: tenant, index, message, writer, now. -1 not found,
-// -2 - n: the list has n messages, none at index; 2: the message there is a reply in progress
-// of another writer whose lease is live (the writer's turn was taken over: its late end must
-// not overwrite the new one; a lapsed lease may be taken over). The message's parts go (it is
-// written whole).
+// -2 - n: the list has n messages, none at index; 2: the message there is another writer's
+// reply, in progress under a live lease or complete (the writer's turn was taken over: its
+// late end must not overwrite the new one; a lapsed lease, an interrupted or failed reply may
+// be taken over). The message's parts go (it is written whole).
 constexpr char kReplace[] = R"lua(
 if redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[1] then return -1 end
 local n = redis.call('LLEN', KEYS[2])
@@ -68,15 +68,16 @@ local index = tonumber(ARGV[2])
 if index >= n then return -2 - n end
 if ARGV[4] ~= '' then
   local ok, c = pcall(cjson.decode, redis.call('LINDEX', KEYS[2], index))
-  if ok and type(c) == 'table' and c.state == 1 and c.w ~= nil and c.w ~= ARGV[4] and
-     (c.lease_ms or 0) >= tonumber(ARGV[5]) then
+  if ok and type(c) == 'table' and c.w ~= nil and c.w ~= ARGV[4] and
+     (c.state == nil or (c.state == 1 and (c.lease_ms or 0) >= tonumber(ARGV[5]))) then
     return 2
   end
 end
 redis.call('LSET', KEYS[2], index, ARGV[3])
 )lua" RECALL_KEEP_PARTS("pi ~= index") "return 1";
 
-// KEYS: session, messages, parts. ARGV: tenant, index, lease, part, renew_before, writer.
+// KEYS: session, messages, parts. ARGV: tenant, index, lease, part ("": none), renew_before,
+// writer.
 // -1 not found, -2 no message there, -3 it is not in progress, or by another writer (when
 // both are known: a coordinator whose lease lapsed and whose turn another one resumed). The
 // message's lease is renewed (its JSON, which holds no parts, rewritten) only when it ends
@@ -93,7 +94,7 @@ if (msg.lease_ms or 0) < tonumber(ARGV[5]) then
   msg.lease_ms = tonumber(ARGV[3])
   redis.call('LSET', KEYS[2], i, cjson.encode(msg))
 end
-redis.call('RPUSH', KEYS[3], ARGV[4])
+if ARGV[4] ~= '' then redis.call('RPUSH', KEYS[3], ARGV[4]) end
 return 1)lua";
 
 std::string ToJson(const StoredMessage& message) {
@@ -126,19 +127,27 @@ local i = tonumber(ARGV[2])
 if i == 0 then redis.call('DEL', KEYS[2]) else redis.call('LTRIM', KEYS[2], 0, i - 1) end
 )lua" RECALL_KEEP_PARTS("pi < i") "return 1";
 
-// KEYS: session, messages, parts. ARGV: tenant, keep, count, messages... -1 not found,
-// -2 - n: the list has n messages, not count. The messages from keep on (and their parts)
-// are replaced by the given ones, in one script: atomic.
+// KEYS: session, messages, parts. ARGV: tenant, keep, count, writer, now, messages... -1 not
+// found, -2 - n: the list has n messages, not count; 2: its last message is a reply in
+// progress of another writer under a live lease (a turn running there). The messages from
+// keep on (and their parts) are replaced by the given ones, in one script: atomic.
 constexpr char kReplaceTail[] = R"lua(
 if redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[1] then return -1 end
 local n = redis.call('LLEN', KEYS[2])
 if n ~= tonumber(ARGV[3]) then return -2 - n end
+if n > 0 and ARGV[4] ~= '' then
+  local ok, c = pcall(cjson.decode, redis.call('LINDEX', KEYS[2], n - 1))
+  if ok and type(c) == 'table' and c.state == 1 and c.w ~= nil and c.w ~= ARGV[4] and
+     (c.lease_ms or 0) >= tonumber(ARGV[5]) then
+    return 2
+  end
+end
 local i = tonumber(ARGV[2])
 if i < n then
   if i == 0 then redis.call('DEL', KEYS[2]) else redis.call('LTRIM', KEYS[2], 0, i - 1) end
 )lua" RECALL_KEEP_PARTS("pi < i") R"lua(
 end
-for j = 4, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[j]) end
+for j = 6, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[j]) end
 return 1)lua";
 
 #undef RECALL_KEEP_PARTS
@@ -295,11 +304,14 @@ class RedisStore final : public SessionStore {
   absl::Status AppendReply(const std::string& tenant, const std::string& id, int index,
                            const StoredMessage& delta, const StoredMessage& whole) override {
     const nlohmann::json part = {{"i", index}, {"c", delta.content}, {"t", delta.token_ids}};
+    // An empty delta (a lease renewal while the turn is silent) adds no part.
+    const std::string written =
+        delta.content.empty() && delta.token_ids.empty() ? std::string() : part.dump();
     absl::MutexLock lock(&mu_);
     RECALL_ASSIGN_OR_RETURN(
         Reply rep,
         Command({"EVAL", kAppendReply, "3", SessionKey(id), MessagesKey(id), PartsKey(id), tenant,
-                 std::to_string(index), std::to_string(whole.lease_unix_ms), part.dump(),
+                 std::to_string(index), std::to_string(whole.lease_unix_ms), written,
                  std::to_string(RenewBefore(whole.lease_unix_ms)), whole.writer}));
     if (rep->integer == -1) return NotFound(id);
     if (rep->integer < -1) {
@@ -350,14 +362,24 @@ class RedisStore final : public SessionStore {
   }
 
   absl::Status ReplaceTail(const std::string& tenant, const std::string& id, int keep, int count,
-                           const std::vector<StoredMessage>& messages) override {
-    std::vector<std::string> args = {"EVAL",         kReplaceTail,         "3",
-                                     SessionKey(id), MessagesKey(id),      PartsKey(id),
-                                     tenant,         std::to_string(keep), std::to_string(count)};
+                           const std::vector<StoredMessage>& messages,
+                           const std::string& writer) override {
+    std::vector<std::string> args = {"EVAL",
+                                     kReplaceTail,
+                                     "3",
+                                     SessionKey(id),
+                                     MessagesKey(id),
+                                     PartsKey(id),
+                                     tenant,
+                                     std::to_string(keep),
+                                     std::to_string(count),
+                                     writer,
+                                     std::to_string(UnixMillis())};
     for (const StoredMessage& m : messages) args.push_back(ToJson(m));
     absl::MutexLock lock(&mu_);
     RECALL_ASSIGN_OR_RETURN(Reply rep, Command(args));
     if (rep->integer == -1) return NotFound(id);
+    if (rep->integer == 2) return RunningElsewhere();
     if (rep->integer < -1) {
       return absl::FailedPreconditionError(absl::StrCat("session ", QuotedId(id), " has ",
                                                         -2 - rep->integer, " messages, not ", count,

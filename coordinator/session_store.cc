@@ -118,4 +118,11 @@ absl::StatusOr<std::map<std::string, std::string>> ParseStoredMetadata(const std
   return out;
 }
 
+absl::Status RunningElsewhere() {
+  return absl::FailedPreconditionError(
+      "session_id: a turn of this session is running on another coordinator (or on one that "
+      "stopped: its reply is taken as interrupted once its lease passes); send the next when "
+      "it ends");
+}
+
 }  // namespace recall::coordinator

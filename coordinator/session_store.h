@@ -72,6 +72,10 @@ std::vector<StoredMessage> CompleteTurns(const std::vector<StoredMessage>& messa
 // lease are columns / fields of their own.) Bytes without the marker (written before seeds
 // were kept) read as before, with no seed.
 std::string EncodeReply(const StoredMessage& m);
+
+// The refusal of a turn while another coordinator sharing the store runs one on the session
+// (FailedPrecondition naming session_id).
+absl::Status RunningElsewhere();
 void DecodeReply(const std::string& bytes, StoredMessage* m);
 
 struct SessionRecord {
@@ -105,8 +109,12 @@ class SessionStore {
   // (FailedPrecondition otherwise: another turn changed it). REQUIRES: keep <= count. What a
   // turn that rewrites the transcript's tail writes (and what puts it back when the turn is
   // taken back): a failure or a crash leaves the old tail, never none.
+  // `writer` (StoredMessage::writer; "" none): refused with RunningElsewhere() while the last
+  // message is another writer's reply in progress under a live lease (stores that keep
+  // writers: Redis).
   virtual absl::Status ReplaceTail(const std::string& tenant, const std::string& id, int keep,
-                                   int count, const std::vector<StoredMessage>& messages) = 0;
+                                   int count, const std::vector<StoredMessage>& messages,
+                                   const std::string& writer) = 0;
   // Appends `messages` at position `index`, all or none, where `index` must equal the current
   // message count (so two writers cannot interleave turns): FailedPrecondition otherwise.
   // Durable on return.
@@ -119,15 +127,17 @@ class SessionStore {
   // Appends `delta` (its token ids and text) to the reply in progress at `index`, which is
   // then `whole` (with whole's lease): a reply as it streams. A store that can append writes
   // the delta only (SQLite and Redis: a part per write, merged into the message by Get,
-  // folded by Replace and dropped by Truncate, so a long reply costs O(its length) bytes
-  // written, not O(length^2)); the default writes `whole` (Replace). FailedPrecondition when
-  // there is no reply in progress there.
+  // folded by Replace and dropped by Truncate and ReplaceTail, so a long reply costs O(its
+  // length) bytes written, not O(length^2)); an empty delta renews the lease and adds no part;
+  // the default writes `whole` (Replace). FailedPrecondition when there is no reply in
+  // progress there, or (stores that keep writers) it is another writer's.
   virtual absl::Status AppendReply(const std::string& tenant, const std::string& id, int index,
                                    const StoredMessage& delta, const StoredMessage& whole) {
     return Replace(tenant, id, index, whole);
   }
   // Overwrites the message at `index` (a reply as it grows and ends); FailedPrecondition when
-  // the transcript has no message there. Durable on return.
+  // the transcript has no message there, or (stores that keep writers) it is another
+  // writer's reply, complete or in progress under a live lease. Durable on return.
   virtual absl::Status Replace(const std::string& tenant, const std::string& id, int index,
                                const StoredMessage& message) = 0;
   // At a coordinator's start: marks every in-progress turn interrupted (their writer is gone)

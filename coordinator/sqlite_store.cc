@@ -191,6 +191,8 @@ class SqliteStore final : public SessionStore {
                                                           "\" has no reply in progress at ", index,
                                                           ": another turn changed it"));
       }
+      // An empty delta (a lease renewal while the turn is silent) adds no part.
+      if (delta.content.empty() && delta.token_ids.empty()) return absl::OkStatus();
       Stmt part(db_,
                 "INSERT INTO reply_parts (session_id, idx, seq, content, ids) VALUES (?, ?, "
                 "(SELECT COALESCE(MAX(seq), -1) + 1 FROM reply_parts WHERE session_id = ? AND "
@@ -238,11 +240,13 @@ class SqliteStore final : public SessionStore {
 
   absl::Status AppendAll(const std::string& tenant, const std::string& id, int index,
                          const std::vector<StoredMessage>& messages) override {
-    return ReplaceTail(tenant, id, index, index, messages);  // the count checked inside
+    return ReplaceTail(tenant, id, index, index, messages, "");  // the count checked inside
   }
 
+  // No writers here (one coordinator per file): `writer` is not checked.
   absl::Status ReplaceTail(const std::string& tenant, const std::string& id, int keep, int count,
-                           const std::vector<StoredMessage>& messages) override {
+                           const std::vector<StoredMessage>& messages,
+                           const std::string& /*writer*/) override {
     absl::MutexLock lock(&mu_);
     RECALL_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE", "replace messages"));
     absl::Status st = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {

@@ -304,7 +304,7 @@ TEST_P(SessionStoreTest, ATailIsReplacedInOneWriteOrNotAtAll) {
     }
     return out;
   };
-  EXPECT_EQ(store_->ReplaceTail("a", "s1", 2, 3, {{"user", "x"}}).code(),
+  EXPECT_EQ(store_->ReplaceTail("a", "s1", 2, 3, {{"user", "x"}}, "").code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(contents(), (std::vector<std::string>{"u1", "a1", "u2", " part"})) << "unchanged";
   if (GetParam() == "redis" && std::system("command -v redis-cli > /dev/null") == 0) {
@@ -313,12 +313,12 @@ TEST_P(SessionStoreTest, ATailIsReplacedInOneWriteOrNotAtAll) {
                             " RPUSH recall:p:s1 '{not json' > /dev/null";
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   }
-  ASSERT_TRUE(store_->ReplaceTail("a", "s1", 2, 4, {{"user", "u3"}, {"assistant", "a3"}}).ok());
+  ASSERT_TRUE(store_->ReplaceTail("a", "s1", 2, 4, {{"user", "u3"}, {"assistant", "a3"}}, "").ok());
   EXPECT_EQ(contents(), (std::vector<std::string>{"u1", "a1", "u3", "a3"}))
       << "the old tail's reply parts went with it";
-  ASSERT_TRUE(store_->ReplaceTail("a", "s1", 4, 4, {{"user", "u4"}}).ok());
+  ASSERT_TRUE(store_->ReplaceTail("a", "s1", 4, 4, {{"user", "u4"}}, "").ok());
   EXPECT_EQ(contents(), (std::vector<std::string>{"u1", "a1", "u3", "a3", "u4"}));
-  EXPECT_EQ(store_->ReplaceTail("b", "s1", 0, 5, {}).code(), absl::StatusCode::kNotFound)
+  EXPECT_EQ(store_->ReplaceTail("b", "s1", 0, 5, {}, "").code(), absl::StatusCode::kNotFound)
       << "another tenant's";
 }
 
@@ -374,6 +374,24 @@ TEST_P(SessionStoreTest, AReplyInProgressTakesWritesOfItsWriterOnly) {
   ASSERT_TRUE(rec.ok()) << rec.status();
   EXPECT_EQ(rec->messages[1].content, "new");
   EXPECT_EQ(rec->messages[1].writer, "c-two");
+  // While c-two's reply runs, c-one cannot rewrite or extend the transcript under it.
+  EXPECT_EQ(store_->ReplaceTail("a", "s1", 1, 2, {{"assistant", "x"}}, "c-one").code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store_->ReplaceTail("a", "s1", 2, 2, {{"user", "x"}}, "c-one").code(),
+            absl::StatusCode::kFailedPrecondition);
+  // c-two completes it; c-one's late end (interrupted) does not overwrite the complete reply.
+  StoredMessage complete{"assistant", "new, complete"};
+  complete.writer = "c-two";
+  ASSERT_TRUE(store_->Replace("a", "s1", 1, complete).ok());
+  StoredMessage late{"assistant", "old"};
+  late.state = TurnState::kInterrupted;
+  late.writer = "c-one";
+  EXPECT_EQ(store_->Replace("a", "s1", 1, late).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(store_->ReplaceTail("a", "s1", 2, 2, {{"user", "next"}}, "c-one").ok());
+  rec = store_->Get("a", "s1");
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  ASSERT_EQ(rec->messages.size(), 3u);
+  EXPECT_EQ(rec->messages[1].content, "new, complete");
 }
 
 // A reply's bytes with a seed, and bytes written before seeds were kept (finish, then ids),

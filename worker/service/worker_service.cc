@@ -134,6 +134,19 @@ grpc::ServerUnaryReactor* WorkerService::DropSession(grpc::CallbackServerContext
   return reactor;
 }
 
+namespace {
+
+// A request id the worker made (RunTurn without one): "w" and a number.
+bool IsWorkerMadeId(const std::string& id) {
+  if (id.size() < 2 || id[0] != 'w') return false;
+  for (size_t i = 1; i < id.size(); ++i) {
+    if (id[i] < '0' || id[i] > '9') return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 grpc::ServerUnaryReactor* WorkerService::Abort(grpc::CallbackServerContext* context,
                                                const v1::AbortRequest* request,
                                                v1::AbortResponse* response) {
@@ -145,9 +158,11 @@ grpc::ServerUnaryReactor* WorkerService::Abort(grpc::CallbackServerContext* cont
   };
   switch (request->target_case()) {
     case v1::AbortRequest::kRequestId:
-      // The coordinator's ids are unique: an Abort that overtook its RunTurn (they come on
-      // different calls) still ends that turn when it arrives.
-      scheduler_.AbortRequestAsync(request->request_id(), answer, /*remember_unseen=*/true);
+      // A caller's id (the coordinator's are unique): an Abort that overtook its RunTurn
+      // (they come on different calls) still ends that turn when it arrives. The worker's own
+      // ids ("w" and a number) restart with the worker: not remembered.
+      scheduler_.AbortRequestAsync(request->request_id(), answer,
+                                   /*remember_unseen=*/!IsWorkerMadeId(request->request_id()));
       return reactor;
     case v1::AbortRequest::kSessionId:
       scheduler_.AbortSessionAsync(request->session_id(), answer);

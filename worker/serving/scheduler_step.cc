@@ -94,8 +94,10 @@ bool Scheduler::Step() {
 void Scheduler::ApplyCommands() {
   std::vector<Command> commands;
   {
-    // Turns submitted before a command was posted are queued first, in the same lock: an
-    // abort of a turn that is still incoming (the engine was in a step when it came) finds it.
+    // Every turn submitted so far is queued first, in the same lock: a command finds each turn
+    // submitted before it was posted, even one still incoming (the engine was in a step when
+    // it came), and also those submitted since (a drop or an abort of a session or of all
+    // ends those too: they came before the command was applied).
     absl::MutexLock lock(&mu_);
     commands.swap(commands_);
     for (auto& t : incoming_) waiting_.push_back(std::move(t));
