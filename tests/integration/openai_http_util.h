@@ -93,6 +93,25 @@ inline std::string ChatBody(const std::vector<Json>& messages, int max_tokens, b
   return text;
 }
 
+// The text of a stream's deltas, concatenated.
+inline std::string StreamedText(const std::string& body) {
+  std::string text;
+  for (const std::string& e : Events(body)) {
+    if (e == "[DONE]") continue;
+    const Json j = Json::parse(e, nullptr, false);
+    if (j.is_discarded() || !j.contains("choices") || j["choices"].empty()) continue;
+    const Json& delta = j["choices"][0]["delta"];
+    if (delta.contains("content") && delta["content"].is_string()) {
+      text += delta["content"].get<std::string>();
+    }
+  }
+  return text;
+}
+
+inline std::string ReplyText(const HttpReply& r) {
+  return r.JsonBody()["choices"][0]["message"]["content"].get<std::string>();
+}
+
 inline Json Message(const std::string& role, const std::string& content) {
   return {{"role", role}, {"content", content}};
 }

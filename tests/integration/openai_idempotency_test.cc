@@ -20,25 +20,6 @@
 namespace recall {
 namespace {
 
-// The text of a stream's deltas, concatenated.
-std::string StreamedText(const std::string& body) {
-  std::string text;
-  for (const std::string& e : Events(body)) {
-    if (e == "[DONE]") continue;
-    const Json j = Json::parse(e, nullptr, false);
-    if (j.is_discarded() || !j.contains("choices") || j["choices"].empty()) continue;
-    const Json& delta = j["choices"][0]["delta"];
-    if (delta.contains("content") && delta["content"].is_string()) {
-      text += delta["content"].get<std::string>();
-    }
-  }
-  return text;
-}
-
-std::string ReplyText(const HttpReply& r) {
-  return r.JsonBody()["choices"][0]["message"]["content"].get<std::string>();
-}
-
 TEST_F(OpenAiHttpTest, AKeySentAgainGetsTheStoredTurnNotASecondRun) {
   const std::vector<Json> first = {Message("user", "Once upon a time")};
   const HttpReply one = Post("/v1/chat/completions", ChatBody(first, 8, false), "key-a",
@@ -396,6 +377,49 @@ class OpenAiRedisTest : public ::testing::Test {
     hb_->set_read_timeout(120, 0);
   }
 
+  // The cluster on a slow model: random weights of SmolLM2's shape, tens of ms a token.
+  // Skips without the shared config or redis-server (callers return on IsSkipped()).
+  void StartSlowCluster(const std::string& name, const std::string& kv_cache_bytes,
+                        const std::vector<std::string>& coordinator_args = {}) {
+    const std::string config = testing::SharedPath("tokenizers/smollm2/config.json");
+    if (!std::filesystem::exists(config)) GTEST_SKIP() << "shared data missing: " << config;
+    if (!testing::RedisServer::Available()) GTEST_SKIP() << "redis-server is not installed";
+    StartCluster(name,
+                 {"--model", testing::SharedPath("tokenizers/smollm2"), "--random-weights",
+                  "--kv-cache-bytes", kv_cache_bytes},
+                 coordinator_args);
+  }
+
+  // A keyed request whose worker stays silent past the 2 s lease (a long prefill, no token
+  // yet) sent to coordinator a, and the same request sent to b meanwhile, after 3.5 s.
+  struct SilentRace {
+    HttpReply first, meanwhile;
+    bool still_running = false;  // first had not ended when meanwhile was sent
+    double seconds = 0;          // in all
+  };
+  SilentRace RaceASilentRequest(const std::string& path, const std::string& body,
+                                const std::string& key) {
+    SilentRace r;
+    const auto started = std::chrono::steady_clock::now();
+    std::atomic<bool> first_done{false};
+    std::thread runner([&] {
+      r.first = Send(*ha_, "POST", path, body, "", {{"Idempotency-Key", key}});
+      first_done = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(3500));  // 1.75 leases
+    r.still_running = !first_done;
+    r.meanwhile = Send(*hb_, "POST", path, body, "", {{"Idempotency-Key", key}});
+    runner.join();
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    return r;
+  }
+
+  static std::string LongPrompt() {
+    std::string prompt;
+    for (int i = 0; i < 250; ++i) prompt += "The cat sat on the mat by the door. ";
+    return prompt;
+  }
+
   std::string dir_;
   testing::RedisServer redis_;
   ServerProcess worker_, a_, b_;
@@ -453,12 +477,8 @@ TEST_F(OpenAiRedisTest, TwoCoordinatorsShareStatelessSessionsAndKeysThroughRedis
 // lease), and once the completion ended it is replayed there. A slow model (random weights of
 // SmolLM2's shape) keeps the first one running.
 TEST_F(OpenAiRedisTest, AKeyedCompletionRunningOnOneCoordinatorIs409OnTheOther) {
-  const std::string config = testing::SharedPath("tokenizers/smollm2/config.json");
-  if (!std::filesystem::exists(config)) GTEST_SKIP() << "shared data missing: " << config;
-  if (!testing::RedisServer::Available()) GTEST_SKIP() << "redis-server is not installed";
-  StartCluster("openai_redis_running", {"--model", testing::SharedPath("tokenizers/smollm2"),
-                                        "--random-weights", "--kv-cache-bytes", "64M"});
-  if (HasFatalFailure()) return;
+  StartSlowCluster("openai_redis_running", "64M");
+  if (IsSkipped() || HasFatalFailure()) return;
   httplib::Client &ha = *ha_, &hb = *hb_;
   HttpReply meanwhile;
   const HttpReply first =
@@ -485,36 +505,15 @@ TEST_F(OpenAiRedisTest, AKeyedCompletionRunningOnOneCoordinatorIs409OnTheOther) 
 // coordinator renews the lease while it waits, so the key sent to the other coordinator
 // meanwhile is 409, not a second run of the completion.
 TEST_F(OpenAiRedisTest, ASilentKeyedCompletionKeepsItsLease) {
-  const std::string config = testing::SharedPath("tokenizers/smollm2/config.json");
-  if (!std::filesystem::exists(config)) GTEST_SKIP() << "shared data missing: " << config;
-  if (!testing::RedisServer::Available()) GTEST_SKIP() << "redis-server is not installed";
-  StartCluster("openai_redis_silent",
-               {"--model", testing::SharedPath("tokenizers/smollm2"), "--random-weights",
-                "--kv-cache-bytes", "256M"},
-               {"--completion-lease", "2"});
-  if (HasFatalFailure()) return;
-  std::string prompt;
-  for (int i = 0; i < 250; ++i) prompt += "The cat sat on the mat by the door. ";
-  const std::string body = CompletionBody(2, false, 4, prompt);
-  const auto started = std::chrono::steady_clock::now();
-  HttpReply first;
-  std::atomic<bool> first_done{false};
-  std::thread runner([&] {
-    first = Send(*ha_, "POST", "/v1/completions", body, "", {{"Idempotency-Key", "silent-1"}});
-    first_done = true;
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(3500));  // 1.75 leases, no token yet
-  const bool still_running = !first_done;
-  const HttpReply meanwhile =
-      Send(*hb_, "POST", "/v1/completions", body, "", {{"Idempotency-Key", "silent-1"}});
-  runner.join();
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  ASSERT_EQ(first.status, 200) << first.body;
-  ASSERT_TRUE(still_running) << "the prefill ended in under 3.5 s (" << seconds
-                             << " s in all): too fast to leave the worker silent";
-  EXPECT_EQ(meanwhile.status, 409) << meanwhile.body;
-  EXPECT_NE(meanwhile.body.find("another coordinator"), std::string::npos) << meanwhile.body;
+  StartSlowCluster("openai_redis_silent", "256M", {"--completion-lease", "2"});
+  if (IsSkipped() || HasFatalFailure()) return;
+  const SilentRace r =
+      RaceASilentRequest("/v1/completions", CompletionBody(2, false, 4, LongPrompt()), "silent-1");
+  ASSERT_EQ(r.first.status, 200) << r.first.body;
+  ASSERT_TRUE(r.still_running) << "the prefill ended in under 3.5 s (" << r.seconds
+                               << " s in all): too fast to leave the worker silent";
+  EXPECT_EQ(r.meanwhile.status, 409) << r.meanwhile.body;
+  EXPECT_NE(r.meanwhile.body.find("another coordinator"), std::string::npos) << r.meanwhile.body;
 }
 
 // The same for a keyed session turn: its reply in progress stays claimed while its worker is
@@ -522,43 +521,21 @@ TEST_F(OpenAiRedisTest, ASilentKeyedCompletionKeepsItsLease) {
 // key sent to the other coordinator meanwhile is 409 ("still running"), not a resume of a
 // turn read as interrupted (a second run). Its session then takes the next turn.
 TEST_F(OpenAiRedisTest, ASilentSessionTurnKeepsItsLease) {
-  const std::string config = testing::SharedPath("tokenizers/smollm2/config.json");
-  if (!std::filesystem::exists(config)) GTEST_SKIP() << "shared data missing: " << config;
-  if (!testing::RedisServer::Available()) GTEST_SKIP() << "redis-server is not installed";
-  StartCluster("openai_redis_silent_turn",
-               {"--model", testing::SharedPath("tokenizers/smollm2"), "--random-weights",
-                "--kv-cache-bytes", "256M"},
-               {"--turn-lease", "2"});
-  if (HasFatalFailure()) return;
-  std::string prompt;
-  for (int i = 0; i < 250; ++i) prompt += "The cat sat on the mat by the door. ";
-  const std::string body = ChatBody({Message("user", prompt)}, 2, false);
-  const auto started = std::chrono::steady_clock::now();
-  HttpReply first;
-  std::atomic<bool> first_done{false};
-  std::thread runner([&] {
-    first =
-        Send(*ha_, "POST", "/v1/chat/completions", body, "", {{"Idempotency-Key", "silent-turn"}});
-    first_done = true;
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(3500));  // 1.75 leases, no token yet
-  const bool still_running = !first_done;
-  const HttpReply meanwhile =
-      Send(*hb_, "POST", "/v1/chat/completions", body, "", {{"Idempotency-Key", "silent-turn"}});
-  runner.join();
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  ASSERT_EQ(first.status, 200) << first.body;
-  ASSERT_TRUE(still_running) << "the prefill ended in under 3.5 s (" << seconds
-                             << " s in all): too fast to leave the worker silent";
-  EXPECT_EQ(meanwhile.status, 409) << meanwhile.body;
-  EXPECT_NE(meanwhile.body.find("still running"), std::string::npos) << meanwhile.body;
+  StartSlowCluster("openai_redis_silent_turn", "256M", {"--turn-lease", "2"});
+  if (IsSkipped() || HasFatalFailure()) return;
+  const std::string body = ChatBody({Message("user", LongPrompt())}, 2, false);
+  const SilentRace r = RaceASilentRequest("/v1/chat/completions", body, "silent-turn");
+  ASSERT_EQ(r.first.status, 200) << r.first.body;
+  ASSERT_TRUE(r.still_running) << "the prefill ended in under 3.5 s (" << r.seconds
+                               << " s in all): too fast to leave the worker silent";
+  EXPECT_EQ(r.meanwhile.status, 409) << r.meanwhile.body;
+  EXPECT_NE(r.meanwhile.body.find("still running"), std::string::npos) << r.meanwhile.body;
   // Complete now: the key replays the reply on either coordinator.
   const HttpReply replayed =
       Send(*hb_, "POST", "/v1/chat/completions", body, "", {{"Idempotency-Key", "silent-turn"}});
   ASSERT_EQ(replayed.status, 200) << replayed.body;
   EXPECT_EQ(replayed.Header("Idempotent-Replayed"), "true");
-  EXPECT_EQ(ReplyText(replayed), ReplyText(first));
+  EXPECT_EQ(ReplyText(replayed), ReplyText(r.first));
 }
 
 // A session whose turn is running on one coordinator is not cut by the other: a message
@@ -567,12 +544,8 @@ TEST_F(OpenAiRedisTest, ASilentSessionTurnKeepsItsLease) {
 // running turn's writes could land in the other's reply); the running turn ends complete,
 // as its client saw it.
 TEST_F(OpenAiRedisTest, ARunningTurnIsNotCutByTheOtherCoordinator) {
-  const std::string config = testing::SharedPath("tokenizers/smollm2/config.json");
-  if (!std::filesystem::exists(config)) GTEST_SKIP() << "shared data missing: " << config;
-  if (!testing::RedisServer::Available()) GTEST_SKIP() << "redis-server is not installed";
-  StartCluster("openai_redis_cut", {"--model", testing::SharedPath("tokenizers/smollm2"),
-                                    "--random-weights", "--kv-cache-bytes", "256M"});
-  if (HasFatalFailure()) return;
+  StartSlowCluster("openai_redis_cut", "256M");
+  if (IsSkipped() || HasFatalFailure()) return;
   const HttpReply one = Send(*ha_, "POST", "/v1/chat/completions",
                              ChatBody({Message("user", "Hello")}, 2, false), "");
   ASSERT_EQ(one.status, 200) << one.body;
@@ -603,14 +576,7 @@ TEST_F(OpenAiRedisTest, ARunningTurnIsNotCutByTheOtherCoordinator) {
   // too, busy, but only after the transcript was cut and then put back under the running turn).
   EXPECT_NE(cut.body.find("running on another coordinator"), std::string::npos) << cut.body;
   // The transcript: the running turn, complete, as streamed.
-  std::string streamed;
-  for (const std::string& e : Events(running.body)) {
-    if (e == "[DONE]") continue;
-    const Json chunk = Json::parse(e);
-    if (!chunk["choices"].empty() && chunk["choices"][0]["delta"].contains("content")) {
-      streamed += chunk["choices"][0]["delta"]["content"].get<std::string>();
-    }
-  }
+  const std::string streamed = StreamedText(running.body);
   auto chat = v1::Chat::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(b_.port("grpc")),
                                                     grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
