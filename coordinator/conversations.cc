@@ -11,25 +11,12 @@
 #include "common/flags.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "coordinator/random_id.h"
 #include "coordinator/turn_ids.h"
 #include "coordinator/turn_journal.h"
 
 namespace recall::coordinator {
 namespace {
-
-// A coordinator's id in the replies it writes: 128 random bits, per run.
-std::string NewInstanceId() {
-  std::random_device rd;
-  std::mt19937_64 rng((uint64_t{rd()} << 32) ^ rd());
-  return absl::StrCat("c-", absl::Hex(rng(), absl::kZeroPad16), absl::Hex(rng(), absl::kZeroPad16));
-}
-
-std::string NewSessionId() {
-  static std::mutex mu;
-  static std::mt19937_64 rng(std::random_device{}());
-  std::lock_guard<std::mutex> lock(mu);
-  return absl::StrCat("s-", absl::Hex(rng(), absl::kZeroPad16), absl::Hex(rng(), absl::kZeroPad16));
-}
 
 v1::ChatMessage ToProto(const StoredMessage& m) {
   v1::ChatMessage out;
@@ -63,7 +50,7 @@ Conversations::Conversations(SessionStore& store, WorkerRegistry& workers,
     : store_(store),
       workers_(workers),
       options_(options),
-      instance_id_(NewInstanceId()),
+      instance_id_(RandomId("c-")),
       metrics_(metrics),
       journal_pool_(std::max(1, options.store_threads)),
       lease_keeper_(absl::Milliseconds(LeaseMs() / 8)) {}
@@ -113,7 +100,7 @@ absl::StatusOr<SessionRecord> Conversations::Create(
                                                         absl::StrJoin(stored, ", "), ")"));
     }
   }
-  r.id = NewSessionId();
+  r.id = RandomId("s-");
   r.tenant = tenant;
   cache.SerializeToString(&r.cache_settings);
   r.metadata = metadata;

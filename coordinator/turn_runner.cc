@@ -2,13 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
-#include <mutex>
-#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
+#include "coordinator/random_id.h"
 
 namespace recall::coordinator {
 namespace {
@@ -18,15 +17,6 @@ bool IsWorkerFailure(grpc::StatusCode code) {
   return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::UNKNOWN ||
          code == grpc::StatusCode::INTERNAL || code == grpc::StatusCode::ABORTED ||
          code == grpc::StatusCode::DEADLINE_EXCEEDED || code == grpc::StatusCode::CANCELLED;
-}
-
-// A request id for one attempt, unique across coordinators and restarts, so a worker's
-// Abort by request id finds exactly that attempt.
-std::string NewRequestId() {
-  static std::mutex mu;
-  static std::mt19937_64 rng(std::random_device{}());
-  std::lock_guard<std::mutex> lock(mu);
-  return absl::StrCat("c-", absl::Hex(rng(), absl::kZeroPad16), absl::Hex(rng(), absl::kZeroPad16));
 }
 
 absl::Status ToAbsl(const grpc::Status& s) {
@@ -234,7 +224,7 @@ void TurnRunner::NextAttempt() {
     for (const v1::ChatMessage& m : spec_.history) *request.add_history() = m;
   }
   request.mutable_resume_tokens()->Add(result_.tokens.begin(), result_.tokens.end());
-  request_id_ = NewRequestId();
+  request_id_ = RandomId("c-");  // so the worker's Abort by request id finds this attempt
   request.set_request_id(request_id_);
   got_done_ = false;
   history_needed_ = false;
