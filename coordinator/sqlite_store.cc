@@ -387,6 +387,13 @@ class SqliteStore final : public SessionStore {
 
   absl::Status Check(int rc, const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (rc == SQLITE_OK || rc == SQLITE_DONE || rc == SQLITE_ROW) return absl::OkStatus();
+    // A damaged file (or one that is not a database) does not mend by retrying: DATA_LOSS,
+    // so a client stops and an operator is called. Busy, full, I/O: retryable.
+    const int primary = rc & 0xFF;
+    if (primary == SQLITE_CORRUPT || primary == SQLITE_NOTADB) {
+      return absl::DataLossError(absl::StrCat("session store: ", what, ": ", sqlite3_errmsg(db_),
+                                              " (the file is damaged; restore it from a backup)"));
+    }
     return absl::UnavailableError(
         absl::StrCat("session store: ", what, ": ", sqlite3_errmsg(db_), " (retryable)"));
   }
@@ -465,10 +472,11 @@ absl::StatusOr<int> LockStoreFile(const std::string& path) {
     const int e = errno;
     close(fd);
     if (e == EWOULDBLOCK) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("session store ", path, " is in use by another coordinator (", lock_path,
-                       " is locked); run one coordinator per --data-dir, or share sessions between "
-                       "coordinators with --store redis://HOST:PORT"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "session store ", path, " is in use by another coordinator (", lock_path,
+          " is locked); run one coordinator per data directory (coordinators that share "
+          "sessions keep them in Redis: recall-coordinator --store "
+          "redis://HOST:PORT)"));
     }
     return absl::UnavailableError(
         absl::StrCat("session store ", path, ": cannot lock ", lock_path, ": ", strerror(e)));

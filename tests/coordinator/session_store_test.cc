@@ -5,6 +5,7 @@
 #include <sqlite3.h>
 #include <sys/wait.h>
 
+#include <cstdio>
 #include <cstdlib>
 
 #include "gtest/gtest.h"
@@ -461,6 +462,47 @@ TEST(SqliteStoreTest, ASecondStoreOnTheSameFileIsRefusedWhileTheFirstIsOpen) {
   first->reset();
   auto third = OpenStore(path);
   EXPECT_TRUE(third.ok()) << third.status();
+}
+
+// A damaged page is DATA_LOSS, not a retryable UNAVAILABLE (retrying does not mend a file),
+// and not a crash.
+TEST(SqliteStoreTest, ADamagedPageIsDataLoss) {
+  const std::string path = testing::MakeTempDir("store_damaged") + "/sessions.db";
+  {
+    auto store = OpenStore(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    SessionRecord r;
+    r.id = "s1";
+    r.tenant = "a";
+    r.model = "m";
+    ASSERT_TRUE((*store)->Create(r).ok());
+  }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  int root = 0, page_size = 0;
+  const auto read_int = [](void* n, int, char** v, char**) {
+    *static_cast<int*>(n) = std::atoi(v[0]);
+    return 0;
+  };
+  sqlite3_exec(db, "SELECT rootpage FROM sqlite_master WHERE name = 'sessions'", read_int, &root,
+               nullptr);
+  sqlite3_exec(db, "PRAGMA page_size", read_int, &page_size, nullptr);
+  sqlite3_close(db);
+  ASSERT_GT(root, 1);
+  ASSERT_GT(page_size, 0);
+  {
+    FILE* f = std::fopen(path.c_str(), "r+b");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(std::fseek(f, static_cast<long>(root - 1) * page_size, SEEK_SET), 0);
+    const std::string junk(page_size, '\x5a');
+    ASSERT_EQ(std::fwrite(junk.data(), 1, junk.size(), f), junk.size());
+    std::fclose(f);
+  }
+  auto store = OpenStore(path);
+  absl::Status st = store.status();
+  if (store.ok()) st = (*store)->Get("a", "s1").status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  EXPECT_NE(st.message().find("damaged"), std::string::npos) << st;
 }
 
 TEST(SqliteStoreTest, RecordsOlderThanADayAreForgotten) {
