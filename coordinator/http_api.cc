@@ -534,9 +534,16 @@ void HttpApi::Respond(std::shared_ptr<Reply> reply, bool stream, httplib::Respon
   }
   if (stopping) reply->turn->Cancel();
   // Wait for the first text or the end: a turn that fails before any text gets its HTTP
-  // status (a stream's status line goes out with its first event).
+  // status (a stream's status line goes out with its first event). A stream waits no longer
+  // than one keep-alive period: a turn queued or in a long prefill then begins its stream
+  // (the role chunk, keep-alive comments), so that proxies and clients with idle timeouts
+  // do not drop it; a later failure is the stream's last event.
+  const absl::Time stream_by = absl::Now() + absl::Milliseconds(options_.keepalive_ms);
   HttpTurn::Update first = NextUpdate(*reply);
-  while (first.text.empty() && first.logprobs.empty() && !first.ended) first = NextUpdate(*reply);
+  while (first.text.empty() && first.logprobs.empty() && !first.ended &&
+         !(stream && absl::Now() >= stream_by)) {
+    first = NextUpdate(*reply);
+  }
   if (!stream || first.ended) {
     const absl::Status st = Conclude(*reply, /*cancel=*/false);
     if (!st.ok()) {

@@ -56,8 +56,9 @@ const flags::FlagSet<CoordinatorConfig>& CoordinatorFlags() {
             [](auto& o) -> auto& { return o.completion_lease_seconds; }, 1, 86400)
         .Double(
             "sse-keepalive", "SECONDS",
-            "a stream silent this long mid-reply gets an SSE comment line (\": keep-alive\"),\n"
-            "so proxies keep it open and a client that left is noticed (default 15)",
+            "a stream silent this long gets an SSE comment line (\": keep-alive\"), so\n"
+            "proxies keep it open and a client that left is noticed; a first token slower\n"
+            "than this does not hold the stream's start back (default 15)",
             [](auto& o) -> auto& { return o.sse_keepalive_seconds; }, 0.001, 3600)
         .String(
             "data-dir", "DIR", "where sessions.db lives (default .)",

@@ -538,8 +538,9 @@ TEST_F(OpenAiHttpCancelTest, AClientLeavingMidStreamCancelsTheWorkersTurn) {
 }
 
 // A stream silent mid-reply for --sse-keepalive gets SSE comment lines, which clients skip:
-// here 2 ms, shorter than a token of this model, so they come between tokens. The data
-// events are the reply the same request gets without streaming.
+// here 2 ms, shorter than a token of this model, so they come between tokens. A stream whose
+// first token takes longer than that begins without it: the role chunk, then comments. The
+// data events are the reply the same request gets without streaming.
 TEST_F(OpenAiHttpCancelTest, ASilentStreamGetsKeepAliveComments) {
   ServerProcess keeping;
   std::string error;
@@ -560,6 +561,18 @@ TEST_F(OpenAiHttpCancelTest, ASilentStreamGetsKeepAliveComments) {
   ASSERT_EQ(streamed.status, 200) << streamed.body;
   EXPECT_NE(streamed.body.find("\n\n: keep-alive\n\n"), std::string::npos) << streamed.body;
   EXPECT_EQ(StreamedText(streamed.body), ReplyText(whole));
+  // The prefill (one thread, SmolLM2's shape) takes longer than 2 ms: the stream began with
+  // the role chunk and a comment before the first text.
+  const std::vector<std::string> events = Events(streamed.body);
+  ASSERT_FALSE(events.empty());
+  const Json opening = Json::parse(events[0], nullptr, false);
+  ASSERT_FALSE(opening.is_discarded()) << events[0];
+  EXPECT_EQ(opening["choices"][0]["delta"]["role"], "assistant") << events[0];
+  EXPECT_EQ(opening["choices"][0]["delta"]["content"], "") << events[0];
+  EXPECT_EQ(streamed.body.find("data: "), 0u) << "the role chunk comes first";
+  const size_t second = streamed.body.find("\n\n") + 2;
+  EXPECT_EQ(streamed.body.find(": keep-alive", second), second)
+      << "a comment follows the role chunk, before any text: " << streamed.body.substr(0, 600);
 }
 
 }  // namespace
