@@ -408,6 +408,14 @@ bool Conversations::MarkRunning(const std::string& key) {
   };
   Wait w{this, &key};
   absl::MutexLock lock(&mu_);
+  // A running turn may be over for its client already (a cancel ends the client's call before
+  // the coordinator hears of it): waited for briefly, then refused.
+  mu_.AwaitWithTimeout(absl::Condition(
+                           +[](Wait* w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                             return w->c->running_.count(*w->key) == 0;
+                           },
+                           &w),
+                       kEndingWait);
   mu_.AwaitWithTimeout(absl::Condition(
                            +[](Wait* w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
                              return w->c->finishing_.count(*w->key) == 0;
