@@ -30,10 +30,25 @@ const Json* Find(const Json& object, const std::string& name) {
   return &*it;
 }
 
+// A string from the request, quoted, cut at 32 bytes for an error message.
+std::string Shown(const std::string& s) {
+  return absl::StrCat("\"", s.size() <= 32 ? s : s.substr(0, 32) + "...", "\"");
+}
+
 absl::StatusOr<Json> ParseObject(absl::string_view body) {
+  // No request field nests deeply; a value nested deeper than this is refused while parsing
+  // (printing or walking one recursively could run out of stack).
+  constexpr int kMaxDepth = 64;
+  struct TooDeep {};
   Json j;
   try {
-    j = Json::parse(body.begin(), body.end());
+    j = Json::parse(body.begin(), body.end(), [](int depth, Json::parse_event_t, Json&) {
+      if (depth > kMaxDepth) throw TooDeep{};
+      return true;
+    });
+  } catch (const TooDeep&) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the request body nests arrays and objects deeper than ", kMaxDepth, " levels"));
   } catch (const Json::out_of_range& e) {
     // nlohmann refuses a number beyond a double's range (1e999) while parsing; it names it.
     return absl::InvalidArgumentError(
@@ -65,7 +80,8 @@ absl::StatusOr<std::optional<int64_t>> Integer(const Json& o, const std::string&
   if (v->is_number_unsigned()) {
     const uint64_t u = v->get<uint64_t>();
     if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      return Bad(name, absl::StrCat("must fit in 64 bits, got ", u));
+      return Bad(
+          name, absl::StrCat("must be at most ", std::numeric_limits<int64_t>::max(), ", got ", u));
     }
     return static_cast<int64_t>(u);
   }
@@ -73,6 +89,10 @@ absl::StatusOr<std::optional<int64_t>> Integer(const Json& o, const std::string&
   if (v->is_number_float()) {
     const double d = v->get<double>();
     if (!std::isfinite(d)) return Bad(name, "must be a finite integer");
+    if (d == std::floor(d)) {  // an integer too large for int64 (nlohmann reads it as a double)
+      return Bad(name, absl::StrCat("must be an integer from ", std::numeric_limits<int64_t>::min(),
+                                    " to ", std::numeric_limits<int64_t>::max(), Got(d)));
+    }
     return Bad(name, absl::StrCat("must be an integer", Got(d)));
   }
   return Bad(name, absl::StrCat("must be an integer, got ", v->type_name()));
@@ -151,8 +171,13 @@ absl::Status ParseSampling(const Json& o, const RequestLimits& limits, v1::Sampl
                  absl::StrCat("must be a string or an array of strings, got ", stop->type_name()));
     }
   }
-  RECALL_ASSIGN_OR_RETURN(const std::optional<int64_t> seed, Integer(o, "seed"));
-  if (seed.has_value()) s->set_seed(static_cast<uint64_t>(*seed));
+  // A seed is 64 bits: any unsigned 64-bit value, or a negative one as its pattern.
+  if (const Json* seed = Find(o, "seed"); seed != nullptr && seed->is_number_unsigned()) {
+    s->set_seed(seed->get<uint64_t>());
+  } else {
+    RECALL_ASSIGN_OR_RETURN(const std::optional<int64_t> signed_seed, Integer(o, "seed"));
+    if (signed_seed.has_value()) s->set_seed(static_cast<uint64_t>(*signed_seed));
+  }
   RECALL_ASSIGN_OR_RETURN(const std::optional<int64_t> top_k, Integer(o, "top_k"));
   if (top_k.has_value()) {
     if (*top_k < 0 || *top_k > (1 << 30)) {
@@ -212,7 +237,9 @@ absl::Status ParseSampling(const Json& o, const RequestLimits& limits, v1::Sampl
     const Json* type = format->is_object() ? Find(*format, "type") : nullptr;
     if (type != nullptr && !(type->is_string() && type->get<std::string>() == "text")) {
       return Bad("response_format.type",
-                 absl::StrCat("only \"text\" is supported, got ", type->dump()));
+                 absl::StrCat("only \"text\" is supported, got ",
+                              type->is_string() ? Shown(type->get<std::string>())
+                                                : std::string(type->type_name())));
     }
   }
   return absl::OkStatus();
@@ -226,6 +253,7 @@ absl::Status ParseStream(const Json& o, bool* stream, bool* include_usage) {
     if (!options->is_object()) {
       return Bad("stream_options", absl::StrCat("must be an object, got ", options->type_name()));
     }
+    if (!*stream) return Bad("stream_options", "is only allowed when stream is true");
     auto usage = Bool(*options, "include_usage");
     if (!usage.ok()) return Bad("stream_options.include_usage", "must be true or false");
     *include_usage = usage->value_or(false);
@@ -280,9 +308,8 @@ absl::StatusOr<std::vector<Message>> Messages(const Json& o, const RequestLimits
     if (!role.has_value()) return Bad(at + ".role", "is required");
     if (*role == "developer") role = "system";
     if (*role != "system" && *role != "user" && *role != "assistant") {
-      const std::string shown = role->size() <= 32 ? *role : role->substr(0, 32) + "...";
-      return Bad(at + ".role", absl::StrCat("\"", shown,
-                                            "\" is not supported (one of system, developer, user, "
+      return Bad(at + ".role", absl::StrCat(Shown(*role),
+                                            " is not supported (one of system, developer, user, "
                                             "assistant; no tool messages)"));
     }
     if (const Json* calls = Find(m, "tool_calls"); calls != nullptr && !calls->empty()) {

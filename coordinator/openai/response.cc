@@ -4,6 +4,7 @@
 #include <chrono>
 #include <random>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
 #include "nlohmann/json.hpp"
@@ -105,9 +106,17 @@ Json ErrorJson(const absl::Status& status, int* http) {
       type = "server_error";
       break;
   }
-  const std::string param = Param(status);
+  std::string param = Param(status);
+  std::string message(status.message());
+  // The worker names the gRPC request's fields (sampling.top_k); the HTTP request's are the
+  // same without the "sampling." (top_k).
+  constexpr absl::string_view kSampling = "sampling.";
+  if (absl::StartsWith(param, kSampling)) {
+    param.erase(0, kSampling.size());
+    if (absl::StartsWith(message, kSampling)) message.erase(0, kSampling.size());
+  }
   if (*http == 404 && param == "model") code = "model_not_found";
-  Json e = {{"message", std::string(status.message())},
+  Json e = {{"message", std::move(message)},
             {"type", type},
             {"param", param.empty() ? Json() : Json(param)},
             {"code", code == nullptr ? Json() : Json(code)}};

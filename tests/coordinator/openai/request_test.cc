@@ -51,6 +51,10 @@ TEST(ChatRequestTest, MapsEverySamplingFieldAndIgnoresUnknownOnes) {
   ASSERT_EQ(r->sampling.stop_size(), 2);
   EXPECT_EQ(r->sampling.stop(1), "yz");
   EXPECT_EQ(r->sampling.seed(), ~uint64_t{0}) << "a negative seed as its 64-bit pattern";
+  absl::StatusOr<ChatRequest> top_seed =
+      ParseChatRequest(Chat(R"("seed": 18446744073709551615)"), Limits());
+  ASSERT_TRUE(top_seed.ok()) << top_seed.status();
+  EXPECT_EQ(top_seed->sampling.seed(), ~uint64_t{0}) << "an unsigned 64-bit seed as it is";
   EXPECT_EQ(r->sampling.top_k(), 40);
   EXPECT_FLOAT_EQ(r->sampling.repetition_penalty(), 1.1f);
   EXPECT_FLOAT_EQ(r->sampling.frequency_penalty(), 0.5f);
@@ -140,7 +144,19 @@ INSTANTIATE_TEST_SUITE_P(
         Refusal{Chat(R"("stop": "")"), "stop", "must not be empty"},
         Refusal{Chat(R"("stop": ["a", 1])"), "stop[1]", "must be a string, got number"},
         Refusal{Chat(R"("seed": 1.5)"), "seed", "must be an integer"},
-        Refusal{Chat(R"("seed": 18446744073709551615)"), "seed", "must fit in 64 bits"},
+        Refusal{Chat(R"("seed": 18446744073709551616)"), "seed",
+                "must be an integer from -9223372036854775808 to 9223372036854775807"},
+        Refusal{Chat(R"("max_tokens": 99999999999999999999999)"), "max_tokens",
+                "must be an integer from -9223372036854775808 to 9223372036854775807, got 1e+23"},
+        Refusal{Chat(R"("top_k": 9223372036854775808)"), "top_k",
+                "must be at most 9223372036854775807, got 9223372036854775808"},
+        Refusal{Chat(R"("response_format": {"type": [1]})"), "response_format.type",
+                "only \"text\" is supported, got array"},
+        Refusal{Chat(R"("response_format": {"type": )" + std::string(65, '[') +
+                     std::string(65, ']') + "}"),
+                "", "nests arrays and objects deeper than 64 levels"},
+        Refusal{Chat(R"("stream_options": {"include_usage": true})"), "stream_options",
+                "only allowed when stream is true"},
         Refusal{Chat(R"("top_k": -1)"), "top_k", "must be in [0, 1073741824], got -1"},
         Refusal{Chat(R"("repetition_penalty": 0)"), "repetition_penalty", "must be in (0, 100]"},
         Refusal{Chat(R"("logit_bias": [1])"), "logit_bias",
@@ -165,8 +181,8 @@ INSTANTIATE_TEST_SUITE_P(
         Refusal{Chat(R"("response_format": {"type": "json_object"})"), "response_format.type",
                 "only \"text\" is supported, got \"json_object\""},
         Refusal{Chat(R"("stream": "yes")"), "stream", "must be true or false, got string"},
-        Refusal{Chat(R"("stream_options": {"include_usage": 1})"), "stream_options.include_usage",
-                "must be true or false"},
+        Refusal{Chat(R"("stream": true, "stream_options": {"include_usage": 1})"),
+                "stream_options.include_usage", "must be true or false"},
         Refusal{Chat(R"("session_id": 7)"), "session_id", "must be a string, got number"},
         Refusal{
             R"({"messages": [{"role": "user", "content": ")" + std::string(101, 'x') + R"("}]})",

@@ -73,6 +73,13 @@ TEST(ErrorResponseTest, StatusCodesMapToHttpWithTheFieldAsParam) {
     EXPECT_EQ(body["error"]["param"], c.param) << c.status;
     EXPECT_EQ(body["error"]["code"], c.code) << c.status;
   }
+  // The worker's names of the gRPC request's fields become the HTTP request's.
+  const HttpError worker =
+      ErrorResponse(absl::InvalidArgumentError("sampling.stop[0]: 5000000 bytes; at most 256"));
+  EXPECT_EQ(worker.status, 400);
+  const Json worker_body = Json::parse(worker.body);
+  EXPECT_EQ(worker_body["error"]["param"], "stop[0]");
+  EXPECT_EQ(worker_body["error"]["message"], "stop[0]: 5000000 bytes; at most 256");
   const std::vector<Json> event = Events(ErrorEvent(absl::UnavailableError("gone")));
   ASSERT_EQ(event.size(), 1u);
   EXPECT_EQ(event[0]["error"]["message"], "gone");
