@@ -265,13 +265,10 @@ absl::Status Conversations::Finish(const OpenTurn& turn, const absl::StatusOr<Tu
     finishing_.insert(turn.key);  // the next turn waits for the end stored below
   }
   absl::Status stored;
-  const absl::StatusCode code = outcome.status().code();
-  const bool refused =
-      code == absl::StatusCode::kInvalidArgument || code == absl::StatusCode::kOutOfRange ||
-      code == absl::StatusCode::kFailedPrecondition ||
-      code == absl::StatusCode::kResourceExhausted || code == absl::StatusCode::kPermissionDenied ||
-      code == absl::StatusCode::kNotFound;
-  if (!outcome.ok() && refused && sent.token_ids.empty() && sent.content.empty()) {
+  if (TakenBack(outcome, sent) && turn.new_session) {
+    // Refused in a session made for it: the session goes too (it holds nothing else).
+    stored = store_.Delete(turn.tenant, turn.session_id);
+  } else if (TakenBack(outcome, sent)) {
     // The request was refused before any reply: the turn did not happen. Its messages out,
     // what they replaced back, in one write.
     stored = store_.ReplaceTail(turn.tenant, turn.session_id, turn.index, turn.reply_index + 1,
@@ -399,6 +396,17 @@ bool Conversations::RecallLastTurn(const std::string& key, v1::TurnDone* out) {
   if (it == last_done_.end()) return false;
   *out = it->second;
   return true;
+}
+
+bool Conversations::TakenBack(const absl::StatusOr<TurnResult>& outcome,
+                              const StoredMessage& sent) {
+  const absl::StatusCode code = outcome.status().code();
+  const bool refused =
+      code == absl::StatusCode::kInvalidArgument || code == absl::StatusCode::kOutOfRange ||
+      code == absl::StatusCode::kFailedPrecondition ||
+      code == absl::StatusCode::kResourceExhausted || code == absl::StatusCode::kPermissionDenied ||
+      code == absl::StatusCode::kNotFound;
+  return !outcome.ok() && refused && sent.token_ids.empty() && sent.content.empty();
 }
 
 bool Conversations::MarkRunning(const std::string& key) {

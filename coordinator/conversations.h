@@ -92,6 +92,9 @@ struct OpenTurn {
   std::string key;    // tenant/session: the running mark and the episodes
   std::string writer;  // the reply in progress's StoredMessage::writer: this coordinator
   std::string edge;   // "grpc" or "http", for the turns metric
+  // The session was made for this turn (an HTTP conversation naming none): a refused turn
+  // deletes it rather than leave an empty session (counted against --max-sessions).
+  bool new_session = false;
 };
 
 class Conversations {
@@ -140,8 +143,13 @@ class Conversations {
   // Ends a turn that Begin opened: stores the reply complete (outcome ok), or `sent` (what the
   // client was sent: the journal's) as interrupted, or failed when nothing was sent. Store
   // errors are returned (the running mark is cleared either way).
+  // A turn refused before any reply (TakenBack) is taken back: its messages out, or its
+  // session deleted when it was made for the turn (new_session).
   absl::Status Finish(const OpenTurn& turn, const absl::StatusOr<TurnResult>& outcome,
                       const StoredMessage& sent);
+  // Whether Finish takes the turn back: refused (a bad request, a limit, a precondition)
+  // before any of its reply was sent.
+  static bool TakenBack(const absl::StatusOr<TurnResult>& outcome, const StoredMessage& sent);
   // At start: the turns a previous run left in progress, marked interrupted (their count).
   absl::StatusOr<int> InterruptLeftoverTurns() { return store_.InterruptInProgress(); }
 

@@ -92,6 +92,7 @@ struct HttpApi::Reply {
   std::optional<IdempotencyKeys::Completion> running;
   bool concluded = false;
   absl::Status concluded_status;
+  bool session_deleted = false;  // a refused turn's new session (OpenTurn::new_session)
 };
 
 HttpApi::HttpApi(const HttpOptions& options, Conversations& conversations, WorkerRegistry& workers,
@@ -422,12 +423,19 @@ absl::StatusOr<OpenTurn> HttpApi::BeginUnnamed(const std::string& tenant, const 
   }
   RECALL_ASSIGN_OR_RETURN(const SessionRecord created,
                           conversations_.Create(tenant, model, v1::CacheSettings(), {}, ""));
-  return conversations_.Begin(
+  absl::StatusOr<OpenTurn> open = conversations_.Begin(
       tenant, created.id,
       [&messages](const SessionRecord&) -> absl::StatusOr<TurnMessages> {
         return TurnMessages{0, messages};
       },
       sampling, "http");
+  if (!open.ok()) {
+    // Refused (too long a conversation, ...): no empty session is left behind.
+    conversations_.store().Delete(tenant, created.id).IgnoreError();
+    return open.status();
+  }
+  open->new_session = true;
+  return open;
 }
 
 void HttpApi::Completions(const httplib::Request& req, httplib::Response& res) {
@@ -547,6 +555,7 @@ void HttpApi::Respond(std::shared_ptr<Reply> reply, bool stream, httplib::Respon
   if (!stream || first.ended) {
     const absl::Status st = Conclude(*reply, /*cancel=*/false);
     if (!st.ok()) {
+      if (reply->session_deleted) res.headers.erase(kSessionHeader);  // names no session now
       Fail(res, st);
       return;
     }
@@ -633,6 +642,8 @@ absl::Status HttpApi::Conclude(Reply& reply, bool cancel) {
             ? absl::StatusOr<TurnResult>(absl::CancelledError("the client left before the end"))
             : outcome;
     const absl::Status stored = conversations_.Finish(*reply.open, as_stored, reply.turn->sent());
+    reply.session_deleted =
+        reply.open->new_session && Conversations::TakenBack(as_stored, reply.turn->sent());
     st = as_stored.status();
     if (st.ok()) st = stored;
     if (st.ok()) {

@@ -398,6 +398,27 @@ TEST_F(OpenAiHttpTest, BadRequestsGetOpenAIErrorsNamingTheField) {
   EXPECT_EQ(GetSession(mine.Header("X-Session-Id")).messages_size(), 2);
 }
 
+// A request naming no session is given a new one; refused (by the coordinator or by the
+// worker), it leaves none behind (an empty session would count against --max-sessions, and
+// a client retrying a bad request would fill the tenant's quota) and names none.
+TEST_F(OpenAiHttpTest, ARefusedRequestLeavesNoNewSessionBehind) {
+  const int before = SessionCount();
+  const std::vector<Json> hi = {Message("user", "Hi")};
+  const std::string too_long(3900, 'x');  // within the message limit, past the context
+  for (const std::string& body :
+       {ChatBody(hi, 4, false, R"("top_k": 100000)"),             // the worker's limit
+        ChatBody(hi, 4, true, R"("logit_bias": {"100000": 1})"),  // past the vocabulary
+        ChatBody({Message("user", too_long)}, 4, false)}) {
+    const HttpReply r = Post("/v1/chat/completions", body);
+    EXPECT_EQ(r.status, 400) << r.body;
+    EXPECT_EQ(r.Header("X-Session-Id"), "") << "names no session: " << r.body;
+  }
+  EXPECT_EQ(SessionCount(), before) << "no session was left behind";
+  const HttpReply ok = Post("/v1/chat/completions", ChatBody(hi, 2, false));
+  ASSERT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(SessionCount(), before + 1);
+}
+
 TEST(OpenAiHttpServeTest, RecallServeServesTheApiAndPrintsItsAddress) {
   RECALL_REQUIRE_SHARED_FILE(kModel);
   const std::string dir = testing::MakeTempDir("openai_serve");

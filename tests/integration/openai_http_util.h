@@ -172,6 +172,18 @@ class OpenAiHttpTest : public ::testing::Test {
     return s;
   }
 
+  // How many sessions the tenant of `key` has (the gRPC API's list, one page).
+  int SessionCount(const std::string& key = "key-a") {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer " + key);
+    v1::ListSessionsRequest req;
+    req.set_page_size(1000);
+    v1::ListSessionsResponse page;
+    const grpc::Status st = chat_->ListSessions(&ctx, req, &page);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    return page.sessions_size();
+  }
+
   std::string dir_;
   ServerProcess worker_;
   ServerProcess coordinator_;
