@@ -3,6 +3,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace recall::coordinator {
@@ -45,8 +46,9 @@ absl::StatusOr<std::string> ApiKeys::AuthenticateBearer(
     return absl::UnauthenticatedError("authorization: missing; send \"Bearer <api key>\"");
   }
   std::string value = *authorization;
+  // The scheme's name is case-insensitive (RFC 9110 11.1).
   const std::string prefix = "Bearer ";
-  if (value.rfind(prefix, 0) != 0) {
+  if (!absl::StartsWithIgnoreCase(value, prefix)) {
     return absl::UnauthenticatedError("authorization: expected \"Bearer <api key>\"");
   }
   value = value.substr(prefix.size());

@@ -7,6 +7,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
@@ -64,6 +65,16 @@ absl::StatusOr<std::string> NamedSession(const httplib::Request& req, const std:
   }
   if (!utf8::IsValid(id)) return absl::InvalidArgumentError("session_id: is not valid UTF-8");
   return id;
+}
+
+// The method a route takes ("" for a path that is no route): a request with another method is
+// 405, not 404.
+std::string AllowedMethod(const std::string& path) {
+  if (path == "/v1/chat/completions" || path == "/v1/completions") return "POST";
+  if (path == "/v1/models" || absl::StartsWith(path, "/v1/models/") || path == "/health") {
+    return "GET";
+  }
+  return "";
 }
 
 }  // namespace
@@ -153,8 +164,21 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpOptions& optio
       [self, max = options.max_body_bytes](const httplib::Request& req, httplib::Response& res) {
         if (!res.body.empty()) return;
         absl::Status st;
-        if (res.status == 404) {
+        const std::string allowed = AllowedMethod(req.path);
+        if (res.status == 404 && !allowed.empty()) {
+          res.status = 405;
+          res.set_header("Allow", allowed);
+          st = absl::InvalidArgumentError(
+              absl::StrCat(req.method, " ", req.path, ": method not allowed; use ", allowed));
+        } else if (res.status == 404) {
           st = absl::NotFoundError(absl::StrCat("no route ", req.method, " ", req.path));
+        } else if (res.status == 413 && absl::StartsWith(req.get_header_value("Content-Type"),
+                                                         "application/x-www-form-urlencoded")) {
+          // cpp-httplib reads a form body up to 8 KiB whatever the limit (curl -d sends one).
+          st = absl::InvalidArgumentError(
+              "the request body was sent as a form (Content-Type: "
+              "application/x-www-form-urlencoded), which is read up to 8192 bytes; send "
+              "Content-Type: application/json");
         } else if (res.status == 413) {
           st = absl::InvalidArgumentError(
               absl::StrCat("the request body is larger than ", max, " bytes"));

@@ -384,9 +384,27 @@ TEST_F(OpenAiHttpTest, BadRequestsGetOpenAIErrorsNamingTheField) {
     EXPECT_TRUE(e.contains("type") && e.contains("code")) << r.body;
   }
   EXPECT_EQ(Send(*http_, "GET", "/v1/models", "", "").status, 401);
-  const HttpReply no_route = Send(*http_, "GET", "/v1/chat/completions", "", "key-a");
+  const HttpReply wrong_method = Send(*http_, "GET", "/v1/chat/completions", "", "key-a");
+  EXPECT_EQ(wrong_method.status, 405);
+  EXPECT_EQ(wrong_method.Header("Allow"), "POST");
+  EXPECT_EQ(wrong_method.JsonBody()["error"]["message"],
+            "GET /v1/chat/completions: method not allowed; use POST");
+  const HttpReply no_route = Send(*http_, "GET", "/v1/chat/nothing", "", "key-a");
   EXPECT_EQ(no_route.status, 404);
-  EXPECT_EQ(no_route.JsonBody()["error"]["message"], "no route GET /v1/chat/completions");
+  EXPECT_EQ(no_route.JsonBody()["error"]["message"], "no route GET /v1/chat/nothing");
+  // curl -d sends a form's Content-Type, which cpp-httplib reads up to 8 KiB: the error says
+  // so, not that the body passed the (64 MiB) limit.
+  const HttpReply form =
+      Post("/v1/chat/completions", ChatBody({Message("user", std::string(9000, 'x'))}, 4, false),
+           "key-a", {{"Content-Type", "application/x-www-form-urlencoded"}});
+  EXPECT_EQ(form.status, 413) << form.body;
+  EXPECT_NE(form.JsonBody()["error"]["message"].get<std::string>().find(
+                "send Content-Type: application/json"),
+            std::string::npos)
+      << form.body;
+  // The scheme's name is case-insensitive.
+  httplib::Headers lower = {{"Authorization", "bearer key-a"}};
+  EXPECT_EQ(Send(*http_, "GET", "/v1/models", "", "", lower).status, 200);
 
   // A session is its tenant's: another key finds nothing.
   const HttpReply mine = Post("/v1/chat/completions", ChatBody(hi, 4, false));

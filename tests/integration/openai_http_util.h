@@ -50,7 +50,9 @@ inline HttpReply Send(httplib::Client& client, const std::string& method, const 
   if (!key.empty()) req.headers.emplace("Authorization", "Bearer " + key);
   if (!body.empty()) {
     req.body = body;
-    req.headers.emplace("Content-Type", "application/json");
+    if (req.headers.count("Content-Type") == 0) {
+      req.headers.emplace("Content-Type", "application/json");
+    }
   }
   HttpReply reply;
   req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
