@@ -5,7 +5,6 @@
 #include <sys/wait.h>
 
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <optional>
 #include <vector>
@@ -13,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
 #include "common/grpc/cluster_credential.h"
+#include "common/port_file.h"
 #include "common/status.h"
 #include "common/subprocess.h"
 #include "coordinator/server.h"
@@ -181,12 +181,13 @@ absl::Status Serve(const ServeOptions& o) {
               << "/metrics\n";
   }
   if (!o.port_file.empty()) {
-    const std::string& path = o.port_file;
-    {
-      std::ofstream out(path + ".tmp");
-      out << "grpc=" << server->port() << " http=" << server->http_port() << "\n";
+    const absl::Status written = WritePortFile(
+        o.port_file, absl::StrCat("grpc=", server->port(), " http=", server->http_port(), "\n"));
+    if (!written.ok()) {
+      server->Shutdown();
+      worker.Stop();
+      return written;
     }
-    std::rename((path + ".tmp").c_str(), path.c_str());
   }
   // Until SIGINT or SIGTERM; a worker that dies is restarted on its port (the coordinator
   // knows it there), at most kRestarts times within a minute.

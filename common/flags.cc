@@ -146,6 +146,22 @@ absl::Status FieldError(absl::string_view field, absl::string_view what, absl::S
   return st;
 }
 
+absl::StatusOr<std::pair<std::string, int>> SplitHostPort(absl::string_view field,
+                                                          const std::string& value) {
+  const size_t colon = value.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(value.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    return FieldError(field,
+                      absl::StrCat("expected HOST:PORT (port in [0, 65535]), got \"", value, "\""));
+  }
+  std::string host = value.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return std::make_pair(host, port);
+}
+
 std::string FieldWhat(const absl::Status& status) {
   const auto p = status.GetPayload(kWhatPayload);
   return p.has_value() ? std::string(*p) : std::string();

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
@@ -60,6 +61,10 @@ std::string Closest(absl::string_view name, const std::vector<std::string>& know
 // the message says "field", Explain says its flag.
 absl::Status FieldError(absl::string_view field, absl::string_view what,
                         absl::StatusCode code = absl::StatusCode::kInvalidArgument);
+// "HOST:PORT" (PORT in [0, 65535]; "[::1]:80" for IPv6) -> host without brackets, port; a
+// FieldError naming `field` otherwise.
+absl::StatusOr<std::pair<std::string, int>> SplitHostPort(absl::string_view field,
+                                                          const std::string& value);
 // The field a FieldError names, or ""; its `what` as given ({field} references kept).
 std::string FieldOf(const absl::Status& status);
 std::string FieldWhat(const absl::Status& status);

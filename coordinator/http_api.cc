@@ -27,23 +27,6 @@ constexpr char kSessionHeader[] = "X-Session-Id";
 constexpr char kKeyHeader[] = "Idempotency-Key";
 constexpr size_t kMaxSessionIdBytes = 128;
 
-// "HOST:PORT" -> host, port ("[::1]:80" -> "::1", 80).
-absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& listen) {
-  const size_t colon = listen.rfind(':');
-  int port = -1;
-  if (colon == std::string::npos || colon == 0 ||
-      !absl::SimpleAtoi(listen.substr(colon + 1), &port) || port < 0 || port > 65535) {
-    return flags::FieldError(
-        "http_listen",
-        absl::StrCat("expected HOST:PORT (port in [0, 65535]), got \"", listen, "\""));
-  }
-  std::string host = listen.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  return std::make_pair(host, port);
-}
-
 std::vector<StoredMessage> ToStored(const std::vector<openai::Message>& messages) {
   std::vector<StoredMessage> out;
   out.reserve(messages.size());
@@ -121,7 +104,8 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpOptions& optio
                                                         WorkerRegistry& workers,
                                                         const ApiKeys& keys,
                                                         metrics::Registry& metrics) {
-  RECALL_ASSIGN_OR_RETURN(const auto host_port, SplitHostPort(options.listen));
+  RECALL_ASSIGN_OR_RETURN(const auto host_port,
+                          flags::SplitHostPort("http_listen", options.listen));
   std::unique_ptr<HttpApi> api(new HttpApi(options, conversations, workers, keys, metrics));
   if (!options.tls_cert.empty()) {
     auto server = std::make_unique<httplib::SSLServer>(

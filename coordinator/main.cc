@@ -2,11 +2,13 @@
 #include <signal.h>
 
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/flags.h"
+#include "common/port_file.h"
 #include "common/status.h"
 #include "coordinator/server.h"
 
@@ -125,6 +127,14 @@ const flags::FlagSet<CoordinatorConfig>& CoordinatorFlags() {
           if (!c.tls_client_ca.empty() && c.tls_cert.empty()) {
             return absl::InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key");
           }
+          // A bare HOST:PORT or path would be read as an SQLite file's name.
+          if (!c.store_url.empty() && !absl::StartsWith(c.store_url, "redis://") &&
+              !absl::StartsWith(c.store_url, "sqlite://")) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "--store: expected redis://HOST[:PORT] or sqlite://PATH, got \"", c.store_url,
+                "\" (without --store, sessions are in "
+                "--data-dir's sessions.db)"));
+          }
           return absl::OkStatus();
         });
     return f;
@@ -166,13 +176,13 @@ absl::Status Run(const std::vector<std::string>& argv) {
                        "need their own protection");
   }
   if (!c.port_file.empty()) {
-    const std::string& path = c.port_file;
-    {
-      std::ofstream out(path + ".tmp");
-      out << "grpc=" << server->port() << " metrics=" << server->metrics_port()
-          << " http=" << server->http_port() << "\n";
+    const absl::Status written = WritePortFile(
+        c.port_file, absl::StrCat("grpc=", server->port(), " metrics=", server->metrics_port(),
+                                  " http=", server->http_port(), "\n"));
+    if (!written.ok()) {
+      server->Shutdown();
+      return written;
     }
-    std::rename((path + ".tmp").c_str(), path.c_str());
   }
   int sig = 0;
   sigwait(&signals, &sig);

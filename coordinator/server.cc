@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/flags.h"
 #include "common/grpc/parse_errors.h"
 #include "common/status.h"
 
@@ -79,6 +80,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
+  RECALL_RETURN_IF_ERROR(flags::SplitHostPort("listen", config.listen).status());
   builder.AddListeningPort(config.listen, creds, &s->port_);
   // A port another process holds is an error, not a second listener (gRPC's default
   // SO_REUSEPORT would let two coordinators share it).
@@ -93,7 +95,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   builder.experimental().SetInterceptorCreators(grpcutil::ParseErrorInterceptors());
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("--listen: cannot listen on ", config.listen));
+    return absl::UnavailableError(absl::StrCat(
+        "--listen: cannot listen on ", config.listen,
+        config.tls_cert.empty() ? " (is the port free?)"
+                                : " (is the port free? are --tls-cert and --tls-key a matching "
+                                  "PEM certificate and key?)"));
   }
   s->server_->GetHealthCheckService()->SetServingStatus(true);
   if (config.metrics_port >= 0) {

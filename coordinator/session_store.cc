@@ -4,6 +4,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/flags.h"
 #include "nlohmann/json.hpp"
 
 namespace recall::coordinator {
@@ -94,12 +95,27 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenStore(const std::string& url,
     const std::string rest = url.substr(redis.size());
     const size_t colon = rest.rfind(':');
     int port = 6379;
-    if (colon != std::string::npos && !absl::SimpleAtoi(rest.substr(colon + 1), &port)) {
-      return absl::InvalidArgumentError(absl::StrCat("--store: bad port in ", url));
+    if ((colon != std::string::npos && !absl::SimpleAtoi(rest.substr(colon + 1), &port)) ||
+        port < 1 || port > 65535 || colon == 0 || rest.empty()) {
+      return flags::FieldError("store_url",
+                               absl::StrCat("expected redis://HOST[:PORT] (port in [1, 65535]), "
+                                            "got \"",
+                                            url, "\""));
     }
     return OpenRedisStore(rest.substr(0, colon), port, allow_volatile);
   }
-  return OpenSqliteStore(url.rfind(sqlite, 0) == 0 ? url.substr(sqlite.size()) : url);
+  if (url.rfind(sqlite, 0) == 0) {
+    if (url.size() == sqlite.size()) {
+      return flags::FieldError("store_url", "sqlite:// needs a file's path (sqlite://PATH)");
+    }
+    return OpenSqliteStore(url.substr(sqlite.size()));
+  }
+  if (url.empty() || url.find("://") != std::string::npos) {
+    return flags::FieldError("store_url", absl::StrCat("expected redis://HOST[:PORT] or "
+                                                       "sqlite://PATH, got \"",
+                                                       url, "\""));
+  }
+  return OpenSqliteStore(url);  // a path
 }
 
 absl::StatusOr<std::map<std::string, std::string>> ParseStoredMetadata(const std::string& text,

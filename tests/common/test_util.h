@@ -1,11 +1,14 @@
 // Helpers shared by the test suites.
 #pragma once
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <unistd.h>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -45,6 +48,26 @@ inline std::string MakeTempDir(const std::string& name) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;
+}
+
+// Runs a shell command to its exit: its exit status (-1 when it did not exit normally) and
+// what it printed on stdout and stderr.
+struct Exit {
+  int code = -1;
+  std::string output;
+};
+inline Exit RunToExit(const std::string& command) {
+  Exit e;
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  if (p == nullptr) {
+    e.output = "popen failed";
+    return e;
+  }
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof(buf), p)) e.output.append(buf, n);
+  const int status = pclose(p);
+  if (WIFEXITED(status)) e.code = WEXITSTATUS(status);
+  return e;
 }
 
 }  // namespace recall::testing

@@ -215,14 +215,9 @@ TEST(ClusterCredentialFileTest, AShortOrMissingTokenFileStopsTheWorkerAtStart) {
     const std::string command = std::string(RECALL_WORKER_BINARY) + " --model " +
                                 testing::SharedPath(kModel) + " --tokenizer " +
                                 testing::SharedPath(kTokenizer) +
-                                " --listen 127.0.0.1:0 --cluster-token-file " + file + " 2>&1";
-    FILE* p = popen(command.c_str(), "r");
-    ASSERT_NE(p, nullptr);
-    std::string out;
-    char buf[4096];
-    while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
-    const int status = pclose(p);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << out;
+                                " --listen 127.0.0.1:0 --cluster-token-file " + file;
+    const auto [code, out] = testing::RunToExit(command);
+    EXPECT_GT(code, 0) << out;
     EXPECT_NE(out.find(message), std::string::npos) << out;
     EXPECT_EQ(out.find("serving"), std::string::npos) << out;
   }

@@ -684,15 +684,9 @@ TEST(CoordinatorRedisTest, ARedisThatKeepsNothingOnDiskIsRefusedUnlessAllowed) {
   testing::RedisServer redis;
   ASSERT_TRUE(redis.Start(dir, /*persistent=*/false));
   const std::string command = std::string(RECALL_COORDINATOR_BINARY) +
-                              " --listen 127.0.0.1:0 --data-dir " + dir + " --store " +
-                              redis.url() + " 2>&1";
-  FILE* p = popen(command.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
-  const int status = pclose(p);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << out;
+                              " --listen 127.0.0.1:0 --data-dir " + dir + " --store " + redis.url();
+  const auto [code, out] = testing::RunToExit(command);
+  EXPECT_GT(code, 0) << out;
   EXPECT_NE(out.find("keeps nothing on disk (appendonly no, save \"\")"), std::string::npos) << out;
   EXPECT_NE(out.find("--allow-volatile-store"), std::string::npos) << out;
   ServerProcess coordinator;
@@ -702,6 +696,29 @@ TEST(CoordinatorRedisTest, ARedisThatKeepsNothingOnDiskIsRefusedUnlessAllowed) {
                                  redis.url(), "--allow-volatile-store"},
                                 dir, &error))
       << error;
+}
+
+// Flags a coordinator cannot serve with stop it at start, naming the flag (exit 2): a --store
+// that is neither redis:// nor sqlite://PATH (a bare HOST:PORT was an SQLite file of that
+// name; "sqlite://" a temporary database, lost at exit), a port past 65535 (it wrapped), a
+// --port-file it cannot write (it was ignored).
+TEST(CoordinatorFlagsTest, AStoreListenOrPortFileItCannotUseStopsItNamingTheFlag) {
+  const std::string dir = testing::MakeTempDir("coordinator_flags");
+  const std::pair<std::string, std::string> cases[] = {
+      {"--store localhost:6379", "--store: expected redis://HOST[:PORT] or sqlite://PATH"},
+      {"--store sqlite://", "--store: sqlite:// needs a file's path"},
+      {"--store redis://h:99999", "--store: expected redis://HOST[:PORT] (port in [1, 65535])"},
+      {"--listen 127.0.0.1:99999", "--listen: expected HOST:PORT (port in [0, 65535])"},
+      {"--port-file " + dir + "/missing/ports", "--port-file: cannot create"},
+  };
+  for (const auto& [flag, message] : cases) {
+    const testing::Exit e =
+        testing::RunToExit(std::string(RECALL_COORDINATOR_BINARY) +
+                           " --listen 127.0.0.1:0 --data-dir " + dir + " " + flag);
+    EXPECT_EQ(e.code, 2) << flag << ": " << e.output;
+    EXPECT_NE(e.output.find(message), std::string::npos) << flag << ": " << e.output;
+  }
+  EXPECT_FALSE(std::filesystem::exists("localhost:6379")) << "no file of that name was made";
 }
 
 TEST(CoordinatorRegistrationTest, AWorkerRegistersItselfAndServes) {

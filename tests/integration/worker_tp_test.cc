@@ -108,14 +108,8 @@ std::pair<int, std::string> RunToExit(const std::vector<std::string>& flags) {
                     testing::SharedPath(kModel) + " --tokenizer " +
                     testing::SharedPath(kTokenizer) + " --listen 127.0.0.1:0";
   for (const std::string& f : flags) cmd += " " + f;
-  cmd += " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return {-1, "popen failed"};
-  std::string out;
-  char buf[512];
-  while (fgets(buf, sizeof(buf), pipe) != nullptr) out += buf;
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  const testing::Exit e = testing::RunToExit(cmd);
+  return {e.code, e.output};
 }
 
 TEST_F(WorkerTpTest, FlagsThatDoNotFitAreRefusedAtStartupByName) {
@@ -139,6 +133,8 @@ TEST_F(WorkerTpTest, FlagsThatDoNotFitAreRefusedAtStartupByName) {
       {{"--served-model-name", "'a b'"}, "--served-model-name: \"a b\" has a space"},
       {{"--layer-budgets", "/nonexistent/profile.json"}, "--layer-budgets"},
       {{"--layer-alpha", "9"}, "--layer-alpha"},
+      {{"--listen", "127.0.0.1:99999"}, "--listen: expected HOST:PORT (port in [0, 65535])"},
+      {{"--port-file", "/nonexistent/ports"}, "--port-file: cannot create /nonexistent/ports.tmp"},
   };
   for (const auto& [flags, named] : cases) {
     const auto [code, output] = RunToExit(flags);

@@ -4,17 +4,19 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "cache/eviction/session_evictor.h"
+#include "common/flags.h"
 #include "common/grpc/parse_errors.h"
 #include "common/metrics/http_server.h"
+#include "common/port_file.h"
 #include "common/status.h"
 #include "grpcpp/ext/health_check_service_server_builder_option.h"
 #include "grpcpp/grpcpp.h"
@@ -48,7 +50,7 @@ class Registration {
             grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials()))),
         cluster_(std::move(cluster)),
         thread_([this, coordinator, advertise] {
-          bool reported = false;
+          std::optional<bool> reported;  // the last outcome told (none yet: the first is)
           absl::MutexLock lock(&mu_);
           while (!stop_) {
             grpc::ClientContext ctx;
@@ -60,7 +62,7 @@ class Registration {
             mu_.Unlock();
             const grpc::Status st = stub_->Register(&ctx, req, &resp);
             mu_.Lock();
-            if (st.ok() != reported) {
+            if (!reported.has_value() || st.ok() != *reported) {
               std::fprintf(stderr, "recall-worker: %s with coordinator %s as %s%s%s\n",
                            st.ok() ? "registered" : "cannot register", coordinator.c_str(),
                            advertise.c_str(), st.ok() ? "" : ": ",
@@ -96,6 +98,10 @@ absl::Status Run(const std::vector<std::string>& argv) {
   }
   WorkerOptions options;
   RECALL_RETURN_IF_ERROR(WorkerFlags().Parse(argv, &options));
+  // Before the model loads (which may take minutes).
+  if (absl::Status st = flags::SplitHostPort("listen", options.listen).status(); !st.ok()) {
+    return WorkerFlags().Explain(st);
+  }
   RECALL_RETURN_IF_ERROR(ResolveWorkerOptions(&options));
   absl::StatusOr<model::Loaded> loaded = model::LoadAll(options.model);
   if (!loaded.ok()) return WorkerFlags().Explain(loaded.status());
@@ -183,13 +189,9 @@ absl::Status Run(const std::vector<std::string>& argv) {
                  listen.c_str());
   }
   if (!options.port_file.empty()) {
-    const std::string& path = options.port_file;
-    const std::string tmp = path + ".tmp";
-    {
-      std::ofstream out(tmp);
-      out << "grpc=" << port << " metrics=" << (http ? http->port() : 0) << "\n";
-    }
-    std::rename(tmp.c_str(), path.c_str());  // readers never see a partial file
+    RECALL_RETURN_IF_ERROR(
+        WritePortFile(options.port_file,
+                      absl::StrCat("grpc=", port, " metrics=", (http ? http->port() : 0), "\n")));
   }
 
   std::unique_ptr<Registration> registration;
