@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "cli/sampling_flags.h"
 #include "client/client.h"
+#include "common/files.h"
 #include "common/flags.h"
 #include "common/status.h"
 #include "google/protobuf/util/json_util.h"
@@ -223,11 +224,7 @@ const flags::FlagSet<ChatOptions>& ChatFlags() {
 
 absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag) {
   if (path.empty()) return std::string();
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("--", flag, ": cannot read ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return ReadSmallFile(absl::StrCat("--", flag), path, kMaxPemBytes);
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Connect(const ConnectOptions& c) {

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/files.h"
 #include "common/flags.h"
 #include "common/grpc/cluster_credential.h"
-#include "common/port_file.h"
 #include "common/status.h"
 #include "common/subprocess.h"
 #include "coordinator/server.h"

@@ -1,16 +1,18 @@
 #include "coordinator/auth.h"
 
-#include <fstream>
 #include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/files.h"
+#include "common/status.h"
 
 namespace recall::coordinator {
 
 absl::StatusOr<ApiKeys> ApiKeys::Load(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("--api-keys: cannot read ", path));
+  RECALL_ASSIGN_OR_RETURN(const std::string text,
+                          ReadSmallFile("--api-keys", path, kMaxKeysFileBytes));
+  std::istringstream in(text);
   ApiKeys keys;
   keys.enabled_ = true;
   std::string line;
@@ -24,7 +26,11 @@ absl::StatusOr<ApiKeys> ApiKeys::Load(const std::string& path) {
       return absl::InvalidArgumentError(
           absl::StrCat(path, ":", n, ": expected \"<key> <tenant>\""));
     }
-    keys.tenant_by_key_[key] = tenant;
+    if (!keys.tenant_by_key_.emplace(key, tenant).second) {
+      // Which tenant the key is would depend on the order of the lines.
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ":", n, ": the key is given twice (once per tenant)"));
+    }
   }
   if (keys.tenant_by_key_.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": no keys"));

@@ -16,8 +16,11 @@ namespace recall::coordinator {
 class ApiKeys {
  public:
   static ApiKeys Open() { return ApiKeys(); }  // no keys: auth off
-  // InvalidArgument naming the file and line for a malformed line; NotFound if missing.
+  // "<key> <tenant>" per line ('#' starts a comment). InvalidArgument naming the file and
+  // line for a malformed line or a key given twice, and naming the file for one that is
+  // missing, not a regular file or over kMaxKeysFileBytes.
   static absl::StatusOr<ApiKeys> Load(const std::string& path);
+  static constexpr size_t kMaxKeysFileBytes = 16 << 20;
 
   // The caller's tenant, or UNAUTHENTICATED (missing or unknown key).
   absl::StatusOr<std::string> Authenticate(const grpc::ServerContextBase& context) const;

@@ -7,8 +7,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/files.h"
 #include "common/flags.h"
-#include "common/port_file.h"
 #include "common/status.h"
 #include "coordinator/server.h"
 

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/files.h"
 #include "common/flags.h"
 #include "common/grpc/parse_errors.h"
 #include "common/status.h"
@@ -59,12 +60,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   s->registry_service_ = std::make_unique<RegistryService>(*s->registry_, s->keys_, cluster);
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
   if (!config.tls_cert.empty() || !config.tls_key.empty()) {
-    auto read = [](const std::string& flag, const std::string& path) -> absl::StatusOr<std::string> {
-      std::ifstream in(path, std::ios::binary);
-      if (!in) return absl::NotFoundError(absl::StrCat("--", flag, ": cannot read ", path));
-      std::stringstream ss;
-      ss << in.rdbuf();
-      return ss.str();
+    auto read = [](const std::string& flag, const std::string& path) {
+      return ReadSmallFile("--" + flag, path, kMaxPemBytes);
     };
     grpc::SslServerCredentialsOptions ssl(
         config.tls_client_ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE

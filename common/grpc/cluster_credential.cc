@@ -4,12 +4,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <fstream>
 #include <random>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/files.h"
+#include "common/status.h"
 
 namespace recall::grpcutil {
 namespace {
@@ -44,11 +44,9 @@ absl::StatusOr<ClusterCredential> ClusterCredential::FromToken(const std::string
 }
 
 absl::StatusOr<ClusterCredential> ClusterCredential::Load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("--cluster-token-file: cannot read ", path));
-  std::ostringstream s;
-  s << in.rdbuf();
-  return FromToken(s.str(), absl::StrCat("--cluster-token-file ", path));
+  RECALL_ASSIGN_OR_RETURN(const std::string token,
+                          ReadSmallFile("--cluster-token-file", path, kMaxTokenFileBytes));
+  return FromToken(token, absl::StrCat("--cluster-token-file ", path));
 }
 
 grpc::Status ClusterCredential::Check(const grpc::ServerContextBase& context,
@@ -76,11 +74,17 @@ void ClusterCredential::Attach(grpc::ClientContext* context) const {
 }
 
 absl::StatusOr<std::string> EnsureTokenFile(const std::string& path) {
-  if (auto existing = ClusterCredential::Load(path); existing.ok()) {
-    std::ifstream in(path);
-    std::string t;
-    in >> t;
-    return t;
+  // One there is kept, or refused when it is not a token (the workers started with it
+  // would no longer match a new one); an empty one (a write that did not finish) or none is
+  // made anew.
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && !(S_ISREG(st.st_mode) && st.st_size == 0)) {
+    absl::StatusOr<ClusterCredential> existing = ClusterCredential::Load(path);
+    if (!existing.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          existing.status().message(), "; mend it, or delete it for a new one to be made"));
+    }
+    return existing->token();
   }
   std::random_device rd;
   std::string token;

@@ -18,8 +18,10 @@ class ClusterCredential {
   // Open: every caller is accepted, and nothing is sent.
   static ClusterCredential Open() { return ClusterCredential(); }
   // The token is the file's content without surrounding whitespace: at least 16 bytes of
-  // printable ASCII without spaces. NotFound / InvalidArgument naming the file otherwise.
+  // printable ASCII without spaces, from a regular file of at most kMaxTokenFileBytes.
+  // InvalidArgument naming the flag and the file otherwise.
   static absl::StatusOr<ClusterCredential> Load(const std::string& path);
+  static constexpr size_t kMaxTokenFileBytes = 64 << 10;
   // For tests and for `recall serve`, which makes one: `token` as above.
   static absl::StatusOr<ClusterCredential> FromToken(const std::string& token,
                                                      const std::string& source);
@@ -30,13 +32,16 @@ class ClusterCredential {
   grpc::Status Check(const grpc::ServerContextBase& context, const char* what) const;
   // Adds the token to an outgoing call (nothing when open).
   void Attach(grpc::ClientContext* context) const;
+  const std::string& token() const { return token_; }
 
  private:
   std::string token_;
 };
 
 // A fresh random token (32 hex digits from /dev/urandom) written to `path` with mode 0600,
-// unless the file already holds one. Returns the token.
+// unless the file is there: one that holds a token is kept, one that does not is an error
+// (the workers started with it would not match a new token); an empty one is written anew.
+// Returns the token.
 absl::StatusOr<std::string> EnsureTokenFile(const std::string& path);
 
 }  // namespace recall::grpcutil

@@ -13,10 +13,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "cache/eviction/session_evictor.h"
+#include "common/files.h"
 #include "common/flags.h"
 #include "common/grpc/parse_errors.h"
 #include "common/metrics/http_server.h"
-#include "common/port_file.h"
 #include "common/status.h"
 #include "grpcpp/ext/health_check_service_server_builder_option.h"
 #include "grpcpp/grpcpp.h"

@@ -1,0 +1,70 @@
+#include "common/files.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+
+namespace recall {
+
+absl::StatusOr<std::string> ReadSmallFile(const std::string& flag, const std::string& path,
+                                          size_t max_bytes) {
+  const auto cannot_read = [&] {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": cannot read ", path, " (", std::strerror(errno), ")"));
+  };
+  // O_NONBLOCK: opening a FIFO does not wait for a writer (it is refused below).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return cannot_read();
+  absl::Cleanup close_fd = [fd] { ::close(fd); };
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return cannot_read();
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": ", path, " is not a regular file"));
+  }
+  const auto too_large = [&](uint64_t size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": ", path, " is ", size, " bytes; at most ", max_bytes));
+  };
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) return too_large(st.st_size);
+  std::string out;
+  char buf[8192];
+  while (true) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return cannot_read();
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+    if (out.size() > max_bytes) return too_large(out.size());  // it grew while read
+  }
+  return out;
+}
+
+absl::Status WritePortFile(const std::string& path, const std::string& line) {
+  const std::string tmp = path + ".tmp";
+  const auto failed = [&](const std::string& what) {
+    const std::string cause = std::strerror(errno);
+    std::remove(tmp.c_str());
+    return absl::InvalidArgumentError(
+        absl::StrCat("--port-file: cannot ", what, " ", tmp, ": ", cause));
+  };
+  std::FILE* f = std::fopen(tmp.c_str(), "w");
+  if (f == nullptr) return failed("create");
+  const bool written = std::fwrite(line.data(), 1, line.size(), f) == line.size();
+  if (std::fclose(f) != 0 || !written) return failed("write");
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string cause = std::strerror(errno);
+    std::remove(tmp.c_str());
+    return absl::InvalidArgumentError(
+        absl::StrCat("--port-file: cannot rename ", tmp, " to ", path, ": ", cause));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace recall
