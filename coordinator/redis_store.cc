@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
+#include "common/logging.h"
 #include "common/status.h"
 #include "coordinator/session_store.h"
 #include "nlohmann/json.hpp"
@@ -332,7 +333,16 @@ class RedisStore final : public SessionStore {
     for (size_t i = 0; i < ids->elements; ++i) {
       SessionRecord r;
       const std::string id(ids->element[i]->str, ids->element[i]->len);
-      if (LoadHeader(tenant, id, &r).ok()) out.push_back(std::move(r));
+      const absl::Status st = LoadHeader(tenant, id, &r);
+      if (absl::IsNotFound(st)) continue;  // deleted since the range was read
+      if (absl::IsDataLoss(st)) {
+        // A damaged session is listed (without its metadata), so that the others are and it
+        // can be found and deleted; reading it says what is damaged.
+        RECALL_LOG(WARNING) << st.message() << "; listed without its metadata";
+      } else if (!st.ok()) {
+        return st;  // not a page with sessions silently missing
+      }
+      out.push_back(std::move(r));
     }
     return out;
   }
@@ -495,10 +505,11 @@ class RedisStore final : public SessionStore {
     RECALL_ASSIGN_OR_RETURN(
         Reply rep, Command({"HMGET", SessionKey(id), "tenant", "model", "cache", "metadata",
                             "created_ms", "worker"}));
-    RECALL_RETURN_IF_ERROR(FillHeader(rep.get(), tenant, id, r));
+    const absl::Status header = FillHeader(rep.get(), tenant, id, r);  // DataLoss: filled
+    if (!header.ok() && !absl::IsDataLoss(header)) return header;
     RECALL_ASSIGN_OR_RETURN(Reply len, Command({"LLEN", MessagesKey(id)}));
     r->message_count = static_cast<int>(len->integer);
-    return absl::OkStatus();
+    return header;
   }
 
   // The header fields from an HMGET's answer (tenant, model, cache, metadata, created_ms,
@@ -517,11 +528,11 @@ class RedisStore final : public SessionStore {
     r->tenant = tenant;
     r->model = field(1);
     r->cache_settings = field(2);
-    RECALL_ASSIGN_OR_RETURN(r->metadata, ParseStoredMetadata(field(3), id));
     int64_t created = 0;
     (void)absl::SimpleAtoi(field(4), &created);
     r->created_unix_ms = created;
     r->worker = field(5);
+    RECALL_ASSIGN_OR_RETURN(r->metadata, ParseStoredMetadata(field(3), id));
     return absl::OkStatus();
   }
 

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
+#include "common/logging.h"
 #include "common/status.h"
 #include "coordinator/session_store.h"
 #include "nlohmann/json.hpp"
@@ -115,7 +116,8 @@ class Stmt {
 class SqliteStore final : public SessionStore {
  public:
   // `lock_fd`: the open lock file this store holds (OpenSqliteStore), closed with it.
-  SqliteStore(sqlite3* db, int lock_fd) : db_(db), lock_fd_(lock_fd) {}
+  SqliteStore(sqlite3* db, int lock_fd, std::string path)
+      : db_(db), lock_fd_(lock_fd), path_(std::move(path)) {}
   ~SqliteStore() override {
     sqlite3_close(db_);
     close(lock_fd_);
@@ -222,7 +224,11 @@ class SqliteStore final : public SessionStore {
     while ((rc = s.Step()) == SQLITE_ROW) {
       SessionRecord r;
       r.tenant = tenant;
-      RECALL_RETURN_IF_ERROR(Fill(s, &r));
+      if (const absl::Status st = Fill(s, &r); !st.ok()) {
+        // A damaged session is listed (without its metadata), so that the others are and it
+        // can be found and deleted; reading it says what is damaged.
+        RECALL_LOG(WARNING) << st.message() << "; listed without its metadata";
+      }
       out.push_back(std::move(r));
     }
     if (rc != SQLITE_DONE) return Check(rc, "list sessions");
@@ -394,6 +400,12 @@ class SqliteStore final : public SessionStore {
       return absl::DataLossError(absl::StrCat("session store: ", what, ": ", sqlite3_errmsg(db_),
                                               " (the file is damaged; restore it from a backup)"));
     }
+    if (primary == SQLITE_READONLY || primary == SQLITE_CANTOPEN || primary == SQLITE_PERM) {
+      // Retrying does not mend permissions either.
+      return absl::InternalError(absl::StrCat(
+          "session store: ", what, ": ", sqlite3_errmsg(db_), " (", path_,
+          ", its -wal and -shm files and their folder must be writable by this process)"));
+    }
     return absl::UnavailableError(
         absl::StrCat("session store: ", what, ": ", sqlite3_errmsg(db_), " (retryable)"));
   }
@@ -428,14 +440,15 @@ class SqliteStore final : public SessionStore {
     return absl::OkStatus();
   }
 
+  // The row's fields; DataLoss for damaged metadata, the other fields filled.
   static absl::Status Fill(const Stmt& s, SessionRecord* r) {
     r->id = s.Text(0);
     r->model = s.Text(1);
     r->cache_settings = s.Text(2);
-    RECALL_ASSIGN_OR_RETURN(r->metadata, ParseStoredMetadata(s.Text(3), r->id));
     r->created_unix_ms = s.Int(4);
     r->worker = s.Text(5);
     r->message_count = static_cast<int>(s.Int(6));
+    RECALL_ASSIGN_OR_RETURN(r->metadata, ParseStoredMetadata(s.Text(3), r->id));
     return absl::OkStatus();
   }
 
@@ -455,6 +468,7 @@ class SqliteStore final : public SessionStore {
   absl::Mutex mu_;
   sqlite3* db_;
   const int lock_fd_;
+  const std::string path_;
 };
 
 // One store per file: a second coordinator on the same sessions.db would mark the first's
@@ -505,6 +519,27 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string&
     sqlite3_close(db);
     return absl::DataLossError(absl::StrCat("session store ", path, ": ", msg));
   }
+  // A file with these tables under other columns (another program's, or hand-made) would
+  // fail every request later with a retryable error: refused here, naming what is missing.
+  const std::pair<const char*, std::vector<const char*>> kColumns[] = {
+      {"sessions", {"id", "tenant", "model", "cache", "metadata", "created_ms", "worker"}},
+      {"messages", {"session_id", "idx", "role", "content"}},  // the others are added below
+      {"records", {"tenant", "name", "value", "written_ms"}},
+      {"reply_parts", {"session_id", "idx", "seq", "content", "ids"}}};
+  for (const auto& [table, wanted] : kColumns) {
+    std::set<std::string> have;
+    {
+      Stmt info(db, absl::StrCat("PRAGMA table_info(", table, ")").c_str());
+      while (info.Step() == SQLITE_ROW) have.insert(info.Text(1));
+    }
+    for (const char* column : wanted) {
+      if (have.count(column) != 0) continue;
+      sqlite3_close(db);
+      return absl::FailedPreconditionError(
+          absl::StrCat("session store ", path, ": its table ", table, " has no column ", column,
+                       ": not a Recall session store; move it away, or give another --data-dir"));
+    }
+  }
   // Files from before replies' tokens (empty: replayed as text), turn states (complete) and
   // turn ids (none) were kept get the columns.
   std::set<std::string> columns;
@@ -532,7 +567,7 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string&
     }
   }
   std::move(unlock).Cancel();
-  return std::unique_ptr<SessionStore>(new SqliteStore(db, lock_fd));
+  return std::unique_ptr<SessionStore>(new SqliteStore(db, lock_fd, path));
 }
 
 }  // namespace recall::coordinator
