@@ -67,8 +67,9 @@ const flags::FlagSet<CoordinatorConfig>& CoordinatorFlags() {
             [](auto& o) -> auto& { return o.data_dir; })
         .String(
             "store", "URL",
-            "redis://HOST:PORT to share sessions between coordinator replicas (run Redis\n"
-            "with appendonly yes, appendfsync always); default SQLite",
+            "redis://HOST[:PORT] to share sessions between coordinator replicas (run Redis\n"
+            "with appendonly yes, appendfsync always), or sqlite://PATH; default SQLite in\n"
+            "--data-dir",
             [](auto& o) -> auto& { return o.store_url; })
         .Field("store_url")
         .Switch(

@@ -210,9 +210,20 @@ class RedisStore final : public SessionStore {
     return std::string(rep->str, rep->len);
   }
 
+  // Connects, and checks that the server answers PING as Redis does (a port of another
+  // service would otherwise be taken, and every request fail later).
   absl::Status Connect() {
     absl::MutexLock lock(&mu_);
-    return EnsureConnected();
+    RECALL_RETURN_IF_ERROR(EnsureConnected());
+    absl::StatusOr<Reply> pong = Command({"PING"});
+    if (!pong.ok() || (*pong)->type != REDIS_REPLY_STATUS ||
+        std::string((*pong)->str, (*pong)->len) != "PONG") {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the server at ", host_, ":", port_, " does not answer PING as Redis does",
+                       pong.ok() ? "" : absl::StrCat(" (", pong.status().message(), ")"),
+                       "; --store redis:// needs a Redis server without a password"));
+    }
+    return absl::OkStatus();
   }
 
   absl::Status Create(const SessionRecord& r) override {

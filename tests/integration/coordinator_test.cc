@@ -4,8 +4,12 @@
 // repeated; a client cancelling mid-reply, whose turn is gone from the worker within a
 // measured bound; a coordinator restart that keeps every session (SQLite); API keys and
 // tenants; bad requests with their codes and the transcript left unchanged.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -719,6 +723,39 @@ TEST(CoordinatorFlagsTest, AStoreListenOrPortFileItCannotUseStopsItNamingTheFlag
     EXPECT_NE(e.output.find(message), std::string::npos) << flag << ": " << e.output;
   }
   EXPECT_FALSE(std::filesystem::exists("localhost:6379")) << "no file of that name was made";
+}
+
+// --store redis:// at a port of another service (here one that answers as an HTTP server)
+// stops the coordinator at start, naming it; it used to start and fail every request.
+TEST(CoordinatorRedisTest, AServerThatIsNotRedisIsRefusedAtStart) {
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(listener, 4), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const int port = ntohs(addr.sin_port);
+  std::thread http([listener] {
+    const int c = accept(listener, nullptr, nullptr);
+    if (c < 0) return;
+    char buf[256];
+    (void)!read(c, buf, sizeof(buf));
+    const char answer[] = "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n";
+    (void)!write(c, answer, sizeof(answer) - 1);
+    close(c);
+  });
+  const std::string dir = testing::MakeTempDir("coordinator_not_redis");
+  const testing::Exit e = testing::RunToExit(std::string(RECALL_COORDINATOR_BINARY) +
+                                             " --listen 127.0.0.1:0 --data-dir " + dir +
+                                             " --store redis://127.0.0.1:" + std::to_string(port));
+  http.join();
+  close(listener);
+  EXPECT_EQ(e.code, 1) << e.output;
+  EXPECT_NE(e.output.find("does not answer PING as Redis does"), std::string::npos) << e.output;
+  EXPECT_EQ(e.output.find("serving on"), std::string::npos) << e.output;
 }
 
 TEST(CoordinatorRegistrationTest, AWorkerRegistersItselfAndServes) {
