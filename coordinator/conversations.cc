@@ -177,6 +177,11 @@ absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
             !rec.messages.back().writer.empty() && rec.messages.back().writer != instance_id_) {
           return RunningElsewhere();  // checked again in the write (ReplaceTail)
         }
+        if (v1::CacheSettings cache; !cache.ParseFromString(rec.cache_settings)) {
+          // Run with the defaults instead, it would keep another cache than the one asked.
+          return absl::DataLossError(absl::StrCat("session ", QuotedId(session_id),
+                                                  ": its stored cache settings are damaged"));
+        }
         RECALL_ASSIGN_OR_RETURN(TurnMessages m, plan(rec));
         RECALL_CHECK(!m.add.empty() && m.keep >= 0 && m.keep <= rec.message_count)
             << "a turn planner kept " << m.keep << " of " << rec.message_count

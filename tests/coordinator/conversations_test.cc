@@ -7,6 +7,8 @@
 // cleared on every path; the turn limit; sessions of another tenant are not found.
 #include "coordinator/conversations.h"
 
+#include <sqlite3.h>
+
 #include "gtest/gtest.h"
 #include "tests/common/test_util.h"
 
@@ -16,7 +18,8 @@ namespace {
 class ConversationsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto store = OpenStore(testing::MakeTempDir("conversations") + "/sessions.db");
+    path_ = testing::MakeTempDir("conversations") + "/sessions.db";
+    auto store = OpenStore(path_);
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
     CoordinatorOptions options;
@@ -51,6 +54,7 @@ class ConversationsTest : public ::testing::Test {
   WorkerRegistry workers_;
   std::unique_ptr<SessionStore> store_;
   std::unique_ptr<Conversations> conversations_;
+  std::string path_;
   std::string id_;
 };
 
@@ -268,6 +272,22 @@ TEST_F(ConversationsTest, OneTurnAtATimeAndTheMarkIsClearedOnEveryPath) {
       {}, "http");
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kAborted);
   EXPECT_TRUE(conversations_->Begin("t", id_, Plan(1, {{"user", "Hi"}}), {}, "http").ok());
+}
+
+// A session whose stored cache settings do not parse is not run with the defaults (another
+// cache than the one asked): the turn is refused, DataLoss naming the session, and nothing is
+// written.
+TEST_F(ConversationsTest, DamagedCacheSettingsRefuseTheTurn) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "UPDATE sessions SET cache = x'ffffffff'", nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  auto turn =
+      conversations_->Begin("t", id_, Plan(1, {{"user", "Hi"}}), v1::SamplingParams(), "http");
+  ASSERT_EQ(turn.status().code(), absl::StatusCode::kDataLoss) << turn.status();
+  EXPECT_NE(turn.status().message().find("cache settings are damaged"), std::string::npos);
+  EXPECT_EQ(Transcript().size(), 1u) << "nothing written";
 }
 
 TEST_F(ConversationsTest, TheTurnLimitAndOtherTenants) {
