@@ -109,15 +109,6 @@ std::string DefaultDataDir() {
 }
 
 // How a child ended, for a message.
-std::string ExitReason(int status) {
-  if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) {
-    return absl::StrCat("was killed by signal ", WTERMSIG(status), " (",
-                        strsignal(WTERMSIG(status)), ")");
-  }
-  return absl::StrCat("ended (wait status ", status, ")");
-}
-
 absl::Status Serve(const ServeOptions& o) {
   if (o.worker.model.model.empty()) return absl::InvalidArgumentError("--model: required");
   const std::string worker_bin = WorkerBinary();
@@ -154,6 +145,11 @@ absl::Status Serve(const ServeOptions& o) {
   ServerProcess worker;
   std::string error;
   if (!worker.Start(worker_bin, worker_args, data_dir, &error, std::chrono::seconds(300))) {
+    const std::optional<int> exit = worker.early_exit();
+    if (exit.has_value() && WIFEXITED(*exit) && WEXITSTATUS(*exit) == 2) {
+      // It refused a flag (its message is above): a usage error of serve's, exit status 2.
+      return absl::InvalidArgumentError("the worker refused its flags (above)");
+    }
     return absl::UnavailableError(absl::StrCat("the worker did not start: ", error));
   }
   coordinator::CoordinatorConfig c;

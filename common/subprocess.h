@@ -5,6 +5,7 @@
 
 #include <signal.h>
 #include <spawn.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,6 +23,17 @@ extern char** environ;
 
 namespace recall {
 
+// A wait status in words: "exited with status 2", "was killed by signal 9 (Killed)".
+inline std::string ExitReason(int wait_status) {
+  if (WIFEXITED(wait_status))
+    return "exited with status " + std::to_string(WEXITSTATUS(wait_status));
+  if (WIFSIGNALED(wait_status)) {
+    return "was killed by signal " + std::to_string(WTERMSIG(wait_status)) + " (" +
+           strsignal(WTERMSIG(wait_status)) + ")";
+  }
+  return "ended (wait status " + std::to_string(wait_status) + ")";
+}
+
 class ServerProcess {
  public:
   // Starts `binary args... --port-file <tmp>`; ports() is filled once it listens.
@@ -30,6 +42,7 @@ class ServerProcess {
              std::string* error, std::chrono::seconds timeout = std::chrono::seconds(60)) {
     port_file_ = tmp_dir + "/ports." + std::to_string(getpid()) + "." + std::to_string(counter_++);
     ports_.clear();
+    early_exit_.reset();
     std::filesystem::remove(port_file_);
     args.insert(args.begin(), binary);
     args.push_back("--port-file");
@@ -46,7 +59,8 @@ class ServerProcess {
     while (std::chrono::steady_clock::now() < deadline) {
       int status = 0;
       if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        *error = binary + " exited before listening (status " + std::to_string(status) + ")";
+        *error = binary + " " + ExitReason(status) + " before listening";
+        early_exit_ = status;
         pid_ = -1;
         return false;
       }
@@ -65,6 +79,8 @@ class ServerProcess {
   }
 
   pid_t pid() const { return pid_; }
+  // The wait status of a Start that failed because the process ended first.
+  std::optional<int> early_exit() const { return early_exit_; }
 
   int port(const std::string& name) const {
     auto it = ports_.find(name);
@@ -113,6 +129,7 @@ class ServerProcess {
   pid_t pid_ = -1;
   std::string port_file_;
   std::map<std::string, int> ports_;
+  std::optional<int> early_exit_;
 };
 
 }  // namespace recall

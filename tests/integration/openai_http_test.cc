@@ -437,6 +437,29 @@ TEST_F(OpenAiHttpTest, ARefusedRequestLeavesNoNewSessionBehind) {
   EXPECT_EQ(SessionCount(), before + 1);
 }
 
+// Flags recall serve cannot run with end it with status 2 (a usage error) naming the flag,
+// also those its worker checks (it said "the worker did not start ... (status 512)", status
+// 1) and those checked once the worker runs; no worker is left behind.
+TEST(OpenAiHttpServeTest, RecallServeExitsTwoNamingAFlagItCannotRunWith) {
+  RECALL_REQUIRE_SHARED_FILE(kModel);
+  const std::string dir = testing::MakeTempDir("serve_flags");
+  const std::pair<std::string, std::string> cases[] = {
+      {"--tp 3", "--tp: 3 does not divide the model's 8 query heads"},
+      {"--listen 127.0.0.1:99999", "--listen: expected HOST:PORT (port in [0, 65535])"},
+      {"--port-file " + dir + "/missing/ports", "--port-file: cannot create"},
+  };
+  for (const auto& [flag, message] : cases) {
+    const testing::Exit e = testing::RunToExit(
+        std::string(RECALL_CLI_BINARY) + " serve --model " + testing::SharedPath(kModel) +
+        " --tokenizer " + testing::SharedPath(kTokenizer) + " --data-dir " + dir +
+        " --listen 127.0.0.1:0 --http-listen off --threads 1 " + flag);
+    EXPECT_EQ(e.code, 2) << flag << ": " << e.output;
+    EXPECT_NE(e.output.find(message), std::string::npos) << flag << ": " << e.output;
+  }
+  const testing::Exit workers = testing::RunToExit("pgrep -f '[r]ecall-worker.*" + dir + "'");
+  EXPECT_NE(workers.code, 0) << "a worker was left running: " << workers.output;
+}
+
 TEST(OpenAiHttpServeTest, RecallServeServesTheApiAndPrintsItsAddress) {
   RECALL_REQUIRE_SHARED_FILE(kModel);
   const std::string dir = testing::MakeTempDir("openai_serve");
