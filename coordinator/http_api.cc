@@ -128,6 +128,9 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpOptions& optio
   s.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   s.set_payload_max_length(options.max_body_bytes);
   s.set_keep_alive_max_count(1000);
+  // A connection holds its thread while open, idle ones too: idle ones go after 2 s (the
+  // library's default, 5 s, let a client's idle pool hold every thread that long).
+  s.set_keep_alive_timeout(2);
   s.set_write_timeout(30, 0);  // a client that reads nothing for 30 s loses its stream
   HttpApi* self = api.get();
   s.Post("/v1/chat/completions", [self](const httplib::Request& req, httplib::Response& res) {
