@@ -120,14 +120,31 @@ void TurnJournal::Flush() {
     if (!st.ok()) {
       sent_.token_ids.resize(had_ids);
       sent_.content.resize(had_text);
+      // No reply in progress there: the session deleted (DeleteSession), or the reply taken
+      // over by another writer.
+      const bool gone = (absl::IsNotFound(st) || absl::IsFailedPrecondition(st)) &&
+                        absl::IsNotFound(store_.Get(tenant_, session_id_).status());
       std::shared_ptr<TurnRunner> runner;
       {
         absl::MutexLock lock(&mu_);
         failed_ = true;
-        failure_ = absl::UnavailableError(
-            absl::StrCat("the session store failed while the reply was streaming (", st.message(),
-                         "); the reply stops at the ", sent_.token_ids.size(),
-                         " tokens stored; the turn is kept as interrupted (retryable)"));
+        if (gone) {
+          // Deleted while its turn ran (DeleteSession): nothing is kept, and a retry of the
+          // turn finds no session.
+          failure_ = absl::NotFoundError(absl::StrCat(
+              "session_id: the session was deleted while its turn ran (", st.message(), ")"));
+        } else if (absl::IsFailedPrecondition(st)) {
+          // Another writer took the reply over (a coordinator that read this one's lease as
+          // lapsed): the turn goes on there, not here.
+          failure_ = absl::AbortedError(
+              absl::StrCat("the turn was taken over by another writer while its reply streamed (",
+                           st.message(), "); read the session for its reply"));
+        } else {
+          failure_ = absl::UnavailableError(
+              absl::StrCat("the session store failed while the reply was streaming (", st.message(),
+                           "); the reply stops at the ", sent_.token_ids.size(),
+                           " tokens stored; the turn is kept as interrupted (retryable)"));
+        }
         runner = runner_;
       }
       if (runner != nullptr) runner->Cancel();  // its end comes through OnTurnError

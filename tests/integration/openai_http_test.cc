@@ -599,6 +599,40 @@ TEST_F(OpenAiHttpCancelTest, AClientLeavingMidStreamCancelsTheWorkersTurn) {
   EXPECT_EQ(again.status, 200) << again.body;
 }
 
+// A session deleted while its turn streams (the slow model): the turn ends NOT_FOUND saying
+// so; it said UNAVAILABLE, "retryable", and that the turn was kept, though nothing was.
+TEST_F(OpenAiHttpCancelTest, ASessionDeletedMidTurnEndsItNotFound) {
+  auto chat = v1::Chat::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(coordinator_.port("grpc")),
+                          grpc::InsecureChannelCredentials()));
+  v1::Session created;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(chat->CreateSession(&ctx, v1::CreateSessionRequest(), &created).ok());
+  }
+  grpc::ClientContext ctx;
+  v1::ConverseRequest req;
+  req.set_session_id(created.session_id());
+  req.set_message("Once upon a time");
+  req.mutable_sampling()->set_max_tokens(400);
+  auto reader = chat->Converse(&ctx, req);
+  v1::ConverseEvent ev;
+  ASSERT_TRUE(reader->Read(&ev));
+  {
+    grpc::ClientContext del;
+    v1::DeleteSessionRequest d;
+    d.set_session_id(created.session_id());
+    v1::DeleteSessionResponse ignored;
+    ASSERT_TRUE(chat->DeleteSession(&del, d, &ignored).ok());
+  }
+  while (reader->Read(&ev)) {
+  }
+  const grpc::Status st = reader->Finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND) << st.error_message();
+  EXPECT_NE(st.error_message().find("deleted while its turn ran"), std::string::npos)
+      << st.error_message();
+}
+
 // A stream silent mid-reply for --sse-keepalive gets SSE comment lines, which clients skip:
 // here 2 ms, shorter than a token of this model, so they come between tokens. A stream whose
 // first token takes longer than that begins without it: the role chunk, then comments. The
