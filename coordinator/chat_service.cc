@@ -72,8 +72,22 @@ grpc::Status ChatService::CreateSession(grpc::ServerContext* context,
                                                  " bytes; at most ", options_.max_message_bytes));
   }
   if (!IsUtf8(request->system_prompt())) return Invalid("system_prompt", "is not valid UTF-8");
-  if (request->metadata_size() > 64) {
-    return Invalid("metadata", absl::StrCat(request->metadata_size(), " entries; at most 64"));
+  if (request->metadata_size() > kMaxMetadataEntries) {
+    return Invalid("metadata", absl::StrCat(request->metadata_size(), " entries; at most ",
+                                            kMaxMetadataEntries));
+  }
+  size_t metadata_bytes = 0;
+  for (const auto& [key, value] : request->metadata()) {
+    if (key.empty() || key.size() > kMaxMetadataKeyBytes) {
+      return Invalid("metadata", absl::StrCat("a key of ", key.size(), " bytes; keys are 1 to ",
+                                              kMaxMetadataKeyBytes, " bytes"));
+    }
+    metadata_bytes += key.size() + value.size();
+  }
+  // Sessions are listed with their metadata: a page of them must stay a readable message.
+  if (metadata_bytes > kMaxMetadataBytes) {
+    return Invalid("metadata", absl::StrCat(metadata_bytes, " bytes of keys and values; at most ",
+                                            kMaxMetadataBytes));
   }
   RECALL_GRPC_ASSIGN_OR_RETURN(
       const SessionRecord r,
@@ -120,10 +134,20 @@ grpc::Status ChatService::ListSessions(grpc::ServerContext* context,
   }
   RECALL_GRPC_ASSIGN_OR_RETURN(std::vector<SessionRecord> page,
                                store_.List(tenant, after, size + 1));
-  const bool more = static_cast<int>(page.size()) > size;
+  bool more = static_cast<int>(page.size()) > size;
   if (more) page.pop_back();
-  for (const SessionRecord& r : page) ToProto(r, false, response->add_sessions());
-  if (more) response->set_next_page_token(EncodePageToken(page.back().id));
+  // A page stays under kMaxPageBytes (gRPC clients read 4 MiB by default): the sessions
+  // past it go to the next page.
+  size_t listed = 0;
+  for (; listed < page.size(); ++listed) {
+    ToProto(page[listed], false, response->add_sessions());
+    if (listed > 0 && response->ByteSizeLong() > kMaxPageBytes) {
+      response->mutable_sessions()->RemoveLast();
+      more = true;
+      break;
+    }
+  }
+  if (more) response->set_next_page_token(EncodePageToken(page[listed - 1].id));
   return grpc::Status::OK;
 }
 

@@ -37,6 +37,13 @@ class ChatService final : public v1::Chat::WithCallbackMethod_Converse<
   ChatService(Conversations& conversations, SessionStore& store, WorkerRegistry& workers,
               const ApiKeys& keys, metrics::Registry& metrics);
 
+  // A session's metadata: entries, a key's bytes, and the bytes of all keys and values.
+  static constexpr int kMaxMetadataEntries = 64;
+  static constexpr size_t kMaxMetadataKeyBytes = 256;
+  static constexpr size_t kMaxMetadataBytes = 16 << 10;
+  // A ListSessions page's bytes at most (a default gRPC client reads messages up to 4 MiB).
+  static constexpr size_t kMaxPageBytes = 3 << 20;
+
   grpc::Status CreateSession(grpc::ServerContext* context, const v1::CreateSessionRequest* request,
                              v1::Session* response) override;
   grpc::ServerWriteReactor<v1::ConverseEvent>* Converse(

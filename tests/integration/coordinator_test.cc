@@ -17,6 +17,7 @@
 #include <functional>
 #include <future>
 #include <limits>
+#include <map>
 #include <optional>
 #include <set>
 #include <thread>
@@ -528,6 +529,57 @@ TEST_F(CoordinatorTest, MalformedAndOutOfRangeRequestsAreInvalidArgumentNamingTh
     token = resp.next_page_token();
   } while (!token.empty());
   EXPECT_EQ(listed.size(), 5u);
+  // Metadata beyond its limits (a page of sessions listed with theirs must stay readable).
+  for (const auto& [metadata, message] :
+       std::vector<std::pair<std::map<std::string, std::string>, std::string>>{
+           {{{"", "v"}}, "metadata: a key of 0 bytes; keys are 1 to 256 bytes"},
+           {{{std::string(257, 'k'), "v"}}, "metadata: a key of 257 bytes; keys are 1 to 256"},
+           {{{"a", std::string(9000, 'v')}, {"b", std::string(9000, 'v')}},
+            "metadata: 18002 bytes of keys and values; at most 16384"}}) {
+    grpc::ClientContext ctx;
+    Auth(&ctx, "key-a");
+    v1::CreateSessionRequest req;
+    req.mutable_metadata()->insert(metadata.begin(), metadata.end());
+    v1::Session s;
+    const grpc::Status bad = stub_->CreateSession(&ctx, req, &s);
+    EXPECT_EQ(bad.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad.error_message();
+    EXPECT_EQ(bad.error_message().rfind(message, 0), 0u) << bad.error_message();
+  }
+  // A page stops before 3 MiB (a default client reads 4): 200 sessions of 20 KB of metadata
+  // each (written by hand, as older coordinators let them be) come in two pages or more.
+  if (testing::RunToExit("command -v sqlite3").code == 0) {
+    const std::string sql =
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 200) "
+        "INSERT INTO sessions(id, tenant, model, cache, metadata, created_ms, worker) "
+        "SELECT printf('s-big%03d', i), 'tenant-b', '', x'', "
+        "'{\"k\": \"' || hex(randomblob(10000)) || '\"}', 0, '' FROM n";
+    std::ofstream(dir_ + "/big.sql") << sql << ";\n";
+    const testing::Exit wrote =
+        testing::RunToExit("sqlite3 " + dir_ + "/sessions.db < " + dir_ + "/big.sql");
+    ASSERT_EQ(wrote.code, 0) << wrote.output;
+    std::set<std::string> big;
+    int pages = 0;
+    std::string next;
+    do {
+      grpc::ClientContext ctx;
+      Auth(&ctx, "key-b");
+      v1::ListSessionsRequest req;
+      req.set_page_size(1000);
+      req.set_page_token(next);
+      v1::ListSessionsResponse resp;
+      const grpc::Status page = stub_->ListSessions(&ctx, req, &resp);
+      ASSERT_TRUE(page.ok()) << page.error_message();
+      EXPECT_LT(resp.ByteSizeLong(), 3u << 20);
+      for (const v1::Session& s : resp.sessions()) {
+        EXPECT_TRUE(big.insert(s.session_id()).second);
+        EXPECT_EQ(s.metadata().at("k").size(), 20000u) << "listed with its metadata";
+      }
+      next = resp.next_page_token();
+      ++pages;
+    } while (!next.empty());
+    EXPECT_EQ(big.size(), 200u);
+    EXPECT_GE(pages, 2);
+  }
   // An authorization header that is not "Bearer <key>".
   {
     grpc::ClientContext ctx;
