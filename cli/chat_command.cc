@@ -10,9 +10,11 @@
 #include <fstream>
 #include <iostream>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "cli/sampling_flags.h"
 #include "client/client.h"
@@ -38,6 +40,9 @@ void OnInterrupt(int) {
 }
 
 // Streams one reply to stdout; Ctrl-C cancels it. The reply's end (or CANCELLED).
+// StreamReply's error when the user stopped the reply (Ctrl-C): said already, no error.
+constexpr char kStoppedByUser[] = "stopped by the user";
+
 absl::StatusOr<v1::ConverseDone> StreamReply(Client& client, const std::string& session_id,
                                              const std::string& message,
                                              const v1::SamplingParams& sampling) {
@@ -94,7 +99,7 @@ absl::StatusOr<v1::ConverseDone> StreamReply(Client& client, const std::string& 
         break;
     }
     std::cout << std::flush;
-    return absl::CancelledError("stopped");
+    return absl::CancelledError(kStoppedByUser);
   }
   if (!reply->status().ok()) return reply->status();
   return reply->done();
@@ -108,7 +113,11 @@ std::string HistoryFile() {
 // One line of input: edited with history on a terminal (libedit), else read as is. False at
 // the end of input.
 bool ReadLine(bool tty, std::string* line) {
-  if (!tty) return static_cast<bool>(std::getline(std::cin, *line));
+  if (!tty) {
+    if (!std::getline(std::cin, *line)) return false;
+    if (!line->empty() && line->back() == '\r') line->pop_back();  // CRLF input
+    return true;
+  }
   char* got = readline("> ");
   if (got == nullptr) {
     std::cout << "\n";
@@ -228,6 +237,8 @@ absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag) {
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Connect(const ConnectOptions& c) {
+  RECALL_RETURN_IF_ERROR(CheckApiKey(c.api_key));
+  RECALL_RETURN_IF_ERROR(flags::SplitHostPort("--server", c.server).status());
   ClientOptions o;
   o.address = c.server;
   o.api_key = c.api_key;
@@ -281,9 +292,27 @@ absl::Status Chat(const ChatOptions& o) {
     using_history();
     read_history(history_file.c_str());  // none yet: fine
   }
+  // Piped: a line the server refuses is reported and the next ones still go; the first such
+  // error is the exit status.
+  absl::Status refused = absl::OkStatus();
   while (true) {
     if (!ReadLine(tty, &line)) break;
-    if (line.empty()) continue;
+    if (absl::StripAsciiWhitespace(line).empty()) continue;
+    if (line[0] == '/') {
+      // A command, never a message: its word, and nothing after it.
+      const std::string word = line.substr(0, line.find(' '));
+      static const std::set<std::string> kCommands = {"/quit", "/exit",    "/bye",  "/help",
+                                                      "/new",  "/history", "/stats"};
+      if (kCommands.count(word) == 0) {
+        std::cerr << "recall chat: unknown command " << word << " (/help lists them)\n";
+        continue;
+      }
+      if (!absl::StripAsciiWhitespace(line.substr(word.size())).empty()) {
+        std::cerr << "recall chat: " << word << " takes nothing after it\n";
+        continue;
+      }
+      line = word;
+    }
     if (line == "/quit" || line == "/exit" || line == "/bye") break;
     if (line == "/help") {
       std::cout << "/new /history /stats /help /quit (/exit, /bye)\n";
@@ -299,8 +328,12 @@ absl::Status Chat(const ChatOptions& o) {
         std::cout << "(no messages yet)\n";
         continue;
       }
-      RECALL_ASSIGN_OR_RETURN(v1::Session s, client->GetSession(session_id));
-      for (const v1::ChatMessage& m : s.messages())
+      absl::StatusOr<v1::Session> s = client->GetSession(session_id);
+      if (!s.ok()) {
+        std::cerr << "recall chat: /history: " << s.status().message() << "\n";
+        continue;
+      }
+      for (const v1::ChatMessage& m : s->messages())
         std::cout << m.role() << StateNote(m) << ": " << m.content() << "\n";
       continue;
     }
@@ -319,12 +352,15 @@ absl::Status Chat(const ChatOptions& o) {
       }
       continue;
     }
-    if (line[0] == '/' && line.find(' ') == std::string::npos) {
-      std::cerr << "recall chat: unknown command " << line << " (/help lists them)\n";
-      continue;
-    }
     const bool first_turn = session_id.empty();
-    if (first_turn) RECALL_RETURN_IF_ERROR(new_session());
+    if (first_turn) {
+      if (absl::Status made = new_session(); !made.ok()) {
+        if (!tty) return made;
+        std::cerr << "recall chat: the message was not sent: " << made.message()
+                  << " (it is in the line history: press Up to send it again)\n";
+        continue;
+      }
+    }
     // Piped: a transcript. "assistant:" comes with the reply's first text (or its end), so a
     // turn the server refuses shows no empty reply before the error.
     if (!tty) std::cout << "user: " << line << "\n" << std::flush;
@@ -349,13 +385,23 @@ absl::Status Chat(const ChatOptions& o) {
         std::cerr << "[session " << session_id << " removed: its first message was refused]\n";
         session_id.clear();
       }
-      if (!tty) return done.status();  // reported once, by the caller, with the exit code
-      if (done.status().code() != absl::StatusCode::kCancelled) {
-        std::cerr << "recall chat: " << done.status().message() << "\n";
+      const absl::StatusCode code = done.status().code();
+      if (tty && code == absl::StatusCode::kCancelled &&
+          done.status().message() == kStoppedByUser) {
+        continue;  // said already
       }
+      const bool this_line =
+          code == absl::StatusCode::kInvalidArgument || code == absl::StatusCode::kOutOfRange;
+      if (!tty && !this_line) return done.status();  // reported by the caller, with the code
+      std::cerr << "recall chat: " << done.status().message() << "\n";
+      if (refused.ok() && !tty) refused = done.status();
       continue;
     }
     last = *done;
+  }
+  if (!refused.ok()) {
+    return absl::Status(refused.code(),
+                        absl::StrCat("a line was refused (above): ", refused.message()));
   }
   return absl::OkStatus();
 }

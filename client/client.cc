@@ -13,7 +13,24 @@ absl::Status ToAbsl(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
+// Worth asking again: the server unreachable, or a cancel this client did not make (a server
+// shutting down cancels the calls it has).
+bool Retryable(absl::StatusCode code) {
+  return code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kCancelled;
+}
+
 }  // namespace
+
+absl::Status CheckApiKey(const std::string& key) {
+  for (const char c : key) {
+    if (c <= ' ' || c > '~') {
+      return absl::InvalidArgumentError(
+          "--api-key: the key must be printable ASCII without spaces or control characters (a "
+          "key file's line end?)");
+    }
+  }
+  return absl::OkStatus();
+}
 
 std::unique_ptr<Client> Client::Connect(ClientOptions options) {
   return std::unique_ptr<Client>(new Client(std::move(options)));
@@ -26,7 +43,9 @@ Client::Client(ClientOptions options) : options_(std::move(options)) {
 
 void Client::Prepare(grpc::ClientContext* ctx) const {
   ctx->set_deadline(std::chrono::system_clock::now() + options_.deadline);
-  if (!options_.api_key.empty()) ctx->AddMetadata("authorization", "Bearer " + options_.api_key);
+  if (!options_.api_key.empty() && CheckApiKey(options_.api_key).ok()) {
+    ctx->AddMetadata("authorization", "Bearer " + options_.api_key);
+  }
 }
 
 template <typename Call>
@@ -36,7 +55,9 @@ grpc::Status Client::WithRetries(Call call) const {
     grpc::ClientContext ctx;
     Prepare(&ctx);
     grpc::Status s = call(&ctx);
-    if (s.error_code() != grpc::StatusCode::UNAVAILABLE || attempt >= options_.retries) return s;
+    if (!Retryable(static_cast<absl::StatusCode>(s.error_code())) || attempt >= options_.retries) {
+      return s;
+    }
     std::this_thread::sleep_for(backoff);
     backoff *= 2;
   }
@@ -223,10 +244,10 @@ bool ReplyStream::Next(std::string* text) {
       cancelled = cancelled_;
     }
     const absl::StatusCode code = status_.code();
-    const bool retry = !cancelled && attempt_ <= client_.options_.retries &&
-                       (code == absl::StatusCode::kUnavailable ||
-                        (attempt_ > 1 && code == absl::StatusCode::kFailedPrecondition &&
-                         status_.message().find("still running") != absl::string_view::npos));
+    const bool retry =
+        !cancelled && attempt_ <= client_.options_.retries &&
+        (Retryable(code) || (attempt_ > 1 && code == absl::StatusCode::kFailedPrecondition &&
+                             status_.message().find("still running") != absl::string_view::npos));
     if (!retry) break;
     std::this_thread::sleep_for(backoff);
     backoff *= 2;

@@ -12,7 +12,8 @@
 //       (*session)->Send(line, [](const std::string& text) { std::cout << text << std::flush; });
 //
 // Idempotent calls (GetSession, ListSessions, ListModels, DeleteSession) are retried with
-// exponential backoff on UNAVAILABLE. So is Converse (and Session::Send): each turn carries a
+// exponential backoff on UNAVAILABLE, and on CANCELLED the client did not ask for (a server
+// shutting down cancels its calls). So is Converse (and Session::Send): each turn carries a
 // turn id, so a retry after a broken stream gets the turn the coordinator already has (its
 // reply passed on from where the broken attempt stopped; ConverseDone.replayed and
 // turn_state say how it ended; a turn the break interrupted is resumed, ConverseDone.resumed,
@@ -36,11 +37,19 @@ namespace recall {
 
 struct ClientOptions {
   std::string address = "127.0.0.1:50050";
-  std::string api_key;                                    // sent as "authorization: Bearer <key>"
-  std::chrono::milliseconds deadline{600'000};            // per call
-  int retries = 3;  // for idempotent calls and Converse on UNAVAILABLE (backoff 0.1 s, doubling)
+  // Sent as "authorization: Bearer <key>": printable ASCII without spaces (CheckApiKey; one
+  // with other bytes is not sent, and the server answers UNAUTHENTICATED).
+  std::string api_key;
+  std::chrono::milliseconds deadline{600'000};  // per call
+  // For idempotent calls and Converse on UNAVAILABLE or a CANCELLED the client did not ask
+  // for (backoff 0.1 s, doubling: 6.3 s in all, a coordinator's restart).
+  int retries = 6;
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // default: insecure (loopback)
 };
+
+// InvalidArgument naming --api-key unless `key` is printable ASCII without spaces (what an
+// HTTP/2 header value may carry; gRPC aborts the process on others).
+absl::Status CheckApiKey(const std::string& key);
 
 // Called with each piece of reply text as it streams.
 using TextCallback = std::function<void(const std::string& text)>;

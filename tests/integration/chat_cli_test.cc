@@ -159,5 +159,43 @@ TEST(ChatCliTest, CommandsStayLocalAndAChatWithoutMessagesLeavesNoSession) {
   EXPECT_NE(json.find("\"sessionId\": \"" + id + "\""), std::string::npos) << json;
 }
 
+// Piped input as editors and Windows write it, and a bad line midway: CRLF line ends are
+// line ends; blank lines are skipped; a refused line is reported and the next ones still go
+// (the exit status says one was refused); a '/' line is a command and never a message (one
+// with words after it is refused); a bad --api-key or --server is a usage error naming it.
+TEST(ChatCliTest, CrlfInputABadLineMidwayAndCommandsWithWords) {
+  RECALL_REQUIRE_SHARED_FILE(kModel);
+  const std::string dir = testing::MakeTempDir("chat_cli_crlf");
+  ServerProcess worker, coordinator;
+  std::string error;
+  const std::string address = testing::StartServe(dir, worker, coordinator, &error);
+  ASSERT_FALSE(address.empty()) << error;
+
+  ChatRun r = RunChat(dir, address,
+                      "Once upon a time\r\n   \r\nbad \xff utf-8\r\nafter\r\n/quit now\r\n"
+                      "/quit\r\nnever\n");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("message: is not valid UTF-8"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("/quit takes nothing after it"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("user: after\nassistant:"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("never"), std::string::npos) << "/quit (CRLF) ended the chat: " << r.out;
+  EXPECT_EQ(r.out.find('\r'), std::string::npos) << r.out;
+  const std::string listed = RunSessions(dir, address, "list");
+  ASSERT_EQ(std::count(listed.begin(), listed.end(), '\n'), 1) << listed;
+  const std::string shown = RunSessions(dir, address, "show " + listed.substr(0, listed.find(' ')));
+  EXPECT_NE(shown.find("\nuser:\nOnce upon a time\n"), std::string::npos) << shown;
+  EXPECT_NE(shown.find("\nuser:\nafter\n"), std::string::npos) << shown;
+  EXPECT_EQ(shown.find("/quit"), std::string::npos) << shown;
+
+  ChatRun key = RunChat(dir, address, "hi\n", "--api-key 'a\tb'");
+  EXPECT_EQ(key.exit_code, 2) << key.err;
+  EXPECT_NE(key.err.find("--api-key: the key must be printable ASCII"), std::string::npos)
+      << key.err;
+  ChatRun port = RunChat(dir, address, "hi\n", "--server 127.0.0.1:99999");
+  EXPECT_EQ(port.exit_code, 2) << port.err;
+  EXPECT_NE(port.err.find("--server: expected HOST:PORT (port in [0, 65535])"), std::string::npos)
+      << port.err;
+}
+
 }  // namespace
 }  // namespace recall
