@@ -143,6 +143,7 @@ absl::Status Serve(const ServeOptions& o) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   ServerProcess worker;
+  worker.set_die_with_parent(true);  // a serve killed hard leaves no worker holding its pool
   std::string error;
   if (!worker.Start(worker_bin, worker_args, data_dir, &error, std::chrono::seconds(300))) {
     const std::optional<int> exit = worker.early_exit();

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -50,7 +51,23 @@ class ServerProcess {
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    if (posix_spawn(&pid_, binary.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
+    if (die_with_parent_) {
+      // fork and exec, the child asking the kernel for SIGTERM when this thread's process
+      // ends however it ends (SIGKILL included); only async-signal-safe calls in between.
+      const pid_t parent = getpid();
+      pid_ = fork();
+      if (pid_ == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent) _exit(127);  // the parent died before the line above
+        execve(binary.c_str(), argv.data(), environ);
+        _exit(127);
+      }
+      if (pid_ < 0) {
+        *error = "cannot fork for " + binary;
+        pid_ = -1;
+        return false;
+      }
+    } else if (posix_spawn(&pid_, binary.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
       *error = "cannot spawn " + binary;
       pid_ = -1;
       return false;
@@ -79,6 +96,10 @@ class ServerProcess {
   }
 
   pid_t pid() const { return pid_; }
+  // The children started from now on are sent SIGTERM when this process ends, even by
+  // SIGKILL (Linux's PR_SET_PDEATHSIG), so none is left holding its memory. The thread that
+  // calls Start must live as long as the children (the signal comes when it exits).
+  void set_die_with_parent(bool on) { die_with_parent_ = on; }
   // The wait status of a Start that failed because the process ended first.
   std::optional<int> early_exit() const { return early_exit_; }
 
@@ -130,6 +151,7 @@ class ServerProcess {
   std::string port_file_;
   std::map<std::string, int> ports_;
   std::optional<int> early_exit_;
+  bool die_with_parent_ = false;
 };
 
 }  // namespace recall

@@ -460,6 +460,32 @@ TEST(OpenAiHttpServeTest, RecallServeExitsTwoNamingAFlagItCannotRunWith) {
   EXPECT_NE(workers.code, 0) << "a worker was left running: " << workers.output;
 }
 
+// recall serve killed hard (SIGKILL: no shutdown of its own) takes its worker with it: the
+// worker holds the KV pool (a GPU's memory), and an orphan kept it for good.
+TEST(OpenAiHttpServeTest, AServeKilledHardLeavesNoWorkerBehind) {
+  RECALL_REQUIRE_SHARED_FILE(kModel);
+  const std::string dir = testing::MakeTempDir("serve_killed");
+  ServerProcess serve;
+  std::string error;
+  ASSERT_TRUE(
+      serve.Start(RECALL_CLI_BINARY,
+                  {"serve", "--model", testing::SharedPath(kModel), "--tokenizer",
+                   testing::SharedPath(kTokenizer), "--listen", "127.0.0.1:0", "--http-listen",
+                   "off", "--data-dir", dir, "--threads", "1", "--kv-cache-bytes", "16M"},
+                  dir, &error, std::chrono::seconds(120)))
+      << error;
+  const std::string workers = "pgrep -f '[r]ecall-worker.*" + dir + "'";
+  ASSERT_EQ(testing::RunToExit(workers).code, 0) << "the worker runs";
+  serve.Kill();
+  bool gone = false;
+  for (int i = 0; i < 100 && !gone; ++i) {
+    gone = testing::RunToExit(workers).code != 0;
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(gone) << "the worker outlived its serve by 10 s";
+  if (!gone) testing::RunToExit("pkill -9 -f '[r]ecall-worker.*" + dir + "'");
+}
+
 TEST(OpenAiHttpServeTest, RecallServeServesTheApiAndPrintsItsAddress) {
   RECALL_REQUIRE_SHARED_FILE(kModel);
   const std::string dir = testing::MakeTempDir("openai_serve");
