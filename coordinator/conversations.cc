@@ -82,24 +82,7 @@ absl::StatusOr<SessionRecord> Conversations::Create(
   if (!r.model.empty() && !served.empty() && served.count(r.model) == 0) {
     return UnknownModel(r.model, std::vector<std::string>(served.begin(), served.end()));
   }
-  if (cache.has_kv_dtype()) {
-    const std::string& t = cache.kv_dtype();
-    if (t != "f32" && t != "bf16" && t != "f16" && t != "int8") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cache.kv_dtype: \"", t, "\" is not one of f32, bf16, f16, int8"));
-    }
-    std::set<std::string> stored;
-    for (const WorkerView& w : workers) {
-      if (!w.info.default_cache().kv_dtype().empty()) {
-        stored.insert(w.info.default_cache().kv_dtype());
-      }
-    }
-    if (!stored.empty() && stored.count(t) == 0) {
-      return absl::FailedPreconditionError(absl::StrCat("cache.kv_dtype: no worker stores ", t,
-                                                        " (the workers store ",
-                                                        absl::StrJoin(stored, ", "), ")"));
-    }
-  }
+  RECALL_RETURN_IF_ERROR(CheckKvDtype(cache));
   r.id = RandomId("s-");
   r.tenant = tenant;
   cache.SerializeToString(&r.cache_settings);
@@ -357,6 +340,38 @@ std::vector<v1::ModelInfo> Conversations::Models() const {
   std::vector<v1::ModelInfo> out;
   for (auto& [name, m] : models) out.push_back(std::move(m));
   return out;
+}
+
+absl::Status Conversations::CheckModel(const std::string& model) const {
+  if (model.empty()) return absl::OkStatus();
+  const std::vector<v1::ModelInfo> served = Models();
+  if (served.empty()) return absl::OkStatus();  // no worker known yet: the turn will say so
+  std::vector<std::string> names;
+  for (const v1::ModelInfo& m : served) {
+    if (m.name() == model) return absl::OkStatus();
+    names.push_back(m.name());
+  }
+  return UnknownModel(model, names);
+}
+
+absl::Status Conversations::CheckKvDtype(const v1::CacheSettings& cache) const {
+  if (!cache.has_kv_dtype()) return absl::OkStatus();
+  const std::string& t = cache.kv_dtype();
+  if (t != "f32" && t != "bf16" && t != "f16" && t != "int8") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cache.kv_dtype: \"", t, "\" is not one of f32, bf16, f16, int8"));
+  }
+  std::set<std::string> stored;
+  for (const WorkerView& w : workers_.Snapshot()) {
+    if (!w.info.default_cache().kv_dtype().empty())
+      stored.insert(w.info.default_cache().kv_dtype());
+  }
+  if (!stored.empty() && stored.count(t) == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("cache.kv_dtype: no worker stores ", t,
+                                                      " (the workers store ",
+                                                      absl::StrJoin(stored, ", "), ")"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Conversations::UnknownModel(const std::string& model,

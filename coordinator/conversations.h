@@ -157,6 +157,13 @@ class Conversations {
   TurnSpec OneOff(const std::string& tenant, const std::string& prompt,
                   const v1::SamplingParams& sampling, const v1::CacheSettings& cache) const;
 
+  // NotFound (UnknownModel) for a model no worker serves; "" and a cluster with no worker
+  // known yet pass (the turn says so).
+  absl::Status CheckModel(const std::string& model) const;
+  // A cache's kv_dtype: InvalidArgument for one that is none of f32, bf16, f16, int8;
+  // FailedPrecondition naming what the workers store when none stores it. Unset passes.
+  absl::Status CheckKvDtype(const v1::CacheSettings& cache) const;
+
   // The models the workers serve, by name (the healthy, not draining workers counted).
   std::vector<v1::ModelInfo> Models() const;
   // NotFound for `model`, naming the models that are served (a client that asked for

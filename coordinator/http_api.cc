@@ -260,18 +260,6 @@ openai::RequestLimits HttpApi::Limits() const {
   return limits;
 }
 
-absl::Status HttpApi::CheckModel(const std::string& model) {
-  if (model.empty()) return absl::OkStatus();
-  const std::vector<v1::ModelInfo> served = conversations_.Models();
-  if (served.empty()) return absl::OkStatus();  // no worker known yet: the turn will say so
-  std::vector<std::string> names;
-  for (const v1::ModelInfo& m : served) {
-    if (m.name() == model) return absl::OkStatus();
-    names.push_back(m.name());
-  }
-  return Conversations::UnknownModel(model, names);
-}
-
 absl::Status HttpApi::ClaimKey(const std::string& tenant, const std::string& key) {
   RECALL_RETURN_IF_ERROR(CheckTurnId(kKeyHeader, key));
   if (!idempotency_.Claim(tenant, key)) {
@@ -288,7 +276,7 @@ void HttpApi::ChatCompletions(const httplib::Request& req, httplib::Response& re
   absl::Status status = [&]() -> absl::Status {
     RECALL_ASSIGN_OR_RETURN(tenant, Admit(req));
     RECALL_ASSIGN_OR_RETURN(openai::ChatRequest chat, openai::ParseChatRequest(req.body, Limits()));
-    RECALL_RETURN_IF_ERROR(CheckModel(chat.model));
+    RECALL_RETURN_IF_ERROR(conversations_.CheckModel(chat.model));
     RECALL_ASSIGN_OR_RETURN(const std::string named, NamedSession(req, chat.session_id));
     std::vector<StoredMessage> messages = ToStored(chat.messages);
     std::optional<OpenTurn> resumed_turn;
@@ -455,7 +443,7 @@ void HttpApi::Completions(const httplib::Request& req, httplib::Response& res) {
     RECALL_ASSIGN_OR_RETURN(tenant, Admit(req));
     RECALL_ASSIGN_OR_RETURN(openai::CompletionRequest completion,
                             openai::ParseCompletionRequest(req.body, Limits()));
-    RECALL_RETURN_IF_ERROR(CheckModel(completion.model));
+    RECALL_RETURN_IF_ERROR(conversations_.CheckModel(completion.model));
     std::string model = completion.model;
     if (model.empty()) {
       const std::vector<v1::ModelInfo> served = conversations_.Models();

@@ -132,8 +132,6 @@ class HttpApi {
   // Checks an Idempotency-Key's format and claims it for this request: 409 (FailedPrecondition)
   // while another request with it runs. The caller releases it.
   absl::Status ClaimKey(const std::string& tenant, const std::string& key);
-  // NotFound for a model no worker serves ("" passes).
-  absl::Status CheckModel(const std::string& model);
   // A turn for a request naming no session: the session it continues, or a new one.
   absl::StatusOr<OpenTurn> BeginUnnamed(const std::string& tenant, const std::string& model,
                                         const std::vector<StoredMessage>& messages,

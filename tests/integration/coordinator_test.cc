@@ -441,6 +441,50 @@ grpc::Status RawCall(grpc::Channel* channel, const std::string& method, const st
   return done.get_future().get();
 }
 
+// Generate: one turn without a session. Its model and cache are checked as a session's are
+// (an unknown model was ignored; a bad kv_dtype got advice about creating a session).
+TEST_F(CoordinatorTest, GenerateAnswersAPromptAndChecksItsModelAndCache) {
+  const auto generate = [&](const std::function<void(v1::GenerateRequest*)>& set,
+                            std::string* text) {
+    grpc::ClientContext ctx;
+    Auth(&ctx, "key-a");
+    v1::GenerateRequest req;
+    req.set_prompt("Once upon a time");
+    req.mutable_sampling()->set_max_tokens(8);
+    req.mutable_sampling()->set_temperature(0);
+    set(&req);
+    auto reader = stub_->Generate(&ctx, req);
+    v1::ConverseEvent ev;
+    while (reader->Read(&ev)) {
+      if (ev.has_tokens()) *text += ev.tokens().text();
+    }
+    return reader->Finish();
+  };
+  std::string text;
+  const grpc::Status ok = generate([](v1::GenerateRequest*) {}, &text);
+  ASSERT_TRUE(ok.ok()) << ok.error_message();
+  EXPECT_FALSE(text.empty());
+  const std::pair<std::function<void(v1::GenerateRequest*)>,
+                  std::pair<grpc::StatusCode, std::string>>
+      cases[] = {
+          {[](v1::GenerateRequest* r) { r->set_model("no-such-model"); },
+           {grpc::StatusCode::NOT_FOUND,
+            "model: no worker serves \"no-such-model\"; served: \"stories260K.bin\""}},
+          {[](v1::GenerateRequest* r) { r->mutable_cache()->set_kv_dtype("bogus"); },
+           {grpc::StatusCode::INVALID_ARGUMENT,
+            "cache.kv_dtype: \"bogus\" is not one of f32, bf16, f16, int8"}},
+          {[](v1::GenerateRequest* r) { r->set_prompt(""); },
+           {grpc::StatusCode::INVALID_ARGUMENT, "prompt: is empty"}},
+      };
+  for (const auto& [set, expected] : cases) {
+    std::string none;
+    const grpc::Status st = generate(set, &none);
+    EXPECT_EQ(st.error_code(), expected.first) << st.error_message();
+    EXPECT_EQ(st.error_message(), expected.second);
+    EXPECT_EQ(none, "");
+  }
+}
+
 TEST_F(CoordinatorTest, MalformedAndOutOfRangeRequestsAreInvalidArgumentNamingTheField) {
   const std::string id = Create();
   auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(coordinator_.port("grpc")),
