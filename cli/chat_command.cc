@@ -16,12 +16,14 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "cli/sampling_flags.h"
 #include "client/client.h"
 #include "common/files.h"
 #include "common/flags.h"
 #include "common/status.h"
 #include "google/protobuf/util/json_util.h"
+#include "nlohmann/json.hpp"
 #include "worker/service/worker_options.h"
 
 namespace recall::cli {
@@ -277,6 +279,21 @@ absl::Status Chat(const ChatOptions& o) {
   create.set_system_prompt(o.system);
   ToProto(o.cache, create.mutable_cache());
   std::string session_id = o.session;
+  if (!session_id.empty()) {
+    // Continued: checked now, not at the first message; a new session's settings do not
+    // apply to it.
+    if (!o.system.empty() || create.cache().ByteSizeLong() > 0) {
+      return absl::InvalidArgumentError(
+          "--session continues a session as it was made: --system and the cache flags "
+          "(--policy, --budget, ...) are for a new one");
+    }
+    absl::StatusOr<v1::Session> s = client->GetSession(session_id);
+    if (!s.ok()) {
+      absl::string_view why = s.status().message();
+      absl::ConsumePrefix(&why, "session_id: ");
+      return absl::Status(s.status().code(), absl::StrCat("--session: ", why));
+    }
+  }
   auto new_session = [&]() -> absl::Status {
     RECALL_ASSIGN_OR_RETURN(v1::Session s, client->CreateSession(create));
     session_id = s.session_id();
@@ -406,9 +423,35 @@ absl::Status Chat(const ChatOptions& o) {
   return absl::OkStatus();
 }
 
-absl::Status Sessions(const ConnectOptions& c, const std::vector<std::string>& pos) {
-  RECALL_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(c));
+// A session as JSON, its messages' text as text (protobuf's JSON prints bytes as base64).
+absl::StatusOr<std::string> SessionJson(const v1::Session& s) {
+  std::string out;
+  if (!google::protobuf::util::MessageToJsonString(s, &out).ok()) {
+    return absl::InternalError("cannot print the session as JSON");
+  }
+  nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
+  if (j.is_discarded()) return absl::InternalError("cannot print the session as JSON");
+  for (int i = 0; i < s.messages_size() && j.contains("messages"); ++i) {
+    j["messages"][i]["content"] = s.messages(i).content();
+  }
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
+absl::Status Sessions(const ConnectOptions& c, const std::vector<std::string>& pos, bool json) {
   const std::string verb = pos.empty() ? "list" : pos[0] == "ls" ? "list" : pos[0];
+  const size_t args = pos.empty() ? 0 : pos.size() - 1;
+  if (verb == "list" && (args != 0 || json)) {
+    return absl::InvalidArgumentError("list: takes no session id and no --json");
+  }
+  if ((verb == "show" || verb == "delete") && args != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(verb, ": needs one session id, got ", args));
+  }
+  if (verb == "delete" && json) return absl::InvalidArgumentError("delete: takes no --json");
+  if (verb != "list" && verb != "show" && verb != "delete") {
+    return absl::InvalidArgumentError(absl::StrCat("unknown sessions command \"", verb,
+                                                   "\" (list, show ID [--json], delete ID)"));
+  }
+  RECALL_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(c));
   if (verb == "list") {
     std::string token;
     do {
@@ -420,18 +463,10 @@ absl::Status Sessions(const ConnectOptions& c, const std::vector<std::string>& p
     } while (!token.empty());
     return absl::OkStatus();
   }
-  const bool json = pos.size() == 3 && pos[2] == "--json";
-  if (pos.size() != 2 && !(verb == "show" && json))
-    return absl::InvalidArgumentError(absl::StrCat(verb, ": needs a session id"));
   if (verb == "show") {
     RECALL_ASSIGN_OR_RETURN(v1::Session s, client->GetSession(pos[1]));
     if (json) {
-      std::string out;
-      google::protobuf::util::JsonPrintOptions opt;
-      opt.add_whitespace = true;
-      if (!google::protobuf::util::MessageToJsonString(s, &out, opt).ok()) {
-        return absl::InternalError("cannot print the session as JSON");
-      }
+      RECALL_ASSIGN_OR_RETURN(const std::string out, SessionJson(s));
       std::cout << out;
       return absl::OkStatus();
     }
@@ -442,8 +477,7 @@ absl::Status Sessions(const ConnectOptions& c, const std::vector<std::string>& p
     }
     return absl::OkStatus();
   }
-  if (verb == "delete") return client->DeleteSession(pos[1]);
-  return absl::InvalidArgumentError(absl::StrCat("unknown sessions command \"", verb, "\""));
+  return client->DeleteSession(pos[1]);
 }
 
 // `usage` is printed after an invalid command line; null for errors of the run itself (a
@@ -475,20 +509,25 @@ int RunChat(const std::vector<std::string>& argv) {
 }
 
 int RunSessions(const std::vector<std::string>& argv) {
-  // The verb and the session id come first, then the flags.
+  // The verb and the session id come first, then the flags (--json anywhere).
   std::vector<std::string> pos, rest;
+  bool json = false;
   for (const std::string& a : argv) {
     if (a == "--help" || a == "-h") {
       std::cout << kSessionsUsageHead << ConnectFlags().Help();
       return 0;
     }
-    (a == "--json" || (rest.empty() && a.rfind("--", 0) != 0) ? pos : rest).push_back(a);
+    if (a == "--json") {
+      json = true;
+      continue;
+    }
+    (rest.empty() && a.rfind("--", 0) != 0 ? pos : rest).push_back(a);
   }
   ConnectOptions options;
   if (absl::Status st = ConnectFlags().Parse(rest, &options); !st.ok()) {
     return Report("sessions", st, kSessionsUsageHead);
   }
-  return Report("sessions", Sessions(options, pos), kSessionsUsageHead);
+  return Report("sessions", Sessions(options, pos, json), kSessionsUsageHead);
 }
 
 }  // namespace recall::cli

@@ -6,6 +6,8 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/subprocess.h"
 #include "gtest/gtest.h"
@@ -157,6 +159,32 @@ TEST(ChatCliTest, CommandsStayLocalAndAChatWithoutMessagesLeavesNoSession) {
   EXPECT_NE(shown.find("\nassistant:\n"), std::string::npos) << shown;
   const std::string json = RunSessions(dir, address, "show " + id + " --json");
   EXPECT_NE(json.find("\"sessionId\": \"" + id + "\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"content\": \"Once upon a time\""), std::string::npos)
+      << "text as text, not base64: " << json;
+  EXPECT_EQ(RunSessions(dir, address, "--json show " + id), json) << "--json anywhere";
+
+  // Mistakes are usage errors (2) that say what the command takes.
+  const auto sessions = [&](const std::string& args) {
+    return testing::RunToExit(std::string(RECALL_CLI_BINARY) + " sessions " + args + " --server " +
+                              address);
+  };
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"foo", "unknown sessions command \"foo\" (list, show ID [--json], delete ID)"},
+           {"show a b", "show: needs one session id, got 2"},
+           {"list extra", "list: takes no session id and no --json"},
+           {"delete " + id + " --json", "delete: takes no --json"}}) {
+    const testing::Exit e = sessions(args);
+    EXPECT_EQ(e.code, 2) << args << ": " << e.output;
+    EXPECT_NE(e.output.find(message), std::string::npos) << args << ": " << e.output;
+  }
+  // --session is checked at start, and a new session's settings are refused with it.
+  ChatRun missing = RunChat(dir, address, "hi\n", "--session s-nope");
+  EXPECT_EQ(missing.exit_code, 1) << missing.err;
+  EXPECT_NE(missing.err.find("--session: no session \"s-nope\""), std::string::npos) << missing.err;
+  EXPECT_EQ(missing.out, "") << "nothing was sent";
+  ChatRun mixed = RunChat(dir, address, "hi\n", "--session " + id + " --system 'Be brief.'");
+  EXPECT_EQ(mixed.exit_code, 2) << mixed.err;
+  EXPECT_NE(mixed.err.find("--system and the cache flags"), std::string::npos) << mixed.err;
 }
 
 // Piped input as editors and Windows write it, and a bad line midway: CRLF line ends are
