@@ -19,6 +19,9 @@ std::string Lower(absl::string_view s) {
   return out;
 }
 
+// strtod and SimpleAtod read "0x10" as 16: a flag's number is decimal.
+bool IsHex(absl::string_view text) { return text.find_first_of("xX") != absl::string_view::npos; }
+
 }  // namespace
 
 absl::Status ParseInt(absl::string_view text, int64_t lo, int64_t hi, int64_t* out) {
@@ -35,7 +38,7 @@ absl::Status ParseInt(absl::string_view text, int64_t lo, int64_t hi, int64_t* o
 
 absl::Status ParseDouble(absl::string_view text, double lo, double hi, double* out) {
   double v = 0;
-  if (!absl::SimpleAtod(text, &v) || !std::isfinite(v)) {
+  if (IsHex(text) || !absl::SimpleAtod(text, &v) || !std::isfinite(v)) {
     return absl::InvalidArgumentError(absl::StrCat("\"", text, "\" is not a finite number"));
   }
   if (v < lo || v > hi) {
@@ -59,7 +62,7 @@ absl::Status ParseBytes(absl::string_view text, int64_t lo, int64_t* out) {
   if (unit == "kb") scale = 1e3;
   if (unit == "mb") scale = 1e6;
   if (unit == "gb") scale = 1e9;
-  if (s.empty() || end == s.c_str() || scale == 0 || !std::isfinite(v) || v < 0) {
+  if (s.empty() || end == s.c_str() || scale == 0 || !std::isfinite(v) || v < 0 || IsHex(text)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "\"", text, "\" is not a size (bytes, or a number with K/M/G, KiB/MiB/GiB, KB/MB/GB)"));
   }

@@ -95,6 +95,12 @@ TEST(FlagSetTest, ErrorsNameTheFlagAndTheLimit) {
   EXPECT_EQ(f.Parse({"--threads", "2", "--budget-frac", "0.5"}, &o).message(),
             "--threads and --budget-frac are exclusive; give one");
   EXPECT_EQ(f.Parse({"--kv-cache-bytes", "12Q"}, &o).code(), absl::StatusCode::kInvalidArgument);
+  // Numbers are decimal (strtod reads "0x10" as 16).
+  EXPECT_EQ(f.Parse({"--budget-frac", "0x0.8"}, &o).message(),
+            "--budget-frac: \"0x0.8\" is not a finite number");
+  EXPECT_EQ(f.Parse({"--kv-cache-bytes", "0x100000"}, &o).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(f.Parse({"--threads", "0x2"}, &o).message(), "--threads: \"0x2\" is not an integer");
 }
 
 TEST(FlagSetTest, IntegerRangesReachTheTypesLimits) {
