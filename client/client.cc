@@ -246,8 +246,13 @@ bool ReplyStream::Next(std::string* text) {
     const absl::StatusCode code = status_.code();
     const bool retry =
         !cancelled && attempt_ <= client_.options_.retries &&
-        (Retryable(code) || (attempt_ > 1 && code == absl::StatusCode::kFailedPrecondition &&
-                             status_.message().find("still running") != absl::string_view::npos));
+        (Retryable(code) ||
+         // This turn's id running from a broken attempt, or another turn of the session
+         // still running (one this client cancelled, not yet ended on the server): conflicts
+         // whose message says they are retryable.
+         (code == absl::StatusCode::kFailedPrecondition &&
+          ((attempt_ > 1 && status_.message().find("still running") != absl::string_view::npos) ||
+           status_.message().find("(retryable)") != absl::string_view::npos)));
     if (!retry) break;
     std::this_thread::sleep_for(backoff);
     backoff *= 2;

@@ -109,7 +109,8 @@ absl::StatusOr<OpenTurn> Conversations::Open(
   turn.edge = edge;
   if (!MarkRunning(turn.key)) {
     return absl::FailedPreconditionError(
-        "session_id: a turn of this session is running; send the next when it ends");
+        "session_id: a turn of this session is running; send the next when it ends "
+        "(retryable)");
   }
   // Everything below happens with the mark set; an error clears it.
   absl::Status status = [&]() -> absl::Status {
@@ -436,14 +437,6 @@ bool Conversations::MarkRunning(const std::string& key) {
   };
   Wait w{this, &key};
   absl::MutexLock lock(&mu_);
-  // A running turn may be over for its client already (a cancel ends the client's call before
-  // the coordinator hears of it): waited for briefly, then refused.
-  mu_.AwaitWithTimeout(absl::Condition(
-                           +[](Wait* w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                             return w->c->running_.count(*w->key) == 0;
-                           },
-                           &w),
-                       kEndingWait);
   mu_.AwaitWithTimeout(absl::Condition(
                            +[](Wait* w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
                              return w->c->finishing_.count(*w->key) == 0;

@@ -194,14 +194,14 @@ class Conversations {
   void RememberEpisodes(const std::string& key, const v1::TurnDone& done);
   void LogTurn(const OpenTurn& turn, const absl::StatusOr<TurnResult>& outcome,
                const StoredMessage& sent) const;
-  // Marks a session as having a turn running; false if it already has one. A running turn is
-  // waited for up to kEndingWait: its client may have cancelled it and sent the next before
-  // the coordinator heard of the cancel. A turn whose end is being stored (Finish) is over
-  // for its client, who may already see it ended in the session (a cancelled turn:
-  // INTERRUPTED), so it is waited for longer (up to kFinishWait).
+  // Marks a session as having a turn running; false if it already has one (refused at once:
+  // waiting would hold a thread per conflicting request; a client that cancelled a turn and
+  // sent the next before the coordinator heard of the cancel retries, as the C++ SDK does).
+  // A turn whose end is being stored (Finish) is over for its client, who may already see
+  // it ended in the session (a cancelled turn: INTERRUPTED), so it is waited for (up to
+  // kFinishWait).
   bool MarkRunning(const std::string& key);
   void ClearRunning(const std::string& key);
-  static constexpr absl::Duration kEndingWait = absl::Seconds(1);
   static constexpr absl::Duration kFinishWait = absl::Seconds(10);
 
   SessionStore& store_;

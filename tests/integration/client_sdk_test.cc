@@ -50,6 +50,37 @@ TEST(ClientSdkTest, CallbackAndIteratorRepliesHistoryAndClose) {
             absl::StatusCode::kNotFound);
 }
 
+// A reply stopped by the client (Cancel) and the session's next message sent at once: the
+// client sees its cancel before the coordinator does, which may refuse the next turn as "a
+// turn of this session is running" (retryable); the SDK asks again, so the message is taken.
+// Repeated, since it is a race.
+TEST(ClientSdkTest, TheNextMessageRightAfterACancelIsTaken) {
+  RECALL_REQUIRE_SHARED_FILE(kModel);
+  const std::string dir = testing::MakeTempDir("sdk_cancel_next");
+  ServerProcess worker, coordinator;
+  std::string error;
+  const std::string address = testing::StartServe(dir, worker, coordinator, &error);
+  ASSERT_FALSE(address.empty()) << error;
+  auto client = Client::Connect({.address = address});
+  auto session = client->StartSession({});
+  ASSERT_TRUE(session.ok()) << session.status();
+  (*session)->sampling().set_temperature(0);
+  (*session)->sampling().set_max_tokens(200);
+  for (int round = 0; round < 12; ++round) {
+    SCOPED_TRACE(round);
+    auto reply = (*session)->Stream("Once upon a time");
+    std::string piece;
+    ASSERT_TRUE(reply->Next(&piece)) << reply->status();
+    reply->Cancel();
+    while (reply->Next(&piece)) {
+    }
+    (*session)->sampling().set_max_tokens(2);
+    auto next = (*session)->Send("Once upon a time", nullptr);
+    ASSERT_TRUE(next.ok()) << next.status();
+    (*session)->sampling().set_max_tokens(200);
+  }
+}
+
 // The coordinator is killed (SIGKILL) after the reply's first text and started again on the
 // same port and store: the SDK asks again under the same turn id (Send and the iterator form
 // alike); the new coordinator has the turn interrupted (as every turn left in progress by a

@@ -1167,32 +1167,5 @@ TEST_F(FailoverTest, TheNextTurnAfterACancelShowsIsTakenAtOnce) {
   }
 }
 
-// A client sees its cancel at once (gRPC ends the call on its side); the coordinator learns
-// it a moment later. The session's next turn, sent as soon as the client's call ended, waits
-// that moment out (Conversations::kEndingWait) instead of being refused "a turn of this
-// session is running".
-TEST_F(FailoverTest, TheNextTurnRightAfterTheClientsCancelIsTaken) {
-  const std::string id = Create();
-  for (int round = 0; round < 12; ++round) {
-    SCOPED_TRACE(absl::StrCat("round ", round));
-    grpc::ClientContext ctx;
-    Auth(&ctx, "key-a");
-    v1::ConverseRequest req;
-    req.set_session_id(id);
-    req.set_message("Once upon a time");
-    req.mutable_sampling()->set_temperature(0);
-    req.mutable_sampling()->set_max_tokens(200);
-    auto reader = stub_->Converse(&ctx, req);
-    v1::ConverseEvent ev;
-    ASSERT_TRUE(reader->Read(&ev));
-    ctx.TryCancel();
-    while (reader->Read(&ev)) {
-    }
-    ASSERT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
-    const Reply next = Say(id, "Once upon a time", 2);
-    ASSERT_TRUE(next.status.ok()) << next.status.error_message();
-  }
-}
-
 }  // namespace
 }  // namespace recall
