@@ -320,12 +320,17 @@ absl::Status Chat(const ChatOptions& o) {
       const std::string word = line.substr(0, line.find(' '));
       static const std::set<std::string> kCommands = {"/quit", "/exit",    "/bye",  "/help",
                                                       "/new",  "/history", "/stats"};
+      std::string wrong;
       if (kCommands.count(word) == 0) {
-        std::cerr << "recall chat: unknown command " << word << " (/help lists them)\n";
-        continue;
+        wrong = absl::StrCat("unknown command ", word,
+                             " (/help lists them; a message that starts with / is sent with a "
+                             "space before it)");
+      } else if (!absl::StripAsciiWhitespace(line.substr(word.size())).empty()) {
+        wrong = absl::StrCat(word, " takes nothing after it");
       }
-      if (!absl::StripAsciiWhitespace(line.substr(word.size())).empty()) {
-        std::cerr << "recall chat: " << word << " takes nothing after it\n";
+      if (!wrong.empty()) {
+        std::cerr << "recall chat: " << wrong << "\n";
+        if (refused.ok() && !tty) refused = absl::InvalidArgumentError(wrong);
         continue;
       }
       line = word;
@@ -416,9 +421,9 @@ absl::Status Chat(const ChatOptions& o) {
     }
     last = *done;
   }
-  if (!refused.ok()) {
-    return absl::Status(refused.code(),
-                        absl::StrCat("a line was refused (above): ", refused.message()));
+  if (!refused.ok()) {  // a usage error's status, 2, whatever refused the line
+    return absl::InvalidArgumentError(
+        absl::StrCat("a line was refused (above): ", refused.message()));
   }
   return absl::OkStatus();
 }

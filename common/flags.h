@@ -327,7 +327,7 @@ class FlagSet {
       }
     }
     for (const auto& c : checks_) {
-      if (absl::Status st = c(*out, seen); !st.ok()) return st;
+      if (absl::Status st = c(*out, seen); !st.ok()) return Explain(st);
     }
     if (given != nullptr) *given = std::move(seen);
     return absl::OkStatus();

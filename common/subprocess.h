@@ -57,6 +57,11 @@ class ServerProcess {
       const pid_t parent = getpid();
       pid_ = fork();
       if (pid_ == 0) {
+        // The parent may block signals it waits for (recall serve: SIGINT, SIGTERM,
+        // SIGCHLD); the child starts with none blocked, so SIGTERM ends it at once.
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, nullptr);
         prctl(PR_SET_PDEATHSIG, SIGTERM);
         if (getppid() != parent) _exit(127);  // the parent died before the line above
         execve(binary.c_str(), argv.data(), environ);

@@ -138,10 +138,12 @@ grpc::Status ChatService::ListSessions(grpc::ServerContext* context,
   if (more) page.pop_back();
   // A page stays under kMaxPageBytes (gRPC clients read 4 MiB by default): the sessions
   // past it go to the next page.
-  size_t listed = 0;
+  size_t listed = 0, bytes = 0;
   for (; listed < page.size(); ++listed) {
-    ToProto(page[listed], false, response->add_sessions());
-    if (listed > 0 && response->ByteSizeLong() > kMaxPageBytes) {
+    v1::Session* s = response->add_sessions();
+    ToProto(page[listed], false, s);
+    bytes += s->ByteSizeLong() + 8;  // and its field tag and length
+    if (listed > 0 && bytes > kMaxPageBytes) {
       response->mutable_sessions()->RemoveLast();
       more = true;
       break;

@@ -126,7 +126,8 @@ absl::StatusOr<OpenTurn> Conversations::Open(
 
 void Conversations::BuildSpec(const SessionRecord& rec, int index,
                               const std::vector<StoredMessage>& messages,
-                              const v1::SamplingParams& sampling, OpenTurn& turn) {
+                              const v1::SamplingParams& sampling, const v1::CacheSettings& cache,
+                              OpenTurn& turn) {
   turn.model = rec.model;
   turn.index = index;
   turn.reply_index = index + static_cast<int>(messages.size());
@@ -142,7 +143,16 @@ void Conversations::BuildSpec(const SessionRecord& rec, int index,
   for (const StoredMessage& m : messages) *request.add_messages() = ToProto(m);
   request.set_history_length(static_cast<int>(history.size()));
   *request.mutable_sampling() = WithSeed(sampling);
-  request.mutable_cache()->ParseFromString(rec.cache_settings);
+  *request.mutable_cache() = cache;
+}
+
+absl::StatusOr<v1::CacheSettings> Conversations::StoredCache(const SessionRecord& rec) {
+  v1::CacheSettings cache;
+  if (!cache.ParseFromString(rec.cache_settings)) {
+    return absl::DataLossError(
+        absl::StrCat("session ", QuotedId(rec.id), ": its stored cache settings are damaged"));
+  }
+  return cache;
 }
 
 absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
@@ -161,11 +171,7 @@ absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
             !rec.messages.back().writer.empty() && rec.messages.back().writer != instance_id_) {
           return RunningElsewhere();  // checked again in the write (ReplaceTail)
         }
-        if (v1::CacheSettings cache; !cache.ParseFromString(rec.cache_settings)) {
-          // Run with the defaults instead, it would keep another cache than the one asked.
-          return absl::DataLossError(absl::StrCat("session ", QuotedId(session_id),
-                                                  ": its stored cache settings are damaged"));
-        }
+        RECALL_ASSIGN_OR_RETURN(const v1::CacheSettings cache, StoredCache(rec));
         RECALL_ASSIGN_OR_RETURN(TurnMessages m, plan(rec));
         RECALL_CHECK(!m.add.empty() && m.keep >= 0 && m.keep <= rec.message_count)
             << "a turn planner kept " << m.keep << " of " << rec.message_count
@@ -190,7 +196,7 @@ absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
         reply.seed = seeded.seed();
         RECALL_RETURN_IF_ERROR(
             store_.ReplaceTail(tenant, session_id, m.keep, rec.message_count, write, instance_id_));
-        BuildSpec(rec, m.keep, m.add, seeded, turn);
+        BuildSpec(rec, m.keep, m.add, seeded, cache, turn);
         return absl::OkStatus();
       });
 }
@@ -217,6 +223,7 @@ absl::StatusOr<OpenTurn> Conversations::Resume(const std::string& tenant,
         if (partial.state == TurnState::kComplete || partial.state == TurnState::kInProgress) {
           return refuse("names a turn that is complete or running, not one to resume");
         }
+        RECALL_ASSIGN_OR_RETURN(const v1::CacheSettings cache, StoredCache(rec));
         // Refused before any reply (a failed turn that can never run): back as stored.
         turn.replaced.assign(rec.messages.begin() + user, rec.messages.end());
         // The draws the turn took: its stored seed when the request names none (the request
@@ -229,7 +236,7 @@ absl::StatusOr<OpenTurn> Conversations::Resume(const std::string& tenant,
         partial.lease_unix_ms = UnixMillis() + LeaseMs();
         partial.writer = instance_id_;
         RECALL_RETURN_IF_ERROR(store_.Replace(tenant, session_id, reply_index, partial));
-        BuildSpec(rec, user, {rec.messages[static_cast<size_t>(user)]}, seeded, turn);
+        BuildSpec(rec, user, {rec.messages[static_cast<size_t>(user)]}, seeded, cache, turn);
         turn.resumed = partial;
         turn.spec.send_history = true;  // the worker's copy may hold the interrupted turn
         turn.spec.resume_tokens = partial.token_ids;

@@ -190,7 +190,11 @@ class Conversations {
   // complete turns before them as history.
   static void BuildSpec(const SessionRecord& rec, int index,
                         const std::vector<StoredMessage>& messages,
-                        const v1::SamplingParams& sampling, OpenTurn& turn);
+                        const v1::SamplingParams& sampling, const v1::CacheSettings& cache,
+                        OpenTurn& turn);
+  // The session's stored cache settings; DataLoss naming the session when they do not parse
+  // (run with the defaults instead, a turn would keep another cache than the one asked).
+  static absl::StatusOr<v1::CacheSettings> StoredCache(const SessionRecord& rec);
   void RememberEpisodes(const std::string& key, const v1::TurnDone& done);
   void LogTurn(const OpenTurn& turn, const absl::StatusOr<TurnResult>& outcome,
                const StoredMessage& sent) const;

@@ -152,7 +152,9 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpOptions& optio
         if (!res.body.empty()) return;
         absl::Status st;
         const std::string allowed = AllowedMethod(req.path);
-        if (res.status == 404 && !allowed.empty()) {
+        const bool other_method = !allowed.empty() && req.method != allowed &&
+                                  !(allowed == "GET" && req.method == "HEAD");
+        if (res.status == 404 && other_method) {
           res.status = 405;
           res.set_header("Allow", allowed);
           st = absl::InvalidArgumentError(

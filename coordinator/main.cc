@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <iostream>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/files.h"
@@ -128,14 +127,7 @@ const flags::FlagSet<CoordinatorConfig>& CoordinatorFlags() {
           if (!c.tls_client_ca.empty() && c.tls_cert.empty()) {
             return absl::InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key");
           }
-          // A bare HOST:PORT or path would be read as an SQLite file's name.
-          if (!c.store_url.empty() && !absl::StartsWith(c.store_url, "redis://") &&
-              !absl::StartsWith(c.store_url, "sqlite://")) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                "--store: expected redis://HOST[:PORT] or sqlite://PATH, got \"", c.store_url,
-                "\" (without --store, sessions are in "
-                "--data-dir's sessions.db)"));
-          }
+          if (!c.store_url.empty()) RECALL_RETURN_IF_ERROR(CheckStoreUrl(c.store_url));
           return absl::OkStatus();
         });
     return f;

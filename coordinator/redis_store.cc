@@ -14,6 +14,7 @@
 
 #include <cstdio>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -216,12 +217,20 @@ class RedisStore final : public SessionStore {
     absl::MutexLock lock(&mu_);
     RECALL_RETURN_IF_ERROR(EnsureConnected());
     absl::StatusOr<Reply> pong = Command({"PING"});
-    if (!pong.ok() || (*pong)->type != REDIS_REPLY_STATUS ||
-        std::string((*pong)->str, (*pong)->len) != "PONG") {
+    if (!pong.ok() && absl::StrContains(pong.status().message(), "NOAUTH")) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the Redis server at ", host_, ":", port_,
+          " asks for a password; --store redis:// needs one without (keep it on a network only "
+          "the coordinators reach, as the Helm chart does)"));
+    }
+    // A Redis still loading its data answers LOADING: it is Redis, and serves once loaded.
+    const bool loading = !pong.ok() && absl::StrContains(pong.status().message(), "LOADING");
+    if (!loading && (!pong.ok() || (*pong)->type != REDIS_REPLY_STATUS ||
+                     std::string((*pong)->str, (*pong)->len) != "PONG")) {
       return absl::FailedPreconditionError(
           absl::StrCat("the server at ", host_, ":", port_, " does not answer PING as Redis does",
                        pong.ok() ? "" : absl::StrCat(" (", pong.status().message(), ")"),
-                       "; --store redis:// needs a Redis server without a password"));
+                       "; --store redis:// needs a Redis server"));
     }
     return absl::OkStatus();
   }

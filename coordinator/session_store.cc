@@ -2,9 +2,11 @@
 // the reply encoding both stores use, and OpenStore.
 #include "coordinator/session_store.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
+#include "common/status.h"
 #include "nlohmann/json.hpp"
 
 namespace recall::coordinator {
@@ -88,34 +90,57 @@ void DecodeReply(const std::string& bytes, StoredMessage* m) {
   for (at += 4; at < bytes.size(); at += 4) m->token_ids.push_back(get(at));
 }
 
-absl::StatusOr<std::unique_ptr<SessionStore>> OpenStore(const std::string& url,
-                                                        bool allow_volatile) {
+namespace {
+
+// A --store URL's parts: redis:// host and port, or sqlite:// path.
+struct StoreUrl {
+  bool redis = false;
+  std::string host;
+  int port = 6379;
+  std::string path;
+};
+
+absl::StatusOr<StoreUrl> ParseStoreUrl(const std::string& url) {
   const std::string redis = "redis://", sqlite = "sqlite://";
-  if (url.rfind(redis, 0) == 0) {
+  StoreUrl out;
+  if (absl::StartsWith(url, redis)) {
     const std::string rest = url.substr(redis.size());
     const size_t colon = rest.rfind(':');
-    int port = 6379;
-    if ((colon != std::string::npos && !absl::SimpleAtoi(rest.substr(colon + 1), &port)) ||
-        port < 1 || port > 65535 || colon == 0 || rest.empty()) {
+    out.redis = true;
+    out.host = rest.substr(0, colon);
+    if ((colon != std::string::npos && !absl::SimpleAtoi(rest.substr(colon + 1), &out.port)) ||
+        out.port < 1 || out.port > 65535 || out.host.empty()) {
       return flags::FieldError("store_url",
                                absl::StrCat("expected redis://HOST[:PORT] (port in [1, 65535]), "
                                             "got \"",
                                             url, "\""));
     }
-    return OpenRedisStore(rest.substr(0, colon), port, allow_volatile);
+    return out;
   }
-  if (url.rfind(sqlite, 0) == 0) {
-    if (url.size() == sqlite.size()) {
+  if (absl::StartsWith(url, sqlite)) {
+    out.path = url.substr(sqlite.size());
+    if (out.path.empty()) {
       return flags::FieldError("store_url", "sqlite:// needs a file's path (sqlite://PATH)");
     }
-    return OpenSqliteStore(url.substr(sqlite.size()));
+    return out;
   }
-  if (url.empty() || url.find("://") != std::string::npos) {
-    return flags::FieldError("store_url", absl::StrCat("expected redis://HOST[:PORT] or "
-                                                       "sqlite://PATH, got \"",
-                                                       url, "\""));
-  }
-  return OpenSqliteStore(url);  // a path
+  // A bare HOST:PORT or path would be read as an SQLite file's name.
+  return flags::FieldError(
+      "store_url", absl::StrCat("expected redis://HOST[:PORT] or sqlite://PATH, got \"", url,
+                                "\" (without it, sessions are in the data "
+                                "directory's sessions.db)"));
+}
+
+}  // namespace
+
+absl::Status CheckStoreUrl(const std::string& url) { return ParseStoreUrl(url).status(); }
+
+absl::StatusOr<std::unique_ptr<SessionStore>> OpenStore(const std::string& url,
+                                                        bool allow_volatile) {
+  if (url.find("://") == std::string::npos) return OpenSqliteStore(url);  // a file's path
+  RECALL_ASSIGN_OR_RETURN(const StoreUrl parsed, ParseStoreUrl(url));
+  if (parsed.redis) return OpenRedisStore(parsed.host, parsed.port, allow_volatile);
+  return OpenSqliteStore(parsed.path);
 }
 
 absl::StatusOr<std::map<std::string, std::string>> ParseStoredMetadata(const std::string& text,

@@ -178,7 +178,11 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string&
 absl::StatusOr<std::unique_ptr<SessionStore>> OpenRedisStore(const std::string& host, int port,
                                                              bool allow_volatile = false);
 
-// "redis://HOST:PORT" or "sqlite://PATH" (also a bare path: SQLite).
+// A --store value: "redis://HOST[:PORT]" (port in [1, 65535]) or "sqlite://PATH"; an error
+// naming the field store_url otherwise (a bare HOST:PORT or path among them).
+absl::Status CheckStoreUrl(const std::string& url);
+
+// A --store value (CheckStoreUrl), or a bare path: SQLite there.
 absl::StatusOr<std::unique_ptr<SessionStore>> OpenStore(const std::string& url,
                                                         bool allow_volatile = false);
 

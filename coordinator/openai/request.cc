@@ -89,7 +89,8 @@ absl::StatusOr<std::optional<int64_t>> Integer(const Json& o, const std::string&
   if (v->is_number_float()) {
     const double d = v->get<double>();
     if (!std::isfinite(d)) return Bad(name, "must be a finite integer");
-    if (d == std::floor(d)) {  // an integer too large for int64 (nlohmann reads it as a double)
+    if (d == std::floor(d) && std::fabs(d) >= 9223372036854775808.0) {
+      // An integer too large for int64 (nlohmann reads it as a double).
       return Bad(name, absl::StrCat("must be an integer from ", std::numeric_limits<int64_t>::min(),
                                     " to ", std::numeric_limits<int64_t>::max(), Got(d)));
     }
@@ -174,6 +175,10 @@ absl::Status ParseSampling(const Json& o, const RequestLimits& limits, v1::Sampl
   // A seed is 64 bits: any unsigned 64-bit value, or a negative one as its pattern.
   if (const Json* seed = Find(o, "seed"); seed != nullptr && seed->is_number_unsigned()) {
     s->set_seed(seed->get<uint64_t>());
+  } else if (seed != nullptr && seed->is_number_float()) {
+    return Bad("seed",
+               absl::StrCat("must be an integer from ", std::numeric_limits<int64_t>::min(), " to ",
+                            std::numeric_limits<uint64_t>::max(), Got(seed->get<double>())));
   } else {
     RECALL_ASSIGN_OR_RETURN(const std::optional<int64_t> signed_seed, Integer(o, "seed"));
     if (signed_seed.has_value()) s->set_seed(static_cast<uint64_t>(*signed_seed));

@@ -50,15 +50,20 @@ inline std::string MakeTempDir(const std::string& name) {
   return dir;
 }
 
-// Runs a shell command to its exit: its exit status (-1 when it did not exit normally) and
-// what it printed on stdout and stderr.
+// Runs a shell command to its exit, killed after `seconds` (a process that should have
+// stopped at once but serves: status 124 from timeout(1)): its exit status (-1 when it did not
+// exit normally) and what it printed on stdout and stderr.
 struct Exit {
   int code = -1;
   std::string output;
 };
-inline Exit RunToExit(const std::string& command) {
+inline Exit RunToExit(const std::string& command, int seconds = 120) {
   Exit e;
-  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  std::string quoted;  // the command as one single-quoted shell word
+  for (const char c : command) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  const std::string timed =
+      "timeout -k 5 " + std::to_string(seconds) + " sh -c '" + quoted + "' 2>&1";
+  FILE* p = popen(timed.c_str(), "r");
   if (p == nullptr) {
     e.output = "popen failed";
     return e;

@@ -290,6 +290,27 @@ TEST_F(ConversationsTest, DamagedCacheSettingsRefuseTheTurn) {
   EXPECT_EQ(Transcript().size(), 1u) << "nothing written";
 }
 
+// The same for a resumed turn (Resume builds its spec from the stored settings too).
+TEST_F(ConversationsTest, DamagedCacheSettingsRefuseAResume) {
+  StoredMessage user{"user", "Hi"};
+  user.turn_id = "t-1";
+  auto turn = conversations_->Begin("t", id_, Plan(1, {user}), v1::SamplingParams(), "grpc");
+  ASSERT_TRUE(turn.ok()) << turn.status();
+  ASSERT_TRUE(
+      conversations_->Finish(*turn, absl::CancelledError("client left"), {"assistant", " Once"})
+          .ok());
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "UPDATE sessions SET cache = x'ffffffff'", nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  auto resumed = conversations_->Resume("t", id_, "turn_id", "t-1", v1::SamplingParams(), "grpc");
+  ASSERT_EQ(resumed.status().code(), absl::StatusCode::kDataLoss) << resumed.status();
+  const std::vector<StoredMessage> t = Transcript();
+  ASSERT_EQ(t.size(), 3u);
+  EXPECT_EQ(t[2].state, TurnState::kInterrupted) << "left as it was";
+}
+
 TEST_F(ConversationsTest, TheTurnLimitAndOtherTenants) {
   auto other = conversations_->Begin("u", id_, Plan(1, {{"user", "Hi"}}), {}, "http");
   EXPECT_EQ(other.status().code(), absl::StatusCode::kNotFound) << "another tenant's session";

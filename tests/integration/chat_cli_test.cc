@@ -135,7 +135,7 @@ TEST(ChatCliTest, CommandsStayLocalAndAChatWithoutMessagesLeavesNoSession) {
   ASSERT_FALSE(address.empty()) << error;
 
   ChatRun empty = RunChat(dir, address, "/help\n/history\n/nonsense\n/bye\n");
-  EXPECT_EQ(empty.exit_code, 0) << empty.err;
+  EXPECT_EQ(empty.exit_code, 2) << "a refused line (the unknown command): " << empty.err;
   EXPECT_NE(empty.out.find("/new /history /stats /help /quit"), std::string::npos) << empty.out;
   EXPECT_NE(empty.out.find("(no messages yet)"), std::string::npos) << empty.out;
   EXPECT_NE(empty.err.find("unknown command /nonsense"), std::string::npos) << empty.err;

@@ -389,6 +389,8 @@ TEST_F(OpenAiHttpTest, BadRequestsGetOpenAIErrorsNamingTheField) {
   EXPECT_EQ(wrong_method.Header("Allow"), "POST");
   EXPECT_EQ(wrong_method.JsonBody()["error"]["message"],
             "GET /v1/chat/completions: method not allowed; use POST");
+  EXPECT_EQ(Send(*http_, "GET", "/v1/models/", "", "key-a").status, 404)
+      << "the right method on no route is 404, not 405";
   const HttpReply no_route = Send(*http_, "GET", "/v1/chat/nothing", "", "key-a");
   EXPECT_EQ(no_route.status, 404);
   EXPECT_EQ(no_route.JsonBody()["error"]["message"], "no route GET /v1/chat/nothing");
