@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -42,6 +43,25 @@ void OnInterrupt(int) {
 }
 
 // Streams one reply to stdout; Ctrl-C cancels it. The reply's end (or CANCELLED).
+// A server's error in this command's terms: a leading request field the chat's flags set
+// ("sampling.max_tokens: ...", "cache.budget_tokens: ...") becomes its flag ("--max-tokens:
+// ...", "--budget: ..."), so the user knows what to change.
+absl::Status InFlagTerms(const absl::Status& st) {
+  const absl::string_view message = st.message();
+  const size_t colon = message.find(": ");
+  if (colon == absl::string_view::npos) return st;
+  absl::string_view field = message.substr(0, colon);
+  if (!absl::ConsumePrefix(&field, "sampling.") && !absl::ConsumePrefix(&field, "cache.")) {
+    return st;
+  }
+  if (field.find_first_of(".[") != absl::string_view::npos) return st;  // stop[0], ...: none
+  std::string flag = field == "budget_tokens"     ? "budget"
+                     : field == "budget_fraction" ? "budget-frac"
+                                                  : std::string(field);
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  return absl::Status(st.code(), absl::StrCat("--", flag, message.substr(colon)));
+}
+
 // StreamReply's error when the user stopped the reply (Ctrl-C): said already, no error.
 constexpr char kStoppedByUser[] = "stopped by the user";
 
@@ -377,6 +397,7 @@ absl::Status Chat(const ChatOptions& o) {
     const bool first_turn = session_id.empty();
     if (first_turn) {
       if (absl::Status made = new_session(); !made.ok()) {
+        made = InFlagTerms(made);
         if (!tty) return made;
         std::cerr << "recall chat: the message was not sent: " << made.message()
                   << " (it is in the line history: press Up to send it again)\n";
@@ -400,6 +421,7 @@ absl::Status Chat(const ChatOptions& o) {
     if (done.ok()) reply_starts();
     if (replied) std::cout << "\n" << std::flush;
     if (!done.ok()) {
+      done = InFlagTerms(done.status());
       // A first message the server refused leaves no session behind (as a chat left without
       // one); a turn cut short is kept in its session.
       if (first_turn && done.status().code() == absl::StatusCode::kInvalidArgument) {

@@ -90,6 +90,12 @@ TEST(ChatCliTest, SamplingFlagsReachTheServer) {
   ChatRun bad = RunChat(dir, address, input, "--top-p 0");
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_NE(bad.err.find("--top-p"), std::string::npos) << bad.err;
+  // A value within the flag's range but past the server's limit: the server's refusal names
+  // the flag, not the request's field (sampling.max_tokens).
+  ChatRun past = RunChat(dir, address, input, "--max-tokens 600");
+  EXPECT_EQ(past.exit_code, 2) << past.err;
+  EXPECT_NE(past.err.find("--max-tokens: must be in [1, 512], got 600"), std::string::npos)
+      << past.err;
 }
 
 // /stats shows the last reply's memory: its KV bytes, the eviction policy's state among them
