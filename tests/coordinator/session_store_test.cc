@@ -15,6 +15,23 @@
 namespace recall::coordinator {
 namespace {
 
+// The integer a one-value query gives on the SQLite file at `path` (-1 for none).
+int QueryInt(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  int value = -1;
+  if (sqlite3_open(path.c_str(), &db) == SQLITE_OK) {
+    sqlite3_exec(
+        db, sql.c_str(),
+        [](void* n, int, char** v, char**) {
+          *static_cast<int*>(n) = std::atoi(v[0]);
+          return 0;
+        },
+        &value, nullptr);
+  }
+  sqlite3_close(db);
+  return value;
+}
+
 class SessionStoreTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -484,17 +501,8 @@ TEST(SqliteStoreTest, ADamagedPageIsDataLoss) {
     r.model = "m";
     ASSERT_TRUE((*store)->Create(r).ok());
   }
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-  int root = 0, page_size = 0;
-  const auto read_int = [](void* n, int, char** v, char**) {
-    *static_cast<int*>(n) = std::atoi(v[0]);
-    return 0;
-  };
-  sqlite3_exec(db, "SELECT rootpage FROM sqlite_master WHERE name = 'sessions'", read_int, &root,
-               nullptr);
-  sqlite3_exec(db, "PRAGMA page_size", read_int, &page_size, nullptr);
-  sqlite3_close(db);
+  const int root = QueryInt(path, "SELECT rootpage FROM sqlite_master WHERE name = 'sessions'");
+  const int page_size = QueryInt(path, "PRAGMA page_size");
   ASSERT_GT(root, 1);
   ASSERT_GT(page_size, 0);
   {
@@ -526,17 +534,8 @@ TEST(SqliteStoreTest, AFileWithOtherColumnsIsRefusedAtOpen) {
   EXPECT_NE(store.status().message().find("its table messages has no column session_id"),
             std::string::npos)
       << store.status();
-  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-  int columns = 0;
-  sqlite3_exec(
-      db, "SELECT COUNT(*) FROM pragma_table_info('messages')",
-      [](void* n, int, char** v, char**) {
-        *static_cast<int*>(n) = std::atoi(v[0]);
-        return 0;
-      },
-      &columns, nullptr);
-  sqlite3_close(db);
-  EXPECT_EQ(columns, 2) << "no column was added to a file that is not the store's";
+  EXPECT_EQ(QueryInt(path, "SELECT COUNT(*) FROM pragma_table_info('messages')"), 2)
+      << "no column was added to a file that is not the store's";
 }
 
 TEST(SqliteStoreTest, RecordsOlderThanADayAreForgotten) {
@@ -557,17 +556,7 @@ TEST(SqliteStoreTest, RecordsOlderThanADayAreForgotten) {
   EXPECT_EQ((*store)->GetRecord("a", "old").status().code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE((*store)->PutRecord("a", "new", "s2").ok());
   store->reset();
-  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-  int rows = -1;
-  sqlite3_exec(
-      db, "SELECT COUNT(*) FROM records",
-      [](void* n, int, char** v, char**) {
-        *static_cast<int*>(n) = std::atoi(v[0]);
-        return 0;
-      },
-      &rows, nullptr);
-  sqlite3_close(db);
-  EXPECT_EQ(rows, 1) << "the old record was purged";
+  EXPECT_EQ(QueryInt(path, "SELECT COUNT(*) FROM records"), 1) << "the old record was purged";
 }
 
 // A session file written before turn ids were kept opens with the column added: its messages

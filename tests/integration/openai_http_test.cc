@@ -462,6 +462,16 @@ TEST(OpenAiHttpServeTest, RecallServeExitsTwoNamingAFlagItCannotRunWith) {
   EXPECT_NE(workers.code, 0) << "a worker was left running: " << workers.output;
 }
 
+// `recall serve` on stories260K (one thread, a 16M pool), its HTTP API on `http_listen`.
+bool StartServe(ServerProcess& serve, const std::string& dir, const std::string& http_listen,
+                std::string* error) {
+  return serve.Start(RECALL_CLI_BINARY,
+                     {"serve", "--model", testing::SharedPath(kModel), "--tokenizer",
+                      testing::SharedPath(kTokenizer), "--listen", "127.0.0.1:0", "--http-listen",
+                      http_listen, "--data-dir", dir, "--threads", "1", "--kv-cache-bytes", "16M"},
+                     dir, error, std::chrono::seconds(120));
+}
+
 // recall serve killed hard (SIGKILL: no shutdown of its own) takes its worker with it: the
 // worker holds the KV pool (a GPU's memory), and an orphan kept it for good.
 TEST(OpenAiHttpServeTest, AServeKilledHardLeavesNoWorkerBehind) {
@@ -469,13 +479,7 @@ TEST(OpenAiHttpServeTest, AServeKilledHardLeavesNoWorkerBehind) {
   const std::string dir = testing::MakeTempDir("serve_killed");
   ServerProcess serve;
   std::string error;
-  ASSERT_TRUE(
-      serve.Start(RECALL_CLI_BINARY,
-                  {"serve", "--model", testing::SharedPath(kModel), "--tokenizer",
-                   testing::SharedPath(kTokenizer), "--listen", "127.0.0.1:0", "--http-listen",
-                   "off", "--data-dir", dir, "--threads", "1", "--kv-cache-bytes", "16M"},
-                  dir, &error, std::chrono::seconds(120)))
-      << error;
+  ASSERT_TRUE(StartServe(serve, dir, "off", &error)) << error;
   const std::string workers = "pgrep -f '[r]ecall-worker.*" + dir + "'";
   ASSERT_EQ(testing::RunToExit(workers).code, 0) << "the worker runs";
   serve.Kill();
@@ -493,13 +497,7 @@ TEST(OpenAiHttpServeTest, RecallServeServesTheApiAndPrintsItsAddress) {
   const std::string dir = testing::MakeTempDir("openai_serve");
   ServerProcess serve;
   std::string error;
-  ASSERT_TRUE(
-      serve.Start(RECALL_CLI_BINARY,
-                  {"serve", "--model", testing::SharedPath(kModel), "--tokenizer",
-                   testing::SharedPath(kTokenizer), "--listen", "127.0.0.1:0", "--http-listen",
-                   "127.0.0.1:0", "--data-dir", dir, "--threads", "1", "--kv-cache-bytes", "16M"},
-                  dir, &error, std::chrono::seconds(120)))
-      << error;
+  ASSERT_TRUE(StartServe(serve, dir, "127.0.0.1:0", &error)) << error;
   ASSERT_GT(serve.port("http"), 0);
   httplib::Client client("127.0.0.1", serve.port("http"));
   client.set_read_timeout(60, 0);
