@@ -12,6 +12,7 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "coordinator/random_id.h"
+#include "coordinator/router.h"
 #include "coordinator/turn_ids.h"
 #include "coordinator/turn_journal.h"
 
@@ -83,6 +84,7 @@ absl::StatusOr<SessionRecord> Conversations::Create(
     return UnknownModel(r.model, std::vector<std::string>(served.begin(), served.end()));
   }
   RECALL_RETURN_IF_ERROR(CheckKvDtype(cache));
+  RECALL_RETURN_IF_ERROR(CheckNewSession(r.model, cache, system_prompt));
   r.id = RandomId("s-");
   r.tenant = tenant;
   cache.SerializeToString(&r.cache_settings);
@@ -378,6 +380,33 @@ absl::Status Conversations::CheckKvDtype(const v1::CacheSettings& cache) const {
     return absl::FailedPreconditionError(absl::StrCat("cache.kv_dtype: no worker stores ", t,
                                                       " (the workers store ",
                                                       absl::StrJoin(stored, ", "), ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Conversations::CheckNewSession(const std::string& model,
+                                            const v1::CacheSettings& cache,
+                                            const std::string& system_prompt) const {
+  // The workers' own defaults were checked when each started.
+  if (cache.ByteSizeLong() == 0 && system_prompt.empty()) return absl::OkStatus();
+  for (const WorkerView& w : WorkersStoring(workers_.Snapshot(), cache.kv_dtype())) {
+    if (!w.healthy || w.draining || w.stub == nullptr) continue;
+    if (!model.empty() && w.info.model() != model) continue;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    workers_.Attach(&ctx);
+    v1::CheckSessionRequest request;
+    *request.mutable_cache() = cache;
+    request.set_system_prompt(system_prompt);
+    v1::CheckSessionResponse response;
+    const grpc::Status st = w.stub->CheckSession(&ctx, request, &response);
+    if (st.ok()) return absl::OkStatus();
+    if (st.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+      return absl::InvalidArgumentError(st.error_message());
+    }
+    if (st.error_code() == grpc::StatusCode::UNIMPLEMENTED) return absl::OkStatus();
+    RECALL_LOG(WARNING) << "worker " << w.address << " could not check a new session's settings ("
+                        << st.error_message() << "); asking another";
   }
   return absl::OkStatus();
 }

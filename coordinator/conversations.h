@@ -163,6 +163,12 @@ class Conversations {
   // A cache's kv_dtype: InvalidArgument for one that is none of f32, bf16, f16, int8;
   // FailedPrecondition naming what the workers store when none stores it. Unset passes.
   absl::Status CheckKvDtype(const v1::CacheSettings& cache) const;
+  // A new session's cache settings and system prompt, checked by a worker serving `model`
+  // ("" for any) that stores its kv_dtype (Worker.CheckSession): InvalidArgument naming the
+  // field as its first turn would be refused. Passes when no such worker answers (a worker
+  // of an older version, or none reachable now): the first turn checks them.
+  absl::Status CheckNewSession(const std::string& model, const v1::CacheSettings& cache,
+                               const std::string& system_prompt) const;
 
   // The models the workers serve, by name (the healthy, not draining workers counted).
   std::vector<v1::ModelInfo> Models() const;

@@ -636,6 +636,66 @@ TEST_F(CoordinatorTest, MalformedAndOutOfRangeRequestsAreInvalidArgumentNamingTh
   }
 }
 
+// Settings no turn could serve are refused when the session is made (a worker checks them),
+// naming the field, and no session is left behind; a session made with them before this
+// check was unusable at every turn.
+TEST_F(CoordinatorTest, ASessionNoTurnCouldServeIsNotCreated) {
+  std::string story;
+  while (story.size() + 53 < 2000) story += "Once upon a time there was a little girl named Lily. ";
+  const auto create = [&](const std::function<void(v1::CreateSessionRequest*)>& edit,
+                          std::string* id) {
+    grpc::ClientContext ctx;
+    Auth(&ctx, "key-a");
+    v1::CreateSessionRequest req;
+    edit(&req);
+    v1::Session s;
+    const grpc::Status st = stub_->CreateSession(&ctx, req, &s);
+    *id = s.session_id();
+    return st;
+  };
+  const auto count = [&] {
+    grpc::ClientContext ctx;
+    Auth(&ctx, "key-a");
+    v1::ListSessionsResponse resp;
+    EXPECT_TRUE(stub_->ListSessions(&ctx, v1::ListSessionsRequest(), &resp).ok());
+    return resp.sessions_size();
+  };
+  const std::pair<std::function<void(v1::CreateSessionRequest*)>, std::string> refused[] = {
+      {[](auto* r) { r->mutable_cache()->set_policy("fifo"); }, "cache.policy: unknown policy"},
+      {[](auto* r) { r->mutable_cache()->set_window(0); }, "cache.window: must be >= 1, got 0"},
+      {[](auto* r) {
+         r->mutable_cache()->set_policy("lazy");
+         r->mutable_cache()->set_budget_tokens(3);
+       },
+       "cache.budget_tokens: 3 is below"},
+      {[](auto* r) { r->mutable_cache()->set_positions("compact"); },
+       "cache.positions: compact needs a policy that evicts"},
+      {[&](auto* r) { r->set_system_prompt(story); }, "system_prompt: "},
+  };
+  for (const auto& [edit, message] : refused) {
+    std::string id;
+    const grpc::Status st = create(edit, &id);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << message;
+    EXPECT_EQ(st.error_message().rfind(message, 0), 0u) << st.error_message();
+    EXPECT_TRUE(id.empty());
+  }
+  EXPECT_EQ(count(), 0) << "no refused session left behind";
+  // The same long system prompt in a session that evicts goes on past the context.
+  std::string id;
+  const grpc::Status made = create(
+      [&](auto* r) {
+        r->set_system_prompt(story);
+        r->mutable_cache()->set_policy("lazy");
+        r->mutable_cache()->set_budget_tokens(64);
+      },
+      &id);
+  ASSERT_TRUE(made.ok()) << made.error_message();
+  const Reply reply = Say(id, "Hello", 8);
+  EXPECT_TRUE(reply.status.ok()) << reply.status.error_message();
+  EXPECT_FALSE(reply.tokens.empty());
+  EXPECT_EQ(count(), 1);
+}
+
 TEST(CoordinatorRedisTest, TwoCoordinatorsShareSessionsThroughRedis) {
   RECALL_REQUIRE_SHARED_FILE(kModel);
   if (!testing::RedisServer::Available()) GTEST_SKIP() << "redis-server is not installed";

@@ -4,6 +4,7 @@
 // exhaustion (offload / queue / RESOURCE_EXHAUSTED, never a crash), metrics, and every bad
 // input getting its status code.
 #include <atomic>
+#include <functional>
 #include <limits>
 #include <thread>
 
@@ -275,6 +276,97 @@ TEST_F(WorkerServerTest, BadInputsGetTheirCodes) {
             StatusCode::INVALID_ARGUMENT);
   // The worker is fine after all that.
   EXPECT_TRUE(worker_.Run(Turn("after", "Once upon a time", 5)).status.ok());
+}
+
+// CheckSession refuses exactly what a new session's first turn would, with the same code and
+// field; what it passes, the turn takes.
+TEST_F(WorkerServerTest, CheckSessionRefusesWhatTheFirstTurnWould) {
+  std::string story;
+  while (story.size() < 4000) story += "Once upon a time there was a little girl named Lily. ";
+  struct Case {
+    std::string name;
+    std::function<void(v1::CacheSettings*)> edit;
+    std::string system_prompt;
+    std::string refused;  // the message's start, "" when accepted
+  };
+  const std::vector<Case> cases = {
+      {"defaults", [](auto*) {}, "", ""},
+      {"lazy at 30%",
+       [](auto* c) {
+         c->set_policy("lazy");
+         c->set_budget_fraction(0.3f);
+       },
+       "", ""},
+      {"unknown policy", [](auto* c) { c->set_policy("fifo"); }, "", "cache.policy: "},
+      {"window 0", [](auto* c) { c->set_window(0); }, "", "cache.window: "},
+      {"alpha 1.5", [](auto* c) { c->set_alpha(1.5f); }, "", "cache.alpha: "},
+      {"budget below the window",
+       [](auto* c) {
+         c->set_policy("lazy");
+         c->set_budget_tokens(2);
+       },
+       "", "cache.budget_tokens: 2 is below"},
+      {"full cannot compact", [](auto* c) { c->set_positions("compact"); }, "",
+       "cache.positions: "},
+      {"unknown positions", [](auto* c) { c->set_positions("sideways"); }, "", "cache.positions: "},
+      {"too many episodes",
+       [](auto* c) {
+         c->set_policy("episodic");
+         c->set_episodes(99);
+       },
+       "", "cache.episodes: "},
+      {"another KV type", [](auto* c) { c->set_kv_dtype("int8"); }, "", "cache.kv_dtype: "},
+      {"a system prompt past the context, kept whole", [](auto*) {}, story, "system_prompt: "},
+      {"a system prompt past the context, compacted",
+       [](auto* c) {
+         c->set_policy("lazy");
+         c->set_budget_tokens(64);
+       },
+       story, ""},
+  };
+  for (const Case& c : cases) {
+    grpc::ClientContext ctx;
+    v1::CheckSessionRequest check;
+    c.edit(check.mutable_cache());
+    check.set_system_prompt(c.system_prompt);
+    v1::CheckSessionResponse checked;
+    const grpc::Status st = worker_.stub().CheckSession(&ctx, check, &checked);
+    v1::RunTurnRequest first = Turn("check-" + c.name, "Hello", 4, 0);
+    *first.mutable_cache() = check.cache();
+    if (!c.system_prompt.empty()) {
+      v1::ChatMessage user = first.messages(0);
+      first.mutable_messages(0)->set_role("system");
+      first.mutable_messages(0)->set_content(c.system_prompt);
+      *first.add_messages() = user;
+    }
+    const TurnResult turn = worker_.Run(first);
+    if (c.refused.empty()) {
+      EXPECT_TRUE(st.ok()) << c.name << ": " << st.error_message();
+      EXPECT_TRUE(turn.status.ok()) << c.name << ": " << turn.status.error_message();
+      if (!c.system_prompt.empty()) {
+        EXPECT_GT(checked.system_prompt_tokens(), 512) << c.name;
+      }
+      continue;
+    }
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.name;
+    EXPECT_EQ(st.error_message().rfind(c.refused, 0), 0u) << c.name << ": " << st.error_message();
+    EXPECT_EQ(turn.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << c.name << ": the turn was not refused";
+    if (c.system_prompt.empty()) {
+      EXPECT_EQ(turn.status.error_message(), st.error_message()) << c.name;
+    } else {  // the turn names its messages
+      EXPECT_NE(turn.status.error_message().find("context length is 512"), std::string::npos)
+          << turn.status.error_message();
+    }
+  }
+  // Bytes that are not UTF-8.
+  grpc::ClientContext ctx;
+  v1::CheckSessionRequest check;
+  check.set_system_prompt("bad \xff");
+  v1::CheckSessionResponse checked;
+  const grpc::Status st = worker_.stub().CheckSession(&ctx, check, &checked);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(st.error_message(), "system_prompt: is not valid UTF-8");
 }
 
 TEST_F(WorkerServerTest, MetricsCountTurnsAndTokens) {

@@ -64,19 +64,24 @@ serving::TurnRequest FromProto(const v1::RunTurnRequest& r, int default_max_toke
   out.logprobs = s.has_logprobs() && s.logprobs();
   out.top_logprobs = s.has_top_logprobs() ? s.top_logprobs() : 0;
   out.resume_tokens.assign(r.resume_tokens().begin(), r.resume_tokens().end());
-  const v1::CacheSettings& c = r.cache();
-  if (c.has_policy()) out.cache.policy = c.policy();
-  if (c.has_budget_tokens()) out.cache.budget_tokens = c.budget_tokens();
-  if (c.has_budget_fraction()) out.cache.budget_fraction = c.budget_fraction();
-  if (c.has_window()) out.cache.window = c.window();
-  if (c.has_alpha()) out.cache.alpha = c.alpha();
-  if (c.has_tp_eviction()) out.cache.tp_eviction = c.tp_eviction();
-  if (c.has_episodes()) out.cache.episodes = c.episodes();
-  if (c.has_embedder()) out.cache.embedder = c.embedder();
-  if (c.has_block_tokens()) out.cache.block_tokens = c.block_tokens();
-  if (c.has_recluster_turns()) out.cache.recluster_turns = c.recluster_turns();
-  if (c.has_positions()) out.cache.positions = c.positions();
-  if (c.has_kv_dtype()) out.cache.kv_dtype = c.kv_dtype();
+  out.cache = FromProto(r.cache());
+  return out;
+}
+
+serving::CacheRequest FromProto(const v1::CacheSettings& c) {
+  serving::CacheRequest out;
+  if (c.has_policy()) out.policy = c.policy();
+  if (c.has_budget_tokens()) out.budget_tokens = c.budget_tokens();
+  if (c.has_budget_fraction()) out.budget_fraction = c.budget_fraction();
+  if (c.has_window()) out.window = c.window();
+  if (c.has_alpha()) out.alpha = c.alpha();
+  if (c.has_tp_eviction()) out.tp_eviction = c.tp_eviction();
+  if (c.has_episodes()) out.episodes = c.episodes();
+  if (c.has_embedder()) out.embedder = c.embedder();
+  if (c.has_block_tokens()) out.block_tokens = c.block_tokens();
+  if (c.has_recluster_turns()) out.recluster_turns = c.recluster_turns();
+  if (c.has_positions()) out.positions = c.positions();
+  if (c.has_kv_dtype()) out.kv_dtype = c.kv_dtype();
   return out;
 }
 
@@ -197,6 +202,18 @@ grpc::ServerUnaryReactor* WorkerService::GetLoad(grpc::CallbackServerContext* co
   response->set_side_blocks(l.side_blocks);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* WorkerService::CheckSession(grpc::CallbackServerContext* context,
+                                                      const v1::CheckSessionRequest* request,
+                                                      v1::CheckSessionResponse* response) {
+  if (auto* refused = Refused(context)) return refused;
+  const absl::StatusOr<int> tokens =
+      scheduler_.CheckSession(FromProto(request->cache()), request->system_prompt());
+  if (tokens.ok()) response->set_system_prompt_tokens(*tokens);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(tokens.status()));
   return reactor;
 }
 

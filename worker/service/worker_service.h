@@ -26,6 +26,7 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 
 // Wire request -> engine request, with the documented defaults for unset fields.
 serving::TurnRequest FromProto(const v1::RunTurnRequest& request, int default_max_tokens);
+serving::CacheRequest FromProto(const v1::CacheSettings& cache);
 
 class WorkerService final : public v1::Worker::CallbackService {
  public:
@@ -47,6 +48,9 @@ class WorkerService final : public v1::Worker::CallbackService {
   grpc::ServerUnaryReactor* Info(grpc::CallbackServerContext* context,
                                  const v1::InfoRequest* request,
                                  v1::InfoResponse* response) override;
+  grpc::ServerUnaryReactor* CheckSession(grpc::CallbackServerContext* context,
+                                         const v1::CheckSessionRequest* request,
+                                         v1::CheckSessionResponse* response) override;
 
  private:
   serving::Scheduler& scheduler_;

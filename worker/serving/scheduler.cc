@@ -11,6 +11,7 @@
 #include "cache/eviction/session_evictor.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "common/utf8.h"
 #include "worker/serving/episode_builder.h"
 #include "worker/serving/scheduler_turn.h"
 #include "worker/serving/tp_ranks.h"
@@ -257,6 +258,29 @@ std::vector<std::string> Scheduler::policies() const {
   std::vector<std::string> names = cache::eviction::PolicyNames();
   if (episodes_.Supported()) names.push_back("episodic");
   return names;
+}
+
+absl::StatusOr<int> Scheduler::CheckSession(const CacheRequest& cache,
+                                            const std::string& system_prompt) const {
+  RECALL_RETURN_IF_ERROR(ValidateCacheRequest(cache, policies()));
+  RECALL_ASSIGN_OR_RETURN(const SessionCacheSpec spec, caches_.Resolve(cache, 0));
+  if (system_prompt.empty()) return 0;
+  if (!utf8::IsValid(system_prompt)) {
+    return absl::InvalidArgumentError("system_prompt: is not valid UTF-8");
+  }
+  RECALL_ASSIGN_OR_RETURN(
+      const std::string text,
+      model::RenderChat(options_.chat_format, {{"system", system_prompt}}, false));
+  const int tokens = static_cast<int>(tokenizer_.Encode(text, true).size());
+  // A session that keeps its positions ends at the context length (one that compacts goes
+  // on past it): a system prompt that fills it leaves no turn.
+  if (spec.positions == runtime::Positions::kOriginal && tokens >= model_.config.max_seq_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("system_prompt: ", tokens, " tokens; the model's context length is ",
+                     model_.config.max_seq_len, " and a session of policy ", spec.policy,
+                     " ends there (a policy that evicts goes on past it)"));
+  }
+  return tokens;
 }
 
 absl::StatusOr<std::shared_ptr<TurnStream>> Scheduler::Submit(TurnRequest request) {

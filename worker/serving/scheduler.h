@@ -182,6 +182,11 @@ class Scheduler {
 
   LoadSnapshot Load() const;
   std::vector<std::string> policies() const;
+  // Whether a new session with `cache` and `system_prompt` ("" for none) can be served here:
+  // InvalidArgument naming the field ("cache.window", "system_prompt") as its first turn
+  // would be refused; else the system prompt's tokens. Any thread; nothing is kept.
+  absl::StatusOr<int> CheckSession(const CacheRequest& cache,
+                                   const std::string& system_prompt) const;
   // How the pools store K and V (every rank alike).
   kernels::KvDType kv_dtype() const { return ranks_.ranks[0].pool->layout().dtype; }
   const SchedulerOptions& options() const { return options_; }

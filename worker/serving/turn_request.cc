@@ -153,7 +153,11 @@ absl::Status ValidateTurnRequest(const TurnRequest& r, const TurnLimits& limits,
                                                  "max_tokens ",
                                                  r.max_tokens));
   }
-  const CacheRequest& c = r.cache;
+  return ValidateCacheRequest(r.cache, known_policies);
+}
+
+absl::Status ValidateCacheRequest(const CacheRequest& c,
+                                  const std::vector<std::string>& known_policies) {
   if (c.policy.has_value() &&
       std::find(known_policies.begin(), known_policies.end(), *c.policy) == known_policies.end()) {
     return Invalid("cache.policy", absl::StrCat("unknown policy \"", *c.policy, "\" (one of ",

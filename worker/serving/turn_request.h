@@ -79,6 +79,11 @@ struct TurnLimits {
 absl::Status ValidateTurnRequest(const TurnRequest& request, const TurnLimits& limits,
                                  const std::vector<std::string>& known_policies);
 
+// Its cache part alone ("cache.policy", "cache.window", ...; the episodic fields too): what a
+// new session's settings are checked against before the session is made.
+absl::Status ValidateCacheRequest(const CacheRequest& cache,
+                                  const std::vector<std::string>& known_policies);
+
 // The error of a turn whose session this worker does not hold and whose request carried no
 // history: FailedPrecondition, marked so the service can tell the caller to resend with the
 // history (IsHistoryNeeded) without reading the message.
