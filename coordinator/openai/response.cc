@@ -83,6 +83,7 @@ Json ErrorJson(const absl::Status& status, int* http) {
       break;
     case absl::StatusCode::kFailedPrecondition:
     case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kAborted:  // another writer took the turn over: a conflict
       *http = 409;
       code = "conflict";
       break;

@@ -58,6 +58,8 @@ TEST(ErrorResponseTest, StatusCodesMapToHttpWithTheFieldAsParam) {
        "model", "model_not_found"},
       {absl::FailedPreconditionError("session_id: a turn of this session is running"), 409,
        "invalid_request_error", "session_id", "conflict"},
+      {absl::AbortedError("the turn was taken over by another writer while its reply streamed"),
+       409, "invalid_request_error", nullptr, "conflict"},
       {absl::ResourceExhaustedError("workers full; retry after 50 ms"), 429, "rate_limit_error",
        nullptr, "rate_limit_exceeded"},
       {absl::UnavailableError("no worker could take the turn (x); retryable"), 503, "server_error",
