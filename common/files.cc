@@ -10,11 +10,15 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/logging.h"
 
 namespace recall {
 
-absl::StatusOr<std::string> ReadSmallFile(const std::string& flag, const std::string& path,
-                                          size_t max_bytes) {
+namespace {
+
+absl::StatusOr<std::string> ReadFile(const std::string& flag, const std::string& path,
+                                     size_t max_bytes, mode_t* mode) {
   const auto cannot_read = [&] {
     return absl::InvalidArgumentError(
         absl::StrCat(flag, ": cannot read ", path, " (", std::strerror(errno), ")"));
@@ -33,6 +37,7 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& flag, const std::st
         absl::StrCat(flag, ": ", path, " is ", size, " bytes; at most ", max_bytes));
   };
   if (static_cast<uint64_t>(st.st_size) > max_bytes) return too_large(st.st_size);
+  if (mode != nullptr) *mode = st.st_mode;
   std::string out;
   char buf[8192];
   while (true) {
@@ -42,6 +47,26 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& flag, const std::st
     if (n == 0) break;
     out.append(buf, static_cast<size_t>(n));
     if (out.size() > max_bytes) return too_large(out.size());  // it grew while read
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadSmallFile(const std::string& flag, const std::string& path,
+                                          size_t max_bytes) {
+  return ReadFile(flag, path, max_bytes, nullptr);
+}
+
+absl::StatusOr<std::string> ReadSecretFile(const std::string& flag, const std::string& path,
+                                           size_t max_bytes) {
+  mode_t mode = 0;
+  absl::StatusOr<std::string> out = ReadFile(flag, path, max_bytes, &mode);
+  if (out.ok() && (mode & (S_IROTH | S_IWOTH)) != 0) {
+    RECALL_LOG(WARNING) << flag << " " << path
+                        << " holds a secret that every user of this machine may read or write "
+                           "(mode "
+                        << absl::StrFormat("%04o", mode & 07777) << "): chmod 600 it";
   }
   return out;
 }

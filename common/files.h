@@ -19,6 +19,11 @@ inline constexpr size_t kMaxPemBytes = 1 << 20;
 absl::StatusOr<std::string> ReadSmallFile(const std::string& flag, const std::string& path,
                                           size_t max_bytes);
 
+// ReadSmallFile of a file holding a secret (API keys, the cluster token, a private key),
+// with a warning in the log when every user of the machine may read it (as ssh would say).
+absl::StatusOr<std::string> ReadSecretFile(const std::string& flag, const std::string& path,
+                                           size_t max_bytes);
+
 // Writes `line` to `path` whole: through PATH.tmp, renamed over `path`, so that a reader never
 // sees a partial file. An error (naming --port-file and the cause) when the file cannot be
 // written; PATH.tmp is not left behind.

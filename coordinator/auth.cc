@@ -11,7 +11,7 @@ namespace recall::coordinator {
 
 absl::StatusOr<ApiKeys> ApiKeys::Load(const std::string& path) {
   RECALL_ASSIGN_OR_RETURN(const std::string text,
-                          ReadSmallFile("--api-keys", path, kMaxKeysFileBytes));
+                          ReadSecretFile("--api-keys", path, kMaxKeysFileBytes));
   std::istringstream in(text);
   ApiKeys keys;
   keys.enabled_ = true;

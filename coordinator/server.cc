@@ -67,7 +67,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
         config.tls_client_ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
                                      : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
     grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-    RECALL_ASSIGN_OR_RETURN(pair.private_key, read("tls-key", config.tls_key));
+    RECALL_ASSIGN_OR_RETURN(pair.private_key,
+                            ReadSecretFile("--tls-key", config.tls_key, kMaxPemBytes));
     RECALL_ASSIGN_OR_RETURN(pair.cert_chain, read("tls-cert", config.tls_cert));
     ssl.pem_key_cert_pairs.push_back(pair);
     if (!config.tls_client_ca.empty()) {

@@ -45,7 +45,7 @@ absl::StatusOr<ClusterCredential> ClusterCredential::FromToken(const std::string
 
 absl::StatusOr<ClusterCredential> ClusterCredential::Load(const std::string& path) {
   RECALL_ASSIGN_OR_RETURN(const std::string token,
-                          ReadSmallFile("--cluster-token-file", path, kMaxTokenFileBytes));
+                          ReadSecretFile("--cluster-token-file", path, kMaxTokenFileBytes));
   return FromToken(token, absl::StrCat("--cluster-token-file ", path));
 }
 

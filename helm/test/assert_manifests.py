@@ -427,6 +427,12 @@ def main():
     c.check("--cluster-token-file on the coordinator and the workers reads one Secret",
             names[0] is not None and names[0] == names[1] and (not existing or names[0] == existing),
             f"{names}")
+    # Secrets' files are not for every user of the pod (the binaries warn when they are).
+    modes = [v["secret"].get("defaultMode") for pod in (cpod, wpod)
+             for v in pod.get("volumes") or []
+             if "secret" in v and v["name"] in ("cluster-token", "api-keys")]
+    c.check("the cluster token and API keys are mounted mode 0400 (0440 with fsGroup)",
+            modes and all(m == 0o400 for m in modes), f"{modes}")
     if not existing:
         import base64
         data = (secrets.get(names[0]) or {}).get("data") or {}

@@ -56,6 +56,31 @@ TEST(WritePortFileTest, WritesTheFileWholeOrSaysWhyNot) {
   EXPECT_FALSE(std::filesystem::exists(dir + "/taken.tmp"));
 }
 
+// A file holding a secret is read whatever its mode; one every user may read comes with a
+// warning saying so and what to do.
+TEST(ReadSecretFileTest, WarnsWhenEveryUserMayReadIt) {
+  const std::string dir = testing::MakeTempDir("secret_file");
+  const std::string path = dir + "/keys";
+  std::ofstream(path) << "key-a tenant-a\n";
+  for (const mode_t mode : {0644, 0640, 0600}) {
+    ASSERT_EQ(chmod(path.c_str(), mode), 0);
+    ::testing::internal::CaptureStderr();
+    const absl::StatusOr<std::string> read = ReadSecretFile("--api-keys", path, 100);
+    const std::string log = ::testing::internal::GetCapturedStderr();
+    ASSERT_TRUE(read.ok()) << read.status();
+    EXPECT_EQ(*read, "key-a tenant-a\n");
+    if (mode == 0644) {
+      EXPECT_NE(log.find("--api-keys " + path +
+                         " holds a secret that every user of this machine "
+                         "may read or write (mode 0644): chmod 600 it"),
+                std::string::npos)
+          << log;
+    } else {
+      EXPECT_EQ(log, "") << std::oct << mode;
+    }
+  }
+}
+
 // recall serve's token file: one holding a token is kept; an empty one (a write that did
 // not finish) or none is made anew; one holding something else is refused, not replaced (the
 // workers started with it would stop matching).
