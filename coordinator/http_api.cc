@@ -132,6 +132,13 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpOptions& optio
   // library's default, 5 s, let a client's idle pool hold every thread that long).
   s.set_keep_alive_timeout(2);
   s.set_write_timeout(30, 0);  // a client that reads nothing for 30 s loses its stream
+  // The library's default also sets SO_REUSEPORT, which let a second coordinator listen on a
+  // port in use and take half its requests: SO_REUSEADDR only (a restart may rebind a port
+  // whose old connections are in TIME_WAIT), so a taken port is refused.
+  s.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   HttpApi* self = api.get();
   s.Post("/v1/chat/completions", [self](const httplib::Request& req, httplib::Response& res) {
     self->ChatCompletions(req, res);

@@ -504,6 +504,19 @@ TEST(OpenAiHttpServeTest, RecallServeServesTheApiAndPrintsItsAddress) {
   const HttpReply r = Send(client, "POST", "/v1/chat/completions",
                            ChatBody({Message("user", "Once upon a time")}, 4, false), /*key=*/"");
   EXPECT_EQ(r.status, 200) << "no keys: every caller is the default tenant; " << r.body;
+  // A second serve on that HTTP port is refused at start: it listened beside the first
+  // (SO_REUSEPORT) and took half its requests into another session store.
+  const std::string other = testing::MakeTempDir("openai_serve_taken");
+  const testing::Exit taken = testing::RunToExit(
+      absl::StrCat(RECALL_CLI_BINARY, " serve --model ", testing::SharedPath(kModel),
+                   " --tokenizer ", testing::SharedPath(kTokenizer),
+                   " --listen 127.0.0.1:0 --http-listen 127.0.0.1:", serve.port("http"),
+                   " --data-dir ", other, " --threads 1 --kv-cache-bytes 16M"),
+      60);
+  EXPECT_NE(taken.code, 0) << taken.output;
+  EXPECT_NE(taken.output.find("cannot listen on 127.0.0.1:" + std::to_string(serve.port("http"))),
+            std::string::npos)
+      << taken.output;
 }
 
 class OpenAiHttpTlsTest : public ::testing::Test {
