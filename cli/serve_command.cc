@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <iostream>
 #include <optional>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -76,7 +78,11 @@ const flags::FlagSet<ServeOptions>& ServeFlags() {
             "port-file", "PATH", "write \"grpc=PORT http=PORT\" once ready (http=0: off)",
             [](auto& o) -> auto& { return o.port_file; })
         .Include(service::WorkerFlags(), [](auto& o) -> auto& { return o.worker; },
-                 {"listen", "port-file", "coordinator", "advertise"})
+                 {"listen", "port-file", "coordinator", "advertise", "metrics-port"})
+        .Help("kv-cache-bytes",
+              "KV pool size over all ranks, e.g. 512M or 2GiB (default 256M here; with\n"
+              "--kv-cache-fraction, that fraction instead); it holds the sessions' KV blocks,\n"
+              "their eviction policies' state and the running turns' attention scratch")
         .Short('m', "model")
         .Short('t', "threads");
     return f;
@@ -222,6 +228,7 @@ absl::Status Serve(const ServeOptions& o) {
   std::cerr << "recall serve: shutting down\n";
   server->Shutdown();
   worker.Stop();
+  if (!o.port_file.empty()) std::filesystem::remove(o.port_file, ec);  // its ports are closed
   return ended;
 }
 
@@ -235,9 +242,15 @@ int RunServe(const std::vector<std::string>& argv) {
     }
   }
   ServeOptions options;
-  if (absl::Status st = ServeFlags().Parse(argv, &options); !st.ok()) {
+  std::set<std::string> given;
+  if (absl::Status st = ServeFlags().Parse(argv, &options, &given); !st.ok()) {
     std::cerr << "recall serve: " << st.message() << " (recall serve --help lists the flags)\n";
     return 2;
+  }
+  // serve's default pool is 256M; a fraction given instead takes its place (the worker takes
+  // a size over a fraction).
+  if (given.count("kv-cache-fraction") > 0 && given.count("kv-cache-bytes") == 0) {
+    options.worker.engine.kv_cache_bytes.reset();
   }
   if (absl::Status st = Serve(options); !st.ok()) {
     std::cerr << "recall serve: " << st.message() << "\n";

@@ -266,6 +266,14 @@ class FlagSet {
     return *this;
   }
 
+  // Another help text for --name (a flag declared before, or included: its default here).
+  FlagSet& Help(const std::string& name, std::string help) {
+    for (Flag& f : flags_) {
+      if (f.name == name) f.help = std::move(help);
+    }
+    return *this;
+  }
+
   // -c as another spelling of --name (a flag declared before, or included).
   FlagSet& Short(char c, const std::string& name) {
     shorts_.emplace_back(c, name);

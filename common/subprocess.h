@@ -92,7 +92,11 @@ class ServerProcess {
         const size_t eq = word.find('=');
         if (eq != std::string::npos) ports_[word.substr(0, eq)] = std::stoi(word.substr(eq + 1));
       }
-      if (!ports_.empty()) return true;
+      if (!ports_.empty()) {
+        std::error_code ignored;  // read: not left in tmp_dir (a data dir, for recall serve)
+        std::filesystem::remove(port_file_, ignored);
+        return true;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     *error = binary + " did not listen within the timeout";
