@@ -133,6 +133,12 @@ void PrintEpisodes(const offline::EpisodicStats& s) {
 absl::Status Run(GenerateCliOptions o) {
   const flags::FlagSet<GenerateCliOptions>& flags = GenerateFlags();
   const serving::CacheDefaults cache_settings = o.shared.With(o.cache);
+  if (const std::string ignored = service::IgnoredBudgetFlags(o.cache, cache_settings);
+      !ignored.empty()) {
+    std::cerr << "recall generate: warning: " << ignored
+              << ": no effect with policy full (the default), which keeps every token; give "
+                 "--policy (lazy+, lazy, ...) to evict\n";
+  }
   const bool episodic = cache_settings.policy == "episodic";
   if (episodic && (o.engine.tp > 1 || o.engine.device != runtime::Device::kCpu)) {
     return absl::InvalidArgumentError(

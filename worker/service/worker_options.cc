@@ -1,9 +1,13 @@
 #include "worker/service/worker_options.h"
 
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
 #include "common/status.h"
 #include "worker/model/chat_stops.h"
 #include "worker/model/chat_template.h"
@@ -308,6 +312,18 @@ absl::Status CheckServedModelName(const std::string& n) {
   return absl::OkStatus();
 }
 
+std::string IgnoredBudgetFlags(const serving::CacheRequest& given,
+                               const serving::CacheDefaults& resolved) {
+  if (resolved.policy != "full") return "";
+  std::vector<std::string> ignored;
+  if (given.budget_tokens.has_value()) ignored.push_back("--budget");
+  if (given.budget_fraction.has_value()) ignored.push_back("--budget-frac");
+  if (given.window.has_value()) ignored.push_back("--window");
+  if (given.alpha.has_value()) ignored.push_back("--alpha");
+  if (resolved.layer_budgets != "uniform") ignored.push_back("--layer-budgets");
+  return absl::StrJoin(ignored, ", ");
+}
+
 absl::Status ResolveWorkerOptions(WorkerOptions* o) {
   RECALL_RETURN_IF_ERROR(CheckServedModelName(o->served_model_name));
   o->engine.forward.max_batch_tokens = o->scheduler.max_batch_tokens;
@@ -329,6 +345,12 @@ absl::Status ResolveWorkerOptions(WorkerOptions* o) {
     }
   }
   o->scheduler.cache = o->scheduler.cache.With(o->cache);
+  if (const std::string ignored = IgnoredBudgetFlags(o->cache, o->scheduler.cache);
+      !ignored.empty()) {
+    RECALL_LOG(WARNING) << ignored << ": no effect on sessions of policy full (the default "
+                        << "policy here), which keep every token; give --policy (lazy+, lazy, "
+                        << "...) for a cache that evicts";
+  }
   if (calibration.has_value()) {
     // These are every session's (no per-session field): the file fills those still at their
     // defaults, so a value given beside it (other than the default) wins; the policy's own

@@ -69,6 +69,12 @@ absl::Status CheckServedModelName(const std::string& name);
 // InvalidArgument naming the flag.
 absl::Status ResolveWorkerOptions(WorkerOptions* options);
 
+// The budget flags given (`given`: the session cache flags as parsed) that a cache of policy
+// full ignores, named for a warning ("--budget, --window"); "" when none or when `resolved`
+// evicts. ResolveWorkerOptions logs it; recall generate prints it.
+std::string IgnoredBudgetFlags(const serving::CacheRequest& given,
+                               const serving::CacheDefaults& resolved);
+
 // After loading: the chat format (given, or guessed), its stop tokens and strings, and the
 // max_tokens limit, into options->scheduler.
 absl::Status ApplyModel(const model::ModelConfig& config, const model::Tokenizer& tokenizer,

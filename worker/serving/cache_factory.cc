@@ -137,7 +137,7 @@ absl::StatusOr<SessionCacheSpec> CacheFactory::Make(const CacheDefaults& d, uint
     // own default policy must be lazy+ (prefix "" is the worker's defaults).
     if (d.policy != "lazy+" && prefix.empty()) {
       return Invalid("alpha_uniform",
-                     absl::StrCat("a threshold of lazy+ only; the default policy is ", d.policy));
+                     absl::StrCat("a threshold of lazy+ only, not of ", d.policy, " ({policy})"));
     }
     if (d.policy == "lazy+") o.policy.alpha_uniform = static_cast<float>(d.alpha_uniform);
   }

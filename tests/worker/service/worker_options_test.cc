@@ -230,7 +230,7 @@ TEST(WorkerOptionsTest, CaoteRescoresThePoliciesWithAnAttentionEstimateOnCpuRank
   EXPECT_EQ(WorkerFlags()
                 .Explain(serving::CacheFactory::Create(d, config, config.n_kv_heads, 1).status())
                 .message(),
-            "--alpha-uniform: a threshold of lazy+ only; the default policy is lazy");
+            "--alpha-uniform: a threshold of lazy+ only, not of lazy (--policy)");
 
   // lazy+'s attention term: defaults, flags, and the range named by the flag.
   WorkerOptions att;
@@ -297,6 +297,22 @@ TEST(WorkerOptionsTest, ResolveAppliesTheSessionDefaultsAndTheForwardCapacity) {
           .Parse({"--max-batch-tokens", "32", "--prefill-chunk", "16", "--max-active", "32"},
                  &active)
           .ok());
+}
+
+// Budget flags beside policy full (the default) do nothing: they are named for a warning;
+// beside a policy that evicts, or where a calibration makes the default evict, they are not.
+TEST(WorkerOptionsTest, BudgetFlagsThatPolicyFullIgnoresAreNamed) {
+  const auto ignored = [](const std::vector<std::string>& args) {
+    WorkerOptions o;
+    EXPECT_TRUE(WorkerFlags().Parse(args, &o).ok());
+    EXPECT_TRUE(ResolveWorkerOptions(&o).ok());
+    return IgnoredBudgetFlags(o.cache, o.scheduler.cache);
+  };
+  EXPECT_EQ(ignored({"--budget", "64", "--layer-budgets", "pyramid"}), "--budget, --layer-budgets");
+  EXPECT_EQ(ignored({"--policy", "full", "--budget-frac", "0.3", "--window", "8"}),
+            "--budget-frac, --window");
+  EXPECT_EQ(ignored({"--policy", "lazy", "--budget", "64", "--layer-budgets", "pyramid"}), "");
+  EXPECT_EQ(ignored({}), "");
 }
 
 // A calibration file (`recall calibrate-window --out`) sets the policy, budget fraction,
