@@ -1,6 +1,7 @@
 #include "coordinator/turn_runner.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <utility>
 
@@ -33,10 +34,21 @@ absl::Status ToAbsl(const grpc::Status& s) {
 class TurnRunner::Call final : public grpc::ClientReadReactor<v1::TurnEvent> {
  public:
   Call(std::shared_ptr<TurnRunner> runner, std::shared_ptr<v1::Worker::Stub> stub,
-       v1::RunTurnRequest request)
-      : runner_(std::move(runner)), stub_(std::move(stub)), request_(std::move(request)) {}
+       std::string worker, v1::RunTurnRequest request)
+      : runner_(std::move(runner)),
+        stub_(std::move(stub)),
+        worker_(std::move(worker)),
+        request_(std::move(request)) {}
 
   void Start(std::shared_ptr<Call> self) {
+    // A worker that hangs (stopped, wedged) keeps its stream open without a word: when its
+    // heartbeats mark it down, the call ends, and the turn fails over like a broken stream.
+    watch_ = runner_->workers_.Watch(worker_, [weak = std::weak_ptr<Call>(self)] {
+      if (std::shared_ptr<Call> call = weak.lock()) {
+        call->worker_down_ = true;
+        call->Cancel();
+      }
+    });
     self_ = std::move(self);
     runner_->workers_.Attach(&context_);
     stub_->async()->RunTurn(&context_, &request_, this);
@@ -58,7 +70,12 @@ class TurnRunner::Call final : public grpc::ClientReadReactor<v1::TurnEvent> {
     // the runner reports the end of the turn, no call of it may be left over, or the last
     // reference to a channel could go on this gRPC thread (which gRPC does not survive).
     std::shared_ptr<TurnRunner> runner = runner_;
-    const grpc::Status ended = status;
+    runner->workers_.Unwatch(watch_);
+    const grpc::Status ended =
+        worker_down_ && status.error_code() == grpc::StatusCode::CANCELLED
+            ? grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                           "the worker stopped answering its heartbeats during the turn")
+            : status;
     self_.reset();  // `this` may be gone from here on
     runner->OnCallEnded(ended);
   }
@@ -66,10 +83,13 @@ class TurnRunner::Call final : public grpc::ClientReadReactor<v1::TurnEvent> {
  private:
   const std::shared_ptr<TurnRunner> runner_;
   const std::shared_ptr<v1::Worker::Stub> stub_;
+  const std::string worker_;
   const v1::RunTurnRequest request_;
   grpc::ClientContext context_;
   v1::TurnEvent event_;
   std::shared_ptr<Call> self_;
+  uint64_t watch_ = 0;
+  std::atomic<bool> worker_down_{false};
 };
 
 // A unary call to the turn's worker before the runner reports the end, on a reactor for the
@@ -228,7 +248,8 @@ void TurnRunner::NextAttempt() {
   request.set_request_id(request_id_);
   got_done_ = false;
   history_needed_ = false;
-  auto call = std::make_shared<Call>(shared_from_this(), std::move(stub), std::move(request));
+  auto call = std::make_shared<Call>(shared_from_this(), std::move(stub), route_->worker,
+                                     std::move(request));
   bool cancelled;
   {
     absl::MutexLock lock(&mu_);

@@ -1,5 +1,6 @@
 #include "coordinator/worker_registry.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace recall::coordinator {
@@ -21,18 +22,26 @@ WorkerRegistry::~WorkerRegistry() {
 }
 
 void WorkerRegistry::Add(const std::string& address) {
+  bool known = false;
   {
     absl::MutexLock lock(&mu_);
-    for (const Entry& e : workers_) {
-      if (e.view.address == address) return;
+    for (Entry& e : workers_) {
+      if (e.view.address != address) continue;
+      // Registering again: a worker restarted on its address (maybe with another model or
+      // other flags), no longer draining.
+      e.view.draining = false;
+      e.refresh_info = true;
+      known = true;
     }
-    Entry e;
-    e.view.address = address;
-    e.view.stub = v1::Worker::NewStub(
-        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-    workers_.push_back(std::move(e));
+    if (!known) {
+      Entry e;
+      e.view.address = address;
+      e.view.stub =
+          v1::Worker::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+      workers_.push_back(std::move(e));
+    }
   }
-  if (metrics_ != nullptr) {
+  if (metrics_ != nullptr && !known) {
     const std::string label = "worker=\"" + address + "\"";
     auto gauge = [&](const char* name, const char* help, auto read) {
       metrics_->AddCallbackGauge(name, help, [this, address, read] {
@@ -53,7 +62,7 @@ void WorkerRegistry::Add(const std::string& address) {
     gauge("recall_coordinator_worker_turns", "Active + queued turns on the worker",
           [](const WorkerView& w) { return w.load.active_turns() + w.load.queued_turns(); });
   }
-  PollAll();
+  Poll({address}, true);
 }
 
 void WorkerRegistry::Drain(const std::string& address) {
@@ -74,45 +83,117 @@ void WorkerRegistry::ReportFailure(const std::string& address) {
 }
 
 void WorkerRegistry::PollAll() {
-  std::vector<std::pair<std::string, std::shared_ptr<v1::Worker::Stub>>> targets;
+  std::vector<std::string> addresses;
+  bool refresh_all_info;
   {
     absl::MutexLock lock(&mu_);
-    for (const Entry& e : workers_) targets.emplace_back(e.view.address, e.view.stub);
+    for (const Entry& e : workers_) addresses.push_back(e.view.address);
+    refresh_all_info = polls_++ % 10 == 0;
   }
-  for (auto& [address, stub] : targets) {
+  Poll(addresses, refresh_all_info);
+}
+
+void WorkerRegistry::Poll(const std::vector<std::string>& addresses, bool refresh_all_info) {
+  struct Probe {
+    std::string address;
+    std::shared_ptr<v1::Worker::Stub> stub;
+    bool want_info = false;
+    grpc::ClientContext load_context, info_context;
+    v1::GetLoadRequest load_request;
+    v1::InfoRequest info_request;
     v1::LoadReport load;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
-    Attach(&ctx);
-    const bool ok = stub->GetLoad(&ctx, v1::GetLoadRequest(), &load).ok();
     v1::InfoResponse info;
-    bool need_info;
-    {
-      absl::MutexLock lock(&mu_);
-      need_info = false;
-      for (const Entry& e : workers_) {
-        if (e.view.address == address) need_info = e.view.info.model().empty();
-      }
-    }
-    if (ok && need_info) {
-      grpc::ClientContext ictx;
-      ictx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
-      Attach(&ictx);
-      stub->Info(&ictx, v1::InfoRequest(), &info);
-    }
+    grpc::Status load_status, info_status;
+  };
+  std::vector<std::unique_ptr<Probe>> probes;
+  {
     absl::MutexLock lock(&mu_);
-    for (Entry& e : workers_) {
-      if (e.view.address != address) continue;
-      if (ok) {
-        e.misses = 0;
-        e.view.healthy = true;
-        e.view.load = load;
-        if (need_info) e.view.info = info;
-      } else if (++e.misses >= max_misses_) {
-        e.view.healthy = false;
+    for (const Entry& e : workers_) {
+      if (std::find(addresses.begin(), addresses.end(), e.view.address) == addresses.end()) {
+        continue;
+      }
+      auto p = std::make_unique<Probe>();
+      p->address = e.view.address;
+      p->stub = e.view.stub;
+      // A worker coming back may be another process (restarted with other flags).
+      p->want_info = refresh_all_info || e.refresh_info || !e.view.healthy;
+      probes.push_back(std::move(p));
+    }
+  }
+  // Every call at once, each with its deadline: one worker that does not answer delays none
+  // of the others (nor a worker registering, which waits for its own poll).
+  int calls = 0;
+  for (const auto& p : probes) calls += p->want_info ? 2 : 1;
+  absl::Mutex done_mu;
+  int pending = calls;
+  const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(1);
+  for (const auto& p : probes) {
+    Probe* probe = p.get();
+    const auto finish = [&done_mu, &pending](grpc::Status* out, grpc::Status st) {
+      absl::MutexLock lock(&done_mu);
+      *out = std::move(st);
+      --pending;
+    };
+    probe->load_context.set_deadline(deadline);
+    Attach(&probe->load_context);
+    probe->stub->async()->GetLoad(
+        &probe->load_context, &probe->load_request, &probe->load,
+        [probe, finish](grpc::Status st) { finish(&probe->load_status, std::move(st)); });
+    if (probe->want_info) {
+      probe->info_context.set_deadline(deadline);
+      Attach(&probe->info_context);
+      probe->stub->async()->Info(
+          &probe->info_context, &probe->info_request, &probe->info,
+          [probe, finish](grpc::Status st) { finish(&probe->info_status, std::move(st)); });
+    }
+  }
+  {
+    absl::MutexLock lock(&done_mu);
+    done_mu.Await(absl::Condition(
+        +[](int* n) { return *n == 0; }, &pending));
+  }
+  std::vector<std::function<void()>> down;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& p : probes) {
+      for (Entry& e : workers_) {
+        if (e.view.address != p->address) continue;
+        if (p->load_status.ok()) {
+          e.misses = 0;
+          e.view.healthy = true;
+          e.view.load = p->load;
+          if (p->want_info && p->info_status.ok()) {
+            e.view.info = p->info;
+            e.refresh_info = false;
+          }
+        } else if (++e.misses >= max_misses_) {
+          e.view.healthy = false;
+          e.refresh_info = true;
+          for (auto it = watchers_.begin(); it != watchers_.end();) {
+            if (it->second.address == p->address) {
+              down.push_back(std::move(it->second.on_down));
+              it = watchers_.erase(it);
+            } else {
+              ++it;
+            }
+          }
+        }
       }
     }
   }
+  for (const std::function<void()>& f : down) f();
+}
+
+uint64_t WorkerRegistry::Watch(const std::string& address, std::function<void()> on_down) {
+  absl::MutexLock lock(&mu_);
+  const uint64_t id = next_watch_++;
+  watchers_[id] = {address, std::move(on_down)};
+  return id;
+}
+
+void WorkerRegistry::Unwatch(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  watchers_.erase(id);
 }
 
 void WorkerRegistry::Loop() {

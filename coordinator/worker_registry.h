@@ -1,13 +1,21 @@
 // WorkerRegistry: the workers a coordinator routes to, and their health and load.
 //
 // Workers are given by address (--workers) or added later with Add (a worker registering
-// itself through recall.v1.Registry, see registry_service.h). A background thread calls each worker's GetLoad every `heartbeat`; that
-// call is the heartbeat: a worker that misses `max_misses` in a row is marked down (no
-// turns go to it) and comes back when it answers again. Drain(address) keeps a worker
-// serving its bound sessions' running turns but routes no new sessions to it.
+// itself through recall.v1.Registry, see registry_service.h). A background thread calls
+// every worker's GetLoad at once every `heartbeat` (each with a deadline of one second, so a
+// worker that does not answer delays no other); that call is the heartbeat: a worker that
+// misses `max_misses` in a row is marked down (no turns go to it, and the calls watching it
+// are told: a worker that hangs fails its running turns over) and comes back when it
+// answers again. Its Info is read again when it comes back, when it registers again and
+// every tenth heartbeat, so a worker restarted on its address with another model or other
+// flags is seen as it is now. Drain(address) keeps a worker serving its bound sessions'
+// running turns but routes no new sessions to it, until it registers again (a restart).
 #pragma once
 
 #include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -42,12 +50,18 @@ class WorkerRegistry {
       grpcutil::ClusterCredential cluster = grpcutil::ClusterCredential::Open());
   ~WorkerRegistry();
 
+  // A known address is polled again (its Info read anew) and no longer draining.
   void Add(const std::string& address);
   void Drain(const std::string& address);
   // Marks a worker down at once (a stream to it broke); the heartbeat revives it.
   void ReportFailure(const std::string& address);
   // Polls every worker once now (also done by the background thread).
   void PollAll();
+
+  // `on_down` runs once, on the registry's thread, if the worker at `address` is marked down
+  // by its heartbeats before Unwatch(the id returned). It must not call the registry.
+  uint64_t Watch(const std::string& address, std::function<void()> on_down);
+  void Unwatch(uint64_t id);
 
   std::vector<WorkerView> Snapshot() const;
   std::shared_ptr<v1::Worker::Stub> Stub(const std::string& address) const;
@@ -58,8 +72,11 @@ class WorkerRegistry {
   struct Entry {
     WorkerView view;
     int misses = 0;
+    bool refresh_info = true;  // read its Info at the next poll
   };
   void Loop();
+  // Polls these workers at once and waits for every answer (or its deadline).
+  void Poll(const std::vector<std::string>& addresses, bool refresh_all_info);
 
   metrics::Registry* const metrics_;
   const absl::Duration heartbeat_;
@@ -68,6 +85,13 @@ class WorkerRegistry {
   mutable absl::Mutex mu_;
   std::vector<Entry> workers_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t polls_ ABSL_GUARDED_BY(mu_) = 0;
+  struct Watcher {
+    std::string address;
+    std::function<void()> on_down;
+  };
+  std::map<uint64_t, Watcher> watchers_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_watch_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread thread_;
 };
 

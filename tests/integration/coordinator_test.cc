@@ -28,6 +28,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "recall/v1/chat.grpc.pb.h"
+#include "recall/v1/registry.grpc.pb.h"
 #include "recall/v1/worker.grpc.pb.h"
 #include "tests/common/redis_server.h"
 #include "tests/common/test_util.h"
@@ -957,6 +958,39 @@ TEST(CoordinatorRegistrationTest, AWorkerRegistersItselfAndServes) {
   while (reader->Read(&ev)) ++events;
   EXPECT_TRUE(reader->Finish().ok());
   EXPECT_GT(events, 1);
+
+  // Drained for a restart, then restarted on its address with another name: registering
+  // again ends the drain, and the coordinator reads its Info anew (it kept the old name and
+  // the drain until it restarted itself).
+  const std::string worker_address = "127.0.0.1:" + std::to_string(worker.port("grpc"));
+  auto registry =
+      v1::Registry::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext dctx;
+  v1::DrainRequest drain;
+  drain.set_address(worker_address);
+  v1::DrainResponse drained;
+  ASSERT_TRUE(registry->Drain(&dctx, drain, &drained).ok());
+  worker.Stop();
+  ASSERT_TRUE(worker.Start(
+      RECALL_WORKER_BINARY,
+      {"--model", testing::SharedPath(kModel), "--tokenizer", testing::SharedPath(kTokenizer),
+       "--listen", worker_address, "--kv-cache-bytes", "16M", "--threads", "1", "--coordinator",
+       address, "--served-model-name", "tiny-stories"},
+      dir, &error))
+      << error;
+  for (int i = 0; i < 200; ++i) {
+    grpc::ClientContext lctx;
+    models.Clear();
+    ASSERT_TRUE(stub->ListModels(&lctx, v1::ListModelsRequest(), &models).ok());
+    if (models.models_size() == 1 && models.models(0).name() == "tiny-stories" &&
+        models.models(0).workers() == 1) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(models.models_size(), 1);
+  EXPECT_EQ(models.models(0).name(), "tiny-stories");
+  EXPECT_EQ(models.models(0).workers(), 1) << "no longer draining";
 }
 
 // Workers with random weights of SmolLM2-135M's shape: tens of ms per token on the CPU, so
@@ -1043,6 +1077,30 @@ TEST_F(FailoverTest, WorkerKilledMidReplyTheStreamCompletesElsewhereWithNothingL
   Reply next = Say(id, "And then?", 8);
   ASSERT_TRUE(next.status.ok()) << next.status.error_message();
   EXPECT_EQ(next.done.worker(), "127.0.0.1:" + std::to_string(workers_[1 - killed].port("grpc")));
+}
+
+// A worker that hangs mid-reply (stopped: its stream stays open without a word) is marked
+// down by its heartbeats, and its turn fails over as if it had died: before, the turn waited
+// on it for as long as the client did.
+TEST_F(FailoverTest, AWorkerHungMidReplyIsFailedOverOnceItsHeartbeatsStop) {
+  const Reply reference = Say(Create(), "Once upon a time", 48);
+  ASSERT_TRUE(reference.status.ok()) << reference.status.error_message();
+  const std::string id = Create();
+  int stopped = -1;
+  const auto start = std::chrono::steady_clock::now();
+  Reply r = Say(id, "Once upon a time", 48, "key-a", [&] {
+    stopped = BusyWorker();
+    if (stopped >= 0) kill(workers_[stopped].pid(), SIGSTOP);
+  });
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (stopped >= 0) kill(workers_[stopped].pid(), SIGCONT);
+  ASSERT_GE(stopped, 0) << "no worker was running the turn";
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.done.failovers(), 1);
+  EXPECT_EQ(r.tokens, reference.tokens) << "no token lost or repeated";
+  EXPECT_LT(seconds, 30) << "three missed heartbeats, not the client's deadline";
+  EXPECT_EQ(r.done.worker(), "127.0.0.1:" + std::to_string(workers_[1 - stopped].port("grpc")));
 }
 
 // Sampled (temperature 1, the client's seed): the survivor resumes with the draws the killed
