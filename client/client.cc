@@ -5,6 +5,8 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+
 namespace recall {
 namespace {
 
@@ -38,7 +40,8 @@ std::unique_ptr<Client> Client::Connect(ClientOptions options) {
 
 Client::Client(ClientOptions options) : options_(std::move(options)) {
   auto creds = options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials();
-  stub_ = v1::Chat::NewStub(grpc::CreateChannel(options_.address, creds));
+  channel_ = grpc::CreateChannel(options_.address, creds);
+  stub_ = v1::Chat::NewStub(channel_);
 }
 
 void Client::Prepare(grpc::ClientContext* ctx) const {
@@ -64,10 +67,22 @@ grpc::Status Client::WithRetries(Call call) const {
 }
 
 absl::StatusOr<v1::Session> Client::CreateSession(const v1::CreateSessionRequest& request) {
+  // Not idempotent (a lost reply would leave a session behind), so not retried: sent once the
+  // server is reachable, waiting as long as the retries of the other calls would (a server
+  // starting or restarting).
+  const auto window =
+      std::chrono::milliseconds(100) * ((1 << std::clamp(options_.retries, 0, 20)) - 1);
+  channel_->WaitForConnected(std::chrono::system_clock::now() + window);
   grpc::ClientContext ctx;
   Prepare(&ctx);
   v1::Session out;
   grpc::Status s = stub_->CreateSession(&ctx, request, &out);
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    return absl::UnavailableError(absl::StrCat("cannot reach ", options_.address,
+                                               " (is recall serve or recall-coordinator running "
+                                               "there?): ",
+                                               s.error_message()));
+  }
   if (!s.ok()) return ToAbsl(s);
   return out;
 }

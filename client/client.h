@@ -42,7 +42,8 @@ struct ClientOptions {
   std::string api_key;
   std::chrono::milliseconds deadline{600'000};  // per call
   // For idempotent calls and Converse on UNAVAILABLE or a CANCELLED the client did not ask
-  // for (backoff 0.1 s, doubling: 6.3 s in all, a coordinator's restart).
+  // for (backoff 0.1 s, doubling: 6.3 s in all, a coordinator's restart). CreateSession, not
+  // idempotent, waits as long for the server to be reachable before it is sent once.
   int retries = 6;
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // default: insecure (loopback)
 };
@@ -141,6 +142,7 @@ class Client {
   grpc::Status WithRetries(Call call) const;
 
   ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Chat::Stub> stub_;
 };
 

@@ -36,10 +36,9 @@ void ToProto(const SessionRecord& r, bool with_messages, v1::Session* out) {
   out->mutable_cache()->ParseFromString(r.cache_settings);
   out->mutable_metadata()->insert(r.metadata.begin(), r.metadata.end());
   out->set_created_unix_ms(r.created_unix_ms);
-  int users = 0, replies = 0;
+  int complete = 0;  // replies that ended (not streaming, interrupted or failed)
   for (const StoredMessage& m : r.messages) {
-    users += m.role == "user";
-    replies += m.role == "assistant";
+    complete += m.role == "assistant" && m.state == TurnState::kComplete;
     if (with_messages) {
       v1::ChatMessage* pm = out->add_messages();
       pm->set_role(m.role);
@@ -48,7 +47,7 @@ void ToProto(const SessionRecord& r, bool with_messages, v1::Session* out) {
       pm->set_turn_id(m.turn_id);
     }
   }
-  out->set_turns(with_messages ? std::min(users, replies) : r.message_count / 2);
+  out->set_turns(with_messages ? complete : r.message_count / 2);
 }
 
 }  // namespace

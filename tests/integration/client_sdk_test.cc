@@ -2,9 +2,12 @@
 // and iterator forms of a turn give the same reply, History, Close, and errors as statuses;
 // a turn whose coordinator is killed mid-reply is sent again under its turn id and resumed,
 // not run twice, in both forms.
+#include <thread>
+
 #include "client/client.h"
 #include "common/subprocess.h"
 #include "gtest/gtest.h"
+#include "tests/common/redis_server.h"
 #include "tests/common/test_util.h"
 #include "tests/integration/serve_processes.h"
 
@@ -48,6 +51,46 @@ TEST(ClientSdkTest, CallbackAndIteratorRepliesHistoryAndClose) {
   EXPECT_EQ((*a)->History().status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(client->Converse("s-missing", "hi", {}, nullptr).status().code(),
             absl::StatusCode::kNotFound);
+}
+
+// CreateSession, which is not retried (a lost reply would leave a session behind), waits for
+// a server that is starting, as long as the other calls' retries would; with none there, the
+// error names the address and what should run there.
+TEST(ClientSdkTest, ASessionAskedForBeforeItsServerListensIsMadeOnceItDoes) {
+  RECALL_REQUIRE_SHARED_FILE(kModel);
+  const std::string dir = testing::MakeTempDir("sdk_early");
+  const std::string address = "127.0.0.1:" + std::to_string(testing::FreePort());
+  auto lonely = Client::Connect({.address = address, .retries = 2});  // waits 0.3 s
+  const absl::StatusOr<v1::Session> refused = lonely->CreateSession({});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(
+      refused.status().message().find("cannot reach " + address +
+                                      " (is recall serve or recall-coordinator running there?)"),
+      std::string::npos)
+      << refused.status();
+
+  ServerProcess worker, coordinator;
+  std::string error;
+  ASSERT_TRUE(worker.Start(RECALL_WORKER_BINARY,
+                           {"--model", testing::SharedPath(kModel), "--tokenizer",
+                            testing::SharedPath("models/stories260K/tok512.bin"), "--listen",
+                            "127.0.0.1:0", "--kv-cache-bytes", "16M", "--threads", "1"},
+                           dir, &error))
+      << error;
+  std::thread later([&] {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    std::string err;
+    EXPECT_TRUE(coordinator.Start(RECALL_COORDINATOR_BINARY,
+                                  {"--workers", "127.0.0.1:" + std::to_string(worker.port("grpc")),
+                                   "--listen", address, "--data-dir", dir},
+                                  dir, &err))
+        << err;
+  });
+  auto client = Client::Connect({.address = address});
+  const absl::StatusOr<v1::Session> made = client->CreateSession({});
+  later.join();
+  ASSERT_TRUE(made.ok()) << made.status();
+  EXPECT_FALSE(made->session_id().empty());
 }
 
 // A reply stopped by the client (Cancel) and the session's next message sent at once: the

@@ -1182,6 +1182,7 @@ TEST_F(FailoverTest, AClientCancellingMidReplyFreesTheWorkersTurnPromptly) {
   ASSERT_EQ(s.messages_size(), 3) << "the system prompt, the user message, the partial reply";
   EXPECT_EQ(s.messages(1).content(), "Once upon a time");
   EXPECT_EQ(s.messages(2).state(), v1::TURN_STATE_INTERRUPTED);
+  EXPECT_EQ(s.turns(), 0) << "an interrupted reply is no completed exchange";
   EXPECT_FALSE(received.empty());
   EXPECT_EQ(s.messages(2).content().rfind(received, 0), 0u)
       << "stored \"" << s.messages(2).content() << "\", received \"" << received << "\"";
