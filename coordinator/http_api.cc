@@ -15,6 +15,7 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "common/utf8.h"
+#include "coordinator/connection_threads.h"
 #include "coordinator/http_turn.h"
 #include "coordinator/openai/request.h"
 #include "coordinator/openai/response.h"
@@ -125,7 +126,7 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpOptions& optio
   }
   httplib::Server& s = *api->server_;
   const int threads = options.threads;
-  s.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  s.new_task_queue = [threads] { return new ConnectionThreads(threads); };
   s.set_payload_max_length(options.max_body_bytes);
   s.set_keep_alive_max_count(1000);
   // A connection holds its thread while open, idle ones too: idle ones go after 2 s (the
@@ -135,9 +136,11 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpOptions& optio
   // The library's default also sets SO_REUSEPORT, which let a second coordinator listen on a
   // port in use and take half its requests: SO_REUSEADDR only (a restart may rebind a port
   // whose old connections are in TIME_WAIT), so a taken port is refused.
-  s.set_socket_options([](socket_t sock) {
+  // (Called for the listening socket only: its descriptor is kept for the backlog below.)
+  s.set_socket_options([self = api.get()](socket_t sock) {
     int yes = 1;
     ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    self->listen_fd_ = sock;
   });
   HttpApi* self = api.get();
   s.Post("/v1/chat/completions", [self](const httplib::Request& req, httplib::Response& res) {
@@ -219,6 +222,10 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpOptions& optio
     return flags::FieldError("http_listen", absl::StrCat("cannot listen on ", options.listen),
                              absl::StatusCode::kUnavailable);
   }
+  // The library listens with a backlog of 5: a burst of new connections overflowed it and
+  // waited a second each for their SYN to be sent again (found by probing). Listening again
+  // sets the backlog.
+  if (api->listen_fd_ >= 0) ::listen(api->listen_fd_, SOMAXCONN);
   api->thread_ = std::thread([self] { self->server_->listen_after_bind(); });
   // Server::stop does nothing before the loop runs (cpp-httplib 0.11 has no wait_until_ready):
   // wait for it, or a Shutdown right after Start would wait on the loop forever.

@@ -40,9 +40,10 @@
 // renews while the completion runs (completion_lease_ms): another coordinator answers 409, or,
 // once the lease has passed (the coordinator died), resumes it with the same seed.
 //
-// Threads: cpp-httplib serves each connection on a thread of its pool (`threads`). A
-// request's store steps run on that thread and it waits there for the runner's reports
-// (HttpTurn), so a running HTTP turn holds one pool thread, unlike the gRPC edge's reactors.
+// Threads: cpp-httplib serves each connection on a thread of its own while it is open, up to
+// `threads` at once (ConnectionThreads). A request's store steps run on that thread and it
+// waits there for the runner's reports (HttpTurn), so a running HTTP turn holds a thread,
+// unlike the gRPC edge's reactors.
 // A streamed reply is written from that thread as the text arrives; a failed write (the
 // client went away) cancels the runner, and with it the worker's turn. A non-streamed
 // request whose client goes away runs to its end (cpp-httplib 0.11 reports a closed
@@ -79,7 +80,7 @@ namespace recall::coordinator {
 
 struct HttpOptions {
   std::string listen;             // HOST:PORT (port 0 picks one); REQUIRES: not empty
-  int threads = 64;               // connections served at once
+  int threads = 512;              // connections served at once (a thread each)
   std::string tls_cert, tls_key;  // PEM files: HTTPS when set
   std::string tls_client_ca;      // require client certificates signed by this CA (mTLS)
   size_t max_body_bytes = 64 << 20;
@@ -180,6 +181,7 @@ class HttpApi {
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;  // the server's accept loop
   int port_ = 0;
+  int listen_fd_ = -1;  // the listening socket (the library's)
 
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -47,7 +47,9 @@ const flags::FlagSet<CoordinatorConfig>& CoordinatorFlags() {
             "/health); default off; port 0 picks one; HTTPS with --tls-cert",
             [](auto& o) -> auto& { return o.http_listen; })
         .Int(
-            "http-threads", "N", "HTTP connections served at once (default 64)",
+            "http-threads", "N",
+            "HTTP connections served at once, each on its own thread while it is open\n"
+            "(default 512); more wait for one to close",
             [](auto& o) -> auto& { return o.http_threads; }, 1, 4096)
         .Int(
             "completion-lease", "SECONDS",

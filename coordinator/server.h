@@ -21,7 +21,7 @@ namespace recall::coordinator {
 struct CoordinatorConfig {
   std::string listen = "127.0.0.1:50050";
   std::string http_listen;            // the OpenAI-compatible HTTP API; empty: off
-  int http_threads = 64;              // HTTP connections served at once
+  int http_threads = 512;             // HTTP connections served at once (a thread each)
   int completion_lease_seconds = 120;  // a keyed completion's claim while it runs (HttpOptions)
   double sse_keepalive_seconds = 15;   // a silent stream's keep-alive comment (HttpOptions)
   std::vector<std::string> workers;   // worker addresses

@@ -8,7 +8,10 @@
 // keys and tenants; HTTPS and mTLS; `recall serve` with the API on; and a client leaving
 // mid-stream, whose turn the worker drops within a measured bound.
 #include <httplib.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -304,6 +307,34 @@ TEST_F(OpenAiHttpTest, CompletionsModelsAndHealth) {
   const HttpReply health = Send(*http_, "GET", "/health", "", "");
   EXPECT_EQ(health.status, 200) << "no API key needed";
   EXPECT_EQ(health.JsonBody()["healthy_workers"], 1);
+}
+
+// 100 clients that send half a request and wait (slow or stalled clients: a connection holds
+// its thread while open) keep no one else waiting. On a pool of 64 threads the API answered no
+// one until they left (found by probing).
+TEST_F(OpenAiHttpTest, StalledConnectionsKeepNoOneElseWaiting) {
+  std::vector<int> stalled;
+  for (int i = 0; i < 100; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(coordinator_.port("http")));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    const std::string half = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n";
+    ASSERT_EQ(send(fd, half.data(), half.size(), MSG_NOSIGNAL), static_cast<ssize_t>(half.size()));
+    stalled.push_back(fd);
+  }
+  httplib::Client other("127.0.0.1", coordinator_.port("http"));
+  other.set_read_timeout(3, 0);  // the stalled ones wait 5 s for their next byte
+  const HttpReply health = Send(other, "GET", "/health", "", "");
+  EXPECT_EQ(health.status, 200) << "answered beside 100 stalled connections";
+  const HttpReply chat = Send(
+      other, "POST", "/v1/chat/completions",
+      R"({"messages":[{"role":"user","content":"Once upon a time"}],"max_tokens":4})", "key-a");
+  EXPECT_EQ(chat.status, 200) << chat.body;
+  for (const int fd : stalled) close(fd);
 }
 
 TEST_F(OpenAiHttpTest, BadRequestsGetOpenAIErrorsNamingTheField) {
