@@ -346,6 +346,13 @@ def main():
     c.check("coordinator listens on all interfaces at its grpc port",
             cflags.get("listen") == f"0.0.0.0:{cgrpc}" and cgrpc == C["ports"]["grpc"])
     check_probes("coordinator", coord, cgrpc, C["tls"]["enabled"])
+    chttp = C["ports"].get("http", 0)
+    if chttp:
+        c.check("coordinator serves the OpenAI HTTP API on all interfaces at its http port",
+                cflags.get("http-listen") == f"0.0.0.0:{chttp}" and port_number(coord, "http") == chttp,
+                f"--http-listen={cflags.get('http-listen')}")
+    else:
+        c.check("no HTTP API with ports.http 0", "http-listen" not in cflags)
     hpa_on = C["autoscaling"]["enabled"]
     if hpa_on:
         c.check("with the autoscaler the Deployment leaves replicas to it",
@@ -462,9 +469,11 @@ def main():
                 bad.append(f"Service {s['metadata']['name']} port {p['name']} targets nothing")
     c.check("every Service selects one workload and targets its container ports", not bad, "; ".join(bad))
     csvc = next((s for s in services if s["metadata"]["name"] == dep["metadata"]["name"]), None)
-    c.check("the coordinator Service exposes ports grpc and metrics",
-            csvc is not None and {p["name"]: p["port"] for p in csvc["spec"]["ports"]} ==
-            {"grpc": C["ports"]["grpc"], "metrics": C["ports"]["metrics"]})
+    want_ports = {"grpc": C["ports"]["grpc"], "metrics": C["ports"]["metrics"]}
+    if C["ports"].get("http", 0):
+        want_ports["http"] = C["ports"]["http"]
+    c.check(f"the coordinator Service exposes ports {', '.join(sorted(want_ports))}",
+            csvc is not None and {p["name"]: p["port"] for p in csvc["spec"]["ports"]} == want_ports)
 
     # ---- ServiceMonitor -------------------------------------------------------------------
     sms = by_kind.get("ServiceMonitor", [])
@@ -520,6 +529,12 @@ def main():
 
         ok, why = only_coordinator_reaches(sts, "grpc", W["ports"]["grpc"])
         c.check("NetworkPolicy: only coordinator pods reach the workers' gRPC port", ok, why)
+        cpols = [p for p in nps if selects(p["spec"]["podSelector"], pod_labels(dep))]
+        admitted = {x.get("port") for p in cpols for rule in p["spec"].get("ingress") or []
+                    for x in rule.get("ports") or []}
+        api = {"grpc"} | ({"http"} if C["ports"].get("http", 0) else set())
+        c.check(f"NetworkPolicy admits the coordinator's API ports ({', '.join(sorted(api))})",
+                api <= admitted and ("http" in admitted) == ("http" in api), str(sorted(admitted)))
         if R["enabled"]:
             ok, why = only_coordinator_reaches(one("StatefulSet", "redis"), "redis", R["port"])
             c.check("NetworkPolicy: only coordinator pods reach Redis", ok, why)
@@ -595,6 +610,13 @@ def main():
     if C["tls"]["enabled"]:
         ok = ok and "--tls-ca" in notes
     c.check("NOTES.txt shows `recall chat --server` for a port-forward and in-cluster", ok)
+    http = C["ports"].get("http", 0)
+    if http:
+        scheme = "https" if C["tls"]["enabled"] else "http"
+        c.check("NOTES.txt forwards the HTTP port and shows the OpenAI base URL",
+                f" {http}:{http} &" in notes and f"{scheme}://127.0.0.1:{http}/v1" in notes)
+    else:
+        c.check("NOTES.txt names no HTTP API when it is off", "OpenAI" not in notes)
     return finish(c)
 
 

@@ -119,6 +119,19 @@ for s in "${scenarios[@]}"; do
   fi
 done
 
+# ---- Values the schema cannot judge (a rule between two settings): the templates refuse them --
+for f in "$here"/values/refused/*.yaml; do
+  b=$(basename "$f" .yaml)
+  want=$(sed -n 's/^# refused with: //p' "$f")
+  if "$render" --chart "$chart" -f "$f" >/dev/null 2>"$work/refused-$b.log"; then
+    fail "values refused/$b: the templates rendered it"
+  elif [ -n "$want" ] && grep -qF "$want" "$work/refused-$b.log"; then
+    pass "values refused/$b: the templates refuse it: $want"
+  else
+    fail "values refused/$b: refused, but not with '$want': $(cut -c1-200 "$work/refused-$b.log")"
+  fi
+done
+
 # ---- Values: good files pass values.schema.json, bad ones are rejected -----------------------
 bad=()
 for f in "$here"/values/bad/*.yaml; do

@@ -107,6 +107,17 @@ gives RECALL_WORKER_KV_CACHE_BYTES. */}}
 {{- if and .Values.coordinator.apiKeys.enabled (not .Values.coordinator.apiKeys.existingSecret) (not .Values.coordinator.apiKeys.keys) -}}
 {{- fail "coordinator.apiKeys.enabled needs coordinator.apiKeys.existingSecret or coordinator.apiKeys.keys" -}}
 {{- end -}}
+{{- /* recall-worker's own rules between its settings (its defaults: 256, 64, 64). */ -}}
+{{- $w := .Values.worker.settings -}}
+{{- $batch := int (index $w "max-batch-tokens" | default 256) -}}
+{{- $chunk := int (index $w "prefill-chunk" | default 64) -}}
+{{- $active := int (index $w "max-active" | default 64) -}}
+{{- if gt $chunk $batch -}}
+{{- fail (printf "worker.settings.prefill-chunk %d is more than max-batch-tokens %d" $chunk $batch) -}}
+{{- end -}}
+{{- if gt $active $batch -}}
+{{- fail (printf "worker.settings.max-active %d is more than max-batch-tokens %d (running turns decode a token each per step)" $active $batch) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The Secret holding the cluster token (key "token"). */}}
