@@ -1,8 +1,25 @@
 // Machine baselines for the speed benchmarks, measured in the same run as the thing they
-// are compared with.
+// are compared with; and PrintHelpIfAsked, the --help of every benchmark.
 #pragma once
 
+#include <cstdio>
+#include <cstring>
+
 namespace recall::bench {
+
+// When any argument is --help or -h: prints `usage` to stdout and returns true (the caller
+// then exits 0 before parsing or running anything); false otherwise. Inline, so a benchmark
+// that does not link recall_bench_util can use it too:
+//   if (PrintHelpIfAsked(argc, argv, kUsage)) return 0;
+inline bool PrintHelpIfAsked(int argc, char** argv, const char* usage) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
+      std::fputs(usage, stdout);
+      return true;
+    }
+  }
+  return false;
+}
 
 // STREAM-like copy bandwidth: b[i] = a[i] over two 256 MiB float arrays, split across
 // num_threads threads (0 = hardware concurrency, the CPU backend's default). Returns the

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <thread>
 
+#include "bench/bench_util.h"
 #include "bench/serving_util.h"
 #include "grpcpp/grpcpp.h"
 #include "recall/v1/chat.grpc.pb.h"
@@ -151,7 +152,28 @@ bool StartCoordinatorProcess(ServerProcess& c, const std::vector<ServerProcess*>
                      {"--workers", list, "--listen", "127.0.0.1:0", "--data-dir", dir});
 }
 
+constexpr char kUsage[] =
+    R"U(usage: recall_coordinator_bench [--sessions N] [--turns N] [--max-tokens N]
+
+What the coordinator adds, on stories260K from
+)U" RECALL_SHARED_DIR_DEFAULT
+    R"U(/models/stories260K (skipped when missing).
+Starts two recall-worker processes (one compute thread each) and a recall-coordinator on
+loopback (its store in /tmp/recall_coordinator_bench), then:
+1. latency: the sessions' turns sent straight to a worker and through the coordinator,
+   greedy; client-side time to first token and per output token (p50, p99) and the ratios;
+2. scaling: twice the sessions through the coordinator with one and then two workers;
+   generated tokens/s and the ratio.
+
+options:
+  --sessions N            concurrent sessions (default 8; the scaling part runs 2N)
+  --turns N               turns per session (default 3)
+  --max-tokens N          tokens generated per turn (default 64)
+  -h, --help              print this and exit
+)U";
+
 int Main(int argc, char** argv) {
+  if (PrintHelpIfAsked(argc, argv, kUsage)) return 0;
   int sessions = 8, turns = 3, max_tokens = 64;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];

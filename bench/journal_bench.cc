@@ -14,6 +14,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
 #include "coordinator/session_store.h"
 
 namespace recall::bench {
@@ -66,7 +67,24 @@ Timing WriteReply(SessionStore& store, const std::string& session, int tokens, b
   return t;
 }
 
+constexpr char kUsage[] =
+    R"U(usage: recall_journal_bench [--tokens 1000,4000,16000] [--dir DIR]
+
+What storing a streaming reply costs the SQLite session store: each reply written token by
+token into a new session, once replacing the whole reply at every write (the baseline) and
+once appending the token as a reply part. Prints, per reply length, the seconds for the whole
+reply, the mean time of the last 100 writes, and the ratio baseline / parts.
+
+options:
+  --tokens LIST           reply lengths in tokens, each at least 100 (default 1000,4000,16000)
+  --dir DIR               where the store (DIR/sessions.db) is made; emptied first and removed
+                          at the end (default: recall_journal_bench in the temporary directory,
+                          $TMPDIR or /tmp)
+  -h, --help              print this and exit
+)U";
+
 int Main(int argc, char** argv) {
+  if (PrintHelpIfAsked(argc, argv, kUsage)) return 0;
   std::vector<int> lengths = {1000, 4000, 16000};
   std::string dir = std::filesystem::temp_directory_path() / "recall_journal_bench";
   for (int i = 1; i + 1 < argc; i += 2) {

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "bench/shapes.h"
 #include "cache/block_pool.h"
 #include "cache/sequence_cache.h"
@@ -281,7 +282,34 @@ int RunSpeed(const Flags& f) {
   return 0;
 }
 
+constexpr char kUsage[] =
+    R"U(usage: recall_kv_dtype_bench [--threads N] [--pool-bytes B] [--session-tokens N]
+                             [--context N] [--batch N] [--steps N] [--skip-speed]
+
+What the KV cache's stored type buys (f32, bf16, f16, int8), every ratio against f32 in the
+same run:
+1. capacity: sessions of --session-tokens tokens that fit one pool of --pool-bytes in
+   Qwen2.5-0.5B's KV shape (random weights), FullKV and lazy at a 30% budget (needs the
+   stories260K tokenizer in
+   )U" RECALL_SHARED_DIR_DEFAULT
+    R"U(/models/stories260K; skipped without it);
+2. CPU speed: one decode step of Qwen2.5-0.5B's shape (random bf16 weights) with --batch
+   sequences of --context cached tokens: the attention alone and the whole step, per type.
+
+options:
+  --threads N             CPU threads (default 0: all cores)
+  --pool-bytes B          the capacity pool's size in bytes, a plain number (default 268435456:
+                          256 MiB)
+  --session-tokens N      tokens of each capacity session (default 2048)
+  --context N             cached tokens per sequence in the speed part (default 4096)
+  --batch N               sequences per decode step in the speed part (default 8)
+  --steps N               timed decode steps per type, the best kept (default 5)
+  --skip-speed            run the capacity part only
+  -h, --help              print this and exit
+)U";
+
 int Main(int argc, char** argv) {
+  if (PrintHelpIfAsked(argc, argv, kUsage)) return 0;
   Flags f;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "bench/shapes.h"
 #include "common/clock.h"
 #include "kernels/backend.h"
@@ -109,7 +110,28 @@ int Run(const std::string& name, const model::Model& model, const model::Tokeniz
   return 0;
 }
 
+constexpr char kUsage[] =
+    R"U(usage: recall_replay_bench [--turns N] [--reply-tokens N] [--budget N] [--rounds N]
+
+What an exact rebuild costs against a plain prefill of the same transcript: a conversation
+with a lazy cache (window 16) is built on a real scheduler, then its last turn is rebuilt
+twice from the transcript, once replaying the replies' tokens as decode steps and once
+prefilling the rendered text; prints the time to the rebuilt turn's first token of each.
+Models: stories260K from
+)U" RECALL_SHARED_DIR_DEFAULT
+    R"U(/models/stories260K (skipped when missing)
+and SmolLM2-135M's shape with random bf16 weights and stories260K's vocabulary.
+
+options:
+  --turns N               turns of the conversation (default 8; at least 2)
+  --reply-tokens N        tokens of each reply (default 48; at least 2)
+  --budget N              the lazy cache's budget in tokens (default 96; at least 16)
+  --rounds N              rebuilds of each kind, the best kept (default 3; at least 1)
+  -h, --help              print this and exit
+)U";
+
 int Main(int argc, char** argv) {
+  if (PrintHelpIfAsked(argc, argv, kUsage)) return 0;
   Flags f;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];

@@ -20,9 +20,10 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_util.h"
+#include "bench/serving_util.h"
 #include "grpcpp/grpcpp.h"
 #include "recall/v1/worker.grpc.pb.h"
-#include "bench/serving_util.h"
 
 namespace recall::bench {
 namespace {
@@ -198,7 +199,36 @@ Capacity MeasureCapacity(const Flags& f, const char* pool, int n, int gen,
   return c;
 }
 
+constexpr char kUsage[] =
+    R"U(usage: recall_serving_bench [--sessions N] [--turns N] [--max-tokens N] [--threads N]
+                            [--throughput 0|1] [--capacity 0|1] [--worker-flag FLAG]...
+
+Concurrent multi-turn sessions against one recall-worker process (SmolLM2-135M's shape from
+)U" RECALL_SHARED_DIR_DEFAULT
+    R"U(/tokenizers/smollm2/config.json, random bf16 weights, CPU, loopback gRPC;
+skipped when the config is missing):
+1. throughput: the sessions served one at a time (the baseline) and all at once (continuous
+   batching); generated tokens/s and the ratio, p50/p99 time to first token and per output
+   token (client side);
+2. capacity: 20 sessions one after another, one long turn each, in a 32 MiB KV pool with no
+   host offload; how many stay resident with FullKV (the baseline) and with lazy at a 30%
+   budget, and the ratio.
+
+options:
+  --sessions N            concurrent sessions in the throughput part (default 8)
+  --turns N               turns per session (default 2)
+  --max-tokens N          tokens generated per turn (default 32)
+  --threads N             the worker's compute threads (default 1; 0 or less: the worker's
+                          default, all cores)
+  --throughput 0|1        run the throughput part (default 1)
+  --capacity 0|1          run the capacity part (default 1)
+  --worker-flag FLAG      one more argument for every recall-worker started (repeatable, one
+                          argument each: --worker-flag --kv-dtype --worker-flag f32)
+  -h, --help              print this and exit
+)U";
+
 int Main(int argc, char** argv) {
+  if (PrintHelpIfAsked(argc, argv, kUsage)) return 0;
   Flags f;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];

@@ -180,7 +180,40 @@ Result RunModel(const model::Model& model, kernels::Backend& backend, const Flag
   return r;
 }
 
+constexpr char kUsage[] =
+    R"U(usage: recall_speed_bench [--config PATH | --shape NAME] [--threads N] [--steps N]
+                          [--prompt N] [--dtypes f32,bf16,int8,int8-head] [--policies 0|1]
+                          [--budget-gib G] [--session-tokens N]
+
+Speed of the CPU runtime on a random-weight model: decode tokens/s at batch 1 and 8 and
+prefill tokens/s per weight type, against baselines measured in the same run (copy bandwidth:
+the decode roofline; cblas_sgemm: the prefill target; bf16: int8's speed-ups); the weights'
+resident bytes and the sessions that fit beside them; and the decode step time of each
+eviction policy against FullKV.
+
+options:
+  --config PATH           the model's config.json (default:
+                          )U" RECALL_SHARED_DIR_DEFAULT
+    R"U(/tokenizers/smollm2/config.json; skipped when
+                          it cannot be read)
+  --shape NAME            a built-in shape instead of --config: smollm2-135m, qwen2.5-0.5b,
+                          llama-3.2-1b or llama-3-8b
+  --threads N             CPU threads of the model (default 0: all cores)
+  --steps N               timed decode steps (default 32)
+  --prompt N              prompt tokens for prefill, and the eviction table's budget C
+                          (default 512)
+  --dtypes LIST           weight types, comma-separated: f32, bf16, int8 (bf16 quantized at
+                          load), int8-head (int8 with the LM head and embeddings left bf16)
+                          (default f32,bf16,int8)
+  --policies 0|1          print the eviction policies' decode step table (default 1)
+  --budget-gib G          the memory table's budget in GiB (default 4)
+  --session-tokens N      the memory table's session length in tokens (FullKV, bf16 KV)
+                          (default 4096)
+  -h, --help              print this and exit
+)U";
+
 int Main(int argc, char** argv) {
+  if (PrintHelpIfAsked(argc, argv, kUsage)) return 0;
   Flags f;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--config")) f.config = argv[i + 1];

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "bench/shapes.h"
 #include "common/clock.h"
 #include "common/flags.h"
@@ -172,7 +173,33 @@ Row RunMode(const model::Model& model, const Flags& f, const std::string& mode, 
   return row;
 }
 
+constexpr char kUsage[] =
+    R"U(usage: recall_tp_eviction_bench [--shape NAME | --config PATH] [--tp N] [--prompt N]
+                                [--steps N] [--window W] [--dtype bf16|f32]
+                                [--device cpu|cuda] [--devices LIST] [--tp-comm nccl|staged]
+
+The cost of tensor-parallel eviction agreement: a lazy decode loop (budget C = --prompt) per
+TP eviction mode (uniform, shared, head-adaptive; each also with --tp-verify), timing the
+collectives the evictors call against the whole decode step in the same loop, per step and
+on the steps where a layer evicted; and a FullKV step without an evictor for reference.
+Random weights.
+
+options:
+  --shape NAME            smollm2-135m, qwen2.5-0.5b (default), llama-3.2-1b or llama-3-8b
+  --config PATH           a config.json instead of --shape (wins over it)
+  --tp N                  ranks (default 2)
+  --prompt N              prompt tokens, and the lazy budget C (default 512)
+  --steps N               decode steps (default 128)
+  --window W              lazy's window (default 32)
+  --dtype TYPE            weight type: bf16 (default) or f32; any other value means bf16
+  --device NAME           cpu (default; ranks are threads) or cuda
+  --devices LIST          CUDA ranks' device ordinals, e.g. 0,0 (default 0..N-1)
+  --tp-comm KIND          CUDA ranks' activation all-reduces: nccl (default) or staged
+  -h, --help              print this and exit
+)U";
+
 int Main(int argc, char** argv) {
+  if (PrintHelpIfAsked(argc, argv, kUsage)) return 0;
   Flags f;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];

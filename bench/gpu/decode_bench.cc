@@ -35,6 +35,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
 #include "bench/shapes.h"
 #include "cache/block_pool.h"
 #include "cache/sequence_cache.h"
@@ -378,7 +379,41 @@ std::vector<int> Ints(const std::string& s) {
   return out;
 }
 
+constexpr char kUsage[] =
+    R"U(usage: recall_gpu_decode_bench [--shapes LIST] [--batches LIST] [--contexts LIST]
+                               [--steps N] [--out-json FILE] [--time-ops 0|1] [--graphs 0|1]
+                               [--temperature T] [--top-k K] [--top-p P]
+                               [--kv-dtype f32|bf16|f16|int8] [--weight-dtype bf16|int8|fp8]
+
+Decode speed of the CUDA backend against the HBM roofline, random weights, paged KV of random
+rows (no prefill). Per (shape, batch, context): decode tokens/s and the fraction of the
+roofline ((weight + KV bytes per step) / the device-to-device copy bandwidth measured in the
+same run). For every shape but qwen2.5-0.5b also lazy's cost per decode step against FullKV
+(context 1024, 30% budget) and the 8K-token sessions that fit in the GPU's memory with FullKV
+and with lazy at 30%. Skipped without a CUDA device.
+
+options:
+  --shapes LIST           smollm2-135m, qwen2.5-0.5b, llama-3.2-1b, llama-3-8b, comma-separated
+                          (default smollm2-135m,qwen2.5-0.5b,llama-3-8b)
+  --batches LIST          batch sizes (default 1,16,64)
+  --contexts LIST         cached tokens per sequence (default 1024,8192)
+  --steps N               timed decode steps per configuration and per lazy cost (default 32)
+  --out-json FILE         write the results as JSON for bench/gpu/report.py (default: none)
+  --time-ops 0|1          1: print each configuration's GPU time per op (the events slow every
+                          op a little) (default 0)
+  --graphs 0|1            1: replay one CUDA graph per batch shape; 0: launch every op
+                          (default 1)
+  --temperature T         0: greedy picks on the device (default); > 0 samples on the device
+  --top-k K               with --temperature > 0: keep the K most likely tokens (default 0: off)
+  --top-p P               with --temperature > 0: nucleus mass in (0, 1] (default 1: off)
+  --kv-dtype TYPE         the KV cache's type: f32 (default), bf16, f16 or int8
+  --weight-dtype TYPE     the layers' linear weights: bf16 (default), int8 or fp8 (with their
+                          scales; embeddings and LM head bf16)
+  -h, --help              print this and exit
+)U";
+
 int Main(int argc, char** argv) {
+  if (bench::PrintHelpIfAsked(argc, argv, kUsage)) return 0;
   std::string shapes = "smollm2-135m,qwen2.5-0.5b,llama-3-8b", out_json;
   std::vector<int> batches = {1, 16, 64}, contexts = {1024, 8192};
   int steps = 32;

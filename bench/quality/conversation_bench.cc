@@ -22,6 +22,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
 #include "bench/quality/conversation_eval.h"
 #include "bench/quality/conversation_report.h"
 #include "bench/quality/report.h"
@@ -98,7 +99,44 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
   return true;
 }
 
+constexpr char kUsage[] =
+    R"U(usage: recall_conversation_bench --model DIR --conversations FILE.jsonl [options]
+
+Answer accuracy on held-out multi-session conversations (tools/train/gen_conversations.py)
+for FullKV, every eviction policy and EpiCache at every budget, and agreement with FullKV.
+Budgets are fractions of each conversation's length (tokens per layer and KV head), and
+fixed token counts. Prints a table, writes every figure and the settings to --out-json and a
+plot to --out-png (with gnuplot; without it a warning, the JSON is still written).
+Every flag takes a value.
+
+options:
+  --model DIR             the model (required)
+  --conversations FILE    the conversations, JSON lines (required)
+  --convs N               conversations at most (default 20)
+  --questions N           questions per conversation at most, 0: all (default 0)
+  --methods LIST          policies (streaming, h2o, tova, lazy, lazy+, snapkv, vase, ...) and
+                          episodic-EMBEDDER (model or tfidf), comma-separated
+                          (default streaming,h2o,tova,lazy,episodic-tfidf)
+  --budgets LIST          budgets as fractions in (0, 1] (default 0.1,0.2,0.3,0.5)
+  --token-budgets LIST    budgets in tokens, positive (default 512)
+  --window W              eviction window (default 16)
+  --alpha A               LazyEviction's importance threshold (default 1e-4)
+  --sinks S               sink tokens that streaming and VaSE always keep (default 4)
+  --prefix N              tokens prefilled before the token-by-token feed (default 16)
+  --far-tokens N          a question is far when its answer was last stated at least this
+                          many tokens before (default 512)
+  --episodes E            episodic: episodes (default 4)
+  --block-tokens N        episodic: tokens per block of the build (default 512)
+  --recent N              episodic: sentences before the question kept uncompressed
+                          (default 4)
+  --threads N             CPU threads (default 0: all cores)
+  --out-json PATH         (default conversation_bench.json)
+  --out-png PATH          (default conversation_bench.png)
+  -h, --help              print this and exit
+)U";
+
 int Main(int argc, char** argv) {
+  if (PrintHelpIfAsked(argc, argv, kUsage)) return 0;
   Flags f;
   if (!ParseFlags(argc, argv, &f)) return 2;
   auto model = model::LoadModel(f.model);

@@ -29,6 +29,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
 #include "bench/quality/endless_eval.h"
 #include "bench/quality/report.h"
 #include "common/clock.h"
@@ -160,7 +161,47 @@ class Out {
   std::string text_;
 };
 
+constexpr char kUsage[] =
+    R"U(usage: recall_endless_bench [--model PATH] [--tokenizer PATH] [--texts N] [--tokens L]
+  [--seed S] [--policies LIST] [--budgets LIST] [--window W] [--alpha A] [--threads T]
+  [--quality 0|1] [--slot-baseline 0|1] [--speed-tokens N] [--speed-policy P]
+  [--speed-budget C] [--out-json PATH] [--out-txt PATH]
+
+Sessions past the context on stories260K: texts several times the model's context (stories
+the model samples itself, concatenated), teacher-forced through a compact (endless) cache of
+every policy and budget, against the sliding window with recompute at equal memory. Prints
+per (policy, C) the perplexity past the context and over all positions, the baseline's and
+their ratio; optionally the decode step time of one long session (--speed-tokens).
+Every flag takes a value.
+
+options:
+  --model PATH            (default )U" RECALL_SHARED_DIR_DEFAULT
+    R"U(/models/stories260K/stories260K.bin;
+                          skipped when missing)
+  --tokenizer PATH        (default )U" RECALL_SHARED_DIR_DEFAULT
+    R"U(/models/stories260K/tok512.bin)
+  --texts N               texts (default 6)
+  --tokens L              tokens per text (default 2048; at least 2)
+  --seed S                story k is sampled with seed S * 1000000 + k (default 1)
+  --policies LIST         policies, comma-separated (default streaming,h2o,tova,lazy,vase)
+  --budgets LIST          budgets C in tokens per layer and KV head (default 64,128,256)
+  --window W              eviction window (default 16)
+  --alpha A               LazyEviction's importance threshold (default 1e-4)
+  --threads T             CPU threads, 0: all cores (default 1)
+  --quality 0|1           run the quality part (default 1)
+  --slot-baseline 0|1     also the sliding window at each policy's peak slots, its state not
+                          counted (default 1)
+  --speed-tokens N        time the decode steps of one session of N tokens, 0: off
+                          (default 0)
+  --speed-policy P        that session's policy (default lazy)
+  --speed-budget C        that session's budget in tokens (default 128)
+  --out-json PATH         (default endless_stories260K.json)
+  --out-txt PATH          a copy of what is printed (default: none)
+  -h, --help              print this and exit
+)U";
+
 int Main(int argc, char** argv) {
+  if (PrintHelpIfAsked(argc, argv, kUsage)) return 0;
   Flags f;
   if (!ParseFlags(argc, argv, &f)) return 2;
   if (SkipWithoutStories260K(f.model, f.tokenizer)) return 0;

@@ -37,6 +37,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
 #include "bench/quality/episodic_eval.h"
 #include "bench/quality/episodic_report.h"
 #include "bench/quality/report.h"
@@ -143,7 +144,53 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
   return true;
 }
 
+constexpr char kUsage[] =
+    R"U(usage: recall_episodic_bench [--model PATH] [--tokenizer PATH] [--conversations N]
+  [--stories K] [--seed S] [--methods LIST] [--budgets LIST] [--window W] [--alpha A]
+  [--sinks S] [--episodes E] [--block-tokens B] [--recent R] [--max-new N]
+  [--match-tokens M] [--threads T] [--separator space|bos] [--verbose 0|1] [--details 0|1]
+  [--out-json PATH] [--out-png PATH] [--out-txt PATH]
+
+EpiCache against eviction policies on stories260K: conversations of several short stories,
+then a query that restarts one of them; every method at the same budget C against FullKV
+(greedy agreement, teacher-forced KL and top-1, the story's names, the cost). Prints the
+tables, writes --out-json and --out-png (gnuplot). Every flag takes a value.
+
+options:
+  --model PATH            (default )U" RECALL_SHARED_DIR_DEFAULT
+    R"U(/models/stories260K/stories260K.bin;
+                          skipped when missing)
+  --tokenizer PATH        (default )U" RECALL_SHARED_DIR_DEFAULT
+    R"U(/models/stories260K/tok512.bin)
+  --conversations N       conversations (default 24)
+  --stories K             stories per conversation, at least 2 (default 4)
+  --seed S                (default 1)
+  --methods LIST          full, episodic-model, episodic-tfidf (-rR sets their --recent, e.g.
+                          episodic-model-r0), or a policy name (lazy, snapkv, h2o, ...)
+                          (default full,episodic-model,episodic-tfidf,lazy,snapkv,h2o,streaming)
+  --budgets LIST          budgets C in tokens per layer and KV head (default 64,96,128)
+  --window W              eviction window (default 16)
+  --alpha A               LazyEviction's importance threshold (default 1e-4)
+  --sinks S               sink tokens always kept (default 4)
+  --episodes E            episodic: episodes (default 4)
+  --block-tokens B        episodic: tokens per block of the build, at least 2 (default 128)
+  --recent R              episodic: sentences before the query kept uncompressed (default 4)
+  --max-new N             tokens generated per continuation (default 48)
+  --match-tokens M        the match rate's tokens, at most --max-new (default 32)
+  --threads T             CPU threads, 0: all cores (default 1)
+  --separator KIND        space (one text after one BOS; default) or bos (BOS before every
+                          story and before the query)
+  --verbose 0|1           print every continuation (default 0)
+  --details 0|1           put every run's continuation and EpiCache's per-episode checks in
+                          the JSON (default 0)
+  --out-json PATH         (default episodic_stories260K.json)
+  --out-png PATH          (default episodic_stories260K.png)
+  --out-txt PATH          a copy of the tables (default: none)
+  -h, --help              print this and exit
+)U";
+
 int Main(int argc, char** argv) {
+  if (PrintHelpIfAsked(argc, argv, kUsage)) return 0;
   Flags f;
   if (!ParseFlags(argc, argv, &f)) return 2;
   if (SkipWithoutStories260K(f.model, f.tokenizer)) return 0;

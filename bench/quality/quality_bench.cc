@@ -34,6 +34,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
 #include "bench/quality/equal_peak.h"
 #include "bench/quality/eval_set.h"
 #include "bench/quality/quality_eval.h"
@@ -226,7 +227,62 @@ void PrintBest(const std::vector<EqualPeakRow>& rows, const std::vector<double>&
   std::printf("\n");
 }
 
+constexpr char kUsage[] =
+    R"U(usage: recall_quality_bench [--model PATH] [--tokenizer PATH] [--texts N] [options]
+
+KV-eviction quality on stories260K: every policy at every budget against FullKV on texts the
+model samples itself (teacher-forced KL and top-1 agreement after the first eviction, greedy
+tokens until the first divergence, recall probes, the KV bytes held); every policy at equal
+peak memory on these texts and on a held-out set; with --kv-dtypes, every configuration on a
+pool of each KV type. Prints the tables, writes --out-json and --out-png (gnuplot).
+Every flag takes a value.
+
+options:
+  --model PATH            (default )U" RECALL_SHARED_DIR_DEFAULT
+    R"U(/models/stories260K/stories260K.bin;
+                          skipped when missing)
+  --tokenizer PATH        (default )U" RECALL_SHARED_DIR_DEFAULT
+    R"U(/models/stories260K/tok512.bin)
+  --texts N               texts (default 16)
+  --policies LIST         policies, comma-separated (default full,streaming,h2o,tova,lazy)
+  --budgets LIST          budgets as fractions of a text, in (0, 1]
+                          (default 0.1,0.15,0.2,0.3,0.4,0.5,0.7)
+  --peaks LIST            the equal-peak table's peaks, fractions of FullKV's, in (0, 1]
+                          (default 0.15,0.2,0.3,0.4,0.5)
+  --window W              eviction window (default: --calibration's, else 32)
+  --alpha A               LazyEviction's importance threshold (default: --calibration's,
+                          else 1e-4)
+  --calibration FILE      a recall calibrate-window --out file: its window and alpha, and its
+                          value protection, relative threshold, meta score and layer budgets
+                          where those flags are at their defaults (as recall serve takes it)
+  --layer-budgets SPEC    uniform (default), pyramid or a recall calibrate profile
+  --layer-alpha A         the profile's exponent (default 1.2)
+  --value-protection F    the budget's share kept for the largest values (default 0)
+  --alpha-uniform K       lazy+: important at K times the uniform share, >= 0 (default 0: off)
+  --tp-eviction MODE      uniform (default), shared or head-adaptive
+  --meta-score NAME       none (default), caote or caote-query
+  --merge SIM             merge evicted tokens into kept ones whose keys are at least this
+                          similar (cosine, in [-1, 1]) (default: off)
+  --merge-keys on|off     with --merge, merge the keys too (default off)
+  --attention-decay G     lazy+: the recent attention's decay per step, in [0, 1) (default 0.9)
+  --attention-weight B    lazy+: the recent attention's weight, in [0, 1e6] (default 3)
+  --sinks S               sink tokens that streaming and VaSE always keep (default 4)
+  --prefix N              tokens prefilled before the token-by-token teacher forcing
+                          (default 16)
+  --greedy-prefix N       prompt tokens of the greedy runs (default 384)
+  --probe-early N         recall probes: names first stated before token N (default 100)
+  --probe-late N          ...and repeated at token N or later (default 350)
+  --seed S                the texts' seed (default 1)
+  --heldout-seed S        the held-out texts' seed, 0: no held-out set (default 2)
+  --threads N             CPU threads (default 0: all cores)
+  --kv-dtypes LIST        KV types, f32 first, then bf16, f16, int8 (default f32)
+  --out-json PATH         (default quality_stories260K.json)
+  --out-png PATH          (default quality_stories260K.png)
+  -h, --help              print this and exit
+)U";
+
 int Main(int argc, char** argv) {
+  if (PrintHelpIfAsked(argc, argv, kUsage)) return 0;
   Flags f;
   if (!ParseFlags(argc, argv, &f)) return 2;
   if (SkipWithoutStories260K(f.model, f.tokenizer)) return 0;

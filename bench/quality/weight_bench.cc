@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/bench_util.h"
 #include "bench/quality/eval_set.h"
 #include "bench/quality/report.h"
 #include "cache/block_pool.h"
@@ -112,7 +113,32 @@ absl::Status FakeInt8(model::Model& m, int64_t block) {
   return absl::OkStatus();
 }
 
+constexpr char kUsage[] =
+    R"U(usage: recall_weight_quality_bench [--model PATH] [--tokenizer PATH] [--texts N]
+                                   [--seed S] [--threads N] [--tmp DIR]
+
+Weight types against f32 on stories260K, teacher-forced over the quality benchmark's texts:
+the mean KL(f32 || variant) and the top-1 agreement of int8 (as --weight-dtype int8 runs it,
+and with the LM head or the embeddings left f32), of int8 per channel against per block
+(weights only), and of FP8 checkpoints written by tools/convert_llama2c_to_hf.py (python3)
+as loaded and requantized to int8.
+
+options:
+  --model PATH            (default )U" RECALL_SHARED_DIR_DEFAULT
+    R"U(/models/stories260K/stories260K.bin;
+                          skipped when missing)
+  --tokenizer PATH        (default )U" RECALL_SHARED_DIR_DEFAULT
+    R"U(/models/stories260K/tok512.bin)
+  --texts N               texts (default 16)
+  --seed S                the texts' seed (default 1)
+  --threads N             CPU threads (default 0: all cores)
+  --tmp DIR               where the FP8 checkpoints are written; removed at the end
+                          (default /tmp/recall_weight_quality_bench)
+  -h, --help              print this and exit
+)U";
+
 int Main(int argc, char** argv) {
+  if (PrintHelpIfAsked(argc, argv, kUsage)) return 0;
   Flags f;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
