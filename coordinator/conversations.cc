@@ -84,10 +84,11 @@ absl::StatusOr<SessionRecord> Conversations::Create(
     return UnknownModel(r.model, std::vector<std::string>(served.begin(), served.end()));
   }
   RECALL_RETURN_IF_ERROR(CheckKvDtype(cache));
-  RECALL_RETURN_IF_ERROR(CheckNewSession(r.model, cache, system_prompt));
+  RECALL_ASSIGN_OR_RETURN(const v1::CacheSettings kept,
+                          CheckNewSession(r.model, cache, system_prompt));
   r.id = RandomId("s-");
   r.tenant = tenant;
-  cache.SerializeToString(&r.cache_settings);
+  kept.SerializeToString(&r.cache_settings);
   r.metadata = metadata;
   r.created_unix_ms = UnixMillis();
   RECALL_RETURN_IF_ERROR(store_.Create(r));
@@ -384,11 +385,9 @@ absl::Status Conversations::CheckKvDtype(const v1::CacheSettings& cache) const {
   return absl::OkStatus();
 }
 
-absl::Status Conversations::CheckNewSession(const std::string& model,
-                                            const v1::CacheSettings& cache,
-                                            const std::string& system_prompt) const {
-  // The workers' own defaults were checked when each started.
-  if (cache.ByteSizeLong() == 0 && system_prompt.empty()) return absl::OkStatus();
+absl::StatusOr<v1::CacheSettings> Conversations::CheckNewSession(
+    const std::string& model, const v1::CacheSettings& cache,
+    const std::string& system_prompt) const {
   for (const WorkerView& w : WorkersStoring(workers_.Snapshot(), cache.kv_dtype())) {
     if (!w.healthy || w.draining || w.stub == nullptr) continue;
     if (!model.empty() && w.info.model() != model) continue;
@@ -400,15 +399,15 @@ absl::Status Conversations::CheckNewSession(const std::string& model,
     request.set_system_prompt(system_prompt);
     v1::CheckSessionResponse response;
     const grpc::Status st = w.stub->CheckSession(&ctx, request, &response);
-    if (st.ok()) return absl::OkStatus();
+    if (st.ok()) return response.has_resolved() ? response.resolved() : cache;
     if (st.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
       return absl::InvalidArgumentError(st.error_message());
     }
-    if (st.error_code() == grpc::StatusCode::UNIMPLEMENTED) return absl::OkStatus();
+    if (st.error_code() == grpc::StatusCode::UNIMPLEMENTED) return cache;
     RECALL_LOG(WARNING) << "worker " << w.address << " could not check a new session's settings ("
                         << st.error_message() << "); asking another";
   }
-  return absl::OkStatus();
+  return cache;
 }
 
 absl::Status Conversations::UnknownModel(const std::string& model,

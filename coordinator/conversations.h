@@ -165,10 +165,13 @@ class Conversations {
   absl::Status CheckKvDtype(const v1::CacheSettings& cache) const;
   // A new session's cache settings and system prompt, checked by a worker serving `model`
   // ("" for any) that stores its kv_dtype (Worker.CheckSession): InvalidArgument naming the
-  // field as its first turn would be refused. Passes when no such worker answers (a worker
-  // of an older version, or none reachable now): the first turn checks them.
-  absl::Status CheckNewSession(const std::string& model, const v1::CacheSettings& cache,
-                               const std::string& system_prompt) const;
+  // field as its first turn would be refused; else the settings to keep for the session,
+  // resolved with that worker's defaults (so a worker with other defaults that serves or
+  // rebuilds it later runs the same cache). When no such worker answers (a worker of an
+  // older version, or none reachable now) `cache` as given: the first turn checks it.
+  absl::StatusOr<v1::CacheSettings> CheckNewSession(const std::string& model,
+                                                    const v1::CacheSettings& cache,
+                                                    const std::string& system_prompt) const;
 
   // The models the workers serve, by name (the healthy, not draining workers counted).
   std::vector<v1::ModelInfo> Models() const;

@@ -993,6 +993,41 @@ TEST(CoordinatorRegistrationTest, AWorkerRegistersItselfAndServes) {
   EXPECT_EQ(models.models(0).workers(), 1) << "no longer draining";
 }
 
+// Workers whose session defaults differ: worker 1 evicts (streaming, 16 tokens), worker 0
+// keeps everything. A session keeps the settings it was made with (the checking worker's
+// defaults filled in), so on any worker it runs the same cache: before, a session failed
+// over or rebuilt on worker 1 took worker 1's defaults and its reply changed.
+class DifferentDefaultsTest : public CoordinatorTest {
+ protected:
+  std::vector<std::string> WorkerExtraArgs(int i) override {
+    if (i == 1) return {"--policy", "streaming", "--budget", "16"};
+    return {};
+  }
+};
+
+TEST_F(DifferentDefaultsTest, ASessionKeepsTheCacheSettingsItWasMadeWithOnEveryWorker) {
+  const std::string id = Create();  // checked by worker 0, the first listed
+  const v1::Session made = Get(id);
+  EXPECT_EQ(made.cache().policy(), "full");
+  EXPECT_FALSE(made.cache().has_kv_dtype()) << "the session still takes its worker's KV type";
+  workers_[0].Kill();
+  const Reply r = Say(id, "Once upon a time", 40);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.done.worker(), "127.0.0.1:" + std::to_string(workers_[1].port("grpc")));
+  EXPECT_GT(r.tokens.size(), 16u);
+  EXPECT_EQ(r.done.evictions(), 0) << "the session's policy full, not worker 1's streaming";
+  // A session naming its own settings keeps them, with the rest filled in.
+  grpc::ClientContext ctx;
+  Auth(&ctx, "key-a");
+  v1::CreateSessionRequest req;
+  req.mutable_cache()->set_window(8);
+  v1::Session s;
+  ASSERT_TRUE(stub_->CreateSession(&ctx, req, &s).ok());
+  EXPECT_EQ(s.cache().policy(), "streaming") << "worker 1's default, the only worker left";
+  EXPECT_EQ(s.cache().budget_tokens(), 16);
+  EXPECT_EQ(s.cache().window(), 8);
+}
+
 // Workers with random weights of SmolLM2-135M's shape: tens of ms per token on the CPU, so
 // the kill after the first token event surely lands mid-reply even on a loaded machine.
 // Worker 0 stores f32 KV, worker 1 int8: a session naming a type is served by a worker of

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
+#include <cstdlib>
 #include <random>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "worker/service/run_turn_reactor.h"
@@ -16,6 +19,16 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 }
 
 namespace {
+
+// A float of the wire as the decimal it was written as: 0.7f is 0.699999988, whose fraction
+// of 10 tokens floors to 6 where the worker's own 0.7 gives 7. The shortest decimal that
+// reads back as the float (to_chars) is that number.
+double Widen(float f) {
+  char buf[32];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), f);
+  if (ec != std::errc()) return f;
+  return std::strtod(std::string(buf, end).c_str(), nullptr);
+}
 
 std::vector<model::ChatMessage> Messages(
     const google::protobuf::RepeatedPtrField<v1::ChatMessage>& in) {
@@ -68,13 +81,34 @@ serving::TurnRequest FromProto(const v1::RunTurnRequest& r, int default_max_toke
   return out;
 }
 
+v1::CacheSettings ToProto(const serving::CacheDefaults& d) {
+  v1::CacheSettings c;
+  c.set_policy(d.policy);
+  if (d.budget_fraction.has_value()) {
+    c.set_budget_fraction(static_cast<float>(*d.budget_fraction));
+  } else {
+    c.set_budget_tokens(d.budget_tokens);
+  }
+  c.set_window(d.window);
+  c.set_alpha(static_cast<float>(d.alpha));
+  c.set_tp_eviction(d.tp_eviction);
+  if (d.positions.has_value()) c.set_positions(*d.positions);
+  if (d.policy == "episodic") {
+    c.set_episodes(d.episodes);
+    c.set_embedder(d.embedder);
+    c.set_block_tokens(d.block_tokens);
+    c.set_recluster_turns(d.recluster_turns);
+  }
+  return c;
+}
+
 serving::CacheRequest FromProto(const v1::CacheSettings& c) {
   serving::CacheRequest out;
   if (c.has_policy()) out.policy = c.policy();
   if (c.has_budget_tokens()) out.budget_tokens = c.budget_tokens();
-  if (c.has_budget_fraction()) out.budget_fraction = c.budget_fraction();
+  if (c.has_budget_fraction()) out.budget_fraction = Widen(c.budget_fraction());
   if (c.has_window()) out.window = c.window();
-  if (c.has_alpha()) out.alpha = c.alpha();
+  if (c.has_alpha()) out.alpha = Widen(c.alpha());
   if (c.has_tp_eviction()) out.tp_eviction = c.tp_eviction();
   if (c.has_episodes()) out.episodes = c.episodes();
   if (c.has_embedder()) out.embedder = c.embedder();
@@ -209,9 +243,13 @@ grpc::ServerUnaryReactor* WorkerService::CheckSession(grpc::CallbackServerContex
                                                       const v1::CheckSessionRequest* request,
                                                       v1::CheckSessionResponse* response) {
   if (auto* refused = Refused(context)) return refused;
-  const absl::StatusOr<int> tokens =
-      scheduler_.CheckSession(FromProto(request->cache()), request->system_prompt());
-  if (tokens.ok()) response->set_system_prompt_tokens(*tokens);
+  const serving::CacheRequest cache = FromProto(request->cache());
+  const absl::StatusOr<int> tokens = scheduler_.CheckSession(cache, request->system_prompt());
+  if (tokens.ok()) {
+    response->set_system_prompt_tokens(*tokens);
+    *response->mutable_resolved() = ToProto(scheduler_.options().cache.With(cache));
+    if (cache.kv_dtype.has_value()) response->mutable_resolved()->set_kv_dtype(*cache.kv_dtype);
+  }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(tokens.status()));
   return reactor;
@@ -225,25 +263,8 @@ grpc::ServerUnaryReactor* WorkerService::Info(grpc::CallbackServerContext* conte
   response->set_context_length(scheduler_.model().config.max_seq_len);
   response->set_tp_size(identity_.tp_size);
   for (const std::string& p : scheduler_.policies()) response->add_policies(p);
-  v1::CacheSettings* c = response->mutable_default_cache();
-  const serving::CacheDefaults& d = o.cache;
-  c->set_policy(d.policy);
-  if (d.budget_fraction.has_value()) {
-    c->set_budget_fraction(static_cast<float>(*d.budget_fraction));
-  } else {
-    c->set_budget_tokens(d.budget_tokens);
-  }
-  c->set_window(d.window);
-  c->set_alpha(static_cast<float>(d.alpha));
-  c->set_tp_eviction(d.tp_eviction);
-  if (d.positions.has_value()) c->set_positions(*d.positions);
-  c->set_kv_dtype(kernels::KvDTypeName(scheduler_.kv_dtype()));
-  if (d.policy == "episodic") {
-    c->set_episodes(d.episodes);
-    c->set_embedder(d.embedder);
-    c->set_block_tokens(d.block_tokens);
-    c->set_recluster_turns(d.recluster_turns);
-  }
+  *response->mutable_default_cache() = ToProto(o.cache);
+  response->mutable_default_cache()->set_kv_dtype(kernels::KvDTypeName(scheduler_.kv_dtype()));
   response->set_max_tokens_limit(o.limits.max_tokens);
   response->set_chat_format(model::ChatFormatName(o.chat_format));
   response->set_vocab_size(scheduler_.model().config.vocab_size);

@@ -27,6 +27,9 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 // Wire request -> engine request, with the documented defaults for unset fields.
 serving::TurnRequest FromProto(const v1::RunTurnRequest& request, int default_max_tokens);
 serving::CacheRequest FromProto(const v1::CacheSettings& cache);
+// A session's cache settings as they resolve (a worker's defaults, or a request over them);
+// kv_dtype is left unset.
+v1::CacheSettings ToProto(const serving::CacheDefaults& cache);
 
 class WorkerService final : public v1::Worker::CallbackService {
  public:
