@@ -177,17 +177,18 @@ TEST_F(EpisodicServingTest, AnEpisodicConversationGoesFourTimesPastTheContext) {
   EXPECT_EQ(Get(id).total_tokens(), tokens);
 }
 
+// Refused when the session is made (a worker checks its settings), naming the field.
 TEST_F(EpisodicServingTest, BadEpisodicSettingsAreInvalidArgumentNamingTheField) {
-  v1::CacheSettings c = Episodic();
-  c.set_episodes(40);
-  const std::string id = Create(c);
-  v1::ConverseDone done;
-  const grpc::Status st = Say(id, "Hello", &done);
+  grpc::ClientContext ctx;
+  Deadline(&ctx);
+  v1::CreateSessionRequest req;
+  *req.mutable_cache() = Episodic();
+  req.mutable_cache()->set_episodes(40);
+  v1::Session s;
+  const grpc::Status st = stub_->CreateSession(&ctx, req, &s);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_NE(st.error_message().find("cache.episodes: must be in [1, 16], got 40"),
-            std::string::npos)
-      << st.error_message();
-  EXPECT_EQ(Get(id).messages_size(), 0) << "the failed turn is not in the transcript";
+  EXPECT_EQ(st.error_message(), "cache.episodes: must be in [1, 16], got 40");
+  EXPECT_TRUE(s.session_id().empty());
 }
 
 }  // namespace
