@@ -137,13 +137,30 @@ void Conversations::BuildSpec(const SessionRecord& rec, int index,
   TurnSpec& spec = turn.spec;
   // The prompt holds the complete turns only; where the stored transcript has others, the
   // worker's copy may hold them: it compares and rebuilds.
-  const std::vector<StoredMessage> history = CompleteTurns(rec.messages, index);
+  std::vector<StoredMessage> history = CompleteTurns(rec.messages, index);
   if (static_cast<int>(history.size()) != index) spec.send_history = true;
+  // Leading exchanges of the turn's messages whose replies carry their token ids (a new
+  // session made from a conversation whose replies another session kept) go as history, so
+  // the worker replays them as they were generated instead of tokenizing their text.
+  size_t replayed = 0;
+  if (static_cast<int>(history.size()) == index) {
+    for (size_t i = 0; i + 1 < messages.size(); ++i) {  // the last one stays the turn's
+      if (messages[i].role != "assistant") continue;
+      if (messages[i].token_ids.empty() || messages[i].finish == 0) break;
+      replayed = i + 1;
+    }
+  }
+  if (replayed > 0) {
+    history.insert(history.end(), messages.begin(),
+                   messages.begin() + static_cast<std::ptrdiff_t>(replayed));
+    spec.send_history = true;
+  }
   for (const StoredMessage& h : history) spec.history.push_back(ToProto(h));
   spec.bound = rec.worker;
   v1::RunTurnRequest& request = spec.request;
   request.set_session_id(turn.session_id);
-  for (const StoredMessage& m : messages) *request.add_messages() = ToProto(m);
+  for (size_t i = replayed; i < messages.size(); ++i)
+    *request.add_messages() = ToProto(messages[i]);
   request.set_history_length(static_cast<int>(history.size()));
   *request.mutable_sampling() = WithSeed(sampling);
   *request.mutable_cache() = cache;

@@ -422,7 +422,8 @@ void HttpApi::Replay(openai::Endpoint endpoint, const StoredMessage& reply,
 absl::StatusOr<OpenTurn> HttpApi::BeginUnnamed(const std::string& tenant, const std::string& model,
                                                const std::vector<StoredMessage>& messages,
                                                const v1::SamplingParams& sampling) {
-  for (const auto& [length, id] : index_.Find(tenant, messages)) {
+  const auto candidates = index_.Find(tenant, messages);
+  for (const auto& [length, id] : candidates) {
     absl::StatusOr<OpenTurn> open = conversations_.Begin(
         tenant, id,
         [&messages](const SessionRecord& rec) -> absl::StatusOr<TurnMessages> {
@@ -436,12 +437,21 @@ absl::StatusOr<OpenTurn> HttpApi::BeginUnnamed(const std::string& tenant, const 
     // Running, deleted or gone on since it was recorded: the next candidate, or a new session.
     if (open.ok()) return open;
   }
+  // A new session; its replies as the session it was found in holds them (a candidate that
+  // is running or went on), so it replays them exactly (WithReplyTokens).
+  std::vector<StoredMessage> fresh = messages;
+  for (const auto& [length, id] : candidates) {
+    if (absl::StatusOr<SessionRecord> rec = conversations_.store().Get(tenant, id); rec.ok()) {
+      fresh = WithReplyTokens(std::move(fresh), rec->messages);
+      break;
+    }
+  }
   RECALL_ASSIGN_OR_RETURN(const SessionRecord created,
                           conversations_.Create(tenant, model, v1::CacheSettings(), {}, ""));
   absl::StatusOr<OpenTurn> open = conversations_.Begin(
       tenant, created.id,
-      [&messages](const SessionRecord&) -> absl::StatusOr<TurnMessages> {
-        return TurnMessages{0, messages};
+      [&fresh](const SessionRecord&) -> absl::StatusOr<TurnMessages> {
+        return TurnMessages{0, fresh};
       },
       sampling, "http");
   if (!open.ok()) {

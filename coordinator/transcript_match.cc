@@ -47,6 +47,17 @@ TurnMessages MatchTranscript(const std::vector<StoredMessage>& stored,
   return out;
 }
 
+std::vector<StoredMessage> WithReplyTokens(std::vector<StoredMessage> request,
+                                           const std::vector<StoredMessage>& stored) {
+  for (size_t i = 0; i < request.size() && i < stored.size() && Same(stored[i], request[i]); ++i) {
+    if (stored[i].role == "assistant" && request[i].token_ids.empty()) {
+      request[i].token_ids = stored[i].token_ids;
+      request[i].finish = stored[i].finish;
+    }
+  }
+  return request;
+}
+
 void TranscriptIndex::Remember(const std::string& digest, const std::string& id, int length) {
   if (auto old = digest_of_.find(id); old != digest_of_.end()) {
     auto e = by_digest_.find(old->second);

@@ -43,6 +43,13 @@ namespace recall::coordinator {
 TurnMessages MatchTranscript(const std::vector<StoredMessage>& stored,
                              const std::vector<StoredMessage>& request);
 
+// `request` with the token ids and ends `stored` kept for the replies they share (the same
+// messages from the first on, complete): a new session made from the list replays those
+// replies as the model gave them. Tokenized anew, a reply's text can give other tokens, and
+// the next reply then another text (the same list answered differently on a fresh session).
+std::vector<StoredMessage> WithReplyTokens(std::vector<StoredMessage> request,
+                                           const std::vector<StoredMessage>& stored);
+
 class TranscriptIndex {
  public:
   static constexpr int kStoreLookups = 4;

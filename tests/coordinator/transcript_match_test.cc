@@ -53,6 +53,38 @@ TEST(MatchTranscriptTest, ARegeneratedReplyRebuildsFromTheMessageBeforeIt) {
   EXPECT_EQ(m.add[0].content, "Hi");
 }
 
+// A new session made from a list takes the token ids of the replies a stored transcript
+// shares with it, up to where they differ, and only of complete replies.
+TEST(MatchTranscriptTest, WithReplyTokensCopiesTheSharedRepliesTokenIds) {
+  std::vector<StoredMessage> stored = List({{"system", "Tell a story."},
+                                            {"user", "Hi"},
+                                            {"assistant", " Once"},
+                                            {"user", "More"},
+                                            {"assistant", " upon"}});
+  stored[2].token_ids = {7, 8};
+  stored[2].finish = 1;
+  stored[4].token_ids = {9};
+  stored[4].finish = 2;
+  const std::vector<StoredMessage> same = WithReplyTokens(
+      List({{"system", "Tell a story."}, {"user", "Hi"}, {"assistant", " Once"}, {"user", "x"}}),
+      stored);
+  EXPECT_EQ(same[2].token_ids, (std::vector<int32_t>{7, 8}));
+  EXPECT_EQ(same[2].finish, 1);
+  EXPECT_TRUE(same[3].token_ids.empty());
+  // Past a difference nothing is copied (the second reply follows another user message).
+  const std::vector<StoredMessage> other = WithReplyTokens(
+      List({{"system", "Tell a story."}, {"user", "Hey"}, {"assistant", " Once"}}), stored);
+  EXPECT_TRUE(other[2].token_ids.empty());
+  // A reply that was interrupted is not the model's whole reply: not copied.
+  stored[2].state = TurnState::kInterrupted;
+  EXPECT_TRUE(
+      WithReplyTokens(
+          List(
+              {{"system", "Tell a story."}, {"user", "Hi"}, {"assistant", " Once"}, {"user", "x"}}),
+          stored)[2]
+          .token_ids.empty());
+}
+
 TEST(TranscriptIndexTest, FindsTheLongestRecordedPrefixFirstAndOnlyForItsTenant) {
   TranscriptIndex index(100, nullptr);
   const auto one = List({{"user", "a"}, {"assistant", "b"}});

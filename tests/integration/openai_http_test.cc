@@ -188,6 +188,32 @@ TEST_F(OpenAiHttpTest, LogprobsComeWithEveryTokenWholeAndStreamed) {
   EXPECT_EQ(joined, choice["text"].get<std::string>());
 }
 
+// The same list sent again after its session went on (a client's retry, another client
+// with the same conversation) is a new session; its replies are replayed with the tokens the
+// model gave them, so the greedy reply is the one the first session gave. Tokenized anew from
+// their text they gave another reply (found by probing: "Anna's ship is..." against "Anna's
+// owner is...").
+TEST_F(OpenAiHttpTest, AListSentAgainAfterItsSessionWentOnGetsTheSameReply) {
+  const auto chat = [&](const std::vector<Json>& messages) {
+    const HttpReply r = Post("/v1/chat/completions", ChatBody(messages, 20, false));
+    EXPECT_EQ(r.status, 200) << r.body;
+    return std::make_pair(r.JsonBody()["choices"][0]["message"]["content"].get<std::string>(),
+                          r.Header("X-Session-Id"));
+  };
+  for (const char* first : {"Hello there", "Lily and Tom went to the park"}) {
+    const std::vector<Json> m0 = {Message("user", first)};
+    const auto [reply, s1] = chat(m0);
+    std::vector<Json> m1 = m0;
+    m1.push_back(Message("assistant", reply));
+    m1.push_back(Message("user", "client 1 says no"));
+    const auto [continued, s1_again] = chat(m1);
+    EXPECT_EQ(s1_again, s1) << "the list extends the session";
+    const auto [again, s2] = chat(m1);
+    EXPECT_NE(s2, s1) << "the session went on: a new one";
+    EXPECT_EQ(again, continued) << first;
+  }
+}
+
 TEST_F(OpenAiHttpTest, ResendingTheWholeListReusesTheSessionsCache) {
   std::vector<Json> messages = {Message("system", "Tell a story."),
                                 Message("user", "Once upon a time")};
