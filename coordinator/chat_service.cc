@@ -102,9 +102,21 @@ grpc::Status ChatService::GetSession(grpc::ServerContext* context,
                                      v1::Session* response) {
   RECALL_GRPC_ASSIGN_OR_RETURN(const std::string tenant, keys_.Authenticate(*context));
   if (grpc::Status st = CheckSessionId(request->session_id()); !st.ok()) return st;
+  const std::string key = tenant + "/" + request->session_id();
+  const bool running_before = conversations_.Running(key);
   RECALL_GRPC_ASSIGN_OR_RETURN(const SessionRecord r, store_.Get(tenant, request->session_id()));
   ToProto(r, true, response);
-  conversations_.RecallEpisodes(tenant + "/" + r.id, response->mutable_episodes());
+  // A reply this coordinator left in progress with no turn of it running here (its end could
+  // not be stored: a full disk, a store outage) was interrupted: shown so (the session's next
+  // turn settles it in the store). Another coordinator's stays as its lease says.
+  if (!r.messages.empty() && r.messages.back().state == TurnState::kInProgress &&
+      (r.messages.back().writer.empty() ||
+       r.messages.back().writer == conversations_.instance_id()) &&
+      !running_before && !conversations_.Running(key)) {
+    response->mutable_messages(response->messages_size() - 1)
+        ->set_state(v1::TURN_STATE_INTERRUPTED);
+  }
+  conversations_.RecallEpisodes(key, response->mutable_episodes());
   if (response->episodes().windows().empty()) response->clear_episodes();
   v1::TurnDone last;
   if (conversations_.RecallLastTurn(tenant + "/" + r.id, &last)) {

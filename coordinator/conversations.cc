@@ -498,6 +498,11 @@ bool Conversations::MarkRunning(const std::string& key) {
   return running_.insert(key).second;
 }
 
+bool Conversations::Running(const std::string& key) const {
+  absl::MutexLock lock(&mu_);
+  return running_.count(key) > 0 || finishing_.count(key) > 0;
+}
+
 void Conversations::ClearRunning(const std::string& key) {
   absl::MutexLock lock(&mu_);
   running_.erase(key);

@@ -106,6 +106,8 @@ class Conversations {
   int64_t LeaseMs() const { return int64_t{std::max(1, options_.turn_lease_seconds)} * 1000; }
   // This coordinator's id in the replies it writes (StoredMessage::writer): random, per run.
   const std::string& instance_id() const { return instance_id_; }
+  // Whether a turn of the session `key` ("tenant/id") runs here now (or is being stored).
+  bool Running(const std::string& key) const;
   SessionStore& store() const { return store_; }
   TurnRunnerOptions RunnerOptions() const;
 
@@ -222,7 +224,7 @@ class Conversations {
   const CoordinatorOptions options_;
   const std::string instance_id_;
   metrics::Registry& metrics_;
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::set<std::string> running_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> finishing_ ABSL_GUARDED_BY(mu_);  // running, in Finish
   WorkPool journal_pool_;  // the journals' store writes

@@ -697,6 +697,26 @@ TEST_F(CoordinatorTest, ASessionNoTurnCouldServeIsNotCreated) {
   EXPECT_EQ(count(), 1);
 }
 
+// A reply left in progress whose end could not be stored (a full disk: written here by hand)
+// is shown interrupted while no turn of it runs, not streaming forever; the next turn goes on.
+TEST_F(CoordinatorTest, AReplyLeftInProgressWithNoTurnRunningReadsAsInterrupted) {
+  if (testing::RunToExit("command -v sqlite3").code != 0) GTEST_SKIP() << "no sqlite3 CLI";
+  const std::string id = Create();
+  const testing::Exit wrote = testing::RunToExit(
+      "sqlite3 " + dir_ + "/sessions.db \"INSERT INTO messages(session_id, idx, role, content) " +
+      "VALUES ('" + id + "', 1, 'user', CAST('Hi' AS BLOB)); INSERT INTO messages(session_id, " +
+      "idx, role, content, state) VALUES ('" + id + "', 2, 'assistant', CAST(' Once' AS BLOB), " +
+      "1);\"");
+  ASSERT_EQ(wrote.code, 0) << wrote.output;
+  const v1::Session s = Get(id);
+  ASSERT_EQ(s.messages_size(), 3);
+  EXPECT_EQ(s.messages(2).state(), v1::TURN_STATE_INTERRUPTED);
+  EXPECT_EQ(s.turns(), 0);
+  const Reply next = Say(id, "More", 8);
+  EXPECT_TRUE(next.status.ok()) << next.status.error_message();
+  EXPECT_EQ(Get(id).messages(Get(id).messages_size() - 1).state(), v1::TURN_STATE_COMPLETE);
+}
+
 TEST(CoordinatorRedisTest, TwoCoordinatorsShareSessionsThroughRedis) {
   RECALL_REQUIRE_SHARED_FILE(kModel);
   if (!testing::RedisServer::Available()) GTEST_SKIP() << "redis-server is not installed";
