@@ -25,7 +25,7 @@ class RegistryService final : public v1::Registry::Service {
     if (a.empty() || a.find(':') == std::string::npos || a.size() > 256) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "address: expected HOST:PORT");
     }
-    workers_.Add(a);
+    workers_.Add(a, /*registered=*/true);
     return grpc::Status::OK;
   }
 

@@ -3,14 +3,17 @@
 #include <algorithm>
 #include <chrono>
 
+#include "common/logging.h"
+
 namespace recall::coordinator {
 
 WorkerRegistry::WorkerRegistry(metrics::Registry* metrics, absl::Duration heartbeat, int max_misses,
-                               grpcutil::ClusterCredential cluster)
+                               grpcutil::ClusterCredential cluster, absl::Duration forget_after)
     : metrics_(metrics),
       heartbeat_(heartbeat),
       max_misses_(max_misses),
       cluster_(std::move(cluster)),
+      forget_after_(forget_after),
       thread_([this] { Loop(); }) {}
 
 WorkerRegistry::~WorkerRegistry() {
@@ -21,7 +24,7 @@ WorkerRegistry::~WorkerRegistry() {
   thread_.join();
 }
 
-void WorkerRegistry::Add(const std::string& address) {
+void WorkerRegistry::Add(const std::string& address, bool registered) {
   bool known = false;
   {
     absl::MutexLock lock(&mu_);
@@ -31,10 +34,13 @@ void WorkerRegistry::Add(const std::string& address) {
       // other flags), no longer draining.
       e.view.draining = false;
       e.refresh_info = true;
+      e.registered = e.registered && registered;  // one of --workers stays
+      e.down_since = absl::InfiniteFuture();
       known = true;
     }
     if (!known) {
       Entry e;
+      e.registered = registered;
       e.view.address = address;
       e.view.stub =
           v1::Worker::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
@@ -160,6 +166,7 @@ void WorkerRegistry::Poll(const std::vector<std::string>& addresses, bool refres
         if (e.view.address != p->address) continue;
         if (p->load_status.ok()) {
           e.misses = 0;
+          e.down_since = absl::InfiniteFuture();
           e.view.healthy = true;
           e.view.load = p->load;
           if (p->want_info && p->info_status.ok()) {
@@ -169,6 +176,7 @@ void WorkerRegistry::Poll(const std::vector<std::string>& addresses, bool refres
         } else if (++e.misses >= max_misses_) {
           e.view.healthy = false;
           e.refresh_info = true;
+          e.down_since = std::min(e.down_since, absl::Now());
           for (auto it = watchers_.begin(); it != watchers_.end();) {
             if (it->second.address == p->address) {
               down.push_back(std::move(it->second.on_down));
@@ -182,6 +190,15 @@ void WorkerRegistry::Poll(const std::vector<std::string>& addresses, bool refres
     }
   }
   for (const std::function<void()>& f : down) f();
+  absl::MutexLock lock(&mu_);
+  std::erase_if(workers_, [this](const Entry& e) {
+    const bool forget = e.registered && absl::Now() - e.down_since >= forget_after_;
+    if (forget) {
+      RECALL_LOG(WARNING) << "worker " << e.view.address << " registered itself and has been down "
+                          << "for " << absl::FormatDuration(forget_after_) << ": forgotten";
+    }
+    return forget;
+  });
 }
 
 uint64_t WorkerRegistry::Watch(const std::string& address, std::function<void()> on_down) {

@@ -10,6 +10,9 @@
 // every tenth heartbeat, so a worker restarted on its address with another model or other
 // flags is seen as it is now. Drain(address) keeps a worker serving its bound sessions'
 // running turns but routes no new sessions to it, until it registers again (a restart).
+// A worker that registered itself (not one of --workers) and stays down for `forget_after`
+// is forgotten: one that restarted on another port, or went away for good, is not polled
+// forever.
 #pragma once
 
 #include <atomic>
@@ -44,14 +47,15 @@ class WorkerRegistry {
   // With `metrics`, each worker gets gauges (up, sessions, free KV blocks, active and
   // queued turns) labelled worker="<address>".
   // `cluster` is attached to every call to a worker (Attach below for the callers' own).
-  explicit WorkerRegistry(
-      metrics::Registry* metrics = nullptr, absl::Duration heartbeat = absl::Milliseconds(500),
-      int max_misses = 3,
-      grpcutil::ClusterCredential cluster = grpcutil::ClusterCredential::Open());
+  explicit WorkerRegistry(metrics::Registry* metrics = nullptr,
+                          absl::Duration heartbeat = absl::Milliseconds(500), int max_misses = 3,
+                          grpcutil::ClusterCredential cluster = grpcutil::ClusterCredential::Open(),
+                          absl::Duration forget_after = absl::Minutes(10));
   ~WorkerRegistry();
 
   // A known address is polled again (its Info read anew) and no longer draining.
-  void Add(const std::string& address);
+  // `registered`: the worker registered itself (forgotten once down for forget_after).
+  void Add(const std::string& address, bool registered = false);
   void Drain(const std::string& address);
   // Marks a worker down at once (a stream to it broke); the heartbeat revives it.
   void ReportFailure(const std::string& address);
@@ -73,6 +77,8 @@ class WorkerRegistry {
     WorkerView view;
     int misses = 0;
     bool refresh_info = true;  // read its Info at the next poll
+    bool registered = false;   // through recall.v1.Registry, not --workers
+    absl::Time down_since = absl::InfiniteFuture();  // while marked down
   };
   void Loop();
   // Polls these workers at once and waits for every answer (or its deadline).
@@ -82,6 +88,7 @@ class WorkerRegistry {
   const absl::Duration heartbeat_;
   const int max_misses_;
   const grpcutil::ClusterCredential cluster_;
+  const absl::Duration forget_after_;
   mutable absl::Mutex mu_;
   std::vector<Entry> workers_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
