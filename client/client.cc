@@ -77,7 +77,8 @@ absl::StatusOr<v1::Session> Client::CreateSession(const v1::CreateSessionRequest
   Prepare(&ctx);
   v1::Session out;
   grpc::Status s = stub_->CreateSession(&ctx, request, &out);
-  if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE &&
+      channel_->GetState(false) != GRPC_CHANNEL_READY) {  // else the server said so itself
     return absl::UnavailableError(absl::StrCat("cannot reach ", options_.address,
                                                " (is recall serve or recall-coordinator running "
                                                "there?): ",

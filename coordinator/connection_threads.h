@@ -5,7 +5,9 @@
 // clients held every thread and the API answered no one else (found by probing). Here each
 // connection gets a thread of its own at once, up to `max_threads` at a time; connections
 // past that wait in order for a thread to end. Threads that ended are joined as new ones
-// start, and all of them by shutdown().
+// start, and all of them by shutdown(). When no thread can be started (a process limit),
+// the connection waits for a running one, or with none running is served on the caller's
+// (the accepting) thread.
 #pragma once
 
 #include <httplib.h>
@@ -46,6 +48,7 @@ class ConnectionThreads final : public httplib::TaskQueue {
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
   std::list<Runner> runners_ ABSL_GUARDED_BY(mu_);
   int running_ ABSL_GUARDED_BY(mu_) = 0;
+  bool warned_ ABSL_GUARDED_BY(mu_) = false;  // that a thread could not be started
 };
 
 }  // namespace recall::coordinator

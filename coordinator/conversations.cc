@@ -405,6 +405,8 @@ absl::Status Conversations::CheckKvDtype(const v1::CacheSettings& cache) const {
 absl::StatusOr<v1::CacheSettings> Conversations::CheckNewSession(
     const std::string& model, const v1::CacheSettings& cache,
     const std::string& system_prompt) const {
+  // No model named among several: which one serves the session is not known yet.
+  if (model.empty() && Models().size() > 1) return cache;
   for (const WorkerView& w : WorkersStoring(workers_.Snapshot(), cache.kv_dtype())) {
     if (!w.healthy || w.draining || w.stub == nullptr) continue;
     if (!model.empty() && w.info.model() != model) continue;

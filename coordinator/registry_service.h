@@ -25,7 +25,10 @@ class RegistryService final : public v1::Registry::Service {
     if (a.empty() || a.find(':') == std::string::npos || a.size() > 256) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "address: expected HOST:PORT");
     }
-    workers_.Add(a, /*registered=*/true);
+    if (request->instance().size() > 64) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "instance: at most 64 bytes");
+    }
+    workers_.Add(a, /*registered=*/true, request->instance());
     return grpc::Status::OK;
   }
 

@@ -72,4 +72,15 @@ std::vector<WorkerView> WorkersStoring(const std::vector<WorkerView>& workers,
   return out;
 }
 
+std::vector<WorkerView> WorkersServing(const std::vector<WorkerView>& workers,
+                                       const std::string& policy) {
+  if (policy.empty()) return workers;
+  std::vector<WorkerView> out;
+  for (const WorkerView& w : workers) {
+    const auto& p = w.info.policies();
+    if (p.empty() || std::find(p.begin(), p.end(), policy) != p.end()) out.push_back(w);
+  }
+  return out;
+}
+
 }  // namespace recall::coordinator

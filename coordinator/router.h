@@ -34,4 +34,10 @@ std::optional<RouteDecision> Route(const std::vector<WorkerView>& workers,
 std::vector<WorkerView> WorkersStoring(const std::vector<WorkerView>& workers,
                                        const std::string& kv_dtype);
 
+// The workers that serve cache policy `policy` (their Info's policies; episodic only where
+// a worker runs it); all of them when `policy` is empty. A worker whose Info has not
+// arrived yet is kept (its turn says).
+std::vector<WorkerView> WorkersServing(const std::vector<WorkerView>& workers,
+                                       const std::string& policy);
+
 }  // namespace recall::coordinator

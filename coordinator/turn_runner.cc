@@ -42,12 +42,18 @@ class TurnRunner::Call final : public grpc::ClientReadReactor<v1::TurnEvent> {
 
   void Start(std::shared_ptr<Call> self) {
     // A worker that hangs (stopped, wedged) keeps its stream open without a word: when its
-    // heartbeats mark it down, the call ends, and the turn fails over like a broken stream.
+    // heartbeats mark it down and its stream has been silent too, the call ends, and the turn
+    // fails over like a broken stream. (A worker whose heartbeats are late while its tokens
+    // come, on a starved machine, keeps its turn.)
+    {
+      absl::MutexLock lock(&event_mu_);
+      last_event_ = absl::Now();
+    }
     watch_ = runner_->workers_.Watch(worker_, [weak = std::weak_ptr<Call>(self)] {
-      if (std::shared_ptr<Call> call = weak.lock()) {
-        call->worker_down_ = true;
-        call->Cancel();
-      }
+      std::shared_ptr<Call> call = weak.lock();
+      if (call == nullptr || absl::Now() - call->LastEvent() < kSilence) return;
+      call->worker_down_ = true;
+      call->Cancel();
     });
     self_ = std::move(self);
     runner_->workers_.Attach(&context_);
@@ -61,6 +67,10 @@ class TurnRunner::Call final : public grpc::ClientReadReactor<v1::TurnEvent> {
 
   void OnReadDone(bool ok) override {
     if (!ok) return;  // the stream ended: OnDone follows with its status
+    {
+      absl::MutexLock lock(&event_mu_);
+      last_event_ = absl::Now();
+    }
     runner_->OnEvent(event_);
     StartRead(&event_);
   }
@@ -88,8 +98,16 @@ class TurnRunner::Call final : public grpc::ClientReadReactor<v1::TurnEvent> {
   grpc::ClientContext context_;
   v1::TurnEvent event_;
   std::shared_ptr<Call> self_;
+  absl::Time LastEvent() {
+    absl::MutexLock lock(&event_mu_);
+    return last_event_;
+  }
+  static constexpr absl::Duration kSilence = absl::Seconds(2);
+
   uint64_t watch_ = 0;
   std::atomic<bool> worker_down_{false};
+  absl::Mutex event_mu_;
+  absl::Time last_event_ ABSL_GUARDED_BY(event_mu_);
 };
 
 // A unary call to the turn's worker before the runner reports the end, on a reactor for the
@@ -206,7 +224,15 @@ void TurnRunner::NextAttempt() {
   {
     const std::vector<WorkerView> all = workers_.Snapshot();
     const std::string& kv_dtype = spec_.request.cache().kv_dtype();
-    const std::vector<WorkerView> snapshot = WorkersStoring(all, kv_dtype);
+    const std::string& policy = spec_.request.cache().policy();
+    const std::vector<WorkerView> typed = WorkersStoring(all, kv_dtype);
+    const std::vector<WorkerView> snapshot = WorkersServing(typed, policy);
+    if (snapshot.empty() && !typed.empty()) {
+      Fail(absl::FailedPreconditionError(
+          absl::StrCat("cache.policy: no worker serves ", policy,
+                       " now (the session was made with it; episodic runs only on one CPU rank)")));
+      return;
+    }
     if (snapshot.empty() && !all.empty()) {
       std::vector<std::string> types;
       for (const WorkerView& w : all) {

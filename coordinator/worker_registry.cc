@@ -24,30 +24,38 @@ WorkerRegistry::~WorkerRegistry() {
   thread_.join();
 }
 
-void WorkerRegistry::Add(const std::string& address, bool registered) {
-  bool known = false;
+void WorkerRegistry::Add(const std::string& address, bool registered, const std::string& instance) {
+  bool known = false, restarted = false;
   {
     absl::MutexLock lock(&mu_);
     for (Entry& e : workers_) {
       if (e.view.address != address) continue;
-      // Registering again: a worker restarted on its address (maybe with another model or
-      // other flags), no longer draining.
-      e.view.draining = false;
-      e.refresh_info = true;
-      e.registered = e.registered && registered;  // one of --workers stays
-      e.down_since = absl::InfiniteFuture();
       known = true;
+      if (instance.empty() || instance == e.instance) continue;  // the periodic repeat
+      // Another process at this address: a worker restarted (maybe with another model or
+      // other flags), no longer draining.
+      restarted = !e.instance.empty();
+      e.instance = instance;
+      if (restarted) {
+        e.view.draining = false;
+        e.refresh_info = true;
+      }
     }
     if (!known) {
       Entry e;
       e.registered = registered;
+      e.instance = instance;
       e.view.address = address;
       e.view.stub =
           v1::Worker::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
       workers_.push_back(std::move(e));
     }
   }
-  if (metrics_ != nullptr && !known) {
+  if (known) {
+    if (restarted) Poll({address}, true);
+    return;
+  }
+  if (metrics_ != nullptr) {
     const std::string label = "worker=\"" + address + "\"";
     auto gauge = [&](const char* name, const char* help, auto read) {
       metrics_->AddCallbackGauge(name, help, [this, address, read] {
@@ -165,6 +173,8 @@ void WorkerRegistry::Poll(const std::vector<std::string>& addresses, bool refres
       for (Entry& e : workers_) {
         if (e.view.address != p->address) continue;
         if (p->load_status.ok()) {
+          // Back after being marked down: a restart, likely (one drained for it serves again).
+          if (e.misses >= max_misses_) e.view.draining = false;
           e.misses = 0;
           e.down_since = absl::InfiniteFuture();
           e.view.healthy = true;
@@ -177,13 +187,8 @@ void WorkerRegistry::Poll(const std::vector<std::string>& addresses, bool refres
           e.view.healthy = false;
           e.refresh_info = true;
           e.down_since = std::min(e.down_since, absl::Now());
-          for (auto it = watchers_.begin(); it != watchers_.end();) {
-            if (it->second.address == p->address) {
-              down.push_back(std::move(it->second.on_down));
-              it = watchers_.erase(it);
-            } else {
-              ++it;
-            }
+          for (const auto& [id, w] : watchers_) {
+            if (w.address == p->address) down.push_back(w.on_down);
           }
         }
       }

@@ -53,17 +53,20 @@ class WorkerRegistry {
                           absl::Duration forget_after = absl::Minutes(10));
   ~WorkerRegistry();
 
-  // A known address is polled again (its Info read anew) and no longer draining.
-  // `registered`: the worker registered itself (forgotten once down for forget_after).
-  void Add(const std::string& address, bool registered = false);
+  // `registered`: the worker registered itself (forgotten once down for forget_after), as
+  // process `instance` (RegisterRequest.instance; "" unknown). A known address registering as
+  // another instance is a restarted worker: polled again (its Info read anew) and no longer
+  // draining; as the same one (the periodic repeat), nothing changes.
+  void Add(const std::string& address, bool registered = false, const std::string& instance = "");
   void Drain(const std::string& address);
   // Marks a worker down at once (a stream to it broke); the heartbeat revives it.
   void ReportFailure(const std::string& address);
   // Polls every worker once now (also done by the background thread).
   void PollAll();
 
-  // `on_down` runs once, on the registry's thread, if the worker at `address` is marked down
-  // by its heartbeats before Unwatch(the id returned). It must not call the registry.
+  // `on_down` runs on the registry's thread after each poll that finds the worker at `address`
+  // marked down (heartbeats missed), until Unwatch(the id returned). It must not call the
+  // registry.
   uint64_t Watch(const std::string& address, std::function<void()> on_down);
   void Unwatch(uint64_t id);
 
@@ -78,6 +81,7 @@ class WorkerRegistry {
     int misses = 0;
     bool refresh_info = true;  // read its Info at the next poll
     bool registered = false;   // through recall.v1.Registry, not --workers
+    std::string instance;      // the process that registered last ("" unknown)
     absl::Time down_since = absl::InfiniteFuture();  // while marked down
   };
   void Loop();

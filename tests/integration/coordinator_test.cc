@@ -990,6 +990,15 @@ TEST(CoordinatorRegistrationTest, AWorkerRegistersItselfAndServes) {
   drain.set_address(worker_address);
   v1::DrainResponse drained;
   ASSERT_TRUE(registry->Drain(&dctx, drain, &drained).ok());
+  // The worker registers again every 5 s as it runs: that repeat keeps it drained.
+  std::this_thread::sleep_for(std::chrono::seconds(6));
+  {
+    grpc::ClientContext lctx;
+    models.Clear();
+    ASSERT_TRUE(stub->ListModels(&lctx, v1::ListModelsRequest(), &models).ok());
+    ASSERT_EQ(models.models_size(), 1);
+    EXPECT_EQ(models.models(0).workers(), 0) << "still draining while it runs";
+  }
   worker.Stop();
   ASSERT_TRUE(worker.Start(
       RECALL_WORKER_BINARY,

@@ -7,6 +7,7 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -51,6 +52,9 @@ class Registration {
         cluster_(std::move(cluster)),
         thread_([this, coordinator, advertise] {
           std::optional<bool> reported;  // the last outcome told (none yet: the first is)
+          std::random_device rd;
+          const std::string instance =
+              absl::StrCat(absl::Hex(rd(), absl::kZeroPad8), absl::Hex(rd(), absl::kZeroPad8));
           absl::MutexLock lock(&mu_);
           while (!stop_) {
             grpc::ClientContext ctx;
@@ -58,6 +62,7 @@ class Registration {
             cluster_.Attach(&ctx);
             v1::RegisterRequest req;
             req.set_address(advertise);
+            req.set_instance(instance);
             v1::RegisterResponse resp;
             mu_.Unlock();
             const grpc::Status st = stub_->Register(&ctx, req, &resp);

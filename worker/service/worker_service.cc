@@ -247,8 +247,13 @@ grpc::ServerUnaryReactor* WorkerService::CheckSession(grpc::CallbackServerContex
   const absl::StatusOr<int> tokens = scheduler_.CheckSession(cache, request->system_prompt());
   if (tokens.ok()) {
     response->set_system_prompt_tokens(*tokens);
-    *response->mutable_resolved() = ToProto(scheduler_.options().cache.With(cache));
-    if (cache.kv_dtype.has_value()) response->mutable_resolved()->set_kv_dtype(*cache.kv_dtype);
+    const serving::CacheDefaults resolved = scheduler_.options().cache.With(cache);
+    v1::CacheSettings* out = response->mutable_resolved();
+    *out = ToProto(resolved);
+    // Unset, positions depend on the worker's flags: the session keeps what they gave here.
+    out->set_positions(resolved.policy != "full" && resolved.positions != "original" ? "compact"
+                                                                                     : "original");
+    if (cache.kv_dtype.has_value()) out->set_kv_dtype(*cache.kv_dtype);
   }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(tokens.status()));
