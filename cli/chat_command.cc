@@ -255,7 +255,14 @@ const flags::FlagSet<ChatOptions>& ChatFlags() {
 
 absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag) {
   if (path.empty()) return std::string();
-  return ReadSmallFile(absl::StrCat("--", flag), path, kMaxPemBytes);
+  RECALL_ASSIGN_OR_RETURN(std::string pem,
+                          ReadSmallFile(absl::StrCat("--", flag), path, kMaxPemBytes));
+  // gRPC's own word for a file that is no PEM is "empty address list".
+  if (pem.find("-----BEGIN ") == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": ", path, " is not PEM (no -----BEGIN line)"));
+  }
+  return pem;
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Connect(const ConnectOptions& c) {
@@ -264,6 +271,10 @@ absl::StatusOr<std::unique_ptr<Client>> Connect(const ConnectOptions& c) {
   ClientOptions o;
   o.address = c.server;
   o.api_key = c.api_key;
+  if (c.tls_cert.empty() != c.tls_key.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls-cert and --tls-key go together (a client certificate and its key, for mTLS)");
+  }
   if (!c.tls_ca.empty() || !c.tls_cert.empty()) {
     grpc::SslCredentialsOptions ssl;
     RECALL_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem(c.tls_ca, "tls-ca"));

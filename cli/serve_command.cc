@@ -41,6 +41,7 @@ struct ServeOptions {
   int metrics_port = 0;                        // the coordinator's /metrics: 0 a free port, -1 off
   std::string api_keys;   // "<key> <tenant>" lines; empty: no auth
   std::string port_file;  // "grpc=PORT http=PORT" once ready
+  coordinator::CoordinatorOptions limits;  // the coordinator's limits (the --max-* flags)
   service::WorkerOptions worker;
   ServeOptions() {
     worker.listen = "127.0.0.1:0";
@@ -77,6 +78,15 @@ const flags::FlagSet<ServeOptions>& ServeFlags() {
         .String(
             "port-file", "PATH", "write \"grpc=PORT http=PORT\" once ready (http=0: off)",
             [](auto& o) -> auto& { return o.port_file; })
+        .Int(
+            "max-message-bytes", "N", "user message / system prompt limit (default 262144)",
+            [](auto& o) -> auto& { return o.limits.max_message_bytes; }, 1, 64 << 20)
+        .Int(
+            "max-turns", "N", "exchanges per session (default 10000)",
+            [](auto& o) -> auto& { return o.limits.max_turns; }, 1, 1 << 30)
+        .Int(
+            "max-sessions", "N", "sessions per tenant (default 100000)",
+            [](auto& o) -> auto& { return o.limits.max_sessions_per_tenant; }, 1, 1 << 30)
         .Include(service::WorkerFlags(), [](auto& o) -> auto& { return o.worker; },
                  {"listen", "port-file", "coordinator", "advertise", "metrics-port"})
         .Help("kv-cache-bytes",
@@ -166,6 +176,9 @@ absl::Status Serve(const ServeOptions& o) {
   c.api_keys_path = o.api_keys;
   c.cluster_token_file = worker_options.cluster_token_file;
   c.metrics_port = o.metrics_port;
+  c.options.max_message_bytes = o.limits.max_message_bytes;
+  c.options.max_turns = o.limits.max_turns;
+  c.options.max_sessions_per_tenant = o.limits.max_sessions_per_tenant;
   if (o.http_listen != "off") c.http_listen = o.http_listen;
   absl::StatusOr<std::unique_ptr<coordinator::CoordinatorServer>> started =
       coordinator::CoordinatorServer::Start(c);

@@ -40,7 +40,10 @@ std::unique_ptr<Client> Client::Connect(ClientOptions options) {
 
 Client::Client(ClientOptions options) : options_(std::move(options)) {
   auto creds = options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials();
-  channel_ = grpc::CreateChannel(options_.address, creds);
+  // A long session's transcript (GetSession) can pass gRPC's default 4 MiB limit.
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  channel_ = grpc::CreateCustomChannel(options_.address, creds, args);
   stub_ = v1::Chat::NewStub(channel_);
 }
 

@@ -198,7 +198,9 @@ absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
             << " messages and added " << m.add.size();
         if (m.keep / 2 >= options_.max_turns) {
           return absl::FailedPreconditionError(absl::StrCat(
-              "session_id: the session has reached the limit of ", options_.max_turns, " turns"));
+              "session_id: the session has reached the limit of ", options_.max_turns,
+              " turns (the coordinator's max_turns); start a new session, or have the limit "
+              "raised (not retryable)"));
         }
         if (m.keep < rec.message_count) {
           turn.replaced.assign(rec.messages.begin() + m.keep, rec.messages.end());

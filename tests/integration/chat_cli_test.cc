@@ -170,6 +170,7 @@ TEST(ChatCliTest, CommandsStayLocalAndAChatWithoutMessagesLeavesNoSession) {
   EXPECT_EQ(RunSessions(dir, address, "--json show " + id), json) << "--json anywhere";
 
   // Mistakes are usage errors (2) that say what the command takes.
+  std::ofstream(dir + "/not.pem") << "not a certificate\n";
   const auto sessions = [&](const std::string& args) {
     return testing::RunToExit(std::string(RECALL_CLI_BINARY) + " sessions " + args + " --server " +
                               address);
@@ -178,7 +179,12 @@ TEST(ChatCliTest, CommandsStayLocalAndAChatWithoutMessagesLeavesNoSession) {
            {"foo", "unknown sessions command \"foo\" (list, show ID [--json], delete ID)"},
            {"show a b", "show: needs one session id, got 2"},
            {"list extra", "list: takes no session id and no --json"},
-           {"delete " + id + " --json", "delete: takes no --json"}}) {
+           {"delete " + id + " --json", "delete: takes no --json"},
+           // TLS files: a certificate without its key was taken (and a key alone ignored: a
+           // plaintext call); a CA file that is no PEM read as gRPC's "empty address list".
+           {"list --tls-cert " + dir + "/any.pem", "--tls-cert and --tls-key go together"},
+           {"list --tls-key " + dir + "/any.pem", "--tls-cert and --tls-key go together"},
+           {"list --tls-ca " + dir + "/not.pem", "--tls-ca: " + dir + "/not.pem is not PEM"}}) {
     const testing::Exit e = sessions(args);
     EXPECT_EQ(e.code, 2) << args << ": " << e.output;
     EXPECT_NE(e.output.find(message), std::string::npos) << args << ": " << e.output;

@@ -93,6 +93,30 @@ TEST(ClientSdkTest, ASessionAskedForBeforeItsServerListensIsMadeOnceItDoes) {
   EXPECT_FALSE(made->session_id().empty());
 }
 
+// A long session's transcript passes gRPC's default 4 MiB message limit: the SDK takes it
+// (recall sessions show and recall chat --session failed on it).
+TEST(ClientSdkTest, ATranscriptOverFourMebibytesIsRead) {
+  RECALL_REQUIRE_SHARED_FILE(kModel);
+  if (testing::RunToExit("command -v sqlite3").code != 0) GTEST_SKIP() << "no sqlite3 CLI";
+  const std::string dir = testing::MakeTempDir("sdk_big");
+  ServerProcess worker, coordinator;
+  std::string error;
+  const std::string address = testing::StartServe(dir, worker, coordinator, &error);
+  ASSERT_FALSE(address.empty()) << error;
+  auto client = Client::Connect({.address = address});
+  const absl::StatusOr<v1::Session> made = client->CreateSession({});
+  ASSERT_TRUE(made.ok()) << made.status();
+  // 5.2 MB of text in one message (written by hand: a transcript grown over many turns).
+  const testing::Exit wrote = testing::RunToExit(
+      "sqlite3 " + dir + "/sessions.db \"INSERT INTO messages(session_id, idx, role, content) " +
+      "VALUES ('" + made->session_id() + "', 0, 'user', CAST(hex(zeroblob(2600000)) AS BLOB));\"");
+  ASSERT_EQ(wrote.code, 0) << wrote.output;
+  const absl::StatusOr<v1::Session> read = client->GetSession(made->session_id());
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_EQ(read->messages_size(), 1);
+  EXPECT_EQ(read->messages(0).content().size(), 5200000u);
+}
+
 // A reply stopped by the client (Cancel) and the session's next message sent at once: the
 // client sees its cancel before the coordinator does, which may refuse the next turn as "a
 // turn of this session is running" (retryable); the SDK asks again, so the message is taken.

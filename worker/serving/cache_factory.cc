@@ -202,7 +202,17 @@ absl::StatusOr<SessionCacheSpec> CacheFactory::Make(const CacheDefaults& d, uint
     }
     spec.episodes = d.episodes;
     spec.embedder = d.embedder;
-    spec.block_tokens = d.block_tokens;
+    // An episode's build holds its budget and a block at once, within the context: a larger
+    // block is cut to fit (the default 2048 on a 512-token model failed every build, and only
+    // the worker's log said so).
+    const int budget = static_cast<int>(o.budget.budget);
+    if (config_.max_seq_len - budget < 16) {
+      return Invalid(prefix + (d.budget_fraction.has_value() ? "budget_fraction" : "budget_tokens"),
+                     absl::StrCat("an episode's budget of ", budget,
+                                  " tokens leaves no block of 16 in the context length ",
+                                  config_.max_seq_len));
+    }
+    spec.block_tokens = std::min(d.block_tokens, config_.max_seq_len - budget);
     spec.recluster_turns = d.recluster_turns;
   }
   return spec;

@@ -236,7 +236,8 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
         return absl::InvalidArgumentError(
             absl::StrCat("messages: the conversation needs ", context, " tokens of context (",
                          s->cache()->next_position(), " so far + ", tokens.size(),
-                         " new), the model's context length is ", config.max_seq_len));
+                         " new), the model's context length is ", config.max_seq_len,
+                         "; a session whose cache policy evicts goes on past it (start one)"));
       }
       if (!tokens.empty()) {
         t.session = s;

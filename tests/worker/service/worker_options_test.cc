@@ -176,6 +176,30 @@ TEST(WorkerOptionsTest, ABudgetBelowWhatThePolicyAlwaysKeepsIsRefusedNotRaised) 
   EXPECT_TRUE(factory->Resolve(r, 1).ok());
 }
 
+// An episodic session's block is cut to what the context leaves beside the budget (the
+// default 2048 on a 512-token model failed every episode build); a budget that leaves no
+// block of 16 is refused naming it.
+TEST(WorkerOptionsTest, AnEpisodicBlockIsCutToFitTheContextBesideTheBudget) {
+  model::ModelConfig config = testing::TinyModelConfig(2, 64);
+  config.max_seq_len = 512;
+  serving::CacheDefaults d;
+  d.policy = "episodic";
+  d.budget_tokens = 48;
+  auto factory = serving::CacheFactory::Create(d, config, config.n_kv_heads, 1);
+  ASSERT_TRUE(factory.ok()) << factory.status();
+  auto spec = factory->Resolve(serving::CacheRequest(), 1);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->block_tokens, 512 - 48);
+  serving::CacheRequest small;
+  small.block_tokens = 96;
+  EXPECT_EQ(factory->Resolve(small, 1)->block_tokens, 96);
+  serving::CacheRequest huge;
+  huge.budget_tokens = 500;
+  EXPECT_EQ(factory->Resolve(huge, 1).status().message(),
+            "cache.budget_tokens: an episode's budget of 500 tokens leaves no block of 16 in the "
+            "context length 512");
+}
+
 TEST(WorkerOptionsTest, CaoteRescoresThePoliciesWithAnAttentionEstimateOnCpuRanks) {
   const model::ModelConfig config = testing::TinyModelConfig(2, 64);
   WorkerOptions o;
