@@ -78,15 +78,8 @@ const flags::FlagSet<ServeOptions>& ServeFlags() {
         .String(
             "port-file", "PATH", "write \"grpc=PORT http=PORT\" once ready (http=0: off)",
             [](auto& o) -> auto& { return o.port_file; })
-        .Int(
-            "max-message-bytes", "N", "user message / system prompt limit (default 262144)",
-            [](auto& o) -> auto& { return o.limits.max_message_bytes; }, 1, 64 << 20)
-        .Int(
-            "max-turns", "N", "exchanges per session (default 10000)",
-            [](auto& o) -> auto& { return o.limits.max_turns; }, 1, 1 << 30)
-        .Int(
-            "max-sessions", "N", "sessions per tenant (default 100000)",
-            [](auto& o) -> auto& { return o.limits.max_sessions_per_tenant; }, 1, 1 << 30)
+        .Include(
+            coordinator::LimitFlags(), [](auto& o) -> auto& { return o.limits; })
         .Include(service::WorkerFlags(), [](auto& o) -> auto& { return o.worker; },
                  {"listen", "port-file", "coordinator", "advertise", "metrics-port"})
         .Help("kv-cache-bytes",
@@ -176,9 +169,7 @@ absl::Status Serve(const ServeOptions& o) {
   c.api_keys_path = o.api_keys;
   c.cluster_token_file = worker_options.cluster_token_file;
   c.metrics_port = o.metrics_port;
-  c.options.max_message_bytes = o.limits.max_message_bytes;
-  c.options.max_turns = o.limits.max_turns;
-  c.options.max_sessions_per_tenant = o.limits.max_sessions_per_tenant;
+  c.options = o.limits;
   if (o.http_listen != "off") c.http_listen = o.http_listen;
   absl::StatusOr<std::unique_ptr<coordinator::CoordinatorServer>> started =
       coordinator::CoordinatorServer::Start(c);

@@ -107,15 +107,8 @@ const flags::FlagSet<CoordinatorConfig>& CoordinatorFlags() {
               return absl::OkStatus();
             },
             [](const CoordinatorConfig&) { return std::vector<std::string>{}; })
-        .Int(
-            "max-message-bytes", "N", "user message / system prompt limit (default 262144)",
-            [](auto& o) -> auto& { return o.options.max_message_bytes; }, 1, 64 << 20)
-        .Int(
-            "max-turns", "N", "exchanges per session (default 10000)",
-            [](auto& o) -> auto& { return o.options.max_turns; }, 1, 1 << 30)
-        .Int(
-            "max-sessions", "N", "sessions per tenant (default 100000)",
-            [](auto& o) -> auto& { return o.options.max_sessions_per_tenant; }, 1, 1 << 30)
+        .Include(
+            LimitFlags(), [](auto& o) -> auto& { return o.options; })
         .Int(
             "turn-lease", "SECONDS",
             "how long a session turn in progress stays claimed by the coordinator running it\n"

@@ -132,4 +132,22 @@ void CoordinatorServer::Shutdown(std::chrono::milliseconds grace) {
 
 CoordinatorServer::~CoordinatorServer() { Shutdown(); }
 
+const flags::FlagSet<CoordinatorOptions>& LimitFlags() {
+  static const flags::FlagSet<CoordinatorOptions>* const kFlags = [] {
+    auto* f = new flags::FlagSet<CoordinatorOptions>();
+    f->Section("coordinator")
+        .Int(
+            "max-message-bytes", "N", "user message / system prompt limit (default 262144)",
+            [](auto& o) -> auto& { return o.max_message_bytes; }, 1, 64 << 20)
+        .Int(
+            "max-turns", "N", "exchanges per session (default 10000)",
+            [](auto& o) -> auto& { return o.max_turns; }, 1, 1 << 30)
+        .Int(
+            "max-sessions", "N", "sessions per tenant (default 100000)",
+            [](auto& o) -> auto& { return o.max_sessions_per_tenant; }, 1, 1 << 30);
+    return f;
+  }();
+  return *kFlags;
+}
+
 }  // namespace recall::coordinator

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/flags.h"
 #include "common/metrics/http_server.h"
 #include "coordinator/chat_service.h"
 #include "coordinator/conversations.h"
@@ -67,5 +68,9 @@ class CoordinatorServer {
   std::unique_ptr<HttpApi> http_api_;
   int port_ = 0;
 };
+
+// The limit flags (--max-message-bytes, --max-turns, --max-sessions), for recall-coordinator
+// and recall serve alike.
+const flags::FlagSet<CoordinatorOptions>& LimitFlags();
 
 }  // namespace recall::coordinator
