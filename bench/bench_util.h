@@ -36,3 +36,11 @@ double MeasureCopyBandwidthGBs(int num_threads = 0);
 double MeasureSgemmGflops(int m, int n, int k, int num_threads = 0);
 
 }  // namespace recall::bench
+
+// The --model and --tokenizer lines of the stories260K benchmarks' --help (string literal
+// pieces, for a usage text made of literals).
+#define RECALL_BENCH_STORIES_FLAGS_HELP                                                   \
+  "  --model PATH            (default " RECALL_SHARED_DIR_DEFAULT                         \
+  "/models/stories260K/stories260K.bin;\n"                                                \
+  "                          skipped when missing)\n"                                     \
+  "  --tokenizer PATH        (default " RECALL_SHARED_DIR_DEFAULT "/models/stories260K/tok512.bin)\n"

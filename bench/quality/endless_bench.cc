@@ -175,12 +175,7 @@ their ratio; optionally the decode step time of one long session (--speed-tokens
 Every flag takes a value.
 
 options:
-  --model PATH            (default )U" RECALL_SHARED_DIR_DEFAULT
-    R"U(/models/stories260K/stories260K.bin;
-                          skipped when missing)
-  --tokenizer PATH        (default )U" RECALL_SHARED_DIR_DEFAULT
-    R"U(/models/stories260K/tok512.bin)
-  --texts N               texts (default 6)
+)U" RECALL_BENCH_STORIES_FLAGS_HELP R"U(  --texts N               texts (default 6)
   --tokens L              tokens per text (default 2048; at least 2)
   --seed S                story k is sampled with seed S * 1000000 + k (default 1)
   --policies LIST         policies, comma-separated (default streaming,h2o,tova,lazy,vase)

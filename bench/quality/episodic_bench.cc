@@ -157,12 +157,7 @@ then a query that restarts one of them; every method at the same budget C agains
 tables, writes --out-json and --out-png (gnuplot). Every flag takes a value.
 
 options:
-  --model PATH            (default )U" RECALL_SHARED_DIR_DEFAULT
-    R"U(/models/stories260K/stories260K.bin;
-                          skipped when missing)
-  --tokenizer PATH        (default )U" RECALL_SHARED_DIR_DEFAULT
-    R"U(/models/stories260K/tok512.bin)
-  --conversations N       conversations (default 24)
+)U" RECALL_BENCH_STORIES_FLAGS_HELP R"U(  --conversations N       conversations (default 24)
   --stories K             stories per conversation, at least 2 (default 4)
   --seed S                (default 1)
   --methods LIST          full, episodic-model, episodic-tfidf (-rR sets their --recent, e.g.

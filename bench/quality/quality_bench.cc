@@ -238,12 +238,7 @@ pool of each KV type. Prints the tables, writes --out-json and --out-png (gnuplo
 Every flag takes a value.
 
 options:
-  --model PATH            (default )U" RECALL_SHARED_DIR_DEFAULT
-    R"U(/models/stories260K/stories260K.bin;
-                          skipped when missing)
-  --tokenizer PATH        (default )U" RECALL_SHARED_DIR_DEFAULT
-    R"U(/models/stories260K/tok512.bin)
-  --texts N               texts (default 16)
+)U" RECALL_BENCH_STORIES_FLAGS_HELP R"U(  --texts N               texts (default 16)
   --policies LIST         policies, comma-separated (default full,streaming,h2o,tova,lazy)
   --budgets LIST          budgets as fractions of a text, in (0, 1]
                           (default 0.1,0.15,0.2,0.3,0.4,0.5,0.7)

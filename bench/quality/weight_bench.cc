@@ -124,12 +124,7 @@ and with the LM head or the embeddings left f32), of int8 per channel against pe
 as loaded and requantized to int8.
 
 options:
-  --model PATH            (default )U" RECALL_SHARED_DIR_DEFAULT
-    R"U(/models/stories260K/stories260K.bin;
-                          skipped when missing)
-  --tokenizer PATH        (default )U" RECALL_SHARED_DIR_DEFAULT
-    R"U(/models/stories260K/tok512.bin)
-  --texts N               texts (default 16)
+)U" RECALL_BENCH_STORIES_FLAGS_HELP R"U(  --texts N               texts (default 16)
   --seed S                the texts' seed (default 1)
   --threads N             CPU threads (default 0: all cores)
   --tmp DIR               where the FP8 checkpoints are written; removed at the end
