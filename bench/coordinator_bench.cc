@@ -7,8 +7,9 @@
 //   2. Scaling: the same load through the coordinator with 1 and then 2 workers; generated
 //      tokens/s and the ratio. Every worker runs one compute thread; on a machine with fewer
 //      cores than workers + clients the ratio mostly measures the cores.
+//   3. A long session: the time of a turn late in a 2000-turn session against early in it.
 //
-// usage: recall_coordinator_bench [--sessions N] [--turns N] [--max-tokens N]
+// usage: recall_coordinator_bench [--sessions N] [--turns N] [--max-tokens N] [--long-turns N]
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -126,6 +127,45 @@ Stats ViaCoordinator(int port, int sessions, int turns, int max_tokens) {
   return st;
 }
 
+// One session of `turns` turns through the coordinator (policy lazy, budget 128: its KV cache
+// stays the same size, so any growth in a turn's time is what the rest of the path does with
+// the longer transcript); each turn's client-side time, from the request to the stream's end.
+// Empty when a turn fails (printed).
+std::vector<double> LongSession(int port, int turns, int message_words) {
+  auto stub = v1::Chat::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext cctx;
+  v1::CreateSessionRequest create;
+  create.mutable_cache()->set_policy("lazy");
+  create.mutable_cache()->set_budget_tokens(128);
+  v1::Session session;
+  if (grpc::Status st = stub->CreateSession(&cctx, create, &session); !st.ok()) {
+    std::printf("FAIL: CreateSession: %s\n", st.error_message().c_str());
+    return {};
+  }
+  std::vector<double> seconds;
+  for (int t = 0; t < turns; ++t) {
+    v1::ConverseRequest r;
+    r.set_session_id(session.session_id());
+    r.set_message(FillerText(t, message_words));
+    r.set_turn_id("t" + std::to_string(t));  // as the C++ SDK sends
+    r.mutable_sampling()->set_temperature(0);
+    r.mutable_sampling()->set_max_tokens(4);
+    grpc::ClientContext ctx;
+    const auto start = Clock::now();
+    auto reader = stub->Converse(&ctx, r);
+    v1::ConverseEvent ev;
+    while (reader->Read(&ev)) {
+    }
+    if (grpc::Status st = reader->Finish(); !st.ok()) {
+      std::printf("FAIL: turn %d: %s\n", t + 1, st.error_message().c_str());
+      return {};
+    }
+    seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  return seconds;
+}
+
 void Print(const char* name, const Stats& s) {
   std::printf("  %-26s %7.1f gen tok/s  TTFT p50 %6.2f ms p99 %6.2f ms  TPOT p50 %5.2f ms "
               "p99 %5.2f ms%s\n",
@@ -154,6 +194,7 @@ bool StartCoordinatorProcess(ServerProcess& c, const std::vector<ServerProcess*>
 
 constexpr char kUsage[] =
     R"U(usage: recall_coordinator_bench [--sessions N] [--turns N] [--max-tokens N]
+                                [--long-turns N]
 
 What the coordinator adds, on stories260K from
 )U" RECALL_SHARED_DIR_DEFAULT
@@ -169,18 +210,26 @@ options:
   --sessions N            concurrent sessions (default 8; the scaling part runs 2N)
   --turns N               turns per session (default 3)
   --max-tokens N          tokens generated per turn (default 64)
+  --long-turns N          turns of part 3's session (default 2000; 0 skips part 3)
   -h, --help              print this and exit
+
+3. a long session: one session (policy lazy, budget 128) of --long-turns turns of about
+   60 words each, 4 tokens generated per turn; the median turn time of turns 21-120 (the
+   base) and of the last 100, and the ratio (1.00x: a turn costs the same however long the
+   session is).
 )U";
 
 int Main(int argc, char** argv) {
   if (PrintHelpIfAsked(argc, argv, kUsage)) return 0;
-  int sessions = 8, turns = 3, max_tokens = 64;
+  int sessions = 8, turns = 3, max_tokens = 64, long_turns = 2000;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const int v = std::atoi(argv[i + 1]);
     if (k == "--sessions") sessions = v;
     else if (k == "--turns") turns = v;
     else if (k == "--max-tokens") max_tokens = v;
+    else if (k == "--long-turns")
+      long_turns = v;
     else {
       std::printf("unknown flag %s\n", k.c_str());
       return 2;
@@ -223,6 +272,19 @@ int Main(int argc, char** argv) {
   std::printf("  ratio 2 workers / 1 worker = %.2fx generated tokens/s (%u cores here)\n",
               (two.generated / two.seconds) / (one.generated / one.seconds),
               std::thread::hardware_concurrency());
+  coordinator.Stop();
+  if (long_turns < 220) return 0;
+
+  std::printf("\n3. a long session, %d turns (lazy, budget 128)\n", long_turns);
+  if (!StartCoordinatorProcess(coordinator, {&w1}, "/tmp/recall_coordinator_bench")) return 1;
+  const std::vector<double> t = LongSession(coordinator.port("grpc"), long_turns, 60);
+  if (t.empty()) return 1;
+  const std::vector<double> early(t.begin() + 20, t.begin() + 120);
+  const std::vector<double> late(t.end() - 100, t.end());
+  std::printf("  turns 21-120 (base)        median %6.2f ms\n", 1e3 * Percentile(early, 0.5));
+  std::printf("  the last 100 turns         median %6.2f ms\n", 1e3 * Percentile(late, 0.5));
+  std::printf("  ratio last 100 / turns 21-120 = %.2fx\n",
+              Percentile(late, 0.5) / Percentile(early, 0.5));
   return 0;
 }
 

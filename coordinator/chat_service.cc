@@ -169,7 +169,8 @@ grpc::Status ChatService::DeleteSession(grpc::ServerContext* context,
                                         v1::DeleteSessionResponse*) {
   RECALL_GRPC_ASSIGN_OR_RETURN(const std::string tenant, keys_.Authenticate(*context));
   if (grpc::Status st = CheckSessionId(request->session_id()); !st.ok()) return st;
-  RECALL_GRPC_ASSIGN_OR_RETURN(const SessionRecord r, store_.Get(tenant, request->session_id()));
+  RECALL_GRPC_ASSIGN_OR_RETURN(const SessionRecord r,
+                               store_.GetRecent(tenant, request->session_id(), ""));
   RECALL_GRPC_RETURN_IF_ERROR(store_.Delete(tenant, r.id));
   conversations_.ForgetEpisodes(tenant + "/" + r.id);
   // Best effort: the worker's cache is derived state and would age out anyway.

@@ -103,6 +103,7 @@ absl::StatusOr<SessionRecord> Conversations::Create(
 
 absl::StatusOr<OpenTurn> Conversations::Open(
     const std::string& tenant, const std::string& session_id, const std::string& edge,
+    const std::optional<std::string>& recent_turn_id,
     const std::function<absl::Status(const SessionRecord&, OpenTurn&)>& fill) {
   OpenTurn turn;
   turn.tenant = tenant;
@@ -117,7 +118,10 @@ absl::StatusOr<OpenTurn> Conversations::Open(
   }
   // Everything below happens with the mark set; an error clears it.
   absl::Status status = [&]() -> absl::Status {
-    RECALL_ASSIGN_OR_RETURN(const SessionRecord rec, store_.Get(tenant, session_id));
+    RECALL_ASSIGN_OR_RETURN(const SessionRecord rec,
+                            recent_turn_id.has_value()
+                                ? store_.GetRecent(tenant, session_id, *recent_turn_id)
+                                : store_.Get(tenant, session_id));
     return fill(rec, turn);
   }();
   if (!status.ok()) {
@@ -136,34 +140,64 @@ void Conversations::BuildSpec(const SessionRecord& rec, int index,
   turn.reply_index = index + static_cast<int>(messages.size());
   TurnSpec& spec = turn.spec;
   // The prompt holds the complete turns only; where the stored transcript has others, the
-  // worker's copy may hold them: it compares and rebuilds.
-  std::vector<StoredMessage> history = CompleteTurns(rec.messages, index);
-  if (static_cast<int>(history.size()) != index) spec.send_history = true;
+  // worker's copy may hold them: it compares and rebuilds. (rec holds whole turns from
+  // first_message on, and counts the earlier ones the prompt holds.)
+  std::vector<StoredMessage> history = CompleteTurns(rec.messages, index - rec.first_message);
+  const int before = rec.earlier_in_prompt + static_cast<int>(history.size());
+  if (before != index) spec.send_history = true;
   // Leading exchanges of the turn's messages whose replies carry their token ids (a new
   // session made from a conversation whose replies another session kept) go as history, so
   // the worker replays them as they were generated instead of tokenizing their text.
   size_t replayed = 0;
-  if (static_cast<int>(history.size()) == index) {
+  if (before == index) {
     for (size_t i = 0; i + 1 < messages.size(); ++i) {  // the last one stays the turn's
       if (messages[i].role != "assistant") continue;
       if (messages[i].token_ids.empty() || messages[i].finish == 0) break;
       replayed = i + 1;
     }
   }
-  if (replayed > 0) {
-    history.insert(history.end(), messages.begin(),
-                   messages.begin() + static_cast<std::ptrdiff_t>(replayed));
-    spec.send_history = true;
+  const std::vector<StoredMessage> leading(
+      messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(replayed));
+  if (replayed > 0) spec.send_history = true;
+  const int history_length = before + static_cast<int>(replayed);
+  if (rec.first_message == 0) {
+    history.insert(history.end(), leading.begin(), leading.end());
+    for (const StoredMessage& h : history) spec.history.push_back(ToProto(h));
+  } else {
+    // Read on the journal pool (a store read may block; the runner asks from a gRPC thread).
+    spec.fetch_history = [this, tenant = turn.tenant, id = turn.session_id, index, leading,
+                          history_length](HistoryCallback done) {
+      journal_pool_.Run(
+          [this, tenant, id, index, leading, history_length, done = std::move(done)]() {
+            done(ReadHistory(tenant, id, index, leading, history_length));
+          });
+    };
   }
-  for (const StoredMessage& h : history) spec.history.push_back(ToProto(h));
   spec.bound = rec.worker;
   v1::RunTurnRequest& request = spec.request;
   request.set_session_id(turn.session_id);
   for (size_t i = replayed; i < messages.size(); ++i)
     *request.add_messages() = ToProto(messages[i]);
-  request.set_history_length(static_cast<int>(history.size()));
+  request.set_history_length(history_length);
   *request.mutable_sampling() = WithSeed(sampling);
   *request.mutable_cache() = cache;
+}
+
+absl::StatusOr<std::vector<v1::ChatMessage>> Conversations::ReadHistory(
+    const std::string& tenant, const std::string& session_id, int index,
+    const std::vector<StoredMessage>& replayed, int expected) {
+  RECALL_ASSIGN_OR_RETURN(const SessionRecord rec, store_.Get(tenant, session_id));
+  std::vector<StoredMessage> history = CompleteTurns(rec.messages, index);
+  history.insert(history.end(), replayed.begin(), replayed.end());
+  if (static_cast<int>(history.size()) != expected) {
+    return absl::AbortedError(absl::StrCat(
+        "session ", QuotedId(session_id), ": its stored transcript changed during the turn (",
+        history.size(), " messages before it, not ", expected, "); send the turn again"));
+  }
+  std::vector<v1::ChatMessage> out;
+  out.reserve(history.size());
+  for (const StoredMessage& h : history) out.push_back(ToProto(h));
+  return out;
 }
 
 absl::StatusOr<v1::CacheSettings> Conversations::StoredCache(const SessionRecord& rec) {
@@ -179,9 +213,11 @@ absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
                                               const std::string& session_id,
                                               const TurnPlanner& plan,
                                               const v1::SamplingParams& sampling,
-                                              const std::string& edge) {
+                                              const std::string& edge,
+                                              const std::optional<std::string>& recent_turn_id) {
   return Open(
-      tenant, session_id, edge, [&](const SessionRecord& rec, OpenTurn& turn) -> absl::Status {
+      tenant, session_id, edge, recent_turn_id,
+      [&](const SessionRecord& rec, OpenTurn& turn) -> absl::Status {
         // A reply in progress by another coordinator sharing the store is a turn running
         // there (its lease is live: a lapsed one reads as interrupted): the transcript is
         // not cut under it. One of this coordinator's own is an orphan (its running mark is
@@ -193,9 +229,9 @@ absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
         }
         RECALL_ASSIGN_OR_RETURN(const v1::CacheSettings cache, StoredCache(rec));
         RECALL_ASSIGN_OR_RETURN(TurnMessages m, plan(rec));
-        RECALL_CHECK(!m.add.empty() && m.keep >= 0 && m.keep <= rec.message_count)
+        RECALL_CHECK(!m.add.empty() && m.keep >= rec.first_message && m.keep <= rec.message_count)
             << "a turn planner kept " << m.keep << " of " << rec.message_count
-            << " messages and added " << m.add.size();
+            << " messages (read from " << rec.first_message << ") and added " << m.add.size();
         if (m.keep / 2 >= options_.max_turns) {
           return absl::FailedPreconditionError(absl::StrCat(
               "session_id: the session has reached the limit of ", options_.max_turns,
@@ -203,7 +239,8 @@ absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
               "raised (not retryable)"));
         }
         if (m.keep < rec.message_count) {
-          turn.replaced.assign(rec.messages.begin() + m.keep, rec.messages.end());
+          turn.replaced.assign(rec.messages.begin() + (m.keep - rec.first_message),
+                               rec.messages.end());
           turn.spec.send_history = true;  // a worker's copy of that length may differ
         }
         // The messages it replaces out, the turn's messages and its reply's place in: one
@@ -229,7 +266,8 @@ absl::StatusOr<OpenTurn> Conversations::Resume(const std::string& tenant,
                                                const v1::SamplingParams& sampling,
                                                const std::string& edge) {
   return Open(
-      tenant, session_id, edge, [&](const SessionRecord& rec, OpenTurn& turn) -> absl::Status {
+      tenant, session_id, edge, std::nullopt,
+      [&](const SessionRecord& rec, OpenTurn& turn) -> absl::Status {
         const auto refuse = [&](const std::string& why) {
           return flags::FieldError(field, absl::StrCat("\"", turn_id, "\" ", why),
                                    absl::StatusCode::kFailedPrecondition);

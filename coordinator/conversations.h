@@ -123,9 +123,16 @@ class Conversations {
   // that does not exist (or is another tenant's); FailedPrecondition while a turn of it runs or
   // at the turn limit; the planner's errors; store errors. Every error leaves the session as
   // it was and not running.
+  // With `recent_turn_id` the planner is given the transcript's recent turns only, with the
+  // user message of that turn id when there is one ("" for none): SessionStore::GetRecent, so
+  // that a turn appended to a long session costs what a turn of a short one does (gRPC
+  // Converse). The history then goes to a worker only when one needs it, read at that moment
+  // (TurnSpec::fetch_history). Without it the planner sees the whole transcript (the HTTP
+  // edge compares it with the request's messages).
   absl::StatusOr<OpenTurn> Begin(const std::string& tenant, const std::string& session_id,
                                  const TurnPlanner& plan, const v1::SamplingParams& sampling,
-                                 const std::string& edge);
+                                 const std::string& edge,
+                                 const std::optional<std::string>& recent_turn_id = std::nullopt);
   // `tenant`'s session `session_id` as stored (NotFound for none, or another tenant's).
   absl::StatusOr<SessionRecord> Load(const std::string& tenant, const std::string& session_id) {
     return store_.Get(tenant, session_id);
@@ -192,17 +199,25 @@ class Conversations {
   bool RecallLastTurn(const std::string& key, v1::TurnDone* out);
 
  private:
-  // Marks the session running, loads it and lets `fill` store the turn's messages and build
-  // the turn; an error (the store's, fill's) clears the mark. Begin's and Resume's frame.
+  // Marks the session running, loads it (all of it, or its recent turns: Begin's
+  // recent_turn_id) and lets `fill` store the turn's messages and build the turn; an error
+  // (the store's, fill's) clears the mark. Begin's and Resume's frame.
   absl::StatusOr<OpenTurn> Open(
       const std::string& tenant, const std::string& session_id, const std::string& edge,
+      const std::optional<std::string>& recent_turn_id,
       const std::function<absl::Status(const SessionRecord&, OpenTurn&)>& fill);
   // turn's model, places and spec: `messages` sent at `index` of `rec`'s transcript, the
-  // complete turns before them as history.
-  static void BuildSpec(const SessionRecord& rec, int index,
-                        const std::vector<StoredMessage>& messages,
-                        const v1::SamplingParams& sampling, const v1::CacheSettings& cache,
-                        OpenTurn& turn);
+  // complete turns before them as history: in the spec when rec holds the whole transcript,
+  // else read when a worker needs them (TurnSpec::fetch_history).
+  void BuildSpec(const SessionRecord& rec, int index, const std::vector<StoredMessage>& messages,
+                 const v1::SamplingParams& sampling, const v1::CacheSettings& cache,
+                 OpenTurn& turn);
+  // The worker's history of a turn at `index` of the session: its complete turns before
+  // `index`, then `replayed`; `expected` messages long (Aborted when the stored transcript
+  // no longer gives that many).
+  absl::StatusOr<std::vector<v1::ChatMessage>> ReadHistory(
+      const std::string& tenant, const std::string& session_id, int index,
+      const std::vector<StoredMessage>& replayed, int expected);
   // The session's stored cache settings; DataLoss naming the session when they do not parse
   // (run with the defaults instead, a turn would keep another cache than the one asked).
   static absl::StatusOr<v1::CacheSettings> StoredCache(const SessionRecord& rec);

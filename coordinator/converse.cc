@@ -142,7 +142,8 @@ class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::Conve
     const std::string& message = request.message();
     const std::string& turn_id = request.turn_id();
     if (!turn_id.empty()) {
-      absl::StatusOr<SessionRecord> rec = service_.store_.Get(tenant_, request.session_id());
+      absl::StatusOr<SessionRecord> rec =
+          service_.store_.GetRecent(tenant_, request.session_id(), turn_id);
       if (!rec.ok()) {
         End(ToGrpc(rec.status()));
         return;
@@ -166,7 +167,7 @@ class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::Conve
           user.turn_id = turn_id;
           return TurnMessages{rec.message_count, {std::move(user)}};
         },
-        request.sampling(), "grpc");
+        request.sampling(), "grpc", turn_id);
     if (!turn.ok()) {
       End(ToGrpc(turn.status()));
       return;
@@ -176,12 +177,12 @@ class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::Conve
     Run(turn_->spec);
   }
 
-  // The turn whose user message is rec.messages[user], as stored: its reply (the assistant
-  // message after it) as one tokens event, then done with replayed set and the turn's state;
-  // or, when it was interrupted or failed and is the session's last turn, resumed: the stored
-  // part as one tokens event, then the rest as the worker continues it.
+  // The turn whose user message is the transcript's message `user` (rec holds it), as stored: its
+  // reply (the assistant message after it) as one tokens event, then done with replayed set and the
+  // turn's state; or, when it was interrupted or failed and is the session's last turn, resumed:
+  // the stored part as one tokens event, then the rest as the worker continues it.
   void Replay(const SessionRecord& rec, int user, const v1::ConverseRequest& request) {
-    const StoredMessage& asked = rec.messages[static_cast<size_t>(user)];
+    const StoredMessage& asked = rec.messages[static_cast<size_t>(user - rec.first_message)];
     if (asked.content != request.message()) {
       End(Invalid("turn_id", absl::StrCat(QuotedId(request.turn_id()), " names message ", user,
                                           " of the session, whose text differs from this "

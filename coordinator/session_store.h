@@ -86,8 +86,14 @@ struct SessionRecord {
   std::map<std::string, std::string> metadata;
   int64_t created_unix_ms = 0;
   std::string worker;          // the worker the session is bound to ("" = none)
-  std::vector<StoredMessage> messages;  // filled by Get only
+  // The transcript: all of it (Get), its recent turns (GetRecent) or none (List).
+  std::vector<StoredMessage> messages;
   int message_count = 0;
+  // GetRecent: messages[i] is the transcript's message first_message + i, and first_message
+  // is 0 or just after an assistant reply (so `messages` holds whole turns); of the messages
+  // before it, `earlier_in_prompt` are ones CompleteTurns keeps. Get: 0 and 0.
+  int first_message = 0;
+  int earlier_in_prompt = 0;
 };
 
 class SessionStore {
@@ -99,6 +105,16 @@ class SessionStore {
   // With the transcript.
   virtual absl::StatusOr<SessionRecord> Get(const std::string& tenant,
                                             const std::string& id) = 0;
+  // The session with the end of its transcript only (SessionRecord::first_message): from
+  // the start of its last turn (the messages after the last assistant reply before its last
+  // message) on, and from the user message whose turn_id is `turn_id` on when the session has
+  // one ("" for none). What a Converse reads, so that a turn's cost does not grow with the
+  // session's length. The default reads it all (Get; first_message 0), as stores that cannot
+  // do better do (Redis).
+  virtual absl::StatusOr<SessionRecord> GetRecent(const std::string& tenant, const std::string& id,
+                                                  const std::string& turn_id) {
+    return Get(tenant, id);
+  }
   // Sessions of `tenant` with id > after, in id order, without transcripts.
   virtual absl::StatusOr<std::vector<SessionRecord>> List(const std::string& tenant,
                                                           const std::string& after,

@@ -62,6 +62,14 @@ CREATE TABLE IF NOT EXISTS reply_parts (
   PRIMARY KEY (session_id, idx, seq));
 )sql";
 
+// The indexes a turn's reads use (GetRecent), made once the columns are there (a file from
+// before some of them gets them first).
+constexpr char kIndexes[] = R"sql(
+CREATE INDEX IF NOT EXISTS messages_not_complete ON messages(session_id, idx) WHERE state != 0;
+CREATE INDEX IF NOT EXISTS messages_by_turn_id ON messages(session_id, turn_id)
+  WHERE turn_id != '';
+)sql";
+
 // Token ids as little-endian int32 bytes, and back (a reply part's ids).
 std::string EncodeIds(const std::vector<int32_t>& ids) {
   std::string out;
@@ -107,6 +115,7 @@ class Stmt {
                                            static_cast<size_t>(sqlite3_column_bytes(stmt_, col)));
   }
   int64_t Int(int col) const { return sqlite3_column_int64(stmt_, col); }
+  sqlite3_stmt* stmt() const { return stmt_; }
 
  private:
   sqlite3_stmt* stmt_ = nullptr;
@@ -141,34 +150,46 @@ class SqliteStore final : public SessionStore {
     absl::MutexLock lock(&mu_);
     SessionRecord r;
     RECALL_RETURN_IF_ERROR(LoadHeader(tenant, id, &r));
-    Stmt m(
-        db_,
-        "SELECT role, content, reply, state, lease_ms, turn_id FROM messages WHERE session_id = ? "
-        "ORDER BY idx");
-    m.BindText(1, id);
+    RECALL_RETURN_IF_ERROR(LoadMessages(id, &r));
+    return r;
+  }
+
+  // Reads from the start of the last turn, and of `turn_id`'s turn, on (indexed: the cost
+  // is the turns read, not the transcript's length).
+  absl::StatusOr<SessionRecord> GetRecent(const std::string& tenant, const std::string& id,
+                                          const std::string& turn_id) override {
+    absl::MutexLock lock(&mu_);
+    SessionRecord r;
+    RECALL_RETURN_IF_ERROR(LoadHeader(tenant, id, &r));
+    if (r.message_count == 0) return r;
+    RECALL_ASSIGN_OR_RETURN(int first, TurnStart(id, r.message_count - 1));
+    if (!turn_id.empty()) {
+      Stmt t(db_,
+             "SELECT MIN(idx) FROM messages WHERE session_id = ? AND turn_id = ? AND "
+             "turn_id != '' AND role = 'user'");
+      t.BindText(1, id).BindText(2, turn_id);
+      const int rc = t.Step();
+      if (rc != SQLITE_ROW) return Check(rc, "find turn");
+      if (sqlite3_column_type(t.stmt(), 0) != SQLITE_NULL && t.Int(0) < first) {
+        RECALL_ASSIGN_OR_RETURN(first, TurnStart(id, static_cast<int>(t.Int(0))));
+      }
+    }
+    r.first_message = first;
+    // Of the messages before `first`, those CompleteTurns leaves out: each reply that is not
+    // complete, and the messages of its turn before it (back to the previous reply).
+    Stmt left(db_,
+              "SELECT r.idx, (SELECT COUNT(*) FROM messages u WHERE u.session_id = r.session_id "
+              "AND u.idx < r.idx AND u.role != 'system' AND u.idx > COALESCE((SELECT p.idx FROM "
+              "messages p WHERE p.session_id = r.session_id AND p.idx < r.idx AND p.role = "
+              "'assistant' ORDER BY p.idx DESC LIMIT 1), -1)) FROM messages r WHERE "
+              "r.session_id = ? AND r.state != 0 AND r.idx < ? AND r.role = 'assistant'");
+    left.BindText(1, id).Bind(2, static_cast<int64_t>(first));
+    int left_out = 0;
     int rc;
-    while ((rc = m.Step()) == SQLITE_ROW) {
-      StoredMessage& msg = r.messages.emplace_back();
-      msg.role = m.Text(0);
-      msg.content = m.Text(1);
-      DecodeReply(m.Text(2), &msg);
-      const int64_t state = m.Int(3);
-      msg.state = state >= 0 && state <= 3 ? static_cast<TurnState>(state) : TurnState::kFailed;
-      msg.lease_unix_ms = m.Int(4);
-      msg.turn_id = m.Text(5);
-    }
+    while ((rc = left.Step()) == SQLITE_ROW) left_out += 1 + static_cast<int>(left.Int(1));
     if (rc != SQLITE_DONE) return Check(rc, "read transcript");
-    // Replies written part by part (AppendReply): their parts after what the row holds.
-    Stmt p(db_, "SELECT idx, content, ids FROM reply_parts WHERE session_id = ? ORDER BY idx, seq");
-    p.BindText(1, id);
-    while ((rc = p.Step()) == SQLITE_ROW) {
-      const int64_t idx = p.Int(0);
-      if (idx < 0 || idx >= static_cast<int64_t>(r.messages.size())) continue;
-      StoredMessage& msg = r.messages[static_cast<size_t>(idx)];
-      msg.content += p.Text(1);
-      AppendIds(p.Text(2), &msg.token_ids);
-    }
-    if (rc != SQLITE_DONE) return Check(rc, "read reply parts");
+    r.earlier_in_prompt = first - left_out;
+    RECALL_RETURN_IF_ERROR(LoadMessages(id, &r));
     return r;
   }
 
@@ -215,9 +236,10 @@ class SqliteStore final : public SessionStore {
                                                   const std::string& after,
                                                   int limit) override {
     absl::MutexLock lock(&mu_);
-    Stmt s(db_, "SELECT id, model, cache, metadata, created_ms, worker, "
-                "(SELECT COUNT(*) FROM messages WHERE session_id = sessions.id) "
-                "FROM sessions WHERE tenant = ? AND id > ? ORDER BY id LIMIT ?");
+    Stmt s(db_,
+           "SELECT id, model, cache, metadata, created_ms, worker, "
+           "(SELECT COALESCE(MAX(idx) + 1, 0) FROM messages WHERE session_id = sessions.id) "
+           "FROM sessions WHERE tenant = ? AND id > ? ORDER BY id LIMIT ?");
     s.BindText(1, tenant).BindText(2, after).Bind(3, limit);
     std::vector<SessionRecord> out;
     int rc;
@@ -452,11 +474,62 @@ class SqliteStore final : public SessionStore {
     return absl::OkStatus();
   }
 
+  // The messages from r->first_message on, into r->messages, with their reply parts merged.
+  absl::Status LoadMessages(const std::string& id, SessionRecord* r)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const int64_t first = r->first_message;
+    Stmt m(db_,
+           "SELECT role, content, reply, state, lease_ms, turn_id FROM messages WHERE "
+           "session_id = ? AND idx >= ? ORDER BY idx");
+    m.BindText(1, id).Bind(2, first);
+    int rc;
+    while ((rc = m.Step()) == SQLITE_ROW) {
+      StoredMessage& msg = r->messages.emplace_back();
+      msg.role = m.Text(0);
+      msg.content = m.Text(1);
+      DecodeReply(m.Text(2), &msg);
+      const int64_t state = m.Int(3);
+      msg.state = state >= 0 && state <= 3 ? static_cast<TurnState>(state) : TurnState::kFailed;
+      msg.lease_unix_ms = m.Int(4);
+      msg.turn_id = m.Text(5);
+    }
+    if (rc != SQLITE_DONE) return Check(rc, "read transcript");
+    // Replies written part by part (AppendReply): their parts after what the row holds.
+    Stmt p(db_,
+           "SELECT idx, content, ids FROM reply_parts WHERE session_id = ? AND idx >= ? "
+           "ORDER BY idx, seq");
+    p.BindText(1, id).Bind(2, first);
+    while ((rc = p.Step()) == SQLITE_ROW) {
+      const int64_t idx = p.Int(0) - first;
+      if (idx < 0 || idx >= static_cast<int64_t>(r->messages.size())) continue;
+      StoredMessage& msg = r->messages[static_cast<size_t>(idx)];
+      msg.content += p.Text(1);
+      AppendIds(p.Text(2), &msg.token_ids);
+    }
+    if (rc != SQLITE_DONE) return Check(rc, "read reply parts");
+    return absl::OkStatus();
+  }
+
+  // Where the turn of message `index` starts: just after the last assistant reply before it
+  // (0 when none).
+  absl::StatusOr<int> TurnStart(const std::string& id, int index)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Stmt s(db_,
+           "SELECT idx FROM messages WHERE session_id = ? AND idx < ? AND role = 'assistant' "
+           "ORDER BY idx DESC LIMIT 1");
+    s.BindText(1, id).Bind(2, static_cast<int64_t>(index));
+    const int rc = s.Step();
+    if (rc == SQLITE_ROW) return static_cast<int>(s.Int(0)) + 1;
+    RECALL_RETURN_IF_ERROR(Check(rc, "read transcript"));
+    return 0;
+  }
+
   absl::Status LoadHeader(const std::string& tenant, const std::string& id, SessionRecord* r)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    Stmt s(db_, "SELECT id, model, cache, metadata, created_ms, worker, "
-                "(SELECT COUNT(*) FROM messages WHERE session_id = sessions.id) "
-                "FROM sessions WHERE tenant = ? AND id = ?");
+    Stmt s(db_,
+           "SELECT id, model, cache, metadata, created_ms, worker, "
+           "(SELECT COALESCE(MAX(idx) + 1, 0) FROM messages WHERE session_id = sessions.id) "
+           "FROM sessions WHERE tenant = ? AND id = ?");
     s.BindText(1, tenant).BindText(2, id);
     const int rc = s.Step();
     if (rc == SQLITE_DONE) return NotFound(id);
@@ -565,6 +638,12 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string&
       sqlite3_close(db);
       return absl::DataLossError(absl::StrCat("session store ", path, ": ", msg));
     }
+  }
+  if (sqlite3_exec(db, kIndexes, nullptr, nullptr, &err) != SQLITE_OK) {
+    const std::string msg = err ? err : "?";
+    sqlite3_free(err);
+    sqlite3_close(db);
+    return absl::DataLossError(absl::StrCat("session store ", path, ": ", msg));
   }
   std::move(unlock).Cancel();
   return std::unique_ptr<SessionStore>(new SqliteStore(db, lock_fd, path));

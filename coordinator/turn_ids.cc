@@ -1,5 +1,7 @@
 #include "coordinator/turn_ids.h"
 
+#include <algorithm>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
@@ -22,13 +24,14 @@ absl::Status CheckTurnId(const std::string& field, const std::string& id) {
 int FindTurn(const SessionRecord& rec, const std::string& turn_id) {
   for (size_t i = 0; i < rec.messages.size(); ++i) {
     const StoredMessage& m = rec.messages[i];
-    if (m.role == "user" && m.turn_id == turn_id) return static_cast<int>(i);
+    if (m.role == "user" && m.turn_id == turn_id) return rec.first_message + static_cast<int>(i);
   }
   return -1;
 }
 
 StoredMessage TurnReply(const SessionRecord& rec, int user) {
-  for (size_t i = static_cast<size_t>(user) + 1; i < rec.messages.size(); ++i) {
+  for (size_t i = static_cast<size_t>(std::max(0, user + 1 - rec.first_message));
+       i < rec.messages.size(); ++i) {
     if (rec.messages[i].role == "assistant") return rec.messages[i];
   }
   StoredMessage none;

@@ -16,11 +16,13 @@ inline constexpr size_t kMaxTurnIdBytes = 128;
 // naming `field`.
 absl::Status CheckTurnId(const std::string& field, const std::string& id);
 
-// The position in rec.messages of the user message whose turn id is `turn_id`, or -1.
+// The position in the transcript of the user message whose turn id is `turn_id` (among the
+// messages rec holds: rec.messages[i] is message rec.first_message + i), or -1.
 int FindTurn(const SessionRecord& rec, const std::string& turn_id);
 
-// The reply of the turn whose user message is rec.messages[user]: the first assistant message
-// after it; none stored gives an empty message in state kFailed (nothing was sent).
+// The reply of the turn whose user message is the transcript's message `user` (rec holds it):
+// the first assistant message after it; none stored gives an empty message in state kFailed
+// (nothing was sent).
 StoredMessage TurnReply(const SessionRecord& rec, int user);
 
 }  // namespace recall::coordinator

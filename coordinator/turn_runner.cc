@@ -264,10 +264,30 @@ void TurnRunner::NextAttempt() {
                   absl::StrCat("worker=\"", route_->worker, "\",kind=\"",
                                route_->sticky ? "sticky" : "hashed", "\""))
       ->Increment();
+  Send(std::move(stub));
+}
 
+void TurnRunner::Send(std::shared_ptr<v1::Worker::Stub> stub) {
+  const bool with_history = send_history_ || !route_->sticky;
+  if (with_history && spec_.fetch_history && !fetched_.has_value()) {
+    // Read first; this attempt goes on when the history is here (on the reader's thread).
+    spec_.fetch_history([self = shared_from_this(), stub = std::move(stub)](
+                            absl::StatusOr<std::vector<v1::ChatMessage>> history) mutable {
+      if (!history.ok()) {
+        stub.reset();
+        self->Fail(absl::Status(history.status().code(),
+                                absl::StrCat("reading the session's history for a worker: ",
+                                             history.status().message())));
+        return;
+      }
+      self->fetched_ = std::move(*history);
+      self->Send(std::move(stub));
+    });
+    return;
+  }
   v1::RunTurnRequest request = spec_.request;
-  if (send_history_ || !route_->sticky) {
-    for (const v1::ChatMessage& m : spec_.history) *request.add_history() = m;
+  if (with_history) {
+    for (const v1::ChatMessage& m : History()) *request.add_history() = m;
   }
   request.mutable_resume_tokens()->Add(result_.tokens.begin(), result_.tokens.end());
   request_id_ = RandomId("c-");  // so the worker's Abort by request id finds this attempt

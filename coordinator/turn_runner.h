@@ -7,7 +7,8 @@
 //     by weighted rendezvous hashing, never to a worker that already failed this turn.
 //   - Stream RunTurn from that worker, reporting each TokenEvent to the sink as it arrives.
 //   - HistoryNeeded event (the worker lacks the session): run it again on the same route with
-//     the transcript (spec.history), once. With spec.send_history it goes with every attempt.
+//     the transcript (spec.history, or read then: spec.fetch_history), once. With
+//     spec.send_history it goes with every attempt.
 //   - RESOURCE_EXHAUSTED (the worker is full): try another worker, with the transcript.
 //   - The worker fails (unreachable, the stream breaks, it ends without a TurnDone): mark it
 //     down, and resume on another worker with the transcript plus the tokens already
@@ -42,6 +43,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -64,12 +66,20 @@ struct TurnRunnerOptions {
   int default_max_tokens = 256;  // the workers' default when the turn leaves it unset
 };
 
+// How a TurnSpec's history is handed over when it is read late (TurnSpec::fetch_history).
+using HistoryCallback = std::function<void(absl::StatusOr<std::vector<v1::ChatMessage>> history)>;
+
 // What to run.
 struct TurnSpec {
   // The request for the worker: session_id (also the routing key), messages, history_length,
   // sampling and cache. Its history and resume_tokens are the runner's to fill.
   v1::RunTurnRequest request;
   std::vector<v1::ChatMessage> history;  // the transcript before the turn
+  // When set, `history` is empty and this reads it, once, when an attempt first needs it (a
+  // worker that does not hold the session, a failover): it must not block, and calls its
+  // callback once, from any thread, with the history or the error that ends the turn. So a
+  // turn on a worker that holds the session never reads the transcript.
+  std::function<void(HistoryCallback)> fetch_history;
   std::string bound;                     // the session's worker; empty: none yet
   bool drop_after = false;               // a one-turn session: drop its cache when done
   // Send the history from the first attempt, so the worker compares it with its copy: the
@@ -132,6 +142,13 @@ class TurnRunner : public std::enable_shared_from_this<TurnRunner> {
 
   // Routes and starts the next attempt, or ends the turn.
   void NextAttempt();
+  // Starts the attempt routed to (route_) on `stub`, with the history when it needs it (read
+  // first when it is not yet: spec_.fetch_history).
+  void Send(std::shared_ptr<v1::Worker::Stub> stub);
+  // The history to send: spec_.history, or what fetch_history read.
+  const std::vector<v1::ChatMessage>& History() const {
+    return fetched_.has_value() ? *fetched_ : spec_.history;
+  }
   bool Cancelled();
   // From the attempt in flight (its reactions run one at a time).
   void OnEvent(const v1::TurnEvent& event);
@@ -162,6 +179,7 @@ class TurnRunner : public std::enable_shared_from_this<TurnRunner> {
   std::string request_id_;              // the attempt in flight's (RunTurnRequest.request_id)
   bool got_done_ = false;
   bool history_needed_ = false;
+  std::optional<std::vector<v1::ChatMessage>> fetched_;  // spec_.fetch_history's answer
   TurnResult result_;
 
   absl::Mutex mu_;

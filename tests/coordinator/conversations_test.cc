@@ -9,6 +9,7 @@
 
 #include <sqlite3.h>
 
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "tests/common/test_util.h"
 
@@ -173,6 +174,59 @@ TEST_F(ConversationsTest, AnInterruptedTurnKeepsWhatWasSentAndLeavesLaterPrompts
   ASSERT_EQ(t.size(), 5u);
   EXPECT_EQ(t[4].state, TurnState::kInterrupted);
   EXPECT_EQ(*store_->InterruptInProgress(), 0) << "nothing left in progress";
+}
+
+TEST_F(ConversationsTest, ATurnBegunFromTheRecentTurnsSendsWhatTheWholeTranscriptGives) {
+  CoordinatorOptions options;
+  options.max_turns = 100;
+  conversations_ = std::make_unique<Conversations>(*store_, workers_, options, metrics_);
+  // Turns, the third interrupted and the fifth failed (left out of prompts).
+  for (int i = 0; i < 8; ++i) {
+    auto turn = conversations_->Begin(
+        "t", id_, Plan(1 + 2 * i, {{"user", "Q" + std::to_string(i)}}), {}, "grpc", "");
+    ASSERT_TRUE(turn.ok()) << turn.status();
+    // From the second turn on the recent turns start after the first: the history is read
+    // when a worker needs it.
+    EXPECT_EQ(turn->spec.history.empty(), i >= 2) << "turn " << i;
+    EXPECT_EQ(static_cast<bool>(turn->spec.fetch_history), i >= 2) << "turn " << i;
+    StoredMessage sent{"assistant", i == 2 ? " part" : ""};
+    if (i == 2 || i == 4) {
+      ASSERT_TRUE(conversations_->Finish(*turn, absl::UnavailableError("worker lost"), sent).ok());
+    } else {
+      ASSERT_TRUE(conversations_->Finish(*turn, Reply(" A" + std::to_string(i)), {}).ok());
+    }
+  }
+  const auto begin = [&](std::optional<std::string> recent) {
+    v1::SamplingParams seeded;
+    seeded.set_seed(7);
+    return conversations_->Begin("t", id_, Plan(17, {{"user", "last"}}), seeded, "grpc", recent);
+  };
+  auto recent = begin("");
+  ASSERT_TRUE(recent.ok()) << recent.status();
+  ASSERT_TRUE(recent->spec.fetch_history) << "the history is read later";
+  absl::Notification read;
+  absl::StatusOr<std::vector<v1::ChatMessage>> fetched;
+  recent->spec.fetch_history([&](absl::StatusOr<std::vector<v1::ChatMessage>> h) {
+    fetched = std::move(h);
+    read.Notify();
+  });
+  ASSERT_TRUE(read.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  // Taken back (refused before any reply), then begun again from the whole transcript.
+  ASSERT_TRUE(conversations_->Finish(*recent, absl::InvalidArgumentError("no"), {}).ok());
+  auto whole = begin(std::nullopt);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_FALSE(whole->spec.fetch_history);
+  EXPECT_EQ(recent->spec.request.history_length(), whole->spec.request.history_length());
+  EXPECT_EQ(recent->spec.request.history_length(), 17 - 2 - 2)
+      << "the interrupted and the failed turns' messages are left out";
+  EXPECT_EQ(recent->spec.send_history, whole->spec.send_history);
+  ASSERT_EQ(fetched->size(), whole->spec.history.size());
+  for (size_t i = 0; i < fetched->size(); ++i) {
+    EXPECT_EQ((*fetched)[i].SerializeAsString(), whole->spec.history[i].SerializeAsString())
+        << "history message " << i;
+  }
+  EXPECT_EQ(recent->spec.request.SerializeAsString(), whole->spec.request.SerializeAsString());
 }
 
 // Resume: the interrupted last turn named by its id goes back in progress with the part sent,

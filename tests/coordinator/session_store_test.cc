@@ -87,6 +87,87 @@ TEST_P(SessionStoreTest, CreateGetAppendTruncateBind) {
   EXPECT_EQ(store_->Get("a", "s1")->worker, "w:1");
 }
 
+// Two messages equal in what a prompt and a replay read.
+void ExpectSameMessage(const StoredMessage& a, const StoredMessage& b, int index) {
+  EXPECT_EQ(a.role, b.role) << "message " << index;
+  EXPECT_EQ(a.content, b.content) << "message " << index;
+  EXPECT_EQ(a.token_ids, b.token_ids) << "message " << index;
+  EXPECT_EQ(a.state, b.state) << "message " << index;
+  EXPECT_EQ(a.turn_id, b.turn_id) << "message " << index;
+}
+
+TEST_P(SessionStoreTest, GetRecentGivesTheLastTurnsAndCountsTheEarlierOnesAsAPromptWould) {
+  ASSERT_TRUE(store_->Create(Record("s1", "a")).ok());
+  // A system prompt, complete turns, a failed turn, an interrupted one with two user
+  // messages, a turn whose reply streamed in parts, and the last turn (its user message has
+  // a turn id).
+  std::vector<StoredMessage> all = {{"system", "be brief"}};
+  const auto reply = [](const std::string& text, TurnState state) {
+    StoredMessage m{"assistant", text};
+    m.token_ids = {1, 2, 3};
+    m.finish = 2;
+    m.state = state;
+    return m;
+  };
+  for (int i = 0; i < 30; ++i) {
+    StoredMessage user{"user", "question " + std::to_string(i)};
+    user.turn_id = "t" + std::to_string(i);
+    all.push_back(user);
+    if (i == 7) {
+      all.push_back(reply("", TurnState::kFailed));
+    } else if (i == 12) {
+      all.push_back({"user", "and also"});
+      all.push_back(reply("half", TurnState::kInterrupted));
+    } else {
+      all.push_back(reply("answer " + std::to_string(i), TurnState::kComplete));
+    }
+  }
+  ASSERT_TRUE(store_->AppendAll("a", "s1", 0, all).ok());
+  // The last reply streams in parts (merged by reads).
+  const int last = static_cast<int>(all.size()) - 1;
+  StoredMessage streaming = all.back();
+  streaming.content = "ans";
+  streaming.token_ids = {1};
+  streaming.state = TurnState::kInProgress;
+  ASSERT_TRUE(store_->Replace("a", "s1", last, streaming).ok());
+  StoredMessage delta{"assistant", "wer 29"};
+  delta.token_ids = {2, 3};
+  StoredMessage whole = all.back();
+  whole.state = TurnState::kInProgress;
+  ASSERT_TRUE(store_->AppendReply("a", "s1", last, delta, whole).ok());
+  all.back().state = TurnState::kInProgress;
+
+  const auto check = [&](const std::string& turn_id, int at_most_first) {
+    auto full = store_->Get("a", "s1");
+    auto recent = store_->GetRecent("a", "s1", turn_id);
+    ASSERT_TRUE(full.ok() && recent.ok()) << recent.status();
+    EXPECT_EQ(recent->message_count, static_cast<int>(all.size()));
+    EXPECT_EQ(recent->model, "m");
+    const int first = recent->first_message;
+    EXPECT_LE(first, at_most_first);
+    ASSERT_EQ(first + static_cast<int>(recent->messages.size()), recent->message_count);
+    EXPECT_TRUE(first == 0 || all[static_cast<size_t>(first - 1)].role == "assistant")
+        << "starts mid-turn at " << first;
+    EXPECT_EQ(recent->earlier_in_prompt,
+              static_cast<int>(CompleteTurns(full->messages, first).size()));
+    for (size_t i = 0; i < recent->messages.size(); ++i) {
+      ExpectSameMessage(recent->messages[i], full->messages[first + i],
+                        first + static_cast<int>(i));
+    }
+  };
+  check("", last - 1);  // the last turn: its user message and its reply
+  check("t3", 7);       // from turn t3's user message (index 7) on
+  check("t12", 25);     // from turn t12's (the interrupted one's) user message on
+  check("nope", last - 1);
+  if (GetParam() == "sqlite") {
+    auto recent = store_->GetRecent("a", "s1", "");
+    EXPECT_EQ(recent->first_message, last - 1) << "SQLite reads the last turn only";
+    EXPECT_EQ(recent->earlier_in_prompt, last - 1 - 2 - 3)
+        << "the failed turn's two messages and the interrupted turn's three are left out";
+  }
+  EXPECT_EQ(store_->GetRecent("b", "s1", "").status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST_P(SessionStoreTest, TenantsSeeOnlyTheirSessions) {
   ASSERT_TRUE(store_->Create(Record("s1", "a")).ok());
   EXPECT_EQ(store_->Get("b", "s1").status().code(), absl::StatusCode::kNotFound);

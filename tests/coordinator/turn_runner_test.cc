@@ -1,15 +1,18 @@
 // TurnRunner with a fake sink over real recall-worker processes (stories260K; random weights
 // of SmolLM2-135M's shape where a turn must last long enough to be interrupted): a turn's
 // tokens reach the sink once each, in order, then its done; a worker that lacks the session
-// gets the transcript after its HistoryNeeded event; a worker that is gone, or killed mid-reply,
-// is failed over with nothing lost or repeated; a full worker (RESOURCE_EXHAUSTED) is passed
-// over for another without being marked down; a bad request is the worker's answer, not
-// retried; no worker is UNAVAILABLE; a one-turn session is dropped before the done; Cancel
-// ends the turn with CANCELLED and the worker's turn is gone within a measured bound.
+// gets the transcript after its HistoryNeeded event (read then, when the spec reads it late); a
+// worker that is gone, or killed mid-reply, is failed over with nothing lost or repeated; a full
+// worker (RESOURCE_EXHAUSTED) is passed over for another without being marked down; a bad request
+// is the worker's answer, not retried; no worker is UNAVAILABLE; a one-turn session is dropped
+// before the done; Cancel ends the turn with CANCELLED and the worker's turn is gone within a
+// measured bound.
 #include "coordinator/turn_runner.h"
 
+#include <atomic>
 #include <filesystem>
 #include <functional>
+#include <thread>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -192,6 +195,50 @@ TEST_F(TurnRunnerTest, AWorkerWithoutTheSessionGetsTheTranscriptOnce) {
   EXPECT_EQ(metrics_.GetCounter("recall_coordinator_routes_total", "", sticky)->value(), 2)
       << "one call without the history, one with it";
   EXPECT_TRUE(Healthy(workers_[0].address())) << "asking for history is not a failure";
+}
+
+TEST_F(TurnRunnerTest, AHistoryReadLateIsReadOnceWhenAWorkerNeedsItAndItsErrorEndsTheTurn) {
+  // The history is not in the spec: the runner reads it (on another thread, as the
+  // coordinator's store pool does) when the bound worker answers HistoryNeeded.
+  std::atomic<int> reads{0};
+  const auto spec_with = [&](const std::string& id, absl::Status error) {
+    TurnSpec spec = Spec(id, "What happened next?", 10);
+    spec.bound = workers_[0].address();
+    spec.request.set_history_length(2);
+    spec.fetch_history = [&reads, error](HistoryCallback done) {
+      ++reads;
+      std::thread([done = std::move(done), error] {
+        if (!error.ok()) {
+          done(error);
+          return;
+        }
+        done(std::vector<v1::ChatMessage>{Message("user", "Once upon a time"),
+                                          Message("assistant", " there was a cat.")});
+      }).detach();
+    };
+    return spec;
+  };
+  FakeSink sink;
+  ASSERT_TRUE(RunTurn(*registry_, metrics_, spec_with("late", absl::OkStatus()), sink));
+  ASSERT_TRUE(sink.error().ok()) << sink.error();
+  EXPECT_TRUE(sink.result().done.rebuilt());
+  EXPECT_EQ(reads.load(), 1);
+  // The worker holds the session now: the next turn reads no history.
+  TurnSpec next = spec_with("late", absl::OkStatus());
+  next.request.set_history_length(4);  // the two above, the first turn's message and reply
+  next.request.mutable_messages(0)->set_content("And then?");
+  FakeSink second;
+  ASSERT_TRUE(RunTurn(*registry_, metrics_, next, second));
+  ASSERT_TRUE(second.error().ok()) << second.error();
+  EXPECT_FALSE(second.result().done.rebuilt());
+  EXPECT_EQ(reads.load(), 1) << "a worker that holds the session needs no history";
+  // A read that fails ends the turn with its error, named.
+  FakeSink failed;
+  ASSERT_TRUE(RunTurn(*registry_, metrics_,
+                      spec_with("unread", absl::UnavailableError("store down")), failed));
+  EXPECT_EQ(failed.error().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(failed.error().message().find("store down"), std::string::npos) << failed.error();
+  EXPECT_EQ(failed.ends(), 1);
 }
 
 TEST_F(TurnRunnerTest, AWorkerThatIsGoneIsFailedOverAndMarkedDown) {

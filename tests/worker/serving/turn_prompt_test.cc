@@ -1,5 +1,9 @@
 #include "worker/serving/turn_prompt.h"
 
+#include <optional>
+#include <string>
+#include <vector>
+
 #include "gtest/gtest.h"
 
 namespace recall::serving {
@@ -44,6 +48,49 @@ TEST(ContinuationTextTest, NothingToContinueWithoutALastReply) {
   EXPECT_FALSE(
       ContinuationText(ChatFormat::kChatML, {{"user", "Hi"}, {"assistant", "x"}}, {{"robot", "?"}})
           .ok());
+}
+
+// The continuation as the whole conversation gives it: the full rendering past the
+// rendering so far, after how the format closes the last reply.
+std::optional<std::string> FromWholeConversation(ChatFormat format,
+                                                 const std::vector<model::ChatMessage>& so_far,
+                                                 const std::vector<model::ChatMessage>& next) {
+  std::vector<model::ChatMessage> all = so_far;
+  all.insert(all.end(), next.begin(), next.end());
+  const std::string full = *model::RenderChat(format, all, true);
+  const std::string base = *model::RenderChat(format, so_far, false);
+  if (full.rfind(base, 0) != 0) return std::nullopt;
+  std::vector<model::ChatMessage> marked = so_far;
+  marked.back().content = "@@END@@";
+  const std::string closing = *model::RenderChat(format, marked, false);
+  return closing.substr(closing.rfind("@@END@@") + 7) + full.substr(base.size());
+}
+
+TEST(ContinuationTextTest, ReadsTheLastTurnOnlyAndGivesWhatTheWholeConversationGives) {
+  // A long conversation, system prompts at the start, mid-way and just before a reply (the
+  // llama2 format carries a system prompt to the next user message, or renders it alone).
+  std::vector<model::ChatMessage> so_far = {{"system", "Be brief."}};
+  for (int i = 0; i < 200; ++i) {
+    so_far.push_back({"user", "question " + std::to_string(i)});
+    so_far.push_back({"assistant", " answer " + std::to_string(i)});
+    if (i == 100) so_far.push_back({"system", "Now be kind."});
+  }
+  std::vector<model::ChatMessage> with_late_system = so_far;
+  with_late_system.insert(with_late_system.end() - 1, {"system", "late"});
+  std::vector<model::ChatMessage> no_user = {{"system", "s"}, {"assistant", "a"}};
+  const std::vector<std::vector<model::ChatMessage>> nexts = {
+      {{"user", "More"}}, {{"system", "new rules"}, {"user", "More"}}};
+  for (ChatFormat format :
+       {ChatFormat::kPlain, ChatFormat::kChatML, ChatFormat::kLlama2, ChatFormat::kLlama3}) {
+    for (const auto* conversation : {&so_far, &with_late_system, &no_user}) {
+      for (const auto& next : nexts) {
+        auto got = ContinuationText(format, *conversation, next);
+        ASSERT_TRUE(got.ok()) << got.status();
+        EXPECT_EQ(*got, FromWholeConversation(format, *conversation, next))
+            << model::ChatFormatName(format) << ", " << conversation->size() << " messages";
+      }
+    }
+  }
 }
 
 }  // namespace
