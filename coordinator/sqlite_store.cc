@@ -164,9 +164,11 @@ class SqliteStore final : public SessionStore {
     if (r.message_count == 0) return r;
     RECALL_ASSIGN_OR_RETURN(int first, TurnStart(id, r.message_count - 1));
     if (!turn_id.empty()) {
-      Stmt t(db_,
-             "SELECT MIN(idx) FROM messages WHERE session_id = ? AND turn_id = ? AND "
-             "turn_id != '' AND role = 'user'");
+      Stmt t(
+          db_,
+          "SELECT MIN(idx) FROM messages INDEXED BY messages_by_turn_id WHERE session_id = ? AND "
+          "turn_id = ? AND "
+          "turn_id != '' AND role = 'user'");
       t.BindText(1, id).BindText(2, turn_id);
       const int rc = t.Step();
       if (rc != SQLITE_ROW) return Check(rc, "find turn");
@@ -181,7 +183,8 @@ class SqliteStore final : public SessionStore {
               "SELECT r.idx, (SELECT COUNT(*) FROM messages u WHERE u.session_id = r.session_id "
               "AND u.idx < r.idx AND u.role != 'system' AND u.idx > COALESCE((SELECT p.idx FROM "
               "messages p WHERE p.session_id = r.session_id AND p.idx < r.idx AND p.role = "
-              "'assistant' ORDER BY p.idx DESC LIMIT 1), -1)) FROM messages r WHERE "
+              "'assistant' ORDER BY p.idx DESC LIMIT 1), -1)) FROM messages r INDEXED BY "
+              "messages_not_complete WHERE "
               "r.session_id = ? AND r.state != 0 AND r.idx < ? AND r.role = 'assistant'");
     left.BindText(1, id).Bind(2, static_cast<int64_t>(first));
     int left_out = 0;
