@@ -232,6 +232,9 @@ Scheduler::Scheduler(const model::Model& model, std::unique_ptr<runtime::Forward
         &LoadSnapshot::side_bytes);
   gauge("recall_worker_side_blocks", "KV blocks lent to cover the policy state and turn scratch",
         &LoadSnapshot::side_blocks);
+  gauge("recall_worker_transcript_bytes",
+        "Host bytes of the sessions' transcript and token copies (bounded per session)",
+        &LoadSnapshot::transcript_bytes);
   gauge("recall_worker_tokens_per_second", "Tokens processed per second over the last 10 s",
         &LoadSnapshot::tokens_per_second);
   thread_ = std::thread([this] { Loop(); });

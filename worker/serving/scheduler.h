@@ -109,6 +109,9 @@ struct LoadSnapshot {
   // and the blocks lent to cover them (in kv_blocks_total, not in kv_blocks_free).
   int64_t side_bytes = 0;
   int64_t side_blocks = 0;
+  // The sessions' copies of their transcripts and tokens in host memory (Session::
+  // transcript_bytes): bounded per session whatever its length (episodic ones excepted).
+  int64_t transcript_bytes = 0;
 };
 
 class Scheduler {

@@ -334,7 +334,10 @@ void Scheduler::AfterForward(Turn& t, float* logits) {
     // An episode's replayed gap is already in the session's tokens.
     const size_t from = std::max(t.fed, static_cast<size_t>(t.n_replay));
     const size_t to = t.fed + t.chunk;
-    if (to > from) s.tokens.insert(s.tokens.end(), t.prompt.begin() + from, t.prompt.begin() + to);
+    if (to > from) {
+      s.Feed(t.prompt.data() + from, t.prompt.data() + to,
+             static_cast<size_t>(model_.config.max_seq_len));
+    }
     t.fed += t.chunk;
     metrics_->prompt_tokens->Increment(t.chunk);
     if (t.fed < t.prompt.size()) return;
@@ -358,7 +361,8 @@ void Scheduler::AfterForward(Turn& t, float* logits) {
     }
     t.stop_text.TakeReady();
   } else {
-    s.tokens.push_back(t.next);  // evicted after the pass by RunRanks
+    s.Feed(&t.next, &t.next + 1,
+           static_cast<size_t>(model_.config.max_seq_len));  // evicted after the pass by RunRanks
   }
   SampleNext(t, logits);
 }
@@ -406,8 +410,13 @@ void Scheduler::SampleNext(Turn& t, float* logits) {
   } else {
     kernels::cpu::ApplyReplyPenalties(logits, vocab, t.req.sampling, t.generated.data(),
                                       static_cast<int>(t.generated.size()));
-    id = ranks_.ranks[0].forward->backend().Sample(
-        logits, vocab, t.req.sampling, t.rng, s.tokens.data(), static_cast<int>(s.tokens.size()));
+    // The repetition penalty looks back over the session's last context length of tokens:
+    // all of them within the context; past it (a compact session), a window as long as the
+    // context, so that a step costs the same however long the session has run.
+    const size_t seen = std::min(s.tokens.size(), static_cast<size_t>(model_.config.max_seq_len));
+    id = ranks_.ranks[0].forward->backend().Sample(logits, vocab, t.req.sampling, t.rng,
+                                                   s.tokens.data() + (s.tokens.size() - seen),
+                                                   static_cast<int>(seen));
   }
   const double now = t.since_submit.ElapsedSeconds();
   if (t.first_token_s < 0) {

@@ -73,9 +73,11 @@ bool Scheduler::Step() {
   int64_t tokens = 0;
   for (const auto& [when, n] : token_times_) tokens += n;
   int resident = 0, offloaded = 0;
+  int64_t transcript_bytes = 0;
   for (const auto& [id, s] : memory_.sessions()) {
     resident += s->resident() ? 1 : 0;
     offloaded += s->offloaded() ? 1 : 0;
+    transcript_bytes += s->transcript_bytes();
   }
   absl::MutexLock lock(&mu_);
   load_.kv_blocks_free = memory_.FreeBlocks();
@@ -86,6 +88,7 @@ bool Scheduler::Step() {
   load_.host_bytes_used = memory_.host_bytes();
   load_.side_bytes = memory_.side_bytes();
   load_.side_blocks = memory_.side_blocks();
+  load_.transcript_bytes = transcript_bytes;
   load_.tokens_per_second =
       token_times_.empty() ? 0.0 : tokens / std::max(1.0, now - token_times_.front().first);
   return !active_.empty();
@@ -214,14 +217,10 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
   const model::ModelConfig& config = model_.config;
   Session* s = memory_.Find(r.session_id);
   // The worker's copy of the transcript is usable when it has as many messages as the
-  // request says came before, and they equal the request's history when one is sent.
-  const bool same_history =
-      s != nullptr && static_cast<int>(s->messages.size()) == r.history_length &&
-      (r.history.empty() ||
-       std::equal(r.history.begin(), r.history.end(), s->messages.begin(),
-                  [](const model::ChatMessage& a, const model::ChatMessage& b) {
-                    return a.role == b.role && a.content == b.content;
-                  }));
+  // request says came before, and they equal the request's history when one is sent (by
+  // digest: the session keeps only its last messages).
+  const bool same_history = s != nullptr && s->message_count == r.history_length &&
+                            (r.history.empty() || TranscriptDigest(r.history) == s->digest);
   if (same_history && s->cache() != nullptr && s->reusable) {
     RECALL_ASSIGN_OR_RETURN(std::optional<std::string> more_text,
                             ContinuationText(options_.chat_format, s->messages, r.messages));
@@ -242,7 +241,7 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
       if (!tokens.empty()) {
         t.session = s;
         t.prompt = std::move(tokens);
-        t.cached_tokens = static_cast<int>(s->tokens.size());
+        t.cached_tokens = static_cast<int>(std::min<int64_t>(s->tokens_fed, INT32_MAX));
         t.prompt_tokens = static_cast<int>(context);
         if (s->episodic != nullptr) RECALL_RETURN_IF_ERROR(PrepareEpisodes(t));
         t.prepared = true;
@@ -251,11 +250,11 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
       }
     }
   }
-  // Rebuild: from the request's history, else from the worker's own copy.
+  // Rebuild: from the request's history, else from the worker's own copy when it is whole.
   std::vector<model::ChatMessage> all;
   if (static_cast<int>(r.history.size()) == r.history_length) {
     all = r.history;
-  } else if (same_history) {
+  } else if (same_history && s->holds_transcript()) {
     all = s->messages;
   } else {
     return HistoryNeededError(r.session_id, r.history_length);
@@ -293,7 +292,7 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
   if (s != nullptr) memory_.Drop(*s);
   auto fresh = std::make_unique<Session>();
   fresh->id = r.session_id;
-  fresh->messages = history;
+  fresh->SetTranscript(history);
   if (compact) fresh->positions = runtime::Positions::kCompact;
   s = &memory_.Add(std::move(fresh));
   if (r.history_length > 0) {
@@ -375,8 +374,9 @@ void Scheduler::FinishTurn(Turn& t, absl::Status status) {
     // cache yet: it is fed first at the next turn. A stop token is not part of the text.
     const bool stop_token = t.finish == TurnFinish::kStop && !t.stop_text.stopped();
     if (!stop_token && !t.generated.empty()) s->pending = {t.next};
-    s->messages.insert(s->messages.end(), t.req.messages.begin(), t.req.messages.end());
-    s->messages.push_back({"assistant", sum.text});
+    std::vector<model::ChatMessage> added = t.req.messages;
+    added.push_back({"assistant", sum.text});
+    s->AddMessages(added);
     // A reply cut at a stop string leaves tokens past the cut in the cache: rebuild next time.
     s->reusable = !t.stop_text.stopped();
     sum.prompt_tokens = t.prompt_tokens;

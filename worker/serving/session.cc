@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/hash/hash.h"
 #include "worker/serving/episode_builder.h"
 
 namespace recall::serving {
@@ -15,6 +16,62 @@ int64_t SessionEpisodes::parked_host_bytes() const {
     if (c != nullptr) n += c->host_bytes();
   }
   return n;
+}
+
+uint64_t ChainDigest(uint64_t digest, const model::ChatMessage& m) {
+  return absl::HashOf(digest, m.role, m.content);
+}
+
+uint64_t TranscriptDigest(const std::vector<model::ChatMessage>& messages) {
+  uint64_t digest = kEmptyTranscriptDigest;
+  for (const model::ChatMessage& m : messages) digest = ChainDigest(digest, m);
+  return digest;
+}
+
+namespace {
+int64_t Bytes(const model::ChatMessage& m) {
+  return static_cast<int64_t>(m.role.size() + m.content.size());
+}
+}  // namespace
+
+void Session::SetTranscript(std::vector<model::ChatMessage> all) {
+  messages = std::move(all);
+  message_count = static_cast<int64_t>(messages.size());
+  digest = TranscriptDigest(messages);
+  message_bytes = 0;
+  for (const model::ChatMessage& m : messages) message_bytes += Bytes(m);
+}
+
+void Session::AddMessages(const std::vector<model::ChatMessage>& added) {
+  for (const model::ChatMessage& m : added) {
+    messages.push_back(m);
+    digest = ChainDigest(digest, m);
+    message_bytes += Bytes(m);
+  }
+  message_count += static_cast<int64_t>(added.size());
+  if (episodic != nullptr || messages.size() < 2) return;
+  // From the user message before the last message on.
+  size_t from = messages.size() - 1;
+  while (from > 0 && messages[from].role != "user") --from;
+  if (from == 0) return;
+  for (size_t i = 0; i < from; ++i) message_bytes -= Bytes(messages[i]);
+  messages.erase(messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(from));
+  if (messages.capacity() > 64 && messages.capacity() > 4 * messages.size()) {
+    messages.shrink_to_fit();  // after a rebuild's whole history
+  }
+}
+
+void Session::Feed(const int32_t* begin, const int32_t* end, size_t context) {
+  tokens.insert(tokens.end(), begin, end);
+  tokens_fed += end - begin;
+  if (episodic == nullptr && tokens.size() > 2 * context) {
+    tokens.erase(tokens.begin(), tokens.end() - static_cast<std::ptrdiff_t>(context));
+  }
+}
+
+int64_t Session::transcript_bytes() const {
+  return message_bytes +
+         static_cast<int64_t>((tokens.capacity() + pending.capacity()) * sizeof(int32_t));
 }
 
 int Session::max_length() const {

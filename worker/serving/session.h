@@ -63,10 +63,27 @@ struct SessionEpisodes {
   int64_t parked_host_bytes() const;
 };
 
+// A transcript's digest (role and content of each message, in order), chained: Digest(d, m)
+// is the digest of the messages of d, then m. Salted per process: it compares transcripts
+// within one worker only.
+constexpr uint64_t kEmptyTranscriptDigest = 0;
+uint64_t ChainDigest(uint64_t digest, const model::ChatMessage& m);
+uint64_t TranscriptDigest(const std::vector<model::ChatMessage>& messages);
+
 struct Session {
   std::string id;
+  // The transcript as this worker saw it: message_count messages, of digest `digest`.
+  // `messages` holds the last of them, from the last turn's user message on (what the next
+  // turn's ContinuationText reads), or all of them for an episodic session (its episodes
+  // are built from them); so a session's host memory does not grow with its length. The
+  // coordinator keeps the whole transcript and sends it when a rebuild needs it.
   std::vector<model::ChatMessage> messages;
-  std::vector<int32_t> tokens;   // every token fed to the cache, in order
+  int64_t message_count = 0;
+  uint64_t digest = kEmptyTranscriptDigest;
+  // The tokens fed to the cache, in order: the last ones, at least the model's context
+  // length of them (all of them for an episodic session); tokens_fed counts them all.
+  std::vector<int32_t> tokens;
+  int64_t tokens_fed = 0;
   std::vector<int32_t> pending;  // sampled, not fed yet
   // One per rank (empty: no cache yet). Declared before the evictors, which refer to them
   // and so are destroyed first.
@@ -79,6 +96,7 @@ struct Session {
   bool prefill_compressed = false;  // a compresses_prefill() policy ran once
   bool reusable = true;             // the cache can be continued (see above)
   bool busy = false;                // a turn is running or waiting
+  int64_t message_bytes = 0;        // role and content bytes of `messages`
   int64_t last_used = 0;            // scheduler step of the last activity (LRU)
 
   // Rank 0's cache and evictor (null when there is none).
@@ -88,6 +106,19 @@ struct Session {
   }
   bool resident() const { return cache() != nullptr && !cache()->offloaded(); }
   bool offloaded() const { return cache() != nullptr && cache()->offloaded(); }
+
+  // The transcript becomes `all` (a rebuild's history).
+  void SetTranscript(std::vector<model::ChatMessage> all);
+  // Appends `added` to the transcript (a turn's messages and its reply), then keeps what
+  // `messages` keeps (above).
+  void AddMessages(const std::vector<model::ChatMessage>& added);
+  // Whether `messages` is the whole transcript.
+  bool holds_transcript() const { return static_cast<int64_t>(messages.size()) == message_count; }
+  // Appends tokens fed to the cache; a session that is not episodic keeps the last
+  // `context` of them (trimmed when it holds twice that).
+  void Feed(const int32_t* begin, const int32_t* end, size_t context);
+  // Host bytes of the transcript and tokens kept (not counted in the KV figures).
+  int64_t transcript_bytes() const;
 
   // The longest (layer, KV head) row of any rank's cache.
   int max_length() const;

@@ -1,8 +1,8 @@
 // Sessions longer than the model's context (runtime/positions.h): a compact session goes on
 // past stories260K's 512 tokens, re-positioning its cache, with its KV bytes bounded by its
 // budget, its window and one prefill chunk; a prompt longer than the context is fed in that
-// bound; an original session ends at the context as before; TP ranks give the one-rank
-// tokens.
+// bound; its own copy of the transcript and tokens stays bounded too; an original session
+// ends at the context as before; TP ranks give the one-rank tokens.
 #include <string>
 
 #include "gtest/gtest.h"
@@ -76,6 +76,44 @@ TEST_F(EndlessTest, ACompactSessionGoesOnPastTheContextInBoundedMemory) {
   }
   EXPECT_GT(consumed, 3 * model_->config.max_seq_len) << "the session passed the context 3x";
   EXPECT_GE(Compactions(), 3);
+}
+
+TEST_F(EndlessTest, ASessionsOwnTranscriptCopyStaysBoundedAndItsHistoryIsStillCompared) {
+  if (model_ == nullptr) return;
+  std::unique_ptr<Scheduler> s = Start();
+  ASSERT_NE(s, nullptr);
+  const int context = model_->config.max_seq_len;
+  std::vector<model::ChatMessage> transcript;  // as the coordinator keeps it
+  Collected c;
+  for (int turn = 0; turn < 100; ++turn) {
+    SCOPED_TRACE(turn);
+    c = Run(*s, Turn("kept", kLines[turn % 6], 2 * turn));
+    ASSERT_TRUE(c.status.ok()) << c.status;
+    transcript.push_back({"user", kLines[turn % 6]});
+    transcript.push_back({"assistant", c.text});
+  }
+  EXPECT_GT(c.summary.cached_tokens, 4 * context) << "every token fed is counted";
+  // The worker's copy: the last turn's messages and at most twice the context of tokens,
+  // where the session has fed over four times the context (before: all of them, growing).
+  const int64_t held = s->Load().transcript_bytes;
+  EXPECT_GT(held, 0);
+  EXPECT_LE(held, int64_t{4} * 2 * context * 2 + 4096) << "bytes of the session's copies";
+  // A request whose history equals the transcript continues the cache (compared by digest);
+  // one whose history differs is rebuilt from it.
+  TurnRequest same = Turn("kept", "And then?", 200);
+  same.history = transcript;
+  Collected kept = Run(*s, same);
+  ASSERT_TRUE(kept.status.ok()) << kept.status;
+  EXPECT_FALSE(kept.summary.rebuilt);
+  transcript.push_back({"user", "And then?"});
+  transcript.push_back({"assistant", kept.text});
+  std::vector<model::ChatMessage> other = transcript;
+  other[10].content += " (edited)";
+  TurnRequest differs = Turn("kept", "Go on.", 202);
+  differs.history = other;
+  Collected rebuilt = Run(*s, differs);
+  ASSERT_TRUE(rebuilt.status.ok()) << rebuilt.status;
+  EXPECT_TRUE(rebuilt.summary.rebuilt);
 }
 
 TEST_F(EndlessTest, APromptLongerThanTheContextIsFedWithinTheBound) {
