@@ -6,6 +6,14 @@
 //   recall:p:<id>        list of reply parts (AppendReply), each JSON {"i": message index,
 //                        "c": text, "t": token ids}, merged into their messages by Get and
 //                        dropped when their message is replaced or truncated
+//   recall:u:<id>        sorted set: the turn ids of the user messages (score: the index of
+//                        the first message with the id)
+//   recall:n:<id>        sorted set: the replies that are not complete (member and score:
+//                        their index)
+// The two sorted sets index the transcript for GetRecent (a turn reads the last turn, not the
+// transcript). The session hash's field ix is the message count they cover; a write that
+// finds it differing from the list's length (a coordinator from before the index wrote the
+// session) deletes it, and the session is read whole from then on.
 // Every check-and-write (create if absent, append at an index, tenant checks) is one Lua
 // script, so replicas cannot interleave. Durability is Redis's: run it with
 // `appendonly yes` and `appendfsync always` for "stored before it is sent to a worker".
@@ -32,17 +40,50 @@ using Reply = std::unique_ptr<redisReply, decltype(&freeReplyObject)>;
 constexpr char kCreate[] = R"lua(
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], 'tenant', ARGV[1], 'model', ARGV[2], 'cache', ARGV[3],
-           'metadata', ARGV[4], 'created_ms', ARGV[5], 'worker', ARGV[6])
+           'metadata', ARGV[4], 'created_ms', ARGV[5], 'worker', ARGV[6], 'ix', '0')
 redis.call('ZADD', KEYS[2], 0, ARGV[7])
 return 1)lua";
 
-// KEYS: session, messages. ARGV: tenant, index, messages... -1 not found, -2 - n: the list
-// has n messages, not index.
-constexpr char kAppend[] = R"lua(
+// Lua: the transcript index (the layout above). KEYS[1] the session, KEYS[4] its turn ids,
+// KEYS[5] its unfinished replies. ix_valid(n): whether the index covers the n messages the
+// list holds (else it is dropped for good); ix_drop(i): forgets messages from index i on;
+// ix_add(i, m): indexes message JSON m at index i; ix_set(n): the index covers n messages.
+#define RECALL_INDEX_LUA                                                             \
+  "local function ix_valid(n)\n"                                                     \
+  "  if redis.call('HGET', KEYS[1], 'ix') == tostring(n) then return true end\n"     \
+  "  redis.call('HDEL', KEYS[1], 'ix')\n"                                            \
+  "  return false\n"                                                                 \
+  "end\n"                                                                            \
+  "local function ix_drop(i)\n"                                                      \
+  "  redis.call('ZREMRANGEBYSCORE', KEYS[4], i, '+inf')\n"                           \
+  "  redis.call('ZREMRANGEBYSCORE', KEYS[5], i, '+inf')\n"                           \
+  "end\n"                                                                            \
+  "local function ix_add(i, m)\n"                                                    \
+  "  local ok, d = pcall(cjson.decode, m)\n"                                         \
+  "  if not ok or type(d) ~= 'table' then return end\n"                              \
+  "  if d.role == 'user' and type(d.turn_id) == 'string' and d.turn_id ~= '' then\n" \
+  "    redis.call('ZADD', KEYS[4], 'NX', i, d.turn_id)\n"                            \
+  "  end\n"                                                                          \
+  "  if d.role == 'assistant' and d.state ~= nil and d.state ~= 0 then\n"            \
+  "    redis.call('ZADD', KEYS[5], i, tostring(i))\n"                                \
+  "  else\n"                                                                         \
+  "    redis.call('ZREM', KEYS[5], tostring(i))\n"                                   \
+  "  end\n"                                                                          \
+  "end\n"                                                                            \
+  "local function ix_set(n) redis.call('HSET', KEYS[1], 'ix', tostring(n)) end\n"
+
+// KEYS: session, messages, parts, turn ids, unfinished. ARGV: tenant, index, messages... -1
+// not found, -2 - n: the list has n messages, not index.
+constexpr char kAppend[] = RECALL_INDEX_LUA R"lua(
 if redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[1] then return -1 end
 local n = redis.call('LLEN', KEYS[2])
 if n ~= tonumber(ARGV[2]) then return -2 - n end
-for i = 3, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+local indexed = ix_valid(n)
+for i = 3, #ARGV do
+  redis.call('RPUSH', KEYS[2], ARGV[i])
+  if indexed then ix_add(n + i - 3, ARGV[i]) end
+end
+if indexed then ix_set(n + #ARGV - 2) end
 return 1)lua";
 
 // Lua: keeps the parts list (KEYS[3]) to the parts p for which KEEP holds (an expression of
@@ -63,7 +104,7 @@ return 1)lua";
 // reply, in progress under a live lease or complete (the writer's turn was taken over: its
 // late end must not overwrite the new one; a lapsed lease, an interrupted or failed reply may
 // be taken over). The message's parts go (it is written whole).
-constexpr char kReplace[] = R"lua(
+constexpr char kReplace[] = RECALL_INDEX_LUA R"lua(
 if redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[1] then return -1 end
 local n = redis.call('LLEN', KEYS[2])
 local index = tonumber(ARGV[2])
@@ -74,6 +115,14 @@ if ARGV[4] ~= '' then
      (c.state == nil or (c.state == 1 and (c.lease_ms or 0) >= tonumber(ARGV[5]))) then
     return 2
   end
+end
+if ix_valid(n) then
+  local ok, old = pcall(cjson.decode, redis.call('LINDEX', KEYS[2], index))
+  if ok and type(old) == 'table' and type(old.turn_id) == 'string' and
+     tonumber(redis.call('ZSCORE', KEYS[4], old.turn_id)) == index then
+    redis.call('ZREM', KEYS[4], old.turn_id)
+  end
+  ix_add(index, ARGV[3])
 end
 redis.call('LSET', KEYS[2], index, ARGV[3])
 )lua" RECALL_KEEP_PARTS("pi ~= index") "return 1";
@@ -115,25 +164,32 @@ std::string ToJson(const StoredMessage& message) {
   return m.dump();
 }
 
-// KEYS: session, messages, tenant set, parts. ARGV: tenant, id.
+// KEYS: session, messages, tenant set, parts, turn ids, unfinished. ARGV: tenant, id.
 constexpr char kDelete[] = R"lua(
 if redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[1] then return -1 end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[4])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[4], KEYS[5], KEYS[6])
 redis.call('ZREM', KEYS[3], ARGV[2])
 return 1)lua";
 
-// KEYS: session, messages, parts. ARGV: tenant, index. The dropped messages' parts go too.
-constexpr char kTruncate[] = R"lua(
+// KEYS: session, messages, parts, turn ids, unfinished. ARGV: tenant, index. The dropped
+// messages' parts go too.
+constexpr char kTruncate[] = RECALL_INDEX_LUA R"lua(
 if redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[1] then return -1 end
 local i = tonumber(ARGV[2])
+local n = redis.call('LLEN', KEYS[2])
+if ix_valid(n) and i < n then
+  ix_drop(i)
+  ix_set(i)
+end
 if i == 0 then redis.call('DEL', KEYS[2]) else redis.call('LTRIM', KEYS[2], 0, i - 1) end
 )lua" RECALL_KEEP_PARTS("pi < i") "return 1";
 
-// KEYS: session, messages, parts. ARGV: tenant, keep, count, writer, now, messages... -1 not
-// found, -2 - n: the list has n messages, not count; 2: its last message is a reply in
-// progress of another writer under a live lease (a turn running there). The messages from
-// keep on (and their parts) are replaced by the given ones, in one script: atomic.
-constexpr char kReplaceTail[] = R"lua(
+// KEYS: session, messages, parts, turn ids, unfinished. ARGV: tenant, keep, count, writer,
+// now, messages... -1 not found, -2 - n: the list has n messages, not count; 2: its last
+// message is a reply in progress of another writer under a live lease (a turn running
+// there). The messages from keep on (and their parts) are replaced by the given ones, in one
+// script: atomic.
+constexpr char kReplaceTail[] = RECALL_INDEX_LUA R"lua(
 if redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[1] then return -1 end
 local n = redis.call('LLEN', KEYS[2])
 if n ~= tonumber(ARGV[3]) then return -2 - n end
@@ -145,14 +201,61 @@ if n > 0 and ARGV[4] ~= '' then
   end
 end
 local i = tonumber(ARGV[2])
+local indexed = ix_valid(n)
 if i < n then
+  if indexed then ix_drop(i) end
   if i == 0 then redis.call('DEL', KEYS[2]) else redis.call('LTRIM', KEYS[2], 0, i - 1) end
 )lua" RECALL_KEEP_PARTS("pi < i") R"lua(
 end
-for j = 6, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[j]) end
+for j = 6, #ARGV do
+  redis.call('RPUSH', KEYS[2], ARGV[j])
+  if indexed then ix_add(i + j - 6, ARGV[j]) end
+end
+if indexed then ix_set(i + #ARGV - 5) end
 return 1)lua";
 
+// KEYS: session, messages, parts, turn ids, unfinished. ARGV: turn id ("": none). The
+// session's header fields; then, when the index covers the transcript, the index of its
+// first message read, how many before it a prompt holds (CompleteTurns), the messages from
+// there on and the reply parts; else -1 (read it whole). One script: a consistent view.
+constexpr char kGetRecent[] = R"lua(
+local h = redis.call('HMGET', KEYS[1], 'tenant', 'model', 'cache', 'metadata', 'created_ms',
+                     'worker')
+local n = redis.call('LLEN', KEYS[2])
+if redis.call('HGET', KEYS[1], 'ix') ~= tostring(n) then return {h, -1} end
+local function role_at(i)
+  local ok, d = pcall(cjson.decode, redis.call('LINDEX', KEYS[2], i))
+  if ok and type(d) == 'table' then return d.role end
+  return nil
+end
+-- Just after the last assistant reply before message i (0: none).
+local function turn_start(i)
+  for j = i - 1, 0, -1 do
+    if role_at(j) == 'assistant' then return j + 1 end
+  end
+  return 0
+end
+local first = 0
+if n > 0 then first = turn_start(n - 1) end
+if ARGV[1] ~= '' then
+  local u = redis.call('ZSCORE', KEYS[4], ARGV[1])
+  if u and tonumber(u) < first then first = turn_start(tonumber(u)) end
+end
+-- Each reply before first that is not complete, and the messages of its turn, are left out.
+local left = 0
+for _, r in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', '(' .. first)) do
+  left = left + 1
+  for j = tonumber(r) - 1, 0, -1 do
+    local role = role_at(j)
+    if role == 'assistant' then break end
+    if role ~= 'system' then left = left + 1 end
+  end
+end
+return {h, first, first - left, redis.call('LRANGE', KEYS[2], first, -1),
+        redis.call('LRANGE', KEYS[3], 0, -1)})lua";
+
 #undef RECALL_KEEP_PARTS
+#undef RECALL_INDEX_LUA
 
 // KEYS: session, messages, parts. The session's header fields, messages and reply parts, read
 // in one script: a consistent view (another replica's write cannot fall between the reads).
@@ -171,6 +274,8 @@ std::string SessionKey(const std::string& id) { return "recall:s:" + id; }
 std::string MessagesKey(const std::string& id) { return "recall:m:" + id; }
 std::string TenantKey(const std::string& t) { return "recall:t:" + t; }
 std::string PartsKey(const std::string& id) { return "recall:p:" + id; }
+std::string TurnIdsKey(const std::string& id) { return "recall:u:" + id; }
+std::string UnfinishedKey(const std::string& id) { return "recall:n:" + id; }
 // A named record (SessionStore::PutRecord): the tenant's length keeps (tenant, name) pairs
 // apart.
 std::string RecordKey(const std::string& tenant, const std::string& name) {
@@ -257,69 +362,35 @@ class RedisStore final : public SessionStore {
       return absl::InternalError("session store redis: an unexpected answer to a read");
     }
     RECALL_RETURN_IF_ERROR(FillHeader(all->element[0], tenant, id, &r));
-    const redisReply* rep = all->element[1];
-    r.message_count = static_cast<int>(rep->elements);
-    const int64_t now = UnixMillis();
-    for (size_t i = 0; i < rep->elements; ++i) {
-      const nlohmann::json m = nlohmann::json::parse(
-          std::string(rep->element[i]->str, rep->element[i]->len), nullptr, false);
-      if (m.is_discarded() || !m.is_object() || !m.contains("role") || !m["role"].is_string() ||
-          !m.contains("content") || !m["content"].is_string()) {
-        return absl::DataLossError(absl::StrCat("session store: message ", i, " of session ",
-                                                QuotedId(id), " is not a stored message"));
-      }
-      StoredMessage& msg = r.messages.emplace_back();
-      msg.role = m["role"].get<std::string>();
-      msg.content = m["content"].get<std::string>();
-      if (m.contains("state") && m["state"].is_number_integer()) {
-        const int state = m["state"].get<int>();
-        msg.state = state >= 0 && state <= 3 ? static_cast<TurnState>(state) : TurnState::kFailed;
-      }
-      if (m.contains("lease_ms") && m["lease_ms"].is_number_integer()) {
-        msg.lease_unix_ms = m["lease_ms"].get<int64_t>();
-      }
-      if (m.contains("w") && m["w"].is_string()) msg.writer = m["w"].get<std::string>();
-      // Its writer is gone (no replica renewed the lease): the turn was interrupted.
-      if (msg.state == TurnState::kInProgress && msg.lease_unix_ms != 0 &&
-          msg.lease_unix_ms < now) {
-        msg.state = TurnState::kInterrupted;
-      }
-      if (m.contains("token_ids") && m["token_ids"].is_array()) {
-        for (const nlohmann::json& t : m["token_ids"]) {
-          if (t.is_number_integer()) msg.token_ids.push_back(t.get<int32_t>());
-        }
-      }
-      if (m.contains("finish") && m["finish"].is_number_integer())
-        msg.finish = m["finish"].get<int>();
-      if (m.contains("turn_id") && m["turn_id"].is_string()) {
-        msg.turn_id = m["turn_id"].get<std::string>();
-      }
-      uint64_t seed = 0;
-      if (m.contains("seed") && m["seed"].is_string() &&
-          absl::SimpleAtoi(m["seed"].get<std::string>(), &seed)) {
-        msg.seed = seed;
-      }
-    }
-    // Replies written part by part (AppendReply): their parts after what the message holds.
-    const redisReply* parts = all->element[2];
-    for (size_t k = 0; k < parts->elements; ++k) {
-      const nlohmann::json p = nlohmann::json::parse(
-          std::string(parts->element[k]->str, parts->element[k]->len), nullptr, false);
-      if (p.is_discarded() || !p.is_object() || !p.contains("i") || !p["i"].is_number_integer() ||
-          !p.contains("c") || !p["c"].is_string() || !p.contains("t") || !p["t"].is_array()) {
-        return absl::DataLossError(absl::StrCat("session store: reply part ", k, " of session ",
-                                                QuotedId(id), " is not a stored part"));
-      }
-      const int64_t at = p["i"].get<int64_t>();
-      if (at < 0 || at >= static_cast<int64_t>(r.messages.size())) continue;
-      StoredMessage& msg = r.messages[static_cast<size_t>(at)];
-      msg.content += p["c"].get<std::string>();
-      for (const nlohmann::json& t : p["t"]) {
-        if (t.is_number_integer()) msg.token_ids.push_back(t.get<int32_t>());
-      }
-    }
+    RECALL_RETURN_IF_ERROR(ReadMessages(id, all->element[1], all->element[2], &r));
     r.message_count = static_cast<int>(r.messages.size());
     return r;
+  }
+
+  // The index's read (kGetRecent); the whole transcript for a session the index does not
+  // cover.
+  absl::StatusOr<SessionRecord> GetRecent(const std::string& tenant, const std::string& id,
+                                          const std::string& turn_id) override {
+    {
+      absl::MutexLock lock(&mu_);
+      SessionRecord r;
+      RECALL_ASSIGN_OR_RETURN(Reply all,
+                              Command({"EVAL", kGetRecent, "5", SessionKey(id), MessagesKey(id),
+                                       PartsKey(id), TurnIdsKey(id), UnfinishedKey(id), turn_id}));
+      if (all->type != REDIS_REPLY_ARRAY || all->elements < 2 ||
+          all->element[1]->type != REDIS_REPLY_INTEGER) {
+        return absl::InternalError("session store redis: an unexpected answer to a read");
+      }
+      RECALL_RETURN_IF_ERROR(FillHeader(all->element[0], tenant, id, &r));
+      if (all->element[1]->integer >= 0 && all->elements == 5) {
+        r.first_message = static_cast<int>(all->element[1]->integer);
+        r.earlier_in_prompt = static_cast<int>(all->element[2]->integer);
+        RECALL_RETURN_IF_ERROR(ReadMessages(id, all->element[3], all->element[4], &r));
+        r.message_count = r.first_message + static_cast<int>(r.messages.size());
+        return r;
+      }
+    }
+    return Get(tenant, id);
   }
 
   absl::Status AppendReply(const std::string& tenant, const std::string& id, int index,
@@ -369,16 +440,24 @@ class RedisStore final : public SessionStore {
 
   absl::Status Delete(const std::string& tenant, const std::string& id) override {
     absl::MutexLock lock(&mu_);
-    RECALL_ASSIGN_OR_RETURN(Reply rep,
-                            Command({"EVAL", kDelete, "4", SessionKey(id), MessagesKey(id),
-                                     TenantKey(tenant), PartsKey(id), tenant, id}));
+    RECALL_ASSIGN_OR_RETURN(Reply rep, Command({"EVAL", kDelete, "6", SessionKey(id),
+                                                MessagesKey(id), TenantKey(tenant), PartsKey(id),
+                                                TurnIdsKey(id), UnfinishedKey(id), tenant, id}));
     return rep->integer < 0 ? NotFound(id) : absl::OkStatus();
   }
 
   absl::Status AppendAll(const std::string& tenant, const std::string& id, int index,
                          const std::vector<StoredMessage>& messages) override {
-    std::vector<std::string> args = {
-        "EVAL", kAppend, "2", SessionKey(id), MessagesKey(id), tenant, std::to_string(index)};
+    std::vector<std::string> args = {"EVAL",
+                                     kAppend,
+                                     "5",
+                                     SessionKey(id),
+                                     MessagesKey(id),
+                                     PartsKey(id),
+                                     TurnIdsKey(id),
+                                     UnfinishedKey(id),
+                                     tenant,
+                                     std::to_string(index)};
     for (const StoredMessage& m : messages) args.push_back(ToJson(m));
     absl::MutexLock lock(&mu_);
     RECALL_ASSIGN_OR_RETURN(Reply rep, Command(args));
@@ -396,10 +475,12 @@ class RedisStore final : public SessionStore {
                            const std::string& writer) override {
     std::vector<std::string> args = {"EVAL",
                                      kReplaceTail,
-                                     "3",
+                                     "5",
                                      SessionKey(id),
                                      MessagesKey(id),
                                      PartsKey(id),
+                                     TurnIdsKey(id),
+                                     UnfinishedKey(id),
                                      tenant,
                                      std::to_string(keep),
                                      std::to_string(count),
@@ -422,9 +503,9 @@ class RedisStore final : public SessionStore {
                        const StoredMessage& message) override {
     absl::MutexLock lock(&mu_);
     RECALL_ASSIGN_OR_RETURN(
-        Reply rep, Command({"EVAL", kReplace, "3", SessionKey(id), MessagesKey(id), PartsKey(id),
-                            tenant, std::to_string(index), ToJson(message), message.writer,
-                            std::to_string(UnixMillis())}));
+        Reply rep, Command({"EVAL", kReplace, "5", SessionKey(id), MessagesKey(id), PartsKey(id),
+                            TurnIdsKey(id), UnfinishedKey(id), tenant, std::to_string(index),
+                            ToJson(message), message.writer, std::to_string(UnixMillis())}));
     if (rep->integer == -1) return NotFound(id);
     if (rep->integer == 2) {
       return absl::FailedPreconditionError(
@@ -445,8 +526,8 @@ class RedisStore final : public SessionStore {
   absl::Status Truncate(const std::string& tenant, const std::string& id, int index) override {
     absl::MutexLock lock(&mu_);
     RECALL_ASSIGN_OR_RETURN(
-        Reply rep, Command({"EVAL", kTruncate, "3", SessionKey(id), MessagesKey(id), PartsKey(id),
-                            tenant, std::to_string(index)}));
+        Reply rep, Command({"EVAL", kTruncate, "5", SessionKey(id), MessagesKey(id), PartsKey(id),
+                            TurnIdsKey(id), UnfinishedKey(id), tenant, std::to_string(index)}));
     return rep->integer < 0 ? NotFound(id) : absl::OkStatus();
   }
 
@@ -534,6 +615,72 @@ class RedisStore final : public SessionStore {
 
   // The header fields from an HMGET's answer (tenant, model, cache, metadata, created_ms,
   // worker); NotFound unless the session is the tenant's.
+  // The messages of `rep` (JSON; the transcript's from r->first_message on) into r->messages,
+  // with their reply parts from `parts` merged in; DataLoss for one that does not decode.
+  static absl::Status ReadMessages(const std::string& id, const redisReply* rep,
+                                   const redisReply* parts, SessionRecord* r) {
+    const int64_t now = UnixMillis();
+    for (size_t i = 0; i < rep->elements; ++i) {
+      const nlohmann::json m = nlohmann::json::parse(
+          std::string(rep->element[i]->str, rep->element[i]->len), nullptr, false);
+      if (m.is_discarded() || !m.is_object() || !m.contains("role") || !m["role"].is_string() ||
+          !m.contains("content") || !m["content"].is_string()) {
+        return absl::DataLossError(absl::StrCat("session store: message ", r->first_message + i,
+                                                " of session ", QuotedId(id),
+                                                " is not a stored message"));
+      }
+      StoredMessage& msg = r->messages.emplace_back();
+      msg.role = m["role"].get<std::string>();
+      msg.content = m["content"].get<std::string>();
+      if (m.contains("state") && m["state"].is_number_integer()) {
+        const int state = m["state"].get<int>();
+        msg.state = state >= 0 && state <= 3 ? static_cast<TurnState>(state) : TurnState::kFailed;
+      }
+      if (m.contains("lease_ms") && m["lease_ms"].is_number_integer()) {
+        msg.lease_unix_ms = m["lease_ms"].get<int64_t>();
+      }
+      if (m.contains("w") && m["w"].is_string()) msg.writer = m["w"].get<std::string>();
+      // Its writer is gone (no replica renewed the lease): the turn was interrupted.
+      if (msg.state == TurnState::kInProgress && msg.lease_unix_ms != 0 &&
+          msg.lease_unix_ms < now) {
+        msg.state = TurnState::kInterrupted;
+      }
+      if (m.contains("token_ids") && m["token_ids"].is_array()) {
+        for (const nlohmann::json& t : m["token_ids"]) {
+          if (t.is_number_integer()) msg.token_ids.push_back(t.get<int32_t>());
+        }
+      }
+      if (m.contains("finish") && m["finish"].is_number_integer())
+        msg.finish = m["finish"].get<int>();
+      if (m.contains("turn_id") && m["turn_id"].is_string()) {
+        msg.turn_id = m["turn_id"].get<std::string>();
+      }
+      uint64_t seed = 0;
+      if (m.contains("seed") && m["seed"].is_string() &&
+          absl::SimpleAtoi(m["seed"].get<std::string>(), &seed)) {
+        msg.seed = seed;
+      }
+    }
+    // Replies written part by part (AppendReply): their parts after what the message holds.
+    for (size_t k = 0; k < parts->elements; ++k) {
+      const nlohmann::json p = nlohmann::json::parse(
+          std::string(parts->element[k]->str, parts->element[k]->len), nullptr, false);
+      if (p.is_discarded() || !p.is_object() || !p.contains("i") || !p["i"].is_number_integer() ||
+          !p.contains("c") || !p["c"].is_string() || !p.contains("t") || !p["t"].is_array()) {
+        return absl::DataLossError(absl::StrCat("session store: reply part ", k, " of session ",
+                                                QuotedId(id), " is not a stored part"));
+      }
+      const int64_t at = p["i"].get<int64_t>() - r->first_message;
+      if (at < 0 || at >= static_cast<int64_t>(r->messages.size())) continue;
+      StoredMessage& msg = r->messages[static_cast<size_t>(at)];
+      msg.content += p["c"].get<std::string>();
+      for (const nlohmann::json& t : p["t"]) {
+        if (t.is_number_integer()) msg.token_ids.push_back(t.get<int32_t>());
+      }
+    }
+    return absl::OkStatus();
+  }
+
   static absl::Status FillHeader(const redisReply* rep, const std::string& tenant,
                                  const std::string& id, SessionRecord* r) {
     auto field = [&](int i) {

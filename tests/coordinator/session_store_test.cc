@@ -159,13 +159,39 @@ TEST_P(SessionStoreTest, GetRecentGivesTheLastTurnsAndCountsTheEarlierOnesAsAPro
   check("t3", 7);       // from turn t3's user message (index 7) on
   check("t12", 25);     // from turn t12's (the interrupted one's) user message on
   check("nope", last - 1);
-  if (GetParam() == "sqlite") {
-    auto recent = store_->GetRecent("a", "s1", "");
-    EXPECT_EQ(recent->first_message, last - 1) << "SQLite reads the last turn only";
-    EXPECT_EQ(recent->earlier_in_prompt, last - 1 - 2 - 3)
-        << "the failed turn's two messages and the interrupted turn's three are left out";
-  }
+  auto recent = store_->GetRecent("a", "s1", "");
+  ASSERT_TRUE(recent.ok()) << recent.status();
+  EXPECT_EQ(recent->first_message, last - 1) << "the last turn only";
+  EXPECT_EQ(recent->earlier_in_prompt, last - 1 - 2 - 3)
+      << "the failed turn's two messages and the interrupted turn's three are left out";
   EXPECT_EQ(store_->GetRecent("b", "s1", "").status().code(), absl::StatusCode::kNotFound);
+  // The index follows a rewritten tail and a truncation.
+  ASSERT_TRUE(store_
+                  ->ReplaceTail("a", "s1", 25, static_cast<int>(all.size()),
+                                {all[25], all[26], all[27], all[28]}, "")
+                  .ok());
+  all.resize(29);
+  check("t13", 28);  // the last message is t13's, after the interrupted reply at 27
+  check("t12", 25);
+  ASSERT_TRUE(store_->Truncate("a", "s1", 27).ok());
+  all.resize(27);
+  check("", 25);
+  check("t13", 25);  // gone with its message
+  if (GetParam() == "redis" && std::system("command -v redis-cli > /dev/null") == 0) {
+    // A coordinator from before the index appends without it: the session is read whole
+    // from then on, and still right.
+    const std::string cmd = "redis-cli -p " + std::to_string(redis_.port()) +
+                            " RPUSH recall:m:s1 '{\"content\":\"old\",\"role\":\"user\"}' > "
+                            "/dev/null";
+    ASSERT_EQ(std::system(cmd.c_str()), 0);
+    all.push_back({"user", "old"});
+    ASSERT_TRUE(store_->Append("a", "s1", 28, reply("r", TurnState::kComplete)).ok());
+    all.push_back(reply("r", TurnState::kComplete));
+    auto whole = store_->GetRecent("a", "s1", "");
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    EXPECT_EQ(whole->first_message, 0);
+    check("", static_cast<int>(all.size()));
+  }
 }
 
 TEST_P(SessionStoreTest, TenantsSeeOnlyTheirSessions) {
