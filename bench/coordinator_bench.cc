@@ -215,8 +215,8 @@ options:
 
 3. a long session: one session (policy lazy, budget 128) of --long-turns turns of about
    60 words each, 4 tokens generated per turn; the median turn time of turns 21-120 (the
-   base) and of the last 100, and the ratio (1.00x: a turn costs the same however long the
-   session is).
+   base), of the middle 100 and of the last 100, and the ratios (1.00x: a turn costs the
+   same however long the session is).
 )U";
 
 int Main(int argc, char** argv) {
@@ -280,11 +280,15 @@ int Main(int argc, char** argv) {
   const std::vector<double> t = LongSession(coordinator.port("grpc"), long_turns, 60);
   if (t.empty()) return 1;
   const std::vector<double> early(t.begin() + 20, t.begin() + 120);
+  const auto half = t.begin() + static_cast<std::ptrdiff_t>(t.size() / 2);
+  const std::vector<double> middle(half - 50, half + 50);
   const std::vector<double> late(t.end() - 100, t.end());
   std::printf("  turns 21-120 (base)        median %6.2f ms\n", 1e3 * Percentile(early, 0.5));
+  std::printf("  the middle 100 turns       median %6.2f ms\n", 1e3 * Percentile(middle, 0.5));
   std::printf("  the last 100 turns         median %6.2f ms\n", 1e3 * Percentile(late, 0.5));
-  std::printf("  ratio last 100 / turns 21-120 = %.2fx\n",
-              Percentile(late, 0.5) / Percentile(early, 0.5));
+  std::printf("  ratios: last 100 / turns 21-120 = %.2fx, last 100 / middle 100 = %.2fx\n",
+              Percentile(late, 0.5) / Percentile(early, 0.5),
+              Percentile(late, 0.5) / Percentile(middle, 0.5));
   return 0;
 }
 

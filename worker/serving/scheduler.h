@@ -302,6 +302,7 @@ class Scheduler {
   std::vector<float> logits_;
   int64_t step_ = 0;
   std::deque<std::pair<double, int64_t>> token_times_;  // (seconds, tokens) for tokens/s
+  int64_t token_times_sum_ = 0;                         // the tokens in token_times_
 
   struct Metrics;
   std::unique_ptr<Metrics> metrics_;

@@ -224,6 +224,7 @@ void Scheduler::RunBatch() {
     return;
   }
   token_times_.emplace_back(RealClock::Get().NowNanos() * 1e-9, tokens);
+  token_times_sum_ += tokens;
 
   int li = 0;
   std::vector<std::pair<Turn*, absl::Status>> ended;

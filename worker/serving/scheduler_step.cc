@@ -69,9 +69,13 @@ bool Scheduler::Step() {
   }
   // Publish the load.
   const double now = RealClock::Get().NowNanos() * 1e-9;
-  while (!token_times_.empty() && token_times_.front().first < now - 10) token_times_.pop_front();
-  int64_t tokens = 0;
-  for (const auto& [when, n] : token_times_) tokens += n;
+  // A running sum: adding up the window's entries at every step cost a fifth of a small
+  // model's CPU time (one entry per step, thousands in 10 s).
+  while (!token_times_.empty() && token_times_.front().first < now - 10) {
+    token_times_sum_ -= token_times_.front().second;
+    token_times_.pop_front();
+  }
+  const int64_t tokens = token_times_sum_;
   int resident = 0, offloaded = 0;
   int64_t transcript_bytes = 0;
   for (const auto& [id, s] : memory_.sessions()) {
