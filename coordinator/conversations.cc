@@ -165,12 +165,11 @@ void Conversations::BuildSpec(const SessionRecord& rec, int index,
     for (const StoredMessage& h : history) spec.history.push_back(ToProto(h));
   } else {
     // Read on the journal pool (a store read may block; the runner asks from a gRPC thread).
-    spec.fetch_history = [this, tenant = turn.tenant, id = turn.session_id, index, leading,
-                          history_length](HistoryCallback done) {
-      journal_pool_.Run(
-          [this, tenant, id, index, leading, history_length, done = std::move(done)]() {
-            done(ReadHistory(tenant, id, index, leading, history_length));
-          });
+    spec.fetch_history = [this, tenant = turn.tenant, id = turn.session_id, index,
+                          leading](HistoryCallback done) {
+      journal_pool_.Run([this, tenant, id, index, leading, done = std::move(done)]() {
+        done(ReadHistory(tenant, id, index, leading));
+      });
     };
   }
   spec.bound = rec.worker;
@@ -185,15 +184,10 @@ void Conversations::BuildSpec(const SessionRecord& rec, int index,
 
 absl::StatusOr<std::vector<v1::ChatMessage>> Conversations::ReadHistory(
     const std::string& tenant, const std::string& session_id, int index,
-    const std::vector<StoredMessage>& replayed, int expected) {
+    const std::vector<StoredMessage>& replayed) {
   RECALL_ASSIGN_OR_RETURN(const SessionRecord rec, store_.Get(tenant, session_id));
   std::vector<StoredMessage> history = CompleteTurns(rec.messages, index);
   history.insert(history.end(), replayed.begin(), replayed.end());
-  if (static_cast<int>(history.size()) != expected) {
-    return absl::AbortedError(absl::StrCat(
-        "session ", QuotedId(session_id), ": its stored transcript changed during the turn (",
-        history.size(), " messages before it, not ", expected, "); send the turn again"));
-  }
   std::vector<v1::ChatMessage> out;
   out.reserve(history.size());
   for (const StoredMessage& h : history) out.push_back(ToProto(h));

@@ -212,12 +212,11 @@ class Conversations {
   void BuildSpec(const SessionRecord& rec, int index, const std::vector<StoredMessage>& messages,
                  const v1::SamplingParams& sampling, const v1::CacheSettings& cache,
                  OpenTurn& turn);
-  // The worker's history of a turn at `index` of the session: its complete turns before
-  // `index`, then `replayed`; `expected` messages long (Aborted when the stored transcript
-  // no longer gives that many).
+  // The worker's history of a turn at `index` of the session, read whole: its complete turns
+  // before `index`, then `replayed`.
   absl::StatusOr<std::vector<v1::ChatMessage>> ReadHistory(
       const std::string& tenant, const std::string& session_id, int index,
-      const std::vector<StoredMessage>& replayed, int expected);
+      const std::vector<StoredMessage>& replayed);
   // The session's stored cache settings; DataLoss naming the session when they do not parse
   // (run with the defaults instead, a turn would keep another cache than the one asked).
   static absl::StatusOr<v1::CacheSettings> StoredCache(const SessionRecord& rec);

@@ -381,7 +381,7 @@ absl::StatusOr<std::optional<StoredMessage>> HttpApi::KeyedTurn(const std::strin
   state->model = rec->model;
   const int i = FindTurn(*rec, key);
   if (i < 0) return std::nullopt;
-  if (rec->messages[static_cast<size_t>(i)].content != asked.content) {
+  if (rec->messages[static_cast<size_t>(i - rec->first_message)].content != asked.content) {
     return flags::FieldError(
         kKeyHeader, absl::StrCat("\"", key, "\" names message ", i, " of session ", session_id,
                                  ", whose text differs from this request's last message; a new "

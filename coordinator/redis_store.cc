@@ -13,7 +13,8 @@
 // The two sorted sets index the transcript for GetRecent (a turn reads the last turn, not the
 // transcript). The session hash's field ix is the message count they cover; a write that
 // finds it differing from the list's length (a coordinator from before the index wrote the
-// session) deletes it, and the session is read whole from then on.
+// session) deletes it, and GetRecent derives the index from the messages again (as it does
+// for an entry that no longer matches its message).
 // Every check-and-write (create if absent, append at an index, tenant checks) is one Lua
 // script, so replicas cannot interleave. Durability is Redis's: run it with
 // `appendonly yes` and `appendfsync always` for "stored before it is sent to a worker".
@@ -37,8 +38,11 @@ namespace {
 
 using Reply = std::unique_ptr<redisReply, decltype(&freeReplyObject)>;
 
+// KEYS: session, tenant set, turn ids, unfinished. The index sets go first (a coordinator
+// from before them deleted a session of this id without them).
 constexpr char kCreate[] = R"lua(
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('DEL', KEYS[3], KEYS[4])
 redis.call('HSET', KEYS[1], 'tenant', ARGV[1], 'model', ARGV[2], 'cache', ARGV[3],
            'metadata', ARGV[4], 'created_ms', ARGV[5], 'worker', ARGV[6], 'ix', '0')
 redis.call('ZADD', KEYS[2], 0, ARGV[7])
@@ -214,20 +218,33 @@ end
 if indexed then ix_set(i + #ARGV - 5) end
 return 1)lua";
 
-// KEYS: session, messages, parts, turn ids, unfinished. ARGV: turn id ("": none). The
-// session's header fields; then, when the index covers the transcript, the index of its
-// first message read, how many before it a prompt holds (CompleteTurns), the messages from
-// there on and the reply parts; else -1 (read it whole). One script: a consistent view.
-constexpr char kGetRecent[] = R"lua(
+// KEYS: session, messages, parts, turn ids, unfinished. ARGV: turn id ("": none), tenant.
+// The session's header fields; then (the session being the tenant's) the index of the first
+// message read, how many before it a prompt holds (CompleteTurns), the messages from there on
+// and the reply parts; -1 for none. One script: a consistent view. The index is derived from
+// the messages again when it does not cover them (a session from before it, or one that a
+// coordinator from before it wrote: its writes drop ix, or leave an entry that no longer
+// matches its message); every write keeps it from then on.
+constexpr char kGetRecent[] = RECALL_INDEX_LUA R"lua(
 local h = redis.call('HMGET', KEYS[1], 'tenant', 'model', 'cache', 'metadata', 'created_ms',
                      'worker')
+if h[1] ~= ARGV[2] then return {h, -1} end
 local n = redis.call('LLEN', KEYS[2])
-if redis.call('HGET', KEYS[1], 'ix') ~= tostring(n) then return {h, -1} end
-local function role_at(i)
+local function decoded(i)
   local ok, d = pcall(cjson.decode, redis.call('LINDEX', KEYS[2], i))
-  if ok and type(d) == 'table' then return d.role end
+  if ok and type(d) == 'table' then return d end
   return nil
 end
+local function role_at(i)
+  local d = decoded(i)
+  return d and d.role
+end
+local function reindex()
+  redis.call('DEL', KEYS[4], KEYS[5])
+  for i, m in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do ix_add(i - 1, m) end
+  ix_set(n)
+end
+if redis.call('HGET', KEYS[1], 'ix') ~= tostring(n) then reindex() end
 -- Just after the last assistant reply before message i (0: none).
 local function turn_start(i)
   for j = i - 1, 0, -1 do
@@ -235,21 +252,46 @@ local function turn_start(i)
   end
   return 0
 end
+-- The indexed position of turn id t: nil when none, false when its message is not that.
+local function turn_at(t)
+  local u = redis.call('ZSCORE', KEYS[4], t)
+  if not u then return nil end
+  u = tonumber(u)
+  local d = decoded(u)
+  if d and d.role == 'user' and d.turn_id == t then return u end
+  return false
+end
+-- The messages before `first` a prompt leaves out: each reply there that is not complete,
+-- and the messages of its turn; nil when an entry does not match its message.
+local function left_out(first)
+  local left = 0
+  for _, r in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', '(' .. first)) do
+    local ri = tonumber(r)
+    local d = decoded(ri)
+    if not d or d.role ~= 'assistant' or d.state == nil or d.state == 0 then return nil end
+    left = left + 1
+    for j = ri - 1, 0, -1 do
+      local role = role_at(j)
+      if role == 'assistant' then break end
+      if role ~= 'system' then left = left + 1 end
+    end
+  end
+  return left
+end
 local first = 0
 if n > 0 then first = turn_start(n - 1) end
 if ARGV[1] ~= '' then
-  local u = redis.call('ZSCORE', KEYS[4], ARGV[1])
-  if u and tonumber(u) < first then first = turn_start(tonumber(u)) end
-end
--- Each reply before first that is not complete, and the messages of its turn, are left out.
-local left = 0
-for _, r in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', '(' .. first)) do
-  left = left + 1
-  for j = tonumber(r) - 1, 0, -1 do
-    local role = role_at(j)
-    if role == 'assistant' then break end
-    if role ~= 'system' then left = left + 1 end
+  local u = turn_at(ARGV[1])
+  if u == false then
+    reindex()
+    u = turn_at(ARGV[1])
   end
+  if u and u < first then first = turn_start(u) end
+end
+local left = left_out(first)
+if left == nil then
+  reindex()
+  left = left_out(first) or 0
 end
 return {h, first, first - left, redis.call('LRANGE', KEYS[2], first, -1),
         redis.call('LRANGE', KEYS[3], 0, -1)})lua";
@@ -344,9 +386,10 @@ class RedisStore final : public SessionStore {
     nlohmann::json meta = r.metadata;
     absl::MutexLock lock(&mu_);
     RECALL_ASSIGN_OR_RETURN(
-        Reply rep, Command({"EVAL", kCreate, "2", SessionKey(r.id), TenantKey(r.tenant), r.tenant,
-                            r.model, r.cache_settings, meta.dump(),
-                            std::to_string(r.created_unix_ms), r.worker, r.id}));
+        Reply rep,
+        Command({"EVAL", kCreate, "4", SessionKey(r.id), TenantKey(r.tenant), TurnIdsKey(r.id),
+                 UnfinishedKey(r.id), r.tenant, r.model, r.cache_settings, meta.dump(),
+                 std::to_string(r.created_unix_ms), r.worker, r.id}));
     if (rep->integer == 0) {
       return absl::AlreadyExistsError(absl::StrCat("session_id: \"", r.id, "\" exists"));
     }
@@ -367,30 +410,27 @@ class RedisStore final : public SessionStore {
     return r;
   }
 
-  // The index's read (kGetRecent); the whole transcript for a session the index does not
-  // cover.
+  // The index's read (kGetRecent).
   absl::StatusOr<SessionRecord> GetRecent(const std::string& tenant, const std::string& id,
                                           const std::string& turn_id) override {
-    {
-      absl::MutexLock lock(&mu_);
-      SessionRecord r;
-      RECALL_ASSIGN_OR_RETURN(Reply all,
-                              Command({"EVAL", kGetRecent, "5", SessionKey(id), MessagesKey(id),
-                                       PartsKey(id), TurnIdsKey(id), UnfinishedKey(id), turn_id}));
-      if (all->type != REDIS_REPLY_ARRAY || all->elements < 2 ||
-          all->element[1]->type != REDIS_REPLY_INTEGER) {
-        return absl::InternalError("session store redis: an unexpected answer to a read");
-      }
-      RECALL_RETURN_IF_ERROR(FillHeader(all->element[0], tenant, id, &r));
-      if (all->element[1]->integer >= 0 && all->elements == 5) {
-        r.first_message = static_cast<int>(all->element[1]->integer);
-        r.earlier_in_prompt = static_cast<int>(all->element[2]->integer);
-        RECALL_RETURN_IF_ERROR(ReadMessages(id, all->element[3], all->element[4], &r));
-        r.message_count = r.first_message + static_cast<int>(r.messages.size());
-        return r;
-      }
+    absl::MutexLock lock(&mu_);
+    SessionRecord r;
+    RECALL_ASSIGN_OR_RETURN(
+        Reply all, Command({"EVAL", kGetRecent, "5", SessionKey(id), MessagesKey(id), PartsKey(id),
+                            TurnIdsKey(id), UnfinishedKey(id), turn_id, tenant}));
+    if (all->type != REDIS_REPLY_ARRAY || all->elements < 2 ||
+        all->element[1]->type != REDIS_REPLY_INTEGER) {
+      return absl::InternalError("session store redis: an unexpected answer to a read");
     }
-    return Get(tenant, id);
+    RECALL_RETURN_IF_ERROR(FillHeader(all->element[0], tenant, id, &r));
+    if (all->element[1]->integer < 0 || all->elements != 5) {
+      return absl::InternalError("session store redis: an unexpected answer to a read");
+    }
+    r.first_message = static_cast<int>(all->element[1]->integer);
+    r.earlier_in_prompt = static_cast<int>(all->element[2]->integer);
+    RECALL_RETURN_IF_ERROR(ReadMessages(id, all->element[3], all->element[4], &r));
+    r.message_count = r.first_message + static_cast<int>(r.messages.size());
+    return r;
   }
 
   absl::Status AppendReply(const std::string& tenant, const std::string& id, int index,
@@ -613,8 +653,6 @@ class RedisStore final : public SessionStore {
     return header;
   }
 
-  // The header fields from an HMGET's answer (tenant, model, cache, metadata, created_ms,
-  // worker); NotFound unless the session is the tenant's.
   // The messages of `rep` (JSON; the transcript's from r->first_message on) into r->messages,
   // with their reply parts from `parts` merged in; DataLoss for one that does not decode.
   static absl::Status ReadMessages(const std::string& id, const redisReply* rep,
@@ -681,6 +719,8 @@ class RedisStore final : public SessionStore {
     return absl::OkStatus();
   }
 
+  // The header fields from an HMGET's answer (tenant, model, cache, metadata, created_ms,
+  // worker); NotFound unless the session is the tenant's.
   static absl::Status FillHeader(const redisReply* rep, const std::string& tenant,
                                  const std::string& id, SessionRecord* r) {
     auto field = [&](int i) {

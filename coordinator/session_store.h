@@ -109,8 +109,8 @@ class SessionStore {
   // the start of its last turn (the messages after the last assistant reply before its last
   // message) on, and from the user message whose turn_id is `turn_id` on when the session has
   // one ("" for none). What a Converse reads, so that a turn's cost does not grow with the
-  // session's length. The default reads it all (Get; first_message 0), as stores that cannot
-  // do better do (Redis).
+  // session's length (SQLite and Redis keep indexes for it). The default reads it all (Get;
+  // first_message 0).
   virtual absl::StatusOr<SessionRecord> GetRecent(const std::string& tenant, const std::string& id,
                                                   const std::string& turn_id) {
     return Get(tenant, id);

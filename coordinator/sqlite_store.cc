@@ -574,6 +574,17 @@ absl::StatusOr<int> LockStoreFile(const std::string& path) {
   return fd;
 }
 
+// Runs `sql` on the store being opened; on failure closes it and says why (DataLoss: a file
+// whose schema cannot be set up).
+absl::Status SetUp(sqlite3* db, const char* sql, const std::string& path) {
+  char* err = nullptr;
+  if (sqlite3_exec(db, sql, nullptr, nullptr, &err) == SQLITE_OK) return absl::OkStatus();
+  const std::string msg = err ? err : "?";
+  sqlite3_free(err);
+  sqlite3_close(db);
+  return absl::DataLossError(absl::StrCat("session store ", path, ": ", msg));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string& path) {
@@ -588,13 +599,7 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string&
     return absl::UnavailableError(absl::StrCat("session store ", path, ": ", err));
   }
   sqlite3_busy_timeout(db, 5000);
-  char* err = nullptr;
-  if (sqlite3_exec(db, kSchema, nullptr, nullptr, &err) != SQLITE_OK) {
-    const std::string msg = err ? err : "?";
-    sqlite3_free(err);
-    sqlite3_close(db);
-    return absl::DataLossError(absl::StrCat("session store ", path, ": ", msg));
-  }
+  RECALL_RETURN_IF_ERROR(SetUp(db, kSchema, path));
   // A file with these tables under other columns (another program's, or hand-made) would
   // fail every request later with a retryable error: refused here, naming what is missing.
   const std::pair<const char*, std::vector<const char*>> kColumns[] = {
@@ -635,19 +640,9 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string&
          "INTEGER NOT NULL DEFAULT 0"},
         {"turn_id", "ALTER TABLE messages ADD COLUMN turn_id TEXT NOT NULL DEFAULT ''"}}) {
     if (columns.count(column) != 0) continue;
-    if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
-      const std::string msg = err ? err : "?";
-      sqlite3_free(err);
-      sqlite3_close(db);
-      return absl::DataLossError(absl::StrCat("session store ", path, ": ", msg));
-    }
+    RECALL_RETURN_IF_ERROR(SetUp(db, sql, path));
   }
-  if (sqlite3_exec(db, kIndexes, nullptr, nullptr, &err) != SQLITE_OK) {
-    const std::string msg = err ? err : "?";
-    sqlite3_free(err);
-    sqlite3_close(db);
-    return absl::DataLossError(absl::StrCat("session store ", path, ": ", msg));
-  }
+  RECALL_RETURN_IF_ERROR(SetUp(db, kIndexes, path));
   std::move(unlock).Cancel();
   return std::unique_ptr<SessionStore>(new SqliteStore(db, lock_fd, path));
 }

@@ -288,6 +288,9 @@ void TurnRunner::Send(std::shared_ptr<v1::Worker::Stub> stub) {
   v1::RunTurnRequest request = spec_.request;
   if (with_history) {
     for (const v1::ChatMessage& m : History()) *request.add_history() = m;
+    // A history read whole is the truth: where the count the turn began with differs (a
+    // store's index behind an older coordinator's writes), the worker compares and rebuilds.
+    if (fetched_.has_value()) request.set_history_length(static_cast<int>(fetched_->size()));
   }
   request.mutable_resume_tokens()->Add(result_.tokens.begin(), result_.tokens.end());
   request_id_ = RandomId("c-");  // so the worker's Abort by request id finds this attempt

@@ -32,9 +32,10 @@
 // small decision function (OnCallEnded) over the same state.
 //
 // Threading: Start and Cancel may be called from any thread. Sink calls come one at a time,
-// from gRPC's callback threads (or from inside Start, when the turn ends at once), never with
-// the runner's lock held; they must not block (no store I/O: hand it to a thread that may).
-// A sink may call Cancel from inside a sink call.
+// from gRPC's callback threads (or from inside Start, when the turn ends at once, or from
+// the thread that answers spec.fetch_history), never with the runner's lock held; they must not
+// block (no store I/O: hand it to a thread that may). A sink may call Cancel from inside a sink
+// call.
 //
 // Ownership: Create returns a shared_ptr; the runner keeps itself alive while a worker call
 // is in flight. The sink must outlive the terminal call; the runner never touches it after.

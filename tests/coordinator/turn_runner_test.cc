@@ -232,6 +232,14 @@ TEST_F(TurnRunnerTest, AHistoryReadLateIsReadOnceWhenAWorkerNeedsItAndItsErrorEn
   ASSERT_TRUE(second.error().ok()) << second.error();
   EXPECT_FALSE(second.result().done.rebuilt());
   EXPECT_EQ(reads.load(), 1) << "a worker that holds the session needs no history";
+  // A history read whole is the truth where the count the turn began with is off (a store's
+  // index behind an older coordinator's writes): the worker gets the read's length.
+  TurnSpec off = spec_with("off", absl::OkStatus());
+  off.request.set_history_length(7);
+  FakeSink off_sink;
+  ASSERT_TRUE(RunTurn(*registry_, metrics_, off, off_sink));
+  ASSERT_TRUE(off_sink.error().ok()) << off_sink.error();
+  EXPECT_TRUE(off_sink.result().done.rebuilt());
   // A read that fails ends the turn with its error, named.
   FakeSink failed;
   ASSERT_TRUE(RunTurn(*registry_, metrics_,
