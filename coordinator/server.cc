@@ -12,6 +12,7 @@
 #include "common/flags.h"
 #include "common/grpc/parse_errors.h"
 #include "common/status.h"
+#include "coordinator/certificate.h"
 
 namespace recall::coordinator {
 
@@ -70,6 +71,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     RECALL_ASSIGN_OR_RETURN(pair.private_key,
                             ReadSecretFile("--tls-key", config.tls_key, kMaxPemBytes));
     RECALL_ASSIGN_OR_RETURN(pair.cert_chain, read("tls-cert", config.tls_cert));
+    RECALL_RETURN_IF_ERROR(CheckCertificateDates("--tls-cert", config.tls_cert, pair.cert_chain));
     ssl.pem_key_cert_pairs.push_back(pair);
     if (!config.tls_client_ca.empty()) {
       RECALL_ASSIGN_OR_RETURN(ssl.pem_root_certs, read("tls-client-ca", config.tls_client_ca));

@@ -1,0 +1,61 @@
+// A server certificate's dates (coordinator/certificate.h), on self-signed certificates made
+// here with OpenSSL (its command line cannot backdate one): valid now passes; expired, not
+// yet valid and no certificate at all are refused naming the flag and the file.
+#include "coordinator/certificate.h"
+
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace recall::coordinator {
+namespace {
+
+// A self-signed P-256 certificate valid from now + from_days to now + to_days, as PEM.
+std::string Certificate(long from_days, long to_days) {
+  EVP_PKEY* key = EVP_EC_gen("P-256");
+  X509* cert = X509_new();
+  X509_set_version(cert, 2);
+  ASN1_INTEGER_set(X509_get_serialNumber(cert), 1);
+  X509_gmtime_adj(X509_getm_notBefore(cert), from_days * 86400);
+  X509_gmtime_adj(X509_getm_notAfter(cert), to_days * 86400);
+  X509_set_pubkey(cert, key);
+  X509_NAME* name = X509_get_subject_name(cert);
+  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC,
+                             reinterpret_cast<const unsigned char*>("localhost"), -1, -1, 0);
+  X509_set_issuer_name(cert, name);
+  X509_sign(cert, key, EVP_sha256());
+  BIO* out = BIO_new(BIO_s_mem());
+  PEM_write_bio_X509(out, cert);
+  char* data = nullptr;
+  const long n = BIO_get_mem_data(out, &data);
+  std::string pem(data, static_cast<size_t>(n));
+  BIO_free(out);
+  X509_free(cert);
+  EVP_PKEY_free(key);
+  return pem;
+}
+
+TEST(CertificateDatesTest, AValidCertificatePassesAndOthersAreRefusedByName) {
+  EXPECT_TRUE(CheckCertificateDates("--tls-cert", "ok.pem", Certificate(-1, 1)).ok());
+
+  const absl::Status expired = CheckCertificateDates("--tls-cert", "old.pem", Certificate(-3, -1));
+  EXPECT_EQ(expired.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(expired.message().find("--tls-cert: the certificate in old.pem expired on "),
+            std::string::npos)
+      << expired;
+
+  const absl::Status early = CheckCertificateDates("--tls-cert", "new.pem", Certificate(1, 3));
+  EXPECT_EQ(early.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(early.message().find("is not valid before"), std::string::npos) << early;
+
+  const absl::Status none = CheckCertificateDates("--tls-cert", "key.pem", "not a certificate");
+  EXPECT_EQ(none.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(none.message().find("key.pem holds no PEM certificate"), std::string::npos) << none;
+}
+
+}  // namespace
+}  // namespace recall::coordinator
