@@ -2,6 +2,7 @@
 
 #include <openssl/asn1.h>
 #include <openssl/bio.h>
+#include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 
@@ -28,25 +29,33 @@ absl::Status CheckCertificateDates(const std::string& flag, const std::string& p
                                    const std::string& pem) {
   BIO* in = BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size()));
   if (in == nullptr) return absl::ResourceExhaustedError("out of memory");
-  X509* cert = PEM_read_bio_X509(in, nullptr, nullptr, nullptr);
+  absl::Status status;
+  int read = 0;  // the chain's certificates, the server's first
+  while (status.ok()) {
+    X509* cert = PEM_read_bio_X509(in, nullptr, nullptr, nullptr);
+    if (cert == nullptr) break;
+    const std::string which =
+        read == 0 ? "the certificate" : absl::StrCat("certificate ", read + 1);
+    ++read;
+    const ASN1_TIME* not_before = X509_get0_notBefore(cert);
+    const ASN1_TIME* not_after = X509_get0_notAfter(cert);
+    if (X509_cmp_current_time(not_after) < 0) {
+      status = absl::FailedPreconditionError(
+          absl::StrCat(flag, ": ", which, " in ", path, " expired on ", TimeText(not_after),
+                       "; every client would refuse it (renew it)"));
+    } else if (X509_cmp_current_time(not_before) > 0) {
+      status = absl::FailedPreconditionError(
+          absl::StrCat(flag, ": ", which, " in ", path, " is not valid before ",
+                       TimeText(not_before), "; every client would refuse it until then"));
+    }
+    X509_free(cert);
+  }
   BIO_free(in);
-  if (cert == nullptr) {
+  ERR_clear_error();  // the read that ended the chain leaves its error queued
+  if (read == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(flag, ": ", path, " holds no PEM certificate OpenSSL can read"));
   }
-  absl::Status status;
-  const ASN1_TIME* not_before = X509_get0_notBefore(cert);
-  const ASN1_TIME* not_after = X509_get0_notAfter(cert);
-  if (X509_cmp_current_time(not_after) < 0) {
-    status = absl::FailedPreconditionError(
-        absl::StrCat(flag, ": the certificate in ", path, " expired on ", TimeText(not_after),
-                     "; every client would refuse it (renew it)"));
-  } else if (X509_cmp_current_time(not_before) > 0) {
-    status = absl::FailedPreconditionError(
-        absl::StrCat(flag, ": the certificate in ", path, " is not valid before ",
-                     TimeText(not_before), "; every client would refuse it until then"));
-  }
-  X509_free(cert);
   return status;
 }
 

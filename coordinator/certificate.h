@@ -9,9 +9,10 @@
 
 namespace recall::coordinator {
 
-// OK when the first certificate of `pem` (the file at `path`, given by `flag`) is valid now;
-// FailedPrecondition naming the flag, the file and the date when it has expired or is not
-// valid yet; InvalidArgument when it holds no certificate OpenSSL reads.
+// OK when every certificate of `pem` (the file at `path`, given by `flag`: the server's, then
+// its chain) is valid now; FailedPrecondition naming the flag, the file, the certificate and
+// the date when one has expired or is not valid yet; InvalidArgument when it holds no
+// certificate OpenSSL reads.
 absl::Status CheckCertificateDates(const std::string& flag, const std::string& path,
                                    const std::string& pem);
 

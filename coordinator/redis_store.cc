@@ -291,7 +291,8 @@ end
 local left = left_out(first)
 if left == nil then
   reindex()
-  left = left_out(first) or 0
+  left = left_out(first)
+  if left == nil then return {h, -1} end  -- cannot be: the caller says Internal
 end
 return {h, first, first - left, redis.call('LRANGE', KEYS[2], first, -1),
         redis.call('LRANGE', KEYS[3], 0, -1)})lua";

@@ -1,6 +1,7 @@
 // A server certificate's dates (coordinator/certificate.h), on self-signed certificates made
-// here with OpenSSL (its command line cannot backdate one): valid now passes; expired, not
-// yet valid and no certificate at all are refused naming the flag and the file.
+// here with OpenSSL (its command line cannot backdate one): valid now passes; expired (the
+// server's or a chain's), not yet valid and no certificate at all are refused naming the flag
+// and the file.
 #include "coordinator/certificate.h"
 
 #include <openssl/evp.h>
@@ -51,6 +52,13 @@ TEST(CertificateDatesTest, AValidCertificatePassesAndOthersAreRefusedByName) {
   const absl::Status early = CheckCertificateDates("--tls-cert", "new.pem", Certificate(1, 3));
   EXPECT_EQ(early.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(early.message().find("is not valid before"), std::string::npos) << early;
+
+  // An expired certificate after a valid one (an intermediate of the chain).
+  const absl::Status chain =
+      CheckCertificateDates("--tls-cert", "chain.pem", Certificate(-1, 1) + Certificate(-3, -1));
+  EXPECT_EQ(chain.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(chain.message().find("certificate 2 in chain.pem expired on "), std::string::npos)
+      << chain;
 
   const absl::Status none = CheckCertificateDates("--tls-cert", "key.pem", "not a certificate");
   EXPECT_EQ(none.code(), absl::StatusCode::kInvalidArgument);
