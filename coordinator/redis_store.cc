@@ -319,6 +319,19 @@ std::string TenantKey(const std::string& t) { return "recall:t:" + t; }
 std::string PartsKey(const std::string& id) { return "recall:p:" + id; }
 std::string TurnIdsKey(const std::string& id) { return "recall:u:" + id; }
 std::string UnfinishedKey(const std::string& id) { return "recall:n:" + id; }
+
+// The command that runs `script` on session `id`'s transcript, whose KEYS are its session,
+// messages, parts, turn ids and unfinished keys (the scripts that read or write the
+// transcript and its index), with `argv` as ARGV.
+std::vector<std::string> TranscriptEval(const char* script, const std::string& id,
+                                        std::vector<std::string> argv) {
+  std::vector<std::string> args = {"EVAL",         script,           "5",
+                                   SessionKey(id), MessagesKey(id),  PartsKey(id),
+                                   TurnIdsKey(id), UnfinishedKey(id)};
+  args.insert(args.end(), std::make_move_iterator(argv.begin()),
+              std::make_move_iterator(argv.end()));
+  return args;
+}
 // A named record (SessionStore::PutRecord): the tenant's length keeps (tenant, name) pairs
 // apart.
 std::string RecordKey(const std::string& tenant, const std::string& name) {
@@ -416,9 +429,7 @@ class RedisStore final : public SessionStore {
                                           const std::string& turn_id) override {
     absl::MutexLock lock(&mu_);
     SessionRecord r;
-    RECALL_ASSIGN_OR_RETURN(
-        Reply all, Command({"EVAL", kGetRecent, "5", SessionKey(id), MessagesKey(id), PartsKey(id),
-                            TurnIdsKey(id), UnfinishedKey(id), turn_id, tenant}));
+    RECALL_ASSIGN_OR_RETURN(Reply all, Command(TranscriptEval(kGetRecent, id, {turn_id, tenant})));
     if (all->type != REDIS_REPLY_ARRAY || all->elements < 2 ||
         all->element[1]->type != REDIS_REPLY_INTEGER) {
       return absl::InternalError("session store redis: an unexpected answer to a read");
@@ -489,16 +500,7 @@ class RedisStore final : public SessionStore {
 
   absl::Status AppendAll(const std::string& tenant, const std::string& id, int index,
                          const std::vector<StoredMessage>& messages) override {
-    std::vector<std::string> args = {"EVAL",
-                                     kAppend,
-                                     "5",
-                                     SessionKey(id),
-                                     MessagesKey(id),
-                                     PartsKey(id),
-                                     TurnIdsKey(id),
-                                     UnfinishedKey(id),
-                                     tenant,
-                                     std::to_string(index)};
+    std::vector<std::string> args = TranscriptEval(kAppend, id, {tenant, std::to_string(index)});
     for (const StoredMessage& m : messages) args.push_back(ToJson(m));
     absl::MutexLock lock(&mu_);
     RECALL_ASSIGN_OR_RETURN(Reply rep, Command(args));
@@ -514,19 +516,10 @@ class RedisStore final : public SessionStore {
   absl::Status ReplaceTail(const std::string& tenant, const std::string& id, int keep, int count,
                            const std::vector<StoredMessage>& messages,
                            const std::string& writer) override {
-    std::vector<std::string> args = {"EVAL",
-                                     kReplaceTail,
-                                     "5",
-                                     SessionKey(id),
-                                     MessagesKey(id),
-                                     PartsKey(id),
-                                     TurnIdsKey(id),
-                                     UnfinishedKey(id),
-                                     tenant,
-                                     std::to_string(keep),
-                                     std::to_string(count),
-                                     writer,
-                                     std::to_string(UnixMillis())};
+    std::vector<std::string> args =
+        TranscriptEval(kReplaceTail, id,
+                       {tenant, std::to_string(keep), std::to_string(count), writer,
+                        std::to_string(UnixMillis())});
     for (const StoredMessage& m : messages) args.push_back(ToJson(m));
     absl::MutexLock lock(&mu_);
     RECALL_ASSIGN_OR_RETURN(Reply rep, Command(args));
@@ -544,9 +537,9 @@ class RedisStore final : public SessionStore {
                        const StoredMessage& message) override {
     absl::MutexLock lock(&mu_);
     RECALL_ASSIGN_OR_RETURN(
-        Reply rep, Command({"EVAL", kReplace, "5", SessionKey(id), MessagesKey(id), PartsKey(id),
-                            TurnIdsKey(id), UnfinishedKey(id), tenant, std::to_string(index),
-                            ToJson(message), message.writer, std::to_string(UnixMillis())}));
+        Reply rep, Command(TranscriptEval(kReplace, id,
+                                          {tenant, std::to_string(index), ToJson(message),
+                                           message.writer, std::to_string(UnixMillis())})));
     if (rep->integer == -1) return NotFound(id);
     if (rep->integer == 2) {
       return absl::FailedPreconditionError(
@@ -567,8 +560,7 @@ class RedisStore final : public SessionStore {
   absl::Status Truncate(const std::string& tenant, const std::string& id, int index) override {
     absl::MutexLock lock(&mu_);
     RECALL_ASSIGN_OR_RETURN(
-        Reply rep, Command({"EVAL", kTruncate, "5", SessionKey(id), MessagesKey(id), PartsKey(id),
-                            TurnIdsKey(id), UnfinishedKey(id), tenant, std::to_string(index)}));
+        Reply rep, Command(TranscriptEval(kTruncate, id, {tenant, std::to_string(index)})));
     return rep->integer < 0 ? NotFound(id) : absl::OkStatus();
   }
 
