@@ -161,6 +161,20 @@ void SequenceCache::SetNextPosition(int32_t position) {
   next_position_ = position;
 }
 
+void SequenceCache::DropFrom(int32_t position) {
+  RECALL_CHECK(position >= 0 && position <= next_position_)
+      << "DropFrom(" << position << ") outside [0, " << next_position_ << "]";
+  RECALL_CHECK(!offloaded()) << "DropFrom on an offloaded cache";
+  for (size_t lh = 0; lh < positions_.size(); ++lh) {
+    std::vector<int32_t>& pos = positions_[lh];
+    const auto end = pos.begin() + lengths_[lh];
+    lengths_[lh] = static_cast<int32_t>(std::lower_bound(pos.begin(), end, position) - pos.begin());
+    pos.resize(static_cast<size_t>(lengths_[lh]));
+  }
+  next_position_ = position;
+  TrimBlocks();
+}
+
 void SequenceCache::MovePositions(const int32_t* to, int64_t stride, int32_t next_position) {
   RECALL_CHECK(next_position >= 0) << "negative position " << next_position;
   for (size_t lh = 0; lh < positions_.size(); ++lh) {

@@ -76,6 +76,13 @@ class SequenceCache {
   // calibration pass). REQUIRES: position >= 0 and > the position of every slot held.
   void SetNextPosition(int32_t position);
 
+  // Takes the tokens from `position` on back out: drops every slot whose position is
+  // `position` or later, makes `position` the next token's and returns the blocks no head
+  // needs any more (a reply cut at a stop string gives back the tokens after the cut).
+  // sequence_length() shrinks with next_position(). REQUIRES: not offloaded, 0 <= position
+  // <= next_position().
+  void DropFrom(int32_t position);
+
   // Keeps, for (layer, head), only the slots in `keep` (ascending), moving K, V and
   // positions together to the front. REQUIRES: keep is strictly ascending, within length.
   void Compact(int layer, int head, const std::vector<int32_t>& keep);

@@ -56,6 +56,14 @@ void LazyBackendState::Pull(std::vector<HeadState>& host) {
   host_stale_ = false;
 }
 
+void LazyBackendState::Shrink(const std::vector<HeadState>& host) {
+  RECALL_CHECK(!host_stale_) << "Shrink before Pull";
+  for (size_t r = 0; r < lens_.size(); ++r) {
+    RECALL_CHECK(host[r].size() <= lens_[r]) << "Shrink: row " << r << " grew";
+    lens_[r] = host[r].size();
+  }
+}
+
 void LazyBackendState::Push(const std::vector<HeadState>& host) {
   const size_t rows = lens_.size();
   const size_t cap = static_cast<size_t>(cap_);

@@ -42,6 +42,9 @@ class LazyBackendState {
   absl::Status EnsureKeepLists(int widest);
   // Brings `host` up to date when the backend state is ahead of it.
   void Pull(std::vector<HeadState>& host);
+  // The host copy (pulled, then cut) gave back its rows' newest slots: each row keeps as many
+  // slots as host[r] has (the first ones, which stay where they are).
+  void Shrink(const std::vector<HeadState>& host);
 
   // Step t's Backend::LazyObserve over probabilities in backend memory ([n_layers, n_heads,
   // stride]); lens_now: the cache's lengths per row now (slots appended since the last step

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -125,6 +126,21 @@ int64_t SessionEvictor::state_bytes() const {
   int64_t n = backend_state_ != nullptr ? backend_state_->bytes() : 0;
   for (const HeadState& s : states_) n += s.bytes();
   return n;
+}
+
+void SessionEvictor::FollowDrop() {
+  if (backend_state_ != nullptr) backend_state_->Pull(states_);
+  for (int l = 0; l < n_layers_; ++l) {
+    for (int h = 0; h < states_per_layer_; ++h) {
+      HeadState& s = states_[static_cast<size_t>(l) * states_per_layer_ + h];
+      const int len = cache_->length(l, h);  // a shared state's heads all have its length
+      if (s.size() <= len) continue;
+      std::vector<int32_t> keep(static_cast<size_t>(len));  // not keep_: last_keep() stays
+      std::iota(keep.begin(), keep.end(), 0);
+      CompactState(&s, keep);
+    }
+  }
+  if (backend_state_ != nullptr) backend_state_->Shrink(states_);
 }
 
 void SessionEvictor::Reserve(int max_len) {

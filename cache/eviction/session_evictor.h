@@ -168,6 +168,11 @@ class SessionEvictor {
   // not wire the hook fails loudly instead of silently running FullKV.
   absl::Status CompressPrefill(const float* window_queries, int w, float scale = 0.0f);
 
+  // The cache took its newest slots back out (SequenceCache::DropFrom): each state keeps as
+  // many slots as its (layer, head) still has (on the backend too). What those slots' steps
+  // did to the others (evictions, merges, scores) stays.
+  void FollowDrop();
+
   // Pre-sizes states and scratch for `max_len` slots per head (optional). The states then
   // hold that room for good, and state_bytes() counts it: a caller that measures memory
   // leaves it out (the states grow as they need and give back what they stop using).

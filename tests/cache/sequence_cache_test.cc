@@ -76,6 +76,31 @@ TEST_F(SequenceCacheTest, SetNextPositionRewindsPastCompactedSlotsAndSkipsForwar
   EXPECT_DEATH(seq.SetNextPosition(20), "held slot");
 }
 
+// Heads compacted unevenly (head 1 of layer 0 lost positions 6 and 8): DropFrom(7) keeps in
+// each row the slots before position 7, frees the blocks no head needs and appends from 7.
+TEST_F(SequenceCacheTest, DropFromGivesBackTheNewestTokensOfEveryRowAndTheirBlocks) {
+  SequenceCache seq(pool_.get());
+  Append(seq, 10);
+  seq.Compact(0, 1, {0, 1, 2, 3, 4, 5, 7, 9});
+  EXPECT_EQ(seq.num_blocks(), 6);
+  seq.DropFrom(7);
+  EXPECT_EQ(seq.length(0, 0), 7);
+  EXPECT_EQ(seq.length(0, 1), 6);
+  EXPECT_EQ(seq.length(1, 1), 7);
+  EXPECT_EQ(seq.next_position(), 7);
+  EXPECT_EQ(seq.sequence_length(), 7);
+  EXPECT_EQ(seq.num_blocks(), 4) << "two blocks of 4 per layer hold 7 slots";
+  EXPECT_EQ(pool_->free_blocks(), 28);
+  Append(seq, 1);
+  EXPECT_EQ(seq.position(0, 1, 6), 7);
+  EXPECT_EQ(seq.View().K(0, 1, 6)[0], 7 + 0.5f);
+  EXPECT_EQ(seq.position(1, 0, 6), 5 + 1) << "the slots kept are untouched";
+  EXPECT_EQ(seq.View().K(1, 0, 6)[0], 6 + 100.0f);
+  seq.DropFrom(seq.next_position());  // nothing to give back
+  EXPECT_EQ(seq.length(1, 0), 8);
+  EXPECT_DEATH(seq.DropFrom(9), "outside");
+}
+
 TEST_F(SequenceCacheTest, AnOffloadedCacheRebindsToAnotherPoolAndRestoresThere) {
   auto other = BlockPool::Create(layout_, 8);
   ASSERT_TRUE(other.ok());

@@ -1,7 +1,8 @@
 // Chaos: recall-coordinator (SQLite) and three recall-worker processes (stories260K) over
-// loopback gRPC; six sessions of three greedy turns each, run by six clients at once, while a
-// seeded schedule SIGKILLs workers (each restarted on its port) and, once, the coordinator
-// (restarted on its port over the same data directory), each kill while replies stream.
+// loopback gRPC; six sessions of three greedy turns each (three with a stop string), run by six
+// clients at once, while a seeded schedule SIGKILLs workers (each restarted on its port) and,
+// once, the coordinator (restarted on its port over the same data directory), each kill while
+// replies stream.
 //
 // A client does what a careful one does: when a turn's call fails, it looks at the stored
 // session (a turn whose reply was stored complete before the call broke counts as answered)
@@ -123,7 +124,9 @@ class ChaosTest : public ::testing::Test {
     return Stub()->GetSession(&ctx, req, s);
   }
 
-  Attempt Say(const std::string& id, const std::string& message) {
+  // Session s's turn; every other session's replies end at the first ". " (a stop string: the
+  // worker gives back the tokens after the cut, and a rebuild replays that).
+  Attempt Say(int s, const std::string& id, const std::string& message) {
     grpc::ClientContext ctx;
     Auth(&ctx);
     v1::ConverseRequest req;
@@ -131,6 +134,7 @@ class ChaosTest : public ::testing::Test {
     req.set_message(message);
     req.mutable_sampling()->set_temperature(0);
     req.mutable_sampling()->set_max_tokens(kMaxTokens);
+    if (s % 2 == 1) req.mutable_sampling()->add_stop(". ");
     auto reader = Stub()->Converse(&ctx, req);
     Attempt a;
     v1::ConverseEvent ev;
@@ -173,7 +177,7 @@ class ChaosTest : public ::testing::Test {
     for (int t = 0; t < kTurns; ++t) {
       while (true) {
         if (std::chrono::steady_clock::now() > deadline) return;  // a lost turn: checked below
-        Attempt a = Say(id, Message(s, t));
+        Attempt a = Say(s, id, Message(s, t));
         if (a.status.ok() && a.done) {
           (*replies)[t] = std::move(a);
           break;

@@ -1,6 +1,7 @@
 #include "worker/serving/replay.h"
 
 #include "common/status.h"
+#include "worker/serving/stop_text.h"
 #include "worker/serving/turn_prompt.h"
 
 namespace recall::serving {
@@ -28,25 +29,43 @@ absl::StatusOr<std::optional<ReplayPlan>> PlanReplay(
     decoder.Next(plan.tokens.back());
     decoder.Flush();
     std::string decoded;
+    std::vector<int64_t> ends;  // as the turn noted them (Scheduler::Turn::text_ends)
     for (int32_t id : reply.token_ids) {
       if (id < 0 || id >= tokenizer.vocab_size()) return std::nullopt;
       decoded += decoder.Next(id);
+      ends.push_back(decoder.holding() ? -1 : static_cast<int64_t>(decoded.size()));
     }
     decoded += decoder.Flush();
-    if (decoded != history[a].content) return std::nullopt;
+    const std::string& content = history[a].content;
+    // Cut at a stop string: the reply is what its tokens said before it.
+    const bool cut = reply.finish == TurnFinish::kStop && decoded.size() > content.size() &&
+                     decoded.compare(0, content.size(), content) == 0;
+    if (decoded != content && !cut) return std::nullopt;
     // Fed as decode steps: every reply token a later step fed. After a stop token all were
     // (the stop token itself never is); after a length end the last one goes first in the
-    // next prompt.
-    const bool all_fed = reply.finish == TurnFinish::kStop;
+    // next prompt; after a cut, all but the last (which completed the stop string), and those
+    // after the cut were given back (Scheduler::CutAtStop).
+    const bool all_fed = reply.finish == TurnFinish::kStop && !cut;
     const size_t stepped =
         all_fed || reply.token_ids.empty() ? reply.token_ids.size() : reply.token_ids.size() - 1;
+    const size_t begin = plan.tokens.size();
     if (stepped > 0) {
-      plan.step_ranges.emplace_back(plan.tokens.size(), plan.tokens.size() + stepped);
+      plan.step_ranges.emplace_back(begin, begin + stepped);
       plan.tokens.insert(plan.tokens.end(), reply.token_ids.begin(),
                          reply.token_ids.begin() + static_cast<std::ptrdiff_t>(stepped));
     }
-    std::vector<int32_t> prompt(reply.token_ids.begin() + static_cast<std::ptrdiff_t>(stepped),
-                                reply.token_ids.end());
+    std::vector<int32_t> prompt;
+    std::string tail;  // the text the cut left of the tokens given back
+    if (cut) {
+      const TokensAtCut at = TokensBeforeCut(ends, content.size(), static_cast<int>(stepped));
+      if (stepped > static_cast<size_t>(at.tokens)) {
+        plan.give_backs.emplace_back(begin + at.tokens, begin + stepped);
+      }
+      tail = content.substr(at.tail);
+    } else {
+      prompt.assign(reply.token_ids.begin() + static_cast<std::ptrdiff_t>(stepped),
+                    reply.token_ids.end());
+    }
     // The next prompt: how the format closes this reply, then the messages up to the next
     // reply (or the end, this turn's messages included).
     size_t next = a + 1;
@@ -58,7 +77,7 @@ absl::StatusOr<std::optional<ReplayPlan>> PlanReplay(
     RECALL_ASSIGN_OR_RETURN(std::optional<std::string> more,
                             ContinuationText(format, before, after));
     if (!more.has_value()) return std::nullopt;
-    const std::vector<int32_t> encoded = tokenizer.Encode(*more, false);
+    const std::vector<int32_t> encoded = tokenizer.Encode(tail + *more, false);
     prompt.insert(prompt.end(), encoded.begin(), encoded.end());
     plan.tokens.insert(plan.tokens.end(), prompt.begin(), prompt.end());
     a = next;

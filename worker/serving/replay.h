@@ -33,13 +33,17 @@ struct ReplyRecord {
 struct ReplayPlan {
   std::vector<int32_t> tokens;                         // the whole prompt, BOS first
   std::vector<std::pair<size_t, size_t>> step_ranges;  // [begin, end) fed one per decode step
+  // [first, end) of `tokens`, the end of a step range: a reply cut at a stop string, whose
+  // tokens after the cut its turn gave back once fed (Scheduler::GiveBack, which decides
+  // alike here).
+  std::vector<std::pair<size_t, size_t>> give_backs;
 };
 
 // The replay of `history` (with `replies[i]` for each assistant message i, nullopt where
 // unknown) followed by this turn's `messages`. nullopt when it cannot be exact: no reply
 // yet (then a prefill of the rendering is exactly what the first turn did), a reply without
-// its tokens, a reply whose tokens do not decode to its text (cut by a stop string: the
-// original session was rebuilt from text after it), or a chat format that cannot continue.
+// its tokens, a reply whose tokens do not decode to its text (nor to it and more, after a
+// stop: a reply cut at a stop string), or a chat format that cannot continue.
 absl::StatusOr<std::optional<ReplayPlan>> PlanReplay(
     model::ChatFormat format, const model::Tokenizer& tokenizer,
     const std::vector<model::ChatMessage>& history,

@@ -331,6 +331,12 @@ absl::Status Scheduler::RunRanks(std::span<const runtime::BatchItem> items,
 void Scheduler::AfterForward(Turn& t, float* logits) {
   Session& s = *t.session;
   t.peak_kv_bytes = std::max(t.peak_kv_bytes, s.bytes_held() + s.state_bytes());
+  // Where this step's token went, if it went alone (FeedMark).
+  const int64_t evicted_before = t.evicted_total;
+  t.evicted_total = TotalEvictedSlots(s);
+  const auto mark = [&] {
+    return FeedMark{s.cache()->sequence_length() - s.cache()->next_position(), evicted_before};
+  };
   if (!t.decoding) {
     // An episode's replayed gap is already in the session's tokens.
     const size_t from = std::max(t.fed, static_cast<size_t>(t.n_replay));
@@ -341,6 +347,16 @@ void Scheduler::AfterForward(Turn& t, float* logits) {
     }
     t.fed += t.chunk;
     metrics_->prompt_tokens->Increment(t.chunk);
+    // Resumed reply tokens go one per step, as they went when they were sampled.
+    if (t.chunk == 1 && t.fed > t.prompt.size() - t.n_resume) t.gen_marks.push_back(mark());
+    if (t.next_give_back < t.give_backs.size()) {
+      const auto [first, end] = t.give_backs[t.next_give_back];
+      if (t.fed == first + 1) t.give_back_mark = mark();
+      if (t.fed == end) {
+        GiveBack(s, static_cast<int>(end - first), t.give_back_mark);
+        ++t.next_give_back;
+      }
+    }
     if (t.fed < t.prompt.size()) return;
     t.decoding = true;
     if (t.window_w > 0) {  // compressed by RunRanks
@@ -358,12 +374,13 @@ void Scheduler::AfterForward(Turn& t, float* logits) {
     // to come.
     for (size_t i = context_end; i < t.prompt.size(); ++i) {
       t.generated.push_back(t.prompt[i]);
-      t.stop_text.Append(t.decoder->Next(t.prompt[i]));
+      t.DecodeGenerated(t.prompt[i]);
     }
     t.stop_text.TakeReady();
   } else {
     s.Feed(&t.next, &t.next + 1,
            static_cast<size_t>(model_.config.max_seq_len));  // evicted after the pass by RunRanks
+    t.gen_marks.push_back(mark());
   }
   SampleNext(t, logits);
 }
@@ -438,7 +455,7 @@ void Scheduler::SampleNext(Turn& t, float* logits) {
   t.generated.push_back(id);
   t.next = id;
   metrics_->generated_tokens->Increment();
-  const bool stopped = t.stop_text.Append(t.decoder->Next(id));
+  const bool stopped = t.DecodeGenerated(id);
   t.stream->PushToken(id, t.stop_text.TakeReady(), t.req.logprobs ? &logprob : nullptr);
   if (stopped) {
     t.finish = TurnFinish::kStop;

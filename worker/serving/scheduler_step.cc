@@ -230,7 +230,7 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
                             ContinuationText(options_.chat_format, s->messages, r.messages));
     if (more_text.has_value()) {
       std::vector<int32_t> tokens = s->pending;
-      const std::vector<int32_t> more = tokenizer_.Encode(*more_text, false);
+      const std::vector<int32_t> more = tokenizer_.Encode(s->reply_tail + *more_text, false);
       tokens.insert(tokens.end(), more.begin(), more.end());
       // The session's length so far (its tokens, whatever their positions) and the new ones.
       const int64_t context = s->cache()->sequence_length() + static_cast<int64_t>(tokens.size());
@@ -277,9 +277,12 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
                                                r.history_replies, r.messages));
   }
   std::vector<int32_t> tokens;
+  size_t given_back = 0;
   if (replay.has_value()) {
     tokens = std::move(replay->tokens);
     t.step_ranges = std::move(replay->step_ranges);
+    t.give_backs = std::move(replay->give_backs);
+    for (const auto& [first, end] : t.give_backs) given_back += end - first;
   } else {
     RECALL_ASSIGN_OR_RETURN(std::string full, model::RenderChat(options_.chat_format, all, true));
     tokens = tokenizer_.Encode(full, true);
@@ -305,7 +308,7 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
   }
   t.session = s;
   t.prompt = std::move(tokens);
-  t.prompt_tokens = static_cast<int>(t.prompt.size());
+  t.prompt_tokens = static_cast<int>(t.prompt.size() - given_back);
   t.prepared = true;
   s->busy = true;
   return absl::OkStatus();
@@ -345,6 +348,24 @@ absl::Status Scheduler::Prepare(Turn& t) {
   return absl::OkStatus();
 }
 
+void Scheduler::GiveBack(Session& s, int n, const FeedMark& first) {
+  if (n <= 0) return;
+  const int64_t shift = s.cache()->sequence_length() - s.cache()->next_position();
+  if (first.shift != shift && first.evicted_before != TotalEvictedSlots(s)) return;
+  s.Unfeed(n).IgnoreError();  // refused only where it cannot be done: they stay
+}
+
+void Scheduler::CutAtStop(Turn& t) {
+  Session& s = *t.session;
+  // The last token sampled (the one that completed the stop string) was never fed.
+  const int fed = static_cast<int>(t.generated.size()) - 1;
+  const TokensAtCut cut = TokensBeforeCut(t.text_ends, t.stop_text.text().size(), fed);
+  if (fed > cut.tokens && static_cast<size_t>(fed) == t.gen_marks.size()) {
+    GiveBack(s, fed - cut.tokens, t.gen_marks[static_cast<size_t>(cut.tokens)]);
+  }
+  s.reply_tail = t.stop_text.text().substr(cut.tail);
+}
+
 void Scheduler::FinishTurn(Turn& t, absl::Status status) {
   std::shared_ptr<Turn> keep;  // t may be owned only by the container it is removed from
   auto take = [&](auto& list) {
@@ -377,12 +398,15 @@ void Scheduler::FinishTurn(Turn& t, absl::Status status) {
     // The sampled token that ended the reply by length/context/stop string is not in the
     // cache yet: it is fed first at the next turn. A stop token is not part of the text.
     const bool stop_token = t.finish == TurnFinish::kStop && !t.stop_text.stopped();
-    if (!stop_token && !t.generated.empty()) s->pending = {t.next};
+    if (!stop_token && !t.stop_text.stopped() && !t.generated.empty()) s->pending = {t.next};
     std::vector<model::ChatMessage> added = t.req.messages;
     added.push_back({"assistant", sum.text});
     s->AddMessages(added);
-    // A reply cut at a stop string leaves tokens past the cut in the cache: rebuild next time.
-    s->reusable = !t.stop_text.stopped();
+    // A cut reply's cache continues (an episodic session's episodes do not give back).
+    if (t.stop_text.stopped()) {
+      s->reusable = s->episodic == nullptr;
+      if (s->reusable) CutAtStop(t);
+    }
     sum.prompt_tokens = t.prompt_tokens;
     sum.cached_tokens = t.cached_tokens;
     sum.generated_tokens = static_cast<int>(t.generated.size());

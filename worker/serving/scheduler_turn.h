@@ -17,6 +17,17 @@
 
 namespace recall::serving {
 
+// Where a token fed one per step (a decode step, or a prompt token fed as one) went: the
+// cache's shift after it (sequence_length() - next_position()) and the slots evicted from
+// the session, all ranks, before its step. The tokens fed since can be given back
+// (Scheduler::GiveBack) when the shift is still the same (they sit at consecutive positions
+// at the end of every row) or nothing was evicted since (a re-positioning left all of them
+// at the end of every row).
+struct FeedMark {
+  int64_t shift = 0;
+  int64_t evicted_before = 0;
+};
+
 struct Scheduler::Turn {
   Turn(TurnRequest r, std::vector<std::string> stops)
       : req(std::move(r)), rng(req.sampling.seed), stop_text(std::move(stops)) {}
@@ -53,6 +64,26 @@ struct Scheduler::Turn {
   kernels::Rng rng;
   std::unique_ptr<model::TokenStreamDecoder> decoder;
   StopText stop_text;
+  // Per generated token: the bytes of reply text decoded through it, or -1 where the decoder
+  // then held part of a character (TokensBeforeCut).
+  std::vector<int64_t> text_ends;
+  int64_t text_bytes = 0;
+  // Per generated token fed (resumed ones included), in order.
+  std::vector<FeedMark> gen_marks;
+  int64_t evicted_total = 0;  // TotalEvictedSlots after the turn's last step
+  // An exact rebuild's runs of prompt tokens to give back once fed ([first, end),
+  // ReplayPlan::give_backs), the next one due and where its first token went.
+  std::vector<std::pair<size_t, size_t>> give_backs;
+  size_t next_give_back = 0;
+  FeedMark give_back_mark;
+  // Decodes generated token `id`, notes where its text ends and appends it to stop_text.
+  // Returns whether a stop string occurred.
+  bool DecodeGenerated(int32_t id) {
+    const std::string piece = decoder->Next(id);
+    text_bytes += static_cast<int64_t>(piece.size());
+    text_ends.push_back(decoder->holding() ? -1 : text_bytes);
+    return stop_text.Append(piece);
+  }
   TurnFinish finish = TurnFinish::kLength;
   bool done = false;
   std::vector<float> raw_logits;  // when logprobs are requested

@@ -69,8 +69,22 @@ void Session::Feed(const int32_t* begin, const int32_t* end, size_t context) {
   }
 }
 
+absl::Status Session::Unfeed(int n) {
+  if (n <= 0) return absl::OkStatus();
+  if (episodic != nullptr || !resident() || static_cast<size_t>(n) > tokens.size() ||
+      n > cache()->next_position()) {
+    return absl::FailedPreconditionError("Unfeed: the cache cannot give these tokens back");
+  }
+  const int32_t from = cache()->next_position() - n;
+  for (const auto& c : caches) c->DropFrom(from);
+  for (const auto& e : evictors) e->FollowDrop();
+  tokens.resize(tokens.size() - static_cast<size_t>(n));
+  tokens_fed -= n;
+  return absl::OkStatus();
+}
+
 int64_t Session::transcript_bytes() const {
-  return message_bytes +
+  return message_bytes + static_cast<int64_t>(reply_tail.size()) +
          static_cast<int64_t>((tokens.capacity() + pending.capacity()) * sizeof(int32_t));
 }
 

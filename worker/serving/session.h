@@ -4,8 +4,8 @@
 // are tokens that were sampled but not yet fed (the last token of a reply that ended by
 // length). `messages` is the transcript as this worker saw it, ending with its last reply.
 // A follow-up turn appends ContinuationText (turn_prompt.h) to the cache; when that is not
-// possible (a reply cut at a stop string, a template without stable prefixes) the cache is
-// rebuilt from the transcript.
+// possible (a template without stable prefixes) the cache is rebuilt from the transcript. A
+// reply cut at a stop string gives back the tokens after the cut first (Unfeed).
 //
 // Under tensor parallelism every rank holds its own slice of the session's cache (its KV
 // heads) and its own evictor: caches[r] and evictors[r]. They always move together: all
@@ -85,6 +85,10 @@ struct Session {
   std::vector<int32_t> tokens;
   int64_t tokens_fed = 0;
   std::vector<int32_t> pending;  // sampled, not fed yet
+  // The end of the last reply's text that the cache does not hold: a reply cut at a stop
+  // string gave back its tokens from the cut on (Unfeed), and this is what the last of them
+  // had before the cut. The next turn feeds it (encoded) before its own text.
+  std::string reply_tail;
   // One per rank (empty: no cache yet). Declared before the evictors, which refer to them
   // and so are destroyed first.
   std::vector<std::unique_ptr<cache::SequenceCache>> caches;
@@ -117,6 +121,11 @@ struct Session {
   // Appends tokens fed to the cache; a session that is not episodic keeps the last
   // `context` of them (trimmed when it holds twice that).
   void Feed(const int32_t* begin, const int32_t* end, size_t context);
+  // Takes the last n tokens fed back out of every rank's cache and its evictor's state. They
+  // must have been fed one per position since the cache last re-positioned (the caller
+  // knows). FailedPrecondition, and nothing changed, where that cannot be done: an episodic
+  // session, fewer than n tokens kept, no resident cache.
+  absl::Status Unfeed(int n);
   // Host bytes of the transcript and tokens kept (not counted in the KV figures).
   int64_t transcript_bytes() const;
 

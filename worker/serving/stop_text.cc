@@ -44,6 +44,14 @@ std::string StopText::TakeReady() {
   return out;
 }
 
+TokensAtCut TokensBeforeCut(const std::vector<int64_t>& ends, size_t cut, int limit) {
+  for (int i = std::min(limit, static_cast<int>(ends.size())); i > 0; --i) {
+    const int64_t end = ends[static_cast<size_t>(i) - 1];
+    if (end >= 0 && static_cast<size_t>(end) <= cut) return {i, static_cast<size_t>(end)};
+  }
+  return {};
+}
+
 std::string StopText::TakeAll() {
   std::string out = text_.substr(std::min(taken_, text_.size()));
   taken_ = text_.size();

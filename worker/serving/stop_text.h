@@ -3,6 +3,7 @@
 // cut just before it. Shared by Generate and the serving scheduler.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -31,5 +32,16 @@ class StopText {
   size_t taken_ = 0;
   bool stopped_ = false;
 };
+
+// Where a reply cut at a stop string leaves its tokens. ends[i]: the bytes of text the
+// reply's first i + 1 tokens decoded to, or -1 where the decoder then held part of a
+// character. Of the first `limit` tokens, the first `tokens` decode to text that ends on a
+// character boundary at or before the cut (at `cut` bytes); the reply's text from `tail` to
+// the cut is what the tokens after them put in before it.
+struct TokensAtCut {
+  int tokens = 0;
+  size_t tail = 0;
+};
+TokensAtCut TokensBeforeCut(const std::vector<int64_t>& ends, size_t cut, int limit);
 
 }  // namespace recall::serving

@@ -54,6 +54,8 @@ class TokenStreamDecoder {
   std::string Next(int32_t id);
   // Whatever is still buffered (an incomplete sequence at the end of generation).
   std::string Flush();
+  // Whether part of a character is buffered (the text so far ends inside a token's bytes).
+  bool holding() const { return !pending_.empty(); }
 
  private:
   const Tokenizer& tokenizer_;

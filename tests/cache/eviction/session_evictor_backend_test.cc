@@ -215,57 +215,73 @@ class BackendEvictorTest : public ::testing::TestWithParam<int> {
     EXPECT_TRUE(e.ok()) << e.status();
     return e.ok() ? std::move(*e) : nullptr;
   }
-};
 
-TEST_P(BackendEvictorTest, KeepsWhatTheHostKeepsWithTheSameStates) {
-  kernels::CpuBackendOptions bo;
-  bo.opaque_memory = true;
-  std::unique_ptr<kernels::Backend> opaque = kernels::CreateCpuBackend(bo);
-  auto host_pool = BlockPool::Create(layout_, 400);
-  auto dev_pool = BlockPool::Create(layout_, 400, opaque->memory());
-  ASSERT_TRUE(host_pool.ok() && dev_pool.ok());
-  SequenceCache host_seq(host_pool->get()), dev_seq(dev_pool->get());
-  Append(host_seq, 70);
-  Append(dev_seq, 70);
-  std::unique_ptr<SessionEvictor> host = Make(&host_seq, nullptr);
-  std::unique_ptr<SessionEvictor> dev = Make(&dev_seq, opaque.get());
-  ASSERT_NE(host, nullptr);
-  ASSERT_NE(dev, nullptr);
-  EXPECT_FALSE(host->steps_on_backend());
-  ASSERT_TRUE(dev->steps_on_backend());
-  for (int t = 1; t <= 90; ++t) {
-    if (t > 1) {
-      Append(host_seq, 1);
-      Append(dev_seq, 1);
-    }
-    const std::vector<float> p = Probs(host_seq, t);
-    ASSERT_EQ(p, Probs(dev_seq, t));
-    ASSERT_TRUE(host->Step(p.data(), kStride).ok());
-    ASSERT_TRUE(dev->Step(p.data(), kStride).ok());
-    ASSERT_EQ(dev->evictions(), host->evictions()) << "t " << t;
-    ASSERT_EQ(dev->evicted_slots(), host->evicted_slots()) << "t " << t;
-    for (int l = 0; l < kLayers; ++l) {
-      for (int h = 0; h < kKv; ++h) {
-        ASSERT_EQ(dev_seq.length(l, h), host_seq.length(l, h)) << "t " << t;
-        for (int s = 0; s < host_seq.length(l, h); ++s) {
-          ASSERT_EQ(dev_seq.position(l, h, s), host_seq.position(l, h, s)) << "t " << t;
+  // Steps both evictors (t = 1..steps) alike and compares them step by step; with drop_every,
+  // each such step then gives back the cache's newest `drop` tokens in both (DropFrom and
+  // FollowDrop, a reply cut at a stop string).
+  void RunBoth(int steps, int drop_every = 0, int drop = 0) {
+    kernels::CpuBackendOptions bo;
+    bo.opaque_memory = true;
+    std::unique_ptr<kernels::Backend> opaque = kernels::CreateCpuBackend(bo);
+    auto host_pool = BlockPool::Create(layout_, 400);
+    auto dev_pool = BlockPool::Create(layout_, 400, opaque->memory());
+    ASSERT_TRUE(host_pool.ok() && dev_pool.ok());
+    SequenceCache host_seq(host_pool->get()), dev_seq(dev_pool->get());
+    Append(host_seq, 70);
+    Append(dev_seq, 70);
+    std::unique_ptr<SessionEvictor> host = Make(&host_seq, nullptr);
+    std::unique_ptr<SessionEvictor> dev = Make(&dev_seq, opaque.get());
+    ASSERT_NE(host, nullptr);
+    ASSERT_NE(dev, nullptr);
+    EXPECT_FALSE(host->steps_on_backend());
+    ASSERT_TRUE(dev->steps_on_backend());
+    for (int t = 1; t <= steps; ++t) {
+      if (t > 1) {
+        Append(host_seq, 1);
+        Append(dev_seq, 1);
+      }
+      const std::vector<float> p = Probs(host_seq, t);
+      ASSERT_EQ(p, Probs(dev_seq, t));
+      ASSERT_TRUE(host->Step(p.data(), kStride).ok());
+      ASSERT_TRUE(dev->Step(p.data(), kStride).ok());
+      ASSERT_EQ(dev->evictions(), host->evictions()) << "t " << t;
+      ASSERT_EQ(dev->evicted_slots(), host->evicted_slots()) << "t " << t;
+      if (drop_every > 0 && t % drop_every == 0) {
+        host_seq.DropFrom(host_seq.next_position() - drop);
+        dev_seq.DropFrom(dev_seq.next_position() - drop);
+        host->FollowDrop();
+        dev->FollowDrop();
+      }
+      for (int l = 0; l < kLayers; ++l) {
+        for (int h = 0; h < kKv; ++h) {
+          ASSERT_EQ(dev_seq.length(l, h), host_seq.length(l, h)) << "t " << t;
+          for (int s = 0; s < host_seq.length(l, h); ++s) {
+            ASSERT_EQ(dev_seq.position(l, h, s), host_seq.position(l, h, s)) << "t " << t;
+          }
+        }
+      }
+      ExpectRowsFollowPositions(dev_seq, t);
+      ExpectRowsFollowPositions(host_seq, t);
+      if (t % 5 != 0) continue;
+      ASSERT_TRUE(dev->SyncStates().ok());
+      for (int l = 0; l < kLayers; ++l) {
+        for (int h = 0; h < kKv; ++h) {
+          EXPECT_EQ(dev->state(l, h).ts, host->state(l, h).ts) << "t " << t;
+          EXPECT_EQ(dev->state(l, h).mri, host->state(l, h).mri) << "t " << t;
+          EXPECT_EQ(host->state(l, h).ts.size(), static_cast<size_t>(host_seq.length(l, h)));
         }
       }
     }
-    ExpectRowsFollowPositions(dev_seq, t);
-    ExpectRowsFollowPositions(host_seq, t);
-    if (t % 5 != 0) continue;
-    ASSERT_TRUE(dev->SyncStates().ok());
-    for (int l = 0; l < kLayers; ++l) {
-      for (int h = 0; h < kKv; ++h) {
-        EXPECT_EQ(dev->state(l, h).ts, host->state(l, h).ts) << "t " << t;
-        EXPECT_EQ(dev->state(l, h).mri, host->state(l, h).mri) << "t " << t;
-      }
-    }
+    EXPECT_GT(host->evictions(), 0);
+    EXPECT_EQ(dev_seq.bytes_held(), host_seq.bytes_held());
   }
-  EXPECT_GT(host->evictions(), 0);
-  EXPECT_EQ(dev_seq.bytes_held(), host_seq.bytes_held());
-}
+};
+
+TEST_P(BackendEvictorTest, KeepsWhatTheHostKeepsWithTheSameStates) { RunBoth(90); }
+
+// Every 3rd step gives back the 2 newest tokens (cut replies): the state on the backend
+// follows as the host's does, and both go on alike (the cache grows by a token in three).
+TEST_P(BackendEvictorTest, GivesBackTheNewestSlotsAsTheHostDoes) { RunBoth(250, 3, 2); }
 
 // 40: evicts from the first eviction step on; 140: the backend state grows from 128 to 256
 // slots per head with contents in it (at 129 slots) before the first eviction (t = 72).

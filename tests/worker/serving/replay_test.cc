@@ -1,6 +1,7 @@
 // Exact rebuild (replay.h) on stories260K: a session whose cache is dropped between turns and
 // rebuilt from its transcript with the replies' tokens gives the same greedy replies as a
-// session that kept its cache, for FullKV and for evicting policies, and a failover's resume
+// session that kept its cache, for FullKV and for evicting policies (replies cut at stop
+// strings included: their turns gave back tokens, and so does the replay), and a failover's resume
 // tokens fed as decode steps give the rest of the reply the original would have given. The
 // same sessions rebuilt from text alone are also run, and how many of their replies differ
 // is printed (not asserted: whether rounding or a different eviction changes a greedy token
@@ -65,12 +66,14 @@ class ReplayTest : public recall::testing::Stories260KTest {
   // turn carries the transcript: with the replies' tokens when `with_tokens`, as text only
   // otherwise. `drop` false keeps the cache (the reference). Returns each reply.
   std::vector<Collected> Conversation(const std::string& session, const std::string& policy,
-                                      bool drop, bool with_tokens) {
+                                      bool drop, bool with_tokens,
+                                      const std::vector<std::string>& stop = {}) {
     std::vector<Collected> replies;
     std::vector<model::ChatMessage> history;
     std::vector<std::optional<ReplyRecord>> records;
     for (const char* text : kTurns) {
       TurnRequest r = Turn(session, text, static_cast<int>(history.size()), policy);
+      r.stop = stop;
       if (drop && !history.empty()) {
         EXPECT_TRUE(sched_->DropSession(session).ok());
         r.history = history;
@@ -116,6 +119,34 @@ TEST_F(ReplayTest, ARebuiltSessionRepliesAsIfItHadKeptItsCache) {
         "text: %d differ\n",
         policy.c_str(), kept.size(), kept.size(), text_differs);
   }
+}
+
+// Replies cut at stop strings, between tokens (". ") and inside one ("ed " in " played in"):
+// the kept cache gave back the tokens after each cut, and the replay gives them back alike.
+TEST_F(ReplayTest, RepliesCutAtStopStringsAreReplayedWithTheTokensTheirTurnsGaveBack) {
+  const std::vector<std::string> stop = {". ", "ed "};
+  int cut = 0;
+  for (const std::string policy : {"full", "lazy", "h2o", "tova", "streaming", "vase"}) {
+    const std::string id = "cut-" + policy;
+    const std::vector<Collected> kept = Conversation(id, policy, false, false, stop);
+    ASSERT_TRUE(sched_->DropSession(id).ok());
+    const std::vector<Collected> replayed = Conversation(id, policy, true, true, stop);
+    ASSERT_TRUE(sched_->DropSession(id).ok());
+    ASSERT_EQ(kept.size(), replayed.size());
+    for (size_t i = 0; i < kept.size(); ++i) {
+      EXPECT_EQ(replayed[i].token_ids, kept[i].token_ids) << policy << " turn " << i;
+      EXPECT_EQ(replayed[i].summary.prompt_tokens, kept[i].summary.prompt_tokens)
+          << policy << " turn " << i;
+      EXPECT_FALSE(kept[i].summary.rebuilt) << policy << " turn " << i;
+      // A cut: the reply's text is shorter than its tokens' (TokenBytes of all but the first).
+      std::string tail_text;
+      for (size_t k = 1; k < kept[i].token_ids.size(); ++k) {
+        tail_text += tok_->TokenBytes(kept[i].token_ids[k - 1], kept[i].token_ids[k]);
+      }
+      cut += kept[i].summary.finish == TurnFinish::kStop && tail_text.size() > kept[i].text.size();
+    }
+  }
+  EXPECT_GE(cut, 12) << "replies cut at a stop string, of 24";
 }
 
 TEST_F(ReplayTest, ResumeTokensAreFedAsTheDecodeStepsTheyWere) {

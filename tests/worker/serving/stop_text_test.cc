@@ -41,5 +41,23 @@ TEST(StopTextTest, NoStopsStreamsEverything) {
   EXPECT_EQ(s.TakeReady(), "x");
 }
 
+// ends: text bytes through each token (-1: a character still incomplete after it).
+TEST(StopTextTest, TokensBeforeACutEndOnACharacterBoundaryAtOrBeforeIt) {
+  const std::vector<int64_t> ends = {3, 5, -1, 9, 12};
+  // A cut at 9 keeps four tokens; at 10 too, with byte 9 as the tail of the fifth.
+  EXPECT_EQ(TokensBeforeCut(ends, 9, 5).tokens, 4);
+  EXPECT_EQ(TokensBeforeCut(ends, 9, 5).tail, 9u);
+  EXPECT_EQ(TokensBeforeCut(ends, 10, 5).tokens, 4);
+  EXPECT_EQ(TokensBeforeCut(ends, 10, 5).tail, 9u);
+  // Inside the character the third token began: back to the second token's end.
+  EXPECT_EQ(TokensBeforeCut(ends, 7, 5).tokens, 2);
+  EXPECT_EQ(TokensBeforeCut(ends, 7, 5).tail, 5u);
+  // At most `limit` tokens (those fed), and none before the first token's end.
+  EXPECT_EQ(TokensBeforeCut(ends, 12, 3).tokens, 2);
+  EXPECT_EQ(TokensBeforeCut(ends, 2, 5).tokens, 0);
+  EXPECT_EQ(TokensBeforeCut(ends, 2, 5).tail, 0u);
+  EXPECT_EQ(TokensBeforeCut({}, 0, 0).tokens, 0);
+}
+
 }  // namespace
 }  // namespace recall::serving

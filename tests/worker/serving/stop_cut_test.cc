@@ -1,0 +1,226 @@
+// A reply cut at a stop string gives back the tokens fed after the cut and the session goes
+// on from its cache (Scheduler::KeepToCut), where it used to be rebuilt from the whole
+// transcript: the cache then holds what a session whose reply stopped there holds (the same
+// next reply, greedy, without eviction); a cut inside a token keeps that token's text before
+// the cut for the next turn; a compact lazy session cut at every turn goes on past the
+// context without one rebuild, in its bound, with TP ranks giving the one-rank tokens.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/common/compact_lazy.h"
+#include "tests/common/stories260k.h"
+#include "worker/runtime/engine.h"
+#include "worker/serving/scheduler.h"
+#include "worker/serving/turn_collect.h"
+
+namespace recall::serving {
+namespace {
+
+class StopCutTest : public recall::testing::Stories260KTest {
+ protected:
+  runtime::Engine* NewEngine(int tp = 1) {
+    runtime::EngineOptions eo;
+    eo.tp = tp;
+    eo.threads = 2;
+    eo.kv_cache_bytes = int64_t{32} << 20;
+    auto engine = runtime::Engine::Create(*model_, eo);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    if (!engine.ok()) return nullptr;
+    engines_.push_back(*std::move(engine));
+    return engines_.back().get();
+  }
+  // A scheduler whose sessions keep every token (no eviction).
+  std::unique_ptr<Scheduler> StartFull(std::vector<int32_t> stop_tokens = {2}) {
+    runtime::Engine* e = NewEngine();
+    if (e == nullptr) return nullptr;
+    SchedulerOptions so;
+    so.stop_token_ids = std::move(stop_tokens);
+    auto s = Scheduler::Create(*e, *tok_, so, &metrics_);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *std::move(s) : nullptr;
+  }
+  std::unique_ptr<Scheduler> StartCompact(int tp = 1) {
+    runtime::Engine* e = NewEngine(tp);
+    return e == nullptr ? nullptr : testing::StartCompactLazy(*e, *tok_, &metrics_);
+  }
+
+  static TurnRequest Turn(const std::string& session, const std::string& text, int history,
+                          std::vector<std::string> stop = {}, int max_tokens = 40) {
+    TurnRequest r;
+    r.session_id = session;
+    r.messages = {{"user", text}};
+    r.history_length = history;
+    r.sampling.temperature = 0;
+    r.max_tokens = max_tokens;
+    r.stop = std::move(stop);
+    return r;
+  }
+  static Collected Run(Scheduler& s, TurnRequest r) {
+    auto stream = s.Submit(std::move(r));
+    if (!stream.ok()) return Collected{.status = stream.status()};
+    return CollectTurn(**stream);
+  }
+
+  // The text of each token of a reply (the first one's after the prompt left out: empty).
+  std::vector<std::string> Pieces(const std::vector<int32_t>& ids) const {
+    std::vector<std::string> pieces(ids.size());
+    for (size_t i = 1; i < ids.size(); ++i) pieces[i] = tok_->TokenBytes(ids[i - 1], ids[i]);
+    return pieces;
+  }
+  // Bytes of the reply's text before token j: the text less what tokens j.. decoded to.
+  static size_t TextBefore(const Collected& c, const std::vector<std::string>& pieces, size_t j) {
+    size_t after = 0;
+    for (size_t i = j; i < pieces.size(); ++i) after += pieces[i].size();
+    return c.text.size() - after;
+  }
+
+  double Rebuilds() { return metrics_.GetCounter("recall_worker_rebuilds_total", "")->value(); }
+
+  metrics::Registry metrics_;
+  std::vector<std::unique_ptr<runtime::Engine>> engines_;
+};
+
+const auto& kLines = testing::kConversationLines;
+
+// Cut where token j starts, by a stop string of tokens j and j + 1 (so token j was fed, and is
+// given back): the cache then holds what a session whose reply was ended by token j as a stop
+// token holds, and the next reply is the same.
+TEST_F(StopCutTest, ACutAtATokenBoundaryLeavesWhatASessionStoppedThereHolds) {
+  if (model_ == nullptr) return;
+  std::unique_ptr<Scheduler> a = StartFull();
+  ASSERT_NE(a, nullptr);
+  const Collected probe = Run(*a, Turn("probe", kLines[0], 0));
+  ASSERT_TRUE(probe.status.ok()) << probe.status;
+  ASSERT_GE(probe.token_ids.size(), 30u) << probe.text;
+  const std::vector<int32_t>& ids = probe.token_ids;
+  const std::vector<std::string> pieces = Pieces(ids);
+  size_t j = 0, before = 0;
+  std::string stop;
+  for (size_t k = 8; k + 2 < ids.size() && stop.empty(); ++k) {
+    if (std::find(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids[k]) !=
+            ids.begin() + static_cast<std::ptrdiff_t>(k) ||
+        pieces[k].empty()) {
+      continue;  // the stop token would end the reference earlier
+    }
+    const std::string s = pieces[k] + pieces[k + 1];
+    if (probe.text.find(s) != TextBefore(probe, pieces, k)) continue;
+    j = k;
+    before = TextBefore(probe, pieces, k);
+    stop = s;
+  }
+  ASSERT_FALSE(stop.empty()) << "no token of the reply starts a stop string first: " << probe.text;
+
+  const Collected cut = Run(*a, Turn("cut", kLines[0], 0, {stop}));
+  ASSERT_TRUE(cut.status.ok()) << cut.status;
+  EXPECT_EQ(cut.summary.finish, TurnFinish::kStop);
+  EXPECT_EQ(cut.summary.text, probe.text.substr(0, before));
+  EXPECT_EQ(cut.summary.generated_tokens, static_cast<int>(j) + 2);
+  EXPECT_EQ(cut.summary.held_tokens, cut.summary.prompt_tokens + static_cast<int64_t>(j))
+      << "token j is given back; j + 1 was never fed";
+  const Collected next = Run(*a, Turn("cut", kLines[1], 2));  // no history: from the cache
+  ASSERT_TRUE(next.status.ok()) << next.status;
+  EXPECT_FALSE(next.summary.rebuilt);
+  EXPECT_EQ(next.summary.cached_tokens, cut.summary.prompt_tokens + static_cast<int>(j));
+
+  std::unique_ptr<Scheduler> b = StartFull({2, ids[j]});
+  ASSERT_NE(b, nullptr);
+  const Collected ref = Run(*b, Turn("ref", kLines[0], 0));
+  ASSERT_TRUE(ref.status.ok()) << ref.status;
+  ASSERT_EQ(ref.summary.text, cut.summary.text);
+  const Collected ref_next = Run(*b, Turn("ref", kLines[1], 2));
+  ASSERT_TRUE(ref_next.status.ok()) << ref_next.status;
+  EXPECT_EQ(next.token_ids, ref_next.token_ids);
+  EXPECT_EQ(next.summary.prompt_tokens, ref_next.summary.prompt_tokens);
+  EXPECT_EQ(next.summary.cached_tokens, ref_next.summary.cached_tokens);
+  EXPECT_EQ(Rebuilds(), 0);
+}
+
+// Cut one byte into token j: j is given back and its first byte, which the reply keeps, is fed
+// at the next turn.
+TEST_F(StopCutTest, ACutInsideATokenKeepsItsTextBeforeTheCutForTheNextTurn) {
+  if (model_ == nullptr) return;
+  std::unique_ptr<Scheduler> a = StartFull();
+  ASSERT_NE(a, nullptr);
+  const Collected probe = Run(*a, Turn("probe", kLines[2], 0));
+  ASSERT_TRUE(probe.status.ok()) << probe.status;
+  ASSERT_GE(probe.token_ids.size(), 30u) << probe.text;
+  const std::vector<std::string> pieces = Pieces(probe.token_ids);
+  size_t j = 0, before = 0;
+  std::string stop;
+  for (size_t k = 8; k + 2 < pieces.size() && stop.empty(); ++k) {
+    if (pieces[k].size() < 3) continue;
+    const std::string s = pieces[k].substr(1) + pieces[k + 1];
+    if (probe.text.find(s) != TextBefore(probe, pieces, k) + 1) continue;
+    j = k;
+    before = TextBefore(probe, pieces, k);
+    stop = s;
+  }
+  ASSERT_FALSE(stop.empty()) << "no token of the reply fits: " << probe.text;
+
+  const Collected cut = Run(*a, Turn("cut", kLines[2], 0, {stop}));
+  ASSERT_TRUE(cut.status.ok()) << cut.status;
+  EXPECT_EQ(cut.summary.text, probe.text.substr(0, before + 1));
+  EXPECT_EQ(cut.summary.held_tokens, cut.summary.prompt_tokens + static_cast<int64_t>(j));
+  const Collected next = Run(*a, Turn("cut", kLines[3], 2));
+  ASSERT_TRUE(next.status.ok()) << next.status;
+  EXPECT_FALSE(next.summary.rebuilt);
+  EXPECT_EQ(next.summary.cached_tokens, cut.summary.prompt_tokens + static_cast<int>(j));
+  EXPECT_GT(next.summary.generated_tokens, 0);
+  // The same turn after a reply that ended by length, one token later: the cut's next
+  // prompt has the kept byte's token(s) where that one has the pending token.
+  EXPECT_GT(next.summary.prompt_tokens, next.summary.cached_tokens);
+  EXPECT_EQ(Rebuilds(), 0);
+}
+
+// Replies cut at the end of a sentence, past the context several times: no rebuild, the bound
+// held, and each turn continues the cache (a rebuild would have none to count).
+TEST_F(StopCutTest, ACompactSessionCutAtEveryTurnGoesOnPastTheContextWithoutARebuild) {
+  if (model_ == nullptr) return;
+  std::unique_ptr<Scheduler> s = StartCompact();
+  ASSERT_NE(s, nullptr);
+  const int64_t bound = testing::CompactLazyBound(
+      model_->config, engines_.back()->pool(0).block_bytes(), engines_.back()->tp());
+  int cut = 0;
+  int cached = 0;
+  int64_t consumed = 0;
+  for (int turn = 0; turn < 40; ++turn) {
+    SCOPED_TRACE(turn);
+    Collected c = Run(*s, Turn("long", kLines[turn % 6], 2 * turn, {". ", ".\n"}));
+    ASSERT_TRUE(c.status.ok()) << c.status;
+    EXPECT_FALSE(c.summary.rebuilt);
+    EXPECT_LE(c.summary.peak_kv_bytes, bound);
+    if (turn > 0) {
+      EXPECT_GT(c.summary.cached_tokens, cached);
+    }
+    cached = c.summary.cached_tokens;
+    consumed = c.summary.prompt_tokens + c.summary.generated_tokens;
+    // Cut at ". " or ".\n" (a reply ended by its stop token ends with the period).
+    if (c.summary.finish == TurnFinish::kStop && !c.text.empty() && c.text.back() != '.') ++cut;
+  }
+  EXPECT_GT(consumed, 3 * model_->config.max_seq_len) << "past the context 3x";
+  EXPECT_GE(cut, 10) << "replies cut at a stop string";
+  EXPECT_EQ(Rebuilds(), 0);
+}
+
+// Tensor-parallel ranks give back the same tokens: their replies stay the one rank's.
+TEST_F(StopCutTest, TensorParallelRanksCutLikeOneRank) {
+  if (model_ == nullptr) return;
+  std::unique_ptr<Scheduler> one = StartCompact(1);
+  std::unique_ptr<Scheduler> two = StartCompact(2);
+  ASSERT_NE(one, nullptr);
+  ASSERT_NE(two, nullptr);
+  for (int turn = 0; turn < 16; ++turn) {
+    SCOPED_TRACE(turn);
+    Collected a = Run(*one, Turn("tp", kLines[turn % 6], 2 * turn, {". ", ".\n"}));
+    Collected b = Run(*two, Turn("tp", kLines[turn % 6], 2 * turn, {". ", ".\n"}));
+    ASSERT_TRUE(a.status.ok() && b.status.ok()) << a.status << b.status;
+    EXPECT_EQ(a.token_ids, b.token_ids);
+    EXPECT_EQ(a.summary.cached_tokens, b.summary.cached_tokens);
+  }
+  EXPECT_EQ(Rebuilds(), 0);
+}
+
+}  // namespace
+}  // namespace recall::serving
