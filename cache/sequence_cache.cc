@@ -19,6 +19,7 @@ SequenceCache::SequenceCache(BlockPool* pool)
       target_(static_cast<size_t>(n_layers_), 0),
       lengths_(static_cast<size_t>(n_layers_) * n_kv_heads_, 0),
       positions_(static_cast<size_t>(n_layers_) * n_kv_heads_),
+      fed_(static_cast<size_t>(n_layers_) * n_kv_heads_),
       offloaded_counts_(static_cast<size_t>(n_layers_), 0) {}
 
 SequenceCache::~SequenceCache() { Release(); }
@@ -102,6 +103,9 @@ void SequenceCache::CommitAppend(const int32_t* positions, int n) {
     std::vector<int32_t>& pos = positions_[lh];
     pos.resize(static_cast<size_t>(lengths_[lh]));
     pos.insert(pos.end(), positions, positions + n);
+    std::vector<uint32_t>& fed = fed_[lh];
+    fed.resize(static_cast<size_t>(lengths_[lh]));
+    for (int i = 0; i < n; ++i) fed.push_back(static_cast<uint32_t>(positions[i] + shifted_));
     lengths_[lh] += n;
   }
   if (n > 0) next_position_ = std::max(next_position_, positions[n - 1] + 1);
@@ -135,6 +139,7 @@ void SequenceCache::CompactMoved(int layer, int head, const int32_t* keep, int n
 bool SequenceCache::Renumber(int layer, int head, const int32_t* keep, int n) {
   const size_t lh = static_cast<size_t>(layer) * n_kv_heads_ + head;
   std::vector<int32_t>& pos = positions_[lh];
+  std::vector<uint32_t>& fed = fed_[lh];
   int32_t prev = -1;
   bool moves = false;
   for (int i = 0; i < n; ++i) {
@@ -144,9 +149,11 @@ bool SequenceCache::Renumber(int layer, int head, const int32_t* keep, int n) {
     if (src == i) continue;
     moves = true;
     pos[static_cast<size_t>(i)] = pos[static_cast<size_t>(src)];
+    fed[static_cast<size_t>(i)] = fed[static_cast<size_t>(src)];
   }
   lengths_[lh] = n;
   pos.resize(static_cast<size_t>(n));
+  fed.resize(static_cast<size_t>(n));
   return moves;
 }
 
@@ -161,17 +168,30 @@ void SequenceCache::SetNextPosition(int32_t position) {
   next_position_ = position;
 }
 
-void SequenceCache::DropFrom(int32_t position) {
-  RECALL_CHECK(position >= 0 && position <= next_position_)
-      << "DropFrom(" << position << ") outside [0, " << next_position_ << "]";
-  RECALL_CHECK(!offloaded()) << "DropFrom on an offloaded cache";
+void SequenceCache::DropNewest(int n) {
+  RECALL_CHECK(n >= 0 && n <= sequence_length())
+      << "DropNewest(" << n << ") of " << sequence_length() << " tokens";
+  RECALL_CHECK(!offloaded()) << "DropNewest on an offloaded cache";
+  if (n == 0) return;
+  // Slots fed at or after `from` go (sequence numbers compared modulo 2^32: the slots are
+  // less than 2^31 tokens apart).
+  const int64_t sequence = sequence_length();
+  const uint32_t from = static_cast<uint32_t>(sequence - n);
+  int32_t held_end = 0;  // past the newest position kept
   for (size_t lh = 0; lh < positions_.size(); ++lh) {
-    std::vector<int32_t>& pos = positions_[lh];
-    const auto end = pos.begin() + lengths_[lh];
-    lengths_[lh] = static_cast<int32_t>(std::lower_bound(pos.begin(), end, position) - pos.begin());
-    pos.resize(static_cast<size_t>(lengths_[lh]));
+    int32_t len = lengths_[lh];
+    while (len > 0 && static_cast<int32_t>(fed_[lh][static_cast<size_t>(len) - 1] - from) >= 0) {
+      --len;
+    }
+    lengths_[lh] = len;
+    positions_[lh].resize(static_cast<size_t>(len));
+    fed_[lh].resize(static_cast<size_t>(len));
+    if (len > 0) held_end = std::max(held_end, positions_[lh].back() + 1);
   }
-  next_position_ = position;
+  // Where the first token dropped was, unless a re-positioning since moved the slots kept
+  // past it (they then keep their positions, and the next token follows the newest).
+  next_position_ = std::max(next_position_ - n, held_end);
+  shifted_ = sequence - n - next_position_;
   TrimBlocks();
 }
 
@@ -228,6 +248,7 @@ void SequenceCache::Release() {
   host_.shrink_to_fit();
   std::fill(lengths_.begin(), lengths_.end(), 0);
   for (auto& pos : positions_) pos.clear();
+  for (auto& fed : fed_) fed.clear();
   next_position_ = 0;
   shifted_ = 0;
 }

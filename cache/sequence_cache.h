@@ -76,12 +76,14 @@ class SequenceCache {
   // calibration pass). REQUIRES: position >= 0 and > the position of every slot held.
   void SetNextPosition(int32_t position);
 
-  // Takes the tokens from `position` on back out: drops every slot whose position is
-  // `position` or later, makes `position` the next token's and returns the blocks no head
-  // needs any more (a reply cut at a stop string gives back the tokens after the cut).
-  // sequence_length() shrinks with next_position(). REQUIRES: not offloaded, 0 <= position
-  // <= next_position().
-  void DropFrom(int32_t position);
+  // Takes the last n tokens the sequence consumed back out (a reply cut at a stop string
+  // gives back the tokens fed after the cut): drops every slot of theirs, in every row,
+  // whatever eviction and re-positioning did since (each slot knows when it was fed), and
+  // returns the blocks no head needs any more. sequence_length() shrinks by n; the next
+  // token's position is where the first of them was (or, after a re-positioning, just past
+  // the newest position kept). REQUIRES: not offloaded, 0 <= n <= sequence_length(), and the
+  // n tokens were appended one position after another.
+  void DropNewest(int n);
 
   // Keeps, for (layer, head), only the slots in `keep` (ascending), moving K, V and
   // positions together to the front. REQUIRES: keep is strictly ascending, within length.
@@ -147,6 +149,8 @@ class SequenceCache {
   std::vector<int32_t> target_;               // [n_layers] scratch of GrowToTargets
   std::vector<int32_t> lengths_;              // [n_layers * n_kv_heads]
   std::vector<std::vector<int32_t>> positions_;  // [n_layers * n_kv_heads][length]
+  // When each slot's token was fed: sequence_length() before it, modulo 2^32 (DropNewest).
+  std::vector<std::vector<uint32_t>> fed_;  // [n_layers * n_kv_heads][length]
   int32_t next_position_ = 0;
   int64_t shifted_ = 0;                    // positions MovePositions took off next_position_
   std::vector<int32_t> offloaded_counts_;  // [n_layers] blocks the host copy holds per layer

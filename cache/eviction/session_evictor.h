@@ -168,7 +168,7 @@ class SessionEvictor {
   // not wire the hook fails loudly instead of silently running FullKV.
   absl::Status CompressPrefill(const float* window_queries, int w, float scale = 0.0f);
 
-  // The cache took its newest slots back out (SequenceCache::DropFrom): each state keeps as
+  // The cache took its newest slots back out (SequenceCache::DropNewest): each state keeps as
   // many slots as its (layer, head) still has (on the backend too). What those slots' steps
   // did to the others (evictions, merges, scores) stays.
   void FollowDrop();

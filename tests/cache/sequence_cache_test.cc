@@ -76,14 +76,15 @@ TEST_F(SequenceCacheTest, SetNextPositionRewindsPastCompactedSlotsAndSkipsForwar
   EXPECT_DEATH(seq.SetNextPosition(20), "held slot");
 }
 
-// Heads compacted unevenly (head 1 of layer 0 lost positions 6 and 8): DropFrom(7) keeps in
-// each row the slots before position 7, frees the blocks no head needs and appends from 7.
-TEST_F(SequenceCacheTest, DropFromGivesBackTheNewestTokensOfEveryRowAndTheirBlocks) {
+// Heads compacted unevenly (head 1 of layer 0 lost positions 6 and 8): DropNewest(3) takes
+// the tokens at 7, 8 and 9 out of every row that has them, frees the blocks no head needs and
+// the next token goes where the first of them was.
+TEST_F(SequenceCacheTest, DropNewestGivesBackTheLastTokensOfEveryRowAndTheirBlocks) {
   SequenceCache seq(pool_.get());
   Append(seq, 10);
   seq.Compact(0, 1, {0, 1, 2, 3, 4, 5, 7, 9});
   EXPECT_EQ(seq.num_blocks(), 6);
-  seq.DropFrom(7);
+  seq.DropNewest(3);
   EXPECT_EQ(seq.length(0, 0), 7);
   EXPECT_EQ(seq.length(0, 1), 6);
   EXPECT_EQ(seq.length(1, 1), 7);
@@ -94,11 +95,40 @@ TEST_F(SequenceCacheTest, DropFromGivesBackTheNewestTokensOfEveryRowAndTheirBloc
   Append(seq, 1);
   EXPECT_EQ(seq.position(0, 1, 6), 7);
   EXPECT_EQ(seq.View().K(0, 1, 6)[0], 7 + 0.5f);
-  EXPECT_EQ(seq.position(1, 0, 6), 5 + 1) << "the slots kept are untouched";
+  EXPECT_EQ(seq.position(1, 0, 6), 6) << "the slots kept are untouched";
   EXPECT_EQ(seq.View().K(1, 0, 6)[0], 6 + 100.0f);
-  seq.DropFrom(seq.next_position());  // nothing to give back
+  seq.DropNewest(0);
   EXPECT_EQ(seq.length(1, 0), 8);
-  EXPECT_DEATH(seq.DropFrom(9), "outside");
+  EXPECT_DEATH(seq.DropNewest(9), "DropNewest");
+}
+
+// After a re-positioning (each row's slots moved to end just before position 10, head 1 of
+// layer 0, which lost token 8, one shorter) the tokens are found by when they were fed, not by
+// position: DropNewest(3) takes tokens 8, 9 and 10 out, and the next token follows the newest
+// position kept.
+TEST_F(SequenceCacheTest, DropNewestFindsItsTokensAfterARepositioning) {
+  SequenceCache seq(pool_.get());
+  Append(seq, 10);
+  seq.Compact(0, 1, {0, 1, 2, 3, 4, 5, 6, 7, 9});
+  const int64_t stride = 10;
+  std::vector<int32_t> to(static_cast<size_t>(4 * stride), 0);
+  for (int lh = 0; lh < 4; ++lh) {
+    const int len = seq.length(lh / 2, lh % 2);
+    for (int s = 0; s < len; ++s) to[static_cast<size_t>(lh * stride + s)] = 10 - len + s;
+  }
+  seq.MovePositions(to.data(), stride, 10);
+  Append(seq, 1);
+  ASSERT_EQ(seq.sequence_length(), 11);
+  seq.DropNewest(3);
+  EXPECT_EQ(seq.length(0, 0), 8);
+  EXPECT_EQ(seq.length(0, 1), 8) << "token 7 (at position 8 now) stays";
+  EXPECT_EQ(seq.position(0, 1, 7), 8);
+  EXPECT_EQ(seq.position(1, 1, 7), 7);
+  EXPECT_EQ(seq.sequence_length(), 8);
+  EXPECT_EQ(seq.next_position(), 9);
+  Append(seq, 1);
+  EXPECT_EQ(seq.position(0, 0, 8), 9);
+  EXPECT_EQ(seq.sequence_length(), 9);
 }
 
 TEST_F(SequenceCacheTest, AnOffloadedCacheRebindsToAnotherPoolAndRestoresThere) {

@@ -37,9 +37,10 @@ absl::StatusOr<std::optional<ReplayPlan>> PlanReplay(
     }
     decoded += decoder.Flush();
     const std::string& content = history[a].content;
-    // Cut at a stop string: the reply is what its tokens said before it.
-    const bool cut = reply.finish == TurnFinish::kStop && decoded.size() > content.size() &&
-                     decoded.compare(0, content.size(), content) == 0;
+    // Cut at a stop string: the reply is what its tokens said before it (whatever the finish:
+    // the last bytes a length end flushes can complete one too).
+    const bool cut =
+        decoded.size() > content.size() && decoded.compare(0, content.size(), content) == 0;
     if (decoded != content && !cut) return std::nullopt;
     // Fed as decode steps: every reply token a later step fed. After a stop token all were
     // (the stop token itself never is); after a length end the last one goes first in the
@@ -48,12 +49,11 @@ absl::StatusOr<std::optional<ReplayPlan>> PlanReplay(
     const bool all_fed = reply.finish == TurnFinish::kStop && !cut;
     const size_t stepped =
         all_fed || reply.token_ids.empty() ? reply.token_ids.size() : reply.token_ids.size() - 1;
+    // (An empty range too: the next turn's prompt starts a chunk of its own, as it did.)
     const size_t begin = plan.tokens.size();
-    if (stepped > 0) {
-      plan.step_ranges.emplace_back(begin, begin + stepped);
-      plan.tokens.insert(plan.tokens.end(), reply.token_ids.begin(),
-                         reply.token_ids.begin() + static_cast<std::ptrdiff_t>(stepped));
-    }
+    plan.step_ranges.emplace_back(begin, begin + stepped);
+    plan.tokens.insert(plan.tokens.end(), reply.token_ids.begin(),
+                       reply.token_ids.begin() + static_cast<std::ptrdiff_t>(stepped));
     std::vector<int32_t> prompt;
     std::string tail;  // the text the cut left of the tokens given back
     if (cut) {

@@ -32,7 +32,9 @@ struct ReplyRecord {
 
 struct ReplayPlan {
   std::vector<int32_t> tokens;                         // the whole prompt, BOS first
-  std::vector<std::pair<size_t, size_t>> step_ranges;  // [begin, end) fed one per decode step
+  // [begin, end) fed one per decode step, one per reply (an empty one still ends a prefill
+  // chunk there, where the next turn's prompt began).
+  std::vector<std::pair<size_t, size_t>> step_ranges;
   // [first, end) of `tokens`, the end of a step range: a reply cut at a stop string, whose
   // tokens after the cut its turn gave back once fed (Scheduler::GiveBack, which decides
   // alike here).

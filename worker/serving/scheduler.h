@@ -114,8 +114,6 @@ struct LoadSnapshot {
   int64_t transcript_bytes = 0;
 };
 
-struct FeedMark;  // scheduler_turn.h
-
 class Scheduler {
  public:
   // The model, backend, pool and tokenizer must outlive the scheduler. `metrics` may be
@@ -252,13 +250,10 @@ class Scheduler {
   // The logprob of `id` (and turn.req.top_logprobs alternatives) from turn.raw_logits.
   TokenLogprob Logprob(const Turn& turn, int32_t id) const;
   void FinishTurn(Turn& turn, absl::Status status);
-  // After a reply cut at a stop string: gives back the tokens fed after the cut and keeps
-  // the text the cut left of them for the next turn (replay.h plans the same).
+  // After a reply cut at a stop string: gives back the tokens fed after the cut
+  // (Session::Unfeed) and keeps the text the cut left of them for the next turn (replay.h
+  // plans the same).
   void CutAtStop(Turn& turn);
-  // Gives back the session's last n tokens, the first of which was fed at `first`, when that
-  // can be done exactly (FeedMark); otherwise they stay. The same inputs give the same
-  // outcome, so an exact rebuild gives back what the original turn did.
-  void GiveBack(Session& s, int n, const FeedMark& first);
   void EndTurn(Turn& turn);  // removes it from active_, frees the session's busy flag
 
   // Admission (scheduler_admit.cc); where session caches live is memory_'s (session_memory.h).

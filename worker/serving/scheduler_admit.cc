@@ -154,7 +154,6 @@ absl::Status Scheduler::EnsureResident(Turn& t) {
   if (evictor != nullptr) {
     t.evictions_at_start = TotalEvictions(s);
     t.evicted_at_start = TotalEvictedSlots(s);
-    t.evicted_total = t.evicted_at_start;
     const model::ModelConfig& c = model_.config;
     const bool probs = evictor->policy().needs_attention() && !evictor->steps_on_backend();
     const bool window = fresh && evictor->policy().compresses_prefill();

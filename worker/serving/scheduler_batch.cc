@@ -331,12 +331,6 @@ absl::Status Scheduler::RunRanks(std::span<const runtime::BatchItem> items,
 void Scheduler::AfterForward(Turn& t, float* logits) {
   Session& s = *t.session;
   t.peak_kv_bytes = std::max(t.peak_kv_bytes, s.bytes_held() + s.state_bytes());
-  // Where this step's token went, if it went alone (FeedMark).
-  const int64_t evicted_before = t.evicted_total;
-  t.evicted_total = TotalEvictedSlots(s);
-  const auto mark = [&] {
-    return FeedMark{s.cache()->sequence_length() - s.cache()->next_position(), evicted_before};
-  };
   if (!t.decoding) {
     // An episode's replayed gap is already in the session's tokens.
     const size_t from = std::max(t.fed, static_cast<size_t>(t.n_replay));
@@ -347,15 +341,10 @@ void Scheduler::AfterForward(Turn& t, float* logits) {
     }
     t.fed += t.chunk;
     metrics_->prompt_tokens->Increment(t.chunk);
-    // Resumed reply tokens go one per step, as they went when they were sampled.
-    if (t.chunk == 1 && t.fed > t.prompt.size() - t.n_resume) t.gen_marks.push_back(mark());
-    if (t.next_give_back < t.give_backs.size()) {
-      const auto [first, end] = t.give_backs[t.next_give_back];
-      if (t.fed == first + 1) t.give_back_mark = mark();
-      if (t.fed == end) {
-        GiveBack(s, static_cast<int>(end - first), t.give_back_mark);
-        ++t.next_give_back;
-      }
+    // A replayed cut reply: its tokens after the cut go once fed, as its turn gave them back.
+    if (t.next_give_back < t.give_backs.size() && t.fed == t.give_backs[t.next_give_back].second) {
+      const auto [first, end] = t.give_backs[t.next_give_back++];
+      s.Unfeed(static_cast<int>(end - first));
     }
     if (t.fed < t.prompt.size()) return;
     t.decoding = true;
@@ -377,10 +366,18 @@ void Scheduler::AfterForward(Turn& t, float* logits) {
       t.DecodeGenerated(t.prompt[i]);
     }
     t.stop_text.TakeReady();
+    if (t.resume_stop >= 0) {  // the reply had ended at a stop string (Prepare)
+      t.generated.push_back(t.resume_stop);
+      t.next = t.resume_stop;
+      t.DecodeGenerated(t.resume_stop);
+      t.stop_text.TakeReady();
+      t.finish = TurnFinish::kStop;
+      t.done = true;
+      return;
+    }
   } else {
     s.Feed(&t.next, &t.next + 1,
            static_cast<size_t>(model_.config.max_seq_len));  // evicted after the pass by RunRanks
-    t.gen_marks.push_back(mark());
   }
   SampleNext(t, logits);
 }

@@ -277,22 +277,23 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
                                                r.history_replies, r.messages));
   }
   std::vector<int32_t> tokens;
-  size_t given_back = 0;
   if (replay.has_value()) {
     tokens = std::move(replay->tokens);
     t.step_ranges = std::move(replay->step_ranges);
     t.give_backs = std::move(replay->give_backs);
-    for (const auto& [first, end] : t.give_backs) given_back += end - first;
   } else {
     RECALL_ASSIGN_OR_RETURN(std::string full, model::RenderChat(options_.chat_format, all, true));
     tokens = tokenizer_.Encode(full, true);
   }
   if (tokens.empty()) return absl::InvalidArgumentError("messages: render to no tokens");
+  // What the cache holds once the prompt is fed (a replay gives some back on the way, where
+  // its turns did, which fitted then).
+  const size_t kept = tokens.size() - t.GivenBack();
   // A session whose cache re-positions at the context length is rebuilt from a transcript of
   // any length, fed as it fits (PlanFeed); any other must fit the context.
   const bool compact = spec.ok() && spec->positions == runtime::Positions::kCompact;
-  if (static_cast<int64_t>(tokens.size()) >= config.max_seq_len && !compact) {
-    return absl::InvalidArgumentError(absl::StrCat("messages: the transcript is ", tokens.size(),
+  if (static_cast<int64_t>(kept) >= config.max_seq_len && !compact) {
+    return absl::InvalidArgumentError(absl::StrCat("messages: the transcript is ", kept,
                                                    " tokens, the model's context length is ",
                                                    config.max_seq_len));
   }
@@ -308,7 +309,7 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
   }
   t.session = s;
   t.prompt = std::move(tokens);
-  t.prompt_tokens = static_cast<int>(t.prompt.size() - given_back);
+  t.prompt_tokens = static_cast<int>(kept);
   t.prepared = true;
   s->busy = true;
   return absl::OkStatus();
@@ -324,21 +325,40 @@ absl::Status Scheduler::Prepare(Turn& t) {
     }
   }
   RECALL_RETURN_IF_ERROR(PrepareContext(t));
+  // Resumed tokens that already complete a stop string ended the reply: the one that
+  // completed it was sampled and never fed, so it is not fed here either, and nothing more is
+  // sampled (Turn::resume_stop).
+  size_t fed_resume = resume.size();
   if (!resume.empty()) {
+    model::TokenStreamDecoder decoder(tokenizer_);
+    decoder.Next(t.prompt.back());
+    decoder.Flush();
+    StopText stop = t.stop_text;
+    for (size_t i = 0; i < resume.size(); ++i) {
+      if (stop.Append(decoder.Next(resume[i]))) {
+        fed_resume = i;
+        t.resume_stop = resume[i];
+        break;
+      }
+    }
+  }
+  if (fed_resume > 0) {
     // A session without a cache yet (new, or rebuilt from its transcript) starts at 0; one
     // that does not fit would reach the forward pass, whose error is its whole batch's.
     const size_t next = t.session->cache() != nullptr
                             ? static_cast<size_t>(t.session->cache()->next_position())
                             : 0;
     if (t.session->positions == runtime::Positions::kOriginal &&
-        next + t.prompt.size() + resume.size() >= static_cast<size_t>(model_.config.max_seq_len)) {
+        next + t.prompt.size() - t.GivenBack() + fed_resume >=
+            static_cast<size_t>(model_.config.max_seq_len)) {
       t.session->busy = false;
       return absl::InvalidArgumentError("resume_tokens: do not fit the context");
     }
     // The reply tokens the client has were fed as decode steps: so are they here.
-    t.step_ranges.emplace_back(t.prompt.size(), t.prompt.size() + resume.size());
-    t.prompt.insert(t.prompt.end(), resume.begin(), resume.end());
-    t.n_resume = static_cast<int>(resume.size());
+    t.step_ranges.emplace_back(t.prompt.size(), t.prompt.size() + fed_resume);
+    t.prompt.insert(t.prompt.end(), resume.begin(),
+                    resume.begin() + static_cast<std::ptrdiff_t>(fed_resume));
+    t.n_resume = static_cast<int>(fed_resume);
     // Each resumed token took one draw when it was sampled: the turn goes on with the draws
     // that followed, so a seeded turn continues with the tokens it would have had.
     if (t.req.sampling.temperature > 0.0f) {
@@ -348,21 +368,12 @@ absl::Status Scheduler::Prepare(Turn& t) {
   return absl::OkStatus();
 }
 
-void Scheduler::GiveBack(Session& s, int n, const FeedMark& first) {
-  if (n <= 0) return;
-  const int64_t shift = s.cache()->sequence_length() - s.cache()->next_position();
-  if (first.shift != shift && first.evicted_before != TotalEvictedSlots(s)) return;
-  s.Unfeed(n).IgnoreError();  // refused only where it cannot be done: they stay
-}
-
 void Scheduler::CutAtStop(Turn& t) {
   Session& s = *t.session;
   // The last token sampled (the one that completed the stop string) was never fed.
   const int fed = static_cast<int>(t.generated.size()) - 1;
   const TokensAtCut cut = TokensBeforeCut(t.text_ends, t.stop_text.text().size(), fed);
-  if (fed > cut.tokens && static_cast<size_t>(fed) == t.gen_marks.size()) {
-    GiveBack(s, fed - cut.tokens, t.gen_marks[static_cast<size_t>(cut.tokens)]);
-  }
+  s.Unfeed(fed - cut.tokens);
   s.reply_tail = t.stop_text.text().substr(cut.tail);
 }
 

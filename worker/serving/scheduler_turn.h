@@ -17,17 +17,6 @@
 
 namespace recall::serving {
 
-// Where a token fed one per step (a decode step, or a prompt token fed as one) went: the
-// cache's shift after it (sequence_length() - next_position()) and the slots evicted from
-// the session, all ranks, before its step. The tokens fed since can be given back
-// (Scheduler::GiveBack) when the shift is still the same (they sit at consecutive positions
-// at the end of every row) or nothing was evicted since (a re-positioning left all of them
-// at the end of every row).
-struct FeedMark {
-  int64_t shift = 0;
-  int64_t evicted_before = 0;
-};
-
 struct Scheduler::Turn {
   Turn(TurnRequest r, std::vector<std::string> stops)
       : req(std::move(r)), rng(req.sampling.seed), stop_text(std::move(stops)) {}
@@ -41,6 +30,7 @@ struct Scheduler::Turn {
   Session* session = nullptr;
   std::vector<int32_t> prompt;  // tokens fed this turn before generating (resume included)
   int n_resume = 0;             // of them, the reply tokens the client already has
+  int32_t resume_stop = -1;     // a resumed token that completed a stop string (not fed)
   int n_replay = 0;             // leading tokens the session has already (an episode's gap)
   int cached_tokens = 0;
   int prompt_tokens = 0;
@@ -68,14 +58,16 @@ struct Scheduler::Turn {
   // then held part of a character (TokensBeforeCut).
   std::vector<int64_t> text_ends;
   int64_t text_bytes = 0;
-  // Per generated token fed (resumed ones included), in order.
-  std::vector<FeedMark> gen_marks;
-  int64_t evicted_total = 0;  // TotalEvictedSlots after the turn's last step
   // An exact rebuild's runs of prompt tokens to give back once fed ([first, end),
-  // ReplayPlan::give_backs), the next one due and where its first token went.
+  // ReplayPlan::give_backs) and the next one due.
   std::vector<std::pair<size_t, size_t>> give_backs;
   size_t next_give_back = 0;
-  FeedMark give_back_mark;
+  // Prompt tokens given back once fed: the prompt holds that many fewer after it.
+  size_t GivenBack() const {
+    size_t n = 0;
+    for (const auto& [first, end] : give_backs) n += end - first;
+    return n;
+  }
   // Decodes generated token `id`, notes where its text ends and appends it to stop_text.
   // Returns whether a stop string occurred.
   bool DecodeGenerated(int32_t id) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/hash/hash.h"
+#include "common/logging.h"
 #include "worker/serving/episode_builder.h"
 
 namespace recall::serving {
@@ -64,23 +65,18 @@ void Session::AddMessages(const std::vector<model::ChatMessage>& added) {
 void Session::Feed(const int32_t* begin, const int32_t* end, size_t context) {
   tokens.insert(tokens.end(), begin, end);
   tokens_fed += end - begin;
-  if (episodic == nullptr && tokens.size() > 2 * context) {
-    tokens.erase(tokens.begin(), tokens.end() - static_cast<std::ptrdiff_t>(context));
+  if (episodic == nullptr && tokens.size() > 3 * context) {
+    tokens.erase(tokens.begin(), tokens.end() - static_cast<std::ptrdiff_t>(2 * context));
   }
 }
 
-absl::Status Session::Unfeed(int n) {
-  if (n <= 0) return absl::OkStatus();
-  if (episodic != nullptr || !resident() || static_cast<size_t>(n) > tokens.size() ||
-      n > cache()->next_position()) {
-    return absl::FailedPreconditionError("Unfeed: the cache cannot give these tokens back");
-  }
-  const int32_t from = cache()->next_position() - n;
-  for (const auto& c : caches) c->DropFrom(from);
+void Session::Unfeed(int n) {
+  if (n <= 0) return;
+  RECALL_CHECK(episodic == nullptr && resident()) << "Unfeed: no resident cache to give back";
+  for (const auto& c : caches) c->DropNewest(n);
   for (const auto& e : evictors) e->FollowDrop();
-  tokens.resize(tokens.size() - static_cast<size_t>(n));
+  tokens.resize(tokens.size() - std::min(tokens.size(), static_cast<size_t>(n)));
   tokens_fed -= n;
-  return absl::OkStatus();
 }
 
 int64_t Session::transcript_bytes() const {

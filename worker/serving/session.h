@@ -80,8 +80,10 @@ struct Session {
   std::vector<model::ChatMessage> messages;
   int64_t message_count = 0;
   uint64_t digest = kEmptyTranscriptDigest;
-  // The tokens fed to the cache, in order: the last ones, at least the model's context
-  // length of them (all of them for an episodic session); tokens_fed counts them all.
+  // The tokens fed to the cache, in order: the last ones, at least twice the model's context
+  // length of them once there are that many (all of them for an episodic session), so that
+  // a window of the context length is left after a reply's cut gives tokens back;
+  // tokens_fed counts them all.
   std::vector<int32_t> tokens;
   int64_t tokens_fed = 0;
   std::vector<int32_t> pending;  // sampled, not fed yet
@@ -119,13 +121,12 @@ struct Session {
   // Whether `messages` is the whole transcript.
   bool holds_transcript() const { return static_cast<int64_t>(messages.size()) == message_count; }
   // Appends tokens fed to the cache; a session that is not episodic keeps the last
-  // `context` of them (trimmed when it holds twice that).
+  // 2 * `context` of them (trimmed when it holds three times that).
   void Feed(const int32_t* begin, const int32_t* end, size_t context);
-  // Takes the last n tokens fed back out of every rank's cache and its evictor's state. They
-  // must have been fed one per position since the cache last re-positioned (the caller
-  // knows). FailedPrecondition, and nothing changed, where that cannot be done: an episodic
-  // session, fewer than n tokens kept, no resident cache.
-  absl::Status Unfeed(int n);
+  // Takes the last n tokens fed back out of every rank's cache (SequenceCache::DropNewest),
+  // its evictor's state and the token copy. REQUIRES: a resident cache, not episodic, the n
+  // tokens fed one position after another.
+  void Unfeed(int n);
   // Host bytes of the transcript and tokens kept (not counted in the KV figures).
   int64_t transcript_bytes() const;
 

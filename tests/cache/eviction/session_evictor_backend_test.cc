@@ -217,7 +217,7 @@ class BackendEvictorTest : public ::testing::TestWithParam<int> {
   }
 
   // Steps both evictors (t = 1..steps) alike and compares them step by step; with drop_every,
-  // each such step then gives back the cache's newest `drop` tokens in both (DropFrom and
+  // each such step then gives back the cache's newest `drop` tokens in both (DropNewest and
   // FollowDrop, a reply cut at a stop string).
   void RunBoth(int steps, int drop_every = 0, int drop = 0) {
     kernels::CpuBackendOptions bo;
@@ -247,8 +247,8 @@ class BackendEvictorTest : public ::testing::TestWithParam<int> {
       ASSERT_EQ(dev->evictions(), host->evictions()) << "t " << t;
       ASSERT_EQ(dev->evicted_slots(), host->evicted_slots()) << "t " << t;
       if (drop_every > 0 && t % drop_every == 0) {
-        host_seq.DropFrom(host_seq.next_position() - drop);
-        dev_seq.DropFrom(dev_seq.next_position() - drop);
+        host_seq.DropNewest(drop);
+        dev_seq.DropNewest(drop);
         host->FollowDrop();
         dev->FollowDrop();
       }

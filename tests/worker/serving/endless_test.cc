@@ -93,8 +93,9 @@ TEST_F(EndlessTest, ASessionsOwnTranscriptCopyStaysBoundedAndItsHistoryIsStillCo
     transcript.push_back({"assistant", c.text});
   }
   EXPECT_GT(c.summary.cached_tokens, 4 * context) << "every token fed is counted";
-  // The worker's copy: the last turn's messages and at most twice the context of tokens,
-  // where the session has fed over four times the context (before: all of them, growing).
+  // The worker's copy: the last turn's messages and at most three times the context of tokens
+  // (in a vector of at most four times its capacity), where the session has fed over four
+  // times the context (before: all of them, growing).
   const int64_t held = s->Load().transcript_bytes;
   EXPECT_GT(held, 0);
   EXPECT_LE(held, int64_t{4} * 2 * context * 2 + 4096) << "bytes of the session's copies";

@@ -1,9 +1,10 @@
 // A reply cut at a stop string gives back the tokens fed after the cut and the session goes
-// on from its cache (Scheduler::KeepToCut), where it used to be rebuilt from the whole
+// on from its cache (Scheduler::CutAtStop), where it used to be rebuilt from the whole
 // transcript: the cache then holds what a session whose reply stopped there holds (the same
 // next reply, greedy, without eviction); a cut inside a token keeps that token's text before
 // the cut for the next turn; a compact lazy session cut at every turn goes on past the
-// context without one rebuild, in its bound, with TP ranks giving the one-rank tokens.
+// context without one rebuild, in its bound; a resumed reply that had reached its stop string
+// ends there; TP ranks give the one-rank tokens.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -74,6 +75,13 @@ class StopCutTest : public recall::testing::Stories260KTest {
     size_t after = 0;
     for (size_t i = j; i < pieces.size(); ++i) after += pieces[i].size();
     return c.text.size() - after;
+  }
+
+  // Whether the reply was cut: its tokens after the first say more than its text.
+  bool Cut(const Collected& c) const {
+    size_t said = 0;
+    for (const std::string& piece : Pieces(c.token_ids)) said += piece.size();
+    return said > c.summary.text.size();
   }
 
   double Rebuilds() { return metrics_.GetCounter("recall_worker_rebuilds_total", "")->value(); }
@@ -196,12 +204,39 @@ TEST_F(StopCutTest, ACompactSessionCutAtEveryTurnGoesOnPastTheContextWithoutAReb
     }
     cached = c.summary.cached_tokens;
     consumed = c.summary.prompt_tokens + c.summary.generated_tokens;
-    // Cut at ". " or ".\n" (a reply ended by its stop token ends with the period).
-    if (c.summary.finish == TurnFinish::kStop && !c.text.empty() && c.text.back() != '.') ++cut;
+    cut += Cut(c);
   }
   EXPECT_GT(consumed, 3 * model_->config.max_seq_len) << "past the context 3x";
   EXPECT_GE(cut, 10) << "replies cut at a stop string";
   EXPECT_EQ(Rebuilds(), 0);
+}
+
+// A worker died after streaming the token that completed the stop string: the resumed turn
+// (all of the reply's tokens) samples nothing more, and its cache is the original's, cut and
+// given back alike, so the next turn is the same.
+TEST_F(StopCutTest, AResumedReplyThatHadReachedItsStopStringEndsThere) {
+  if (model_ == nullptr) return;
+  std::unique_ptr<Scheduler> s = StartCompact();
+  ASSERT_NE(s, nullptr);
+  const std::vector<std::string> stop = {". "};
+  const Collected a = Run(*s, Turn("orig", kLines[0], 0, stop));
+  ASSERT_TRUE(a.status.ok()) << a.status;
+  ASSERT_TRUE(Cut(a)) << a.text;
+  const Collected a2 = Run(*s, Turn("orig", kLines[1], 2, stop));
+  ASSERT_TRUE(a2.status.ok()) << a2.status;
+
+  TurnRequest r = Turn("resumed", kLines[0], 0, stop);
+  r.resume_tokens = a.token_ids;
+  const Collected b = Run(*s, r);
+  ASSERT_TRUE(b.status.ok()) << b.status;
+  EXPECT_TRUE(b.token_ids.empty()) << "nothing sampled after the stop";
+  EXPECT_EQ(b.text, "") << "the client has the text already";
+  EXPECT_EQ(b.summary.text, a.summary.text);
+  EXPECT_EQ(b.summary.finish, TurnFinish::kStop);
+  const Collected b2 = Run(*s, Turn("resumed", kLines[1], 2, stop));
+  ASSERT_TRUE(b2.status.ok()) << b2.status;
+  EXPECT_EQ(b2.token_ids, a2.token_ids);
+  EXPECT_EQ(b2.summary.cached_tokens, a2.summary.cached_tokens);
 }
 
 // Tensor-parallel ranks give back the same tokens: their replies stay the one rank's.
@@ -211,6 +246,7 @@ TEST_F(StopCutTest, TensorParallelRanksCutLikeOneRank) {
   std::unique_ptr<Scheduler> two = StartCompact(2);
   ASSERT_NE(one, nullptr);
   ASSERT_NE(two, nullptr);
+  int cut = 0;
   for (int turn = 0; turn < 16; ++turn) {
     SCOPED_TRACE(turn);
     Collected a = Run(*one, Turn("tp", kLines[turn % 6], 2 * turn, {". ", ".\n"}));
@@ -218,7 +254,9 @@ TEST_F(StopCutTest, TensorParallelRanksCutLikeOneRank) {
     ASSERT_TRUE(a.status.ok() && b.status.ok()) << a.status << b.status;
     EXPECT_EQ(a.token_ids, b.token_ids);
     EXPECT_EQ(a.summary.cached_tokens, b.summary.cached_tokens);
+    cut += Cut(a);
   }
+  EXPECT_GE(cut, 5) << "replies cut at a stop string";
   EXPECT_EQ(Rebuilds(), 0);
 }
 
