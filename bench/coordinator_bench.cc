@@ -10,6 +10,7 @@
 //   3. A long session: the time of a turn late in a 2000-turn session against early in it.
 //
 // usage: recall_coordinator_bench [--sessions N] [--turns N] [--max-tokens N] [--long-turns N]
+//                                 [--long-stop S]
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -131,7 +132,15 @@ Stats ViaCoordinator(int port, int sessions, int turns, int max_tokens) {
 // stays the same size, so any growth in a turn's time is what the rest of the path does with
 // the longer transcript); each turn's client-side time, from the request to the stream's end.
 // Empty when a turn fails (printed).
-std::vector<double> LongSession(int port, int turns, int message_words) {
+// Part 3's run: each turn's time, and how many turns ended at a stop (token or string) and
+// were rebuilt.
+struct LongRun {
+  std::vector<double> seconds;
+  int stopped = 0;
+  int rebuilt = 0;
+};
+
+LongRun LongSession(int port, int turns, int message_words, const std::string& stop) {
   auto stub = v1::Chat::NewStub(
       grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
   grpc::ClientContext cctx;
@@ -143,7 +152,7 @@ std::vector<double> LongSession(int port, int turns, int message_words) {
     std::printf("FAIL: CreateSession: %s\n", st.error_message().c_str());
     return {};
   }
-  std::vector<double> seconds;
+  LongRun run;
   for (int t = 0; t < turns; ++t) {
     v1::ConverseRequest r;
     r.set_session_id(session.session_id());
@@ -151,19 +160,23 @@ std::vector<double> LongSession(int port, int turns, int message_words) {
     r.set_turn_id("t" + std::to_string(t));  // as the C++ SDK sends
     r.mutable_sampling()->set_temperature(0);
     r.mutable_sampling()->set_max_tokens(4);
+    if (!stop.empty()) r.mutable_sampling()->add_stop(stop);
     grpc::ClientContext ctx;
     const auto start = Clock::now();
     auto reader = stub->Converse(&ctx, r);
     v1::ConverseEvent ev;
     while (reader->Read(&ev)) {
+      if (!ev.has_done()) continue;
+      run.stopped += ev.done().finish_reason() == v1::FINISH_REASON_STOP;
+      run.rebuilt += ev.done().rebuilt();
     }
     if (grpc::Status st = reader->Finish(); !st.ok()) {
       std::printf("FAIL: turn %d: %s\n", t + 1, st.error_message().c_str());
       return {};
     }
-    seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    run.seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
   }
-  return seconds;
+  return run;
 }
 
 void Print(const char* name, const Stats& s) {
@@ -194,7 +207,7 @@ bool StartCoordinatorProcess(ServerProcess& c, const std::vector<ServerProcess*>
 
 constexpr char kUsage[] =
     R"U(usage: recall_coordinator_bench [--sessions N] [--turns N] [--max-tokens N]
-                                [--long-turns N]
+                                [--long-turns N] [--long-stop S]
 
 What the coordinator adds, on stories260K from
 )U" RECALL_SHARED_DIR_DEFAULT
@@ -211,21 +224,28 @@ options:
   --turns N               turns per session (default 3)
   --max-tokens N          tokens generated per turn (default 64)
   --long-turns N          turns of part 3's session (default 2000; 0 skips part 3)
+  --long-stop S           a stop string for part 3's turns (e.g. "e ": most replies are cut
+                          at it, and the worker gives back the tokens after the cut)
   -h, --help              print this and exit
 
 3. a long session: one session (policy lazy, budget 128) of --long-turns turns of about
    60 words each, 4 tokens generated per turn; the median turn time of turns 21-120 (the
    base), of the middle 100 and of the last 100, and the ratios (1.00x: a turn costs the
-   same however long the session is).
+   same however long the session is); how many turns ended at a stop (token or string) and
+   how many were rebuilt.
 )U";
 
 int Main(int argc, char** argv) {
   if (PrintHelpIfAsked(argc, argv, kUsage)) return 0;
   int sessions = 8, turns = 3, max_tokens = 64, long_turns = 2000;
+  std::string long_stop;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const int v = std::atoi(argv[i + 1]);
-    if (k == "--sessions") sessions = v;
+    if (k == "--long-stop")
+      long_stop = argv[i + 1];
+    else if (k == "--sessions")
+      sessions = v;
     else if (k == "--turns") turns = v;
     else if (k == "--max-tokens") max_tokens = v;
     else if (k == "--long-turns")
@@ -275,9 +295,12 @@ int Main(int argc, char** argv) {
   coordinator.Stop();
   if (long_turns < 220) return 0;
 
-  std::printf("\n3. a long session, %d turns (lazy, budget 128)\n", long_turns);
+  std::printf("\n3. a long session, %d turns (lazy, budget 128)%s%s%s\n", long_turns,
+              long_stop.empty() ? "" : ", stop string \"", long_stop.c_str(),
+              long_stop.empty() ? "" : "\"");
   if (!StartCoordinatorProcess(coordinator, {&w1}, "/tmp/recall_coordinator_bench")) return 1;
-  const std::vector<double> t = LongSession(coordinator.port("grpc"), long_turns, 60);
+  const LongRun run = LongSession(coordinator.port("grpc"), long_turns, 60, long_stop);
+  const std::vector<double>& t = run.seconds;
   if (t.empty()) return 1;
   const std::vector<double> early(t.begin() + 20, t.begin() + 120);
   const auto half = t.begin() + static_cast<std::ptrdiff_t>(t.size() / 2);
@@ -289,6 +312,8 @@ int Main(int argc, char** argv) {
   std::printf("  ratios: last 100 / turns 21-120 = %.2fx, last 100 / middle 100 = %.2fx\n",
               Percentile(late, 0.5) / Percentile(early, 0.5),
               Percentile(late, 0.5) / Percentile(middle, 0.5));
+  std::printf("  turns ended at a stop (token or string): %d of %d; rebuilt: %d\n", run.stopped,
+              long_turns, run.rebuilt);
   return 0;
 }
 
