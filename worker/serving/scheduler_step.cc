@@ -225,7 +225,7 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
   // digest: the session keeps only its last messages).
   const bool same_history = s != nullptr && s->message_count == r.history_length &&
                             (r.history.empty() || TranscriptDigest(r.history) == s->digest);
-  if (same_history && s->cache() != nullptr && s->reusable) {
+  if (same_history && s->cache() != nullptr) {
     RECALL_ASSIGN_OR_RETURN(std::optional<std::string> more_text,
                             ContinuationText(options_.chat_format, s->messages, r.messages));
     if (more_text.has_value()) {
@@ -413,11 +413,7 @@ void Scheduler::FinishTurn(Turn& t, absl::Status status) {
     std::vector<model::ChatMessage> added = t.req.messages;
     added.push_back({"assistant", sum.text});
     s->AddMessages(added);
-    // A cut reply's cache continues (an episodic session's episodes do not give back).
-    if (t.stop_text.stopped()) {
-      s->reusable = s->episodic == nullptr;
-      if (s->reusable) CutAtStop(t);
-    }
+    if (t.stop_text.stopped()) CutAtStop(t);
     sum.prompt_tokens = t.prompt_tokens;
     sum.cached_tokens = t.cached_tokens;
     sum.generated_tokens = static_cast<int>(t.generated.size());

@@ -72,7 +72,7 @@ void Session::Feed(const int32_t* begin, const int32_t* end, size_t context) {
 
 void Session::Unfeed(int n) {
   if (n <= 0) return;
-  RECALL_CHECK(episodic == nullptr && resident()) << "Unfeed: no resident cache to give back";
+  RECALL_CHECK(resident()) << "Unfeed: no resident cache to give back";
   for (const auto& c : caches) c->DropNewest(n);
   for (const auto& e : evictors) e->FollowDrop();
   tokens.resize(tokens.size() - std::min(tokens.size(), static_cast<size_t>(n)));

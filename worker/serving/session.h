@@ -100,7 +100,6 @@ struct Session {
   // cache settings.
   runtime::Positions positions = runtime::Positions::kOriginal;
   bool prefill_compressed = false;  // a compresses_prefill() policy ran once
-  bool reusable = true;             // the cache can be continued (see above)
   bool busy = false;                // a turn is running or waiting
   int64_t message_bytes = 0;        // role and content bytes of `messages`
   int64_t last_used = 0;            // scheduler step of the last activity (LRU)
@@ -124,8 +123,9 @@ struct Session {
   // 2 * `context` of them (trimmed when it holds three times that).
   void Feed(const int32_t* begin, const int32_t* end, size_t context);
   // Takes the last n tokens fed back out of every rank's cache (SequenceCache::DropNewest),
-  // its evictor's state and the token copy. REQUIRES: a resident cache, not episodic, the n
-  // tokens fed one position after another.
+  // its evictor's state and the token copy (an episodic session's active cache: the parked
+  // episodes hold fewer tokens than were fed before this turn). REQUIRES: a resident cache,
+  // the n tokens fed one position after another.
   void Unfeed(int n);
   // Host bytes of the transcript and tokens kept (not counted in the KV figures).
   int64_t transcript_bytes() const;

@@ -51,8 +51,10 @@ class SchedulerEpisodesTest : public recall::testing::Stories260KTest {
     return metrics_->GetCounter(name, "", labels)->value();
   }
 
-  Collected Run(const std::string& text, int history_length, CacheRequest cache = Cache()) {
+  Collected Run(const std::string& text, int history_length, CacheRequest cache = Cache(),
+                std::vector<std::string> stop = {}) {
     TurnRequest r;
+    r.stop = std::move(stop);
     r.session_id = "epi";
     r.messages = {{"user", text}};
     r.history_length = history_length;
@@ -122,6 +124,34 @@ TEST_F(SchedulerEpisodesTest, EpisodesAreBuiltInTheBackgroundAndTurnsGoToTheirSt
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   EXPECT_EQ(sched_->Load().host_bytes_used, 0);
+}
+
+// Replies cut at a stop string give back their tokens in an episodic session too, before and
+// after its episodes are built and while turns switch between them: no turn is rebuilt.
+TEST_F(SchedulerEpisodesTest, RepliesCutAtAStopStringGoOnWithoutARebuild) {
+  const std::vector<std::string> stop = {"e "};
+  int cut = 0;
+  const auto run = [&](const std::string& text, int history) {
+    Collected c = Run(text, history, Cache(), stop);
+    EXPECT_TRUE(c.status.ok()) << c.status;
+    EXPECT_FALSE(c.summary.rebuilt) << text;
+    size_t said = 0;  // the reply's tokens after the first say more than its text: a cut
+    for (size_t k = 1; k < c.token_ids.size(); ++k) {
+      said += tok_->TokenBytes(c.token_ids[k - 1], c.token_ids[k]).size();
+    }
+    cut += said > c.summary.text.size();
+    return c;
+  };
+  for (int i = 0; i < 4; ++i) run(kStories[i], 2 * i);
+  sched_->WaitForEpisodeBuilds();
+  const Collected lily = run("Lily had a red ball.", 8);
+  ASSERT_EQ(lily.summary.episode_windows.size(), 2u) << "episodes installed";
+  run("Sue baked a cake with her dad.", 10);
+  run("The ball went into the pond.", 12);
+  run("Sue and her dad ate the cake.", 14);
+  EXPECT_GE(Counter("recall_worker_episode_switches_total"), 1);
+  EXPECT_GE(cut, 3) << "replies cut at the stop string, of 8";
+  EXPECT_EQ(Counter("recall_worker_rebuilds_total"), 0);
 }
 
 // An offloaded episodic session switching episode (another session's prompt took the pool)
