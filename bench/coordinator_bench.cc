@@ -224,7 +224,7 @@ options:
   --turns N               turns per session (default 3)
   --max-tokens N          tokens generated per turn (default 64)
   --long-turns N          turns of part 3's session (default 2000; 0 skips part 3)
-  --long-stop S           a stop string for part 3's turns (e.g. "e ": most replies are cut
+  --long-stop S           a stop string for part 3's turns (e.g. "e ": replies are cut
                           at it, and the worker gives back the tokens after the cut)
   -h, --help              print this and exit
 

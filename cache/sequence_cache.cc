@@ -195,6 +195,13 @@ void SequenceCache::DropNewest(int n) {
   TrimBlocks();
 }
 
+void SequenceCache::RaiseNextPosition(int32_t position) {
+  RECALL_CHECK(position >= next_position_)
+      << "RaiseNextPosition(" << position << ") below " << next_position_;
+  shifted_ -= position - next_position_;
+  next_position_ = position;
+}
+
 void SequenceCache::MovePositions(const int32_t* to, int64_t stride, int32_t next_position) {
   RECALL_CHECK(next_position >= 0) << "negative position " << next_position;
   for (size_t lh = 0; lh < positions_.size(); ++lh) {

@@ -84,6 +84,10 @@ class SequenceCache {
   // the newest position kept). REQUIRES: not offloaded, 0 <= n <= sequence_length(), and the
   // n tokens were appended one position after another.
   void DropNewest(int n);
+  // Moves the next token's position up to `position` keeping sequence_length() (tensor-
+  // parallel ranks share one next position; after DropNewest each rank's may differ).
+  // REQUIRES: position >= next_position().
+  void RaiseNextPosition(int32_t position);
 
   // Keeps, for (layer, head), only the slots in `keep` (ascending), moving K, V and
   // positions together to the front. REQUIRES: keep is strictly ascending, within length.

@@ -16,9 +16,10 @@ namespace recall::serving {
 
 Scheduler::RankBlocks Scheduler::BlocksToAdmit(const Turn& t) const {
   const Session* s = t.session;
-  // The rest of the prompt (prefill does not evict) plus the first generated token, in every
-  // layer; an offloaded cache counts the blocks its restore takes.
-  int remaining = static_cast<int>(t.prompt.size() - t.fed) + 1;
+  // The rest of the prompt (prefill does not evict; a replay's give-backs do, after their
+  // tokens were held) plus the first generated token, in every layer; an offloaded cache
+  // counts the blocks its restore takes.
+  int remaining = t.PromptToHold() + 1;
   // A compact session's cache never holds more than the context (PlanFeed).
   if (s->positions == runtime::Positions::kCompact) {
     remaining = std::min(remaining, model_.config.max_seq_len);
@@ -45,7 +46,7 @@ absl::Status Scheduler::CheckPeakFits(const Turn& t) const {
     if (!spec.ok() || spec->evictor.has_value()) return absl::OkStatus();  // reported later
   }
   const int cached = s->cache() != nullptr ? s->max_length() : 0;
-  const int prompt = static_cast<int>(t.prompt.size() - t.fed);
+  const int prompt = t.PromptToHold();
   const int generate = std::max(0, t.req.max_tokens - t.n_resume);
   const int64_t tokens =
       std::min<int64_t>(int64_t{cached} + prompt + generate, model_.config.max_seq_len);

@@ -399,8 +399,13 @@ void Scheduler::FinishTurn(Turn& t, absl::Status status) {
   }
   Session* s = t.session;
   if (status.ok()) {
-    if (t.finish != TurnFinish::kStop || !t.stop_text.stopped()) {
+    // What the decoder held back: after a length or context end it can complete a stop
+    // string (a cut, like any other: the last token was not fed); after a stop token it does
+    // not cut (every token was fed, as a replay of the reply feeds them).
+    if (t.finish != TurnFinish::kStop) {
       t.stop_text.Append(t.decoder->Flush());
+    } else if (!t.stop_text.stopped()) {
+      t.stop_text.AppendUnchecked(t.decoder->Flush());
     }
     t.stream->PushText(t.stop_text.TakeAll());
     TurnSummary sum;

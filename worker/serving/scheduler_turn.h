@@ -2,6 +2,7 @@
 // commands other threads hand to the engine thread, and the metrics it updates.
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -62,11 +63,27 @@ struct Scheduler::Turn {
   // ReplayPlan::give_backs) and the next one due.
   std::vector<std::pair<size_t, size_t>> give_backs;
   size_t next_give_back = 0;
-  // Prompt tokens given back once fed: the prompt holds that many fewer after it.
+  // Prompt tokens still to be given back once fed (the cache holds that many fewer at the
+  // end of the prompt), and the most at once (what it holds in passing).
   size_t GivenBack() const {
     size_t n = 0;
-    for (const auto& [first, end] : give_backs) n += end - first;
+    for (size_t i = next_give_back; i < give_backs.size(); ++i) {
+      n += give_backs[i].second - give_backs[i].first;
+    }
     return n;
+  }
+  size_t LargestGiveBack() const {
+    size_t n = 0;
+    for (size_t i = next_give_back; i < give_backs.size(); ++i) {
+      n = std::max(n, give_backs[i].second - give_backs[i].first);
+    }
+    return n;
+  }
+  // The prompt tokens still to feed that the cache will hold (at least in passing).
+  int PromptToHold() const {
+    const int64_t left = static_cast<int64_t>(prompt.size() - fed);
+    const int64_t held = left - static_cast<int64_t>(GivenBack() - LargestGiveBack());
+    return static_cast<int>(std::clamp<int64_t>(held, 0, left));
   }
   // Decodes generated token `id`, notes where its text ends and appends it to stop_text.
   // Returns whether a stop string occurred.

@@ -73,7 +73,12 @@ void Session::Feed(const int32_t* begin, const int32_t* end, size_t context) {
 void Session::Unfeed(int n) {
   if (n <= 0) return;
   RECALL_CHECK(resident()) << "Unfeed: no resident cache to give back";
-  for (const auto& c : caches) c->DropNewest(n);
+  int32_t next = 0;
+  for (const auto& c : caches) {
+    c->DropNewest(n);
+    next = std::max(next, c->next_position());
+  }
+  for (const auto& c : caches) c->RaiseNextPosition(next);  // the ranks agree on it
   for (const auto& e : evictors) e->FollowDrop();
   tokens.resize(tokens.size() - std::min(tokens.size(), static_cast<size_t>(n)));
   tokens_fed -= n;

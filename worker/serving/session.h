@@ -80,7 +80,7 @@ struct Session {
   std::vector<model::ChatMessage> messages;
   int64_t message_count = 0;
   uint64_t digest = kEmptyTranscriptDigest;
-  // The tokens fed to the cache, in order: the last ones, at least twice the model's context
+  // The tokens fed to the cache, in order: the last ones, about twice the model's context
   // length of them once there are that many (all of them for an episodic session), so that
   // a window of the context length is left after a reply's cut gives tokens back;
   // tokens_fed counts them all.

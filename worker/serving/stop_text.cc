@@ -24,6 +24,10 @@ bool StopText::Append(std::string_view piece) {
   return true;
 }
 
+void StopText::AppendUnchecked(std::string_view piece) {
+  if (!stopped_) text_.append(piece);
+}
+
 std::string StopText::TakeReady() {
   // Hold back the longest tail that is a proper prefix of some stop string.
   size_t hold = 0;

@@ -17,6 +17,9 @@ class StopText {
   // Appends a piece of output. Returns true once a stop string occurs: text() is then cut
   // before the earliest occurrence and further appends are ignored.
   bool Append(std::string_view piece);
+  // Appends a piece no stop string is looked for in (what the decoder flushes after a stop
+  // token ended the text: the text is not cut then). Ignored once stopped.
+  void AppendUnchecked(std::string_view piece);
   bool stopped() const { return stopped_; }
 
   // The text that is safe to stream now and was not taken before.

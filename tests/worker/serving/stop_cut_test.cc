@@ -6,14 +6,18 @@
 // context without one rebuild, in its bound; a resumed reply that had reached its stop string
 // ends there; TP ranks give the one-rank tokens.
 #include <algorithm>
+#include <numeric>
 #include <string>
 #include <vector>
 
+#include "cache/block_pool.h"
+#include "cache/sequence_cache.h"
 #include "gtest/gtest.h"
 #include "tests/common/compact_lazy.h"
 #include "tests/common/stories260k.h"
 #include "worker/runtime/engine.h"
 #include "worker/serving/scheduler.h"
+#include "worker/serving/session.h"
 #include "worker/serving/turn_collect.h"
 
 namespace recall::serving {
@@ -91,6 +95,40 @@ class StopCutTest : public recall::testing::Stories260KTest {
 };
 
 const auto& kLines = testing::kConversationLines;
+
+// Two tensor-parallel ranks (one KV head each) re-positioned while the reply's last tokens were
+// fed, each rank having evicted a different token: giving back the last two leaves them with
+// one next position, the larger (the ranks feed the next token at the same position).
+TEST(SessionUnfeedTest, TensorParallelRanksKeepOneNextPosition) {
+  auto pool = cache::BlockPool::Create({1, 1, 4, 4}, 16);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  Session s;
+  for (int r = 0; r < 2; ++r)
+    s.caches.push_back(std::make_unique<cache::SequenceCache>(pool->get()));
+  std::vector<int32_t> pos(8);
+  std::iota(pos.begin(), pos.end(), 0);
+  for (const auto& c : s.caches) {
+    ASSERT_TRUE(c->Reserve(8).ok());
+    c->CommitAppend(pos.data(), 8);
+  }
+  s.tokens.assign(8, 1);
+  s.tokens_fed = 8;
+  // Rank 0 evicted token 6, rank 1 token 2; both re-positioned to end before 8 (the longest).
+  s.caches[0]->Compact(0, 0, {0, 1, 2, 3, 4, 5, 7});
+  s.caches[1]->Compact(0, 0, {0, 1, 3, 4, 5, 6, 7});
+  for (const auto& c : s.caches) {
+    std::vector<int32_t> to = {1, 2, 3, 4, 5, 6, 7};
+    c->MovePositions(to.data(), 7, 8);
+  }
+  s.Unfeed(2);  // tokens 6 and 7
+  EXPECT_EQ(s.caches[0]->length(0, 0), 6);
+  EXPECT_EQ(s.caches[1]->length(0, 0), 5);
+  EXPECT_EQ(s.caches[0]->next_position(), 7) << "past rank 0's newest kept, at 6";
+  EXPECT_EQ(s.caches[1]->next_position(), 7);
+  EXPECT_EQ(s.caches[0]->sequence_length(), 6);
+  EXPECT_EQ(s.caches[1]->sequence_length(), 6);
+  EXPECT_EQ(s.tokens.size(), 6u);
+}
 
 // Cut where token j starts, by a stop string of tokens j and j + 1 (so token j was fed, and is
 // given back): the cache then holds what a session whose reply was ended by token j as a stop

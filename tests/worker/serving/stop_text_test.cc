@@ -41,6 +41,16 @@ TEST(StopTextTest, NoStopsStreamsEverything) {
   EXPECT_EQ(s.TakeReady(), "x");
 }
 
+// What a stop token's end flushes is not looked at: it cannot cut the text.
+TEST(StopTextTest, AnUncheckedPieceIsKeptWhole) {
+  StopText s({"ab"});
+  EXPECT_FALSE(s.Append("xa"));
+  s.AppendUnchecked("by");
+  EXPECT_FALSE(s.stopped());
+  EXPECT_EQ(s.text(), "xaby");
+  EXPECT_EQ(s.TakeAll(), "xaby");
+}
+
 // ends: text bytes through each token (-1: a character still incomplete after it).
 TEST(StopTextTest, TokensBeforeACutEndOnACharacterBoundaryAtOrBeforeIt) {
   const std::vector<int64_t> ends = {3, 5, -1, 9, 12};
