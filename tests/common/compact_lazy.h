@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "cache/eviction/eviction_policy.h"
 #include "gtest/gtest.h"
@@ -19,6 +20,23 @@ inline constexpr const char* kConversationLines[] = {
     "Tom went to the park with his red ball.", "What did Tom see near the big tree?",
     "Lily wanted to play with the ball too.",  "Why was the dog barking at the cat?",
     "Then the sun went down and it was late.", "Where did the bird fly after that?"};
+
+// An engine of `tp` ranks on `device` (two compute threads, 32 MiB of KV cache), appended to
+// `engines` (which must outlive its schedulers); null (with a test failure) on error.
+inline runtime::Engine* AddEngine(const model::Model& model,
+                                  std::vector<std::unique_ptr<runtime::Engine>>& engines,
+                                  int tp = 1, runtime::Device device = runtime::Device::kCpu) {
+  runtime::EngineOptions eo;
+  eo.tp = tp;
+  eo.device = device;
+  eo.threads = 2;
+  eo.kv_cache_bytes = int64_t{32} << 20;
+  auto engine = runtime::Engine::Create(model, eo);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  if (!engine.ok()) return nullptr;
+  engines.push_back(*std::move(engine));
+  return engines.back().get();
+}
 
 // A scheduler over `engine` (which must outlive it); null (with a test failure) on error.
 inline std::unique_ptr<serving::Scheduler> StartCompactLazy(runtime::Engine& engine,

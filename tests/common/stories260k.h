@@ -4,6 +4,8 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "tests/common/test_util.h"
@@ -30,5 +32,14 @@ class Stories260KTest : public ::testing::Test {
   std::unique_ptr<model::Model> model_;
   std::unique_ptr<model::Tokenizer> tok_;
 };
+
+// Whether a reply of `ids` whose text is `text` was cut at a stop string: its tokens after
+// the first (whose bytes depend on the prompt before it) already say more than its text.
+inline bool CutAtStopString(const model::Tokenizer& tok, const std::vector<int32_t>& ids,
+                            const std::string& text) {
+  size_t said = 0;
+  for (size_t k = 1; k < ids.size(); ++k) said += tok.TokenBytes(ids[k - 1], ids[k]).size();
+  return said > text.size();
+}
 
 }  // namespace recall::testing

@@ -27,15 +27,8 @@ class CudaServingTest : public recall::testing::Stories260KTest {
   }
 
   std::unique_ptr<Scheduler> Start(runtime::Device device, metrics::Registry* metrics) {
-    runtime::EngineOptions eo;
-    eo.device = device;
-    eo.threads = 2;
-    eo.kv_cache_bytes = int64_t{32} << 20;
-    auto engine = runtime::Engine::Create(*model_, eo);
-    EXPECT_TRUE(engine.ok()) << engine.status();
-    if (!engine.ok()) return nullptr;
-    engines_.push_back(*std::move(engine));
-    return testing::StartCompactLazy(*engines_.back(), *tok_, metrics);
+    runtime::Engine* e = testing::AddEngine(*model_, engines_, 1, device);
+    return e == nullptr ? nullptr : testing::StartCompactLazy(*e, *tok_, metrics);
   }
 
   static Collected Run(Scheduler& s, const std::string& text, int history) {

@@ -18,15 +18,8 @@ namespace {
 class EndlessTest : public recall::testing::Stories260KTest {
  protected:
   std::unique_ptr<Scheduler> Start(int tp = 1) {
-    runtime::EngineOptions eo;
-    eo.tp = tp;
-    eo.threads = 2;
-    eo.kv_cache_bytes = int64_t{32} << 20;
-    auto engine = runtime::Engine::Create(*model_, eo);
-    EXPECT_TRUE(engine.ok()) << engine.status();
-    if (!engine.ok()) return nullptr;
-    engines_.push_back(*std::move(engine));
-    return testing::StartCompactLazy(*engines_.back(), *tok_, &metrics_);
+    runtime::Engine* e = testing::AddEngine(*model_, engines_, tp);
+    return e == nullptr ? nullptr : testing::StartCompactLazy(*e, *tok_, &metrics_);
   }
 
   static TurnRequest Turn(const std::string& session, const std::string& text, int history,

@@ -138,12 +138,8 @@ TEST_F(ReplayTest, RepliesCutAtStopStringsAreReplayedWithTheTokensTheirTurnsGave
       EXPECT_EQ(replayed[i].summary.prompt_tokens, kept[i].summary.prompt_tokens)
           << policy << " turn " << i;
       EXPECT_FALSE(kept[i].summary.rebuilt) << policy << " turn " << i;
-      // A cut: the reply's text is shorter than its tokens' (TokenBytes of all but the first).
-      std::string tail_text;
-      for (size_t k = 1; k < kept[i].token_ids.size(); ++k) {
-        tail_text += tok_->TokenBytes(kept[i].token_ids[k - 1], kept[i].token_ids[k]);
-      }
-      cut += kept[i].summary.finish == TurnFinish::kStop && tail_text.size() > kept[i].text.size();
+      cut += kept[i].summary.finish == TurnFinish::kStop &&
+             testing::CutAtStopString(*tok_, kept[i].token_ids, kept[i].text);
     }
   }
   EXPECT_GE(cut, 12) << "replies cut at a stop string, of 24";

@@ -135,11 +135,7 @@ TEST_F(SchedulerEpisodesTest, RepliesCutAtAStopStringGoOnWithoutARebuild) {
     Collected c = Run(text, history, Cache(), stop);
     EXPECT_TRUE(c.status.ok()) << c.status;
     EXPECT_FALSE(c.summary.rebuilt) << text;
-    size_t said = 0;  // the reply's tokens after the first say more than its text: a cut
-    for (size_t k = 1; k < c.token_ids.size(); ++k) {
-      said += tok_->TokenBytes(c.token_ids[k - 1], c.token_ids[k]).size();
-    }
-    cut += said > c.summary.text.size();
+    cut += testing::CutAtStopString(*tok_, c.token_ids, c.summary.text);
     return c;
   };
   for (int i = 0; i < 4; ++i) run(kStories[i], 2 * i);

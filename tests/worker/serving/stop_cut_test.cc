@@ -25,17 +25,7 @@ namespace {
 
 class StopCutTest : public recall::testing::Stories260KTest {
  protected:
-  runtime::Engine* NewEngine(int tp = 1) {
-    runtime::EngineOptions eo;
-    eo.tp = tp;
-    eo.threads = 2;
-    eo.kv_cache_bytes = int64_t{32} << 20;
-    auto engine = runtime::Engine::Create(*model_, eo);
-    EXPECT_TRUE(engine.ok()) << engine.status();
-    if (!engine.ok()) return nullptr;
-    engines_.push_back(*std::move(engine));
-    return engines_.back().get();
-  }
+  runtime::Engine* NewEngine(int tp = 1) { return testing::AddEngine(*model_, engines_, tp); }
   // A scheduler whose sessions keep every token (no eviction).
   std::unique_ptr<Scheduler> StartFull(std::vector<int32_t> stop_tokens = {2}) {
     runtime::Engine* e = NewEngine();
@@ -81,11 +71,8 @@ class StopCutTest : public recall::testing::Stories260KTest {
     return c.text.size() - after;
   }
 
-  // Whether the reply was cut: its tokens after the first say more than its text.
   bool Cut(const Collected& c) const {
-    size_t said = 0;
-    for (const std::string& piece : Pieces(c.token_ids)) said += piece.size();
-    return said > c.summary.text.size();
+    return testing::CutAtStopString(*tok_, c.token_ids, c.summary.text);
   }
 
   double Rebuilds() { return metrics_.GetCounter("recall_worker_rebuilds_total", "")->value(); }
