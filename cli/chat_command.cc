@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "cli/sampling_flags.h"
@@ -54,7 +55,13 @@ absl::Status InFlagTerms(const absl::Status& st) {
   if (!absl::ConsumePrefix(&field, "sampling.") && !absl::ConsumePrefix(&field, "cache.")) {
     return st;
   }
-  if (field.find_first_of(".[") != absl::string_view::npos) return st;  // stop[0], ...: none
+  // "stop[2]": the third --stop.
+  int stop_index = 0;
+  if (absl::ConsumePrefix(&field, "stop[") && absl::ConsumeSuffix(&field, "]") &&
+      absl::SimpleAtoi(field, &stop_index)) {
+    return absl::Status(st.code(), absl::StrCat("--stop #", stop_index + 1, message.substr(colon)));
+  }
+  if (field.find_first_of(".[") != absl::string_view::npos) return st;
   std::string flag = field == "budget_tokens"     ? "budget"
                      : field == "budget_fraction" ? "budget-frac"
                                                   : std::string(field);
@@ -223,7 +230,8 @@ struct ChatOptions {
   std::string session;  // continue it instead of starting one
   std::string system;
   int max_tokens = 256;
-  SamplingFlags sampling;       // unset: the server's defaults
+  std::vector<std::string> stop;  // extra stop strings (the chat format's are implied)
+  SamplingFlags sampling;         // unset: the server's defaults
   serving::CacheRequest cache;  // a new session's cache settings
 };
 
@@ -242,6 +250,11 @@ const flags::FlagSet<ChatOptions>& ChatFlags() {
         .Int(
             "max-tokens", "N", "per reply (default 256)",
             [](auto& o) -> auto& { return o.max_tokens; }, 1, 1 << 20)
+        .List(
+            "stop", "TEXT",
+            "end a reply where TEXT appears, leaving it out (repeatable; the chat format's own "
+            "stops are implied)",
+            [](auto& o) -> auto& { return o.stop; })
         .Include(
             SamplingFlagSet(), [](auto& o) -> auto& { return o.sampling; })
         .Include(
@@ -305,6 +318,7 @@ absl::Status Chat(const ChatOptions& o) {
   RECALL_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(o.connect));
   v1::SamplingParams sampling;
   sampling.set_max_tokens(o.max_tokens);
+  for (const std::string& stop : o.stop) sampling.add_stop(stop);
   ApplySampling(o.sampling, &sampling);
   v1::CreateSessionRequest create;
   create.set_system_prompt(o.system);

@@ -98,6 +98,35 @@ TEST(ChatCliTest, SamplingFlagsReachTheServer) {
       << past.err;
 }
 
+// --stop ends the reply before its text: the reply is the one without it, cut there. An
+// empty one is refused naming the flag.
+TEST(ChatCliTest, StopFlagCutsTheReply) {
+  RECALL_REQUIRE_SHARED_FILE(kModel);
+  const std::string dir = testing::MakeTempDir("chat_cli_stop");
+  ServerProcess worker, coordinator;
+  std::string error;
+  const std::string address = testing::StartServe(dir, worker, coordinator, &error);
+  ASSERT_FALSE(address.empty()) << error;
+  const std::string input = "Once upon a time\n/quit\n";
+  const std::string head = "user: Once upon a time\nassistant: ";
+  ChatRun plain = RunChat(dir, address, input, "--max-tokens 24");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  ASSERT_EQ(plain.out.rfind(head, 0), 0u) << plain.out;
+  const std::string reply =
+      plain.out.substr(head.size(), plain.out.find('\n', head.size()) - head.size());
+  // Two characters from the reply's middle (greedy: the same reply comes again).
+  ASSERT_GE(reply.size(), 12u) << reply;
+  const std::string stop = reply.substr(reply.size() / 2, 2);
+  ASSERT_EQ(stop.find('\''), std::string::npos) << stop;
+  ChatRun cut = RunChat(dir, address, input, "--max-tokens 24 --stop '" + stop + "'");
+  ASSERT_EQ(cut.exit_code, 0) << cut.err;
+  EXPECT_EQ(cut.out, head + reply.substr(0, reply.find(stop)) + "\n") << "stop \"" << stop << '"';
+
+  ChatRun empty = RunChat(dir, address, input, "--stop x --stop ''");
+  EXPECT_EQ(empty.exit_code, 2) << empty.err;
+  EXPECT_NE(empty.err.find("--stop #2: must not be empty"), std::string::npos) << empty.err;
+}
+
 // /stats shows the last reply's memory: its KV bytes, the eviction policy's state among them
 // (lazy keeps ts and mri per slot), and the turn's peak.
 TEST(ChatCliTest, StatsShowTheKvBytesAndThePolicysState) {
