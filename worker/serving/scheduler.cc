@@ -292,33 +292,22 @@ absl::StatusOr<std::shared_ptr<TurnStream>> Scheduler::Submit(TurnRequest reques
   stops.insert(stops.end(), request.stop.begin(), request.stop.end());
   absl::MutexLock lock(&mu_);
   if (stop_) return absl::UnavailableError("the worker is shutting down");
-  if (aborting_sessions_.count(request.session_id) > 0) {
-    // The session's turn is being aborted: it ends at the engine's next command check.
-    struct Wait {
-      const Scheduler* s;
-      const std::string* id;
-    };
-    Wait w{this, &request.session_id};
-    mu_.AwaitWithTimeout(absl::Condition(
-                             +[](Wait* w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                               return w->s->stop_ || w->s->busy_sessions_.count(*w->id) == 0;
-                             },
-                             &w),
-                         kAbortWait);
-    if (stop_) return absl::UnavailableError("the worker is shutting down");
-  }
   if (!request.request_id.empty() && aborted_unseen_.erase(request.request_id) > 0) {
     aborted_unseen_order_.erase(
         std::find(aborted_unseen_order_.begin(), aborted_unseen_order_.end(), request.request_id));
     return absl::CancelledError(
         absl::StrCat("turn ", request.request_id, " was aborted before it arrived"));
   }
-  if (busy_sessions_.count(request.session_id) > 0) {
+  // The session's turn is being aborted: it ends at the engine's next command check, and this
+  // one waits for that beside the queue (Submit runs on a gRPC thread: it does not block).
+  const bool after_abort = aborting_sessions_.count(request.session_id) > 0 &&
+                           after_abort_.count(request.session_id) == 0;
+  if (busy_sessions_.count(request.session_id) > 0 && !after_abort) {
     return absl::FailedPreconditionError(
         absl::StrCat("session_id: session \"", request.session_id,
                      "\" already has a turn running; send the next turn when it ends"));
   }
-  if (static_cast<int>(incoming_.size()) + load_.queued_turns >=
+  if (static_cast<int>(incoming_.size() + after_abort_.size()) + load_.queued_turns >=
       options_.max_queued + options_.max_active) {
     metrics_->rejected->Increment();
     return absl::ResourceExhaustedError(
@@ -327,11 +316,16 @@ absl::StatusOr<std::shared_ptr<TurnStream>> Scheduler::Submit(TurnRequest reques
                      "); retry after ", options_.retry_after_ms, " ms"));
   }
   if (request.request_id.empty()) request.request_id = absl::StrCat("r", next_request_++);
-  busy_sessions_.insert(request.session_id);
   busy_requests_[request.request_id] = request.session_id;
+  const std::string session_id = request.session_id;
   auto turn = std::make_shared<Turn>(std::move(request), std::move(stops));
   std::shared_ptr<TurnStream> stream = turn->stream;
-  incoming_.push_back(std::move(turn));
+  if (after_abort) {
+    after_abort_[session_id] = std::move(turn);
+  } else {
+    busy_sessions_.insert(session_id);
+    incoming_.push_back(std::move(turn));
+  }
   return stream;
 }
 

@@ -146,12 +146,12 @@ class Scheduler {
   // Queues a turn. InvalidArgument for a bad request (see ValidateTurnRequest);
   // FailedPrecondition when the session already has a turn running or waiting, unless that
   // turn is being aborted (its client left: the coordinator may send the session's next turn
-  // before the abort reached the batch), which Submit waits for, up to kAbortWait;
+  // before the abort reached the batch): then this one is queued when the aborted one ends
+  // (one such turn per session; Submit does not wait, it runs on a gRPC callback thread);
   // ResourceExhausted (retryable, with a hint) when the waiting queue is full. Errors found
   // later (session not resident without history, a turn longer than the context, a turn
   // that can never fit the pool) end the stream with that status before any token.
   absl::StatusOr<std::shared_ptr<TurnStream>> Submit(TurnRequest request);
-  static constexpr absl::Duration kAbortWait = absl::Seconds(10);
 
   // Abort running or waiting turns; their streams end with Cancelled and their sessions'
   // caches are dropped (a partial reply is not part of the transcript). Returns how many.
@@ -292,6 +292,9 @@ class Scheduler {
   // for (its client left): a next turn of such a session waits for the abort (Submit).
   std::map<std::string, std::string> busy_requests_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> aborting_sessions_ ABSL_GUARDED_BY(mu_);
+  // Per aborting session, its next turn: queued (busy) when the aborted turn ends (FinishTurn);
+  // in busy_requests_ already, so an abort finds it.
+  std::map<std::string, std::shared_ptr<Turn>> after_abort_ ABSL_GUARDED_BY(mu_);
   // Aborted request ids that named no turn yet (AbortRequestAsync's remember_unseen), oldest
   // first, at most kRememberedAborts.
   std::set<std::string> aborted_unseen_ ABSL_GUARDED_BY(mu_);

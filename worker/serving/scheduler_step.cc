@@ -17,6 +17,7 @@ namespace recall::serving {
 
 void Scheduler::Loop() {
   while (true) {
+    bool stopping;
     {
       // Running or waiting turns always make progress (Admit admits or fails the first
       // waiting turn when nothing runs), so the thread sleeps only with neither.
@@ -26,19 +27,17 @@ void Scheduler::Loop() {
         return engine_busy || stop_ || !incoming_.empty() || !commands_.empty();
       };
       mu_.Await(absl::Condition(&has_work));
-      if (stop_) {
-        // Abort what is left, answer pending commands, then exit.
+      stopping = stop_;
+      if (stopping) {
+        // Abort what is left, answer pending commands, then exit. (A stop that comes later,
+        // while the commands are applied, is seen here next time: it used to end the thread
+        // without this abort, leaving turns and commands unanswered.)
         for (auto& t : incoming_) waiting_.push_back(std::move(t));
         incoming_.clear();
         commands_.push_back({Command::Kind::kAbortAll, ""});
       }
     }
     ApplyCommands();
-    bool stopping;
-    {
-      absl::MutexLock lock(&mu_);
-      stopping = stop_;
-    }
     if (stopping) return;
     Step();
   }
@@ -129,8 +128,26 @@ void Scheduler::ApplyCommands() {
       if (matches(*t)) hit.push_back(t);
     for (auto& t : waiting_)
       if (matches(*t)) hit.push_back(t);
+    std::vector<std::shared_ptr<Turn>> hit_after_abort;  // never queued: nothing to undo
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto it = after_abort_.begin(); it != after_abort_.end();) {
+        if (!matches(*it->second)) {
+          ++it;
+          continue;
+        }
+        busy_requests_.erase(it->second->req.request_id);
+        hit_after_abort.push_back(std::move(it->second));
+        it = after_abort_.erase(it);
+      }
+    }
     for (auto& t : hit) {
       FinishTurn(*t, absl::CancelledError(absl::StrCat("turn ", t->req.request_id, " aborted")));
+    }
+    for (auto& t : hit_after_abort) {
+      metrics_->cancelled->Increment();
+      t->stream->Finish(absl::CancelledError(absl::StrCat("turn ", t->req.request_id, " aborted")));
+      hit.push_back(std::move(t));  // counted
     }
     auto answer = [&c](absl::StatusOr<int64_t> result) {
       if (c.done) c.done(std::move(result));
@@ -390,13 +407,21 @@ void Scheduler::FinishTurn(Turn& t, absl::Status status) {
   };
   take(active_);
   if (keep == nullptr) take(waiting_);
+  std::shared_ptr<Turn> next;  // the session's turn that waited for this one's abort
   {
     // Before the stream ends, so a client may send the session's next turn at once.
     absl::MutexLock lock(&mu_);
     busy_sessions_.erase(t.req.session_id);
     busy_requests_.erase(t.req.request_id);
     aborting_sessions_.erase(t.req.session_id);
+    if (auto it = after_abort_.find(t.req.session_id); it != after_abort_.end()) {
+      next = std::move(it->second);
+      after_abort_.erase(it);
+      busy_sessions_.insert(t.req.session_id);
+    }
   }
+  // Waiting now, so a command applied after this one finds it (ApplyCommands).
+  if (next != nullptr) waiting_.push_back(std::move(next));
   Session* s = t.session;
   if (status.ok()) {
     // What the decoder held back: after a length or context end it can complete a stop

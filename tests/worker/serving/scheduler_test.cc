@@ -281,8 +281,8 @@ TEST_F(SchedulerTest, SecondTurnWhileOneRunsIsRefused) {
 }
 
 // A client that leaves and sends the session's next turn at once (a retry) finds the left
-// turn still in the batch until the engine applies its abort: Submit waits for that instead
-// of refusing, and the next turn runs.
+// turn still in the batch until the engine applies its abort: the next turn is taken instead
+// of refused (it waits for that abort), and runs.
 TEST_F(SchedulerTest, ANextTurnWaitsForTheAbortOfTheSessionsTurn) {
   Start(512);
   TurnRequest left = Turn("left", "Once upon a time", 200);
@@ -296,6 +296,97 @@ TEST_F(SchedulerTest, ANextTurnWaitsForTheAbortOfTheSessionsTurn) {
   EXPECT_TRUE(ended == absl::StatusCode::kCancelled || ended == absl::StatusCode::kOk) << ended;
   const Collected c = CollectTurn(**next);
   EXPECT_TRUE(c.status.ok()) << c.status;
+}
+
+// Holds the engine thread (in a command's answer, which runs there) until `release`: a
+// command posted meanwhile is not applied yet. Released when it leaves scope at the latest.
+class EngineHold {
+ public:
+  explicit EngineHold(Scheduler& s) : state_(std::make_shared<State>()) {
+    s.AbortRequestAsync("engine-hold", [state = state_](int) {
+      state->held.Notify();
+      state->release.WaitForNotification();
+    });
+    EXPECT_TRUE(state_->held.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  }
+  ~EngineHold() { Release(); }
+  void Release() {
+    if (!state_->release.HasBeenNotified()) state_->release.Notify();
+  }
+
+ private:
+  struct State {
+    absl::Notification held, release;
+  };
+  std::shared_ptr<State> state_;  // shared with the engine thread's callback
+};
+
+// The session's next turn comes while its left turn's abort is not applied yet (the engine
+// is held): Submit returns at once (it runs on a gRPC callback thread; it used to wait for
+// the abort, up to 10 s), the turn runs once the left one ended, and a third turn of the
+// session is refused meanwhile.
+TEST_F(SchedulerTest, ANextTurnAfterAnAbortIsTakenWithoutWaiting) {
+  Start(512);
+  TurnRequest left = Turn("left", "Once upon a time", 400);
+  left.request_id = "left-1";
+  auto first = sched_->Submit(std::move(left));
+  ASSERT_TRUE(first.ok());
+  TurnUpdate u;
+  ASSERT_TRUE((*first)->Next(absl::Seconds(30), &u));  // running
+  EngineHold hold(*sched_);
+  sched_->AbortRequestAsync("left-1");
+  const absl::Time start = absl::Now();
+  auto next = sched_->Submit(Turn("left", "Once upon a time", 5));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "Submit waited for the engine";
+  auto third = sched_->Submit(Turn("left", "Once upon a time", 5));
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kFailedPrecondition) << third.status();
+  hold.Release();
+  EXPECT_EQ(CollectTurn(**first).status.code(), absl::StatusCode::kCancelled);
+  const Collected c = CollectTurn(**next);
+  EXPECT_TRUE(c.status.ok()) << c.status;
+  EXPECT_EQ(c.summary.generated_tokens, 5);
+}
+
+// An abort of the session (or a drop, or the scheduler's end) also ends the turn that waits
+// for its running turn's abort: both end Cancelled and count.
+TEST_F(SchedulerTest, AnAbortOfTheSessionEndsTheTurnWaitingForIt) {
+  Start(512);
+  auto first = sched_->Submit(Turn("left", "Once upon a time", 400));
+  ASSERT_TRUE(first.ok());
+  TurnUpdate u;
+  ASSERT_TRUE((*first)->Next(absl::Seconds(30), &u));
+  EngineHold hold(*sched_);
+  absl::Notification answered;
+  int count = -1;
+  sched_->AbortSessionAsync("left", [&](int n) {
+    count = n;
+    answered.Notify();
+  });
+  auto next = sched_->Submit(Turn("left", "Once upon a time", 5));
+  ASSERT_TRUE(next.ok()) << next.status();
+  hold.Release();
+  EXPECT_EQ(CollectTurn(**first).status.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(CollectTurn(**next).status.code(), absl::StatusCode::kCancelled);
+  ASSERT_TRUE(answered.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(count, 2);
+  // Free again: a turn runs.
+  EXPECT_TRUE(Run(Turn("left", "Once upon a time", 5)).status.ok());
+
+  // The scheduler ending right after such an abort: the waiting turn's stream ends too.
+  auto busy = sched_->Submit(Turn("end", "Once upon a time", 400));
+  ASSERT_TRUE(busy.ok());
+  ASSERT_TRUE((*busy)->Next(absl::Seconds(30), &u));
+  std::shared_ptr<TurnStream> waiting;
+  {
+    EngineHold hold2(*sched_);
+    sched_->AbortSessionAsync("end");
+    auto w = sched_->Submit(Turn("end", "Once upon a time", 5));
+    ASSERT_TRUE(w.ok()) << w.status();
+    waiting = *w;
+  }
+  sched_.reset();
+  EXPECT_EQ(CollectTurn(*waiting).status.code(), absl::StatusCode::kCancelled);
 }
 
 // An abort of a turn submitted while the engine was in a step (still incoming, not yet
