@@ -65,7 +65,8 @@ class Llama2cTokenizer final : public Tokenizer {
 
   std::vector<int32_t> Encode(std::string_view text, bool add_bos,
                               bool parse_special) const override {
-    text = text.substr(0, text.find('\0'));  // C string semantics, as run.c
+    // run.c reads a C string, so a NUL ends its text; a served message's NUL is encoded (its
+    // byte fallback), not an end that drops the rest of the prompt unseen.
     std::vector<int32_t> ids;
     if (add_bos && bos_id() >= 0) ids.push_back(kBos);
     if (!parse_special || eos_id() < 0) {

@@ -115,6 +115,13 @@ TEST_F(HfTokenizerTest, SmolLm2VocabularyAndSpecialIds) {
   EXPECT_EQ(Get("llama3_style").bos_id(), 0);  // TemplateProcessing puts <|endoftext|> first
 }
 
+// A NUL byte is a byte (byte-level BPE), not the end of the text.
+TEST_F(HfTokenizerTest, ANulByteIsEncodedNotAnEnd) {
+  const Tokenizer& tok = Get("smollm2");
+  const std::string text("hi\0 there", 9);
+  EXPECT_EQ(tok.Decode(tok.Encode(text, false)), text);
+}
+
 TEST_F(HfTokenizerTest, IdsAndDecodesEqualTheReferenceGoldens) {
   const json golden = testing::ReadJsonFile(testing::TestdataPath("smollm2_goldens.json"));
   const std::vector<std::string> corpus = testing::LoadCorpus();

@@ -142,6 +142,22 @@ TEST_F(Llama2cTokenizerTest, Tok512LoadsWithItsSpecialIds) {
   EXPECT_EQ((*all)->vocab_size(), 512);
 }
 
+// A NUL byte is a byte like any other (its byte fallback), not the end of the text (run.c's
+// C string ended there, and a served prompt lost everything after it unseen).
+TEST_F(Llama2cTokenizerTest, ANulByteIsEncodedNotAnEnd) {
+  RECALL_REQUIRE_SHARED_FILE(kTok512);
+  auto tok = Load(kTok512, 512);
+  ASSERT_NE(tok, nullptr);
+  const std::vector<int32_t> ids = tok->Encode(std::string("hi\0 there", 9), false);
+  const std::vector<int32_t> before = tok->Encode("hi", false);
+  ASSERT_GT(ids.size(), before.size() + 1);
+  EXPECT_TRUE(std::equal(before.begin(), before.end(), ids.begin()));
+  EXPECT_EQ(ids[before.size()], *tok->PieceToId("<0x00>"));
+  // What follows the NUL is " there", encoded as it would be after any byte.
+  EXPECT_EQ(tok->Decode(std::vector<int32_t>(ids.begin() + before.size() + 1, ids.end())),
+            " there");
+}
+
 TEST_F(Llama2cTokenizerTest, Llama32kEncodesTheKnownPromptIds) {
   RECALL_REQUIRE_SHARED_FILE(kTok32k);
   auto tok = Load(kTok32k, 32000);

@@ -58,6 +58,13 @@ TEST_F(SentencePieceTokenizerTest, EncodeAndDecodeMatchTheLibraryOnTheCorpus) {
   }
 }
 
+// A NUL byte does not end the text: what follows it is encoded too (as the library does).
+TEST_F(SentencePieceTokenizerTest, ANulByteIsNotTheEndOfTheText) {
+  const std::string text("hi\0 there", 9);
+  EXPECT_EQ(tok_->Encode(text, true), Reference(text, true));
+  EXPECT_NE(tok_->Decode(tok_->Encode(text, false)).find("there"), std::string::npos);
+}
+
 TEST_F(SentencePieceTokenizerTest, StreamingAfterBosMatchesDecode) {
   for (const std::string& text : testing::LoadCorpus()) {
     const std::vector<int32_t> ids = tok_->Encode(text, true);
