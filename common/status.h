@@ -12,8 +12,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 
 #define RECALL_STATUS_CONCAT_INNER_(a, b) a##b
 #define RECALL_STATUS_CONCAT_(a, b) RECALL_STATUS_CONCAT_INNER_(a, b)
@@ -38,6 +40,18 @@ namespace recall {
 inline absl::Status Annotate(const absl::Status& status, absl::string_view context) {
   if (status.ok()) return status;
   return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
+}
+
+// A message that names field `from` first ("messages: ...") names `to` instead, keeping the
+// code: an edge whose request carries that text in a field of its own (a completion's
+// "prompt") passes on a worker's error in its caller's terms. Others are returned as they are.
+inline absl::Status RenameField(const absl::Status& status, absl::string_view from,
+                                absl::string_view to) {
+  absl::string_view message = status.message();
+  if (status.ok() || !absl::ConsumePrefix(&message, from) || !absl::StartsWith(message, ": ")) {
+    return status;
+  }
+  return absl::Status(status.code(), absl::StrCat(to, message));
 }
 
 }  // namespace recall

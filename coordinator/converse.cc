@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/status.h"
 #include "coordinator/chat_service.h"
 #include "coordinator/grpc_status.h"
 #include "coordinator/turn_ids.h"
@@ -110,6 +111,9 @@ class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::Conve
   }
 
   void OnTurnError(absl::Status status) override {
+    // The worker names the text it was sent "messages"; this call's is its message (Converse)
+    // or prompt (Generate).
+    status = RenameField(status, "messages", converse_ ? "message" : "prompt");
     if (!converse_) {
       End(ToGrpc(status));
       return;

@@ -699,6 +699,10 @@ absl::Status HttpApi::Conclude(Reply& reply, bool cancel) {
   }
   // The key's turn is stored as it ended: a request sent again now finds it.
   if (!reply.key.empty()) idempotency_.Release(reply.tenant, reply.key);
+  // The worker names the text it was sent "messages"; a completion's is its "prompt".
+  if (reply.writer.endpoint() == openai::Endpoint::kCompletion) {
+    st = RenameField(st, "messages", "prompt");
+  }
   reply.concluded_status = st;
   return st;
 }

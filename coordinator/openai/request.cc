@@ -185,8 +185,11 @@ absl::Status ParseSampling(const Json& o, const RequestLimits& limits, v1::Sampl
   }
   RECALL_ASSIGN_OR_RETURN(const std::optional<int64_t> top_k, Integer(o, "top_k"));
   if (top_k.has_value()) {
-    if (*top_k < 0 || *top_k > (1 << 30)) {
-      return Bad("top_k", absl::StrCat("must be in [0, 1073741824], got ", *top_k));
+    // The upper bound is the model's vocabulary, which the worker checks (and names).
+    if (*top_k < 0)
+      return Bad("top_k", absl::StrCat("must not be negative (0: off), got ", *top_k));
+    if (*top_k > (1 << 30)) {
+      return Bad("top_k", absl::StrCat("must be at most the vocabulary's size, got ", *top_k));
     }
     s->set_top_k(static_cast<int32_t>(*top_k));
   }

@@ -46,6 +46,7 @@ class ResponseWriter {
   ResponseWriter(Endpoint endpoint, std::string model, bool include_usage);
 
   const std::string& id() const { return id_; }
+  Endpoint endpoint() const { return endpoint_; }
   // The whole reply as one JSON body; `logprobs` null: "logprobs": null.
   std::string Body(const std::string& text, v1::FinishReason reason, const v1::Usage& usage,
                    const std::vector<v1::TokenLogprob>* logprobs = nullptr) const;

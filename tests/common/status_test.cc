@@ -42,5 +42,17 @@ TEST(StatusMacros, AnnotateKeepsCodeAndPrefixesMessage) {
   EXPECT_TRUE(Annotate(absl::OkStatus(), "x").ok());
 }
 
+TEST(StatusMacros, RenameFieldRenamesOnlyTheLeadingField) {
+  const absl::Status st =
+      RenameField(absl::InvalidArgumentError("messages: too long"), "messages", "prompt");
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message(), "prompt: too long");
+  for (const absl::Status& other :
+       {absl::InvalidArgumentError("messages[2].content: bad"),  // another field
+        absl::InvalidArgumentError("the messages: x"), absl::OkStatus()}) {
+    EXPECT_EQ(RenameField(other, "messages", "prompt"), other);
+  }
+}
+
 }  // namespace
 }  // namespace recall

@@ -484,6 +484,18 @@ TEST_F(CoordinatorTest, GenerateAnswersAPromptAndChecksItsModelAndCache) {
     EXPECT_EQ(st.error_message(), expected.second);
     EXPECT_EQ(none, "");
   }
+  // Past the context: the worker's refusal names the call's field, prompt (not "messages").
+  std::string none;
+  const grpc::Status past = generate(
+      [](v1::GenerateRequest* r) {
+        std::string words;  // 900 tokens (" a"), within the 2000-byte message limit
+        for (int i = 0; i < 900; ++i) words += "a ";
+        r->set_prompt(words);
+      },
+      &none);
+  EXPECT_EQ(past.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << past.error_message();
+  EXPECT_EQ(past.error_message().rfind("prompt: the transcript is ", 0), 0u)
+      << past.error_message();
 }
 
 TEST_F(CoordinatorTest, MalformedAndOutOfRangeRequestsAreInvalidArgumentNamingTheField) {

@@ -496,6 +496,26 @@ TEST_F(OpenAiHttpTest, ARefusedRequestLeavesNoNewSessionBehind) {
   EXPECT_EQ(SessionCount(), before + 1);
 }
 
+// A prompt past the context is refused naming the request's own field: a completion's
+// "prompt" (the worker's word, "messages", is the chat's field only).
+TEST_F(OpenAiHttpTest, APromptPastTheContextIsRefusedNamingItsField) {
+  const std::string too_long(3900, 'x');
+  const HttpReply chat =
+      Post("/v1/chat/completions", ChatBody({Message("user", too_long)}, 4, false));
+  ASSERT_EQ(chat.status, 400) << chat.body;
+  EXPECT_EQ(Json::parse(chat.body)["error"]["param"], "messages") << chat.body;
+  const HttpReply completion =
+      Post("/v1/completions", Json{{"prompt", too_long}, {"max_tokens", 4}}.dump());
+  ASSERT_EQ(completion.status, 400) << completion.body;
+  const Json error = Json::parse(completion.body)["error"];
+  EXPECT_EQ(error["param"], "prompt") << completion.body;
+  EXPECT_EQ(error["message"].get<std::string>().rfind("prompt: the transcript is ", 0), 0u)
+      << completion.body;
+  EXPECT_NE(error["message"].get<std::string>().find("its reply needs at least one more"),
+            std::string::npos)
+      << completion.body;
+}
+
 // Flags recall serve cannot run with end it with status 2 (a usage error) naming the flag,
 // also those its worker checks (it said "the worker did not start ... (status 512)", status
 // 1) and those checked once the worker runs; no worker is left behind.

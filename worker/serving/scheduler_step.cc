@@ -256,7 +256,8 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
         return absl::InvalidArgumentError(
             absl::StrCat("messages: the conversation needs ", context, " tokens of context (",
                          s->cache()->next_position(), " so far + ", tokens.size(),
-                         " new), the model's context length is ", config.max_seq_len,
+                         " new) and its reply at least one more; the model's context length is ",
+                         config.max_seq_len,
                          "; a session whose cache policy evicts goes on past it (start one)"));
       }
       if (!tokens.empty()) {
@@ -310,9 +311,11 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
   // any length, fed as it fits (PlanFeed); any other must fit the context.
   const bool compact = spec.ok() && spec->positions == runtime::Positions::kCompact;
   if (static_cast<int64_t>(kept) >= config.max_seq_len && !compact) {
-    return absl::InvalidArgumentError(absl::StrCat("messages: the transcript is ", kept,
-                                                   " tokens, the model's context length is ",
-                                                   config.max_seq_len));
+    return absl::InvalidArgumentError(
+        absl::StrCat("messages: the transcript is ", kept,
+                     " tokens and its reply needs at least one more; the model's context length "
+                     "is ",
+                     config.max_seq_len));
   }
   if (s != nullptr) memory_.Drop(*s);
   auto fresh = std::make_unique<Session>();

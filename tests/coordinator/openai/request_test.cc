@@ -158,7 +158,7 @@ INSTANTIATE_TEST_SUITE_P(
                 "", "nests arrays and objects deeper than 64 levels"},
         Refusal{Chat(R"("stream_options": {"include_usage": true})"), "stream_options",
                 "only allowed when stream is true"},
-        Refusal{Chat(R"("top_k": -1)"), "top_k", "must be in [0, 1073741824], got -1"},
+        Refusal{Chat(R"("top_k": -1)"), "top_k", "must not be negative (0: off), got -1"},
         Refusal{Chat(R"("repetition_penalty": 0)"), "repetition_penalty", "must be in (0, 100]"},
         Refusal{Chat(R"("logit_bias": [1])"), "logit_bias",
                 "must be an object of token ids to numbers, got array"},
