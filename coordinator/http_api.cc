@@ -426,9 +426,14 @@ absl::StatusOr<OpenTurn> HttpApi::BeginUnnamed(const std::string& tenant, const 
   for (const auto& [length, id] : candidates) {
     absl::StatusOr<OpenTurn> open = conversations_.Begin(
         tenant, id,
-        [&messages](const SessionRecord& rec) -> absl::StatusOr<TurnMessages> {
+        [&messages, length = length](const SessionRecord& rec) -> absl::StatusOr<TurnMessages> {
           TurnMessages m = MatchTranscript(rec.messages, messages);
-          if (m.keep != rec.message_count) {
+          // Past the list, the session may hold only turns that did not complete: a reply its
+          // client stopped, which sends its list again (or with the part it got, and a new
+          // message). Those are dropped, as a named session's diverging tail is; the worker's
+          // cache, which an aborted turn leaves as it was, goes on.
+          if (m.keep != rec.message_count && (rec.first_message != 0 || m.keep < length ||
+                                              !OnlyUnfinishedTurnsFrom(rec.messages, m.keep))) {
             return absl::AbortedError("the session went on: not this conversation");
           }
           return m;

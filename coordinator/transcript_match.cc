@@ -47,6 +47,17 @@ TurnMessages MatchTranscript(const std::vector<StoredMessage>& stored,
   return out;
 }
 
+bool OnlyUnfinishedTurnsFrom(const std::vector<StoredMessage>& messages, int from) {
+  for (size_t i = static_cast<size_t>(std::max(from, 0)); i < messages.size(); ++i) {
+    const StoredMessage& m = messages[i];
+    if (m.role == "assistant" && m.state != TurnState::kInterrupted &&
+        m.state != TurnState::kFailed) {
+      return false;
+    }
+  }
+  return true;
+}
+
 std::vector<StoredMessage> WithReplyTokens(std::vector<StoredMessage> request,
                                            const std::vector<StoredMessage>& stored) {
   for (size_t i = 0; i < request.size() && i < stored.size() && Same(stored[i], request[i]); ++i) {

@@ -43,6 +43,11 @@ namespace recall::coordinator {
 TurnMessages MatchTranscript(const std::vector<StoredMessage>& stored,
                              const std::vector<StoredMessage>& request);
 
+// Whether messages[from...] hold no complete reply (only user messages and replies
+// interrupted or failed): a session that went on from there only by turns that did not
+// complete.
+bool OnlyUnfinishedTurnsFrom(const std::vector<StoredMessage>& messages, int from);
+
 // `request` with the token ids and ends `stored` kept for the replies they share (the same
 // messages from the first on, complete): a new session made from the list replays those
 // replies as the model gave them. Tokenized anew, a reply's text can give other tokens, and

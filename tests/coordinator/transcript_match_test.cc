@@ -44,6 +44,22 @@ TEST(MatchTranscriptTest, ADivergingListKeepsTheCommonPrefix) {
   EXPECT_EQ(MatchTranscript(kStored, List({{"user", "Tell a story."}, {"user", "x"}})).keep, 0);
 }
 
+// A session whose tail past a list is a stopped turn (its reply interrupted or failed) did
+// not go on; one with a complete reply there did.
+TEST(MatchTranscriptTest, OnlyUnfinishedTurnsFromTellsAStoppedTurnFromOneThatWentOn) {
+  std::vector<StoredMessage> stored = kStored;
+  stored.push_back({"user", "More"});
+  stored.push_back({"assistant", " There"});
+  EXPECT_FALSE(OnlyUnfinishedTurnsFrom(stored, 3)) << "a complete reply";
+  EXPECT_TRUE(OnlyUnfinishedTurnsFrom(stored, 5)) << "nothing past the list";
+  for (TurnState state : {TurnState::kInterrupted, TurnState::kFailed}) {
+    stored.back().state = state;
+    EXPECT_TRUE(OnlyUnfinishedTurnsFrom(stored, 3)) << TurnStateName(state);
+  }
+  stored.back().state = TurnState::kInProgress;  // running: someone's turn, not dropped
+  EXPECT_FALSE(OnlyUnfinishedTurnsFrom(stored, 3));
+}
+
 TEST(MatchTranscriptTest, ARegeneratedReplyRebuildsFromTheMessageBeforeIt) {
   // The list the transcript already holds, up to the user message: ask for the reply again.
   const TurnMessages m =

@@ -715,6 +715,64 @@ TEST_F(OpenAiHttpCancelTest, AClientLeavingMidStreamCancelsTheWorkersTurn) {
   EXPECT_EQ(again.status, 200) << again.body;
 }
 
+// "Stop generating" in a client that names no session: the second reply is stopped (the
+// client hangs up mid-stream), and the list is sent again. It continues the same session,
+// whose worker kept the cache of the first turn (the aborted turn gave back what it fed):
+// the prompt's first turn is cached. It used to go to a new session (the stored interrupted
+// reply made the old one look "gone on"), and rebuild.
+TEST_F(OpenAiHttpCancelTest, AListSentAgainAfterAStoppedReplyContinuesItsSession) {
+  httplib::Client client("127.0.0.1", coordinator_.port("http"));
+  client.set_read_timeout(120, 0);
+  const HttpReply first = Send(client, "POST", "/v1/chat/completions",
+                               ChatBody({Message("user", "Once upon a time")}, 4, false), "");
+  ASSERT_EQ(first.status, 200) << first.body;
+  const std::string id = first.Header("X-Session-Id");
+  const Json one = Json::parse(first.body);
+  const std::vector<Json> list = {
+      Message("user", "Once upon a time"),
+      Message("assistant", one["choices"][0]["message"]["content"].get<std::string>()),
+      Message("user", "Tell me more")};
+  bool text = false;
+  const HttpReply stopped =
+      Send(client, "POST", "/v1/chat/completions", ChatBody(list, 200, true), "", {},
+           [&](const std::string& so_far) {
+             const size_t at = so_far.find("\"content\":\"", 60);
+             text = at != std::string::npos && so_far.find("\n\n", at) != std::string::npos;
+             return !text;  // hang up after the first text
+           });
+  ASSERT_EQ(stopped.status, 200);
+  ASSERT_TRUE(text) << stopped.body;
+  EXPECT_EQ(stopped.Header("X-Session-Id"), id);
+  // Once the coordinator stored the stopped reply (interrupted), the list comes again.
+  auto chat = v1::Chat::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(coordinator_.port("grpc")),
+                          grpc::InsecureChannelCredentials()));
+  v1::Session s;
+  for (int i = 0; i < 500; ++i) {
+    grpc::ClientContext ctx;
+    v1::GetSessionRequest req;
+    req.set_session_id(id);
+    ASSERT_TRUE(chat->GetSession(&ctx, req, &s).ok());
+    if (s.messages_size() == 4 && s.messages(3).state() != v1::TURN_STATE_IN_PROGRESS) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(s.messages_size(), 4);
+  ASSERT_EQ(s.messages(3).state(), v1::TURN_STATE_INTERRUPTED);
+  const HttpReply again =
+      Send(client, "POST", "/v1/chat/completions", ChatBody(list, 2, false), "");
+  ASSERT_EQ(again.status, 200) << again.body;
+  EXPECT_EQ(again.Header("X-Session-Id"), id) << "the same session";
+  const Json usage = Json::parse(again.body)["usage"];
+  EXPECT_GT(usage["prompt_tokens_details"]["cached_tokens"].get<int>(), 0) << usage.dump();
+  // The stopped reply gave way to this one.
+  grpc::ClientContext ctx;
+  v1::GetSessionRequest req;
+  req.set_session_id(id);
+  ASSERT_TRUE(chat->GetSession(&ctx, req, &s).ok());
+  ASSERT_EQ(s.messages_size(), 4);
+  EXPECT_EQ(s.messages(3).state(), v1::TURN_STATE_COMPLETE);
+}
+
 // A session deleted while its turn streams (the slow model): the turn ends NOT_FOUND saying
 // so; it said UNAVAILABLE, "retryable", and that the turn was kept, though nothing was.
 TEST_F(OpenAiHttpCancelTest, ASessionDeletedMidTurnEndsItNotFound) {

@@ -153,8 +153,9 @@ class Scheduler {
   // that can never fit the pool) end the stream with that status before any token.
   absl::StatusOr<std::shared_ptr<TurnStream>> Submit(TurnRequest request);
 
-  // Abort running or waiting turns; their streams end with Cancelled and their sessions'
-  // caches are dropped (a partial reply is not part of the transcript). Returns how many.
+  // Abort running or waiting turns; their streams end with Cancelled (a partial reply is not
+  // part of the transcript): a session that continued its cache without eviction gets back
+  // the cache it had before the turn (TakeBack), another's is dropped. Returns how many.
   int AbortRequest(const std::string& request_id);
   int AbortSession(const std::string& session_id);
   int AbortAll();
@@ -254,6 +255,11 @@ class Scheduler {
   // (Session::Unfeed) and keeps the text the cut left of them for the next turn (replay.h
   // plans the same).
   void CutAtStop(Turn& turn);
+  // After an aborted turn (its client left): gives back every token it fed, so the session's
+  // cache is exactly what it was before the turn, and returns true; false where that cannot
+  // be exact (a policy that evicts, episodes, a rebuild, a cache not resident): the caller
+  // drops the cache, and the next turn rebuilds it from the transcript.
+  bool TakeBack(Turn& turn);
   void EndTurn(Turn& turn);  // removes it from active_, frees the session's busy flag
 
   // Admission (scheduler_admit.cc); where session caches live is memory_'s (session_memory.h).

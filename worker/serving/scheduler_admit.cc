@@ -149,7 +149,10 @@ absl::Status Scheduler::EnsureResident(Turn& t) {
     RECALL_RETURN_IF_ERROR(memory_.Restore(s));
   }
   if (t.touched) return absl::OkStatus();  // resuming after preemption
-  s.pending.clear();                       // Prepare moved them into the prompt
+  t.fed_before = s.tokens_fed;
+  t.pending_before = std::move(s.pending);  // Prepare moved them into the prompt
+  t.reply_tail_before = std::move(s.reply_tail);
+  s.pending.clear();
   s.reply_tail.clear();
   cache::eviction::SessionEvictor* evictor = s.evictor();
   if (evictor != nullptr) {

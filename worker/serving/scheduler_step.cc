@@ -262,6 +262,7 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
       }
       if (!tokens.empty()) {
         t.session = s;
+        t.continues = true;
         t.prompt = std::move(tokens);
         t.cached_tokens = static_cast<int>(std::min<int64_t>(s->tokens_fed, INT32_MAX));
         t.prompt_tokens = static_cast<int>(context);
@@ -397,6 +398,20 @@ void Scheduler::CutAtStop(Turn& t) {
   s.reply_tail = t.stop_text.text().substr(cut.tail);
 }
 
+bool Scheduler::TakeBack(Turn& t) {
+  Session& s = *t.session;
+  // Without eviction the turn's tokens changed nothing before them: giving them back leaves
+  // the cache as it was (an evicting policy's steps evicted and scored; not undone).
+  if (!t.continues || !s.evictors.empty() || s.episodic != nullptr || !s.resident() ||
+      s.tokens_fed < t.fed_before) {
+    return false;
+  }
+  s.Unfeed(static_cast<int>(s.tokens_fed - t.fed_before));
+  s.pending = std::move(t.pending_before);
+  s.reply_tail = std::move(t.reply_tail_before);
+  return true;
+}
+
 void Scheduler::FinishTurn(Turn& t, absl::Status status) {
   std::shared_ptr<Turn> keep;  // t may be owned only by the container it is removed from
   auto take = [&](auto& list) {
@@ -478,8 +493,11 @@ void Scheduler::FinishTurn(Turn& t, absl::Status status) {
   } else {
     (absl::IsCancelled(status) ? metrics_->cancelled : metrics_->failed)->Increment();
     t.stream->Finish(status);
-    // A partly run turn leaves the cache out of step with the transcript: drop it.
-    if (t.touched && s != nullptr) memory_.Drop(*s);
+    // A partly run turn leaves the cache out of step with the transcript: an aborted one
+    // gives back what it fed where that is exact, else the cache is dropped.
+    if (t.touched && s != nullptr && !(absl::IsCancelled(status) && TakeBack(t))) {
+      memory_.Drop(*s);
+    }
   }
   if (Session* held = memory_.Find(t.req.session_id)) {
     held->busy = false;

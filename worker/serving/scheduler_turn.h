@@ -36,6 +36,12 @@ struct Scheduler::Turn {
   int cached_tokens = 0;
   int prompt_tokens = 0;
   bool rebuilt = false;
+  // Continues the session's cache (not a rebuild); at its first admission, what the session
+  // held before it (an aborted turn gives back what it fed: Scheduler::TakeBack).
+  bool continues = false;
+  int64_t fed_before = 0;
+  std::vector<int32_t> pending_before;
+  std::string reply_tail_before;
 
   // Running.
   bool touched = false;  // admitted at least once: the session's cache holds this turn

@@ -4,7 +4,7 @@
 // next reply, greedy, without eviction); a cut inside a token keeps that token's text before
 // the cut for the next turn; a compact lazy session cut at every turn goes on past the
 // context without one rebuild, in its bound; a resumed reply that had reached its stop string
-// ends there; TP ranks give the one-rank tokens.
+// ends there; TP ranks give the one-rank tokens. An aborted turn gives back all it fed.
 #include <algorithm>
 #include <numeric>
 #include <string>
@@ -172,6 +172,39 @@ TEST_F(StopCutTest, ACutAtATokenBoundaryLeavesWhatASessionStoppedThereHolds) {
 
 // Cut one byte into token j: j is given back and its first byte, which the reply keeps, is fed
 // at the next turn.
+// An aborted turn (its client left) gives back every token it fed, in its prefill or its
+// reply: the next turn continues the cache (no rebuild, the same cached tokens) and replies
+// as a session that never had the aborted turn does. The first turn ends by length, so its
+// last token is still to be fed (pending): the aborted turn fed it, and gives it back too.
+TEST_F(StopCutTest, AnAbortedTurnGivesBackWhatItFed) {
+  auto sched = StartFull();
+  ASSERT_NE(sched, nullptr);
+  ASSERT_TRUE(Run(*sched, Turn("ref", kLines[0], 0, {}, 8)).status.ok());
+  const Collected ref = Run(*sched, Turn("ref", kLines[2], 2));
+  ASSERT_TRUE(ref.status.ok()) << ref.status;
+
+  const Collected one = Run(*sched, Turn("s", kLines[0], 0, {}, 8));
+  ASSERT_TRUE(one.status.ok()) << one.status;
+  ASSERT_EQ(one.summary.finish, TurnFinish::kLength);
+  TurnRequest two = Turn("s", kLines[1], 2, {}, 400);
+  two.request_id = "two";
+  auto stream = sched->Submit(two);
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  TurnUpdate u;
+  ASSERT_TRUE((*stream)->Next(absl::Seconds(30), &u));  // replying
+  EXPECT_EQ(sched->AbortRequest("two"), 1);
+  EXPECT_EQ(CollectTurn(**stream).status.code(), absl::StatusCode::kCancelled);
+
+  const double rebuilds = Rebuilds();
+  const Collected three = Run(*sched, Turn("s", kLines[2], 2));
+  ASSERT_TRUE(three.status.ok()) << three.status;
+  EXPECT_EQ(Rebuilds(), rebuilds) << "continued from its cache";
+  EXPECT_FALSE(three.summary.rebuilt);
+  EXPECT_EQ(three.summary.cached_tokens, ref.summary.cached_tokens);
+  EXPECT_EQ(three.summary.prompt_tokens, ref.summary.prompt_tokens);
+  EXPECT_EQ(three.token_ids, ref.token_ids);
+}
+
 TEST_F(StopCutTest, ACutInsideATokenKeepsItsTextBeforeTheCutForTheNextTurn) {
   if (model_ == nullptr) return;
   std::unique_ptr<Scheduler> a = StartFull();
