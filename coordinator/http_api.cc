@@ -428,12 +428,13 @@ absl::StatusOr<OpenTurn> HttpApi::BeginUnnamed(const std::string& tenant, const 
         tenant, id,
         [&messages, length = length](const SessionRecord& rec) -> absl::StatusOr<TurnMessages> {
           TurnMessages m = MatchTranscript(rec.messages, messages);
-          // Past the list, the session may hold only turns that did not complete: a reply its
-          // client stopped, which sends its list again (or with the part it got, and a new
-          // message). Those are dropped, as a named session's diverging tail is; the worker's
-          // cache, which an aborted turn leaves as it was, goes on.
-          if (m.keep != rec.message_count && (rec.first_message != 0 || m.keep < length ||
-                                              !OnlyUnfinishedTurnsFrom(rec.messages, m.keep))) {
+          // Past the list, the session may hold only the turn its client stopped, which sends
+          // its list again (or with the part of the reply it got, and a new message). That
+          // turn is dropped, as a named session's diverging tail is; the worker's cache, which
+          // an aborted turn leaves as it was, goes on.
+          if (m.keep != rec.message_count &&
+              (rec.first_message != 0 || m.keep < length ||
+               !OnlyStoppedTurnsOfTheListFrom(rec.messages, messages, m.keep))) {
             return absl::AbortedError("the session went on: not this conversation");
           }
           return m;

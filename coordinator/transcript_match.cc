@@ -47,11 +47,14 @@ TurnMessages MatchTranscript(const std::vector<StoredMessage>& stored,
   return out;
 }
 
-bool OnlyUnfinishedTurnsFrom(const std::vector<StoredMessage>& messages, int from) {
-  for (size_t i = static_cast<size_t>(std::max(from, 0)); i < messages.size(); ++i) {
-    const StoredMessage& m = messages[i];
-    if (m.role == "assistant" && m.state != TurnState::kInterrupted &&
-        m.state != TurnState::kFailed) {
+bool OnlyStoppedTurnsOfTheListFrom(const std::vector<StoredMessage>& stored,
+                                   const std::vector<StoredMessage>& request, int from) {
+  for (size_t i = static_cast<size_t>(std::max(from, 0)); i < stored.size(); ++i) {
+    const StoredMessage& m = stored[i];
+    if (m.role == "assistant") {
+      if (m.state != TurnState::kInterrupted && m.state != TurnState::kFailed) return false;
+    } else if (i >= request.size() || request[i].role != m.role ||
+               request[i].content != m.content || !m.turn_id.empty()) {
       return false;
     }
   }

@@ -43,10 +43,13 @@ namespace recall::coordinator {
 TurnMessages MatchTranscript(const std::vector<StoredMessage>& stored,
                              const std::vector<StoredMessage>& request);
 
-// Whether messages[from...] hold no complete reply (only user messages and replies
-// interrupted or failed): a session that went on from there only by turns that did not
-// complete.
-bool OnlyUnfinishedTurnsFrom(const std::vector<StoredMessage>& messages, int from);
+// Whether stored[from...] is only `request`'s own stopped turn: no complete reply (replies
+// interrupted or failed only), and every other message there is the request's message at
+// the same place, without a turn id (a keyed turn stays resumable by its key). A session that
+// went on from there only by the turn its client stopped and now sends again; another
+// conversation that shares the session's opening does not take it over.
+bool OnlyStoppedTurnsOfTheListFrom(const std::vector<StoredMessage>& stored,
+                                   const std::vector<StoredMessage>& request, int from);
 
 // `request` with the token ids and ends `stored` kept for the replies they share (the same
 // messages from the first on, complete): a new session made from the list replays those

@@ -44,20 +44,34 @@ TEST(MatchTranscriptTest, ADivergingListKeepsTheCommonPrefix) {
   EXPECT_EQ(MatchTranscript(kStored, List({{"user", "Tell a story."}, {"user", "x"}})).keep, 0);
 }
 
-// A session whose tail past a list is a stopped turn (its reply interrupted or failed) did
-// not go on; one with a complete reply there did.
-TEST(MatchTranscriptTest, OnlyUnfinishedTurnsFromTellsAStoppedTurnFromOneThatWentOn) {
+// A session whose tail past a list is the list's own stopped turn (its reply interrupted or
+// failed) did not go on; one with a complete reply there, a running one, another user
+// message (another conversation with the same opening) or a keyed turn did.
+TEST(MatchTranscriptTest, OnlyStoppedTurnsOfTheListFromTellsAStoppedTurnFromOneThatWentOn) {
   std::vector<StoredMessage> stored = kStored;
   stored.push_back({"user", "More"});
   stored.push_back({"assistant", " There"});
-  EXPECT_FALSE(OnlyUnfinishedTurnsFrom(stored, 3)) << "a complete reply";
-  EXPECT_TRUE(OnlyUnfinishedTurnsFrom(stored, 5)) << "nothing past the list";
+  std::vector<StoredMessage> again = kStored;  // the list sent again
+  again.push_back({"user", "More"});
+  EXPECT_FALSE(OnlyStoppedTurnsOfTheListFrom(stored, again, 3)) << "a complete reply";
+  EXPECT_TRUE(OnlyStoppedTurnsOfTheListFrom(stored, again, 5)) << "nothing past the list";
   for (TurnState state : {TurnState::kInterrupted, TurnState::kFailed}) {
     stored.back().state = state;
-    EXPECT_TRUE(OnlyUnfinishedTurnsFrom(stored, 3)) << TurnStateName(state);
+    EXPECT_TRUE(OnlyStoppedTurnsOfTheListFrom(stored, again, 3)) << TurnStateName(state);
   }
+  // The part of the reply the client got, and a new message: only the stopped reply is past.
+  std::vector<StoredMessage> on = again;
+  on.push_back({"assistant", " Th"});
+  on.push_back({"user", "Go on"});
+  EXPECT_TRUE(OnlyStoppedTurnsOfTheListFrom(stored, on, 4));
+  std::vector<StoredMessage> other = kStored;
+  other.push_back({"user", "Something else"});
+  EXPECT_FALSE(OnlyStoppedTurnsOfTheListFrom(stored, other, 3)) << "another conversation";
+  stored[3].turn_id = "k1";
+  EXPECT_FALSE(OnlyStoppedTurnsOfTheListFrom(stored, again, 3)) << "resumable by its key";
+  stored[3].turn_id.clear();
   stored.back().state = TurnState::kInProgress;  // running: someone's turn, not dropped
-  EXPECT_FALSE(OnlyUnfinishedTurnsFrom(stored, 3));
+  EXPECT_FALSE(OnlyStoppedTurnsOfTheListFrom(stored, again, 3));
 }
 
 TEST(MatchTranscriptTest, ARegeneratedReplyRebuildsFromTheMessageBeforeIt) {

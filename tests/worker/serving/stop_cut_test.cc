@@ -170,8 +170,6 @@ TEST_F(StopCutTest, ACutAtATokenBoundaryLeavesWhatASessionStoppedThereHolds) {
   EXPECT_EQ(Rebuilds(), 0);
 }
 
-// Cut one byte into token j: j is given back and its first byte, which the reply keeps, is fed
-// at the next turn.
 // An aborted turn (its client left) gives back every token it fed, in its prefill or its
 // reply: the next turn continues the cache (no rebuild, the same cached tokens) and replies
 // as a session that never had the aborted turn does. The first turn ends by length, so its
@@ -205,6 +203,8 @@ TEST_F(StopCutTest, AnAbortedTurnGivesBackWhatItFed) {
   EXPECT_EQ(three.token_ids, ref.token_ids);
 }
 
+// Cut one byte into token j: j is given back and its first byte, which the reply keeps, is fed
+// at the next turn.
 TEST_F(StopCutTest, ACutInsideATokenKeepsItsTextBeforeTheCutForTheNextTurn) {
   if (model_ == nullptr) return;
   std::unique_ptr<Scheduler> a = StartFull();
