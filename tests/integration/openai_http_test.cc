@@ -771,6 +771,38 @@ TEST_F(OpenAiHttpCancelTest, AListSentAgainAfterAStoppedReplyContinuesItsSession
   ASSERT_TRUE(chat->GetSession(&ctx, req, &s).ok());
   ASSERT_EQ(s.messages_size(), 4);
   EXPECT_EQ(s.messages(3).state(), v1::TURN_STATE_COMPLETE);
+
+  // Stopped again; this time the client keeps the part it got and writes a new message (as
+  // chat UIs do): the same session, its cache going on from before the stopped turn.
+  std::vector<Json> list2 = list;
+  list2.push_back(Message("assistant", s.messages(3).content()));
+  list2.push_back(Message("user", "And then?"));
+  text = false;
+  const HttpReply stopped2 =
+      Send(client, "POST", "/v1/chat/completions", ChatBody(list2, 200, true), "", {},
+           [&](const std::string& so_far) {
+             const size_t at = so_far.find("\"content\":\"", 60);
+             text = at != std::string::npos && so_far.find("\n\n", at) != std::string::npos;
+             return !text;
+           });
+  ASSERT_TRUE(text) << stopped2.body;
+  for (int i = 0; i < 500; ++i) {
+    grpc::ClientContext c;
+    ASSERT_TRUE(chat->GetSession(&c, req, &s).ok());
+    if (s.messages_size() == 6 && s.messages(5).state() != v1::TURN_STATE_IN_PROGRESS) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(s.messages_size(), 6);
+  ASSERT_EQ(s.messages(5).state(), v1::TURN_STATE_INTERRUPTED);
+  list2.push_back(Message("assistant", " The part it got"));
+  list2.push_back(Message("user", "Go on"));
+  const HttpReply on = Send(client, "POST", "/v1/chat/completions", ChatBody(list2, 2, false), "");
+  ASSERT_EQ(on.status, 200) << on.body;
+  EXPECT_EQ(on.Header("X-Session-Id"), id) << "the same session";
+  const Json usage2 = Json::parse(on.body)["usage"];
+  EXPECT_GT(usage2["prompt_tokens_details"]["cached_tokens"].get<int>(),
+            usage["prompt_tokens_details"]["cached_tokens"].get<int>())
+      << usage2.dump();
 }
 
 // A session deleted while its turn streams (the slow model): the turn ends NOT_FOUND saying

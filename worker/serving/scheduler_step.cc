@@ -240,11 +240,24 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
   // The worker's copy of the transcript is usable when it has as many messages as the
   // request says came before, and they equal the request's history when one is sent (by
   // digest: the session keeps only its last messages).
-  const bool same_history = s != nullptr && s->message_count == r.history_length &&
-                            (r.history.empty() || TranscriptDigest(r.history) == s->digest);
+  bool same_history = s != nullptr && s->message_count == r.history_length &&
+                      (r.history.empty() || TranscriptDigest(r.history) == s->digest);
+  // Or the history is the worker's copy and some messages more, which the cache has not seen
+  // (a stopped turn's user message, sent again with the part of the reply the client got and
+  // a new message): they go first in the continuation.
+  std::vector<model::ChatMessage> caught_up;
+  if (!same_history && s != nullptr && s->cache() != nullptr && s->episodic == nullptr &&
+      static_cast<int>(r.history.size()) == r.history_length &&
+      r.history_length > s->message_count &&
+      TranscriptDigest({r.history.begin(), r.history.begin() + s->message_count}) == s->digest) {
+    same_history = true;
+    caught_up.assign(r.history.begin() + s->message_count, r.history.end());
+  }
   if (same_history && s->cache() != nullptr) {
+    std::vector<model::ChatMessage> added = caught_up;
+    added.insert(added.end(), r.messages.begin(), r.messages.end());
     RECALL_ASSIGN_OR_RETURN(std::optional<std::string> more_text,
-                            ContinuationText(options_.chat_format, s->messages, r.messages));
+                            ContinuationText(options_.chat_format, s->messages, added));
     if (more_text.has_value()) {
       std::vector<int32_t> tokens = s->pending;
       const std::vector<int32_t> more = tokenizer_.Encode(s->reply_tail + *more_text, false);
@@ -263,6 +276,7 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
       if (!tokens.empty()) {
         t.session = s;
         t.continues = true;
+        t.caught_up = std::move(caught_up);
         t.prompt = std::move(tokens);
         t.cached_tokens = static_cast<int>(std::min<int64_t>(s->tokens_fed, INT32_MAX));
         t.prompt_tokens = static_cast<int>(context);
@@ -458,7 +472,8 @@ void Scheduler::FinishTurn(Turn& t, absl::Status status) {
     // cache yet: it is fed first at the next turn. A stop token is not part of the text.
     const bool stop_token = t.finish == TurnFinish::kStop && !t.stop_text.stopped();
     if (!stop_token && !t.stop_text.stopped() && !t.generated.empty()) s->pending = {t.next};
-    std::vector<model::ChatMessage> added = t.req.messages;
+    std::vector<model::ChatMessage> added = t.caught_up;
+    added.insert(added.end(), t.req.messages.begin(), t.req.messages.end());
     added.push_back({"assistant", sum.text});
     s->AddMessages(added);
     if (t.stop_text.stopped()) CutAtStop(t);

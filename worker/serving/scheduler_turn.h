@@ -39,6 +39,9 @@ struct Scheduler::Turn {
   // Continues the session's cache (not a rebuild); at its first admission, what the session
   // held before it (an aborted turn gives back what it fed: Scheduler::TakeBack).
   bool continues = false;
+  // Messages of the request's history that the session's copy lacked, continued before the
+  // turn's own (PrepareContext); added to its transcript with them.
+  std::vector<model::ChatMessage> caught_up;
   int64_t fed_before = 0;
   std::vector<int32_t> pending_before;
   std::string reply_tail_before;

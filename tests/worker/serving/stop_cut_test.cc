@@ -203,6 +203,50 @@ TEST_F(StopCutTest, AnAbortedTurnGivesBackWhatItFed) {
   EXPECT_EQ(three.token_ids, ref.token_ids);
 }
 
+// After a stopped reply the client keeps the part it got and writes a new message (as chat
+// UIs do): the history then holds the stopped turn's user message, which the worker's copy
+// lacks. The cache (as before the stopped turn) goes on with that message, the part and the
+// new one, as a session sent the three in one turn does; it used to be rebuilt.
+TEST_F(StopCutTest, AStoppedTurnsMessageSentWithThePartOfItsReplyContinuesTheCache) {
+  auto sched = StartFull();
+  ASSERT_NE(sched, nullptr);
+  const model::ChatMessage part = {"assistant", " Once there"};
+  ASSERT_TRUE(Run(*sched, Turn("ref", kLines[0], 0, {}, 8)).status.ok());
+  TurnRequest three_at_once = Turn("ref", kLines[2], 2);
+  three_at_once.messages = {{"user", kLines[1]}, part, {"user", kLines[2]}};
+  const Collected ref = Run(*sched, three_at_once);
+  ASSERT_TRUE(ref.status.ok()) << ref.status;
+
+  const Collected one = Run(*sched, Turn("s", kLines[0], 0, {}, 8));
+  ASSERT_TRUE(one.status.ok()) << one.status;
+  TurnRequest two = Turn("s", kLines[1], 2, {}, 400);
+  two.request_id = "two";
+  auto stream = sched->Submit(two);
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  TurnUpdate u;
+  ASSERT_TRUE((*stream)->Next(absl::Seconds(30), &u));
+  EXPECT_EQ(sched->AbortRequest("two"), 1);
+  CollectTurn(**stream);
+
+  const double rebuilds = Rebuilds();
+  TurnRequest three = Turn("s", kLines[2], 3);
+  three.history = {{"user", kLines[0]}, {"assistant", one.summary.text}, {"user", kLines[1]}};
+  three.messages = {part, {"user", kLines[2]}};
+  const Collected c = Run(*sched, three);
+  ASSERT_TRUE(c.status.ok()) << c.status;
+  EXPECT_EQ(Rebuilds(), rebuilds) << "continued from its cache";
+  EXPECT_EQ(c.summary.cached_tokens, ref.summary.cached_tokens);
+  EXPECT_EQ(c.summary.prompt_tokens, ref.summary.prompt_tokens);
+  EXPECT_EQ(c.token_ids, ref.token_ids);
+  // Its transcript has the caught-up message: the next turn continues as the reference's.
+  const Collected ref4 = Run(*sched, Turn("ref", kLines[3], 6));
+  ASSERT_TRUE(ref4.status.ok()) << ref4.status;
+  const Collected four = Run(*sched, Turn("s", kLines[3], 6));
+  ASSERT_TRUE(four.status.ok()) << four.status;
+  EXPECT_EQ(Rebuilds(), rebuilds);
+  EXPECT_EQ(four.token_ids, ref4.token_ids);
+}
+
 // Cut one byte into token j: j is given back and its first byte, which the reply keeps, is fed
 // at the next turn.
 TEST_F(StopCutTest, ACutInsideATokenKeepsItsTextBeforeTheCutForTheNextTurn) {
