@@ -244,11 +244,15 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
                       (r.history.empty() || TranscriptDigest(r.history) == s->digest);
   // Or the history is the worker's copy and some messages more, which the cache has not seen
   // (a stopped turn's user message, sent again with the part of the reply the client got and
-  // a new message): they go first in the continuation.
+  // a new message): they go first in the continuation. Not replies: a reply the model gave
+  // elsewhere (this copy is stale) is replayed from its tokens by a rebuild, exactly, where
+  // its text could tokenize otherwise.
   std::vector<model::ChatMessage> caught_up;
   if (!same_history && s != nullptr && s->cache() != nullptr && s->episodic == nullptr &&
       static_cast<int>(r.history.size()) == r.history_length &&
       r.history_length > s->message_count &&
+      std::none_of(r.history.begin() + s->message_count, r.history.end(),
+                   [](const model::ChatMessage& m) { return m.role == "assistant"; }) &&
       TranscriptDigest({r.history.begin(), r.history.begin() + s->message_count}) == s->digest) {
     same_history = true;
     caught_up.assign(r.history.begin() + s->message_count, r.history.end());

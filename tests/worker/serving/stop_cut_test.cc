@@ -247,6 +247,25 @@ TEST_F(StopCutTest, AStoppedTurnsMessageSentWithThePartOfItsReplyContinuesTheCac
   EXPECT_EQ(four.token_ids, ref4.token_ids);
 }
 
+// A copy behind by a reply (the session went on on another worker) is rebuilt, replaying that
+// reply from its tokens, not continued with its text (which can tokenize otherwise).
+TEST_F(StopCutTest, ACopyBehindByAReplyIsRebuiltNotContinued) {
+  auto sched = StartFull();
+  ASSERT_NE(sched, nullptr);
+  const Collected one = Run(*sched, Turn("s", kLines[0], 0, {}, 8));
+  ASSERT_TRUE(one.status.ok()) << one.status;
+  const double rebuilds = Rebuilds();
+  TurnRequest three = Turn("s", kLines[2], 4);
+  three.history = {{"user", kLines[0]},
+                   {"assistant", one.summary.text},
+                   {"user", kLines[1]},
+                   {"assistant", " Once there"}};
+  const Collected c = Run(*sched, three);
+  ASSERT_TRUE(c.status.ok()) << c.status;
+  EXPECT_EQ(Rebuilds(), rebuilds + 1);
+  EXPECT_TRUE(c.summary.rebuilt);
+}
+
 // Cut one byte into token j: j is given back and its first byte, which the reply keeps, is fed
 // at the next turn.
 TEST_F(StopCutTest, ACutInsideATokenKeepsItsTextBeforeTheCutForTheNextTurn) {
