@@ -59,6 +59,9 @@ Scheduler::Metrics::Metrics(metrics::Registry* r) {
                                   "Tokens fed again to bring a routed episode up to date");
   rebuilds = r->GetCounter("recall_worker_rebuilds_total",
                            "Turns whose session cache was rebuilt from the transcript");
+  taken_back = r->GetCounter("recall_worker_taken_back_turns_total",
+                             "Aborted turns whose tokens were given back (the session's cache "
+                             "kept as before the turn)");
   compactions = r->GetCounter("recall_worker_compactions_total",
                               "Session caches re-positioned at the model's context length");
   ttft = r->GetHistogram("recall_worker_time_to_first_token_seconds",

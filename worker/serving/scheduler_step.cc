@@ -425,6 +425,7 @@ bool Scheduler::TakeBack(Turn& t) {
     return false;
   }
   s.Unfeed(static_cast<int>(s.tokens_fed - t.fed_before));
+  metrics_->taken_back->Increment();
   s.pending = std::move(t.pending_before);
   s.reply_tail = std::move(t.reply_tail_before);
   return true;

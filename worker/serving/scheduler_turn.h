@@ -168,6 +168,7 @@ struct Scheduler::Metrics {
   metrics::Counter* episode_switches;
   metrics::Counter* replayed_tokens;
   metrics::Counter* rebuilds;
+  metrics::Counter* taken_back;  // aborted turns given back (Scheduler::TakeBack)
   metrics::Counter* compactions;
   metrics::Histogram* ttft;
   metrics::Histogram* tpot;

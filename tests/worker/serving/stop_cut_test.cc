@@ -193,6 +193,7 @@ TEST_F(StopCutTest, AnAbortedTurnGivesBackWhatItFed) {
   EXPECT_EQ(sched->AbortRequest("two"), 1);
   EXPECT_EQ(CollectTurn(**stream).status.code(), absl::StatusCode::kCancelled);
 
+  EXPECT_EQ(metrics_.GetCounter("recall_worker_taken_back_turns_total", "")->value(), 1);
   const double rebuilds = Rebuilds();
   const Collected three = Run(*sched, Turn("s", kLines[2], 2));
   ASSERT_TRUE(three.status.ok()) << three.status;
