@@ -803,6 +803,41 @@ TEST_F(OpenAiHttpCancelTest, AListSentAgainAfterAStoppedReplyContinuesItsSession
   EXPECT_GT(usage2["prompt_tokens_details"]["cached_tokens"].get<int>(),
             usage["prompt_tokens_details"]["cached_tokens"].get<int>())
       << usage2.dump();
+
+  // A stopped request that brought several messages (an exchange the client wrote, then a
+  // question), sent again: still cached past the stopped turn (its first exchange is kept in
+  // the transcript, and the worker catches up on it).
+  std::vector<Json> list3 = list2;
+  list3.push_back(Message(
+      "assistant", Json::parse(on.body)["choices"][0]["message"]["content"].get<std::string>()));
+  list3.push_back(Message("user", "One more"));
+  list3.push_back(Message("assistant", "The dog ran."));
+  list3.push_back(Message("user", "Then?"));
+  text = false;
+  const HttpReply stopped3 =
+      Send(client, "POST", "/v1/chat/completions", ChatBody(list3, 200, true), "", {},
+           [&](const std::string& so_far) {
+             const size_t at = so_far.find("\"content\":\"", 60);
+             text = at != std::string::npos && so_far.find("\n\n", at) != std::string::npos;
+             return !text;
+           });
+  ASSERT_TRUE(text) << stopped3.body;
+  for (int i = 0; i < 500; ++i) {
+    grpc::ClientContext c;
+    ASSERT_TRUE(chat->GetSession(&c, req, &s).ok());
+    if (s.messages_size() == 12 && s.messages(11).state() != v1::TURN_STATE_IN_PROGRESS) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(s.messages_size(), 12);
+  ASSERT_EQ(s.messages(11).state(), v1::TURN_STATE_INTERRUPTED);
+  const HttpReply third =
+      Send(client, "POST", "/v1/chat/completions", ChatBody(list3, 2, false), "");
+  ASSERT_EQ(third.status, 200) << third.body;
+  EXPECT_EQ(third.Header("X-Session-Id"), id) << "the same session";
+  const Json usage3 = Json::parse(third.body)["usage"];
+  EXPECT_GT(usage3["prompt_tokens_details"]["cached_tokens"].get<int>(),
+            usage2["prompt_tokens_details"]["cached_tokens"].get<int>())
+      << usage3.dump();
 }
 
 // A session deleted while its turn streams (the slow model): the turn ends NOT_FOUND saying

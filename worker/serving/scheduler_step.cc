@@ -243,16 +243,24 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
   bool same_history = s != nullptr && s->message_count == r.history_length &&
                       (r.history.empty() || TranscriptDigest(r.history) == s->digest);
   // Or the history is the worker's copy and some messages more, which the cache has not seen
-  // (a stopped turn's user message, sent again with the part of the reply the client got and
-  // a new message): they go first in the continuation. Not replies: a reply the model gave
-  // elsewhere (this copy is stale) is replayed from its tokens by a rebuild, exactly, where
-  // its text could tokenize otherwise.
+  // (a stopped turn's messages: the user's, sent again with the part of the reply the client
+  // got and a new message): they go first in the continuation. Not a reply the model gave
+  // (one with its tokens: this copy is stale, the session went on elsewhere): a rebuild
+  // replays it from its tokens, exactly, where its text could tokenize otherwise.
+  const auto model_reply = [&r](size_t i) {
+    return r.history[i].role == "assistant" && i < r.history_replies.size() &&
+           r.history_replies[i].has_value();
+  };
   std::vector<model::ChatMessage> caught_up;
   if (!same_history && s != nullptr && s->cache() != nullptr && s->episodic == nullptr &&
       static_cast<int>(r.history.size()) == r.history_length &&
       r.history_length > s->message_count &&
-      std::none_of(r.history.begin() + s->message_count, r.history.end(),
-                   [](const model::ChatMessage& m) { return m.role == "assistant"; }) &&
+      [&] {
+        for (size_t i = static_cast<size_t>(s->message_count); i < r.history.size(); ++i) {
+          if (model_reply(i)) return false;
+        }
+        return true;
+      }() &&
       TranscriptDigest({r.history.begin(), r.history.begin() + s->message_count}) == s->digest) {
     same_history = true;
     caught_up.assign(r.history.begin() + s->message_count, r.history.end());

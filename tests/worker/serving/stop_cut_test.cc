@@ -7,6 +7,7 @@
 // ends there; TP ranks give the one-rank tokens. An aborted turn gives back all it fed.
 #include <algorithm>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "tests/common/compact_lazy.h"
 #include "tests/common/stories260k.h"
 #include "worker/runtime/engine.h"
+#include "worker/serving/replay.h"
 #include "worker/serving/scheduler.h"
 #include "worker/serving/session.h"
 #include "worker/serving/turn_collect.h"
@@ -261,10 +263,52 @@ TEST_F(StopCutTest, ACopyBehindByAReplyIsRebuiltNotContinued) {
                    {"assistant", one.summary.text},
                    {"user", kLines[1]},
                    {"assistant", " Once there"}};
+  // The replies the model gave come with their tokens (the coordinator keeps them).
+  three.history_replies = {std::nullopt, ReplyRecord{one.token_ids, one.summary.finish},
+                           std::nullopt, ReplyRecord{tok_->Encode(" Once there", false)}};
   const Collected c = Run(*sched, three);
   ASSERT_TRUE(c.status.ok()) << c.status;
   EXPECT_EQ(Rebuilds(), rebuilds + 1);
   EXPECT_TRUE(c.summary.rebuilt);
+}
+
+// A stopped turn that brought several messages (the part of an earlier stopped reply, then a
+// new message) keeps in the transcript those before its last user message (a complete
+// exchange, the reply the client's), which the worker's copy lacks after the abort: they are
+// caught up too, the cache going on as a session sent the three at once.
+TEST_F(StopCutTest, AStoppedTurnOfSeveralMessagesIsCaughtUpFromItsCache) {
+  auto sched = StartFull();
+  ASSERT_NE(sched, nullptr);
+  const model::ChatMessage part = {"assistant", " Once there"};
+  ASSERT_TRUE(Run(*sched, Turn("ref", kLines[0], 0, {}, 8)).status.ok());
+  TurnRequest three_at_once = Turn("ref", kLines[2], 2);
+  three_at_once.messages = {{"user", kLines[1]}, part, {"user", kLines[2]}};
+  const Collected ref = Run(*sched, three_at_once);
+  ASSERT_TRUE(ref.status.ok()) << ref.status;
+
+  const Collected one = Run(*sched, Turn("s", kLines[0], 0, {}, 8));
+  ASSERT_TRUE(one.status.ok()) << one.status;
+  TurnRequest stopped = three_at_once;
+  stopped.session_id = "s";
+  stopped.max_tokens = 400;
+  stopped.request_id = "stopped";
+  auto stream = sched->Submit(stopped);
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  TurnUpdate u;
+  ASSERT_TRUE((*stream)->Next(absl::Seconds(30), &u));
+  EXPECT_EQ(sched->AbortRequest("stopped"), 1);
+  CollectTurn(**stream);
+
+  const double rebuilds = Rebuilds();
+  TurnRequest again = Turn("s", kLines[2], 4);
+  again.history = {{"user", kLines[0]}, {"assistant", one.summary.text}, {"user", kLines[1]}, part};
+  again.history_replies = {std::nullopt, ReplyRecord{one.token_ids, one.summary.finish},
+                           std::nullopt, std::nullopt};
+  const Collected c = Run(*sched, again);
+  ASSERT_TRUE(c.status.ok()) << c.status;
+  EXPECT_EQ(Rebuilds(), rebuilds) << "continued from its cache";
+  EXPECT_EQ(c.summary.cached_tokens, ref.summary.cached_tokens);
+  EXPECT_EQ(c.token_ids, ref.token_ids);
 }
 
 // Cut one byte into token j: j is given back and its first byte, which the reply keeps, is fed
