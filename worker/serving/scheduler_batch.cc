@@ -462,8 +462,9 @@ void Scheduler::SampleNext(Turn& t, float* logits) {
   if (static_cast<int>(t.generated.size()) >= t.req.max_tokens) {
     t.finish = TurnFinish::kLength;
     t.done = true;
-  } else if (s.positions == runtime::Positions::kOriginal &&
-             s.cache()->next_position() >= model_.config.max_seq_len) {
+  } else if ((s.positions == runtime::Positions::kOriginal &&
+              s.cache()->next_position() >= model_.config.max_seq_len) ||
+             (s.ends_at_context() && s.max_length() >= model_.config.max_seq_len)) {
     t.finish = TurnFinish::kContext;
     t.done = true;
   }

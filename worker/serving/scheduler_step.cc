@@ -285,6 +285,19 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
                          config.max_seq_len,
                          "; a session whose cache policy evicts goes on past it (start one)"));
       }
+      // One whose policy evicts only at its first prompt cannot make room for them.
+      const int64_t held =
+          static_cast<int64_t>(s->max_length()) + static_cast<int64_t>(tokens.size());
+      if (s->ends_at_context() && held >= config.max_seq_len) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "messages: the session's cache holds ", s->max_length(), " tokens, and with the ",
+            tokens.size(),
+            " of this turn and its reply at least one more they exceed the "
+            "model's context length ",
+            config.max_seq_len, "; its cache policy (",
+            s->evictor() != nullptr ? "it evicts at the first prompt only" : "it does not evict",
+            ") does not go on past it (start a new session)"));
+      }
       if (!tokens.empty()) {
         t.session = s;
         t.continues = true;

@@ -95,6 +95,11 @@ int Session::max_length() const {
   return n;
 }
 
+bool Session::ends_at_context() const {
+  if (positions != runtime::Positions::kCompact || episodic != nullptr) return false;
+  return evictors.empty() || evictor()->policy().compresses_prefill();
+}
+
 int64_t Session::bytes_held() const {
   int64_t sum = 0;
   for (const auto& c : caches) sum += c->bytes_held();

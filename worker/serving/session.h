@@ -132,6 +132,10 @@ struct Session {
 
   // The longest (layer, KV head) row of any rank's cache.
   int max_length() const;
+  // Whether the cache cannot go past the model's context length although its positions are
+  // compact: its policy does not evict while tokens are fed (SnapKV evicts at the first
+  // prompt only). It ends there as a session that keeps its positions does.
+  bool ends_at_context() const;
 
   // Summed over the ranks. bytes_held: the caches' KV bytes (in the pools); state_bytes: the
   // eviction policies' per-slot state (SessionEvictor::state_bytes(), in host memory or the

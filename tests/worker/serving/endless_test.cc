@@ -138,6 +138,31 @@ TEST_F(EndlessTest, AnOriginalSessionStillEndsAtTheContext) {
   EXPECT_NE(last.message().find("tokens of context"), std::string::npos) << last;
 }
 
+// SnapKV evicts at the first prompt only: its compact session cannot go past the context
+// either. A reply that reaches it ends there (finish "context", as an original session's),
+// and the next turn is refused naming the limit; both failed mid-turn before
+// (FAILED_PRECONDITION, "does not evict enough"), which a piped chat took as fatal.
+TEST_F(EndlessTest, ASessionWhosePolicyEvictsAtThePromptOnlyEndsAtTheContext) {
+  if (model_ == nullptr) return;
+  std::unique_ptr<Scheduler> s = Start();
+  ASSERT_NE(s, nullptr);
+  Collected last;
+  int turn = 0;
+  bool context_end = false;
+  for (; turn < 40; ++turn) {
+    TurnRequest r = Turn("snap", kLines[turn % 6], 2 * turn, 200);
+    r.cache.policy = "snapkv";
+    r.cache.budget_tokens = 64;
+    last = Run(*s, r);
+    if (!last.status.ok()) break;
+    context_end = context_end || last.summary.finish == TurnFinish::kContext;
+  }
+  EXPECT_TRUE(context_end) << "a reply ended at the context";
+  EXPECT_EQ(last.status.code(), absl::StatusCode::kInvalidArgument) << last.status;
+  EXPECT_NE(last.status.message().find("start a new session"), std::string::npos) << last.status;
+  EXPECT_TRUE(last.token_ids.empty()) << "refused before any token";
+}
+
 TEST_F(EndlessTest, TensorParallelRanksGiveTheOneRankTokensPastTheContext) {
   if (model_ == nullptr) return;
   std::unique_ptr<Scheduler> one = Start(1);
