@@ -13,8 +13,13 @@ absl::StatusOr<std::optional<ReplayPlan>> PlanReplay(
     const std::vector<model::ChatMessage>& messages) {
   std::vector<model::ChatMessage> all = history;
   all.insert(all.end(), messages.begin(), messages.end());
+  // The model's replies (those with their record) end the turns; a reply the client wrote
+  // is one of a turn's messages, rendered as text with the others, as the turn fed it.
+  const auto model_reply = [&](size_t i) {
+    return history[i].role == "assistant" && i < replies.size() && replies[i].has_value();
+  };
   size_t first = 0;
-  while (first < history.size() && history[first].role != "assistant") ++first;
+  while (first < history.size() && !model_reply(first)) ++first;
   if (first == history.size()) return std::nullopt;
   ReplayPlan plan;
   // The first turn: the rendering up to its generation prompt.
@@ -69,7 +74,7 @@ absl::StatusOr<std::optional<ReplayPlan>> PlanReplay(
     // The next prompt: how the format closes this reply, then the messages up to the next
     // reply (or the end, this turn's messages included).
     size_t next = a + 1;
-    while (next < history.size() && history[next].role != "assistant") ++next;
+    while (next < history.size() && !model_reply(next)) ++next;
     const size_t upto = next < history.size() ? next : all.size();
     if (upto == a + 1) return std::nullopt;  // two replies in a row: no turn between them
     const std::vector<model::ChatMessage> before(all.begin(), all.begin() + a + 1);

@@ -41,11 +41,12 @@ struct ReplayPlan {
   std::vector<std::pair<size_t, size_t>> give_backs;
 };
 
-// The replay of `history` (with `replies[i]` for each assistant message i, nullopt where
-// unknown) followed by this turn's `messages`. nullopt when it cannot be exact: no reply
-// yet (then a prefill of the rendering is exactly what the first turn did), a reply without
-// its tokens, a reply whose tokens do not decode to its text (nor to it and more, after a
-// stop: a reply cut at a stop string), or a chat format that cannot continue.
+// The replay of `history` (with `replies[i]` for each reply the model gave, nullopt for an
+// assistant message the client wrote, which its turn fed as text with its other messages)
+// followed by this turn's `messages`. nullopt when it cannot be exact: no reply yet (then a
+// prefill of the rendering is exactly what the first turn did), a reply whose tokens do not
+// decode to its text (nor to it and more, after a stop: a reply cut at a stop string), or
+// a chat format that cannot continue.
 absl::StatusOr<std::optional<ReplayPlan>> PlanReplay(
     model::ChatFormat format, const model::Tokenizer& tokenizer,
     const std::vector<model::ChatMessage>& history,

@@ -121,6 +121,52 @@ TEST_F(ReplayTest, ARebuiltSessionRepliesAsIfItHadKeptItsCache) {
   }
 }
 
+// A turn that brought a reply the client wrote (an exchange before its question, as an
+// OpenAI client's list can): that reply has no record, and is replayed as the text of its
+// turn, as the turn fed it. It made the whole rebuild a prefill of the rendering, which
+// differs from the kept cache once a policy evicts.
+TEST_F(ReplayTest, AReplyTheClientWroteIsReplayedAsTheTextOfItsTurn) {
+  const std::vector<std::vector<model::ChatMessage>> turns = {
+      {{"user", kTurns[0]}},
+      {{"user", kTurns[1]}, {"assistant", " The cat sat on the mat."}, {"user", kTurns[2]}},
+      {{"user", kTurns[3]}}};
+  for (const std::string policy : {"full", "lazy", "h2o"}) {
+    const std::string id = "w-" + policy;
+    auto conversation = [&](bool drop) {
+      std::vector<Collected> replies;
+      std::vector<model::ChatMessage> history;
+      std::vector<std::optional<ReplyRecord>> records;
+      for (const std::vector<model::ChatMessage>& messages : turns) {
+        TurnRequest r = Turn(id, "", static_cast<int>(history.size()), policy);
+        r.messages = messages;
+        if (drop && !history.empty()) {
+          EXPECT_TRUE(sched_->DropSession(id).ok());
+          r.history = history;
+          r.history_replies = records;
+        }
+        Collected c = Run(r);
+        EXPECT_TRUE(c.status.ok()) << policy << ": " << c.status;
+        for (const model::ChatMessage& m : messages) {
+          history.push_back(m);
+          records.emplace_back();  // no record: the client's
+        }
+        history.push_back({"assistant", c.summary.text});
+        records.push_back(ReplyRecord{c.token_ids, c.summary.finish});
+        replies.push_back(std::move(c));
+      }
+      EXPECT_TRUE(sched_->DropSession(id).ok());
+      return replies;
+    };
+    const std::vector<Collected> kept = conversation(false);
+    const std::vector<Collected> replayed = conversation(true);
+    ASSERT_EQ(kept.size(), replayed.size());
+    for (size_t i = 1; i < kept.size(); ++i) {
+      EXPECT_TRUE(replayed[i].summary.rebuilt) << policy << " turn " << i;
+      EXPECT_EQ(replayed[i].token_ids, kept[i].token_ids) << policy << " turn " << i;
+    }
+  }
+}
+
 // Replies cut at stop strings, between tokens (". ") and inside one ("ed " in " played in"):
 // the kept cache gave back the tokens after each cut, and the replay gives them back alike.
 TEST_F(ReplayTest, RepliesCutAtStopStringsAreReplayedWithTheTokensTheirTurnsGaveBack) {

@@ -309,6 +309,22 @@ TEST_F(StopCutTest, AStoppedTurnOfSeveralMessagesIsCaughtUpFromItsCache) {
   EXPECT_EQ(Rebuilds(), rebuilds) << "continued from its cache";
   EXPECT_EQ(c.summary.cached_tokens, ref.summary.cached_tokens);
   EXPECT_EQ(c.token_ids, ref.token_ids);
+
+  // A rebuild of that transcript elsewhere (a failover) replays it to the same cache: the
+  // reply the client wrote is text of its turn, as the continuation fed it; the same next reply.
+  const Collected four = Run(*sched, Turn("s", kLines[3], 6));
+  ASSERT_TRUE(four.status.ok()) << four.status;
+  TurnRequest rebuild = Turn("elsewhere", kLines[3], 6);
+  rebuild.history = {{"user", kLines[0]}, {"assistant", one.summary.text},
+                     {"user", kLines[1]}, part,
+                     {"user", kLines[2]}, {"assistant", c.summary.text}};
+  rebuild.history_replies = {std::nullopt, ReplyRecord{one.token_ids, one.summary.finish},
+                             std::nullopt, std::nullopt,
+                             std::nullopt, ReplyRecord{c.token_ids, c.summary.finish}};
+  const Collected rebuilt = Run(*sched, rebuild);
+  ASSERT_TRUE(rebuilt.status.ok()) << rebuilt.status;
+  EXPECT_TRUE(rebuilt.summary.rebuilt);
+  EXPECT_EQ(rebuilt.token_ids, four.token_ids);
 }
 
 // Cut one byte into token j: j is given back and its first byte, which the reply keeps, is fed
