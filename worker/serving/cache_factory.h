@@ -61,6 +61,13 @@ struct SessionCacheSpec {
   std::string embedder;
   int block_tokens = 0;
   int recluster_turns = 0;
+
+  // Whether such a session ends at the model's context length: it keeps its positions, or its
+  // policy evicts at the first prompt only (SnapKV: SnapKvPolicy::compresses_prefill), so
+  // compact positions cannot make room (Session::ends_at_context, for a session made).
+  bool ends_at_context() const {
+    return positions == runtime::Positions::kOriginal || policy == "snapkv";
+  }
 };
 
 class CacheFactory {

@@ -278,13 +278,14 @@ absl::StatusOr<int> Scheduler::CheckSession(const CacheRequest& cache,
       const std::string text,
       model::RenderChat(options_.chat_format, {{"system", system_prompt}}, false));
   const int tokens = static_cast<int>(tokenizer_.Encode(text, true).size());
-  // A session that keeps its positions ends at the context length (one that compacts goes
-  // on past it): a system prompt that fills it leaves no turn.
-  if (spec.positions == runtime::Positions::kOriginal && tokens >= model_.config.max_seq_len) {
+  // A session that keeps its positions (or whose policy evicts at the first prompt only)
+  // ends at the context length (one that compacts goes on past it): a system prompt that
+  // fills it leaves no turn.
+  if (spec.ends_at_context() && tokens >= model_.config.max_seq_len) {
     return absl::InvalidArgumentError(
         absl::StrCat("system_prompt: ", tokens, " tokens; the model's context length is ",
                      model_.config.max_seq_len, " and a session of policy ", spec.policy,
-                     " ends there (a policy that evicts goes on past it)"));
+                     " ends there (a policy that evicts as tokens are fed goes on past it)"));
   }
   return tokens;
 }

@@ -347,10 +347,11 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
   // What the cache holds once the prompt is fed (a replay gives some back on the way, where
   // its turns did, which fitted then).
   const size_t kept = tokens.size() - t.GivenBack();
-  // A session whose cache re-positions at the context length is rebuilt from a transcript of
-  // any length, fed as it fits (PlanFeed); any other must fit the context.
+  // A session whose cache re-positions at the context length and evicts as it is fed is
+  // rebuilt from a transcript of any length, fed as it fits (PlanFeed); any other must fit
+  // the context.
   const bool compact = spec.ok() && spec->positions == runtime::Positions::kCompact;
-  if (static_cast<int64_t>(kept) >= config.max_seq_len && !compact) {
+  if (static_cast<int64_t>(kept) >= config.max_seq_len && (!spec.ok() || spec->ends_at_context())) {
     return absl::InvalidArgumentError(
         absl::StrCat("messages: the transcript is ", kept,
                      " tokens and its reply needs at least one more; the model's context length "

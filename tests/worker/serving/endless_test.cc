@@ -161,6 +161,16 @@ TEST_F(EndlessTest, ASessionWhosePolicyEvictsAtThePromptOnlyEndsAtTheContext) {
   EXPECT_EQ(last.status.code(), absl::StatusCode::kInvalidArgument) << last.status;
   EXPECT_NE(last.status.message().find("start a new session"), std::string::npos) << last.status;
   EXPECT_TRUE(last.token_ids.empty()) << "refused before any token";
+  // A first prompt past the context is refused by name too (its rebuild failed mid-prefill).
+  std::string words;
+  for (int i = 0; i < 700; ++i) words += "a ";
+  TurnRequest r = Turn("snap-long", words, 0);
+  r.cache.policy = "snapkv";
+  r.cache.budget_tokens = 64;
+  const Collected long_prompt = Run(*s, r);
+  EXPECT_EQ(long_prompt.status.code(), absl::StatusCode::kInvalidArgument) << long_prompt.status;
+  EXPECT_NE(long_prompt.status.message().find("context length"), std::string::npos)
+      << long_prompt.status;
 }
 
 TEST_F(EndlessTest, TensorParallelRanksGiveTheOneRankTokensPastTheContext) {
