@@ -694,18 +694,7 @@ TEST_F(OpenAiHttpCancelTest, AClientLeavingMidStreamCancelsTheWorkersTurn) {
   // The coordinator marks the turn interrupted once the runner reported the cancel (after the
   // worker let go of the turn: wait for it, bounded), keeping the part of the reply that was
   // sent; the session then takes its next turn.
-  auto chat = v1::Chat::NewStub(
-      grpc::CreateChannel("127.0.0.1:" + std::to_string(coordinator_.port("grpc")),
-                          grpc::InsecureChannelCredentials()));
-  v1::Session s;
-  for (int i = 0; i < 500; ++i) {
-    grpc::ClientContext ctx;
-    v1::GetSessionRequest req;
-    req.set_session_id(id);
-    ASSERT_TRUE(chat->GetSession(&ctx, req, &s).ok());
-    if (s.messages_size() == 2 && s.messages(1).state() != v1::TURN_STATE_IN_PROGRESS) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  const v1::Session s = WaitUntilStored(id, 2);
   ASSERT_EQ(s.messages_size(), 2) << "the user message and the partial reply";
   EXPECT_EQ(s.messages(1).state(), v1::TURN_STATE_INTERRUPTED);
   EXPECT_FALSE(s.messages(1).content().empty()) << "the text the client was sent is kept";
@@ -732,30 +721,11 @@ TEST_F(OpenAiHttpCancelTest, AListSentAgainAfterAStoppedReplyContinuesItsSession
       Message("user", "Once upon a time"),
       Message("assistant", one["choices"][0]["message"]["content"].get<std::string>()),
       Message("user", "Tell me more")};
-  bool text = false;
-  const HttpReply stopped =
-      Send(client, "POST", "/v1/chat/completions", ChatBody(list, 200, true), "", {},
-           [&](const std::string& so_far) {
-             const size_t at = so_far.find("\"content\":\"", 60);
-             text = at != std::string::npos && so_far.find("\n\n", at) != std::string::npos;
-             return !text;  // hang up after the first text
-           });
-  ASSERT_EQ(stopped.status, 200);
-  ASSERT_TRUE(text) << stopped.body;
+  const HttpReply stopped = HangUpAfterFirstText(client, ChatBody(list, 200, true));
+  ASSERT_FALSE(stopped.body.empty()) << "no text arrived";
   EXPECT_EQ(stopped.Header("X-Session-Id"), id);
   // Once the coordinator stored the stopped reply (interrupted), the list comes again.
-  auto chat = v1::Chat::NewStub(
-      grpc::CreateChannel("127.0.0.1:" + std::to_string(coordinator_.port("grpc")),
-                          grpc::InsecureChannelCredentials()));
-  v1::Session s;
-  for (int i = 0; i < 500; ++i) {
-    grpc::ClientContext ctx;
-    v1::GetSessionRequest req;
-    req.set_session_id(id);
-    ASSERT_TRUE(chat->GetSession(&ctx, req, &s).ok());
-    if (s.messages_size() == 4 && s.messages(3).state() != v1::TURN_STATE_IN_PROGRESS) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  v1::Session s = WaitUntilStored(id, 4);
   ASSERT_EQ(s.messages_size(), 4);
   ASSERT_EQ(s.messages(3).state(), v1::TURN_STATE_INTERRUPTED);
   const HttpReply again =
@@ -765,10 +735,7 @@ TEST_F(OpenAiHttpCancelTest, AListSentAgainAfterAStoppedReplyContinuesItsSession
   const Json usage = Json::parse(again.body)["usage"];
   EXPECT_GT(usage["prompt_tokens_details"]["cached_tokens"].get<int>(), 0) << usage.dump();
   // The stopped reply gave way to this one.
-  grpc::ClientContext ctx;
-  v1::GetSessionRequest req;
-  req.set_session_id(id);
-  ASSERT_TRUE(chat->GetSession(&ctx, req, &s).ok());
+  s = WaitUntilStored(id, 4);
   ASSERT_EQ(s.messages_size(), 4);
   EXPECT_EQ(s.messages(3).state(), v1::TURN_STATE_COMPLETE);
 
@@ -777,21 +744,9 @@ TEST_F(OpenAiHttpCancelTest, AListSentAgainAfterAStoppedReplyContinuesItsSession
   std::vector<Json> list2 = list;
   list2.push_back(Message("assistant", s.messages(3).content()));
   list2.push_back(Message("user", "And then?"));
-  text = false;
-  const HttpReply stopped2 =
-      Send(client, "POST", "/v1/chat/completions", ChatBody(list2, 200, true), "", {},
-           [&](const std::string& so_far) {
-             const size_t at = so_far.find("\"content\":\"", 60);
-             text = at != std::string::npos && so_far.find("\n\n", at) != std::string::npos;
-             return !text;
-           });
-  ASSERT_TRUE(text) << stopped2.body;
-  for (int i = 0; i < 500; ++i) {
-    grpc::ClientContext c;
-    ASSERT_TRUE(chat->GetSession(&c, req, &s).ok());
-    if (s.messages_size() == 6 && s.messages(5).state() != v1::TURN_STATE_IN_PROGRESS) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  const HttpReply stopped2 = HangUpAfterFirstText(client, ChatBody(list2, 200, true));
+  ASSERT_FALSE(stopped2.body.empty()) << "no text arrived";
+  s = WaitUntilStored(id, 6);
   ASSERT_EQ(s.messages_size(), 6);
   ASSERT_EQ(s.messages(5).state(), v1::TURN_STATE_INTERRUPTED);
   list2.push_back(Message("assistant", " The part it got"));
@@ -813,21 +768,9 @@ TEST_F(OpenAiHttpCancelTest, AListSentAgainAfterAStoppedReplyContinuesItsSession
   list3.push_back(Message("user", "One more"));
   list3.push_back(Message("assistant", "The dog ran."));
   list3.push_back(Message("user", "Then?"));
-  text = false;
-  const HttpReply stopped3 =
-      Send(client, "POST", "/v1/chat/completions", ChatBody(list3, 200, true), "", {},
-           [&](const std::string& so_far) {
-             const size_t at = so_far.find("\"content\":\"", 60);
-             text = at != std::string::npos && so_far.find("\n\n", at) != std::string::npos;
-             return !text;
-           });
-  ASSERT_TRUE(text) << stopped3.body;
-  for (int i = 0; i < 500; ++i) {
-    grpc::ClientContext c;
-    ASSERT_TRUE(chat->GetSession(&c, req, &s).ok());
-    if (s.messages_size() == 12 && s.messages(11).state() != v1::TURN_STATE_IN_PROGRESS) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  const HttpReply stopped3 = HangUpAfterFirstText(client, ChatBody(list3, 200, true));
+  ASSERT_FALSE(stopped3.body.empty()) << "no text arrived";
+  s = WaitUntilStored(id, 12);
   ASSERT_EQ(s.messages_size(), 12);
   ASSERT_EQ(s.messages(11).state(), v1::TURN_STATE_INTERRUPTED);
   const HttpReply third =

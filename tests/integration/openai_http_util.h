@@ -216,6 +216,42 @@ class OpenAiHttpCancelTest : public ::testing::Test {
         << error;
   }
 
+  // POSTs a streaming chat `body` and hangs up once the role chunk and one chunk of text have
+  // come whole (the client stopped the reply); the reply's body is empty when no text came.
+  static HttpReply HangUpAfterFirstText(httplib::Client& client, const std::string& body) {
+    bool text = false;
+    HttpReply r =
+        Send(client, "POST", "/v1/chat/completions", body, "", {}, [&](const std::string& so_far) {
+          const size_t at = so_far.find("\"content\":\"", 60);
+          text = at != std::string::npos && so_far.find("\n\n", at) != std::string::npos;
+          return !text;
+        });
+    if (!text) r.body.clear();
+    return r;
+  }
+
+  // Session `id` as GetSession gives it, once it holds `messages` messages and its last reply
+  // is not in progress (the coordinator stores a stopped turn once its worker let it go);
+  // as it is after 5 s otherwise.
+  v1::Session WaitUntilStored(const std::string& id, int messages) {
+    auto chat = v1::Chat::NewStub(
+        grpc::CreateChannel("127.0.0.1:" + std::to_string(coordinator_.port("grpc")),
+                            grpc::InsecureChannelCredentials()));
+    v1::Session s;
+    for (int i = 0; i < 500; ++i) {
+      grpc::ClientContext ctx;
+      v1::GetSessionRequest req;
+      req.set_session_id(id);
+      if (!chat->GetSession(&ctx, req, &s).ok()) s.Clear();
+      if (s.messages_size() == messages &&
+          s.messages(messages - 1).state() != v1::TURN_STATE_IN_PROGRESS) {
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return s;
+  }
+
   v1::LoadReport Load() {
     auto stub = v1::Worker::NewStub(grpc::CreateChannel(
         "127.0.0.1:" + std::to_string(worker_.port("grpc")), grpc::InsecureChannelCredentials()));

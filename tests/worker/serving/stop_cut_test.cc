@@ -59,6 +59,16 @@ class StopCutTest : public recall::testing::Stories260KTest {
     if (!stream.ok()) return Collected{.status = stream.status()};
     return CollectTurn(**stream);
   }
+  // Runs `r` (with a request id) until its first token, then aborts it (its client left):
+  // how it ended.
+  static Collected StopAfterFirstToken(Scheduler& s, const TurnRequest& r) {
+    auto stream = s.Submit(r);
+    if (!stream.ok()) return Collected{.status = stream.status()};
+    TurnUpdate u;
+    EXPECT_TRUE((*stream)->Next(absl::Seconds(30), &u));  // replying
+    EXPECT_EQ(s.AbortRequest(r.request_id), 1);
+    return CollectTurn(**stream);
+  }
 
   // The text of each token of a reply (the first one's after the prompt left out: empty).
   std::vector<std::string> Pieces(const std::vector<int32_t>& ids) const {
@@ -188,12 +198,7 @@ TEST_F(StopCutTest, AnAbortedTurnGivesBackWhatItFed) {
   ASSERT_EQ(one.summary.finish, TurnFinish::kLength);
   TurnRequest two = Turn("s", kLines[1], 2, {}, 400);
   two.request_id = "two";
-  auto stream = sched->Submit(two);
-  ASSERT_TRUE(stream.ok()) << stream.status();
-  TurnUpdate u;
-  ASSERT_TRUE((*stream)->Next(absl::Seconds(30), &u));  // replying
-  EXPECT_EQ(sched->AbortRequest("two"), 1);
-  EXPECT_EQ(CollectTurn(**stream).status.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(StopAfterFirstToken(*sched, two).status.code(), absl::StatusCode::kCancelled);
 
   EXPECT_EQ(metrics_.GetCounter("recall_worker_taken_back_turns_total", "")->value(), 1);
   const double rebuilds = Rebuilds();
@@ -224,12 +229,7 @@ TEST_F(StopCutTest, AStoppedTurnsMessageSentWithThePartOfItsReplyContinuesTheCac
   ASSERT_TRUE(one.status.ok()) << one.status;
   TurnRequest two = Turn("s", kLines[1], 2, {}, 400);
   two.request_id = "two";
-  auto stream = sched->Submit(two);
-  ASSERT_TRUE(stream.ok()) << stream.status();
-  TurnUpdate u;
-  ASSERT_TRUE((*stream)->Next(absl::Seconds(30), &u));
-  EXPECT_EQ(sched->AbortRequest("two"), 1);
-  CollectTurn(**stream);
+  EXPECT_EQ(StopAfterFirstToken(*sched, two).status.code(), absl::StatusCode::kCancelled);
 
   const double rebuilds = Rebuilds();
   TurnRequest three = Turn("s", kLines[2], 3);
@@ -292,12 +292,7 @@ TEST_F(StopCutTest, AStoppedTurnOfSeveralMessagesIsCaughtUpFromItsCache) {
   stopped.session_id = "s";
   stopped.max_tokens = 400;
   stopped.request_id = "stopped";
-  auto stream = sched->Submit(stopped);
-  ASSERT_TRUE(stream.ok()) << stream.status();
-  TurnUpdate u;
-  ASSERT_TRUE((*stream)->Next(absl::Seconds(30), &u));
-  EXPECT_EQ(sched->AbortRequest("stopped"), 1);
-  CollectTurn(**stream);
+  EXPECT_EQ(StopAfterFirstToken(*sched, stopped).status.code(), absl::StatusCode::kCancelled);
 
   const double rebuilds = Rebuilds();
   TurnRequest again = Turn("s", kLines[2], 4);
