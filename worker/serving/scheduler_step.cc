@@ -233,6 +233,38 @@ absl::Status Scheduler::PrepareEpisodes(Turn& t) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The messages of the request's history past the session's copy, when the history is that
+// copy and those messages more, none a reply the model gave: the cache has not seen them
+// (a stopped turn's messages: the user's, sent again with the part of the reply the client
+// got and a new message), and the continuation feeds them first. nullopt otherwise: a copy
+// behind by a reply the model gave (it has its tokens: the session went on elsewhere) is
+// rebuilt, which replays that reply from its tokens where its text could tokenize otherwise;
+// an episodic session's episodes hold its whole transcript.
+std::optional<std::vector<model::ChatMessage>> MessagesPastCopy(const Session& s,
+                                                                const TurnRequest& r) {
+  const size_t copy = static_cast<size_t>(s.message_count);
+  if (s.episodic != nullptr || static_cast<int>(r.history.size()) != r.history_length ||
+      r.history.size() <= copy) {
+    return std::nullopt;
+  }
+  for (size_t i = copy; i < r.history.size(); ++i) {
+    if (r.history[i].role == "assistant" && i < r.history_replies.size() &&
+        r.history_replies[i].has_value()) {
+      return std::nullopt;
+    }
+  }
+  if (TranscriptDigest(
+          {r.history.begin(), r.history.begin() + static_cast<std::ptrdiff_t>(copy)}) != s.digest) {
+    return std::nullopt;
+  }
+  return std::vector<model::ChatMessage>(r.history.begin() + static_cast<std::ptrdiff_t>(copy),
+                                         r.history.end());
+}
+
+}  // namespace
+
 absl::Status Scheduler::PrepareContext(Turn& t) {
   const TurnRequest& r = t.req;
   const model::ModelConfig& config = model_.config;
@@ -242,28 +274,12 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
   // digest: the session keeps only its last messages).
   bool same_history = s != nullptr && s->message_count == r.history_length &&
                       (r.history.empty() || TranscriptDigest(r.history) == s->digest);
-  // Or the history is the worker's copy and some messages more, which the cache has not seen
-  // (a stopped turn's messages: the user's, sent again with the part of the reply the client
-  // got and a new message): they go first in the continuation. Not a reply the model gave
-  // (one with its tokens: this copy is stale, the session went on elsewhere): a rebuild
-  // replays it from its tokens, exactly, where its text could tokenize otherwise.
-  const auto model_reply = [&r](size_t i) {
-    return r.history[i].role == "assistant" && i < r.history_replies.size() &&
-           r.history_replies[i].has_value();
-  };
+  // Or the history is the worker's copy and some messages more: they go first.
   std::vector<model::ChatMessage> caught_up;
-  if (!same_history && s != nullptr && s->cache() != nullptr && s->episodic == nullptr &&
-      static_cast<int>(r.history.size()) == r.history_length &&
-      r.history_length > s->message_count &&
-      [&] {
-        for (size_t i = static_cast<size_t>(s->message_count); i < r.history.size(); ++i) {
-          if (model_reply(i)) return false;
-        }
-        return true;
-      }() &&
-      TranscriptDigest({r.history.begin(), r.history.begin() + s->message_count}) == s->digest) {
-    same_history = true;
-    caught_up.assign(r.history.begin() + s->message_count, r.history.end());
+  if (!same_history && s != nullptr && s->cache() != nullptr) {
+    std::optional<std::vector<model::ChatMessage>> past = MessagesPastCopy(*s, r);
+    same_history = past.has_value();
+    if (same_history) caught_up = *std::move(past);
   }
   if (same_history && s->cache() != nullptr) {
     std::vector<model::ChatMessage> added = caught_up;
