@@ -518,6 +518,11 @@ bool Conversations::TakenBack(const absl::StatusOr<TurnResult>& outcome,
   return !outcome.ok() && refused && sent.token_ids.empty() && sent.content.empty();
 }
 
+void Conversations::Ending(const OpenTurn& turn) {
+  absl::MutexLock lock(&mu_);
+  if (running_.count(turn.key) > 0) finishing_.insert(turn.key);
+}
+
 bool Conversations::MarkRunning(const std::string& key) {
   struct Wait {
     const Conversations* c;

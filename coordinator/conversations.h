@@ -156,6 +156,10 @@ class Conversations {
   // session deleted when it was made for the turn (new_session).
   absl::Status Finish(const OpenTurn& turn, const absl::StatusOr<TurnResult>& outcome,
                       const StoredMessage& sent);
+  // `turn`'s client left: the turn ends as soon as its worker lets it go, and Finish stores
+  // it. A next turn of its session (the client stopped a reply and sent its list again) waits
+  // for that, as for an end being stored, instead of finding the session running.
+  void Ending(const OpenTurn& turn);
   // Whether Finish takes the turn back: refused (a bad request, a limit, a precondition)
   // before any of its reply was sent.
   static bool TakenBack(const absl::StatusOr<TurnResult>& outcome, const StoredMessage& sent);

@@ -656,7 +656,10 @@ bool HttpApi::Pump(Reply& reply, httplib::DataSink& sink) {
 absl::Status HttpApi::Conclude(Reply& reply, bool cancel) {
   if (reply.concluded) return reply.concluded_status;
   reply.concluded = true;
-  if (cancel) reply.turn->Cancel();
+  if (cancel) {
+    if (reply.open.has_value()) conversations_.Ending(*reply.open);
+    reply.turn->Cancel();
+  }
   while (!NextUpdate(reply).ended) {
   }
   {

@@ -176,6 +176,31 @@ TEST_F(ConversationsTest, AnInterruptedTurnKeepsWhatWasSentAndLeavesLaterPrompts
   EXPECT_EQ(*store_->InterruptInProgress(), 0) << "nothing left in progress";
 }
 
+// A turn whose client left (Ending: the HTTP client stopped the reply) is waited for by its
+// session's next turn, which then finds it stored (interrupted); before, the next turn found
+// the session running (a client naming no session got a new one).
+TEST_F(ConversationsTest, ATurnWhoseClientLeftIsWaitedForByTheNextTurn) {
+  auto turn = conversations_->Begin("t", id_, Plan(1, {{"user", "Hi"}}), {}, "http");
+  ASSERT_TRUE(turn.ok());
+  EXPECT_FALSE(conversations_->Begin("t", id_, Plan(3, {{"user", "Hi again"}}), {}, "http").ok())
+      << "running";
+  conversations_->Ending(*turn);
+  StoredMessage sent{"assistant", " Once upon"};
+  sent.token_ids = {11, 12};
+  std::thread worker_let_go([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EXPECT_TRUE(
+        conversations_->Finish(*turn, absl::CancelledError("the client went away"), sent).ok());
+  });
+  auto next = conversations_->Begin("t", id_, Plan(3, {{"user", "Hi again"}}), {}, "http");
+  worker_let_go.join();
+  ASSERT_TRUE(next.ok()) << next.status();
+  const std::vector<StoredMessage> t = Transcript();
+  ASSERT_EQ(t.size(), 5u) << "and the new turn's reply, in progress";
+  EXPECT_EQ(t[2].state, TurnState::kInterrupted);
+  EXPECT_EQ(t[3].content, "Hi again");
+}
+
 TEST_F(ConversationsTest, ATurnBegunFromTheRecentTurnsSendsWhatTheWholeTranscriptGives) {
   CoordinatorOptions options;
   options.max_turns = 100;
