@@ -59,6 +59,22 @@ class StopCutTest : public recall::testing::Stories260KTest {
     if (!stream.ok()) return Collected{.status = stream.status()};
     return CollectTurn(**stream);
   }
+  // A reply the client wrote, kept from a stopped reply.
+  static model::ChatMessage Part() { return {"assistant", " Once there"}; }
+  // After a first turn, the second line, Part() and the third line in one turn.
+  static TurnRequest ThreeAtOnce(const std::string& session) {
+    const auto& lines = testing::kConversationLines;
+    TurnRequest r = Turn(session, lines[2], 2);
+    r.messages = {{"user", lines[1]}, Part(), {"user", lines[2]}};
+    return r;
+  }
+  // The reference of the stopped sessions' caught-up turns: `session` given the first line
+  // (8 tokens), then ThreeAtOnce; that turn's reply (or the first error).
+  static Collected RunThreeAtOnce(Scheduler& s, const std::string& session) {
+    const Collected first = Run(s, Turn(session, testing::kConversationLines[0], 0, {}, 8));
+    if (!first.status.ok()) return first;
+    return Run(s, ThreeAtOnce(session));
+  }
   // Runs `r` (with a request id) until its first token, then aborts it (its client left):
   // how it ended.
   static Collected StopAfterFirstToken(Scheduler& s, const TurnRequest& r) {
@@ -218,11 +234,8 @@ TEST_F(StopCutTest, AnAbortedTurnGivesBackWhatItFed) {
 TEST_F(StopCutTest, AStoppedTurnsMessageSentWithThePartOfItsReplyContinuesTheCache) {
   auto sched = StartFull();
   ASSERT_NE(sched, nullptr);
-  const model::ChatMessage part = {"assistant", " Once there"};
-  ASSERT_TRUE(Run(*sched, Turn("ref", kLines[0], 0, {}, 8)).status.ok());
-  TurnRequest three_at_once = Turn("ref", kLines[2], 2);
-  three_at_once.messages = {{"user", kLines[1]}, part, {"user", kLines[2]}};
-  const Collected ref = Run(*sched, three_at_once);
+  const model::ChatMessage part = Part();
+  const Collected ref = RunThreeAtOnce(*sched, "ref");
   ASSERT_TRUE(ref.status.ok()) << ref.status;
 
   const Collected one = Run(*sched, Turn("s", kLines[0], 0, {}, 8));
@@ -279,17 +292,13 @@ TEST_F(StopCutTest, ACopyBehindByAReplyIsRebuiltNotContinued) {
 TEST_F(StopCutTest, AStoppedTurnOfSeveralMessagesIsCaughtUpFromItsCache) {
   auto sched = StartFull();
   ASSERT_NE(sched, nullptr);
-  const model::ChatMessage part = {"assistant", " Once there"};
-  ASSERT_TRUE(Run(*sched, Turn("ref", kLines[0], 0, {}, 8)).status.ok());
-  TurnRequest three_at_once = Turn("ref", kLines[2], 2);
-  three_at_once.messages = {{"user", kLines[1]}, part, {"user", kLines[2]}};
-  const Collected ref = Run(*sched, three_at_once);
+  const model::ChatMessage part = Part();
+  const Collected ref = RunThreeAtOnce(*sched, "ref");
   ASSERT_TRUE(ref.status.ok()) << ref.status;
 
   const Collected one = Run(*sched, Turn("s", kLines[0], 0, {}, 8));
   ASSERT_TRUE(one.status.ok()) << one.status;
-  TurnRequest stopped = three_at_once;
-  stopped.session_id = "s";
+  TurnRequest stopped = ThreeAtOnce("s");
   stopped.max_tokens = 400;
   stopped.request_id = "stopped";
   EXPECT_EQ(StopAfterFirstToken(*sched, stopped).status.code(), absl::StatusCode::kCancelled);
