@@ -25,6 +25,11 @@ v1::ChatMessage ToProto(const StoredMessage& m) {
   out.set_content(m.content);
   out.mutable_token_ids()->Add(m.token_ids.begin(), m.token_ids.end());
   if (m.finish != 0) out.set_finish_reason(static_cast<v1::FinishReason>(m.finish));
+  for (const TakenBackTurn& t : m.taken_back_after) {
+    v1::TakenBackTurn* p = out.add_taken_back_after();
+    p->mutable_token_ids()->Add(t.token_ids.begin(), t.token_ids.end());
+    p->set_prompt_tokens(t.prompt_tokens);
+  }
   return out;
 }
 
@@ -236,6 +241,10 @@ absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
           turn.replaced.assign(rec.messages.begin() + (m.keep - rec.first_message),
                                rec.messages.end());
           turn.spec.send_history = true;  // a worker's copy of that length may differ
+          for (const StoredMessage& r : turn.replaced) {
+            turn.earlier_attempts.insert(turn.earlier_attempts.end(), r.taken_back.begin(),
+                                         r.taken_back.end());
+          }
         }
         // The messages it replaces out, the turn's messages and its reply's place in: one
         // atomic write (a failure leaves the transcript as it was).
@@ -247,6 +256,7 @@ absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
         reply.lease_unix_ms = UnixMillis() + LeaseMs();
         reply.writer = instance_id_;
         reply.seed = seeded.seed();
+        reply.taken_back = turn.earlier_attempts;
         RECALL_RETURN_IF_ERROR(
             store_.ReplaceTail(tenant, session_id, m.keep, rec.message_count, write, instance_id_));
         BuildSpec(rec, m.keep, m.add, seeded, cache, turn);
@@ -292,6 +302,7 @@ absl::StatusOr<OpenTurn> Conversations::Resume(const std::string& tenant,
         RECALL_RETURN_IF_ERROR(store_.Replace(tenant, session_id, reply_index, partial));
         BuildSpec(rec, user, {rec.messages[static_cast<size_t>(user)]}, seeded, cache, turn);
         turn.resumed = partial;
+        turn.earlier_attempts = partial.taken_back;
         turn.spec.send_history = true;  // the worker's copy may hold the interrupted turn
         turn.spec.resume_tokens = partial.token_ids;
         turn.spec.resume_text = partial.content;
@@ -331,12 +342,17 @@ absl::Status Conversations::Finish(const OpenTurn& turn, const absl::StatusOr<Tu
     ended.lease_unix_ms = 0;
     ended.writer = turn.writer;                        // not over another coordinator's takeover
     ended.seed = turn.spec.request.sampling().seed();  // a resume takes the same draws
+    ended.taken_back = turn.earlier_attempts;
+    if (std::optional<TakenBackTurn> taken = TakenBackBy(outcome.status())) {
+      ended.taken_back.push_back(std::move(*taken));
+    }
     stored = store_.Replace(turn.tenant, turn.session_id, turn.reply_index, ended);
   } else {
     StoredMessage reply{"assistant", outcome->text};
     reply.token_ids = outcome->tokens;  // so a rebuild replays the reply exactly
     reply.finish = static_cast<int>(outcome->done.finish_reason());
     reply.seed = turn.spec.request.sampling().seed();
+    if (!outcome->done.rebuilt()) reply.taken_back = turn.earlier_attempts;
     reply.writer = turn.writer;  // not over another coordinator's takeover
     stored = store_.Replace(turn.tenant, turn.session_id, turn.reply_index, reply);
     if (stored.ok() && outcome->worker != turn.spec.bound) {

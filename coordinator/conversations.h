@@ -88,6 +88,11 @@ struct OpenTurn {
   std::vector<StoredMessage> replaced;
   // Resume: the reply as it was stored before (the part sent); its journal starts from it.
   std::optional<StoredMessage> resumed;
+  // The attempts that a worker took back since the last reply kept (those of a resumed reply,
+  // and of the stopped turns this one replaced): they stay with its reply
+  // (StoredMessage::taken_back) while the worker's cache went on after them, and go when the
+  // worker rebuilt the session for the turn (its cache no longer holds what they did).
+  std::vector<TakenBackTurn> earlier_attempts;
   TurnSpec spec;      // for a TurnRunner
   std::string key;    // tenant/session: the running mark and the episodes
   std::string writer;  // the reply in progress's StoredMessage::writer: this coordinator

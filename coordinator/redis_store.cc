@@ -1,7 +1,8 @@
 // SessionStore on Redis (several coordinator replicas sharing sessions). Layout:
 //   recall:s:<id>        hash: tenant, model, cache, metadata (JSON), created_ms, worker
 //   recall:m:<id>        list of messages, each a JSON object {"role", "content"} (a reply
-//                        also "token_ids", "finish" and "seed", a decimal string)
+//                        also "token_ids", "finish", "seed", a decimal string, and "tb",
+//                        its taken-back attempts: [{"p": prompt tokens, "t": ids}, ...])
 //   recall:t:<tenant>    sorted set of the tenant's session ids (score 0: ordered by id)
 //   recall:p:<id>        list of reply parts (AppendReply), each JSON {"i": message index,
 //                        "c": text, "t": token ids}, merged into their messages by Get and
@@ -165,6 +166,9 @@ std::string ToJson(const StoredMessage& message) {
   // As a string: the scripts that rewrite a message decode it with cjson, whose numbers are
   // doubles (53 bits).
   if (message.seed.has_value()) m["seed"] = std::to_string(*message.seed);
+  for (const TakenBackTurn& t : message.taken_back) {
+    m["tb"].push_back({{"p", t.prompt_tokens}, {"t", t.token_ids}});
+  }
   return m.dump();
 }
 
@@ -690,6 +694,18 @@ class RedisStore final : public SessionStore {
       if (m.contains("seed") && m["seed"].is_string() &&
           absl::SimpleAtoi(m["seed"].get<std::string>(), &seed)) {
         msg.seed = seed;
+      }
+      // (A script's cjson writes an empty list as {}: no ids.)
+      if (m.contains("tb") && m["tb"].is_array()) {
+        for (const nlohmann::json& t : m["tb"]) {
+          if (!t.is_object() || !t.contains("p") || !t["p"].is_number_integer()) continue;
+          TakenBackTurn& taken = msg.taken_back.emplace_back();
+          taken.prompt_tokens = t["p"].get<int>();
+          if (!t.contains("t") || !t["t"].is_array()) continue;
+          for (const nlohmann::json& id : t["t"]) {
+            if (id.is_number_integer()) taken.token_ids.push_back(id.get<int32_t>());
+          }
+        }
       }
     }
     // Replies written part by part (AppendReply): their parts after what the message holds.

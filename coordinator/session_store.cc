@@ -35,6 +35,13 @@ std::vector<StoredMessage> CompleteTurns(const std::vector<StoredMessage>& messa
     } else if (m.role != "assistant") {
       turn.push_back(m);
     } else {
+      // What the reply's turn took back ran after the last kept reply.
+      for (auto it = out.rbegin(); !m.taken_back.empty() && it != out.rend(); ++it) {
+        if (it->role != "assistant") continue;
+        it->taken_back_after.insert(it->taken_back_after.end(), m.taken_back.begin(),
+                                    m.taken_back.end());
+        break;
+      }
       if (m.state == TurnState::kComplete) {
         out.insert(out.end(), turn.begin(), turn.end());
         out.push_back(m);
@@ -48,16 +55,25 @@ std::vector<StoredMessage> CompleteTurns(const std::vector<StoredMessage>& messa
 
 namespace {
 constexpr int32_t kSeedMarker = -2;  // no finish reason is negative
+constexpr int32_t kTakenBackMarker = -3;
 }  // namespace
 
 std::string EncodeReply(const StoredMessage& m) {
-  if (m.token_ids.empty() && m.finish == 0 && !m.seed.has_value()) return "";
+  if (m.token_ids.empty() && m.finish == 0 && !m.seed.has_value() && m.taken_back.empty()) {
+    return "";
+  }
   std::string out;
   out.reserve(4 * (m.token_ids.size() + 4));
   auto put = [&out](int32_t v) {
     const uint32_t u = static_cast<uint32_t>(v);
     for (int b = 0; b < 4; ++b) out.push_back(static_cast<char>((u >> (8 * b)) & 0xFF));
   };
+  for (const TakenBackTurn& t : m.taken_back) {
+    put(kTakenBackMarker);
+    put(t.prompt_tokens);
+    put(static_cast<int32_t>(t.token_ids.size()));
+    for (int32_t id : t.token_ids) put(id);
+  }
   if (m.seed.has_value()) {
     put(kSeedMarker);
     put(static_cast<int32_t>(static_cast<uint32_t>(*m.seed & 0xFFFFFFFFu)));
@@ -72,6 +88,7 @@ void DecodeReply(const std::string& bytes, StoredMessage* m) {
   m->token_ids.clear();
   m->finish = 0;
   m->seed.reset();
+  m->taken_back.clear();
   if (bytes.size() < 4 || bytes.size() % 4 != 0) return;  // none (or unreadable: as text)
   auto get = [&bytes](size_t at) {
     uint32_t u = 0;
@@ -79,15 +96,27 @@ void DecodeReply(const std::string& bytes, StoredMessage* m) {
       u |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[at + b])) << (8 * b);
     return static_cast<int32_t>(u);
   };
-  size_t at = 0;
-  if (get(0) == kSeedMarker) {
-    if (bytes.size() < 16) return;  // unreadable
-    m->seed = static_cast<uint64_t>(static_cast<uint32_t>(get(4))) |
-              static_cast<uint64_t>(static_cast<uint32_t>(get(8))) << 32;
-    at = 12;
+  const size_t words = bytes.size() / 4;
+  size_t at = 0;  // in words
+  while (at < words && get(4 * at) == kTakenBackMarker) {
+    if (words - at < 3) return m->taken_back.clear();  // unreadable
+    const int32_t n = get(4 * (at + 2));
+    if (n < 0 || static_cast<size_t>(n) > words - at - 3) return m->taken_back.clear();
+    TakenBackTurn& t = m->taken_back.emplace_back();
+    t.prompt_tokens = get(4 * (at + 1));
+    for (size_t i = 0; i < static_cast<size_t>(n); ++i)
+      t.token_ids.push_back(get(4 * (at + 3 + i)));
+    at += 3 + static_cast<size_t>(n);
   }
-  m->finish = get(at);
-  for (at += 4; at < bytes.size(); at += 4) m->token_ids.push_back(get(at));
+  if (at < words && get(4 * at) == kSeedMarker) {
+    if (words - at < 4) return;  // unreadable
+    m->seed = static_cast<uint64_t>(static_cast<uint32_t>(get(4 * (at + 1)))) |
+              static_cast<uint64_t>(static_cast<uint32_t>(get(4 * (at + 2)))) << 32;
+    at += 3;
+  }
+  if (at >= words) return;
+  m->finish = get(4 * at);
+  for (++at; at < words; ++at) m->token_ids.push_back(get(4 * at));
 }
 
 namespace {

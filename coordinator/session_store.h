@@ -38,6 +38,13 @@ inline std::string QuotedId(const std::string& id) {
 enum class TurnState : int { kComplete = 0, kInProgress = 1, kInterrupted = 2, kFailed = 3 };
 const char* TurnStateName(TurnState state);
 
+// What an aborted attempt of a turn fed to a session that evicts, which its worker then gave
+// back (v1::TakenBackTurn, from the Abort's answer).
+struct TakenBackTurn {
+  std::vector<int32_t> token_ids;
+  int prompt_tokens = 0;
+};
+
 struct StoredMessage {
   std::string role;
   std::string content;
@@ -46,6 +53,12 @@ struct StoredMessage {
   // unknown (a reply stored before these were kept).
   std::vector<int32_t> token_ids;
   int finish = 0;
+  // An assistant reply: its turn's attempts that a worker aborted and took back, in order (a
+  // session that evicts keeps what they evicted; a rebuild does the same, replay.h).
+  std::vector<TakenBackTurn> taken_back;
+  // Set by CompleteTurns on a complete reply: the taken-back attempts of the turns after it
+  // (those it leaves out, and the one it keeps next), for the worker's history.
+  std::vector<TakenBackTurn> taken_back_after;
   TurnState state = TurnState::kComplete;  // an assistant reply's turn
   // An assistant reply: the sampling seed its turn ran with (the request's, or the one the
   // coordinator drew for it), so a resumed turn takes the same draws. Unset when unknown.
@@ -64,13 +77,16 @@ struct StoredMessage {
 
 // The messages of `messages[0, count)` that a prompt may contain: without the turns that
 // are not complete (a reply that is not, and the messages of its turn before it). Messages
-// after the last reply (a turn being asked) and system messages are kept.
+// after the last reply (a turn being asked) and system messages are kept. Each kept reply's
+// taken_back_after holds the taken-back attempts of the replies after it, up to the next kept
+// one (its own included): what ran after it, in order.
 std::vector<StoredMessage> CompleteTurns(const std::vector<StoredMessage>& messages, int count);
 
 // StoredMessage's reply fields as bytes (little-endian int32: finish, then the ids; with a
-// seed, first the marker -2 and the seed's low and high words), and back. (The state and
-// lease are columns / fields of their own.) Bytes without the marker (written before seeds
-// were kept) read as before, with no seed.
+// seed, first the marker -2 and the seed's low and high words; before that, per taken-back
+// attempt, the marker -3, its prompt tokens, its count of ids and the ids), and back. (The
+// state and lease are columns / fields of their own.) Bytes without the markers (written
+// before seeds or attempts were kept) read as before, with none.
 std::string EncodeReply(const StoredMessage& m);
 
 // The refusal of a turn while another coordinator sharing the store runs one on the session

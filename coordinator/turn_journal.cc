@@ -22,6 +22,7 @@ TurnJournal::TurnJournal(SessionStore& store, WorkPool& pool, LeaseKeeper& keepe
   sent_.state = TurnState::kInProgress;
   sent_.writer = turn.writer;  // the store refuses a write into another writer's reply
   sent_.seed = turn.spec.request.sampling().seed();  // so every write keeps it
+  sent_.taken_back = turn.earlier_attempts;
   {
     absl::MutexLock lock(&mu_);
     last_write_ms_ = UnixMillis();  // Begin or Resume wrote the reply with its lease

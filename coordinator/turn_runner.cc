@@ -5,6 +5,7 @@
 #include <chrono>
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
@@ -146,11 +147,16 @@ class TurnRunner::EndCall final : public grpc::ClientUnaryReactor {
   void OnDone(const grpc::Status&) override {
     std::shared_ptr<TurnRunner> runner = runner_;
     const Kind kind = kind_;
+    absl::Status cancelled = absl::CancelledError("the client cancelled the turn");
+    if (aborted_.has_taken_back()) {
+      cancelled.SetPayload(kTakenBackPayload,
+                           absl::Cord(aborted_.taken_back().SerializeAsString()));
+    }
     self_.reset();  // `this` is gone from here on
     if (kind == Kind::kDrop) {
       runner->sink_->OnTurnDone(std::move(runner->result_));
     } else {
-      runner->Fail(absl::CancelledError("the client cancelled the turn"));
+      runner->Fail(std::move(cancelled));
     }
   }
 
@@ -440,6 +446,13 @@ void TurnRunner::Succeed() {
   // derived state and would age out anyway).
   auto drop = std::make_shared<EndCall>(shared_from_this(), std::move(stub), EndCall::Kind::kDrop);
   drop->Start(drop);
+}
+
+std::optional<TakenBackTurn> TakenBackBy(const absl::Status& status) {
+  const auto payload = status.GetPayload(kTakenBackPayload);  // an absl::optional
+  v1::TakenBackTurn t;
+  if (!payload.has_value() || !t.ParseFromString(std::string(*payload))) return std::nullopt;
+  return TakenBackTurn{{t.token_ids().begin(), t.token_ids().end()}, t.prompt_tokens()};
 }
 
 void TurnRunner::Fail(absl::Status status) { sink_->OnTurnError(std::move(status)); }

@@ -56,6 +56,7 @@
 #include "common/clock.h"
 #include "common/metrics/registry.h"
 #include "coordinator/router.h"
+#include "coordinator/session_store.h"
 #include "coordinator/worker_registry.h"
 #include "grpcpp/grpcpp.h"
 #include "recall/v1/worker.grpc.pb.h"
@@ -104,6 +105,12 @@ struct TurnResult {
   double first_token_seconds = 0;  // from Start to the first token (0: none)
   double seconds = 0;              // from Start to the end
 };
+
+// A turn cancelled on a session that evicts: what its worker's Abort answered it took back
+// rides on the CANCELLED status as this payload (a serialized v1::TakenBackTurn), so the edge
+// stores it with the interrupted reply (StoredMessage::taken_back). TakenBackBy reads it.
+inline constexpr char kTakenBackPayload[] = "type.googleapis.com/recall.v1.TakenBackTurn";
+std::optional<TakenBackTurn> TakenBackBy(const absl::Status& status);
 
 // Appends `from`'s tokens, logprobs (both forms) and text to `into` (tokens that queued up go on as
 // one event).

@@ -9,6 +9,7 @@
 
 #include <sqlite3.h>
 
+#include "absl/strings/cord.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "tests/common/test_util.h"
@@ -174,6 +175,59 @@ TEST_F(ConversationsTest, AnInterruptedTurnKeepsWhatWasSentAndLeavesLaterPrompts
   ASSERT_EQ(t.size(), 5u);
   EXPECT_EQ(t[4].state, TurnState::kInterrupted);
   EXPECT_EQ(*store_->InterruptInProgress(), 0) << "nothing left in progress";
+}
+
+// A stopped turn whose worker took it back (an evicting session: the Abort's answer rides on
+// the CANCELLED status) keeps that record with its interrupted reply; the turn that replaces
+// it (the list sent again) carries it to its reply while the worker went on from its cache,
+// and drops it when the worker rebuilt the session (its cache no longer holds what it did).
+// The record reaches a worker's history on the reply kept before it.
+TEST_F(ConversationsTest, ATakenBackAttemptStaysWithTheTurnThatFollowsItsCache) {
+  CoordinatorOptions options;
+  options.max_turns = 10;
+  conversations_ = std::make_unique<Conversations>(*store_, workers_, options, metrics_);
+  auto first = conversations_->Begin("t", id_, Plan(1, {{"user", "Hi"}}), {}, "grpc");
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(conversations_->Finish(*first, Reply(" Once"), {}).ok());
+  for (const bool rebuilt : {false, true}) {
+    SCOPED_TRACE(rebuilt ? "rebuilt" : "continued");
+    auto stopped = conversations_->Begin("t", id_, Plan(3, {{"user", "More"}}), {}, "http");
+    ASSERT_TRUE(stopped.ok());
+    v1::TakenBackTurn taken;
+    taken.add_token_ids(7);
+    taken.add_token_ids(8);
+    taken.set_prompt_tokens(1);
+    absl::Status cancelled = absl::CancelledError("the client cancelled the turn");
+    cancelled.SetPayload(kTakenBackPayload, absl::Cord(taken.SerializeAsString()));
+    StoredMessage sent{"assistant", " A"};
+    sent.token_ids = {8};
+    ASSERT_TRUE(conversations_->Finish(*stopped, cancelled, sent).ok());
+    std::vector<StoredMessage> t = Transcript();
+    ASSERT_EQ(t.size(), 5u);
+    ASSERT_EQ(t[4].taken_back.size(), 1u);
+    EXPECT_EQ(t[4].taken_back[0].token_ids, (std::vector<int32_t>{7, 8}));
+    EXPECT_EQ(t[4].taken_back[0].prompt_tokens, 1);
+
+    auto again = conversations_->Begin("t", id_, Plan(3, {{"user", "More"}}), {}, "http");
+    ASSERT_TRUE(again.ok());
+    ASSERT_EQ(again->earlier_attempts.size(), 1u) << "carried from the stopped turn it replaces";
+    ASSERT_EQ(again->spec.history.size(), 3u);
+    ASSERT_EQ(again->spec.history[2].taken_back_after_size(), 0) << "not yet: it is replaced";
+    TurnResult done = Reply(" B");
+    done.done.set_rebuilt(rebuilt);
+    ASSERT_TRUE(conversations_->Finish(*again, done, {}).ok());
+    t = Transcript();
+    ASSERT_EQ(t.size(), 5u);
+    EXPECT_EQ(t[4].taken_back.size(), rebuilt ? 0u : 1u);
+    auto next = conversations_->Begin("t", id_, Plan(5, {{"user", "And?"}}), {}, "grpc");
+    ASSERT_TRUE(next.ok());
+    ASSERT_EQ(next->spec.history.size(), 5u);
+    EXPECT_EQ(next->spec.history[2].taken_back_after_size(), rebuilt ? 0 : 1)
+        << "on the reply kept before the attempt";
+    ASSERT_TRUE(conversations_->Finish(*next, absl::InvalidArgumentError("no"), {}).ok());
+    // Back to two turns for the next round.
+    ASSERT_TRUE(store_->ReplaceTail("t", id_, 3, 5, {}, "").ok());
+  }
 }
 
 // A turn whose client left (Ending: the HTTP client stopped the reply) is waited for by its

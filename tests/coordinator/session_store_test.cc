@@ -605,6 +605,62 @@ TEST(ReplyBytesTest, SeedsRoundTripAndOldBytesReadWithout) {
   EXPECT_TRUE(back.token_ids.empty());
 }
 
+// Taken-back attempts before the seed: they round-trip, a reply without them reads as before,
+// and a count past the bytes is not read past them (nor does it crash).
+TEST(ReplyBytesTest, TakenBackAttemptsRoundTripAndABadCountIsNotReadPastTheEnd) {
+  StoredMessage m{"assistant", "x"};
+  m.finish = 2;
+  m.token_ids = {7, 8};
+  m.seed = 3;
+  m.taken_back = {{{10, 11, 12}, 2}, {{}, 0}};
+  StoredMessage back;
+  DecodeReply(EncodeReply(m), &back);
+  ASSERT_EQ(back.taken_back.size(), 2u);
+  EXPECT_EQ(back.taken_back[0].token_ids, (std::vector<int32_t>{10, 11, 12}));
+  EXPECT_EQ(back.taken_back[0].prompt_tokens, 2);
+  EXPECT_TRUE(back.taken_back[1].token_ids.empty());
+  EXPECT_EQ(back.seed, 3u);
+  EXPECT_EQ(back.finish, 2);
+  EXPECT_EQ(back.token_ids, m.token_ids);
+  StoredMessage only{"assistant", ""};
+  only.taken_back = {{{4}, 1}};
+  DecodeReply(EncodeReply(only), &back);
+  ASSERT_EQ(back.taken_back.size(), 1u);
+  EXPECT_EQ(back.finish, 0);
+  EXPECT_TRUE(back.token_ids.empty());
+  std::string bad = EncodeReply(m);
+  bad[8] = '\x7f';  // the first attempt's count: far past the end
+  DecodeReply(bad, &back);
+  EXPECT_TRUE(back.taken_back.empty());
+  EXPECT_TRUE(back.token_ids.empty());
+}
+
+// An interrupted reply's taken-back attempts (a worker gave back what an aborted turn of an
+// evicting session fed) are kept with it, through both stores, for a later rebuild.
+TEST_P(SessionStoreTest, AnInterruptedReplyKeepsItsTakenBackAttempts) {
+  ASSERT_TRUE(store_->Create(Record("s1", "a")).ok());
+  StoredMessage reply{"assistant", ""};
+  reply.state = TurnState::kInProgress;
+  ASSERT_TRUE(store_->AppendAll("a", "s1", 0, {{"user", "hi"}, reply}).ok());
+  StoredMessage ended{"assistant", " Once"};
+  ended.state = TurnState::kInterrupted;
+  ended.token_ids = {5, 6};
+  ended.seed = 9;
+  ended.taken_back = {{{1, 2, 3, 5}, 3}, {{4}, 1}};
+  ASSERT_TRUE(store_->Replace("a", "s1", 1, ended).ok());
+  auto rec = store_->Get("a", "s1");
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  const StoredMessage& back = rec->messages[1];
+  EXPECT_EQ(back.state, TurnState::kInterrupted);
+  EXPECT_EQ(back.token_ids, ended.token_ids);
+  EXPECT_EQ(back.seed, ended.seed);
+  ASSERT_EQ(back.taken_back.size(), 2u);
+  EXPECT_EQ(back.taken_back[0].token_ids, (std::vector<int32_t>{1, 2, 3, 5}));
+  EXPECT_EQ(back.taken_back[0].prompt_tokens, 3);
+  EXPECT_EQ(back.taken_back[1].token_ids, (std::vector<int32_t>{4}));
+  EXPECT_EQ(back.taken_back[1].prompt_tokens, 1);
+}
+
 // Idempotency-Key records: per tenant, replaced by a later write, binary safe, kept across a
 // reopening; a key never written is NotFound.
 TEST_P(SessionStoreTest, RecordsArePerTenantReplacedAndKept) {
@@ -764,6 +820,32 @@ TEST(CompleteTurnsTest, DropsTheTurnsThatAreNotComplete) {
   kept.clear();
   for (const StoredMessage& m : CompleteTurns(all, 4)) kept.push_back(m.content);
   EXPECT_EQ(kept, (std::vector<std::string>{"s", "a", "A", "b"})) << "b's reply is not in [0, 4)";
+}
+
+// The attempts a worker took back go, in order, on the kept reply they ran after: those of
+// the turns left out and those of the next kept reply (a resumed turn's earlier attempts).
+TEST(CompleteTurnsTest, TakenBackAttemptsGoOnTheKeptReplyTheyRanAfter) {
+  StoredMessage cut{"assistant", "Hal"};
+  cut.state = TurnState::kInterrupted;
+  cut.taken_back = {{{1}, 1}};
+  StoredMessage failed{"assistant", ""};
+  failed.state = TurnState::kFailed;
+  failed.taken_back = {{{2}, 1}};
+  StoredMessage resumed{"assistant", "B"};
+  resumed.taken_back = {{{3}, 1}};
+  StoredMessage first_cut{"assistant", "x"};  // before any kept reply: nowhere to go
+  first_cut.state = TurnState::kInterrupted;
+  first_cut.taken_back = {{{9}, 1}};
+  const std::vector<StoredMessage> all = {
+      {"user", "z"}, first_cut,     {"user", "a"}, {"assistant", "A"}, {"user", "b"},
+      cut,           {"user", "c"}, failed,        {"user", "d"},      resumed};
+  const std::vector<StoredMessage> kept = CompleteTurns(all, 10);
+  ASSERT_EQ(kept.size(), 4u);
+  ASSERT_EQ(kept[1].content, "A");
+  std::vector<int32_t> after;
+  for (const TakenBackTurn& t : kept[1].taken_back_after) after.push_back(t.token_ids[0]);
+  EXPECT_EQ(after, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_TRUE(kept[3].taken_back_after.empty());
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, SessionStoreTest, ::testing::Values("sqlite", "redis"),

@@ -783,6 +783,77 @@ TEST_F(OpenAiHttpCancelTest, AListSentAgainAfterAStoppedReplyContinuesItsSession
       << usage3.dump();
 }
 
+// "Stop generating" in a session that evicts (LazyEviction, a budget its replies pass): the
+// worker takes the stopped turn back too, keeping what its steps evicted, and its Abort's
+// answer says what the turn fed, which the coordinator stores with the interrupted reply. The
+// next turn continues the cache; a regenerate of it, which rebuilds the session from the
+// stored transcript, replays the stopped turn as it ran, and replies the same, to the bit
+// of every logprob (without the record, the rebuilt cache kept other tokens: they differ).
+TEST_F(OpenAiHttpCancelTest, AStoppedReplyOfAnEvictingSessionIsReplayedAsItRan) {
+  auto chat = v1::Chat::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(coordinator_.port("grpc")),
+                          grpc::InsecureChannelCredentials()));
+  v1::Session created;
+  {
+    grpc::ClientContext ctx;
+    v1::CreateSessionRequest req;
+    req.mutable_cache()->set_policy("lazy");
+    req.mutable_cache()->set_budget_tokens(24);
+    req.mutable_cache()->set_window(8);
+    const grpc::Status st = chat->CreateSession(&ctx, req, &created);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+  }
+  const httplib::Headers named = {{"X-Session-Id", created.session_id()}};
+  httplib::Client client("127.0.0.1", coordinator_.port("http"));
+  client.set_read_timeout(120, 0);
+  const HttpReply first =
+      Send(client, "POST", "/v1/chat/completions",
+           ChatBody({Message("user", "Once upon a time")}, 30, false), "", named);
+  ASSERT_EQ(first.status, 200) << first.body;
+  const std::vector<Json> list = {
+      Message("user", "Once upon a time"),
+      Message("assistant",
+              Json::parse(first.body)["choices"][0]["message"]["content"].get<std::string>()),
+      Message("user", "Tell me more")};
+  const HttpReply stopped = HangUpAfterFirstText(client, ChatBody(list, 200, true), named);
+  ASSERT_FALSE(stopped.body.empty()) << "no text arrived";
+  v1::Session s = WaitUntilStored(created.session_id(), 4);
+  ASSERT_EQ(s.messages_size(), 4);
+  ASSERT_EQ(s.messages(3).state(), v1::TURN_STATE_INTERRUPTED);
+
+  const HttpReply again =
+      Send(client, "POST", "/v1/chat/completions", ChatBody(list, 12, false), "", named);
+  ASSERT_EQ(again.status, 200) << again.body;
+  EXPECT_GT(Json::parse(again.body)["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(),
+            0)
+      << "continued from its cache: " << again.body;
+  // One more turn from the cache; then the same list again (a regenerate), which rebuilds the
+  // session from its transcript, the stopped turn's record included.
+  std::vector<Json> list2 = list;
+  list2.push_back(Message(
+      "assistant", Json::parse(again.body)["choices"][0]["message"]["content"].get<std::string>()));
+  list2.push_back(Message("user", "And then?"));
+  // With logprobs: a cache that evicted otherwise shows in them, even when the tokens agree.
+  const std::string body2 = ChatBody(list2, 12, false, "\"logprobs\":true");
+  const HttpReply next = Send(client, "POST", "/v1/chat/completions", body2, "", named);
+  ASSERT_EQ(next.status, 200) << next.body;
+  const Json kept = Json::parse(next.body);
+  EXPECT_GT(kept["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 0)
+      << kept["usage"].dump();
+  const HttpReply regenerated = Send(client, "POST", "/v1/chat/completions", body2, "", named);
+  ASSERT_EQ(regenerated.status, 200) << regenerated.body;
+  const Json rebuilt = Json::parse(regenerated.body);
+  EXPECT_EQ(rebuilt["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 0)
+      << "rebuilt from the transcript: " << rebuilt["usage"].dump();
+  EXPECT_EQ(rebuilt["choices"][0]["message"]["content"], kept["choices"][0]["message"]["content"]);
+  EXPECT_EQ(rebuilt["choices"][0]["logprobs"].dump(), kept["choices"][0]["logprobs"].dump());
+  // The stopped turn gave way to the one sent again (its record went to that turn's reply),
+  // and the regenerated reply replaced the kept one.
+  s = WaitUntilStored(created.session_id(), 6);
+  ASSERT_EQ(s.messages_size(), 6);
+  for (const v1::ChatMessage& m : s.messages()) EXPECT_EQ(m.state(), v1::TURN_STATE_COMPLETE);
+}
+
 // A session deleted while its turn streams (the slow model): the turn ends NOT_FOUND saying
 // so; it said UNAVAILABLE, "retryable", and that the turn was kept, though nothing was.
 TEST_F(OpenAiHttpCancelTest, ASessionDeletedMidTurnEndsItNotFound) {

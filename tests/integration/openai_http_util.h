@@ -218,14 +218,16 @@ class OpenAiHttpCancelTest : public ::testing::Test {
 
   // POSTs a streaming chat `body` and hangs up once the role chunk and one chunk of text have
   // come whole (the client stopped the reply); the reply's body is empty when no text came.
-  static HttpReply HangUpAfterFirstText(httplib::Client& client, const std::string& body) {
+  static HttpReply HangUpAfterFirstText(httplib::Client& client, const std::string& body,
+                                        httplib::Headers headers = {}) {
     bool text = false;
     HttpReply r =
-        Send(client, "POST", "/v1/chat/completions", body, "", {}, [&](const std::string& so_far) {
-          const size_t at = so_far.find("\"content\":\"", 60);
-          text = at != std::string::npos && so_far.find("\n\n", at) != std::string::npos;
-          return !text;
-        });
+        Send(client, "POST", "/v1/chat/completions", body, "", std::move(headers),
+             [&](const std::string& so_far) {
+               const size_t at = so_far.find("\"content\":\"", 60);
+               text = at != std::string::npos && so_far.find("\n\n", at) != std::string::npos;
+               return !text;
+             });
     if (!text) r.body.clear();
     return r;
   }

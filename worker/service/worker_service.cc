@@ -4,6 +4,7 @@
 #include <atomic>
 #include <charconv>
 #include <cstdlib>
+#include <optional>
 #include <random>
 #include <string>
 
@@ -59,6 +60,10 @@ serving::TurnRequest FromProto(const v1::RunTurnRequest& r, int default_max_toke
                       : m.finish_reason() == v1::FINISH_REASON_CONTEXT
                           ? serving::TurnFinish::kContext
                           : serving::TurnFinish::kLength;
+      for (const v1::TakenBackTurn& t : m.taken_back_after()) {
+        reply->taken_back_after.push_back(
+            {std::vector<int32_t>(t.token_ids().begin(), t.token_ids().end()), t.prompt_tokens()});
+      }
     }
   }
   const v1::SamplingParams& s = r.sampling();
@@ -199,9 +204,19 @@ grpc::ServerUnaryReactor* WorkerService::Abort(grpc::CallbackServerContext* cont
     case v1::AbortRequest::kRequestId:
       // A caller's id (the coordinator's are unique): an Abort that overtook its RunTurn
       // (they come on different calls) still ends that turn when it arrives. The worker's own
-      // ids ("w" and a number) restart with the worker: not remembered.
-      scheduler_.AbortRequestAsync(request->request_id(), answer,
-                                   /*remember_unseen=*/!IsWorkerMadeId(request->request_id()));
+      // ids ("w" and a number) restart with the worker: not remembered. The answer says what
+      // the turn gave back (it may have ended before, at its stream's cancel).
+      scheduler_.AbortRequestAsync(
+          request->request_id(),
+          [this, answer, response, id = request->request_id()](int aborted) {
+            if (std::optional<serving::TakenBackTurn> t = scheduler_.TakeTakenBack(id)) {
+              response->mutable_taken_back()->mutable_token_ids()->Add(t->token_ids.begin(),
+                                                                       t->token_ids.end());
+              response->mutable_taken_back()->set_prompt_tokens(t->prompt_tokens);
+            }
+            answer(aborted);
+          },
+          /*remember_unseen=*/!IsWorkerMadeId(request->request_id()));
       return reactor;
     case v1::AbortRequest::kSessionId:
       scheduler_.AbortSessionAsync(request->session_id(), answer);

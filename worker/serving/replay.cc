@@ -67,7 +67,24 @@ absl::StatusOr<std::optional<ReplayPlan>> PlanReplay(
         plan.give_backs.emplace_back(begin + at.tokens, begin + stepped);
       }
       tail = content.substr(at.tail);
-    } else {
+    }
+    // Aborted turns taken back after it: fed as they were (their prompt a chunk of its own,
+    // their reply one per step), then given back.
+    for (const TakenBackTurn& taken : reply.taken_back_after) {
+      const size_t n = taken.token_ids.size();
+      if (taken.prompt_tokens < 0 || static_cast<size_t>(taken.prompt_tokens) > n) {
+        return std::nullopt;
+      }
+      for (int32_t id : taken.token_ids) {
+        if (id < 0 || id >= tokenizer.vocab_size()) return std::nullopt;
+      }
+      if (n == 0) continue;
+      const size_t from = plan.tokens.size();
+      plan.tokens.insert(plan.tokens.end(), taken.token_ids.begin(), taken.token_ids.end());
+      plan.step_ranges.emplace_back(from + static_cast<size_t>(taken.prompt_tokens), from + n);
+      plan.give_backs.emplace_back(from, from + n);
+    }
+    if (!cut) {
       prompt.assign(reply.token_ids.begin() + static_cast<std::ptrdiff_t>(stepped),
                     reply.token_ids.end());
     }

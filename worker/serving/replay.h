@@ -24,10 +24,20 @@
 
 namespace recall::serving {
 
+// What an aborted turn of a session that evicts fed before it was given back
+// (Scheduler::TakeBack): its prompt's tokens, fed as prefill chunks, then its reply's, one per
+// decode step.
+struct TakenBackTurn {
+  std::vector<int32_t> token_ids;
+  int prompt_tokens = 0;
+};
+
 // An assistant message's reply as a worker produced it.
 struct ReplyRecord {
   std::vector<int32_t> token_ids;  // as streamed (a stop token is not among them)
   TurnFinish finish = TurnFinish::kLength;
+  // The aborted turns after it that were taken back before the next turn, in order.
+  std::vector<TakenBackTurn> taken_back_after;
 };
 
 struct ReplayPlan {
@@ -36,8 +46,8 @@ struct ReplayPlan {
   // chunk there, where the next turn's prompt began).
   std::vector<std::pair<size_t, size_t>> step_ranges;
   // [first, end) of `tokens`, the end of a step range: a reply cut at a stop string, whose
-  // tokens after the cut its turn gave back once fed (Scheduler::GiveBack, which decides
-  // alike here).
+  // tokens after the cut its turn gave back once fed (Scheduler::CutAtStop, which decides
+  // alike here), or an aborted turn taken back (ReplyRecord::taken_back_after).
   std::vector<std::pair<size_t, size_t>> give_backs;
 };
 
@@ -46,7 +56,7 @@ struct ReplayPlan {
 // followed by this turn's `messages`. nullopt when it cannot be exact: no reply yet (then a
 // prefill of the rendering is exactly what the first turn did), a reply whose tokens do not
 // decode to its text (nor to it and more, after a stop: a reply cut at a stop string), or
-// a chat format that cannot continue.
+// a chat format that cannot continue, or a taken-back turn whose tokens are not the model's.
 absl::StatusOr<std::optional<ReplayPlan>> PlanReplay(
     model::ChatFormat format, const model::Tokenizer& tokenizer,
     const std::vector<model::ChatMessage>& history,

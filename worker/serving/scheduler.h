@@ -34,6 +34,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -154,8 +155,9 @@ class Scheduler {
   absl::StatusOr<std::shared_ptr<TurnStream>> Submit(TurnRequest request);
 
   // Abort running or waiting turns; their streams end with Cancelled (a partial reply is not
-  // part of the transcript): a session that continued its cache without eviction gets back
-  // the cache it had before the turn (TakeBack), another's is dropped. Returns how many.
+  // part of the transcript): a session that continued its cache gets back the cache it had
+  // before the turn, less what an evicting policy's steps evicted (TakeBack; where that
+  // cannot be, its cache is dropped). Returns how many.
   int AbortRequest(const std::string& request_id);
   int AbortSession(const std::string& session_id);
   int AbortAll();
@@ -175,6 +177,10 @@ class Scheduler {
   void AbortRequestAsync(const std::string& request_id, std::function<void(int)> done = nullptr,
                          bool remember_unseen = false);
   static constexpr int kRememberedAborts = 4096;
+  // What the aborted turn `request_id` of a session that evicts fed and gave back
+  // (TakeBack), once: nullopt when it fed nothing, had its cache dropped, or was asked for
+  // already (the last kRememberedAborts are kept). Any thread; for an Abort's answer.
+  std::optional<TakenBackTurn> TakeTakenBack(const std::string& request_id);
   void AbortSessionAsync(const std::string& session_id, std::function<void(int)> done = nullptr);
   void AbortAllAsync(std::function<void(int)> done = nullptr);
   void DropSessionAsync(const std::string& session_id,
@@ -255,10 +261,13 @@ class Scheduler {
   // (Session::Unfeed) and keeps the text the cut left of them for the next turn (replay.h
   // plans the same).
   void CutAtStop(Turn& turn);
-  // After an aborted turn (its client left): gives back every token it fed, so the session's
-  // cache is exactly what it was before the turn, and returns true; false where that cannot
-  // be exact (a policy that evicts, episodes, a rebuild, a cache not resident): the caller
-  // drops the cache, and the next turn rebuilds it from the transcript.
+  // After an aborted turn (its client left): gives back every token it fed and returns true.
+  // Without eviction the session's cache is then exactly what it was before the turn; with
+  // it, what the turn's steps evicted stays, and the turn's tokens are kept for the Abort's
+  // answer (TakeTakenBack), so a rebuild feeds them and gives them back alike (replay.h).
+  // False where that cannot be (episodes, a policy that compresses at prefill, a rebuild, a
+  // failover's resume, a cache not resident, a session with no reply yet): the caller drops
+  // the cache, and the next turn rebuilds it from the transcript.
   bool TakeBack(Turn& turn);
   void EndTurn(Turn& turn);  // removes it from active_, frees the session's busy flag
 
@@ -305,6 +314,10 @@ class Scheduler {
   // first, at most kRememberedAborts.
   std::set<std::string> aborted_unseen_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> aborted_unseen_order_ ABSL_GUARDED_BY(mu_);
+  // TakeTakenBack's records by request id, and their ids oldest first.
+  absl::Mutex taken_back_mu_;
+  std::map<std::string, TakenBackTurn> taken_back_ ABSL_GUARDED_BY(taken_back_mu_);
+  std::deque<std::string> taken_back_order_ ABSL_GUARDED_BY(taken_back_mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   int64_t next_request_ ABSL_GUARDED_BY(mu_) = 0;
   LoadSnapshot load_ ABSL_GUARDED_BY(mu_);

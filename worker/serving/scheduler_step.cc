@@ -456,17 +456,50 @@ void Scheduler::CutAtStop(Turn& t) {
 
 bool Scheduler::TakeBack(Turn& t) {
   Session& s = *t.session;
-  // Without eviction the turn's tokens changed nothing before them: giving them back leaves
-  // the cache as it was (an evicting policy's steps evicted and scored; not undone).
-  if (!t.continues || !s.evictors.empty() || s.episodic != nullptr || !s.resident() ||
-      s.tokens_fed < t.fed_before) {
+  if (!t.continues || s.episodic != nullptr || !s.resident() || s.tokens_fed < t.fed_before) {
     return false;
   }
-  s.Unfeed(static_cast<int>(s.tokens_fed - t.fed_before));
+  const int64_t n = s.tokens_fed - t.fed_before;
+  // Without eviction the turn's tokens changed nothing before them: giving them back leaves
+  // the cache as it was. With it, the turn's steps evicted and scored; that stays, and a
+  // rebuild must do the same (replay.h): it needs the tokens (in the session's copy, which
+  // keeps at least a context length of the last), fed as they were (a prompt, then decode
+  // steps: not a failover's resume, whose reply tokens are steps of its prompt), after a
+  // reply (a rebuild of a session with none prefills its text).
+  if (!s.evictors.empty() && n > 0) {
+    if (s.evictor()->policy().compresses_prefill() || !t.step_ranges.empty() ||
+        n > static_cast<int64_t>(s.tokens.size()) || s.messages.empty() ||
+        s.messages.back().role != "assistant") {
+      return false;
+    }
+    TakenBackTurn taken;
+    taken.token_ids.assign(s.tokens.end() - n, s.tokens.end());
+    taken.prompt_tokens = static_cast<int>(std::min<int64_t>(static_cast<int64_t>(t.fed), n));
+    absl::MutexLock lock(&taken_back_mu_);
+    if (taken_back_.insert_or_assign(t.req.request_id, std::move(taken)).second) {
+      taken_back_order_.push_back(t.req.request_id);
+      if (static_cast<int>(taken_back_order_.size()) > kRememberedAborts) {
+        taken_back_.erase(taken_back_order_.front());
+        taken_back_order_.pop_front();
+      }
+    }
+  }
+  s.Unfeed(static_cast<int>(n));
   metrics_->taken_back->Increment();
   s.pending = std::move(t.pending_before);
   s.reply_tail = std::move(t.reply_tail_before);
   return true;
+}
+
+std::optional<TakenBackTurn> Scheduler::TakeTakenBack(const std::string& request_id) {
+  absl::MutexLock lock(&taken_back_mu_);
+  auto it = taken_back_.find(request_id);
+  if (it == taken_back_.end()) return std::nullopt;
+  TakenBackTurn out = std::move(it->second);
+  taken_back_.erase(it);
+  taken_back_order_.erase(
+      std::find(taken_back_order_.begin(), taken_back_order_.end(), request_id));
+  return out;
 }
 
 void Scheduler::FinishTurn(Turn& t, absl::Status status) {

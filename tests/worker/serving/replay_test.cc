@@ -5,7 +5,7 @@
 // tokens fed as decode steps give the rest of the reply the original would have given. The
 // same sessions rebuilt from text alone are also run, and how many of their replies differ
 // is printed (not asserted: whether rounding or a different eviction changes a greedy token
-// depends on the text).
+// depends on the text). A turn aborted and taken back is replayed from what it fed.
 #include "worker/serving/replay.h"
 
 #include <thread>
@@ -205,6 +205,75 @@ TEST_F(ReplayTest, ResumeTokensAreFedAsTheDecodeStepsTheyWere) {
     ASSERT_TRUE(rest.status.ok()) << rest.status;
     const std::vector<int32_t> expected(whole.token_ids.begin() + 50, whole.token_ids.end());
     EXPECT_EQ(rest.token_ids, expected) << policy;
+  }
+}
+
+// A turn of an evicting session aborted mid-reply (its client stopped it) is taken back: the
+// session goes on from its cache, which keeps what the turn's steps evicted, and the worker
+// keeps what the turn fed for the Abort's answer. A rebuild whose history carries that record
+// after the reply before it feeds the same tokens and gives them back: its next replies are
+// those of the session that kept its cache. Without eviction nothing needs recording.
+TEST_F(ReplayTest, AbortedTurnsAreReplayedAsTheirTurnsGaveThemBack) {
+  for (const std::string policy : {"full", "lazy", "h2o", "tova", "streaming", "vase"}) {
+    const std::string id = "abort-" + policy;
+    const Collected first = Run(Turn(id, kTurns[0], 0, policy));
+    ASSERT_TRUE(first.status.ok()) << policy << ": " << first.status;
+    TurnRequest stopped = Turn(id, kTurns[1], 2, policy);
+    stopped.request_id = "stopped-" + policy;
+    auto stream = sched_->Submit(stopped);
+    ASSERT_TRUE(stream.ok()) << stream.status();
+    size_t streamed = 0;  // a few decode steps in
+    for (TurnUpdate update; streamed < 8;) {
+      ASSERT_TRUE((*stream)->Next(absl::Seconds(30), &update));
+      ASSERT_FALSE(update.done) << policy << ": a reply of 60 tokens";
+      streamed += update.token_ids.size();
+    }
+    ASSERT_EQ(sched_->AbortRequest(stopped.request_id), 1);
+    EXPECT_EQ(CollectTurn(**stream).status.code(), absl::StatusCode::kCancelled);
+    const std::optional<TakenBackTurn> taken = sched_->TakeTakenBack(stopped.request_id);
+    // Kept cache: two more turns.
+    const Collected kept2 = Run(Turn(id, kTurns[2], 2, policy));
+    const Collected kept3 = Run(Turn(id, kTurns[3], 4, policy));
+    ASSERT_TRUE(kept2.status.ok() && kept3.status.ok()) << policy;
+    EXPECT_FALSE(kept2.summary.rebuilt) << policy << ": the aborted turn was taken back";
+    if (policy == "full") {
+      EXPECT_FALSE(taken.has_value()) << "without eviction nothing needs replaying";
+      ASSERT_TRUE(sched_->DropSession(id).ok());
+      continue;
+    }
+    ASSERT_TRUE(taken.has_value()) << policy;
+    EXPECT_GT(taken->prompt_tokens, 0) << policy;
+    EXPECT_GT(taken->token_ids.size(), static_cast<size_t>(taken->prompt_tokens))
+        << policy << ": it fed reply tokens as decode steps";
+    EXPECT_FALSE(sched_->TakeTakenBack(stopped.request_id).has_value()) << "answered once";
+
+    // Rebuilt from the transcript with the record, then the same last turn.
+    ASSERT_TRUE(sched_->DropSession(id).ok());
+    ReplyRecord reply{first.token_ids, first.summary.finish, {*taken}};
+    TurnRequest rebuild = Turn(id, kTurns[2], 2, policy);
+    rebuild.history = {{"user", kTurns[0]}, {"assistant", first.summary.text}};
+    rebuild.history_replies = {std::nullopt, reply};
+    const Collected again2 = Run(rebuild);
+    const Collected again3 = Run(Turn(id, kTurns[3], 4, policy));
+    ASSERT_TRUE(again2.status.ok() && again3.status.ok()) << policy;
+    EXPECT_TRUE(again2.summary.rebuilt) << policy;
+    EXPECT_EQ(again2.token_ids, kept2.token_ids) << policy;
+    EXPECT_EQ(again3.token_ids, kept3.token_ids) << policy;
+    EXPECT_EQ(again3.summary.held_tokens, kept3.summary.held_tokens) << policy;
+    EXPECT_EQ(again3.summary.evicted_tokens, kept3.summary.evicted_tokens) << policy;
+
+    // Without the record: how far the rebuild strays (printed: greedy tokens may not show it).
+    ASSERT_TRUE(sched_->DropSession(id).ok());
+    rebuild.history_replies = {std::nullopt, ReplyRecord{first.token_ids, first.summary.finish}};
+    const Collected unrecorded = Run(rebuild);
+    ASSERT_TRUE(unrecorded.status.ok()) << policy;
+    ASSERT_TRUE(sched_->DropSession(id).ok());
+    std::printf(
+        "%-9s aborted turn: %d prompt + %zu reply tokens taken back; rebuilt without "
+        "them: reply %s\n",
+        policy.c_str(), taken->prompt_tokens,
+        taken->token_ids.size() - static_cast<size_t>(taken->prompt_tokens),
+        unrecorded.token_ids == kept2.token_ids ? "the same" : "differs");
   }
 }
 
