@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <random>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/clock.h"
@@ -237,6 +239,16 @@ absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
               " turns (the coordinator's max_turns); start a new session, or have the limit "
               "raised (not retryable)"));
         }
+        // A list of many turns (a new session made from a client's whole conversation).
+        int turns = m.keep / 2;
+        for (const StoredMessage& added : m.add) turns += added.role == "user";
+        if (turns > options_.max_turns) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("messages: the conversation has ", turns,
+                           " turns with this one, past the limit of ", options_.max_turns,
+                           " turns a session holds (the coordinator's max_turns); start a "
+                           "new conversation, or have the limit raised (not retryable)"));
+        }
         if (m.keep < rec.message_count) {
           turn.replaced.assign(rec.messages.begin() + (m.keep - rec.first_message),
                                rec.messages.end());
@@ -326,8 +338,9 @@ absl::Status Conversations::Finish(const OpenTurn& turn, const absl::StatusOr<Tu
     finishing_.insert(turn.key);  // the next turn waits for the end stored below
   }
   absl::Status stored;
-  if (TakenBack(outcome, sent) && turn.new_session) {
-    // Refused in a session made for it: the session goes too (it holds nothing else).
+  if (DeletesItsSession(turn, outcome, sent)) {
+    // Refused, or failed before any reply, in a session made for it: the session goes too
+    // (it holds nothing else; a client that retries makes another).
     stored = store_.Delete(turn.tenant, turn.session_id);
   } else if (TakenBack(outcome, sent)) {
     // The request was refused before any reply: the turn did not happen. Its messages out,
@@ -343,16 +356,19 @@ absl::Status Conversations::Finish(const OpenTurn& turn, const absl::StatusOr<Tu
     ended.writer = turn.writer;                        // not over another coordinator's takeover
     ended.seed = turn.spec.request.sampling().seed();  // a resume takes the same draws
     ended.taken_back = turn.earlier_attempts;
-    if (std::optional<TakenBackTurn> taken = TakenBackBy(outcome.status())) {
-      ended.taken_back.push_back(std::move(*taken));
-    }
+    for (TakenBackTurn& t : TakenBackBy(outcome.status())) ended.taken_back.push_back(std::move(t));
     stored = store_.Replace(turn.tenant, turn.session_id, turn.reply_index, ended);
   } else {
     StoredMessage reply{"assistant", outcome->text};
     reply.token_ids = outcome->tokens;  // so a rebuild replays the reply exactly
     reply.finish = static_cast<int>(outcome->done.finish_reason());
     reply.seed = turn.spec.request.sampling().seed();
-    if (!outcome->done.rebuilt()) reply.taken_back = turn.earlier_attempts;
+    if (!outcome->done.rebuilt()) {
+      reply.taken_back = turn.earlier_attempts;
+      for (TakenBackTurn& t : FromProto(outcome->done.taken_back_before())) {
+        reply.taken_back.push_back(std::move(t));
+      }
+    }
     reply.writer = turn.writer;  // not over another coordinator's takeover
     stored = store_.Replace(turn.tenant, turn.session_id, turn.reply_index, reply);
     if (stored.ok() && outcome->worker != turn.spec.bound) {
@@ -521,6 +537,36 @@ bool Conversations::RecallLastTurn(const std::string& key, v1::TurnDone* out) {
   if (it == last_done_.end()) return false;
   *out = it->second;
   return true;
+}
+
+absl::Status Conversations::StoppedAfterItsEnd(const TurnResult& result) {
+  // What the turn had taken back before it (its TurnDone says), then itself (the Abort's
+  // answer).
+  v1::AbortResponse taken;
+  *taken.mutable_taken_back() = result.done.taken_back_before();
+  std::shared_ptr<v1::Worker::Stub> stub =
+      result.worker.empty() || result.request_id.empty() ? nullptr : workers_.Stub(result.worker);
+  if (stub != nullptr) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    workers_.Attach(&context);
+    v1::AbortRequest request;
+    request.set_request_id(result.request_id);
+    v1::AbortResponse answer;
+    if (stub->Abort(&context, request, &answer).ok()) {
+      taken.mutable_taken_back()->MergeFrom(answer.taken_back());
+    }
+  }
+  absl::Status stopped = absl::CancelledError("the client left before the end");
+  WithTakenBack(taken, stopped);
+  return stopped;
+}
+
+bool Conversations::DeletesItsSession(const OpenTurn& turn,
+                                      const absl::StatusOr<TurnResult>& outcome,
+                                      const StoredMessage& sent) {
+  return turn.new_session && !outcome.ok() && !absl::IsCancelled(outcome.status()) &&
+         sent.token_ids.empty() && sent.content.empty();
 }
 
 bool Conversations::TakenBack(const absl::StatusOr<TurnResult>& outcome,

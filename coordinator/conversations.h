@@ -97,8 +97,8 @@ struct OpenTurn {
   std::string key;    // tenant/session: the running mark and the episodes
   std::string writer;  // the reply in progress's StoredMessage::writer: this coordinator
   std::string edge;   // "grpc" or "http", for the turns metric
-  // The session was made for this turn (an HTTP conversation naming none): a refused turn
-  // deletes it rather than leave an empty session (counted against --max-sessions).
+  // The session was made for this turn (an HTTP conversation naming none): a refused or failed
+  // turn deletes it rather than leave an empty session (counted against --max-sessions).
   bool new_session = false;
 };
 
@@ -165,6 +165,16 @@ class Conversations {
   // it. A next turn of its session (the client stopped a reply and sent its list again) waits
   // for that, as for an end being stored, instead of finding the session running.
   void Ending(const OpenTurn& turn);
+  // A turn whose reply ended on its worker (`result`) as its client left: stored as
+  // interrupted, so its worker is asked to take it back too (an Abort by its request id, which
+  // the worker honours while the session did nothing since; else its copy differs and the next
+  // turn rebuilds). Blocks for the worker's answer (at most 2 s). The CANCELLED status to
+  // store it with, carrying what the worker took back (TakenBackBy).
+  absl::Status StoppedAfterItsEnd(const TurnResult& result);
+  // Whether Finish deletes the turn's session: one made for it (new_session) whose turn was
+  // refused or failed before any of its reply was sent (not one its client stopped).
+  static bool DeletesItsSession(const OpenTurn& turn, const absl::StatusOr<TurnResult>& outcome,
+                                const StoredMessage& sent);
   // Whether Finish takes the turn back: refused (a bad request, a limit, a precondition)
   // before any of its reply was sent.
   static bool TakenBack(const absl::StatusOr<TurnResult>& outcome, const StoredMessage& sent);

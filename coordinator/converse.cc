@@ -254,7 +254,7 @@ class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::Conve
     }
     const absl::StatusOr<TurnResult> as_stored =
         outcome.ok() && client_left
-            ? absl::StatusOr<TurnResult>(absl::CancelledError("the client left before the end"))
+            ? absl::StatusOr<TurnResult>(service_.conversations_.StoppedAfterItsEnd(*outcome))
             : outcome;
     const absl::Status stored = service_.conversations_.Finish(*turn_, as_stored, journal_->sent());
     if (!outcome.ok()) {

@@ -658,6 +658,7 @@ absl::Status HttpApi::Conclude(Reply& reply, bool cancel) {
   reply.concluded = true;
   if (cancel) {
     if (reply.open.has_value()) conversations_.Ending(*reply.open);
+    if (!reply.key.empty()) idempotency_.Ending(reply.tenant, reply.key);
     reply.turn->Cancel();
   }
   while (!NextUpdate(reply).ended) {
@@ -673,11 +674,11 @@ absl::Status HttpApi::Conclude(Reply& reply, bool cancel) {
     // worker finished first: the turn is interrupted, with what was sent.
     const absl::StatusOr<TurnResult> as_stored =
         outcome.ok() && cancel
-            ? absl::StatusOr<TurnResult>(absl::CancelledError("the client left before the end"))
+            ? absl::StatusOr<TurnResult>(conversations_.StoppedAfterItsEnd(*outcome))
             : outcome;
     const absl::Status stored = conversations_.Finish(*reply.open, as_stored, reply.turn->sent());
     reply.session_deleted =
-        reply.open->new_session && Conversations::TakenBack(as_stored, reply.turn->sent());
+        Conversations::DeletesItsSession(*reply.open, as_stored, reply.turn->sent());
     st = as_stored.status();
     if (st.ok()) st = stored;
     if (st.ok()) {

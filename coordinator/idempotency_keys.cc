@@ -79,13 +79,33 @@ std::optional<IdempotencyKeys::Completion> IdempotencyKeys::DecodeCompletion(
 }
 
 bool IdempotencyKeys::Claim(const std::string& tenant, const std::string& key) {
+  const std::string k = Of(tenant, key);
+  struct Wait {
+    const IdempotencyKeys* keys;
+    const std::string* k;
+  };
+  Wait w{this, &k};
   absl::MutexLock lock(&mu_);
-  return running_.insert(Of(tenant, key)).second;
+  if (ending_.count(k) > 0) {
+    mu_.AwaitWithTimeout(absl::Condition(
+                             +[](Wait* w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                               return w->keys->ending_.count(*w->k) == 0;
+                             },
+                             &w),
+                         kEndingWait);
+  }
+  return running_.insert(k).second;
 }
 
 void IdempotencyKeys::Release(const std::string& tenant, const std::string& key) {
   absl::MutexLock lock(&mu_);
   running_.erase(Of(tenant, key));
+  ending_.erase(Of(tenant, key));
+}
+
+void IdempotencyKeys::Ending(const std::string& tenant, const std::string& key) {
+  absl::MutexLock lock(&mu_);
+  if (running_.count(Of(tenant, key)) > 0) ending_.insert(Of(tenant, key));
 }
 
 void IdempotencyKeys::Remember(const std::string& k, const std::string& session_id) {

@@ -25,6 +25,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "coordinator/session_store.h"
 
 namespace recall::coordinator {
@@ -34,9 +35,14 @@ class IdempotencyKeys {
   // `store` (may be null: memory only) must outlive this.
   IdempotencyKeys(size_t capacity, SessionStore* store) : capacity_(capacity), store_(store) {}
 
-  // Marks `tenant`'s `key` as having a request running; false when one already runs.
+  // Marks `tenant`'s `key` as having a request running; false when one already runs. One
+  // whose client left (Ending) is waited for (at most kEndingWait): a client that stopped a
+  // reply and sent it again with its key at once gets it, not a 409.
   bool Claim(const std::string& tenant, const std::string& key);
   void Release(const std::string& tenant, const std::string& key);
+  // The request running with `key` lost its client: it ends as soon as its turn lets go.
+  void Ending(const std::string& tenant, const std::string& key);
+  static constexpr absl::Duration kEndingWait = absl::Seconds(10);
 
   // `tenant`'s `key` ran its turn in session `session_id`. A store that fails to keep it is
   // logged (a retry may then run the turn again), not an error of the request.
@@ -76,6 +82,7 @@ class IdempotencyKeys {
   SessionStore* const store_;
   absl::Mutex mu_;
   std::set<std::string> running_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> ending_ ABSL_GUARDED_BY(mu_);  // of running_, those whose client left
   std::unordered_map<std::string, std::string> session_of_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> order_ ABSL_GUARDED_BY(mu_);  // session_of_'s keys, oldest first
   std::unordered_map<std::string, Completion> completions_ ABSL_GUARDED_BY(mu_);

@@ -148,10 +148,7 @@ class TurnRunner::EndCall final : public grpc::ClientUnaryReactor {
     std::shared_ptr<TurnRunner> runner = runner_;
     const Kind kind = kind_;
     absl::Status cancelled = absl::CancelledError("the client cancelled the turn");
-    if (aborted_.has_taken_back()) {
-      cancelled.SetPayload(kTakenBackPayload,
-                           absl::Cord(aborted_.taken_back().SerializeAsString()));
-    }
+    WithTakenBack(aborted_, cancelled);
     self_.reset();  // `this` is gone from here on
     if (kind == Kind::kDrop) {
       runner->sink_->OnTurnDone(std::move(runner->result_));
@@ -360,11 +357,13 @@ void TurnRunner::OnCallEnded(const grpc::Status& status) {
   }
   ended.reset();  // the call is torn down here (unless a Cancel holds it for a moment)
   if (cancelled) {
-    // When the cancel ended the call (not the worker, nor its failure: no waiting on a dead
-    // worker), have the worker abort the turn before the end is reported (see EndCall).
-    std::shared_ptr<v1::Worker::Stub> stub = status.error_code() == grpc::StatusCode::CANCELLED
-                                                 ? workers_.Stub(route_->worker)
-                                                 : nullptr;
+    // When the cancel ended the call, or the turn ended as it came (not the worker's failure:
+    // no waiting on a dead worker), have the worker abort the turn, or take it back when it
+    // had ended, before the end is reported (see EndCall).
+    std::shared_ptr<v1::Worker::Stub> stub =
+        status.error_code() == grpc::StatusCode::CANCELLED || status.ok()
+            ? workers_.Stub(route_->worker)
+            : nullptr;
     if (stub == nullptr) {
       Fail(absl::CancelledError("the client cancelled the turn"));
       return;
@@ -436,6 +435,7 @@ void MergeTokens(const v1::TokenEvent& from, v1::TokenEvent* into) {
 
 void TurnRunner::Succeed() {
   result_.seconds = since_start_.ElapsedSeconds();
+  result_.request_id = request_id_;
   std::shared_ptr<v1::Worker::Stub> stub =
       spec_.drop_after ? workers_.Stub(result_.worker) : nullptr;
   if (stub == nullptr) {
@@ -448,11 +448,26 @@ void TurnRunner::Succeed() {
   drop->Start(drop);
 }
 
-std::optional<TakenBackTurn> TakenBackBy(const absl::Status& status) {
+std::vector<TakenBackTurn> FromProto(
+    const google::protobuf::RepeatedPtrField<v1::TakenBackTurn>& taken) {
+  std::vector<TakenBackTurn> out;
+  for (const v1::TakenBackTurn& t : taken) {
+    out.push_back({{t.token_ids().begin(), t.token_ids().end()}, t.prompt_tokens()});
+  }
+  return out;
+}
+
+std::vector<TakenBackTurn> TakenBackBy(const absl::Status& status) {
   const auto payload = status.GetPayload(kTakenBackPayload);  // an absl::optional
-  v1::TakenBackTurn t;
-  if (!payload.has_value() || !t.ParseFromString(std::string(*payload))) return std::nullopt;
-  return TakenBackTurn{{t.token_ids().begin(), t.token_ids().end()}, t.prompt_tokens()};
+  v1::AbortResponse answer;
+  if (!payload.has_value() || !answer.ParseFromString(std::string(*payload))) return {};
+  return FromProto(answer.taken_back());
+}
+
+void WithTakenBack(const v1::AbortResponse& answer, absl::Status& status) {
+  if (answer.taken_back_size() > 0) {
+    status.SetPayload(kTakenBackPayload, absl::Cord(answer.SerializeAsString()));
+  }
 }
 
 void TurnRunner::Fail(absl::Status status) { sink_->OnTurnError(std::move(status)); }

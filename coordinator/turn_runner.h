@@ -99,6 +99,7 @@ struct TurnSpec {
 struct TurnResult {
   v1::TurnDone done;            // the worker's summary
   std::string worker;           // who finished it (empty when failover found it complete)
+  std::string request_id;       // its RunTurn's there (for an Abort that takes it back)
   int failovers = 0;            // workers lost during the turn
   std::vector<int32_t> tokens;  // the whole reply, as reported to the sink
   std::string text;
@@ -107,10 +108,15 @@ struct TurnResult {
 };
 
 // A turn cancelled on a session that evicts: what its worker's Abort answered it took back
-// rides on the CANCELLED status as this payload (a serialized v1::TakenBackTurn), so the edge
-// stores it with the interrupted reply (StoredMessage::taken_back). TakenBackBy reads it.
-inline constexpr char kTakenBackPayload[] = "type.googleapis.com/recall.v1.TakenBackTurn";
-std::optional<TakenBackTurn> TakenBackBy(const absl::Status& status);
+// rides on the CANCELLED status as this payload (a serialized v1::AbortResponse), so the edge
+// stores it with the interrupted reply (StoredMessage::taken_back). TakenBackBy reads it
+// (none when there is none); WithTakenBack sets it.
+inline constexpr char kTakenBackPayload[] = "type.googleapis.com/recall.v1.AbortResponse";
+std::vector<TakenBackTurn> TakenBackBy(const absl::Status& status);
+void WithTakenBack(const v1::AbortResponse& answer, absl::Status& status);
+// The proto's records as the store keeps them.
+std::vector<TakenBackTurn> FromProto(
+    const google::protobuf::RepeatedPtrField<v1::TakenBackTurn>& taken);
 
 // Appends `from`'s tokens, logprobs (both forms) and text to `into` (tokens that queued up go on as
 // one event).

@@ -180,8 +180,9 @@ TEST_F(ConversationsTest, AnInterruptedTurnKeepsWhatWasSentAndLeavesLaterPrompts
 // A stopped turn whose worker took it back (an evicting session: the Abort's answer rides on
 // the CANCELLED status) keeps that record with its interrupted reply; the turn that replaces
 // it (the list sent again) carries it to its reply while the worker went on from its cache,
-// and drops it when the worker rebuilt the session (its cache no longer holds what it did).
-// The record reaches a worker's history on the reply kept before it.
+// with what its worker took back before it (a regenerate's last turn), and drops them when
+// the worker rebuilt the session (its cache no longer holds what they did). The records
+// reach a worker's history on the reply kept before them.
 TEST_F(ConversationsTest, ATakenBackAttemptStaysWithTheTurnThatFollowsItsCache) {
   CoordinatorOptions options;
   options.max_turns = 10;
@@ -193,12 +194,13 @@ TEST_F(ConversationsTest, ATakenBackAttemptStaysWithTheTurnThatFollowsItsCache) 
     SCOPED_TRACE(rebuilt ? "rebuilt" : "continued");
     auto stopped = conversations_->Begin("t", id_, Plan(3, {{"user", "More"}}), {}, "http");
     ASSERT_TRUE(stopped.ok());
-    v1::TakenBackTurn taken;
-    taken.add_token_ids(7);
-    taken.add_token_ids(8);
-    taken.set_prompt_tokens(1);
+    v1::AbortResponse answer;
+    v1::TakenBackTurn* taken = answer.add_taken_back();
+    taken->add_token_ids(7);
+    taken->add_token_ids(8);
+    taken->set_prompt_tokens(1);
     absl::Status cancelled = absl::CancelledError("the client cancelled the turn");
-    cancelled.SetPayload(kTakenBackPayload, absl::Cord(taken.SerializeAsString()));
+    WithTakenBack(answer, cancelled);
     StoredMessage sent{"assistant", " A"};
     sent.token_ids = {8};
     ASSERT_TRUE(conversations_->Finish(*stopped, cancelled, sent).ok());
@@ -215,14 +217,19 @@ TEST_F(ConversationsTest, ATakenBackAttemptStaysWithTheTurnThatFollowsItsCache) 
     ASSERT_EQ(again->spec.history[2].taken_back_after_size(), 0) << "not yet: it is replaced";
     TurnResult done = Reply(" B");
     done.done.set_rebuilt(rebuilt);
+    if (!rebuilt) done.done.add_taken_back_before()->add_token_ids(9);  // its worker's, after
     ASSERT_TRUE(conversations_->Finish(*again, done, {}).ok());
     t = Transcript();
     ASSERT_EQ(t.size(), 5u);
-    EXPECT_EQ(t[4].taken_back.size(), rebuilt ? 0u : 1u);
+    ASSERT_EQ(t[4].taken_back.size(), rebuilt ? 0u : 2u);
+    if (!rebuilt) {
+      EXPECT_EQ(t[4].taken_back[0].token_ids, (std::vector<int32_t>{7, 8}));
+      EXPECT_EQ(t[4].taken_back[1].token_ids, (std::vector<int32_t>{9}));
+    }
     auto next = conversations_->Begin("t", id_, Plan(5, {{"user", "And?"}}), {}, "grpc");
     ASSERT_TRUE(next.ok());
     ASSERT_EQ(next->spec.history.size(), 5u);
-    EXPECT_EQ(next->spec.history[2].taken_back_after_size(), rebuilt ? 0 : 1)
+    EXPECT_EQ(next->spec.history[2].taken_back_after_size(), rebuilt ? 0 : 2)
         << "on the reply kept before the attempt";
     ASSERT_TRUE(conversations_->Finish(*next, absl::InvalidArgumentError("no"), {}).ok());
     // Back to two turns for the next round.
@@ -455,6 +462,37 @@ TEST_F(ConversationsTest, TheTurnLimitAndOtherTenants) {
   auto third = conversations_->Begin("t", id_, Plan(5, {{"user", "Hi"}}), {}, "http");
   EXPECT_EQ(third.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(third.status().message().find("limit of 2 turns"), std::string::npos) << third.status();
+  // A conversation of more turns than the limit, in a session of none yet (how an OpenAI
+  // client naming no session gets a new one for its whole list): refused too, naming it.
+  auto fresh = conversations_->Create("t", "", v1::CacheSettings(), {}, "");
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  auto whole = conversations_->Begin(
+      "t", fresh->id,
+      Plan(0,
+           {{"user", "a"}, {"assistant", "A"}, {"user", "b"}, {"assistant", "B"}, {"user", "c"}}),
+      {}, "http");
+  EXPECT_EQ(whole.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(whole.status().message().rfind("messages: the conversation has 3 turns", 0), 0u)
+      << whole.status();
+  auto two = conversations_->Begin(
+      "t", fresh->id, Plan(0, {{"user", "a"}, {"assistant", "A"}, {"user", "b"}}), {}, "http");
+  EXPECT_TRUE(two.ok()) << two.status();
+}
+
+// A session made for its turn (an HTTP list naming none) whose turn failed before any reply
+// (no worker could take it) is deleted, so that a client's retries leave no empty sessions
+// behind; one whose client stopped it stays (its user message is kept).
+TEST_F(ConversationsTest, ASessionMadeForATurnThatFailedIsDeleted) {
+  for (const absl::Status& end : {absl::UnavailableError("no worker could take the turn"),
+                                  absl::CancelledError("the client left before the end")}) {
+    auto made = conversations_->Create("t", "", v1::CacheSettings(), {}, "");
+    ASSERT_TRUE(made.ok()) << made.status();
+    auto turn = conversations_->Begin("t", made->id, Plan(0, {{"user", "Hi"}}), {}, "http");
+    ASSERT_TRUE(turn.ok()) << turn.status();
+    turn->new_session = true;
+    ASSERT_TRUE(conversations_->Finish(*turn, end, {}).ok());
+    EXPECT_EQ(store_->Get("t", made->id).ok(), absl::IsCancelled(end)) << end;
+  }
 }
 
 }  // namespace

@@ -3,6 +3,9 @@
 // a completion's record round-trips, and damaged records read as absent, never a crash.
 #include "coordinator/idempotency_keys.h"
 
+#include <chrono>
+#include <thread>
+
 #include "gtest/gtest.h"
 #include "tests/common/test_util.h"
 
@@ -50,6 +53,25 @@ TEST(IdempotencyKeysTest, WhatOneCoordinatorPutsAnotherFindsInTheStore) {
 
   IdempotencyKeys memory_only(16, nullptr);
   EXPECT_EQ(memory_only.Find("a", "k1"), "");
+}
+
+// A key's request running is refused to a second at once; one whose client left (Ending) is
+// waited for, and the second gets the key when the first lets it go.
+TEST(IdempotencyKeysTest, ARequestWhoseClientLeftIsWaitedFor) {
+  IdempotencyKeys keys(16, nullptr);
+  ASSERT_TRUE(keys.Claim("t", "k"));
+  EXPECT_FALSE(keys.Claim("t", "k")) << "running";
+  EXPECT_TRUE(keys.Claim("u", "k")) << "another tenant's";
+  keys.Ending("t", "k");
+  std::thread first([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    keys.Release("t", "k");
+  });
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE(keys.Claim("t", "k")) << "waited for the ending one";
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(150));
+  first.join();
+  EXPECT_FALSE(keys.Claim("t", "k")) << "the second holds it now, and is not ending";
 }
 
 TEST(IdempotencyKeysTest, DigestIsSha256InHex) {

@@ -41,6 +41,11 @@ std::vector<model::ChatMessage> Messages(
 
 }  // namespace
 
+void ToProto(const serving::TakenBackTurn& taken, v1::TakenBackTurn* out) {
+  out->mutable_token_ids()->Add(taken.token_ids.begin(), taken.token_ids.end());
+  out->set_prompt_tokens(taken.prompt_tokens);
+}
+
 serving::TurnRequest FromProto(const v1::RunTurnRequest& r, int default_max_tokens) {
   serving::TurnRequest out;
   out.session_id = r.session_id();
@@ -209,10 +214,8 @@ grpc::ServerUnaryReactor* WorkerService::Abort(grpc::CallbackServerContext* cont
       scheduler_.AbortRequestAsync(
           request->request_id(),
           [this, answer, response, id = request->request_id()](int aborted) {
-            if (std::optional<serving::TakenBackTurn> t = scheduler_.TakeTakenBack(id)) {
-              response->mutable_taken_back()->mutable_token_ids()->Add(t->token_ids.begin(),
-                                                                       t->token_ids.end());
-              response->mutable_taken_back()->set_prompt_tokens(t->prompt_tokens);
+            for (const serving::TakenBackTurn& t : scheduler_.TakeTakenBack(id)) {
+              ToProto(t, response->add_taken_back());
             }
             answer(aborted);
           },

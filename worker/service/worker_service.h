@@ -30,6 +30,8 @@ serving::CacheRequest FromProto(const v1::CacheSettings& cache);
 // A session's cache settings as they resolve (a worker's defaults, or a request over them);
 // kv_dtype is left unset.
 v1::CacheSettings ToProto(const serving::CacheDefaults& cache);
+// A turn's taken-back tokens (an Abort's answer, a TurnDone).
+void ToProto(const serving::TakenBackTurn& taken, v1::TakenBackTurn* out);
 
 class WorkerService final : public v1::Worker::CallbackService {
  public:

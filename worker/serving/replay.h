@@ -24,14 +24,6 @@
 
 namespace recall::serving {
 
-// What an aborted turn of a session that evicts fed before it was given back
-// (Scheduler::TakeBack): its prompt's tokens, fed as prefill chunks, then its reply's, one per
-// decode step.
-struct TakenBackTurn {
-  std::vector<int32_t> token_ids;
-  int prompt_tokens = 0;
-};
-
 // An assistant message's reply as a worker produced it.
 struct ReplyRecord {
   std::vector<int32_t> token_ids;  // as streamed (a stop token is not among them)

@@ -149,6 +149,7 @@ absl::Status Scheduler::EnsureResident(Turn& t) {
     RECALL_RETURN_IF_ERROR(memory_.Restore(s));
   }
   if (t.touched) return absl::OkStatus();  // resuming after preemption
+  s.last_turn.reset();                     // a later turn: the last can no longer be taken back
   t.fed_before = s.tokens_fed;
   t.pending_before = std::move(s.pending);  // Prepare moved them into the prompt
   t.reply_tail_before = std::move(s.reply_tail);

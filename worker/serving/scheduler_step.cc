@@ -152,6 +152,17 @@ void Scheduler::ApplyCommands() {
     auto answer = [&c](absl::StatusOr<int64_t> result) {
       if (c.done) c.done(std::move(result));
     };
+    if (c.kind == Command::Kind::kAbortRequest && hit.empty()) {
+      // It had ended as its client left: taken back all the same.
+      Session* ended = nullptr;
+      for (const auto& [id, held] : memory_.sessions()) {
+        if (held->last_turn.has_value() && held->last_turn->request_id == c.key) ended = held.get();
+      }
+      if (ended != nullptr && !ended->busy && TakeBackFinished(*ended)) {
+        answer(1);
+        continue;
+      }
+    }
     if (c.kind != Command::Kind::kDrop) {
       answer(static_cast<int64_t>(hit.size()));
       continue;
@@ -274,6 +285,15 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
   // digest: the session keeps only its last messages).
   bool same_history = s != nullptr && s->message_count == r.history_length &&
                       (r.history.empty() || TranscriptDigest(r.history) == s->digest);
+  // Or it is the worker's copy before its last turn (a regenerate; a stopped reply that had
+  // ended): that turn is taken back first, as an abort before its end would have.
+  if (!same_history && s != nullptr && s->last_turn.has_value() &&
+      s->last_turn->message_count == r.history_length &&
+      (r.history.empty() || TranscriptDigest(r.history) == s->last_turn->digest)) {
+    const std::string last = s->last_turn->request_id;
+    same_history = TakeBackFinished(*s);
+    if (same_history) t.taken_back_before = TakeTakenBack(last);
+  }
   // Or the history is the worker's copy and some messages more: they go first.
   std::vector<model::ChatMessage> caught_up;
   if (!same_history && s != nullptr && s->cache() != nullptr) {
@@ -329,6 +349,7 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
     }
   }
   // Rebuild: from the request's history, else from the worker's own copy when it is whole.
+  t.taken_back_before.clear();  // (the rebuild replaces what it did)
   std::vector<model::ChatMessage> all;
   if (static_cast<int>(r.history.size()) == r.history_length) {
     all = r.history;
@@ -380,7 +401,9 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
   fresh->SetTranscript(history);
   if (compact) fresh->positions = runtime::Positions::kCompact;
   s = &memory_.Add(std::move(fresh));
-  if (r.history_length > 0) {
+  // (A history of system messages only is a session's first turn: nothing is rebuilt.)
+  if (std::any_of(history.begin(), history.end(),
+                  [](const model::ChatMessage& m) { return m.role != "system"; })) {
     t.rebuilt = true;
     metrics_->rebuilds->Increment();
   }
@@ -454,30 +477,28 @@ void Scheduler::CutAtStop(Turn& t) {
   s.reply_tail = t.stop_text.text().substr(cut.tail);
 }
 
-bool Scheduler::TakeBack(Turn& t) {
-  Session& s = *t.session;
-  if (!t.continues || s.episodic != nullptr || !s.resident() || s.tokens_fed < t.fed_before) {
-    return false;
-  }
-  const int64_t n = s.tokens_fed - t.fed_before;
+bool Scheduler::GiveBack(Session& s, const std::string& request_id, int64_t fed_before,
+                         int64_t prompt_fed, bool replayable, std::vector<TakenBackTurn> before) {
+  if (s.episodic != nullptr || !s.resident() || s.tokens_fed < fed_before) return false;
+  const int64_t n = s.tokens_fed - fed_before;
   // Without eviction the turn's tokens changed nothing before them: giving them back leaves
   // the cache as it was. With it, the turn's steps evicted and scored; that stays, and a
   // rebuild must do the same (replay.h): it needs the tokens (in the session's copy, which
-  // keeps at least a context length of the last), fed as they were (a prompt, then decode
-  // steps: not a failover's resume, whose reply tokens are steps of its prompt), after a
-  // reply (a rebuild of a session with none prefills its text).
+  // keeps at least a context length of the last), fed as the replay feeds them (`replayable`:
+  // a prompt, then decode steps, after a reply; not a policy that compresses each prompt).
   if (!s.evictors.empty() && n > 0) {
-    if (s.evictor()->policy().compresses_prefill() || !t.step_ranges.empty() ||
-        n > static_cast<int64_t>(s.tokens.size()) || s.messages.empty() ||
-        s.messages.back().role != "assistant") {
+    if (!replayable || s.evictor()->policy().compresses_prefill() ||
+        n > static_cast<int64_t>(s.tokens.size())) {
       return false;
     }
-    TakenBackTurn taken;
+    TakenBackTurn& taken = before.emplace_back();
     taken.token_ids.assign(s.tokens.end() - n, s.tokens.end());
-    taken.prompt_tokens = static_cast<int>(std::min<int64_t>(static_cast<int64_t>(t.fed), n));
+    taken.prompt_tokens = static_cast<int>(std::min(prompt_fed, n));
+  }
+  if (!before.empty()) {
     absl::MutexLock lock(&taken_back_mu_);
-    if (taken_back_.insert_or_assign(t.req.request_id, std::move(taken)).second) {
-      taken_back_order_.push_back(t.req.request_id);
+    if (taken_back_.insert_or_assign(request_id, std::move(before)).second) {
+      taken_back_order_.push_back(request_id);
       if (static_cast<int>(taken_back_order_.size()) > kRememberedAborts) {
         taken_back_.erase(taken_back_order_.front());
         taken_back_order_.pop_front();
@@ -486,16 +507,46 @@ bool Scheduler::TakeBack(Turn& t) {
   }
   s.Unfeed(static_cast<int>(n));
   metrics_->taken_back->Increment();
+  return true;
+}
+
+bool Scheduler::TakeBack(Turn& t) {
+  Session& s = *t.session;
+  const bool after_reply = !s.messages.empty() && s.messages.back().role == "assistant";
+  // (A failover's resumed reply tokens are steps of its prompt: not replayed as a prompt.)
+  if (!t.continues ||
+      !GiveBack(s, t.req.request_id, t.fed_before, static_cast<int64_t>(t.fed),
+                t.step_ranges.empty() && after_reply, std::move(t.taken_back_before))) {
+    return false;
+  }
   s.pending = std::move(t.pending_before);
   s.reply_tail = std::move(t.reply_tail_before);
   return true;
 }
 
-std::optional<TakenBackTurn> Scheduler::TakeTakenBack(const std::string& request_id) {
+bool Scheduler::TakeBackFinished(Session& s) {
+  if (!s.last_turn.has_value()) return false;
+  Session::LastTurn last = std::move(*s.last_turn);
+  s.last_turn.reset();
+  // (What it had taken back before it is in its TurnDone: its caller has that.)
+  if (s.tokens_fed != last.fed_after ||
+      !GiveBack(s, last.request_id, last.fed_before, last.prompt_tokens, last.after_reply, {})) {
+    return false;
+  }
+  s.pending = std::move(last.pending);
+  s.reply_tail = std::move(last.reply_tail);
+  s.messages = std::move(last.messages);
+  s.message_count = last.message_count;
+  s.digest = last.digest;
+  s.message_bytes = last.message_bytes;
+  return true;
+}
+
+std::vector<TakenBackTurn> Scheduler::TakeTakenBack(const std::string& request_id) {
   absl::MutexLock lock(&taken_back_mu_);
   auto it = taken_back_.find(request_id);
-  if (it == taken_back_.end()) return std::nullopt;
-  TakenBackTurn out = std::move(it->second);
+  if (it == taken_back_.end()) return {};
+  std::vector<TakenBackTurn> out = std::move(it->second);
   taken_back_.erase(it);
   taken_back_order_.erase(
       std::find(taken_back_order_.begin(), taken_back_order_.end(), request_id));
@@ -551,8 +602,26 @@ void Scheduler::FinishTurn(Turn& t, absl::Status status) {
     std::vector<model::ChatMessage> added = t.caught_up;
     added.insert(added.end(), t.req.messages.begin(), t.req.messages.end());
     added.push_back({"assistant", sum.text});
+    s->last_turn.reset();
+    if (t.continues && !(t.stop_text.stopped() && !s->evictors.empty())) {
+      // (A reply cut in a session that evicts gave back tokens its steps evicted around: a
+      // record of a prompt and steps does not replay that.)
+      Session::LastTurn& last = s->last_turn.emplace();
+      last.request_id = t.req.request_id;
+      last.fed_before = t.fed_before;
+      last.prompt_tokens = static_cast<int>(t.fed);
+      last.after_reply =
+          !s->messages.empty() && s->messages.back().role == "assistant" && t.step_ranges.empty();
+      last.pending = t.pending_before;
+      last.reply_tail = t.reply_tail_before;
+      last.messages = s->messages;
+      last.message_count = s->message_count;
+      last.digest = s->digest;
+      last.message_bytes = s->message_bytes;
+    }
     s->AddMessages(added);
     if (t.stop_text.stopped()) CutAtStop(t);
+    if (s->last_turn.has_value()) s->last_turn->fed_after = s->tokens_fed;
     sum.prompt_tokens = t.prompt_tokens;
     sum.cached_tokens = t.cached_tokens;
     sum.generated_tokens = static_cast<int>(t.generated.size());
@@ -565,6 +634,7 @@ void Scheduler::FinishTurn(Turn& t, absl::Status status) {
       sum.evicted_tokens = TotalEvictedSlots(*s) - t.evicted_at_start;
     }
     sum.rebuilt = t.rebuilt;
+    sum.taken_back_before = t.taken_back_before;
     if (s->episodic != nullptr) episodes_.TurnDone(*s);
     if (s->episodic != nullptr && !s->episodic->list.empty()) {
       for (const auto& e : s->episodic->list) {

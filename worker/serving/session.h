@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -101,6 +102,25 @@ struct Session {
   runtime::Positions positions = runtime::Positions::kOriginal;
   bool prefill_compressed = false;  // a compresses_prefill() policy ran once
   bool busy = false;                // a turn is running or waiting
+  // The last turn, as it can be taken back after its end (its client left as it ended: the
+  // Abort came late): while the session has fed nothing since, giving back its tokens and
+  // restoring what it changed leaves the session as an Abort before its end would have
+  // (Scheduler::TakeBackFinished). Unset where that would not be exact (a rebuild; a reply
+  // cut at a stop string in a session that evicts).
+  struct LastTurn {
+    std::string request_id;
+    int64_t fed_before = 0;  // tokens_fed before and after it
+    int64_t fed_after = 0;
+    int prompt_tokens = 0;         // of the tokens it fed, its prompt's
+    bool after_reply = false;      // the transcript before it ended with a reply
+    std::vector<int32_t> pending;  // pending, reply_tail and the transcript before it
+    std::string reply_tail;
+    std::vector<model::ChatMessage> messages;
+    int64_t message_count = 0;
+    uint64_t digest = kEmptyTranscriptDigest;
+    int64_t message_bytes = 0;
+  };
+  std::optional<LastTurn> last_turn;
   int64_t message_bytes = 0;        // role and content bytes of `messages`
   int64_t last_used = 0;            // scheduler step of the last activity (LRU)
 

@@ -29,6 +29,14 @@ namespace recall::serving {
 enum class TurnFinish { kLength, kStop, kContext };
 const char* TurnFinishName(TurnFinish finish);
 
+// What a turn of a session that evicts fed before it was taken back (Scheduler::TakeBack,
+// TakeBackFinished): its prompt's tokens, fed as prefill chunks, then its reply's, one per
+// decode step. A rebuild feeds them and gives them back alike (replay.h).
+struct TakenBackTurn {
+  std::vector<int32_t> token_ids;
+  int prompt_tokens = 0;
+};
+
 struct TurnSummary {
   TurnFinish finish = TurnFinish::kLength;
   int prompt_tokens = 0;  // context before generation (cached + new)
@@ -41,6 +49,9 @@ struct TurnSummary {
   int64_t evictions = 0;
   int64_t evicted_tokens = 0;
   bool rebuilt = false;  // the cache was (re)built from the transcript
+  // The session's last turn, taken back before this one (its history was the transcript
+  // before it), where the session evicts: v1::TurnDone.taken_back_before.
+  std::vector<TakenBackTurn> taken_back_before;
   // Policy "episodic": windows in each of the session's episodes (empty until they are
   // built), the episode that served this turn (-1: none yet), and the tokens fed again to
   // bring that episode's cache up to date.

@@ -230,22 +230,23 @@ TEST_F(ReplayTest, AbortedTurnsAreReplayedAsTheirTurnsGaveThemBack) {
     }
     ASSERT_EQ(sched_->AbortRequest(stopped.request_id), 1);
     EXPECT_EQ(CollectTurn(**stream).status.code(), absl::StatusCode::kCancelled);
-    const std::optional<TakenBackTurn> taken = sched_->TakeTakenBack(stopped.request_id);
+    const std::vector<TakenBackTurn> taken_back = sched_->TakeTakenBack(stopped.request_id);
     // Kept cache: two more turns.
     const Collected kept2 = Run(Turn(id, kTurns[2], 2, policy));
     const Collected kept3 = Run(Turn(id, kTurns[3], 4, policy));
     ASSERT_TRUE(kept2.status.ok() && kept3.status.ok()) << policy;
     EXPECT_FALSE(kept2.summary.rebuilt) << policy << ": the aborted turn was taken back";
     if (policy == "full") {
-      EXPECT_FALSE(taken.has_value()) << "without eviction nothing needs replaying";
+      EXPECT_TRUE(taken_back.empty()) << "without eviction nothing needs replaying";
       ASSERT_TRUE(sched_->DropSession(id).ok());
       continue;
     }
-    ASSERT_TRUE(taken.has_value()) << policy;
+    ASSERT_EQ(taken_back.size(), 1u) << policy;
+    const TakenBackTurn* taken = &taken_back[0];
     EXPECT_GT(taken->prompt_tokens, 0) << policy;
     EXPECT_GT(taken->token_ids.size(), static_cast<size_t>(taken->prompt_tokens))
         << policy << ": it fed reply tokens as decode steps";
-    EXPECT_FALSE(sched_->TakeTakenBack(stopped.request_id).has_value()) << "answered once";
+    EXPECT_TRUE(sched_->TakeTakenBack(stopped.request_id).empty()) << "answered once";
 
     // Rebuilt from the transcript with the record, then the same last turn.
     ASSERT_TRUE(sched_->DropSession(id).ok());
@@ -274,6 +275,58 @@ TEST_F(ReplayTest, AbortedTurnsAreReplayedAsTheirTurnsGaveThemBack) {
         policy.c_str(), taken->prompt_tokens,
         taken->token_ids.size() - static_cast<size_t>(taken->prompt_tokens),
         unrecorded.token_ids == kept2.token_ids ? "the same" : "differs");
+  }
+}
+
+// A regenerate: a turn whose history is the transcript before the session's last turn. The
+// worker takes that turn back and goes on from its cache (it used to rebuild the session
+// from the whole history); without eviction the reply is the one the turn gave. Where the
+// session evicts, what the taken-back turn fed comes back in the summary (for the stored
+// transcript), and a rebuild that replays it gives the next reply the kept cache gave.
+TEST_F(ReplayTest, ARegenerateTakesBackTheLastTurnAndItsReplayFeedsItAsItRan) {
+  for (const std::string policy : {"full", "lazy", "h2o"}) {
+    const std::string id = "regen-" + policy;
+    const Collected first = Run(Turn(id, kTurns[0], 0, policy));
+    TurnRequest second = Turn(id, kTurns[1], 2, policy);
+    second.request_id = "second-" + policy;
+    const Collected last = Run(second);
+    ASSERT_TRUE(first.status.ok() && last.status.ok()) << policy;
+    const std::vector<model::ChatMessage> before = {{"user", kTurns[0]},
+                                                    {"assistant", first.summary.text}};
+    TurnRequest regenerate = Turn(id, kTurns[1], 2, policy);
+    regenerate.history = before;
+    const Collected again = Run(regenerate);
+    ASSERT_TRUE(again.status.ok()) << policy << ": " << again.status;
+    EXPECT_FALSE(again.summary.rebuilt) << policy << ": the last turn was taken back";
+    EXPECT_EQ(again.summary.cached_tokens, last.summary.cached_tokens) << policy;
+    EXPECT_EQ(again.summary.prompt_tokens, last.summary.prompt_tokens) << policy;
+    const Collected kept = Run(Turn(id, kTurns[2], 4, policy));
+    ASSERT_TRUE(kept.status.ok()) << policy;
+    if (policy == "full") {
+      EXPECT_EQ(again.token_ids, last.token_ids) << "the same cache: the same reply";
+      EXPECT_TRUE(again.summary.taken_back_before.empty());
+      ASSERT_TRUE(sched_->DropSession(id).ok());
+      continue;
+    }
+    ASSERT_EQ(again.summary.taken_back_before.size(), 1u) << policy;
+    EXPECT_EQ(again.summary.taken_back_before[0].prompt_tokens,
+              last.summary.prompt_tokens - last.summary.cached_tokens)
+        << policy;
+    // Rebuilt from the transcript with that record on the reply before it.
+    ASSERT_TRUE(sched_->DropSession(id).ok());
+    TurnRequest rebuild = Turn(id, kTurns[2], 4, policy);
+    rebuild.history = before;
+    rebuild.history.push_back({"user", kTurns[1]});
+    rebuild.history.push_back({"assistant", again.summary.text});
+    rebuild.history_replies = {
+        std::nullopt,
+        ReplyRecord{first.token_ids, first.summary.finish, again.summary.taken_back_before},
+        std::nullopt, ReplyRecord{again.token_ids, again.summary.finish}};
+    const Collected rebuilt = Run(rebuild);
+    ASSERT_TRUE(rebuilt.status.ok()) << policy << ": " << rebuilt.status;
+    EXPECT_TRUE(rebuilt.summary.rebuilt) << policy;
+    EXPECT_EQ(rebuilt.token_ids, kept.token_ids) << policy;
+    ASSERT_TRUE(sched_->DropSession(id).ok());
   }
 }
 

@@ -208,6 +208,12 @@ TEST_F(SchedulerTest, NonResidentSessionNeedsHistoryThenRebuilds) {
   ASSERT_TRUE(rebuilt.status.ok()) << rebuilt.status;
   EXPECT_TRUE(rebuilt.summary.rebuilt);
   EXPECT_EQ(rebuilt.summary.cached_tokens, 0);
+  // A session whose history is its system prompt only is at its first turn: not rebuilt.
+  TurnRequest first = Turn("system-only", "Hello", 5, 1);
+  first.history = {{"system", "Be brief."}};
+  Collected fresh = Run(first);
+  ASSERT_TRUE(fresh.status.ok()) << fresh.status;
+  EXPECT_FALSE(fresh.summary.rebuilt);
 }
 
 TEST_F(SchedulerTest, AbortEndsTheTurnAndFreesItsBlocks) {

@@ -227,6 +227,58 @@ TEST_F(StopCutTest, AnAbortedTurnGivesBackWhatItFed) {
   EXPECT_EQ(three.token_ids, ref.token_ids);
 }
 
+// The Abort of a turn that had already ended (its client left as the reply ran out: the
+// coordinator stores it interrupted) takes it back as one before its end would have: the next
+// turn continues the cache and replies as a session that never had that turn. In a session
+// that evicts, the Abort's answer says what it fed. Not once the session went on, nor twice.
+TEST_F(StopCutTest, AnAbortAfterItsTurnEndedTakesItBackStill) {
+  for (const bool evicting : {false, true}) {
+    SCOPED_TRACE(evicting ? "lazy" : "full");
+    auto sched = evicting ? StartCompact() : StartFull();
+    ASSERT_NE(sched, nullptr);
+    ASSERT_TRUE(Run(*sched, Turn("ref", kLines[0], 0, {}, 8)).status.ok());
+    const Collected ref = Run(*sched, Turn("ref", kLines[2], 2));
+    ASSERT_TRUE(ref.status.ok()) << ref.status;
+
+    ASSERT_TRUE(Run(*sched, Turn("s", kLines[0], 0, {}, 8)).status.ok());
+    TurnRequest two = Turn("s", kLines[1], 2, {}, 6);
+    two.request_id = "two";
+    const Collected ended = Run(*sched, two);
+    ASSERT_TRUE(ended.status.ok()) << ended.status;
+    const double taken_before =
+        metrics_.GetCounter("recall_worker_taken_back_turns_total", "")->value();
+    EXPECT_EQ(sched->AbortRequest("two"), 1) << "ended, and taken back";
+    EXPECT_EQ(metrics_.GetCounter("recall_worker_taken_back_turns_total", "")->value(),
+              taken_before + 1);
+    const std::vector<TakenBackTurn> taken_back = sched->TakeTakenBack("two");
+    ASSERT_EQ(taken_back.size(), evicting ? 1u : 0u);
+    if (evicting) {
+      const TakenBackTurn* taken = &taken_back[0];
+      const int fed = ended.summary.prompt_tokens - ended.summary.cached_tokens;
+      EXPECT_EQ(taken->token_ids.size(), static_cast<size_t>(fed) + 5)
+          << "its prompt's new tokens and five of its six reply tokens (the last was never fed)";
+      EXPECT_EQ(taken->prompt_tokens, fed);
+    }
+    EXPECT_EQ(sched->AbortRequest("two"), 0) << "once";
+
+    const double rebuilds = Rebuilds();
+    const Collected three = Run(*sched, Turn("s", kLines[2], 2));
+    ASSERT_TRUE(three.status.ok()) << three.status;
+    EXPECT_EQ(Rebuilds(), rebuilds) << "continued from its cache";
+    EXPECT_EQ(three.summary.cached_tokens, ref.summary.cached_tokens);
+    EXPECT_EQ(three.summary.prompt_tokens, ref.summary.prompt_tokens);
+    if (!evicting) {
+      EXPECT_EQ(three.token_ids, ref.token_ids);
+    }
+    // The session went on: its last turn is no longer the one named.
+    TurnRequest four = Turn("s", kLines[3], 4, {}, 6);
+    four.request_id = "four";
+    ASSERT_TRUE(Run(*sched, four).status.ok());
+    ASSERT_TRUE(Run(*sched, Turn("s", kLines[0], 6, {}, 6)).status.ok());
+    EXPECT_EQ(sched->AbortRequest("four"), 0) << "not the session's last turn any more";
+  }
+}
+
 // After a stopped reply the client keeps the part it got and writes a new message (as chat
 // UIs do): the history then holds the stopped turn's user message, which the worker's copy
 // lacks. The cache (as before the stopped turn) goes on with that message, the part and the
