@@ -108,7 +108,8 @@ class Stmt {
     sqlite3_bind_int64(stmt_, i, v);
     return *this;
   }
-  int Step() { return sqlite3_step(stmt_); }
+  // A statement that could not be prepared (a damaged schema page) steps to that error.
+  int Step() { return stmt_ == nullptr ? rc_ : sqlite3_step(stmt_); }
   std::string Text(int col) const {
     const void* p = sqlite3_column_blob(stmt_, col);
     return p == nullptr ? "" : std::string(static_cast<const char*>(p),
@@ -382,7 +383,8 @@ class SqliteStore final : public SessionStore {
     absl::MutexLock lock(&mu_);
     Stmt s(db_, "SELECT COUNT(*) FROM sessions WHERE tenant = ?");
     s.BindText(1, tenant);
-    if (s.Step() != SQLITE_ROW) return Check(SQLITE_ERROR, "count sessions");
+    const int rc = s.Step();
+    if (rc != SQLITE_ROW) return Check(rc == SQLITE_DONE ? SQLITE_ERROR : rc, "count sessions");
     return static_cast<int>(s.Int(0));
   }
 

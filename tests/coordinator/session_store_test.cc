@@ -7,6 +7,8 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 
 #include "gtest/gtest.h"
 #include "tests/common/redis_server.h"
@@ -574,6 +576,60 @@ TEST_P(SessionStoreTest, AReplyInProgressTakesWritesOfItsWriterOnly) {
   ASSERT_TRUE(rec.ok()) << rec.status();
   ASSERT_EQ(rec->messages.size(), 3u);
   EXPECT_EQ(rec->messages[1].content, "new, complete");
+}
+
+// A store file with one page overwritten (a disk fault): whichever page it is, every call that
+// fails says DATA_LOSS (restore it from a backup), never UNAVAILABLE, which clients retry
+// forever. One page of the schema or an index, read on prepare, answered "retryable".
+TEST(SqliteDamageTest, APageOverwrittenIsDataLossWhereverItIs) {
+  const std::string dir = testing::MakeTempDir("store_damage");
+  const std::string clean = dir + "/clean.db";
+  {
+    auto store = OpenStore(clean);
+    ASSERT_TRUE(store.ok()) << store.status();
+    for (int i = 0; i < 40; ++i) {
+      SessionRecord r;
+      r.id = "s" + std::to_string(i);
+      r.tenant = "a";
+      r.model = "m";
+      ASSERT_TRUE((*store)->Create(r).ok());
+      ASSERT_TRUE((*store)->Append("a", r.id, 0, {"user", std::string(300, 'x')}).ok());
+    }
+  }
+  const auto size = std::filesystem::file_size(clean);
+  ASSERT_GE(size, 4u * 4096);
+  int refused = 0, failed = 0;
+  for (uintmax_t page = 0; page * 4096 < size; ++page) {
+    SCOPED_TRACE("page " + std::to_string(page));
+    const std::string path = dir + "/damaged" + std::to_string(page) + ".db";
+    std::filesystem::copy_file(clean, path);
+    {
+      std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(static_cast<std::streamoff>(page * 4096));
+      const std::string junk(4096, '\xff');
+      f.write(junk.data(), static_cast<std::streamsize>(junk.size()));
+    }
+    auto store = OpenStore(path);
+    if (!store.ok()) {
+      EXPECT_NE(store.status().code(), absl::StatusCode::kUnavailable) << store.status();
+      ++refused;
+      continue;
+    }
+    SessionRecord r;
+    r.id = "new";
+    r.tenant = "a";
+    r.model = "m";
+    const std::vector<absl::Status> answers = {
+        (*store)->CountSessions("a").status(), (*store)->List("a", "", 100).status(),
+        (*store)->Get("a", "s7").status(), (*store)->Create(r),
+        (*store)->Append("a", "s3", 1, {"assistant", "y"})};
+    for (const absl::Status& st : answers) {
+      EXPECT_NE(st.code(), absl::StatusCode::kUnavailable) << st;
+      failed += st.code() == absl::StatusCode::kDataLoss;
+    }
+  }
+  std::printf("%d damaged files refused at open, %d calls answered DATA_LOSS\n", refused, failed);
+  EXPECT_GT(refused + failed, 0) << "the damage was seen somewhere";
 }
 
 // A reply's bytes with a seed, and bytes written before seeds were kept (finish, then ids),
