@@ -340,6 +340,11 @@ absl::Status ResolveWorkerOptions(WorkerOptions* o) {
     // The policy and budget the calibration measured become the defaults too, so a model
     // served with its calibration runs what was measured for it.
     if (!c->policy.empty()) o->scheduler.cache.policy = c->policy;
+    if (c->policy.empty() && o->scheduler.cache.policy == "full" && !o->cache.policy.has_value()) {
+      RECALL_LOG(WARNING) << o->calibration_file << " names no \"policy\": sessions keep the "
+                          << "default policy full, which does not evict (its alpha and window "
+                          << "go unused); give --policy, or calibrate again to write one";
+    }
     if (c->budget_fraction > 0) {
       o->scheduler.cache.budget_fraction = c->budget_fraction;
     }

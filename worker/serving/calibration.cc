@@ -25,8 +25,13 @@ absl::StatusOr<EvictionCalibration> ReadEvictionCalibration(const std::string& p
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot read the calibration file"));
   std::stringstream text;
   text << in.rdbuf();
-  const nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return Bad(path, "not a JSON object");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text.str());
+  } catch (const nlohmann::json::parse_error& e) {
+    return Bad(path, absl::StrCat("not valid JSON (", e.what(), ")"));
+  }
+  if (!j.is_object()) return Bad(path, "not a JSON object");
   const auto field = [&](const char* name) -> const nlohmann::json* {
     auto it = j.find(name);
     return it == j.end() ? nullptr : &*it;
@@ -87,9 +92,19 @@ absl::StatusOr<EvictionCalibration> ReadEvictionCalibration(const std::string& p
       return Bad(path, "\"layer_budgets\" must be uniform, pyramid or a profile's path");
     }
     c.layer_budgets = l->get<std::string>();
-    if (c.layer_budgets != "uniform" && c.layer_budgets != "pyramid" && c.layer_budgets[0] != '/') {
-      const size_t slash = path.rfind('/');
-      if (slash != std::string::npos) c.layer_budgets = path.substr(0, slash + 1) + c.layer_budgets;
+    if (c.layer_budgets != "uniform" && c.layer_budgets != "pyramid") {
+      if (c.layer_budgets[0] != '/') {
+        const size_t slash = path.rfind('/');
+        if (slash != std::string::npos) {
+          c.layer_budgets = path.substr(0, slash + 1) + c.layer_budgets;
+        }
+      }
+      if (!std::ifstream(c.layer_budgets)) {
+        return Bad(path,
+                   absl::StrCat("\"layer_budgets\": cannot read the profile '", c.layer_budgets,
+                                "' (uniform, pyramid or a profile's path, "
+                                "relative to this file)"));
+      }
     }
   }
   if (const nlohmann::json* f = field("budget_fraction"); f != nullptr) {

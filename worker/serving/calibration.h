@@ -6,7 +6,8 @@
 //    "value_protection": 0.1, "meta_score": "caote", "layer_budgets": "uniform"}
 // `policy` and `budget_fraction` are what the alpha was measured with (the policy's cache at
 // that fraction of the text, against the full cache); all four become the worker's session
-// defaults. Both are optional in the file (a missing policy or fraction leaves the worker's),
+// defaults. Both are optional in the file (a missing policy or fraction leaves the worker's;
+// the worker warns when that policy is full, which does not use the rest),
 // as are the last four (lazy+'s relative threshold when it won the search, and the value
 // protection, meta score and layer budgets the search ran with; missing: 0, 0, "none",
 // "uniform"). A layer-budget profile path that is not absolute is taken relative to the

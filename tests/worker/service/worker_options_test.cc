@@ -387,6 +387,7 @@ TEST(WorkerOptionsTest, ACalibrationFileSetsTheSessionDefaultsUnlessTheFlagsDo) 
   serving::EvictionCalibration rel_cal = full_cal;
   rel_cal.layer_budgets = "model.sensitivity.json";
   ASSERT_TRUE(serving::WriteEvictionCalibration(dir + "/rel.json", rel_cal).ok());
+  std::ofstream(dir + "/model.sensitivity.json") << "{}";  // read (and checked) at start
   absl::StatusOr<serving::EvictionCalibration> rel =
       serving::ReadEvictionCalibration(dir + "/rel.json");
   ASSERT_TRUE(rel.ok()) << rel.status();
@@ -415,7 +416,7 @@ TEST(WorkerOptionsTest, ACalibrationFileSetsTheSessionDefaultsUnlessTheFlagsDo) 
             "--device cuda or --value-protection)");
 
   const std::vector<std::pair<std::string, std::string>> broken = {
-      {"", "not a JSON object"},
+      {"", "not valid JSON"},
       {"{\"format\": \"recall-eviction-calibration\", \"version\": 1, \"window\": 0, "
        "\"alpha\": 0.1}",
        "\"window\" must be an integer"},
@@ -441,7 +442,12 @@ TEST(WorkerOptionsTest, ACalibrationFileSetsTheSessionDefaultsUnlessTheFlagsDo) 
       {"{\"format\": \"recall-eviction-calibration\", \"version\": 1, \"window\": 8, "
        "\"alpha\": 0.1, \"alpha_uniform\": -2}",
        "\"alpha_uniform\" must be a number in [0, 1e6]"},
-      {"[1, 2", "not a JSON object"},
+      {"[1, 2", "not valid JSON"},
+      {"{\"alpha\": ", "not valid JSON"},
+      {"[1, 2]", "not a JSON object"},
+      {"{\"format\": \"recall-eviction-calibration\", \"version\": 1, \"window\": 8, "
+       "\"alpha\": 0.1, \"layer_budgets\": \"/nope/profile.json\"}",
+       "\"layer_budgets\": cannot read the profile '/nope/profile.json'"},
   };
   for (const auto& [text, message] : broken) {
     const std::string path = dir + "/broken.json";
