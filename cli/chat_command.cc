@@ -241,9 +241,19 @@ const flags::FlagSet<ChatOptions>& ChatFlags() {
     f->Include(
          ConnectFlags(), [](auto& o) -> auto& { return o.connect; })
         .Section("chat")
-        .String(
+        .Custom(
             "session", "ID", "continue an existing session instead of starting one",
-            [](auto& o) -> auto& { return o.session; })
+            [](ChatOptions& o, absl::string_view v) {
+              // (An empty id would start a new session, which the user did not ask for.)
+              if (v.empty())
+                return absl::InvalidArgumentError("--session: names no session (empty)");
+              o.session = std::string(v);
+              return absl::OkStatus();
+            },
+            [](const ChatOptions& o) {
+              return o.session.empty() ? std::vector<std::string>{}
+                                       : std::vector<std::string>{"--session", o.session};
+            })
         .String(
             "system", "TEXT", "system prompt of a new session",
             [](auto& o) -> auto& { return o.system; })

@@ -33,6 +33,15 @@ const flags::FlagSet<CoordinatorConfig>& CoordinatorFlags() {
             "themselves as well)",
             [](CoordinatorConfig& c, absl::string_view v) {
               for (absl::string_view w : absl::StrSplit(v, ',', absl::SkipEmpty())) {
+                // A worker listens on a port of its own: HOST:PORT, the port not 0.
+                RECALL_ASSIGN_OR_RETURN(const auto host_port,
+                                        flags::SplitHostPort("--workers", std::string(w)));
+                if (host_port.first.empty() || host_port.second == 0) {
+                  return flags::FieldError(
+                      "--workers", absl::StrCat("expected HOST:PORT with a port in [1, 65535], "
+                                                "got \"",
+                                                w, "\""));
+                }
                 c.workers.emplace_back(w);
               }
               return absl::OkStatus();

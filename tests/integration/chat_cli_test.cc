@@ -218,11 +218,16 @@ TEST(ChatCliTest, CommandsStayLocalAndAChatWithoutMessagesLeavesNoSession) {
     EXPECT_EQ(e.code, 2) << args << ": " << e.output;
     EXPECT_NE(e.output.find(message), std::string::npos) << args << ": " << e.output;
   }
-  // --session is checked at start, and a new session's settings are refused with it.
+  // --session is checked at start (an empty id is refused: it started a new session), and a
+  // new session's settings are refused with it.
   ChatRun missing = RunChat(dir, address, "hi\n", "--session s-nope");
   EXPECT_EQ(missing.exit_code, 1) << missing.err;
   EXPECT_NE(missing.err.find("--session: no session \"s-nope\""), std::string::npos) << missing.err;
   EXPECT_EQ(missing.out, "") << "nothing was sent";
+  ChatRun no_id = RunChat(dir, address, "hi\n", "--session ''");
+  EXPECT_EQ(no_id.exit_code, 2) << no_id.err;
+  EXPECT_NE(no_id.err.find("--session: names no session (empty)"), std::string::npos) << no_id.err;
+  EXPECT_EQ(no_id.out, "") << "no new session was started";
   ChatRun mixed = RunChat(dir, address, "hi\n", "--session " + id + " --system 'Be brief.'");
   EXPECT_EQ(mixed.exit_code, 2) << mixed.err;
   EXPECT_NE(mixed.err.find("--system and the cache flags"), std::string::npos) << mixed.err;

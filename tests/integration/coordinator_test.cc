@@ -894,7 +894,8 @@ TEST(CoordinatorRedisTest, ARedisThatKeepsNothingOnDiskIsRefusedUnlessAllowed) {
 // Flags a coordinator cannot serve with stop it at start, naming the flag (exit 2): a --store
 // that is neither redis:// nor sqlite://PATH (a bare HOST:PORT was an SQLite file of that
 // name; "sqlite://" a temporary database, lost at exit), a port past 65535 (it wrapped), a
-// --port-file it cannot write (it was ignored).
+// --port-file it cannot write (it was ignored), a worker address with no port (it started,
+// and every turn failed "no worker is registered").
 TEST(CoordinatorFlagsTest, AStoreListenOrPortFileItCannotUseStopsItNamingTheFlag) {
   const std::string dir = testing::MakeTempDir("coordinator_flags");
   const std::pair<std::string, std::string> cases[] = {
@@ -903,6 +904,9 @@ TEST(CoordinatorFlagsTest, AStoreListenOrPortFileItCannotUseStopsItNamingTheFlag
       {"--store redis://h:99999", "--store: expected redis://HOST[:PORT] (port in [1, 65535])"},
       {"--listen 127.0.0.1:99999", "--listen: expected HOST:PORT (port in [0, 65535])"},
       {"--port-file " + dir + "/missing/ports", "--port-file: cannot create"},
+      {"--workers 127.0.0.1:", "--workers: expected HOST:PORT"},
+      {"--workers foo", "--workers: expected HOST:PORT"},
+      {"--workers 127.0.0.1:0", "--workers: expected HOST:PORT with a port in [1, 65535]"},
   };
   for (const auto& [flag, message] : cases) {
     const testing::Exit e =

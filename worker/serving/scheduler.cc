@@ -215,10 +215,7 @@ Scheduler::Scheduler(const model::Model& model, std::unique_ptr<runtime::Forward
   }
   metrics::Registry* r = metrics_->registry;
   auto gauge = [&](const char* name, const char* help, auto field) {
-    r->AddCallbackGauge(name, help, [this, field] {
-      absl::MutexLock lock(&mu_);
-      return static_cast<double>(load_.*field);
-    });
+    r->AddCallbackGauge(name, help, [this, field] { return static_cast<double>(Load().*field); });
   };
   gauge("recall_worker_kv_blocks_total", "KV blocks in the pool", &LoadSnapshot::kv_blocks_total);
   gauge("recall_worker_kv_blocks_free", "Free KV blocks", &LoadSnapshot::kv_blocks_free);
@@ -409,7 +406,9 @@ void Scheduler::WaitForEpisodeBuilds() const { episodes_.WaitIdle(); }
 
 LoadSnapshot Scheduler::Load() const {
   absl::MutexLock lock(&mu_);
-  return load_;
+  LoadSnapshot l = load_;
+  l.queued_turns += static_cast<int>(after_abort_.size());  // parked behind an aborted turn
+  return l;
 }
 
 }  // namespace recall::serving

@@ -101,7 +101,7 @@ struct LoadSnapshot {
   int64_t kv_blocks_free = 0;
   int64_t kv_block_bytes = 0;
   int active_turns = 0;
-  int queued_turns = 0;
+  int queued_turns = 0;  // waiting for memory, or behind their session's aborted turn
   int resident_sessions = 0;
   int offloaded_sessions = 0;
   double tokens_per_second = 0;  // prefill + decode tokens over the last ~10 s

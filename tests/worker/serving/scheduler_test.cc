@@ -329,8 +329,8 @@ class EngineHold {
 
 // The session's next turn comes while its left turn's abort is not applied yet (the engine
 // is held): Submit returns at once (it runs on a gRPC callback thread; it used to wait for
-// the abort, up to 10 s), the turn runs once the left one ended, and a third turn of the
-// session is refused meanwhile.
+// the abort, up to 10 s), the turn runs once the left one ended (counted queued meanwhile,
+// in the worker's load), and a third turn of the session is refused meanwhile.
 TEST_F(SchedulerTest, ANextTurnAfterAnAbortIsTakenWithoutWaiting) {
   Start(512);
   TurnRequest left = Turn("left", "Once upon a time", 400);
@@ -347,6 +347,7 @@ TEST_F(SchedulerTest, ANextTurnAfterAnAbortIsTakenWithoutWaiting) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "Submit waited for the engine";
   auto third = sched_->Submit(Turn("left", "Once upon a time", 5));
   EXPECT_EQ(third.status().code(), absl::StatusCode::kFailedPrecondition) << third.status();
+  EXPECT_EQ(sched_->Load().queued_turns, 1) << "the parked turn is reported queued";
   hold.Release();
   EXPECT_EQ(CollectTurn(**first).status.code(), absl::StatusCode::kCancelled);
   const Collected c = CollectTurn(**next);
