@@ -21,6 +21,17 @@
 namespace recall::coordinator {
 namespace {
 
+// `earlier` (a turn's taken-back attempts: they ran after the last reply kept) on the last
+// reply of `history` the model gave (a rebuild replays them after it, replay.h).
+void AttachTakenBack(const std::vector<TakenBackTurn>& earlier,
+                     std::vector<StoredMessage>& history) {
+  for (auto it = history.rbegin(); !earlier.empty() && it != history.rend(); ++it) {
+    if (it->role != "assistant" || it->finish == 0) continue;
+    it->taken_back_after.insert(it->taken_back_after.end(), earlier.begin(), earlier.end());
+    return;
+  }
+}
+
 v1::ChatMessage ToProto(const StoredMessage& m) {
   v1::ChatMessage out;
   out.set_role(m.role);
@@ -168,14 +179,15 @@ void Conversations::BuildSpec(const SessionRecord& rec, int index,
   if (replayed > 0) spec.send_history = true;
   const int history_length = before + static_cast<int>(replayed);
   if (rec.first_message == 0) {
+    AttachTakenBack(turn.earlier_attempts, history);
     history.insert(history.end(), leading.begin(), leading.end());
     for (const StoredMessage& h : history) spec.history.push_back(ToProto(h));
   } else {
     // Read on the journal pool (a store read may block; the runner asks from a gRPC thread).
-    spec.fetch_history = [this, tenant = turn.tenant, id = turn.session_id, index,
-                          leading](HistoryCallback done) {
-      journal_pool_.Run([this, tenant, id, index, leading, done = std::move(done)]() {
-        done(ReadHistory(tenant, id, index, leading));
+    spec.fetch_history = [this, tenant = turn.tenant, id = turn.session_id, index, leading,
+                          earlier = turn.earlier_attempts](HistoryCallback done) {
+      journal_pool_.Run([this, tenant, id, index, leading, earlier, done = std::move(done)]() {
+        done(ReadHistory(tenant, id, index, leading, earlier));
       });
     };
   }
@@ -191,9 +203,10 @@ void Conversations::BuildSpec(const SessionRecord& rec, int index,
 
 absl::StatusOr<std::vector<v1::ChatMessage>> Conversations::ReadHistory(
     const std::string& tenant, const std::string& session_id, int index,
-    const std::vector<StoredMessage>& replayed) {
+    const std::vector<StoredMessage>& replayed, const std::vector<TakenBackTurn>& earlier) {
   RECALL_ASSIGN_OR_RETURN(const SessionRecord rec, store_.Get(tenant, session_id));
   std::vector<StoredMessage> history = CompleteTurns(rec.messages, index);
+  AttachTakenBack(earlier, history);
   history.insert(history.end(), replayed.begin(), replayed.end());
   std::vector<v1::ChatMessage> out;
   out.reserve(history.size());
@@ -312,9 +325,9 @@ absl::StatusOr<OpenTurn> Conversations::Resume(const std::string& tenant,
         partial.lease_unix_ms = UnixMillis() + LeaseMs();
         partial.writer = instance_id_;
         RECALL_RETURN_IF_ERROR(store_.Replace(tenant, session_id, reply_index, partial));
+        turn.earlier_attempts = partial.taken_back;
         BuildSpec(rec, user, {rec.messages[static_cast<size_t>(user)]}, seeded, cache, turn);
         turn.resumed = partial;
-        turn.earlier_attempts = partial.taken_back;
         turn.spec.send_history = true;  // the worker's copy may hold the interrupted turn
         turn.spec.resume_tokens = partial.token_ids;
         turn.spec.resume_text = partial.content;
@@ -363,12 +376,7 @@ absl::Status Conversations::Finish(const OpenTurn& turn, const absl::StatusOr<Tu
     reply.token_ids = outcome->tokens;  // so a rebuild replays the reply exactly
     reply.finish = static_cast<int>(outcome->done.finish_reason());
     reply.seed = turn.spec.request.sampling().seed();
-    if (!outcome->done.rebuilt()) {
-      reply.taken_back = turn.earlier_attempts;
-      for (TakenBackTurn& t : FromProto(outcome->done.taken_back_before())) {
-        reply.taken_back.push_back(std::move(t));
-      }
-    }
+    reply.taken_back = turn.earlier_attempts;  // a rebuild for the turn replayed them too
     reply.writer = turn.writer;  // not over another coordinator's takeover
     stored = store_.Replace(turn.tenant, turn.session_id, turn.reply_index, reply);
     if (stored.ok() && outcome->worker != turn.spec.bound) {
@@ -540,10 +548,7 @@ bool Conversations::RecallLastTurn(const std::string& key, v1::TurnDone* out) {
 }
 
 absl::Status Conversations::StoppedAfterItsEnd(const TurnResult& result) {
-  // What the turn had taken back before it (its TurnDone says), then itself (the Abort's
-  // answer).
-  v1::AbortResponse taken;
-  *taken.mutable_taken_back() = result.done.taken_back_before();
+  v1::AbortResponse taken;  // what the worker took back (an evicting session's record)
   std::shared_ptr<v1::Worker::Stub> stub =
       result.worker.empty() || result.request_id.empty() ? nullptr : workers_.Stub(result.worker);
   if (stub != nullptr) {
@@ -552,10 +557,7 @@ absl::Status Conversations::StoppedAfterItsEnd(const TurnResult& result) {
     workers_.Attach(&context);
     v1::AbortRequest request;
     request.set_request_id(result.request_id);
-    v1::AbortResponse answer;
-    if (stub->Abort(&context, request, &answer).ok()) {
-      taken.mutable_taken_back()->MergeFrom(answer.taken_back());
-    }
+    if (!stub->Abort(&context, request, &taken).ok()) taken.Clear();
   }
   absl::Status stopped = absl::CancelledError("the client left before the end");
   WithTakenBack(taken, stopped);
@@ -565,8 +567,9 @@ absl::Status Conversations::StoppedAfterItsEnd(const TurnResult& result) {
 bool Conversations::DeletesItsSession(const OpenTurn& turn,
                                       const absl::StatusOr<TurnResult>& outcome,
                                       const StoredMessage& sent) {
+  // (Not when another coordinator took the turn over: ABORTED.)
   return turn.new_session && !outcome.ok() && !absl::IsCancelled(outcome.status()) &&
-         sent.token_ids.empty() && sent.content.empty();
+         !absl::IsAborted(outcome.status()) && sent.token_ids.empty() && sent.content.empty();
 }
 
 bool Conversations::TakenBack(const absl::StatusOr<TurnResult>& outcome,

@@ -90,8 +90,9 @@ struct OpenTurn {
   std::optional<StoredMessage> resumed;
   // The attempts that a worker took back since the last reply kept (those of a resumed reply,
   // and of the stopped turns this one replaced): they stay with its reply
-  // (StoredMessage::taken_back) while the worker's cache went on after them, and go when the
-  // worker rebuilt the session for the turn (its cache no longer holds what they did).
+  // (StoredMessage::taken_back), and a history sent for the turn holds them on its last reply
+  // (a worker rebuilding the session for the turn replays them, as the one that kept its
+  // cache went through them).
   std::vector<TakenBackTurn> earlier_attempts;
   TurnSpec spec;      // for a TurnRunner
   std::string key;    // tenant/session: the running mark and the episodes
@@ -232,10 +233,11 @@ class Conversations {
                  const v1::SamplingParams& sampling, const v1::CacheSettings& cache,
                  OpenTurn& turn);
   // The worker's history of a turn at `index` of the session, read whole: its complete turns
-  // before `index`, then `replayed`.
+  // before `index` (with `earlier`, the turn's taken-back attempts, on its last reply), then
+  // `replayed`.
   absl::StatusOr<std::vector<v1::ChatMessage>> ReadHistory(
       const std::string& tenant, const std::string& session_id, int index,
-      const std::vector<StoredMessage>& replayed);
+      const std::vector<StoredMessage>& replayed, const std::vector<TakenBackTurn>& earlier);
   // The session's stored cache settings; DataLoss naming the session when they do not parse
   // (run with the defaults instead, a turn would keep another cache than the one asked).
   static absl::StatusOr<v1::CacheSettings> StoredCache(const SessionRecord& rec);

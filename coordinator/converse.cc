@@ -305,6 +305,11 @@ class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::Conve
       events_.clear();
       runner = runner_;
     }
+    // A Converse turn is then ending, not running: the session's next turn waits for its end
+    // (as an HTTP client's does) instead of being refused. (turn_ was set before runner_.)
+    if (runner != nullptr && converse_ && turn_.has_value()) {
+      service_.conversations_.Ending(*turn_);
+    }
     if (runner != nullptr) runner->Cancel();
     Pump();
   }

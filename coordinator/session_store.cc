@@ -35,9 +35,10 @@ std::vector<StoredMessage> CompleteTurns(const std::vector<StoredMessage>& messa
     } else if (m.role != "assistant") {
       turn.push_back(m);
     } else {
-      // What the reply's turn took back ran after the last kept reply.
+      // What the reply's turn took back ran after the last kept reply the model gave (not one
+      // the client wrote: a rebuild replays that as text of its turn).
       for (auto it = out.rbegin(); !m.taken_back.empty() && it != out.rend(); ++it) {
-        if (it->role != "assistant") continue;
+        if (it->role != "assistant" || it->finish == 0) continue;
         it->taken_back_after.insert(it->taken_back_after.end(), m.taken_back.begin(),
                                     m.taken_back.end());
         break;

@@ -97,7 +97,14 @@ void TurnJournal::Flush() {
         }
         end = std::move(end_);
         end_.reset();
-        if (failed_) end = failure_;  // the store failed: the turn ends with that
+        if (failed_) {
+          // The store failed: the turn ends with that, still saying what its worker took back.
+          absl::Status failure = failure_;
+          if (const auto taken = end->status().GetPayload(kTakenBackPayload); taken.has_value()) {
+            failure.SetPayload(kTakenBackPayload, *taken);
+          }
+          end = failure;
+        }
       }
     }
     if (end.has_value()) {

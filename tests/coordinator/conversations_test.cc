@@ -179,19 +179,21 @@ TEST_F(ConversationsTest, AnInterruptedTurnKeepsWhatWasSentAndLeavesLaterPrompts
 
 // A stopped turn whose worker took it back (an evicting session: the Abort's answer rides on
 // the CANCELLED status) keeps that record with its interrupted reply; the turn that replaces
-// it (the list sent again) carries it to its reply while the worker went on from its cache,
-// with what its worker took back before it (a regenerate's last turn), and drops them when
-// the worker rebuilt the session (its cache no longer holds what they did). The records
-// reach a worker's history on the reply kept before them.
-TEST_F(ConversationsTest, ATakenBackAttemptStaysWithTheTurnThatFollowsItsCache) {
+// it (the list sent again, or with the part of the reply the client kept and a new message)
+// carries it to its own reply, and a history sent for that turn or a later one holds it on
+// the model's last reply before it (not on the part the client wrote, which has no record).
+TEST_F(ConversationsTest, ATakenBackAttemptStaysWithTheTurnThatReplacesIt) {
   CoordinatorOptions options;
   options.max_turns = 10;
   conversations_ = std::make_unique<Conversations>(*store_, workers_, options, metrics_);
   auto first = conversations_->Begin("t", id_, Plan(1, {{"user", "Hi"}}), {}, "grpc");
   ASSERT_TRUE(first.ok());
-  ASSERT_TRUE(conversations_->Finish(*first, Reply(" Once"), {}).ok());
-  for (const bool rebuilt : {false, true}) {
-    SCOPED_TRACE(rebuilt ? "rebuilt" : "continued");
+  TurnResult once = Reply(" Once");
+  once.tokens = {5};
+  once.done.set_finish_reason(v1::FINISH_REASON_LENGTH);
+  ASSERT_TRUE(conversations_->Finish(*first, once, {}).ok());
+  for (const bool with_part : {false, true}) {
+    SCOPED_TRACE(with_part ? "the part and a new message" : "the list again");
     auto stopped = conversations_->Begin("t", id_, Plan(3, {{"user", "More"}}), {}, "http");
     ASSERT_TRUE(stopped.ok());
     v1::AbortResponse answer;
@@ -210,30 +212,32 @@ TEST_F(ConversationsTest, ATakenBackAttemptStaysWithTheTurnThatFollowsItsCache) 
     EXPECT_EQ(t[4].taken_back[0].token_ids, (std::vector<int32_t>{7, 8}));
     EXPECT_EQ(t[4].taken_back[0].prompt_tokens, 1);
 
-    auto again = conversations_->Begin("t", id_, Plan(3, {{"user", "More"}}), {}, "http");
+    std::vector<StoredMessage> add = {{"user", "More"}};
+    if (with_part) add.insert(add.end(), {{"assistant", " A"}, {"user", "Go on"}});
+    auto again = conversations_->Begin("t", id_, Plan(3, add), {}, "http");
     ASSERT_TRUE(again.ok());
     ASSERT_EQ(again->earlier_attempts.size(), 1u) << "carried from the stopped turn it replaces";
     ASSERT_EQ(again->spec.history.size(), 3u);
-    ASSERT_EQ(again->spec.history[2].taken_back_after_size(), 0) << "not yet: it is replaced";
-    TurnResult done = Reply(" B");
-    done.done.set_rebuilt(rebuilt);
-    if (!rebuilt) done.done.add_taken_back_before()->add_token_ids(9);  // its worker's, after
-    ASSERT_TRUE(conversations_->Finish(*again, done, {}).ok());
+    EXPECT_EQ(again->spec.history[2].taken_back_after_size(), 1)
+        << "a worker rebuilding the session for this turn replays it too";
+    ASSERT_TRUE(conversations_->Finish(*again, Reply(" B"), {}).ok());
     t = Transcript();
-    ASSERT_EQ(t.size(), 5u);
-    ASSERT_EQ(t[4].taken_back.size(), rebuilt ? 0u : 2u);
-    if (!rebuilt) {
-      EXPECT_EQ(t[4].taken_back[0].token_ids, (std::vector<int32_t>{7, 8}));
-      EXPECT_EQ(t[4].taken_back[1].token_ids, (std::vector<int32_t>{9}));
-    }
-    auto next = conversations_->Begin("t", id_, Plan(5, {{"user", "And?"}}), {}, "grpc");
+    const size_t reply = 3 + add.size();
+    ASSERT_EQ(t.size(), reply + 1);
+    ASSERT_EQ(t[reply].taken_back.size(), 1u);
+    EXPECT_EQ(t[reply].taken_back[0].token_ids, (std::vector<int32_t>{7, 8}));
+    auto next = conversations_->Begin(
+        "t", id_, Plan(static_cast<int>(reply) + 1, {{"user", "And?"}}), {}, "grpc");
     ASSERT_TRUE(next.ok());
-    ASSERT_EQ(next->spec.history.size(), 5u);
-    EXPECT_EQ(next->spec.history[2].taken_back_after_size(), rebuilt ? 0 : 2)
-        << "on the reply kept before the attempt";
+    ASSERT_EQ(next->spec.history.size(), reply + 1);
+    EXPECT_EQ(next->spec.history[2].taken_back_after_size(), 1)
+        << "on the model's reply kept before the attempt";
+    for (size_t i = 3; i < next->spec.history.size(); ++i) {
+      EXPECT_EQ(next->spec.history[i].taken_back_after_size(), 0) << i;
+    }
     ASSERT_TRUE(conversations_->Finish(*next, absl::InvalidArgumentError("no"), {}).ok());
-    // Back to two turns for the next round.
-    ASSERT_TRUE(store_->ReplaceTail("t", id_, 3, 5, {}, "").ok());
+    // Back to one turn for the next round.
+    ASSERT_TRUE(store_->ReplaceTail("t", id_, 3, static_cast<int>(reply) + 1, {}, "").ok());
   }
 }
 

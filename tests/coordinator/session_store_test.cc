@@ -878,8 +878,9 @@ TEST(CompleteTurnsTest, DropsTheTurnsThatAreNotComplete) {
   EXPECT_EQ(kept, (std::vector<std::string>{"s", "a", "A", "b"})) << "b's reply is not in [0, 4)";
 }
 
-// The attempts a worker took back go, in order, on the kept reply they ran after: those of
-// the turns left out and those of the next kept reply (a resumed turn's earlier attempts).
+// The attempts a worker took back go, in order, on the model's kept reply they ran after (not
+// on a reply the client wrote): those of the turns left out and those of the next kept reply
+// (a resumed turn's earlier attempts).
 TEST(CompleteTurnsTest, TakenBackAttemptsGoOnTheKeptReplyTheyRanAfter) {
   StoredMessage cut{"assistant", "Hal"};
   cut.state = TurnState::kInterrupted;
@@ -892,16 +893,21 @@ TEST(CompleteTurnsTest, TakenBackAttemptsGoOnTheKeptReplyTheyRanAfter) {
   StoredMessage first_cut{"assistant", "x"};  // before any kept reply: nowhere to go
   first_cut.state = TurnState::kInterrupted;
   first_cut.taken_back = {{{9}, 1}};
-  const std::vector<StoredMessage> all = {
-      {"user", "z"}, first_cut,     {"user", "a"}, {"assistant", "A"}, {"user", "b"},
-      cut,           {"user", "c"}, failed,        {"user", "d"},      resumed};
-  const std::vector<StoredMessage> kept = CompleteTurns(all, 10);
-  ASSERT_EQ(kept.size(), 4u);
+  StoredMessage model{"assistant", "A"};
+  model.finish = 1;
+  // The client's own part of a stopped reply (no finish: no record for a replay to follow).
+  const StoredMessage written{"assistant", "Ha"};
+  const std::vector<StoredMessage> all = {{"user", "z"}, first_cut, {"user", "a"}, model,
+                                          {"user", "b"}, cut,       {"user", "c"}, failed,
+                                          {"user", "d"}, written,   {"user", "e"}, resumed};
+  const std::vector<StoredMessage> kept = CompleteTurns(all, 12);
+  ASSERT_EQ(kept.size(), 6u);
   ASSERT_EQ(kept[1].content, "A");
   std::vector<int32_t> after;
   for (const TakenBackTurn& t : kept[1].taken_back_after) after.push_back(t.token_ids[0]);
   EXPECT_EQ(after, (std::vector<int32_t>{1, 2, 3}));
-  EXPECT_TRUE(kept[3].taken_back_after.empty());
+  EXPECT_TRUE(kept[3].taken_back_after.empty()) << "not on the client's part";
+  EXPECT_TRUE(kept[5].taken_back_after.empty());
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, SessionStoreTest, ::testing::Values("sqlite", "redis"),

@@ -32,9 +32,6 @@ void ToProto(const serving::TurnSummary& s, v1::TurnDone* done) {
   done->set_evictions(s.evictions);
   done->set_evicted_tokens(s.evicted_tokens);
   done->set_rebuilt(s.rebuilt);
-  for (const serving::TakenBackTurn& t : s.taken_back_before) {
-    service::ToProto(t, done->add_taken_back_before());
-  }
   if (!s.episode_windows.empty()) {
     v1::EpisodesReport* e = done->mutable_episodes();
     for (int w : s.episode_windows) e->add_windows(w);

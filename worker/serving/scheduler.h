@@ -177,10 +177,9 @@ class Scheduler {
   void AbortRequestAsync(const std::string& request_id, std::function<void(int)> done = nullptr,
                          bool remember_unseen = false);
   static constexpr int kRememberedAborts = 4096;
-  // What the aborted turn `request_id` of a session that evicts had taken back before it and
-  // then fed and gave back (TakeBack, TakeBackFinished), in order, once: none when it fed
-  // nothing, had its cache dropped, or was asked for already (the last kRememberedAborts are
-  // kept). Any thread; for an Abort's answer.
+  // What the aborted turn `request_id` of a session that evicts fed and gave back (TakeBack,
+  // TakeBackFinished), once: none when it fed nothing, had its cache dropped, or was asked for
+  // already (the last kRememberedAborts are kept). Any thread; for an Abort's answer.
   std::vector<TakenBackTurn> TakeTakenBack(const std::string& request_id);
   void AbortSessionAsync(const std::string& session_id, std::function<void(int)> done = nullptr);
   void AbortAllAsync(std::function<void(int)> done = nullptr);
@@ -266,21 +265,25 @@ class Scheduler {
   // Without eviction the session's cache is then exactly what it was before the turn; with
   // it, what the turn's steps evicted stays, and the turn's tokens are kept for the Abort's
   // answer (TakeTakenBack), so a rebuild feeds them and gives them back alike (replay.h).
-  // False where that cannot be (episodes, a policy that compresses at prefill, a rebuild, a
-  // failover's resume, a cache not resident, a session with no reply yet): the caller drops
-  // the cache, and the next turn rebuilds it from the transcript.
+  // False where that cannot be (episodes, a rebuild, a cache not resident; where the session
+  // evicts, also a policy that compresses at prefill, a failover's resume, a turn stopped in
+  // its prompt, a session with no reply yet): the caller drops the cache, and the next turn
+  // rebuilds it from the transcript.
   bool TakeBack(Turn& turn);
   // Takes back `s`'s last turn after its end, as TakeBack would have before it, while the
   // session fed nothing since (Session::last_turn): for an Abort by its request id that came
   // after its end (the reply ran out as its client left; the session has no turn now), and
-  // for a turn whose history is the transcript before it (a regenerate). Whether it did.
+  // for a turn whose history is the transcript before it (a regenerate; a session without
+  // eviction only). Whether it did.
   bool TakeBackFinished(Session& s);
   // What both give back: the tokens fed since `fed_before` (`prompt_fed` of them the turn's
-  // prompt), noted for the Abort's answer after `before` (what the turn had taken back first)
-  // where the session evicts; false where that cannot be exact (`replayable`: the turn was a
-  // prompt, then decode steps, after a reply).
+  // prompt), noted for the Abort's answer where the session evicts; false where that cannot
+  // be exact (`replayable`: the turn was its whole prompt, then decode steps, after a reply).
   bool GiveBack(Session& s, const std::string& request_id, int64_t fed_before, int64_t prompt_fed,
-                bool replayable, std::vector<TakenBackTurn> before);
+                bool replayable);
+  // Whether the session took a turn back whose record no Abort's answer collected (then its
+  // next turn rebuilds it: the transcript lacks the record); forgets it.
+  bool Uncollected(const std::string& session_id);
   void EndTurn(Turn& turn);  // removes it from active_, frees the session's busy flag
 
   // Admission (scheduler_admit.cc); where session caches live is memory_'s (session_memory.h).
@@ -328,7 +331,13 @@ class Scheduler {
   std::deque<std::string> aborted_unseen_order_ ABSL_GUARDED_BY(mu_);
   // TakeTakenBack's records by request id, and their ids oldest first.
   absl::Mutex taken_back_mu_;
-  std::map<std::string, std::vector<TakenBackTurn>> taken_back_ ABSL_GUARDED_BY(taken_back_mu_);
+  struct TakenBack {
+    std::string session_id;
+    TakenBackTurn turn;
+  };
+  std::map<std::string, TakenBack> taken_back_ ABSL_GUARDED_BY(taken_back_mu_);
+  // Sessions with a record in taken_back_ not collected yet (Uncollected).
+  std::set<std::string> uncollected_ ABSL_GUARDED_BY(taken_back_mu_);
   std::deque<std::string> taken_back_order_ ABSL_GUARDED_BY(taken_back_mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   int64_t next_request_ ABSL_GUARDED_BY(mu_) = 0;

@@ -283,16 +283,31 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
   // The worker's copy of the transcript is usable when it has as many messages as the
   // request says came before, and they equal the request's history when one is sent (by
   // digest: the session keeps only its last messages).
+  // (Not a session that took a turn back whose record nobody collected: the transcript lacks
+  // it, so only a rebuild from the transcript is what a later rebuild would be.)
+  if (s != nullptr && Uncollected(r.session_id)) {
+    memory_.Drop(*s);
+    s = nullptr;
+  }
   bool same_history = s != nullptr && s->message_count == r.history_length &&
                       (r.history.empty() || TranscriptDigest(r.history) == s->digest);
-  // Or it is the worker's copy before its last turn (a regenerate; a stopped reply that had
-  // ended): that turn is taken back first, as an abort before its end would have.
-  if (!same_history && s != nullptr && s->last_turn.has_value() &&
-      s->last_turn->message_count == r.history_length &&
-      (r.history.empty() || TranscriptDigest(r.history) == s->last_turn->digest)) {
-    const std::string last = s->last_turn->request_id;
-    same_history = TakeBackFinished(*s);
-    if (same_history) t.taken_back_before = TakeTakenBack(last);
+  // Or it is the worker's copy before its last turn, or with some of that turn's first
+  // messages (a regenerate of it; a stopped reply that had ended): without eviction that turn
+  // is taken back first, as an abort before its end would have, and the cache goes on (the
+  // messages past the copy by MessagesPastCopy, below). With eviction that turn's steps
+  // evicted, which a rebuild for the regenerate (the worker lost the session) could not redo:
+  // so, for one rule, such a session is rebuilt from the transcript either way.
+  if (!same_history && s != nullptr && s->last_turn.has_value() && s->evictors.empty()) {
+    const Session::LastTurn& last = *s->last_turn;
+    const bool before_last = last.message_count == r.history_length &&
+                             (r.history.empty() || TranscriptDigest(r.history) == last.digest);
+    const bool into_last =
+        static_cast<int64_t>(r.history.size()) == r.history_length &&
+        r.history_length > last.message_count && r.history_length < s->message_count &&
+        TranscriptDigest({r.history.begin(),
+                          r.history.begin() + static_cast<std::ptrdiff_t>(last.message_count)}) ==
+            last.digest;
+    if ((before_last || into_last) && TakeBackFinished(*s)) same_history = before_last;
   }
   // Or the history is the worker's copy and some messages more: they go first.
   std::vector<model::ChatMessage> caught_up;
@@ -349,7 +364,6 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
     }
   }
   // Rebuild: from the request's history, else from the worker's own copy when it is whole.
-  t.taken_back_before.clear();  // (the rebuild replaces what it did)
   std::vector<model::ChatMessage> all;
   if (static_cast<int>(r.history.size()) == r.history_length) {
     all = r.history;
@@ -478,7 +492,7 @@ void Scheduler::CutAtStop(Turn& t) {
 }
 
 bool Scheduler::GiveBack(Session& s, const std::string& request_id, int64_t fed_before,
-                         int64_t prompt_fed, bool replayable, std::vector<TakenBackTurn> before) {
+                         int64_t prompt_fed, bool replayable) {
   if (s.episodic != nullptr || !s.resident() || s.tokens_fed < fed_before) return false;
   const int64_t n = s.tokens_fed - fed_before;
   // Without eviction the turn's tokens changed nothing before them: giving them back leaves
@@ -486,18 +500,20 @@ bool Scheduler::GiveBack(Session& s, const std::string& request_id, int64_t fed_
   // rebuild must do the same (replay.h): it needs the tokens (in the session's copy, which
   // keeps at least a context length of the last), fed as the replay feeds them (`replayable`:
   // a prompt, then decode steps, after a reply; not a policy that compresses each prompt).
+  // Until the Abort's answer collects the record, the session is not continued (a caller that
+  // never asked, a coordinator that died, stores none: its next turn rebuilds).
   if (!s.evictors.empty() && n > 0) {
     if (!replayable || s.evictor()->policy().compresses_prefill() ||
         n > static_cast<int64_t>(s.tokens.size())) {
       return false;
     }
-    TakenBackTurn& taken = before.emplace_back();
-    taken.token_ids.assign(s.tokens.end() - n, s.tokens.end());
-    taken.prompt_tokens = static_cast<int>(std::min(prompt_fed, n));
-  }
-  if (!before.empty()) {
+    TakenBack taken;
+    taken.session_id = s.id;
+    taken.turn.token_ids.assign(s.tokens.end() - n, s.tokens.end());
+    taken.turn.prompt_tokens = static_cast<int>(std::min(prompt_fed, n));
     absl::MutexLock lock(&taken_back_mu_);
-    if (taken_back_.insert_or_assign(request_id, std::move(before)).second) {
+    uncollected_.insert(s.id);
+    if (taken_back_.insert_or_assign(request_id, std::move(taken)).second) {
       taken_back_order_.push_back(request_id);
       if (static_cast<int>(taken_back_order_.size()) > kRememberedAborts) {
         taken_back_.erase(taken_back_order_.front());
@@ -513,10 +529,11 @@ bool Scheduler::GiveBack(Session& s, const std::string& request_id, int64_t fed_
 bool Scheduler::TakeBack(Turn& t) {
   Session& s = *t.session;
   const bool after_reply = !s.messages.empty() && s.messages.back().role == "assistant";
-  // (A failover's resumed reply tokens are steps of its prompt: not replayed as a prompt.)
-  if (!t.continues ||
-      !GiveBack(s, t.req.request_id, t.fed_before, static_cast<int64_t>(t.fed),
-                t.step_ranges.empty() && after_reply, std::move(t.taken_back_before))) {
+  // (A failover's resumed reply tokens are steps of its prompt: not replayed as a prompt. One
+  // stopped in its prompt: how that was cut into chunks depends on what was left of it, which
+  // a replay of the part fed would not see.)
+  if (!t.continues || !GiveBack(s, t.req.request_id, t.fed_before, static_cast<int64_t>(t.fed),
+                                t.step_ranges.empty() && after_reply && t.fed >= t.prompt.size())) {
     return false;
   }
   s.pending = std::move(t.pending_before);
@@ -528,9 +545,8 @@ bool Scheduler::TakeBackFinished(Session& s) {
   if (!s.last_turn.has_value()) return false;
   Session::LastTurn last = std::move(*s.last_turn);
   s.last_turn.reset();
-  // (What it had taken back before it is in its TurnDone: its caller has that.)
   if (s.tokens_fed != last.fed_after ||
-      !GiveBack(s, last.request_id, last.fed_before, last.prompt_tokens, last.after_reply, {})) {
+      !GiveBack(s, last.request_id, last.fed_before, last.prompt_tokens, last.after_reply)) {
     return false;
   }
   s.pending = std::move(last.pending);
@@ -542,11 +558,17 @@ bool Scheduler::TakeBackFinished(Session& s) {
   return true;
 }
 
+bool Scheduler::Uncollected(const std::string& session_id) {
+  absl::MutexLock lock(&taken_back_mu_);
+  return uncollected_.erase(session_id) > 0;
+}
+
 std::vector<TakenBackTurn> Scheduler::TakeTakenBack(const std::string& request_id) {
   absl::MutexLock lock(&taken_back_mu_);
   auto it = taken_back_.find(request_id);
   if (it == taken_back_.end()) return {};
-  std::vector<TakenBackTurn> out = std::move(it->second);
+  std::vector<TakenBackTurn> out = {std::move(it->second.turn)};
+  uncollected_.erase(it->second.session_id);
   taken_back_.erase(it);
   taken_back_order_.erase(
       std::find(taken_back_order_.begin(), taken_back_order_.end(), request_id));
@@ -603,7 +625,7 @@ void Scheduler::FinishTurn(Turn& t, absl::Status status) {
     added.insert(added.end(), t.req.messages.begin(), t.req.messages.end());
     added.push_back({"assistant", sum.text});
     s->last_turn.reset();
-    if (t.continues && !(t.stop_text.stopped() && !s->evictors.empty())) {
+    if (t.continues && s->episodic == nullptr && !(t.stop_text.stopped() && !s->evictors.empty())) {
       // (A reply cut in a session that evicts gave back tokens its steps evicted around: a
       // record of a prompt and steps does not replay that.)
       Session::LastTurn& last = s->last_turn.emplace();
@@ -634,7 +656,6 @@ void Scheduler::FinishTurn(Turn& t, absl::Status status) {
       sum.evicted_tokens = TotalEvictedSlots(*s) - t.evicted_at_start;
     }
     sum.rebuilt = t.rebuilt;
-    sum.taken_back_before = t.taken_back_before;
     if (s->episodic != nullptr) episodes_.TurnDone(*s);
     if (s->episodic != nullptr && !s->episodic->list.empty()) {
       for (const auto& e : s->episodic->list) {

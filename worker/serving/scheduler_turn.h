@@ -42,9 +42,6 @@ struct Scheduler::Turn {
   // Messages of the request's history that the session's copy lacked, continued before the
   // turn's own (PrepareContext); added to its transcript with them.
   std::vector<model::ChatMessage> caught_up;
-  // The session's last turn, taken back before this one (PrepareContext: a regenerate), what
-  // it fed where the session evicts (TurnSummary::taken_back_before).
-  std::vector<TakenBackTurn> taken_back_before;
   int64_t fed_before = 0;
   std::vector<int32_t> pending_before;
   std::string reply_tail_before;

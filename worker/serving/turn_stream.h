@@ -49,9 +49,6 @@ struct TurnSummary {
   int64_t evictions = 0;
   int64_t evicted_tokens = 0;
   bool rebuilt = false;  // the cache was (re)built from the transcript
-  // The session's last turn, taken back before this one (its history was the transcript
-  // before it), where the session evicts: v1::TurnDone.taken_back_before.
-  std::vector<TakenBackTurn> taken_back_before;
   // Policy "episodic": windows in each of the session's episodes (empty until they are
   // built), the episode that served this turn (-1: none yet), and the tokens fed again to
   // bring that episode's cache up to date.

@@ -278,55 +278,75 @@ TEST_F(ReplayTest, AbortedTurnsAreReplayedAsTheirTurnsGaveThemBack) {
   }
 }
 
-// A regenerate: a turn whose history is the transcript before the session's last turn. The
-// worker takes that turn back and goes on from its cache (it used to rebuild the session
-// from the whole history); without eviction the reply is the one the turn gave. Where the
-// session evicts, what the taken-back turn fed comes back in the summary (for the stored
-// transcript), and a rebuild that replays it gives the next reply the kept cache gave.
-TEST_F(ReplayTest, ARegenerateTakesBackTheLastTurnAndItsReplayFeedsItAsItRan) {
+// An aborted turn of an evicting session whose record no Abort's answer collected (its
+// coordinator died, or never asked): the transcript will lack it, so the session is not
+// continued but rebuilt from the transcript at its next turn.
+TEST_F(ReplayTest, ATakenBackTurnWhoseRecordNobodyCollectedIsRebuilt) {
+  const std::string id = "uncollected";
+  const Collected first = Run(Turn(id, kTurns[0], 0, "lazy"));
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  TurnRequest stopped = Turn(id, kTurns[1], 2, "lazy");
+  stopped.request_id = "uncollected-stopped";
+  auto stream = sched_->Submit(stopped);
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  TurnUpdate update;
+  ASSERT_TRUE((*stream)->Next(absl::Seconds(30), &update));
+  ASSERT_EQ(sched_->AbortRequest(stopped.request_id), 1);
+  EXPECT_EQ(CollectTurn(**stream).status.code(), absl::StatusCode::kCancelled);
+  const Collected without = Run(Turn(id, kTurns[2], 2, "lazy"));
+  EXPECT_TRUE(IsHistoryNeeded(without.status)) << without.status;
+  TurnRequest rebuild = Turn(id, kTurns[2], 2, "lazy");
+  rebuild.history = {{"user", kTurns[0]}, {"assistant", first.summary.text}};
+  const Collected with = Run(rebuild);
+  ASSERT_TRUE(with.status.ok()) << with.status;
+  EXPECT_TRUE(with.summary.rebuilt);
+  ASSERT_TRUE(sched_->DropSession(id).ok());
+}
+
+// A regenerate: a turn whose history is the transcript before the session's last turn (or
+// with that turn's first messages, when it brought several). Without eviction the worker takes
+// that turn back and goes on from its cache (it used to rebuild the session), with the reply
+// the turn gave. With eviction that turn's steps evicted, which a rebuild for the regenerate
+// (a worker that lost the session) could not redo: the session is rebuilt from the
+// transcript, and replies as such a worker's does.
+TEST_F(ReplayTest, ARegenerateGoesOnFromTheCacheWithoutEvictionAndRebuildsWithIt) {
   for (const std::string policy : {"full", "lazy", "h2o"}) {
-    const std::string id = "regen-" + policy;
-    const Collected first = Run(Turn(id, kTurns[0], 0, policy));
-    TurnRequest second = Turn(id, kTurns[1], 2, policy);
-    second.request_id = "second-" + policy;
-    const Collected last = Run(second);
-    ASSERT_TRUE(first.status.ok() && last.status.ok()) << policy;
-    const std::vector<model::ChatMessage> before = {{"user", kTurns[0]},
-                                                    {"assistant", first.summary.text}};
-    TurnRequest regenerate = Turn(id, kTurns[1], 2, policy);
-    regenerate.history = before;
-    const Collected again = Run(regenerate);
-    ASSERT_TRUE(again.status.ok()) << policy << ": " << again.status;
-    EXPECT_FALSE(again.summary.rebuilt) << policy << ": the last turn was taken back";
-    EXPECT_EQ(again.summary.cached_tokens, last.summary.cached_tokens) << policy;
-    EXPECT_EQ(again.summary.prompt_tokens, last.summary.prompt_tokens) << policy;
-    const Collected kept = Run(Turn(id, kTurns[2], 4, policy));
-    ASSERT_TRUE(kept.status.ok()) << policy;
-    if (policy == "full") {
-      EXPECT_EQ(again.token_ids, last.token_ids) << "the same cache: the same reply";
-      EXPECT_TRUE(again.summary.taken_back_before.empty());
+    for (const bool several : {false, true}) {
+      const std::string id = "regen-" + policy + (several ? "-several" : "");
+      SCOPED_TRACE(id);
+      const Collected first = Run(Turn(id, kTurns[0], 0, policy));
+      ASSERT_TRUE(first.status.ok()) << first.status;
+      const std::vector<model::ChatMessage> leading = {{"user", kTurns[1]},
+                                                       {"assistant", " The cat sat."}};
+      TurnRequest second = Turn(id, kTurns[2], 2, policy);
+      if (several) second.messages.insert(second.messages.begin(), leading.begin(), leading.end());
+      const Collected last = Run(second);
+      ASSERT_TRUE(last.status.ok()) << last.status;
+      TurnRequest regenerate = Turn(id, kTurns[2], 2, policy);
+      regenerate.history = {{"user", kTurns[0]}, {"assistant", first.summary.text}};
+      regenerate.history_replies = {std::nullopt,
+                                    ReplyRecord{first.token_ids, first.summary.finish}};
+      if (several) {
+        regenerate.history.insert(regenerate.history.end(), leading.begin(), leading.end());
+        regenerate.history_replies.insert(regenerate.history_replies.end(), 2, std::nullopt);
+        regenerate.history_length = 4;
+      }
+      const Collected again = Run(regenerate);
+      ASSERT_TRUE(again.status.ok()) << again.status;
+      if (policy == "full") {
+        EXPECT_FALSE(again.summary.rebuilt) << "the last turn was taken back";
+        EXPECT_EQ(again.summary.cached_tokens, last.summary.cached_tokens);
+        EXPECT_EQ(again.summary.prompt_tokens, last.summary.prompt_tokens);
+        EXPECT_EQ(again.token_ids, last.token_ids) << "the same cache: the same reply";
+      } else {
+        EXPECT_TRUE(again.summary.rebuilt);
+        ASSERT_TRUE(sched_->DropSession(id).ok());
+        const Collected lost = Run(regenerate);  // a worker without the session
+        ASSERT_TRUE(lost.status.ok()) << lost.status;
+        EXPECT_EQ(again.token_ids, lost.token_ids);
+      }
       ASSERT_TRUE(sched_->DropSession(id).ok());
-      continue;
     }
-    ASSERT_EQ(again.summary.taken_back_before.size(), 1u) << policy;
-    EXPECT_EQ(again.summary.taken_back_before[0].prompt_tokens,
-              last.summary.prompt_tokens - last.summary.cached_tokens)
-        << policy;
-    // Rebuilt from the transcript with that record on the reply before it.
-    ASSERT_TRUE(sched_->DropSession(id).ok());
-    TurnRequest rebuild = Turn(id, kTurns[2], 4, policy);
-    rebuild.history = before;
-    rebuild.history.push_back({"user", kTurns[1]});
-    rebuild.history.push_back({"assistant", again.summary.text});
-    rebuild.history_replies = {
-        std::nullopt,
-        ReplyRecord{first.token_ids, first.summary.finish, again.summary.taken_back_before},
-        std::nullopt, ReplyRecord{again.token_ids, again.summary.finish}};
-    const Collected rebuilt = Run(rebuild);
-    ASSERT_TRUE(rebuilt.status.ok()) << policy << ": " << rebuilt.status;
-    EXPECT_TRUE(rebuilt.summary.rebuilt) << policy;
-    EXPECT_EQ(rebuilt.token_ids, kept.token_ids) << policy;
-    ASSERT_TRUE(sched_->DropSession(id).ok());
   }
 }
 
