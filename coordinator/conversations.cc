@@ -21,6 +21,11 @@
 namespace recall::coordinator {
 namespace {
 
+// Whether none of a turn's reply reached its client (`sent`: the journal's record of it).
+bool NothingSent(const StoredMessage& sent) {
+  return sent.token_ids.empty() && sent.content.empty();
+}
+
 // `earlier` (a turn's taken-back attempts: they ran after the last reply kept) on the last
 // reply of `history` the model gave (a rebuild replays them after it, replay.h).
 void AttachTakenBack(const std::vector<TakenBackTurn>& earlier,
@@ -363,8 +368,7 @@ absl::Status Conversations::Finish(const OpenTurn& turn, const absl::StatusOr<Tu
   } else if (!outcome.ok()) {
     StoredMessage ended = sent;
     ended.role = "assistant";
-    ended.state = sent.token_ids.empty() && sent.content.empty() ? TurnState::kFailed
-                                                                 : TurnState::kInterrupted;
+    ended.state = NothingSent(sent) ? TurnState::kFailed : TurnState::kInterrupted;
     ended.lease_unix_ms = 0;
     ended.writer = turn.writer;                        // not over another coordinator's takeover
     ended.seed = turn.spec.request.sampling().seed();  // a resume takes the same draws
@@ -569,7 +573,7 @@ bool Conversations::DeletesItsSession(const OpenTurn& turn,
                                       const StoredMessage& sent) {
   // (Not when another coordinator took the turn over: ABORTED.)
   return turn.new_session && !outcome.ok() && !absl::IsCancelled(outcome.status()) &&
-         !absl::IsAborted(outcome.status()) && sent.token_ids.empty() && sent.content.empty();
+         !absl::IsAborted(outcome.status()) && NothingSent(sent);
 }
 
 bool Conversations::TakenBack(const absl::StatusOr<TurnResult>& outcome,
@@ -580,7 +584,7 @@ bool Conversations::TakenBack(const absl::StatusOr<TurnResult>& outcome,
       code == absl::StatusCode::kFailedPrecondition ||
       code == absl::StatusCode::kResourceExhausted || code == absl::StatusCode::kPermissionDenied ||
       code == absl::StatusCode::kNotFound;
-  return !outcome.ok() && refused && sent.token_ids.empty() && sent.content.empty();
+  return !outcome.ok() && refused && NothingSent(sent);
 }
 
 void Conversations::Ending(const OpenTurn& turn) {
