@@ -791,9 +791,7 @@ TEST_F(OpenAiHttpCancelTest, AListSentAgainAfterAStoppedReplyContinuesItsSession
 // the kept cache did, to the bit of every logprob (in a run without the record, they
 // differed).
 TEST_F(OpenAiHttpCancelTest, AStoppedReplyOfAnEvictingSessionIsReplayedAsItRan) {
-  auto chat = v1::Chat::NewStub(
-      grpc::CreateChannel("127.0.0.1:" + std::to_string(coordinator_.port("grpc")),
-                          grpc::InsecureChannelCredentials()));
+  auto chat = ChatStub();
   v1::Session created;
   {
     grpc::ClientContext ctx;
@@ -858,9 +856,7 @@ TEST_F(OpenAiHttpCancelTest, AStoppedReplyOfAnEvictingSessionIsReplayedAsItRan) 
 // A session deleted while its turn streams (the slow model): the turn ends NOT_FOUND saying
 // so; it said UNAVAILABLE, "retryable", and that the turn was kept, though nothing was.
 TEST_F(OpenAiHttpCancelTest, ASessionDeletedMidTurnEndsItNotFound) {
-  auto chat = v1::Chat::NewStub(
-      grpc::CreateChannel("127.0.0.1:" + std::to_string(coordinator_.port("grpc")),
-                          grpc::InsecureChannelCredentials()));
+  auto chat = ChatStub();
   v1::Session created;
   {
     grpc::ClientContext ctx;

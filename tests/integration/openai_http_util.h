@@ -232,13 +232,18 @@ class OpenAiHttpCancelTest : public ::testing::Test {
     return r;
   }
 
+  // The coordinator's gRPC Chat service (no key: this fixture runs without API keys).
+  std::unique_ptr<v1::Chat::Stub> ChatStub() {
+    return v1::Chat::NewStub(
+        grpc::CreateChannel("127.0.0.1:" + std::to_string(coordinator_.port("grpc")),
+                            grpc::InsecureChannelCredentials()));
+  }
+
   // Session `id` as GetSession gives it, once it holds `messages` messages and its last reply
   // is not in progress (the coordinator stores a stopped turn once its worker let it go);
   // as it is after 5 s otherwise.
   v1::Session WaitUntilStored(const std::string& id, int messages) {
-    auto chat = v1::Chat::NewStub(
-        grpc::CreateChannel("127.0.0.1:" + std::to_string(coordinator_.port("grpc")),
-                            grpc::InsecureChannelCredentials()));
+    auto chat = ChatStub();
     v1::Session s;
     for (int i = 0; i < 500; ++i) {
       grpc::ClientContext ctx;
