@@ -257,6 +257,12 @@ void HttpApi::Fail(httplib::Response& res, const absl::Status& status) {
   const openai::HttpError e = openai::ErrorResponse(status);
   res.status = e.status;
   res.set_content(e.body, "application/json");
+  if (e.should_retry.has_value())
+    res.set_header("x-should-retry", *e.should_retry ? "true" : "false");
+  if (e.retry_after_ms >= 0) {
+    res.set_header("retry-after-ms", absl::StrCat(e.retry_after_ms));
+    res.set_header("Retry-After", absl::StrCat((e.retry_after_ms + 999) / 1000));
+  }
 }
 
 absl::StatusOr<std::string> HttpApi::Admit(const httplib::Request& req) {

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,11 +32,17 @@ enum class Endpoint { kChat, kCompletion };
 struct HttpError {
   int status = 500;
   std::string body;  // {"error": {...}}
+  // Sent as x-should-retry, which OpenAI's SDKs obey over their choice by status (they retry
+  // 409, 429 and 5xx); unset: no header.
+  std::optional<bool> should_retry;
+  int64_t retry_after_ms = -1;  // sent as retry-after-ms and Retry-After; -1: none
 };
 
 // INVALID_ARGUMENT 400, UNAUTHENTICATED 401, PERMISSION_DENIED 403, NOT_FOUND 404,
 // FAILED_PRECONDITION and ALREADY_EXISTS 409, RESOURCE_EXHAUSTED 429, UNAVAILABLE 503,
 // DEADLINE_EXCEEDED 504, anything else 500. "param" is the field the message names.
+// Whether to retry is what the message says ("(not retryable)", "retryable", "retry after
+// N ms"); else yes for UNAVAILABLE, no for a 4xx other than 409 and 429 and for DATA_LOSS.
 HttpError ErrorResponse(const absl::Status& status);
 // An error after a stream began: "data: {"error": {...}}\n\n".
 std::string ErrorEvent(const absl::Status& status);

@@ -3,6 +3,7 @@
 // [DONE], with the usage chunk only when asked.
 #include "coordinator/openai/response.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,43 @@ TEST(ErrorResponseTest, StatusCodesMapToHttpWithTheFieldAsParam) {
   const std::vector<Json> event = Events(ErrorEvent(absl::UnavailableError("gone")));
   ASSERT_EQ(event.size(), 1u);
   EXPECT_EQ(event[0]["error"]["message"], "gone");
+}
+
+TEST(ErrorResponseTest, SaysWhetherToRetryAsTheMessageDoes) {
+  struct Case {
+    absl::Status status;
+    std::optional<bool> retry;
+    int64_t after_ms;
+  };
+  const Case cases[] = {
+      // 409s OpenAI's SDKs would retry: a limit is final, a running turn is not.
+      {absl::FailedPreconditionError("session_id: the session has reached the limit of 3 turns "
+                                     "(the coordinator's max_turns); start a new session, or "
+                                     "have the limit raised (not retryable)"),
+       false, -1},
+      {absl::FailedPreconditionError("session_id: a turn of this session is running; send the "
+                                     "next when it ends (retryable)"),
+       true, -1},
+      // The worker's hint becomes the SDKs' backoff.
+      {absl::ResourceExhaustedError("the worker is full: 4 turns running and 8 waiting (queue "
+                                    "limit 8); retry after 250 ms"),
+       true, 250},
+      {absl::ResourceExhaustedError("tenant has 5 sessions, the limit is 5; delete some (not "
+                                    "retryable)"),
+       false, -1},
+      {absl::UnavailableError("no worker could take the turn (x)"), true, -1},
+      {absl::DataLossError("session store: damaged"), false, -1},
+      {absl::InvalidArgumentError("temperature: must be in [0, 2]"), false, -1},
+      {absl::NotFoundError("session_id: no session \"x\""), false, -1},
+      // No word either way: the SDK's own choice.
+      {absl::InternalError("boom"), std::nullopt, -1},
+      {absl::AbortedError("another writer took the turn over"), std::nullopt, -1},
+  };
+  for (const Case& c : cases) {
+    const HttpError e = ErrorResponse(c.status);
+    EXPECT_EQ(e.should_retry, c.retry) << c.status;
+    EXPECT_EQ(e.retry_after_ms, c.after_ms) << c.status;
+  }
 }
 
 TEST(ResponseWriterTest, ChatBodyWithFinishReasonAndUsage) {

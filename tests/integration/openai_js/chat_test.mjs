@@ -4,7 +4,8 @@
 // carried, then without it (matched by its list); usage and finish reasons; the cache reused
 // on later turns (cached_tokens > 0); a request sent again with its Idempotency-Key answered
 // from the store; a completion; logprobs with alternatives (a streamed chat and a
-// completion); an error the SDK raises with its status and param. Prints
+// completion); an error the SDK raises with its status and param; a final 409 (the turn
+// limit) the SDK does not retry. Prints
 // PASS/FAIL per check; exits 1 if any failed.
 import OpenAI from 'openai';
 
@@ -134,6 +135,23 @@ try {
         'completions logprobs: tokens, token_logprobs, top_logprobs, text_offset',
         JSON.stringify(lpCompletion.choices[0]));
 
+  // A fourth turn passes the server's --max-turns 3 (run.sh): a 409 that says not to retry
+  // (x-should-retry: false), so the SDK, which retries a 409 by default, asks once.
+  let attempts = 0;
+  const retrying = new OpenAI({ baseURL, apiKey: 'no-key-needed', maxRetries: 2, timeout: 120000,
+                                fetch: (url, init) => { attempts++; return fetch(url, init); } });
+  const four = [...messages, { role: 'assistant', content: three.choices[0].message.content },
+                { role: 'user', content: 'The end?' }];
+  try {
+    await retrying.chat.completions.create({ model, messages: four, max_tokens: 4 },
+                                           { headers: { 'X-Session-Id': one.session } });
+    check(false, 'a turn past --max-turns is refused');
+  } catch (e) {
+    check(e instanceof OpenAI.ConflictError && /max_turns/.test(e.message) && attempts === 1 &&
+          e.headers?.get('x-should-retry') === 'false',
+          'a turn past --max-turns: ConflictError with x-should-retry false, asked once (maxRetries 2)',
+          `${e.constructor.name} ${e.status} attempts=${attempts} ${e.message}`);
+  }
   try {
     await client.chat.completions.create({ model, messages, temperature: 7 });
     check(false, 'a bad temperature is refused');

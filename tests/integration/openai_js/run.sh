@@ -46,7 +46,7 @@ cleanup() {
 trap cleanup EXIT
 "$cli" serve --model "$model" --tokenizer "$shared/models/stories260K/tok512.bin" \
   --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --data-dir "$work" --port-file "$work/port" \
-  --threads 1 --kv-cache-bytes 16M >"$work/serve.log" 2>&1 &
+  --threads 1 --kv-cache-bytes 16M --max-turns 3 >"$work/serve.log" 2>&1 &
 serve_pid=$!
 for _ in $(seq 1200); do
   [ -s "$work/port" ] && break
