@@ -144,6 +144,22 @@ absl::Status Serve(const ServeOptions& o) {
   // The worker gets every worker flag given to serve (and serve's defaults for it).
   const std::vector<std::string> worker_args = service::WorkerFlags().Render(worker_options);
 
+  // The coordinator first: its flags, its store (a data directory another serve holds) and
+  // its ports are refused before the worker spends minutes loading the model. It knows the
+  // worker once the worker listens; until then a turn is refused as retryable.
+  coordinator::CoordinatorConfig c;
+  c.listen = o.listen;
+  c.data_dir = data_dir;
+  c.api_keys_path = o.api_keys;
+  c.cluster_token_file = worker_options.cluster_token_file;
+  c.metrics_port = o.metrics_port;
+  c.options = o.limits;
+  if (o.http_listen != "off") c.http_listen = o.http_listen;
+  absl::StatusOr<std::unique_ptr<coordinator::CoordinatorServer>> started =
+      coordinator::CoordinatorServer::Start(c);
+  if (!started.ok()) return ServeFlags().Explain(started.status());
+  std::unique_ptr<coordinator::CoordinatorServer> server = std::move(*started);
+
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
@@ -155,6 +171,7 @@ absl::Status Serve(const ServeOptions& o) {
   worker.set_die_with_parent(true);  // a serve killed hard leaves no worker holding its pool
   std::string error;
   if (!worker.Start(worker_bin, worker_args, data_dir, &error, std::chrono::seconds(300))) {
+    server->Shutdown();
     const std::optional<int> exit = worker.early_exit();
     if (exit.has_value() && WIFEXITED(*exit) && WEXITSTATUS(*exit) == 2) {
       // It refused a flag (its message is above): a usage error of serve's, exit status 2.
@@ -162,19 +179,7 @@ absl::Status Serve(const ServeOptions& o) {
     }
     return absl::UnavailableError(absl::StrCat("the worker did not start: ", error));
   }
-  coordinator::CoordinatorConfig c;
-  c.listen = o.listen;
-  c.workers = {absl::StrCat("127.0.0.1:", worker.port("grpc"))};
-  c.data_dir = data_dir;
-  c.api_keys_path = o.api_keys;
-  c.cluster_token_file = worker_options.cluster_token_file;
-  c.metrics_port = o.metrics_port;
-  c.options = o.limits;
-  if (o.http_listen != "off") c.http_listen = o.http_listen;
-  absl::StatusOr<std::unique_ptr<coordinator::CoordinatorServer>> started =
-      coordinator::CoordinatorServer::Start(c);
-  if (!started.ok()) return ServeFlags().Explain(started.status());
-  std::unique_ptr<coordinator::CoordinatorServer> server = std::move(*started);
+  server->workers().Add(absl::StrCat("127.0.0.1:", worker.port("grpc")));
   std::cerr << "recall serve: ready on " << c.listen << " (port " << server->port()
             << "); worker on port " << worker.port("grpc") << "; sessions in " << data_dir
             << "/sessions.db\n";

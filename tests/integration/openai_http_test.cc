@@ -539,6 +539,21 @@ TEST(OpenAiHttpServeTest, RecallServeExitsTwoNamingAFlagItCannotRunWith) {
   EXPECT_NE(workers.code, 0) << "a worker was left running: " << workers.output;
 }
 
+// The coordinator's own errors (its key file, its store) come before the worker starts: a
+// user is not told them after minutes of loading a model. Here the model does not exist,
+// and the error named is the coordinator's.
+TEST(OpenAiHttpServeTest, RecallServeSaysTheCoordinatorsErrorsBeforeTheWorkerStarts) {
+  const std::string dir = testing::MakeTempDir("serve_order");
+  const testing::Exit e = testing::RunToExit(
+      std::string(RECALL_CLI_BINARY) + " serve --model " + dir + "/no-model.bin --data-dir " + dir +
+      " --listen 127.0.0.1:0 --http-listen off --api-keys " + dir + "/no-keys");
+  EXPECT_NE(e.code, 0);
+  EXPECT_NE(e.output.find("--api-keys: cannot read " + dir + "/no-keys"), std::string::npos)
+      << e.output;
+  EXPECT_EQ(e.output.find("no-model.bin"), std::string::npos)
+      << "the worker did not start: " << e.output;
+}
+
 // `recall serve` on stories260K (one thread, a 16M pool), its HTTP API on `http_listen`.
 bool StartServe(ServerProcess& serve, const std::string& dir, const std::string& http_listen,
                 std::string* error) {
