@@ -173,16 +173,7 @@ grpc::Status ChatService::DeleteSession(grpc::ServerContext* context,
                                store_.GetRecent(tenant, request->session_id(), ""));
   RECALL_GRPC_RETURN_IF_ERROR(store_.Delete(tenant, r.id));
   conversations_.ForgetEpisodes(tenant + "/" + r.id);
-  // Best effort: the worker's cache is derived state and would age out anyway.
-  if (auto stub = workers_.Stub(r.worker); stub != nullptr) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
-    workers_.Attach(&ctx);
-    v1::DropSessionRequest drop;
-    drop.set_session_id(r.id);
-    v1::DropSessionResponse ignored;
-    stub->DropSession(&ctx, drop, &ignored);
-  }
+  workers_.DropSession(r.worker, r.id);
   return grpc::Status::OK;
 }
 

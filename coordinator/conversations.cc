@@ -91,9 +91,10 @@ absl::StatusOr<SessionRecord> Conversations::Create(
     const std::map<std::string, std::string>& metadata, const std::string& system_prompt) {
   RECALL_ASSIGN_OR_RETURN(const int count, store_.CountSessions(tenant));
   if (count >= options_.max_sessions_per_tenant) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("tenant has ", count, " sessions, the limit is ",
-                     options_.max_sessions_per_tenant, "; delete some (not retryable)"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "tenant has ", count, " sessions, the limit is ", options_.max_sessions_per_tenant,
+        "; delete some, or have the coordinator delete idle ones (--session-ttl) "
+        "(not retryable)"));
   }
   const std::vector<WorkerView> workers = workers_.Snapshot();
   std::set<std::string> served;

@@ -11,6 +11,8 @@
 //                        the first message with the id)
 //   recall:n:<id>        sorted set: the replies that are not complete (member and score:
 //                        their index)
+//   recall:a             sorted set of every session id, scored by when its last turn began
+//                        (or it was made): DeleteIdle's order
 // The two sorted sets index the transcript for GetRecent (a turn reads the last turn, not the
 // transcript). The session hash's field ix is the message count they cover; a write that
 // finds it differing from the list's length (a coordinator from before the index wrote the
@@ -39,14 +41,16 @@ namespace {
 
 using Reply = std::unique_ptr<redisReply, decltype(&freeReplyObject)>;
 
-// KEYS: session, tenant set, turn ids, unfinished. The index sets go first (a coordinator
-// from before them deleted a session of this id without them).
+// KEYS: session, tenant set, turn ids, unfinished, activity. ARGV: tenant, model, cache,
+// metadata, created_ms, worker, id, now. The index sets go first (a coordinator from before
+// them deleted a session of this id without them).
 constexpr char kCreate[] = R"lua(
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('DEL', KEYS[3], KEYS[4])
 redis.call('HSET', KEYS[1], 'tenant', ARGV[1], 'model', ARGV[2], 'cache', ARGV[3],
            'metadata', ARGV[4], 'created_ms', ARGV[5], 'worker', ARGV[6], 'ix', '0')
 redis.call('ZADD', KEYS[2], 0, ARGV[7])
+redis.call('ZADD', KEYS[5], ARGV[8], ARGV[7])
 return 1)lua";
 
 // Lua: the transcript index (the layout above). KEYS[1] the session, KEYS[4] its turn ids,
@@ -77,18 +81,19 @@ return 1)lua";
   "end\n"                                                                            \
   "local function ix_set(n) redis.call('HSET', KEYS[1], 'ix', tostring(n)) end\n"
 
-// KEYS: session, messages, parts, turn ids, unfinished. ARGV: tenant, index, messages... -1
-// not found, -2 - n: the list has n messages, not index.
+// KEYS: session, messages, parts, turn ids, unfinished, activity. ARGV: tenant, index, now,
+// messages... -1 not found, -2 - n: the list has n messages, not index.
 constexpr char kAppend[] = RECALL_INDEX_LUA R"lua(
 if redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[1] then return -1 end
 local n = redis.call('LLEN', KEYS[2])
 if n ~= tonumber(ARGV[2]) then return -2 - n end
 local indexed = ix_valid(n)
-for i = 3, #ARGV do
+for i = 4, #ARGV do
   redis.call('RPUSH', KEYS[2], ARGV[i])
-  if indexed then ix_add(n + i - 3, ARGV[i]) end
+  if indexed then ix_add(n + i - 4, ARGV[i]) end
 end
-if indexed then ix_set(n + #ARGV - 2) end
+if indexed then ix_set(n + #ARGV - 3) end
+redis.call('ZADD', KEYS[6], ARGV[3], string.sub(KEYS[1], 10))
 return 1)lua";
 
 // Lua: keeps the parts list (KEYS[3]) to the parts p for which KEEP holds (an expression of
@@ -172,11 +177,32 @@ std::string ToJson(const StoredMessage& message) {
   return m.dump();
 }
 
-// KEYS: session, messages, tenant set, parts, turn ids, unfinished. ARGV: tenant, id.
+// KEYS: session, messages, tenant set, parts, turn ids, unfinished, activity. ARGV: tenant,
+// id.
 constexpr char kDelete[] = R"lua(
 if redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[1] then return -1 end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[4], KEYS[5], KEYS[6])
 redis.call('ZREM', KEYS[3], ARGV[2])
+redis.call('ZREM', KEYS[7], ARGV[2])
+return 1)lua";
+
+// KEYS: as kDelete's. ARGV: tenant, id, before, now. Deletes the session if it is still the
+// tenant's, idle since before `before` and its last message is not a reply in progress under
+// a live lease (a turn's reply is its last message while it runs): 1; else 0.
+constexpr char kDeleteIdle[] = R"lua(
+if redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[1] then return 0 end
+local active = redis.call('ZSCORE', KEYS[7], ARGV[2])
+if not active or tonumber(active) >= tonumber(ARGV[3]) then return 0 end
+local last = redis.call('LINDEX', KEYS[2], -1)
+if last then
+  local ok, m = pcall(cjson.decode, last)
+  if ok and type(m) == 'table' and m.state == 1 and (m.lease_ms or 0) >= tonumber(ARGV[4]) then
+    return 0
+  end
+end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[4], KEYS[5], KEYS[6])
+redis.call('ZREM', KEYS[3], ARGV[2])
+redis.call('ZREM', KEYS[7], ARGV[2])
 return 1)lua";
 
 // KEYS: session, messages, parts, turn ids, unfinished. ARGV: tenant, index. The dropped
@@ -192,8 +218,8 @@ end
 if i == 0 then redis.call('DEL', KEYS[2]) else redis.call('LTRIM', KEYS[2], 0, i - 1) end
 )lua" RECALL_KEEP_PARTS("pi < i") "return 1";
 
-// KEYS: session, messages, parts, turn ids, unfinished. ARGV: tenant, keep, count, writer,
-// now, messages... -1 not found, -2 - n: the list has n messages, not count; 2: its last
+// KEYS: session, messages, parts, turn ids, unfinished, activity. ARGV: tenant, keep, count,
+// writer, now, messages... -1 not found, -2 - n: the list has n messages, not count; 2: its last
 // message is a reply in progress of another writer under a live lease (a turn running
 // there). The messages from keep on (and their parts) are replaced by the given ones, in one
 // script: atomic.
@@ -220,6 +246,7 @@ for j = 6, #ARGV do
   if indexed then ix_add(i + j - 6, ARGV[j]) end
 end
 if indexed then ix_set(i + #ARGV - 5) end
+redis.call('ZADD', KEYS[6], ARGV[5], string.sub(KEYS[1], 10))  -- a turn began
 return 1)lua";
 
 // KEYS: session, messages, parts, turn ids, unfinished. ARGV: turn id ("": none), tenant.
@@ -323,19 +350,39 @@ std::string TenantKey(const std::string& t) { return "recall:t:" + t; }
 std::string PartsKey(const std::string& id) { return "recall:p:" + id; }
 std::string TurnIdsKey(const std::string& id) { return "recall:u:" + id; }
 std::string UnfinishedKey(const std::string& id) { return "recall:n:" + id; }
+constexpr char kActivityKey[] = "recall:a";
 
 // The command that runs `script` on session `id`'s transcript, whose KEYS are its session,
-// messages, parts, turn ids and unfinished keys (the scripts that read or write the
-// transcript and its index), with `argv` as ARGV.
+// messages, parts, turn ids and unfinished keys and the activity set (the scripts that read
+// or write the transcript and its index), with `argv` as ARGV.
 std::vector<std::string> TranscriptEval(const char* script, const std::string& id,
                                         std::vector<std::string> argv) {
-  std::vector<std::string> args = {"EVAL",         script,           "5",
-                                   SessionKey(id), MessagesKey(id),  PartsKey(id),
-                                   TurnIdsKey(id), UnfinishedKey(id)};
+  std::vector<std::string> args = {"EVAL",
+                                   script,
+                                   "6",
+                                   SessionKey(id),
+                                   MessagesKey(id),
+                                   PartsKey(id),
+                                   TurnIdsKey(id),
+                                   UnfinishedKey(id),
+                                   kActivityKey};
   args.insert(args.end(), std::make_move_iterator(argv.begin()),
               std::make_move_iterator(argv.end()));
   return args;
 }
+// The command that runs a deleting script (kDelete, kDeleteIdle) on `tenant`'s session `id`:
+// ARGV tenant, id, then `more`.
+std::vector<std::string> DeleteEval(const char* script, const std::string& tenant,
+                                    const std::string& id, std::vector<std::string> more) {
+  std::vector<std::string> args = {"EVAL",         script,          "7",
+                                   SessionKey(id), MessagesKey(id), TenantKey(tenant),
+                                   PartsKey(id),   TurnIdsKey(id),  UnfinishedKey(id),
+                                   kActivityKey,   tenant,          id};
+  args.insert(args.end(), std::make_move_iterator(more.begin()),
+              std::make_move_iterator(more.end()));
+  return args;
+}
+
 // A named record (SessionStore::PutRecord): the tenant's length keeps (tenant, name) pairs
 // apart.
 std::string RecordKey(const std::string& tenant, const std::string& name) {
@@ -404,10 +451,10 @@ class RedisStore final : public SessionStore {
     nlohmann::json meta = r.metadata;
     absl::MutexLock lock(&mu_);
     RECALL_ASSIGN_OR_RETURN(
-        Reply rep,
-        Command({"EVAL", kCreate, "4", SessionKey(r.id), TenantKey(r.tenant), TurnIdsKey(r.id),
-                 UnfinishedKey(r.id), r.tenant, r.model, r.cache_settings, meta.dump(),
-                 std::to_string(r.created_unix_ms), r.worker, r.id}));
+        Reply rep, Command({"EVAL", kCreate, "5", SessionKey(r.id), TenantKey(r.tenant),
+                            TurnIdsKey(r.id), UnfinishedKey(r.id), kActivityKey, r.tenant, r.model,
+                            r.cache_settings, meta.dump(), std::to_string(r.created_unix_ms),
+                            r.worker, r.id, std::to_string(UnixMillis())}));
     if (rep->integer == 0) {
       return absl::AlreadyExistsError(absl::StrCat("session_id: \"", r.id, "\" exists"));
     }
@@ -496,15 +543,52 @@ class RedisStore final : public SessionStore {
 
   absl::Status Delete(const std::string& tenant, const std::string& id) override {
     absl::MutexLock lock(&mu_);
-    RECALL_ASSIGN_OR_RETURN(Reply rep, Command({"EVAL", kDelete, "6", SessionKey(id),
-                                                MessagesKey(id), TenantKey(tenant), PartsKey(id),
-                                                TurnIdsKey(id), UnfinishedKey(id), tenant, id}));
+    RECALL_ASSIGN_OR_RETURN(Reply rep, Command(DeleteEval(kDelete, tenant, id, {})));
     return rep->integer < 0 ? NotFound(id) : absl::OkStatus();
+  }
+
+  absl::StatusOr<std::vector<IdleSession>> DeleteIdle(int64_t before_unix_ms, int limit) override {
+    absl::MutexLock lock(&mu_);
+    std::vector<IdleSession> out;
+    int kept = 0;  // idle sessions passed over (a reply being written): the next page's offset
+    while (static_cast<int>(out.size()) < limit) {
+      RECALL_ASSIGN_OR_RETURN(
+          Reply ids,
+          Command({"ZRANGEBYSCORE", kActivityKey, "-inf", absl::StrCat("(", before_unix_ms),
+                   "LIMIT", std::to_string(kept), std::to_string(limit - out.size())}));
+      if (ids->type != REDIS_REPLY_ARRAY || ids->elements == 0) break;
+      for (size_t i = 0; i < ids->elements; ++i) {
+        if (ids->element[i]->type != REDIS_REPLY_STRING) continue;
+        IdleSession s;
+        s.id.assign(ids->element[i]->str, ids->element[i]->len);
+        RECALL_ASSIGN_OR_RETURN(Reply h, Command({"HMGET", SessionKey(s.id), "tenant", "worker"}));
+        if (h->type != REDIS_REPLY_ARRAY || h->elements != 2 ||
+            h->element[0]->type != REDIS_REPLY_STRING) {
+          RECALL_RETURN_IF_ERROR(Command({"ZREM", kActivityKey, s.id}).status());  // gone
+          continue;
+        }
+        s.tenant.assign(h->element[0]->str, h->element[0]->len);
+        if (h->element[1]->type == REDIS_REPLY_STRING) {
+          s.worker.assign(h->element[1]->str, h->element[1]->len);
+        }
+        RECALL_ASSIGN_OR_RETURN(
+            Reply rep,
+            Command(DeleteEval(kDeleteIdle, s.tenant, s.id,
+                               {std::to_string(before_unix_ms), std::to_string(UnixMillis())})));
+        if (rep->integer == 1) {
+          out.push_back(std::move(s));
+        } else {
+          ++kept;
+        }
+      }
+    }
+    return out;
   }
 
   absl::Status AppendAll(const std::string& tenant, const std::string& id, int index,
                          const std::vector<StoredMessage>& messages) override {
-    std::vector<std::string> args = TranscriptEval(kAppend, id, {tenant, std::to_string(index)});
+    std::vector<std::string> args =
+        TranscriptEval(kAppend, id, {tenant, std::to_string(index), std::to_string(UnixMillis())});
     for (const StoredMessage& m : messages) args.push_back(ToJson(m));
     absl::MutexLock lock(&mu_);
     RECALL_ASSIGN_OR_RETURN(Reply rep, Command(args));

@@ -56,6 +56,14 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   });
   s->conversations_ =
       std::make_unique<Conversations>(*s->store_, *s->registry_, config.options, s->metrics_);
+  if (config.options.session_ttl_seconds > 0) {
+    Conversations* conversations = s->conversations_.get();
+    s->idle_sessions_ = std::make_unique<IdleSessions>(
+        *s->store_, *s->registry_, absl::Seconds(config.options.session_ttl_seconds), s->metrics_,
+        [conversations](const std::string& tenant, const std::string& id) {
+          conversations->ForgetEpisodes(tenant + "/" + id);
+        });
+  }
   s->service_ = std::make_unique<ChatService>(*s->conversations_, *s->store_, *s->registry_,
                                               s->keys_, s->metrics_);
   s->registry_service_ = std::make_unique<RegistryService>(*s->registry_, s->keys_, cluster);
@@ -125,6 +133,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
 }
 
 void CoordinatorServer::Shutdown(std::chrono::milliseconds grace) {
+  idle_sessions_.reset();
   if (http_api_ != nullptr) http_api_->Shutdown();
   if (server_ == nullptr) return;
   server_->GetHealthCheckService()->SetServingStatus(false);
@@ -146,7 +155,12 @@ const flags::FlagSet<CoordinatorOptions>& LimitFlags() {
             [](auto& o) -> auto& { return o.max_turns; }, 1, 1 << 30)
         .Int(
             "max-sessions", "N", "sessions per tenant (default 100000)",
-            [](auto& o) -> auto& { return o.max_sessions_per_tenant; }, 1, 1 << 30);
+            [](auto& o) -> auto& { return o.max_sessions_per_tenant; }, 1, 1 << 30)
+        .Double(
+            "session-ttl", "SECONDS",
+            "delete a session idle this long (since its last turn began), e.g. 2592000\n"
+            "for 30 days (default 0: keep every session until it is deleted)",
+            [](auto& o) -> auto& { return o.session_ttl_seconds; }, 0, 1e10);
     return f;
   }();
   return *kFlags;

@@ -14,6 +14,7 @@
 #include "coordinator/chat_service.h"
 #include "coordinator/conversations.h"
 #include "coordinator/http_api.h"
+#include "coordinator/idle_sessions.h"
 #include "coordinator/registry_service.h"
 #include "grpcpp/grpcpp.h"
 
@@ -61,6 +62,7 @@ class CoordinatorServer {
   std::unique_ptr<WorkerRegistry> registry_;
   ApiKeys keys_ = ApiKeys::Open();
   std::unique_ptr<Conversations> conversations_;
+  std::unique_ptr<IdleSessions> idle_sessions_;  // with --session-ttl
   std::unique_ptr<ChatService> service_;
   std::unique_ptr<RegistryService> registry_service_;
   std::unique_ptr<grpc::Server> server_;

@@ -112,6 +112,12 @@ struct SessionRecord {
   int earlier_in_prompt = 0;
 };
 
+// A session SessionStore::DeleteIdle deleted.
+struct IdleSession {
+  std::string tenant, id;
+  std::string worker;  // the worker it was bound to ("" none): its cache is dropped there
+};
+
 class SessionStore {
  public:
   virtual ~SessionStore() = default;
@@ -181,6 +187,13 @@ class SessionStore {
   virtual absl::Status Bind(const std::string& tenant, const std::string& id,
                             const std::string& worker) = 0;
   virtual absl::StatusOr<int> CountSessions(const std::string& tenant) = 0;
+  // Deletes up to `limit` sessions idle since before `before_unix_ms` (their last turn began
+  // then, or they were made then and had none), oldest first, and returns them: none whose
+  // last reply is being written under a live lease. A session from a store written before
+  // activity was kept counts as active when the store first opens with it (SQLite), or from
+  // its next turn on (Redis).
+  virtual absl::StatusOr<std::vector<IdleSession>> DeleteIdle(int64_t before_unix_ms,
+                                                              int limit) = 0;
 
   // Small named records of a tenant, for the HTTP edge's requests that name no session, so
   // that what one coordinator learnt holds on any coordinator that shares the store and after

@@ -62,9 +62,10 @@ CREATE TABLE IF NOT EXISTS reply_parts (
   PRIMARY KEY (session_id, idx, seq));
 )sql";
 
-// The indexes a turn's reads use (GetRecent), made once the columns are there (a file from
-// before some of them gets them first).
+// The indexes a turn's reads use (GetRecent) and DeleteIdle's, made once the columns are
+// there (a file from before some of them gets them first).
 constexpr char kIndexes[] = R"sql(
+CREATE INDEX IF NOT EXISTS sessions_by_activity ON sessions(active_ms);
 CREATE INDEX IF NOT EXISTS messages_not_complete ON messages(session_id, idx) WHERE state != 0;
 CREATE INDEX IF NOT EXISTS messages_by_turn_id ON messages(session_id, turn_id)
   WHERE turn_id != '';
@@ -135,11 +136,13 @@ class SqliteStore final : public SessionStore {
 
   absl::Status Create(const SessionRecord& r) override {
     absl::MutexLock lock(&mu_);
-    Stmt s(db_, "INSERT INTO sessions (id, tenant, model, cache, metadata, created_ms, worker) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)");
+    Stmt s(db_,
+           "INSERT INTO sessions (id, tenant, model, cache, metadata, created_ms, worker, "
+           "active_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
     nlohmann::json meta = r.metadata;
     s.BindText(1, r.id).BindText(2, r.tenant).BindText(3, r.model).Bind(4, r.cache_settings)
         .BindText(5, meta.dump()).Bind(6, r.created_unix_ms).BindText(7, r.worker);
+    s.Bind(8, UnixMillis());
     const int rc = s.Step();
     if (rc == SQLITE_CONSTRAINT) {
       return absl::AlreadyExistsError(absl::StrCat("session_id: \"", r.id, "\" exists"));
@@ -270,6 +273,35 @@ class SqliteStore final : public SessionStore {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<std::vector<IdleSession>> DeleteIdle(int64_t before_unix_ms, int limit) override {
+    absl::MutexLock lock(&mu_);
+    RECALL_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE", "delete idle sessions"));
+    std::vector<IdleSession> out;
+    absl::Status st = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+      Stmt idle(db_,
+                "SELECT tenant, id, worker FROM sessions INDEXED BY sessions_by_activity WHERE "
+                "active_ms < ? AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.session_id = "
+                "sessions.id AND m.state = 1 AND m.lease_ms >= ?) ORDER BY active_ms LIMIT ?");
+      idle.Bind(1, before_unix_ms).Bind(2, UnixMillis()).Bind(3, limit);
+      int rc;
+      while ((rc = idle.Step()) == SQLITE_ROW)
+        out.push_back({idle.Text(0), idle.Text(1), idle.Text(2)});
+      if (rc != SQLITE_DONE) return Check(rc, "delete idle sessions");
+      for (const IdleSession& gone : out) {
+        Stmt d(db_, "DELETE FROM sessions WHERE id = ?");
+        d.BindText(1, gone.id);
+        RECALL_RETURN_IF_ERROR(Check(d.Step(), "delete idle sessions"));
+      }
+      return absl::OkStatus();
+    }();
+    if (!st.ok()) {
+      Exec("ROLLBACK", "delete idle sessions").IgnoreError();
+      return st;
+    }
+    RECALL_RETURN_IF_ERROR(Commit("delete idle sessions"));
+    return out;
+  }
+
   absl::Status AppendAll(const std::string& tenant, const std::string& id, int index,
                          const std::vector<StoredMessage>& messages) override {
     return ReplaceTail(tenant, id, index, index, messages, "");  // the count checked inside
@@ -295,6 +327,9 @@ class SqliteStore final : public SessionStore {
         s.BindText(1, id).Bind(2, keep);
         RECALL_RETURN_IF_ERROR(Check(s.Step(), "replace messages"));
       }
+      Stmt active(db_, "UPDATE sessions SET active_ms = ? WHERE id = ?");  // a turn began
+      active.Bind(1, UnixMillis()).BindText(2, id);
+      RECALL_RETURN_IF_ERROR(Check(active.Step(), "replace messages"));
       return InsertMessages(id, keep, messages);
     }();
     if (!st.ok()) {
@@ -643,6 +678,24 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string&
         {"turn_id", "ALTER TABLE messages ADD COLUMN turn_id TEXT NOT NULL DEFAULT ''"}}) {
     if (columns.count(column) != 0) continue;
     RECALL_RETURN_IF_ERROR(SetUp(db, sql, path));
+  }
+  // A file from before activity was kept: its sessions count as active now (none is
+  // deleted as idle at once, whatever its age).
+  {
+    bool has_active = false;
+    {
+      Stmt info(db, "PRAGMA table_info(sessions)");
+      while (info.Step() == SQLITE_ROW) has_active |= info.Text(1) == "active_ms";
+    }
+    if (!has_active) {
+      RECALL_RETURN_IF_ERROR(SetUp(
+          db,
+          absl::StrCat("ALTER TABLE sessions ADD COLUMN active_ms INTEGER NOT NULL DEFAULT 0; "
+                       "UPDATE sessions SET active_ms = ",
+                       UnixMillis())
+              .c_str(),
+          path));
+    }
   }
   RECALL_RETURN_IF_ERROR(SetUp(db, kIndexes, path));
   std::move(unlock).Cancel();

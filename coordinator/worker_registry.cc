@@ -245,4 +245,16 @@ std::shared_ptr<v1::Worker::Stub> WorkerRegistry::Stub(const std::string& addres
   return nullptr;
 }
 
+void WorkerRegistry::DropSession(const std::string& address, const std::string& id) const {
+  const std::shared_ptr<v1::Worker::Stub> stub = Stub(address);
+  if (stub == nullptr) return;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  Attach(&ctx);
+  v1::DropSessionRequest drop;
+  drop.set_session_id(id);
+  v1::DropSessionResponse ignored;
+  stub->DropSession(&ctx, drop, &ignored);
+}
+
 }  // namespace recall::coordinator

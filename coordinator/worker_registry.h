@@ -74,6 +74,9 @@ class WorkerRegistry {
   std::shared_ptr<v1::Worker::Stub> Stub(const std::string& address) const;
   // Adds the cluster credential to a call to a worker.
   void Attach(grpc::ClientContext* context) const { cluster_.Attach(context); }
+  // Asks the worker at `address` to drop session `id`'s cache (a deleted session's), waiting
+  // up to 2 s; best effort: the cache is derived state and would age out anyway.
+  void DropSession(const std::string& address, const std::string& id) const;
 
  private:
   struct Entry {

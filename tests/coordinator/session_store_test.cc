@@ -9,7 +9,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
+#include "common/clock.h"
 #include "gtest/gtest.h"
 #include "tests/common/redis_server.h"
 #include "tests/common/test_util.h"
@@ -830,6 +832,82 @@ TEST(SqliteStoreTest, RecordsOlderThanADayAreForgotten) {
 
 // A session file written before turn ids were kept opens with the column added: its messages
 // have none, and new ones keep theirs.
+// --session-ttl's deletes (IdleSessions): a session is idle from when its last turn began (or
+// it was made); the oldest go first, at most `limit`; one whose reply is being written under
+// a live lease stays; a deleted session is gone for its tenant.
+TEST_P(SessionStoreTest, IdleSessionsAreDeletedOldestFirstButNotOneWhoseReplyIsBeingWritten) {
+  const auto tick = [] { std::this_thread::sleep_for(std::chrono::milliseconds(5)); };
+  for (const char* id : {"old", "busy", "talking"}) {
+    ASSERT_TRUE(store_->Create(Record(id, "a")).ok());
+    tick();
+  }
+  StoredMessage reply{"assistant", "once"};
+  reply.state = TurnState::kInProgress;
+  reply.lease_unix_ms = UnixMillis() + 60000;  // its coordinator is writing it
+  ASSERT_TRUE(store_->ReplaceTail("a", "busy", 0, 0, {{"user", "hi"}, reply}, "").ok());
+  tick();
+  const int64_t before_talk = UnixMillis();
+  tick();
+  ASSERT_TRUE(store_->Create(Record("new", "a")).ok());
+  tick();
+  ASSERT_TRUE(store_->ReplaceTail("a", "talking", 0, 0, {{"user", "hi"}}, "").ok());  // a turn
+
+  auto gone = store_->DeleteIdle(before_talk, 10);
+  ASSERT_TRUE(gone.ok()) << gone.status();
+  std::vector<std::string> ids;
+  for (const IdleSession& s : *gone) ids.push_back(s.tenant + "/" + s.id);
+  EXPECT_EQ(ids, std::vector<std::string>({"a/old"}))
+      << "busy is writing its reply; talking began a turn since; new was made since";
+  EXPECT_EQ(store_->Get("a", "old").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(*store_->CountSessions("a"), 3);
+
+  gone = store_->DeleteIdle(UnixMillis() + 1, 1);  // all are idle by then: the oldest first
+  ASSERT_TRUE(gone.ok()) << gone.status();
+  ASSERT_EQ(gone->size(), 1u);
+  EXPECT_EQ((*gone)[0].id, "new") << "busy stays while its lease is live; new is the oldest then";
+  reply.lease_unix_ms = 1;  // its coordinator died long ago
+  ASSERT_TRUE(store_->Replace("a", "busy", 1, reply).ok());
+  ASSERT_TRUE(store_->Bind("a", "busy", "w:1").ok());
+  gone = store_->DeleteIdle(UnixMillis() + 1, 10);
+  ASSERT_TRUE(gone.ok()) << gone.status();
+  ASSERT_EQ(gone->size(), 2u);
+  EXPECT_EQ((*gone)[0].id, "busy");
+  EXPECT_EQ((*gone)[0].worker, "w:1") << "its worker's cache is dropped";
+  EXPECT_EQ((*gone)[1].id, "talking");
+  EXPECT_EQ(*store_->CountSessions("a"), 0);
+  EXPECT_TRUE(store_->List("a", "", 10)->empty());
+  gone = store_->DeleteIdle(UnixMillis() + 1, 10);
+  ASSERT_TRUE(gone.ok()) << gone.status();
+  EXPECT_TRUE(gone->empty());
+  // An id made again is a new session, active from its making.
+  ASSERT_TRUE(store_->Create(Record("old", "b")).ok());
+  EXPECT_TRUE(store_->DeleteIdle(before_talk, 10)->empty());
+}
+
+TEST(SqliteStoreTest, SessionsOfAFileFromBeforeActivityWasKeptCountAsActiveWhenItOpens) {
+  const std::string path = testing::MakeTempDir("store_active") + "/sessions.db";
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  const char* old_schema = R"sql(
+CREATE TABLE sessions (id TEXT PRIMARY KEY, tenant TEXT NOT NULL, model TEXT NOT NULL,
+  cache BLOB NOT NULL, metadata TEXT NOT NULL, created_ms INTEGER NOT NULL,
+  worker TEXT NOT NULL DEFAULT '');
+INSERT INTO sessions VALUES ('s1', 'a', 'm', x'', '{}', 1, '');
+)sql";
+  char* err = nullptr;
+  ASSERT_EQ(sqlite3_exec(db, old_schema, nullptr, nullptr, &err), SQLITE_OK) << err;
+  sqlite3_close(db);
+  const int64_t before_open = UnixMillis();
+  auto store = OpenStore(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto gone = (*store)->DeleteIdle(before_open, 10);
+  ASSERT_TRUE(gone.ok()) << gone.status();
+  EXPECT_TRUE(gone->empty()) << "made in 1970, but active as of the upgrade";
+  gone = (*store)->DeleteIdle(UnixMillis() + 1, 10);
+  ASSERT_TRUE(gone.ok()) << gone.status();
+  EXPECT_EQ(gone->size(), 1u);
+}
+
 TEST(SqliteStoreTest, AFileFromBeforeTurnIdsGetsTheColumn) {
   const std::string path = testing::MakeTempDir("store_old") + "/sessions.db";
   sqlite3* db = nullptr;

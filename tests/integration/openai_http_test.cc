@@ -299,6 +299,33 @@ TEST_F(OpenAiHttpTest, AnUnnamedConversationKeepsItsSessionAcrossACoordinatorRes
   EXPECT_NE(theirs.Header("X-Session-Id"), id);
 }
 
+// --session-ttl: a session idle longer than it is deleted, from the store and from its
+// worker's cache; the same list sent again starts a new session, and naming the old one is
+// 404.
+TEST_F(OpenAiHttpTest, ASessionIdleLongerThanTheTtlIsDeleted) {
+  coordinator_.Stop();
+  StartCoordinator({"--session-ttl", "2"});
+  const std::string body = ChatBody({Message("user", "Once upon a time")}, 4, false);
+  const HttpReply first = Post("/v1/chat/completions", body);
+  ASSERT_EQ(first.status, 200) << first.body;
+  const std::string id = first.Header("X-Session-Id");
+  EXPECT_EQ(SessionCount(), 1);
+  EXPECT_EQ(WorkerLoad(worker_).resident_sessions(), 1);
+  int count = 1;
+  for (int i = 0; i < 200 && count > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    count = SessionCount();
+  }
+  EXPECT_EQ(count, 0) << "deleted within 20 s (a 2 s ttl, swept every second)";
+  const v1::LoadReport load = WorkerLoad(worker_);
+  EXPECT_EQ(load.resident_sessions() + load.offloaded_sessions(), 0) << "its cache dropped";
+  const HttpReply named = Post("/v1/chat/completions", body, "key-a", {{"X-Session-Id", id}});
+  EXPECT_EQ(named.status, 404) << named.body;
+  const HttpReply again = Post("/v1/chat/completions", body);
+  ASSERT_EQ(again.status, 200) << again.body;
+  EXPECT_NE(again.Header("X-Session-Id"), id) << "a new session, not the deleted one";
+}
+
 TEST_F(OpenAiHttpTest, CompletionsModelsAndHealth) {
   const HttpReply c =
       Post("/v1/completions", R"({"prompt":"Once upon a time","max_tokens":6,"temperature":0})");

@@ -123,6 +123,16 @@ inline constexpr char kTokenizer[] = "models/stories260K/tok512.bin";
 
 // A real recall-worker (stories260K) behind a real recall-coordinator with the HTTP API on,
 // two API keys (key-a: tenant-a, key-b: tenant-b).
+// The load the worker `worker` reports (empty when it does not answer).
+inline v1::LoadReport WorkerLoad(const ServerProcess& worker) {
+  auto stub = v1::Worker::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(worker.port("grpc")), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::LoadReport load;
+  if (!stub->GetLoad(&ctx, v1::GetLoadRequest(), &load).ok()) load.Clear();
+  return load;
+}
+
 class OpenAiHttpTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -139,16 +149,24 @@ class OpenAiHttpTest : public ::testing::Test {
     StartCoordinator();
   }
 
-  // The coordinator (again: its sessions are in dir_'s store) and the clients of it.
-  void StartCoordinator() {
+  // The coordinator (again: its sessions are in dir_'s store), with `extra` flags, and the
+  // clients of it.
+  void StartCoordinator(const std::vector<std::string>& extra = {}) {
     std::string error;
-    ASSERT_TRUE(
-        coordinator_.Start(RECALL_COORDINATOR_BINARY,
-                           {"--workers", "127.0.0.1:" + std::to_string(worker_.port("grpc")),
-                            "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--data-dir",
-                            dir_, "--api-keys", dir_ + "/keys", "--max-message-bytes", "4000"},
-                           dir_, &error))
-        << error;
+    std::vector<std::string> args = {"--workers",
+                                     "127.0.0.1:" + std::to_string(worker_.port("grpc")),
+                                     "--listen",
+                                     "127.0.0.1:0",
+                                     "--http-listen",
+                                     "127.0.0.1:0",
+                                     "--data-dir",
+                                     dir_,
+                                     "--api-keys",
+                                     dir_ + "/keys",
+                                     "--max-message-bytes",
+                                     "4000"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    ASSERT_TRUE(coordinator_.Start(RECALL_COORDINATOR_BINARY, args, dir_, &error)) << error;
     ASSERT_GT(coordinator_.port("http"), 0) << "the port file names the HTTP port";
     http_ = std::make_unique<httplib::Client>("127.0.0.1", coordinator_.port("http"));
     http_->set_read_timeout(120, 0);
@@ -259,14 +277,7 @@ class OpenAiHttpCancelTest : public ::testing::Test {
     return s;
   }
 
-  v1::LoadReport Load() {
-    auto stub = v1::Worker::NewStub(grpc::CreateChannel(
-        "127.0.0.1:" + std::to_string(worker_.port("grpc")), grpc::InsecureChannelCredentials()));
-    grpc::ClientContext ctx;
-    v1::LoadReport load;
-    if (!stub->GetLoad(&ctx, v1::GetLoadRequest(), &load).ok()) load.Clear();
-    return load;
-  }
+  v1::LoadReport Load() { return WorkerLoad(worker_); }
 
   std::string dir_;
   ServerProcess worker_;
