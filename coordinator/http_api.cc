@@ -155,6 +155,21 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpOptions& optio
         [self](const httplib::Request& req, httplib::Response& res) { self->Models(req, res); });
   s.Get("/health",
         [self](const httplib::Request& req, httplib::Response& res) { self->Health(req, res); });
+  // A POST that says nothing of a body (curl -X POST URL): cpp-httplib would read until the
+  // connection's read timeout (5 s) and answer "cannot be read". Told at once, and the
+  // connection closed (a body sent anyway, HTTP/1.0 style, is not read as the next request).
+  s.set_pre_routing_handler([self](const httplib::Request& req, httplib::Response& res) {
+    if (req.method != "POST" || req.has_header("Content-Length") ||
+        req.has_header("Transfer-Encoding")) {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    self->Fail(
+        res, absl::InvalidArgumentError("the request has no body (neither Content-Length nor "
+                                        "Transfer-Encoding); send a JSON object with Content-Type: "
+                                        "application/json"));
+    res.set_header("Connection", "close");
+    return httplib::Server::HandlerResponse::Handled;
+  });
   // Errors the library answers itself (no route, a body too large, an unreadable request)
   // get OpenAI's error body too; the handlers' own errors already have one.
   s.set_error_handler(

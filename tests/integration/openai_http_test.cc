@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "common/subprocess.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -362,19 +363,49 @@ TEST_F(OpenAiHttpTest, CompletionsModelsAndHealth) {
   EXPECT_EQ(health.JsonBody()["healthy_workers"], 1);
 }
 
+// A TCP connection to 127.0.0.1:port; -1 when it cannot connect.
+int ConnectLoopback(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// A POST with no body at all (curl -X POST URL): told so at once (it waited 5 s for a body,
+// then said "cannot be read"); the connection is closed.
+TEST_F(OpenAiHttpTest, APostWithoutABodyIsToldItHasNone) {
+  const int fd = ConnectLoopback(coordinator_.port("http"));
+  ASSERT_GE(fd, 0);
+  const std::string request =
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  ASSERT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(request.size()));
+  const absl::Time start = absl::Now();
+  std::string response;
+  char buf[4096];
+  for (ssize_t n; (n = recv(fd, buf, sizeof(buf), 0)) > 0;)
+    response.append(buf, static_cast<size_t>(n));
+  close(fd);
+  EXPECT_EQ(response.rfind("HTTP/1.1 400", 0), 0u) << response;
+  EXPECT_NE(response.find("the request has no body"), std::string::npos) << response;
+  EXPECT_LT(absl::ToDoubleSeconds(absl::Now() - start), 4.0) << "not after the read timeout";
+}
+
 // 100 clients that send half a request and wait (slow or stalled clients: a connection holds
 // its thread while open) keep no one else waiting. On a pool of 64 threads the API answered no
 // one until they left (found by probing).
 TEST_F(OpenAiHttpTest, StalledConnectionsKeepNoOneElseWaiting) {
   std::vector<int> stalled;
   for (int i = 0; i < 100; ++i) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    const int fd = ConnectLoopback(coordinator_.port("http"));
     ASSERT_GE(fd, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(coordinator_.port("http")));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
     const std::string half = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n";
     ASSERT_EQ(send(fd, half.data(), half.size(), MSG_NOSIGNAL), static_cast<ssize_t>(half.size()));
     stalled.push_back(fd);
