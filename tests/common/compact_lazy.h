@@ -38,16 +38,21 @@ inline runtime::Engine* AddEngine(const model::Model& model,
   return engines.back().get();
 }
 
-// A scheduler over `engine` (which must outlive it); null (with a test failure) on error.
-inline std::unique_ptr<serving::Scheduler> StartCompactLazy(runtime::Engine& engine,
-                                                            const model::Tokenizer& tok,
-                                                            metrics::Registry* metrics) {
+// The scheduler's options for compact lazy sessions.
+inline serving::SchedulerOptions CompactLazyOptions() {
   serving::SchedulerOptions so;
   so.stop_token_ids = {2};
   so.prefill_chunk = kCompactChunk;
   so.cache.policy = "lazy";
   so.cache.budget_tokens = kCompactBudget;
   so.cache.window = kCompactWindow;
+  return so;
+}
+
+// A scheduler over `engine` (which must outlive it); null (with a test failure) on error.
+inline std::unique_ptr<serving::Scheduler> StartCompactLazy(
+    runtime::Engine& engine, const model::Tokenizer& tok, metrics::Registry* metrics,
+    const serving::SchedulerOptions& so = CompactLazyOptions()) {
   auto s = serving::Scheduler::Create(engine, tok, so, metrics);
   EXPECT_TRUE(s.ok()) << s.status();
   return s.ok() ? *std::move(s) : nullptr;

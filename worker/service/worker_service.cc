@@ -214,8 +214,8 @@ grpc::ServerUnaryReactor* WorkerService::Abort(grpc::CallbackServerContext* cont
       scheduler_.AbortRequestAsync(
           request->request_id(),
           [this, answer, response, id = request->request_id()](int aborted) {
-            for (const serving::TakenBackTurn& t : scheduler_.TakeTakenBack(id)) {
-              ToProto(t, response->add_taken_back());
+            if (const std::optional<serving::TakenBackTurn> t = scheduler_.TakeTakenBack(id)) {
+              ToProto(*t, response->add_taken_back());
             }
             answer(aborted);
           },

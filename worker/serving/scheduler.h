@@ -69,6 +69,8 @@ struct SchedulerOptions {
   int max_queued = 256;        // turns waiting for memory at most; past it, ResourceExhausted
   int64_t host_cache_bytes = int64_t{4} << 30;  // offloaded caches at most
   int retry_after_ms = 1000;                    // the hint in ResourceExhausted messages
+  // Token ids of aborted turns kept for their Abort's answer (TakeTakenBack) at most: 32 MiB.
+  int64_t taken_back_tokens = int64_t{8} << 20;
   TurnLimits limits;
   model::ChatFormat chat_format = model::ChatFormat::kPlain;
   std::vector<int32_t> stop_token_ids;    // end a reply (EOS, <|im_end|>, ...)
@@ -179,8 +181,10 @@ class Scheduler {
   static constexpr int kRememberedAborts = 4096;
   // What the aborted turn `request_id` of a session that evicts fed and gave back (TakeBack,
   // TakeBackFinished), once: none when it fed nothing, had its cache dropped, or was asked for
-  // already (the last kRememberedAborts are kept). Any thread; for an Abort's answer.
-  std::vector<TakenBackTurn> TakeTakenBack(const std::string& request_id);
+  // already. The last kRememberedAborts records are kept, and at most
+  // SchedulerOptions::taken_back_tokens tokens in all, the newest record at least (one not
+  // collected, its session rebuilds: Uncollected). Any thread; for an Abort's answer.
+  std::optional<TakenBackTurn> TakeTakenBack(const std::string& request_id);
   void AbortSessionAsync(const std::string& session_id, std::function<void(int)> done = nullptr);
   void AbortAllAsync(std::function<void(int)> done = nullptr);
   void DropSessionAsync(const std::string& session_id,
@@ -339,6 +343,7 @@ class Scheduler {
   // Sessions with a record in taken_back_ not collected yet (Uncollected).
   std::set<std::string> uncollected_ ABSL_GUARDED_BY(taken_back_mu_);
   std::deque<std::string> taken_back_order_ ABSL_GUARDED_BY(taken_back_mu_);
+  int64_t taken_back_tokens_ ABSL_GUARDED_BY(taken_back_mu_) = 0;  // in taken_back_
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   int64_t next_request_ ABSL_GUARDED_BY(mu_) = 0;
   LoadSnapshot load_ ABSL_GUARDED_BY(mu_);

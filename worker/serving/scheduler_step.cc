@@ -513,12 +513,22 @@ bool Scheduler::GiveBack(Session& s, const std::string& request_id, int64_t fed_
     taken.turn.prompt_tokens = static_cast<int>(std::min(prompt_fed, n));
     absl::MutexLock lock(&taken_back_mu_);
     uncollected_.insert(s.id);
-    if (taken_back_.insert_or_assign(request_id, std::move(taken)).second) {
+    taken_back_tokens_ += static_cast<int64_t>(taken.turn.token_ids.size());
+    auto [it, added] = taken_back_.try_emplace(request_id);
+    if (added) {
       taken_back_order_.push_back(request_id);
-      if (static_cast<int>(taken_back_order_.size()) > kRememberedAborts) {
-        taken_back_.erase(taken_back_order_.front());
-        taken_back_order_.pop_front();
-      }
+    } else {
+      taken_back_tokens_ -= static_cast<int64_t>(it->second.turn.token_ids.size());
+    }
+    it->second = std::move(taken);
+    // The oldest go first (their sessions stay uncollected: they rebuild).
+    while (taken_back_order_.size() > 1 &&
+           (static_cast<int>(taken_back_order_.size()) > kRememberedAborts ||
+            taken_back_tokens_ > options_.taken_back_tokens)) {
+      auto oldest = taken_back_.find(taken_back_order_.front());
+      taken_back_tokens_ -= static_cast<int64_t>(oldest->second.turn.token_ids.size());
+      taken_back_.erase(oldest);
+      taken_back_order_.pop_front();
     }
   }
   s.Unfeed(static_cast<int>(n));
@@ -563,11 +573,12 @@ bool Scheduler::Uncollected(const std::string& session_id) {
   return uncollected_.erase(session_id) > 0;
 }
 
-std::vector<TakenBackTurn> Scheduler::TakeTakenBack(const std::string& request_id) {
+std::optional<TakenBackTurn> Scheduler::TakeTakenBack(const std::string& request_id) {
   absl::MutexLock lock(&taken_back_mu_);
   auto it = taken_back_.find(request_id);
-  if (it == taken_back_.end()) return {};
-  std::vector<TakenBackTurn> out = {std::move(it->second.turn)};
+  if (it == taken_back_.end()) return std::nullopt;
+  std::optional<TakenBackTurn> out = std::move(it->second.turn);
+  taken_back_tokens_ -= static_cast<int64_t>(out->token_ids.size());
   uncollected_.erase(it->second.session_id);
   taken_back_.erase(it);
   taken_back_order_.erase(

@@ -8,6 +8,7 @@
 // depends on the text). A turn aborted and taken back is replayed from what it fed.
 #include "worker/serving/replay.h"
 
+#include <optional>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -230,23 +231,23 @@ TEST_F(ReplayTest, AbortedTurnsAreReplayedAsTheirTurnsGaveThemBack) {
     }
     ASSERT_EQ(sched_->AbortRequest(stopped.request_id), 1);
     EXPECT_EQ(CollectTurn(**stream).status.code(), absl::StatusCode::kCancelled);
-    const std::vector<TakenBackTurn> taken_back = sched_->TakeTakenBack(stopped.request_id);
+    const std::optional<TakenBackTurn> taken_back = sched_->TakeTakenBack(stopped.request_id);
     // Kept cache: two more turns.
     const Collected kept2 = Run(Turn(id, kTurns[2], 2, policy));
     const Collected kept3 = Run(Turn(id, kTurns[3], 4, policy));
     ASSERT_TRUE(kept2.status.ok() && kept3.status.ok()) << policy;
     EXPECT_FALSE(kept2.summary.rebuilt) << policy << ": the aborted turn was taken back";
     if (policy == "full") {
-      EXPECT_TRUE(taken_back.empty()) << "without eviction nothing needs replaying";
+      EXPECT_FALSE(taken_back.has_value()) << "without eviction nothing needs replaying";
       ASSERT_TRUE(sched_->DropSession(id).ok());
       continue;
     }
-    ASSERT_EQ(taken_back.size(), 1u) << policy;
-    const TakenBackTurn* taken = &taken_back[0];
+    ASSERT_TRUE(taken_back.has_value()) << policy;
+    const TakenBackTurn* taken = &*taken_back;
     EXPECT_GT(taken->prompt_tokens, 0) << policy;
     EXPECT_GT(taken->token_ids.size(), static_cast<size_t>(taken->prompt_tokens))
         << policy << ": it fed reply tokens as decode steps";
-    EXPECT_TRUE(sched_->TakeTakenBack(stopped.request_id).empty()) << "answered once";
+    EXPECT_FALSE(sched_->TakeTakenBack(stopped.request_id).has_value()) << "answered once";
 
     // Rebuilt from the transcript with the record, then the same last turn.
     ASSERT_TRUE(sched_->DropSession(id).ok());

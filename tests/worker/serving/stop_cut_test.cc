@@ -21,6 +21,7 @@
 #include "worker/serving/scheduler.h"
 #include "worker/serving/session.h"
 #include "worker/serving/turn_collect.h"
+#include "worker/serving/turn_request.h"
 
 namespace recall::serving {
 namespace {
@@ -38,9 +39,10 @@ class StopCutTest : public recall::testing::Stories260KTest {
     EXPECT_TRUE(s.ok()) << s.status();
     return s.ok() ? *std::move(s) : nullptr;
   }
-  std::unique_ptr<Scheduler> StartCompact(int tp = 1) {
+  std::unique_ptr<Scheduler> StartCompact(
+      int tp = 1, const SchedulerOptions& so = testing::CompactLazyOptions()) {
     runtime::Engine* e = NewEngine(tp);
-    return e == nullptr ? nullptr : testing::StartCompactLazy(*e, *tok_, &metrics_);
+    return e == nullptr ? nullptr : testing::StartCompactLazy(*e, *tok_, &metrics_, so);
   }
 
   static TurnRequest Turn(const std::string& session, const std::string& text, int history,
@@ -227,6 +229,34 @@ TEST_F(StopCutTest, AnAbortedTurnGivesBackWhatItFed) {
   EXPECT_EQ(three.token_ids, ref.token_ids);
 }
 
+// The records of aborted turns kept for their Aborts' answers are bounded in tokens: past the
+// bound the oldest goes, and its session, whose record no one can collect now, rebuilds at its
+// next turn; the newest is kept and its session continues.
+TEST_F(StopCutTest, RecordsOfAbortedTurnsAreBoundedInTokensTheOldestGoing) {
+  SchedulerOptions so = testing::CompactLazyOptions();
+  so.taken_back_tokens = 1;  // one record at most
+  auto sched = StartCompact(1, so);
+  ASSERT_NE(sched, nullptr);
+  for (const std::string s : {"a", "b"}) {
+    ASSERT_TRUE(Run(*sched, Turn(s, kLines[0], 0, {}, 8)).status.ok());
+    TurnRequest two = Turn(s, kLines[1], 2, {}, 6);
+    two.request_id = s + "-two";
+    ASSERT_TRUE(Run(*sched, two).status.ok());
+    EXPECT_EQ(sched->AbortRequest(two.request_id), 1) << s << ": ended, and taken back";
+  }
+  EXPECT_FALSE(sched->TakeTakenBack("a-two").has_value()) << "the oldest went";
+  const std::optional<TakenBackTurn> b = sched->TakeTakenBack("b-two");
+  ASSERT_TRUE(b.has_value()) << "the newest is kept";
+  EXPECT_GT(b->token_ids.size(), 1u) << "kept though over the bound";
+  const double rebuilds = Rebuilds();
+  const Collected b3 = Run(*sched, Turn("b", kLines[2], 2));
+  ASSERT_TRUE(b3.status.ok()) << b3.status;
+  EXPECT_EQ(Rebuilds(), rebuilds) << "b's record was collected: it continues";
+  const Collected a3 = Run(*sched, Turn("a", kLines[2], 2));
+  EXPECT_TRUE(IsHistoryNeeded(a3.status))
+      << "a's record went uncollected: it is rebuilt from its transcript, " << a3.status;
+}
+
 // The Abort of a turn that had already ended (its client left as the reply ran out: the
 // coordinator stores it interrupted) takes it back as one before its end would have: the next
 // turn continues the cache and replies as a session that never had that turn. In a session
@@ -250,10 +280,10 @@ TEST_F(StopCutTest, AnAbortAfterItsTurnEndedTakesItBackStill) {
     EXPECT_EQ(sched->AbortRequest("two"), 1) << "ended, and taken back";
     EXPECT_EQ(metrics_.GetCounter("recall_worker_taken_back_turns_total", "")->value(),
               taken_before + 1);
-    const std::vector<TakenBackTurn> taken_back = sched->TakeTakenBack("two");
-    ASSERT_EQ(taken_back.size(), evicting ? 1u : 0u);
+    const std::optional<TakenBackTurn> taken_back = sched->TakeTakenBack("two");
+    ASSERT_EQ(taken_back.has_value(), evicting);
     if (evicting) {
-      const TakenBackTurn* taken = &taken_back[0];
+      const TakenBackTurn* taken = &*taken_back;
       const int fed = ended.summary.prompt_tokens - ended.summary.cached_tokens;
       EXPECT_EQ(taken->token_ids.size(), static_cast<size_t>(fed) + 5)
           << "its prompt's new tokens and five of its six reply tokens (the last was never fed)";
