@@ -6,6 +6,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <set>
@@ -13,6 +14,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/logging.h"
@@ -622,6 +624,28 @@ absl::Status SetUp(sqlite3* db, const char* sql, const std::string& path) {
   return absl::DataLossError(absl::StrCat("session store ", path, ": ", msg));
 }
 
+// A damaged page that the queries may read rarely or never (an index's: a lookup that no longer
+// finds a session) is said at start, with how to repair it; the sessions that can be read
+// are served (each that cannot answers DATA_LOSS). PRAGMA quick_check reads the whole file.
+void WarnIfDamaged(sqlite3* db, const std::string& path) {
+  std::vector<std::string> problems;
+  Stmt check(db, "PRAGMA quick_check(5)");
+  int rc;
+  while ((rc = check.Step()) == SQLITE_ROW) {
+    std::string problem = check.Text(0);
+    if (problem == "ok" || problem == "*** in database main ***") continue;
+    std::replace(problem.begin(), problem.end(), '\n', ' ');
+    problems.push_back(std::move(problem));
+  }
+  if (rc != SQLITE_DONE) problems.push_back(sqlite3_errstr(rc));
+  if (problems.empty()) return;
+  RECALL_LOG(WARNING) << "session store " << path << " is damaged ("
+                      << absl::StrJoin(problems, "; ")
+                      << "); the sessions that can be read are served. To repair it, stop the "
+                      << "coordinator, keep a copy of the file, then: sqlite3 " << path
+                      << " .recover | sqlite3 NEW.db, and serve NEW.db as sessions.db";
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string& path) {
@@ -698,6 +722,7 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string&
     }
   }
   RECALL_RETURN_IF_ERROR(SetUp(db, kIndexes, path));
+  WarnIfDamaged(db, path);
   std::move(unlock).Cancel();
   return std::unique_ptr<SessionStore>(new SqliteStore(db, lock_fd, path));
 }

@@ -634,6 +634,43 @@ TEST(SqliteDamageTest, APageOverwrittenIsDataLossWhereverItIs) {
   EXPECT_GT(refused + failed, 0) << "the damage was seen somewhere";
 }
 
+// A damaged index page (a lookup that silently misses sessions) is said at open, naming the
+// file and the repair; the store still opens and serves what it can read.
+TEST(SqliteDamageTest, ADamagedIndexIsSaidAtOpen) {
+  const std::string path = testing::MakeTempDir("store_index_damage") + "/sessions.db";
+  {
+    auto store = OpenStore(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    for (int i = 0; i < 40; ++i) {
+      SessionRecord r;
+      r.id = "s" + std::to_string(i);
+      r.tenant = "a";
+      r.model = "m";
+      ASSERT_TRUE((*store)->Create(r).ok());
+    }
+  }
+  ::testing::internal::CaptureStderr();
+  { ASSERT_TRUE(OpenStore(path).ok()); }
+  EXPECT_EQ(::testing::internal::GetCapturedStderr().find("is damaged"), std::string::npos)
+      << "a sound file opens silently";
+  const int root =
+      QueryInt(path, "SELECT rootpage FROM sqlite_master WHERE name = 'sessions_by_tenant'");
+  ASSERT_GT(root, 0);
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>((root - 1) * 4096));
+    const std::string junk(4096, '\xff');
+    f.write(junk.data(), static_cast<std::streamsize>(junk.size()));
+  }
+  ::testing::internal::CaptureStderr();
+  auto store = OpenStore(path);
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_NE(said.find("session store " + path + " is damaged"), std::string::npos) << said;
+  EXPECT_NE(said.find(".recover"), std::string::npos) << said;
+  EXPECT_TRUE((*store)->Get("a", "s1").ok()) << "its sessions are served";
+}
+
 // A reply's bytes with a seed, and bytes written before seeds were kept (finish, then ids),
 // which read as before.
 TEST(ReplyBytesTest, SeedsRoundTripAndOldBytesReadWithout) {
