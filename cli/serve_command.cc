@@ -144,6 +144,15 @@ absl::Status Serve(const ServeOptions& o) {
   // The worker gets every worker flag given to serve (and serve's defaults for it).
   const std::vector<std::string> worker_args = service::WorkerFlags().Render(worker_options);
 
+  // Blocked before any thread starts (the coordinator's inherit the mask), so that only
+  // sigwait below takes them: one of those threads would die of SIGTERM or lose SIGCHLD.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGCHLD);  // the worker's end
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
   // The coordinator first: its flags, its store (a data directory another serve holds) and
   // its ports are refused before the worker spends minutes loading the model. It knows the
   // worker once the worker listens; until then a turn is refused as retryable.
@@ -159,13 +168,6 @@ absl::Status Serve(const ServeOptions& o) {
       coordinator::CoordinatorServer::Start(c);
   if (!started.ok()) return ServeFlags().Explain(started.status());
   std::unique_ptr<coordinator::CoordinatorServer> server = std::move(*started);
-
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGCHLD);  // the worker's end
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   ServerProcess worker;
   worker.set_die_with_parent(true);  // a serve killed hard leaves no worker holding its pool

@@ -64,6 +64,9 @@ class ServerProcess {
         sigprocmask(SIG_SETMASK, &none, nullptr);
         prctl(PR_SET_PDEATHSIG, SIGTERM);
         if (getppid() != parent) _exit(127);  // the parent died before the line above
+        // Only stdin, stdout and stderr go to the child: not the parent's sockets (recall
+        // serve's clients' connections, which a child holding them would keep open).
+        close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
         execve(binary.c_str(), argv.data(), environ);
         _exit(127);
       }

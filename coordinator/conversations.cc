@@ -308,11 +308,12 @@ absl::StatusOr<OpenTurn> Conversations::Resume(const std::string& tenant,
                                    absl::StatusCode::kFailedPrecondition);
         };
         const int user = FindTurn(rec, turn_id);
-        if (user < 0) return refuse("is not in the session (its turn was replaced)");
+        if (user < 0) return refuse("is not in the session (its turn was replaced; not retryable)");
         const int reply_index = user + 1;
         if (reply_index != rec.message_count - 1 ||
             rec.messages[static_cast<size_t>(reply_index)].role != "assistant") {
-          return refuse("names a turn the session went on from; it cannot be resumed");
+          return refuse(
+              "names a turn the session went on from; it cannot be resumed (not retryable)");
         }
         StoredMessage partial = rec.messages[static_cast<size_t>(reply_index)];
         if (partial.state == TurnState::kComplete || partial.state == TurnState::kInProgress) {

@@ -62,7 +62,7 @@ struct CoordinatorOptions {
   // How long a reply in progress stays claimed by its coordinator without a write; renewed
   // while the turn runs, silent or not (Redis replicas read a lapsed one as interrupted).
   int turn_lease_seconds = 60;
-  // Sessions idle this long (their last turn began then) are deleted (idle_sessions.h); 0:
+  // Sessions idle this long (their last turn began or ended then) are deleted (idle_sessions.h); 0:
   // kept until deleted.
   double session_ttl_seconds = 0;
 };

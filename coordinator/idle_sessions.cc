@@ -9,7 +9,7 @@
 namespace recall::coordinator {
 namespace {
 
-constexpr int kBatch = 1000;  // sessions deleted per store call
+constexpr int kBatch = 100;  // sessions deleted per store call (turns' writes wait for it)
 
 }  // namespace
 
@@ -47,21 +47,25 @@ int IdleSessions::Sweep() {
                           << "; trying again in " << absl::FormatDuration(Period(ttl_));
       break;
     }
-    for (const IdleSession& s : *gone) {
-      forget_(s.tenant, s.id);
-      workers_.DropSession(s.worker, s.id);
-    }
     total += static_cast<int>(gone->size());
     deleted_->Increment(static_cast<double>(gone->size()));
-    if (static_cast<int>(gone->size()) < kBatch) break;
-    absl::MutexLock lock(&mu_);
-    if (stop_) break;
+    for (const IdleSession& s : *gone) {
+      forget_(s.tenant, s.id);
+      if (Stopping()) break;  // their caches age out on the workers
+      workers_.DropSession(s.worker, s.id);
+    }
+    if (static_cast<int>(gone->size()) < kBatch || Stopping()) break;
   }
   if (total > 0) {
     RECALL_LOG(INFO) << "deleted " << total << " session(s) idle longer than "
                      << absl::FormatDuration(ttl_) << " (--session-ttl)";
   }
   return total;
+}
+
+bool IdleSessions::Stopping() {
+  absl::MutexLock lock(&mu_);
+  return stop_;
 }
 
 void IdleSessions::Loop() {

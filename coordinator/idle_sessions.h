@@ -39,6 +39,7 @@ class IdleSessions {
 
  private:
   void Loop();
+  bool Stopping();
 
   SessionStore& store_;
   const WorkerRegistry& workers_;

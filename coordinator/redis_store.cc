@@ -12,7 +12,9 @@
 //   recall:n:<id>        sorted set: the replies that are not complete (member and score:
 //                        their index)
 //   recall:a             sorted set of every session id, scored by when its last turn began
-//                        (or it was made): DeleteIdle's order
+//                        or its reply ended (or it was made): DeleteIdle's order; sessions
+//                        from before it, by when a coordinator first opened the store with
+//                        them (recall:a:complete marks that done)
 // The two sorted sets index the transcript for GetRecent (a turn reads the last turn, not the
 // transcript). The session hash's field ix is the message count they cover; a write that
 // finds it differing from the list's length (a coordinator from before the index wrote the
@@ -109,7 +111,8 @@ return 1)lua";
   " then redis.call('RPUSH', KEYS[3], p) end\n"                       \
   "end\n"
 
-// KEYS: session, messages, parts. ARGV: tenant, index, message, writer, now. -1 not found,
+// KEYS: session, messages, parts, turn ids, unfinished, activity. ARGV: tenant, index,
+// message, writer, now. -1 not found,
 // -2 - n: the list has n messages, none at index; 2: the message there is another writer's
 // reply, in progress under a live lease or complete (the writer's turn was taken over: its
 // late end must not overwrite the new one; a lapsed lease, an interrupted or failed reply may
@@ -135,6 +138,7 @@ if ix_valid(n) then
   ix_add(index, ARGV[3])
 end
 redis.call('LSET', KEYS[2], index, ARGV[3])
+redis.call('ZADD', KEYS[6], ARGV[5], string.sub(KEYS[1], 10))  -- a reply ended, or resumed
 )lua" RECALL_KEEP_PARTS("pi ~= index") "return 1";
 
 // KEYS: session, messages, parts. ARGV: tenant, index, lease, part ("": none), renew_before,
@@ -179,12 +183,16 @@ std::string ToJson(const StoredMessage& message) {
 
 // KEYS: session, messages, tenant set, parts, turn ids, unfinished, activity. ARGV: tenant,
 // id.
+// Lua: deletes the session (KEYS as kDelete's, ARGV[2] its id); returns 1.
+#define RECALL_DELETE_LUA                                            \
+  "redis.call('DEL', KEYS[1], KEYS[2], KEYS[4], KEYS[5], KEYS[6])\n" \
+  "redis.call('ZREM', KEYS[3], ARGV[2])\n"                           \
+  "redis.call('ZREM', KEYS[7], ARGV[2])\n"                           \
+  "return 1"
+
 constexpr char kDelete[] = R"lua(
 if redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[1] then return -1 end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[4], KEYS[5], KEYS[6])
-redis.call('ZREM', KEYS[3], ARGV[2])
-redis.call('ZREM', KEYS[7], ARGV[2])
-return 1)lua";
+)lua" RECALL_DELETE_LUA;
 
 // KEYS: as kDelete's. ARGV: tenant, id, before, now. Deletes the session if it is still the
 // tenant's, idle since before `before` and its last message is not a reply in progress under
@@ -200,10 +208,7 @@ if last then
     return 0
   end
 end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[4], KEYS[5], KEYS[6])
-redis.call('ZREM', KEYS[3], ARGV[2])
-redis.call('ZREM', KEYS[7], ARGV[2])
-return 1)lua";
+)lua" RECALL_DELETE_LUA;
 
 // KEYS: session, messages, parts, turn ids, unfinished. ARGV: tenant, index. The dropped
 // messages' parts go too.
@@ -328,6 +333,7 @@ end
 return {h, first, first - left, redis.call('LRANGE', KEYS[2], first, -1),
         redis.call('LRANGE', KEYS[3], 0, -1)})lua";
 
+#undef RECALL_DELETE_LUA
 #undef RECALL_KEEP_PARTS
 #undef RECALL_INDEX_LUA
 
@@ -351,6 +357,7 @@ std::string PartsKey(const std::string& id) { return "recall:p:" + id; }
 std::string TurnIdsKey(const std::string& id) { return "recall:u:" + id; }
 std::string UnfinishedKey(const std::string& id) { return "recall:n:" + id; }
 constexpr char kActivityKey[] = "recall:a";
+constexpr char kActivityDoneKey[] = "recall:a:complete";  // KeepActivityOfOlderSessions ran
 
 // The command that runs `script` on session `id`'s transcript, whose KEYS are its session,
 // messages, parts, turn ids and unfinished keys and the activity set (the scripts that read
@@ -551,36 +558,46 @@ class RedisStore final : public SessionStore {
     absl::MutexLock lock(&mu_);
     std::vector<IdleSession> out;
     int kept = 0;  // idle sessions passed over (a reply being written): the next page's offset
-    while (static_cast<int>(out.size()) < limit) {
-      RECALL_ASSIGN_OR_RETURN(
-          Reply ids,
-          Command({"ZRANGEBYSCORE", kActivityKey, "-inf", absl::StrCat("(", before_unix_ms),
-                   "LIMIT", std::to_string(kept), std::to_string(limit - out.size())}));
-      if (ids->type != REDIS_REPLY_ARRAY || ids->elements == 0) break;
-      for (size_t i = 0; i < ids->elements; ++i) {
-        if (ids->element[i]->type != REDIS_REPLY_STRING) continue;
-        IdleSession s;
-        s.id.assign(ids->element[i]->str, ids->element[i]->len);
-        RECALL_ASSIGN_OR_RETURN(Reply h, Command({"HMGET", SessionKey(s.id), "tenant", "worker"}));
-        if (h->type != REDIS_REPLY_ARRAY || h->elements != 2 ||
-            h->element[0]->type != REDIS_REPLY_STRING) {
-          RECALL_RETURN_IF_ERROR(Command({"ZREM", kActivityKey, s.id}).status());  // gone
-          continue;
-        }
-        s.tenant.assign(h->element[0]->str, h->element[0]->len);
-        if (h->element[1]->type == REDIS_REPLY_STRING) {
-          s.worker.assign(h->element[1]->str, h->element[1]->len);
-        }
+    const absl::Status st = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+      while (static_cast<int>(out.size()) < limit) {
         RECALL_ASSIGN_OR_RETURN(
-            Reply rep,
-            Command(DeleteEval(kDeleteIdle, s.tenant, s.id,
-                               {std::to_string(before_unix_ms), std::to_string(UnixMillis())})));
-        if (rep->integer == 1) {
-          out.push_back(std::move(s));
-        } else {
-          ++kept;
+            Reply ids,
+            Command({"ZRANGEBYSCORE", kActivityKey, "-inf", absl::StrCat("(", before_unix_ms),
+                     "LIMIT", std::to_string(kept), std::to_string(limit - out.size())}));
+        if (ids->type != REDIS_REPLY_ARRAY || ids->elements == 0) break;
+        for (size_t i = 0; i < ids->elements; ++i) {
+          if (ids->element[i]->type != REDIS_REPLY_STRING) continue;
+          IdleSession s;
+          s.id.assign(ids->element[i]->str, ids->element[i]->len);
+          RECALL_ASSIGN_OR_RETURN(Reply h,
+                                  Command({"HMGET", SessionKey(s.id), "tenant", "worker"}));
+          if (h->type != REDIS_REPLY_ARRAY || h->elements != 2 ||
+              h->element[0]->type != REDIS_REPLY_STRING) {
+            RECALL_RETURN_IF_ERROR(Command({"ZREM", kActivityKey, s.id}).status());  // gone
+            continue;
+          }
+          s.tenant.assign(h->element[0]->str, h->element[0]->len);
+          if (h->element[1]->type == REDIS_REPLY_STRING) {
+            s.worker.assign(h->element[1]->str, h->element[1]->len);
+          }
+          RECALL_ASSIGN_OR_RETURN(
+              Reply rep,
+              Command(DeleteEval(kDeleteIdle, s.tenant, s.id,
+                                 {std::to_string(before_unix_ms), std::to_string(UnixMillis())})));
+          if (rep->integer == 1) {
+            out.push_back(std::move(s));
+          } else {
+            ++kept;
+          }
         }
       }
+      return absl::OkStatus();
+    }();
+    if (!st.ok()) {
+      if (out.empty()) return st;
+      // Those deleted before the error go back to be forgotten and dropped; the rest wait.
+      RECALL_LOG(WARNING) << "deleting idle sessions: " << st.message() << " (after " << out.size()
+                          << ")";
     }
     return out;
   }
@@ -658,6 +675,36 @@ class RedisStore final : public SessionStore {
     RECALL_ASSIGN_OR_RETURN(
         Reply rep, Command({"EVAL", kBind, "1", SessionKey(id), tenant, worker}));
     return rep->integer < 0 ? NotFound(id) : absl::OkStatus();
+  }
+
+  // Puts the sessions from before activity was kept (absent from kActivityKey) in it, as
+  // active now, once per Redis (the key recall:a:complete says it was done); how many.
+  absl::StatusOr<int> KeepActivityOfOlderSessions() {
+    absl::MutexLock lock(&mu_);
+    RECALL_ASSIGN_OR_RETURN(Reply done, Command({"EXISTS", kActivityDoneKey}));
+    if (done->integer == 1) return 0;
+    const std::string now = std::to_string(UnixMillis());
+    std::string cursor = "0";
+    int added = 0;
+    do {
+      RECALL_ASSIGN_OR_RETURN(Reply page,
+                              Command({"SCAN", cursor, "MATCH", "recall:s:*", "COUNT", "1000"}));
+      if (page->type != REDIS_REPLY_ARRAY || page->elements != 2 ||
+          page->element[0]->type != REDIS_REPLY_STRING ||
+          page->element[1]->type != REDIS_REPLY_ARRAY) {
+        return absl::InternalError("session store redis: an unexpected answer to SCAN");
+      }
+      cursor.assign(page->element[0]->str, page->element[0]->len);
+      const redisReply* keys = page->element[1];
+      for (size_t i = 0; i < keys->elements; ++i) {
+        const std::string key(keys->element[i]->str, keys->element[i]->len);
+        RECALL_ASSIGN_OR_RETURN(Reply rep, Command({"ZADD", kActivityKey, "NX", now,
+                                                    key.substr(SessionKey("").size())}));
+        added += static_cast<int>(rep->integer);
+      }
+    } while (cursor != "0");
+    RECALL_RETURN_IF_ERROR(Command({"SET", kActivityDoneKey, now}).status());
+    return added;
   }
 
   // Why the server keeps nothing on disk ("appendonly no, save \"\""), empty when it
@@ -866,6 +913,13 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenRedisStore(const std::string& 
           absl::StrCat(what, ", or pass --allow-volatile-store to run anyway"));
     }
     std::fprintf(stderr, "recall-coordinator: WARNING: %s\n", what.c_str());
+  }
+  RECALL_ASSIGN_OR_RETURN(const int older, store->KeepActivityOfOlderSessions());
+  if (older > 0) {
+    std::fprintf(stderr,
+                 "recall-coordinator: %d session(s) from before activity was kept count as "
+                 "active from now (--session-ttl)\n",
+                 older);
   }
   return std::unique_ptr<SessionStore>(std::move(store));
 }

@@ -158,8 +158,8 @@ const flags::FlagSet<CoordinatorOptions>& LimitFlags() {
             [](auto& o) -> auto& { return o.max_sessions_per_tenant; }, 1, 1 << 30)
         .Double(
             "session-ttl", "SECONDS",
-            "delete a session idle this long (since its last turn began), e.g. 2592000\n"
-            "for 30 days (default 0: keep every session until it is deleted)",
+            "delete a session idle this long (since its last turn began or ended),\n"
+            "e.g. 2592000 for 30 days (default 0: keep every session until it is deleted)",
             [](auto& o) -> auto& { return o.session_ttl_seconds; }, 0, 1e10);
     return f;
   }();

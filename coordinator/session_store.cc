@@ -193,7 +193,7 @@ absl::Status RunningElsewhere() {
   return absl::FailedPreconditionError(
       "session_id: a turn of this session is running on another coordinator (or on one that "
       "stopped: its reply is taken as interrupted once its lease passes); send the next when "
-      "it ends");
+      "it ends (retryable)");
 }
 
 }  // namespace recall::coordinator

@@ -187,11 +187,11 @@ class SessionStore {
   virtual absl::Status Bind(const std::string& tenant, const std::string& id,
                             const std::string& worker) = 0;
   virtual absl::StatusOr<int> CountSessions(const std::string& tenant) = 0;
-  // Deletes up to `limit` sessions idle since before `before_unix_ms` (their last turn began
-  // then, or they were made then and had none), oldest first, and returns them: none whose
-  // last reply is being written under a live lease. A session from a store written before
-  // activity was kept counts as active when the store first opens with it (SQLite), or from
-  // its next turn on (Redis).
+  // Deletes up to `limit` sessions idle since before `before_unix_ms` (when their last turn
+  // began, or its reply ended or was resumed; or when they were made, without turns), oldest
+  // first, and returns them: none whose last reply is being written under a live lease.
+  // Sessions whose activity is unknown (made by an older coordinator) count as active from
+  // the store's next open (SQLite) or its first open that keeps activity (Redis).
   virtual absl::StatusOr<std::vector<IdleSession>> DeleteIdle(int64_t before_unix_ms,
                                                               int limit) = 0;
 

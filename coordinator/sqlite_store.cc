@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -371,7 +372,11 @@ class SqliteStore final : public SessionStore {
       }
       Stmt parts(db_, "DELETE FROM reply_parts WHERE session_id = ? AND idx = ?");
       parts.BindText(1, id).Bind(2, static_cast<int64_t>(index));
-      return Check(parts.Step(), "replace message");
+      RECALL_RETURN_IF_ERROR(Check(parts.Step(), "replace message"));
+      // A reply ended, or resumed: the session is active.
+      Stmt active(db_, "UPDATE sessions SET active_ms = ? WHERE id = ?");
+      active.Bind(1, UnixMillis()).BindText(2, id);
+      return Check(active.Step(), "replace message");
     }();
     if (!st.ok()) {
       Exec("ROLLBACK", "replace message").IgnoreError();
@@ -624,6 +629,14 @@ absl::Status SetUp(sqlite3* db, const char* sql, const std::string& path) {
   return absl::DataLossError(absl::StrCat("session store ", path, ": ", msg));
 }
 
+// The columns of `table`.
+std::set<std::string> Columns(sqlite3* db, const char* table) {
+  std::set<std::string> out;
+  Stmt info(db, absl::StrCat("PRAGMA table_info(", table, ")").c_str());
+  while (info.Step() == SQLITE_ROW) out.insert(info.Text(1));
+  return out;
+}
+
 // A damaged page that the queries may read rarely or never (an index's: a lookup that no longer
 // finds a session) is said at start, with how to repair it; the sessions that can be read
 // are served (each that cannot answers DATA_LOSS). PRAGMA quick_check reads the whole file.
@@ -669,11 +682,7 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string&
       {"records", {"tenant", "name", "value", "written_ms"}},
       {"reply_parts", {"session_id", "idx", "seq", "content", "ids"}}};
   for (const auto& [table, wanted] : kColumns) {
-    std::set<std::string> have;
-    {
-      Stmt info(db, absl::StrCat("PRAGMA table_info(", table, ")").c_str());
-      while (info.Step() == SQLITE_ROW) have.insert(info.Text(1));
-    }
+    const std::set<std::string> have = Columns(db, table);
     for (const char* column : wanted) {
       if (have.count(column) != 0) continue;
       sqlite3_close(db);
@@ -682,45 +691,30 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string&
                        ": not a Recall session store; move it away, or give another --data-dir"));
     }
   }
-  // Files from before replies' tokens (empty: replayed as text), turn states (complete) and
-  // turn ids (none) were kept get the columns.
-  std::set<std::string> columns;
-  {
-    Stmt info(db, "PRAGMA table_info(messages)");
-    while (info.Step() == SQLITE_ROW) columns.insert(info.Text(1));
-  }
-  for (const auto& [column, sql] :
-       {std::pair<const char*, const char*>{"reply",
-                                            "ALTER TABLE messages ADD COLUMN reply BLOB NOT "
-                                            "NULL DEFAULT x''"},
-        {"state",
-         "ALTER TABLE messages ADD COLUMN state INTEGER NOT "
-         "NULL DEFAULT 0"},
-        {"lease_ms",
-         "ALTER TABLE messages ADD COLUMN lease_ms "
-         "INTEGER NOT NULL DEFAULT 0"},
-        {"turn_id", "ALTER TABLE messages ADD COLUMN turn_id TEXT NOT NULL DEFAULT ''"}}) {
-    if (columns.count(column) != 0) continue;
+  // Files from before replies' tokens (empty: replayed as text), turn states (complete), turn
+  // ids (none) and activity were kept get the columns.
+  const std::set<std::string> messages = Columns(db, "messages");
+  const std::set<std::string> sessions = Columns(db, "sessions");
+  for (const auto& [have, column, sql] :
+       {std::tuple<const std::set<std::string>*, const char*, const char*>{
+            &messages, "reply", "ALTER TABLE messages ADD COLUMN reply BLOB NOT NULL DEFAULT x''"},
+        {&messages, "state", "ALTER TABLE messages ADD COLUMN state INTEGER NOT NULL DEFAULT 0"},
+        {&messages, "lease_ms",
+         "ALTER TABLE messages ADD COLUMN lease_ms INTEGER NOT NULL DEFAULT 0"},
+        {&messages, "turn_id", "ALTER TABLE messages ADD COLUMN turn_id TEXT NOT NULL DEFAULT ''"},
+        {&sessions, "active_ms",
+         "ALTER TABLE sessions ADD COLUMN active_ms INTEGER NOT NULL DEFAULT 0"}}) {
+    if (have->count(column) != 0) continue;
     RECALL_RETURN_IF_ERROR(SetUp(db, sql, path));
   }
-  // A file from before activity was kept: its sessions count as active now (none is
-  // deleted as idle at once, whatever its age).
-  {
-    bool has_active = false;
-    {
-      Stmt info(db, "PRAGMA table_info(sessions)");
-      while (info.Step() == SQLITE_ROW) has_active |= info.Text(1) == "active_ms";
-    }
-    if (!has_active) {
-      RECALL_RETURN_IF_ERROR(SetUp(
-          db,
-          absl::StrCat("ALTER TABLE sessions ADD COLUMN active_ms INTEGER NOT NULL DEFAULT 0; "
-                       "UPDATE sessions SET active_ms = ",
-                       UnixMillis())
-              .c_str(),
-          path));
-    }
-  }
+  // Sessions whose activity is unknown (a file from before it was kept, or sessions an older
+  // coordinator made since) count as active now: none is deleted as idle for an age it was
+  // never measured by. At every open, so that an open that failed halfway does it again.
+  RECALL_RETURN_IF_ERROR(
+      SetUp(db,
+            absl::StrCat("UPDATE sessions SET active_ms = ", UnixMillis(), " WHERE active_ms = 0")
+                .c_str(),
+            path));
   RECALL_RETURN_IF_ERROR(SetUp(db, kIndexes, path));
   WarnIfDamaged(db, path);
   std::move(unlock).Cancel();

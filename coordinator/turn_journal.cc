@@ -144,9 +144,10 @@ void TurnJournal::Flush() {
         } else if (absl::IsFailedPrecondition(st)) {
           // Another writer took the reply over (a coordinator that read this one's lease as
           // lapsed): the turn goes on there, not here.
-          failure_ = absl::AbortedError(
-              absl::StrCat("the turn was taken over by another writer while its reply streamed (",
-                           st.message(), "); read the session for its reply"));
+          failure_ = absl::AbortedError(absl::StrCat(
+              "the turn was taken over by another writer while its reply streamed (", st.message(),
+              "); read the session for its reply (not retryable: "
+              "it would run the turn again)"));
         } else {
           failure_ = absl::UnavailableError(
               absl::StrCat("the session store failed while the reply was streaming (", st.message(),

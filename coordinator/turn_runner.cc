@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/cord.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
@@ -248,7 +249,8 @@ void TurnRunner::NextAttempt() {
         Fail(absl::FailedPreconditionError(
             absl::StrCat("cache.kv_dtype: no worker stores ", kv_dtype, " (the workers store ",
                          absl::StrJoin(types, ", "),
-                         "); create the session without kv_dtype or with one of those")));
+                         "); create the session without kv_dtype or with one of those (not "
+                         "retryable)")));
         return;
       }
     }
@@ -388,7 +390,12 @@ void TurnRunner::OnCallEnded(const grpc::Status& status) {
     return;
   }
   if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
-    exhausted_ = last_error_;
+    // The answer the client hears if no worker takes the turn: one that may have room later
+    // (a retry hint) over one whose pool never will (its client would not retry).
+    if (exhausted_.empty() || !absl::StrContains(last_error_, "not retryable") ||
+        absl::StrContains(exhausted_, "not retryable")) {
+      exhausted_ = last_error_;
+    }
     excluded_.push_back(worker);  // full: try another worker
     sticky_.clear();
     send_history_ = true;

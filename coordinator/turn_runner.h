@@ -188,7 +188,8 @@ class TurnRunner : public std::enable_shared_from_this<TurnRunner> {
   std::string exhausted_;              // the last RESOURCE_EXHAUSTED answer of a worker, if any
   std::string sticky_;                 // the bound worker, until it fails
   bool send_history_ = false;
-  std::string last_error_ = "no worker is registered";
+  // (None tried: none known, e.g. a recall serve whose worker is still loading its model.)
+  std::string last_error_ = "no worker is registered (a worker joins once it has loaded its model)";
   std::optional<RouteDecision> route_;  // the attempt in flight
   std::string request_id_;              // the attempt in flight's (RunTurnRequest.request_id)
   bool got_done_ = false;

@@ -246,8 +246,14 @@ std::shared_ptr<v1::Worker::Stub> WorkerRegistry::Stub(const std::string& addres
 }
 
 void WorkerRegistry::DropSession(const std::string& address, const std::string& id) const {
-  const std::shared_ptr<v1::Worker::Stub> stub = Stub(address);
-  if (stub == nullptr) return;
+  std::shared_ptr<v1::Worker::Stub> stub;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const Entry& e : workers_) {
+      if (e.view.address == address && e.view.healthy) stub = e.view.stub;
+    }
+  }
+  if (stub == nullptr) return;  // unknown or down: nothing to wait 2 s for
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
   Attach(&ctx);

@@ -75,7 +75,8 @@ class WorkerRegistry {
   // Adds the cluster credential to a call to a worker.
   void Attach(grpc::ClientContext* context) const { cluster_.Attach(context); }
   // Asks the worker at `address` to drop session `id`'s cache (a deleted session's), waiting
-  // up to 2 s; best effort: the cache is derived state and would age out anyway.
+  // up to 2 s, unless it is down; best effort: the cache is derived state and would age out
+  // anyway.
   void DropSession(const std::string& address, const std::string& id) const;
 
  private:

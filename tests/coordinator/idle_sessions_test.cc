@@ -42,16 +42,17 @@ TEST(IdleSessionsTest, ASweepDeletesAndForgetsTheIdleSessionsOnly) {
   ASSERT_TRUE((*store)->Create(Session("idle")).ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(1100));
   ASSERT_TRUE((*store)->Create(Session("active")).ok());
-  // A ttl of 1 s: the thread's first sweep is a second away, so the one below is the first.
+  // A ttl of 1 s: the thread's first sweep is a second away, so the one below is the first
+  // (unless this thread is held that long: then the thread's deleted "idle").
   IdleSessions sweeper(**store, workers, absl::Seconds(1), metrics,
                        [&](const std::string& tenant, const std::string& id) {
                          absl::MutexLock lock(&mu);
                          forgotten.insert(tenant + "/" + id);
                        });
-  EXPECT_EQ(sweeper.Sweep(), 1);
+  EXPECT_LE(sweeper.Sweep(), 1);
   {
     absl::MutexLock lock(&mu);
-    EXPECT_EQ(forgotten, std::set<std::string>({"t/idle"}));
+    EXPECT_EQ(forgotten.count("t/idle"), 1u);
   }
   EXPECT_EQ((*store)->Get("t", "idle").status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE((*store)->Get("t", "active").ok());
@@ -64,8 +65,15 @@ TEST(IdleSessionsTest, ASweepDeletesAndForgetsTheIdleSessionsOnly) {
     deleted = (*store)->Get("t", "active").status().code() == absl::StatusCode::kNotFound;
   }
   EXPECT_TRUE(deleted) << "the thread swept within 10 s";
-  absl::MutexLock lock(&mu);
-  EXPECT_EQ(forgotten.size(), 2u);
+  bool both = false;  // forgotten once the store's delete returned
+  for (int i = 0; i < 100 && !both; ++i) {
+    {
+      absl::MutexLock lock(&mu);
+      both = forgotten.size() == 2;
+    }
+    if (!both) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(both);
 }
 
 }  // namespace

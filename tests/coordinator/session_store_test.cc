@@ -867,8 +867,6 @@ TEST(SqliteStoreTest, RecordsOlderThanADayAreForgotten) {
   EXPECT_EQ(QueryInt(path, "SELECT COUNT(*) FROM records"), 1) << "the old record was purged";
 }
 
-// A session file written before turn ids were kept opens with the column added: its messages
-// have none, and new ones keep theirs.
 // --session-ttl's deletes (IdleSessions): a session is idle from when its last turn began (or
 // it was made); the oldest go first, at most `limit`; one whose reply is being written under
 // a live lease stays; a deleted session is gone for its tenant.
@@ -902,15 +900,15 @@ TEST_P(SessionStoreTest, IdleSessionsAreDeletedOldestFirstButNotOneWhoseReplyIsB
   ASSERT_TRUE(gone.ok()) << gone.status();
   ASSERT_EQ(gone->size(), 1u);
   EXPECT_EQ((*gone)[0].id, "new") << "busy stays while its lease is live; new is the oldest then";
-  reply.lease_unix_ms = 1;  // its coordinator died long ago
+  reply.lease_unix_ms = 1;  // its coordinator died long ago (a write: activity)
   ASSERT_TRUE(store_->Replace("a", "busy", 1, reply).ok());
   ASSERT_TRUE(store_->Bind("a", "busy", "w:1").ok());
   gone = store_->DeleteIdle(UnixMillis() + 1, 10);
   ASSERT_TRUE(gone.ok()) << gone.status();
   ASSERT_EQ(gone->size(), 2u);
-  EXPECT_EQ((*gone)[0].id, "busy");
-  EXPECT_EQ((*gone)[0].worker, "w:1") << "its worker's cache is dropped";
-  EXPECT_EQ((*gone)[1].id, "talking");
+  EXPECT_EQ((*gone)[0].id, "talking");
+  EXPECT_EQ((*gone)[1].id, "busy") << "its reply's write was its latest activity";
+  EXPECT_EQ((*gone)[1].worker, "w:1") << "its worker's cache is dropped";
   EXPECT_EQ(*store_->CountSessions("a"), 0);
   EXPECT_TRUE(store_->List("a", "", 10)->empty());
   gone = store_->DeleteIdle(UnixMillis() + 1, 10);
@@ -919,6 +917,40 @@ TEST_P(SessionStoreTest, IdleSessionsAreDeletedOldestFirstButNotOneWhoseReplyIsB
   // An id made again is a new session, active from its making.
   ASSERT_TRUE(store_->Create(Record("old", "b")).ok());
   EXPECT_TRUE(store_->DeleteIdle(before_talk, 10)->empty());
+  // A reply that ends (or is resumed) is activity too.
+  ASSERT_TRUE(store_->ReplaceTail("b", "old", 0, 0, {{"user", "hi"}, reply}, "").ok());
+  tick();
+  const int64_t before_end = UnixMillis();
+  tick();
+  ASSERT_TRUE(store_->Replace("b", "old", 1, {"assistant", "once upon"}).ok());
+  EXPECT_TRUE(store_->DeleteIdle(before_end, 10)->empty());
+}
+
+// Redis: sessions an older coordinator made (not in recall:a) count as active from the first
+// open of the store that keeps activity, once; later ones are not touched again.
+TEST_P(SessionStoreTest, RedisSessionsFromBeforeActivityWasKeptCountAsActiveFromTheFirstOpen) {
+  if (GetParam() != "redis") GTEST_SKIP() << "Redis only (SQLite: the test below)";
+  ASSERT_EQ(std::system("command -v redis-cli > /dev/null"), 0) << "redis-cli is missing";
+  const auto cli = [&](const std::string& args) {
+    return std::system(
+        ("redis-cli -p " + std::to_string(redis_.port()) + " " + args + " > /dev/null").c_str());
+  };
+  ASSERT_TRUE(store_->Create(Record("old", "a")).ok());
+  ASSERT_EQ(cli("ZREM recall:a old"), 0);  // as an older coordinator left it
+  ASSERT_EQ(cli("DEL recall:a:complete"), 0);
+  auto never = store_->DeleteIdle(UnixMillis() + 1, 10);
+  ASSERT_TRUE(never.ok()) << never.status();
+  EXPECT_TRUE(never->empty()) << "not known to be idle";
+  const int64_t before_open = UnixMillis();
+  auto reopened = OpenStore(url_);
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  auto gone = (*reopened)->DeleteIdle(before_open, 10);
+  ASSERT_TRUE(gone.ok()) << gone.status();
+  EXPECT_TRUE(gone->empty()) << "active as of the open";
+  gone = (*reopened)->DeleteIdle(UnixMillis() + 1, 10);
+  ASSERT_TRUE(gone.ok()) << gone.status();
+  ASSERT_EQ(gone->size(), 1u);
+  EXPECT_EQ((*gone)[0].id, "old");
 }
 
 TEST(SqliteStoreTest, SessionsOfAFileFromBeforeActivityWasKeptCountAsActiveWhenItOpens) {
@@ -943,8 +975,27 @@ INSERT INTO sessions VALUES ('s1', 'a', 'm', x'', '{}', 1, '');
   gone = (*store)->DeleteIdle(UnixMillis() + 1, 10);
   ASSERT_TRUE(gone.ok()) << gone.status();
   EXPECT_EQ(gone->size(), 1u);
+  // A session an older coordinator added since (no activity: 0) counts as active from the
+  // next open, not as idle since 1970.
+  store->reset();
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db,
+                         "INSERT INTO sessions (id, tenant, model, cache, metadata, created_ms) "
+                         "VALUES ('s2', 'a', 'm', x'', '{}', 1)",
+                         nullptr, nullptr, &err),
+            SQLITE_OK)
+      << err;
+  sqlite3_close(db);
+  const int64_t before_reopen = UnixMillis();
+  store = OpenStore(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  gone = (*store)->DeleteIdle(before_reopen, 10);
+  ASSERT_TRUE(gone.ok()) << gone.status();
+  EXPECT_TRUE(gone->empty()) << "active as of the reopen";
 }
 
+// A session file written before turn ids were kept opens with the column added: its messages
+// have none, and new ones keep theirs.
 TEST(SqliteStoreTest, AFileFromBeforeTurnIdsGetsTheColumn) {
   const std::string path = testing::MakeTempDir("store_old") + "/sessions.db";
   sqlite3* db = nullptr;

@@ -121,8 +121,6 @@ inline Json Message(const std::string& role, const std::string& content) {
 inline constexpr char kModel[] = "models/stories260K/stories260K.bin";
 inline constexpr char kTokenizer[] = "models/stories260K/tok512.bin";
 
-// A real recall-worker (stories260K) behind a real recall-coordinator with the HTTP API on,
-// two API keys (key-a: tenant-a, key-b: tenant-b).
 // The load the worker `worker` reports (empty when it does not answer).
 inline v1::LoadReport WorkerLoad(const ServerProcess& worker) {
   auto stub = v1::Worker::NewStub(grpc::CreateChannel(
@@ -133,6 +131,8 @@ inline v1::LoadReport WorkerLoad(const ServerProcess& worker) {
   return load;
 }
 
+// A real recall-worker (stories260K) behind a real recall-coordinator with the HTTP API on,
+// two API keys (key-a: tenant-a, key-b: tenant-b).
 class OpenAiHttpTest : public ::testing::Test {
  protected:
   void SetUp() override {

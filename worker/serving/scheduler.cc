@@ -306,7 +306,7 @@ absl::StatusOr<std::shared_ptr<TurnStream>> Scheduler::Submit(TurnRequest reques
   if (busy_sessions_.count(request.session_id) > 0 && !after_abort) {
     return absl::FailedPreconditionError(
         absl::StrCat("session_id: session \"", request.session_id,
-                     "\" already has a turn running; send the next turn when it ends"));
+                     "\" already has a turn running; send the next turn when it ends (retryable)"));
   }
   if (static_cast<int>(incoming_.size() + after_abort_.size()) + load_.queued_turns >=
       options_.max_queued + options_.max_active) {
