@@ -7,6 +7,7 @@
 #include <random>
 
 #include "absl/strings/cord.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/clock.h"
@@ -101,10 +102,21 @@ absl::StatusOr<SessionRecord> Conversations::Create(
   for (const WorkerView& w : workers) {
     if (!w.info.model().empty()) served.insert(w.info.model());
   }
+  // A session is made for the model it names, or the one the workers serve: its turns go to
+  // the workers serving it. Not before a worker is known (a recall serve loading its model).
+  if (served.empty()) {
+    return absl::UnavailableError(
+        "no worker is registered yet to make the session for (a worker joins once it has "
+        "loaded its model); retryable");
+  }
   SessionRecord r;
   r.model = model;
   if (r.model.empty() && served.size() == 1) r.model = *served.begin();
-  if (!r.model.empty() && !served.empty() && served.count(r.model) == 0) {
+  if (r.model.empty()) {
+    return flags::FieldError("model", absl::StrCat("required: the workers serve several models (",
+                                                   absl::StrJoin(served, ", "), ")"));
+  }
+  if (served.count(r.model) == 0) {
     return UnknownModel(r.model, std::vector<std::string>(served.begin(), served.end()));
   }
   RECALL_RETURN_IF_ERROR(CheckKvDtype(cache));
@@ -150,6 +162,13 @@ absl::StatusOr<OpenTurn> Conversations::Open(
   }();
   if (!status.ok()) {
     ClearRunning(turn.key);
+    if (absl::IsNotFound(status) && options_.session_ttl_seconds > 0 &&
+        absl::StartsWith(status.message(), "session_id:")) {
+      return absl::Status(
+          status.code(),
+          absl::StrCat(status.message(), " (sessions idle for ", options_.session_ttl_seconds,
+                       " s are deleted: the coordinator's --session-ttl)"));
+    }
     return status;
   }
   return turn;
@@ -198,6 +217,7 @@ void Conversations::BuildSpec(const SessionRecord& rec, int index,
     };
   }
   spec.bound = rec.worker;
+  spec.model = rec.model;
   v1::RunTurnRequest& request = spec.request;
   request.set_session_id(turn.session_id);
   for (size_t i = replayed; i < messages.size(); ++i)
@@ -259,15 +279,7 @@ absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
               "raised (not retryable)"));
         }
         // A list of many turns (a new session made from a client's whole conversation).
-        int turns = m.keep / 2;
-        for (const StoredMessage& added : m.add) turns += added.role == "user";
-        if (turns > options_.max_turns) {
-          return absl::FailedPreconditionError(
-              absl::StrCat("messages: the conversation has ", turns,
-                           " turns with this one, past the limit of ", options_.max_turns,
-                           " turns a session holds (the coordinator's max_turns); start a "
-                           "new conversation, or have the limit raised (not retryable)"));
-        }
+        RECALL_RETURN_IF_ERROR(CheckTurnCount(m.keep / 2, m.add));
         if (m.keep < rec.message_count) {
           turn.replaced.assign(rec.messages.begin() + (m.keep - rec.first_message),
                                rec.messages.end());
@@ -395,11 +407,12 @@ absl::Status Conversations::Finish(const OpenTurn& turn, const absl::StatusOr<Tu
   return stored;
 }
 
-TurnSpec Conversations::OneOff(const std::string& tenant, const std::string& prompt,
-                               const v1::SamplingParams& sampling,
+TurnSpec Conversations::OneOff(const std::string& tenant, const std::string& model,
+                               const std::string& prompt, const v1::SamplingParams& sampling,
                                const v1::CacheSettings& cache) const {
   static std::atomic<int64_t> counter{0};
   TurnSpec spec;
+  spec.model = model;
   spec.request.set_session_id(
       absl::StrCat("gen-", tenant, "-", counter++, "-", RealClock::Get().NowNanos()));
   v1::ChatMessage* user = spec.request.add_messages();
@@ -451,9 +464,15 @@ std::vector<v1::ModelInfo> Conversations::Models() const {
 }
 
 absl::Status Conversations::CheckModel(const std::string& model) const {
-  if (model.empty()) return absl::OkStatus();
   const std::vector<v1::ModelInfo> served = Models();
   if (served.empty()) return absl::OkStatus();  // no worker known yet: the turn will say so
+  if (model.empty()) {
+    if (served.size() == 1) return absl::OkStatus();
+    std::vector<std::string> names;
+    for (const v1::ModelInfo& m : served) names.push_back(m.name());
+    return flags::FieldError("model", absl::StrCat("required: the workers serve several models (",
+                                                   absl::StrJoin(names, ", "), ")"));
+  }
   std::vector<std::string> names;
   for (const v1::ModelInfo& m : served) {
     if (m.name() == model) return absl::OkStatus();
@@ -613,6 +632,34 @@ bool Conversations::MarkRunning(const std::string& key) {
 bool Conversations::Running(const std::string& key) const {
   absl::MutexLock lock(&mu_);
   return running_.count(key) > 0 || finishing_.count(key) > 0;
+}
+
+bool Conversations::AwaitNotRunning(const std::string& key, absl::Duration timeout) const {
+  struct Wait {
+    const Conversations* c;
+    const std::string* key;
+  };
+  Wait w{this, &key};
+  absl::MutexLock lock(&mu_);
+  return mu_.AwaitWithTimeout(absl::Condition(
+                                  +[](Wait* w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                    return w->c->running_.count(*w->key) == 0 &&
+                                           w->c->finishing_.count(*w->key) == 0;
+                                  },
+                                  &w),
+                              timeout);
+}
+
+absl::Status Conversations::CheckTurnCount(int kept_turns,
+                                           const std::vector<StoredMessage>& added) const {
+  int turns = kept_turns;
+  for (const StoredMessage& m : added) turns += m.role == "user";
+  if (turns <= options_.max_turns) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("messages: the conversation has ", turns,
+                   " turns with this one, past the limit of ", options_.max_turns,
+                   " turns a session holds (the coordinator's max_turns); start a new "
+                   "conversation, or have the limit raised (not retryable)"));
 }
 
 void Conversations::ClearRunning(const std::string& key) {

@@ -117,6 +117,11 @@ class Conversations {
   const std::string& instance_id() const { return instance_id_; }
   // Whether a turn of the session `key` ("tenant/id") runs here now (or is being stored).
   bool Running(const std::string& key) const;
+  // FailedPrecondition naming `messages` when `kept_turns` and the user messages of `added`
+  // pass the coordinator's max_turns.
+  absl::Status CheckTurnCount(int kept_turns, const std::vector<StoredMessage>& added) const;
+  // Waits up to `timeout` for no turn of session `key` to run here; whether none does.
+  bool AwaitNotRunning(const std::string& key, absl::Duration timeout) const;
   SessionStore& store() const { return store_; }
   TurnRunnerOptions RunnerOptions() const;
 
@@ -185,12 +190,14 @@ class Conversations {
   // At start: the turns a previous run left in progress, marked interrupted (their count).
   absl::StatusOr<int> InterruptLeftoverTurns() { return store_.InterruptInProgress(); }
 
-  // A one-turn session of `tenant` whose only message is `prompt` (from the user).
-  TurnSpec OneOff(const std::string& tenant, const std::string& prompt,
+  // A one-turn session of `tenant` whose only message is `prompt` (from the user), on a
+  // worker serving `model` ("": any).
+  TurnSpec OneOff(const std::string& tenant, const std::string& model, const std::string& prompt,
                   const v1::SamplingParams& sampling, const v1::CacheSettings& cache) const;
 
-  // NotFound (UnknownModel) for a model no worker serves; "" and a cluster with no worker
-  // known yet pass (the turn says so).
+  // NotFound (UnknownModel) for a model no worker serves; InvalidArgument for none ("")
+  // when the workers serve several; a cluster with no worker known yet passes (the turn says
+  // so).
   absl::Status CheckModel(const std::string& model) const;
   // A cache's kv_dtype: InvalidArgument for one that is none of f32, bf16, f16, int8;
   // FailedPrecondition naming what the workers store when none stores it. Unset passes.

@@ -395,8 +395,8 @@ grpc::ServerWriteReactor<v1::ConverseEvent>* ChatService::Generate(
     reactor->End(ToGrpc(st));
     return reactor;
   }
-  reactor->Run(
-      conversations_.OneOff(tenant, request->prompt(), request->sampling(), request->cache()));
+  reactor->Run(conversations_.OneOff(tenant, request->model(), request->prompt(),
+                                     request->sampling(), request->cache()));
   return reactor;
 }
 

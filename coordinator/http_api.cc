@@ -313,8 +313,12 @@ void HttpApi::ChatCompletions(const httplib::Request& req, httplib::Response& re
   absl::Status status = [&]() -> absl::Status {
     RECALL_ASSIGN_OR_RETURN(tenant, Admit(req));
     RECALL_ASSIGN_OR_RETURN(openai::ChatRequest chat, openai::ParseChatRequest(req.body, Limits()));
-    RECALL_RETURN_IF_ERROR(conversations_.CheckModel(chat.model));
     RECALL_ASSIGN_OR_RETURN(const std::string named, NamedSession(req, chat.session_id));
+    // A named session has its model; a request naming none elsewhere needs one when the
+    // workers serve several.
+    if (named.empty() || !chat.model.empty()) {
+      RECALL_RETURN_IF_ERROR(conversations_.CheckModel(chat.model));
+    }
     std::vector<StoredMessage> messages = ToStored(chat.messages);
     std::optional<OpenTurn> resumed_turn;
     const std::string asked_key = req.get_header_value(kKeyHeader);
@@ -354,7 +358,13 @@ void HttpApi::ChatCompletions(const httplib::Request& req, httplib::Response& re
           open,
           conversations_.Begin(
               tenant, session,
-              [&messages, &key](const SessionRecord& rec) -> absl::StatusOr<TurnMessages> {
+              [&messages, &key, &chat](const SessionRecord& rec) -> absl::StatusOr<TurnMessages> {
+                if (!chat.model.empty() && !rec.model.empty() && rec.model != chat.model) {
+                  return flags::FieldError(
+                      "model",
+                      absl::StrCat("the session was made for \"", rec.model, "\", not \"",
+                                   chat.model, "\" (a session keeps its model; not retryable)"));
+                }
                 if (const int i = key.empty() ? -1 : FindTurn(rec, key); i >= 0) {
                   const TurnState state = TurnReply(rec, i).state;
                   if (state == TurnState::kComplete || state == TurnState::kInProgress) {
@@ -445,22 +455,36 @@ absl::StatusOr<OpenTurn> HttpApi::BeginUnnamed(const std::string& tenant, const 
                                                const v1::SamplingParams& sampling) {
   const auto candidates = index_.Find(tenant, messages);
   for (const auto& [length, id] : candidates) {
-    absl::StatusOr<OpenTurn> open = conversations_.Begin(
-        tenant, id,
-        [&messages, length = length](const SessionRecord& rec) -> absl::StatusOr<TurnMessages> {
-          TurnMessages m = MatchTranscript(rec.messages, messages);
-          // Past the list, the session may hold only the turn its client stopped, which sends
-          // its list again (or with the part of the reply it got, and a new message). That
-          // turn is dropped, as a named session's diverging tail is; the worker's cache, which
-          // an aborted turn leaves as it was, goes on.
-          if (m.keep != rec.message_count &&
-              (rec.first_message != 0 || m.keep < length ||
-               !OnlyStoppedTurnsOfTheListFrom(rec.messages, messages, m.keep))) {
-            return absl::AbortedError("the session went on: not this conversation");
-          }
-          return m;
-        },
-        sampling, "http");
+    const auto begin = [&, length = length, id = id]() {
+      return conversations_.Begin(
+          tenant, id,
+          [&messages, &model, length](const SessionRecord& rec) -> absl::StatusOr<TurnMessages> {
+            if (!model.empty() && !rec.model.empty() && rec.model != model) {
+              return absl::AbortedError("another model's session: not this conversation");
+            }
+            TurnMessages m = MatchTranscript(rec.messages, messages);
+            // Past the list, the session may hold only the turn its client stopped, which sends
+            // its list again (or with the part of the reply it got, and a new message). That
+            // turn is dropped, as a named session's diverging tail is; the worker's cache, which
+            // an aborted turn leaves as it was, goes on.
+            if (m.keep != rec.message_count &&
+                (rec.first_message != 0 || m.keep < length ||
+                 !OnlyStoppedTurnsOfTheListFrom(rec.messages, messages, m.keep))) {
+              return absl::AbortedError("the session went on: not this conversation");
+            }
+            return m;
+          },
+          sampling, "http");
+    };
+    absl::StatusOr<OpenTurn> open = begin();
+    // Running: most likely the turn this client just stopped and sends again (regenerate),
+    // which this coordinator ends once it sees the hang-up at its next write. Waited for
+    // (briefly: a second client sending the same list at once gets a new session after it).
+    if (absl::IsFailedPrecondition(open.status()) &&
+        absl::StrContains(open.status().message(), "a turn of this session is running") &&
+        conversations_.AwaitNotRunning(tenant + "/" + id, absl::Seconds(2))) {
+      open = begin();
+    }
     // Running, deleted or gone on since it was recorded: the next candidate, or a new session.
     if (open.ok()) return open;
   }
@@ -473,6 +497,8 @@ absl::StatusOr<OpenTurn> HttpApi::BeginUnnamed(const std::string& tenant, const 
       break;
     }
   }
+  // Past the turn limit: said so, not "the tenant has too many sessions" for the new one.
+  RECALL_RETURN_IF_ERROR(conversations_.CheckTurnCount(0, fresh));
   RECALL_ASSIGN_OR_RETURN(const SessionRecord created,
                           conversations_.Create(tenant, model, v1::CacheSettings(), {}, ""));
   absl::StatusOr<OpenTurn> open = conversations_.Begin(
@@ -534,7 +560,8 @@ void HttpApi::Completions(const httplib::Request& req, httplib::Response& res) {
     }
     auto reply =
         std::make_shared<Reply>(openai::Endpoint::kCompletion, model, completion.include_usage);
-    reply->spec = conversations_.OneOff(tenant, completion.prompt, sampling, v1::CacheSettings());
+    reply->spec =
+        conversations_.OneOff(tenant, model, completion.prompt, sampling, v1::CacheSettings());
     if (kept.has_value()) {
       reply->spec.resume_tokens = kept->reply.token_ids;
       reply->spec.resume_text = kept->reply.content;

@@ -62,6 +62,16 @@ std::optional<RouteDecision> Route(const std::vector<WorkerView>& workers,
   return RouteDecision{best->address, false};
 }
 
+std::vector<WorkerView> WorkersWithModel(const std::vector<WorkerView>& workers,
+                                         const std::string& model) {
+  if (model.empty()) return workers;
+  std::vector<WorkerView> out;
+  for (const WorkerView& w : workers) {
+    if (w.info.model() == model) out.push_back(w);
+  }
+  return out;
+}
+
 std::vector<WorkerView> WorkersStoring(const std::vector<WorkerView>& workers,
                                        const std::string& kv_dtype) {
   if (kv_dtype.empty()) return workers;

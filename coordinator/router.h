@@ -28,6 +28,11 @@ std::optional<RouteDecision> Route(const std::vector<WorkerView>& workers,
                                    const std::vector<std::string>& exclude,
                                    double load_factor = 1.25);
 
+// The workers that serve `model` (their Info's model); all of them when `model` is empty. A
+// worker whose Info has not arrived yet is left out of a named model's choice.
+std::vector<WorkerView> WorkersWithModel(const std::vector<WorkerView>& workers,
+                                         const std::string& model);
+
 // The workers whose KV cache stores `kv_dtype` (their Info's default_cache.kv_dtype); all of
 // them when `kv_dtype` is empty (the session takes its worker's type). A worker whose Info
 // has not arrived yet is left out of a typed choice.

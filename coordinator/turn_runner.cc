@@ -226,7 +226,14 @@ void TurnRunner::NextAttempt() {
   }
   std::shared_ptr<v1::Worker::Stub> stub;
   {
-    const std::vector<WorkerView> all = workers_.Snapshot();
+    const std::vector<WorkerView> known = workers_.Snapshot();
+    const std::vector<WorkerView> all = WorkersWithModel(known, spec_.model);
+    if (all.empty() && !known.empty()) {
+      Fail(absl::UnavailableError(
+          absl::StrCat("model: no worker serving \"", spec_.model,
+                       "\" (the session's model) is registered now; retryable")));
+      return;
+    }
     const std::string& kv_dtype = spec_.request.cache().kv_dtype();
     const std::string& policy = spec_.request.cache().policy();
     const std::vector<WorkerView> typed = WorkersStoring(all, kv_dtype);

@@ -83,6 +83,7 @@ struct TurnSpec {
   // turn on a worker that holds the session never reads the transcript.
   std::function<void(HistoryCallback)> fetch_history;
   std::string bound;                     // the session's worker; empty: none yet
+  std::string model;                     // only workers serving this model; empty: any
   bool drop_after = false;               // a one-turn session: drop its cache when done
   // Send the history from the first attempt, so the worker compares it with its copy: the
   // transcript was rewritten (a client's diverging message list), and a worker's copy of the

@@ -332,6 +332,24 @@ TEST_F(OpenAiHttpTest, ASessionIdleLongerThanTheTtlIsDeleted) {
   EXPECT_NE(again.Header("X-Session-Id"), id) << "a new session, not the deleted one";
 }
 
+// An unnamed list past --max-turns is refused for its turns (409 naming messages), not for
+// the session it would need when the tenant has --max-sessions already (429, which says
+// deleting sessions would help).
+TEST_F(OpenAiHttpTest, AListPastTheTurnLimitIsRefusedForItsTurnsWhenNoSessionIsLeft) {
+  coordinator_.Stop();
+  StartCoordinator({"--max-turns", "1", "--max-sessions", "1"});
+  const HttpReply one =
+      Post("/v1/chat/completions", ChatBody({Message("user", "Once upon a time")}, 2, false));
+  ASSERT_EQ(one.status, 200) << one.body;
+  const HttpReply two = Post(
+      "/v1/chat/completions",
+      ChatBody({Message("user", "A cat"), Message("assistant", "sat."), Message("user", "Then?")},
+               2, false));
+  EXPECT_EQ(two.status, 409) << two.body;
+  EXPECT_EQ(two.JsonBody()["error"]["param"], "messages") << two.body;
+  EXPECT_EQ(two.Header("x-should-retry"), "false");
+}
+
 TEST_F(OpenAiHttpTest, CompletionsModelsAndHealth) {
   const HttpReply c =
       Post("/v1/completions", R"({"prompt":"Once upon a time","max_tokens":6,"temperature":0})");
@@ -787,6 +805,35 @@ TEST_F(OpenAiHttpCancelTest, AClientLeavingMidStreamCancelsTheWorkersTurn) {
 // whose worker kept the cache of the first turn (the aborted turn gave back what it fed):
 // the prompt's first turn is cached. It used to go to a new session (the stored interrupted
 // reply made the old one look "gone on"), and rebuild.
+// Stopped, then sent again at once (a chat UI's stop, then regenerate), naming no session:
+// the coordinator may not have seen the hang-up yet (it does at its next write), so the
+// session's turn still runs. It is waited for, and the list continues that session with its
+// cache (it went to a new, cold session).
+TEST_F(OpenAiHttpCancelTest, AListSentAgainTheMomentItsReplyIsStoppedContinuesItsSession) {
+  httplib::Client client("127.0.0.1", coordinator_.port("http"));
+  client.set_read_timeout(120, 0);
+  std::vector<Json> list = {Message("user", "Once upon a time")};
+  const HttpReply first =
+      Send(client, "POST", "/v1/chat/completions", ChatBody(list, 4, false), "");
+  ASSERT_EQ(first.status, 200) << first.body;
+  const std::string id = first.Header("X-Session-Id");
+  std::string reply = Json::parse(first.body)["choices"][0]["message"]["content"];
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    list.push_back(Message("assistant", reply));
+    list.push_back(Message("user", round == 0 ? "Tell me more" : "And then?"));
+    const HttpReply stopped = HangUpAfterFirstText(client, ChatBody(list, 200, true));
+    ASSERT_FALSE(stopped.body.empty()) << "no text arrived";
+    const HttpReply again =
+        Send(client, "POST", "/v1/chat/completions", ChatBody(list, 2, false), "");
+    ASSERT_EQ(again.status, 200) << again.body;
+    EXPECT_EQ(again.Header("X-Session-Id"), id) << "the same session";
+    const Json usage = Json::parse(again.body)["usage"];
+    EXPECT_GT(usage["prompt_tokens_details"]["cached_tokens"].get<int>(), 0) << usage.dump();
+    reply = Json::parse(again.body)["choices"][0]["message"]["content"];
+  }
+}
+
 TEST_F(OpenAiHttpCancelTest, AListSentAgainAfterAStoppedReplyContinuesItsSession) {
   httplib::Client client("127.0.0.1", coordinator_.port("http"));
   client.set_read_timeout(120, 0);

@@ -1,0 +1,155 @@
+// A coordinator in front of two workers serving different models (stories260K, and random
+// weights of SmolLM2-135M's shape): every request runs on a worker of the model it names, a
+// session keeps its model, and a request that names none is refused when several are
+// served. A session is not made before any worker is known.
+#include <httplib.h>
+
+#include <string>
+#include <vector>
+
+#include "common/subprocess.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "recall/v1/chat.grpc.pb.h"
+#include "recall/v1/worker.grpc.pb.h"
+#include "tests/common/test_util.h"
+#include "tests/integration/openai_http_util.h"
+
+namespace recall {
+namespace {
+
+constexpr char kSmol[] = "smollm2";  // its served name: the folder's
+
+class TwoModelsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    RECALL_REQUIRE_SHARED_FILE(kModel);
+    const std::string smol = testing::SharedPath("tokenizers/smollm2");
+    if (!std::filesystem::exists(smol + "/config.json")) GTEST_SKIP() << "shared data missing";
+    dir_ = testing::MakeTempDir("two_models");
+    std::string error;
+    ASSERT_TRUE(stories_.Start(
+        RECALL_WORKER_BINARY,
+        {"--model", testing::SharedPath(kModel), "--tokenizer", testing::SharedPath(kTokenizer),
+         "--listen", "127.0.0.1:0", "--kv-cache-bytes", "16M", "--threads", "1"},
+        dir_, &error))
+        << error;
+    ASSERT_TRUE(smol_.Start(RECALL_WORKER_BINARY,
+                            {"--model", smol, "--random-weights", "--listen", "127.0.0.1:0",
+                             "--kv-cache-bytes", "64M", "--threads", "1"},
+                            dir_, &error))
+        << error;
+    ASSERT_TRUE(coordinator_.Start(
+        RECALL_COORDINATOR_BINARY,
+        {"--workers",
+         "127.0.0.1:" + std::to_string(stories_.port("grpc")) +
+             ",127.0.0.1:" + std::to_string(smol_.port("grpc")),
+         "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--data-dir", dir_},
+        dir_, &error))
+        << error;
+    http_ = std::make_unique<httplib::Client>("127.0.0.1", coordinator_.port("http"));
+    http_->set_read_timeout(120, 0);
+  }
+
+  HttpReply Chat(const std::string& model, const std::vector<Json>& messages,
+                 httplib::Headers headers = {}) {
+    std::string body = ChatBody(messages, 2, false);
+    if (!model.empty()) body = body.substr(0, body.size() - 1) + ",\"model\":\"" + model + "\"}";
+    return Send(*http_, "POST", "/v1/chat/completions", body, "", std::move(headers));
+  }
+
+  static int Sessions(const ServerProcess& worker) {
+    const v1::LoadReport load = WorkerLoad(worker);
+    return load.resident_sessions() + load.offloaded_sessions();
+  }
+
+  std::string dir_;
+  ServerProcess stories_, smol_, coordinator_;
+  std::unique_ptr<httplib::Client> http_;
+};
+
+TEST_F(TwoModelsTest, EveryRequestRunsOnAWorkerOfTheModelItNames) {
+  const std::vector<Json> hello = {Message("user", "Once upon a time")};
+  for (int round = 1; round <= 3; ++round) {
+    for (const std::string model : {"stories260K.bin", kSmol}) {
+      const HttpReply r = Chat(model, hello);
+      ASSERT_EQ(r.status, 200) << model << ": " << r.body;
+      EXPECT_EQ(r.JsonBody()["model"], model);
+    }
+    EXPECT_EQ(Sessions(stories_), round) << "one new session a round on each worker";
+    EXPECT_EQ(Sessions(smol_), round);
+  }
+  // One-off completions too.
+  const HttpReply c = Send(*http_, "POST", "/v1/completions",
+                           R"({"model":"smollm2","prompt":"Hi","max_tokens":2})", "");
+  ASSERT_EQ(c.status, 200) << c.body;
+  EXPECT_EQ(c.JsonBody()["model"], kSmol);
+}
+
+TEST_F(TwoModelsTest, ASessionKeepsItsModelAndARequestMustNameOne) {
+  const std::vector<Json> hello = {Message("user", "Once upon a time")};
+  const HttpReply none = Chat("", hello);
+  EXPECT_EQ(none.status, 400) << none.body;
+  EXPECT_EQ(none.JsonBody()["error"]["param"], "model") << none.body;
+  EXPECT_NE(none.body.find("several models"), std::string::npos) << none.body;
+
+  const HttpReply first = Chat(kSmol, hello);
+  ASSERT_EQ(first.status, 200) << first.body;
+  const std::string id = first.Header("X-Session-Id");
+  std::vector<Json> list = hello;
+  list.push_back(Message("assistant", first.JsonBody()["choices"][0]["message"]["content"]));
+  list.push_back(Message("user", "And then?"));
+  // Named, without a model: the session's.
+  const HttpReply named = Chat("", list, {{"X-Session-Id", id}});
+  ASSERT_EQ(named.status, 200) << named.body;
+  EXPECT_EQ(named.JsonBody()["model"], kSmol);
+  EXPECT_EQ(Sessions(stories_), 0) << "nothing ran on the other model's worker";
+  // Named, with another model: refused.
+  const HttpReply other = Chat("stories260K.bin", list, {{"X-Session-Id", id}});
+  EXPECT_EQ(other.status, 400) << other.body;
+  EXPECT_EQ(other.JsonBody()["error"]["param"], "model") << other.body;
+  // Unnamed, the same list with the other model: not that session.
+  const HttpReply unnamed = Chat("stories260K.bin", list);
+  ASSERT_EQ(unnamed.status, 200) << unnamed.body;
+  EXPECT_NE(unnamed.Header("X-Session-Id"), id);
+  EXPECT_EQ(Sessions(stories_), 1);
+
+  // gRPC: a session made without a model is refused naming the field.
+  auto chat = v1::Chat::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(coordinator_.port("grpc")),
+                          grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::CreateSessionRequest req;
+  v1::Session made;
+  const grpc::Status st = chat->CreateSession(&ctx, req, &made);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_NE(st.error_message().find("model"), std::string::npos) << st.error_message();
+}
+
+// Before any worker answers (recall serve's worker loading its model), a session is not
+// made (it was stored with no model and no cache settings, for good): retryable.
+TEST(NoWorkerYetTest, ASessionIsNotMadeBeforeAWorkerIsKnown) {
+  const std::string dir = testing::MakeTempDir("no_worker_yet");
+  ServerProcess coordinator;
+  std::string error;
+  ASSERT_TRUE(coordinator.Start(
+      RECALL_COORDINATOR_BINARY,
+      {"--workers", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--data-dir", dir}, dir, &error))
+      << error;
+  auto chat = v1::Chat::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(coordinator.port("grpc")), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::CreateSessionRequest req;
+  v1::Session made;
+  const grpc::Status st = chat->CreateSession(&ctx, req, &made);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
+  EXPECT_NE(st.error_message().find("retryable"), std::string::npos) << st.error_message();
+  grpc::ClientContext list_ctx;
+  v1::ListSessionsResponse page;
+  ASSERT_TRUE(chat->ListSessions(&list_ctx, v1::ListSessionsRequest(), &page).ok());
+  EXPECT_EQ(page.sessions_size(), 0) << "none left behind";
+}
+
+}  // namespace
+}  // namespace recall
