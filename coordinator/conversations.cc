@@ -103,20 +103,15 @@ absl::StatusOr<SessionRecord> Conversations::Create(
     if (!w.info.model().empty()) served.insert(w.info.model());
   }
   // A session is made for the model it names, or the one the workers serve: its turns go to
-  // the workers serving it. Not before a worker is known (a recall serve loading its model).
-  if (served.empty()) {
-    return absl::UnavailableError(
-        "no worker is registered yet to make the session for (a worker joins once it has "
-        "loaded its model); retryable");
-  }
+  // the workers serving it.
   SessionRecord r;
   r.model = model;
   if (r.model.empty() && served.size() == 1) r.model = *served.begin();
-  if (r.model.empty()) {
+  if (r.model.empty() && served.size() > 1) {
     return flags::FieldError("model", absl::StrCat("required: the workers serve several models (",
                                                    absl::StrJoin(served, ", "), ")"));
   }
-  if (served.count(r.model) == 0) {
+  if (!r.model.empty() && !served.empty() && served.count(r.model) == 0) {
     return UnknownModel(r.model, std::vector<std::string>(served.begin(), served.end()));
   }
   RECALL_RETURN_IF_ERROR(CheckKvDtype(cache));
