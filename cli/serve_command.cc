@@ -172,8 +172,25 @@ absl::Status Serve(const ServeOptions& o) {
   ServerProcess worker;
   worker.set_die_with_parent(true);  // a serve killed hard leaves no worker holding its pool
   std::string error;
-  if (!worker.Start(worker_bin, worker_args, data_dir, &error, std::chrono::seconds(300))) {
+  // Ctrl-C or SIGTERM while the worker loads its model (minutes, for a large one) stop both
+  // at once, rather than once the model has loaded.
+  bool stopped = false;
+  const auto interrupted = [&] {
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGINT);
+    sigaddset(&stop_signals, SIGTERM);
+    const timespec now{0, 0};
+    stopped = sigtimedwait(&stop_signals, nullptr, &now) > 0;
+    return stopped;
+  };
+  if (!worker.Start(worker_bin, worker_args, data_dir, &error, std::chrono::seconds(300),
+                    interrupted)) {
     server->Shutdown();
+    if (stopped) {
+      std::cerr << "recall serve: stopped while the worker was loading its model\n";
+      return absl::OkStatus();
+    }
     const std::optional<int> exit = worker.early_exit();
     if (exit.has_value() && WIFEXITED(*exit) && WEXITSTATUS(*exit) == 2) {
       // It refused a flag (its message is above): a usage error of serve's, exit status 2.

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -38,9 +39,11 @@ inline std::string ExitReason(int wait_status) {
 class ServerProcess {
  public:
   // Starts `binary args... --port-file <tmp>`; ports() is filled once it listens.
-  // Returns false (with *error) if it exits or does not listen within `timeout`.
+  // Returns false (with *error) if it exits or does not listen within `timeout`, or when
+  // `give_up` (asked while it starts) says so: then it is stopped.
   bool Start(const std::string& binary, std::vector<std::string> args, const std::string& tmp_dir,
-             std::string* error, std::chrono::seconds timeout = std::chrono::seconds(60)) {
+             std::string* error, std::chrono::seconds timeout = std::chrono::seconds(60),
+             const std::function<bool()>& give_up = nullptr) {
     port_file_ = tmp_dir + "/ports." + std::to_string(getpid()) + "." + std::to_string(counter_++);
     ports_.clear();
     early_exit_.reset();
@@ -87,6 +90,11 @@ class ServerProcess {
         *error = binary + " " + ExitReason(status) + " before listening";
         early_exit_ = status;
         pid_ = -1;
+        return false;
+      }
+      if (give_up != nullptr && give_up()) {
+        *error = binary + " was stopped before it listened";
+        Stop();
         return false;
       }
       std::ifstream in(port_file_);

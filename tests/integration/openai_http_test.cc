@@ -11,6 +11,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -633,6 +634,30 @@ TEST(OpenAiHttpServeTest, RecallServeSaysTheCoordinatorsErrorsBeforeTheWorkerSta
       << e.output;
   EXPECT_EQ(e.output.find("no-model.bin"), std::string::npos)
       << "the worker did not start: " << e.output;
+}
+
+// Ctrl-C while the worker loads its model stops serve and the worker at once (it waited for
+// the model to load: minutes for a large one). The model here is a FIFO no one writes: its
+// load never ends.
+TEST(OpenAiHttpServeTest, RecallServeStopsAtOnceWhileTheWorkerLoads) {
+  RECALL_REQUIRE_SHARED_FILE(kTokenizer);
+  const std::string dir = testing::MakeTempDir("serve_loading");
+  ASSERT_EQ(mkfifo((dir + "/model.bin").c_str(), 0600), 0);
+  const std::string workers = "pgrep -f '[r]ecall-worker.*" + dir + "'";
+  // serve in the background; once its worker runs, Ctrl-C; its exit status (within 20 s).
+  const testing::Exit e = testing::RunToExit(
+      "bash -c '" + std::string(RECALL_CLI_BINARY) + " serve --model " + dir +
+      "/model.bin --tokenizer " + testing::SharedPath(kTokenizer) +
+      " --listen 127.0.0.1:0 --http-listen off --data-dir " + dir +
+      " & p=$!; for i in $(seq 200); do pgrep -f \"[r]ecall-worker.*" + dir +
+      "\" > /dev/null && break; sleep 0.05; done; kill -INT $p; "
+      "for i in $(seq 400); do kill -0 $p 2> /dev/null || break; sleep 0.05; done; "
+      "kill -0 $p 2> /dev/null && { echo still running; kill -9 $p; }; wait $p; echo rc=$?'");
+  EXPECT_NE(e.output.find("stopped while the worker was loading its model"), std::string::npos)
+      << e.output;
+  EXPECT_NE(e.output.find("rc=0"), std::string::npos) << e.output;
+  EXPECT_EQ(e.output.find("still running"), std::string::npos) << e.output;
+  EXPECT_NE(testing::RunToExit(workers).code, 0) << "no worker left";
 }
 
 // `recall serve` on stories260K (one thread, a 16M pool), its HTTP API on `http_listen`.
