@@ -247,8 +247,10 @@ absl::Status Serve(const ServeOptions& o) {
     service::WorkerOptions again = worker_options;
     again.listen = absl::StrCat("127.0.0.1:", worker_port);
     if (!worker.Start(worker_bin, service::WorkerFlags().Render(again), data_dir, &error,
-                      std::chrono::seconds(300))) {
-      ended = absl::UnavailableError(absl::StrCat("the worker did not restart: ", error));
+                      std::chrono::seconds(300), interrupted)) {
+      if (!stopped) {
+        ended = absl::UnavailableError(absl::StrCat("the worker did not restart: ", error));
+      }
       break;
     }
     std::cerr << "recall serve: worker back on port " << worker_port << "\n";
