@@ -543,27 +543,27 @@ int Conversations::MaxTokensLimit() const {
 
 void Conversations::RememberEpisodes(const std::string& key, const v1::TurnDone& done) {
   absl::MutexLock lock(&mu_);
-  last_done_[key] = done;  // episodes unset: not built (yet, or any more after a rebuild)
+  last_done_.Put(key, done);  // episodes unset: not built (yet, or any more after a rebuild)
 }
 
 void Conversations::ForgetEpisodes(const std::string& key) {
   absl::MutexLock lock(&mu_);
-  last_done_.erase(key);
+  last_done_.Erase(key);
 }
 
 bool Conversations::RecallEpisodes(const std::string& key, v1::EpisodesReport* out) {
   absl::MutexLock lock(&mu_);
-  auto it = last_done_.find(key);
-  if (it == last_done_.end() || !it->second.has_episodes()) return false;
-  *out = it->second.episodes();
+  const v1::TurnDone* done = last_done_.Find(key);
+  if (done == nullptr || !done->has_episodes()) return false;
+  *out = done->episodes();
   return true;
 }
 
 bool Conversations::RecallLastTurn(const std::string& key, v1::TurnDone* out) {
   absl::MutexLock lock(&mu_);
-  auto it = last_done_.find(key);
-  if (it == last_done_.end()) return false;
-  *out = it->second;
+  const v1::TurnDone* done = last_done_.Find(key);
+  if (done == nullptr) return false;
+  *out = *done;
   return true;
 }
 

@@ -44,6 +44,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/metrics/registry.h"
 #include "coordinator/lease_keeper.h"
+#include "coordinator/recent_map.h"
 #include "coordinator/session_store.h"
 #include "coordinator/turn_runner.h"
 #include "coordinator/work_pool.h"
@@ -225,8 +226,10 @@ class Conversations {
   bool RecallEpisodes(const std::string& key, v1::EpisodesReport* out);
   void ForgetEpisodes(const std::string& key);
   // The worker's summary of the session's last turn this coordinator served (kept in memory
-  // only, like the episodes; false when there is none).
+  // only, like the episodes, for the kRememberedTurns sessions served last; false when there
+  // is none).
   bool RecallLastTurn(const std::string& key, v1::TurnDone* out);
+  static constexpr size_t kRememberedTurns = 100000;
 
  private:
   // Marks the session running, loads it (all of it, or its recent turns: Begin's
@@ -274,7 +277,9 @@ class Conversations {
   std::set<std::string> finishing_ ABSL_GUARDED_BY(mu_);  // running, in Finish
   WorkPool journal_pool_;  // the journals' store writes
   LeaseKeeper lease_keeper_;  // renews silent journals' leases every eighth of a lease
-  std::map<std::string, v1::TurnDone> last_done_ ABSL_GUARDED_BY(mu_);  // by key
+  // The last turns' summaries by key (kRememberedTurns: a coordinator serves sessions
+  // without end).
+  RecentMap<v1::TurnDone> last_done_ ABSL_GUARDED_BY(mu_){kRememberedTurns};
 };
 
 }  // namespace recall::coordinator
