@@ -234,8 +234,11 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpOptions& optio
     api->port_ = s.bind_to_port(host, port) ? port : -1;
   }
   if (api->port_ <= 0) {
-    return flags::FieldError("http_listen", absl::StrCat("cannot listen on ", options.listen),
-                             absl::StatusCode::kUnavailable);
+    return flags::FieldError(
+        "http_listen",
+        absl::StrCat("cannot listen on ", options.listen,
+                     " (is the port free? is the host an address of this machine?)"),
+        absl::StatusCode::kUnavailable);
   }
   // The library listens with a backlog of 5: a burst of new connections overflowed it and
   // waited a second each for their SYN to be sent again (found by probing). Listening again
