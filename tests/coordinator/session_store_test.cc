@@ -36,6 +36,17 @@ int QueryInt(const std::string& path, const std::string& sql) {
   return value;
 }
 
+// The ids of the sessions `store` deletes as idle since before `before` (DeleteIdle).
+std::vector<std::string> DeleteIdleIds(SessionStore& store, int64_t before) {
+  auto gone = store.DeleteIdle(before, 10);
+  EXPECT_TRUE(gone.ok()) << gone.status();
+  std::vector<std::string> ids;
+  if (gone.ok()) {
+    for (const IdleSession& s : *gone) ids.push_back(s.id);
+  }
+  return ids;
+}
+
 class SessionStoreTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -938,19 +949,12 @@ TEST_P(SessionStoreTest, RedisSessionsFromBeforeActivityWasKeptCountAsActiveFrom
   ASSERT_TRUE(store_->Create(Record("old", "a")).ok());
   ASSERT_EQ(cli("ZREM recall:a old"), 0);  // as an older coordinator left it
   ASSERT_EQ(cli("DEL recall:a:complete"), 0);
-  auto never = store_->DeleteIdle(UnixMillis() + 1, 10);
-  ASSERT_TRUE(never.ok()) << never.status();
-  EXPECT_TRUE(never->empty()) << "not known to be idle";
+  EXPECT_TRUE(DeleteIdleIds(*store_, UnixMillis() + 1).empty()) << "not known to be idle";
   const int64_t before_open = UnixMillis();
   auto reopened = OpenStore(url_);
   ASSERT_TRUE(reopened.ok()) << reopened.status();
-  auto gone = (*reopened)->DeleteIdle(before_open, 10);
-  ASSERT_TRUE(gone.ok()) << gone.status();
-  EXPECT_TRUE(gone->empty()) << "active as of the open";
-  gone = (*reopened)->DeleteIdle(UnixMillis() + 1, 10);
-  ASSERT_TRUE(gone.ok()) << gone.status();
-  ASSERT_EQ(gone->size(), 1u);
-  EXPECT_EQ((*gone)[0].id, "old");
+  EXPECT_TRUE(DeleteIdleIds(**reopened, before_open).empty()) << "active as of the open";
+  EXPECT_EQ(DeleteIdleIds(**reopened, UnixMillis() + 1), std::vector<std::string>({"old"}));
 }
 
 TEST(SqliteStoreTest, SessionsOfAFileFromBeforeActivityWasKeptCountAsActiveWhenItOpens) {
@@ -969,12 +973,9 @@ INSERT INTO sessions VALUES ('s1', 'a', 'm', x'', '{}', 1, '');
   const int64_t before_open = UnixMillis();
   auto store = OpenStore(path);
   ASSERT_TRUE(store.ok()) << store.status();
-  auto gone = (*store)->DeleteIdle(before_open, 10);
-  ASSERT_TRUE(gone.ok()) << gone.status();
-  EXPECT_TRUE(gone->empty()) << "made in 1970, but active as of the upgrade";
-  gone = (*store)->DeleteIdle(UnixMillis() + 1, 10);
-  ASSERT_TRUE(gone.ok()) << gone.status();
-  EXPECT_EQ(gone->size(), 1u);
+  EXPECT_TRUE(DeleteIdleIds(**store, before_open).empty())
+      << "made in 1970, but active as of the upgrade";
+  EXPECT_EQ(DeleteIdleIds(**store, UnixMillis() + 1), std::vector<std::string>({"s1"}));
   // A session an older coordinator added since (no activity: 0) counts as active from the
   // next open, not as idle since 1970.
   store->reset();
@@ -989,9 +990,7 @@ INSERT INTO sessions VALUES ('s1', 'a', 'm', x'', '{}', 1, '');
   const int64_t before_reopen = UnixMillis();
   store = OpenStore(path);
   ASSERT_TRUE(store.ok()) << store.status();
-  gone = (*store)->DeleteIdle(before_reopen, 10);
-  ASSERT_TRUE(gone.ok()) << gone.status();
-  EXPECT_TRUE(gone->empty()) << "active as of the reopen";
+  EXPECT_TRUE(DeleteIdleIds(**store, before_reopen).empty()) << "active as of the reopen";
 }
 
 // A session file written before turn ids were kept opens with the column added: its messages

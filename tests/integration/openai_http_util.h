@@ -250,6 +250,19 @@ class OpenAiHttpCancelTest : public ::testing::Test {
     return r;
   }
 
+  // `list` sent (not streamed, 2 tokens, naming no session); EXPECTs that it continued
+  // session `id` with its cache.
+  static HttpReply SendAgainToContinue(httplib::Client& client, const std::vector<Json>& list,
+                                       const std::string& id) {
+    HttpReply again = Send(client, "POST", "/v1/chat/completions", ChatBody(list, 2, false), "");
+    EXPECT_EQ(again.status, 200) << again.body;
+    if (again.status != 200) return again;
+    EXPECT_EQ(again.Header("X-Session-Id"), id) << "the same session";
+    const Json usage = Json::parse(again.body)["usage"];
+    EXPECT_GT(usage["prompt_tokens_details"]["cached_tokens"].get<int>(), 0) << usage.dump();
+    return again;
+  }
+
   // The coordinator's gRPC Chat service (no key: this fixture runs without API keys).
   std::unique_ptr<v1::Chat::Stub> ChatStub() {
     return v1::Chat::NewStub(
