@@ -36,6 +36,23 @@ int QueryInt(const std::string& path, const std::string& sql) {
   return value;
 }
 
+// A store at `path` with 40 sessions of tenant "a" ("s0".."s39"), each with a user message of
+// `message_bytes` bytes (none for 0).
+void WriteSessions(const std::string& path, int message_bytes) {
+  auto store = OpenStore(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  for (int i = 0; i < 40; ++i) {
+    SessionRecord r;
+    r.id = "s" + std::to_string(i);
+    r.tenant = "a";
+    r.model = "m";
+    ASSERT_TRUE((*store)->Create(r).ok());
+    if (message_bytes > 0) {
+      ASSERT_TRUE((*store)->Append("a", r.id, 0, {"user", std::string(message_bytes, 'x')}).ok());
+    }
+  }
+}
+
 // The ids of the sessions `store` deletes as idle since before `before` (DeleteIdle).
 std::vector<std::string> DeleteIdleIds(SessionStore& store, int64_t before) {
   auto gone = store.DeleteIdle(before, 10);
@@ -597,18 +614,7 @@ TEST_P(SessionStoreTest, AReplyInProgressTakesWritesOfItsWriterOnly) {
 TEST(SqliteDamageTest, APageOverwrittenIsDataLossWhereverItIs) {
   const std::string dir = testing::MakeTempDir("store_damage");
   const std::string clean = dir + "/clean.db";
-  {
-    auto store = OpenStore(clean);
-    ASSERT_TRUE(store.ok()) << store.status();
-    for (int i = 0; i < 40; ++i) {
-      SessionRecord r;
-      r.id = "s" + std::to_string(i);
-      r.tenant = "a";
-      r.model = "m";
-      ASSERT_TRUE((*store)->Create(r).ok());
-      ASSERT_TRUE((*store)->Append("a", r.id, 0, {"user", std::string(300, 'x')}).ok());
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(WriteSessions(clean, /*message_bytes=*/300));
   const auto size = std::filesystem::file_size(clean);
   ASSERT_GE(size, 4u * 4096);
   int refused = 0, failed = 0;
@@ -649,17 +655,7 @@ TEST(SqliteDamageTest, APageOverwrittenIsDataLossWhereverItIs) {
 // file and the repair; the store still opens and serves what it can read.
 TEST(SqliteDamageTest, ADamagedIndexIsSaidAtOpen) {
   const std::string path = testing::MakeTempDir("store_index_damage") + "/sessions.db";
-  {
-    auto store = OpenStore(path);
-    ASSERT_TRUE(store.ok()) << store.status();
-    for (int i = 0; i < 40; ++i) {
-      SessionRecord r;
-      r.id = "s" + std::to_string(i);
-      r.tenant = "a";
-      r.model = "m";
-      ASSERT_TRUE((*store)->Create(r).ok());
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(WriteSessions(path, /*message_bytes=*/0));
   ::testing::internal::CaptureStderr();
   { ASSERT_TRUE(OpenStore(path).ok()); }
   EXPECT_EQ(::testing::internal::GetCapturedStderr().find("is damaged"), std::string::npos)
