@@ -181,13 +181,20 @@ absl::Status Serve(const ServeOptions& o) {
     sigaddset(&stop_signals, SIGINT);
     sigaddset(&stop_signals, SIGTERM);
     const timespec now{0, 0};
-    stopped = sigtimedwait(&stop_signals, nullptr, &now) > 0;
+    stopped = stopped || sigtimedwait(&stop_signals, nullptr, &now) > 0;
     return stopped;
+  };
+  // A Start that failed because Ctrl-C (sent to the whole process group) ended the worker
+  // first: stopped too.
+  const auto ended_by_signal = [&] {
+    const std::optional<int> exit = worker.early_exit();
+    return interrupted() || (exit.has_value() && WIFSIGNALED(*exit) &&
+                             (WTERMSIG(*exit) == SIGINT || WTERMSIG(*exit) == SIGTERM));
   };
   if (!worker.Start(worker_bin, worker_args, data_dir, &error, std::chrono::seconds(300),
                     interrupted)) {
     server->Shutdown();
-    if (stopped) {
+    if (ended_by_signal()) {
       std::cerr << "recall serve: stopped while the worker was loading its model\n";
       return absl::OkStatus();
     }
@@ -248,7 +255,7 @@ absl::Status Serve(const ServeOptions& o) {
     again.listen = absl::StrCat("127.0.0.1:", worker_port);
     if (!worker.Start(worker_bin, service::WorkerFlags().Render(again), data_dir, &error,
                       std::chrono::seconds(300), interrupted)) {
-      if (!stopped) {
+      if (!ended_by_signal()) {
         ended = absl::UnavailableError(absl::StrCat("the worker did not restart: ", error));
       }
       break;

@@ -76,10 +76,22 @@ absl::StatusOr<v1::Session> Client::CreateSession(const v1::CreateSessionRequest
   const auto window =
       std::chrono::milliseconds(100) * ((1 << std::clamp(options_.retries, 0, 20)) - 1);
   channel_->WaitForConnected(std::chrono::system_clock::now() + window);
-  grpc::ClientContext ctx;
-  Prepare(&ctx);
   v1::Session out;
-  grpc::Status s = stub_->CreateSession(&ctx, request, &out);
+  grpc::Status s;
+  auto backoff = std::chrono::milliseconds(100);
+  for (int attempt = 0;; ++attempt) {
+    grpc::ClientContext ctx;
+    Prepare(&ctx);
+    s = stub_->CreateSession(&ctx, request, &out);
+    // Refused before any session was made (no worker yet: one loading its model): again.
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE ||
+        s.error_message().find("no worker is registered yet") == std::string::npos ||
+        attempt >= options_.retries) {
+      break;
+    }
+    std::this_thread::sleep_for(backoff);
+    backoff *= 2;
+  }
   if (s.error_code() == grpc::StatusCode::UNAVAILABLE &&
       channel_->GetState(false) != GRPC_CHANNEL_READY) {  // else the server said so itself
     return absl::UnavailableError(absl::StrCat("cannot reach ", options_.address,

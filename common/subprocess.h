@@ -85,16 +85,18 @@ class ServerProcess {
     }
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (std::chrono::steady_clock::now() < deadline) {
+      // (Asked first: a Ctrl-C reaches the child too, whose end would otherwise read as a
+      // failure.)
+      if (give_up != nullptr && give_up()) {
+        *error = binary + " was stopped before it listened";
+        Stop();
+        return false;
+      }
       int status = 0;
       if (waitpid(pid_, &status, WNOHANG) == pid_) {
         *error = binary + " " + ExitReason(status) + " before listening";
         early_exit_ = status;
         pid_ = -1;
-        return false;
-      }
-      if (give_up != nullptr && give_up()) {
-        *error = binary + " was stopped before it listened";
-        Stop();
         return false;
       }
       std::ifstream in(port_file_);

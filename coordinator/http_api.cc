@@ -457,6 +457,7 @@ absl::StatusOr<OpenTurn> HttpApi::BeginUnnamed(const std::string& tenant, const 
                                                const std::vector<StoredMessage>& messages,
                                                const v1::SamplingParams& sampling) {
   const auto candidates = index_.Find(tenant, messages);
+  bool waited = false;  // for a running candidate, once per request
   for (const auto& [length, id] : candidates) {
     const auto begin = [&, length = length, id = id]() {
       return conversations_.Begin(
@@ -483,10 +484,10 @@ absl::StatusOr<OpenTurn> HttpApi::BeginUnnamed(const std::string& tenant, const 
     // Running: most likely the turn this client just stopped and sends again (regenerate),
     // which this coordinator ends once it sees the hang-up at its next write. Waited for
     // (briefly: a second client sending the same list at once gets a new session after it).
-    if (absl::IsFailedPrecondition(open.status()) &&
-        absl::StrContains(open.status().message(), "a turn of this session is running") &&
-        conversations_.AwaitNotRunning(tenant + "/" + id, absl::Seconds(2))) {
-      open = begin();
+    if (!waited && absl::IsFailedPrecondition(open.status()) &&
+        absl::StrContains(open.status().message(), "a turn of this session is running")) {
+      waited = true;
+      if (conversations_.AwaitNotRunning(tenant + "/" + id, absl::Seconds(2))) open = begin();
     }
     // Running, deleted or gone on since it was recorded: the next candidate, or a new session.
     if (open.ok()) return open;
@@ -502,6 +503,12 @@ absl::StatusOr<OpenTurn> HttpApi::BeginUnnamed(const std::string& tenant, const 
   }
   // Past the turn limit: said so, not "the tenant has too many sessions" for the new one.
   RECALL_RETURN_IF_ERROR(conversations_.CheckTurnCount(0, fresh));
+  // Not before a worker is known: the session would keep no model (its turn fails anyway).
+  if (conversations_.Models().empty()) {
+    return absl::UnavailableError(
+        "no worker is registered yet to make the session for (a worker joins once it has "
+        "loaded its model); retryable");
+  }
   RECALL_ASSIGN_OR_RETURN(const SessionRecord created,
                           conversations_.Create(tenant, model, v1::CacheSettings(), {}, ""));
   absl::StatusOr<OpenTurn> open = conversations_.Begin(

@@ -227,11 +227,21 @@ void TurnRunner::NextAttempt() {
   std::shared_ptr<v1::Worker::Stub> stub;
   {
     const std::vector<WorkerView> known = workers_.Snapshot();
-    const std::vector<WorkerView> all = WorkersWithModel(known, spec_.model);
+    // A session made before sessions kept their model (none, with several served) stays on
+    // the model of the worker it is bound to.
+    std::string model = spec_.model;
+    for (const WorkerView& w : known) {
+      if (model.empty() && !spec_.bound.empty() && w.address == spec_.bound) model = w.info.model();
+    }
+    const std::vector<WorkerView> all = WorkersWithModel(known, model);
     if (all.empty() && !known.empty()) {
-      Fail(absl::UnavailableError(
-          absl::StrCat("model: no worker serving \"", spec_.model,
-                       "\" (the session's model) is registered now; retryable")));
+      std::vector<std::string> served;
+      for (const WorkerView& w : known) {
+        if (!w.info.model().empty()) served.push_back(absl::StrCat("\"", w.info.model(), "\""));
+      }
+      Fail(absl::NotFoundError(absl::StrCat(
+          "model: no registered worker serves \"", model,
+          "\", the session's model (served: ", absl::StrJoin(served, ", "), "; not retryable)")));
       return;
     }
     const std::string& kv_dtype = spec_.request.cache().kv_dtype();

@@ -152,14 +152,15 @@ TEST_F(ClusterCredentialTest, OnlyTheClusterTokenReachesTheWorkerAndTheRegistry)
   grpc::Status st;
   v1::Session session;
   for (int i = 0; i < 100; ++i) {
-    auto ctx = Context("key-a");
-    session.Clear();
-    st = chat_stub_->CreateSession(ctx.get(), v1::CreateSessionRequest(), &session);
     v1::ListModelsResponse models;
     auto mctx = Context("key-a");
     ASSERT_TRUE(chat_stub_->ListModels(mctx.get(), v1::ListModelsRequest(), &models).ok());
     if (models.models_size() == 1 && models.models(0).workers() == 1) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  {
+    auto ctx = Context("key-a");
+    st = chat_stub_->CreateSession(ctx.get(), v1::CreateSessionRequest(), &session);
   }
   ASSERT_TRUE(st.ok()) << st.error_message();
   auto ctx = Context("key-a");

@@ -100,20 +100,21 @@ TEST_F(TwoModelsTest, ASessionKeepsItsModelAndARequestMustNameOne) {
   std::vector<Json> list = hello;
   list.push_back(Message("assistant", first.JsonBody()["choices"][0]["message"]["content"]));
   list.push_back(Message("user", "And then?"));
-  // Named, without a model: the session's.
-  const HttpReply named = Chat("", list, {{"X-Session-Id", id}});
-  ASSERT_EQ(named.status, 200) << named.body;
-  EXPECT_EQ(named.JsonBody()["model"], kSmol);
-  EXPECT_EQ(Sessions(stories_), 0) << "nothing ran on the other model's worker";
-  // Named, with another model: refused.
-  const HttpReply other = Chat("stories260K.bin", list, {{"X-Session-Id", id}});
-  EXPECT_EQ(other.status, 400) << other.body;
-  EXPECT_EQ(other.JsonBody()["error"]["param"], "model") << other.body;
-  // Unnamed, the same list with the other model: not that session.
+  // Unnamed, a list that extends that session's, with the other model: not that session.
   const HttpReply unnamed = Chat("stories260K.bin", list);
   ASSERT_EQ(unnamed.status, 200) << unnamed.body;
   EXPECT_NE(unnamed.Header("X-Session-Id"), id);
   EXPECT_EQ(Sessions(stories_), 1);
+  // Named, without a model: the session's.
+  const HttpReply named = Chat("", list, {{"X-Session-Id", id}});
+  ASSERT_EQ(named.status, 200) << named.body;
+  EXPECT_EQ(named.JsonBody()["model"], kSmol);
+  EXPECT_EQ(Sessions(stories_), 1) << "nothing more ran on the other model's worker";
+  EXPECT_EQ(Sessions(smol_), 1);
+  // Named, with another model: refused.
+  const HttpReply other = Chat("stories260K.bin", list, {{"X-Session-Id", id}});
+  EXPECT_EQ(other.status, 400) << other.body;
+  EXPECT_EQ(other.JsonBody()["error"]["param"], "model") << other.body;
 
   // gRPC: a session made without a model is refused naming the field.
   auto chat = v1::Chat::NewStub(
