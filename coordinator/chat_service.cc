@@ -88,13 +88,7 @@ grpc::Status ChatService::CreateSession(grpc::ServerContext* context,
     return Invalid("metadata", absl::StrCat(metadata_bytes, " bytes of keys and values; at most ",
                                             kMaxMetadataBytes));
   }
-  // Not before a worker is known (recall serve's loading its model): the session would be
-  // stored with no model and no cache settings, for good.
-  if (conversations_.Models().empty()) {
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                        "no worker is registered yet to make the session for (a worker joins "
-                        "once it has loaded its model); retryable");
-  }
+  RECALL_GRPC_RETURN_IF_ERROR(conversations_.CheckWorkerKnown());
   RECALL_GRPC_ASSIGN_OR_RETURN(
       const SessionRecord r,
       conversations_.Create(tenant, request->model(), request->cache(),

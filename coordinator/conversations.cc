@@ -87,6 +87,13 @@ TurnRunnerOptions Conversations::RunnerOptions() const {
   return o;
 }
 
+absl::Status Conversations::CheckWorkerKnown() const {
+  if (!Models().empty()) return absl::OkStatus();
+  return absl::UnavailableError(
+      "no worker is registered yet to make the session for (a worker joins once it has loaded "
+      "its model); retryable");
+}
+
 absl::StatusOr<SessionRecord> Conversations::Create(
     const std::string& tenant, const std::string& model, const v1::CacheSettings& cache,
     const std::map<std::string, std::string>& metadata, const std::string& system_prompt) {
@@ -609,18 +616,9 @@ void Conversations::Ending(const OpenTurn& turn) {
 }
 
 bool Conversations::MarkRunning(const std::string& key) {
-  struct Wait {
-    const Conversations* c;
-    const std::string* key;
-  };
-  Wait w{this, &key};
+  const auto finished = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return finishing_.count(key) == 0; };
   absl::MutexLock lock(&mu_);
-  mu_.AwaitWithTimeout(absl::Condition(
-                           +[](Wait* w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                             return w->c->finishing_.count(*w->key) == 0;
-                           },
-                           &w),
-                       kFinishWait);
+  mu_.AwaitWithTimeout(absl::Condition(&finished), kFinishWait);
   return running_.insert(key).second;
 }
 
@@ -630,19 +628,11 @@ bool Conversations::Running(const std::string& key) const {
 }
 
 bool Conversations::AwaitNotRunning(const std::string& key, absl::Duration timeout) const {
-  struct Wait {
-    const Conversations* c;
-    const std::string* key;
+  const auto idle = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return running_.count(key) == 0 && finishing_.count(key) == 0;
   };
-  Wait w{this, &key};
   absl::MutexLock lock(&mu_);
-  return mu_.AwaitWithTimeout(absl::Condition(
-                                  +[](Wait* w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                                    return w->c->running_.count(*w->key) == 0 &&
-                                           w->c->finishing_.count(*w->key) == 0;
-                                  },
-                                  &w),
-                              timeout);
+  return mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
 }
 
 absl::Status Conversations::CheckTurnCount(int kept_turns,

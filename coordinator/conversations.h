@@ -126,6 +126,10 @@ class Conversations {
   SessionStore& store() const { return store_; }
   TurnRunnerOptions RunnerOptions() const;
 
+  // Unavailable (retryable) before any worker is known (recall serve's worker still loading its
+  // model): a session made then would be stored with no model and no cache settings, for good.
+  absl::Status CheckWorkerKnown() const;
+
   // A new session of `tenant`, with the system prompt as its first message when not empty.
   // ResourceExhausted at the tenant's limit; NotFound for a model no worker serves;
   // InvalidArgument / FailedPrecondition for a KV type that is no type / that no worker stores.

@@ -503,12 +503,7 @@ absl::StatusOr<OpenTurn> HttpApi::BeginUnnamed(const std::string& tenant, const 
   }
   // Past the turn limit: said so, not "the tenant has too many sessions" for the new one.
   RECALL_RETURN_IF_ERROR(conversations_.CheckTurnCount(0, fresh));
-  // Not before a worker is known: the session would keep no model (its turn fails anyway).
-  if (conversations_.Models().empty()) {
-    return absl::UnavailableError(
-        "no worker is registered yet to make the session for (a worker joins once it has "
-        "loaded its model); retryable");
-  }
+  RECALL_RETURN_IF_ERROR(conversations_.CheckWorkerKnown());
   RECALL_ASSIGN_OR_RETURN(const SessionRecord created,
                           conversations_.Create(tenant, model, v1::CacheSettings(), {}, ""));
   absl::StatusOr<OpenTurn> open = conversations_.Begin(

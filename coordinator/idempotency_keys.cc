@@ -80,20 +80,9 @@ std::optional<IdempotencyKeys::Completion> IdempotencyKeys::DecodeCompletion(
 
 bool IdempotencyKeys::Claim(const std::string& tenant, const std::string& key) {
   const std::string k = Of(tenant, key);
-  struct Wait {
-    const IdempotencyKeys* keys;
-    const std::string* k;
-  };
-  Wait w{this, &k};
+  const auto ended = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return ending_.count(k) == 0; };
   absl::MutexLock lock(&mu_);
-  if (ending_.count(k) > 0) {
-    mu_.AwaitWithTimeout(absl::Condition(
-                             +[](Wait* w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                               return w->keys->ending_.count(*w->k) == 0;
-                             },
-                             &w),
-                         kEndingWait);
-  }
+  if (ending_.count(k) > 0) mu_.AwaitWithTimeout(absl::Condition(&ended), kEndingWait);
   return running_.insert(k).second;
 }
 

@@ -211,8 +211,7 @@ class SqliteStore final : public SessionStore {
     absl::Cleanup full = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
       Exec("PRAGMA synchronous=FULL", "append reply").IgnoreError();
     };
-    RECALL_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE", "append reply"));
-    absl::Status st = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+    return InTransaction("append reply", [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
       Stmt lease(db_,
                  "UPDATE messages SET lease_ms = ? WHERE session_id = ? AND idx = ? AND state = 1 "
                  "AND EXISTS (SELECT 1 FROM sessions WHERE id = ? AND tenant = ?)");
@@ -234,12 +233,7 @@ class SqliteStore final : public SessionStore {
       part.Bind(4, static_cast<int64_t>(index)).Bind(5, delta.content);
       part.Bind(6, EncodeIds(delta.token_ids));
       return Check(part.Step(), "append reply");
-    }();
-    if (!st.ok()) {
-      Exec("ROLLBACK", "append reply").IgnoreError();
-      return st;
-    }
-    return Commit("append reply");
+    });
   }
 
   absl::StatusOr<std::vector<SessionRecord>> List(const std::string& tenant,
@@ -278,30 +272,25 @@ class SqliteStore final : public SessionStore {
 
   absl::StatusOr<std::vector<IdleSession>> DeleteIdle(int64_t before_unix_ms, int limit) override {
     absl::MutexLock lock(&mu_);
-    RECALL_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE", "delete idle sessions"));
     std::vector<IdleSession> out;
-    absl::Status st = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
-      Stmt idle(db_,
-                "SELECT tenant, id, worker FROM sessions INDEXED BY sessions_by_activity WHERE "
-                "active_ms < ? AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.session_id = "
-                "sessions.id AND m.state = 1 AND m.lease_ms >= ?) ORDER BY active_ms LIMIT ?");
-      idle.Bind(1, before_unix_ms).Bind(2, UnixMillis()).Bind(3, limit);
-      int rc;
-      while ((rc = idle.Step()) == SQLITE_ROW)
-        out.push_back({idle.Text(0), idle.Text(1), idle.Text(2)});
-      if (rc != SQLITE_DONE) return Check(rc, "delete idle sessions");
-      for (const IdleSession& gone : out) {
-        Stmt d(db_, "DELETE FROM sessions WHERE id = ?");
-        d.BindText(1, gone.id);
-        RECALL_RETURN_IF_ERROR(Check(d.Step(), "delete idle sessions"));
-      }
-      return absl::OkStatus();
-    }();
-    if (!st.ok()) {
-      Exec("ROLLBACK", "delete idle sessions").IgnoreError();
-      return st;
-    }
-    RECALL_RETURN_IF_ERROR(Commit("delete idle sessions"));
+    RECALL_RETURN_IF_ERROR(InTransaction(
+        "delete idle sessions", [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+          Stmt idle(db_,
+                    "SELECT tenant, id, worker FROM sessions INDEXED BY sessions_by_activity WHERE "
+                    "active_ms < ? AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.session_id = "
+                    "sessions.id AND m.state = 1 AND m.lease_ms >= ?) ORDER BY active_ms LIMIT ?");
+          idle.Bind(1, before_unix_ms).Bind(2, UnixMillis()).Bind(3, limit);
+          int rc;
+          while ((rc = idle.Step()) == SQLITE_ROW)
+            out.push_back({idle.Text(0), idle.Text(1), idle.Text(2)});
+          if (rc != SQLITE_DONE) return Check(rc, "delete idle sessions");
+          for (const IdleSession& gone : out) {
+            Stmt d(db_, "DELETE FROM sessions WHERE id = ?");
+            d.BindText(1, gone.id);
+            RECALL_RETURN_IF_ERROR(Check(d.Step(), "delete idle sessions"));
+          }
+          return absl::OkStatus();
+        }));
     return out;
   }
 
@@ -315,31 +304,26 @@ class SqliteStore final : public SessionStore {
                            const std::vector<StoredMessage>& messages,
                            const std::string& /*writer*/) override {
     absl::MutexLock lock(&mu_);
-    RECALL_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE", "replace messages"));
-    absl::Status st = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
-      SessionRecord r;
-      RECALL_RETURN_IF_ERROR(LoadHeader(tenant, id, &r));
-      if (r.message_count != count) {
-        return absl::FailedPreconditionError(absl::StrCat("session \"", id, "\" has ",
-                                                          r.message_count, " messages, not ", count,
-                                                          ": another turn changed it"));
-      }
-      for (const char* sql : {"DELETE FROM messages WHERE session_id = ? AND idx >= ?",
-                              "DELETE FROM reply_parts WHERE session_id = ? AND idx >= ?"}) {
-        Stmt s(db_, sql);
-        s.BindText(1, id).Bind(2, keep);
-        RECALL_RETURN_IF_ERROR(Check(s.Step(), "replace messages"));
-      }
-      Stmt active(db_, "UPDATE sessions SET active_ms = ? WHERE id = ?");  // a turn began
-      active.Bind(1, UnixMillis()).BindText(2, id);
-      RECALL_RETURN_IF_ERROR(Check(active.Step(), "replace messages"));
-      return InsertMessages(id, keep, messages);
-    }();
-    if (!st.ok()) {
-      Exec("ROLLBACK", "replace messages").IgnoreError();
-      return st;
-    }
-    return Commit("replace messages");
+    return InTransaction(
+        "replace messages", [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+          SessionRecord r;
+          RECALL_RETURN_IF_ERROR(LoadHeader(tenant, id, &r));
+          if (r.message_count != count) {
+            return absl::FailedPreconditionError(absl::StrCat("session \"", id, "\" has ",
+                                                              r.message_count, " messages, not ",
+                                                              count, ": another turn changed it"));
+          }
+          for (const char* sql : {"DELETE FROM messages WHERE session_id = ? AND idx >= ?",
+                                  "DELETE FROM reply_parts WHERE session_id = ? AND idx >= ?"}) {
+            Stmt s(db_, sql);
+            s.BindText(1, id).Bind(2, keep);
+            RECALL_RETURN_IF_ERROR(Check(s.Step(), "replace messages"));
+          }
+          Stmt active(db_, "UPDATE sessions SET active_ms = ? WHERE id = ?");  // a turn began
+          active.Bind(1, UnixMillis()).BindText(2, id);
+          RECALL_RETURN_IF_ERROR(Check(active.Step(), "replace messages"));
+          return InsertMessages(id, keep, messages);
+        });
   }
 
   absl::Status Replace(const std::string& tenant, const std::string& id, int index,
@@ -356,33 +340,28 @@ class SqliteStore final : public SessionStore {
       if (streaming) Exec("PRAGMA synchronous=FULL", "replace message").IgnoreError();
     };
     // The message whole, its parts (AppendReply) folded in: one transaction.
-    RECALL_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE", "replace message"));
-    absl::Status st = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
-      Stmt s(db_,
-             "UPDATE messages SET role = ?, content = ?, reply = ?, state = ?, lease_ms = ?, "
-             "turn_id = ? WHERE session_id = ? AND idx = ?");
-      s.BindText(1, message.role).Bind(2, message.content).Bind(3, EncodeReply(message));
-      s.Bind(4, static_cast<int64_t>(message.state)).Bind(5, message.lease_unix_ms);
-      s.BindText(6, message.turn_id).BindText(7, id).Bind(8, static_cast<int64_t>(index));
-      RECALL_RETURN_IF_ERROR(Check(s.Step(), "replace message"));
-      if (sqlite3_changes(db_) == 0) {
-        return absl::FailedPreconditionError(absl::StrCat("session \"", id, "\" has ",
-                                                          r.message_count, " messages, none at ",
-                                                          index, ": another turn changed it"));
-      }
-      Stmt parts(db_, "DELETE FROM reply_parts WHERE session_id = ? AND idx = ?");
-      parts.BindText(1, id).Bind(2, static_cast<int64_t>(index));
-      RECALL_RETURN_IF_ERROR(Check(parts.Step(), "replace message"));
-      // A reply ended, or resumed: the session is active.
-      Stmt active(db_, "UPDATE sessions SET active_ms = ? WHERE id = ?");
-      active.Bind(1, UnixMillis()).BindText(2, id);
-      return Check(active.Step(), "replace message");
-    }();
-    if (!st.ok()) {
-      Exec("ROLLBACK", "replace message").IgnoreError();
-      return st;
-    }
-    return Commit("replace message");
+    return InTransaction(
+        "replace message", [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+          Stmt s(db_,
+                 "UPDATE messages SET role = ?, content = ?, reply = ?, state = ?, lease_ms = ?, "
+                 "turn_id = ? WHERE session_id = ? AND idx = ?");
+          s.BindText(1, message.role).Bind(2, message.content).Bind(3, EncodeReply(message));
+          s.Bind(4, static_cast<int64_t>(message.state)).Bind(5, message.lease_unix_ms);
+          s.BindText(6, message.turn_id).BindText(7, id).Bind(8, static_cast<int64_t>(index));
+          RECALL_RETURN_IF_ERROR(Check(s.Step(), "replace message"));
+          if (sqlite3_changes(db_) == 0) {
+            return absl::FailedPreconditionError(
+                absl::StrCat("session \"", id, "\" has ", r.message_count, " messages, none at ",
+                             index, ": another turn changed it"));
+          }
+          Stmt parts(db_, "DELETE FROM reply_parts WHERE session_id = ? AND idx = ?");
+          parts.BindText(1, id).Bind(2, static_cast<int64_t>(index));
+          RECALL_RETURN_IF_ERROR(Check(parts.Step(), "replace message"));
+          // A reply ended, or resumed: the session is active.
+          Stmt active(db_, "UPDATE sessions SET active_ms = ? WHERE id = ?");
+          active.Bind(1, UnixMillis()).BindText(2, id);
+          return Check(active.Step(), "replace message");
+        });
   }
 
   absl::StatusOr<int> InterruptInProgress() override {
@@ -396,21 +375,16 @@ class SqliteStore final : public SessionStore {
     absl::MutexLock lock(&mu_);
     SessionRecord r;
     RECALL_RETURN_IF_ERROR(LoadHeader(tenant, id, &r));
-    RECALL_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE", "truncate transcript"));
-    absl::Status st = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
-      for (const char* sql : {"DELETE FROM messages WHERE session_id = ? AND idx >= ?",
-                              "DELETE FROM reply_parts WHERE session_id = ? AND idx >= ?"}) {
-        Stmt s(db_, sql);
-        s.BindText(1, id).Bind(2, index);
-        RECALL_RETURN_IF_ERROR(Check(s.Step(), "truncate transcript"));
-      }
-      return absl::OkStatus();
-    }();
-    if (!st.ok()) {
-      Exec("ROLLBACK", "truncate transcript").IgnoreError();
-      return st;
-    }
-    return Commit("truncate transcript");
+    return InTransaction(
+        "truncate transcript", [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+          for (const char* sql : {"DELETE FROM messages WHERE session_id = ? AND idx >= ?",
+                                  "DELETE FROM reply_parts WHERE session_id = ? AND idx >= ?"}) {
+            Stmt s(db_, sql);
+            s.BindText(1, id).Bind(2, index);
+            RECALL_RETURN_IF_ERROR(Check(s.Step(), "truncate transcript"));
+          }
+          return absl::OkStatus();
+        });
   }
 
   absl::Status Bind(const std::string& tenant, const std::string& id,
@@ -481,6 +455,18 @@ class SqliteStore final : public SessionStore {
 
   absl::Status Exec(const char* sql, const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return Check(sqlite3_exec(db_, sql, nullptr, nullptr, nullptr), what);
+  }
+
+  // Runs `body` in one transaction (BEGIN IMMEDIATE): committed when it succeeds, rolled back
+  // when it fails.
+  template <typename Body>
+  absl::Status InTransaction(const char* what, Body body) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    RECALL_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE", what));
+    if (absl::Status st = body(); !st.ok()) {
+      Exec("ROLLBACK", what).IgnoreError();
+      return st;
+    }
+    return Commit(what);
   }
 
   // COMMIT; when it fails (SQLite may leave the transaction open, e.g. on SQLITE_BUSY), the
