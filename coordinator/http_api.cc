@@ -53,6 +53,14 @@ absl::StatusOr<std::string> NamedSession(const httplib::Request& req, const std:
 
 // The method a route takes ("" for a path that is no route): a request with another method is
 // 405, not 404.
+// InvalidArgument naming `model` when a request asks for another model than its session's.
+absl::Status CheckSessionModel(const std::string& session_model, const std::string& asked) {
+  if (asked.empty() || session_model.empty() || session_model == asked) return absl::OkStatus();
+  return flags::FieldError(
+      "model", absl::StrCat("the session was made for \"", session_model, "\", not \"", asked,
+                            "\" (a session keeps its model; not retryable)"));
+}
+
 std::string AllowedMethod(const std::string& path) {
   if (path == "/v1/chat/completions" || path == "/v1/completions") return "POST";
   if (path == "/v1/models" || absl::StartsWith(path, "/v1/models/") || path == "/health") {
@@ -335,6 +343,8 @@ void HttpApi::ChatCompletions(const httplib::Request& req, httplib::Response& re
         KeyedState keyed;
         RECALL_ASSIGN_OR_RETURN(const std::optional<StoredMessage> done,
                                 KeyedTurn(tenant, known, key, messages.back(), &keyed));
+        // The key's turn ran for its session's model: not replayed nor resumed for another.
+        RECALL_RETURN_IF_ERROR(CheckSessionModel(keyed.model, chat.model));
         if (done.has_value()) {
           res.set_header(kSessionHeader, known);
           Replay(openai::Endpoint::kChat, *done, keyed.model.empty() ? chat.model : keyed.model,
@@ -362,12 +372,7 @@ void HttpApi::ChatCompletions(const httplib::Request& req, httplib::Response& re
           conversations_.Begin(
               tenant, session,
               [&messages, &key, &chat](const SessionRecord& rec) -> absl::StatusOr<TurnMessages> {
-                if (!chat.model.empty() && !rec.model.empty() && rec.model != chat.model) {
-                  return flags::FieldError(
-                      "model",
-                      absl::StrCat("the session was made for \"", rec.model, "\", not \"",
-                                   chat.model, "\" (a session keeps its model; not retryable)"));
-                }
+                RECALL_RETURN_IF_ERROR(CheckSessionModel(rec.model, chat.model));
                 if (const int i = key.empty() ? -1 : FindTurn(rec, key); i >= 0) {
                   const TurnState state = TurnReply(rec, i).state;
                   if (state == TurnState::kComplete || state == TurnState::kInProgress) {
@@ -543,6 +548,11 @@ void HttpApi::Completions(const httplib::Request& req, httplib::Response& res) {
       if (kept.has_value() && kept->prompt_digest != IdempotencyKeys::Digest(completion.prompt)) {
         return flags::FieldError(kKeyHeader,
                                  absl::StrCat("\"", key, "\" was sent with another prompt"));
+      }
+      if (kept.has_value() && !kept->model.empty() && kept->model != model) {
+        return flags::FieldError(
+            kKeyHeader, absl::StrCat("\"", key, "\" was sent for model \"", kept->model,
+                                     "\", not \"", model, "\"; a new request needs a new key"));
       }
       if (kept.has_value() && kept->reply.state == TurnState::kComplete) {
         Replay(openai::Endpoint::kCompletion, kept->reply, kept->model, completion.include_usage,

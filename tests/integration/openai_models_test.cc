@@ -1,7 +1,8 @@
 // A coordinator in front of two workers serving different models (stories260K, and random
 // weights of SmolLM2-135M's shape): every request runs on a worker of the model it names, a
 // session keeps its model, and a request that names none is refused when several are
-// served. A session is not made before any worker is known.
+// served; an Idempotency-Key is replayed for its model only. A session is not made before any
+// worker is known.
 #include <httplib.h>
 
 #include <string>
@@ -126,6 +127,41 @@ TEST_F(TwoModelsTest, ASessionKeepsItsModelAndARequestMustNameOne) {
   const grpc::Status st = chat->CreateSession(&ctx, req, &made);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
   EXPECT_NE(st.error_message().find("model"), std::string::npos) << st.error_message();
+}
+
+// An Idempotency-Key names one request: sent again for another model, its reply is not
+// replayed (nor its turn resumed) under that model's name, for chat turns and completions.
+TEST_F(TwoModelsTest, AKeyIsReplayedForItsModelOnly) {
+  const std::vector<Json> hello = {Message("user", "Once upon a time")};
+  const httplib::Headers key = {{"Idempotency-Key", "chat-1"}};
+  const HttpReply first = Chat(kSmol, hello, key);
+  ASSERT_EQ(first.status, 200) << first.body;
+  const HttpReply other = Chat("stories260K.bin", hello, key);
+  EXPECT_EQ(other.status, 400) << other.body;
+  EXPECT_EQ(other.JsonBody()["error"]["param"], "model") << other.body;
+  EXPECT_EQ(other.Header("Idempotent-Replayed"), "");
+  EXPECT_EQ(Sessions(stories_), 0) << "nothing ran on the other model's worker";
+  const HttpReply again = Chat(kSmol, hello, key);
+  ASSERT_EQ(again.status, 200) << again.body;
+  EXPECT_EQ(again.Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(again.JsonBody()["choices"][0]["message"]["content"],
+            first.JsonBody()["choices"][0]["message"]["content"]);
+
+  const httplib::Headers ckey = {{"Idempotency-Key", "completion-1"}};
+  const auto complete = [&](const std::string& model) {
+    return Send(*http_, "POST", "/v1/completions",
+                R"({"model":")" + model + R"(","prompt":"Hi","max_tokens":2})", "", ckey);
+  };
+  const HttpReply done = complete(kSmol);
+  ASSERT_EQ(done.status, 200) << done.body;
+  const HttpReply wrong = complete("stories260K.bin");
+  EXPECT_EQ(wrong.status, 400) << wrong.body;
+  EXPECT_EQ(wrong.JsonBody()["error"]["param"], "Idempotency-Key") << wrong.body;
+  EXPECT_NE(wrong.body.find("was sent for model"), std::string::npos) << wrong.body;
+  const HttpReply replayed = complete(kSmol);
+  ASSERT_EQ(replayed.status, 200) << replayed.body;
+  EXPECT_EQ(replayed.Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(replayed.JsonBody()["model"], kSmol);
 }
 
 // Before any worker answers (recall serve's worker loading its model), a session is not
