@@ -274,14 +274,20 @@ absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
         RECALL_CHECK(!m.add.empty() && m.keep >= rec.first_message && m.keep <= rec.message_count)
             << "a turn planner kept " << m.keep << " of " << rec.message_count
             << " messages (read from " << rec.first_message << ") and added " << m.add.size();
-        if (m.keep / 2 >= options_.max_turns) {
+        // The turns it keeps: the user messages before `keep` (of the part not read, a turn
+        // is two messages; a reply edited by the client can make `keep` odd).
+        int kept_turns = rec.first_message / 2;
+        for (int i = rec.first_message; i < m.keep; ++i) {
+          kept_turns += rec.messages[static_cast<size_t>(i - rec.first_message)].role == "user";
+        }
+        if (kept_turns >= options_.max_turns) {
           return absl::FailedPreconditionError(absl::StrCat(
               "session_id: the session has reached the limit of ", options_.max_turns,
               " turns (the coordinator's max_turns); start a new session, or have the limit "
               "raised (not retryable)"));
         }
         // A list of many turns (a new session made from a client's whole conversation).
-        RECALL_RETURN_IF_ERROR(CheckTurnCount(m.keep / 2, m.add));
+        RECALL_RETURN_IF_ERROR(CheckTurnCount(kept_turns, m.add));
         if (m.keep < rec.message_count) {
           turn.replaced.assign(rec.messages.begin() + (m.keep - rec.first_message),
                                rec.messages.end());

@@ -483,6 +483,30 @@ TEST_F(ConversationsTest, TheTurnLimitAndOtherTenants) {
   EXPECT_TRUE(two.ok()) << two.status();
 }
 
+// The turns a list keeps are the user messages it keeps: one that differs from the transcript
+// at a reply (the client edited it) keeps the turn before it (counted as none, a session went
+// one turn past the limit).
+TEST_F(ConversationsTest, TheTurnLimitCountsTheTurnOfAnEditedReply) {
+  auto made = conversations_->Create("t", "", v1::CacheSettings(), {}, "");
+  ASSERT_TRUE(made.ok()) << made.status();
+  for (int i = 0; i < 2; ++i) {
+    auto turn = conversations_->Begin("t", made->id, Plan(2 * i, {{"user", "Hi"}}), {}, "http");
+    ASSERT_TRUE(turn.ok()) << turn.status();
+    ASSERT_TRUE(conversations_->Finish(*turn, Reply(" ok"), {}).ok());
+  }
+  // The first user message kept, then the first reply edited and two more turns: three.
+  auto three = conversations_->Begin(
+      "t", made->id,
+      Plan(1, {{"assistant", "edited"}, {"user", "b"}, {"assistant", "B"}, {"user", "c"}}), {},
+      "http");
+  EXPECT_EQ(three.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(three.status().message().rfind("messages: the conversation has 3 turns", 0), 0u)
+      << three.status();
+  auto two = conversations_->Begin("t", made->id, Plan(1, {{"assistant", "edited"}, {"user", "b"}}),
+                                   {}, "http");
+  EXPECT_TRUE(two.ok()) << two.status();
+}
+
 // A session made for its turn (an HTTP list naming none) whose turn failed before any reply
 // (no worker could take it) is deleted, so that a client's retries leave no empty sessions
 // behind; one whose client stopped it stays (its user message is kept).
