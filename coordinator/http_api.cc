@@ -69,6 +69,20 @@ std::string AllowedMethod(const std::string& path) {
   return "";
 }
 
+// A request no route takes: 405 naming the method to use when its path is a route of another
+// method, else 404 (res.status set, the error's body left to HttpApi::Fail).
+absl::Status NoRoute(const httplib::Request& req, httplib::Response& res) {
+  const std::string allowed = AllowedMethod(req.path);
+  if (!allowed.empty() && req.method != allowed && !(allowed == "GET" && req.method == "HEAD")) {
+    res.status = 405;
+    res.set_header("Allow", allowed);
+    return absl::InvalidArgumentError(
+        absl::StrCat(req.method, " ", req.path, ": method not allowed; use ", allowed));
+  }
+  res.status = 404;
+  return absl::NotFoundError(absl::StrCat("no route ", req.method, " ", req.path));
+}
+
 }  // namespace
 
 // One request's turn, from its start to its end. Touched by the request's thread only (the
@@ -171,10 +185,17 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpOptions& optio
         req.has_header("Transfer-Encoding")) {
       return httplib::Server::HandlerResponse::Unhandled;
     }
-    self->Fail(
-        res, absl::InvalidArgumentError("the request has no body (neither Content-Length nor "
-                                        "Transfer-Encoding); send a JSON object with Content-Type: "
-                                        "application/json"));
+    if (AllowedMethod(req.path) != "POST") {  // no route: said so, as for any other request
+      const absl::Status st = NoRoute(req, res);
+      const int status = res.status;
+      self->Fail(res, st);
+      res.status = status;
+    } else {
+      self->Fail(res,
+                 absl::InvalidArgumentError("the request has no body (neither Content-Length nor "
+                                            "Transfer-Encoding); send a JSON object with "
+                                            "Content-Type: application/json"));
+    }
     res.set_header("Connection", "close");
     return httplib::Server::HandlerResponse::Handled;
   });
@@ -184,16 +205,8 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpOptions& optio
       [self, max = options.max_body_bytes](const httplib::Request& req, httplib::Response& res) {
         if (!res.body.empty()) return;
         absl::Status st;
-        const std::string allowed = AllowedMethod(req.path);
-        const bool other_method = !allowed.empty() && req.method != allowed &&
-                                  !(allowed == "GET" && req.method == "HEAD");
-        if (res.status == 404 && other_method) {
-          res.status = 405;
-          res.set_header("Allow", allowed);
-          st = absl::InvalidArgumentError(
-              absl::StrCat(req.method, " ", req.path, ": method not allowed; use ", allowed));
-        } else if (res.status == 404) {
-          st = absl::NotFoundError(absl::StrCat("no route ", req.method, " ", req.path));
+        if (res.status == 404) {
+          st = NoRoute(req, res);
         } else if (res.status == 413 && absl::StartsWith(req.get_header_value("Content-Type"),
                                                          "application/x-www-form-urlencoded")) {
           // cpp-httplib reads a form body up to 8 KiB whatever the limit (curl -d sends one).

@@ -43,7 +43,7 @@ absl::StatusOr<Json> ParseObject(absl::string_view body) {
   Json j;
   try {
     j = Json::parse(body.begin(), body.end(), [](int depth, Json::parse_event_t, Json&) {
-      if (depth > kMaxDepth) throw TooDeep{};
+      if (depth >= kMaxDepth) throw TooDeep{};  // the body itself is depth 0
       return true;
     });
   } catch (const TooDeep&) {

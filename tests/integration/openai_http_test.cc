@@ -403,23 +403,38 @@ int ConnectLoopback(int port) {
 }
 
 // A POST with no body at all (curl -X POST URL): told so at once (it waited 5 s for a body,
-// then said "cannot be read"); the connection is closed.
+// then said "cannot be read"); the connection is closed. To a route of another method, or to
+// none, it is 405 or 404 as with a body (it was 400 "no body").
 TEST_F(OpenAiHttpTest, APostWithoutABodyIsToldItHasNone) {
-  const int fd = ConnectLoopback(coordinator_.port("http"));
-  ASSERT_GE(fd, 0);
-  const std::string request =
-      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-  ASSERT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL),
-            static_cast<ssize_t>(request.size()));
-  const absl::Time start = absl::Now();
-  std::string response;
-  char buf[4096];
-  for (ssize_t n; (n = recv(fd, buf, sizeof(buf), 0)) > 0;)
-    response.append(buf, static_cast<size_t>(n));
-  close(fd);
-  EXPECT_EQ(response.rfind("HTTP/1.1 400", 0), 0u) << response;
-  EXPECT_NE(response.find("the request has no body"), std::string::npos) << response;
-  EXPECT_LT(absl::ToDoubleSeconds(absl::Now() - start), 4.0) << "not after the read timeout";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"/v1/chat/completions", "HTTP/1.1 400"},
+      {"/v1/models", "HTTP/1.1 405"},
+      {"/health", "HTTP/1.1 405"},
+      {"/v1/nothing", "HTTP/1.1 404"}};
+  for (const auto& [path, status] : cases) {
+    const int fd = ConnectLoopback(coordinator_.port("http"));
+    ASSERT_GE(fd, 0);
+    const std::string request =
+        "POST " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    ASSERT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(request.size()));
+    const absl::Time start = absl::Now();
+    std::string response;
+    char buf[4096];
+    for (ssize_t n; (n = recv(fd, buf, sizeof(buf), 0)) > 0;)
+      response.append(buf, static_cast<size_t>(n));
+    close(fd);
+    EXPECT_EQ(response.rfind(status, 0), 0u) << path << ": " << response;
+    EXPECT_LT(absl::ToDoubleSeconds(absl::Now() - start), 4.0) << "not after the read timeout";
+    if (status == "HTTP/1.1 400") {
+      EXPECT_NE(response.find("the request has no body"), std::string::npos) << response;
+    } else if (status == "HTTP/1.1 405") {
+      EXPECT_NE(response.find("Allow: GET"), std::string::npos) << response;
+      EXPECT_NE(response.find("method not allowed; use GET"), std::string::npos) << response;
+    } else {
+      EXPECT_NE(response.find("no route POST /v1/nothing"), std::string::npos) << response;
+    }
+  }
 }
 
 // 100 clients that send half a request and wait (slow or stalled clients: a connection holds

@@ -153,8 +153,12 @@ INSTANTIATE_TEST_SUITE_P(
                 "must be at most 9223372036854775807, got 9223372036854775808"},
         Refusal{Chat(R"("response_format": {"type": [1]})"), "response_format.type",
                 "only \"text\" is supported, got array"},
-        Refusal{Chat(R"("response_format": {"type": )" + std::string(65, '[') +
-                     std::string(65, ']') + "}"),
+        // Levels: the body, response_format and the arrays; 64 are read, 65 are not.
+        Refusal{Chat(R"("response_format": {"type": )" + std::string(62, '[') +
+                     std::string(62, ']') + "}"),
+                "response_format.type", "only \"text\" is supported, got array"},
+        Refusal{Chat(R"("response_format": {"type": )" + std::string(63, '[') +
+                     std::string(63, ']') + "}"),
                 "", "nests arrays and objects deeper than 64 levels"},
         Refusal{Chat(R"("stream_options": {"include_usage": true})"), "stream_options",
                 "only allowed when stream is true"},
