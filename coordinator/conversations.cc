@@ -88,10 +88,21 @@ TurnRunnerOptions Conversations::RunnerOptions() const {
 }
 
 absl::Status Conversations::CheckWorkerKnown() const {
-  if (!Models().empty()) return absl::OkStatus();
-  return absl::UnavailableError(
-      "no worker is registered yet to make the session for (a worker joins once it has loaded "
-      "its model); retryable");
+  std::vector<std::string> silent;  // listed, never answered with their model
+  for (const WorkerView& w : workers_.Snapshot()) {
+    if (!w.info.model().empty()) return absl::OkStatus();
+    silent.push_back(w.address);
+  }
+  constexpr char kNone[] = "no worker is registered yet to make the session for";
+  if (silent.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat(kNone, " (a worker joins once it has loaded its model); retryable"));
+  }
+  const size_t listed = silent.size();
+  if (silent.size() > 3) silent.resize(3);
+  return absl::UnavailableError(absl::StrCat(
+      kNone, ": the ", listed, " listed (", absl::StrJoin(silent, ", "), listed > 3 ? ", ..." : "",
+      ") have not answered: not running, unreachable, or still loading their model; retryable"));
 }
 
 absl::StatusOr<SessionRecord> Conversations::Create(

@@ -184,6 +184,12 @@ void WorkerRegistry::Poll(const std::vector<std::string>& addresses, bool refres
             e.refresh_info = false;
           }
         } else if (++e.misses >= max_misses_) {
+          if (e.misses == max_misses_) {
+            RECALL_LOG(WARNING) << "worker " << p->address << " does not answer ("
+                                << p->load_status.error_message()
+                                << "): no turn goes to it until it does (one loading its model "
+                                   "answers once it has)";
+          }
           e.view.healthy = false;
           e.refresh_info = true;
           e.down_since = std::min(e.down_since, absl::Now());

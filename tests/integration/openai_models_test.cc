@@ -182,6 +182,9 @@ TEST(NoWorkerYetTest, ASessionIsNotMadeBeforeAWorkerIsKnown) {
   const grpc::Status st = chat->CreateSession(&ctx, req, &made);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
   EXPECT_NE(st.error_message().find("retryable"), std::string::npos) << st.error_message();
+  EXPECT_NE(st.error_message().find("the 1 listed (127.0.0.1:1) have not answered"),
+            std::string::npos)
+      << "names the worker that does not answer: " << st.error_message();
   grpc::ClientContext list_ctx;
   v1::ListSessionsResponse page;
   ASSERT_TRUE(chat->ListSessions(&list_ctx, v1::ListSessionsRequest(), &page).ok());
