@@ -94,10 +94,16 @@ absl::StatusOr<v1::Session> Client::CreateSession(const v1::CreateSessionRequest
   }
   if (s.error_code() == grpc::StatusCode::UNAVAILABLE &&
       channel_->GetState(false) != GRPC_CHANNEL_READY) {  // else the server said so itself
+    // A TLS handshake that fails reads as a closed socket: the likely causes named.
+    const char* tls = options_.credentials == nullptr
+                          ? " One that serves TLS needs the client's TLS settings (its CA)"
+                          : " Over TLS, the server's certificate must be signed by the CA given "
+                            "and name the host, and one that asks for client certificates needs "
+                            "the client's certificate and key";
     return absl::UnavailableError(absl::StrCat("cannot reach ", options_.address,
                                                " (is recall serve or recall-coordinator running "
-                                               "there?): ",
-                                               s.error_message()));
+                                               "there?",
+                                               tls, "): ", s.error_message()));
   }
   if (!s.ok()) return ToAbsl(s);
   return out;

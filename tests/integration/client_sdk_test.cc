@@ -65,7 +65,7 @@ TEST(ClientSdkTest, ASessionAskedForBeforeItsServerListensIsMadeOnceItDoes) {
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(
       refused.status().message().find("cannot reach " + address +
-                                      " (is recall serve or recall-coordinator running there?)"),
+                                      " (is recall serve or recall-coordinator running there?"),
       std::string::npos)
       << refused.status();
 

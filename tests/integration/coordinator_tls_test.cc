@@ -1,10 +1,12 @@
 // recall-coordinator over TLS and mTLS, with certificates made by openssl for the test: a
 // client that trusts the CA gets through; a plaintext client, a client that does not trust
-// the CA, or (under mTLS) a client without a certificate does not.
+// the CA, or (under mTLS) a client without a certificate does not, and the SDK's error says
+// what TLS needs (a failed handshake reads as a closed socket).
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 
+#include "client/client.h"
 #include "common/subprocess.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -76,6 +78,26 @@ TEST_F(CoordinatorTlsTest, MutualTlsRequiresAClientCertificate) {
   StartCoordinator(/*mtls=*/true);
   EXPECT_TRUE(ListModels(Tls("ca.pem", true)).ok());
   EXPECT_FALSE(ListModels(Tls("ca.pem", false)).ok());
+}
+
+// What the SDK says when the handshake fails: a plaintext client is told a TLS server needs
+// its CA; a TLS client without a certificate that a certificate is asked for.
+TEST_F(CoordinatorTlsTest, TheSdkNamesWhatTlsNeedsWhenItCannotConnect) {
+  StartCoordinator(/*mtls=*/true);
+  const std::string address = "localhost:" + std::to_string(coordinator_.port("grpc"));
+  const auto refused = [&](std::shared_ptr<grpc::ChannelCredentials> creds) {
+    auto client = Client::Connect({.address = address, .retries = 1, .credentials = creds});
+    return client->CreateSession({}).status();
+  };
+  const absl::Status plain = refused(nullptr);
+  EXPECT_EQ(plain.code(), absl::StatusCode::kUnavailable) << plain;
+  EXPECT_NE(plain.message().find("One that serves TLS needs the client's TLS settings"),
+            std::string::npos)
+      << plain;
+  const absl::Status no_cert = refused(Tls("ca.pem", false));
+  EXPECT_EQ(no_cert.code(), absl::StatusCode::kUnavailable) << no_cert;
+  EXPECT_NE(no_cert.message().find("needs the client's certificate and key"), std::string::npos)
+      << no_cert;
 }
 
 }  // namespace
