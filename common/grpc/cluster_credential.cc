@@ -64,7 +64,11 @@ grpc::Status ClusterCredential::Check(const grpc::ServerContextBase& context,
       value.rfind(kBearer, 0) == 0 ? value.substr(sizeof(kBearer) - 1) : std::string();
   if (!SameSecret(token_, presented)) {
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                        absl::StrCat(what, " accepts only the cluster token, not an API key"));
+                        absl::StrCat(what,
+                                     " accepts only the cluster token, and the one "
+                                     "presented is not it (an API key, or another "
+                                     "cluster's token: give the coordinator's "
+                                     "--cluster-token-file)"));
   }
   return grpc::Status::OK;
 }

@@ -36,9 +36,10 @@ class TwoModelsTest : public ::testing::Test {
          "--listen", "127.0.0.1:0", "--kv-cache-bytes", "16M", "--threads", "1"},
         dir_, &error))
         << error;
+    // Given as its config.json, served by its folder's name.
     ASSERT_TRUE(smol_.Start(RECALL_WORKER_BINARY,
-                            {"--model", smol, "--random-weights", "--listen", "127.0.0.1:0",
-                             "--kv-cache-bytes", "64M", "--threads", "1"},
+                            {"--model", smol + "/config.json", "--random-weights", "--listen",
+                             "127.0.0.1:0", "--kv-cache-bytes", "64M", "--threads", "1"},
                             dir_, &error))
         << error;
     ASSERT_TRUE(coordinator_.Start(

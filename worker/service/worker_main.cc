@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "cache/eviction/session_evictor.h"
 #include "common/files.h"
@@ -124,6 +125,10 @@ absl::Status Run(const std::vector<std::string>& argv) {
 
   std::string model_name = options.model.model;
   while (model_name.size() > 1 && model_name.back() == '/') model_name.pop_back();
+  // Random weights given as a config.json are named by its folder (SmolLM2-135M), not the file.
+  if (options.model.random_weights && absl::EndsWith(model_name, "/config.json")) {
+    model_name.resize(model_name.size() - std::string("/config.json").size());
+  }
   model_name = model_name.substr(model_name.find_last_of('/') + 1);
   if (!options.served_model_name.empty()) model_name = options.served_model_name;
   grpcutil::ClusterCredential cluster = grpcutil::ClusterCredential::Open();

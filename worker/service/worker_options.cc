@@ -291,7 +291,8 @@ const flags::FlagSet<WorkerOptions>& WorkerFlags() {
             "defaults (the flags given here still win)",
             [](auto& o) -> auto& { return o.calibration_file; })
         .Include(
-            SharedCacheFlags(), [](auto& o) -> auto& { return o.scheduler.cache; });
+            SharedCacheFlags(), [](auto& o) -> auto& { return o.scheduler.cache; })
+        .Short('m', "model");  // as recall serve and recall generate
     return f;
   }();
   return *kFlags;
