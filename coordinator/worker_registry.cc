@@ -6,6 +6,21 @@
 #include "common/logging.h"
 
 namespace recall::coordinator {
+namespace {
+
+// A worker's channel. gRPC's reconnect backoff grows to 120 s while the worker is down, so a
+// worker back after a while was not dialled again for up to two minutes (it had registered
+// and stayed unused): the backoff is capped at a second, a dial per second of a down worker.
+std::shared_ptr<v1::Worker::Stub> WorkerStub(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return v1::Worker::NewStub(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+}
+
+}  // namespace
 
 WorkerRegistry::WorkerRegistry(metrics::Registry* metrics, absl::Duration heartbeat, int max_misses,
                                grpcutil::ClusterCredential cluster, absl::Duration forget_after)
@@ -39,6 +54,7 @@ void WorkerRegistry::Add(const std::string& address, bool registered, const std:
       if (restarted) {
         e.view.draining = false;
         e.refresh_info = true;
+        e.view.stub = WorkerStub(address);  // dialled now, not after the old one's backoff
       }
     }
     if (!known) {
@@ -46,8 +62,7 @@ void WorkerRegistry::Add(const std::string& address, bool registered, const std:
       e.registered = registered;
       e.instance = instance;
       e.view.address = address;
-      e.view.stub =
-          v1::Worker::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+      e.view.stub = WorkerStub(address);
       workers_.push_back(std::move(e));
     }
   }

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <functional>
 #include <future>
+#include <iostream>
 #include <limits>
 #include <map>
 #include <optional>
@@ -1036,6 +1037,53 @@ TEST(CoordinatorRegistrationTest, AWorkerRegistersItselfAndServes) {
   ASSERT_EQ(models.models_size(), 1);
   EXPECT_EQ(models.models(0).name(), "tiny-stories");
   EXPECT_EQ(models.models(0).workers(), 1) << "no longer draining";
+}
+
+// A worker down for a while (its channel's reconnect backoff grown to many seconds) and
+// started again on its address is used as soon as it registers: it stayed unused for up to
+// two minutes (gRPC's backoff) after it had registered.
+TEST(CoordinatorRegistrationTest, AWorkerBackAfterADowntimeIsUsedOnceItRegisters) {
+  RECALL_REQUIRE_SHARED_FILE(kModel);
+  const std::string dir = testing::MakeTempDir("coordinator_rejoin");
+  ServerProcess coordinator, worker;
+  std::string error;
+  ASSERT_TRUE(coordinator.Start(RECALL_COORDINATOR_BINARY,
+                                {"--listen", "127.0.0.1:0", "--data-dir", dir}, dir, &error))
+      << error;
+  const std::string address = "127.0.0.1:" + std::to_string(coordinator.port("grpc"));
+  const std::string worker_address = "127.0.0.1:" + std::to_string(testing::FreePort());
+  const auto start_worker = [&] {
+    return worker.Start(RECALL_WORKER_BINARY,
+                        {"--model", testing::SharedPath(kModel), "--tokenizer",
+                         testing::SharedPath(kTokenizer), "--listen", worker_address,
+                         "--kv-cache-bytes", "16M", "--threads", "1", "--coordinator", address},
+                        dir, &error);
+  };
+  auto stub = v1::Chat::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  // Seconds until the coordinator counts the worker as serving (-1: not within 30 s).
+  const auto serving_after = [&] {
+    const absl::Time start = absl::Now();
+    while (absl::Now() - start < absl::Seconds(30)) {
+      grpc::ClientContext ctx;
+      v1::ListModelsResponse models;
+      if (stub->ListModels(&ctx, v1::ListModelsRequest(), &models).ok() &&
+          models.models_size() == 1 && models.models(0).workers() == 1) {
+        return absl::ToDoubleSeconds(absl::Now() - start);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return -1.0;
+  };
+  ASSERT_TRUE(start_worker()) << error;
+  ASSERT_GE(serving_after(), 0.0);
+  worker.Kill();
+  // Down 35 s: gRPC's reconnect attempts (1 s, x1.6, +-20%) are then ~10 s apart.
+  std::this_thread::sleep_for(std::chrono::seconds(35));
+  ASSERT_TRUE(start_worker()) << error;
+  const double after = serving_after();
+  std::cout << "serving " << after << " s after the worker was started again\n";
+  EXPECT_GE(after, 0.0);
+  EXPECT_LT(after, 5.0) << "used once it registers, not after the old channel's backoff";
 }
 
 // Workers whose session defaults differ: worker 1 evicts (streaming, 16 tokens), worker 0
