@@ -281,6 +281,7 @@ absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
           return RunningElsewhere();  // checked again in the write (ReplaceTail)
         }
         RECALL_ASSIGN_OR_RETURN(const v1::CacheSettings cache, StoredCache(rec));
+        RECALL_RETURN_IF_ERROR(CheckMaxTokens(rec.model, sampling));  // before anything is kept
         RECALL_ASSIGN_OR_RETURN(TurnMessages m, plan(rec));
         RECALL_CHECK(!m.add.empty() && m.keep >= rec.first_message && m.keep <= rec.message_count)
             << "a turn planner kept " << m.keep << " of " << rec.message_count
@@ -351,6 +352,7 @@ absl::StatusOr<OpenTurn> Conversations::Resume(const std::string& tenant,
           return refuse("names a turn that is complete or running, not one to resume");
         }
         RECALL_ASSIGN_OR_RETURN(const v1::CacheSettings cache, StoredCache(rec));
+        RECALL_RETURN_IF_ERROR(CheckMaxTokens(rec.model, sampling));
         // Refused before any reply (a failed turn that can never run): back as stored.
         turn.replaced.assign(rec.messages.begin() + user, rec.messages.end());
         // The draws the turn took: its stored seed when the request names none (the request
@@ -556,13 +558,25 @@ absl::Status Conversations::UnknownModel(const std::string& model,
                    quoted.empty() ? "" : "; served: ", absl::StrJoin(quoted, ", ")));
 }
 
-int Conversations::MaxTokensLimit() const {
+int Conversations::MaxTokensLimit(const std::string& model) const {
   int limit = 0;
   for (const WorkerView& w : workers_.Snapshot()) {
+    if (!model.empty() && w.info.model() != model) continue;
     const int l = w.info.max_tokens_limit();
     if (l > 0 && (limit == 0 || l < limit)) limit = l;
   }
   return limit;
+}
+
+absl::Status Conversations::CheckMaxTokens(const std::string& model,
+                                           const v1::SamplingParams& sampling) const {
+  if (!sampling.has_max_tokens()) return absl::OkStatus();
+  const int limit = MaxTokensLimit(model);
+  if (limit <= 0 || sampling.max_tokens() <= limit) return absl::OkStatus();
+  return flags::FieldError(
+      "sampling.max_tokens",
+      absl::StrCat("must be in [1, ", limit, "]", model.empty() ? "" : " for \"" + model + "\"",
+                   ", got ", sampling.max_tokens(), " (not retryable)"));
 }
 
 void Conversations::RememberEpisodes(const std::string& key, const v1::TurnDone& done) {

@@ -223,8 +223,11 @@ class Conversations {
   // "stories260K" learns the name is "stories260K.bin").
   static absl::Status UnknownModel(const std::string& model,
                                    const std::vector<std::string>& served);
-  // The smallest max_tokens limit among the workers (0: none known).
-  int MaxTokensLimit() const;
+  // The smallest max_tokens limit among the workers serving `model` (all of them for ""; 0:
+  // none known).
+  int MaxTokensLimit(const std::string& model) const;
+  // InvalidArgument naming sampling.max_tokens when it passes that limit of `model`'s workers.
+  absl::Status CheckMaxTokens(const std::string& model, const v1::SamplingParams& sampling) const;
 
   // The episodes a session's last turn reported (policy "episodic"); kept in memory only.
   bool RecallEpisodes(const std::string& key, v1::EpisodesReport* out);

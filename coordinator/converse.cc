@@ -387,13 +387,13 @@ grpc::ServerWriteReactor<v1::ConverseEvent>* ChatService::Generate(
     reactor->End(std::move(checked));
     return reactor;
   }
-  if (absl::Status st = conversations_.CheckModel(request->model()); !st.ok()) {
-    reactor->End(ToGrpc(st));
-    return reactor;
-  }
-  if (absl::Status st = conversations_.CheckKvDtype(request->cache()); !st.ok()) {
-    reactor->End(ToGrpc(st));
-    return reactor;
+  for (const absl::Status& st :
+       {conversations_.CheckModel(request->model()), conversations_.CheckKvDtype(request->cache()),
+        conversations_.CheckMaxTokens(request->model(), request->sampling())}) {
+    if (!st.ok()) {
+      reactor->End(ToGrpc(st));
+      return reactor;
+    }
   }
   reactor->Run(conversations_.OneOff(tenant, request->model(), request->prompt(),
                                      request->sampling(), request->cache()));

@@ -317,7 +317,11 @@ absl::StatusOr<std::string> HttpApi::Admit(const httplib::Request& req) {
 openai::RequestLimits HttpApi::Limits() const {
   openai::RequestLimits limits;
   limits.max_message_bytes = conversations_.options().max_message_bytes;
-  limits.max_tokens = conversations_.MaxTokensLimit();
+  // What some model's workers take: a request's model's own limit is checked once it is
+  // known (Conversations::CheckMaxTokens).
+  for (const v1::ModelInfo& m : conversations_.Models()) {
+    limits.max_tokens = std::max(limits.max_tokens, conversations_.MaxTokensLimit(m.name()));
+  }
   return limits;
 }
 
@@ -588,6 +592,7 @@ void HttpApi::Completions(const httplib::Request& req, httplib::Response& res) {
     }
     auto reply =
         std::make_shared<Reply>(openai::Endpoint::kCompletion, model, completion.include_usage);
+    RECALL_RETURN_IF_ERROR(conversations_.CheckMaxTokens(model, sampling));
     reply->spec =
         conversations_.OneOff(tenant, model, completion.prompt, sampling, v1::CacheSettings());
     if (kept.has_value()) {

@@ -130,6 +130,45 @@ TEST_F(TwoModelsTest, ASessionKeepsItsModelAndARequestMustNameOne) {
   EXPECT_NE(st.error_message().find("model"), std::string::npos) << st.error_message();
 }
 
+// max_tokens is checked against the limit of the model's workers (stories260K's 512,
+// SmolLM2's larger), not the smallest of all: 600 was refused for SmolLM2 too.
+TEST_F(TwoModelsTest, MaxTokensIsCheckedAgainstItsModelsLimit) {
+  const std::vector<Json> hello = {Message("user", "Once upon a time")};
+  const auto asking = [&](const std::string& model, int max_tokens, httplib::Headers headers) {
+    std::string extra = R"("model":")" + model + R"(")";
+    if (model.empty()) extra = R"("user":"x")";
+    // Streamed, hung up at the first event: its status says whether it was taken.
+    return Send(*http_, "POST", "/v1/chat/completions", ChatBody(hello, max_tokens, true, extra),
+                "", std::move(headers), [](const std::string& so_far) { return so_far.empty(); });
+  };
+  const HttpReply smol = asking(kSmol, 600, {});
+  EXPECT_EQ(smol.status, 200) << smol.body;
+  const HttpReply stories = asking("stories260K.bin", 600, {});
+  EXPECT_EQ(stories.status, 400) << stories.body;
+  EXPECT_EQ(stories.JsonBody()["error"]["param"], "max_tokens") << stories.body;
+  EXPECT_EQ(stories.JsonBody()["error"]["message"],
+            "max_tokens: must be in [1, 512] for \"stories260K.bin\", got 600 (not retryable)");
+  // A named session's model, the request naming none: refused before anything is stored.
+  const HttpReply made = Chat("stories260K.bin", hello);
+  ASSERT_EQ(made.status, 200) << made.body;
+  const std::string id = made.Header("X-Session-Id");
+  const HttpReply named = asking("", 600, {{"X-Session-Id", id}});
+  EXPECT_EQ(named.status, 400) << named.body;
+  EXPECT_EQ(named.JsonBody()["error"]["param"], "max_tokens") << named.body;
+  grpc::ClientContext ctx;
+  v1::GetSessionRequest get;
+  get.set_session_id(id);
+  v1::Session session;
+  auto chat = v1::Chat::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(coordinator_.port("grpc")),
+                          grpc::InsecureChannelCredentials()));
+  ASSERT_TRUE(chat->GetSession(&ctx, get, &session).ok());
+  EXPECT_EQ(session.messages_size(), 2) << "the refused turn left nothing";
+  // Past every model's limit: refused while the request is read.
+  const HttpReply huge = asking(kSmol, 1 << 24, {});
+  EXPECT_EQ(huge.status, 400) << huge.body;
+}
+
 // An Idempotency-Key names one request: sent again for another model, its reply is not
 // replayed (nor its turn resumed) under that model's name, for chat turns and completions.
 TEST_F(TwoModelsTest, AKeyIsReplayedForItsModelOnly) {
