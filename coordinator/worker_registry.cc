@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "absl/strings/str_cat.h"
 #include "common/logging.h"
 
 namespace recall::coordinator {
@@ -197,6 +198,14 @@ void WorkerRegistry::Poll(const std::vector<std::string>& addresses, bool refres
           if (p->want_info && p->info_status.ok()) {
             e.view.info = p->info;
             e.refresh_info = false;
+            // Two models under one name: a session would move between them (and its tokens
+            // change) when its worker failed over. The one that came later serves nothing.
+            if (const std::string conflict = ModelConflict(e); !conflict.empty()) {
+              RECALL_LOG(ERROR) << "worker " << e.view.address << " serves \""
+                                << e.view.info.model() << "\" but another model than " << conflict
+                                << ": not used; give it another --served-model-name";
+              e.view.info.clear_model();
+            }
           }
         } else if (++e.misses >= max_misses_) {
           if (e.misses == max_misses_) {
@@ -225,6 +234,22 @@ void WorkerRegistry::Poll(const std::vector<std::string>& addresses, bool refres
     }
     return forget;
   });
+}
+
+std::string WorkerRegistry::ModelConflict(const Entry& e) const {
+  const v1::InfoResponse& mine = e.view.info;
+  for (const Entry& other : workers_) {
+    const v1::InfoResponse& theirs = other.view.info;
+    if (&other == &e || theirs.model().empty() || theirs.model() != mine.model()) continue;
+    const auto shape = [](const v1::InfoResponse& i) {
+      return absl::StrCat("context ", i.context_length(), ", vocabulary ", i.vocab_size(),
+                          ", chat format ", i.chat_format());
+    };
+    if (shape(theirs) != shape(mine)) {
+      return absl::StrCat(other.view.address, " (", shape(mine), "; there ", shape(theirs), ")");
+    }
+  }
+  return "";
 }
 
 uint64_t WorkerRegistry::Watch(const std::string& address, std::function<void()> on_down) {

@@ -89,6 +89,9 @@ class WorkerRegistry {
     absl::Time down_since = absl::InfiniteFuture();  // while marked down
   };
   void Loop();
+  // How `e`'s model differs from that of another worker serving the same name ("" when it
+  // does not): context length, vocabulary, chat format.
+  std::string ModelConflict(const Entry& e) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Polls these workers at once and waits for every answer (or its deadline).
   void Poll(const std::vector<std::string>& addresses, bool refresh_all_info);
 

@@ -1,11 +1,13 @@
 // A coordinator in front of two workers serving different models (stories260K, and random
 // weights of SmolLM2-135M's shape): every request runs on a worker of the model it names, a
 // session keeps its model, and a request that names none is refused when several are
-// served; an Idempotency-Key is replayed for its model only. A session is not made before any
+// served; an Idempotency-Key is replayed for its model only; max_tokens is its model's limit;
+// a second model under a name in use serves nothing. A session is not made before any
 // worker is known.
 #include <httplib.h>
 
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/subprocess.h"
@@ -202,6 +204,58 @@ TEST_F(TwoModelsTest, AKeyIsReplayedForItsModelOnly) {
   ASSERT_EQ(replayed.status, 200) << replayed.body;
   EXPECT_EQ(replayed.Header("Idempotent-Replayed"), "true");
   EXPECT_EQ(replayed.JsonBody()["model"], kSmol);
+}
+
+// Two models under one served name: the worker read later is not used (a session failed
+// over from one to the other went on with the other model's tokens, or failed with the first
+// model's token ids out of the other's vocabulary).
+TEST(ModelNameConflictTest, ASecondModelUnderANameInUseServesNothing) {
+  RECALL_REQUIRE_SHARED_FILE(kModel);
+  const std::string smol = testing::SharedPath("tokenizers/smollm2");
+  if (!std::filesystem::exists(smol + "/config.json")) GTEST_SKIP() << "shared data missing";
+  const std::string dir = testing::MakeTempDir("name_conflict");
+  ServerProcess stories, other, coordinator;
+  std::string error;
+  ASSERT_TRUE(
+      stories.Start(RECALL_WORKER_BINARY,
+                    {"--model", testing::SharedPath(kModel), "--tokenizer",
+                     testing::SharedPath(kTokenizer), "--listen", "127.0.0.1:0", "--kv-cache-bytes",
+                     "16M", "--threads", "1", "--served-model-name", "same"},
+                    dir, &error))
+      << error;
+  ASSERT_TRUE(
+      other.Start(RECALL_WORKER_BINARY,
+                  {"--model", smol, "--random-weights", "--listen", "127.0.0.1:0",
+                   "--kv-cache-bytes", "64M", "--threads", "1", "--served-model-name", "same"},
+                  dir, &error))
+      << error;
+  ASSERT_TRUE(coordinator.Start(
+      RECALL_COORDINATOR_BINARY,
+      {"--workers",
+       "127.0.0.1:" + std::to_string(stories.port("grpc")) +
+           ",127.0.0.1:" + std::to_string(other.port("grpc")),
+       "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--data-dir", dir},
+      dir, &error))
+      << error;
+  httplib::Client http("127.0.0.1", coordinator.port("http"));
+  http.set_read_timeout(60, 0);
+  Json models;
+  for (int i = 0; i < 100; ++i) {  // both polled: the first's Info read
+    models = Send(http, "GET", "/v1/models", "", "").JsonBody();
+    if (models["data"].size() == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(models["data"].size(), 1u) << models.dump();
+  EXPECT_EQ(models["data"][0]["id"], "same");
+  EXPECT_EQ(models["data"][0]["context_length"], 512) << "the first listed: stories260K";
+  for (int i = 0; i < 4; ++i) {
+    const HttpReply r = Send(http, "POST", "/v1/chat/completions",
+                             ChatBody({Message("user", "Once upon a time")}, 2, false), "");
+    ASSERT_EQ(r.status, 200) << r.body;
+  }
+  EXPECT_EQ(WorkerLoad(stories).resident_sessions() + WorkerLoad(stories).offloaded_sessions(), 4);
+  EXPECT_EQ(WorkerLoad(other).resident_sessions() + WorkerLoad(other).offloaded_sessions(), 0)
+      << "nothing ran on the other model";
 }
 
 // Before any worker answers (recall serve's worker loading its model), a session is not
