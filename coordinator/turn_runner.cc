@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <set>
 #include <utility>
 
 #include "absl/strings/cord.h"
@@ -235,13 +236,11 @@ void TurnRunner::NextAttempt() {
     }
     const std::vector<WorkerView> all = WorkersWithModel(known, model);
     if (all.empty() && !known.empty()) {
-      std::vector<std::string> served;
+      std::set<std::string> served;
       for (const WorkerView& w : known) {
-        if (!w.info.model().empty()) served.push_back(absl::StrCat("\"", w.info.model(), "\""));
+        if (!w.info.model().empty()) served.insert(w.info.model());
       }
-      Fail(absl::NotFoundError(absl::StrCat(
-          "model: no registered worker serves \"", model,
-          "\", the session's model (served: ", absl::StrJoin(served, ", "), "; not retryable)")));
+      Fail(workers_.SessionModelNotServed(model, {served.begin(), served.end()}));
       return;
     }
     const std::string& kv_dtype = spec_.request.cache().kv_dtype();

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/logging.h"
 
 namespace recall::coordinator {
@@ -234,6 +235,22 @@ void WorkerRegistry::Poll(const std::vector<std::string>& addresses, bool refres
     }
     return forget;
   });
+}
+
+absl::Status WorkerRegistry::SessionModelNotServed(const std::string& model,
+                                                   const std::vector<std::string>& served) const {
+  std::vector<std::string> quoted;
+  for (const std::string& name : served) quoted.push_back(absl::StrCat("\"", name, "\""));
+  const std::string known =
+      quoted.empty() ? "" : absl::StrCat("; served: ", absl::StrJoin(quoted, ", "));
+  if (Settling()) {
+    return absl::UnavailableError(absl::StrCat(
+        "model: no worker serving \"", model, "\" (the session's model) has registered yet", known,
+        " (the coordinator started ", absl::ToInt64Seconds(absl::Now() - started_),
+        " s ago; workers register again within seconds of its restart); retryable"));
+  }
+  return absl::NotFoundError(absl::StrCat("model: no registered worker serves \"", model,
+                                          "\" (the session's model)", known, " (not retryable)"));
 }
 
 std::string WorkerRegistry::ModelConflict(const Entry& e) const {

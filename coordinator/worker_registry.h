@@ -71,6 +71,14 @@ class WorkerRegistry {
   void Unwatch(uint64_t id);
 
   std::vector<WorkerView> Snapshot() const;
+  // Whether the registry is young enough (kSettle) that workers of a model may not have
+  // registered yet: after a coordinator's restart they register again within seconds.
+  bool Settling() const { return absl::Now() - started_ < kSettle; }
+  static constexpr absl::Duration kSettle = absl::Seconds(30);
+  // The refusal of a turn of a session whose model no known worker serves (`served`: what
+  // they serve): NotFound, or Unavailable (retryable) while Settling.
+  absl::Status SessionModelNotServed(const std::string& model,
+                                     const std::vector<std::string>& served) const;
   std::shared_ptr<v1::Worker::Stub> Stub(const std::string& address) const;
   // Adds the cluster credential to a call to a worker.
   void Attach(grpc::ClientContext* context) const { cluster_.Attach(context); }
@@ -100,6 +108,7 @@ class WorkerRegistry {
   const int max_misses_;
   const grpcutil::ClusterCredential cluster_;
   const absl::Duration forget_after_;
+  const absl::Time started_ = absl::Now();
   mutable absl::Mutex mu_;
   std::vector<Entry> workers_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -132,6 +132,37 @@ TEST_F(TwoModelsTest, ASessionKeepsItsModelAndARequestMustNameOne) {
   EXPECT_NE(st.error_message().find("model"), std::string::npos) << st.error_message();
 }
 
+// After a coordinator's restart, a session whose model's workers have not registered again
+// yet is told to retry (503), not that its model is gone (404, which clients do not retry).
+TEST_F(TwoModelsTest, ASessionWhoseWorkersHaveNotRegisteredAfterARestartIsToldToRetry) {
+  const std::vector<Json> hello = {Message("user", "Once upon a time")};
+  const HttpReply first = Chat(kSmol, hello);
+  ASSERT_EQ(first.status, 200) << first.body;
+  const std::string id = first.Header("X-Session-Id");
+  coordinator_.Stop();
+  std::string error;
+  ASSERT_TRUE(coordinator_.Start(
+      RECALL_COORDINATOR_BINARY,
+      {"--workers", "127.0.0.1:" + std::to_string(stories_.port("grpc")), "--listen", "127.0.0.1:0",
+       "--http-listen", "127.0.0.1:0", "--data-dir", dir_},
+      dir_, &error))
+      << error;
+  http_ = std::make_unique<httplib::Client>("127.0.0.1", coordinator_.port("http"));
+  HttpReply again;
+  for (int i = 0; i < 100; ++i) {  // once the stories worker is known
+    again = Chat("", {Message("user", "And then?")}, {{"X-Session-Id", id}});
+    if (again.body.find("has registered yet") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(again.status, 503) << again.body;
+  EXPECT_NE(again.JsonBody()["error"]["message"].get<std::string>().find(
+                "no worker serving \"smollm2\" (the session's model) has registered yet; "
+                "served: \"stories260K.bin\""),
+            std::string::npos)
+      << again.body;
+  EXPECT_EQ(again.Header("x-should-retry"), "true");
+}
+
 // max_tokens is checked against the limit of the model's workers (stories260K's 512,
 // SmolLM2's larger), not the smallest of all: 600 was refused for SmolLM2 too.
 TEST_F(TwoModelsTest, MaxTokensIsCheckedAgainstItsModelsLimit) {
