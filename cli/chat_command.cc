@@ -228,6 +228,7 @@ flags::FlagSet<ConnectOptions> ConnectFlags() {
 struct ChatOptions {
   ConnectOptions connect;
   std::string session;  // continue it instead of starting one
+  std::string model;    // a new session's ("": the one the server serves)
   std::string system;
   int max_tokens = 256;
   std::vector<std::string> stop;  // extra stop strings (the chat format's are implied)
@@ -255,6 +256,11 @@ const flags::FlagSet<ChatOptions>& ChatFlags() {
                                        : std::vector<std::string>{"--session", o.session};
             })
         .String(
+            "model", "NAME",
+            "model of a new session (required when the server serves several; default: the "
+            "one it serves)",
+            [](auto& o) -> auto& { return o.model; })
+        .String(
             "system", "TEXT", "system prompt of a new session",
             [](auto& o) -> auto& { return o.system; })
         .Int(
@@ -269,6 +275,7 @@ const flags::FlagSet<ChatOptions>& ChatFlags() {
             SamplingFlagSet(), [](auto& o) -> auto& { return o.sampling; })
         .Include(
             service::SessionCacheFlags(), [](auto& o) -> auto& { return o.cache; })
+        .Short('m', "model")
         .Short('n', "max-tokens")
         .Short('s', "seed");
     return f;
@@ -331,16 +338,17 @@ absl::Status Chat(const ChatOptions& o) {
   for (const std::string& stop : o.stop) sampling.add_stop(stop);
   ApplySampling(o.sampling, &sampling);
   v1::CreateSessionRequest create;
+  create.set_model(o.model);
   create.set_system_prompt(o.system);
   ToProto(o.cache, create.mutable_cache());
   std::string session_id = o.session;
   if (!session_id.empty()) {
     // Continued: checked now, not at the first message; a new session's settings do not
     // apply to it.
-    if (!o.system.empty() || create.cache().ByteSizeLong() > 0) {
+    if (!o.model.empty() || !o.system.empty() || create.cache().ByteSizeLong() > 0) {
       return absl::InvalidArgumentError(
-          "--session continues a session as it was made: --system and the cache flags "
-          "(--policy, --budget, ...) are for a new one");
+          "--session continues a session as it was made: --model, --system and the cache "
+          "flags (--policy, --budget, ...) are for a new one");
     }
     absl::StatusOr<v1::Session> s = client->GetSession(session_id);
     if (!s.ok()) {

@@ -94,7 +94,8 @@ TEST(ChatCliTest, SamplingFlagsReachTheServer) {
   // the flag, not the request's field (sampling.max_tokens).
   ChatRun past = RunChat(dir, address, input, "--max-tokens 600");
   EXPECT_EQ(past.exit_code, 2) << past.err;
-  EXPECT_NE(past.err.find("--max-tokens: must be in [1, 512], got 600"), std::string::npos)
+  EXPECT_NE(past.err.find("--max-tokens: must be in [1, 512] for \"stories260K.bin\", got 600"),
+            std::string::npos)
       << past.err;
 }
 
@@ -231,6 +232,20 @@ TEST(ChatCliTest, CommandsStayLocalAndAChatWithoutMessagesLeavesNoSession) {
   ChatRun mixed = RunChat(dir, address, "hi\n", "--session " + id + " --system 'Be brief.'");
   EXPECT_EQ(mixed.exit_code, 2) << mixed.err;
   EXPECT_NE(mixed.err.find("--system and the cache flags"), std::string::npos) << mixed.err;
+  ChatRun with_model = RunChat(dir, address, "hi\n", "--session " + id + " -m stories260K.bin");
+  EXPECT_EQ(with_model.exit_code, 2) << with_model.err;
+  EXPECT_NE(with_model.err.find("--model, --system"), std::string::npos) << with_model.err;
+  // --model names a new session's model (needed when several are served): the served one
+  // is taken, another is refused naming the served ones.
+  ChatRun named = RunChat(dir, address, "Once upon a time\n", "--model stories260K.bin");
+  EXPECT_EQ(named.exit_code, 0) << named.err;
+  EXPECT_EQ(named.out.rfind("user: Once upon a time\nassistant:", 0), 0u) << named.out;
+  ChatRun other = RunChat(dir, address, "Once upon a time\n", "--model gpt-4");
+  EXPECT_EQ(other.exit_code, 1) << other.err;
+  EXPECT_NE(other.err.find("no worker serves \"gpt-4\"; served: \"stories260K.bin\""),
+            std::string::npos)
+      << other.err;
+  EXPECT_EQ(other.out, "") << other.out;
 }
 
 // Piped input as editors and Windows write it, and a bad line midway: CRLF line ends are
