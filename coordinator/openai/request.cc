@@ -241,9 +241,24 @@ absl::Status ParseSampling(const Json& o, const RequestLimits& limits, v1::Sampl
       return Bad(tools, "is not supported (no tool calling)");
     }
   }
+  // Tools cannot be asked for by choice either: "none" and "auto" (of no tools) only.
+  for (const char* choice : {"tool_choice", "function_call"}) {
+    const Json* c = Find(o, choice);
+    if (c != nullptr &&
+        !(c->is_string() && (c->get<std::string>() == "none" || c->get<std::string>() == "auto"))) {
+      return Bad(choice, absl::StrCat("only \"none\" or \"auto\" (no tool calling), got ",
+                                      c->is_string() ? Shown(c->get<std::string>())
+                                                     : std::string(c->type_name())));
+    }
+  }
   if (const Json* format = Find(o, "response_format"); format != nullptr) {
-    const Json* type = format->is_object() ? Find(*format, "type") : nullptr;
-    if (type != nullptr && !(type->is_string() && type->get<std::string>() == "text")) {
+    if (!format->is_object()) {
+      return Bad("response_format", absl::StrCat("must be an object with \"type\": \"text\", got ",
+                                                 format->type_name()));
+    }
+    const Json* type = Find(*format, "type");
+    if (type == nullptr) return Bad("response_format.type", "required (only \"text\")");
+    if (!(type->is_string() && type->get<std::string>() == "text")) {
       return Bad("response_format.type",
                  absl::StrCat("only \"text\" is supported, got ",
                               type->is_string() ? Shown(type->get<std::string>())

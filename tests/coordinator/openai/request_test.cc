@@ -35,7 +35,8 @@ TEST(ChatRequestTest, MapsEverySamplingFieldAndIgnoresUnknownOnes) {
     "stop": ["x", "yz"], "seed": -1, "top_k": 40, "repetition_penalty": 1.1,
     "frequency_penalty": 0.5, "presence_penalty": -1.25, "n": 1,
     "stream": true, "stream_options": {"include_usage": true},
-    "response_format": {"type": "text"}, "tools": [], "unknown_field": [1, 2, 3]})";
+    "response_format": {"type": "text"}, "tools": [], "tool_choice": "auto",
+    "function_call": "none", "unknown_field": [1, 2, 3]})";
   absl::StatusOr<ChatRequest> r = ParseChatRequest(body, Limits());
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->model, "stories260K");
@@ -183,6 +184,14 @@ INSTANTIATE_TEST_SUITE_P(
         Refusal{Chat(R"("logprobs": true, "top_logprobs": 21)"), "top_logprobs",
                 "must be in [0, 20], got 21"},
         Refusal{Chat(R"("tools": [{"type": "function"}])"), "tools", "no tool calling"},
+        Refusal{Chat(R"("tool_choice": "required")"), "tool_choice",
+                "only \"none\" or \"auto\" (no tool calling), got \"required\""},
+        Refusal{Chat(R"("function_call": {"name": "f"})"), "function_call",
+                "only \"none\" or \"auto\" (no tool calling), got object"},
+        Refusal{Chat(R"("response_format": "json")"), "response_format",
+                "must be an object with \"type\": \"text\", got string"},
+        Refusal{Chat(R"("response_format": {"type": null})"), "response_format.type",
+                "required (only \"text\")"},
         Refusal{Chat(R"("response_format": {"type": "json_object"})"), "response_format.type",
                 "only \"text\" is supported, got \"json_object\""},
         Refusal{Chat(R"("stream": "yes")"), "stream", "must be true or false, got string"},
