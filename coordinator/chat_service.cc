@@ -105,7 +105,9 @@ grpc::Status ChatService::GetSession(grpc::ServerContext* context,
   if (grpc::Status st = CheckSessionId(request->session_id()); !st.ok()) return st;
   const std::string key = tenant + "/" + request->session_id();
   const bool running_before = conversations_.Running(key);
-  RECALL_GRPC_ASSIGN_OR_RETURN(const SessionRecord r, store_.Get(tenant, request->session_id()));
+  absl::StatusOr<SessionRecord> got = store_.Get(tenant, request->session_id());
+  if (!got.ok()) return ToGrpc(conversations_.ExplainMissing(got.status()));
+  const SessionRecord& r = *got;
   ToProto(r, true, response);
   // A reply this coordinator left in progress with no turn of it running here (its end could
   // not be stored: a full disk, a store outage) was interrupted: shown so (the session's next

@@ -87,6 +87,17 @@ TurnRunnerOptions Conversations::RunnerOptions() const {
   return o;
 }
 
+absl::Status Conversations::ExplainMissing(const absl::Status& status) const {
+  if (!absl::IsNotFound(status) || options_.session_ttl_seconds <= 0 ||
+      !absl::StartsWith(status.message(), "session_id:")) {
+    return status;
+  }
+  return absl::Status(
+      status.code(),
+      absl::StrCat(status.message(), " (sessions idle for ", options_.session_ttl_seconds,
+                   " s are deleted: the coordinator's --session-ttl)"));
+}
+
 absl::Status Conversations::CheckWorkerKnown() const {
   std::vector<std::string> silent;  // listed, never answered with their model
   for (const WorkerView& w : workers_.Snapshot()) {
@@ -112,8 +123,12 @@ absl::StatusOr<SessionRecord> Conversations::Create(
   if (count >= options_.max_sessions_per_tenant) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "tenant has ", count, " sessions, the limit is ", options_.max_sessions_per_tenant,
-        "; delete some, or have the coordinator delete idle ones (--session-ttl) "
-        "(not retryable)"));
+        options_.session_ttl_seconds > 0
+            ? absl::StrCat("; delete some (sessions idle for ", options_.session_ttl_seconds,
+                           " s are deleted: --session-ttl)")
+            : std::string("; delete some, or have the coordinator delete idle ones "
+                          "(--session-ttl)"),
+        " (not retryable)"));
   }
   const std::vector<WorkerView> workers = workers_.Snapshot();
   std::set<std::string> served;
@@ -175,14 +190,7 @@ absl::StatusOr<OpenTurn> Conversations::Open(
   }();
   if (!status.ok()) {
     ClearRunning(turn.key);
-    if (absl::IsNotFound(status) && options_.session_ttl_seconds > 0 &&
-        absl::StartsWith(status.message(), "session_id:")) {
-      return absl::Status(
-          status.code(),
-          absl::StrCat(status.message(), " (sessions idle for ", options_.session_ttl_seconds,
-                       " s are deleted: the coordinator's --session-ttl)"));
-    }
-    return status;
+    return ExplainMissing(status);
   }
   return turn;
 }

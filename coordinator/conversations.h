@@ -129,6 +129,9 @@ class Conversations {
   // Unavailable (retryable) before any worker is known (recall serve's worker still loading its
   // model): a session made then would be stored with no model and no cache settings, for good.
   absl::Status CheckWorkerKnown() const;
+  // `status`, and when it is a session not found while idle sessions are deleted
+  // (--session-ttl), saying so.
+  absl::Status ExplainMissing(const absl::Status& status) const;
 
   // A new session of `tenant`, with the system prompt as its first message when not empty.
   // ResourceExhausted at the tenant's limit; NotFound for a model no worker serves;

@@ -149,7 +149,7 @@ class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::Conve
       absl::StatusOr<SessionRecord> rec =
           service_.store_.GetRecent(tenant_, request.session_id(), turn_id);
       if (!rec.ok()) {
-        End(ToGrpc(rec.status()));
+        End(ToGrpc(service_.conversations_.ExplainMissing(rec.status())));
         return;
       }
       if (const int i = FindTurn(*rec, turn_id); i >= 0) {

@@ -91,10 +91,11 @@ absl::StatusOr<std::optional<int64_t>> Integer(const Json& o, const std::string&
     if (!std::isfinite(d)) return Bad(name, "must be a finite integer");
     if (d == std::floor(d) && std::fabs(d) >= 9223372036854775808.0) {
       // An integer too large for int64 (nlohmann reads it as a double).
-      return Bad(name, absl::StrCat("must be an integer from ", std::numeric_limits<int64_t>::min(),
-                                    " to ", std::numeric_limits<int64_t>::max(), Got(d)));
+      return Bad(name,
+                 absl::StrCat("must be an integer from ", std::numeric_limits<int64_t>::min(),
+                              " to ", std::numeric_limits<int64_t>::max(), ", got ", v->dump()));
     }
-    return Bad(name, absl::StrCat("must be an integer", Got(d)));
+    return Bad(name, absl::StrCat("must be an integer, got ", v->dump()));  // 5.0, not 5
   }
   return Bad(name, absl::StrCat("must be an integer, got ", v->type_name()));
 }
@@ -178,7 +179,7 @@ absl::Status ParseSampling(const Json& o, const RequestLimits& limits, v1::Sampl
   } else if (seed != nullptr && seed->is_number_float()) {
     return Bad("seed",
                absl::StrCat("must be an integer from ", std::numeric_limits<int64_t>::min(), " to ",
-                            std::numeric_limits<uint64_t>::max(), Got(seed->get<double>())));
+                            std::numeric_limits<uint64_t>::max(), ", got ", seed->dump()));
   } else {
     RECALL_ASSIGN_OR_RETURN(const std::optional<int64_t> signed_seed, Integer(o, "seed"));
     if (signed_seed.has_value()) s->set_seed(static_cast<uint64_t>(*signed_seed));

@@ -328,6 +328,17 @@ TEST_F(OpenAiHttpTest, ASessionIdleLongerThanTheTtlIsDeleted) {
   EXPECT_EQ(cached, 0) << "its cache dropped within 5 s";
   const HttpReply named = Post("/v1/chat/completions", body, "key-a", {{"X-Session-Id", id}});
   EXPECT_EQ(named.status, 404) << named.body;
+  EXPECT_NE(named.body.find("sessions idle for 2 s are deleted"), std::string::npos) << named.body;
+  // Over gRPC too (recall chat --session reads it first).
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer key-a");
+  v1::GetSessionRequest get;
+  get.set_session_id(id);
+  v1::Session gone;
+  const grpc::Status st = chat_->GetSession(&ctx, get, &gone);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND) << st.error_message();
+  EXPECT_NE(st.error_message().find("sessions idle for 2 s are deleted"), std::string::npos)
+      << st.error_message();
   const HttpReply again = Post("/v1/chat/completions", body);
   ASSERT_EQ(again.status, 200) << again.body;
   EXPECT_NE(again.Header("X-Session-Id"), id) << "a new session, not the deleted one";

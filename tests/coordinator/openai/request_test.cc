@@ -146,10 +146,12 @@ INSTANTIATE_TEST_SUITE_P(
         Refusal{Chat(R"("stop": ["a", 1])"), "stop[1]", "must be a string, got number"},
         Refusal{Chat(R"("seed": 1.5)"), "seed", "must be an integer"},
         Refusal{Chat(R"("seed": 18446744073709551616)"), "seed",
-                "must be an integer from -9223372036854775808 to 18446744073709551615"},
-        Refusal{Chat(R"("max_tokens": 10.0)"), "max_tokens", "must be an integer, got 10"},
+                "must be an integer from -9223372036854775808 to 18446744073709551615, got "
+                "1.8446744073709552e+19"},
+        Refusal{Chat(R"("max_tokens": 10.0)"), "max_tokens", "must be an integer, got 10.0"},
         Refusal{Chat(R"("max_tokens": 99999999999999999999999)"), "max_tokens",
-                "must be an integer from -9223372036854775808 to 9223372036854775807, got 1e+23"},
+                "must be an integer from -9223372036854775808 to 9223372036854775807, got "
+                "9.999999999999999e+22"},  // the double it reads as
         Refusal{Chat(R"("top_k": 9223372036854775808)"), "top_k",
                 "must be at most 9223372036854775807, got 9223372036854775808"},
         Refusal{Chat(R"("response_format": {"type": [1]})"), "response_format.type",
