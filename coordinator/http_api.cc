@@ -69,6 +69,14 @@ std::string AllowedMethod(const std::string& path) {
   return "";
 }
 
+// The request's Idempotency-Key ("" when none); InvalidArgument when sent more than once.
+absl::StatusOr<std::string> KeyOf(const httplib::Request& req) {
+  if (const size_t n = req.get_header_value_count(kKeyHeader); n > 1) {
+    return flags::FieldError(kKeyHeader, absl::StrCat("sent ", n, " times; send one key"));
+  }
+  return req.get_header_value(kKeyHeader);
+}
+
 // A request no route takes: 405 naming the method to use when its path is a route of another
 // method, else 404 (res.status set, the error's body left to HttpApi::Fail).
 absl::Status NoRoute(const httplib::Request& req, httplib::Response& res) {
@@ -349,7 +357,7 @@ void HttpApi::ChatCompletions(const httplib::Request& req, httplib::Response& re
     }
     std::vector<StoredMessage> messages = ToStored(chat.messages);
     std::optional<OpenTurn> resumed_turn;
-    const std::string asked_key = req.get_header_value(kKeyHeader);
+    RECALL_ASSIGN_OR_RETURN(const std::string asked_key, KeyOf(req));
     std::string session = named;
     if (!asked_key.empty()) {
       RECALL_RETURN_IF_ERROR(ClaimKey(tenant, asked_key));
@@ -558,7 +566,8 @@ void HttpApi::Completions(const httplib::Request& req, httplib::Response& res) {
     // A key: the completion it gave is replayed, one that broke off is resumed (the part
     // sent, then the rest with the same draws), a running one is waited for (409).
     std::optional<IdempotencyKeys::Completion> kept;
-    if (const std::string asked_key = req.get_header_value(kKeyHeader); !asked_key.empty()) {
+    RECALL_ASSIGN_OR_RETURN(const std::string asked_key, KeyOf(req));
+    if (!asked_key.empty()) {
       RECALL_RETURN_IF_ERROR(ClaimKey(tenant, asked_key));
       key = asked_key;
       kept = idempotency_.FindCompletion(tenant, key);

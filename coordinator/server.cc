@@ -11,6 +11,7 @@
 #include "common/files.h"
 #include "common/flags.h"
 #include "common/grpc/parse_errors.h"
+#include "common/logging.h"
 #include "common/status.h"
 #include "coordinator/certificate.h"
 
@@ -57,6 +58,13 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   s->conversations_ =
       std::make_unique<Conversations>(*s->store_, *s->registry_, config.options, s->metrics_);
   if (config.options.session_ttl_seconds > 0) {
+    if (config.options.session_ttl_seconds < config.options.turn_lease_seconds) {
+      RECALL_LOG(WARNING)
+          << "--session-ttl " << config.options.session_ttl_seconds
+          << " s is shorter than the turn lease (" << config.options.turn_lease_seconds
+          << " s): a turn whose coordinator died counts as idle from when it began, "
+             "so its session may be deleted before a retry resumes it";
+    }
     Conversations* conversations = s->conversations_.get();
     s->idle_sessions_ = std::make_unique<IdleSessions>(
         *s->store_, *s->registry_, absl::Seconds(config.options.session_ttl_seconds), s->metrics_,

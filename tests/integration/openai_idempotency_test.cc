@@ -110,6 +110,16 @@ TEST_F(OpenAiHttpTest, BadKeysAreRefusedNamingTheHeader) {
     const std::string message = r.JsonBody()["error"]["message"].get<std::string>();
     EXPECT_NE(message.find(c.expect), std::string::npos) << message;
   }
+  // Two keys in one request: which one it names is not guessed.
+  for (const std::string path : {"/v1/chat/completions", "/v1/completions"}) {
+    const std::string body =
+        path == "/v1/completions" ? R"({"prompt":"Once","max_tokens":2})" : ChatBody(hi, 4, false);
+    const HttpReply r =
+        Post(path, body, "key-a", {{"Idempotency-Key", "k-2"}, {"Idempotency-Key", "k-3"}});
+    EXPECT_EQ(r.status, 400) << path << ": " << r.body;
+    EXPECT_EQ(r.JsonBody()["error"]["message"], "Idempotency-Key: sent 2 times; send one key")
+        << r.body;
+  }
 }
 
 // The slow model: a key whose turn is running is 409 (the SDKs' retryable conflict); the
