@@ -326,6 +326,19 @@ TEST(TurnRunnerNoWorkerTest, NoWorkerIsUnavailableAndRetryable) {
   EXPECT_NE(sink.error().message().find("retryable"), std::string::npos);
 }
 
+// Workers known but not answering: said so, not "no worker is registered".
+TEST(TurnRunnerNoWorkerTest, KnownWorkersThatDoNotAnswerAreSaidNotToAnswer) {
+  WorkerRegistry registry(nullptr, absl::Hours(1));
+  registry.Add("127.0.0.1:1");
+  metrics::Registry metrics;
+  FakeSink sink;
+  ASSERT_TRUE(RunTurn(registry, metrics, Spec("none", "hi", 4), sink));
+  EXPECT_EQ(sink.error().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(sink.error().message().find("the 1 worker(s) serving it are not answering"),
+            std::string::npos)
+      << sink.error();
+}
+
 TEST(TurnRunnerSmallPoolTest, ATurnNoPoolCanHoldIsResourceExhaustedBeforeAnyToken) {
   RECALL_REQUIRE_SHARED_FILE(kModel);
   Worker small;  // 40 blocks of 16 tokens: 128 tokens in each of stories260K's 5 layers
