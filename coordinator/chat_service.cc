@@ -172,8 +172,9 @@ grpc::Status ChatService::DeleteSession(grpc::ServerContext* context,
                                         v1::DeleteSessionResponse*) {
   RECALL_GRPC_ASSIGN_OR_RETURN(const std::string tenant, keys_.Authenticate(*context));
   if (grpc::Status st = CheckSessionId(request->session_id()); !st.ok()) return st;
-  RECALL_GRPC_ASSIGN_OR_RETURN(const SessionRecord r,
-                               store_.GetRecent(tenant, request->session_id(), ""));
+  absl::StatusOr<SessionRecord> got = store_.GetRecent(tenant, request->session_id(), "");
+  if (!got.ok()) return ToGrpc(conversations_.ExplainMissing(got.status()));
+  const SessionRecord& r = *got;
   RECALL_GRPC_RETURN_IF_ERROR(store_.Delete(tenant, r.id));
   conversations_.ForgetEpisodes(tenant + "/" + r.id);
   workers_.DropSession(r.worker, r.id);

@@ -51,8 +51,6 @@ absl::StatusOr<std::string> NamedSession(const httplib::Request& req, const std:
   return id;
 }
 
-// The method a route takes ("" for a path that is no route): a request with another method is
-// 405, not 404.
 // InvalidArgument naming `model` when a request asks for another model than its session's.
 absl::Status CheckSessionModel(const std::string& session_model, const std::string& asked) {
   if (asked.empty() || session_model.empty() || session_model == asked) return absl::OkStatus();
@@ -61,6 +59,8 @@ absl::Status CheckSessionModel(const std::string& session_model, const std::stri
                             "\" (a session keeps its model; not retryable)"));
 }
 
+// The method a route takes ("" for a path that is no route): a request with another method is
+// 405, not 404.
 std::string AllowedMethod(const std::string& path) {
   if (path == "/v1/chat/completions" || path == "/v1/completions") return "POST";
   if (path == "/v1/models" || absl::StartsWith(path, "/v1/models/") || path == "/health") {
@@ -350,11 +350,10 @@ void HttpApi::ChatCompletions(const httplib::Request& req, httplib::Response& re
     RECALL_ASSIGN_OR_RETURN(tenant, Admit(req));
     RECALL_ASSIGN_OR_RETURN(openai::ChatRequest chat, openai::ParseChatRequest(req.body, Limits()));
     RECALL_ASSIGN_OR_RETURN(const std::string named, NamedSession(req, chat.session_id));
-    // A named session has its model; a request naming none elsewhere needs one when the
-    // workers serve several.
-    if (named.empty() || !chat.model.empty()) {
-      RECALL_RETURN_IF_ERROR(conversations_.CheckModel(chat.model));
-    }
+    // A named session has its model (a request naming another is refused when the session is
+    // read; one no worker serves now is the turn's 503/404); a request naming none elsewhere
+    // needs one when the workers serve several.
+    if (named.empty()) RECALL_RETURN_IF_ERROR(conversations_.CheckModel(chat.model));
     std::vector<StoredMessage> messages = ToStored(chat.messages);
     std::optional<OpenTurn> resumed_turn;
     RECALL_ASSIGN_OR_RETURN(const std::string asked_key, KeyOf(req));
@@ -390,6 +389,8 @@ void HttpApi::ChatCompletions(const httplib::Request& req, httplib::Response& re
     if (open.has_value()) {
       // resumed: nothing to begin
     } else if (session.empty()) {
+      // Checked here too: BeginUnnamed would take a refusal for "not this session" and make one.
+      RECALL_RETURN_IF_ERROR(conversations_.CheckMaxTokens(chat.model, chat.sampling));
       RECALL_ASSIGN_OR_RETURN(open, BeginUnnamed(tenant, chat.model, messages, chat.sampling));
     } else {
       RECALL_ASSIGN_OR_RETURN(
@@ -575,7 +576,8 @@ void HttpApi::Completions(const httplib::Request& req, httplib::Response& res) {
         return flags::FieldError(kKeyHeader,
                                  absl::StrCat("\"", key, "\" was sent with another prompt"));
       }
-      if (kept.has_value() && !kept->model.empty() && kept->model != model) {
+      if (kept.has_value() && !completion.model.empty() && !kept->model.empty() &&
+          kept->model != model) {
         return flags::FieldError(
             kKeyHeader, absl::StrCat("\"", key, "\" was sent for model \"", kept->model,
                                      "\", not \"", model, "\"; a new request needs a new key"));

@@ -13,13 +13,12 @@ namespace {
 // A worker's channel. gRPC's reconnect backoff grows to 120 s while the worker is down, so a
 // worker back after a while was not dialled again for up to two minutes (it had registered
 // and stayed unused): the backoff is capped at a second, a dial per second of a down worker.
-std::shared_ptr<v1::Worker::Stub> WorkerStub(const std::string& address) {
+// (Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: it is the connect timeout.)
+std::shared_ptr<grpc::Channel> WorkerChannel(const std::string& address) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  return v1::Worker::NewStub(
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
 }
 
 }  // namespace
@@ -56,7 +55,9 @@ void WorkerRegistry::Add(const std::string& address, bool registered, const std:
       if (restarted) {
         e.view.draining = false;
         e.refresh_info = true;
-        e.view.stub = WorkerStub(address);  // dialled now, not after the old one's backoff
+        // Dialled now, not after the backoff: the channel stays (a turn's call may hold the
+        // last reference to a replaced one, released on a gRPC thread).
+        grpc::experimental::ChannelResetConnectionBackoff(e.channel.get());
       }
     }
     if (!known) {
@@ -64,7 +65,8 @@ void WorkerRegistry::Add(const std::string& address, bool registered, const std:
       e.registered = registered;
       e.instance = instance;
       e.view.address = address;
-      e.view.stub = WorkerStub(address);
+      e.channel = WorkerChannel(address);
+      e.view.stub = v1::Worker::NewStub(e.channel);
       workers_.push_back(std::move(e));
     }
   }
@@ -193,6 +195,7 @@ void WorkerRegistry::Poll(const std::vector<std::string>& addresses, bool refres
           // Back after being marked down: a restart, likely (one drained for it serves again).
           if (e.misses >= max_misses_) e.view.draining = false;
           e.misses = 0;
+          e.down_logged = false;
           e.down_since = absl::InfiniteFuture();
           e.view.healthy = true;
           e.view.load = p->load;
@@ -201,15 +204,17 @@ void WorkerRegistry::Poll(const std::vector<std::string>& addresses, bool refres
             e.refresh_info = false;
             // Two models under one name: a session would move between them (and its tokens
             // change) when its worker failed over. The one that came later serves nothing.
-            if (const std::string conflict = ModelConflict(e); !conflict.empty()) {
+            const std::string conflict = ModelConflict(e);
+            e.conflict = !conflict.empty();
+            if (e.conflict) {
               RECALL_LOG(ERROR) << "worker " << e.view.address << " serves \""
                                 << e.view.info.model() << "\" but another model than " << conflict
                                 << ": not used; give it another --served-model-name";
-              e.view.info.clear_model();
             }
           }
         } else if (++e.misses >= max_misses_) {
-          if (e.misses == max_misses_) {
+          if (!e.down_logged) {  // once, also after ReportFailure marked it down
+            e.down_logged = true;
             RECALL_LOG(WARNING) << "worker " << p->address << " does not answer ("
                                 << p->load_status.error_message()
                                 << "): no turn goes to it until it does (one loading its model "
@@ -257,7 +262,10 @@ std::string WorkerRegistry::ModelConflict(const Entry& e) const {
   const v1::InfoResponse& mine = e.view.info;
   for (const Entry& other : workers_) {
     const v1::InfoResponse& theirs = other.view.info;
-    if (&other == &e || theirs.model().empty() || theirs.model() != mine.model()) continue;
+    if (&other == &e || other.conflict || theirs.model().empty() ||
+        theirs.model() != mine.model()) {
+      continue;
+    }
     const auto shape = [](const v1::InfoResponse& i) {
       return absl::StrCat("context ", i.context_length(), ", vocabulary ", i.vocab_size(),
                           ", chat format ", i.chat_format());
@@ -296,7 +304,9 @@ void WorkerRegistry::Loop() {
 std::vector<WorkerView> WorkerRegistry::Snapshot() const {
   absl::MutexLock lock(&mu_);
   std::vector<WorkerView> out;
-  for (const Entry& e : workers_) out.push_back(e.view);
+  for (const Entry& e : workers_) {
+    if (!e.conflict) out.push_back(e.view);
+  }
   return out;
 }
 

@@ -70,6 +70,7 @@ class WorkerRegistry {
   uint64_t Watch(const std::string& address, std::function<void()> on_down);
   void Unwatch(uint64_t id);
 
+  // The workers (but one that serves a name in use with another model: not used).
   std::vector<WorkerView> Snapshot() const;
   // Whether the registry is young enough (kSettle) that workers of a model may not have
   // registered yet: after a coordinator's restart they register again within seconds.
@@ -94,6 +95,9 @@ class WorkerRegistry {
     bool refresh_info = true;  // read its Info at the next poll
     bool registered = false;   // through recall.v1.Registry, not --workers
     std::string instance;      // the process that registered last ("" unknown)
+    std::shared_ptr<grpc::Channel> channel;  // view.stub's; kept for the registry's lifetime
+    bool conflict = false;     // serves a name another worker serves with another model
+    bool down_logged = false;  // said so since it last answered
     absl::Time down_since = absl::InfiniteFuture();  // while marked down
   };
   void Loop();

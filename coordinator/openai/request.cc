@@ -42,8 +42,11 @@ absl::StatusOr<Json> ParseObject(absl::string_view body) {
   struct TooDeep {};
   Json j;
   try {
-    j = Json::parse(body.begin(), body.end(), [](int depth, Json::parse_event_t, Json&) {
-      if (depth >= kMaxDepth) throw TooDeep{};  // the body itself is depth 0
+    j = Json::parse(body.begin(), body.end(), [](int depth, Json::parse_event_t e, Json&) {
+      // The start of the level-k array or object reports depth k - 1 (the body's is 0).
+      const bool opens =
+          e == Json::parse_event_t::object_start || e == Json::parse_event_t::array_start;
+      if (opens && depth >= kMaxDepth) throw TooDeep{};
       return true;
     });
   } catch (const TooDeep&) {

@@ -163,6 +163,12 @@ INSTANTIATE_TEST_SUITE_P(
         Refusal{Chat(R"("response_format": {"type": )" + std::string(63, '[') +
                      std::string(63, ']') + "}"),
                 "", "nests arrays and objects deeper than 64 levels"},
+        Refusal{Chat(R"("response_format": {"type": )" + std::string(62, '[') + "1" +
+                     std::string(62, ']') + "}"),
+                "response_format.type", "only \"text\" is supported, got array"},
+        Refusal{Chat(R"("response_format": {"type": )" + std::string(63, '[') + "1" +
+                     std::string(63, ']') + "}"),
+                "", "nests arrays and objects deeper than 64 levels"},
         Refusal{Chat(R"("stream_options": {"include_usage": true})"), "stream_options",
                 "only allowed when stream is true"},
         Refusal{Chat(R"("top_k": -1)"), "top_k", "must not be negative (0: off), got -1"},
