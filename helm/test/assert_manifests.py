@@ -52,7 +52,7 @@ class Checker:
 
 def accepted_flags(binary, repo):
     """The flags a binary accepts, from its --help: lines "  --name VALUE" (a valued flag) or
-    "  --name" (a switch). The binary comes from $RECALL_<NAME>_BINARY (set by ctest), else
+    "  --name" (a switch), either after its short form ("  -m, --name VALUE"). The binary comes from $RECALL_<NAME>_BINARY (set by ctest), else
     the build folder."""
     env = "RECALL_" + binary.replace("recall-", "").upper() + "_BINARY"
     default = {"recall-worker": "build/worker/service/recall-worker",
@@ -60,7 +60,7 @@ def accepted_flags(binary, repo):
     path = os.environ.get(env) or os.path.join(repo, default)
     out = subprocess.run([path, "--help"], capture_output=True, text=True, check=True).stdout
     valued, switches = set(), set()
-    for m in re.finditer(r"^  --([a-z0-9-]+)( [A-Z][A-Z:,.\[\]]*)?", out, re.M):
+    for m in re.finditer(r"^  (?:-[a-z], )?--([a-z0-9-]+)( [A-Z][A-Z:,.\[\]]*)?", out, re.M):
         (valued if m.group(2) else switches).add(m.group(1))
     if not valued:
         raise SystemExit(f"no flags in {path} --help")
