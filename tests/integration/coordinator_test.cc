@@ -952,15 +952,25 @@ TEST(CoordinatorRedisTest, AServerThatIsNotRedisIsRefusedAtStart) {
   EXPECT_EQ(e.output.find("serving on"), std::string::npos) << e.output;
 }
 
+// A coordinator with no worker listed (they register themselves) in `dir`; its gRPC address,
+// or "" (a test failure) when it did not start.
+std::string StartCoordinatorForRegistrations(const std::string& dir, ServerProcess& coordinator) {
+  std::string error;
+  if (!coordinator.Start(RECALL_COORDINATOR_BINARY, {"--listen", "127.0.0.1:0", "--data-dir", dir},
+                         dir, &error)) {
+    ADD_FAILURE() << error;
+    return "";
+  }
+  return "127.0.0.1:" + std::to_string(coordinator.port("grpc"));
+}
+
 TEST(CoordinatorRegistrationTest, AWorkerRegistersItselfAndServes) {
   RECALL_REQUIRE_SHARED_FILE(kModel);
   const std::string dir = testing::MakeTempDir("coordinator_register");
   ServerProcess coordinator, worker;
   std::string error;
-  ASSERT_TRUE(coordinator.Start(RECALL_COORDINATOR_BINARY,
-                                {"--listen", "127.0.0.1:0", "--data-dir", dir}, dir, &error))
-      << error;
-  const std::string address = "127.0.0.1:" + std::to_string(coordinator.port("grpc"));
+  const std::string address = StartCoordinatorForRegistrations(dir, coordinator);
+  ASSERT_FALSE(address.empty());
   ASSERT_TRUE(worker.Start(RECALL_WORKER_BINARY,
                            {"--model", testing::SharedPath(kModel), "--tokenizer",
                             testing::SharedPath(kTokenizer), "--listen", "127.0.0.1:0",
@@ -1047,10 +1057,8 @@ TEST(CoordinatorRegistrationTest, AWorkerBackAfterADowntimeIsUsedOnceItRegisters
   const std::string dir = testing::MakeTempDir("coordinator_rejoin");
   ServerProcess coordinator, worker;
   std::string error;
-  ASSERT_TRUE(coordinator.Start(RECALL_COORDINATOR_BINARY,
-                                {"--listen", "127.0.0.1:0", "--data-dir", dir}, dir, &error))
-      << error;
-  const std::string address = "127.0.0.1:" + std::to_string(coordinator.port("grpc"));
+  const std::string address = StartCoordinatorForRegistrations(dir, coordinator);
+  ASSERT_FALSE(address.empty());
   const std::string worker_address = "127.0.0.1:" + std::to_string(testing::FreePort());
   const auto start_worker = [&] {
     return worker.Start(RECALL_WORKER_BINARY,
