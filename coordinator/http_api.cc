@@ -189,11 +189,12 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpOptions& optio
   // connection's read timeout (5 s) and answer "cannot be read". Told at once, and the
   // connection closed (a body sent anyway, HTTP/1.0 style, is not read as the next request).
   s.set_pre_routing_handler([self](const httplib::Request& req, httplib::Response& res) {
-    if (req.method != "POST" || req.has_header("Content-Length") ||
-        req.has_header("Transfer-Encoding")) {
+    // (PUT and PATCH too: cpp-httplib reads their bodies the same way.)
+    const bool with_body = req.method == "POST" || req.method == "PUT" || req.method == "PATCH";
+    if (!with_body || req.has_header("Content-Length") || req.has_header("Transfer-Encoding")) {
       return httplib::Server::HandlerResponse::Unhandled;
     }
-    if (AllowedMethod(req.path) != "POST") {  // no route: said so, as for any other request
+    if (req.method != "POST" || AllowedMethod(req.path) != "POST") {  // no route: as with a body
       const absl::Status st = NoRoute(req, res);
       const int status = res.status;
       self->Fail(res, st);
@@ -350,13 +351,15 @@ void HttpApi::ChatCompletions(const httplib::Request& req, httplib::Response& re
     RECALL_ASSIGN_OR_RETURN(tenant, Admit(req));
     RECALL_ASSIGN_OR_RETURN(openai::ChatRequest chat, openai::ParseChatRequest(req.body, Limits()));
     RECALL_ASSIGN_OR_RETURN(const std::string named, NamedSession(req, chat.session_id));
-    // A named session has its model (a request naming another is refused when the session is
-    // read; one no worker serves now is the turn's 503/404); a request naming none elsewhere
-    // needs one when the workers serve several.
-    if (named.empty()) RECALL_RETURN_IF_ERROR(conversations_.CheckModel(chat.model));
+    RECALL_ASSIGN_OR_RETURN(const std::string asked_key, KeyOf(req));
+    // A named session has its model, and so has a key's (a request naming another is refused
+    // when the session is read; one no worker serves now is the turn's 503/404); a request
+    // naming none elsewhere needs one when the workers serve several.
+    if (named.empty() && (asked_key.empty() || idempotency_.Find(tenant, asked_key).empty())) {
+      RECALL_RETURN_IF_ERROR(conversations_.CheckModel(chat.model));
+    }
     std::vector<StoredMessage> messages = ToStored(chat.messages);
     std::optional<OpenTurn> resumed_turn;
-    RECALL_ASSIGN_OR_RETURN(const std::string asked_key, KeyOf(req));
     std::string session = named;
     if (!asked_key.empty()) {
       RECALL_RETURN_IF_ERROR(ClaimKey(tenant, asked_key));

@@ -205,8 +205,9 @@ void WorkerRegistry::Poll(const std::vector<std::string>& addresses, bool refres
             // Two models under one name: a session would move between them (and its tokens
             // change) when its worker failed over. The one that came later serves nothing.
             const std::string conflict = ModelConflict(e);
+            const bool was_conflict = e.conflict;
             e.conflict = !conflict.empty();
-            if (e.conflict) {
+            if (e.conflict && !was_conflict) {  // once (its Info is read again as it registers)
               RECALL_LOG(ERROR) << "worker " << e.view.address << " serves \""
                                 << e.view.info.model() << "\" but another model than " << conflict
                                 << ": not used; give it another --served-model-name";

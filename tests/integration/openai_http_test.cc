@@ -19,6 +19,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -415,18 +416,21 @@ int ConnectLoopback(int port) {
 
 // A POST with no body at all (curl -X POST URL): told so at once (it waited 5 s for a body,
 // then said "cannot be read"); the connection is closed. To a route of another method, or to
-// none, it is 405 or 404 as with a body (it was 400 "no body").
+// none, it is 405 or 404 as with a body (it was 400 "no body"); a PUT or PATCH without a body
+// too (it waited 5 s).
 TEST_F(OpenAiHttpTest, APostWithoutABodyIsToldItHasNone) {
-  const std::vector<std::pair<std::string, std::string>> cases = {
-      {"/v1/chat/completions", "HTTP/1.1 400"},
-      {"/v1/models", "HTTP/1.1 405"},
-      {"/health", "HTTP/1.1 405"},
-      {"/v1/nothing", "HTTP/1.1 404"}};
-  for (const auto& [path, status] : cases) {
+  const std::vector<std::tuple<std::string, std::string, std::string>> cases = {
+      {"POST", "/v1/chat/completions", "HTTP/1.1 400"},
+      {"POST", "/v1/models", "HTTP/1.1 405"},
+      {"POST", "/health", "HTTP/1.1 405"},
+      {"POST", "/v1/nothing", "HTTP/1.1 404"},
+      {"PUT", "/v1/chat/completions", "HTTP/1.1 405"},
+      {"PATCH", "/v1/nothing", "HTTP/1.1 404"}};
+  for (const auto& [method, path, status] : cases) {
     const int fd = ConnectLoopback(coordinator_.port("http"));
     ASSERT_GE(fd, 0);
     const std::string request =
-        "POST " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+        method + " " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
     ASSERT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL),
               static_cast<ssize_t>(request.size()));
     const absl::Time start = absl::Now();
@@ -440,10 +444,12 @@ TEST_F(OpenAiHttpTest, APostWithoutABodyIsToldItHasNone) {
     if (status == "HTTP/1.1 400") {
       EXPECT_NE(response.find("the request has no body"), std::string::npos) << response;
     } else if (status == "HTTP/1.1 405") {
-      EXPECT_NE(response.find("Allow: GET"), std::string::npos) << response;
-      EXPECT_NE(response.find("method not allowed; use GET"), std::string::npos) << response;
+      const std::string allowed = path == "/v1/chat/completions" ? "POST" : "GET";
+      EXPECT_NE(response.find("Allow: " + allowed), std::string::npos) << response;
+      EXPECT_NE(response.find("method not allowed; use " + allowed), std::string::npos) << response;
     } else {
-      EXPECT_NE(response.find("no route POST /v1/nothing"), std::string::npos) << response;
+      EXPECT_NE(response.find("no route " + method + " /v1/nothing"), std::string::npos)
+          << response;
     }
   }
 }
