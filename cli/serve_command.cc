@@ -72,11 +72,18 @@ const flags::FlagSet<ServeOptions>& ServeFlags() {
             "the coordinator's Prometheus /metrics on 127.0.0.1 (default 0: a free port,\n"
             "printed; -1: off)",
             [](auto& o) -> auto& { return o.metrics_port; }, -1, 65535)
+        .Int(
+            "worker-metrics-port", "N",
+            "the worker's Prometheus /metrics on 127.0.0.1 (KV blocks, evictions, resident\n"
+            "sessions; default: off; 0: a free port, printed)",
+            [](auto& o) -> auto& { return o.worker.metrics_port; }, 0, 65535)
         .String(
             "api-keys", "FILE", "\"<key> <tenant>\" lines; default: no auth (local use)",
             [](auto& o) -> auto& { return o.api_keys; })
         .String(
-            "port-file", "PATH", "write \"grpc=PORT http=PORT\" once ready (http=0: off)",
+            "port-file", "PATH",
+            "write \"grpc=PORT http=PORT\" once ready (http=0: off; then\n"
+            "\" worker-metrics=PORT\" with --worker-metrics-port)",
             [](auto& o) -> auto& { return o.port_file; })
         .Include(
             coordinator::LimitFlags(), [](auto& o) -> auto& { return o.limits; })
@@ -218,9 +225,18 @@ absl::Status Serve(const ServeOptions& o) {
     std::cerr << "recall serve: metrics on http://127.0.0.1:" << server->metrics_port()
               << "/metrics\n";
   }
+  if (worker.port("metrics") > 0) {
+    std::cerr << "recall serve: the worker's metrics on http://127.0.0.1:" << worker.port("metrics")
+              << "/metrics\n";
+    worker_options.metrics_port = worker.port("metrics");  // the same port after a restart
+  }
   if (!o.port_file.empty()) {
     const absl::Status written = WritePortFile(
-        o.port_file, absl::StrCat("grpc=", server->port(), " http=", server->http_port(), "\n"));
+        o.port_file, absl::StrCat("grpc=", server->port(), " http=", server->http_port(),
+                                  worker.port("metrics") > 0
+                                      ? absl::StrCat(" worker-metrics=", worker.port("metrics"))
+                                      : "",
+                                  "\n"));
     if (!written.ok()) {
       server->Shutdown();
       worker.Stop();

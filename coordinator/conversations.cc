@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <mutex>
 #include <random>
 
@@ -559,11 +560,8 @@ absl::StatusOr<v1::CacheSettings> Conversations::CheckNewSession(
 
 absl::Status Conversations::UnknownModel(const std::string& model,
                                          const std::vector<std::string>& served) {
-  std::vector<std::string> quoted;
-  for (const std::string& name : served) quoted.push_back(absl::StrCat("\"", name, "\""));
   return absl::NotFoundError(
-      absl::StrCat("model: no worker serves \"", model, "\"",
-                   quoted.empty() ? "" : "; served: ", absl::StrJoin(quoted, ", ")));
+      absl::StrCat("model: no worker serves \"", model, "\"", ServedModelsSuffix(served)));
 }
 
 int Conversations::MaxTokensLimit(const std::string& model) const {
@@ -574,6 +572,19 @@ int Conversations::MaxTokensLimit(const std::string& model) const {
     if (l > 0 && (limit == 0 || l < limit)) limit = l;
   }
   return limit;
+}
+
+int Conversations::LargestModelMaxTokens() const {
+  std::map<std::string, int> per_model;  // each model's smallest limit
+  for (const WorkerView& w : workers_.Snapshot()) {
+    const int l = w.info.max_tokens_limit();
+    if (l <= 0) continue;
+    auto [it, added] = per_model.emplace(w.info.model(), l);
+    if (!added) it->second = std::min(it->second, l);
+  }
+  int largest = 0;
+  for (const auto& [model, limit] : per_model) largest = std::max(largest, limit);
+  return largest;
 }
 
 absl::Status Conversations::CheckMaxTokens(const std::string& model,

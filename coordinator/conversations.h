@@ -229,6 +229,8 @@ class Conversations {
   // The smallest max_tokens limit among the workers serving `model` (all of them for ""; 0:
   // none known).
   int MaxTokensLimit(const std::string& model) const;
+  // The largest of the models' MaxTokensLimit (0: none known), from one look at the workers.
+  int LargestModelMaxTokens() const;
   // InvalidArgument naming sampling.max_tokens when it passes that limit of `model`'s workers.
   absl::Status CheckMaxTokens(const std::string& model, const v1::SamplingParams& sampling) const;
 

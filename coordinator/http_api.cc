@@ -328,9 +328,7 @@ openai::RequestLimits HttpApi::Limits() const {
   limits.max_message_bytes = conversations_.options().max_message_bytes;
   // What some model's workers take: a request's model's own limit is checked once it is
   // known (Conversations::CheckMaxTokens).
-  for (const v1::ModelInfo& m : conversations_.Models()) {
-    limits.max_tokens = std::max(limits.max_tokens, conversations_.MaxTokensLimit(m.name()));
-  }
+  limits.max_tokens = conversations_.LargestModelMaxTokens();
   return limits;
 }
 
@@ -645,9 +643,9 @@ void HttpApi::RenewLease(Reply& reply, const std::string& tenant, const std::str
   idempotency_.PutCompletion(tenant, key, *reply.running);
 }
 
-HttpTurn::Update HttpApi::NextUpdate(Reply& reply) {
-  HttpTurn::Update u = reply.turn->Next(
-      absl::Milliseconds(std::min(options_.completion_lease_ms / 4, options_.keepalive_ms)));
+HttpTurn::Update HttpApi::NextUpdate(Reply& reply, int64_t wait_ms) {
+  HttpTurn::Update u =
+      reply.turn->Next(absl::Milliseconds(std::min(options_.completion_lease_ms / 4, wait_ms)));
   RenewLease(reply, reply.tenant, reply.key);
   return u;
 }
@@ -669,14 +667,15 @@ void HttpApi::Respond(std::shared_ptr<Reply> reply, bool stream, httplib::Respon
   if (stopping) reply->turn->Cancel();
   // Wait for the first text or the end: a turn that fails before any text gets its HTTP
   // status (a stream's status line goes out with its first event). A stream waits no longer
-  // than one keep-alive period: a turn queued or in a long prefill then begins its stream
-  // (the role chunk, keep-alive comments), so that proxies and clients with idle timeouts
-  // do not drop it; a later failure is the stream's last event.
-  const absl::Time stream_by = absl::Now() + absl::Milliseconds(options_.keepalive_ms);
-  HttpTurn::Update first = NextUpdate(*reply);
+  // than ProbeMs(): a turn queued or in a long prefill then begins its stream (the role
+  // chunk, then a comment every ProbeMs() until its first text), so that a client that hung
+  // up is noticed by a failed write, and proxies and clients with idle timeouts do not drop
+  // it; a later failure is the stream's last event.
+  const absl::Time stream_by = absl::Now() + absl::Milliseconds(ProbeMs());
+  HttpTurn::Update first = NextUpdate(*reply, stream ? ProbeMs() : options_.keepalive_ms);
   while (first.text.empty() && first.logprobs.empty() && !first.ended &&
          !(stream && absl::Now() >= stream_by)) {
-    first = NextUpdate(*reply);
+    first = NextUpdate(*reply, stream ? ProbeMs() : options_.keepalive_ms);
   }
   if (!stream || first.ended) {
     const absl::Status st = Conclude(*reply, /*cancel=*/false);
@@ -724,12 +723,14 @@ bool HttpApi::Pump(Reply& reply, httplib::DataSink& sink) {
   };
   bool ok = write(reply.writer.First());
   if (ok) ok = delta(reply.first_text, reply.first_logprobs);
+  bool texted = !reply.first_text.empty() || !reply.first_logprobs.empty();
   while (ok && !reply.concluded) {
-    HttpTurn::Update u = NextUpdate(reply);
+    HttpTurn::Update u = NextUpdate(reply, texted ? options_.keepalive_ms : ProbeMs());
     if (!u.ended && u.text.empty() && u.logprobs.empty()) {
-      ok = write(": keep-alive\n\n");  // silent for keepalive_ms (an SSE comment)
+      ok = write(": keep-alive\n\n");  // silent for that long (an SSE comment)
       continue;
     }
+    texted = true;
     ok = delta(u.text, u.logprobs);
     if (u.ended) break;
   }
@@ -756,7 +757,7 @@ absl::Status HttpApi::Conclude(Reply& reply, bool cancel) {
     if (!reply.key.empty()) idempotency_.Ending(reply.tenant, reply.key);
     reply.turn->Cancel();
   }
-  while (!NextUpdate(reply).ended) {
+  while (!NextUpdate(reply, options_.keepalive_ms).ended) {
   }
   {
     absl::MutexLock lock(&mu_);

@@ -50,6 +50,7 @@
 // connection only on a write). The reply is stored before the client sees its end.
 #pragma once
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <set>
@@ -94,6 +95,12 @@ struct HttpOptions {
   // stream is silent mid-reply while a failed-over turn rebuilds its transcript elsewhere, or
   // while its worker is preempted or queued.
   int64_t keepalive_ms = 15'000;
+  // A stream whose first token has not come this long after the turn began (a long prefill,
+  // a queue) begins without it (the role chunk) and gets a comment this often until it comes
+  // (or keepalive_ms when that is shorter): cpp-httplib 0.11 tells a client that left only
+  // by a failed write, so one that hung up while its prompt was read is noticed within
+  // about twice this, and its turn cancelled, rather than at the first token.
+  int64_t first_token_probe_ms = 1'000;
 };
 
 class HttpApi {
@@ -162,9 +169,10 @@ class HttpApi {
   // completion_lease_ms when half of it has passed; called at least every quarter lease while
   // the turn runs (NextUpdate), so a silent turn (a long prefill, a queue) keeps it too.
   void RenewLease(Reply& reply, const std::string& tenant, const std::string& key);
-  // The turn's next update, waiting at most a quarter lease or keepalive_ms (an empty update
+  // The turn's next update, waiting at most a quarter lease or `wait_ms` (an empty update
   // then), with the lease renewed.
-  HttpTurn::Update NextUpdate(Reply& reply);
+  HttpTurn::Update NextUpdate(Reply& reply, int64_t wait_ms);
+  int64_t ProbeMs() const { return std::min(options_.first_token_probe_ms, options_.keepalive_ms); }
   bool Pump(Reply& reply, httplib::DataSink& sink);
   // Ends the reply's turn (cancelled first when `cancel`), stores it (a session's turn) and
   // returns what the client should learn: the turn's error, a store error, or OK. Once.

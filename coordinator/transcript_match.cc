@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -24,6 +25,16 @@ Sha256 Start(const std::string& tenant) {
   return chain;
 }
 void Next(Sha256& chain, const StoredMessage& m) { chain.AddField(m.role).AddField(m.content); }
+
+// Whether the request holds a proper prefix of stored[i], the session's last reply, and goes
+// on past it: its client stopped reading the reply, which the coordinator may have written
+// whole into the connection's buffers before the client hung up (so it completed).
+bool CutShort(const std::vector<StoredMessage>& stored, const std::vector<StoredMessage>& request,
+              size_t i) {
+  return i + 1 == stored.size() && i + 1 < request.size() && request[i].role == "assistant" &&
+         request[i].content.size() < stored[i].content.size() &&
+         absl::StartsWith(stored[i].content, request[i].content);
+}
 
 // The store record of a transcript's digest (SessionStore::PutRecord's names).
 std::string RecordName(const std::string& digest) { return "t:" + Hex(digest); }
@@ -52,7 +63,10 @@ bool OnlyStoppedTurnsOfTheListFrom(const std::vector<StoredMessage>& stored,
   for (size_t i = static_cast<size_t>(std::max(from, 0)); i < stored.size(); ++i) {
     const StoredMessage& m = stored[i];
     if (m.role == "assistant") {
-      if (m.state != TurnState::kInterrupted && m.state != TurnState::kFailed) return false;
+      if (m.state != TurnState::kInterrupted && m.state != TurnState::kFailed &&
+          !CutShort(stored, request, i)) {
+        return false;
+      }
     } else if (i >= request.size() || request[i].role != m.role ||
                request[i].content != m.content || !m.turn_id.empty()) {
       return false;

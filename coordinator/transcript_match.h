@@ -44,10 +44,12 @@ TurnMessages MatchTranscript(const std::vector<StoredMessage>& stored,
                              const std::vector<StoredMessage>& request);
 
 // Whether stored[from...] is only `request`'s own stopped turn: no complete reply (replies
-// interrupted or failed only), and every other message there is the request's message at
-// the same place, without a turn id (a keyed turn stays resumable by its key). A session that
-// went on from there only by the turn its client stopped and now sends again; another
-// conversation that shares the session's opening does not take it over.
+// interrupted or failed only; or the session's last reply complete, when the request holds
+// a proper prefix of it and goes on: its client stopped reading it), and every other message
+// there is the request's message at the same place, without a turn id (a keyed turn stays
+// resumable by its key). A session that went on from there only by the turn its client
+// stopped and now sends again; another conversation that shares the session's opening does
+// not take it over.
 bool OnlyStoppedTurnsOfTheListFrom(const std::vector<StoredMessage>& stored,
                                    const std::vector<StoredMessage>& request, int from);
 

@@ -243,12 +243,15 @@ void WorkerRegistry::Poll(const std::vector<std::string>& addresses, bool refres
   });
 }
 
-absl::Status WorkerRegistry::SessionModelNotServed(const std::string& model,
-                                                   const std::vector<std::string>& served) const {
+std::string ServedModelsSuffix(const std::vector<std::string>& served) {
   std::vector<std::string> quoted;
   for (const std::string& name : served) quoted.push_back(absl::StrCat("\"", name, "\""));
-  const std::string known =
-      quoted.empty() ? "" : absl::StrCat("; served: ", absl::StrJoin(quoted, ", "));
+  return quoted.empty() ? "" : absl::StrCat("; served: ", absl::StrJoin(quoted, ", "));
+}
+
+absl::Status WorkerRegistry::SessionModelNotServed(const std::string& model,
+                                                   const std::vector<std::string>& served) const {
+  const std::string known = ServedModelsSuffix(served);
   if (Settling()) {
     return absl::UnavailableError(absl::StrCat(
         "model: no worker serving \"", model, "\" (the session's model) has registered yet", known,

@@ -42,6 +42,10 @@ struct WorkerView {
   std::shared_ptr<v1::Worker::Stub> stub;
 };
 
+// "; served: \"a\", \"b\"" naming the models workers serve, for a message about a model
+// none serves; "" when none is served.
+std::string ServedModelsSuffix(const std::vector<std::string>& served);
+
 class WorkerRegistry {
  public:
   // With `metrics`, each worker gets gauges (up, sessions, free KV blocks, active and

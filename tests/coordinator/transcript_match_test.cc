@@ -67,6 +67,23 @@ TEST(MatchTranscriptTest, OnlyStoppedTurnsOfTheListFromTellsAStoppedTurnFromOneT
   std::vector<StoredMessage> other = kStored;
   other.push_back({"user", "Something else"});
   EXPECT_FALSE(OnlyStoppedTurnsOfTheListFrom(stored, other, 3)) << "another conversation";
+  // Complete on the server, whose writes were all buffered before the client hung up: the
+  // client holds a proper prefix of the reply and goes on; not the whole reply, nor another
+  // text, nor a prefix with nothing after it, nor a prefix of a reply that is not the last.
+  stored.back().state = TurnState::kComplete;
+  EXPECT_TRUE(OnlyStoppedTurnsOfTheListFrom(stored, on, 4)) << "the part it read";
+  on[4].content = " There";
+  EXPECT_FALSE(OnlyStoppedTurnsOfTheListFrom(stored, on, 4)) << "the whole reply";
+  on[4].content = " Here";
+  EXPECT_FALSE(OnlyStoppedTurnsOfTheListFrom(stored, on, 4)) << "another text";
+  on[4].content = " Th";
+  EXPECT_FALSE(OnlyStoppedTurnsOfTheListFrom(stored, {on.begin(), on.end() - 1}, 4))
+      << "nothing after the part";
+  std::vector<StoredMessage> went_on = stored;
+  went_on.push_back({"user", "Go on"});
+  went_on.push_back({"assistant", " Then"});
+  EXPECT_FALSE(OnlyStoppedTurnsOfTheListFrom(went_on, on, 4)) << "not the last reply";
+  stored.back().state = TurnState::kInterrupted;
   stored[3].turn_id = "k1";
   EXPECT_FALSE(OnlyStoppedTurnsOfTheListFrom(stored, again, 3)) << "resumable by its key";
   stored[3].turn_id.clear();

@@ -694,12 +694,24 @@ TEST(OpenAiHttpServeTest, RecallServeStopsAtOnceWhileTheWorkerLoads) {
 
 // `recall serve` on stories260K (one thread, a 16M pool), its HTTP API on `http_listen`.
 bool StartServe(ServerProcess& serve, const std::string& dir, const std::string& http_listen,
-                std::string* error) {
-  return serve.Start(RECALL_CLI_BINARY,
-                     {"serve", "--model", testing::SharedPath(kModel), "--tokenizer",
-                      testing::SharedPath(kTokenizer), "--listen", "127.0.0.1:0", "--http-listen",
-                      http_listen, "--data-dir", dir, "--threads", "1", "--kv-cache-bytes", "16M"},
-                     dir, error, std::chrono::seconds(120));
+                std::string* error, std::vector<std::string> more = {}) {
+  std::vector<std::string> args = {"serve",
+                                   "--model",
+                                   testing::SharedPath(kModel),
+                                   "--tokenizer",
+                                   testing::SharedPath(kTokenizer),
+                                   "--listen",
+                                   "127.0.0.1:0",
+                                   "--http-listen",
+                                   http_listen,
+                                   "--data-dir",
+                                   dir,
+                                   "--threads",
+                                   "1",
+                                   "--kv-cache-bytes",
+                                   "16M"};
+  args.insert(args.end(), more.begin(), more.end());
+  return serve.Start(RECALL_CLI_BINARY, args, dir, error, std::chrono::seconds(120));
 }
 
 // recall serve killed hard (SIGKILL: no shutdown of its own) takes its worker with it: the
@@ -727,13 +739,21 @@ TEST(OpenAiHttpServeTest, RecallServeServesTheApiAndPrintsItsAddress) {
   const std::string dir = testing::MakeTempDir("openai_serve");
   ServerProcess serve;
   std::string error;
-  ASSERT_TRUE(StartServe(serve, dir, "127.0.0.1:0", &error)) << error;
+  ASSERT_TRUE(StartServe(serve, dir, "127.0.0.1:0", &error, {"--worker-metrics-port", "0"}))
+      << error;
   ASSERT_GT(serve.port("http"), 0);
   httplib::Client client("127.0.0.1", serve.port("http"));
   client.set_read_timeout(60, 0);
   const HttpReply r = Send(client, "POST", "/v1/chat/completions",
                            ChatBody({Message("user", "Once upon a time")}, 4, false), /*key=*/"");
   EXPECT_EQ(r.status, 200) << "no keys: every caller is the default tenant; " << r.body;
+  // The worker's metrics (its KV blocks and turns), on the port the port file names.
+  ASSERT_GT(serve.port("worker-metrics"), 0);
+  httplib::Client metrics("127.0.0.1", serve.port("worker-metrics"));
+  const httplib::Result m = metrics.Get("/metrics");
+  ASSERT_TRUE(m) << "no worker metrics";
+  EXPECT_NE(m->body.find("recall_worker_turns_total"), std::string::npos) << m->body;
+  EXPECT_NE(m->body.find("recall_worker_kv_blocks"), std::string::npos) << m->body;
   // A second serve on that HTTP port is refused at start: it listened beside the first
   // (SO_REUSEPORT) and took half its requests into another session store.
   const std::string other = testing::MakeTempDir("openai_serve_taken");
@@ -857,6 +877,56 @@ TEST_F(OpenAiHttpCancelTest, AClientLeavingMidStreamCancelsTheWorkersTurn) {
   EXPECT_EQ(again.status, 200) << again.body;
 }
 
+// A client that hangs up while its long prompt is read: the stream began (the role chunk)
+// a second into the prefill, and a comment follows every second until the first token, so the
+// failed write tells the coordinator, which cancels the turn; the worker lets it go long
+// before the prefill would have ended. It held the session and the worker until the first
+// token (or 15 s, the keep-alive), however long the prefill took.
+TEST_F(OpenAiHttpCancelTest, AClientLeavingDuringALongPrefillCancelsTheTurnThen) {
+  httplib::Client client("127.0.0.1", coordinator_.port("http"));
+  client.set_read_timeout(120, 0);
+  const auto prompt = [](const std::string& first) {
+    std::string words = first;
+    for (int i = 0; i < 400; ++i) words += " word" + std::to_string(i);
+    return std::vector<Json>{Message("user", words)};
+  };
+  // How long this prompt's prefill takes here (one thread).
+  auto start = std::chrono::steady_clock::now();
+  const HttpReply whole =
+      Send(client, "POST", "/v1/chat/completions", ChatBody(prompt("A"), 1, false), "");
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  const double prefill =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (prefill < 4) GTEST_SKIP() << "the prefill takes " << prefill << " s here: too fast to tell";
+
+  start = std::chrono::steady_clock::now();
+  std::string opening;
+  const HttpReply r = Send(client, "POST", "/v1/chat/completions", ChatBody(prompt("B"), 1, true),
+                           "", {}, [&](const std::string& so_far) {
+                             opening = so_far;
+                             return false;  // hang up at the stream's first bytes
+                           });
+  const double began =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(opening.find("data: "), 0u) << "the role chunk: " << opening;
+  EXPECT_LT(began, prefill / 2) << "the stream began before the first token";
+  double freed = -1;
+  while (std::chrono::steady_clock::now() - start < std::chrono::seconds(60)) {
+    const v1::LoadReport load = Load();
+    if (load.active_turns() == 0 && load.queued_turns() == 0) {
+      freed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GE(freed, 0) << "the worker still runs the turn 60 s on";
+  RecordProperty("prefill_seconds", std::to_string(prefill));
+  RecordProperty("seconds_to_free_worker", std::to_string(freed));
+  EXPECT_LT(freed, prefill * 0.75)
+      << "the turn was cancelled during its prefill (" << prefill << " s alone)";
+}
+
 // "Stop generating" in a client that names no session: the second reply is stopped (the
 // client hangs up mid-stream), and the list is sent again. It continues the same session,
 // whose worker kept the cache of the first turn (the aborted turn gave back what it fed):
@@ -965,6 +1035,48 @@ TEST_F(OpenAiHttpCancelTest, AListSentAgainAfterAStoppedReplyContinuesItsSession
 // stored transcript (the session evicts), replays the stopped turn as it ran, and replies as
 // the kept cache did, to the bit of every logprob (in a run without the record, they
 // differed).
+// A client that stopped reading a reply the coordinator had already written whole (into the
+// connection's buffers: it completed) sends the part it read and a new message, naming no
+// session: the same session goes on, its prompt cached up to the cut reply. It went to a new,
+// cold session (the complete reply made the old one look "gone on"), leaving the old one.
+TEST_F(OpenAiHttpCancelTest, APartOfACompleteReplyAndANewMessageContinueItsSession) {
+  httplib::Client client("127.0.0.1", coordinator_.port("http"));
+  client.set_read_timeout(120, 0);
+  std::vector<Json> list = {Message("user", "Once upon a time")};
+  const HttpReply first =
+      Send(client, "POST", "/v1/chat/completions", ChatBody(list, 4, false), "");
+  ASSERT_EQ(first.status, 200) << first.body;
+  const std::string id = first.Header("X-Session-Id");
+  list.push_back(Message("assistant", Json::parse(first.body)["choices"][0]["message"]["content"]));
+  list.push_back(Message("user", "Tell me more"));
+  const HttpReply second =
+      Send(client, "POST", "/v1/chat/completions", ChatBody(list, 24, false), "");
+  ASSERT_EQ(second.status, 200) << second.body;
+  ASSERT_EQ(second.Header("X-Session-Id"), id);
+  const std::string reply = Json::parse(second.body)["choices"][0]["message"]["content"];
+  ASSERT_GT(reply.size(), 4u) << reply;
+
+  list.push_back(Message("assistant", reply.substr(0, reply.size() / 2)));
+  list.push_back(Message("user", "And then?"));
+  const HttpReply on = Send(client, "POST", "/v1/chat/completions", ChatBody(list, 2, false), "");
+  ASSERT_EQ(on.status, 200) << on.body;
+  EXPECT_EQ(on.Header("X-Session-Id"), id) << "the same session";
+  // Rebuilt in place as a named session's diverging tail is: the cache is kept up to the
+  // whole blocks before the cut reply (a new session has none cached).
+  EXPECT_GT(Json::parse(on.body)["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 0)
+      << on.body;
+  const v1::Session s = WaitUntilStored(id, 6);
+  ASSERT_EQ(s.messages_size(), 6);
+  EXPECT_EQ(s.messages(3).content(), reply.substr(0, reply.size() / 2)) << "the part it read";
+
+  // The whole reply is not cut short, nor is another text: those go to a new session.
+  list[3] = Message("assistant", "Something else entirely");
+  const HttpReply other =
+      Send(client, "POST", "/v1/chat/completions", ChatBody(list, 2, false), "");
+  ASSERT_EQ(other.status, 200) << other.body;
+  EXPECT_NE(other.Header("X-Session-Id"), id);
+}
+
 TEST_F(OpenAiHttpCancelTest, AStoppedReplyOfAnEvictingSessionIsReplayedAsItRan) {
   auto chat = ChatStub();
   v1::Session created;

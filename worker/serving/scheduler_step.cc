@@ -334,7 +334,9 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
                          s->cache()->next_position(), " so far + ", tokens.size(),
                          " new) and its reply at least one more; the model's context length is ",
                          config.max_seq_len,
-                         "; a session whose cache policy evicts goes on past it (start one)"));
+                         "; a session whose cache policy evicts goes on past it (start one: gRPC "
+                         "CacheSettings.policy, recall chat --policy; an OpenAI API session "
+                         "takes the server's --policy)"));
       }
       // One whose policy evicts only at its first prompt cannot make room for them.
       const int64_t held =
