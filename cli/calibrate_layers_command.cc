@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "cache/eviction/sensitivity_profile.h"
 #include "cli/calibration_text.h"
+#include "common/files.h"
 #include "common/flags.h"
 #include "common/status.h"
 #include "kernels/backend.h"
@@ -76,6 +77,9 @@ const flags::FlagSet<LayersOptions>& LayersFlags() {
 }
 
 absl::StatusOr<std::string> ReadText(const std::string& path) {
+  if (absl::Status st = CheckRegularFile(path); !st.ok()) {
+    return absl::Status(st.code(), absl::StrCat("--text: ", st.message()));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("--text: cannot read '", path, "'"));
   std::stringstream ss;

@@ -107,7 +107,7 @@ std::string WorkerBinary() {
   for (const std::filesystem::path& p :
        {self.parent_path() / "recall-worker",
         self.parent_path().parent_path() / "worker/service/recall-worker"}) {
-    if (std::filesystem::exists(p)) return p.string();
+    if (std::filesystem::exists(p, ec)) return p.string();
   }
   return "";
 }

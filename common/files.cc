@@ -53,6 +53,30 @@ absl::StatusOr<std::string> ReadFile(const std::string& flag, const std::string&
 
 }  // namespace
 
+absl::Status CheckRegularFile(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT || errno == ENOTDIR) {
+      return absl::NotFoundError(absl::StrCat(path, ": no such file or directory"));
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": cannot read (", std::strerror(errno), ")"));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": is a directory, not a file"));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": is not a regular file (a FIFO, socket or device)"));
+  }
+  return absl::OkStatus();
+}
+
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 absl::StatusOr<std::string> ReadSmallFile(const std::string& flag, const std::string& path,
                                           size_t max_bytes) {
   return ReadFile(flag, path, max_bytes, nullptr);

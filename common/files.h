@@ -13,6 +13,16 @@ namespace recall {
 // A PEM file's limit (certificate chains, keys, CA bundles).
 inline constexpr size_t kMaxPemBytes = 1 << 20;
 
+// OK when `path` names a regular file (symlinks followed), before a loader opens it;
+// otherwise "PATH: ..." saying why: NotFound when it does not exist, InvalidArgument for a
+// directory, for a FIFO, socket or device (opening or reading one could block for ever), and
+// for what stat(2) refuses (a symlink loop, no permission: the system's words). Never throws.
+absl::Status CheckRegularFile(const std::string& path);
+
+// Whether `path` is a directory (symlinks followed); false for anything stat(2) refuses.
+// Never throws (std::filesystem::is_directory without an error_code throws on a loop).
+bool IsDirectory(const std::string& path);
+
 // The whole of a small regular file named by `flag` (for the errors: "--api-keys"). A path
 // that is not a regular file (a directory, a FIFO: never blocks), one that cannot be read or
 // one over `max_bytes` is an error naming the flag, the path and the cause.

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cache/eviction/sensitivity_profile.h"
+#include "common/files.h"
 #include "common/logging.h"
 
 namespace recall::cache::eviction {
@@ -20,6 +21,10 @@ namespace {
 // kProfile: the layer weights from the file, text or JSON (then *json = true).
 absl::StatusOr<std::vector<double>> ReadProfile(const BudgetOptions& options, int n_layers,
                                                 bool* json) {
+  if (absl::Status st = CheckRegularFile(options.profile_path); !st.ok()) {
+    return absl::Status(st.code(),
+                        absl::StrCat("budget: cannot read the profile file (", st.message(), ")"));
+  }
   std::ifstream in(options.profile_path);
   if (!in) {
     return absl::NotFoundError(

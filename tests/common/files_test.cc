@@ -38,6 +38,28 @@ TEST(ReadSmallFileTest, ReadsARegularFileAndRefusesAnythingElseByName) {
             "--cluster-token-file: /dev/zero is not a regular file");
 }
 
+// What a loader checks before it opens a file: never throws, never waits.
+TEST(CheckRegularFileTest, SaysWhatThePathIsWhenNotARegularFile) {
+  const std::string dir = testing::MakeTempDir("regular_file");
+  std::ofstream(dir + "/file") << "x";
+  EXPECT_TRUE(CheckRegularFile(dir + "/file").ok());
+  std::filesystem::create_symlink("file", dir + "/link");
+  EXPECT_TRUE(CheckRegularFile(dir + "/link").ok()) << "a link to a file is the file";
+  EXPECT_EQ(CheckRegularFile(dir + "/none").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(CheckRegularFile(dir + "/none").message(), dir + "/none: no such file or directory");
+  EXPECT_EQ(CheckRegularFile(dir).message(), dir + ": is a directory, not a file");
+  ASSERT_EQ(mkfifo((dir + "/fifo").c_str(), 0600), 0);
+  EXPECT_EQ(CheckRegularFile(dir + "/fifo").message(),
+            dir + "/fifo: is not a regular file (a FIFO, socket or device)");
+  EXPECT_EQ(CheckRegularFile("/dev/zero").code(), absl::StatusCode::kInvalidArgument);
+  std::filesystem::create_symlink("loop", dir + "/loop");
+  EXPECT_EQ(CheckRegularFile(dir + "/loop").message(),
+            dir + "/loop: cannot read (Too many levels of symbolic links)");
+  EXPECT_TRUE(IsDirectory(dir));
+  EXPECT_FALSE(IsDirectory(dir + "/file"));
+  EXPECT_FALSE(IsDirectory(dir + "/loop"));
+}
+
 TEST(WritePortFileTest, WritesTheFileWholeOrSaysWhyNot) {
   const std::string dir = testing::MakeTempDir("port_file");
   ASSERT_TRUE(WritePortFile(dir + "/ports", "grpc=1 http=2\n").ok());

@@ -11,6 +11,8 @@
 #include <new>
 
 #include "absl/strings/str_cat.h"
+#include "common/files.h"
+#include "common/status.h"
 
 namespace recall::model {
 namespace {
@@ -103,7 +105,8 @@ HeapStorage::~HeapStorage() { std::free(data_); }
 void HeapStorage::Discard(const void* begin, size_t bytes) { DropPages(begin, bytes); }
 
 absl::StatusOr<std::unique_ptr<Storage>> MapFile(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  RECALL_RETURN_IF_ERROR(CheckRegularFile(path));
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return ErrnoStatus(path, "cannot open", errno);
   FdCloser closer(fd);
   struct stat st;

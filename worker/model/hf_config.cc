@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/files.h"
 #include "common/json_limits.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
@@ -201,6 +202,7 @@ absl::StatusOr<ModelConfig> ParseConfig(const std::string& path, const json& j) 
 }  // namespace
 
 absl::StatusOr<ModelConfig> ReadHfConfig(const std::string& config_json_path) {
+  RECALL_RETURN_IF_ERROR(CheckRegularFile(config_json_path));
   std::ifstream in(config_json_path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(config_json_path, ": cannot open"));
   std::stringstream ss;

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/files.h"
 #include "common/json_limits.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
@@ -40,12 +41,13 @@ class TensorSource {
   absl::Status Open(const std::string& dir) {
     const std::string single = dir + "/" + kSingleFile;
     const std::string index = dir + "/" + kIndexFile;
-    if (fs::exists(single)) {
+    std::error_code ec;
+    if (fs::exists(single, ec) || fs::is_symlink(single, ec)) {
       RECALL_ASSIGN_OR_RETURN(files_[kSingleFile], SafetensorsFile::Open(single));
       single_ = files_[kSingleFile].get();
       return absl::OkStatus();
     }
-    if (!fs::exists(index)) {
+    if (!fs::exists(index, ec) && !fs::is_symlink(index, ec)) {
       return absl::NotFoundError(absl::StrCat(dir, ": no ", kSingleFile, " and no ", kIndexFile));
     }
     RECALL_RETURN_IF_ERROR(ReadIndex(index));
@@ -84,6 +86,7 @@ class TensorSource {
  private:
   absl::Status ReadIndex(const std::string& path) {
     index_path_ = path;
+    RECALL_RETURN_IF_ERROR(CheckRegularFile(path));
     std::ifstream in(path, std::ios::binary);
     if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
     std::stringstream ss;
@@ -267,7 +270,7 @@ absl::StatusOr<std::unique_ptr<Model>> LoadHuggingFace(const std::string& dir, b
     return absl::NotFoundError(absl::StrCat(dir, ": not a directory"));
   }
   const std::string config_path = dir + "/config.json";
-  if (!fs::exists(config_path, ec)) {
+  if (!fs::exists(config_path, ec) && !fs::is_symlink(config_path, ec)) {
     return absl::NotFoundError(absl::StrCat(config_path,
                                             ": missing (a Hugging Face model "
                                             "directory needs config.json)"));

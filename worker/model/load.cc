@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "common/files.h"
 #include "common/flags.h"
 #include "common/status.h"
 #include "worker/model/loader.h"
@@ -18,7 +19,7 @@ absl::StatusOr<Loaded> LoadAll(const LoadOptions& options) {
   if (model_path.empty()) return flags::FieldError("model", "required");
   if (options.random_weights) {
     const std::string config_path =
-        std::filesystem::is_directory(model_path) ? model_path + "/config.json" : model_path;
+        IsDirectory(model_path) ? model_path + "/config.json" : model_path;
     RECALL_ASSIGN_OR_RETURN(const ModelConfig config, ReadHfConfig(config_path));
     const std::string& dtype = options.random_dtype;
     kernels::DType dt = kernels::DType::kBF16;
@@ -47,12 +48,11 @@ absl::StatusOr<Loaded> LoadAll(const LoadOptions& options) {
   }
   std::string tok_path = options.tokenizer;
   if (tok_path.empty() && options.random_weights) {
-    tok_path = std::filesystem::is_directory(model_path)
-                   ? model_path
-                   : std::filesystem::path(model_path).parent_path().string();
+    tok_path = IsDirectory(model_path) ? model_path
+                                       : std::filesystem::path(model_path).parent_path().string();
   }
   if (tok_path.empty()) {
-    if (!std::filesystem::is_directory(model_path)) {
+    if (!IsDirectory(model_path)) {
       return flags::FieldError("tokenizer", absl::StrCat("required for the llama2.c checkpoint ",
                                                          model_path, " (e.g. its tokenizer.bin)"));
     }
@@ -60,8 +60,8 @@ absl::StatusOr<Loaded> LoadAll(const LoadOptions& options) {
   }
   RECALL_ASSIGN_OR_RETURN(out.tokenizer,
                           model::LoadTokenizer(tok_path, out.model->config.vocab_size));
-  out.hf_tokenizer = std::filesystem::is_directory(tok_path)
-                         ? std::filesystem::exists(tok_path + "/tokenizer.json")
+  out.hf_tokenizer = IsDirectory(tok_path)
+                         ? CheckRegularFile(tok_path + "/tokenizer.json").ok()
                          : tok_path.size() >= 5 && tok_path.substr(tok_path.size() - 5) == ".json";
   if (absl::Status fit = CheckTokenizerFitsModel(out.model->config, *out.tokenizer, tok_path);
       !fit.ok()) {

@@ -7,6 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "cache/eviction/eviction_policy.h"
+#include "common/files.h"
+#include "common/status.h"
 #include "nlohmann/json.hpp"
 
 namespace recall::serving {
@@ -21,6 +23,7 @@ absl::Status Bad(const std::string& path, const std::string& what) {
 }  // namespace
 
 absl::StatusOr<EvictionCalibration> ReadEvictionCalibration(const std::string& path) {
+  RECALL_RETURN_IF_ERROR(CheckRegularFile(path));
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot read the calibration file"));
   std::stringstream text;
@@ -99,11 +102,10 @@ absl::StatusOr<EvictionCalibration> ReadEvictionCalibration(const std::string& p
           c.layer_budgets = path.substr(0, slash + 1) + c.layer_budgets;
         }
       }
-      if (!std::ifstream(c.layer_budgets)) {
-        return Bad(path,
-                   absl::StrCat("\"layer_budgets\": cannot read the profile '", c.layer_budgets,
-                                "' (uniform, pyramid or a profile's path, "
-                                "relative to this file)"));
+      if (absl::Status st = CheckRegularFile(c.layer_budgets); !st.ok()) {
+        return Bad(path, absl::StrCat("\"layer_budgets\": cannot read the profile (", st.message(),
+                                      "; uniform, pyramid or a profile's path, "
+                                      "relative to this file)"));
       }
     }
   }

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/files.h"
 #include "common/utf8.h"
 #include "worker/tokenizer/tokenizer_internal.h"
 
@@ -15,12 +16,10 @@ namespace recall::model {
 namespace internal {
 
 absl::StatusOr<std::string> ReadFileBytes(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) {
-    return absl::NotFoundError(absl::StrCat("tokenizer file not found: ", path));
-  }
-  if (std::filesystem::is_directory(path, ec)) {
-    return absl::FailedPreconditionError(absl::StrCat(path, ": is a directory, not a file"));
+  if (absl::Status st = CheckRegularFile(path); !st.ok()) {
+    return absl::IsNotFound(st)
+               ? absl::NotFoundError(absl::StrCat("tokenizer file not found: ", path))
+               : st;
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::UnavailableError(absl::StrCat(path, ": cannot open for reading"));

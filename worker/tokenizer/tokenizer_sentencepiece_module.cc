@@ -37,7 +37,8 @@ const Module& LoadModule() {
     candidates.push_back(ExecutableDir() + "/../lib/" + kModuleName);
     std::string tried;
     for (const std::string& path : candidates) {
-      if (!std::filesystem::exists(path)) {
+      std::error_code ec;
+      if (!std::filesystem::exists(path, ec)) {
         tried += " " + path + " (missing)";
         continue;
       }

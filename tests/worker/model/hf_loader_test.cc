@@ -1,4 +1,7 @@
 // LoadHuggingFace / ReadHfConfig on tiny synthetic Hugging Face directories.
+#include <sys/stat.h>
+
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -271,6 +274,37 @@ TEST_F(HfLoaderTest, MissingConfigIsNotFound) {
   auto m = LoadHuggingFace(dir_);
   EXPECT_EQ(m.status().code(), absl::StatusCode::kNotFound) << m.status();
   EXPECT_TRUE(Contains(m.status(), dir_ + "/config.json")) << m.status();
+}
+
+// A symlink loop or a FIFO where a file should be: an error naming it, at once. A loop threw
+// from std::filesystem (the process aborted); a FIFO was opened and waited on for ever.
+TEST_F(HfLoaderTest, ALoopOrAFifoInAFilesPlaceIsAnErrorNamingIt) {
+  TinyHf().Write(dir_);
+  for (const std::string name : {"model.safetensors", "config.json"}) {
+    SCOPED_TRACE(name);
+    const std::string path = dir_ + "/" + name;
+    const std::string kept = path + ".kept";
+    std::filesystem::rename(path, kept);
+    std::filesystem::create_symlink(name, path);  // itself
+    auto looped = LoadModel(dir_);
+    EXPECT_EQ(looped.status().code(), absl::StatusCode::kInvalidArgument) << looped.status();
+    EXPECT_TRUE(
+        Contains(looped.status(), path + ": cannot read (Too many levels of symbolic links)"))
+        << looped.status();
+    std::filesystem::remove(path);
+    ASSERT_EQ(mkfifo(path.c_str(), 0600), 0);
+    const auto start = std::chrono::steady_clock::now();
+    auto fifo = LoadModel(dir_);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+    EXPECT_TRUE(Contains(fifo.status(), path + ": is not a regular file")) << fifo.status();
+    std::filesystem::remove(path);
+    std::filesystem::rename(kept, path);
+  }
+  EXPECT_TRUE(LoadModel(dir_).ok()) << "the files back in place";
+  // The model path itself a loop (a llama2.c file's place).
+  std::filesystem::create_symlink("loop", dir_ + "/loop");
+  auto loop = LoadModel(dir_ + "/loop");
+  EXPECT_TRUE(Contains(loop.status(), "Too many levels of symbolic links")) << loop.status();
 }
 
 TEST_F(HfLoaderTest, MissingWeightsFileIsNotFound) {

@@ -447,7 +447,8 @@ TEST(WorkerOptionsTest, ACalibrationFileSetsTheSessionDefaultsUnlessTheFlagsDo) 
       {"[1, 2]", "not a JSON object"},
       {"{\"format\": \"recall-eviction-calibration\", \"version\": 1, \"window\": 8, "
        "\"alpha\": 0.1, \"layer_budgets\": \"/nope/profile.json\"}",
-       "\"layer_budgets\": cannot read the profile '/nope/profile.json'"},
+       "\"layer_budgets\": cannot read the profile (/nope/profile.json: no such file or "
+       "directory"},
   };
   for (const auto& [text, message] : broken) {
     const std::string path = dir + "/broken.json";
