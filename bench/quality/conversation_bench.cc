@@ -182,9 +182,12 @@ int Main(int argc, char** argv) {
       layout, mc.n_layers * (runs * (longest / kBlockTokens + 2) +
                              f.eval.episodes * (f.eval.block_tokens / kBlockTokens + 2) + 8));
   if (!pool.ok()) return Fail(pool.status());
+  // Batch-invariant: a method's figures do not depend on which others share its batch.
   runtime::ForwardPass forward(
       **model, *backend,
-      {std::max({f.eval.prefix, f.eval.chunk, static_cast<int>(policies.size()) + 1})});
+      {.max_batch_tokens =
+           std::max({f.eval.prefix, f.eval.chunk, static_cast<int>(policies.size()) + 1}),
+       .batch_invariant = true});
   int64_t questions = 0, min_len = 1 << 30, max_len = 0;
   for (const QaConversation& c : *convs) {
     questions += static_cast<int64_t>(c.questions.size());

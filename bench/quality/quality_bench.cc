@@ -301,8 +301,11 @@ int Main(int argc, char** argv) {
   const kernels::PagedKvLayout layout{mc.n_layers, mc.n_kv_heads, mc.head_dim, kBlockTokens};
   auto pool = cache::BlockPool::Create(layout, pool_blocks);
   if (!pool.ok()) return Fail(pool.status());
-  runtime::ForwardPass forward(**model, *backend,
-                               {std::max({f.prefix, f.greedy_prefix, k_runs, length})});
+  // Batch-invariant: a configuration's figures do not depend on which others share its batch.
+  runtime::ForwardPass forward(
+      **model, *backend,
+      {.max_batch_tokens = std::max({f.prefix, f.greedy_prefix, k_runs, length}),
+       .batch_invariant = true});
 
   Stopwatch watch;
   EvalSetOptions eo;
