@@ -3,6 +3,7 @@
 #include <openssl/asn1.h>
 #include <openssl/bio.h>
 #include <openssl/err.h>
+#include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 
@@ -56,6 +57,44 @@ absl::Status CheckCertificateDates(const std::string& flag, const std::string& p
     return absl::InvalidArgumentError(
         absl::StrCat(flag, ": ", path, " holds no PEM certificate OpenSSL can read"));
   }
+  return status;
+}
+
+absl::Status CheckHoldsCertificate(const std::string& flag, const std::string& path,
+                                   const std::string& pem) {
+  BIO* in = BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size()));
+  if (in == nullptr) return absl::ResourceExhaustedError("out of memory");
+  X509* cert = PEM_read_bio_X509(in, nullptr, nullptr, nullptr);
+  const bool read = cert != nullptr;
+  X509_free(cert);
+  BIO_free(in);
+  ERR_clear_error();
+  if (read) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(flag, ": ", path, " holds no PEM certificate OpenSSL can read"));
+}
+
+absl::Status CheckKeyMatchesCertificate(const std::string& key_path, const std::string& key_pem,
+                                        const std::string& cert_path, const std::string& cert_pem) {
+  BIO* key_in = BIO_new_mem_buf(key_pem.data(), static_cast<int>(key_pem.size()));
+  BIO* cert_in = BIO_new_mem_buf(cert_pem.data(), static_cast<int>(cert_pem.size()));
+  EVP_PKEY* key =
+      key_in == nullptr ? nullptr : PEM_read_bio_PrivateKey(key_in, nullptr, nullptr, nullptr);
+  X509* cert = cert_in == nullptr ? nullptr : PEM_read_bio_X509(cert_in, nullptr, nullptr, nullptr);
+  absl::Status status;
+  if (key == nullptr) {
+    status = absl::InvalidArgumentError(absl::StrCat(
+        "--tls-key: ", key_path,
+        " holds no PEM private key OpenSSL can read (an unencrypted PEM key is needed)"));
+  } else if (cert != nullptr && X509_check_private_key(cert, key) != 1) {
+    status = absl::InvalidArgumentError(absl::StrCat(
+        "--tls-key: ", key_path, " is not the key of the certificate in --tls-cert ", cert_path));
+  }
+  X509_free(cert);
+  EVP_PKEY_free(key);
+  BIO_free(cert_in);
+  BIO_free(key_in);
+  ERR_clear_error();
   return status;
 }
 

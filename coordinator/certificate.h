@@ -16,4 +16,16 @@ namespace recall::coordinator {
 absl::Status CheckCertificateDates(const std::string& flag, const std::string& path,
                                    const std::string& pem);
 
+// OK when `pem` (the file at `path`, given by `flag`: a CA bundle) holds a certificate
+// OpenSSL reads; InvalidArgument naming the flag and the file otherwise (an empty or garbage
+// --tls-client-ca started a server whose every client was refused).
+absl::Status CheckHoldsCertificate(const std::string& flag, const std::string& path,
+                                   const std::string& pem);
+
+// OK when `key_pem` (the file at `key_path`, --tls-key) is a private key OpenSSL reads and
+// is the key of the first certificate of `cert_pem` (--tls-cert, at `cert_path`);
+// InvalidArgument naming both otherwise (gRPC said only that it could not listen).
+absl::Status CheckKeyMatchesCertificate(const std::string& key_path, const std::string& key_pem,
+                                        const std::string& cert_path, const std::string& cert_pem);
+
 }  // namespace recall::coordinator

@@ -21,6 +21,7 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "coordinator/session_store.h"
+#include "coordinator/wal_check.h"
 #include "nlohmann/json.hpp"
 
 namespace recall::coordinator {
@@ -650,6 +651,10 @@ void WarnIfDamaged(sqlite3* db, const std::string& path) {
 absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string& path) {
   RECALL_ASSIGN_OR_RETURN(const int lock_fd, LockStoreFile(path));
   absl::Cleanup unlock = [lock_fd] { close(lock_fd); };  // unless the store takes it
+  // Read before SQLite replays the log (and drops a damaged log's frames without a word).
+  if (std::optional<std::string> damage = DescribeWalDamage(path + "-wal"); damage.has_value()) {
+    RECALL_LOG(WARNING) << "session store " << path << ": " << *damage;
+  }
   sqlite3* db = nullptr;
   if (sqlite3_open_v2(path.c_str(), &db,
                       SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,

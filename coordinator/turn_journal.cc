@@ -148,6 +148,13 @@ void TurnJournal::Flush() {
               "the turn was taken over by another writer while its reply streamed (", st.message(),
               "); read the session for its reply (not retryable: "
               "it would run the turn again)"));
+        } else if (absl::IsDataLoss(st)) {
+          // A damaged store (SQLite's "malformed"): sending the turn again fails the same way.
+          failure_ = absl::DataLossError(absl::StrCat(
+              "the session store is damaged (", st.message(), "); the reply stops at the ",
+              sent_.token_ids.size(),
+              " tokens sent (not retryable: the store needs repair; the coordinator's log said how "
+              "at its start)"));
         } else {
           failure_ = absl::UnavailableError(
               absl::StrCat("the session store failed while the reply was streaming (", st.message(),

@@ -15,9 +15,18 @@
 namespace recall::coordinator {
 namespace {
 
-// A self-signed P-256 certificate valid from now + from_days to now + to_days, as PEM.
-std::string Certificate(long from_days, long to_days) {
+// A self-signed P-256 certificate valid from now + from_days to now + to_days, as PEM; its
+// private key's PEM in *key_pem when given.
+std::string Certificate(long from_days, long to_days, std::string* key_pem = nullptr) {
   EVP_PKEY* key = EVP_EC_gen("P-256");
+  if (key_pem != nullptr) {
+    BIO* k = BIO_new(BIO_s_mem());
+    PEM_write_bio_PrivateKey(k, key, nullptr, nullptr, 0, nullptr, nullptr);
+    char* kd = nullptr;
+    const long kn = BIO_get_mem_data(k, &kd);
+    key_pem->assign(kd, static_cast<size_t>(kn));
+    BIO_free(k);
+  }
   X509* cert = X509_new();
   X509_set_version(cert, 2);
   ASN1_INTEGER_set(X509_get_serialNumber(cert), 1);
@@ -63,6 +72,30 @@ TEST(CertificateDatesTest, AValidCertificatePassesAndOthersAreRefusedByName) {
   const absl::Status none = CheckCertificateDates("--tls-cert", "key.pem", "not a certificate");
   EXPECT_EQ(none.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(none.message().find("key.pem holds no PEM certificate"), std::string::npos) << none;
+}
+
+// A CA bundle must hold a certificate; a key must be the certificate's.
+TEST(CertificateDatesTest, AnEmptyCaAndAKeyOfAnotherCertificateAreRefusedByName) {
+  std::string key, other_key;
+  const std::string cert = Certificate(-1, 1, &key);
+  Certificate(-1, 1, &other_key);
+  EXPECT_TRUE(CheckHoldsCertificate("--tls-client-ca", "ca.pem", cert).ok());
+  const absl::Status empty = CheckHoldsCertificate("--tls-client-ca", "ca.pem", "");
+  EXPECT_EQ(empty.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(empty.message(), "--tls-client-ca: ca.pem holds no PEM certificate OpenSSL can read");
+
+  EXPECT_TRUE(CheckKeyMatchesCertificate("key.pem", key, "cert.pem", cert).ok());
+  const absl::Status other = CheckKeyMatchesCertificate("other.pem", other_key, "cert.pem", cert);
+  EXPECT_EQ(other.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(other.message(),
+            "--tls-key: other.pem is not the key of the certificate in --tls-cert cert.pem");
+  for (const std::string& broken :
+       {std::string(), std::string("garbage"), cert, key.substr(0, key.size() / 2)}) {
+    const absl::Status st = CheckKeyMatchesCertificate("bad.pem", broken, "cert.pem", cert);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(st.message().find("--tls-key: bad.pem holds no PEM private key"), std::string::npos)
+        << st;
+  }
 }
 
 }  // namespace

@@ -1,0 +1,105 @@
+#include "coordinator/wal_check.h"
+
+#include <sys/stat.h>
+
+#include <cstdint>
+#include <fstream>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace recall::coordinator {
+namespace {
+
+constexpr size_t kHeaderBytes = 32;
+constexpr size_t kFrameHeaderBytes = 24;
+
+uint32_t BigEndian(const unsigned char* p) {
+  return static_cast<uint32_t>(p[0]) << 24 | static_cast<uint32_t>(p[1]) << 16 |
+         static_cast<uint32_t>(p[2]) << 8 | static_cast<uint32_t>(p[3]);
+}
+
+uint32_t LittleEndian(const unsigned char* p) {
+  return static_cast<uint32_t>(p[3]) << 24 | static_cast<uint32_t>(p[2]) << 16 |
+         static_cast<uint32_t>(p[1]) << 8 | static_cast<uint32_t>(p[0]);
+}
+
+// SQLite's running checksum over `n` bytes (a multiple of 8), words read in the log's order.
+void Checksum(bool big_endian, const unsigned char* p, size_t n, uint32_t* s0, uint32_t* s1) {
+  for (size_t i = 0; i + 8 <= n; i += 8) {
+    const uint32_t x0 = big_endian ? BigEndian(p + i) : LittleEndian(p + i);
+    const uint32_t x1 = big_endian ? BigEndian(p + i + 4) : LittleEndian(p + i + 4);
+    *s0 += x0 + *s1;
+    *s1 += x1 + *s0;
+  }
+}
+
+// A log SQLite ignores whole.
+std::string Lost(const std::string& wal_path, const std::string& what) {
+  return absl::StrCat("the write-ahead log ", wal_path, " ", what,
+                      "; SQLite ignores it, so the sessions and turns stored in it since the "
+                      "last checkpoint are lost");
+}
+
+}  // namespace
+
+std::optional<std::string> DescribeWalDamage(const std::string& wal_path) {
+  struct stat st;
+  if (::stat(wal_path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) {
+    return std::nullopt;
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  std::ifstream in(wal_path, std::ios::binary);
+  if (!in) return std::nullopt;  // SQLite will say why it cannot read it
+  unsigned char header[kHeaderBytes];
+  if (size < kHeaderBytes || !in.read(reinterpret_cast<char*>(header), kHeaderBytes)) {
+    return Lost(wal_path, absl::StrCat("is cut short (", size, " bytes, its header is 32)"));
+  }
+  const uint32_t magic = BigEndian(header);
+  const uint32_t page_size = BigEndian(header + 8);
+  const bool big_endian = magic == 0x377f0683;
+  uint32_t s0 = 0, s1 = 0;
+  Checksum(big_endian, header, 24, &s0, &s1);
+  if ((magic != 0x377f0682 && magic != 0x377f0683) || page_size < 512 || page_size > 65536 ||
+      (page_size & (page_size - 1)) != 0 || s0 != BigEndian(header + 24) ||
+      s1 != BigEndian(header + 28)) {
+    return Lost(wal_path, absl::StrCat("has no valid header (", size, " bytes)"));
+  }
+  const uint32_t salt1 = BigEndian(header + 16), salt2 = BigEndian(header + 20);
+  std::vector<unsigned char> frame(kFrameHeaderBytes + page_size);
+  uint64_t offset = kHeaderBytes;
+  // The frames SQLite keeps, then those of this generation past the first damaged one.
+  int64_t bad_at = -1, frames_after = 0, commits_after = 0;
+  while (
+      in.read(reinterpret_cast<char*>(frame.data()), static_cast<std::streamsize>(frame.size()))) {
+    const unsigned char* f = frame.data();
+    if (BigEndian(f + 8) != salt1 || BigEndian(f + 12) != salt2) break;  // stale: the end
+    if (bad_at >= 0) {
+      ++frames_after;
+      if (BigEndian(f + 4) != 0) ++commits_after;
+    } else {
+      uint32_t c0 = s0, c1 = s1;
+      Checksum(big_endian, f, 8, &c0, &c1);
+      Checksum(big_endian, f + kFrameHeaderBytes, page_size, &c0, &c1);
+      if (c0 == BigEndian(f + 16) && c1 == BigEndian(f + 20)) {
+        s0 = c0;
+        s1 = c1;
+      } else {
+        bad_at = static_cast<int64_t>(offset);
+        ++frames_after;
+        if (BigEndian(f + 4) != 0) ++commits_after;
+      }
+    }
+    offset += frame.size();
+  }
+  // A frame that fails its checksum with no commit at or after it: the tail of a transaction
+  // a crash cut short, never acknowledged.
+  if (bad_at < 0 || commits_after == 0) return std::nullopt;
+  return absl::StrCat("the write-ahead log ", wal_path, " has a damaged frame at byte ", bad_at,
+                      ": SQLite drops it and the ", frames_after - 1, " frame(s) after it (",
+                      static_cast<uint64_t>(frames_after) * frame.size(), " bytes, ", commits_after,
+                      " committed transaction(s); the last may be one a crash cut short, never "
+                      "acknowledged), so the sessions and turns they stored are lost");
+}
+
+}  // namespace recall::coordinator

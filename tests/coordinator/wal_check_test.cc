@@ -1,0 +1,89 @@
+// The session store's write-ahead log checked before SQLite opens it (coordinator/wal_check.h),
+// on logs a real store wrote: a whole log passes; a flipped byte mid-log, a garbage header
+// and a log cut inside its header are described; the store opened from the damaged copy has
+// lost what the description says (SQLite dropped it without a word).
+#include "coordinator/wal_check.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "coordinator/session_store.h"
+#include "gtest/gtest.h"
+#include "tests/common/test_util.h"
+
+namespace recall::coordinator {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A copy of the store `from` (sessions.db and its -wal, taken while it is open) in `to`.
+void CopyStore(const std::string& from, const std::string& to) {
+  fs::create_directories(to);
+  fs::copy_file(from + "/sessions.db", to + "/sessions.db", fs::copy_options::overwrite_existing);
+  fs::copy_file(from + "/sessions.db-wal", to + "/sessions.db-wal",
+                fs::copy_options::overwrite_existing);
+}
+
+void Overwrite(const std::string& path, uint64_t offset, const std::string& bytes) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+int Sessions(const std::string& dir) {
+  auto store = OpenSqliteStore(dir + "/sessions.db");
+  EXPECT_TRUE(store.ok()) << store.status();
+  if (!store.ok()) return -1;
+  auto n = (*store)->CountSessions("a");
+  EXPECT_TRUE(n.ok()) << n.status();
+  return n.ok() ? *n : -1;
+}
+
+TEST(WalCheckTest, ADamagedLogIsDescribedAndAWholeOneIsNot) {
+  const std::string dir = testing::MakeTempDir("wal_check");
+  fs::create_directories(dir + "/live");
+  auto store = OpenSqliteStore(dir + "/live/sessions.db");
+  ASSERT_TRUE(store.ok()) << store.status();
+  for (int i = 0; i < 40; ++i) {
+    SessionRecord r;
+    r.id = "s" + std::to_string(i);
+    r.tenant = "a";
+    r.model = "m";
+    ASSERT_TRUE((*store)->Create(r).ok());
+    ASSERT_TRUE((*store)->Append("a", r.id, 0, {"user", std::string(3000, 'x')}).ok());
+  }
+  // Taken while the store is open: its last transactions are in the log only.
+  for (const char* copy : {"whole", "flipped", "header", "cut"}) {
+    CopyStore(dir + "/live", dir + "/" + copy);
+  }
+  const uint64_t size = fs::file_size(dir + "/whole/sessions.db-wal");
+  ASSERT_GT(size, 32u * 1024) << "the log holds the sessions";
+
+  EXPECT_EQ(DescribeWalDamage(dir + "/whole/sessions.db-wal"), std::nullopt);
+  EXPECT_EQ(DescribeWalDamage(dir + "/none/sessions.db-wal"), std::nullopt) << "no log";
+  EXPECT_EQ(Sessions(dir + "/whole"), 40);
+
+  // Bytes flipped mid-log (inside a page): SQLite keeps the frames before it only.
+  const std::string flipped = dir + "/flipped/sessions.db-wal";
+  Overwrite(flipped, size / 2, "\xde\xad\xbe\xef");
+  const std::optional<std::string> said = DescribeWalDamage(flipped);
+  ASSERT_TRUE(said.has_value());
+  EXPECT_NE(said->find(flipped + " has a damaged frame at byte "), std::string::npos) << *said;
+  EXPECT_NE(said->find("committed transaction(s)"), std::string::npos) << *said;
+  EXPECT_LT(Sessions(dir + "/flipped"), 40) << "what the description says was lost is";
+
+  Overwrite(dir + "/header/sessions.db-wal", 0, std::string(32, 'z'));
+  const std::optional<std::string> header = DescribeWalDamage(dir + "/header/sessions.db-wal");
+  ASSERT_TRUE(header.has_value());
+  EXPECT_NE(header->find("has no valid header (" + std::to_string(size) + " bytes)"),
+            std::string::npos)
+      << *header;
+
+  fs::resize_file(dir + "/cut/sessions.db-wal", 20);
+  const std::optional<std::string> cut = DescribeWalDamage(dir + "/cut/sessions.db-wal");
+  ASSERT_TRUE(cut.has_value());
+  EXPECT_NE(cut->find("is cut short (20 bytes, its header is 32)"), std::string::npos) << *cut;
+}
+
+}  // namespace
+}  // namespace recall::coordinator
