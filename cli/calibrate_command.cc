@@ -80,7 +80,7 @@ const flags::FlagSet<WindowOptions>& WindowFlags() {
         .Double(
             "percentile", "P", "in (0, 100] (default 80)",
             [](auto& o) -> auto& { return o.percentile; }, 1e-9, 100)
-        .String(
+        .Text(
             "prompt", "TEXT", "prompt of every text (default \"Once upon a time\")",
             [](auto& o) -> auto& { return o.prompt; })
         .Int(
@@ -125,7 +125,8 @@ const flags::FlagSet<WindowOptions>& WindowFlags() {
             "write the suggested alpha(s) with the policy, budget fraction, window, value\n"
             "protection and meta score they were measured with to FILE, for recall serve\n"
             "--calibration FILE",
-            [](auto& o) -> auto& { return o.out; });
+            [](auto& o) -> auto& { return o.out; })
+        .Short('m', "model");
     return f;
   }();
   return *kFlags;

@@ -70,7 +70,9 @@ const flags::FlagSet<LayersOptions>& LayersFlags() {
             [](auto& o) -> auto& { return o.window; }, 1, 1 << 30)
         .Int(
             "threads", "N", "CPU threads (default: all cores)",
-            [](auto& o) -> auto& { return o.threads; }, 0, 1024);
+            [](auto& o) -> auto& { return o.threads; }, 0, 1024)
+        .Short('m', "model")
+        .Short('t', "threads");
     return f;
   }();
   return *kFlags;

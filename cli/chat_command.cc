@@ -260,7 +260,7 @@ const flags::FlagSet<ChatOptions>& ChatFlags() {
             "model of a new session (required when the server serves several; default: the "
             "one it serves)",
             [](auto& o) -> auto& { return o.model; })
-        .String(
+        .Text(
             "system", "TEXT", "system prompt of a new session",
             [](auto& o) -> auto& { return o.system; })
         .Int(

@@ -64,7 +64,7 @@ const flags::FlagSet<GenerateCliOptions>& GenerateFlags() {
     f->Include(
          service::ModelFlags(), [](auto& o) -> auto& { return o.model; })
         .Section("generation")
-        .String(
+        .Text(
             "prompt", "TEXT", "the prompt (default: empty; a llama2.c model starts from BOS)",
             [](auto& o) -> auto& { return o.prompt; })
         .Int(
@@ -81,7 +81,7 @@ const flags::FlagSet<GenerateCliOptions>& GenerateFlags() {
                 "--chat)",
                 [](auto& o) -> auto& { return o.chat_format; },
                 {"chatml", "llama2", "llama3", "plain"})
-        .String(
+        .Text(
             "system", "TEXT", "system message for --chat",
             [](auto& o) -> auto& { return o.system; })
         .Switch(

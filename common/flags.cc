@@ -1,11 +1,14 @@
 #include "common/flags.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 
 namespace recall::flags {
 namespace {
@@ -27,6 +30,12 @@ bool IsHex(absl::string_view text) { return text.find_first_of("xX") != absl::st
 absl::Status ParseInt(absl::string_view text, int64_t lo, int64_t hi, int64_t* out) {
   int64_t v = 0;
   if (!absl::SimpleAtoi(text, &v)) {
+    // Digits past int64's range are an integer out of range, not "not an integer".
+    absl::string_view digits = absl::StripPrefix(absl::StripPrefix(text, "-"), "+");
+    if (!digits.empty() && std::all_of(digits.begin(), digits.end(), absl::ascii_isdigit)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("must be in [", lo, ", ", hi, "], got ", text));
+    }
     return absl::InvalidArgumentError(absl::StrCat("\"", text, "\" is not an integer"));
   }
   if (v < lo || v > hi) {

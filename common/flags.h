@@ -18,7 +18,9 @@
 // serve -> recall-worker), so a flag is spelled once. Accessors are generic lambdas returning
 // a reference to the field (they are called on T& and on const T&). Field types: bool (Switch),
 // int, int64_t, double, float, std::string, std::optional of those, std::vector<int> (a comma
-// list). Thread safety: a FlagSet is immutable once built; Parse and Render are const.
+// list). A string value may not be empty (an unset shell variable would pass for "use the
+// default"), except a Text's. Thread safety: a FlagSet is immutable once built; Parse and Render
+// are const.
 #pragma once
 
 #include <algorithm>
@@ -114,9 +116,23 @@ class FlagSet {
                   double hi) {
     return Value(std::move(name), std::move(value_name), std::move(help), access, lo, hi);
   }
+  // A string that is not empty (a path, an address, a name); Text for free text.
   template <typename A>
   FlagSet& String(std::string name, std::string value_name, std::string help, A access) {
     return Value(std::move(name), std::move(value_name), std::move(help), access);
+  }
+  // A free text (a prompt, a system message) that may be empty, unlike String's values.
+  template <typename A>
+  FlagSet& Text(std::string name, std::string value_name, std::string help, A access) {
+    Flag f = Make(std::move(name), std::move(value_name), std::move(help));
+    f.set = [access](T& o, absl::string_view text) {
+      access(o) = std::string(text);
+      return absl::OkStatus();
+    };
+    f.render = [access, name = f.name](const T& o) {
+      return RenderValue(name, access(o), access(Defaults()));
+    };
+    return Add(std::move(f));
   }
   // A string (or optional string) field whose value must be one of `choices`.
   template <typename A>
@@ -456,6 +472,9 @@ class FlagSet {
   template <typename V>
   static absl::Status Assign(V& field, absl::string_view text, double lo, double hi) {
     if constexpr (std::is_same_v<V, std::string>) {
+      // An empty value is refused rather than taken as the default, or as "none": an unset
+      // shell variable (--api-keys "$KEYS") turned off what the flag asks for.
+      if (text.empty()) return absl::InvalidArgumentError("empty; omit the flag for its default");
       field = std::string(text);
       return absl::OkStatus();
     } else if constexpr (std::is_same_v<V, std::vector<int>>) {

@@ -32,15 +32,21 @@ const flags::FlagSet<CoordinatorConfig>& CoordinatorFlags() {
             "worker addresses, comma separated (workers started with --coordinator register\n"
             "themselves as well)",
             [](CoordinatorConfig& c, absl::string_view v) {
-              for (absl::string_view w : absl::StrSplit(v, ',', absl::SkipEmpty())) {
-                // A worker listens on a port of its own: HOST:PORT, the port not 0.
-                RECALL_ASSIGN_OR_RETURN(const auto host_port,
-                                        flags::SplitHostPort("--workers", std::string(w)));
-                if (host_port.first.empty() || host_port.second == 0) {
-                  return flags::FieldError(
-                      "--workers", absl::StrCat("expected HOST:PORT with a port in [1, 65535], "
-                                                "got \"",
-                                                w, "\""));
+              for (absl::string_view w : absl::StrSplit(v, ',')) {
+                // A worker listens on a port of its own: HOST:PORT, the port not 0. (The
+                // messages leave the flag's name to the parser, which puts it first.)
+                if (w.empty()) {
+                  return absl::InvalidArgumentError(
+                      absl::StrCat("an empty address in \"", v, "\" (HOST:PORT,HOST:PORT)"));
+                }
+                absl::StatusOr<std::pair<std::string, int>> host_port =
+                    flags::SplitHostPort("workers", std::string(w));
+                if (!host_port.ok()) {
+                  return absl::InvalidArgumentError(flags::FieldWhat(host_port.status()));
+                }
+                if (host_port->first.empty() || host_port->second == 0) {
+                  return absl::InvalidArgumentError(absl::StrCat(
+                      "expected HOST:PORT with a port in [1, 65535], got \"", w, "\""));
                 }
                 c.workers.emplace_back(w);
               }
@@ -50,11 +56,22 @@ const flags::FlagSet<CoordinatorConfig>& CoordinatorFlags() {
         .String(
             "listen", "HOST:PORT", "gRPC address (default 127.0.0.1:50050; port 0 picks one)",
             [](auto& o) -> auto& { return o.listen; })
-        .String(
+        .Custom(
             "http-listen", "HOST:PORT",
             "OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models,\n"
-            "/health); default off; port 0 picks one; HTTPS with --tls-cert",
-            [](auto& o) -> auto& { return o.http_listen; })
+            "/health); default off (as is \"off\", recall serve's word); port 0 picks one;\n"
+            "HTTPS with --tls-cert",
+            [](CoordinatorConfig& c, absl::string_view v) -> absl::Status {
+              if (v.empty())
+                return absl::InvalidArgumentError("empty; omit the flag for its default");
+              c.http_listen = v == "off" ? "" : std::string(v);
+              return absl::OkStatus();
+            },
+            [](const CoordinatorConfig& c) {
+              return c.http_listen.empty()
+                         ? std::vector<std::string>{}
+                         : std::vector<std::string>{"--http-listen", c.http_listen};
+            })
         .Int(
             "http-threads", "N",
             "HTTP connections served at once, each on its own thread while it is open\n"

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cache/eviction/sensitivity_profile.h"
@@ -60,7 +61,9 @@ absl::StatusOr<std::vector<double>> ParseBudgetProfile(absl::string_view text,
     const double v = std::strtod(token.c_str(), &end);
     if (end != token.c_str() + token.size() || errno == ERANGE || !std::isfinite(v)) {
       return absl::InvalidArgumentError(
-          absl::StrCat(source, ":", line_no, ": '", token, "' is not a number"));
+          absl::StrCat(source, ":", line_no, ": '",
+                       absl::CHexEscape(token.size() > 40 ? token.substr(0, 40) + "..." : token),
+                       "' is not a number"));
     }
     if (v <= 0.0) {
       return absl::InvalidArgumentError(absl::StrCat(source, ":", line_no, ": layer weight ",

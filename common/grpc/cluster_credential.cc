@@ -4,6 +4,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <random>
 
 #include "absl/strings/ascii.h"
@@ -94,7 +96,10 @@ absl::StatusOr<std::string> EnsureTokenFile(const std::string& path) {
   std::string token;
   for (int i = 0; i < 4; ++i) absl::StrAppend(&token, absl::Hex(rd(), absl::kZeroPad8));
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  if (fd < 0) return absl::PermissionDeniedError(absl::StrCat("cannot write ", path));
+  if (fd < 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot write ", path, " (", std::strerror(errno), ")"));
+  }
   const std::string line = token + "\n";
   const bool ok = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
   ::fchmod(fd, 0600);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cmath>
 #include <random>
 
 #include "absl/strings/match.h"
@@ -168,6 +169,11 @@ ResponseWriter::ResponseWriter(Endpoint endpoint, std::string model, bool includ
 
 namespace {
 
+// A logprob as JSON: a number always (nlohmann writes NaN and infinities as null, which
+// OpenAI's schema does not allow); -9999, OpenAI's figure for "no chance", for -inf and for
+// what a model with broken weights gives (NaN).
+double Logprob(float v) { return std::isfinite(v) ? std::min<double>(v, 0.0) : -9999.0; }
+
 Json BytesJson(const std::string& bytes) {
   Json out = Json::array();
   for (const char c : bytes) out.push_back(static_cast<unsigned char>(c));
@@ -185,11 +191,11 @@ Json ResponseWriter::LogprobsJson(const std::vector<v1::TokenLogprob>* logprobs,
       Json top = Json::array();
       for (int i = 0; i < lp.top_ids_size(); ++i) {
         top.push_back({{"token", lp.top_tokens(i)},
-                       {"logprob", lp.top_logprobs(i)},
+                       {"logprob", Logprob(lp.top_logprobs(i))},
                        {"bytes", BytesJson(lp.top_tokens(i))}});
       }
       content.push_back({{"token", lp.token()},
-                         {"logprob", lp.logprob()},
+                         {"logprob", Logprob(lp.logprob())},
                          {"bytes", BytesJson(lp.token())},
                          {"top_logprobs", std::move(top)}});
     }
@@ -199,10 +205,10 @@ Json ResponseWriter::LogprobsJson(const std::vector<v1::TokenLogprob>* logprobs,
        offsets = Json::array();
   for (const v1::TokenLogprob& lp : *logprobs) {
     tokens.push_back(lp.token());
-    token_logprobs.push_back(lp.logprob());
+    token_logprobs.push_back(Logprob(lp.logprob()));
     Json top = Json::object();
     for (int i = 0; i < lp.top_ids_size(); ++i) {
-      if (!top.contains(lp.top_tokens(i))) top[lp.top_tokens(i)] = lp.top_logprobs(i);
+      if (!top.contains(lp.top_tokens(i))) top[lp.top_tokens(i)] = Logprob(lp.top_logprobs(i));
     }
     top_logprobs.push_back(std::move(top));
     offsets.push_back(text_offset);

@@ -119,6 +119,35 @@ TEST(FlagSetTest, IntegerRangesReachTheTypesLimits) {
   EXPECT_EQ(o.bytes, 42u);
   EXPECT_EQ(f.Parse({"--seed", "-1"}, &o).message(),
             "--seed: must be in [0, 9223372036854775807], got -1");
+  // Past int64's range: out of range, not "not an integer".
+  EXPECT_EQ(f.Parse({"--seed", "99999999999999999999"}, &o).message(),
+            "--seed: must be in [0, 9223372036854775807], got 99999999999999999999");
+  EXPECT_EQ(f.Parse({"--bytes", "-99999999999999999999"}, &o).message(),
+            "--bytes: must be in [1, 67108864], got -99999999999999999999");
+}
+
+// An empty string is refused (an unset shell variable in --api-keys "$KEYS" turned the keys
+// off); a Text may be empty (a prompt).
+TEST(FlagSetTest, AnEmptyStringIsRefusedUnlessTheFlagIsText) {
+  struct Paths {
+    std::string keys;
+    std::optional<std::string> ca;
+    std::string prompt = "Once";
+  };
+  FlagSet<Paths> f;
+  f.String(
+       "api-keys", "FILE", "keys", [](auto& o) -> auto& { return o.keys; })
+      .String(
+          "tls-ca", "FILE", "ca", [](auto& o) -> auto& { return o.ca; })
+      .Text(
+          "prompt", "TEXT", "prompt", [](auto& o) -> auto& { return o.prompt; });
+  Paths o;
+  EXPECT_EQ(f.Parse({"--api-keys", ""}, &o).message(),
+            "--api-keys: empty; omit the flag for its default");
+  EXPECT_EQ(f.Parse({"--tls-ca="}, &o).message(), "--tls-ca: empty; omit the flag for its default");
+  ASSERT_TRUE(f.Parse({"--prompt", ""}, &o).ok());
+  EXPECT_EQ(o.prompt, "");
+  EXPECT_EQ(f.Render(o), (std::vector<std::string>{"--prompt", ""}));
 }
 
 TEST(FlagSetTest, RenderReproducesTheNonDefaultOptions) {

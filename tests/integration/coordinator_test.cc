@@ -908,6 +908,13 @@ TEST(CoordinatorFlagsTest, AStoreListenOrPortFileItCannotUseStopsItNamingTheFlag
       {"--workers 127.0.0.1:", "--workers: expected HOST:PORT"},
       {"--workers foo", "--workers: expected HOST:PORT"},
       {"--workers 127.0.0.1:0", "--workers: expected HOST:PORT with a port in [1, 65535]"},
+      // An empty address (a trailing comma; "" from an unset variable) was skipped: the
+      // coordinator started with no worker.
+      {"--workers 127.0.0.1:5,", "--workers: an empty address in \"127.0.0.1:5,\""},
+      {"--workers ''", "--workers: an empty address in \"\""},
+      // An empty value of a file flag turned it off (no API keys, no cluster token).
+      {"--api-keys ''", "--api-keys: empty; omit the flag for its default"},
+      {"--cluster-token-file ''", "--cluster-token-file: empty; omit the flag for its default"},
   };
   for (const auto& [flag, message] : cases) {
     const testing::Exit e =
@@ -915,6 +922,7 @@ TEST(CoordinatorFlagsTest, AStoreListenOrPortFileItCannotUseStopsItNamingTheFlag
                            " --listen 127.0.0.1:0 --data-dir " + dir + " " + flag);
     EXPECT_EQ(e.code, 2) << flag << ": " << e.output;
     EXPECT_NE(e.output.find(message), std::string::npos) << flag << ": " << e.output;
+    EXPECT_EQ(e.output.find("--workers: --workers"), std::string::npos) << e.output;
   }
   EXPECT_FALSE(std::filesystem::exists("localhost:6379")) << "no file of that name was made";
 }

@@ -3,6 +3,7 @@
 // [DONE], with the usage chunk only when asked.
 #include "coordinator/openai/response.h"
 
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -189,6 +190,32 @@ TEST(ResponseWriterTest, TextCompletionBodyAndStream) {
   EXPECT_EQ(events[0]["choices"][0]["text"], "there");
   EXPECT_EQ(events[1]["choices"][0]["finish_reason"], "length");
   EXPECT_EQ(events[2], "[DONE]");
+}
+
+// A logprob is always a number: nlohmann writes NaN and infinities as null, which OpenAI's
+// schema does not allow (a model with broken weights gave NaN). -9999 is OpenAI's "no chance".
+TEST(ResponseWriterTest, LogprobsAreNumbersEvenWhenNotFinite) {
+  v1::TokenLogprob lp;
+  lp.set_token("a");
+  lp.set_logprob(std::numeric_limits<float>::quiet_NaN());
+  lp.add_top_ids(1);
+  lp.add_top_tokens("b");
+  lp.add_top_logprobs(-std::numeric_limits<float>::infinity());
+  lp.add_top_ids(2);
+  lp.add_top_tokens("c");
+  lp.add_top_logprobs(-0.5f);
+  const std::vector<v1::TokenLogprob> lps = {lp};
+  const ResponseWriter chat(Endpoint::kChat, "m", false);
+  const Json c =
+      Json::parse(chat.Body("a", v1::FINISH_REASON_STOP, {}, &lps))["choices"][0]["logprobs"];
+  EXPECT_EQ(c["content"][0]["logprob"], -9999.0) << c.dump();
+  EXPECT_EQ(c["content"][0]["top_logprobs"][0]["logprob"], -9999.0) << c.dump();
+  EXPECT_EQ(c["content"][0]["top_logprobs"][1]["logprob"], -0.5) << c.dump();
+  const ResponseWriter text(Endpoint::kCompletion, "m", false);
+  const Json t =
+      Json::parse(text.Body("a", v1::FINISH_REASON_STOP, {}, &lps))["choices"][0]["logprobs"];
+  EXPECT_EQ(t["token_logprobs"][0], -9999.0) << t.dump();
+  EXPECT_EQ(t["top_logprobs"][0]["b"], -9999.0) << t.dump();
 }
 
 TEST(ModelListTest, ListsTheServedModels) {
