@@ -126,7 +126,8 @@ const flags::FlagSet<WindowOptions>& WindowFlags() {
             "protection and meta score they were measured with to FILE, for recall serve\n"
             "--calibration FILE",
             [](auto& o) -> auto& { return o.out; })
-        .Short('m', "model");
+        .Short('m', "model")
+        .Short('t', "threads");
     return f;
   }();
   return *kFlags;

@@ -246,8 +246,7 @@ const flags::FlagSet<ChatOptions>& ChatFlags() {
             "session", "ID", "continue an existing session instead of starting one",
             [](ChatOptions& o, absl::string_view v) {
               // (An empty id would start a new session, which the user did not ask for.)
-              if (v.empty())
-                return absl::InvalidArgumentError("--session: names no session (empty)");
+              if (v.empty()) return absl::InvalidArgumentError("names no session (empty)");
               o.session = std::string(v);
               return absl::OkStatus();
             },

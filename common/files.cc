@@ -72,6 +72,11 @@ absl::Status CheckRegularFile(const std::string& path) {
   return absl::OkStatus();
 }
 
+bool Exists(const std::string& path) {
+  struct stat st;
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
 bool IsDirectory(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);

@@ -19,6 +19,10 @@ inline constexpr size_t kMaxPemBytes = 1 << 20;
 // for what stat(2) refuses (a symlink loop, no permission: the system's words). Never throws.
 absl::Status CheckRegularFile(const std::string& path);
 
+// Whether a directory entry named `path` exists, whatever it is or points at (a dangling link
+// or a link loop too: a loader then names the problem rather than call it missing).
+bool Exists(const std::string& path);
+
 // Whether `path` is a directory (symlinks followed); false for anything stat(2) refuses.
 // Never throws (std::filesystem::is_directory without an error_code throws on a loop).
 bool IsDirectory(const std::string& path);

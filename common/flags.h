@@ -74,6 +74,9 @@ std::string FieldWhat(const absl::Status& status);
 std::string FillFields(absl::string_view what,
                        const std::function<std::string(absl::string_view)>& name);
 
+// The refusal of an empty value for a flag that takes a path, an address or a name.
+inline constexpr char kEmptyValue[] = "empty; omit the flag for its default";
+
 template <typename T>
 class FlagSet {
  public:
@@ -474,7 +477,7 @@ class FlagSet {
     if constexpr (std::is_same_v<V, std::string>) {
       // An empty value is refused rather than taken as the default, or as "none": an unset
       // shell variable (--api-keys "$KEYS") turned off what the flag asks for.
-      if (text.empty()) return absl::InvalidArgumentError("empty; omit the flag for its default");
+      if (text.empty()) return absl::InvalidArgumentError(kEmptyValue);
       field = std::string(text);
       return absl::OkStatus();
     } else if constexpr (std::is_same_v<V, std::vector<int>>) {

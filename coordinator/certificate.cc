@@ -78,8 +78,12 @@ absl::Status CheckKeyMatchesCertificate(const std::string& key_path, const std::
                                         const std::string& cert_path, const std::string& cert_pem) {
   BIO* key_in = BIO_new_mem_buf(key_pem.data(), static_cast<int>(key_pem.size()));
   BIO* cert_in = BIO_new_mem_buf(cert_pem.data(), static_cast<int>(cert_pem.size()));
-  EVP_PKEY* key =
-      key_in == nullptr ? nullptr : PEM_read_bio_PrivateKey(key_in, nullptr, nullptr, nullptr);
+  // A callback that gives no passphrase: OpenSSL's default asks the terminal for one (an
+  // encrypted key would stop the start at a prompt).
+  pem_password_cb* no_passphrase = [](char*, int, int, void*) { return 0; };
+  EVP_PKEY* key = key_in == nullptr
+                      ? nullptr
+                      : PEM_read_bio_PrivateKey(key_in, nullptr, no_passphrase, nullptr);
   X509* cert = cert_in == nullptr ? nullptr : PEM_read_bio_X509(cert_in, nullptr, nullptr, nullptr);
   absl::Status status;
   if (key == nullptr) {

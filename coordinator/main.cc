@@ -62,8 +62,7 @@ const flags::FlagSet<CoordinatorConfig>& CoordinatorFlags() {
             "/health); default off (as is \"off\", recall serve's word); port 0 picks one;\n"
             "HTTPS with --tls-cert",
             [](CoordinatorConfig& c, absl::string_view v) -> absl::Status {
-              if (v.empty())
-                return absl::InvalidArgumentError("empty; omit the flag for its default");
+              if (v.empty()) return absl::InvalidArgumentError(flags::kEmptyValue);
               c.http_listen = v == "off" ? "" : std::string(v);
               return absl::OkStatus();
             },
@@ -86,8 +85,9 @@ const flags::FlagSet<CoordinatorConfig>& CoordinatorFlags() {
         .Double(
             "sse-keepalive", "SECONDS",
             "a stream silent this long gets an SSE comment line (\": keep-alive\"), so\n"
-            "proxies keep it open and a client that left is noticed; a first token slower\n"
-            "than this does not hold the stream's start back (default 15)",
+            "proxies keep it open and a client that left is noticed (default 15); before its\n"
+            "first token a stream begins after a second, or this if shorter, and gets a\n"
+            "comment that often",
             [](auto& o) -> auto& { return o.sse_keepalive_seconds; }, 0.001, 3600)
         .String(
             "data-dir", "DIR", "where sessions.db lives (default .)",
@@ -129,6 +129,7 @@ const flags::FlagSet<CoordinatorConfig>& CoordinatorFlags() {
         .Custom(
             "port-file", "PATH", "write \"grpc=PORT metrics=PORT http=PORT\" once listening",
             [](CoordinatorConfig& c, absl::string_view v) {
+              if (v.empty()) return absl::InvalidArgumentError(flags::kEmptyValue);
               c.port_file = std::string(v);
               return absl::OkStatus();
             },

@@ -32,6 +32,7 @@ void Next(Sha256& chain, const StoredMessage& m) { chain.AddField(m.role).AddFie
 bool CutShort(const std::vector<StoredMessage>& stored, const std::vector<StoredMessage>& request,
               size_t i) {
   return i + 1 == stored.size() && i + 1 < request.size() && request[i].role == "assistant" &&
+         stored[i].state == TurnState::kComplete && !request[i].content.empty() &&
          request[i].content.size() < stored[i].content.size() &&
          absl::StartsWith(stored[i].content, request[i].content);
 }

@@ -152,9 +152,7 @@ void TurnJournal::Flush() {
           // A damaged store (SQLite's "malformed"): sending the turn again fails the same way.
           failure_ = absl::DataLossError(absl::StrCat(
               "the session store is damaged (", st.message(), "); the reply stops at the ",
-              sent_.token_ids.size(),
-              " tokens sent (not retryable: the store needs repair; the coordinator's log said how "
-              "at its start)"));
+              sent_.token_ids.size(), " tokens sent (not retryable: the store needs repair)"));
         } else {
           failure_ = absl::UnavailableError(
               absl::StrCat("the session store failed while the reply was streaming (", st.message(),

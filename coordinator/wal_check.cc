@@ -37,8 +37,8 @@ void Checksum(bool big_endian, const unsigned char* p, size_t n, uint32_t* s0, u
 // A log SQLite ignores whole.
 std::string Lost(const std::string& wal_path, const std::string& what) {
   return absl::StrCat("the write-ahead log ", wal_path, " ", what,
-                      "; SQLite ignores it, so the sessions and turns stored in it since the "
-                      "last checkpoint are lost");
+                      "; SQLite ignores it, so whatever it held (the sessions and turns stored "
+                      "since the last checkpoint) is lost");
 }
 
 }  // namespace

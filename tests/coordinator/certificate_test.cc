@@ -89,8 +89,24 @@ TEST(CertificateDatesTest, AnEmptyCaAndAKeyOfAnotherCertificateAreRefusedByName)
   EXPECT_EQ(other.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(other.message(),
             "--tls-key: other.pem is not the key of the certificate in --tls-cert cert.pem");
+  // An encrypted key is refused, not asked a passphrase for on the terminal.
+  std::string encrypted;
+  {
+    BIO* in = BIO_new_mem_buf(key.data(), static_cast<int>(key.size()));
+    EVP_PKEY* k = PEM_read_bio_PrivateKey(in, nullptr, nullptr, nullptr);
+    BIO* out = BIO_new(BIO_s_mem());
+    char pass[] = "secret";
+    PEM_write_bio_PrivateKey(out, k, EVP_aes_128_cbc(), nullptr, 0, nullptr, pass);
+    char* data = nullptr;
+    const long n = BIO_get_mem_data(out, &data);
+    encrypted.assign(data, static_cast<size_t>(n));
+    BIO_free(out);
+    EVP_PKEY_free(k);
+    BIO_free(in);
+  }
+  ASSERT_NE(encrypted.find("ENCRYPTED"), std::string::npos) << encrypted;
   for (const std::string& broken :
-       {std::string(), std::string("garbage"), cert, key.substr(0, key.size() / 2)}) {
+       {std::string(), std::string("garbage"), cert, key.substr(0, key.size() / 2), encrypted}) {
     const absl::Status st = CheckKeyMatchesCertificate("bad.pem", broken, "cert.pem", cert);
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(st.message().find("--tls-key: bad.pem holds no PEM private key"), std::string::npos)

@@ -76,9 +76,14 @@ TEST(MatchTranscriptTest, OnlyStoppedTurnsOfTheListFromTellsAStoppedTurnFromOneT
   EXPECT_FALSE(OnlyStoppedTurnsOfTheListFrom(stored, on, 4)) << "the whole reply";
   on[4].content = " Here";
   EXPECT_FALSE(OnlyStoppedTurnsOfTheListFrom(stored, on, 4)) << "another text";
+  on[4].content = "";
+  EXPECT_FALSE(OnlyStoppedTurnsOfTheListFrom(stored, on, 4)) << "an empty reply is no part";
   on[4].content = " Th";
   EXPECT_FALSE(OnlyStoppedTurnsOfTheListFrom(stored, {on.begin(), on.end() - 1}, 4))
       << "nothing after the part";
+  stored.back().state = TurnState::kInProgress;
+  EXPECT_FALSE(OnlyStoppedTurnsOfTheListFrom(stored, on, 4)) << "a running reply";
+  stored.back().state = TurnState::kComplete;
   std::vector<StoredMessage> went_on = stored;
   went_on.push_back({"user", "Go on"});
   went_on.push_back({"assistant", " Then"});

@@ -30,6 +30,13 @@ void Overwrite(const std::string& path, uint64_t offset, const std::string& byte
   f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
+// The page size a log's header names (big-endian, at byte 8).
+uint64_t PageSize(const std::string& wal) {
+  unsigned char b[12] = {};
+  std::ifstream(wal, std::ios::binary).read(reinterpret_cast<char*>(b), sizeof(b));
+  return uint64_t{b[8]} << 24 | uint64_t{b[9]} << 16 | uint64_t{b[10]} << 8 | b[11];
+}
+
 int Sessions(const std::string& dir) {
   auto store = OpenSqliteStore(dir + "/sessions.db");
   EXPECT_TRUE(store.ok()) << store.status();
@@ -63,9 +70,12 @@ TEST(WalCheckTest, ADamagedLogIsDescribedAndAWholeOneIsNot) {
   EXPECT_EQ(DescribeWalDamage(dir + "/none/sessions.db-wal"), std::nullopt) << "no log";
   EXPECT_EQ(Sessions(dir + "/whole"), 40);
 
-  // Bytes flipped mid-log (inside a page): SQLite keeps the frames before it only.
+  // Bytes flipped mid-log, inside the page of the middle frame (not its salts, which would
+  // read as the log's end): SQLite keeps the frames before it only.
   const std::string flipped = dir + "/flipped/sessions.db-wal";
-  Overwrite(flipped, size / 2, "\xde\xad\xbe\xef");
+  const uint64_t frame = 24 + PageSize(flipped);
+  const uint64_t frames = (size - 32) / frame;
+  Overwrite(flipped, 32 + frames / 2 * frame + 24 + 100, "\xde\xad\xbe\xef");
   const std::optional<std::string> said = DescribeWalDamage(flipped);
   ASSERT_TRUE(said.has_value());
   EXPECT_NE(said->find(flipped + " has a damaged frame at byte "), std::string::npos) << *said;
@@ -79,6 +89,10 @@ TEST(WalCheckTest, ADamagedLogIsDescribedAndAWholeOneIsNot) {
             std::string::npos)
       << *header;
 
+  // Cut at a frame's end: what remains is whole (an uncommitted tail, as a crash leaves one),
+  // so nothing is said; what was past the cut is lost without a trace (usage.md says so).
+  fs::resize_file(dir + "/cut/sessions.db-wal", 32 + frames / 2 * frame);
+  EXPECT_EQ(DescribeWalDamage(dir + "/cut/sessions.db-wal"), std::nullopt);
   fs::resize_file(dir + "/cut/sessions.db-wal", 20);
   const std::optional<std::string> cut = DescribeWalDamage(dir + "/cut/sessions.db-wal");
   ASSERT_TRUE(cut.has_value());

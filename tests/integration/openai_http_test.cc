@@ -1028,17 +1028,11 @@ TEST_F(OpenAiHttpCancelTest, AListSentAgainAfterAStoppedReplyContinuesItsSession
       << usage3.dump();
 }
 
-// "Stop generating" in a session that evicts (LazyEviction, a budget its replies pass): the
-// worker takes the stopped turn back too, keeping what its steps evicted, and its Abort's
-// answer says what the turn fed, which the coordinator stores with the interrupted reply. The
-// next turn continues the cache; a regenerate of it, which rebuilds the session from the
-// stored transcript (the session evicts), replays the stopped turn as it ran, and replies as
-// the kept cache did, to the bit of every logprob (in a run without the record, they
-// differed).
 // A client that stopped reading a reply the coordinator had already written whole (into the
 // connection's buffers: it completed) sends the part it read and a new message, naming no
-// session: the same session goes on, its prompt cached up to the cut reply. It went to a new,
-// cold session (the complete reply made the old one look "gone on"), leaving the old one.
+// session: the same session goes on, rebuilt in place (the reply gives way to the part). It
+// went to a new, cold session (the complete reply made the old one look "gone on"), leaving
+// the old one.
 TEST_F(OpenAiHttpCancelTest, APartOfACompleteReplyAndANewMessageContinueItsSession) {
   httplib::Client client("127.0.0.1", coordinator_.port("http"));
   client.set_read_timeout(120, 0);
@@ -1069,7 +1063,7 @@ TEST_F(OpenAiHttpCancelTest, APartOfACompleteReplyAndANewMessageContinueItsSessi
   ASSERT_EQ(s.messages_size(), 6);
   EXPECT_EQ(s.messages(3).content(), reply.substr(0, reply.size() / 2)) << "the part it read";
 
-  // The whole reply is not cut short, nor is another text: those go to a new session.
+  // Another text in the reply's place is another conversation: a new session.
   list[3] = Message("assistant", "Something else entirely");
   const HttpReply other =
       Send(client, "POST", "/v1/chat/completions", ChatBody(list, 2, false), "");
@@ -1077,6 +1071,13 @@ TEST_F(OpenAiHttpCancelTest, APartOfACompleteReplyAndANewMessageContinueItsSessi
   EXPECT_NE(other.Header("X-Session-Id"), id);
 }
 
+// "Stop generating" in a session that evicts (LazyEviction, a budget its replies pass): the
+// worker takes the stopped turn back too, keeping what its steps evicted, and its Abort's
+// answer says what the turn fed, which the coordinator stores with the interrupted reply. The
+// next turn continues the cache; a regenerate of it, which rebuilds the session from the
+// stored transcript (the session evicts), replays the stopped turn as it ran, and replies as
+// the kept cache did, to the bit of every logprob (in a run without the record, they
+// differed).
 TEST_F(OpenAiHttpCancelTest, AStoppedReplyOfAnEvictingSessionIsReplayedAsItRan) {
   auto chat = ChatStub();
   v1::Session created;

@@ -41,13 +41,12 @@ class TensorSource {
   absl::Status Open(const std::string& dir) {
     const std::string single = dir + "/" + kSingleFile;
     const std::string index = dir + "/" + kIndexFile;
-    std::error_code ec;
-    if (fs::exists(single, ec) || fs::is_symlink(single, ec)) {
+    if (Exists(single)) {
       RECALL_ASSIGN_OR_RETURN(files_[kSingleFile], SafetensorsFile::Open(single));
       single_ = files_[kSingleFile].get();
       return absl::OkStatus();
     }
-    if (!fs::exists(index, ec) && !fs::is_symlink(index, ec)) {
+    if (!Exists(index)) {
       return absl::NotFoundError(absl::StrCat(dir, ": no ", kSingleFile, " and no ", kIndexFile));
     }
     RECALL_RETURN_IF_ERROR(ReadIndex(index));
@@ -265,12 +264,9 @@ absl::Status LoadLayer(Builder& b, const ModelConfig& c, int l, LayerWeights& w)
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Model>> LoadHuggingFace(const std::string& dir, bool keep_fp8) {
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) {
-    return absl::NotFoundError(absl::StrCat(dir, ": not a directory"));
-  }
+  if (!IsDirectory(dir)) return absl::NotFoundError(absl::StrCat(dir, ": not a directory"));
   const std::string config_path = dir + "/config.json";
-  if (!fs::exists(config_path, ec) && !fs::is_symlink(config_path, ec)) {
+  if (!Exists(config_path)) {
     return absl::NotFoundError(absl::StrCat(config_path,
                                             ": missing (a Hugging Face model "
                                             "directory needs config.json)"));

@@ -85,12 +85,11 @@ std::string TokenStreamDecoder::Flush() {
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& path, int vocab_size) {
   namespace fs = std::filesystem;
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) {
+  if (IsDirectory(path)) {
     const std::string json = (fs::path(path) / "tokenizer.json").string();
-    if (fs::exists(json, ec)) return LoadHfTokenizer(json);
+    if (Exists(json)) return LoadHfTokenizer(json);
     const std::string model = (fs::path(path) / "tokenizer.model").string();
-    if (fs::exists(model, ec)) return LoadSentencePieceTokenizer(model);
+    if (Exists(model)) return LoadSentencePieceTokenizer(model);
     return absl::NotFoundError(
         absl::StrCat(path, ": directory has neither tokenizer.json nor tokenizer.model"));
   }

@@ -47,5 +47,18 @@ TEST(LoadTokenizerTest, MissingPathsAreNotFoundNamingThePath) {
   std::filesystem::remove_all(dir);
 }
 
+// A directory's tokenizer.json that loops (or dangles) is named, not passed over for its
+// tokenizer.model or called missing.
+TEST(LoadTokenizerTest, ALoopingTokenizerJsonIsNamed) {
+  const std::string dir = ::recall::testing::MakeTempDir("load_tokenizer_loop");
+  std::filesystem::create_symlink("tokenizer.json", dir + "/tokenizer.json");
+  auto tok = LoadTokenizer(dir, 512);
+  ASSERT_FALSE(tok.ok());
+  EXPECT_NE(tok.status().message().find(dir + "/tokenizer.json: cannot read (Too many levels"),
+            std::string::npos)
+      << tok.status();
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace recall::model
