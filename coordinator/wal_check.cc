@@ -68,14 +68,24 @@ std::optional<std::string> DescribeWalDamage(const std::string& wal_path) {
   const uint32_t salt1 = BigEndian(header + 16), salt2 = BigEndian(header + 20);
   std::vector<unsigned char> frame(kFrameHeaderBytes + page_size);
   uint64_t offset = kHeaderBytes;
-  // The frames SQLite keeps, then those of this generation past the first damaged one.
-  int64_t bad_at = -1, frames_after = 0, commits_after = 0;
+  // SQLite keeps the frames up to the first that fails its checksum or has other salts (the
+  // log's end: what follows is an earlier generation's, stale). A frame with this log's
+  // salts further on shows the first bad one was damaged, not the end.
+  int64_t bad_at = -1;        // the first frame SQLite drops
+  bool salts_bad = false;     // ... because of its salts (the end, unless this log goes on)
+  uint64_t ours_end = 0;      // the end of the last frame with this log's salts
+  int64_t commits_after = 0;  // commit frames of this log's from bad_at on
   while (
       in.read(reinterpret_cast<char*>(frame.data()), static_cast<std::streamsize>(frame.size()))) {
     const unsigned char* f = frame.data();
-    if (BigEndian(f + 8) != salt1 || BigEndian(f + 12) != salt2) break;  // stale: the end
-    if (bad_at >= 0) {
-      ++frames_after;
+    const bool ours = BigEndian(f + 8) == salt1 && BigEndian(f + 12) == salt2;
+    if (!ours) {
+      if (bad_at < 0) {
+        bad_at = static_cast<int64_t>(offset);
+        salts_bad = true;
+      }
+    } else if (bad_at >= 0) {
+      salts_bad = false;  // this log goes on: the frame at bad_at was damaged
       if (BigEndian(f + 4) != 0) ++commits_after;
     } else {
       uint32_t c0 = s0, c1 = s1;
@@ -86,18 +96,20 @@ std::optional<std::string> DescribeWalDamage(const std::string& wal_path) {
         s1 = c1;
       } else {
         bad_at = static_cast<int64_t>(offset);
-        ++frames_after;
         if (BigEndian(f + 4) != 0) ++commits_after;
       }
     }
     offset += frame.size();
+    if (ours) ours_end = offset;
   }
-  // A frame that fails its checksum with no commit at or after it: the tail of a transaction
-  // a crash cut short, never acknowledged.
-  if (bad_at < 0 || commits_after == 0) return std::nullopt;
+  // Other salts with none of this log's after them: the end, not damage. A frame that fails
+  // its checksum with no commit at or after it: the tail of a transaction a crash cut short,
+  // never acknowledged.
+  if (bad_at < 0 || salts_bad || commits_after == 0) return std::nullopt;
+  const uint64_t lost = ours_end - static_cast<uint64_t>(bad_at);
   return absl::StrCat("the write-ahead log ", wal_path, " has a damaged frame at byte ", bad_at,
-                      ": SQLite drops it and the ", frames_after - 1, " frame(s) after it (",
-                      static_cast<uint64_t>(frames_after) * frame.size(), " bytes, ", commits_after,
+                      ": SQLite drops it and the ", lost / frame.size() - 1, " frame(s) after it (",
+                      lost, " bytes, ", commits_after,
                       " committed transaction(s); the last may be one a crash cut short, never "
                       "acknowledged), so the sessions and turns they stored are lost");
 }

@@ -10,6 +10,7 @@
 #include "coordinator/session_store.h"
 #include "gtest/gtest.h"
 #include "tests/common/test_util.h"
+#include "tests/coordinator/store_sessions.h"
 
 namespace recall::coordinator {
 namespace {
@@ -51,16 +52,9 @@ TEST(WalCheckTest, ADamagedLogIsDescribedAndAWholeOneIsNot) {
   fs::create_directories(dir + "/live");
   auto store = OpenSqliteStore(dir + "/live/sessions.db");
   ASSERT_TRUE(store.ok()) << store.status();
-  for (int i = 0; i < 40; ++i) {
-    SessionRecord r;
-    r.id = "s" + std::to_string(i);
-    r.tenant = "a";
-    r.model = "m";
-    ASSERT_TRUE((*store)->Create(r).ok());
-    ASSERT_TRUE((*store)->Append("a", r.id, 0, {"user", std::string(3000, 'x')}).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(AddTestSessions(**store, /*message_bytes=*/3000));
   // Taken while the store is open: its last transactions are in the log only.
-  for (const char* copy : {"whole", "flipped", "header", "cut"}) {
+  for (const char* copy : {"whole", "flipped", "salt", "header", "cut"}) {
     CopyStore(dir + "/live", dir + "/" + copy);
   }
   const uint64_t size = fs::file_size(dir + "/whole/sessions.db-wal");
@@ -81,6 +75,15 @@ TEST(WalCheckTest, ADamagedLogIsDescribedAndAWholeOneIsNot) {
   EXPECT_NE(said->find(flipped + " has a damaged frame at byte "), std::string::npos) << *said;
   EXPECT_NE(said->find("committed transaction(s)"), std::string::npos) << *said;
   EXPECT_LT(Sessions(dir + "/flipped"), 40) << "what the description says was lost is";
+
+  // A frame's salts damaged: the log does not end there, as this log's frames follow.
+  Overwrite(dir + "/salt/sessions.db-wal", 32 + frames / 2 * frame + 8, "\xde\xad\xbe\xef");
+  const std::optional<std::string> salt = DescribeWalDamage(dir + "/salt/sessions.db-wal");
+  ASSERT_TRUE(salt.has_value());
+  EXPECT_NE(salt->find("has a damaged frame at byte " + std::to_string(32 + frames / 2 * frame)),
+            std::string::npos)
+      << *salt;
+  EXPECT_LT(Sessions(dir + "/salt"), 40);
 
   Overwrite(dir + "/header/sessions.db-wal", 0, std::string(32, 'z'));
   const std::optional<std::string> header = DescribeWalDamage(dir + "/header/sessions.db-wal");
