@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "tests/common/redis_server.h"
 #include "tests/common/test_util.h"
+#include "tests/coordinator/store_sessions.h"
 
 namespace recall::coordinator {
 namespace {
@@ -41,16 +42,7 @@ int QueryInt(const std::string& path, const std::string& sql) {
 void WriteSessions(const std::string& path, int message_bytes) {
   auto store = OpenStore(path);
   ASSERT_TRUE(store.ok()) << store.status();
-  for (int i = 0; i < 40; ++i) {
-    SessionRecord r;
-    r.id = "s" + std::to_string(i);
-    r.tenant = "a";
-    r.model = "m";
-    ASSERT_TRUE((*store)->Create(r).ok());
-    if (message_bytes > 0) {
-      ASSERT_TRUE((*store)->Append("a", r.id, 0, {"user", std::string(message_bytes, 'x')}).ok());
-    }
-  }
+  AddTestSessions(**store, message_bytes);
 }
 
 // The ids of the sessions `store` deletes as idle since before `before` (DeleteIdle).

@@ -940,11 +940,8 @@ TEST_F(OpenAiHttpCancelTest, AListSentAgainTheMomentItsReplyIsStoppedContinuesIt
   httplib::Client client("127.0.0.1", coordinator_.port("http"));
   client.set_read_timeout(120, 0);
   std::vector<Json> list = {Message("user", "Once upon a time")};
-  const HttpReply first =
-      Send(client, "POST", "/v1/chat/completions", ChatBody(list, 4, false), "");
-  ASSERT_EQ(first.status, 200) << first.body;
-  const std::string id = first.Header("X-Session-Id");
-  std::string reply = Json::parse(first.body)["choices"][0]["message"]["content"];
+  std::string id, reply;
+  ASSERT_NO_FATAL_FAILURE(FirstTurn(client, list, &id, &reply));
   for (int round = 0; round < 2; ++round) {
     SCOPED_TRACE("round " + std::to_string(round));
     list.push_back(Message("assistant", reply));
@@ -1037,11 +1034,9 @@ TEST_F(OpenAiHttpCancelTest, APartOfACompleteReplyAndANewMessageContinueItsSessi
   httplib::Client client("127.0.0.1", coordinator_.port("http"));
   client.set_read_timeout(120, 0);
   std::vector<Json> list = {Message("user", "Once upon a time")};
-  const HttpReply first =
-      Send(client, "POST", "/v1/chat/completions", ChatBody(list, 4, false), "");
-  ASSERT_EQ(first.status, 200) << first.body;
-  const std::string id = first.Header("X-Session-Id");
-  list.push_back(Message("assistant", Json::parse(first.body)["choices"][0]["message"]["content"]));
+  std::string id, first_reply;
+  ASSERT_NO_FATAL_FAILURE(FirstTurn(client, list, &id, &first_reply));
+  list.push_back(Message("assistant", first_reply));
   list.push_back(Message("user", "Tell me more"));
   const HttpReply second =
       Send(client, "POST", "/v1/chat/completions", ChatBody(list, 24, false), "");

@@ -250,6 +250,17 @@ class OpenAiHttpCancelTest : public ::testing::Test {
     return r;
   }
 
+  // `list`, a conversation's first turn, sent (not streamed, 4 tokens, naming no session):
+  // ASSERTs it was answered; its session's id and its reply in *id and *reply.
+  static void FirstTurn(httplib::Client& client, const std::vector<Json>& list, std::string* id,
+                        std::string* reply) {
+    const HttpReply first =
+        Send(client, "POST", "/v1/chat/completions", ChatBody(list, 4, false), "");
+    ASSERT_EQ(first.status, 200) << first.body;
+    *id = first.Header("X-Session-Id");
+    *reply = Json::parse(first.body)["choices"][0]["message"]["content"];
+  }
+
   // `list` sent (not streamed, 2 tokens, naming no session); EXPECTs that it continued
   // session `id` with its cache.
   static HttpReply SendAgainToContinue(httplib::Client& client, const std::vector<Json>& list,
