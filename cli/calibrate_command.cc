@@ -241,8 +241,7 @@ absl::Status Run(const WindowOptions& o) {
     d.layer_budgets = o.layer_budgets;
     absl::StatusOr<serving::CacheFactory> f =
         serving::CacheFactory::Create(d, c, c.n_kv_heads, 1, eo.kv_dtype);
-    if (!f.ok())
-      return absl::InvalidArgumentError(absl::StrCat("--policy: ", f.status().message()));
+    if (!f.ok()) return WindowFlags().Explain(f.status());  // names the field's flag
     factory.emplace(*std::move(f));
   }
   std::vector<AlphaTrial> trials(alphas.size() + uniform.size());

@@ -208,7 +208,7 @@ absl::Status Serve(const ServeOptions& o) {
     const std::optional<int> exit = worker.early_exit();
     if (exit.has_value() && WIFEXITED(*exit) && WEXITSTATUS(*exit) == 2) {
       // It refused a flag (its message is above): a usage error of serve's, exit status 2.
-      return absl::InvalidArgumentError("the worker refused its flags (above)");
+      return absl::InvalidArgumentError("the worker refused its flags or a file they name (above)");
     }
     return absl::UnavailableError(absl::StrCat("the worker did not start: ", error));
   }
