@@ -707,21 +707,37 @@ class RedisStore final : public SessionStore {
     return added;
   }
 
-  // Why the server keeps nothing on disk ("appendonly no, save \"\""), empty when it
-  // persists (AOF, or RDB save points); an error when CONFIG GET is refused.
-  absl::StatusOr<std::string> VolatileReason() {
+  // How the server keeps its data: `nothing` says why it keeps nothing on disk ("appendonly
+  // no, save \"\""), `weak` what a crash can still lose when it keeps some (snapshots only;
+  // an AOF not fsync'd at every write); both empty for appendonly yes, appendfsync always.
+  // An error when CONFIG GET is refused.
+  struct Persistence {
+    std::string nothing, weak;
+  };
+  absl::StatusOr<Persistence> PersistenceOf() {
     absl::MutexLock lock(&mu_);
     RECALL_ASSIGN_OR_RETURN(Reply aof, Command({"CONFIG", "GET", "appendonly"}));
     RECALL_ASSIGN_OR_RETURN(Reply save, Command({"CONFIG", "GET", "save"}));
+    RECALL_ASSIGN_OR_RETURN(Reply fsync, Command({"CONFIG", "GET", "appendfsync"}));
     const auto value = [](const Reply& r) -> std::string {
       if (r->type != REDIS_REPLY_ARRAY || r->elements < 2 || r->element[1]->str == nullptr) {
         return "";
       }
       return std::string(r->element[1]->str, r->element[1]->len);
     };
-    const std::string appendonly = value(aof), points = value(save);
-    if (appendonly == "yes" || !points.empty()) return std::string();
-    return absl::StrCat("appendonly ", appendonly.empty() ? "?" : appendonly, ", save \"\"");
+    const std::string appendonly = value(aof), points = value(save), sync = value(fsync);
+    Persistence p;
+    if (appendonly != "yes" && points.empty()) {
+      p.nothing = absl::StrCat("appendonly ", appendonly.empty() ? "?" : appendonly, ", save \"\"");
+    } else if (appendonly != "yes") {
+      p.weak = absl::StrCat("it keeps snapshots only (appendonly ", appendonly, ", save \"", points,
+                            "\"): a crash of Redis loses the sessions and turns since its last "
+                            "snapshot");
+    } else if (sync != "always") {
+      p.weak = absl::StrCat("appendfsync ", sync.empty() ? "?" : sync,
+                            ": a power cut or a crash of its machine loses its last writes");
+    }
+    return p;
   }
 
   absl::StatusOr<int> CountSessions(const std::string& tenant) override {
@@ -896,16 +912,21 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenRedisStore(const std::string& 
   auto store = std::make_unique<RedisStore>(host, port);
   absl::Status st = store->Connect();
   if (!st.ok()) return st;
-  const absl::StatusOr<std::string> volatile_reason = store->VolatileReason();
+  const absl::StatusOr<RedisStore::Persistence> persistence = store->PersistenceOf();
   const std::string where = absl::StrCat("--store redis://", host, ":", port);
-  if (!volatile_reason.ok()) {
+  if (!persistence.ok()) {
     std::fprintf(stderr,
                  "recall-coordinator: WARNING: %s: cannot tell whether Redis persists "
                  "its data (%s)\n",
-                 where.c_str(), std::string(volatile_reason.status().message()).c_str());
-  } else if (!volatile_reason->empty()) {
+                 where.c_str(), std::string(persistence.status().message()).c_str());
+  } else if (!persistence->weak.empty()) {
+    std::fprintf(stderr,
+                 "recall-coordinator: WARNING: %s: %s; run Redis with appendonly yes, "
+                 "appendfsync always (the Helm chart does)\n",
+                 where.c_str(), persistence->weak.c_str());
+  } else if (!persistence->nothing.empty()) {
     const std::string what = absl::StrCat(
-        where, ": the Redis server keeps nothing on disk (", *volatile_reason,
+        where, ": the Redis server keeps nothing on disk (", persistence->nothing,
         "), so a restart of it loses every session; run it with appendonly yes (the Helm chart "
         "does)");
     if (!allow_volatile) {

@@ -135,6 +135,14 @@ absl::StatusOr<StoreUrl> ParseStoreUrl(const std::string& url) {
   StoreUrl out;
   if (absl::StartsWith(url, redis)) {
     const std::string rest = url.substr(redis.size());
+    if (rest.find('@') != std::string::npos) {
+      // Not echoed: the part before '@' is a password.
+      return flags::FieldError(
+          "store_url",
+          "a user or password in the URL (redis://USER:PASSWORD@HOST) is not supported: Recall "
+          "does not send AUTH; run Redis without a password where only the coordinators reach "
+          "it (a private network, or its own bind address)");
+    }
     const size_t colon = rest.rfind(':');
     out.redis = true;
     out.host = rest.substr(0, colon);

@@ -121,7 +121,8 @@ absl::StatusOr<std::optional<std::string>> String(const Json& o, const std::stri
 // A text the client sends: at most `max_bytes`, valid UTF-8.
 absl::Status CheckText(const std::string& field, const std::string& text, size_t max_bytes) {
   if (text.size() > max_bytes) {
-    return Bad(field, absl::StrCat(text.size(), " bytes; at most ", max_bytes));
+    return Bad(field, absl::StrCat(text.size(), " bytes; at most ", max_bytes,
+                                   " (the server's --max-message-bytes)"));
   }
   if (!utf8::IsValid(text)) return Bad(field, "is not valid UTF-8");
   return absl::OkStatus();
@@ -343,7 +344,12 @@ absl::StatusOr<std::vector<Message>> Messages(const Json& o, const RequestLimits
       return Bad(at + ".tool_calls", "is not supported (no tool calling)");
     }
     RECALL_ASSIGN_OR_RETURN(std::string content, Content(m, at, *role));
-    RECALL_RETURN_IF_ERROR(CheckText(at + ".content", content, limits.max_message_bytes));
+    // The limit is on what users and system prompts bring; an assistant message is most often
+    // the model's own reply sent back, which max_tokens bounds (a reply past the limit made
+    // every later request of its conversation a 400).
+    RECALL_RETURN_IF_ERROR(CheckText(
+        at + ".content", content,
+        *role == "assistant" ? std::numeric_limits<size_t>::max() : limits.max_message_bytes));
     out.push_back({*role, std::move(content)});
   }
   if (out.back().role != "user") {

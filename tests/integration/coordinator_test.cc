@@ -892,6 +892,35 @@ TEST(CoordinatorRedisTest, ARedisThatKeepsNothingOnDiskIsRefusedUnlessAllowed) {
       << error;
 }
 
+// A Redis that keeps snapshots only, or an AOF it does not fsync at every write, can lose
+// accepted turns in a crash: the coordinator starts, with a warning saying what a crash loses
+// (it started silently, and a Redis crash lost every session since the last snapshot).
+TEST(CoordinatorRedisTest, ARedisThatCanLoseWritesIsWarnedAbout) {
+  if (!testing::RedisServer::Available()) GTEST_SKIP() << "redis-server is not installed";
+  const std::string dir = testing::MakeTempDir("coordinator_weak_redis");
+  testing::RedisServer redis;
+  ASSERT_TRUE(redis.Start(dir));
+  const std::string cli = "redis-cli -p " + std::to_string(redis.port()) + " config set ";
+  const std::string start = "timeout 3 " + std::string(RECALL_COORDINATOR_BINARY) +
+                            " --listen 127.0.0.1:0 --data-dir " + dir + " --store " + redis.url();
+  EXPECT_EQ(testing::RunToExit(start).output.find("WARNING: --store"), std::string::npos)
+      << "appendonly yes, appendfsync always";
+  ASSERT_EQ(testing::RunToExit(cli + "appendfsync everysec").code, 0);
+  std::string out = testing::RunToExit(start).output;
+  EXPECT_NE(out.find("WARNING: --store " + redis.url() +
+                     ": appendfsync everysec: a power cut or a crash of its machine loses its "
+                     "last writes; run Redis with appendonly yes, appendfsync always"),
+            std::string::npos)
+      << out;
+  ASSERT_EQ(testing::RunToExit(cli + "appendonly no").code, 0);
+  ASSERT_EQ(testing::RunToExit(cli + "save '60 1'").code, 0);
+  out = testing::RunToExit(start).output;
+  EXPECT_NE(out.find("it keeps snapshots only (appendonly no, save \"60 1\"): a crash of Redis "
+                     "loses the sessions and turns since its last snapshot"),
+            std::string::npos)
+      << out;
+}
+
 // Flags a coordinator cannot serve with stop it at start, naming the flag (exit 2): a --store
 // that is neither redis:// nor sqlite://PATH (a bare HOST:PORT was an SQLite file of that
 // name; "sqlite://" a temporary database, lost at exit), a port past 65535 (it wrapped), a
@@ -903,6 +932,9 @@ TEST(CoordinatorFlagsTest, AStoreListenOrPortFileItCannotUseStopsItNamingTheFlag
       {"--store localhost:6379", "--store: expected redis://HOST[:PORT] or sqlite://PATH"},
       {"--store sqlite://", "--store: sqlite:// needs a file's path"},
       {"--store redis://h:99999", "--store: expected redis://HOST[:PORT] (port in [1, 65535])"},
+      // A password in the URL was read as part of the host ("Name or service not known"),
+      // and printed.
+      {"--store redis://:s3cret@127.0.0.1:6379", "--store: a user or password in the URL"},
       {"--listen 127.0.0.1:99999", "--listen: expected HOST:PORT (port in [0, 65535])"},
       {"--port-file " + dir + "/missing/ports", "--port-file: cannot create"},
       {"--workers 127.0.0.1:", "--workers: expected HOST:PORT"},
@@ -923,6 +955,7 @@ TEST(CoordinatorFlagsTest, AStoreListenOrPortFileItCannotUseStopsItNamingTheFlag
     EXPECT_EQ(e.code, 2) << flag << ": " << e.output;
     EXPECT_NE(e.output.find(message), std::string::npos) << flag << ": " << e.output;
     EXPECT_EQ(e.output.find("--workers: --workers"), std::string::npos) << e.output;
+    EXPECT_EQ(e.output.find("s3cret"), std::string::npos) << e.output;
   }
   EXPECT_FALSE(std::filesystem::exists("localhost:6379")) << "no file of that name was made";
 }

@@ -210,6 +210,25 @@ INSTANTIATE_TEST_SUITE_P(
             R"({"messages": [{"role": "user", "content": ")" + std::string(101, 'x') + R"("}]})",
             "messages[0].content", "101 bytes; at most 100"}));
 
+// The message limit is on users' messages and system prompts: an assistant message past it (the
+// model's own reply, sent back with the conversation) is taken; it made every later request of
+// that conversation a 400.
+TEST(ChatRequestTest, TheMessageLimitIsOnUsersAndSystemPromptsNotReplies) {
+  const std::string reply(300, 'r');
+  absl::StatusOr<ChatRequest> r = ParseChatRequest(
+      R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ")" +
+          reply + R"("}, {"role": "user", "content": "More"}]})",
+      Limits());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->messages[1].content, reply);
+  absl::StatusOr<ChatRequest> system =
+      ParseChatRequest(R"({"messages": [{"role": "system", "content": ")" + reply +
+                           R"("}, {"role": "user", "content": "More"}]})",
+                       Limits());
+  EXPECT_EQ(system.status().message(),
+            "messages[0].content: 300 bytes; at most 100 (the server's --max-message-bytes)");
+}
+
 TEST(CompletionRequestTest, APromptOfOneStringAndTheSharedSampling) {
   absl::StatusOr<CompletionRequest> r = ParseCompletionRequest(
       R"({"model":"m","prompt":["Once upon"],"max_tokens":5,"temperature":0,"echo":false,
