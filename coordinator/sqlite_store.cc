@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <sqlite3.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
+#include "common/files.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "coordinator/session_store.h"
@@ -649,7 +651,18 @@ void WarnIfDamaged(sqlite3* db, const std::string& path) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string& path) {
+  // A store file of 0 bytes beside the lock an earlier coordinator left: the file was emptied
+  // (a coordinator writes the schema as it opens one), and SQLite would take it as new.
+  struct stat file;
+  const bool emptied =
+      ::stat(path.c_str(), &file) == 0 && file.st_size == 0 && Exists(path + ".lock");
   RECALL_ASSIGN_OR_RETURN(const int lock_fd, LockStoreFile(path));
+  if (emptied) {
+    RECALL_LOG(WARNING) << "session store " << path
+                        << " is empty (0 bytes), though a coordinator used it before (" << path
+                        << ".lock): the sessions it held are gone (restore the file from a "
+                           "backup); starting with an empty store";
+  }
   absl::Cleanup unlock = [lock_fd] { close(lock_fd); };  // unless the store takes it
   // Read before SQLite replays the log (and drops a damaged log's frames without a word).
   if (std::optional<std::string> damage = DescribeWalDamage(path + "-wal"); damage.has_value()) {

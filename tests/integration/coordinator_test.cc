@@ -892,6 +892,26 @@ TEST(CoordinatorRedisTest, ARedisThatKeepsNothingOnDiskIsRefusedUnlessAllowed) {
       << error;
 }
 
+// A sessions.db emptied while the coordinator was down (truncated to 0 bytes) was taken as a
+// new store without a word: the coordinator starts and says the sessions are gone.
+TEST(CoordinatorStoreTest, AnEmptiedStoreFileIsSaidAtStart) {
+  const std::string dir = testing::MakeTempDir("coordinator_emptied_store");
+  const std::string start = "timeout 3 " + std::string(RECALL_COORDINATOR_BINARY) +
+                            " --listen 127.0.0.1:0 --data-dir " + dir;
+  EXPECT_EQ(testing::RunToExit(start).output.find("is empty (0 bytes)"), std::string::npos)
+      << "a new store";
+  ASSERT_GT(std::filesystem::file_size(dir + "/sessions.db"), 0u);
+  EXPECT_EQ(testing::RunToExit(start).output.find("is empty (0 bytes)"), std::string::npos)
+      << "a store opened again";
+  std::filesystem::resize_file(dir + "/sessions.db", 0);
+  const std::string out = testing::RunToExit(start).output;
+  EXPECT_NE(out.find("session store " + dir +
+                     "/sessions.db is empty (0 bytes), though a "
+                     "coordinator used it before"),
+            std::string::npos)
+      << out;
+}
+
 // A Redis that keeps snapshots only, or an AOF it does not fsync at every write, can lose
 // accepted turns in a crash: the coordinator starts, with a warning saying what a crash loses
 // (it started silently, and a Redis crash lost every session since the last snapshot).
