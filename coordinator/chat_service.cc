@@ -112,10 +112,7 @@ grpc::Status ChatService::GetSession(grpc::ServerContext* context,
   // A reply this coordinator left in progress with no turn of it running here (its end could
   // not be stored: a full disk, a store outage) was interrupted: shown so (the session's next
   // turn settles it in the store). Another coordinator's stays as its lease says.
-  if (!r.messages.empty() && r.messages.back().state == TurnState::kInProgress &&
-      (r.messages.back().writer.empty() ||
-       r.messages.back().writer == conversations_.instance_id()) &&
-      !running_before && !conversations_.Running(key)) {
+  if (!r.messages.empty() && !running_before && conversations_.OwnOrphan(key, r.messages.back())) {
     response->mutable_messages(response->messages_size() - 1)
         ->set_state(v1::TURN_STATE_INTERRUPTED);
   }

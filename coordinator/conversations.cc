@@ -357,7 +357,12 @@ absl::StatusOr<OpenTurn> Conversations::Resume(const std::string& tenant,
               "names a turn the session went on from; it cannot be resumed (not retryable)");
         }
         StoredMessage partial = rec.messages[static_cast<size_t>(reply_index)];
-        if (partial.state == TurnState::kComplete || partial.state == TurnState::kInProgress) {
+        // In progress by this coordinator while it holds the session's running mark: an
+        // orphan (its end could not be stored), resumed like an interrupted turn.
+        const bool orphan = partial.state == TurnState::kInProgress &&
+                            (partial.writer.empty() || partial.writer == instance_id_);
+        if (partial.state == TurnState::kComplete ||
+            (partial.state == TurnState::kInProgress && !orphan)) {
           return refuse("names a turn that is complete or running, not one to resume");
         }
         RECALL_ASSIGN_OR_RETURN(const v1::CacheSettings cache, StoredCache(rec));

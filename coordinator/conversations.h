@@ -118,6 +118,14 @@ class Conversations {
   const std::string& instance_id() const { return instance_id_; }
   // Whether a turn of the session `key` ("tenant/id") runs here now (or is being stored).
   bool Running(const std::string& key) const;
+  // Whether `reply` (of session `key`) is in progress by this coordinator (or a store that
+  // keeps no writer: SQLite, one coordinator's) with no turn of the session running here: an
+  // orphan, a turn whose end could not be stored (a store outage), to be taken as interrupted
+  // rather than as running until its lease passes.
+  bool OwnOrphan(const std::string& key, const StoredMessage& reply) const {
+    return reply.state == TurnState::kInProgress &&
+           (reply.writer.empty() || reply.writer == instance_id_) && !Running(key);
+  }
   // FailedPrecondition naming `messages` when `kept_turns` and the user messages of `added`
   // pass the coordinator's max_turns.
   absl::Status CheckTurnCount(int kept_turns, const std::vector<StoredMessage>& added) const;

@@ -193,7 +193,11 @@ class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::Conve
                                           "message; a new turn needs a new id")));
       return;
     }
-    const StoredMessage reply = TurnReply(rec, user);
+    StoredMessage reply = TurnReply(rec, user);
+    // This coordinator's own, whose end the store could not take: interrupted, resumed below.
+    if (service_.conversations_.OwnOrphan(rec.tenant + "/" + rec.id, reply)) {
+      reply.state = TurnState::kInterrupted;
+    }
     if (reply.state == TurnState::kInProgress) {
       End(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                        absl::StrCat("turn_id ", QuotedId(request.turn_id()),

@@ -454,6 +454,10 @@ absl::StatusOr<std::optional<StoredMessage>> HttpApi::KeyedTurn(const std::strin
                                  "turn needs a new key"));
   }
   StoredMessage reply = TurnReply(*rec, i);
+  // This coordinator's own, whose end the store could not take: interrupted, resumed below.
+  if (conversations_.OwnOrphan(tenant + "/" + session_id, reply)) {
+    reply.state = TurnState::kInterrupted;
+  }
   switch (reply.state) {
     case TurnState::kComplete:
       return reply;

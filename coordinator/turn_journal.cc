@@ -157,9 +157,10 @@ void TurnJournal::Flush() {
           failure_ = absl::UnavailableError(
               absl::StrCat("the session store failed while the reply was streaming (", st.message(),
                            "); the reply stops at the ", sent_.token_ids.size(),
-                           " tokens stored; the turn is kept as interrupted, and resumed by a "
-                           "retry once its lease passes (--turn-lease, 60 s by default; a retry "
-                           "before then is 409) (retryable)"));
+                           " tokens stored; the turn is kept as interrupted: a retry resumes "
+                           "it on this coordinator once the store answers, on another once its "
+                           "lease passes (--turn-lease, 60 s by default; 409 until then) "
+                           "(retryable)"));
         }
         runner = runner_;
       }

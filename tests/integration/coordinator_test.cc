@@ -818,11 +818,13 @@ TEST(CoordinatorRedisTest, ARedisOutageMidReplyLosesNothingSentAndOrphansNothing
     return s.session_id();
   };
   // `on_first` runs after the first tokens arrive.
-  auto say = [&](const std::string& id, std::function<void()> on_first, std::string* text) {
+  auto say = [&](const std::string& id, std::function<void()> on_first, std::string* text,
+                 const std::string& turn_id = "") {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
     v1::ConverseRequest req;
     req.set_session_id(id);
+    req.set_turn_id(turn_id);
     req.set_message("Once upon a time");
     req.mutable_sampling()->set_temperature(0);
     req.mutable_sampling()->set_max_tokens(200);
@@ -870,6 +872,26 @@ TEST(CoordinatorRedisTest, ARedisOutageMidReplyLosesNothingSentAndOrphansNothing
   const grpc::Status retried = say(id, nullptr, &again);
   ASSERT_TRUE(retried.ok()) << retried.error_message();
   EXPECT_EQ(again, reference) << "the broken turn is in no prompt";
+
+  // A turn with an id, broken the same way, sent again with its id once the store is back: this
+  // coordinator knows no turn of the session runs here, so its reply left in progress is
+  // resumed at once (it was "still running" until its lease passed, 60 s).
+  const std::string keyed = create();
+  std::string part;
+  const grpc::Status cut = say(
+      keyed, [&] { redis.Kill(); }, &part, "turn-1");
+  EXPECT_EQ(cut.error_code(), grpc::StatusCode::UNAVAILABLE) << cut.error_message();
+  ASSERT_TRUE(redis.Start(dir, /*persistent=*/true, redis.port()));
+  std::string resumed;
+  grpc::Status st;
+  for (int i = 0; i < 100; ++i) {  // the store connection comes back on its next use
+    resumed.clear();
+    st = say(keyed, nullptr, &resumed, "turn-1");
+    if (st.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(resumed, reference) << "the stored part, then the rest as the turn would have gone";
 }
 
 TEST(CoordinatorRedisTest, ARedisThatKeepsNothingOnDiskIsRefusedUnlessAllowed) {

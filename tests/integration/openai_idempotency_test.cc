@@ -622,5 +622,44 @@ TEST_F(OpenAiRedisTest, ARunningTurnIsNotCutByTheOtherCoordinator) {
   EXPECT_EQ(session.messages(3).content(), streamed);
 }
 
+// The store fails while a keyed turn streams (Redis killed after its first text), and comes
+// back; the key sent again to the same coordinator resumes the turn at once: this coordinator
+// knows no turn of the session runs here, so the reply it left in progress is an orphan. It
+// was 409 "still running" until the turn's lease passed (60 s), past the SDKs' retries.
+TEST_F(OpenAiRedisTest, AKeyedTurnTheStoreLostMidReplyIsResumedOnItsCoordinatorAtOnce) {
+  RECALL_REQUIRE_SHARED_FILE(kModel);
+  if (!testing::RedisServer::Available()) GTEST_SKIP() << "redis-server is not installed";
+  StartCluster("openai_redis_orphan", {"--model", testing::SharedPath(kModel), "--tokenizer",
+                                       testing::SharedPath(kTokenizer), "--kv-cache-bytes", "16M"});
+  if (HasFatalFailure()) return;
+  const std::string body = ChatBody({Message("user", "Once upon a time")}, 200, true);
+  const HttpReply reference = Send(*ha_, "POST", "/v1/chat/completions", body, "");
+  ASSERT_EQ(reference.status, 200) << reference.body;
+  bool killed = false;
+  const HttpReply cut =
+      Send(*ha_, "POST", "/v1/chat/completions", body, "", {{"Idempotency-Key", "orphan-1"}},
+           [&](const std::string& so_far) {
+             if (!killed && so_far.find("\"content\":\"", 60) != std::string::npos) {
+               redis_.Kill();
+               killed = true;
+             }
+             return true;
+           });
+  ASSERT_TRUE(killed) << cut.body;
+  EXPECT_NE(cut.body.find("the session store failed while the reply was streaming"),
+            std::string::npos)
+      << cut.body;
+  ASSERT_TRUE(redis_.Start(dir_, /*persistent=*/true, redis_.port()));
+  HttpReply again;
+  for (int i = 0; i < 100; ++i) {  // the store connection comes back on its next use
+    again = Send(*ha_, "POST", "/v1/chat/completions", body, "", {{"Idempotency-Key", "orphan-1"}});
+    if (again.status != 503) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(again.status, 200) << again.body;
+  EXPECT_EQ(StreamedText(again.body), StreamedText(reference.body))
+      << "the stored part, then the rest (greedy: the reply without the break)";
+}
+
 }  // namespace
 }  // namespace recall
