@@ -785,6 +785,13 @@ absl::Status HttpApi::Conclude(Reply& reply, bool cancel) {
       std::vector<StoredMessage> transcript = reply.messages;
       transcript.push_back({"assistant", outcome->text});
       index_.Put(reply.open->tenant, reply.open->session_id, transcript);
+      // The conversation's first exchange: found by its opening too (a list cutting the
+      // reply short has no earlier transcript to be found by).
+      if (std::all_of(reply.messages.begin(), reply.messages.end() - 1,
+                      [](const StoredMessage& m) { return m.role == "system"; }) &&
+          reply.messages.back().role == "user") {
+        index_.PutOpening(reply.open->tenant, reply.open->session_id, reply.messages);
+      }
     }
   }
   if (!reply.open.has_value() && !reply.key.empty()) {

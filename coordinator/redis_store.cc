@@ -780,7 +780,16 @@ class RedisStore final : public SessionStore {
           absl::StrCat("session store redis: ", ctx_->errstr, " (retryable)"));
     }
     if (rep->type == REDIS_REPLY_ERROR) {
-      return absl::InternalError(absl::StrCat("session store redis: ", rep->str));
+      // A server that is starting (loading its data), busy with a script, or a replica out of
+      // touch with its primary answers again soon: retryable, as a lost connection is.
+      const absl::string_view error(rep->str, rep->len);
+      for (absl::string_view transient : {"LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN"}) {
+        if (absl::StartsWith(error, transient)) {
+          return absl::UnavailableError(
+              absl::StrCat("session store redis: ", error, " (retryable)"));
+        }
+      }
+      return absl::InternalError(absl::StrCat("session store redis: ", error));
     }
     return rep;
   }

@@ -134,15 +134,34 @@ void TranscriptIndex::Put(const std::string& tenant, const std::string& id,
   }
 }
 
+void TranscriptIndex::PutOpening(const std::string& tenant, const std::string& id,
+                                 const std::vector<StoredMessage>& opening) {
+  if (store_ == nullptr) return;
+  Sha256 chain = Start(tenant);
+  for (const StoredMessage& m : opening) Next(chain, m);
+  if (absl::Status st = store_->PutRecord(tenant, RecordName(chain.Digest()),
+                                          absl::StrCat(opening.size(), ":", id));
+      !st.ok()) {
+    RECALL_LOG(WARNING) << "the opening of session " << QuotedId(id)
+                        << " is not in the store's index: " << st;
+  }
+}
+
 std::vector<std::pair<int, std::string>> TranscriptIndex::Find(
     const std::string& tenant, const std::vector<StoredMessage>& messages) {
   // prefix[n]: the digest of messages[0, n), for the lengths that may match (a proper prefix
-  // ending with an assistant message).
+  // ending with an assistant message, or the opening: system messages and the first user
+  // message, an assistant message after it).
   std::vector<std::string> prefix(messages.size());
   Sha256 chain = Start(tenant);
+  bool opening = true;  // messages[0, n) are system messages, then at most one user message
   for (size_t n = 1; n < messages.size(); ++n) {
     Next(chain, messages[n - 1]);
-    if (messages[n - 1].role == "assistant") prefix[n] = chain.Digest();
+    const std::string& role = messages[n - 1].role;
+    if (role == "assistant" || (opening && role == "user" && messages[n].role == "assistant")) {
+      prefix[n] = chain.Digest();
+    }
+    opening = opening && role == "system";
   }
   std::vector<std::pair<int, std::string>> out;
   std::vector<int> unknown;  // lengths the memory does not know, longest first

@@ -69,8 +69,15 @@ class TranscriptIndex {
   // `tenant`'s session `id` now holds exactly `transcript` (replacing what it was said to hold).
   void Put(const std::string& tenant, const std::string& id,
            const std::vector<StoredMessage>& transcript);
+  // `tenant`'s session `id` holds a conversation's first exchange, whose opening (its system
+  // messages and the user's first message) is `opening`: a list that goes on from that opening
+  // with the reply cut short (OnlyStoppedTurnsOfTheListFrom) finds the session by it, which no
+  // earlier transcript can do. In the store only (the memory keeps a session's last one).
+  void PutOpening(const std::string& tenant, const std::string& id,
+                  const std::vector<StoredMessage>& opening);
   // The sessions whose recorded transcript may be a proper prefix of `messages` that ends
-  // with an assistant message: (its length, the session id), longest first.
+  // with an assistant message, or whose opening (PutOpening) is the list's, followed there by
+  // an assistant message: (its length, the session id), longest first.
   std::vector<std::pair<int, std::string>> Find(const std::string& tenant,
                                                 const std::vector<StoredMessage>& messages);
   size_t size();

@@ -110,6 +110,30 @@ TEST_F(OpenAiHttpTest, ATurnADamagedStoreCannotKeepIsNotRetryable) {
   EXPECT_NE(r.body.find("the session store is damaged"), std::string::npos) << r.body;
 }
 
+// A client that cut the conversation's first reply short (it stopped reading; the server had
+// written it whole) sends the part it read and a new message, naming no session: its session
+// goes on, found by the conversation's opening, as there is no earlier exchange to find it by
+// (it went to a new, cold session). Another reply in the part's place is another conversation.
+TEST_F(OpenAiHttpTest, APartOfTheFirstReplyAndANewMessageContinueItsSession) {
+  const std::vector<Json> opening = {Message("system", "Tell a story."),
+                                     Message("user", "Once upon a time")};
+  const HttpReply first = Post("/v1/chat/completions", ChatBody(opening, 24, false));
+  ASSERT_EQ(first.status, 200) << first.body;
+  const std::string id = first.Header("X-Session-Id");
+  const std::string reply = ReplyText(first);
+  ASSERT_GT(reply.size(), 4u) << reply;
+  std::vector<Json> list = opening;
+  list.push_back(Message("assistant", reply.substr(0, reply.size() / 2)));
+  list.push_back(Message("user", "And then?"));
+  const HttpReply on = Post("/v1/chat/completions", ChatBody(list, 2, false));
+  ASSERT_EQ(on.status, 200) << on.body;
+  EXPECT_EQ(on.Header("X-Session-Id"), id) << "the same session";
+  list[2] = Message("assistant", "Something else entirely");
+  const HttpReply other = Post("/v1/chat/completions", ChatBody(list, 2, false));
+  ASSERT_EQ(other.status, 200) << other.body;
+  EXPECT_NE(other.Header("X-Session-Id"), id);
+}
+
 TEST_F(OpenAiHttpTest, BadKeysAreRefusedNamingTheHeader) {
   const std::vector<Json> hi = {Message("user", "Once upon a time")};
   ASSERT_EQ(
