@@ -286,7 +286,7 @@ absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
         // held here now: a turn whose end could not be stored), which the turn replaces or
         // follows like an interrupted one.
         if (!rec.messages.empty() && rec.messages.back().state == TurnState::kInProgress &&
-            !rec.messages.back().writer.empty() && rec.messages.back().writer != instance_id_) {
+            !WrittenHere(rec.messages.back())) {
           return RunningElsewhere();  // checked again in the write (ReplaceTail)
         }
         RECALL_ASSIGN_OR_RETURN(const v1::CacheSettings cache, StoredCache(rec));
@@ -359,8 +359,7 @@ absl::StatusOr<OpenTurn> Conversations::Resume(const std::string& tenant,
         StoredMessage partial = rec.messages[static_cast<size_t>(reply_index)];
         // In progress by this coordinator while it holds the session's running mark: an
         // orphan (its end could not be stored), resumed like an interrupted turn.
-        const bool orphan = partial.state == TurnState::kInProgress &&
-                            (partial.writer.empty() || partial.writer == instance_id_);
+        const bool orphan = partial.state == TurnState::kInProgress && WrittenHere(partial);
         if (partial.state == TurnState::kComplete ||
             (partial.state == TurnState::kInProgress && !orphan)) {
           return refuse("names a turn that is complete or running, not one to resume");

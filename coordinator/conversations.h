@@ -123,8 +123,11 @@ class Conversations {
   // orphan, a turn whose end could not be stored (a store outage), to be taken as interrupted
   // rather than as running until its lease passes.
   bool OwnOrphan(const std::string& key, const StoredMessage& reply) const {
-    return reply.state == TurnState::kInProgress &&
-           (reply.writer.empty() || reply.writer == instance_id_) && !Running(key);
+    return reply.state == TurnState::kInProgress && WrittenHere(reply) && !Running(key);
+  }
+  // Whether `reply` was written by this coordinator (or a store that keeps no writer).
+  bool WrittenHere(const StoredMessage& reply) const {
+    return reply.writer.empty() || reply.writer == instance_id_;
   }
   // FailedPrecondition naming `messages` when `kept_turns` and the user messages of `added`
   // pass the coordinator's max_turns.

@@ -123,11 +123,16 @@ void TranscriptIndex::Put(const std::string& tenant, const std::string& id,
     absl::MutexLock lock(&mu_);
     Remember(digest, id, length);
   }
+  Record(tenant, digest, length, id, "transcript");
+}
+
+void TranscriptIndex::Record(const std::string& tenant, const std::string& digest, int length,
+                             const std::string& id, const char* what) {
   if (store_ == nullptr) return;
   if (absl::Status st =
           store_->PutRecord(tenant, RecordName(digest), absl::StrCat(length, ":", id));
       !st.ok()) {
-    RECALL_LOG(WARNING) << "the transcript of session " << QuotedId(id)
+    RECALL_LOG(WARNING) << "the " << what << " of session " << QuotedId(id)
                         << " is not in the store's index (its next request may start a new "
                            "session elsewhere): "
                         << st;
@@ -139,12 +144,7 @@ void TranscriptIndex::PutOpening(const std::string& tenant, const std::string& i
   if (store_ == nullptr) return;
   Sha256 chain = Start(tenant);
   for (const StoredMessage& m : opening) Next(chain, m);
-  if (absl::Status st = store_->PutRecord(tenant, RecordName(chain.Digest()),
-                                          absl::StrCat(opening.size(), ":", id));
-      !st.ok()) {
-    RECALL_LOG(WARNING) << "the opening of session " << QuotedId(id)
-                        << " is not in the store's index: " << st;
-  }
+  Record(tenant, chain.Digest(), static_cast<int>(opening.size()), id, "opening");
 }
 
 std::vector<std::pair<int, std::string>> TranscriptIndex::Find(

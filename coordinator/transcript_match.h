@@ -90,6 +90,10 @@ class TranscriptIndex {
   };
   void Remember(const std::string& digest, const std::string& id, int length)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes the store's record of `digest` (a `what`, "transcript" or "opening", of session
+  // `id`, `length` messages); a failure is logged, as the index is a hint.
+  void Record(const std::string& tenant, const std::string& digest, int length,
+              const std::string& id, const char* what);
 
   const size_t capacity_;
   SessionStore* const store_;
