@@ -20,6 +20,7 @@
 #include "common/status.h"
 #include "nlohmann/json.hpp"
 #include "worker/model/file_storage.h"
+#include "worker/model/finite.h"
 #include "worker/model/fp8.h"
 #include "worker/model/half.h"
 #include "worker/model/loader.h"
@@ -138,8 +139,11 @@ class Builder {
   // keeps FP8.
   absl::StatusOr<kernels::Matrix> Matrix(const std::string& name, int64_t rows, int64_t cols,
                                          bool linear = false) {
-    RECALL_ASSIGN_OR_RETURN(const SafetensorsTensor* t, Get(name, {rows, cols}, /*fp8=*/true));
+    std::string file;
+    RECALL_ASSIGN_OR_RETURN(const SafetensorsTensor* t,
+                            Get(name, {rows, cols}, &file, /*fp8=*/true));
     if (t->e4m3) return Fp8Matrix(name, *t, rows, cols, linear && keep_fp8_);
+    RECALL_RETURN_IF_ERROR(CheckFinite(file, name, t->data, t->dtype, rows, cols));
     kernels::Matrix m;
     m.dtype = t->dtype;
     m.rows = rows;
@@ -176,7 +180,9 @@ class Builder {
 
   // A [n] vector converted to an owned fp32 [1, n] matrix.
   absl::StatusOr<kernels::Matrix> Vector(const std::string& name, int64_t n) {
-    RECALL_ASSIGN_OR_RETURN(const SafetensorsTensor* t, Get(name, {n}));
+    std::string file;
+    RECALL_ASSIGN_OR_RETURN(const SafetensorsTensor* t, Get(name, {n}, &file));
+    RECALL_RETURN_IF_ERROR(CheckFinite(file, name, t->data, t->dtype, 1, n));
     RECALL_ASSIGN_OR_RETURN(std::unique_ptr<HeapStorage> out,
                             HeapStorage::Create(static_cast<size_t>(n) * sizeof(float)));
     float* dst = static_cast<float*>(out->MutableData());
@@ -204,11 +210,12 @@ class Builder {
   }
 
  private:
-  // fp8: whether the tensor may be F8_E4M3 (a linear weight of an FP8 checkpoint).
+  // fp8: whether the tensor may be F8_E4M3 (a linear weight of an FP8 checkpoint). `file`
+  // gets the file that holds it.
   absl::StatusOr<const SafetensorsTensor*> Get(const std::string& name,
                                                std::initializer_list<int64_t> shape,
-                                               bool fp8 = false) {
-    std::string file;
+                                               std::string* file_out, bool fp8 = false) {
+    std::string& file = *file_out;
     RECALL_ASSIGN_OR_RETURN(const SafetensorsTensor* t, source_.Find(name, &file));
     if (t == nullptr) {
       return absl::NotFoundError(absl::StrCat(file, ": missing tensor \"", name, "\""));

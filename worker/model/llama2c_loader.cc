@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "common/status.h"
 #include "worker/model/file_storage.h"
+#include "worker/model/finite.h"
 #include "worker/model/loader.h"
 
 namespace recall::model {
@@ -129,6 +130,31 @@ absl::Status SizeMismatch(const std::string& path, const Header& h, uint64_t fil
                                           " bytes longer than its header allows: ", implied, hint));
 }
 
+// Every weight is finite (finite.h), named as run.c's TransformerWeights fields.
+absl::Status CheckWeightsFinite(const std::string& path, const Model& m) {
+  const auto check = [&](const char* field, int64_t layer, const kernels::Matrix& w) {
+    const std::string name = layer < 0 ? field : absl::StrCat(field, " of layer ", layer);
+    return CheckFinite(path, name, w.data, w.dtype, w.rows, w.cols);
+  };
+  RECALL_RETURN_IF_ERROR(check("token_embedding_table", -1, m.tok_embeddings));
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    const LayerWeights& w = m.layers[l];
+    const auto i = static_cast<int64_t>(l);
+    RECALL_RETURN_IF_ERROR(check("rms_att_weight", i, w.attn_norm));
+    RECALL_RETURN_IF_ERROR(check("wq", i, w.wq));
+    RECALL_RETURN_IF_ERROR(check("wk", i, w.wk));
+    RECALL_RETURN_IF_ERROR(check("wv", i, w.wv));
+    RECALL_RETURN_IF_ERROR(check("wo", i, w.wo));
+    RECALL_RETURN_IF_ERROR(check("rms_ffn_weight", i, w.ffn_norm));
+    RECALL_RETURN_IF_ERROR(check("w1", i, w.w_gate));
+    RECALL_RETURN_IF_ERROR(check("w2", i, w.w_down));
+    RECALL_RETURN_IF_ERROR(check("w3", i, w.w_up));
+  }
+  RECALL_RETURN_IF_ERROR(check("rms_final_weight", -1, m.final_norm));
+  if (!m.config.tied_embeddings) RECALL_RETURN_IF_ERROR(check("wcls", -1, m.lm_head));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Model>> LoadLlama2c(const std::string& path) {
@@ -198,6 +224,7 @@ absl::StatusOr<std::unique_ptr<Model>> LoadLlama2c(const std::string& path) {
     return absl::InternalError(absl::StrCat(path, ": llama2.c layout mismatch: consumed ",
                                             cur.offset(), " bytes, expected ", expected));
   }
+  RECALL_RETURN_IF_ERROR(CheckWeightsFinite(path, *model));
   model->source = path;
   model->storage.push_back(std::move(file));
   return model;

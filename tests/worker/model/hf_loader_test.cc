@@ -2,9 +2,12 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "tests/common/test_util.h"
@@ -144,6 +147,30 @@ TEST_F(HfLoaderTest, MixedDtypesUnalignedDataAndMissingLmHeadMeansTied) {
   ExpectHolds((*m)->layers[1].w_up, w.tensors()["model.layers.1.mlp.up_proj.weight"], "up");
   EXPECT_EQ(reinterpret_cast<uintptr_t>((*m)->tok_embeddings.data) % 4, 0u);
   EXPECT_TRUE(InsideStorage(**m, (*m)->tok_embeddings.data));
+}
+
+// A NaN or infinity in a weight or a norm vector made every reply garbage without an error:
+// refused in every dtype, naming the file, the tensor and the element.
+TEST_P(HfLoaderDTypeTest, ANonFiniteWeightIsRefusedNamingTheTensorAndElement) {
+  TinyHf spec;
+  spec.dtype = GetParam();
+  for (const auto& [name, index, value, want] :
+       std::vector<std::tuple<std::string, int, float, std::string>>{
+           {"model.layers.1.mlp.down_proj.weight", 13, NAN, "weight [1, 1] is nan"},
+           {"model.norm.weight", 5, INFINITY, "weight [0, 5] is inf"},
+           {"lm_head.weight", 0, -INFINITY, "weight [0, 0] is -inf"}}) {
+    test::SafetensorsWriter w = spec.Tensors();
+    w.tensors()[name].values[index] = value;
+    spec.WriteConfig(dir_);
+    w.Write(dir_ + "/model.safetensors");
+    auto m = LoadHuggingFace(dir_);
+    ASSERT_FALSE(m.ok()) << name;
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument) << m.status();
+    EXPECT_TRUE(Contains(m.status(), dir_ + "/model.safetensors: tensor \"" + name + "\": " + want))
+        << m.status();
+  }
+  spec.Write(dir_);
+  EXPECT_TRUE(LoadHuggingFace(dir_).ok());
 }
 
 TEST_F(HfLoaderTest, Qwen2LoadsQkvBias) {

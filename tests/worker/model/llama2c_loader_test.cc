@@ -1,6 +1,7 @@
 // LoadLlama2c on the real stories260K checkpoint, a synthetic untied checkpoint, and
 // truncated / corrupted copies.
 #include <climits>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -115,6 +116,37 @@ TEST_F(Llama2cLoaderTest, SyntheticUntiedCheckpointMapsEveryWeightInOrder) {
   off += 2 * freq;
   expect_at(model.lm_head, V, D, "wcls");
   EXPECT_EQ(off, floats);
+}
+
+// A NaN or infinity in any weight made every reply garbage without an error (the embedding
+// table's NaN gave "<unk><unk>..."): refused, naming run.c's field, the layer and the element.
+TEST_F(Llama2cLoaderTest, ANonFiniteWeightIsRefusedNamingTheTensorAndElement) {
+  const std::vector<int32_t> header = {8, 12, 2, 2, 1, -10, 4};
+  const std::string clean = test::Llama2cCheckpoint(header);
+  test::WriteFile(dir_ + "/clean.bin", clean);
+  ASSERT_TRUE(LoadLlama2c(dir_ + "/clean.bin").ok());
+  const int64_t D = 8, V = 10, KV = 4;
+  struct Case {
+    int64_t float_index;
+    float value;
+    const char* want;
+  };
+  const int64_t wk_layer1 = V * D + 2 * D + 2 * D * D + KV * D;  // wk of layer 1 starts here
+  const int64_t wcls = test::Llama2cFloats(header) - V * D;
+  for (const Case& c :
+       {Case{3, NAN, "tensor \"token_embedding_table\": weight [0, 3] is nan"},
+        Case{wk_layer1 + D + 2, INFINITY, "\"wk of layer 1\": weight [1, 2] is inf"},
+        Case{wcls + V * D - 1, -INFINITY, "\"wcls\": weight [9, 7] is -inf"}}) {
+    std::string bytes = clean;
+    std::memcpy(&bytes[28 + 4 * c.float_index], &c.value, 4);
+    const std::string path = dir_ + "/bad.bin";
+    test::WriteFile(path, bytes);
+    auto m = LoadModel(path);
+    ASSERT_FALSE(m.ok()) << c.want;
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument) << m.status();
+    EXPECT_TRUE(Contains(m.status(), path + ": ")) << m.status();
+    EXPECT_TRUE(Contains(m.status(), c.want)) << m.status();
+  }
 }
 
 TEST_F(Llama2cLoaderTest, TruncatedCopiesAreDataLossNamingTheFile) {
