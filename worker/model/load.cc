@@ -6,12 +6,20 @@
 #include "common/files.h"
 #include "common/flags.h"
 #include "common/status.h"
+#include "common/system_memory.h"
 #include "worker/model/loader.h"
 #include "worker/model/quantize.h"
 #include "worker/model/random_model.h"
 #include "worker/model/tokenizer_fit.h"
 
 namespace recall::model {
+namespace {
+
+std::string GiB(int64_t bytes) {
+  return absl::StrCat(absl::SixDigits(static_cast<double>(bytes) / (1 << 30)), " GiB");
+}
+
+}  // namespace
 
 absl::StatusOr<Loaded> LoadAll(const LoadOptions& options) {
   Loaded out;
@@ -31,7 +39,21 @@ absl::StatusOr<Loaded> LoadAll(const LoadOptions& options) {
       return flags::FieldError("random_dtype",
                                absl::StrCat("\"", dtype, "\" is not one of f32, bf16, f16"));
     }
-    RECALL_ASSIGN_OR_RETURN(out.model, MakeRandomModel(config, dt, /*seed=*/1));
+    // Filling more than the machine holds would swap it to a halt, or end in the OOM killer.
+    const int64_t need = RandomModelBytes(config, dt);
+    const int64_t available = AvailableMemoryBytes();
+    if (available > 0 && need > available) {
+      return flags::FieldError(
+          "random_weights",
+          absl::StrCat("the weights of ", config_path, " in ", dtype, " need ", GiB(need),
+                       ", more than the ", GiB(available), " of memory available"),
+          absl::StatusCode::kResourceExhausted);
+    }
+    absl::StatusOr<std::unique_ptr<Model>> random = MakeRandomModel(config, dt, /*seed=*/1);
+    if (!random.ok()) {
+      return flags::FieldError("random_weights", random.status().message(), random.status().code());
+    }
+    out.model = *std::move(random);
   } else {
     RECALL_ASSIGN_OR_RETURN(out.model, model::LoadModel(model_path, options.weight_dtype == "fp8"));
   }

@@ -1,6 +1,7 @@
 // MakeRandomModel: deterministic random weights of a given shape (for benchmarks and tests).
 #include "worker/model/random_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -84,6 +85,18 @@ class Filler {
 };
 
 }  // namespace
+
+int64_t RandomModelBytes(const ModelConfig& config, kernels::DType dtype) {
+  const int64_t D = config.dim, H = config.hidden_dim, V = config.vocab_size;
+  const int64_t hd = config.head_dim > 0 ? config.head_dim : D / std::max(1, config.n_heads);
+  const int64_t q = config.n_heads * hd, kv = config.n_kv_heads * hd;
+  const int64_t matrices = V * D * (config.tied_embeddings ? 1 : 2) +
+                           config.n_layers * (2 * q * D + 2 * kv * D + 3 * H * D);
+  const int64_t vectors = D + config.n_layers * (2 * D + (config.qkv_bias ? q + 2 * kv : 0) +
+                                                 (config.qk_norm ? 2 * hd : 0));
+  return matrices * static_cast<int64_t>(kernels::DTypeSize(dtype)) +
+         vectors * static_cast<int64_t>(sizeof(float));
+}
 
 absl::StatusOr<std::unique_ptr<Model>> MakeRandomModel(const ModelConfig& config,
                                                        kernels::DType dtype, uint64_t seed) {

@@ -2,6 +2,7 @@
 // not depend on the weights being trained). Deterministic in `seed`.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include "absl/status/statusor.h"
@@ -13,6 +14,10 @@ namespace recall::model {
 // uniform in +-1/sqrt(cols) so activations stay in range.
 absl::StatusOr<std::unique_ptr<Model>> MakeRandomModel(const ModelConfig& config,
                                                        kernels::DType dtype, uint64_t seed);
+
+// The bytes MakeRandomModel allocates for `config` in `dtype` (its matrices, norms and
+// biases), before it allocates them.
+int64_t RandomModelBytes(const ModelConfig& config, kernels::DType dtype);
 
 // Reads a Hugging Face config.json into a ModelConfig (shared with the HF loader).
 absl::StatusOr<ModelConfig> ReadHfConfig(const std::string& config_json_path);

@@ -1,26 +1,14 @@
 #include "worker/runtime/engine.h"
 
-#include <fstream>
-
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
 #include "common/status.h"
+#include "common/system_memory.h"
 #include "kernels/cuda_backend.h"
 #include "worker/model/upload.h"
 
 namespace recall::runtime {
 namespace {
-
-// The available physical memory from /proc/meminfo (0 if unknown).
-int64_t AvailableMemoryBytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key, unit;
-  int64_t kb = 0;
-  while (in >> key >> kb >> unit) {
-    if (key == "MemAvailable:") return kb * 1024;
-  }
-  return 0;
-}
 
 int64_t BlockBytes(const model::ModelConfig& c, int kv_heads, int block_tokens,
                    kernels::KvDType dtype) {

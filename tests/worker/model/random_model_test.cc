@@ -3,10 +3,15 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 
+#include "common/flags.h"
 #include "gtest/gtest.h"
+#include "tests/common/test_util.h"
 #include "worker/model/half.h"
+#include "worker/model/load.h"
 
 namespace recall::model {
 namespace {
@@ -114,6 +119,58 @@ TEST(RandomModelTest, HonoursBiasNormAndTying) {
   EXPECT_EQ(w.q_norm.cols, 8);
   EXPECT_EQ(w.k_norm.f32()[7], 1.0f);
   EXPECT_EQ((*m)->lm_head.data, (*m)->tok_embeddings.data);
+}
+
+// The bytes a model's weights take, each matrix once (a tied head shares the embedding).
+int64_t HeldBytes(const Model& m) {
+  int64_t bytes = m.tok_embeddings.bytes() + m.final_norm.bytes();
+  if (m.lm_head.data != m.tok_embeddings.data) bytes += m.lm_head.bytes();
+  for (const LayerWeights& w : m.layers) {
+    for (const kernels::Matrix* x :
+         {&w.attn_norm, &w.wq, &w.wk, &w.wv, &w.wo, &w.bq, &w.bk, &w.bv, &w.q_norm, &w.k_norm,
+          &w.ffn_norm, &w.w_gate, &w.w_up, &w.w_down}) {
+      bytes += x->bytes();
+    }
+  }
+  return bytes;
+}
+
+TEST(RandomModelTest, RandomModelBytesIsWhatTheModelHolds) {
+  for (bool extras : {false, true}) {
+    ModelConfig c = Tiny();
+    c.qkv_bias = c.qk_norm = c.tied_embeddings = extras;
+    for (kernels::DType dtype : {kernels::DType::kF32, kernels::DType::kBF16}) {
+      auto m = MakeRandomModel(c, dtype, 1);
+      ASSERT_TRUE(m.ok()) << m.status();
+      EXPECT_EQ(RandomModelBytes(c, dtype), HeldBytes(**m)) << extras;
+    }
+  }
+}
+
+// --random-weights of a config bigger than the machine filled memory until the system swapped
+// to a halt or the OOM killer came (a 324 GiB config ran past a minute on a 24 GiB machine):
+// refused before allocating, naming the option, the size and the memory available.
+TEST(RandomModelTest, LoadAllRefusesRandomWeightsBiggerThanTheMemory) {
+  const std::string dir = testing::MakeTempDir("random_weights");
+  {
+    std::ofstream out(dir + "/config.json");
+    out << "{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":65536,"
+           "\"intermediate_size\":1048576,\"num_hidden_layers\":1024,"
+           "\"num_attention_heads\":512,\"num_key_value_heads\":512,\"vocab_size\":32000,"
+           "\"max_position_embeddings\":4096}";
+  }
+  LoadOptions options;
+  options.model = dir;
+  options.random_weights = true;
+  auto loaded = LoadAll(options);
+  std::filesystem::remove_all(dir);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kResourceExhausted) << loaded.status();
+  EXPECT_EQ(flags::FieldOf(loaded.status()), "random_weights") << loaded.status();
+  EXPECT_NE(loaded.status().message().find("config.json in bf16 need "), std::string::npos)
+      << loaded.status();
+  EXPECT_NE(loaded.status().message().find("GiB of memory available"), std::string::npos)
+      << loaded.status();
 }
 
 TEST(RandomModelTest, FillsHeadDimAndRejectsInvalidConfig) {
