@@ -885,18 +885,25 @@ TEST_F(OpenAiHttpCancelTest, AClientLeavingMidStreamCancelsTheWorkersTurn) {
 TEST_F(OpenAiHttpCancelTest, AClientLeavingDuringALongPrefillCancelsTheTurnThen) {
   httplib::Client client("127.0.0.1", coordinator_.port("http"));
   client.set_read_timeout(120, 0);
-  const auto prompt = [](const std::string& first) {
+  int count = 400;  // words: about 1500 tokens
+  const auto prompt = [&count](const std::string& first) {
     std::string words = first;
-    for (int i = 0; i < 400; ++i) words += " word" + std::to_string(i);
+    for (int i = 0; i < count; ++i) words += " word" + std::to_string(i);
     return std::vector<Json>{Message("user", words)};
   };
-  // How long this prompt's prefill takes here (one thread).
+  // How long this prompt's prefill takes here (one thread); on a faster machine, a longer
+  // prompt (up to about 7000 of the model's 8192 tokens) makes it at least 4 s.
   auto start = std::chrono::steady_clock::now();
-  const HttpReply whole =
-      Send(client, "POST", "/v1/chat/completions", ChatBody(prompt("A"), 1, false), "");
-  ASSERT_EQ(whole.status, 200) << whole.body;
-  const double prefill =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  double prefill = 0;
+  for (;;) {
+    start = std::chrono::steady_clock::now();
+    const HttpReply whole = Send(client, "POST", "/v1/chat/completions",
+                                 ChatBody(prompt("A" + std::to_string(count)), 1, false), "");
+    ASSERT_EQ(whole.status, 200) << whole.body;
+    prefill = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (prefill >= 4 || count >= 1800) break;
+    count = std::min(1800, static_cast<int>(count * std::max(1.5, 6 / prefill)));
+  }
   if (prefill < 4) GTEST_SKIP() << "the prefill takes " << prefill << " s here: too fast to tell";
 
   start = std::chrono::steady_clock::now();

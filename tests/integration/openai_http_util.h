@@ -223,7 +223,7 @@ class OpenAiHttpCancelTest : public ::testing::Test {
     ASSERT_TRUE(
         worker_.Start(RECALL_WORKER_BINARY,
                       {"--model", testing::SharedPath("tokenizers/smollm2"), "--random-weights",
-                       "--listen", "127.0.0.1:0", "--kv-cache-bytes", "64M", "--threads", "1"},
+                       "--listen", "127.0.0.1:0", "--kv-cache-bytes", "256M", "--threads", "1"},
                       dir_, &error))
         << error;
     ASSERT_TRUE(coordinator_.Start(
