@@ -88,7 +88,9 @@ const flags::FlagSet<GenerateCliOptions>& GenerateFlags() {
             "echo", "print the prompt before the generated text",
             [](auto& o) -> auto& { return o.echo; })
         .Switch(
-            "stats", "print token counts, speed, KV bytes and evictions to stderr",
+            "stats",
+            "print token counts and speed to stderr, and the kv: line (KV bytes, evictions),\n"
+            "which a policy that evicts prints anyway",
             [](auto& o) -> auto& { return o.stats; })
         .Include(
             SamplingFlagSet(), [](auto& o) -> auto& { return o.sampling; })

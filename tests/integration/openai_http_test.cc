@@ -892,7 +892,7 @@ TEST_F(OpenAiHttpCancelTest, AClientLeavingDuringALongPrefillCancelsTheTurnThen)
     return std::vector<Json>{Message("user", words)};
   };
   // How long this prompt's prefill takes here (one thread); on a faster machine, a longer
-  // prompt (up to about 7000 of the model's 8192 tokens) makes it at least 4 s.
+  // prompt (up to about 7900 of the model's 8192 tokens) makes it at least 4 s.
   auto start = std::chrono::steady_clock::now();
   double prefill = 0;
   for (;;) {
