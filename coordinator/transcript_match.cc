@@ -179,8 +179,12 @@ std::vector<std::pair<int, std::string>> TranscriptIndex::Find(
     }
   }
   if (store_ == nullptr) return out;
+  // Only prefixes longer than the memory's longest are asked of the store: the longest
+  // candidate is the one a request continues, and each lookup is a store read.
+  const int longest = out.empty() ? 0 : out.front().first;
   for (size_t i = 0; i < unknown.size() && i < static_cast<size_t>(kStoreLookups); ++i) {
     const int n = unknown[i];
+    if (n < longest) break;
     absl::StatusOr<std::string> rec = store_->GetRecord(tenant, RecordName(prefix[n]));
     if (!rec.ok()) {
       if (!absl::IsNotFound(rec.status())) {

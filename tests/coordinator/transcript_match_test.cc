@@ -212,5 +212,31 @@ TEST(TranscriptIndexTest, AnotherIndexOverTheSameStoreFindsWhatOneRecorded) {
   EXPECT_EQ(third.Find("t", longer), (std::vector<std::pair<int, std::string>>{{2, "s1"}}));
 }
 
+// A prefix the memory knows is the longest: shorter ones are not asked of the store (they
+// were, up to kStoreLookups reads a request, for candidates behind the one it continues),
+// longer ones are (another coordinator's turn since).
+TEST(TranscriptIndexTest, TheStoreIsAskedOnlyForPrefixesLongerThanTheMemorysLongest) {
+  auto store = OpenStore(testing::MakeTempDir("transcript_index") + "/sessions.db");
+  ASSERT_TRUE(store.ok()) << store.status();
+  const auto one = List({{"user", "a"}, {"assistant", "b"}});
+  const auto two = List({{"user", "a"}, {"assistant", "b"}, {"user", "c"}, {"assistant", "d"}});
+  auto three = two;
+  three.push_back({"user", "e"});
+  three.push_back({"assistant", "f"});
+  TranscriptIndex other(100, store->get());
+  other.Put("t", "s1", one);
+  other.Put("t", "s3", three);
+  TranscriptIndex index(100, store->get());
+  index.Put("t", "s2", two);
+  auto request = two;
+  request.push_back({"user", "e"});
+  EXPECT_EQ(index.Find("t", request), (std::vector<std::pair<int, std::string>>{{4, "s2"}}))
+      << "s1's record, shorter than s2's, was read from the store";
+  request = three;
+  request.push_back({"user", "g"});
+  EXPECT_EQ(index.Find("t", request),
+            (std::vector<std::pair<int, std::string>>{{6, "s3"}, {4, "s2"}}));
+}
+
 }  // namespace
 }  // namespace recall::coordinator
