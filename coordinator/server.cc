@@ -112,7 +112,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   // its field rather than by the transport.
   builder.SetMaxReceiveMessageSize(static_cast<int>(
       std::min<size_t>(4 * config.options.max_message_bytes + (1 << 20), 1 << 30)));
-  builder.experimental().SetInterceptorCreators(grpcutil::ParseErrorInterceptors());
+  builder.experimental().SetInterceptorCreators(grpcutil::ParseErrorInterceptors(
+      {v1::Chat::service_full_name(), v1::Registry::service_full_name()}));
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat(

@@ -33,6 +33,7 @@
 #include "recall/v1/worker.grpc.pb.h"
 #include "tests/common/redis_server.h"
 #include "tests/common/test_util.h"
+#include "tests/integration/raw_call.h"
 
 namespace recall {
 namespace {
@@ -428,21 +429,6 @@ TEST_F(CoordinatorTest, KeysTenantsAndBadRequestsGetTheirCodes) {
   EXPECT_TRUE(created.ok()) << "the limit is per tenant";
 }
 
-// Sends `bytes` as the request of `method` (e.g. "/recall.v1.Chat/CreateSession").
-grpc::Status RawCall(grpc::Channel* channel, const std::string& method, const std::string& bytes,
-                     const std::string& key) {
-  grpc::GenericStub stub(channel->shared_from_this());
-  grpc::ClientContext ctx;
-  ctx.AddMetadata("authorization", "Bearer " + key);
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  grpc::Slice slice(bytes);
-  grpc::ByteBuffer request(&slice, 1), response;
-  std::promise<grpc::Status> done;
-  stub.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response,
-                 [&done](grpc::Status st) { done.set_value(std::move(st)); });
-  return done.get_future().get();
-}
-
 // Generate: one turn without a session. Its model and cache are checked as a session's are
 // (an unknown model was ignored; a bad kv_dtype got advice about creating a session).
 TEST_F(CoordinatorTest, GenerateAnswersAPromptAndChecksItsModelAndCache) {
@@ -503,15 +489,22 @@ TEST_F(CoordinatorTest, MalformedAndOutOfRangeRequestsAreInvalidArgumentNamingTh
   const std::string id = Create();
   auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(coordinator_.port("grpc")),
                                      grpc::InsecureChannelCredentials());
-  // Bytes that are no protobuf, and a string field (GetSessionRequest.session_id, field 1)
-  // that is not UTF-8: gRPC's own answer was INTERNAL with an empty message.
-  for (const std::string& bytes :
-       {std::string("\xff\xff\xff\xff", 4), std::string("\x0a\x02\xff\xfe", 4)}) {
-    const grpc::Status st = RawCall(channel.get(), "/recall.v1.Chat/GetSession", bytes, "key-a");
-    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
-    EXPECT_NE(st.error_message().find("/recall.v1.Chat/GetSession"), std::string::npos)
-        << st.error_message();
+  // Bytes that are no protobuf, and a string field (field 1: session_id, or Generate's model)
+  // that is not UTF-8: gRPC's own answer was INTERNAL with an empty message on the unary
+  // calls, and UNIMPLEMENTED with an empty message on Converse and Generate (the callback API),
+  // as if they did not exist. A method that does not exist stays UNIMPLEMENTED.
+  for (const std::string method :
+       {"/recall.v1.Chat/GetSession", "/recall.v1.Chat/Converse", "/recall.v1.Chat/Generate"}) {
+    for (const std::string& bytes :
+         {std::string("\xff\xff\xff\xff", 4), std::string("\x0a\x02\xff\xfe", 4)}) {
+      const grpc::Status st = testing::RawCall(channel.get(), method, bytes, "key-a");
+      EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+          << method << ": " << st.error_message();
+      EXPECT_NE(st.error_message().find(method), std::string::npos) << st.error_message();
+    }
   }
+  EXPECT_EQ(testing::RawCall(channel.get(), "/recall.v1.Chat/Nope", "", "key-a").error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
   {
     grpc::ClientContext ctx;
     Auth(&ctx, "key-a");

@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "tests/common/test_util.h"
 #include "tests/integration/http_get.h"
+#include "tests/integration/raw_call.h"
 #include "tests/integration/worker_process.h"
 
 namespace recall {
@@ -280,6 +281,25 @@ TEST_F(WorkerServerTest, BadInputsGetTheirCodes) {
 
 // CheckSession refuses exactly what a new session's first turn would, with the same code and
 // field; what it passes, the turn takes.
+// A request gRPC cannot parse (bytes that are no protobuf, a session_id that is not UTF-8):
+// the worker's calls are on the callback API, whose answer was UNIMPLEMENTED with an empty
+// message, as if the method did not exist. A method that does not exist stays UNIMPLEMENTED.
+TEST_F(WorkerServerTest, ARequestThatCannotBeParsedIsInvalidArgumentNamingTheMethod) {
+  for (const std::string method :
+       {"/recall.v1.Worker/RunTurn", "/recall.v1.Worker/DropSession", "/recall.v1.Worker/Abort"}) {
+    for (const std::string& bytes :
+         {std::string("\xff\xff\xff\xff", 4), std::string("\x0a\x02\xff\xfe", 4)}) {
+      const grpc::Status st = testing::RawCall(worker_.channel().get(), method, bytes, "");
+      EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+          << method << ": " << st.error_message();
+      EXPECT_NE(st.error_message().find(method), std::string::npos) << st.error_message();
+    }
+  }
+  EXPECT_EQ(
+      testing::RawCall(worker_.channel().get(), "/recall.v1.Worker/Nope", "", "").error_code(),
+      grpc::StatusCode::UNIMPLEMENTED);
+}
+
 TEST_F(WorkerServerTest, CheckSessionRefusesWhatTheFirstTurnWould) {
   std::string story;
   while (story.size() < 4000) story += "Once upon a time there was a little girl named Lily. ";

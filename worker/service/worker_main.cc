@@ -154,7 +154,8 @@ absl::Status Run(const std::vector<std::string>& argv) {
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(&service);
   builder.SetMaxReceiveMessageSize(64 << 20);  // full transcripts
-  builder.experimental().SetInterceptorCreators(grpcutil::ParseErrorInterceptors());
+  builder.experimental().SetInterceptorCreators(
+      grpcutil::ParseErrorInterceptors({v1::Worker::service_full_name()}));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("--listen: cannot listen on ", listen));
