@@ -535,6 +535,20 @@ absl::Status Conversations::CheckKvDtype(const v1::CacheSettings& cache) const {
   return absl::OkStatus();
 }
 
+absl::Status Conversations::CheckPolicy(const v1::CacheSettings& cache) const {
+  if (!cache.has_policy()) return absl::OkStatus();
+  std::vector<std::string> known;
+  for (const WorkerView& w : workers_.Snapshot()) {
+    for (const std::string& p : w.info.policies()) {
+      if (p == cache.policy()) return absl::OkStatus();
+      if (std::find(known.begin(), known.end(), p) == known.end()) known.push_back(p);
+    }
+  }
+  if (known.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("cache.policy: unknown policy \"", cache.policy(),
+                                                 "\" (one of ", absl::StrJoin(known, ", "), ")"));
+}
+
 absl::StatusOr<v1::CacheSettings> Conversations::CheckNewSession(
     const std::string& model, const v1::CacheSettings& cache,
     const std::string& system_prompt) const {

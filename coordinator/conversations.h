@@ -221,6 +221,10 @@ class Conversations {
   // A cache's kv_dtype: InvalidArgument for one that is none of f32, bf16, f16, int8;
   // FailedPrecondition naming what the workers store when none stores it. Unset passes.
   absl::Status CheckKvDtype(const v1::CacheSettings& cache) const;
+  // A cache's policy: InvalidArgument listing the policies when no worker knows it (a turn
+  // routed with it found no worker: FailedPrecondition, as for a session made with it). Unset,
+  // or no worker known yet, passes.
+  absl::Status CheckPolicy(const v1::CacheSettings& cache) const;
   // A new session's cache settings and system prompt, checked by a worker serving `model`
   // ("" for any) that stores its kv_dtype (Worker.CheckSession): InvalidArgument naming the
   // field as its first turn would be refused; else the settings to keep for the session,

@@ -461,6 +461,11 @@ TEST_F(CoordinatorTest, GenerateAnswersAPromptAndChecksItsModelAndCache) {
           {[](v1::GenerateRequest* r) { r->mutable_cache()->set_kv_dtype("bogus"); },
            {grpc::StatusCode::INVALID_ARGUMENT,
             "cache.kv_dtype: \"bogus\" is not one of f32, bf16, f16, int8"}},
+          // Was FAILED_PRECONDITION "no worker serves bogus now (the session was made with it".
+          {[](v1::GenerateRequest* r) { r->mutable_cache()->set_policy("bogus"); },
+           {grpc::StatusCode::INVALID_ARGUMENT,
+            "cache.policy: unknown policy \"bogus\" (one of full, streaming, h2o, tova, lazy, "
+            "lazy+, vase, rkv, snapkv, episodic)"}},
           {[](v1::GenerateRequest* r) { r->set_prompt(""); },
            {grpc::StatusCode::INVALID_ARGUMENT, "prompt: is empty"}},
       };
