@@ -422,7 +422,7 @@ TEST_F(SlowWorkersTest, AWorkerKilledMidReplyIsResumedElsewhereWithNothingLost) 
 TEST_F(SlowWorkersTest, AFullWorkerIsPassedOverForAnotherAndStaysUp) {
   // Worker 0 runs one turn at a time and queues one more; with both taken, a third turn
   // bound to it gets RESOURCE_EXHAUSTED and the runner takes it to worker 1: not a failover.
-  StartWorker(0, {"--max-active", "1", "--max-queued", "0"});
+  StartWorker(0, {"--max-active", "1", "--max-queued", "1"});
   StartWorker(1);
   grpc::ClientContext running_ctx, queued_ctx;
   auto running = workers_[0].stub().RunTurn(&running_ctx, Turn("running", "Once upon a time", 400));

@@ -213,7 +213,9 @@ flags::FlagSet<serving::SchedulerOptions> SchedulingFlags() {
           "max-active", "N", "turns in the running batch (default 64)",
           [](auto& o) -> auto& { return o.max_active; }, 1, 4096)
       .Int(
-          "max-queued", "N", "turns waiting for memory before RESOURCE_EXHAUSTED (default 256)",
+          "max-queued", "N",
+          "turns waiting to run (for a batch slot or for memory) before RESOURCE_EXHAUSTED\n"
+          "(default 256)",
           [](auto& o) -> auto& { return o.max_queued; }, 0, 1 << 20)
       .Bytes(
           "host-cache-bytes", "SIZE", "host memory for offloaded idle sessions (default 4GiB)",

@@ -308,13 +308,18 @@ absl::StatusOr<std::shared_ptr<TurnStream>> Scheduler::Submit(TurnRequest reques
         absl::StrCat("session_id: session \"", request.session_id,
                      "\" already has a turn running; send the next turn when it ends (retryable)"));
   }
-  if (static_cast<int>(incoming_.size() + after_abort_.size()) + load_.queued_turns >=
-      options_.max_queued + options_.max_active) {
+  // Turns not running yet: those the batch has slots for start at the next step; the others
+  // wait, at most max_queued of them. (max_active more were let wait, and the message counted
+  // only those the engine had seen: "7 turns running and 0 waiting (queue limit 2)".)
+  const int not_running =
+      static_cast<int>(incoming_.size() + after_abort_.size()) + load_.queued_turns;
+  const int free_slots = std::max(0, options_.max_active - load_.active_turns);
+  if (not_running >= options_.max_queued + free_slots) {
     metrics_->rejected->Increment();
     return absl::ResourceExhaustedError(
-        absl::StrCat("the worker is full: ", load_.active_turns, " turns running and ",
-                     load_.queued_turns, " waiting (queue limit ", options_.max_queued,
-                     "); retry after ", options_.retry_after_ms, " ms"));
+        absl::StrCat("the worker is full: ", load_.active_turns, " turns running and ", not_running,
+                     " waiting (queue limit ", options_.max_queued, "); retry after ",
+                     options_.retry_after_ms, " ms (retryable)"));
   }
   if (request.request_id.empty()) request.request_id = absl::StrCat("r", next_request_++);
   busy_requests_[request.request_id] = request.session_id;

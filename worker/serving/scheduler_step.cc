@@ -48,6 +48,7 @@ bool Scheduler::Step() {
     absl::MutexLock lock(&mu_);
     for (auto& t : incoming_) waiting_.push_back(std::move(t));
     incoming_.clear();
+    load_.queued_turns = static_cast<int>(waiting_.size());  // Submit's queue limit counts them
   }
   // A session with a turn waiting is not offloaded or dropped to make room for others.
   for (auto& t : waiting_) {

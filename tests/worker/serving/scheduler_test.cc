@@ -569,6 +569,42 @@ TEST_F(SchedulerTest, FullQueueIsResourceExhaustedWithRetryHint) {
   }
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(refused.message().find("retry after"), std::string::npos);
+  EXPECT_NE(refused.message().find("(retryable)"), std::string::npos) << refused;
+  // One running and one waiting (max_active more were let wait).
+  EXPECT_EQ(accepted.size(), 2u) << refused;
+  EXPECT_NE(refused.message().find(" turns running and "), std::string::npos) << refused;
+  for (auto& s : accepted) EXPECT_TRUE(CollectTurn(*s).status.ok());
+}
+
+// --max-queued 0: a turn is taken only while the batch has a slot for it.
+TEST_F(SchedulerTest, NoQueueTakesOnlyWhatTheBatchHasSlotsFor) {
+  SchedulerOptions o;
+  o.max_active = 3;
+  o.max_queued = 0;
+  Start(64, o);
+  std::vector<std::shared_ptr<TurnStream>> accepted;
+  absl::Status refused;
+  for (int i = 0; i < 8 && refused.ok(); ++i) {
+    auto s = sched_->Submit(Turn("q" + std::to_string(i), "Once upon a time", 200));
+    if (s.ok()) {
+      accepted.push_back(*s);
+    } else {
+      refused = s.status();
+    }
+  }
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_EQ(accepted.size(), 3u) << refused;
+  // Once they run, the batch has no slot: refused still (running turns were not counted, so
+  // as many again were taken to wait).
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (sched_->Load().active_turns < 3 && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_EQ(sched_->Load().active_turns, 3);
+  auto more = sched_->Submit(Turn("more", "Once upon a time", 10));
+  EXPECT_EQ(more.status().code(), absl::StatusCode::kResourceExhausted) << more.status();
+  EXPECT_NE(more.status().message().find("3 turns running and 0 waiting (queue limit 0)"),
+            std::string::npos)
+      << more.status();
   for (auto& s : accepted) EXPECT_TRUE(CollectTurn(*s).status.ok());
 }
 
