@@ -314,8 +314,10 @@ absl::StatusOr<OpenTurn> Conversations::Begin(const std::string& tenant,
                                rec.messages.end());
           turn.spec.send_history = true;  // a worker's copy of that length may differ
           for (const StoredMessage& r : turn.replaced) {
-            turn.earlier_attempts.insert(turn.earlier_attempts.end(), r.taken_back.begin(),
-                                         r.taken_back.end());
+            for (TakenBackTurn t : r.taken_back) {
+              t.own = false;  // an attempt of a turn this one replaces: the cache went on
+              turn.earlier_attempts.push_back(std::move(t));
+            }
           }
         }
         // The messages it replaces out, the turn's messages and its reply's place in: one
@@ -378,8 +380,13 @@ absl::StatusOr<OpenTurn> Conversations::Resume(const std::string& tenant,
         partial.lease_unix_ms = UnixMillis() + LeaseMs();
         partial.writer = instance_id_;
         RECALL_RETURN_IF_ERROR(store_.Replace(tenant, session_id, reply_index, partial));
-        turn.earlier_attempts = partial.taken_back;
+        // Its own attempts (taken back when a fault interrupted it) are left out, and a worker
+        // whose cache went through them rebuilds it: the reply is the one without the fault.
+        for (const TakenBackTurn& t : partial.taken_back) {
+          (t.own ? turn.own_attempts : turn.earlier_attempts).push_back(t);
+        }
         BuildSpec(rec, user, {rec.messages[static_cast<size_t>(user)]}, seeded, cache, turn);
+        if (!turn.own_attempts.empty()) turn.spec.request.set_rebuild(true);
         turn.resumed = partial;
         turn.spec.send_history = true;  // the worker's copy may hold the interrupted turn
         turn.spec.resume_tokens = partial.token_ids;
@@ -421,7 +428,12 @@ absl::Status Conversations::Finish(const OpenTurn& turn, const absl::StatusOr<Tu
     ended.writer = turn.writer;                        // not over another coordinator's takeover
     ended.seed = turn.spec.request.sampling().seed();  // a resume takes the same draws
     ended.taken_back = turn.earlier_attempts;
-    for (TakenBackTurn& t : TakenBackBy(outcome.status())) ended.taken_back.push_back(std::move(t));
+    ended.taken_back.insert(ended.taken_back.end(), turn.own_attempts.begin(),
+                            turn.own_attempts.end());
+    for (TakenBackTurn& t : TakenBackBy(outcome.status())) {
+      t.own = true;
+      ended.taken_back.push_back(std::move(t));
+    }
     stored = store_.Replace(turn.tenant, turn.session_id, turn.reply_index, ended);
   } else {
     StoredMessage reply{"assistant", outcome->text};

@@ -98,6 +98,9 @@ struct OpenTurn {
   // (a worker rebuilding the session for the turn replays them, as the one that kept its
   // cache went through them).
   std::vector<TakenBackTurn> earlier_attempts;
+  // A resume's own earlier attempts (TakenBackTurn::own): not in its history; kept on the reply
+  // if it is interrupted again, dropped once it completes.
+  std::vector<TakenBackTurn> own_attempts;
   TurnSpec spec;      // for a TurnRunner
   std::string key;    // tenant/session: the running mark and the episodes
   std::string writer;  // the reply in progress's StoredMessage::writer: this coordinator

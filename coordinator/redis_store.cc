@@ -2,7 +2,8 @@
 //   recall:s:<id>        hash: tenant, model, cache, metadata (JSON), created_ms, worker
 //   recall:m:<id>        list of messages, each a JSON object {"role", "content"} (a reply
 //                        also "token_ids", "finish", "seed", a decimal string, and "tb",
-//                        its taken-back attempts: [{"p": prompt tokens, "t": ids}, ...])
+//                        its taken-back attempts: [{"p": prompt tokens, "t": ids, "o": 1 for
+//                        TakenBackTurn::own}, ...])
 //   recall:t:<tenant>    sorted set of the tenant's session ids (score 0: ordered by id)
 //   recall:p:<id>        list of reply parts (AppendReply), each JSON {"i": message index,
 //                        "c": text, "t": token ids}, merged into their messages by Get and
@@ -176,7 +177,9 @@ std::string ToJson(const StoredMessage& message) {
   // doubles (53 bits).
   if (message.seed.has_value()) m["seed"] = std::to_string(*message.seed);
   for (const TakenBackTurn& t : message.taken_back) {
-    m["tb"].push_back({{"p", t.prompt_tokens}, {"t", t.token_ids}});
+    nlohmann::json record = {{"p", t.prompt_tokens}, {"t", t.token_ids}};
+    if (t.own) record["o"] = 1;
+    m["tb"].push_back(std::move(record));
   }
   return m.dump();
 }
@@ -857,6 +860,7 @@ class RedisStore final : public SessionStore {
           if (!t.is_object() || !t.contains("p") || !t["p"].is_number_integer()) continue;
           TakenBackTurn& taken = msg.taken_back.emplace_back();
           taken.prompt_tokens = t["p"].get<int>();
+          taken.own = t.contains("o");
           if (!t.contains("t") || !t["t"].is_array()) continue;
           for (const nlohmann::json& id : t["t"]) {
             if (id.is_number_integer()) taken.token_ids.push_back(id.get<int32_t>());

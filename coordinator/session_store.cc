@@ -57,6 +57,7 @@ std::vector<StoredMessage> CompleteTurns(const std::vector<StoredMessage>& messa
 namespace {
 constexpr int32_t kSeedMarker = -2;  // no finish reason is negative
 constexpr int32_t kTakenBackMarker = -3;
+constexpr int32_t kOwnTakenBackMarker = -4;  // TakenBackTurn::own
 }  // namespace
 
 std::string EncodeReply(const StoredMessage& m) {
@@ -70,7 +71,7 @@ std::string EncodeReply(const StoredMessage& m) {
     for (int b = 0; b < 4; ++b) out.push_back(static_cast<char>((u >> (8 * b)) & 0xFF));
   };
   for (const TakenBackTurn& t : m.taken_back) {
-    put(kTakenBackMarker);
+    put(t.own ? kOwnTakenBackMarker : kTakenBackMarker);
     put(t.prompt_tokens);
     put(static_cast<int32_t>(t.token_ids.size()));
     for (int32_t id : t.token_ids) put(id);
@@ -99,11 +100,12 @@ void DecodeReply(const std::string& bytes, StoredMessage* m) {
   };
   const size_t words = bytes.size() / 4;
   size_t at = 0;  // in words
-  while (at < words && get(4 * at) == kTakenBackMarker) {
+  while (at < words && (get(4 * at) == kTakenBackMarker || get(4 * at) == kOwnTakenBackMarker)) {
     if (words - at < 3) return m->taken_back.clear();  // unreadable
     const int32_t n = get(4 * (at + 2));
     if (n < 0 || static_cast<size_t>(n) > words - at - 3) return m->taken_back.clear();
     TakenBackTurn& t = m->taken_back.emplace_back();
+    t.own = get(4 * at) == kOwnTakenBackMarker;
     t.prompt_tokens = get(4 * (at + 1));
     for (size_t i = 0; i < static_cast<size_t>(n); ++i)
       t.token_ids.push_back(get(4 * (at + 3 + i)));

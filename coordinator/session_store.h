@@ -43,6 +43,10 @@ const char* TurnStateName(TurnState state);
 struct TakenBackTurn {
   std::vector<int32_t> token_ids;
   int prompt_tokens = 0;
+  // An attempt of the very reply that holds it (interrupted by a fault: its client left, its
+  // coordinator stopped), not of a stopped turn that reply replaced: a resume of that reply
+  // leaves it out and has the worker rebuild, so that the reply is the one without the fault.
+  bool own = false;
 };
 
 struct StoredMessage {

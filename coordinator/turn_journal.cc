@@ -23,6 +23,8 @@ TurnJournal::TurnJournal(SessionStore& store, WorkPool& pool, LeaseKeeper& keepe
   sent_.writer = turn.writer;  // the store refuses a write into another writer's reply
   sent_.seed = turn.spec.request.sampling().seed();  // so every write keeps it
   sent_.taken_back = turn.earlier_attempts;
+  sent_.taken_back.insert(sent_.taken_back.end(), turn.own_attempts.begin(),
+                          turn.own_attempts.end());
   {
     absl::MutexLock lock(&mu_);
     last_write_ms_ = UnixMillis();  // Begin or Resume wrote the reply with its lease

@@ -319,6 +319,66 @@ TEST_F(ConversationsTest, ATurnBegunFromTheRecentTurnsSendsWhatTheWholeTranscrip
   EXPECT_EQ(recent->spec.request.SerializeAsString(), whole->spec.request.SerializeAsString());
 }
 
+// A turn of a session that evicts, interrupted with its worker's record of the attempt taken
+// back (own: an attempt of that very reply), then resumed twice: the resume's history leaves
+// its own attempts out and the worker is asked to rebuild (its cache went through them), so
+// the reply is the one without the interruption; interrupted again, the reply keeps every own
+// attempt; complete, none. A turn that replaces it instead carries the attempt on (not own).
+TEST_F(ConversationsTest, AResumeLeavesItsOwnTakenBackAttemptsOutAndHasTheWorkerRebuild) {
+  StoredMessage user{"user", "Hi"};
+  user.turn_id = "t-1";
+  auto turn = conversations_->Begin("t", id_, Plan(1, {user}), {}, "grpc");
+  ASSERT_TRUE(turn.ok());
+  EXPECT_FALSE(turn->spec.request.rebuild());
+  const auto interrupt = [&](const OpenTurn& t, int32_t token) {
+    v1::AbortResponse answer;
+    v1::TakenBackTurn* taken = answer.add_taken_back();
+    taken->add_token_ids(token);
+    taken->set_prompt_tokens(1);
+    absl::Status cancelled = absl::CancelledError("the client went away");
+    WithTakenBack(answer, cancelled);
+    StoredMessage sent{"assistant", " Once"};
+    sent.token_ids = {11};
+    return conversations_->Finish(t, cancelled, sent);
+  };
+  ASSERT_TRUE(interrupt(*turn, 7).ok());
+  std::vector<StoredMessage> t = Transcript();
+  ASSERT_EQ(t.size(), 3u);
+  ASSERT_EQ(t[2].taken_back.size(), 1u);
+  EXPECT_TRUE(t[2].taken_back[0].own);
+
+  auto resumed = conversations_->Resume("t", id_, "turn_id", "t-1", {}, "grpc");
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_TRUE(resumed->spec.request.rebuild());
+  EXPECT_TRUE(resumed->earlier_attempts.empty());
+  ASSERT_EQ(resumed->own_attempts.size(), 1u);
+  for (const v1::ChatMessage& m : resumed->spec.history) EXPECT_EQ(m.taken_back_after_size(), 0);
+  ASSERT_TRUE(interrupt(*resumed, 8).ok());
+  t = Transcript();
+  ASSERT_EQ(t[2].taken_back.size(), 2u) << "the first attempt and the resume's";
+  EXPECT_TRUE(t[2].taken_back[0].own && t[2].taken_back[1].own);
+
+  auto again = conversations_->Resume("t", id_, "turn_id", "t-1", {}, "grpc");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->spec.request.rebuild());
+  EXPECT_EQ(again->own_attempts.size(), 2u);
+  ASSERT_TRUE(conversations_->Finish(*again, Reply(" Once upon"), {}).ok());
+  EXPECT_TRUE(Transcript()[2].taken_back.empty()) << "the reply is the one without them";
+
+  // Interrupted again in a later turn, then replaced by the next turn: the attempt was in the
+  // worker's cache when that turn began, and stays with it.
+  StoredMessage more{"user", "More"};
+  more.turn_id = "t-2";
+  auto second = conversations_->Begin("t", id_, Plan(3, {more}), {}, "http");
+  ASSERT_TRUE(second.ok());
+  ASSERT_TRUE(interrupt(*second, 9).ok());
+  auto replacing = conversations_->Begin("t", id_, Plan(3, {{"user", "More"}}), {}, "http");
+  ASSERT_TRUE(replacing.ok()) << replacing.status();
+  ASSERT_EQ(replacing->earlier_attempts.size(), 1u);
+  EXPECT_FALSE(replacing->earlier_attempts[0].own);
+  EXPECT_FALSE(replacing->spec.request.rebuild());
+}
+
 // Resume: the interrupted last turn named by its id goes back in progress with the part sent,
 // its spec sends the same user message with the turns before it and the part as resume
 // tokens, and Finish stores the whole reply. A turn the session went on from, a complete

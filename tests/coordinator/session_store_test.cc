@@ -706,10 +706,12 @@ TEST(ReplyBytesTest, TakenBackAttemptsRoundTripAndABadCountIsNotReadPastTheEnd) 
   m.finish = 2;
   m.token_ids = {7, 8};
   m.seed = 3;
-  m.taken_back = {{{10, 11, 12}, 2}, {{}, 0}};
+  m.taken_back = {{{10, 11, 12}, 2}, {{}, 0, /*own=*/true}};
   StoredMessage back;
   DecodeReply(EncodeReply(m), &back);
   ASSERT_EQ(back.taken_back.size(), 2u);
+  EXPECT_FALSE(back.taken_back[0].own);
+  EXPECT_TRUE(back.taken_back[1].own);
   EXPECT_EQ(back.taken_back[0].token_ids, (std::vector<int32_t>{10, 11, 12}));
   EXPECT_EQ(back.taken_back[0].prompt_tokens, 2);
   EXPECT_TRUE(back.taken_back[1].token_ids.empty());
@@ -740,7 +742,7 @@ TEST_P(SessionStoreTest, AnInterruptedReplyKeepsItsTakenBackAttempts) {
   ended.state = TurnState::kInterrupted;
   ended.token_ids = {5, 6};
   ended.seed = 9;
-  ended.taken_back = {{{1, 2, 3, 5}, 3}, {{4}, 1}};
+  ended.taken_back = {{{1, 2, 3, 5}, 3}, {{4}, 1, /*own=*/true}};
   ASSERT_TRUE(store_->Replace("a", "s1", 1, ended).ok());
   auto rec = store_->Get("a", "s1");
   ASSERT_TRUE(rec.ok()) << rec.status();
@@ -753,6 +755,8 @@ TEST_P(SessionStoreTest, AnInterruptedReplyKeepsItsTakenBackAttempts) {
   EXPECT_EQ(back.taken_back[0].prompt_tokens, 3);
   EXPECT_EQ(back.taken_back[1].token_ids, (std::vector<int32_t>{4}));
   EXPECT_EQ(back.taken_back[1].prompt_tokens, 1);
+  EXPECT_FALSE(back.taken_back[0].own);
+  EXPECT_TRUE(back.taken_back[1].own) << "an attempt of this reply (a resume leaves it out)";
 }
 
 // Idempotency-Key records: per tenant, replaced by a later write, binary safe, kept across a

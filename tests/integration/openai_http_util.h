@@ -220,12 +220,17 @@ class OpenAiHttpCancelTest : public ::testing::Test {
     if (!std::filesystem::exists(config)) GTEST_SKIP() << "shared data missing: " << config;
     dir_ = testing::MakeTempDir("openai_cancel");
     std::string error;
-    ASSERT_TRUE(
-        worker_.Start(RECALL_WORKER_BINARY,
-                      {"--model", testing::SharedPath("tokenizers/smollm2"), "--random-weights",
-                       "--listen", "127.0.0.1:0", "--kv-cache-bytes", "256M", "--threads", "1"},
-                      dir_, &error))
-        << error;
+    std::vector<std::string> flags = {"--model",
+                                      testing::SharedPath("tokenizers/smollm2"),
+                                      "--random-weights",
+                                      "--listen",
+                                      "127.0.0.1:0",
+                                      "--kv-cache-bytes",
+                                      "256M",
+                                      "--threads",
+                                      "1"};
+    for (const std::string& f : ExtraWorkerFlags()) flags.push_back(f);
+    ASSERT_TRUE(worker_.Start(RECALL_WORKER_BINARY, flags, dir_, &error)) << error;
     ASSERT_TRUE(coordinator_.Start(
         RECALL_COORDINATOR_BINARY,
         {"--workers", "127.0.0.1:" + std::to_string(worker_.port("grpc")), "--listen",
@@ -233,6 +238,9 @@ class OpenAiHttpCancelTest : public ::testing::Test {
         dir_, &error))
         << error;
   }
+
+  // More recall-worker flags (a fixture's session defaults).
+  virtual std::vector<std::string> ExtraWorkerFlags() const { return {}; }
 
   // POSTs a streaming chat `body` and hangs up once the role chunk and one chunk of text have
   // come whole (the client stopped the reply); the reply's body is empty when no text came.

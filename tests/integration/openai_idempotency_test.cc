@@ -247,6 +247,76 @@ TEST_F(OpenAiHttpCancelTest, AKeysRunningTurnIs409AndItsInterruptedTurnIsResumed
   EXPECT_EQ(ReplyText(replayed), whole);
 }
 
+// Sessions that evict (lazy, 64 tokens per layer and KV head, every 16 steps).
+class OpenAiHttpLazyCancelTest : public OpenAiHttpCancelTest {
+ protected:
+  std::vector<std::string> ExtraWorkerFlags() const override {
+    return {"--policy", "lazy", "--budget", "64", "--window", "16"};
+  }
+};
+
+// A turn of a session that evicts, interrupted by its client leaving and sent again with its
+// key. The worker took the aborted attempt back but kept what its steps evicted, and the
+// resume went on from that cache: its reply differed from the one without the interruption
+// (a black-box run: 5 of 5). The resume leaves the attempt out and has the worker rebuild.
+TEST_F(OpenAiHttpLazyCancelTest, AnInterruptedTurnIsResumedAsTheReplyWithoutTheInterruption) {
+  httplib::Client client("127.0.0.1", coordinator_.port("http"));
+  client.set_read_timeout(120, 0);
+  const Json u1 = Message("user", "Once upon a time");
+  const Json u2 = Message("user", "Tell me more about it");
+  // Without a fault (its own session): the first reply fills the budget, the second evicts.
+  const HttpReply first =
+      Send(client, "POST", "/v1/chat/completions", ChatBody({u1}, 80, false), "");
+  ASSERT_EQ(first.status, 200) << first.body;
+  const std::string r1 = ReplyText(first);
+  const std::vector<Json> asked = {u1, Message("assistant", r1), u2};
+  const HttpReply reference =
+      Send(client, "POST", "/v1/chat/completions", ChatBody(asked, 60, false), "",
+           {{"X-Session-Id", first.Header("X-Session-Id")}});
+  ASSERT_EQ(reference.status, 200) << reference.body;
+  ASSERT_GT(Json::parse(reference.body)["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+
+  // The same conversation in another session, its second turn interrupted past an eviction.
+  const HttpReply again_first =
+      Send(client, "POST", "/v1/chat/completions", ChatBody({u1}, 80, false), "");
+  ASSERT_EQ(again_first.status, 200) << again_first.body;
+  const std::string id = again_first.Header("X-Session-Id");
+  ASSERT_NE(id, first.Header("X-Session-Id"));
+  ASSERT_EQ(ReplyText(again_first), r1);
+  const HttpReply cut =
+      Send(client, "POST", "/v1/chat/completions", ChatBody(asked, 60, true), "",
+           {{"X-Session-Id", id}, {"Idempotency-Key", "lazy-1"}}, [](const std::string& so_far) {
+             size_t chunks = 0;  // the role chunk, then 24 of text: past a window of 16 steps
+             for (size_t at = so_far.find("data: "); at != std::string::npos;
+                  at = so_far.find("data: ", at + 1)) {
+               ++chunks;
+             }
+             return chunks < 25;
+           });
+  ASSERT_EQ(cut.status, 200);
+  HttpReply resumed;
+  for (int i = 0; i < 500; ++i) {  // 409 until the coordinator saw the hang-up
+    resumed = Send(client, "POST", "/v1/chat/completions", ChatBody(asked, 60, false), "",
+                   {{"X-Session-Id", id}, {"Idempotency-Key", "lazy-1"}});
+    if (resumed.status != 409) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(resumed.status, 200) << resumed.body;
+  EXPECT_EQ(resumed.Header("Idempotent-Replayed"), "") << "resumed, not replayed";
+  EXPECT_EQ(ReplyText(resumed), ReplyText(reference))
+      << "the reply of the turn without the interruption";
+  // And the session goes on as the one without the fault.
+  std::vector<Json> next = asked;
+  next.push_back(Message("assistant", ReplyText(reference)));
+  next.push_back(Message("user", "And then?"));
+  const HttpReply ref_next = Send(client, "POST", "/v1/chat/completions", ChatBody(next, 30, false),
+                                  "", {{"X-Session-Id", first.Header("X-Session-Id")}});
+  const HttpReply got_next = Send(client, "POST", "/v1/chat/completions", ChatBody(next, 30, false),
+                                  "", {{"X-Session-Id", id}});
+  ASSERT_EQ(got_next.status, 200) << got_next.body;
+  EXPECT_EQ(ReplyText(got_next), ReplyText(ref_next));
+}
+
 // A stream resumed: its events carry the stored part first, then the rest, as one reply.
 TEST_F(OpenAiHttpCancelTest, AnInterruptedStreamIsResumedAsAStream) {
   httplib::Client client("127.0.0.1", coordinator_.port("http"));

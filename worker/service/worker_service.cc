@@ -87,6 +87,7 @@ serving::TurnRequest FromProto(const v1::RunTurnRequest& r, int default_max_toke
   out.logprobs = s.has_logprobs() && s.logprobs();
   out.top_logprobs = s.has_top_logprobs() ? s.top_logprobs() : 0;
   out.resume_tokens.assign(r.resume_tokens().begin(), r.resume_tokens().end());
+  out.rebuild = r.rebuild();
   out.cache = FromProto(r.cache());
   return out;
 }

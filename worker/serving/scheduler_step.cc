@@ -286,7 +286,8 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
   // digest: the session keeps only its last messages).
   // (Not a session that took a turn back whose record nobody collected: the transcript lacks
   // it, so only a rebuild from the transcript is what a later rebuild would be.)
-  if (s != nullptr && Uncollected(r.session_id)) {
+  // (Nor one the request says went through steps its history lacks: RunTurnRequest.rebuild.)
+  if (s != nullptr && (Uncollected(r.session_id) || r.rebuild)) {
     memory_.Drop(*s);
     s = nullptr;
   }

@@ -63,6 +63,8 @@ struct TurnRequest {
   CacheRequest cache;
   // Failover: reply tokens the client already has; fed after the prompt, not re-streamed.
   std::vector<int32_t> resume_tokens;
+  // The resident cache, if any, is not continued: rebuilt from the history (RunTurnRequest).
+  bool rebuild = false;
 };
 
 // Limits a request is checked against.
