@@ -100,6 +100,15 @@ const flags::FlagSet<ServeOptions>& ServeFlags() {
   return *kFlags;
 }
 
+// SIGINT and SIGTERM (Ctrl-C, a stop).
+sigset_t StopSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  return set;
+}
+
 // recall-worker beside this binary (installed) or in the build tree.
 std::string WorkerBinary() {
   std::error_code ec;
@@ -183,10 +192,7 @@ absl::Status Serve(const ServeOptions& o) {
   // at once, rather than once the model has loaded.
   bool stopped = false;
   const auto interrupted = [&] {
-    sigset_t stop_signals;
-    sigemptyset(&stop_signals);
-    sigaddset(&stop_signals, SIGINT);
-    sigaddset(&stop_signals, SIGTERM);
+    const sigset_t stop_signals = StopSignals();
     const timespec now{0, 0};
     stopped = stopped || sigtimedwait(&stop_signals, nullptr, &now) > 0;
     return stopped;
@@ -279,6 +285,15 @@ absl::Status Serve(const ServeOptions& o) {
     std::cerr << "recall serve: worker back on port " << worker_port << "\n";
   }
   std::cerr << "recall serve: shutting down\n";
+  if (ended.ok()) {
+    // Running turns end first (the worker, sent the same Ctrl-C, lets them end too).
+    const int left = server->Drain(absl::Seconds(worker_options.shutdown_grace_seconds), [] {
+      const sigset_t stop_signals = StopSignals();
+      const timespec wait{0, 100'000'000};
+      return sigtimedwait(&stop_signals, nullptr, &wait) > 0;  // a second signal
+    });
+    if (left > 0) std::cerr << "recall serve: ending " << left << " running turn(s)\n";
+  }
   server->Shutdown();
   worker.Stop();
   if (!o.port_file.empty()) std::filesystem::remove(o.port_file, ec);  // its ports are closed

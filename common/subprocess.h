@@ -130,7 +130,9 @@ class ServerProcess {
     return it == ports_.end() ? 0 : it->second;
   }
 
-  // SIGTERM, then SIGKILL after 10 s. Returns the exit status (or -1).
+  // SIGTERM; a second one after 2 s (a worker or coordinator then ends the turns it lets
+  // run after the first: --shutdown-grace); SIGKILL after 10 s. Returns the exit status (or
+  // -1).
   int Stop() {
     if (pid_ <= 0) return -1;
     kill(pid_, SIGTERM);
@@ -140,6 +142,7 @@ class ServerProcess {
         pid_ = -1;
         return status;
       }
+      if (i == 200) kill(pid_, SIGTERM);
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     kill(pid_, SIGKILL);

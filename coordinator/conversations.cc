@@ -176,6 +176,7 @@ absl::StatusOr<OpenTurn> Conversations::Open(
   turn.key = tenant + "/" + session_id;
   turn.writer = instance_id_;
   turn.edge = edge;
+  RECALL_RETURN_IF_ERROR(TakingTurns());
   if (!MarkRunning(turn.key)) {
     return absl::FailedPreconditionError(
         "session_id: a turn of this session is running; send the next when it ends "
@@ -451,6 +452,12 @@ absl::Status Conversations::Finish(const OpenTurn& turn, const absl::StatusOr<Tu
   LogTurn(turn, outcome, sent);
   ClearRunning(turn.key);
   return stored;
+}
+
+absl::Status Conversations::TakingTurns() const {
+  if (!stopping_.load()) return absl::OkStatus();
+  return absl::UnavailableError(
+      "the coordinator is shutting down (its running turns are ending); retryable");
 }
 
 TurnSpec Conversations::OneOff(const std::string& tenant, const std::string& model,

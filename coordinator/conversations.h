@@ -30,6 +30,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -121,6 +122,11 @@ class Conversations {
   const std::string& instance_id() const { return instance_id_; }
   // Whether a turn of the session `key` ("tenant/id") runs here now (or is being stored).
   bool Running(const std::string& key) const;
+  // A coordinator stopping (SIGTERM) takes no new turn while its running ones end: from then
+  // on TakingTurns is UNAVAILABLE (retryable: another replica takes it), and so is a session
+  // turn (Begin, Resume). Not undone.
+  void StopTakingTurns() { stopping_.store(true); }
+  absl::Status TakingTurns() const;
   // Whether `reply` (of session `key`) is in progress by this coordinator (or a store that
   // keeps no writer: SQLite, one coordinator's) with no turn of the session running here: an
   // orphan, a turn whose end could not be stored (a store outage), to be taken as interrupted
@@ -304,6 +310,7 @@ class Conversations {
   metrics::Registry& metrics_;
   mutable absl::Mutex mu_;
   std::set<std::string> running_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> stopping_{false};                     // StopTakingTurns
   std::set<std::string> finishing_ ABSL_GUARDED_BY(mu_);  // running, in Finish
   WorkPool journal_pool_;  // the journals' store writes
   LeaseKeeper lease_keeper_;  // renews silent journals' leases every eighth of a lease

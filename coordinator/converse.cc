@@ -392,8 +392,8 @@ grpc::ServerWriteReactor<v1::ConverseEvent>* ChatService::Generate(
     return reactor;
   }
   for (const absl::Status& st :
-       {conversations_.CheckModel(request->model()), conversations_.CheckPolicy(request->cache()),
-        conversations_.CheckKvDtype(request->cache()),
+       {conversations_.TakingTurns(), conversations_.CheckModel(request->model()),
+        conversations_.CheckPolicy(request->cache()), conversations_.CheckKvDtype(request->cache()),
         conversations_.CheckMaxTokens(request->model(), request->sampling())}) {
     if (!st.ok()) {
       reactor->End(ToGrpc(st));

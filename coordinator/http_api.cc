@@ -608,6 +608,7 @@ void HttpApi::Completions(const httplib::Request& req, httplib::Response& res) {
     }
     auto reply =
         std::make_shared<Reply>(openai::Endpoint::kCompletion, model, completion.include_usage);
+    RECALL_RETURN_IF_ERROR(conversations_.TakingTurns());
     RECALL_RETURN_IF_ERROR(conversations_.CheckMaxTokens(model, sampling));
     reply->spec =
         conversations_.OneOff(tenant, model, completion.prompt, sampling, v1::CacheSettings());
@@ -855,7 +856,7 @@ void HttpApi::Health(const httplib::Request&, httplib::Response& res) {
     absl::MutexLock lock(&mu_);
     stopping = stopping_;
   }
-  const bool ok = healthy > 0 && !stopping;
+  const bool ok = healthy > 0 && !stopping && conversations_.TakingTurns().ok();
   res.status = ok ? 200 : 503;
   res.set_content(absl::StrCat("{\"status\":\"", ok ? "ok" : "unavailable",
                                "\",\"healthy_workers\":", healthy, "}"),

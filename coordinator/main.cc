@@ -89,6 +89,12 @@ const flags::FlagSet<CoordinatorConfig>& CoordinatorFlags() {
             "first token a stream begins after a second, or this if shorter, and gets a\n"
             "comment that often",
             [](auto& o) -> auto& { return o.sse_keepalive_seconds; }, 0.001, 3600)
+        .Double(
+            "shutdown-grace", "SECONDS",
+            "on SIGTERM or SIGINT, running turns get this long to end while no new turn is\n"
+            "taken and health says unavailable (default 25: within Kubernetes' 30 s); a\n"
+            "second signal ends them at once",
+            [](auto& o) -> auto& { return o.shutdown_grace_seconds; }, 0, 86400)
         .String(
             "data-dir", "DIR", "where sessions.db lives (default .)",
             [](auto& o) -> auto& { return o.data_dir; })
@@ -202,6 +208,11 @@ absl::Status Run(const std::vector<std::string>& argv) {
   int sig = 0;
   sigwait(&signals, &sig);
   std::fprintf(stderr, "recall-coordinator: signal %d, shutting down\n", sig);
+  const int left = server->Drain(absl::Seconds(c.shutdown_grace_seconds), [&signals] {
+    const timespec wait{0, 100'000'000};
+    return sigtimedwait(&signals, nullptr, &wait) > 0;  // a second signal
+  });
+  if (left > 0) std::fprintf(stderr, "recall-coordinator: ending %d running turn(s)\n", left);
   server->Shutdown();
   return absl::OkStatus();
 }

@@ -14,6 +14,7 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "coordinator/certificate.h"
+#include "coordinator/turn_runner.h"
 
 namespace recall::coordinator {
 
@@ -143,6 +144,24 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
                                                          s->keys_, s->metrics_));
   }
   return s;
+}
+
+int CoordinatorServer::Drain(absl::Duration grace, const std::function<bool()>& interrupted) {
+  conversations_->StopTakingTurns();
+  if (server_ != nullptr) server_->GetHealthCheckService()->SetServingStatus(false);
+  const absl::Time deadline = absl::Now() + grace;
+  metrics::Gauge* running = TurnRunner::RunningTurns(metrics_);
+  bool told = false;
+  while (running->value() > 0 && absl::Now() < deadline) {
+    if (!told) {
+      RECALL_LOG(WARNING) << "stopping: " << running->value() << " turn(s) running get up to "
+                          << absl::FormatDuration(grace)
+                          << " to end; no new turn is taken (a second signal ends them now)";
+      told = true;
+    }
+    if (interrupted()) break;
+  }
+  return static_cast<int>(running->value());
 }
 
 void CoordinatorServer::Shutdown(std::chrono::milliseconds grace) {

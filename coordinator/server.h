@@ -4,11 +4,13 @@
 // Conversations and TurnRunner. Used by recall-coordinator and by `recall serve`.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/flags.h"
 #include "common/metrics/http_server.h"
 #include "coordinator/chat_service.h"
@@ -37,6 +39,9 @@ struct CoordinatorConfig {
   // certificate it signed (mTLS).
   std::string tls_cert, tls_key, tls_client_ca;
   std::string port_file;  // the main writes "grpc=PORT metrics=PORT http=PORT" once listening
+  // On SIGTERM or SIGINT, running turns get this long to end while no new one is taken
+  // (Drain); a second signal ends them at once.
+  double shutdown_grace_seconds = 25;
   CoordinatorOptions options;
 };
 
@@ -50,6 +55,11 @@ class CoordinatorServer {
   int metrics_port() const { return http_ ? http_->port() : 0; }
   int http_port() const { return http_api_ ? http_api_->port() : 0; }
   WorkerRegistry& workers() { return *registry_; }
+  // Stops taking turns (UNAVAILABLE, retryable: another replica takes them; health says
+  // unavailable, so a load balancer stops sending them) and waits until the running turns
+  // have ended, `grace` has passed, or `interrupted` (called about every 100 ms; it may wait
+  // that long itself) says to stop waiting. Shutdown follows. Returns the turns still running.
+  int Drain(absl::Duration grace, const std::function<bool()>& interrupted);
   // Stops accepting calls; running gRPC streams get `grace` to finish, running HTTP turns are
   // cancelled.
   void Shutdown(std::chrono::milliseconds grace = std::chrono::seconds(5));

@@ -153,6 +153,7 @@ class TurnRunner::EndCall final : public grpc::ClientUnaryReactor {
     WithTakenBack(aborted_, cancelled);
     self_.reset();  // `this` is gone from here on
     if (kind == Kind::kDrop) {
+      runner->Ended();
       runner->sink_->OnTurnDone(std::move(runner->result_));
     } else {
       runner->Fail(std::move(cancelled));
@@ -185,6 +186,7 @@ TurnRunner::TurnRunner(WorkerRegistry& workers, metrics::Registry& metrics,
       options_(options),
       spec_(std::move(spec)),
       sink_(sink),
+      running_(RunningTurns(metrics)),
       sticky_(spec_.bound),
       send_history_(spec_.send_history) {
   result_.tokens = spec_.resume_tokens;
@@ -193,7 +195,17 @@ TurnRunner::TurnRunner(WorkerRegistry& workers, metrics::Registry& metrics,
 
 TurnRunner::~TurnRunner() = default;
 
-void TurnRunner::Start() { NextAttempt(); }
+void TurnRunner::Start() {
+  running_->Add(1);
+  NextAttempt();
+}
+
+void TurnRunner::Ended() { running_->Add(-1); }
+
+metrics::Gauge* TurnRunner::RunningTurns(metrics::Registry& metrics) {
+  return metrics.GetGauge("recall_coordinator_turns_running",
+                          "Turns running (a stopping coordinator waits for them to end)");
+}
 
 void TurnRunner::Cancel() {
   std::shared_ptr<Call> call;
@@ -468,6 +480,7 @@ void TurnRunner::Succeed() {
   std::shared_ptr<v1::Worker::Stub> stub =
       spec_.drop_after ? workers_.Stub(result_.worker) : nullptr;
   if (stub == nullptr) {
+    Ended();
     sink_->OnTurnDone(std::move(result_));
     return;
   }
@@ -499,6 +512,9 @@ void WithTakenBack(const v1::AbortResponse& answer, absl::Status& status) {
   }
 }
 
-void TurnRunner::Fail(absl::Status status) { sink_->OnTurnError(std::move(status)); }
+void TurnRunner::Fail(absl::Status status) {
+  Ended();
+  sink_->OnTurnError(std::move(status));
+}
 
 }  // namespace recall::coordinator

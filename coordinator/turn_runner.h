@@ -142,8 +142,10 @@ class TurnRunner : public std::enable_shared_from_this<TurnRunner> {
                                             TurnSink* sink);
   ~TurnRunner();
 
-  // Starts the turn. REQUIRES: called once.
+  // Starts the turn. REQUIRES: called once. From Start to its end (the sink's report) the turn
+  // counts in the gauge RunningTurns (a stopping coordinator waits for it to reach 0).
   void Start();
+  static metrics::Gauge* RunningTurns(metrics::Registry& metrics);
   // Ends the turn with CANCELLED, promptly: the worker call in flight is cancelled (its
   // worker aborts the turn). Idempotent; a turn that already ended is not affected.
   void Cancel();
@@ -154,6 +156,8 @@ class TurnRunner : public std::enable_shared_from_this<TurnRunner> {
 
   TurnRunner(WorkerRegistry& workers, metrics::Registry& metrics, TurnRunnerOptions options,
              TurnSpec spec, TurnSink* sink);
+  // The turn ended (before its report to the sink): out of RunningTurns.
+  void Ended();
 
   // Routes and starts the next attempt, or ends the turn.
   void NextAttempt();
@@ -180,6 +184,7 @@ class TurnRunner : public std::enable_shared_from_this<TurnRunner> {
   const TurnRunnerOptions options_;
   const TurnSpec spec_;
   TurnSink* const sink_;
+  metrics::Gauge* const running_;  // RunningTurns
 
   // The attempt loop's state. Touched by Start and then only by the attempt in flight,
   // whose reactions are serialized, and by the next attempt after it ended.

@@ -934,6 +934,63 @@ TEST_F(OpenAiHttpCancelTest, AClientLeavingDuringALongPrefillCancelsTheTurnThen)
       << "the turn was cancelled during its prefill (" << prefill << " s alone)";
 }
 
+// A stop (SIGTERM: a rolling restart) of the coordinator or of the worker while a reply
+// streams. The coordinator cut the stream at its next token ("the coordinator is shutting
+// down"), and the worker aborted the turn at once, though the Helm chart gives pods 30 s to
+// end. Running turns now end first (--shutdown-grace): the reply streams whole; a turn sent
+// meanwhile is 503, retryable (another replica or worker takes it), and the coordinator's
+// /health says unavailable; the process exits once the turn has ended.
+void StopMidStreamLetsTheReplyEndFirst(ServerProcess& stopped, int http_port, bool coordinator) {
+  httplib::Client client("127.0.0.1", http_port);
+  client.set_read_timeout(120, 0);
+  const std::vector<Json> asked = {Message("user", "Once upon a time")};
+  const HttpReply reference =
+      Send(client, "POST", "/v1/chat/completions", ChatBody(asked, 40, false), "");
+  ASSERT_EQ(reference.status, 200) << reference.body;
+  HttpReply during, health;
+  std::thread probe;
+  const HttpReply r = Send(client, "POST", "/v1/chat/completions", ChatBody(asked, 40, true), "",
+                           {}, [&](const std::string& so_far) {
+                             const size_t text = so_far.find("\"content\":\"", 60);
+                             if (probe.joinable() || text == std::string::npos) return true;
+                             kill(stopped.pid(), SIGTERM);
+                             probe = std::thread([&] {
+                               std::this_thread::sleep_for(std::chrono::milliseconds(300));
+                               httplib::Client other("127.0.0.1", http_port);
+                               during = Send(other, "POST", "/v1/chat/completions",
+                                             ChatBody({Message("user", "Hello")}, 4, false), "");
+                               health = Send(other, "GET", "/health", "", "");
+                             });
+                             return true;
+                           });
+  ASSERT_TRUE(probe.joinable()) << "no text came: " << r.body;
+  probe.join();
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(StreamedText(r.body), ReplyText(reference)) << r.body;
+  EXPECT_EQ(Events(r.body).back(), "[DONE]");
+  EXPECT_EQ(during.status, 503) << during.body;
+  EXPECT_NE(during.body.find("shutting down"), std::string::npos) << during.body;
+  EXPECT_EQ(during.Header("x-should-retry"), "true");
+  if (coordinator) {
+    EXPECT_EQ(health.status, 503) << health.body;
+  }
+  std::optional<int> exit;
+  for (int i = 0; i < 1000 && !exit.has_value(); ++i) {
+    exit = stopped.Reap();
+    if (!exit.has_value()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(exit.has_value()) << "still running 10 s after its turn ended";
+  EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) == 0) << *exit;
+}
+
+TEST_F(OpenAiHttpCancelTest, ACoordinatorStoppedMidStreamLetsTheReplyEndFirst) {
+  StopMidStreamLetsTheReplyEndFirst(coordinator_, coordinator_.port("http"), true);
+}
+
+TEST_F(OpenAiHttpCancelTest, AWorkerStoppedMidStreamLetsTheReplyEndFirst) {
+  StopMidStreamLetsTheReplyEndFirst(worker_, coordinator_.port("http"), false);
+}
+
 // "Stop generating" in a client that names no session: the second reply is stopped (the
 // client hangs up mid-stream), and the list is sent again. It continues the same session,
 // whose worker kept the cache of the first turn (the aborted turn gave back what it fed):

@@ -48,9 +48,11 @@ class Registration {
  public:
   Registration(const std::string& coordinator, const std::string& advertise,
                grpcutil::ClusterCredential cluster)
-      : stub_(v1::Registry::NewStub(
-            grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials()))),
+      : stub_(v1::Registry::NewStub(grpc::CreateCustomChannel(
+            coordinator, grpc::InsecureChannelCredentials(), ReconnectWithin5s()))),
         cluster_(std::move(cluster)),
+        coordinator_(coordinator),
+        advertise_(advertise),
         thread_([this, coordinator, advertise] {
           std::optional<bool> reported;  // the last outcome told (none yet: the first is)
           std::random_device rd;
@@ -79,17 +81,47 @@ class Registration {
             mu_.AwaitWithTimeout(absl::Condition(&stopping), absl::Seconds(5));
           }
         }) {}
-  ~Registration() {
+  ~Registration() { Stop(); }
+
+  // Stops registering (a registration would end the drain), then asks the coordinator to
+  // route nothing new here (Registry.Drain); a failure is logged.
+  void Drain() {
+    Stop();
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    cluster_.Attach(&ctx);
+    v1::DrainRequest req;
+    req.set_address(advertise_);
+    v1::DrainResponse resp;
+    const grpc::Status st = stub_->Drain(&ctx, req, &resp);
+    if (!st.ok()) {
+      std::fprintf(stderr, "recall-worker: cannot tell coordinator %s to drain %s: %s\n",
+                   coordinator_.c_str(), advertise_.c_str(), st.error_message().c_str());
+    }
+  }
+
+ private:
+  // gRPC's reconnect backoff grows to 2 minutes: after a coordinator outage of minutes the
+  // worker registered again up to a minute after the coordinator was back. Every 5 s at most.
+  static grpc::ChannelArguments ReconnectWithin5s() {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 1000);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 5000);
+    return args;
+  }
+
+  void Stop() {
     {
       absl::MutexLock lock(&mu_);
       stop_ = true;
     }
-    thread_.join();
+    if (thread_.joinable()) thread_.join();
   }
 
- private:
   std::unique_ptr<v1::Registry::Stub> stub_;
   const grpcutil::ClusterCredential cluster_;
+  const std::string coordinator_, advertise_;
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
@@ -216,9 +248,29 @@ absl::Status Run(const std::vector<std::string>& argv) {
 
   int sig = 0;
   sigwait(&signals, &sig);
-  registration.reset();
   std::fprintf(stderr, "recall-worker: signal %d, shutting down\n", sig);
+  // Running and waiting turns end first (up to --shutdown-grace, or a second signal); new
+  // ones are refused, and the coordinator is told to route nothing new here.
+  scheduler->StopTakingTurns();
   server->GetHealthCheckService()->SetServingStatus(false);
+  if (registration != nullptr) registration->Drain();
+  const absl::Time deadline = absl::Now() + absl::Seconds(options.shutdown_grace_seconds);
+  bool told = false;
+  for (;;) {
+    const serving::LoadSnapshot load = scheduler->Load();
+    const int running = load.active_turns + load.queued_turns;
+    if (running == 0 || absl::Now() >= deadline) break;
+    if (!told) {
+      std::fprintf(stderr,
+                   "recall-worker: %d turn(s) running get up to %g s to end; no new turn is "
+                   "taken (a second signal ends them now)\n",
+                   running, options.shutdown_grace_seconds);
+      told = true;
+    }
+    const timespec wait{0, 100'000'000};
+    if (sigtimedwait(&signals, nullptr, &wait) > 0) break;
+  }
+  registration.reset();
   scheduler->AbortAll();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   return absl::OkStatus();

@@ -267,6 +267,11 @@ const flags::FlagSet<WorkerOptions>& WorkerFlags() {
             "the model's name for clients (Info, the OpenAI API's /v1/models and \"model\";\n"
             "default: the model path's last component, e.g. stories260K.bin)",
             [](auto& o) -> auto& { return o.served_model_name; })
+        .Double(
+            "shutdown-grace", "SECONDS",
+            "on SIGTERM or SIGINT, running turns get this long to end while no new turn is\n"
+            "taken (default 25: within Kubernetes' 30 s); a second signal ends them at once",
+            [](auto& o) -> auto& { return o.shutdown_grace_seconds; }, 0, 86400)
         .String(
             "advertise", "HOST:PORT",
             "the address the coordinator dials (default: --listen's host, the bound port)",

@@ -30,6 +30,9 @@ struct WorkerOptions {
   std::string coordinator;          // register with it (every 5 s)
   std::string advertise;            // the address the coordinator dials
   std::string cluster_token_file;   // the cluster credential (this port, and registering)
+  // On SIGTERM or SIGINT: running turns get this long to end while no new one is taken
+  // (and the coordinator is told to drain this worker); a second signal ends them at once.
+  double shutdown_grace_seconds = 25;
   // The model's name in Info, the coordinator's /v1/models and requests' "model" (default:
   // the model path's last component). Checked by ResolveWorkerOptions.
   std::string served_model_name;

@@ -240,6 +240,11 @@ Scheduler::Scheduler(const model::Model& model, std::unique_ptr<runtime::Forward
   thread_ = std::thread([this] { Loop(); });
 }
 
+void Scheduler::StopTakingTurns() {
+  absl::MutexLock lock(&mu_);
+  draining_ = true;
+}
+
 Scheduler::~Scheduler() {
   {
     absl::MutexLock lock(&mu_);
@@ -292,7 +297,10 @@ absl::StatusOr<std::shared_ptr<TurnStream>> Scheduler::Submit(TurnRequest reques
   std::vector<std::string> stops = options_.stop_strings;
   stops.insert(stops.end(), request.stop.begin(), request.stop.end());
   absl::MutexLock lock(&mu_);
-  if (stop_) return absl::UnavailableError("the worker is shutting down");
+  if (stop_ || draining_) {
+    return absl::UnavailableError(
+        "the worker is shutting down (its running turns are ending); retryable");
+  }
   if (!request.request_id.empty() && aborted_unseen_.erase(request.request_id) > 0) {
     aborted_unseen_order_.erase(
         std::find(aborted_unseen_order_.begin(), aborted_unseen_order_.end(), request.request_id));

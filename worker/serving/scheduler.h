@@ -195,6 +195,9 @@ class Scheduler {
   void WaitForEpisodeBuilds() const;
 
   LoadSnapshot Load() const;
+  // A worker stopping (SIGTERM) takes no new turn while its running and waiting ones end:
+  // Submit is UNAVAILABLE from then on (retryable: the coordinator tries another worker).
+  void StopTakingTurns();
   std::vector<std::string> policies() const;
   // Whether a new session with `cache` and `system_prompt` ("" for none) can be served here:
   // InvalidArgument naming the field ("cache.window", "system_prompt") as its first turn
@@ -345,6 +348,7 @@ class Scheduler {
   std::deque<std::string> taken_back_order_ ABSL_GUARDED_BY(taken_back_mu_);
   int64_t taken_back_tokens_ ABSL_GUARDED_BY(taken_back_mu_) = 0;  // in taken_back_
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;  // StopTakingTurns
   int64_t next_request_ ABSL_GUARDED_BY(mu_) = 0;
   LoadSnapshot load_ ABSL_GUARDED_BY(mu_);
 

@@ -46,6 +46,7 @@ const std::map<std::string, std::vector<std::string>> kValues = {
     {"prefill-chunk", {"32"}},
     {"max-active", {"5"}},
     {"max-queued", {"6"}},
+    {"shutdown-grace", {"7.5"}},
     {"host-cache-bytes", {"1024"}},
     {"policy", {"lazy"}},
     {"budget", {"64"}},
