@@ -16,6 +16,7 @@
 #include "common/flags.h"
 #include "common/grpc/cluster_credential.h"
 #include "common/status.h"
+#include "common/stop_signals.h"
 #include "common/subprocess.h"
 #include "coordinator/server.h"
 #include "worker/service/worker_options.h"
@@ -100,15 +101,6 @@ const flags::FlagSet<ServeOptions>& ServeFlags() {
   return *kFlags;
 }
 
-// SIGINT and SIGTERM (Ctrl-C, a stop).
-sigset_t StopSignals() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  return set;
-}
-
 // recall-worker beside this binary (installed) or in the build tree.
 std::string WorkerBinary() {
   std::error_code ec;
@@ -160,14 +152,9 @@ absl::Status Serve(const ServeOptions& o) {
   // The worker gets every worker flag given to serve (and serve's defaults for it).
   const std::vector<std::string> worker_args = service::WorkerFlags().Render(worker_options);
 
-  // Blocked before any thread starts (the coordinator's inherit the mask), so that only
-  // sigwait below takes them: one of those threads would die of SIGTERM or lose SIGCHLD.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGCHLD);  // the worker's end
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // Before any thread starts (the coordinator's inherit the mask): Ctrl-C and SIGTERM are
+  // waited for below, whichever thread takes them (common/stop_signals.h).
+  StopSignals stop;
 
   // The coordinator first: its flags, its store (a data directory another serve holds) and
   // its ports are refused before the worker spends minutes loading the model. It knows the
@@ -192,9 +179,7 @@ absl::Status Serve(const ServeOptions& o) {
   // at once, rather than once the model has loaded.
   bool stopped = false;
   const auto interrupted = [&] {
-    const sigset_t stop_signals = StopSignals();
-    const timespec now{0, 0};
-    stopped = stopped || sigtimedwait(&stop_signals, nullptr, &now) > 0;
+    stopped = stopped || stop.Wait(absl::ZeroDuration()) != 0;
     return stopped;
   };
   // A Start that failed because Ctrl-C (sent to the whole process group) ended the worker
@@ -256,11 +241,9 @@ absl::Status Serve(const ServeOptions& o) {
   std::vector<std::chrono::steady_clock::time_point> restarts;
   absl::Status ended = absl::OkStatus();
   while (true) {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    if (sig != SIGCHLD) break;
+    if (stop.Wait(absl::Milliseconds(100)) != 0) break;
     const std::optional<int> status = worker.Reap();
-    if (!status.has_value()) continue;  // another child
+    if (!status.has_value()) continue;
     const auto now = std::chrono::steady_clock::now();
     std::erase_if(restarts, [&](auto t) { return now - t > std::chrono::minutes(1); });
     std::cerr << "recall serve: the worker " << ExitReason(*status);
@@ -287,13 +270,12 @@ absl::Status Serve(const ServeOptions& o) {
   std::cerr << "recall serve: shutting down\n";
   if (ended.ok()) {
     // Running turns end first (the worker, sent the same Ctrl-C, lets them end too).
-    const int left = server->Drain(absl::Seconds(worker_options.shutdown_grace_seconds), [] {
-      const sigset_t stop_signals = StopSignals();
-      const timespec wait{0, 100'000'000};
-      return sigtimedwait(&stop_signals, nullptr, &wait) > 0;  // a second signal
+    const int left = server->Drain(absl::Seconds(worker_options.shutdown_grace_seconds), [&] {
+      return stop.Wait(absl::Milliseconds(100)) != 0;  // a second signal
     });
     if (left > 0) std::cerr << "recall serve: ending " << left << " running turn(s)\n";
   }
+  stop.Ignore();
   server->Shutdown();
   worker.Stop();
   if (!o.port_file.empty()) std::filesystem::remove(o.port_file, ec);  // its ports are closed

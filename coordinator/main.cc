@@ -1,6 +1,4 @@
 // recall-coordinator: the public Chat API in front of one or more recall-workers.
-#include <signal.h>
-
 #include <cstdio>
 #include <iostream>
 
@@ -9,6 +7,7 @@
 #include "common/files.h"
 #include "common/flags.h"
 #include "common/status.h"
+#include "common/stop_signals.h"
 #include "coordinator/server.h"
 
 namespace recall::coordinator {
@@ -173,11 +172,7 @@ absl::Status Run(const std::vector<std::string>& argv) {
   CoordinatorConfig c;
   RECALL_RETURN_IF_ERROR(CoordinatorFlags().Parse(argv, &c));
 
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  StopSignals stop;  // before any thread starts
   absl::StatusOr<std::unique_ptr<CoordinatorServer>> started = CoordinatorServer::Start(c);
   if (!started.ok()) return CoordinatorFlags().Explain(started.status());
   std::unique_ptr<CoordinatorServer> server = std::move(*started);
@@ -205,14 +200,13 @@ absl::Status Run(const std::vector<std::string>& argv) {
       return written;
     }
   }
-  int sig = 0;
-  sigwait(&signals, &sig);
+  const int sig = stop.Wait();
   std::fprintf(stderr, "recall-coordinator: signal %d, shutting down\n", sig);
-  const int left = server->Drain(absl::Seconds(c.shutdown_grace_seconds), [&signals] {
-    const timespec wait{0, 100'000'000};
-    return sigtimedwait(&signals, nullptr, &wait) > 0;  // a second signal
+  const int left = server->Drain(absl::Seconds(c.shutdown_grace_seconds), [&stop] {
+    return stop.Wait(absl::Milliseconds(100)) != 0;  // a second signal
   });
   if (left > 0) std::fprintf(stderr, "recall-coordinator: ending %d running turn(s)\n", left);
+  stop.Ignore();
   server->Shutdown();
   return absl::OkStatus();
 }

@@ -6,6 +6,7 @@
 // could otherwise add or drain workers.
 #pragma once
 
+#include "common/flags.h"
 #include "common/grpc/cluster_credential.h"
 #include "coordinator/auth.h"
 #include "coordinator/worker_registry.h"
@@ -22,8 +23,10 @@ class RegistryService final : public v1::Registry::Service {
                         v1::RegisterResponse*) override {
     if (grpc::Status st = Admit(*context); !st.ok()) return st;
     const std::string& a = request->address();
-    if (a.empty() || a.find(':') == std::string::npos || a.size() > 256) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "address: expected HOST:PORT");
+    // (A port past 65535 was taken, and dialed wrapped around: 99999 as 34463.)
+    if (a.size() > 256 || !flags::SplitHostPort("address", a).ok()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "address: expected HOST:PORT (port in [0, 65535])");
     }
     if (request->instance().size() > 64) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "instance: at most 64 bytes");

@@ -20,6 +20,7 @@
 #include "common/grpc/parse_errors.h"
 #include "common/metrics/http_server.h"
 #include "common/status.h"
+#include "common/stop_signals.h"
 #include "grpcpp/ext/health_check_service_server_builder_option.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -136,9 +137,17 @@ absl::Status Run(const std::vector<std::string>& argv) {
   }
   WorkerOptions options;
   RECALL_RETURN_IF_ERROR(WorkerFlags().Parse(argv, &options));
+
   // Before the model loads (which may take minutes).
-  if (absl::Status st = flags::SplitHostPort("listen", options.listen).status(); !st.ok()) {
-    return WorkerFlags().Explain(st);
+  // (A --coordinator or --advertise port past 65535 was dialed wrapped around: 99999 as 34463.)
+  const auto address = [](const char* field, const std::string& value, bool optional) {
+    return optional && value.empty() ? absl::OkStatus()
+                                     : flags::SplitHostPort(field, value).status();
+  };
+  for (const absl::Status& st :
+       {address("listen", options.listen, false), address("coordinator", options.coordinator, true),
+        address("advertise", options.advertise, true)}) {
+    if (!st.ok()) return WorkerFlags().Explain(st);
   }
   RECALL_RETURN_IF_ERROR(ResolveWorkerOptions(&options));
   absl::StatusOr<model::Loaded> loaded = model::LoadAll(options.model);
@@ -168,13 +177,8 @@ absl::Status Run(const std::vector<std::string>& argv) {
     RECALL_ASSIGN_OR_RETURN(cluster, grpcutil::ClusterCredential::Load(options.cluster_token_file));
   }
   WorkerService service(*scheduler, {model_name, options.engine.tp, "0.1.0"}, cluster);
-
-  // Signals: handled by sigwait below, so block them before gRPC starts its threads.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // Signals: waited for below (until here, while the model loads, one ends the worker).
+  StopSignals stop;
 
   const std::string& listen = options.listen;
   grpc::EnableDefaultHealthCheckService(true);
@@ -246,8 +250,7 @@ absl::Status Run(const std::vector<std::string>& argv) {
     registration = std::make_unique<Registration>(options.coordinator, advertise, cluster);
   }
 
-  int sig = 0;
-  sigwait(&signals, &sig);
+  const int sig = stop.Wait();
   std::fprintf(stderr, "recall-worker: signal %d, shutting down\n", sig);
   // Running and waiting turns end first (up to --shutdown-grace, or a second signal); new
   // ones are refused, and the coordinator is told to route nothing new here.
@@ -267,9 +270,9 @@ absl::Status Run(const std::vector<std::string>& argv) {
                    running, options.shutdown_grace_seconds);
       told = true;
     }
-    const timespec wait{0, 100'000'000};
-    if (sigtimedwait(&signals, nullptr, &wait) > 0) break;
+    if (stop.Wait(absl::Milliseconds(100)) != 0) break;  // a second signal
   }
+  stop.Ignore();
   registration.reset();
   scheduler->AbortAll();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));

@@ -1,0 +1,49 @@
+#include "common/stop_signals.h"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <atomic>
+#include <ctime>
+
+#include "absl/time/clock.h"
+
+namespace recall {
+namespace {
+
+std::atomic<int> g_taken{0};  // a signal a thread without them blocked took
+
+void Note(int sig) { g_taken.store(sig); }
+
+}  // namespace
+
+StopSignals::StopSignals() {
+  sigemptyset(&set_);
+  sigaddset(&set_, SIGINT);
+  sigaddset(&set_, SIGTERM);
+  struct sigaction action = {};
+  action.sa_handler = Note;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+  pthread_sigmask(SIG_BLOCK, &set_, nullptr);
+}
+
+int StopSignals::Wait(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    if (const int sig = g_taken.exchange(0); sig != 0) return sig;
+    const absl::Duration left = std::max(absl::ZeroDuration(), deadline - absl::Now());
+    // (At least once, a pending one taken at once; at most 100 ms, then g_taken again.)
+    const timespec wait = absl::ToTimespec(std::min(left, absl::Milliseconds(100)));
+    if (const int sig = sigtimedwait(&set_, nullptr, &wait); sig > 0) return sig;
+    if (left == absl::ZeroDuration()) return g_taken.exchange(0);
+  }
+}
+
+void StopSignals::Ignore() {
+  std::signal(SIGINT, SIG_IGN);
+  std::signal(SIGTERM, SIG_IGN);
+}
+
+}  // namespace recall
