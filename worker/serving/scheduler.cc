@@ -284,10 +284,10 @@ absl::StatusOr<int> Scheduler::CheckSession(const CacheRequest& cache,
   // ends at the context length (one that compacts goes on past it): a system prompt that
   // fills it leaves no turn.
   if (spec.ends_at_context() && tokens >= model_.config.max_seq_len) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("system_prompt: ", tokens, " tokens; the model's context length is ",
-                     model_.config.max_seq_len, " and a session of policy ", spec.policy,
-                     " ends there (a policy that evicts as tokens are fed goes on past it)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "system_prompt: ", tokens, " tokens; the model's context length is ",
+        model_.config.max_seq_len, " and a session of policy ", spec.policy,
+        " ends there: ", PastContextAdvice(spec.evictor.has_value() && spec.policy != "snapkv")));
   }
   return tokens;
 }

@@ -335,10 +335,9 @@ absl::Status Scheduler::PrepareContext(Turn& t) {
             absl::StrCat("messages: the conversation needs ", context, " tokens of context (",
                          s->cache()->next_position(), " so far + ", tokens.size(),
                          " new) and its reply at least one more; the model's context length is ",
-                         config.max_seq_len,
-                         "; a session whose cache policy evicts goes on past it (start one: gRPC "
-                         "CacheSettings.policy, recall chat --policy; an OpenAI API session "
-                         "takes the server's --policy)"));
+                         config.max_seq_len, "; ",
+                         PastContextAdvice(s->evictor() != nullptr &&
+                                           !s->evictor()->policy().compresses_prefill())));
       }
       // One whose policy evicts only at its first prompt cannot make room for them.
       const int64_t held =

@@ -39,6 +39,17 @@ absl::Status HistoryNeededError(const std::string& session_id, int history_lengt
   return st;
 }
 
+std::string PastContextAdvice(bool evicts_as_fed) {
+  if (evicts_as_fed) {
+    return "its policy evicts, but it keeps its tokens' original positions (CacheSettings."
+           "positions \"original\"); with positions \"compact\", the default for a policy "
+           "that evicts, it goes on past it (a new session)";
+  }
+  return "a session whose cache policy evicts as tokens are fed goes on past it (start one: "
+         "gRPC CacheSettings.policy, recall chat --policy; an OpenAI API session takes the "
+         "server's --policy)";
+}
+
 bool IsHistoryNeeded(const absl::Status& status) {
   return status.GetPayload("recall.history_needed").has_value();
 }

@@ -92,6 +92,11 @@ absl::Status ValidateCacheRequest(const CacheRequest& cache,
 absl::Status HistoryNeededError(const std::string& session_id, int history_length);
 bool IsHistoryNeeded(const absl::Status& status);
 
+// How a session that ends at the model's context length could go on past it, for its error:
+// one whose policy evicts as tokens are fed ends there only by keeping its tokens' original
+// positions (positions "compact" goes on); any other needs such a policy.
+std::string PastContextAdvice(bool evicts_as_fed);
+
 // Sampling values alone; `prefix` is prepended to field names ("sampling." on the wire).
 // Every float must be finite and within its bound; top_k at most `vocab_size`.
 inline constexpr float kMaxTemperature = 100.0f;

@@ -136,6 +136,9 @@ TEST_F(EndlessTest, AnOriginalSessionStillEndsAtTheContext) {
   }
   EXPECT_EQ(last.code(), absl::StatusCode::kInvalidArgument) << last;
   EXPECT_NE(last.message().find("tokens of context"), std::string::npos) << last;
+  // Its policy evicts: what ends it is its positions (the advice was to choose a policy that
+  // evicts, which it had).
+  EXPECT_NE(last.message().find("with positions \"compact\""), std::string::npos) << last;
 }
 
 // SnapKV evicts at the first prompt only: its compact session cannot go past the context
