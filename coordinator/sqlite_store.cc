@@ -5,6 +5,7 @@
 #include <sqlite3.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -609,13 +610,25 @@ absl::StatusOr<int> LockStoreFile(const std::string& path) {
 
 // Runs `sql` on the store being opened; on failure closes it and says why (DataLoss: a file
 // whose schema cannot be set up).
+// "; the disk holding PATH is full (N bytes free)" when it has under 1 MiB free, else "":
+// SQLite says only "disk I/O error" when it cannot make its log on a full disk.
+std::string DiskFullHint(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+  struct statvfs fs;
+  if (::statvfs(dir.c_str(), &fs) != 0) return "";
+  const uint64_t free_bytes = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
+  if (free_bytes >= (1u << 20)) return "";
+  return absl::StrCat("; the disk holding it is full (", free_bytes, " bytes free)");
+}
+
 absl::Status SetUp(sqlite3* db, const char* sql, const std::string& path) {
   char* err = nullptr;
   if (sqlite3_exec(db, sql, nullptr, nullptr, &err) == SQLITE_OK) return absl::OkStatus();
   const std::string msg = err ? err : "?";
   sqlite3_free(err);
   sqlite3_close(db);
-  return absl::DataLossError(absl::StrCat("session store ", path, ": ", msg));
+  return absl::DataLossError(absl::StrCat("session store ", path, ": ", msg, DiskFullHint(path)));
 }
 
 // The columns of `table`.
@@ -674,7 +687,8 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string&
                       nullptr) != SQLITE_OK) {
     const std::string err = db ? sqlite3_errmsg(db) : "out of memory";
     sqlite3_close(db);
-    return absl::UnavailableError(absl::StrCat("session store ", path, ": ", err));
+    return absl::UnavailableError(
+        absl::StrCat("session store ", path, ": ", err, DiskFullHint(path)));
   }
   sqlite3_busy_timeout(db, 5000);
   RECALL_RETURN_IF_ERROR(SetUp(db, kSchema, path));
