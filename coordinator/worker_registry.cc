@@ -202,16 +202,6 @@ void WorkerRegistry::Poll(const std::vector<std::string>& addresses, bool refres
           if (p->want_info && p->info_status.ok()) {
             e.view.info = p->info;
             e.refresh_info = false;
-            // Two models under one name: a session would move between them (and its tokens
-            // change) when its worker failed over. The one that came later serves nothing.
-            const std::string conflict = ModelConflict(e);
-            const bool was_conflict = e.conflict;
-            e.conflict = !conflict.empty();
-            if (e.conflict && !was_conflict) {  // once (its Info is read again as it registers)
-              RECALL_LOG(ERROR) << "worker " << e.view.address << " serves \""
-                                << e.view.info.model() << "\" but another model than " << conflict
-                                << ": not used; give it another --served-model-name";
-            }
           }
         } else if (++e.misses >= max_misses_) {
           if (!e.down_logged) {  // once, also after ReportFailure marked it down
@@ -230,6 +220,10 @@ void WorkerRegistry::Poll(const std::vector<std::string>& addresses, bool refres
         }
       }
     }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    SettleConflicts();
   }
   for (const std::function<void()>& f : down) f();
   absl::MutexLock lock(&mu_);
@@ -262,23 +256,49 @@ absl::Status WorkerRegistry::SessionModelNotServed(const std::string& model,
                                           "\" (the session's model)", known, " (not retryable)"));
 }
 
-std::string WorkerRegistry::ModelConflict(const Entry& e) const {
-  const v1::InfoResponse& mine = e.view.info;
-  for (const Entry& other : workers_) {
-    const v1::InfoResponse& theirs = other.view.info;
-    if (&other == &e || other.conflict || theirs.model().empty() ||
-        theirs.model() != mine.model()) {
-      continue;
-    }
-    const auto shape = [](const v1::InfoResponse& i) {
-      return absl::StrCat("context ", i.context_length(), ", vocabulary ", i.vocab_size(),
-                          ", chat format ", i.chat_format());
-    };
-    if (shape(theirs) != shape(mine)) {
-      return absl::StrCat(other.view.address, " (", shape(mine), "; there ", shape(theirs), ")");
+void WorkerRegistry::SettleConflicts() {
+  const auto shape = [](const v1::InfoResponse& i) {
+    return absl::StrCat("context ", i.context_length(), ", vocabulary ", i.vocab_size(),
+                        ", chat format ", i.chat_format());
+  };
+  struct Served {
+    int workers = 0;
+    size_t first = 0;  // the index of the first worker serving it
+    std::string address;
+  };
+  std::map<std::string, std::map<std::string, Served>> by_name;  // name -> shape -> served
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    const v1::InfoResponse& info = workers_[i].view.info;
+    if (info.model().empty()) continue;
+    Served& s = by_name[info.model()][shape(info)];
+    if (s.workers++ == 0) {
+      s.first = i;
+      s.address = workers_[i].view.address;
     }
   }
-  return "";
+  for (Entry& e : workers_) {
+    const v1::InfoResponse& info = e.view.info;
+    if (info.model().empty()) continue;
+    const std::map<std::string, Served>& shapes = by_name[info.model()];
+    auto used = shapes.begin();
+    for (auto it = shapes.begin(); it != shapes.end(); ++it) {
+      if (it->second.workers > used->second.workers ||
+          (it->second.workers == used->second.workers && it->second.first < used->second.first)) {
+        used = it;
+      }
+    }
+    const bool conflict = used->first != shape(info);
+    if (conflict && !e.conflict) {
+      RECALL_LOG(ERROR) << "worker " << e.view.address << " serves \"" << info.model() << "\" as "
+                        << shape(info) << ", but " << used->second.workers
+                        << " worker(s) serve it as " << used->first << " (" << used->second.address
+                        << "): not used; give it another --served-model-name";
+    } else if (!conflict && e.conflict) {
+      RECALL_LOG(WARNING) << "worker " << e.view.address << " serves \"" << info.model()
+                          << "\" as most of its workers do now: used";
+    }
+    e.conflict = conflict;
+  }
 }
 
 uint64_t WorkerRegistry::Watch(const std::string& address, std::function<void()> on_down) {

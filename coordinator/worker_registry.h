@@ -105,9 +105,12 @@ class WorkerRegistry {
     absl::Time down_since = absl::InfiniteFuture();  // while marked down
   };
   void Loop();
-  // How `e`'s model differs from that of another worker serving the same name ("" when it
-  // does not): context length, vocabulary, chat format.
-  std::string ModelConflict(const Entry& e) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Two models under one name: a session would move between them (and its tokens change) when
+  // its worker failed over. For each name, the model (context length, vocabulary, chat
+  // format) most of its workers serve is used, ties to the one registered first; a worker
+  // serving another is not (Entry::conflict), said once. By count, not by who came first:
+  // after a coordinator restart the workers register again in any order.
+  void SettleConflicts() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Polls these workers at once and waits for every answer (or its deadline).
   void Poll(const std::vector<std::string>& addresses, bool refresh_all_info);
 

@@ -292,6 +292,59 @@ TEST(ModelNameConflictTest, ASecondModelUnderANameInUseServesNothing) {
       << "nothing ran on the other model";
 }
 
+// Two workers serving one model and a third another under the same name, the odd one listed
+// first: the model most of them serve is used. Whoever came first won, and after a coordinator
+// restart the workers register in any order: an odd worker that came back first locked out
+// the two right ones (2 of 3 restarts in a black-box run) and took their sessions.
+TEST(ModelNameConflictTest, TheModelMostWorkersServeUnderANameIsUsedWhoeverCameFirst) {
+  RECALL_REQUIRE_SHARED_FILE(kModel);
+  const std::string smol = testing::SharedPath("tokenizers/smollm2");
+  if (!std::filesystem::exists(smol + "/config.json")) GTEST_SKIP() << "shared data missing";
+  const std::string dir = testing::MakeTempDir("name_majority");
+  ServerProcess odd, stories[2], coordinator;
+  std::string error;
+  ASSERT_TRUE(
+      odd.Start(RECALL_WORKER_BINARY,
+                {"--model", smol, "--random-weights", "--listen", "127.0.0.1:0", "--kv-cache-bytes",
+                 "64M", "--threads", "1", "--served-model-name", "same"},
+                dir, &error))
+      << error;
+  std::string workers = "127.0.0.1:" + std::to_string(odd.port("grpc"));
+  for (ServerProcess& w : stories) {
+    ASSERT_TRUE(
+        w.Start(RECALL_WORKER_BINARY,
+                {"--model", testing::SharedPath(kModel), "--tokenizer",
+                 testing::SharedPath(kTokenizer), "--listen", "127.0.0.1:0", "--kv-cache-bytes",
+                 "16M", "--threads", "1", "--served-model-name", "same"},
+                dir, &error))
+        << error;
+    workers += ",127.0.0.1:" + std::to_string(w.port("grpc"));
+  }
+  ASSERT_TRUE(coordinator.Start(RECALL_COORDINATOR_BINARY,
+                                {"--workers", workers, "--listen", "127.0.0.1:0", "--http-listen",
+                                 "127.0.0.1:0", "--data-dir", dir},
+                                dir, &error))
+      << error;
+  httplib::Client http("127.0.0.1", coordinator.port("http"));
+  http.set_read_timeout(60, 0);
+  Json models;
+  for (int i = 0; i < 100; ++i) {  // all polled: their Info read
+    models = Send(http, "GET", "/v1/models", "", "").JsonBody();
+    if (models["data"].size() == 1 && models["data"][0]["workers"] == 2) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(models["data"].size(), 1u) << models.dump();
+  EXPECT_EQ(models["data"][0]["context_length"], 512) << "stories260K, served by two";
+  EXPECT_EQ(models["data"][0]["workers"], 2) << models.dump();
+  for (int i = 0; i < 4; ++i) {
+    const HttpReply r = Send(http, "POST", "/v1/chat/completions",
+                             ChatBody({Message("user", "Once upon a time")}, 2, false), "");
+    ASSERT_EQ(r.status, 200) << r.body;
+  }
+  EXPECT_EQ(WorkerLoad(odd).resident_sessions() + WorkerLoad(odd).offloaded_sessions(), 0)
+      << "nothing ran on the odd model";
+}
+
 // Before any worker answers (recall serve's worker loading its model), a session is not
 // made (it was stored with no model and no cache settings, for good): retryable.
 TEST(NoWorkerYetTest, ASessionIsNotMadeBeforeAWorkerIsKnown) {
