@@ -6,8 +6,13 @@
 // could otherwise add or drain workers.
 #pragma once
 
+#include <set>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
 #include "common/flags.h"
 #include "common/grpc/cluster_credential.h"
+#include "common/logging.h"
 #include "coordinator/auth.h"
 #include "coordinator/worker_registry.h"
 #include "recall/v1/registry.grpc.pb.h"
@@ -21,7 +26,10 @@ class RegistryService final : public v1::Registry::Service {
 
   grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
                         v1::RegisterResponse*) override {
-    if (grpc::Status st = Admit(*context); !st.ok()) return st;
+    if (grpc::Status st = Admit(*context); !st.ok()) {
+      RefusedOnce(request->address(), st);
+      return st;
+    }
     const std::string& a = request->address();
     // (A port past 65535 was taken, and dialed wrapped around: 99999 as 34463.)
     if (a.size() > 256 || !flags::SplitHostPort("address", a).ok()) {
@@ -54,9 +62,22 @@ class RegistryService final : public v1::Registry::Service {
     return grpc::Status::OK;
   }
 
+  // Said once per address (the worker repeats every 5 s): the worker says why it cannot
+  // register, and the coordinator, whose clients then find no worker, said nothing.
+  void RefusedOnce(const std::string& address, const grpc::Status& st) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (refused_.size() >= 1024 || !refused_.insert(address.substr(0, 256)).second) return;
+    }
+    RECALL_LOG(WARNING) << "refused the registration of worker \"" << address.substr(0, 256)
+                        << "\": " << st.error_message();
+  }
+
   WorkerRegistry& workers_;
   const ApiKeys& keys_;
   const grpcutil::ClusterCredential cluster_;
+  absl::Mutex mu_;
+  std::set<std::string> refused_ ABSL_GUARDED_BY(mu_);  // addresses told of
 };
 
 }  // namespace recall::coordinator

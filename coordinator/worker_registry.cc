@@ -86,14 +86,18 @@ void WorkerRegistry::Add(const std::string& address, bool registered, const std:
     };
     gauge("recall_coordinator_worker_up", "1 while the worker answers heartbeats",
           [](const WorkerView& w) { return w.healthy ? 1 : 0; });
-    gauge("recall_coordinator_worker_sessions", "Session caches the worker holds",
+    // A worker marked down holds nothing as far as the cluster is concerned: its last report
+    // stayed (a dead worker's sessions counted twice once they had failed over).
+    gauge("recall_coordinator_worker_sessions", "Session caches the worker holds (0 while down)",
           [](const WorkerView& w) {
-            return w.load.resident_sessions() + w.load.offloaded_sessions();
+            return w.healthy ? w.load.resident_sessions() + w.load.offloaded_sessions() : 0;
           });
-    gauge("recall_coordinator_worker_kv_blocks_free", "Free KV blocks on the worker",
-          [](const WorkerView& w) { return w.load.kv_blocks_free(); });
-    gauge("recall_coordinator_worker_turns", "Active + queued turns on the worker",
-          [](const WorkerView& w) { return w.load.active_turns() + w.load.queued_turns(); });
+    gauge("recall_coordinator_worker_kv_blocks_free", "Free KV blocks on the worker (0 while down)",
+          [](const WorkerView& w) { return w.healthy ? w.load.kv_blocks_free() : 0; });
+    gauge("recall_coordinator_worker_turns", "Active + queued turns on the worker (0 while down)",
+          [](const WorkerView& w) {
+            return w.healthy ? w.load.active_turns() + w.load.queued_turns() : 0;
+          });
   }
   Poll({address}, true);
 }

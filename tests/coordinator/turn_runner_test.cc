@@ -267,6 +267,25 @@ TEST_F(TurnRunnerTest, AWorkerThatIsGoneIsFailedOverAndMarkedDown) {
   EXPECT_EQ(metrics_.GetCounter("recall_coordinator_failovers_total", "")->value(), 1);
 }
 
+// A worker marked down holds nothing in the per-worker gauges: its last report stayed (a
+// black-box run saw a dead worker's sessions, failed over since, counted on it too).
+TEST_F(TurnRunnerTest, ADownWorkersGaugesSayItHoldsNothing) {
+  metrics::Registry metrics;
+  WorkerRegistry registry(&metrics, absl::Hours(1));
+  registry.Add(workers_[0].address());
+  FakeSink sink;
+  ASSERT_TRUE(RunTurn(registry, metrics_, Spec("held", "Once upon a time", 4), sink));
+  ASSERT_TRUE(sink.error().ok()) << sink.error();
+  registry.PollAll();
+  const std::string sessions =
+      "recall_coordinator_worker_sessions{worker=\"" + workers_[0].address() + "\"} ";
+  EXPECT_NE(metrics.Render().find(sessions + "1\n"), std::string::npos) << metrics.Render();
+  workers_[0].Kill();
+  for (int i = 0; i < 3; ++i) registry.PollAll();  // three misses: down
+  ASSERT_FALSE(registry.Snapshot()[0].healthy);
+  EXPECT_NE(metrics.Render().find(sessions + "0\n"), std::string::npos) << metrics.Render();
+}
+
 TEST_F(TurnRunnerTest, ABadRequestIsTheWorkersAnswerAndIsNotRetried) {
   FakeSink sink;
   ASSERT_TRUE(RunTurn(*registry_, metrics_, Spec("bad", "Once upon a time", 0), sink));
