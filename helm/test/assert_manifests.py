@@ -434,6 +434,12 @@ def main():
     c.check("--cluster-token-file on the coordinator and the workers reads one Secret",
             names[0] is not None and names[0] == names[1] and (not existing or names[0] == existing),
             f"{names}")
+    # A stopping pod lets its running turns end (--shutdown-grace) within its grace period.
+    for name, pod, flags in (("coordinator", cpod, cflags), ("worker", wpod, wflags)):
+        grace = pod.get("terminationGracePeriodSeconds")
+        c.check(f"the {name}'s --shutdown-grace ends 5 s before its pod's grace period",
+                grace is not None and flags.get("shutdown-grace") == str(max(0, grace - 5)),
+                f"{flags.get('shutdown-grace')} for {grace}")
     # Secrets' files are not for every user of the pod (the binaries warn when they are).
     modes = [v["secret"].get("defaultMode") for pod in (cpod, wpod)
              for v in pod.get("volumes") or []
