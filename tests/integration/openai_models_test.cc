@@ -240,6 +240,22 @@ TEST_F(TwoModelsTest, AKeyIsReplayedForItsModelOnly) {
   EXPECT_EQ(replayed.JsonBody()["model"], kSmol);
 }
 
+// A worker serving `name`: stories260K, or a model of SmolLM2's shape with random weights.
+bool StartNamedWorker(ServerProcess& w, bool stories, const std::string& name,
+                      const std::string& dir, std::string* error) {
+  std::vector<std::string> model =
+      stories ? std::vector<std::string>{"--model",          testing::SharedPath(kModel),
+                                         "--tokenizer",      testing::SharedPath(kTokenizer),
+                                         "--kv-cache-bytes", "16M"}
+              : std::vector<std::string>{"--model", testing::SharedPath("tokenizers/smollm2"),
+                                         "--random-weights", "--kv-cache-bytes", "64M"};
+  for (const char* f : {"--listen", "127.0.0.1:0", "--threads", "1", "--served-model-name"}) {
+    model.push_back(f);
+  }
+  model.push_back(name);
+  return w.Start(RECALL_WORKER_BINARY, model, dir, error);
+}
+
 // Two models under one served name: the worker read later is not used (a session failed
 // over from one to the other went on with the other model's tokens, or failed with the first
 // model's token ids out of the other's vocabulary).
@@ -250,19 +266,8 @@ TEST(ModelNameConflictTest, ASecondModelUnderANameInUseServesNothing) {
   const std::string dir = testing::MakeTempDir("name_conflict");
   ServerProcess stories, other, coordinator;
   std::string error;
-  ASSERT_TRUE(
-      stories.Start(RECALL_WORKER_BINARY,
-                    {"--model", testing::SharedPath(kModel), "--tokenizer",
-                     testing::SharedPath(kTokenizer), "--listen", "127.0.0.1:0", "--kv-cache-bytes",
-                     "16M", "--threads", "1", "--served-model-name", "same"},
-                    dir, &error))
-      << error;
-  ASSERT_TRUE(
-      other.Start(RECALL_WORKER_BINARY,
-                  {"--model", smol, "--random-weights", "--listen", "127.0.0.1:0",
-                   "--kv-cache-bytes", "64M", "--threads", "1", "--served-model-name", "same"},
-                  dir, &error))
-      << error;
+  ASSERT_TRUE(StartNamedWorker(stories, /*stories=*/true, "same", dir, &error)) << error;
+  ASSERT_TRUE(StartNamedWorker(other, /*stories=*/false, "same", dir, &error)) << error;
   ASSERT_TRUE(coordinator.Start(
       RECALL_COORDINATOR_BINARY,
       {"--workers",
@@ -303,21 +308,10 @@ TEST(ModelNameConflictTest, TheModelMostWorkersServeUnderANameIsUsedWhoeverCameF
   const std::string dir = testing::MakeTempDir("name_majority");
   ServerProcess odd, stories[2], coordinator;
   std::string error;
-  ASSERT_TRUE(
-      odd.Start(RECALL_WORKER_BINARY,
-                {"--model", smol, "--random-weights", "--listen", "127.0.0.1:0", "--kv-cache-bytes",
-                 "64M", "--threads", "1", "--served-model-name", "same"},
-                dir, &error))
-      << error;
+  ASSERT_TRUE(StartNamedWorker(odd, /*stories=*/false, "same", dir, &error)) << error;
   std::string workers = "127.0.0.1:" + std::to_string(odd.port("grpc"));
   for (ServerProcess& w : stories) {
-    ASSERT_TRUE(
-        w.Start(RECALL_WORKER_BINARY,
-                {"--model", testing::SharedPath(kModel), "--tokenizer",
-                 testing::SharedPath(kTokenizer), "--listen", "127.0.0.1:0", "--kv-cache-bytes",
-                 "16M", "--threads", "1", "--served-model-name", "same"},
-                dir, &error))
-        << error;
+    ASSERT_TRUE(StartNamedWorker(w, /*stories=*/true, "same", dir, &error)) << error;
     workers += ",127.0.0.1:" + std::to_string(w.port("grpc"));
   }
   ASSERT_TRUE(coordinator.Start(RECALL_COORDINATOR_BINARY,
