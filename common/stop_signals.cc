@@ -23,6 +23,7 @@ StopSignals::StopSignals() {
   sigaddset(&set_, SIGTERM);
   struct sigaction action = {};
   action.sa_handler = Note;
+  action.sa_flags = SA_RESTART;  // a slow call in the thread that runs it goes on
   sigemptyset(&action.sa_mask);
   sigaction(SIGINT, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);

@@ -28,15 +28,16 @@ std::optional<RouteDecision> Route(const std::vector<WorkerView>& workers,
   auto excluded = [&](const std::string& a) {
     return std::find(exclude.begin(), exclude.end(), a) != exclude.end();
   };
+  // (A stopping worker takes no turn, its own sessions' included: LoadReport.stopping.)
   for (const WorkerView& w : workers) {
-    if (w.address == bound && w.healthy && !excluded(w.address)) {
+    if (w.address == bound && w.healthy && !w.load.stopping() && !excluded(w.address)) {
       return RouteDecision{w.address, true};
     }
   }
   std::vector<const WorkerView*> candidates;
   double total_load = 0;
   for (const WorkerView& w : workers) {
-    if (!w.healthy || w.draining || excluded(w.address)) continue;
+    if (!w.healthy || w.draining || w.load.stopping() || excluded(w.address)) continue;
     candidates.push_back(&w);
     total_load += w.load.active_turns() + w.load.queued_turns();
   }

@@ -152,14 +152,26 @@ int CoordinatorServer::Drain(absl::Duration grace, const std::function<bool()>& 
   const absl::Time deadline = absl::Now() + grace;
   metrics::Gauge* running = TurnRunner::RunningTurns(metrics_);
   bool told = false;
-  while (running->value() > 0 && absl::Now() < deadline) {
-    if (!told) {
-      RECALL_LOG(WARNING) << "stopping: " << running->value() << " turn(s) running get up to "
+  // None running for half a second: a turn's last words (its end stored, its last chunk
+  // written to the client) come after its runner has ended, and a turn admitted just before
+  // the stop starts its runner after its store writes.
+  absl::Time none_since = absl::InfiniteFuture();
+  while (absl::Now() < deadline) {
+    const double n = running->value();
+    if (n > 0) {
+      none_since = absl::InfiniteFuture();
+    } else if (none_since == absl::InfiniteFuture()) {
+      none_since = absl::Now();
+    } else if (absl::Now() - none_since >= absl::Milliseconds(500)) {
+      break;
+    }
+    if (n > 0 && !told) {
+      RECALL_LOG(WARNING) << "stopping: " << n << " turn(s) running get up to "
                           << absl::FormatDuration(grace)
                           << " to end; no new turn is taken (a second signal ends them now)";
       told = true;
     }
-    if (interrupted()) break;
+    if (interrupted()) break;  // about 100 ms
   }
   return static_cast<int>(running->value());
 }

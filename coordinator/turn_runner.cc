@@ -284,10 +284,10 @@ void TurnRunner::NextAttempt() {
     }
     route_ = Route(snapshot, spec_.request.session_id(), sticky_, excluded_);
     if (!route_.has_value() && excluded_.empty() && !snapshot.empty()) {
-      // Known, none tried: they are down or draining (not "none known").
+      // Known, none tried: they are down, draining or stopping (not "none known").
       last_error_ = absl::StrCat("the ", snapshot.size(), " worker(s) serving ",
                                  model.empty() ? "it" : "\"" + model + "\"",
-                                 " are not answering or are draining");
+                                 " are not answering, draining or shutting down");
     }
     for (const WorkerView& w : snapshot) {
       if (route_.has_value() && w.address == route_->worker) stub = w.stub;

@@ -438,6 +438,39 @@ TEST_F(SlowWorkersTest, AWorkerKilledMidReplyIsResumedElsewhereWithNothingLost) 
   EXPECT_EQ(sink.result().tokens, reference.tokens());
 }
 
+// A stopping worker (SIGTERM) lets its running turn end and takes no new one: its load says
+// so, and the runner sends it none, not even its own session's, which goes to the other worker
+// without a failed attempt (it was sent there, refused as "shutting down", and counted as a
+// worker failure that marked it down).
+TEST_F(SlowWorkersTest, AStoppingWorkerGetsNoTurnItsRunningOneEnds) {
+  StartWorker(0);
+  StartWorker(1);
+  grpc::ClientContext running_ctx;
+  auto running = workers_[0].stub().RunTurn(&running_ctx, Turn("running", "Once upon a time", 60));
+  v1::TurnEvent ev;
+  ASSERT_TRUE(running->Read(&ev)) << "the first turn is generating";
+  workers_[0].Terminate();
+  v1::LoadReport load;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline && !load.stopping()) load = workers_[0].Load();
+  ASSERT_TRUE(load.stopping());
+  registry_.PollAll();
+
+  TurnSpec spec = Spec("bound", "Once upon a time", 4);
+  spec.bound = workers_[0].address();
+  FakeSink sink;
+  ASSERT_TRUE(RunTurn(registry_, metrics_, spec, sink));
+  ASSERT_TRUE(sink.error().ok()) << sink.error();
+  EXPECT_EQ(sink.result().worker, workers_[1].address());
+  EXPECT_EQ(sink.result().failovers, 0);
+  EXPECT_EQ(metrics_.GetCounter("recall_coordinator_failovers_total", "")->value(), 0);
+
+  int tokens = 0;
+  while (running->Read(&ev)) tokens += ev.tokens().token_ids_size();
+  EXPECT_TRUE(running->Finish().ok()) << "the running turn ended whole";
+  EXPECT_GT(tokens, 40);
+}
+
 TEST_F(SlowWorkersTest, AFullWorkerIsPassedOverForAnotherAndStaysUp) {
   // Worker 0 runs one turn at a time and queues one more; with both taken, a third turn
   // bound to it gets RESOURCE_EXHAUSTED and the runner takes it to worker 1: not a failover.

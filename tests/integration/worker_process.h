@@ -2,6 +2,8 @@
 // tests: start with extra flags, run a turn to its end, read the load report.
 #pragma once
 
+#include <signal.h>
+
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -101,6 +103,7 @@ class Worker {
   int metrics_port() const { return process_.port("metrics"); }
   int Stop() { return process_.Stop(); }
   void Kill() { process_.Kill(); }  // SIGKILL
+  void Terminate() { kill(process_.pid(), SIGTERM); }  // a stop, not waited for
 
  private:
   ServerProcess process_;

@@ -251,17 +251,17 @@ absl::Status Run(const std::vector<std::string>& argv) {
   }
 
   const int sig = stop.Wait();
+  const absl::Time deadline = absl::Now() + absl::Seconds(options.shutdown_grace_seconds);
   std::fprintf(stderr, "recall-worker: signal %d, shutting down\n", sig);
-  // Running and waiting turns end first (up to --shutdown-grace, or a second signal); new
-  // ones are refused, and the coordinator is told to route nothing new here.
+  // Running and waiting turns end first (up to --shutdown-grace from the signal, or a second
+  // signal); new ones are refused, and coordinators send none (LoadReport.stopping; a
+  // registered worker also asks its coordinator to drain it).
   scheduler->StopTakingTurns();
   server->GetHealthCheckService()->SetServingStatus(false);
   if (registration != nullptr) registration->Drain();
-  const absl::Time deadline = absl::Now() + absl::Seconds(options.shutdown_grace_seconds);
   bool told = false;
   for (;;) {
-    const serving::LoadSnapshot load = scheduler->Load();
-    const int running = load.active_turns + load.queued_turns;
+    const int running = scheduler->TurnsNotDone();
     if (running == 0 || absl::Now() >= deadline) break;
     if (!told) {
       std::fprintf(stderr,
@@ -275,7 +275,7 @@ absl::Status Run(const std::vector<std::string>& argv) {
   stop.Ignore();
   registration.reset();
   scheduler->AbortAll();
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return absl::OkStatus();
 }
 

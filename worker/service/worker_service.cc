@@ -253,6 +253,7 @@ grpc::ServerUnaryReactor* WorkerService::GetLoad(grpc::CallbackServerContext* co
   response->set_host_bytes_used(l.host_bytes_used);
   response->set_side_bytes(l.side_bytes);
   response->set_side_blocks(l.side_blocks);
+  response->set_stopping(l.stopping);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

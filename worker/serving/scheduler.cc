@@ -243,6 +243,13 @@ Scheduler::Scheduler(const model::Model& model, std::unique_ptr<runtime::Forward
 void Scheduler::StopTakingTurns() {
   absl::MutexLock lock(&mu_);
   draining_ = true;
+  load_.stopping = true;
+}
+
+int Scheduler::TurnsNotDone() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(incoming_.size() + after_abort_.size()) + load_.active_turns +
+         load_.queued_turns;
 }
 
 Scheduler::~Scheduler() {

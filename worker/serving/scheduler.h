@@ -115,6 +115,7 @@ struct LoadSnapshot {
   // The sessions' copies of their transcripts and tokens in host memory (Session::
   // transcript_bytes): bounded per session whatever its length (episodic ones excepted).
   int64_t transcript_bytes = 0;
+  bool stopping = false;  // StopTakingTurns
 };
 
 class Scheduler {
@@ -198,6 +199,8 @@ class Scheduler {
   // A worker stopping (SIGTERM) takes no new turn while its running and waiting ones end:
   // Submit is UNAVAILABLE from then on (retryable: the coordinator tries another worker).
   void StopTakingTurns();
+  // Turns submitted and not ended: running, waiting, and those the engine has not seen yet.
+  int TurnsNotDone() const;
   std::vector<std::string> policies() const;
   // Whether a new session with `cache` and `system_prompt` ("" for none) can be served here:
   // InvalidArgument naming the field ("cache.window", "system_prompt") as its first turn
