@@ -399,6 +399,18 @@ class SlowWorkersTest : public ::testing::Test {
     registry_.Add(workers_[i].address());
   }
 
+  // A turn of session `id`, bound to worker 0, is run by worker 1 without a failed attempt.
+  void ExpectABoundTurnGoesToWorker1(const std::string& id, const std::string& why) {
+    TurnSpec spec = Spec(id, "Once upon a time", 4);
+    spec.bound = workers_[0].address();
+    FakeSink sink;
+    ASSERT_TRUE(RunTurn(registry_, metrics_, spec, sink));
+    ASSERT_TRUE(sink.error().ok()) << sink.error();
+    EXPECT_EQ(sink.result().worker, workers_[1].address());
+    EXPECT_EQ(sink.result().failovers, 0) << why;
+    EXPECT_EQ(metrics_.GetCounter("recall_coordinator_failovers_total", "")->value(), 0);
+  }
+
   std::string model_;
   Worker workers_[2];
   WorkerRegistry registry_{nullptr, absl::Hours(1)};
@@ -456,14 +468,8 @@ TEST_F(SlowWorkersTest, AStoppingWorkerGetsNoTurnItsRunningOneEnds) {
   ASSERT_TRUE(load.stopping());
   registry_.PollAll();
 
-  TurnSpec spec = Spec("bound", "Once upon a time", 4);
-  spec.bound = workers_[0].address();
-  FakeSink sink;
-  ASSERT_TRUE(RunTurn(registry_, metrics_, spec, sink));
-  ASSERT_TRUE(sink.error().ok()) << sink.error();
-  EXPECT_EQ(sink.result().worker, workers_[1].address());
-  EXPECT_EQ(sink.result().failovers, 0);
-  EXPECT_EQ(metrics_.GetCounter("recall_coordinator_failovers_total", "")->value(), 0);
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectABoundTurnGoesToWorker1("bound", "a stopping worker is not a failed one"));
 
   int tokens = 0;
   while (running->Read(&ev)) tokens += ev.tokens().token_ids_size();
@@ -486,14 +492,8 @@ TEST_F(SlowWorkersTest, AFullWorkerIsPassedOverForAnotherAndStaysUp) {
   while (absl::Now() < deadline && load.queued_turns() < 1) load = workers_[0].Load();
   ASSERT_EQ(load.queued_turns(), 1) << "the second turn waits";
 
-  TurnSpec spec = Spec("third", "Once upon a time", 4);
-  spec.bound = workers_[0].address();
-  FakeSink sink;
-  ASSERT_TRUE(RunTurn(registry_, metrics_, spec, sink));
-  ASSERT_TRUE(sink.error().ok()) << sink.error();
-  EXPECT_EQ(sink.result().worker, workers_[1].address());
-  EXPECT_EQ(sink.result().failovers, 0) << "a full worker is not a failed one";
-  EXPECT_EQ(metrics_.GetCounter("recall_coordinator_failovers_total", "")->value(), 0);
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectABoundTurnGoesToWorker1("third", "a full worker is not a failed one"));
   for (const WorkerView& w : registry_.Snapshot()) EXPECT_TRUE(w.healthy) << w.address;
 
   running_ctx.TryCancel();

@@ -62,8 +62,7 @@ class Registration {
           absl::MutexLock lock(&mu_);
           while (!stop_) {
             grpc::ClientContext ctx;
-            ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
-            cluster_.Attach(&ctx);
+            Prepare(ctx);
             v1::RegisterRequest req;
             req.set_address(advertise);
             req.set_instance(instance);
@@ -89,8 +88,7 @@ class Registration {
   void Drain() {
     Stop();
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
-    cluster_.Attach(&ctx);
+    Prepare(ctx);
     v1::DrainRequest req;
     req.set_address(advertise_);
     v1::DrainResponse resp;
@@ -110,6 +108,12 @@ class Registration {
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 5000);
     return args;
+  }
+
+  // A call to the coordinator: 2 s, with the cluster token.
+  void Prepare(grpc::ClientContext& ctx) const {
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    cluster_.Attach(&ctx);
   }
 
   void Stop() {

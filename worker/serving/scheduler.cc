@@ -246,10 +246,13 @@ void Scheduler::StopTakingTurns() {
   load_.stopping = true;
 }
 
+int Scheduler::NotRunning() const {
+  return static_cast<int>(incoming_.size() + after_abort_.size()) + load_.queued_turns;
+}
+
 int Scheduler::TurnsNotDone() const {
   absl::MutexLock lock(&mu_);
-  return static_cast<int>(incoming_.size() + after_abort_.size()) + load_.active_turns +
-         load_.queued_turns;
+  return NotRunning() + load_.active_turns;
 }
 
 Scheduler::~Scheduler() {
@@ -326,8 +329,7 @@ absl::StatusOr<std::shared_ptr<TurnStream>> Scheduler::Submit(TurnRequest reques
   // Turns not running yet: those the batch has slots for start at the next step; the others
   // wait, at most max_queued of them. (max_active more were let wait, and the message counted
   // only those the engine had seen: "7 turns running and 0 waiting (queue limit 2)".)
-  const int not_running =
-      static_cast<int>(incoming_.size() + after_abort_.size()) + load_.queued_turns;
+  const int not_running = NotRunning();
   const int free_slots = std::max(0, options_.max_active - load_.active_turns);
   if (not_running >= options_.max_queued + free_slots) {
     metrics_->rejected->Increment();

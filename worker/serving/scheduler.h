@@ -352,6 +352,8 @@ class Scheduler {
   int64_t taken_back_tokens_ ABSL_GUARDED_BY(taken_back_mu_) = 0;  // in taken_back_
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;  // StopTakingTurns
+  // Turns submitted and not running yet: incoming, behind an abort, waiting.
+  int NotRunning() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t next_request_ ABSL_GUARDED_BY(mu_) = 0;
   LoadSnapshot load_ ABSL_GUARDED_BY(mu_);
 
