@@ -492,6 +492,9 @@ void HttpApi::Replay(openai::Endpoint endpoint, const StoredMessage& reply,
 absl::StatusOr<OpenTurn> HttpApi::BeginUnnamed(const std::string& tenant, const std::string& model,
                                                const std::vector<StoredMessage>& messages,
                                                const v1::SamplingParams& sampling) {
+  // Stopping: refused here, not by each candidate's Begin, which fell through to a new
+  // session made and deleted again.
+  RECALL_RETURN_IF_ERROR(conversations_.TakingTurns());
   const auto candidates = index_.Find(tenant, messages);
   bool waited = false;  // for a running candidate, once per request
   for (const auto& [length, id] : candidates) {

@@ -22,6 +22,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -940,14 +941,28 @@ TEST_F(OpenAiHttpCancelTest, AClientLeavingDuringALongPrefillCancelsTheTurnThen)
 // end. Running turns now end first (--shutdown-grace): the reply streams whole; a turn sent
 // meanwhile is 503, retryable (another replica or worker takes it), and the coordinator's
 // /health says unavailable; the process exits once the turn has ended.
-void StopMidStreamLetsTheReplyEndFirst(ServerProcess& stopped, int http_port, bool coordinator) {
+void StopMidStreamLetsTheReplyEndFirst(ServerProcess& stopped, int http_port, int metrics_port,
+                                       bool coordinator) {
   httplib::Client client("127.0.0.1", http_port);
+  // The coordinator's count of sessions made ("" when not scraped).
+  const auto sessions_created = [metrics_port] {
+    httplib::Client metrics("127.0.0.1", metrics_port);
+    const httplib::Result m = metrics.Get("/metrics");
+    if (!m) return std::string();
+    for (const absl::string_view line : absl::StrSplit(m->body, '\n')) {
+      if (absl::StartsWith(line, "recall_coordinator_sessions_created_total ")) {
+        return std::string(line);
+      }
+    }
+    return std::string();
+  };
   client.set_read_timeout(120, 0);
   const std::vector<Json> asked = {Message("user", "Once upon a time")};
   const HttpReply reference =
       Send(client, "POST", "/v1/chat/completions", ChatBody(asked, 40, false), "");
   ASSERT_EQ(reference.status, 200) << reference.body;
   HttpReply during, health;
+  std::string created_before, created_after;
   std::thread probe;
   const HttpReply r = Send(client, "POST", "/v1/chat/completions", ChatBody(asked, 40, true), "",
                            {}, [&](const std::string& so_far) {
@@ -957,8 +972,10 @@ void StopMidStreamLetsTheReplyEndFirst(ServerProcess& stopped, int http_port, bo
                              probe = std::thread([&] {
                                std::this_thread::sleep_for(std::chrono::milliseconds(300));
                                httplib::Client other("127.0.0.1", http_port);
+                               created_before = sessions_created();
                                during = Send(other, "POST", "/v1/chat/completions",
                                              ChatBody({Message("user", "Hello")}, 4, false), "");
+                               created_after = sessions_created();
                                health = Send(other, "GET", "/health", "", "");
                              });
                              return true;
@@ -973,6 +990,9 @@ void StopMidStreamLetsTheReplyEndFirst(ServerProcess& stopped, int http_port, bo
   EXPECT_EQ(during.Header("x-should-retry"), "true");
   if (coordinator) {
     EXPECT_EQ(health.status, 503) << health.body;
+    // Refused before a session was made for it (it names none), not made and deleted again.
+    EXPECT_FALSE(created_before.empty());
+    EXPECT_EQ(created_after, created_before);
   }
   std::optional<int> exit;
   for (int i = 0; i < 1000 && !exit.has_value(); ++i) {
@@ -984,11 +1004,13 @@ void StopMidStreamLetsTheReplyEndFirst(ServerProcess& stopped, int http_port, bo
 }
 
 TEST_F(OpenAiHttpCancelTest, ACoordinatorStoppedMidStreamLetsTheReplyEndFirst) {
-  StopMidStreamLetsTheReplyEndFirst(coordinator_, coordinator_.port("http"), true);
+  StopMidStreamLetsTheReplyEndFirst(coordinator_, coordinator_.port("http"),
+                                    coordinator_.port("metrics"), true);
 }
 
 TEST_F(OpenAiHttpCancelTest, AWorkerStoppedMidStreamLetsTheReplyEndFirst) {
-  StopMidStreamLetsTheReplyEndFirst(worker_, coordinator_.port("http"), false);
+  StopMidStreamLetsTheReplyEndFirst(worker_, coordinator_.port("http"),
+                                    coordinator_.port("metrics"), false);
 }
 
 // "Stop generating" in a client that names no session: the second reply is stopped (the

@@ -234,7 +234,7 @@ class OpenAiHttpCancelTest : public ::testing::Test {
     ASSERT_TRUE(coordinator_.Start(
         RECALL_COORDINATOR_BINARY,
         {"--workers", "127.0.0.1:" + std::to_string(worker_.port("grpc")), "--listen",
-         "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--data-dir", dir_},
+         "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--data-dir", dir_, "--metrics-port", "0"},
         dir_, &error))
         << error;
   }
