@@ -25,7 +25,7 @@ class RegistryService final : public v1::Registry::Service {
       : workers_(workers), keys_(keys), cluster_(std::move(cluster)) {}
 
   grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
-                        v1::RegisterResponse*) override {
+                        v1::RegisterResponse* response) override {
     if (grpc::Status st = Admit(*context); !st.ok()) {
       RefusedOnce(request->address(), st);
       return st;
@@ -40,6 +40,7 @@ class RegistryService final : public v1::Registry::Service {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "instance: at most 64 bytes");
     }
     workers_.Add(a, /*registered=*/true, request->instance());
+    response->set_not_used(workers_.NotUsedReason(a));
     return grpc::Status::OK;
   }
 

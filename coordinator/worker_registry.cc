@@ -292,11 +292,13 @@ void WorkerRegistry::SettleConflicts() {
       }
     }
     const bool conflict = used->first != shape(info);
+    e.conflict_reason =
+        conflict ? absl::StrCat("it serves \"", info.model(), "\" as ", shape(info), ", but ",
+                                used->second.workers, " worker(s) serve it as ", used->first, " (",
+                                used->second.address, "); give it another --served-model-name")
+                 : "";
     if (conflict && !e.conflict) {
-      RECALL_LOG(ERROR) << "worker " << e.view.address << " serves \"" << info.model() << "\" as "
-                        << shape(info) << ", but " << used->second.workers
-                        << " worker(s) serve it as " << used->first << " (" << used->second.address
-                        << "): not used; give it another --served-model-name";
+      RECALL_LOG(ERROR) << "worker " << e.view.address << " not used: " << e.conflict_reason;
     } else if (!conflict && e.conflict) {
       RECALL_LOG(WARNING) << "worker " << e.view.address << " serves \"" << info.model()
                           << "\" as most of its workers do now: used";
@@ -336,6 +338,14 @@ std::vector<WorkerView> WorkerRegistry::Snapshot() const {
     if (!e.conflict) out.push_back(e.view);
   }
   return out;
+}
+
+std::string WorkerRegistry::NotUsedReason(const std::string& address) const {
+  absl::MutexLock lock(&mu_);
+  for (const Entry& e : workers_) {
+    if (e.view.address == address) return e.conflict_reason;
+  }
+  return "";
 }
 
 std::shared_ptr<v1::Worker::Stub> WorkerRegistry::Stub(const std::string& address) const {

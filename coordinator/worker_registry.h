@@ -76,6 +76,8 @@ class WorkerRegistry {
 
   // The workers (but one that serves a name in use with another model: not used).
   std::vector<WorkerView> Snapshot() const;
+  // Why the worker at `address` is known but not used (its model conflicts); "" otherwise.
+  std::string NotUsedReason(const std::string& address) const;
   // Whether the registry is young enough (kSettle) that workers of a model may not have
   // registered yet: after a coordinator's restart they register again within seconds.
   bool Settling() const { return absl::Now() - started_ < kSettle; }
@@ -101,6 +103,7 @@ class WorkerRegistry {
     std::string instance;      // the process that registered last ("" unknown)
     std::shared_ptr<grpc::Channel> channel;  // view.stub's; kept for the registry's lifetime
     bool conflict = false;     // serves a name another worker serves with another model
+    std::string conflict_reason;  // while `conflict`: why it is not used
     bool down_logged = false;  // said so since it last answered
     absl::Time down_since = absl::InfiniteFuture();  // while marked down
   };

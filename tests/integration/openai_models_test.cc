@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "recall/v1/chat.grpc.pb.h"
+#include "recall/v1/registry.grpc.pb.h"
 #include "recall/v1/worker.grpc.pb.h"
 #include "tests/common/test_util.h"
 #include "tests/integration/openai_http_util.h"
@@ -295,6 +296,25 @@ TEST(ModelNameConflictTest, ASecondModelUnderANameInUseServesNothing) {
   EXPECT_EQ(WorkerLoad(stories).resident_sessions() + WorkerLoad(stories).offloaded_sessions(), 4);
   EXPECT_EQ(WorkerLoad(other).resident_sessions() + WorkerLoad(other).offloaded_sessions(), 0)
       << "nothing ran on the other model";
+  // A worker registering itself hears why it gets no turn (it logged "registered", and only
+  // the coordinator's log said otherwise); the used one hears nothing.
+  const auto registry = v1::Registry::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(coordinator.port("grpc")), grpc::InsecureChannelCredentials()));
+  for (ServerProcess* w : {&stories, &other}) {
+    grpc::ClientContext ctx;
+    v1::RegisterRequest req;
+    req.set_address("127.0.0.1:" + std::to_string(w->port("grpc")));
+    v1::RegisterResponse resp;
+    ASSERT_TRUE(registry->Register(&ctx, req, &resp).ok());
+    if (w == &stories) {
+      EXPECT_EQ(resp.not_used(), "");
+    } else {
+      EXPECT_NE(resp.not_used().find("serves \"same\" as context 8192"), std::string::npos)
+          << resp.not_used();
+      EXPECT_NE(resp.not_used().find("give it another --served-model-name"), std::string::npos)
+          << resp.not_used();
+    }
+  }
 }
 
 // Two workers serving one model and a third another under the same name, the odd one listed

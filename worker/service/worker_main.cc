@@ -55,7 +55,7 @@ class Registration {
         coordinator_(coordinator),
         advertise_(advertise),
         thread_([this, coordinator, advertise] {
-          std::optional<bool> reported;  // the last outcome told (none yet: the first is)
+          std::optional<std::string> reported;  // the last outcome told (none yet: the first is)
           std::random_device rd;
           const std::string instance =
               absl::StrCat(absl::Hex(rd(), absl::kZeroPad8), absl::Hex(rd(), absl::kZeroPad8));
@@ -70,12 +70,17 @@ class Registration {
             mu_.Unlock();
             const grpc::Status st = stub_->Register(&ctx, req, &resp);
             mu_.Lock();
-            if (!reported.has_value() || st.ok() != *reported) {
-              std::fprintf(stderr, "recall-worker: %s with coordinator %s as %s%s%s\n",
-                           st.ok() ? "registered" : "cannot register", coordinator.c_str(),
-                           advertise.c_str(), st.ok() ? "" : ": ",
-                           st.ok() ? "" : st.error_message().c_str());
-              reported = st.ok();
+            // Registered, registered but not used (its model conflicts), or refused.
+            const std::string outcome = absl::StrCat(
+                st.ok() ? "registered" : "cannot register", " with coordinator ", coordinator,
+                " as ", advertise,
+                st.ok() ? (resp.not_used().empty()
+                               ? ""
+                               : absl::StrCat(", which sends it no turn: ", resp.not_used()))
+                        : absl::StrCat(": ", st.error_message()));
+            if (reported != outcome) {
+              std::fprintf(stderr, "recall-worker: %s\n", outcome.c_str());
+              reported = outcome;
             }
             auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
             mu_.AwaitWithTimeout(absl::Condition(&stopping), absl::Seconds(5));
