@@ -241,8 +241,8 @@ absl::Status Run(const std::vector<std::string>& argv) {
   if (!cluster.enabled()) {
     std::fprintf(stderr,
                  "recall-worker: WARNING: no --cluster-token-file; this port takes RunTurn, "
-                 "DropSession and Abort from anyone who can reach %s\n",
-                 listen.c_str());
+                 "DropSession and Abort from anyone who can reach it (%s, port %d)\n",
+                 listen.c_str(), port);
   }
   if (!options.port_file.empty()) {
     RECALL_RETURN_IF_ERROR(
