@@ -21,6 +21,8 @@ std::shared_ptr<grpc::Channel> WorkerChannel(const std::string& address) {
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
 }
 
+std::string WorkerLabel(const std::string& address) { return "worker=\"" + address + "\""; }
+
 }  // namespace
 
 WorkerRegistry::WorkerRegistry(metrics::Registry* metrics, absl::Duration heartbeat, int max_misses,
@@ -43,39 +45,44 @@ WorkerRegistry::~WorkerRegistry() {
 void WorkerRegistry::Add(const std::string& address, bool registered, const std::string& instance) {
   bool known = false, restarted = false;
   {
-    absl::MutexLock lock(&mu_);
-    for (Entry& e : workers_) {
-      if (e.view.address != address) continue;
-      known = true;
-      if (instance.empty() || instance == e.instance) continue;  // the periodic repeat
-      // Another process at this address: a worker restarted (maybe with another model or
-      // other flags), no longer draining.
-      restarted = !e.instance.empty();
-      e.instance = instance;
-      if (restarted) {
-        e.view.draining = false;
-        e.refresh_info = true;
-        // Dialled now, not after the backoff: the channel stays (a turn's call may hold the
-        // last reference to a replaced one, released on a gRPC thread).
-        grpc::experimental::ChannelResetConnectionBackoff(e.channel.get());
+    // With the series: a forgotten worker's are removed unless it is back (ForgetSeries).
+    absl::MutexLock series(&series_mu_);
+    {
+      absl::MutexLock lock(&mu_);
+      for (Entry& e : workers_) {
+        if (e.view.address != address) continue;
+        known = true;
+        if (instance.empty() || instance == e.instance) continue;  // the periodic repeat
+        // Another process at this address: a worker restarted (maybe with another model or
+        // other flags), no longer draining.
+        restarted = !e.instance.empty();
+        e.instance = instance;
+        if (restarted) {
+          e.view.draining = false;
+          e.refresh_info = true;
+          // Dialled now, not after the backoff: the channel stays (a turn's call may hold the
+          // last reference to a replaced one, released on a gRPC thread).
+          grpc::experimental::ChannelResetConnectionBackoff(e.channel.get());
+        }
+      }
+      if (!known) {
+        Entry e;
+        e.registered = registered;
+        e.instance = instance;
+        e.view.address = address;
+        e.channel = WorkerChannel(address);
+        e.view.stub = v1::Worker::NewStub(e.channel);
+        workers_.push_back(std::move(e));
       }
     }
-    if (!known) {
-      Entry e;
-      e.registered = registered;
-      e.instance = instance;
-      e.view.address = address;
-      e.channel = WorkerChannel(address);
-      e.view.stub = v1::Worker::NewStub(e.channel);
-      workers_.push_back(std::move(e));
-    }
+    if (!known) AddSeries(address);
   }
-  if (known) {
-    if (restarted) Poll({address}, true);
-    return;
-  }
+  if (!known || restarted) Poll({address}, true);
+}
+
+void WorkerRegistry::AddSeries(const std::string& address) {
   if (metrics_ != nullptr) {
-    const std::string label = "worker=\"" + address + "\"";
+    const std::string label = WorkerLabel(address);
     auto gauge = [&](const char* name, const char* help, auto read) {
       metrics_->AddCallbackGauge(name, help, [this, address, read] {
         for (const WorkerView& w : Snapshot()) {
@@ -99,7 +106,21 @@ void WorkerRegistry::Add(const std::string& address, bool registered, const std:
             return w.healthy ? w.load.active_turns() + w.load.queued_turns() : 0;
           });
   }
-  Poll({address}, true);
+}
+
+void WorkerRegistry::ForgetSeries(const std::vector<std::string>& addresses) {
+  if (metrics_ == nullptr) return;
+  absl::MutexLock series(&series_mu_);
+  for (const std::string& address : addresses) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (std::any_of(workers_.begin(), workers_.end(),
+                      [&](const Entry& e) { return e.view.address == address; })) {
+        continue;  // registered again since
+      }
+    }
+    metrics_->RemoveCallbackGauges(WorkerLabel(address));
+  }
 }
 
 void WorkerRegistry::Drain(const std::string& address) {
@@ -230,15 +251,23 @@ void WorkerRegistry::Poll(const std::vector<std::string>& addresses, bool refres
     SettleConflicts();
   }
   for (const std::function<void()>& f : down) f();
-  absl::MutexLock lock(&mu_);
-  std::erase_if(workers_, [this](const Entry& e) {
-    const bool forget = e.registered && absl::Now() - e.down_since >= forget_after_;
-    if (forget) {
-      RECALL_LOG(WARNING) << "worker " << e.view.address << " registered itself and has been down "
-                          << "for " << absl::FormatDuration(forget_after_) << ": forgotten";
-    }
-    return forget;
-  });
+  std::vector<std::string> forgotten;
+  {
+    absl::MutexLock lock(&mu_);
+    std::erase_if(workers_, [&](const Entry& e) {
+      const bool forget = e.registered && absl::Now() - e.down_since >= forget_after_;
+      if (forget) {
+        RECALL_LOG(WARNING) << "worker " << e.view.address
+                            << " registered itself and has been down for "
+                            << absl::FormatDuration(forget_after_) << ": forgotten";
+        forgotten.push_back(e.view.address);
+      }
+      return forget;
+    });
+  }
+  // Its series go too: a worker replaced by one at another address (a pod's new IP) stayed
+  // listed at 0 for the coordinator's lifetime.
+  if (!forgotten.empty()) ForgetSeries(forgotten);
 }
 
 std::string ServedModelsSuffix(const std::vector<std::string>& served) {

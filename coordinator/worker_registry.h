@@ -116,6 +116,10 @@ class WorkerRegistry {
   void SettleConflicts() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Polls these workers at once and waits for every answer (or its deadline).
   void Poll(const std::vector<std::string>& addresses, bool refresh_all_info);
+  // A worker's per-worker gauges, added when it is first known and removed once it is
+  // forgotten (unless it is known again by then), under series_mu_.
+  void AddSeries(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(series_mu_);
+  void ForgetSeries(const std::vector<std::string>& addresses) ABSL_LOCKS_EXCLUDED(series_mu_);
 
   metrics::Registry* const metrics_;
   const absl::Duration heartbeat_;
@@ -123,6 +127,7 @@ class WorkerRegistry {
   const grpcutil::ClusterCredential cluster_;
   const absl::Duration forget_after_;
   const absl::Time started_ = absl::Now();
+  absl::Mutex series_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   std::vector<Entry> workers_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

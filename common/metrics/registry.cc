@@ -120,6 +120,16 @@ void Registry::AddCallbackGauge(const std::string& name, const std::string& help
   s->read = std::move(read);
 }
 
+void Registry::RemoveCallbackGauges(const std::string& labels) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = families_.begin(); it != families_.end();) {
+    std::erase_if(it->second.series, [&](const std::unique_ptr<Series>& s) {
+      return s->read != nullptr && s->labels == labels;
+    });
+    it = it->second.series.empty() ? families_.erase(it) : std::next(it);
+  }
+}
+
 namespace {
 
 std::string FormatValue(double v) {

@@ -80,6 +80,9 @@ class Registry {
   // A gauge read from `read` at every Render (e.g. free KV blocks).
   void AddCallbackGauge(const std::string& name, const std::string& help,
                         std::function<double()> read, const std::string& labels = "");
+  // Removes every callback gauge series with exactly these labels (a family left with none is
+  // not rendered); not allowed from inside a callback.
+  void RemoveCallbackGauges(const std::string& labels);
 
   std::string Render() const;
 

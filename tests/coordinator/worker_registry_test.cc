@@ -1,11 +1,12 @@
 // WorkerRegistry's bookkeeping without workers: a worker that registered itself and stays
-// down is forgotten after forget_after; one of --workers is kept; polling addresses that do
-// not answer takes one deadline, not one per address.
+// down is forgotten after forget_after (its metric series too); one of --workers is kept; polling
+// addresses that do not answer takes one deadline, not one per address.
 #include "coordinator/worker_registry.h"
 
 #include <chrono>
 #include <thread>
 
+#include "common/metrics/registry.h"
 #include "gtest/gtest.h"
 #include "tests/common/redis_server.h"
 
@@ -15,12 +16,16 @@ namespace {
 std::string Nobody() { return "127.0.0.1:" + std::to_string(testing::FreePort()); }
 
 TEST(WorkerRegistryTest, ARegisteredWorkerThatStaysDownIsForgottenAListedOneIsKept) {
-  WorkerRegistry registry(nullptr, absl::Milliseconds(50), 1, grpcutil::ClusterCredential::Open(),
+  metrics::Registry metrics;
+  WorkerRegistry registry(&metrics, absl::Milliseconds(50), 1, grpcutil::ClusterCredential::Open(),
                           absl::Milliseconds(300));
   const std::string listed = Nobody(), registered = Nobody();
   registry.Add(listed);
   registry.Add(registered, /*registered=*/true);
   ASSERT_EQ(registry.Snapshot().size(), 2u);
+  const std::string up = "recall_coordinator_worker_up{worker=\"";
+  ASSERT_NE(metrics.Render().find(up + registered + "\"} 0"), std::string::npos)
+      << metrics.Render();
   bool forgotten = false;
   for (int i = 0; i < 100 && !forgotten; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -29,6 +34,18 @@ TEST(WorkerRegistryTest, ARegisteredWorkerThatStaysDownIsForgottenAListedOneIsKe
   ASSERT_TRUE(forgotten) << "the registered worker is still polled";
   EXPECT_EQ(registry.Snapshot()[0].address, listed);
   EXPECT_FALSE(registry.Snapshot()[0].healthy);
+  // Its series went with it (a pod's old address stayed listed at 0); the listed one's stay.
+  bool series_gone = false;  // removed just after the worker (ForgetSeries)
+  for (int i = 0; i < 100 && !series_gone; ++i) {
+    series_gone = metrics.Render().find(registered) == std::string::npos;
+    if (!series_gone) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(series_gone) << metrics.Render();
+  EXPECT_NE(metrics.Render().find(up + listed + "\"} 0"), std::string::npos) << metrics.Render();
+  // Registered again: listed again.
+  registry.Add(registered, /*registered=*/true);
+  EXPECT_NE(metrics.Render().find(up + registered + "\"} 0"), std::string::npos)
+      << metrics.Render();
 }
 
 TEST(WorkerRegistryTest, AddressesThatDoNotAnswerArePolledAtOnce) {
