@@ -39,6 +39,10 @@ class RegistryService final : public v1::Registry::Service {
     if (request->instance().size() > 64) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "instance: at most 64 bytes");
     }
+    {
+      absl::MutexLock lock(&mu_);
+      refused_.erase(a);  // a later refusal (a token rotated again) is said again
+    }
     workers_.Add(a, /*registered=*/true, request->instance());
     response->set_not_used(workers_.NotUsedReason(a));
     return grpc::Status::OK;
@@ -63,8 +67,9 @@ class RegistryService final : public v1::Registry::Service {
     return grpc::Status::OK;
   }
 
-  // Said once per address (the worker repeats every 5 s): the worker says why it cannot
-  // register, and the coordinator, whose clients then find no worker, said nothing.
+  // Said once per address until it registers (the worker repeats every 5 s): the worker says
+  // why it cannot register, and the coordinator, whose clients then find no worker, said
+  // nothing.
   void RefusedOnce(const std::string& address, const grpc::Status& st) {
     {
       absl::MutexLock lock(&mu_);
