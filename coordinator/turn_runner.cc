@@ -445,7 +445,10 @@ void TurnRunner::OnCallEnded(const grpc::Status& status) {
                       << spec_.request.session_id() << " (" << status.error_message() << "); "
                       << result_.tokens.size() << " tokens delivered, failing over";
   workers_.ReportFailure(worker);
-  metrics_.GetCounter("recall_coordinator_failovers_total", "Turns moved off a failed worker")
+  metrics_
+      .GetCounter("recall_coordinator_failovers_total",
+                  "Worker failures during a turn (each sends the turn on to another worker "
+                  "when one is left; else the turn fails)")
       ->Increment();
   excluded_.push_back(worker);
   sticky_.clear();
