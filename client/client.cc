@@ -17,6 +17,10 @@ absl::Status ToAbsl(const grpc::Status& s) {
 
 // Worth asking again: the server unreachable, or a cancel this client did not make (a server
 // shutting down cancels the calls it has).
+grpc::Status FromAbsl(const absl::Status& s) {
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
 bool Retryable(absl::StatusCode code) {
   return code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kCancelled;
 }
@@ -43,6 +47,11 @@ Client::Client(ClientOptions options) : options_(std::move(options)) {
   // A long session's transcript (GetSession) can pass gRPC's default 4 MiB limit.
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
+  // A server that went away is dialled again at least every second: gRPC's own backoff grows
+  // to 120 s, and a chat whose server was back after 2 s gave up at the end of its retries
+  // without having dialled it again.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   channel_ = grpc::CreateCustomChannel(options_.address, creds, args);
   stub_ = v1::Chat::NewStub(channel_);
 }
@@ -52,6 +61,32 @@ void Client::Prepare(grpc::ClientContext* ctx) const {
   if (!options_.api_key.empty() && CheckApiKey(options_.api_key).ok()) {
     ctx->AddMetadata("authorization", "Bearer " + options_.api_key);
   }
+}
+
+void Client::AwaitRetry(std::chrono::milliseconds backoff) const {
+  const auto until = std::chrono::system_clock::now() + backoff;
+  if (channel_->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY) {
+    std::this_thread::sleep_until(until);  // reachable, and said to wait
+    return;
+  }
+  grpc::experimental::ChannelResetConnectionBackoff(channel_.get());
+  channel_->WaitForConnected(until);
+}
+
+absl::Status Client::Failure(const grpc::Status& s) const {
+  if (s.error_code() != grpc::StatusCode::UNAVAILABLE ||
+      channel_->GetState(false) == GRPC_CHANNEL_READY) {  // the server said so itself
+    return ToAbsl(s);
+  }
+  // A TLS handshake that fails reads as a closed socket: the likely causes named.
+  const char* tls = options_.credentials == nullptr
+                        ? " One that serves TLS needs the client's TLS settings (its CA)"
+                        : " Over TLS, the server's certificate must be signed by the CA given "
+                          "and name the host, and one that asks for client certificates needs "
+                          "the client's certificate and key";
+  return absl::UnavailableError(absl::StrCat(
+      "cannot reach ", options_.address, " (is recall serve or recall-coordinator running there?",
+      tls, "): ", s.error_message()));
 }
 
 template <typename Call>
@@ -64,7 +99,7 @@ grpc::Status Client::WithRetries(Call call) const {
     if (!Retryable(static_cast<absl::StatusCode>(s.error_code())) || attempt >= options_.retries) {
       return s;
     }
-    std::this_thread::sleep_for(backoff);
+    AwaitRetry(backoff);
     backoff *= 2;
   }
 }
@@ -89,23 +124,10 @@ absl::StatusOr<v1::Session> Client::CreateSession(const v1::CreateSessionRequest
         attempt >= options_.retries) {
       break;
     }
-    std::this_thread::sleep_for(backoff);
+    AwaitRetry(backoff);
     backoff *= 2;
   }
-  if (s.error_code() == grpc::StatusCode::UNAVAILABLE &&
-      channel_->GetState(false) != GRPC_CHANNEL_READY) {  // else the server said so itself
-    // A TLS handshake that fails reads as a closed socket: the likely causes named.
-    const char* tls = options_.credentials == nullptr
-                          ? " One that serves TLS needs the client's TLS settings (its CA)"
-                          : " Over TLS, the server's certificate must be signed by the CA given "
-                            "and name the host, and one that asks for client certificates needs "
-                            "the client's certificate and key";
-    return absl::UnavailableError(absl::StrCat("cannot reach ", options_.address,
-                                               " (is recall serve or recall-coordinator running "
-                                               "there?",
-                                               tls, "): ", s.error_message()));
-  }
-  if (!s.ok()) return ToAbsl(s);
+  if (!s.ok()) return Failure(s);
   return out;
 }
 
@@ -115,7 +137,7 @@ absl::StatusOr<v1::Session> Client::GetSession(const std::string& session_id) {
   v1::Session out;
   grpc::Status s =
       WithRetries([&](grpc::ClientContext* c) { return stub_->GetSession(c, req, &out); });
-  if (!s.ok()) return ToAbsl(s);
+  if (!s.ok()) return Failure(s);
   return out;
 }
 
@@ -127,7 +149,7 @@ absl::StatusOr<v1::ListSessionsResponse> Client::ListSessions(int page_size,
   v1::ListSessionsResponse out;
   grpc::Status s =
       WithRetries([&](grpc::ClientContext* c) { return stub_->ListSessions(c, req, &out); });
-  if (!s.ok()) return ToAbsl(s);
+  if (!s.ok()) return Failure(s);
   return out;
 }
 
@@ -135,7 +157,7 @@ absl::Status Client::DeleteSession(const std::string& session_id) {
   v1::DeleteSessionRequest req;
   req.set_session_id(session_id);
   v1::DeleteSessionResponse out;
-  return ToAbsl(
+  return Failure(
       WithRetries([&](grpc::ClientContext* c) { return stub_->DeleteSession(c, req, &out); }));
 }
 
@@ -143,7 +165,7 @@ absl::StatusOr<v1::ListModelsResponse> Client::ListModels() {
   v1::ListModelsResponse out;
   grpc::Status s = WithRetries(
       [&](grpc::ClientContext* c) { return stub_->ListModels(c, v1::ListModelsRequest(), &out); });
-  if (!s.ok()) return ToAbsl(s);
+  if (!s.ok()) return Failure(s);
   return out;
 }
 
@@ -198,7 +220,9 @@ absl::StatusOr<v1::ConverseDone> Client::Generate(const v1::GenerateRequest& req
   grpc::ClientContext ctx;
   Prepare(&ctx);
   auto reader = stub_->Generate(&ctx, request);
-  return ReadReply(reader, on_text);
+  absl::StatusOr<v1::ConverseDone> done = ReadReply(reader, on_text);
+  if (absl::IsUnavailable(done.status())) return Failure(FromAbsl(done.status()));
+  return done;
 }
 
 std::unique_ptr<ReplyStream> Client::ConverseStream(const std::string& session_id,
@@ -290,8 +314,11 @@ bool ReplyStream::Next(std::string* text) {
          (code == absl::StatusCode::kFailedPrecondition &&
           ((attempt_ > 1 && status_.message().find("still running") != absl::string_view::npos) ||
            status_.message().find("(retryable)") != absl::string_view::npos)));
-    if (!retry) break;
-    std::this_thread::sleep_for(backoff);
+    if (!retry) {
+      status_ = client_.Failure(FromAbsl(status_));
+      break;
+    }
+    client_.AwaitRetry(backoff);
     backoff *= 2;
     if (!Open()) {
       status_ = absl::CancelledError("the reply was cancelled");

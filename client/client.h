@@ -140,6 +140,12 @@ class Client {
   void Prepare(grpc::ClientContext* ctx) const;
   template <typename Call>
   grpc::Status WithRetries(Call call) const;
+  // Waits before asking again: `backoff`, or, while the server is unreachable, until it is
+  // reachable again or `backoff` has passed (a restarted server is dialled at once).
+  void AwaitRetry(std::chrono::milliseconds backoff) const;
+  // A call's status for its caller: an unreachable server's names the address and what should
+  // run there.
+  absl::Status Failure(const grpc::Status& s) const;
 
   ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;

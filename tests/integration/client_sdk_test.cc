@@ -117,6 +117,48 @@ TEST(ClientSdkTest, ATranscriptOverFourMebibytesIsRead) {
   EXPECT_EQ(read->messages(0).content().size(), 5200000u);
 }
 
+// A coordinator down for a while (gRPC's reconnect backoff has grown to seconds) is started
+// again 1.5 s after the next message is sent: the turn reaches it within the retries (5:
+// 3.1 s). The channel was dialled again only at the end of its own backoff, after the
+// retries had given up (a piped recall chat lost its next lines so). With none back, the
+// error names the address and what should run there.
+TEST(ClientSdkTest, ACoordinatorBackFromARestartIsReachedWithinTheRetries) {
+  RECALL_REQUIRE_SHARED_FILE(kModel);
+  const std::string dir = testing::MakeTempDir("sdk_back");
+  ServerProcess worker, coordinator;
+  std::string error;
+  const std::string address = testing::StartServe(dir, worker, coordinator, &error);
+  ASSERT_FALSE(address.empty()) << error;
+  auto client = Client::Connect({.address = address, .retries = 5});
+  auto session = client->StartSession({});
+  ASSERT_TRUE(session.ok()) << session.status();
+  (*session)->sampling().set_max_tokens(4);
+  ASSERT_TRUE((*session)->Send("Once upon a time", nullptr).ok());
+  coordinator.Kill();
+  std::this_thread::sleep_for(std::chrono::seconds(5));
+  std::thread later([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    std::string err;
+    EXPECT_TRUE(coordinator.Start(RECALL_COORDINATOR_BINARY,
+                                  {"--workers", "127.0.0.1:" + std::to_string(worker.port("grpc")),
+                                   "--listen", address, "--data-dir", dir},
+                                  dir, &err))
+        << err;
+  });
+  const auto next = (*session)->Send("What happened next?", nullptr);
+  later.join();
+  ASSERT_TRUE(next.ok()) << next.status();
+  auto history = (*session)->History();
+  ASSERT_TRUE(history.ok()) << history.status();
+  EXPECT_EQ(history->size(), 4u);
+
+  coordinator.Kill();
+  const auto lost = (*session)->Send("And then?", nullptr);
+  EXPECT_EQ(lost.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(lost.status().message().find("cannot reach " + address), std::string::npos)
+      << lost.status();
+}
+
 // A reply stopped by the client (Cancel) and the session's next message sent at once: the
 // client sees its cancel before the coordinator does, which may refuse the next turn as "a
 // turn of this session is running" (retryable); the SDK asks again, so the message is taken.
