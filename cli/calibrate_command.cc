@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "cache/block_pool.h"
 #include "cache/eviction/session_evictor.h"
+#include "common/files.h"
 #include "common/flags.h"
 #include "common/status.h"
 #include "kernels/backend.h"
@@ -199,6 +200,7 @@ absl::Status Run(const WindowOptions& o) {
     return absl::InvalidArgumentError(
         "--out: writes the alpha search's result; drop --alphas none");
   }
+  if (!o.out.empty()) RECALL_RETURN_IF_ERROR(CheckOutputFile("--out", o.out));
   absl::StatusOr<model::Loaded> loaded_or = model::LoadAll(o.model);
   if (!loaded_or.ok()) return WindowFlags().Explain(loaded_or.status());
   model::Loaded& loaded = *loaded_or;
@@ -241,6 +243,11 @@ absl::Status Run(const WindowOptions& o) {
     d.layer_budgets = o.layer_budgets;
     absl::StatusOr<serving::CacheFactory> f =
         serving::CacheFactory::Create(d, c, c.n_kv_heads, 1, eo.kv_dtype);
+    if (flags::FieldOf(f.status()) == "budget_tokens") {  // set from two flags
+      return absl::InvalidArgumentError(
+          absl::StrCat("--budget-frac: ", o.budget_frac, " x --tokens ", tokens, " = ",
+                       flags::FieldWhat(f.status()), " (raise --budget-frac or --tokens)"));
+    }
     if (!f.ok()) return WindowFlags().Explain(f.status());  // names the field's flag
     factory.emplace(*std::move(f));
   }
@@ -390,7 +397,7 @@ absl::Status Run(const WindowOptions& o) {
     cal.value_protection = o.value_protection;
     cal.meta_score = o.meta_score;
     cal.layer_budgets = o.layer_budgets;
-    RECALL_RETURN_IF_ERROR(serving::WriteEvictionCalibration(o.out, cal));
+    RECALL_RETURN_IF_ERROR(WriteFileWhole("--out", o.out, serving::EvictionCalibrationJson(cal)));
     std::printf("wrote %s (window %d, alpha %g%s): recall serve --calibration %s\n", o.out.c_str(),
                 o.window, best_absolute->alpha,
                 best->alpha_uniform > 0

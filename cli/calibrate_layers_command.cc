@@ -89,15 +89,8 @@ absl::StatusOr<std::string> ReadText(const std::string& path) {
   return ss.str();
 }
 
-absl::Status WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (out) out << text;
-  if (out) out.close();
-  if (!out) return absl::PermissionDeniedError(absl::StrCat("--out: cannot write '", path, "'"));
-  return absl::OkStatus();
-}
-
 absl::Status Run(const LayersOptions& o) {
+  RECALL_RETURN_IF_ERROR(CheckOutputFile("--out", o.out));
   std::string text = DefaultCalibrationText();
   if (!o.text.empty()) {
     RECALL_ASSIGN_OR_RETURN(text, ReadText(o.text));
@@ -109,6 +102,12 @@ absl::Status Run(const LayersOptions& o) {
   std::vector<int32_t> tokens = loaded.tokenizer->Encode(text, /*add_bos=*/!loaded.hf_tokenizer);
   if (static_cast<int64_t>(tokens.size()) > c.max_seq_len) tokens.resize(c.max_seq_len);
   const int n = static_cast<int>(tokens.size());
+  if (n < 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--text: ", o.text, " holds ", n,
+                     " token(s); the profile compares blocks past the "
+                     "first, so it needs at least 3 (a few paragraphs give a useful one)"));
+  }
   const int block = o.block.value_or(std::min(4096, std::max(2, n / 4)) / 2 * 2);
   const int sinks = o.sinks.value_or(std::min(128, block / 8));
   if (sinks >= block) {
@@ -123,8 +122,10 @@ absl::Status Run(const LayersOptions& o) {
   RECALL_ASSIGN_OR_RETURN(
       std::unique_ptr<kernels::Backend> backend,
       runtime::MakeBackend({.device = runtime::Device::kCpu, .cpu_threads = o.threads}));
-  RECALL_ASSIGN_OR_RETURN(std::vector<double> sigma,
-                          offline::LayerSensitivity(*loaded.model, *backend, tokens, so));
+  absl::StatusOr<std::vector<double>> sigma_or =
+      offline::LayerSensitivity(*loaded.model, *backend, tokens, so);
+  if (!sigma_or.ok()) return LayersFlags().Explain(sigma_or.status());  // names the flag
+  const std::vector<double>& sigma = *sigma_or;
 
   cache::eviction::SensitivityProfile profile;
   profile.model = o.model.model;
@@ -134,7 +135,8 @@ absl::Status Run(const LayersOptions& o) {
   profile.window = so.window;
   profile.tokens = n;
   const std::string& out = o.out;
-  RECALL_RETURN_IF_ERROR(WriteFile(out, cache::eviction::SensitivityProfileJson(profile)));
+  RECALL_RETURN_IF_ERROR(
+      WriteFileWhole("--out", out, cache::eviction::SensitivityProfileJson(profile)));
   std::printf("tokens=%d block=%d sinks=%d window=%d\n", n, so.block, so.sinks, so.window);
   for (size_t l = 0; l < sigma.size(); ++l) std::printf("layer %zu: sigma=%.6f\n", l, sigma[l]);
   std::printf("wrote %s\n", out.c_str());
@@ -156,7 +158,8 @@ int RunCalibrateLayers(const std::vector<std::string>& argv) {
     st = absl::InvalidArgumentError("--model is required");
   if (st.ok() && options.out.empty()) st = absl::InvalidArgumentError("--out is required");
   if (!st.ok()) {
-    std::cerr << "recall calibrate: " << st.message() << "\n\n" << kUsageHead;
+    std::cerr << "recall calibrate: " << st.message()
+              << " (recall calibrate --help lists the flags)\n";
     return 2;
   }
   st = Run(options);

@@ -12,10 +12,22 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
+#include "common/status.h"
 
 namespace recall {
 
 namespace {
+
+// OK when nothing is at `path` or a regular file is (symlinks followed).
+absl::Status NotAnotherKindOfFile(const std::string& flag, const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, ": ", path, " is ", S_ISDIR(st.st_mode) ? "a directory" : "not a regular file",
+        "; name a file to write"));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::string> ReadFile(const std::string& flag, const std::string& path,
                                      size_t max_bytes, mode_t* mode) {
@@ -100,23 +112,49 @@ absl::StatusOr<std::string> ReadSecretFile(const std::string& flag, const std::s
   return out;
 }
 
-absl::Status WritePortFile(const std::string& path, const std::string& line) {
+absl::Status WriteFileWhole(const std::string& flag, const std::string& path,
+                            const std::string& contents) {
+  // Never renamed over a directory or a device (as root, --out /dev/null would have replaced
+  // the device with a file).
+  RECALL_RETURN_IF_ERROR(NotAnotherKindOfFile(flag, path));
   const std::string tmp = path + ".tmp";
   const auto failed = [&](const std::string& what) {
     const std::string cause = std::strerror(errno);
     std::remove(tmp.c_str());
-    return absl::InvalidArgumentError(
-        absl::StrCat("--port-file: cannot ", what, " ", tmp, ": ", cause));
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": cannot ", what, " ", tmp, ": ", cause));
   };
   std::FILE* f = std::fopen(tmp.c_str(), "w");
   if (f == nullptr) return failed("create");
-  const bool written = std::fwrite(line.data(), 1, line.size(), f) == line.size();
-  if (std::fclose(f) != 0 || !written) return failed("write");
+  const bool written = std::fwrite(contents.data(), 1, contents.size(), f) == contents.size() &&
+                       std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
+  if (!written) {
+    const int error = errno;
+    std::fclose(f);
+    errno = error;
+    return failed("write");
+  }
+  if (std::fclose(f) != 0) return failed("write");
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     const std::string cause = std::strerror(errno);
     std::remove(tmp.c_str());
     return absl::InvalidArgumentError(
-        absl::StrCat("--port-file: cannot rename ", tmp, " to ", path, ": ", cause));
+        absl::StrCat(flag, ": cannot rename ", tmp, " to ", path, ": ", cause));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckOutputFile(const std::string& flag, const std::string& path) {
+  RECALL_RETURN_IF_ERROR(NotAnotherKindOfFile(flag, path));
+  const size_t slash = path.rfind('/');
+  const std::string dir =
+      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  if (!IsDirectory(dir)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": cannot write ", path, ": no directory ", dir));
+  }
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": cannot write ", path, " in ", dir, " (", std::strerror(errno), ")"));
   }
   return absl::OkStatus();
 }

@@ -38,9 +38,20 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& flag, const std::st
 absl::StatusOr<std::string> ReadSecretFile(const std::string& flag, const std::string& path,
                                            size_t max_bytes);
 
-// Writes `line` to `path` whole: through PATH.tmp, renamed over `path`, so that a reader never
-// sees a partial file. An error (naming --port-file and the cause) when the file cannot be
-// written; PATH.tmp is not left behind.
-absl::Status WritePortFile(const std::string& path, const std::string& line);
+// Writes `contents` to `path` whole: through PATH.tmp, flushed to disk and renamed over
+// `path`, so that a reader never sees a partial file and a failed write (a full disk) leaves
+// none, nor PATH.tmp, and `path` as it was. An error naming `flag`, the path and the cause.
+absl::Status WriteFileWhole(const std::string& flag, const std::string& path,
+                            const std::string& contents);
+
+// WriteFileWhole of --port-file.
+inline absl::Status WritePortFile(const std::string& path, const std::string& line) {
+  return WriteFileWhole("--port-file", path, line);
+}
+
+// Whether WriteFileWhole may write `path` once a long run ends, checked at its start: not a
+// directory or other non-regular file, in an existing directory this process may write. An
+// error naming `flag`, the path and why.
+absl::Status CheckOutputFile(const std::string& flag, const std::string& path);
 
 }  // namespace recall

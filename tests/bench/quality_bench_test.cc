@@ -6,6 +6,7 @@
 #include <fstream>
 #include <string>
 
+#include "common/files.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/common/test_util.h"
@@ -18,7 +19,9 @@ TEST(QualityBenchTest, ATinyRunComparesAtEqualPeakOnTwoTextSets) {
   RECALL_REQUIRE_SHARED_FILE("models/stories260K/stories260K.bin");
   const std::string dir = testing::MakeTempDir("quality_bench");
   // The window and alpha come from a calibration file, as for recall serve --calibration.
-  ASSERT_TRUE(serving::WriteEvictionCalibration(dir + "/cal.json", {"lazy+", 0.2, 24, 0.02}).ok());
+  ASSERT_TRUE(WriteFileWhole("calibration", dir + "/cal.json",
+                             serving::EvictionCalibrationJson({"lazy+", 0.2, 24, 0.02}))
+                  .ok());
   const std::string cmd =
       std::string(RECALL_QUALITY_BENCH_BINARY) + " --model " +
       testing::SharedPath("models/stories260K/stories260K.bin") + " --tokenizer " +

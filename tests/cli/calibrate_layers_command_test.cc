@@ -4,6 +4,7 @@
 #include "cli/calibrate_layers_command.h"
 
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -62,27 +63,46 @@ TEST(CalibrateLayersCommandTest, MissingOutOrBadFlagIsUsageAndUnwritableOutFails
   EXPECT_EQ(RunCalibrateLayers(Flags("")), 2);
   std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(err.find("--out is required"), std::string::npos) << err;
-  EXPECT_NE(err.find("usage: recall calibrate"), std::string::npos) << err;
+  EXPECT_NE(err.find("(recall calibrate --help lists the flags)"), std::string::npos) << err;
   ::testing::internal::CaptureStderr();
   EXPECT_EQ(RunCalibrateLayers({"--model", "m.bin", "--out", "x.json", "--bogus", "1"}), 2);
   ::testing::internal::GetCapturedStderr();
 
   RECALL_REQUIRE_SHARED_FILE(kModel);
-  std::vector<std::string> f = Flags("/nonexistent-dir/profile.json");
-  f.insert(f.end(), {"--block", "256"});
-  ::testing::internal::CaptureStdout();
+  // An --out that cannot be written is refused at start, before the run (it was found once
+  // the profile had been computed); so is a directory.
+  for (const std::string& out :
+       {std::string("/nonexistent-dir/profile.json"), ::testing::TempDir()}) {
+    std::vector<std::string> f = Flags(out);
+    f.insert(f.end(), {"--block", "256"});
+    ::testing::internal::CaptureStdout();
+    ::testing::internal::CaptureStderr();
+    EXPECT_EQ(RunCalibrateLayers(f), 2);
+    err = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(::testing::internal::GetCapturedStdout(), "") << "nothing computed";
+    EXPECT_NE(err.find("recall calibrate: --out: "), std::string::npos) << err;
+    EXPECT_NE(
+        err.find(out.find("nonexistent") != std::string::npos ? "no directory /nonexistent-dir"
+                                                              : "is a directory"),
+        std::string::npos)
+        << err;
+  }
+  // An empty --text says so, not that the default block is too long for it.
+  const std::string empty = ::testing::TempDir() + "/empty.txt";
+  std::ofstream(empty).close();
+  std::vector<std::string> f = Flags(::testing::TempDir() + "/unused.json");
+  f.insert(f.end(), {"--text", empty});
   ::testing::internal::CaptureStderr();
-  EXPECT_EQ(RunCalibrateLayers(f), 1);
+  EXPECT_EQ(RunCalibrateLayers(f), 2);
   err = ::testing::internal::GetCapturedStderr();
-  ::testing::internal::GetCapturedStdout();
-  EXPECT_NE(err.find("cannot write '/nonexistent-dir/profile.json'"), std::string::npos) << err;
+  EXPECT_NE(err.find("--text: " + empty + " holds 1 token(s)"), std::string::npos) << err;
   // --block at the token count leaves nothing to compare: bad usage.
   f = Flags(::testing::TempDir() + "/unused.json");
   f.insert(f.end(), {"--block", "512"});
   ::testing::internal::CaptureStderr();
   EXPECT_EQ(RunCalibrateLayers(f), 2);
   err = ::testing::internal::GetCapturedStderr();
-  EXPECT_NE(err.find("block"), std::string::npos) << err;
+  EXPECT_NE(err.find("--block: 512 must be below the token count 512"), std::string::npos) << err;
 }
 
 }  // namespace

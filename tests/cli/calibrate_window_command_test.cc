@@ -132,6 +132,24 @@ TEST(CalibrateWindowCommandTest, ABadAlphaListOrAPolicyThatKeepsEverythingIsUsag
   const std::string printed = ::testing::internal::GetCapturedStdout();
   EXPECT_NE(printed.find("suggested --window "), std::string::npos) << printed;
   EXPECT_EQ(printed.find("alpha search"), std::string::npos) << printed;
+  // A budget below what the policy keeps names the two flags it comes from.
+  ::testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStdout();
+  EXPECT_EQ(RunCalibrateWindow(Flags({"--tokens", "128"})), 2);
+  ::testing::internal::GetCapturedStdout();
+  err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("--budget-frac: 0.2 x --tokens 128 = 26 is below"), std::string::npos) << err;
+  EXPECT_NE(err.find("(raise --budget-frac or --tokens)"), std::string::npos) << err;
+  // An --out that cannot be written is refused at start, not after the search.
+  ::testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStdout();
+  EXPECT_EQ(RunCalibrateWindow(Flags({"--out", "/nonexistent-dir/cal.json"})), 2);
+  EXPECT_EQ(::testing::internal::GetCapturedStdout(), "") << "nothing computed";
+  err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(
+      err.find("--out: cannot write /nonexistent-dir/cal.json: no directory /nonexistent-dir"),
+      std::string::npos)
+      << err;
 }
 
 }  // namespace

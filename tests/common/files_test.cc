@@ -1,9 +1,11 @@
 // Small files read and written at start: flags' files and --port-file.
 #include "common/files.h"
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 
@@ -74,8 +76,45 @@ TEST(WritePortFileTest, WritesTheFileWholeOrSaysWhyNot) {
   // A directory in its place: refused, and no PATH.tmp left behind.
   std::filesystem::create_directories(dir + "/taken");
   const absl::Status taken = WritePortFile(dir + "/taken", "x\n");
-  EXPECT_NE(taken.message().find("--port-file: cannot rename"), std::string::npos) << taken;
+  EXPECT_NE(taken.message().find("--port-file: " + dir + "/taken is a directory"),
+            std::string::npos)
+      << taken;
   EXPECT_FALSE(std::filesystem::exists(dir + "/taken.tmp"));
+}
+
+// A write that fails part way (a full disk; here the file size limit, which fails a write
+// the same way) leaves the file as it was and no PATH.tmp; a device is never replaced; the
+// check at start refuses what the write would.
+TEST(WriteFileWholeTest, AFailedWriteLeavesTheFileAsItWas) {
+  const std::string dir = testing::MakeTempDir("write_whole");
+  const std::string path = dir + "/cal.json";
+  ASSERT_TRUE(WriteFileWhole("--out", path, "old\n").ok());
+  std::signal(SIGXFSZ, SIG_IGN);
+  rlimit saved;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved), 0);
+  rlimit small = saved;
+  small.rlim_cur = 16;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  const absl::Status full = WriteFileWhole("--out", path, std::string(100000, 'x'));
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &saved), 0);
+  EXPECT_NE(full.message().find("--out: cannot write " + path + ".tmp"), std::string::npos) << full;
+  EXPECT_EQ(testing::ReadFileOrEmpty(path), "old\n");
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+
+  const absl::Status device = WriteFileWhole("--out", "/dev/null", "x");
+  EXPECT_NE(device.message().find("--out: /dev/null is not a regular file"), std::string::npos)
+      << device;
+  EXPECT_TRUE(std::filesystem::is_character_file("/dev/null"));
+  EXPECT_FALSE(std::filesystem::exists("/dev/null.tmp"));
+
+  EXPECT_TRUE(CheckOutputFile("--out", path).ok());
+  EXPECT_TRUE(CheckOutputFile("--out", dir + "/new.json").ok());
+  EXPECT_NE(CheckOutputFile("--out", dir).message().find("is a directory"), std::string::npos);
+  EXPECT_NE(
+      CheckOutputFile("--out", dir + "/no/x.json").message().find("no directory " + dir + "/no"),
+      std::string::npos);
+  EXPECT_NE(CheckOutputFile("--out", "/dev/full").message().find("not a regular file"),
+            std::string::npos);
 }
 
 // A file holding a secret is read whatever its mode; one every user may read comes with a

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "cache/block_pool.h"
 #include "cache/sequence_cache.h"
+#include "common/flags.h"
 #include "common/status.h"
 #include "kernels/kv_rows.h"
 #include "worker/runtime/forward.h"
@@ -18,24 +19,20 @@ constexpr int kBlockTokens = 16;  // pool block size (slots)
 
 absl::Status Validate(const SensitivityOptions& o, int64_t n, int max_seq_len) {
   if (o.block < 2) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sensitivity block: ", o.block, " must be >= 2"));
+    return flags::FieldError("block", absl::StrCat(o.block, " must be >= 2"));
   }
   if (o.sinks < 0 || o.sinks >= o.block) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sensitivity sinks: ", o.sinks, " must be in [0, block = ", o.block, ")"));
+    return flags::FieldError("sinks",
+                             absl::StrCat(o.sinks, " must be in [0, {block} = ", o.block, ")"));
   }
   if (o.window < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sensitivity window: ", o.window, " must be >= 1"));
+    return flags::FieldError("window", absl::StrCat(o.window, " must be >= 1"));
   }
   if (o.chunk < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sensitivity chunk: ", o.chunk, " must be >= 1"));
+    return flags::FieldError("chunk", absl::StrCat(o.chunk, " must be >= 1"));
   }
   if (n <= o.block) {
-    return absl::InvalidArgumentError(absl::StrCat("sensitivity block: ", o.block,
-                                                   " must be below the token count ", n,
+    return flags::FieldError("block", absl::StrCat(o.block, " must be below the token count ", n,
                                                    " (only tokens past block 0 are compared)"));
   }
   if (n > max_seq_len) {

@@ -118,7 +118,7 @@ absl::StatusOr<EvictionCalibration> ReadEvictionCalibration(const std::string& p
   return c;
 }
 
-absl::Status WriteEvictionCalibration(const std::string& path, const EvictionCalibration& c) {
+std::string EvictionCalibrationJson(const EvictionCalibration& c) {
   const nlohmann::json j = {{"format", kFormat},
                             {"version", 1},
                             {"policy", c.policy},
@@ -129,11 +129,7 @@ absl::Status WriteEvictionCalibration(const std::string& path, const EvictionCal
                             {"value_protection", c.value_protection},
                             {"meta_score", c.meta_score},
                             {"layer_budgets", c.layer_budgets}};
-  std::ofstream out(path);
-  if (!out) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open for writing"));
-  out << j.dump(2) << "\n";
-  if (!out) return absl::DataLossError(absl::StrCat(path, ": write failed"));
-  return absl::OkStatus();
+  return j.dump(2) + "\n";
 }
 
 }  // namespace recall::serving

@@ -35,7 +35,7 @@ struct EvictionCalibration {
 // is not such a JSON object (any content, however broken, is an error, never a crash).
 absl::StatusOr<EvictionCalibration> ReadEvictionCalibration(const std::string& path);
 
-// PermissionDenied / DataLoss naming the file when it cannot be written.
-absl::Status WriteEvictionCalibration(const std::string& path, const EvictionCalibration& c);
+// The file's text (written whole by recall calibrate-window --out).
+std::string EvictionCalibrationJson(const EvictionCalibration& c);
 
 }  // namespace recall::serving

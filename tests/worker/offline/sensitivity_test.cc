@@ -108,7 +108,7 @@ TEST_F(SensitivityTest, BadOptionsAreRefusedByName) {
   o.chunk = 0;
   EXPECT_NE(Error(100, o).find("chunk"), std::string::npos);
   EXPECT_EQ(Error(32, Small()),
-            "sensitivity block: 32 must be below the token count 32 (only tokens past block 0 "
+            "block: 32 must be below the token count 32 (only tokens past block 0 "
             "are compared)");
   EXPECT_NE(Error(257, Small()).find("context length 256"), std::string::npos);
 }

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <map>
 
+#include "common/files.h"
 #include "gtest/gtest.h"
 #include "tests/common/test_util.h"
 #include "tests/common/tiny_model.h"
@@ -346,7 +347,9 @@ TEST(WorkerOptionsTest, BudgetFlagsThatPolicyFullIgnoresAreNamed) {
 TEST(WorkerOptionsTest, ACalibrationFileSetsTheSessionDefaultsUnlessTheFlagsDo) {
   const std::string dir = testing::MakeTempDir("calibration");
   const std::string good = dir + "/cal.json";
-  ASSERT_TRUE(serving::WriteEvictionCalibration(good, {"lazy+", 0.2, 48, 0.03}).ok());
+  ASSERT_TRUE(WriteFileWhole("calibration", good,
+                             serving::EvictionCalibrationJson({"lazy+", 0.2, 48, 0.03}))
+                  .ok());
   WorkerOptions o;
   ASSERT_TRUE(WorkerFlags().Parse({"--calibration", good}, &o).ok());
   ASSERT_TRUE(ResolveWorkerOptions(&o).ok());
@@ -376,7 +379,8 @@ TEST(WorkerOptionsTest, ACalibrationFileSetsTheSessionDefaultsUnlessTheFlagsDo) 
   full_cal.meta_score = "caote";
   full_cal.layer_budgets = "pyramid";
   const std::string full_file = dir + "/full.json";
-  ASSERT_TRUE(serving::WriteEvictionCalibration(full_file, full_cal).ok());
+  ASSERT_TRUE(
+      WriteFileWhole("calibration", full_file, serving::EvictionCalibrationJson(full_cal)).ok());
   WorkerOptions all;
   ASSERT_TRUE(WorkerFlags().Parse({"--calibration", full_file}, &all).ok());
   ASSERT_TRUE(ResolveWorkerOptions(&all).ok());
@@ -387,7 +391,9 @@ TEST(WorkerOptionsTest, ACalibrationFileSetsTheSessionDefaultsUnlessTheFlagsDo) 
   // A profile named relative to the calibration file is found beside it.
   serving::EvictionCalibration rel_cal = full_cal;
   rel_cal.layer_budgets = "model.sensitivity.json";
-  ASSERT_TRUE(serving::WriteEvictionCalibration(dir + "/rel.json", rel_cal).ok());
+  ASSERT_TRUE(
+      WriteFileWhole("calibration", dir + "/rel.json", serving::EvictionCalibrationJson(rel_cal))
+          .ok());
   std::ofstream(dir + "/model.sensitivity.json") << "{}";  // read (and checked) at start
   absl::StatusOr<serving::EvictionCalibration> rel =
       serving::ReadEvictionCalibration(dir + "/rel.json");
