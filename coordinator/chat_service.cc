@@ -60,6 +60,7 @@ ChatService::ChatService(Conversations& conversations, SessionStore& store, Work
       keys_(keys),
       options_(conversations.options()),
       metrics_(metrics),
+      end_pool_(options_.store_threads),
       store_pool_(options_.store_threads) {}
 
 grpc::Status ChatService::CreateSession(grpc::ServerContext* context,

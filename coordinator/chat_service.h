@@ -68,7 +68,12 @@ class ChatService final : public v1::Chat::WithCallbackMethod_Converse<
   const ApiKeys& keys_;
   const CoordinatorOptions& options_;
   metrics::Registry& metrics_;
-  WorkPool store_pool_;  // Converse's store steps
+  // Converse's store steps after the turn: its end stored. Not store_pool_, whose threads a
+  // session's next turns may hold while they wait for that end (Conversations::MarkRunning): a
+  // client that cancelled turns in a row held them all, and the end they waited for came only
+  // after their 10 s. (Declared first: store_pool_, whose steps start turns, goes first.)
+  WorkPool end_pool_;
+  WorkPool store_pool_;  // Converse's store steps before the turn runs
 };
 
 }  // namespace recall::coordinator

@@ -106,7 +106,7 @@ class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::Conve
       End(grpc::Status::OK, DoneEvent(result));
       return;
     }
-    service_.store_pool_.Run(
+    service_.end_pool_.Run(
         [this, result = std::move(result)]() mutable { Complete(std::move(result)); });
   }
 
@@ -118,7 +118,7 @@ class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::Conve
       End(ToGrpc(status));
       return;
     }
-    service_.store_pool_.Run([this, status = std::move(status)] { Complete(status); });
+    service_.end_pool_.Run([this, status = std::move(status)] { Complete(status); });
   }
 
   // ---- gRPC reactions.
@@ -255,6 +255,7 @@ class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::Conve
     {
       absl::MutexLock lock(&mu_);
       client_left = broken_;
+      completing_ = true;
     }
     const absl::StatusOr<TurnResult> as_stored =
         outcome.ok() && client_left
@@ -308,11 +309,13 @@ class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::Conve
       broken_ = true;
       events_.clear();
       runner = runner_;
-    }
-    // A Converse turn is then ending, not running: the session's next turn waits for its end
-    // (as an HTTP client's does) instead of being refused. (turn_ was set before runner_.)
-    if (runner != nullptr && converse_ && turn_.has_value()) {
-      service_.conversations_.Ending(*turn_);
+      // A Converse turn is then ending, not running: the session's next turn waits for its
+      // end (as an HTTP client's does) instead of being refused. (turn_ was set before
+      // runner_.) Not once its end is being stored: the session may run another turn by then,
+      // which would be taken for ending. (Under mu_: before Complete's Finish.)
+      if (runner != nullptr && converse_ && turn_.has_value() && !completing_) {
+        service_.conversations_.Ending(*turn_);
+      }
     }
     if (runner != nullptr) runner->Cancel();
     Pump();
@@ -333,6 +336,7 @@ class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::Conve
   std::optional<grpc::Status> end_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;  // nobody reads the stream any more
+  bool completing_ ABSL_GUARDED_BY(mu_) = false;  // Complete began: the turn's end is stored
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   v1::ConverseEvent write_;  // the write in flight (only touched while writing_)
 };

@@ -190,6 +190,49 @@ TEST(ClientSdkTest, TheNextMessageRightAfterACancelIsTaken) {
   }
 }
 
+// Turns cancelled one after another just after they were sent (2 ms): each next one waited on
+// the coordinator, holding one of its store threads, for the end of the cancelled one, whose
+// end was queued behind them on those threads; the session's next message waited 20 s (two
+// rounds of the 10 s bound). A hang, so bounded loosely: it now takes about a second.
+// On a slow model (random weights of SmolLM2's shape), whose turns are still running when
+// their cancels come.
+TEST(ClientSdkTest, TurnsCancelledInARowDoNotHoldTheNextOne) {
+  RECALL_REQUIRE_SHARED_FILE("tokenizers/smollm2/config.json");
+  const std::string dir = testing::MakeTempDir("sdk_cancel_row");
+  ServerProcess worker, coordinator;
+  std::string error;
+  ASSERT_TRUE(
+      worker.Start(RECALL_WORKER_BINARY,
+                   {"--model", testing::SharedPath("tokenizers/smollm2"), "--random-weights",
+                    "--listen", "127.0.0.1:0", "--kv-cache-bytes", "256M", "--threads", "1"},
+                   dir, &error))
+      << error;
+  ASSERT_TRUE(coordinator.Start(RECALL_COORDINATOR_BINARY,
+                                {"--workers", "127.0.0.1:" + std::to_string(worker.port("grpc")),
+                                 "--listen", "127.0.0.1:0", "--data-dir", dir},
+                                dir, &error))
+      << error;
+  const std::string address = "127.0.0.1:" + std::to_string(coordinator.port("grpc"));
+  auto client = Client::Connect({.address = address});
+  auto session = client->StartSession({});
+  ASSERT_TRUE(session.ok()) << session.status();
+  (*session)->sampling().set_max_tokens(3);
+  for (int k = 0; k < 10; ++k) {
+    auto reply = (*session)->Stream("Once upon a time " + std::to_string(k));
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    reply->Cancel();
+    std::string piece;
+    while (reply->Next(&piece)) {
+    }
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const auto next = (*session)->Send("And then?", nullptr);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_LT(seconds, 8.0) << "the next turn waited for the cancelled ones' ends";
+}
+
 // The coordinator is killed (SIGKILL) after the reply's first text and started again on the
 // same port and store: the SDK asks again under the same turn id (Send and the iterator form
 // alike); the new coordinator has the turn interrupted (as every turn left in progress by a
