@@ -2,6 +2,10 @@
 // and iterator forms of a turn give the same reply, History, Close, and errors as statuses;
 // a turn whose coordinator is killed mid-reply is sent again under its turn id and resumed,
 // not run twice, in both forms.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <optional>
 #include <thread>
 
 #include "client/client.h"
@@ -190,6 +194,60 @@ TEST(ClientSdkTest, TheNextMessageRightAfterACancelIsTaken) {
   }
 }
 
+// A worker of a slow model (random weights of SmolLM2's shape, tens of ms a token) and its
+// coordinator; the coordinator's address, or "" with *error.
+std::string StartSlow(const std::string& dir, ServerProcess& worker, ServerProcess& coordinator,
+                      std::string* error) {
+  if (!worker.Start(RECALL_WORKER_BINARY,
+                    {"--model", testing::SharedPath("tokenizers/smollm2"), "--random-weights",
+                     "--listen", "127.0.0.1:0", "--kv-cache-bytes", "256M", "--threads", "1"},
+                    dir, error) ||
+      !coordinator.Start(RECALL_COORDINATOR_BINARY,
+                         {"--workers", "127.0.0.1:" + std::to_string(worker.port("grpc")),
+                          "--listen", "127.0.0.1:0", "--data-dir", dir},
+                         dir, error)) {
+    return "";
+  }
+  return "127.0.0.1:" + std::to_string(coordinator.port("grpc"));
+}
+
+// A second SIGTERM to a coordinator letting a reply end (the first one) ends it at once: the
+// reply streamed on for gRPC's 5 s shutdown grace. The client hears UNAVAILABLE (its retries
+// would resume the turn on another replica or after the restart) and the coordinator exits.
+TEST(ClientSdkTest, ASecondStopSignalEndsARunningReplyAtOnce) {
+  RECALL_REQUIRE_SHARED_FILE("tokenizers/smollm2/config.json");
+  const std::string dir = testing::MakeTempDir("sdk_second_signal");
+  ServerProcess worker, coordinator;
+  std::string error;
+  const std::string address = StartSlow(dir, worker, coordinator, &error);
+  ASSERT_FALSE(address.empty()) << error;
+  auto client = Client::Connect({.address = address, .retries = 0});
+  auto session = client->StartSession({});
+  ASSERT_TRUE(session.ok()) << session.status();
+  (*session)->sampling().set_max_tokens(1000);
+  (*session)->sampling().set_temperature(1);
+  auto reply = (*session)->Stream("Tell me a long story");
+  std::string piece;
+  ASSERT_TRUE(reply->Next(&piece)) << reply->status();
+  kill(coordinator.pid(), SIGTERM);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  kill(coordinator.pid(), SIGTERM);
+  const auto second = std::chrono::steady_clock::now();
+  while (reply->Next(&piece)) {
+  }
+  const double ended =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - second).count();
+  EXPECT_EQ(reply->status().code(), absl::StatusCode::kUnavailable) << reply->status();
+  EXPECT_LT(ended, 3.0) << "the reply went on after the second signal";
+  std::optional<int> exit;
+  for (int i = 0; i < 300 && !exit.has_value(); ++i) {
+    exit = coordinator.Reap();
+    if (!exit.has_value()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(exit.has_value()) << "still running 3 s after the reply ended";
+  EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) == 0) << *exit;
+}
+
 // Turns cancelled one after another just after they were sent (2 ms): each next one waited on
 // the coordinator, holding one of its store threads, for the end of the cancelled one, whose
 // end was queued behind them on those threads; the session's next message waited 20 s (two
@@ -201,18 +259,8 @@ TEST(ClientSdkTest, TurnsCancelledInARowDoNotHoldTheNextOne) {
   const std::string dir = testing::MakeTempDir("sdk_cancel_row");
   ServerProcess worker, coordinator;
   std::string error;
-  ASSERT_TRUE(
-      worker.Start(RECALL_WORKER_BINARY,
-                   {"--model", testing::SharedPath("tokenizers/smollm2"), "--random-weights",
-                    "--listen", "127.0.0.1:0", "--kv-cache-bytes", "256M", "--threads", "1"},
-                   dir, &error))
-      << error;
-  ASSERT_TRUE(coordinator.Start(RECALL_COORDINATOR_BINARY,
-                                {"--workers", "127.0.0.1:" + std::to_string(worker.port("grpc")),
-                                 "--listen", "127.0.0.1:0", "--data-dir", dir},
-                                dir, &error))
-      << error;
-  const std::string address = "127.0.0.1:" + std::to_string(coordinator.port("grpc"));
+  const std::string address = StartSlow(dir, worker, coordinator, &error);
+  ASSERT_FALSE(address.empty()) << error;
   auto client = Client::Connect({.address = address});
   auto session = client->StartSession({});
   ASSERT_TRUE(session.ok()) << session.status();
