@@ -24,6 +24,7 @@
 #include "common/files.h"
 #include "common/flags.h"
 #include "common/status.h"
+#include "common/utf8.h"
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
 #include "worker/service/worker_options.h"
@@ -516,6 +517,9 @@ absl::Status Sessions(const ConnectOptions& c, const std::vector<std::string>& p
     return absl::InvalidArgumentError(absl::StrCat(verb, ": needs one session id, got ", args));
   }
   if (verb == "delete" && json) return absl::InvalidArgumentError("delete: takes no --json");
+  if (args == 1 && !utf8::IsValid(pos[1])) {
+    return absl::InvalidArgumentError(absl::StrCat(verb, ": the session id is not UTF-8"));
+  }
   if (verb != "list" && verb != "show" && verb != "delete") {
     return absl::InvalidArgumentError(absl::StrCat("unknown sessions command \"", verb,
                                                    "\" (list, show ID [--json], delete ID)"));
@@ -539,7 +543,12 @@ absl::Status Sessions(const ConnectOptions& c, const std::vector<std::string>& p
       std::cout << out;
       return absl::OkStatus();
     }
-    std::cout << "session " << s.session_id() << "  model " << s.model() << "  turns " << s.turns()
+    // Exchanges, as `list` counts them; GetSession's turns are those whose reply completed.
+    const int exchanges = static_cast<int>(
+        std::count_if(s.messages().begin(), s.messages().end(),
+                      [](const v1::ChatMessage& m) { return m.role() == "assistant"; }));
+    std::cout << "session " << s.session_id() << "  model " << s.model() << "  turns " << exchanges
+              << (exchanges != s.turns() ? absl::StrCat(" (", s.turns(), " complete)") : "")
               << "\n";
     for (const v1::ChatMessage& m : s.messages()) {
       std::cout << "\n" << m.role() << StateNote(m) << ":\n" << m.content() << "\n";

@@ -45,6 +45,10 @@ void ToProto(const SessionRecord& r, bool with_messages, v1::Session* out) {
       pm->set_content(m.content);
       pm->set_state(static_cast<v1::TurnState>(m.state));
       pm->set_turn_id(m.turn_id);
+      // How a reply ended (a cut at max_tokens: LENGTH), as its turn's done said.
+      if (m.role == "assistant" && v1::FinishReason_IsValid(m.finish)) {
+        pm->set_finish_reason(static_cast<v1::FinishReason>(m.finish));
+      }
     }
   }
   out->set_turns(with_messages ? complete : r.message_count / 2);

@@ -191,6 +191,8 @@ TEST(ChatCliTest, CommandsStayLocalAndAChatWithoutMessagesLeavesNoSession) {
   ASSERT_EQ(std::count(listed.begin(), listed.end(), '\n'), 1) << listed;
   const std::string id = listed.substr(0, listed.find(' '));
   const std::string shown = RunSessions(dir, address, "show " + id);
+  EXPECT_NE(shown.find("  turns 1\n"), std::string::npos) << shown;
+  EXPECT_EQ(listed.substr(listed.find("  turns=")), "  turns=1\n") << "as show counts";
   EXPECT_NE(shown.find("\nuser:\nOnce upon a time\n"), std::string::npos) << shown;
   EXPECT_NE(shown.find("\nassistant:\n"), std::string::npos) << shown;
   const std::string json = RunSessions(dir, address, "show " + id + " --json");
@@ -210,6 +212,8 @@ TEST(ChatCliTest, CommandsStayLocalAndAChatWithoutMessagesLeavesNoSession) {
            {"show a b", "show: needs one session id, got 2"},
            {"list extra", "list: takes no session id and no --json"},
            {"delete " + id + " --json", "delete: takes no --json"},
+           // (It came back as a protobuf log line and "malformed protobuf".)
+           {"show s-\xff", "show: the session id is not UTF-8"},
            // TLS files: a certificate without its key was taken (and a key alone ignored: a
            // plaintext call); a CA file that is no PEM read as gRPC's "empty address list".
            {"list --tls-cert " + dir + "/any.pem", "--tls-cert and --tls-key go together"},

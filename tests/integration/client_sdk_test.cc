@@ -51,6 +51,8 @@ TEST(ClientSdkTest, CallbackAndIteratorRepliesHistoryAndClose) {
   ASSERT_TRUE(history.ok());
   ASSERT_EQ(history->size(), 2u);
   EXPECT_EQ((*history)[1].content(), by_callback);
+  EXPECT_NE(done->finish_reason(), v1::FINISH_REASON_UNSPECIFIED);
+  EXPECT_EQ((*history)[1].finish_reason(), done->finish_reason()) << "how the reply ended";
   ASSERT_TRUE((*a)->Close().ok());
   EXPECT_EQ((*a)->History().status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(client->Converse("s-missing", "hi", {}, nullptr).status().code(),
