@@ -63,14 +63,21 @@ void Client::Prepare(grpc::ClientContext* ctx) const {
   }
 }
 
-void Client::AwaitRetry(std::chrono::milliseconds backoff) const {
+bool Client::AwaitRetry(std::chrono::milliseconds backoff) const {
   const auto until = std::chrono::system_clock::now() + backoff;
   if (channel_->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY) {
     std::this_thread::sleep_until(until);  // reachable, and said to wait
-    return;
+    return false;
   }
   grpc::experimental::ChannelResetConnectionBackoff(channel_.get());
-  channel_->WaitForConnected(until);
+  return channel_->WaitForConnected(until);
+}
+
+absl::Status Client::Usable() const {
+  if (options_.address.empty()) {
+    return absl::InvalidArgumentError("address: empty; give the coordinator's HOST:PORT");
+  }
+  return CheckApiKey(options_.api_key);  // a bad key was left out, and read as "missing"
 }
 
 absl::Status Client::Failure(const grpc::Status& s) const {
@@ -91,6 +98,7 @@ absl::Status Client::Failure(const grpc::Status& s) const {
 
 template <typename Call>
 grpc::Status Client::WithRetries(Call call) const {
+  if (absl::Status usable = Usable(); !usable.ok()) return FromAbsl(usable);
   auto backoff = std::chrono::milliseconds(100);
   for (int attempt = 0;; ++attempt) {
     grpc::ClientContext ctx;
@@ -105,6 +113,7 @@ grpc::Status Client::WithRetries(Call call) const {
 }
 
 absl::StatusOr<v1::Session> Client::CreateSession(const v1::CreateSessionRequest& request) {
+  if (absl::Status usable = Usable(); !usable.ok()) return usable;
   // Not idempotent (a lost reply would leave a session behind), so not retried: sent once the
   // server is reachable, waiting as long as the retries of the other calls would (a server
   // starting or restarting).
@@ -217,6 +226,7 @@ absl::StatusOr<v1::ConverseDone> Client::Converse(const std::string& session_id,
 
 absl::StatusOr<v1::ConverseDone> Client::Generate(const v1::GenerateRequest& request,
                                                   const TextCallback& on_text) {
+  if (absl::Status usable = Usable(); !usable.ok()) return usable;
   grpc::ClientContext ctx;
   Prepare(&ctx);
   auto reader = stub_->Generate(&ctx, request);
@@ -239,6 +249,11 @@ std::unique_ptr<ReplyStream> Client::ConverseStream(const std::string& session_i
 
 ReplyStream::ReplyStream(const Client& client, v1::ConverseRequest request)
     : client_(client), request_(std::move(request)) {
+  status_ = client_.Usable();
+  if (!status_.ok()) {
+    finished_ = true;  // Next returns false at once, with this status
+    return;
+  }
   Open();
 }
 
@@ -254,6 +269,11 @@ bool ReplyStream::Open() {
   seen_ = 0;
   ++attempt_;
   return true;
+}
+
+bool ReplyStream::Cancelled() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cancelled_;
 }
 
 void ReplyStream::Cancel() {
@@ -299,11 +319,7 @@ bool ReplyStream::Next(std::string* text) {
     if (status_.ok() && !got_done_) {
       status_ = absl::InternalError("the reply stream ended without a final event");
     }
-    bool cancelled;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      cancelled = cancelled_;
-    }
+    const bool cancelled = Cancelled();
     const absl::StatusCode code = status_.code();
     const bool retry =
         !cancelled && attempt_ <= client_.options_.retries &&
@@ -318,7 +334,17 @@ bool ReplyStream::Next(std::string* text) {
       status_ = client_.Failure(FromAbsl(status_));
       break;
     }
-    client_.AwaitRetry(backoff);
+    // In slices, so that a Cancel from another thread ends the wait.
+    const auto until = std::chrono::steady_clock::now() + backoff;
+    for (auto now = std::chrono::steady_clock::now(); now < until && !Cancelled();
+         now = std::chrono::steady_clock::now()) {
+      if (client_.AwaitRetry(std::min<std::chrono::milliseconds>(
+              std::chrono::duration_cast<std::chrono::milliseconds>(until - now) +
+                  std::chrono::milliseconds(1),
+              std::chrono::milliseconds(50)))) {
+        break;  // reachable again
+      }
+    }
     backoff *= 2;
     if (!Open()) {
       status_ = absl::CancelledError("the reply was cancelled");

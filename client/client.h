@@ -37,8 +37,8 @@ namespace recall {
 
 struct ClientOptions {
   std::string address = "127.0.0.1:50050";
-  // Sent as "authorization: Bearer <key>": printable ASCII without spaces (CheckApiKey; one
-  // with other bytes is not sent, and the server answers UNAUTHENTICATED).
+  // Sent as "authorization: Bearer <key>": printable ASCII without spaces (CheckApiKey; every
+  // call with another key returns its INVALID_ARGUMENT).
   std::string api_key;
   std::chrono::milliseconds deadline{600'000};  // per call
   // For idempotent calls and Converse on UNAVAILABLE or a CANCELLED the client did not ask
@@ -81,12 +81,14 @@ class ReplyStream {
   const v1::ConverseDone& done() const { return done_; }
   // Stops the reply (the server cancels the turn, keeping what was sent as interrupted); Next
   // then returns false and status() is CANCELLED. Callable from any thread, while another
-  // thread is in Next.
+  // thread is in Next. A reply that ended on the server before the cancel reached it is kept
+  // whole (status() still says CANCELLED; the session's transcript has it complete).
   void Cancel();
 
  private:
   // A call of request_ (the next attempt); false once cancelled.
   bool Open();
+  bool Cancelled();
 
   const Client& client_;
   const v1::ConverseRequest request_;
@@ -141,8 +143,11 @@ class Client {
   template <typename Call>
   grpc::Status WithRetries(Call call) const;
   // Waits before asking again: `backoff`, or, while the server is unreachable, until it is
-  // reachable again or `backoff` has passed (a restarted server is dialled at once).
-  void AwaitRetry(std::chrono::milliseconds backoff) const;
+  // reachable again (true) or `backoff` has passed (a restarted server is dialled at once).
+  bool AwaitRetry(std::chrono::milliseconds backoff) const;
+  // InvalidArgument for options no call can be made with (an empty address, an api_key
+  // CheckApiKey refuses), which every call returns at once.
+  absl::Status Usable() const;
   // A call's status for its caller: an unreachable server's names the address and what should
   // run there.
   absl::Status Failure(const grpc::Status& s) const;
@@ -153,6 +158,8 @@ class Client {
 };
 
 // One conversation: Send keeps the sampling settings; History reads the stored transcript.
+// One turn at a time: a second thread's Send while a turn runs waits for it through the
+// client's retries (FAILED_PRECONDITION once they are spent).
 class Session {
  public:
   Session(Client& client, v1::Session session) : client_(client), session_(std::move(session)) {}

@@ -99,6 +99,46 @@ TEST(ClientSdkTest, ASessionAskedForBeforeItsServerListensIsMadeOnceItDoes) {
   EXPECT_FALSE(made->session_id().empty());
 }
 
+// Options no call can be made with are said by every call at once: a key with a space or a
+// line end (it was left out, and the server said the key was missing), an empty address (gRPC
+// said "Failed to create secure client channel").
+TEST(ClientSdkTest, OptionsNoCallCanBeMadeWithAreSaidByEveryCall) {
+  auto keyed = Client::Connect({.address = "127.0.0.1:1", .api_key = "key alpha\n"});
+  EXPECT_EQ(keyed->ListSessions().status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(keyed->ListSessions().status().message().find("--api-key: the key must be printable"),
+            std::string::npos);
+  EXPECT_EQ(keyed->CreateSession({}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(keyed->Converse("s-x", "hi", {}, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(keyed->Generate({}, nullptr).status().code(), absl::StatusCode::kInvalidArgument);
+  auto nowhere = Client::Connect({.address = ""});
+  auto stream = nowhere->ConverseStream("s-x", "hi", {});
+  std::string piece;
+  EXPECT_FALSE(stream->Next(&piece));
+  EXPECT_EQ(stream->status().message(), "address: empty; give the coordinator's HOST:PORT");
+}
+
+// A Cancel from another thread while a reply waits to be asked again (its server is down)
+// ends the wait: it went on to the end of the backoff (up to seconds).
+TEST(ClientSdkTest, ACancelEndsTheWaitBeforeARetry) {
+  const std::string address = "127.0.0.1:" + std::to_string(testing::FreePort());
+  auto client = Client::Connect({.address = address, .retries = 8});
+  auto reply = client->ConverseStream("s-x", "hi", {});
+  std::chrono::steady_clock::time_point cancelled;
+  std::thread later([&] {
+    std::this_thread::sleep_for(std::chrono::seconds(2));  // in the 1.6 s wait (1.5 s to 3.1 s)
+    cancelled = std::chrono::steady_clock::now();
+    reply->Cancel();
+  });
+  std::string piece;
+  EXPECT_FALSE(reply->Next(&piece));
+  const double after =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - cancelled).count();
+  later.join();
+  EXPECT_EQ(reply->status().code(), absl::StatusCode::kCancelled) << reply->status();
+  EXPECT_LT(after, 0.5) << "the wait went on after the cancel";
+}
+
 // A long session's transcript passes gRPC's default 4 MiB message limit: the SDK takes it
 // (recall sessions show and recall chat --session failed on it).
 TEST(ClientSdkTest, ATranscriptOverFourMebibytesIsRead) {
