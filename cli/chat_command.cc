@@ -297,7 +297,11 @@ absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag) {
 
 absl::StatusOr<std::unique_ptr<Client>> Connect(const ConnectOptions& c) {
   RECALL_RETURN_IF_ERROR(CheckApiKey(c.api_key));
-  RECALL_RETURN_IF_ERROR(flags::SplitHostPort("--server", c.server).status());
+  RECALL_ASSIGN_OR_RETURN(const auto host_port, flags::SplitHostPort("--server", c.server));
+  if (host_port.second == 0) {  // (a listen address's "any free port"; nothing is there)
+    return absl::InvalidArgumentError(
+        "--server: port 0 names no server; give the port it listens on");
+  }
   ClientOptions o;
   o.address = c.server;
   o.api_key = c.api_key;
@@ -361,6 +365,15 @@ absl::Status Chat(const ChatOptions& o) {
     RECALL_ASSIGN_OR_RETURN(v1::Session s, client->CreateSession(create));
     session_id = s.session_id();
     std::cerr << "[session " << session_id << "]\n";
+    // As recall generate says: budget flags a session that keeps every token ignores (the
+    // server's default policy, when --policy is not given).
+    serving::CacheDefaults kept;
+    kept.policy = s.cache().policy();
+    if (const std::string ignored = service::IgnoredBudgetFlags(o.cache, kept); !ignored.empty()) {
+      std::cerr << "recall chat: warning: " << ignored
+                << ": no effect: the session's policy is full (the server's default), which "
+                   "keeps every token; give --policy (lazy+, lazy, ...) to evict\n";
+    }
     return absl::OkStatus();
   };
   // Made with the first message, so a chat left without one leaves no session behind.
@@ -423,6 +436,10 @@ absl::Status Chat(const ChatOptions& o) {
       continue;
     }
     if (line == "/stats") {
+      if (last.worker().empty()) {  // (all zeros, and "worker ," before)
+        std::cout << "no reply has ended yet\n";
+        continue;
+      }
       std::cout << "prompt " << last.usage().prompt_tokens() << " (cached "
                 << last.usage().cached_tokens() << "), generated "
                 << last.usage().generated_tokens() << ", KV " << last.kv_bytes()

@@ -14,6 +14,7 @@
 #include "cli/sampling_flags.h"
 #include "common/flags.h"
 #include "common/status.h"
+#include "common/utf8.h"
 #include "kernels/sampling_params.h"
 #include "worker/model/chat_stops.h"
 #include "worker/model/chat_template.h"
@@ -134,6 +135,9 @@ void PrintEpisodes(const offline::EpisodicStats& s) {
 
 absl::Status Run(GenerateCliOptions o) {
   const flags::FlagSet<GenerateCliOptions>& flags = GenerateFlags();
+  // As a server refuses such a message (its tokens would be the bytes' fallbacks).
+  if (!utf8::IsValid(o.prompt)) return absl::InvalidArgumentError("--prompt: is not valid UTF-8");
+  if (!utf8::IsValid(o.system)) return absl::InvalidArgumentError("--system: is not valid UTF-8");
   const serving::CacheDefaults cache_settings = o.shared.With(o.cache);
   if (const std::string ignored = service::IgnoredBudgetFlags(o.cache, cache_settings);
       !ignored.empty()) {

@@ -137,9 +137,18 @@ TEST(ChatCliTest, StatsShowTheKvBytesAndThePolicysState) {
   std::string error;
   const std::string address = testing::StartServe(dir, worker, coordinator, &error);
   ASSERT_FALSE(address.empty()) << error;
-  ChatRun r = RunChat(dir, address, "Once upon a time\n/stats\n/quit\n",
+  ChatRun r = RunChat(dir, address, "/stats\nOnce upon a time\n/stats\n/quit\n",
                       "--policy lazy --budget 64 --window 16");
   EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("no reply has ended yet\n", 0), 0u) << "not zeros: " << r.out;
+  EXPECT_EQ(r.err.find("warning"), std::string::npos) << r.err;
+  // Budget flags without --policy, on a server whose default keeps every token: said.
+  ChatRun full = RunChat(dir, address, "Once upon a time\n", "--budget 64");
+  EXPECT_EQ(full.exit_code, 0) << full.err;
+  EXPECT_NE(full.err.find("recall chat: warning: --budget: no effect: the session's policy is "
+                          "full"),
+            std::string::npos)
+      << full.err;
   long long kv = 0, state = 0, peak = 0;
   const size_t at = r.out.find(", KV ");
   ASSERT_NE(at, std::string::npos) << r.out;
@@ -288,6 +297,9 @@ TEST(ChatCliTest, CrlfInputABadLineMidwayAndCommandsWithWords) {
   EXPECT_EQ(port.exit_code, 2) << port.err;
   EXPECT_NE(port.err.find("--server: expected HOST:PORT (port in [0, 65535])"), std::string::npos)
       << port.err;
+  ChatRun zero = RunChat(dir, address, "hi\n", "--server 127.0.0.1:0");
+  EXPECT_EQ(zero.exit_code, 2) << zero.err;
+  EXPECT_NE(zero.err.find("--server: port 0 names no server"), std::string::npos) << zero.err;
 }
 
 }  // namespace

@@ -70,6 +70,11 @@ TEST(GenerateKvDtypeTest, F32ReproducesTheGoldenTextsAndEveryTypeRuns) {
   const CliRun bad = Generate(dir, "Once", 4, "fp8");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.err.find("--kv-dtype"), std::string::npos) << bad.err;
+  // So is a prompt that is not UTF-8, as a server refuses such a message (it was generated
+  // from the bytes' fallback tokens).
+  const CliRun bytes = Generate(dir, "Once \xff upon", 4, "f32");
+  EXPECT_EQ(bytes.exit_code, 2) << bytes.err;
+  EXPECT_NE(bytes.err.find("--prompt: is not valid UTF-8"), std::string::npos) << bytes.err;
 }
 
 }  // namespace
