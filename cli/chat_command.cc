@@ -604,10 +604,13 @@ int RunChat(const std::vector<std::string>& argv) {
 }
 
 int RunSessions(const std::vector<std::string>& argv) {
-  // The verb and the session id come first, then the flags (--json anywhere).
+  // The verb, the session id and the flags in any order (--json anywhere): every connection
+  // flag takes a value, the next word unless it has "=VALUE" (`show --server X ID` was
+  // refused).
   std::vector<std::string> pos, rest;
   bool json = false;
-  for (const std::string& a : argv) {
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
     if (a == "--help" || a == "-h") {
       std::cout << kSessionsUsageHead << ConnectFlags().Help();
       return 0;
@@ -616,7 +619,12 @@ int RunSessions(const std::vector<std::string>& argv) {
       json = true;
       continue;
     }
-    (rest.empty() && a.rfind("--", 0) != 0 ? pos : rest).push_back(a);
+    if (a.rfind("-", 0) != 0) {
+      pos.push_back(a);
+      continue;
+    }
+    rest.push_back(a);
+    if (a.find('=') == std::string::npos && i + 1 < argv.size()) rest.push_back(argv[++i]);
   }
   ConnectOptions options;
   if (absl::Status st = ConnectFlags().Parse(rest, &options); !st.ok()) {

@@ -209,6 +209,10 @@ TEST(ChatCliTest, CommandsStayLocalAndAChatWithoutMessagesLeavesNoSession) {
   EXPECT_NE(json.find("\"content\": \"Once upon a time\""), std::string::npos)
       << "text as text, not base64: " << json;
   EXPECT_EQ(RunSessions(dir, address, "--json show " + id), json) << "--json anywhere";
+  const testing::Exit flag_first = testing::RunToExit(
+      std::string(RECALL_CLI_BINARY) + " sessions show --server " + address + " " + id + " --json");
+  EXPECT_EQ(flag_first.code, 0) << flag_first.output;
+  EXPECT_EQ(flag_first.output, json) << "flags before the id";
 
   // Mistakes are usage errors (2) that say what the command takes.
   std::ofstream(dir + "/not.pem") << "not a certificate\n";
