@@ -10,8 +10,8 @@
 //   RECALL_RETURN_IF_ERROR(f.Parse(argv, &o));  // "--window: must be in [1, 1048576], got 0"
 //   std::vector<std::string> argv2 = f.Render(o);  // the flags that reproduce o's non-defaults
 //
-// Parse takes --name VALUE, --name=VALUE and switches (and -x VALUE where Short declared -x
-// for a flag, as llama.cpp's -m -p -n -s -t), checks each value's type and range and
+// Parse takes --name VALUE, --name=VALUE and switches (and -x VALUE, -x=VALUE where Short
+// declared -x for a flag, as llama.cpp's -m -p -n -s -t), checks each value's type and range and
 // names the flag in every error; an unknown flag is refused with the closest known name, a
 // positional argument is refused, and flags declared Exclusive may not be given together.
 // Render lets a parent process forward its options to a child from the same table (recall
@@ -306,14 +306,14 @@ class FlagSet {
     std::set<std::string> seen;
     for (size_t i = 0; i < argv.size(); ++i) {
       std::string a = argv[i];
-      if (a.size() == 2 && a[0] == '-' && a[1] != '-') {
+      if (a.size() >= 2 && a[0] == '-' && a[1] != '-' && (a.size() == 2 || a[2] == '=')) {
         const std::string* long_name = ShortName(a[1]);
         if (long_name == nullptr) {
           return absl::InvalidArgumentError(absl::StrCat(
-              "unknown flag ", a, ShortList().empty() ? "" : " (short flags here: ", ShortList(),
-              ShortList().empty() ? "" : ")"));
+              "unknown flag ", a.substr(0, 2), ShortList().empty() ? "" : " (short flags here: ",
+              ShortList(), ShortList().empty() ? "" : ")"));
         }
-        a = "--" + *long_name;
+        a = "--" + *long_name + a.substr(2);  // -x=VALUE: --name=VALUE
       }
       if (a.size() < 3 || a.rfind("--", 0) != 0) {
         return absl::InvalidArgumentError(

@@ -203,6 +203,11 @@ TEST(FlagSetTest, ShortSpellingsStandForTheirFlags) {
   EXPECT_NE(f.Help().find("-t, --threads N"), std::string::npos) << f.Help();
   EXPECT_NE(f.Parse({"-t", "0x"}, &o).message().find("--threads"), std::string::npos)
       << "errors name the long flag";
+  // -x=VALUE as --name=VALUE takes it (it was refused as an unexpected argument).
+  ASSERT_TRUE(f.Parse({"-t=3"}, &o).ok());
+  EXPECT_EQ(o.threads, 3);
+  EXPECT_NE(f.Parse({"-x=1"}, &o).message().find("unknown flag -x (short flags here"),
+            std::string::npos);
 }
 
 }  // namespace
