@@ -134,37 +134,29 @@ const flags::FlagSet<WindowOptions>& WindowFlags() {
   return *kFlags;
 }
 
-absl::StatusOr<std::vector<double>> ParseAlphas(const std::string& list) {
+// A comma-separated list of numbers in (0, hi) (or (0, hi] when `hi_included`; `range` says
+// which), or none (empty); an empty item is refused (it was skipped).
+absl::StatusOr<std::vector<double>> ParseNumbers(const char* flag, const std::string& list,
+                                                 double hi, bool hi_included, const char* range) {
   std::vector<double> out;
   if (list == "none") return out;
-  for (absl::string_view a : absl::StrSplit(list, ',', absl::SkipEmpty())) {
+  for (absl::string_view a : absl::StrSplit(list, ',')) {
     double x = 0;
-    if (!absl::SimpleAtod(a, &x) || !(x > 0 && x < 1)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--alphas: '", a, "' is not a number in (0, 1) (a comma-separated list, or none)"));
+    if (!absl::SimpleAtod(a, &x) || !(x > 0 && (x < hi || (hi_included && x == hi)))) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": '", a, "' is not a number in ", range,
+                                                     " (a comma-separated list, or none)"));
     }
     out.push_back(x);
   }
-  if (out.empty()) return absl::InvalidArgumentError("--alphas: empty list (use none to skip)");
   return out;
 }
 
+absl::StatusOr<std::vector<double>> ParseAlphas(const std::string& list) {
+  return ParseNumbers("--alphas", list, 1, false, "(0, 1)");
+}
+
 absl::StatusOr<std::vector<double>> ParseUniformAlphas(const std::string& list) {
-  std::vector<double> out;
-  if (list == "none") return out;
-  for (absl::string_view a : absl::StrSplit(list, ',', absl::SkipEmpty())) {
-    double x = 0;
-    if (!absl::SimpleAtod(a, &x) || !(x > 0 && x <= 1e6)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--alphas-uniform: '", a,
-                       "' is not a number in (0, 1e6] (a comma-separated list, or none)"));
-    }
-    out.push_back(x);
-  }
-  if (out.empty()) {
-    return absl::InvalidArgumentError("--alphas-uniform: empty list (use none to skip)");
-  }
-  return out;
+  return ParseNumbers("--alphas-uniform", list, 1e6, true, "(0, 1e6]");
 }
 
 // One alpha of the search: its cache, and how far it is from the full cache so far.

@@ -120,6 +120,10 @@ TEST(CalibrateWindowCommandTest, ABadAlphaListOrAPolicyThatKeepsEverythingIsUsag
   EXPECT_EQ(RunCalibrateWindow(Flags({"--alphas", "1e-3,2"})), 2);
   std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(err.find("--alphas: '2' is not a number in (0, 1)"), std::string::npos) << err;
+  ::testing::internal::CaptureStderr();  // an empty item (it was skipped)
+  EXPECT_EQ(RunCalibrateWindow(Flags({"--alphas", "1e-3,,2e-3"})), 2);
+  err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("--alphas: '' is not a number in (0, 1)"), std::string::npos) << err;
   ::testing::internal::CaptureStderr();
   ::testing::internal::CaptureStdout();
   EXPECT_EQ(RunCalibrateWindow(Flags({"--policy", "full"})), 2);
