@@ -163,6 +163,22 @@ bool ReadLine(bool tty, std::string* line) {
   return true;
 }
 
+// Stored text for a terminal: control characters but line ends and tabs as \xNN, so that a
+// message holding escape sequences shows them instead of acting on the terminal.
+std::string Printable(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if ((u < 0x20 && c != '\n' && c != '\t') || u == 0x7f) {
+      absl::StrAppend(&out, "\\x", absl::Hex(u, absl::kZeroPad2));
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
 // A reply whose turn did not complete, as a listing marks it (the turn is kept for the record
 // and left out of later prompts).
 const char* StateNote(const v1::ChatMessage& m) {
@@ -432,7 +448,7 @@ absl::Status Chat(const ChatOptions& o) {
         continue;
       }
       for (const v1::ChatMessage& m : s->messages())
-        std::cout << m.role() << StateNote(m) << ": " << m.content() << "\n";
+        std::cout << m.role() << StateNote(m) << ": " << Printable(m.content()) << "\n";
       continue;
     }
     if (line == "/stats") {
@@ -568,7 +584,7 @@ absl::Status Sessions(const ConnectOptions& c, const std::vector<std::string>& p
               << (exchanges != s.turns() ? absl::StrCat(" (", s.turns(), " complete)") : "")
               << "\n";
     for (const v1::ChatMessage& m : s.messages()) {
-      std::cout << "\n" << m.role() << StateNote(m) << ":\n" << m.content() << "\n";
+      std::cout << "\n" << m.role() << StateNote(m) << ":\n" << Printable(m.content()) << "\n";
     }
     return absl::OkStatus();
   }

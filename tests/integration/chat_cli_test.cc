@@ -209,6 +209,16 @@ TEST(ChatCliTest, CommandsStayLocalAndAChatWithoutMessagesLeavesNoSession) {
   EXPECT_NE(json.find("\"content\": \"Once upon a time\""), std::string::npos)
       << "text as text, not base64: " << json;
   EXPECT_EQ(RunSessions(dir, address, "--json show " + id), json) << "--json anywhere";
+  // Stored control characters are shown, not sent to the terminal (an escape sequence in a
+  // message acted on it); /history alike.
+  ChatRun bell = RunChat(dir, address, "ring \x07 \x1b[2J bell\n/history\n");
+  ASSERT_EQ(bell.exit_code, 0) << bell.err;
+  EXPECT_NE(bell.out.find("user: ring \\x07 \\x1b[2J bell\n"), std::string::npos) << bell.out;
+  const size_t at = bell.err.find("[session ");
+  ASSERT_NE(at, std::string::npos) << bell.err;
+  const std::string bell_id = bell.err.substr(at + 9, bell.err.find(']', at) - at - 9);
+  EXPECT_NE(RunSessions(dir, address, "show " + bell_id).find("\nring \\x07 \\x1b[2J bell\n"),
+            std::string::npos);
   const testing::Exit flag_first = testing::RunToExit(
       std::string(RECALL_CLI_BINARY) + " sessions show --server " + address + " " + id + " --json");
   EXPECT_EQ(flag_first.code, 0) << flag_first.output;
