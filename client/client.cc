@@ -82,7 +82,8 @@ absl::Status Client::Usable() const {
 
 absl::Status Client::Failure(const grpc::Status& s) const {
   if (s.error_code() != grpc::StatusCode::UNAVAILABLE ||
-      channel_->GetState(false) == GRPC_CHANNEL_READY) {  // the server said so itself
+      channel_->GetState(false) == GRPC_CHANNEL_READY ||        // the server said so itself
+      s.error_message().find("onnect") == std::string::npos) {  // reached, then it went away
     return ToAbsl(s);
   }
   // A TLS handshake that fails reads as a closed socket: the likely causes named.
@@ -96,19 +97,36 @@ absl::Status Client::Failure(const grpc::Status& s) const {
       tls, "): ", s.error_message()));
 }
 
+bool Client::NextTry(RetryState* retry, const std::function<bool()>& cancelled) const {
+  using std::chrono::milliseconds;
+  auto now = std::chrono::steady_clock::now();
+  if (!retry->until.has_value()) {
+    retry->until = now + milliseconds(100) * ((1 << std::clamp(options_.retries, 0, 20)) - 1);
+  }
+  if (now >= *retry->until) return false;
+  const auto end = std::min(now + retry->backoff, *retry->until);
+  bool back = false;
+  for (; now < end && !(cancelled && cancelled()); now = std::chrono::steady_clock::now()) {
+    milliseconds slice = std::chrono::duration_cast<milliseconds>(end - now) + milliseconds(1);
+    if (cancelled) slice = std::min(slice, milliseconds(50));
+    if (AwaitRetry(slice)) {
+      back = true;
+      break;
+    }
+  }
+  retry->backoff = back ? milliseconds(100) : retry->backoff * 2;
+  return true;
+}
+
 template <typename Call>
 grpc::Status Client::WithRetries(Call call) const {
   if (absl::Status usable = Usable(); !usable.ok()) return FromAbsl(usable);
-  auto backoff = std::chrono::milliseconds(100);
-  for (int attempt = 0;; ++attempt) {
+  RetryState retry;
+  while (true) {
     grpc::ClientContext ctx;
     Prepare(&ctx);
     grpc::Status s = call(&ctx);
-    if (!Retryable(static_cast<absl::StatusCode>(s.error_code())) || attempt >= options_.retries) {
-      return s;
-    }
-    AwaitRetry(backoff);
-    backoff *= 2;
+    if (!Retryable(static_cast<absl::StatusCode>(s.error_code())) || !NextTry(&retry)) return s;
   }
 }
 
@@ -119,22 +137,21 @@ absl::StatusOr<v1::Session> Client::CreateSession(const v1::CreateSessionRequest
   // starting or restarting).
   const auto window =
       std::chrono::milliseconds(100) * ((1 << std::clamp(options_.retries, 0, 20)) - 1);
+  RetryState retry;  // one window, the wait for the server included
+  retry.until = std::chrono::steady_clock::now() + window;
   channel_->WaitForConnected(std::chrono::system_clock::now() + window);
   v1::Session out;
   grpc::Status s;
-  auto backoff = std::chrono::milliseconds(100);
-  for (int attempt = 0;; ++attempt) {
+  while (true) {
     grpc::ClientContext ctx;
     Prepare(&ctx);
     s = stub_->CreateSession(&ctx, request, &out);
     // Refused before any session was made (no worker yet: one loading its model): again.
     if (s.error_code() != grpc::StatusCode::UNAVAILABLE ||
         s.error_message().find("no worker is registered yet") == std::string::npos ||
-        attempt >= options_.retries) {
+        !NextTry(&retry)) {
       break;
     }
-    AwaitRetry(backoff);
-    backoff *= 2;
   }
   if (!s.ok()) return Failure(s);
   return out;
@@ -297,7 +314,6 @@ ReplyStream::~ReplyStream() {
 // twice. Once sent, FAILED_PRECONDITION (that turn still ending on the coordinator) is waited
 // out too. Each attempt repeats the reply from its start: what was passed on is skipped.
 bool ReplyStream::Next(std::string* text) {
-  auto backoff = std::chrono::milliseconds(100) * (1 << std::min(attempt_ - 1, 10));
   while (!finished_) {
     v1::ConverseEvent ev;
     while (reader_->Read(&ev)) {
@@ -312,6 +328,7 @@ bool ReplyStream::Next(std::string* text) {
       if (from < piece.size()) {
         *text = piece.substr(from);
         delivered_ += text->size();
+        retry_ = RetryState();  // progress: a later break has the whole window again
         return true;
       }
     }
@@ -320,9 +337,10 @@ bool ReplyStream::Next(std::string* text) {
       status_ = absl::InternalError("the reply stream ended without a final event");
     }
     const bool cancelled = Cancelled();
+    if (cancelled) status_ = absl::CancelledError("the reply was cancelled");
     const absl::StatusCode code = status_.code();
     const bool retry =
-        !cancelled && attempt_ <= client_.options_.retries &&
+        !cancelled &&
         (Retryable(code) ||
          // This turn's id running from a broken attempt, or another turn of the session
          // still running (one this client cancelled, not yet ended on the server): conflicts
@@ -330,22 +348,10 @@ bool ReplyStream::Next(std::string* text) {
          (code == absl::StatusCode::kFailedPrecondition &&
           ((attempt_ > 1 && status_.message().find("still running") != absl::string_view::npos) ||
            status_.message().find("(retryable)") != absl::string_view::npos)));
-    if (!retry) {
+    if (!retry || !client_.NextTry(&retry_, [this] { return Cancelled(); })) {
       status_ = client_.Failure(FromAbsl(status_));
       break;
     }
-    // In slices, so that a Cancel from another thread ends the wait.
-    const auto until = std::chrono::steady_clock::now() + backoff;
-    for (auto now = std::chrono::steady_clock::now(); now < until && !Cancelled();
-         now = std::chrono::steady_clock::now()) {
-      if (client_.AwaitRetry(std::min<std::chrono::milliseconds>(
-              std::chrono::duration_cast<std::chrono::milliseconds>(until - now) +
-                  std::chrono::milliseconds(1),
-              std::chrono::milliseconds(50)))) {
-        break;  // reachable again
-      }
-    }
-    backoff *= 2;
     if (!Open()) {
       status_ = absl::CancelledError("the reply was cancelled");
       break;

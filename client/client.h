@@ -26,6 +26,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,12 @@ using TextCallback = std::function<void(const std::string& text)>;
 class Session;
 
 class Client;
+
+// A call's retries (Client::NextTry): the window, from its first failure, and the next wait.
+struct RetryState {
+  std::optional<std::chrono::steady_clock::time_point> until;
+  std::chrono::milliseconds backoff{100};
+};
 
 // A reply read piece by piece (the iterator form of Converse):
 //   auto reply = session->Stream("Hi");
@@ -103,6 +110,7 @@ class ReplyStream {
   v1::ConverseDone done_;
   bool got_done_ = false;
   bool finished_ = false;
+  RetryState retry_;  // since the last text passed on
 };
 
 class Client {
@@ -145,6 +153,12 @@ class Client {
   // Waits before asking again: `backoff`, or, while the server is unreachable, until it is
   // reachable again (true) or `backoff` has passed (a restarted server is dialled at once).
   bool AwaitRetry(std::chrono::milliseconds backoff) const;
+  // After a failed attempt: false once the retries' window (0.1 s doubling, `retries` times:
+  // 6.3 s for 6) has passed since the first failure, whatever the attempts took; else waits
+  // for the next attempt (true). A server reachable again ends the wait, and the next wait
+  // starts short again (one just back may not have its worker yet). `cancelled`, asked every
+  // 50 ms, ends the wait too.
+  bool NextTry(RetryState* retry, const std::function<bool()>& cancelled = nullptr) const;
   // InvalidArgument for options no call can be made with (an empty address, an api_key
   // CheckApiKey refuses), which every call returns at once.
   absl::Status Usable() const;

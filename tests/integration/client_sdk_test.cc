@@ -99,6 +99,41 @@ TEST(ClientSdkTest, ASessionAskedForBeforeItsServerListensIsMadeOnceItDoes) {
   EXPECT_FALSE(made->session_id().empty());
 }
 
+// The retries have their whole window (6.3 s) whatever the attempts took: a recall serve
+// back 3 s in answers at once, before its worker has joined ("no worker could take the
+// turn", retryable), and the turn is taken once the worker is there. The wait that ended when
+// serve was back used up the retries, and the turn failed 3.1 s in.
+TEST(ClientSdkTest, RetriesHaveTheirWholeWindowWhenTheServerIsBackEarly) {
+  RECALL_REQUIRE_SHARED_FILE(kModel);
+  const std::string dir = testing::MakeTempDir("sdk_window");
+  const std::string address = "127.0.0.1:" + std::to_string(testing::FreePort());
+  ServerProcess serve;
+  const auto start = [&](std::string* err) {
+    return serve.Start(
+        RECALL_CLI_BINARY,
+        {"serve", "--model", testing::SharedPath(kModel), "--tokenizer",
+         testing::SharedPath("models/stories260K/tok512.bin"), "--listen", address, "--http-listen",
+         "off", "--data-dir", dir, "--kv-cache-bytes", "16M", "--threads", "1"},
+        dir, err);
+  };
+  std::string error;
+  ASSERT_TRUE(start(&error)) << error;
+  auto client = Client::Connect({.address = address});
+  auto session = client->StartSession({});
+  ASSERT_TRUE(session.ok()) << session.status();
+  (*session)->sampling().set_max_tokens(4);
+  ASSERT_TRUE((*session)->Send("Once upon a time", nullptr).ok());
+  serve.Stop();
+  std::thread later([&] {
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    std::string err;
+    EXPECT_TRUE(start(&err)) << err;
+  });
+  const auto next = (*session)->Send("What happened next?", nullptr);
+  later.join();
+  ASSERT_TRUE(next.ok()) << next.status();
+}
+
 // Options no call can be made with are said by every call at once: a key with a space or a
 // line end (it was left out, and the server said the key was missing), an empty address (gRPC
 // said "Failed to create secure client channel").
