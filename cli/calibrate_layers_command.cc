@@ -14,6 +14,7 @@
 #include "common/files.h"
 #include "common/flags.h"
 #include "common/status.h"
+#include "common/utf8.h"
 #include "kernels/backend.h"
 #include "worker/model/load.h"
 #include "worker/offline/sensitivity.h"
@@ -86,6 +87,10 @@ absl::StatusOr<std::string> ReadText(const std::string& path) {
   if (!in) return absl::NotFoundError(absl::StrCat("--text: cannot read '", path, "'"));
   std::stringstream ss;
   ss << in.rdbuf();
+  // Text, as a session's messages are (a binary file gave a profile of its bytes' fallbacks).
+  if (!utf8::IsValid(ss.str())) {
+    return absl::InvalidArgumentError(absl::StrCat("--text: ", path, " is not UTF-8 text"));
+  }
   return ss.str();
 }
 

@@ -18,6 +18,21 @@ namespace recall {
 
 namespace {
 
+// The file `path` names: symbolic links followed (a dangling one: the file it would name).
+std::string LinkTarget(std::string path) {
+  for (int hop = 0; hop < 16; ++hop) {
+    struct stat st;
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return path;
+    char target[4096];
+    const ssize_t n = ::readlink(path.c_str(), target, sizeof(target) - 1);
+    if (n <= 0) return path;
+    const std::string to(target, static_cast<size_t>(n));
+    const size_t slash = path.rfind('/');
+    path = to[0] == '/' || slash == std::string::npos ? to : path.substr(0, slash + 1) + to;
+  }
+  return path;
+}
+
 // OK when nothing is at `path` or a regular file is (symlinks followed).
 absl::Status NotAnotherKindOfFile(const std::string& flag, const std::string& path) {
   struct stat st;
@@ -112,35 +127,33 @@ absl::StatusOr<std::string> ReadSecretFile(const std::string& flag, const std::s
   return out;
 }
 
-absl::Status WriteFileWhole(const std::string& flag, const std::string& path,
+absl::Status WriteFileWhole(const std::string& flag, const std::string& link,
                             const std::string& contents) {
   // Never renamed over a directory or a device (as root, --out /dev/null would have replaced
   // the device with a file).
-  RECALL_RETURN_IF_ERROR(NotAnotherKindOfFile(flag, path));
+  RECALL_RETURN_IF_ERROR(NotAnotherKindOfFile(flag, link));
+  const std::string path = LinkTarget(link);  // a link stays, and its file is written
   const std::string tmp = path + ".tmp";
-  const auto failed = [&](const std::string& what) {
-    const std::string cause = std::strerror(errno);
-    std::remove(tmp.c_str());
-    return absl::InvalidArgumentError(absl::StrCat(flag, ": cannot ", what, " ", tmp, ": ", cause));
-  };
+  struct stat old;
+  const bool existed = ::stat(path.c_str(), &old) == 0;
   std::FILE* f = std::fopen(tmp.c_str(), "w");
-  if (f == nullptr) return failed("create");
-  const bool written = std::fwrite(contents.data(), 1, contents.size(), f) == contents.size() &&
-                       std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
-  if (!written) {
-    const int error = errno;
-    std::fclose(f);
-    errno = error;
-    return failed("write");
-  }
-  if (std::fclose(f) != 0) return failed("write");
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string cause = std::strerror(errno);
-    std::remove(tmp.c_str());
+  if (f == nullptr) {
     return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": cannot rename ", tmp, " to ", path, ": ", cause));
+        absl::StrCat(flag, ": cannot create ", tmp, ": ", std::strerror(errno)));
   }
-  return absl::OkStatus();
+  bool written = std::fwrite(contents.data(), 1, contents.size(), f) == contents.size() &&
+                 std::fflush(f) == 0 &&
+                 (!existed || ::fchmod(::fileno(f), old.st_mode & 07777) == 0) &&  // its mode
+                 ::fsync(::fileno(f)) == 0;
+  const int error = errno;
+  written = std::fclose(f) == 0 && written;
+  if (written && std::rename(tmp.c_str(), path.c_str()) == 0) return absl::OkStatus();
+  const std::string cause = std::strerror(written ? errno : error);
+  std::remove(tmp.c_str());
+  // Not the flag's value (exit 2 is bad usage) but the disk: a full one, most likely.
+  return absl::DataLossError(absl::StrCat(flag, ": cannot write ", path, " (through ", tmp,
+                                          "): ", cause, "; ", path,
+                                          existed ? " is as it was" : " is not there"));
 }
 
 absl::Status CheckOutputFile(const std::string& flag, const std::string& path) {

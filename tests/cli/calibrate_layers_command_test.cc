@@ -96,6 +96,14 @@ TEST(CalibrateLayersCommandTest, MissingOutOrBadFlagIsUsageAndUnwritableOutFails
   EXPECT_EQ(RunCalibrateLayers(f), 2);
   err = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(err.find("--text: " + empty + " holds 1 token(s)"), std::string::npos) << err;
+  const std::string binary = ::testing::TempDir() + "/binary.txt";
+  std::ofstream(binary) << "text \xff\xfe bytes";
+  f = Flags(::testing::TempDir() + "/unused.json");
+  f.insert(f.end(), {"--text", binary});
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(RunCalibrateLayers(f), 2);
+  err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("--text: " + binary + " is not UTF-8 text"), std::string::npos) << err;
   // --block at the token count leaves nothing to compare: bad usage.
   f = Flags(::testing::TempDir() + "/unused.json");
   f.insert(f.end(), {"--block", "512"});

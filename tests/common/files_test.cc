@@ -97,7 +97,11 @@ TEST(WriteFileWholeTest, AFailedWriteLeavesTheFileAsItWas) {
   ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
   const absl::Status full = WriteFileWhole("--out", path, std::string(100000, 'x'));
   ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &saved), 0);
-  EXPECT_NE(full.message().find("--out: cannot write " + path + ".tmp"), std::string::npos) << full;
+  EXPECT_EQ(full.code(), absl::StatusCode::kDataLoss) << "not bad usage: the disk";
+  EXPECT_NE(full.message().find("--out: cannot write " + path + " (through " + path + ".tmp): "),
+            std::string::npos)
+      << full;
+  EXPECT_NE(full.message().find(path + " is as it was"), std::string::npos) << full;
   EXPECT_EQ(testing::ReadFileOrEmpty(path), "old\n");
   EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
 
@@ -107,6 +111,15 @@ TEST(WriteFileWholeTest, AFailedWriteLeavesTheFileAsItWas) {
   EXPECT_TRUE(std::filesystem::is_character_file("/dev/null"));
   EXPECT_FALSE(std::filesystem::exists("/dev/null.tmp"));
 
+  // A link stays a link, its file written; an existing file keeps its mode.
+  std::filesystem::permissions(
+      path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  std::filesystem::create_symlink("cal.json", dir + "/link.json");
+  ASSERT_TRUE(WriteFileWhole("--out", dir + "/link.json", "new\n").ok());
+  EXPECT_TRUE(std::filesystem::is_symlink(dir + "/link.json"));
+  EXPECT_EQ(testing::ReadFileOrEmpty(path), "new\n");
+  EXPECT_EQ(std::filesystem::status(path).permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
   EXPECT_TRUE(CheckOutputFile("--out", path).ok());
   EXPECT_TRUE(CheckOutputFile("--out", dir + "/new.json").ok());
   EXPECT_NE(CheckOutputFile("--out", dir).message().find("is a directory"), std::string::npos);
