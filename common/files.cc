@@ -33,6 +33,12 @@ std::string LinkTarget(std::string path) {
   return path;
 }
 
+// The directory `path` is in ("." for a bare name).
+std::string DirectoryOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+}
+
 // OK when nothing is at `path` or a regular file is (symlinks followed).
 absl::Status NotAnotherKindOfFile(const std::string& flag, const std::string& path) {
   struct stat st;
@@ -133,34 +139,55 @@ absl::Status WriteFileWhole(const std::string& flag, const std::string& link,
   // the device with a file).
   RECALL_RETURN_IF_ERROR(NotAnotherKindOfFile(flag, link));
   const std::string path = LinkTarget(link);  // a link stays, and its file is written
-  const std::string tmp = path + ".tmp";
+  const std::string dir = DirectoryOf(path);
+  // A fresh name of its own (O_EXCL: never a link someone left there, never another writer's).
+  std::string tmp = dir + "/." + path.substr(path.rfind('/') + 1) + ".XXXXXX";
+  if (path.find('/') == std::string::npos) tmp = "." + path + ".XXXXXX";
+  const int fd = ::mkstemp(tmp.data());
+  if (fd < 0) {
+    const std::string cause = std::strerror(errno);
+    const absl::StatusCode code = errno == ENOSPC || errno == EDQUOT
+                                      ? absl::StatusCode::kDataLoss
+                                      : absl::StatusCode::kInvalidArgument;
+    return absl::Status(code, absl::StrCat(flag, ": cannot create ", path, ": ", cause));
+  }
   struct stat old;
   const bool existed = ::stat(path.c_str(), &old) == 0;
-  std::FILE* f = std::fopen(tmp.c_str(), "w");
-  if (f == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": cannot create ", tmp, ": ", std::strerror(errno)));
+  // Its mode, or what a new file gets (mkstemp makes 0600); best effort (some file systems
+  // refuse chmod).
+  const mode_t umask_now = ::umask(0);
+  ::umask(umask_now);
+  (void)::fchmod(fd, existed ? (old.st_mode & 07777) : (0666 & ~umask_now));
+  int error = 0;
+  for (size_t done = 0; done < contents.size() && error == 0;) {
+    const ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+    } else if (n < 0 && errno != EINTR) {
+      error = errno;
+    }
   }
-  bool written = std::fwrite(contents.data(), 1, contents.size(), f) == contents.size() &&
-                 std::fflush(f) == 0 &&
-                 (!existed || ::fchmod(::fileno(f), old.st_mode & 07777) == 0) &&  // its mode
-                 ::fsync(::fileno(f)) == 0;
-  const int error = errno;
-  written = std::fclose(f) == 0 && written;
-  if (written && std::rename(tmp.c_str(), path.c_str()) == 0) return absl::OkStatus();
-  const std::string cause = std::strerror(written ? errno : error);
+  if (error == 0 && ::fsync(fd) != 0) error = errno;
+  if (::close(fd) != 0 && error == 0) error = errno;
+  if (error == 0 && std::rename(tmp.c_str(), path.c_str()) != 0) error = errno;
+  if (error == 0) {
+    // The rename itself made durable: the directory's entry.
+    if (const int d = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); d >= 0) {
+      (void)::fsync(d);
+      ::close(d);
+    }
+    return absl::OkStatus();
+  }
   std::remove(tmp.c_str());
   // Not the flag's value (exit 2 is bad usage) but the disk: a full one, most likely.
-  return absl::DataLossError(absl::StrCat(flag, ": cannot write ", path, " (through ", tmp,
-                                          "): ", cause, "; ", path,
-                                          existed ? " is as it was" : " is not there"));
+  return absl::DataLossError(absl::StrCat(flag, ": cannot write ", path, ": ", std::strerror(error),
+                                          "; ", path, existed ? " is as it was" : " is not there"));
 }
 
-absl::Status CheckOutputFile(const std::string& flag, const std::string& path) {
-  RECALL_RETURN_IF_ERROR(NotAnotherKindOfFile(flag, path));
-  const size_t slash = path.rfind('/');
-  const std::string dir =
-      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+absl::Status CheckOutputFile(const std::string& flag, const std::string& link) {
+  RECALL_RETURN_IF_ERROR(NotAnotherKindOfFile(flag, link));
+  const std::string path = LinkTarget(link);  // where WriteFileWhole writes
+  const std::string dir = DirectoryOf(path);
   if (!IsDirectory(dir)) {
     return absl::InvalidArgumentError(
         absl::StrCat(flag, ": cannot write ", path, ": no directory ", dir));

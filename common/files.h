@@ -38,9 +38,11 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& flag, const std::st
 absl::StatusOr<std::string> ReadSecretFile(const std::string& flag, const std::string& path,
                                            size_t max_bytes);
 
-// Writes `contents` to `path` whole: through PATH.tmp, flushed to disk and renamed over
-// `path`, so that a reader never sees a partial file and a failed write (a full disk) leaves
-// none, nor PATH.tmp, and `path` as it was. An error naming `flag`, the path and the cause.
+// Writes `contents` to `path` whole: through a fresh file beside it (.NAME.XXXXXX, made with
+// O_EXCL), flushed to disk and renamed over `path` (the directory flushed too), so that a
+// reader never sees a partial file and a failed write (a full disk: DATA_LOSS) leaves none,
+// nor the fresh file, and `path` as it was. A link is followed (the file it names is
+// written); an existing file keeps its mode. An error naming `flag`, the path and the cause.
 absl::Status WriteFileWhole(const std::string& flag, const std::string& path,
                             const std::string& contents);
 

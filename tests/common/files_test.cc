@@ -66,11 +66,14 @@ TEST(WritePortFileTest, WritesTheFileWholeOrSaysWhyNot) {
   const std::string dir = testing::MakeTempDir("port_file");
   ASSERT_TRUE(WritePortFile(dir + "/ports", "grpc=1 http=2\n").ok());
   EXPECT_EQ(testing::ReadFileOrEmpty(dir + "/ports"), "grpc=1 http=2\n");
-  EXPECT_FALSE(std::filesystem::exists(dir + "/ports.tmp"));
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir),
+                          std::filesystem::directory_iterator()),
+            1)
+      << "nothing beside it";
 
   const absl::Status missing = WritePortFile(dir + "/no/ports", "x\n");
   EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(missing.message().find("--port-file: cannot create " + dir + "/no/ports.tmp"),
+  EXPECT_NE(missing.message().find("--port-file: cannot create " + dir + "/no/ports: "),
             std::string::npos)
       << missing;
   // A directory in its place: refused, and no PATH.tmp left behind.
@@ -89,7 +92,7 @@ TEST(WriteFileWholeTest, AFailedWriteLeavesTheFileAsItWas) {
   const std::string dir = testing::MakeTempDir("write_whole");
   const std::string path = dir + "/cal.json";
   ASSERT_TRUE(WriteFileWhole("--out", path, "old\n").ok());
-  std::signal(SIGXFSZ, SIG_IGN);
+  const auto handler = std::signal(SIGXFSZ, SIG_IGN);
   rlimit saved;
   ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved), 0);
   rlimit small = saved;
@@ -97,13 +100,15 @@ TEST(WriteFileWholeTest, AFailedWriteLeavesTheFileAsItWas) {
   ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
   const absl::Status full = WriteFileWhole("--out", path, std::string(100000, 'x'));
   ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &saved), 0);
+  std::signal(SIGXFSZ, handler);
   EXPECT_EQ(full.code(), absl::StatusCode::kDataLoss) << "not bad usage: the disk";
-  EXPECT_NE(full.message().find("--out: cannot write " + path + " (through " + path + ".tmp): "),
-            std::string::npos)
-      << full;
+  EXPECT_NE(full.message().find("--out: cannot write " + path + ": "), std::string::npos) << full;
   EXPECT_NE(full.message().find(path + " is as it was"), std::string::npos) << full;
   EXPECT_EQ(testing::ReadFileOrEmpty(path), "old\n");
-  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir),
+                          std::filesystem::directory_iterator()),
+            1)
+      << "no half-written file left beside it";
 
   const absl::Status device = WriteFileWhole("--out", "/dev/null", "x");
   EXPECT_NE(device.message().find("--out: /dev/null is not a regular file"), std::string::npos)
@@ -128,6 +133,11 @@ TEST(WriteFileWholeTest, AFailedWriteLeavesTheFileAsItWas) {
       std::string::npos);
   EXPECT_NE(CheckOutputFile("--out", "/dev/full").message().find("not a regular file"),
             std::string::npos);
+  // A link is checked where it leads (a link into a missing directory passed the check).
+  std::filesystem::create_symlink(dir + "/gone/x.json", dir + "/far.json");
+  EXPECT_NE(
+      CheckOutputFile("--out", dir + "/far.json").message().find("no directory " + dir + "/gone"),
+      std::string::npos);
 }
 
 // A file holding a secret is read whatever its mode; one every user may read comes with a

@@ -134,7 +134,7 @@ TEST_F(WorkerTpTest, FlagsThatDoNotFitAreRefusedAtStartupByName) {
       {{"--layer-budgets", "/nonexistent/profile.json"}, "--layer-budgets"},
       {{"--layer-alpha", "9"}, "--layer-alpha"},
       {{"--listen", "127.0.0.1:99999"}, "--listen: expected HOST:PORT (port in [0, 65535])"},
-      {{"--port-file", "/nonexistent/ports"}, "--port-file: cannot create /nonexistent/ports.tmp"},
+      {{"--port-file", "/nonexistent/ports"}, "--port-file: cannot create /nonexistent/ports"},
   };
   for (const auto& [flags, named] : cases) {
     const auto [code, output] = RunToExit(flags);
