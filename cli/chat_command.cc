@@ -163,17 +163,22 @@ bool ReadLine(bool tty, std::string* line) {
   return true;
 }
 
-// Stored text for a terminal: control characters but line ends and tabs as \xNN, so that a
-// message holding escape sequences shows them instead of acting on the terminal.
+// Stored text for a terminal: control characters but line ends and tabs as \xNN (C1 ones as
+// \u00NN), so that a message holding escape sequences shows them instead of acting on the
+// terminal. (A reply streaming in is printed as it comes, as the model wrote it.)
 std::string Printable(const std::string& text) {
   std::string out;
   out.reserve(text.size());
-  for (const char c : text) {
-    const auto u = static_cast<unsigned char>(c);
-    if ((u < 0x20 && c != '\n' && c != '\t') || u == 0x7f) {
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto u = static_cast<unsigned char>(text[i]);
+    const auto next = i + 1 < text.size() ? static_cast<unsigned char>(text[i + 1]) : 0;
+    if ((u < 0x20 && u != '\n' && u != '\t') || u == 0x7f) {
       absl::StrAppend(&out, "\\x", absl::Hex(u, absl::kZeroPad2));
+    } else if (u == 0xc2 && next >= 0x80 && next <= 0x9f) {  // C1 (U+009B is CSI)
+      absl::StrAppend(&out, "\\u00", absl::Hex(next, absl::kZeroPad2));
+      ++i;
     } else {
-      out.push_back(c);
+      out.push_back(text[i]);
     }
   }
   return out;
@@ -387,14 +392,16 @@ absl::Status Chat(const ChatOptions& o) {
     kept.policy = s.cache().policy();
     if (const std::string ignored = service::IgnoredBudgetFlags(o.cache, kept); !ignored.empty()) {
       std::cerr << "recall chat: warning: " << ignored
-                << ": no effect: the session's policy is full (the server's default), which "
-                   "keeps every token; give --policy (lazy+, lazy, ...) to evict\n";
+                << ": no effect: the session's policy is full"
+                << (o.cache.policy.has_value() ? "" : " (the server's default)")
+                << ", which keeps every token; give --policy (lazy+, lazy, ...) to evict\n";
     }
     return absl::OkStatus();
   };
   // Made with the first message, so a chat left without one leaves no session behind.
   const bool tty = isatty(STDIN_FILENO);
   v1::ConverseDone last;
+  bool have_last = false;  // a reply ended (a replayed one has no worker)
   std::string line;
   const std::string history_file = tty ? HistoryFile() : "";
   if (!history_file.empty()) {
@@ -435,6 +442,7 @@ absl::Status Chat(const ChatOptions& o) {
     if (line == "/new") {
       session_id.clear();  // the next message starts it
       last.Clear();
+      have_last = false;
       continue;
     }
     if (line == "/history") {
@@ -452,7 +460,7 @@ absl::Status Chat(const ChatOptions& o) {
       continue;
     }
     if (line == "/stats") {
-      if (last.worker().empty()) {  // (all zeros, and "worker ," before)
+      if (!have_last) {  // (all zeros, and "worker ," before)
         std::cout << "no reply has ended yet\n";
         continue;
       }
@@ -518,6 +526,7 @@ absl::Status Chat(const ChatOptions& o) {
       continue;
     }
     last = *done;
+    have_last = true;
   }
   if (!refused.ok()) {  // a usage error's status, 2, whatever refused the line
     return absl::InvalidArgumentError(

@@ -15,12 +15,12 @@ absl::Status ToAbsl(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
-// Worth asking again: the server unreachable, or a cancel this client did not make (a server
-// shutting down cancels the calls it has).
 grpc::Status FromAbsl(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
+// Worth asking again: the server unreachable, or a cancel this client did not make (a server
+// shutting down cancels the calls it has).
 bool Retryable(absl::StatusCode code) {
   return code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kCancelled;
 }
@@ -69,8 +69,11 @@ bool Client::AwaitRetry(std::chrono::milliseconds backoff) const {
     std::this_thread::sleep_until(until);  // reachable, and said to wait
     return false;
   }
-  grpc::experimental::ChannelResetConnectionBackoff(channel_.get());
   return channel_->WaitForConnected(until);
+}
+
+std::chrono::milliseconds Client::RetryWindow() const {
+  return std::chrono::milliseconds(100) * ((1 << std::clamp(options_.retries, 0, 20)) - 1);
 }
 
 absl::Status Client::Usable() const {
@@ -81,9 +84,13 @@ absl::Status Client::Usable() const {
 }
 
 absl::Status Client::Failure(const grpc::Status& s) const {
+  // gRPC's words for a server it could not reach (not one that went away mid-call).
+  const std::string& m = s.error_message();
+  const bool unreached = m.find("failed to connect to all addresses") != std::string::npos ||
+                         m.find("DNS resolution failed") != std::string::npos ||
+                         m.find("connections to all backends failing") != std::string::npos;
   if (s.error_code() != grpc::StatusCode::UNAVAILABLE ||
-      channel_->GetState(false) == GRPC_CHANNEL_READY ||        // the server said so itself
-      s.error_message().find("onnect") == std::string::npos) {  // reached, then it went away
+      channel_->GetState(false) == GRPC_CHANNEL_READY || !unreached) {
     return ToAbsl(s);
   }
   // A TLS handshake that fails reads as a closed socket: the likely causes named.
@@ -100,11 +107,13 @@ absl::Status Client::Failure(const grpc::Status& s) const {
 bool Client::NextTry(RetryState* retry, const std::function<bool()>& cancelled) const {
   using std::chrono::milliseconds;
   auto now = std::chrono::steady_clock::now();
-  if (!retry->until.has_value()) {
-    retry->until = now + milliseconds(100) * ((1 << std::clamp(options_.retries, 0, 20)) - 1);
-  }
+  if (!retry->until.has_value()) retry->until = now + RetryWindow();
   if (now >= *retry->until) return false;
   const auto end = std::min(now + retry->backoff, *retry->until);
+  // Dialled once now (not at gRPC's backoff); the channel dials again at least every second.
+  if (channel_->GetState(false) != GRPC_CHANNEL_READY) {
+    grpc::experimental::ChannelResetConnectionBackoff(channel_.get());
+  }
   bool back = false;
   for (; now < end && !(cancelled && cancelled()); now = std::chrono::steady_clock::now()) {
     milliseconds slice = std::chrono::duration_cast<milliseconds>(end - now) + milliseconds(1);
@@ -114,7 +123,10 @@ bool Client::NextTry(RetryState* retry, const std::function<bool()>& cancelled) 
       break;
     }
   }
+  // Back: the next wait starts short again, but not at nothing (a server that takes the
+  // connection and drops each call would be asked back to back).
   retry->backoff = back ? milliseconds(100) : retry->backoff * 2;
+  if (back) std::this_thread::sleep_for(milliseconds(50));
   return true;
 }
 
@@ -135,11 +147,9 @@ absl::StatusOr<v1::Session> Client::CreateSession(const v1::CreateSessionRequest
   // Not idempotent (a lost reply would leave a session behind), so not retried: sent once the
   // server is reachable, waiting as long as the retries of the other calls would (a server
   // starting or restarting).
-  const auto window =
-      std::chrono::milliseconds(100) * ((1 << std::clamp(options_.retries, 0, 20)) - 1);
   RetryState retry;  // one window, the wait for the server included
-  retry.until = std::chrono::steady_clock::now() + window;
-  channel_->WaitForConnected(std::chrono::system_clock::now() + window);
+  retry.until = std::chrono::steady_clock::now() + RetryWindow();
+  channel_->WaitForConnected(std::chrono::system_clock::now() + RetryWindow());
   v1::Session out;
   grpc::Status s;
   while (true) {

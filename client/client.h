@@ -153,6 +153,8 @@ class Client {
   // Waits before asking again: `backoff`, or, while the server is unreachable, until it is
   // reachable again (true) or `backoff` has passed (a restarted server is dialled at once).
   bool AwaitRetry(std::chrono::milliseconds backoff) const;
+  // How long a call's retries last from its first failure: 0.1 s doubling, `retries` times.
+  std::chrono::milliseconds RetryWindow() const;
   // After a failed attempt: false once the retries' window (0.1 s doubling, `retries` times:
   // 6.3 s for 6) has passed since the first failure, whatever the attempts took; else waits
   // for the next attempt (true). A server reachable again ends the wait, and the next wait

@@ -41,7 +41,7 @@ v1::ConverseEvent DoneEvent(const TurnResult& r) {
 // End records the call's status (and its last event), once; Pump finishes the call when
 // nothing is left to write.
 //
-// Converse: Prepare (store pool) -> TurnRunner -> Complete (store pool) -> End.
+// Converse: Prepare (store pool) -> TurnRunner -> Complete (end pool) -> End.
 // Generate: TurnRunner -> End. A refused request: End at once.
 // OnCancel and a failed write cancel the runner; the call still ends through End, when the
 // runner reports its (CANCELLED) end. So Finish comes after the runner's last report and after
@@ -245,7 +245,7 @@ class ChatService::TurnReactor final : public grpc::ServerWriteReactor<v1::Conve
     Run(turn_->spec);
   }
 
-  // Converse, on the store pool: store the reply complete and the binding, or what the client
+  // Converse, on the end pool: store the reply complete and the binding, or what the client
   // was sent of it, interrupted (or failed when nothing); then end the call (the running mark
   // is cleared before the client can see the end).
   void Complete(absl::StatusOr<TurnResult> outcome) {

@@ -543,6 +543,7 @@ absl::StatusOr<OpenTurn> HttpApi::BeginUnnamed(const std::string& tenant, const 
   // Past the turn limit: said so, not "the tenant has too many sessions" for the new one.
   RECALL_RETURN_IF_ERROR(conversations_.CheckTurnCount(0, fresh));
   RECALL_RETURN_IF_ERROR(conversations_.CheckWorkerKnown());
+  RECALL_RETURN_IF_ERROR(conversations_.TakingTurns());  // (a stop since the check above)
   RECALL_ASSIGN_OR_RETURN(const SessionRecord created,
                           conversations_.Create(tenant, model, v1::CacheSettings(), {}, ""));
   absl::StatusOr<OpenTurn> open = conversations_.Begin(

@@ -124,7 +124,7 @@ void Registry::RemoveCallbackGauges(const std::string& labels) {
   absl::MutexLock lock(&mu_);
   for (auto it = families_.begin(); it != families_.end();) {
     std::erase_if(it->second.series, [&](const std::unique_ptr<Series>& s) {
-      return s->read != nullptr && s->labels == labels;
+      return s->read != nullptr && s->gauge == nullptr && s->labels == labels;  // none handed out
     });
     it = it->second.series.empty() ? families_.erase(it) : std::next(it);
   }

@@ -18,7 +18,7 @@ std::string Nobody() { return "127.0.0.1:" + std::to_string(testing::FreePort())
 TEST(WorkerRegistryTest, ARegisteredWorkerThatStaysDownIsForgottenAListedOneIsKept) {
   metrics::Registry metrics;
   WorkerRegistry registry(&metrics, absl::Milliseconds(50), 1, grpcutil::ClusterCredential::Open(),
-                          absl::Milliseconds(300));
+                          absl::Seconds(1));  // (the series read before it is forgotten)
   const std::string listed = Nobody(), registered = Nobody();
   registry.Add(listed);
   registry.Add(registered, /*registered=*/true);

@@ -167,9 +167,9 @@ TEST(ClientSdkTest, ACancelEndsTheWaitBeforeARetry) {
   });
   std::string piece;
   EXPECT_FALSE(reply->Next(&piece));
-  const double after =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - cancelled).count();
+  const auto ended = std::chrono::steady_clock::now();
   later.join();
+  const double after = std::chrono::duration<double>(ended - cancelled).count();
   EXPECT_EQ(reply->status().code(), absl::StatusCode::kCancelled) << reply->status();
   EXPECT_LT(after, 0.5) << "the wait went on after the cancel";
 }

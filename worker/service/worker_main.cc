@@ -55,7 +55,7 @@ class Registration {
         coordinator_(coordinator),
         advertise_(advertise),
         thread_([this, coordinator, advertise] {
-          std::optional<std::string> reported;  // the last outcome told (none yet: the first is)
+          std::optional<std::string> reported;  // the last outcome's key told (none yet)
           std::random_device rd;
           const std::string instance =
               absl::StrCat(absl::Hex(rd(), absl::kZeroPad8), absl::Hex(rd(), absl::kZeroPad8));
@@ -78,9 +78,12 @@ class Registration {
                                ? ""
                                : absl::StrCat(", which sends it no turn: ", resp.not_used()))
                         : absl::StrCat(": ", st.error_message()));
-            if (reported != outcome) {
+            // Said when it changes: by its code and the reason it is not used, not by gRPC's
+            // words for a refused connection, which vary from one try to the next.
+            const std::string key = absl::StrCat(st.error_code(), "/", resp.not_used());
+            if (reported != key) {
               std::fprintf(stderr, "recall-worker: %s\n", outcome.c_str());
-              reported = outcome;
+              reported = key;
             }
             auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
             mu_.AwaitWithTimeout(absl::Condition(&stopping), absl::Seconds(5));
