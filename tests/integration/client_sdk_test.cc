@@ -271,23 +271,6 @@ TEST(ClientSdkTest, TheNextMessageRightAfterACancelIsTaken) {
   }
 }
 
-// A worker of a slow model (random weights of SmolLM2's shape, tens of ms a token) and its
-// coordinator; the coordinator's address, or "" with *error.
-std::string StartSlow(const std::string& dir, ServerProcess& worker, ServerProcess& coordinator,
-                      std::string* error) {
-  if (!worker.Start(RECALL_WORKER_BINARY,
-                    {"--model", testing::SharedPath("tokenizers/smollm2"), "--random-weights",
-                     "--listen", "127.0.0.1:0", "--kv-cache-bytes", "256M", "--threads", "1"},
-                    dir, error) ||
-      !coordinator.Start(RECALL_COORDINATOR_BINARY,
-                         {"--workers", "127.0.0.1:" + std::to_string(worker.port("grpc")),
-                          "--listen", "127.0.0.1:0", "--data-dir", dir},
-                         dir, error)) {
-    return "";
-  }
-  return "127.0.0.1:" + std::to_string(coordinator.port("grpc"));
-}
-
 // A second SIGTERM to a coordinator letting a reply end (the first one) ends it at once: the
 // reply streamed on for gRPC's 5 s shutdown grace. The client hears UNAVAILABLE (its retries
 // would resume the turn on another replica or after the restart) and the coordinator exits.
@@ -296,7 +279,8 @@ TEST(ClientSdkTest, ASecondStopSignalEndsARunningReplyAtOnce) {
   const std::string dir = testing::MakeTempDir("sdk_second_signal");
   ServerProcess worker, coordinator;
   std::string error;
-  const std::string address = StartSlow(dir, worker, coordinator, &error);
+  const std::string address =
+      testing::StartServe(dir, worker, coordinator, &error, testing::SlowModelFlags());
   ASSERT_FALSE(address.empty()) << error;
   auto client = Client::Connect({.address = address, .retries = 0});
   auto session = client->StartSession({});
@@ -336,7 +320,8 @@ TEST(ClientSdkTest, TurnsCancelledInARowDoNotHoldTheNextOne) {
   const std::string dir = testing::MakeTempDir("sdk_cancel_row");
   ServerProcess worker, coordinator;
   std::string error;
-  const std::string address = StartSlow(dir, worker, coordinator, &error);
+  const std::string address =
+      testing::StartServe(dir, worker, coordinator, &error, testing::SlowModelFlags());
   ASSERT_FALSE(address.empty()) << error;
   auto client = Client::Connect({.address = address});
   auto session = client->StartSession({});

@@ -32,4 +32,12 @@ inline std::string HttpGet(int port, const std::string& path) {
   return body == std::string::npos ? "" : response.substr(body + 4);
 }
 
+// The line of metric `series` (its name and labels, e.g. "recall_x_total") in a /metrics
+// scrape of `port`, or "".
+inline std::string MetricLine(int port, const std::string& series) {
+  const std::string scrape = "\n" + HttpGet(port, "/metrics");
+  const size_t at = scrape.find("\n" + series + " ");
+  return at == std::string::npos ? "" : scrape.substr(at + 1, scrape.find('\n', at + 1) - at - 1);
+}
+
 }  // namespace recall::testing

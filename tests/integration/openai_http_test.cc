@@ -34,6 +34,7 @@
 #include "recall/v1/worker.grpc.pb.h"
 #include "tests/common/test_certs.h"
 #include "tests/common/test_util.h"
+#include "tests/integration/http_get.h"
 #include "tests/integration/openai_http_util.h"
 
 namespace recall {
@@ -944,18 +945,6 @@ TEST_F(OpenAiHttpCancelTest, AClientLeavingDuringALongPrefillCancelsTheTurnThen)
 void StopMidStreamLetsTheReplyEndFirst(ServerProcess& stopped, int http_port, int metrics_port,
                                        bool coordinator) {
   httplib::Client client("127.0.0.1", http_port);
-  // The coordinator's count of sessions made ("" when not scraped).
-  const auto sessions_created = [metrics_port] {
-    httplib::Client metrics("127.0.0.1", metrics_port);
-    const httplib::Result m = metrics.Get("/metrics");
-    if (!m) return std::string();
-    for (const absl::string_view line : absl::StrSplit(m->body, '\n')) {
-      if (absl::StartsWith(line, "recall_coordinator_sessions_created_total ")) {
-        return std::string(line);
-      }
-    }
-    return std::string();
-  };
   client.set_read_timeout(120, 0);
   const std::vector<Json> asked = {Message("user", "Once upon a time")};
   const HttpReply reference =
@@ -972,10 +961,12 @@ void StopMidStreamLetsTheReplyEndFirst(ServerProcess& stopped, int http_port, in
                              probe = std::thread([&] {
                                std::this_thread::sleep_for(std::chrono::milliseconds(300));
                                httplib::Client other("127.0.0.1", http_port);
-                               created_before = sessions_created();
+                               created_before = testing::MetricLine(
+                                   metrics_port, "recall_coordinator_sessions_created_total");
                                during = Send(other, "POST", "/v1/chat/completions",
                                              ChatBody({Message("user", "Hello")}, 4, false), "");
-                               created_after = sessions_created();
+                               created_after = testing::MetricLine(
+                                   metrics_port, "recall_coordinator_sessions_created_total");
                                health = Send(other, "GET", "/health", "", "");
                              });
                              return true;
