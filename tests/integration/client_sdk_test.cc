@@ -20,6 +20,22 @@ namespace {
 
 constexpr char kModel[] = "models/stories260K/stories260K.bin";
 
+// Starts `coordinator` on `address` and `dir`, routing to `worker`, after `delay`, on a thread
+// of its own (joined by the caller).
+std::thread StartCoordinatorAfter(std::chrono::milliseconds delay, ServerProcess& coordinator,
+                                  const ServerProcess& worker, const std::string& address,
+                                  const std::string& dir) {
+  return std::thread([&coordinator, &worker, address, dir, delay] {
+    std::this_thread::sleep_for(delay);
+    std::string err;
+    EXPECT_TRUE(coordinator.Start(RECALL_COORDINATOR_BINARY,
+                                  {"--workers", "127.0.0.1:" + std::to_string(worker.port("grpc")),
+                                   "--listen", address, "--data-dir", dir},
+                                  dir, &err))
+        << err;
+  });
+}
+
 TEST(ClientSdkTest, CallbackAndIteratorRepliesHistoryAndClose) {
   RECALL_REQUIRE_SHARED_FILE(kModel);
   const std::string dir = testing::MakeTempDir("sdk");
@@ -83,15 +99,8 @@ TEST(ClientSdkTest, ASessionAskedForBeforeItsServerListensIsMadeOnceItDoes) {
                             "127.0.0.1:0", "--kv-cache-bytes", "16M", "--threads", "1"},
                            dir, &error))
       << error;
-  std::thread later([&] {
-    std::this_thread::sleep_for(std::chrono::seconds(1));
-    std::string err;
-    EXPECT_TRUE(coordinator.Start(RECALL_COORDINATOR_BINARY,
-                                  {"--workers", "127.0.0.1:" + std::to_string(worker.port("grpc")),
-                                   "--listen", address, "--data-dir", dir},
-                                  dir, &err))
-        << err;
-  });
+  std::thread later =
+      StartCoordinatorAfter(std::chrono::seconds(1), coordinator, worker, address, dir);
   auto client = Client::Connect({.address = address});
   const absl::StatusOr<v1::Session> made = client->CreateSession({});
   later.join();
@@ -217,15 +226,8 @@ TEST(ClientSdkTest, ACoordinatorBackFromARestartIsReachedWithinTheRetries) {
   ASSERT_TRUE((*session)->Send("Once upon a time", nullptr).ok());
   coordinator.Kill();
   std::this_thread::sleep_for(std::chrono::seconds(5));
-  std::thread later([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-    std::string err;
-    EXPECT_TRUE(coordinator.Start(RECALL_COORDINATOR_BINARY,
-                                  {"--workers", "127.0.0.1:" + std::to_string(worker.port("grpc")),
-                                   "--listen", address, "--data-dir", dir},
-                                  dir, &err))
-        << err;
-  });
+  std::thread later =
+      StartCoordinatorAfter(std::chrono::milliseconds(1500), coordinator, worker, address, dir);
   const auto next = (*session)->Send("What happened next?", nullptr);
   later.join();
   ASSERT_TRUE(next.ok()) << next.status();
