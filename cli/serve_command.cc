@@ -274,8 +274,6 @@ absl::Status Serve(const ServeOptions& o) {
       return stop.Wait(absl::Milliseconds(100)) != 0;  // a second signal
     });
     if (left > 0) std::cerr << "recall serve: ending " << left << " running turn(s)\n";
-    // Turns still running are ended now (they streamed on for gRPC's 5 s grace).
-    if (left > 0) server->Shutdown(std::chrono::milliseconds(0));
   }
   stop.Ignore();
   server->Shutdown();

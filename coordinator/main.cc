@@ -207,8 +207,7 @@ absl::Status Run(const std::vector<std::string>& argv) {
   });
   if (left > 0) std::fprintf(stderr, "recall-coordinator: ending %d running turn(s)\n", left);
   stop.Ignore();
-  // Turns still running are ended now (they streamed on for gRPC's 5 s grace).
-  server->Shutdown(left > 0 ? std::chrono::milliseconds(0) : std::chrono::seconds(5));
+  server->Shutdown();
   return absl::OkStatus();
 }
 

@@ -173,7 +173,9 @@ int CoordinatorServer::Drain(absl::Duration grace, const std::function<bool()>& 
     }
     if (interrupted()) break;  // about 100 ms
   }
-  return static_cast<int>(running->value());
+  const int left = static_cast<int>(running->value());
+  if (left > 0) Shutdown(std::chrono::milliseconds(0));
+  return left;
 }
 
 void CoordinatorServer::Shutdown(std::chrono::milliseconds grace) {

@@ -58,7 +58,8 @@ class CoordinatorServer {
   // Stops taking turns (UNAVAILABLE, retryable: another replica takes them; health says
   // unavailable, so a load balancer stops sending them) and waits until the running turns
   // have ended, `grace` has passed, or `interrupted` (called about every 100 ms; it may wait
-  // that long itself) says to stop waiting. Shutdown follows. Returns the turns still running.
+  // that long itself) says to stop waiting. Turns still running then are ended at once (they
+  // streamed on for gRPC's 5 s shutdown grace); returns how many. Shutdown follows.
   int Drain(absl::Duration grace, const std::function<bool()>& interrupted);
   // Stops accepting calls; running gRPC streams get `grace` to finish, running HTTP turns are
   // cancelled.
