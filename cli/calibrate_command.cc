@@ -80,7 +80,7 @@ const flags::FlagSet<WindowOptions>& WindowFlags() {
             [](auto& o) -> auto& { return o.alpha; }, 1e-12, 0.999999)
         .Double(
             "percentile", "P", "in (0, 100] (default 80)",
-            [](auto& o) -> auto& { return o.percentile; }, 1e-9, 100)
+            [](auto& o) -> auto& { return o.percentile; }, flags::kAboveZero, 100)
         .Text(
             "prompt", "TEXT", "prompt of every text (default \"Once upon a time\")",
             [](auto& o) -> auto& { return o.prompt; })
@@ -117,7 +117,7 @@ const flags::FlagSet<WindowOptions>& WindowFlags() {
             [](auto& o) -> auto& { return o.layer_budgets; })
         .Double(
             "budget-frac", "F", "its budget, a fraction of --tokens (default 0.2)",
-            [](auto& o) -> auto& { return o.budget_frac; }, 1e-6, 1)
+            [](auto& o) -> auto& { return o.budget_frac; }, flags::kAboveZero, 1)
         .Int(
             "window", "W", "its window (default 32, as recall serve)",
             [](auto& o) -> auto& { return o.window; }, 1, 1 << 20)

@@ -70,6 +70,33 @@ absl::Status InFlagTerms(const absl::Status& st) {
   return absl::Status(st.code(), absl::StrCat("--", flag, message.substr(colon)));
 }
 
+// Text for a terminal: control characters but line ends and tabs as \xNN (C1 ones as \u00NN),
+// so that a message holding escape sequences shows them instead of acting on the terminal.
+std::string Printable(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto u = static_cast<unsigned char>(text[i]);
+    const auto next = i + 1 < text.size() ? static_cast<unsigned char>(text[i + 1]) : 0;
+    if ((u < 0x20 && u != '\n' && u != '\t') || u == 0x7f) {
+      absl::StrAppend(&out, "\\x", absl::Hex(u, absl::kZeroPad2));
+    } else if (u == 0xc2 && next >= 0x80 && next <= 0x9f) {  // C1 (U+009B is CSI)
+      absl::StrAppend(&out, "\\u00", absl::Hex(next, absl::kZeroPad2));
+      ++i;
+    } else {
+      out.push_back(text[i]);
+    }
+  }
+  return out;
+}
+
+// A reply's text as it streams in: escaped for a terminal, as the model wrote it for a program
+// reading the output. (Each piece is whole UTF-8, so a C1 character is never split.)
+std::string StreamedText(const std::string& text) {
+  static const bool terminal = isatty(STDOUT_FILENO) == 1;
+  return terminal ? Printable(text) : text;
+}
+
 // StreamReply's error when the user stopped the reply (Ctrl-C): said already, no error.
 constexpr char kStoppedByUser[] = "stopped by the user";
 
@@ -95,7 +122,7 @@ absl::StatusOr<v1::ConverseDone> StreamReply(Client& client, const std::string& 
     }
   });
   std::string text;
-  while (reply->Next(&text)) std::cout << text << std::flush;
+  while (reply->Next(&text)) std::cout << StreamedText(text) << std::flush;
   reading = false;
   watcher.join();
   sigaction(SIGINT, &previous, nullptr);
@@ -161,27 +188,6 @@ bool ReadLine(bool tty, std::string* line) {
     if (const std::string file = HistoryFile(); !file.empty()) write_history(file.c_str());
   }
   return true;
-}
-
-// Stored text for a terminal: control characters but line ends and tabs as \xNN (C1 ones as
-// \u00NN), so that a message holding escape sequences shows them instead of acting on the
-// terminal. (A reply streaming in is printed as it comes, as the model wrote it.)
-std::string Printable(const std::string& text) {
-  std::string out;
-  out.reserve(text.size());
-  for (size_t i = 0; i < text.size(); ++i) {
-    const auto u = static_cast<unsigned char>(text[i]);
-    const auto next = i + 1 < text.size() ? static_cast<unsigned char>(text[i + 1]) : 0;
-    if ((u < 0x20 && u != '\n' && u != '\t') || u == 0x7f) {
-      absl::StrAppend(&out, "\\x", absl::Hex(u, absl::kZeroPad2));
-    } else if (u == 0xc2 && next >= 0x80 && next <= 0x9f) {  // C1 (U+009B is CSI)
-      absl::StrAppend(&out, "\\u00", absl::Hex(next, absl::kZeroPad2));
-      ++i;
-    } else {
-      out.push_back(text[i]);
-    }
-  }
-  return out;
 }
 
 // A reply whose turn did not complete, as a listing marks it (the turn is kept for the record
@@ -317,7 +323,10 @@ absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag) {
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Connect(const ConnectOptions& c) {
-  RECALL_RETURN_IF_ERROR(CheckApiKey(c.api_key));
+  if (absl::Status s = CheckApiKey(c.api_key); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--api-key", absl::StripPrefix(s.message(), "api_key")));
+  }
   RECALL_ASSIGN_OR_RETURN(const auto host_port, flags::SplitHostPort("--server", c.server));
   if (host_port.second == 0) {  // (a listen address's "any free port"; nothing is there)
     return absl::InvalidArgumentError(
@@ -500,7 +509,7 @@ absl::Status Chat(const ChatOptions& o) {
         tty ? StreamReply(*client, session_id, line, sampling)
             : client->Converse(session_id, line, sampling, [&](const std::string& text) {
                 reply_starts();
-                std::cout << text << std::flush;
+                std::cout << StreamedText(text) << std::flush;
               });
     if (done.ok()) reply_starts();
     if (replied) std::cout << "\n" << std::flush;

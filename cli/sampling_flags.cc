@@ -13,7 +13,7 @@ const flags::FlagSet<SamplingFlags>& SamplingFlagSet() {
             [](auto& o) -> auto& { return o.temperature; }, 0, 100)
         .Double(
             "top-p", "P", "nucleus sampling mass in (0, 1] (default 1.0: off)",
-            [](auto& o) -> auto& { return o.top_p; }, 1e-6, 1)
+            [](auto& o) -> auto& { return o.top_p; }, flags::kAboveZero, 1)
         .Int(
             "top-k", "K", "keep the K most likely tokens, 0 = off (default 0)",
             [](auto& o) -> auto& { return o.top_k; }, 0, 1 << 20)

@@ -31,7 +31,7 @@ absl::Status CheckApiKey(const std::string& key) {
   for (const char c : key) {
     if (c <= ' ' || c > '~') {
       return absl::InvalidArgumentError(
-          "--api-key: the key must be printable ASCII without spaces or control characters (a "
+          "api_key: the key must be printable ASCII without spaces or control characters (a "
           "key file's line end?)");
     }
   }

@@ -51,8 +51,9 @@ absl::Status ParseDouble(absl::string_view text, double lo, double hi, double* o
     return absl::InvalidArgumentError(absl::StrCat("\"", text, "\" is not a finite number"));
   }
   if (v < lo || v > hi) {
-    return absl::InvalidArgumentError(absl::StrCat("must be in [", FormatDouble(lo), ", ",
-                                                   FormatDouble(hi), "], got ", FormatDouble(v)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("must be in ", lo == kAboveZero ? "(0" : "[" + FormatDouble(lo), ", ",
+                     FormatDouble(hi), "], got ", FormatDouble(v)));
   }
   *out = v;
   return absl::OkStatus();

@@ -46,6 +46,9 @@ struct IsOptional : std::false_type {};
 template <typename V>
 struct IsOptional<std::optional<V>> : std::true_type {};
 
+// A lower bound that takes any number above 0 (not 0 itself): its range reads "(0, HI]".
+inline constexpr double kAboveZero = std::numeric_limits<double>::denorm_min();
+
 // Parsers of one value; errors say what was expected, without the flag's name.
 absl::Status ParseInt(absl::string_view text, int64_t lo, int64_t hi, int64_t* out);
 absl::Status ParseDouble(absl::string_view text, double lo, double hi, double* out);

@@ -29,7 +29,8 @@ FlagSet<Inner> InnerFlags() {
       .Int(
           "window", "W", "eviction window", [](auto& o) -> auto& { return o.window; }, 1, 1024)
       .Double(
-          "budget-frac", "F", "fraction", [](auto& o) -> auto& { return o.fraction; }, 1e-6, 1)
+          "budget-frac", "F", "fraction", [](auto& o) -> auto& { return o.fraction; }, kAboveZero,
+          1)
       .Field("budget_fraction")
       .Choice("policy", "NAME", "policy", [](auto& o) -> auto& { return o.policy; },
               {"full", "lazy"});
@@ -82,6 +83,10 @@ TEST(FlagSetTest, ErrorsNameTheFlagAndTheLimit) {
   Options o;
   EXPECT_EQ(f.Parse({"--window", "0"}, &o).message(), "--window: must be in [1, 1024], got 0");
   EXPECT_EQ(f.Parse({"--threads", "x"}, &o).message(), "--threads: \"x\" is not an integer");
+  // A range open at 0 says so (it read "[1e-06, 1]", and refused what the server takes).
+  EXPECT_EQ(f.Parse({"--budget-frac", "0"}, &o).message(),
+            "--budget-frac: must be in (0, 1], got 0");
+  EXPECT_TRUE(f.Parse({"--budget-frac", "1e-9"}, &o).ok());
   EXPECT_EQ(f.Parse({"--budget-frac", "inf"}, &o).message(),
             "--budget-frac: \"inf\" is not a finite number");
   EXPECT_EQ(f.Parse({"--device", "tpu"}, &o).message(),

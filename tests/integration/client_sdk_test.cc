@@ -149,7 +149,7 @@ TEST(ClientSdkTest, RetriesHaveTheirWholeWindowWhenTheServerIsBackEarly) {
 TEST(ClientSdkTest, OptionsNoCallCanBeMadeWithAreSaidByEveryCall) {
   auto keyed = Client::Connect({.address = "127.0.0.1:1", .api_key = "key alpha\n"});
   EXPECT_EQ(keyed->ListSessions().status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(keyed->ListSessions().status().message().find("--api-key: the key must be printable"),
+  EXPECT_NE(keyed->ListSessions().status().message().find("api_key: the key must be printable"),
             std::string::npos);
   EXPECT_EQ(keyed->CreateSession({}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(keyed->Converse("s-x", "hi", {}, nullptr).status().code(),

@@ -105,7 +105,7 @@ flags::FlagSet<runtime::EngineOptions> EngineFlags() {
           "KV pool as a fraction of available host memory (cpu) or of the device's free\n"
           "memory after the weights (cuda; with --tp, of each GPU's, split between the\n"
           "ranks on it) (default 0.25)",
-          [](auto& o) -> auto& { return o.kv_cache_fraction; }, 1e-6, 0.95);
+          [](auto& o) -> auto& { return o.kv_cache_fraction; }, flags::kAboveZero, 0.95);
   return f;
 }
 
@@ -123,7 +123,7 @@ flags::FlagSet<serving::CacheRequest> SessionCacheFlags() {
       .Field("budget_tokens")
       .Double(
           "budget-frac", "F", "or a fraction of the sequence, in (0, 1]",
-          [](auto& o) -> auto& { return o.budget_fraction; }, 1e-6, 1)
+          [](auto& o) -> auto& { return o.budget_fraction; }, flags::kAboveZero, 1)
       .Field("budget_fraction")
       .Exclusive("budget", "budget-frac")
       .Int(
