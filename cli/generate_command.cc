@@ -166,6 +166,11 @@ absl::Status Run(GenerateCliOptions o) {
   options.sampling.seed = static_cast<uint64_t>(
       std::chrono::steady_clock::now().time_since_epoch().count() & 0x7fffffff);
   ApplySampling(o.sampling, &options.sampling);
+  if (options.sampling.top_k > config.vocab_size) {  // as a server says (ValidateSampling)
+    return absl::InvalidArgumentError(absl::StrCat("--top-k: must be in [0, ", config.vocab_size,
+                                                   "] (0: off; the vocabulary's size), got ",
+                                                   options.sampling.top_k));
+  }
   options.stop_strings = o.stop;
   options.eviction = spec.evictor;
   options.positions = spec.positions;

@@ -1,6 +1,7 @@
 // `recall generate` with each --kv-dtype on stories260K, greedy: with f32 the texts equal the
 // golden outputs of llama2.c's run.c byte for byte (the fp32 path stays exact); every other
-// type runs and its agreement with the golden text is printed.
+// type runs and its agreement with the golden text is printed. Its --top-k is held to the
+// vocabulary, as a server holds it.
 #include <string>
 
 #include "gtest/gtest.h"
@@ -18,13 +19,13 @@ struct CliRun {
 };
 
 CliRun Generate(const std::string& dir, const std::string& prompt, int max_tokens,
-                const std::string& kv_dtype) {
+                const std::string& kv_dtype, const std::string& more_flags = "") {
   const std::string out = dir + "/out.txt", err = dir + "/err.txt";
   const std::string cmd =
       std::string("'") + RECALL_CLI_BINARY + "' generate --model '" + testing::SharedPath(kModel) +
       "' --tokenizer '" + testing::SharedPath(kTokenizer) + "' --prompt '" + prompt +
       "' --temperature 0 --echo --threads 1 --max-tokens " + std::to_string(max_tokens) +
-      " --kv-dtype " + kv_dtype + " > '" + out + "' 2> '" + err + "'";
+      " --kv-dtype " + kv_dtype + " " + more_flags + " > '" + out + "' 2> '" + err + "'";
   CliRun r;
   const int status = std::system(cmd.c_str());
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -75,6 +76,19 @@ TEST(GenerateKvDtypeTest, F32ReproducesTheGoldenTextsAndEveryTypeRuns) {
   const CliRun bytes = Generate(dir, "Once \xff upon", 4, "f32");
   EXPECT_EQ(bytes.exit_code, 2) << bytes.err;
   EXPECT_NE(bytes.err.find("--prompt: is not valid UTF-8"), std::string::npos) << bytes.err;
+}
+
+// A --top-k above the vocabulary is refused, as a server refuses it (it was taken as "off").
+TEST(GenerateKvDtypeTest, ATopKAboveTheVocabularyIsRefusedAsByAServer) {
+  RECALL_REQUIRE_SHARED_FILE(kModel);
+  const std::string dir = testing::MakeTempDir("generate_top_k");
+  const CliRun over = Generate(dir, "Once", 4, "f32", "--top-k 513");
+  EXPECT_EQ(over.exit_code, 2) << over.err;
+  EXPECT_NE(over.err.find("--top-k: must be in [0, 512] (0: off; the vocabulary's size), got 513"),
+            std::string::npos)
+      << over.err;
+  const CliRun at = Generate(dir, "Once", 4, "f32", "--top-k 512");
+  EXPECT_EQ(at.exit_code, 0) << at.err;
 }
 
 }  // namespace
