@@ -235,6 +235,11 @@ absl::Status Run(const WindowOptions& o) {
     d.layer_budgets = o.layer_budgets;
     absl::StatusOr<serving::CacheFactory> f =
         serving::CacheFactory::Create(d, c, c.n_kv_heads, 1, eo.kv_dtype);
+    if (flags::FieldOf(f.status()) == "budget_tokens" && o.window >= tokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--window: ", o.window, " keeps at least as many tokens as the texts have (--tokens ",
+          tokens, "): no budget evicts anything; give a window below ", tokens));
+    }
     if (flags::FieldOf(f.status()) == "budget_tokens") {  // set from two flags
       return absl::InvalidArgumentError(
           absl::StrCat("--budget-frac: ", o.budget_frac, " x --tokens ", tokens, " = ",

@@ -144,6 +144,17 @@ TEST(CalibrateWindowCommandTest, ABadAlphaListOrAPolicyThatKeepsEverythingIsUsag
   err = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(err.find("--budget-frac: 0.2 x --tokens 128 = 26 is below"), std::string::npos) << err;
   EXPECT_NE(err.find("(raise --budget-frac or --tokens)"), std::string::npos) << err;
+  // A window no budget of the texts can hold says to lower the window (it said to raise the
+  // budget, which no fraction could).
+  ::testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStdout();
+  EXPECT_EQ(RunCalibrateWindow(Flags({"--tokens", "128", "--window", "128"})), 2);
+  ::testing::internal::GetCapturedStdout();
+  err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("--window: 128 keeps at least as many tokens as the texts have (--tokens "
+                     "128): no budget evicts anything; give a window below 128"),
+            std::string::npos)
+      << err;
   // An --out that cannot be written is refused at start, not after the search.
   ::testing::internal::CaptureStderr();
   ::testing::internal::CaptureStdout();
