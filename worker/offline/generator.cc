@@ -116,7 +116,7 @@ absl::StatusOr<GenerateResult> Generate(Sequence& seq, kernels::Backend& backend
       result.finish_reason = FinishReason::kLength;
       break;
     }
-    if (!seq.endless() && seq.next_position() >= config.max_seq_len) {
+    if (!seq.endless() && seq.context_used() >= config.max_seq_len) {
       result.finish_reason = FinishReason::kContext;
       break;
     }

@@ -31,7 +31,8 @@ struct GenerateOptions {
   // KV eviction while decoding (the prompt is prefilled whole, then evictable); unset means
   // the full cache.
   std::optional<cache::eviction::SessionEvictorOptions> eviction;
-  // With an eviction policy, kCompact goes on past the context length (runtime/positions.h).
+  // With an eviction policy, kCompact goes on past the context length (runtime/positions.h);
+  // with SnapKV, until its cache (the prompt compressed once, then a slot per token) holds it.
   runtime::Positions positions = runtime::Positions::kOriginal;
 };
 

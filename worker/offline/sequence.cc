@@ -60,6 +60,15 @@ void LocalSequence::EnsureProbs(int len) {
   probs_.assign(static_cast<size_t>(config.n_layers) * config.n_heads * probs_stride_, 0.0f);
 }
 
+int32_t LocalSequence::context_used() const {
+  return positions_ == runtime::Positions::kCompact ? cache_->max_length() : next_position();
+}
+
+bool LocalSequence::endless() const {
+  return positions_ == runtime::Positions::kCompact && evictor_ != nullptr &&
+         !evictor_->policy().compresses_prefill();
+}
+
 void LocalSequence::MakeRoom(int n) {
   const model::ModelConfig& config = forward_.model().config;
   if (positions_ == runtime::Positions::kCompact && runtime::NeedsCompaction(*cache_, config, n)) {

@@ -39,7 +39,12 @@ class Sequence {
   virtual absl::Status Decode(int32_t token, float* logits) = 0;
   // The next token's position.
   virtual int32_t next_position() const = 0;
-  // Whether the sequence goes on past the model's context length (runtime/positions.h).
+  // How much of the model's context the sequence takes: its next position, or for one that
+  // re-positions its cache (runtime/positions.h), the tokens the cache holds.
+  virtual int32_t context_used() const { return next_position(); }
+  // Whether the sequence goes on past the model's context length whatever it is fed: it
+  // re-positions its cache and its policy evicts as tokens are fed. (One that compresses only
+  // its first prompt, SnapKV, re-positions too but ends once its cache holds the context.)
   virtual bool endless() const { return false; }
   virtual SequenceStats stats() const = 0;
 };
@@ -68,7 +73,8 @@ class LocalSequence final : public Sequence {
   absl::Status Prefill(std::span<const int32_t> prompt, int chunk, float* logits) override;
   absl::Status Decode(int32_t token, float* logits) override;
   int32_t next_position() const override { return cache_->next_position(); }
-  bool endless() const override { return positions_ == runtime::Positions::kCompact; }
+  int32_t context_used() const override;
+  bool endless() const override;
   SequenceStats stats() const override;
 
   const cache::SequenceCache& cache() const { return *cache_; }

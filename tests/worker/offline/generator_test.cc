@@ -231,5 +231,35 @@ TEST_F(GeneratorTest, SnapKvCompressesThePromptOnceThenGrows) {
   EXPECT_EQ(again->tokens, r->tokens);
 }
 
+// With compact positions SnapKV goes past the context as far as its cache, compressed once,
+// leaves room: the reply ends (finish context) when the cache holds the context, as a
+// served session's does. (It failed there: "position 64 exceeds the model's context length".)
+// Its prompt is not compressed until it is all in, so a prompt must fit the context.
+TEST_F(GeneratorTest, CompactSnapKvEndsWhenItsCacheHoldsTheContext) {
+  const std::vector<int32_t> prompt = tok_.Encode("abcdefghijklmnopqrstuvwxyzabcdefghijklmn", true);
+  GenerateOptions o;
+  o.max_tokens = 1000;
+  o.sampling.temperature = 0;
+  o.positions = runtime::Positions::kCompact;
+  cache::eviction::SessionEvictorOptions eo;
+  eo.policy.name = "snapkv";
+  eo.policy.window = 4;
+  eo.budget.budget = 16;
+  o.eviction = eo;
+  auto r = Generate(*forward_, *pool_, tok_, prompt, o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->finish_reason, FinishReason::kContext);
+  // 16 kept of the prompt, then one slot per token: the last token is not forwarded.
+  EXPECT_EQ(r->tokens.size(), 64u - 16u + 1u);
+  EXPECT_GT(r->prompt_tokens + static_cast<int>(r->tokens.size()), 64);
+  EXPECT_EQ(r->final_kv_bytes, 2 * 8 * pool_->block_bytes());
+
+  const std::vector<int32_t> long_prompt(64, 3);
+  auto refused = Generate(*forward_, *pool_, tok_, long_prompt, o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().message(),
+            "prompt: 64 tokens leave no room in the context of 64 tokens");
+}
+
 }  // namespace
 }  // namespace recall::offline
