@@ -30,6 +30,23 @@ absl::Status ApplyTpEvictionMode(const std::string& mode, SessionEvictorOptions&
       absl::StrCat("\"", mode, "\" is not one of uniform, shared, head-adaptive"));
 }
 
+std::string TpEvictionConflict(const EvictionPolicy& p, const SessionEvictorOptions& options) {
+  if (options.budget.head_adaptive && p.layer_shared()) {
+    return absl::StrCat("head-adaptive needs per-KV-head budgets; policy '", p.name(),
+                        "' keeps one token set for all heads of a layer");
+  }
+  if (options.share_tokens) {
+    const char* why = options.budget.head_adaptive ? "head-adaptive budgets are per KV head"
+                      : p.needs_keys()             ? "it scores each KV head by its own keys"
+                      : p.compresses_prefill()     ? "it compresses the prompt per KV head"
+                                                   : nullptr;
+    if (why != nullptr) {
+      return absl::StrCat("shared does not apply to policy '", p.name(), "': ", why);
+    }
+  }
+  return "";
+}
+
 absl::StatusOr<std::unique_ptr<SessionEvictor>> SessionEvictor::Create(
     const SessionEvictorOptions& options, SequenceCache* cache) {
   if (cache == nullptr) return absl::InvalidArgumentError("session evictor: cache is null");
@@ -51,21 +68,8 @@ absl::StatusOr<std::unique_ptr<SessionEvictor>> SessionEvictor::Create(
                                                    " must be a positive multiple of n_kv_heads ",
                                                    n_kv_heads));
   }
-  if (options.budget.head_adaptive && (*policy)->layer_shared()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("session evictor: head_adaptive needs per-KV-head budgets; policy '",
-                     (*policy)->name(), "' keeps one token set for all heads of a layer"));
-  }
-  const EvictionPolicy& p = **policy;
-  if (options.share_tokens) {
-    const char* why = options.budget.head_adaptive ? "head_adaptive budgets are per KV head"
-                      : p.needs_keys()              ? "it scores each KV head by its own keys"
-                      : p.compresses_prefill()      ? "it compresses the prompt per KV head"
-                                                    : nullptr;
-    if (why != nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "session evictor: share_tokens does not apply to policy '", p.name(), "': ", why));
-    }
+  if (const std::string conflict = TpEvictionConflict(**policy, options); !conflict.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("session evictor: tp_eviction ", conflict));
   }
   if (options.comm != nullptr) {
     const int tp = options.comm->size();

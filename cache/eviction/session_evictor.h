@@ -123,6 +123,9 @@ struct SessionEvictorOptions {
 const std::vector<std::string>& TpEvictionModes();
 // Sets `options` for `mode`; InvalidArgument naming the modes for an unknown one.
 absl::Status ApplyTpEvictionMode(const std::string& mode, SessionEvictorOptions& options);
+// Why `options`' TP eviction mode does not apply to `policy` (e.g. "shared does not apply to
+// policy 'rkv': it scores each KV head by its own keys"), or "" when it does.
+std::string TpEvictionConflict(const EvictionPolicy& policy, const SessionEvictorOptions& options);
 
 class SessionEvictor {
  public:

@@ -264,7 +264,9 @@ TEST_F(SessionEvictorMetaTest, BadCombinationsAreRejected) {
   o.budget.head_adaptive = true;
   absl::StatusOr<std::unique_ptr<SessionEvictor>> e = SessionEvictor::Create(o, &seq);
   ASSERT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(e.status().message().find("head_adaptive"), absl::string_view::npos);
+  EXPECT_NE(e.status().message().find("head-adaptive needs per-KV-head budgets"),
+            absl::string_view::npos)
+      << e.status();
 
   o = Options("streaming", 8, 4);
   o.policy.meta_score = PolicyOptions::MetaScore::kCaoteCurrentQuery;

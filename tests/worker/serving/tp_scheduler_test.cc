@@ -253,5 +253,25 @@ TEST_F(TpSchedulerTest, UnknownTpEvictionModeIsRefusedByName) {
   EXPECT_NE(st.status().message().find("head-adaptive"), std::string::npos) << st.status();
 }
 
+// A mode the policy cannot take is refused when the session is checked at its creation, by
+// name, not by each of its turns ("session evictor: share_tokens does not apply ...").
+TEST_F(TpSchedulerTest, AModeThePolicyCannotTakeIsRefusedWhenTheSessionIsMade) {
+  std::unique_ptr<Scheduler> s = StartTp(2, 64, {});
+  ASSERT_NE(s, nullptr);
+  for (const auto& [policy, mode, why] :
+       {std::tuple{"rkv", "shared", "it scores each KV head by its own keys"},
+        std::tuple{"tova", "head-adaptive", "keeps one token set for all heads of a layer"}}) {
+    CacheRequest cache;
+    cache.policy = policy;
+    cache.budget_tokens = 32;
+    cache.tp_eviction = mode;
+    const absl::StatusOr<int> checked = s->CheckSession(cache, "");
+    ASSERT_FALSE(checked.ok()) << policy;
+    EXPECT_EQ(checked.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(checked.status().message().rfind("cache.tp_eviction: ", 0), 0u) << checked.status();
+    EXPECT_NE(checked.status().message().find(why), std::string::npos) << checked.status();
+  }
+}
+
 }  // namespace
 }  // namespace recall::serving
