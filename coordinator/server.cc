@@ -31,13 +31,22 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       s->store_,
       OpenStore(config.store_url.empty() ? config.data_dir + "/sessions.db" : config.store_url,
                 config.allow_volatile_store));
-  // Turns a previous run left streaming: their writer is gone, so they were interrupted.
-  RECALL_ASSIGN_OR_RETURN(const int interrupted, s->store_->InterruptInProgress());
-  if (interrupted > 0) {
+  // Turns a previous run left streaming: their writer is gone, so they were interrupted. A
+  // damaged store (said as it opened) is served as far as it can be read: where this cannot
+  // be done, such a turn reads as interrupted once its lease has passed, as in a shared store.
+  absl::StatusOr<int> interrupted = s->store_->InterruptInProgress();
+  if (interrupted.status().code() == absl::StatusCode::kDataLoss) {
+    RECALL_LOG(WARNING) << interrupted.status().message()
+                        << "; the turns a previous run left streaming read as interrupted once "
+                           "their lease has passed";
+    interrupted = 0;
+  }
+  RECALL_RETURN_IF_ERROR(interrupted.status());
+  if (*interrupted > 0) {
     std::fprintf(stderr,
                  "recall-coordinator: %d turn(s) were streaming when the last run stopped; "
                  "marked interrupted (their partial replies are kept)\n",
-                 interrupted);
+                 *interrupted);
   }
   if (!config.api_keys_path.empty()) {
     RECALL_ASSIGN_OR_RETURN(s->keys_, ApiKeys::Load(config.api_keys_path));

@@ -444,8 +444,9 @@ class SqliteStore final : public SessionStore {
     // so a client stops and an operator is called. Busy, full, I/O: retryable.
     const int primary = rc & 0xFF;
     if (primary == SQLITE_CORRUPT || primary == SQLITE_NOTADB) {
-      return absl::DataLossError(absl::StrCat("session store: ", what, ": ", sqlite3_errmsg(db_),
-                                              " (the file is damaged; restore it from a backup)"));
+      return absl::DataLossError(absl::StrCat(
+          "session store: ", what, ": ", sqlite3_errmsg(db_),
+          " (the file is damaged: the coordinator's log at its start says how to repair it)"));
     }
     if (primary == SQLITE_READONLY || primary == SQLITE_CANTOPEN || primary == SQLITE_PERM) {
       // Retrying does not mend permissions either.
@@ -515,6 +516,7 @@ class SqliteStore final : public SessionStore {
   absl::Status LoadMessages(const std::string& id, SessionRecord* r)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const int64_t first = r->first_message;
+    const int64_t now = UnixMillis();
     Stmt m(db_,
            "SELECT role, content, reply, state, lease_ms, turn_id FROM messages WHERE "
            "session_id = ? AND idx >= ? ORDER BY idx");
@@ -529,6 +531,12 @@ class SqliteStore final : public SessionStore {
       msg.state = state >= 0 && state <= 3 ? static_cast<TurnState>(state) : TurnState::kFailed;
       msg.lease_unix_ms = m.Int(4);
       msg.turn_id = m.Text(5);
+      // Its writer is gone (no lease renewed; one left by a run whose start could not mark
+      // it, in a damaged file): the turn was interrupted, as in a shared store.
+      if (msg.state == TurnState::kInProgress && msg.lease_unix_ms != 0 &&
+          msg.lease_unix_ms < now) {
+        msg.state = TurnState::kInterrupted;
+      }
     }
     if (rc != SQLITE_DONE) return Check(rc, "read transcript");
     // Replies written part by part (AppendReply): their parts after what the row holds.
@@ -608,8 +616,6 @@ absl::StatusOr<int> LockStoreFile(const std::string& path) {
   return fd;
 }
 
-// Runs `sql` on the store being opened; on failure closes it and says why (DataLoss: a file
-// whose schema cannot be set up).
 // "; the disk holding PATH is full (N bytes free)" when it has under 1 MiB free, else "":
 // SQLite says only "disk I/O error" when it cannot make its log on a full disk.
 std::string DiskFullHint(const std::string& path) {
@@ -622,13 +628,30 @@ std::string DiskFullHint(const std::string& path) {
   return absl::StrCat("; the disk holding it is full (", free_bytes, " bytes free)");
 }
 
+// How an operator repairs a damaged store file.
+std::string RepairAdvice(const std::string& path) {
+  return absl::StrCat("To repair it, stop the coordinator, keep a copy of the file, then: sqlite3 ",
+                      path,
+                      " .recover | sqlite3 NEW.db, and serve NEW.db as sessions.db (or "
+                      "restore it from a backup)");
+}
+
+// Runs `sql` on the store being opened; on failure closes it and says why (DataLoss: a file
+// whose schema cannot be set up), with how to repair a damaged one.
 absl::Status SetUp(sqlite3* db, const char* sql, const std::string& path) {
   char* err = nullptr;
-  if (sqlite3_exec(db, sql, nullptr, nullptr, &err) == SQLITE_OK) return absl::OkStatus();
+  const int rc = sqlite3_exec(db, sql, nullptr, nullptr, &err);
+  if (rc == SQLITE_OK) return absl::OkStatus();
   const std::string msg = err ? err : "?";
   sqlite3_free(err);
   sqlite3_close(db);
-  return absl::DataLossError(absl::StrCat("session store ", path, ": ", msg, DiskFullHint(path)));
+  std::string advice = DiskFullHint(path);
+  if ((rc & 0xFF) == SQLITE_CORRUPT) {
+    advice = absl::StrCat(": the file is damaged. ", RepairAdvice(path));
+  } else if ((rc & 0xFF) == SQLITE_NOTADB) {
+    advice = ": it is not an SQLite database (move it away, or give another --data-dir)";
+  }
+  return absl::DataLossError(absl::StrCat("session store ", path, ": ", msg, advice));
 }
 
 // The columns of `table`.
@@ -656,9 +679,7 @@ void WarnIfDamaged(sqlite3* db, const std::string& path) {
   if (problems.empty()) return;
   RECALL_LOG(WARNING) << "session store " << path << " is damaged ("
                       << absl::StrJoin(problems, "; ")
-                      << "); the sessions that can be read are served. To repair it, stop the "
-                      << "coordinator, keep a copy of the file, then: sqlite3 " << path
-                      << " .recover | sqlite3 NEW.db, and serve NEW.db as sessions.db";
+                      << "); the sessions that can be read are served. " << RepairAdvice(path);
 }
 
 }  // namespace

@@ -341,7 +341,8 @@ TEST_P(SessionStoreTest, DataSurvivesReopening) {
 
 // A turn's messages and its reply's place go in as one write; the reply is replaced as it
 // grows and ends, its state and tokens kept; replacing where there is no message is refused;
-// a start marks in-progress turns interrupted (SQLite), or their lease does (Redis).
+// a start marks in-progress turns interrupted (SQLite), or their lease does (Redis, and
+// SQLite where its start could not).
 TEST_P(SessionStoreTest, TurnsAreWrittenWholeAndTheirRepliesReplaced) {
   ASSERT_TRUE(store_->Create(Record("s1", "a")).ok());
   StoredMessage reply{"assistant", ""};
@@ -364,6 +365,13 @@ TEST_P(SessionStoreTest, TurnsAreWrittenWholeAndTheirRepliesReplaced) {
   EXPECT_EQ(rec->messages[1].state, TurnState::kInProgress);
   EXPECT_EQ(store_->Replace("a", "s1", 2, partial).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(store_->Replace("b", "s1", 1, partial).code(), absl::StatusCode::kNotFound);
+  // In either store (SQLite's when its start could not mark them: a damaged file).
+  partial.lease_unix_ms = 1;
+  ASSERT_TRUE(store_->Replace("a", "s1", 1, partial).ok());
+  EXPECT_EQ(store_->Get("a", "s1")->messages[1].state, TurnState::kInterrupted)
+      << "a lease that passed reads as interrupted";
+  partial.lease_unix_ms = 4102444800000;
+  ASSERT_TRUE(store_->Replace("a", "s1", 1, partial).ok());
   auto marked = store_->InterruptInProgress();
   ASSERT_TRUE(marked.ok()) << marked.status();
   if (GetParam() == "sqlite") {
@@ -372,10 +380,6 @@ TEST_P(SessionStoreTest, TurnsAreWrittenWholeAndTheirRepliesReplaced) {
   } else {
     EXPECT_EQ(*marked, 0) << "replicas share Redis: leases decide";
     EXPECT_EQ(store_->Get("a", "s1")->messages[1].state, TurnState::kInProgress);
-    partial.lease_unix_ms = 1;
-    ASSERT_TRUE(store_->Replace("a", "s1", 1, partial).ok());
-    EXPECT_EQ(store_->Get("a", "s1")->messages[1].state, TurnState::kInterrupted)
-        << "a lease that passed reads as interrupted";
   }
   StoredMessage done{"assistant", " Once upon"};
   done.finish = 1;
@@ -601,7 +605,7 @@ TEST_P(SessionStoreTest, AReplyInProgressTakesWritesOfItsWriterOnly) {
 }
 
 // A store file with one page overwritten (a disk fault): whichever page it is, every call that
-// fails says DATA_LOSS (restore it from a backup), never UNAVAILABLE, which clients retry
+// fails says DATA_LOSS (the file is damaged), never UNAVAILABLE, which clients retry
 // forever. One page of the schema or an index, read on prepare, answered "retryable".
 TEST(SqliteDamageTest, APageOverwrittenIsDataLossWhereverItIs) {
   const std::string dir = testing::MakeTempDir("store_damage");
@@ -668,6 +672,45 @@ TEST(SqliteDamageTest, ADamagedIndexIsSaidAtOpen) {
   EXPECT_NE(said.find("session store " + path + " is damaged"), std::string::npos) << said;
   EXPECT_NE(said.find(".recover"), std::string::npos) << said;
   EXPECT_TRUE((*store)->Get("a", "s1").ok()) << "its sessions are served";
+}
+
+// A file damaged where its opening reads (its first page) is refused saying how to repair it;
+// one damaged in the messages' table opens (said, with the repair), and marking the turns a
+// previous run left streaming is DATA_LOSS, which a coordinator's start goes past.
+TEST(SqliteDamageTest, DamageSaysHowToRepairItAndAMessagesPageDoesNotStopTheOpen) {
+  const std::string dir = testing::MakeTempDir("store_damage_repair");
+  const std::string first = dir + "/first.db", messages = dir + "/messages.db";
+  ASSERT_NO_FATAL_FAILURE(WriteSessions(first, /*message_bytes=*/300));
+  std::filesystem::copy_file(first, messages);
+  {
+    std::fstream f(first, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    const std::string junk(3900, '\xab');
+    f.write(junk.data(), static_cast<std::streamsize>(junk.size()));
+  }
+  auto refused = OpenStore(first);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(refused.status().message().find("sqlite3 " + first + " .recover | sqlite3 NEW.db"),
+            std::string::npos)
+      << refused.status();
+
+  const int root = QueryInt(messages, "SELECT rootpage FROM sqlite_master WHERE name = 'messages'");
+  ASSERT_GT(root, 0);
+  {
+    std::fstream f(messages, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>((root - 1) * 4096));
+    const std::string junk(4096, '\xab');
+    f.write(junk.data(), static_cast<std::streamsize>(junk.size()));
+  }
+  ::testing::internal::CaptureStderr();
+  auto store = OpenStore(messages);
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_NE(said.find(".recover"), std::string::npos) << said;
+  EXPECT_EQ((*store)->InterruptInProgress().status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE((*store)->List("a", "", 100).ok()) << "its sessions are listed";
+  EXPECT_EQ((*store)->Get("a", "s1").status().code(), absl::StatusCode::kDataLoss);
 }
 
 // A reply's bytes with a seed, and bytes written before seeds were kept (finish, then ids),
