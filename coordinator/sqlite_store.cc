@@ -257,7 +257,7 @@ class SqliteStore final : public SessionStore {
       if (const absl::Status st = Fill(s, &r); !st.ok()) {
         // A damaged session is listed (without its metadata), so that the others are and it
         // can be found and deleted; reading it says what is damaged.
-        RECALL_LOG(WARNING) << st.message() << "; listed without its metadata";
+        RECALL_LOG(WARNING) << st.message() << "; listed as far as it can be read";
       }
       out.push_back(std::move(r));
     }
@@ -500,14 +500,24 @@ class SqliteStore final : public SessionStore {
     return absl::OkStatus();
   }
 
-  // The row's fields; DataLoss for damaged metadata, the other fields filled.
+  static constexpr int64_t kMaxMessageIndex = int64_t{1} << 30;
+  // The row's fields; DataLoss for damaged metadata or message indexes, the fields before them
+  // filled.
   static absl::Status Fill(const Stmt& s, SessionRecord* r) {
     r->id = s.Text(0);
     r->model = s.Text(1);
     r->cache_settings = s.Text(2);
     r->created_unix_ms = s.Int(4);
     r->worker = s.Text(5);
-    r->message_count = static_cast<int>(s.Int(6));
+    // A message index past what a transcript reaches is a damaged row (it went through an int,
+    // and a turn's planner found the session holding a negative number of messages).
+    const int64_t count = s.Int(6);
+    if (count < 0 || count > kMaxMessageIndex) {
+      return absl::DataLossError(absl::StrCat("session store: session ", QuotedId(r->id),
+                                              " has a message at index ", count - 1,
+                                              " (damaged; at most ", kMaxMessageIndex, ")"));
+    }
+    r->message_count = static_cast<int>(count);
     RECALL_ASSIGN_OR_RETURN(r->metadata, ParseStoredMetadata(s.Text(3), r->id));
     return absl::OkStatus();
   }

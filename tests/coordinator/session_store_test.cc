@@ -842,6 +842,30 @@ TEST(SqliteStoreTest, ASecondStoreOnTheSameFileIsRefusedWhileTheFirstIsOpen) {
   EXPECT_TRUE(third.ok()) << third.status();
 }
 
+// A message index past what a transcript reaches (a damaged row) makes its session DATA_LOSS;
+// the others are listed and read. (It went through an int: a turn's planner saw a negative
+// number of messages and the coordinator aborted.)
+TEST(SqliteStoreTest, AMessageIndexPastAnyTranscriptIsDataLoss) {
+  const std::string path = testing::MakeTempDir("store_idx") + "/sessions.db";
+  ASSERT_NO_FATAL_FAILURE(WriteSessions(path, /*message_bytes=*/10));
+  for (const char* idx : {"2147483647", "9223372036854775806"}) {
+    SCOPED_TRACE(idx);
+    QueryInt(path, std::string("UPDATE messages SET idx = ") + idx + " WHERE session_id = 's1'");
+    auto store = OpenStore(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    const auto got = (*store)->Get("a", "s1");
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+    EXPECT_NE(got.status().message().find(std::string("has a message at index ") + idx),
+              std::string::npos)
+        << got.status();
+    EXPECT_EQ((*store)->GetRecent("a", "s1", "").status().code(), absl::StatusCode::kDataLoss);
+    const auto listed = (*store)->List("a", "", 100);
+    ASSERT_TRUE(listed.ok()) << listed.status();
+    EXPECT_EQ(listed->size(), 40u);
+    EXPECT_TRUE((*store)->Get("a", "s2").ok());
+  }
+}
+
 // A damaged page is DATA_LOSS, not a retryable UNAVAILABLE (retrying does not mend a file),
 // and not a crash.
 TEST(SqliteStoreTest, ADamagedPageIsDataLoss) {
