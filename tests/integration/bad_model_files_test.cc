@@ -172,5 +172,31 @@ TEST_F(BadModelFilesTest, SafetensorsHeaderLengthOneByteShortIsRefusedNotUnk) {
   EXPECT_EQ(bad.out, "") << "no text from shifted weights";
 }
 
+// A SentencePiece model whose self_test_data does not encode as it says: libsentencepiece
+// logs the failure (LOG(INFO)), which crashed `recall generate` (SIGSEGV in std::ostream: the
+// module's std::cerr was never constructed); refused by name instead.
+TEST_F(BadModelFilesTest, ASentencePieceModelFailingItsSelfTestIsRefusedNotACrash) {
+  constexpr char kTok32k[] = "tokenizers/llama2-32k/tokenizer.model";
+  RECALL_REQUIRE_SHARED_FILE(kTok32k);
+  const std::string tok = dir_ + "/tokenizer.model", config = dir_ + "/config.json";
+  // ModelProto.self_test_data (4) { samples (1) { input (1) "hello", expected (2) "WRONG" } }
+  test::WriteFile(tok, testing::ReadFileOrEmpty(testing::SharedPath(kTok32k)) +
+                           std::string("\x22\x10\x0a\x0e\x0a\x05hello\x12\x05WRONG", 18));
+  test::WriteFile(config,
+                  R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", )"
+                  R"("hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, )"
+                  R"("num_hidden_layers": 1, "num_key_value_heads": 2, "vocab_size": 32000, )"
+                  R"("max_position_embeddings": 512, "rms_norm_eps": 1e-05, "hidden_act": "silu", )"
+                  R"("tie_word_embeddings": true, "bos_token_id": 1, "eos_token_id": 2})");
+  const ProcessRun g =
+      RunProcess(dir_, RECALL_CLI_BINARY,
+                 {"generate", "--random-weights", "--model", config, "--tokenizer", tok, "--prompt",
+                  "Hello", "--max-tokens", "1", "--threads", "1"});
+  EXPECT_TRUE(g.exit_code == 1 || g.exit_code == 2) << g.exit_code << "\n" << g.err;
+  EXPECT_NE(g.err.find(tok + ": not a valid SentencePiece model (Internal: Self-test failures"),
+            std::string::npos)
+      << g.err;
+}
+
 }  // namespace
 }  // namespace recall

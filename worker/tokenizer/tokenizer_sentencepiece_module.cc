@@ -32,9 +32,11 @@ const Module& LoadModule() {
     if (const char* env = std::getenv("RECALL_SENTENCEPIECE_MODULE"); env != nullptr && *env) {
       candidates.push_back(env);
     }
-    candidates.push_back(std::string(RECALL_SENTENCEPIECE_MODULE_DIR) + "/" + kModuleName);
+    // Beside the executable (installed: PREFIX/lib) before the build tree it was built in,
+    // which an installed copy would otherwise load while that tree is there.
     candidates.push_back(ExecutableDir() + "/" + kModuleName);
     candidates.push_back(ExecutableDir() + "/../lib/" + kModuleName);
+    candidates.push_back(std::string(RECALL_SENTENCEPIECE_MODULE_DIR) + "/" + kModuleName);
     std::string tried;
     for (const std::string& path : candidates) {
       std::error_code ec;

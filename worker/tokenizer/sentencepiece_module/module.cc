@@ -7,6 +7,12 @@
 
 #include "worker/tokenizer/tokenizer_sentencepiece_processor.h"
 
+// Exported by libsentencepiece (its logging.h is not installed): the least severity its LOG
+// writes, 0 (INFO) to 3 (FATAL).
+namespace sentencepiece::logging {
+void SetMinLogLevel(int v);
+}  // namespace sentencepiece::logging
+
 namespace recall::model::internal {
 namespace {
 
@@ -48,7 +54,14 @@ class LibraryProcessor final : public SentencePieceProcessor {
 
  private:
   static bool Check(const sentencepiece::util::Status& status, std::string* error) {
-    if (!status.ok()) *error = status.ToString();
+    if (!status.ok()) {
+      // Its log is off (see the entry point below): not "See LOG(INFO)".
+      *error = status.ToString();
+      const std::string see = ". See LOG(INFO).";
+      if (const size_t at = error->find(see); at != std::string::npos) {
+        error->replace(at, see.size(), ": its self_test_data does not encode as it says");
+      }
+    }
     return status.ok();
   }
   sentencepiece::SentencePieceProcessor sp_;
@@ -60,5 +73,10 @@ class LibraryProcessor final : public SentencePieceProcessor {
 // The module's one entry point (looked up with dlsym).
 extern "C" __attribute__((visibility("default"))) recall::model::internal::SentencePieceProcessor*
 recall_new_sentencepiece_processor() {
+  // The library's LOG writes to std::cerr, which in this deep-bound module is libstdc++'s own
+  // copy, never constructed where the executable holds its own (a copy relocation): a model
+  // whose self-test failed (LOG(INFO)) crashed `recall generate`. What it logs below FATAL
+  // is said by the Status each call returns.
+  sentencepiece::logging::SetMinLogLevel(3);
   return new recall::model::internal::LibraryProcessor();
 }
