@@ -15,6 +15,7 @@
 #include "common/status.h"
 #include "worker/tokenizer/tokenizer.h"
 #include "worker/tokenizer/tokenizer_internal.h"
+#include "worker/tokenizer/tokenizer_sentencepiece_charsmap.h"
 #include "worker/tokenizer/tokenizer_sentencepiece_processor.h"
 
 namespace recall::model {
@@ -109,6 +110,10 @@ class SentencePieceTokenizer final : public Tokenizer {
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePieceTokenizer(const std::string& path) {
   // Read the file ourselves for uniform NotFound/IO errors; the library parses the proto.
   RECALL_ASSIGN_OR_RETURN(const std::string data, internal::ReadFileBytes(path));
+  if (absl::Status st = internal::CheckCharsMaps(data); !st.ok()) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": not a valid SentencePiece model (", st.message(), ")"));
+  }
   std::string error;
   std::unique_ptr<internal::SentencePieceProcessor> sp =
       internal::NewSentencePieceProcessor(&error);

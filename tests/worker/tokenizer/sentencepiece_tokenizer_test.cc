@@ -1,6 +1,9 @@
 // SentencePiece tokenizer.model: our wrapper against libsentencepiece itself, and the
 // llama2.c tokenizer.bin of the same vocabulary against both.
 #include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <functional>
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
@@ -148,6 +151,91 @@ TEST(SentencePieceTokenizerErrorTest, APieceThatMakesTheLibraryThrowIsDataLoss) 
                                                "(libsentencepiece threw: "),
             std::string::npos)
       << tok.status();
+  std::filesystem::remove_all(dir);
+}
+
+// The normalization table (precompiled_charsmap) of a model trained with each of the
+// trainer's rules loads and encodes as the library does; a damaged one (a trie of no units,
+// units that lead past the table, a string that does not end) is refused by name. The library
+// walks it unchecked: such a table crashed the process at its first Encode.
+TEST(SentencePieceTokenizerErrorTest, NormalizationTablesAreCheckedBeforeTheLibraryWalksThem) {
+  const std::string dir = ::recall::testing::MakeTempDir("sp_charsmap");
+  std::string text;
+  const char* words[] = {"once",        "upon",           "a",
+                         "time",        "Lily",           "\xEF\xBC\xA1\xEF\xBC\xA2",
+                         "caf\xC3\xA9", "\xEF\xAC\x81ne", "\xE2\x91\xA0"};  // ＡＢ, café, ﬁne, ①
+  for (int line = 0; line < 200; ++line) {
+    for (int w = 0; w < 10; ++w) text += std::string(words[(line * 7 + w * 3) % 9]) + " ";
+    text += "\n";
+  }
+  testing::WriteFile(dir + "/text.txt", text);
+  const std::string sample =
+      "\xEF\xBC\xA1\xEF\xBC\xA2 caf\xC3\xA9 \xEF\xAC\x81ne \xE2\x91\xA0 Lily";
+  std::string good;
+  for (const char* rule : {"nmt_nfkc", "nfkc_cf"}) {
+    SCOPED_TRACE(rule);
+    const std::string prefix = dir + "/" + rule;
+    ASSERT_EQ(
+        testing::TrainSentencePieceModel("--input=" + dir + "/text.txt --model_prefix=" + prefix +
+                                         " --vocab_size=30 --normalization_rule_name=" + rule),
+        "");
+    auto tok = LoadSentencePieceTokenizer(prefix + ".model");
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    testing::SentencePieceReference reference(prefix + ".model");
+    ASSERT_EQ(reference.error(), "");
+    const std::vector<int32_t> ids = (*tok)->Encode(sample, false, false);
+    EXPECT_EQ(std::vector<int>(ids.begin(), ids.end()), reference.Encode(sample));
+    good = ::recall::testing::ReadFileOrEmpty(prefix + ".model");
+  }
+  // The table as the trainer wrote it: the normalizer spec's name (field 1), then the table
+  // (field 2, length-delimited): a uint32 of the trie's bytes, the trie, the strings.
+  const std::string spec_start("\x0a\x07nfkc_cf\x12", 10);
+  const size_t name = good.find(spec_start);
+  ASSERT_NE(name, std::string::npos);
+  size_t at = name + spec_start.size();
+  uint64_t length = 0;
+  for (int shift = 0;; shift += 7) {
+    const auto b = static_cast<uint8_t>(good.at(at++));
+    length |= static_cast<uint64_t>(b & 0x7f) << shift;
+    if ((b & 0x80) == 0) break;
+  }
+  const size_t blob = at;
+  ASSERT_LE(blob + length, good.size());
+  uint32_t trie_bytes = 0;
+  std::memcpy(&trie_bytes, good.data() + blob, 4);
+  ASSERT_GT(trie_bytes, 1024u);
+  ASSERT_LT(trie_bytes + 4, length);
+  const struct {
+    const char* what;
+    std::function<void(std::string&)> damage;
+    const char* said;
+  } cases[] = {
+      {"no units", [&](std::string& m) { std::memset(m.data() + blob, 0, 4); },
+       "its trie is empty"},
+      {"units leading past the table",
+       [&](std::string& m) { std::memset(m.data() + blob + 4, 0xff, 64); },
+       "its trie leads past its "},
+      {"strings without their ends",
+       [&](std::string& m) {
+         std::replace(m.begin() + blob + 4 + trie_bytes, m.begin() + blob + length, '\0', 'x');
+       },
+       "which does not end there"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    std::string damaged = good;
+    c.damage(damaged);
+    const std::string path = dir + "/damaged.model";
+    testing::WriteFile(path, damaged);
+    auto tok = LoadSentencePieceTokenizer(path);
+    ASSERT_FALSE(tok.ok());
+    EXPECT_EQ(tok.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_NE(tok.status().message().find(path + ": not a valid SentencePiece model "
+                                                 "(normalizer_spec.precompiled_charsmap: "),
+              std::string::npos)
+        << tok.status();
+    EXPECT_NE(tok.status().message().find(c.said), std::string::npos) << tok.status();
+  }
   std::filesystem::remove_all(dir);
 }
 

@@ -2,6 +2,7 @@
 #include "tests/worker/tokenizer/sp_reference.h"
 
 #include <sentencepiece_processor.h>
+#include <sentencepiece_trainer.h>
 
 namespace recall::model::testing {
 
@@ -27,6 +28,11 @@ std::string SentencePieceReference::Decode(const std::vector<int>& ids) const {
   std::string text;
   if (!impl_->sp.Decode(ids, &text).ok()) text.clear();
   return text;
+}
+
+std::string TrainSentencePieceModel(const std::string& flags) {
+  const auto status = sentencepiece::SentencePieceTrainer::Train(flags + " --minloglevel=2");
+  return status.ok() ? "" : status.ToString();
 }
 
 }  // namespace recall::model::testing

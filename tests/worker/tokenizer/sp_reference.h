@@ -24,4 +24,9 @@ class SentencePieceReference {
   std::string error_;
 };
 
+// Trains a SentencePiece model with libsentencepiece's trainer: `flags` as spm_train takes
+// them ("--input=... --model_prefix=... --normalization_rule_name=nmt_nfkc"). Empty on
+// success, else the trainer's message.
+std::string TrainSentencePieceModel(const std::string& flags);
+
 }  // namespace recall::model::testing
