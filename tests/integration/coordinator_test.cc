@@ -728,6 +728,30 @@ TEST_F(CoordinatorTest, AReplyLeftInProgressWithNoTurnRunningReadsAsInterrupted)
   EXPECT_EQ(Get(id).messages(Get(id).messages_size() - 1).state(), v1::TURN_STATE_COMPLETE);
 }
 
+// A stored row whose text is not UTF-8 (damaged on disk) is listed and read with U+FFFD in
+// its place: a proto string field must be UTF-8, and the whole listing failed with it.
+TEST_F(CoordinatorTest, AStoredTextThatIsNotUtf8IsListedAndReadNotAFailedReply) {
+  if (testing::RunToExit("command -v sqlite3").code != 0) GTEST_SKIP() << "no sqlite3 CLI";
+  const std::string damaged = Create(), other = Create();
+  const testing::Exit wrote = testing::RunToExit(
+      "sqlite3 " + dir_ + "/sessions.db \"UPDATE sessions SET model = CAST(x'ff6d' AS TEXT) " +
+      "WHERE id = '" + damaged + "'; INSERT INTO messages(session_id, idx, role, content, " +
+      "state) VALUES ('" + damaged + "', 1, 'user', CAST(x'48c3' AS BLOB), 0);\"");
+  ASSERT_EQ(wrote.code, 0) << wrote.output;
+  grpc::ClientContext ctx;
+  Auth(&ctx, "key-a");
+  v1::ListSessionsResponse listed;
+  const grpc::Status list = stub_->ListSessions(&ctx, v1::ListSessionsRequest(), &listed);
+  ASSERT_TRUE(list.ok()) << list.error_message();
+  std::map<std::string, std::string> models;
+  for (const v1::Session& s : listed.sessions()) models[s.session_id()] = s.model();
+  EXPECT_EQ(models.count(other), 1u);
+  EXPECT_EQ(models[damaged], "\xEF\xBF\xBDm");
+  const v1::Session got = Get(damaged);
+  ASSERT_EQ(got.messages_size(), 2);
+  EXPECT_EQ(got.messages(1).content(), "H\xEF\xBF\xBD");
+}
+
 TEST(CoordinatorRedisTest, TwoCoordinatorsShareSessionsThroughRedis) {
   RECALL_REQUIRE_SHARED_FILE(kModel);
   if (!testing::RedisServer::Available()) GTEST_SKIP() << "redis-server is not installed";
