@@ -21,6 +21,13 @@ absl::StatusOr<std::string> ReadFileBytes(const std::string& path) {
                ? absl::NotFoundError(absl::StrCat("tokenizer file not found: ", path))
                : st;
   }
+  // Read whole (and JSON copied again to parse): a file of gigabytes took the machine's memory.
+  constexpr uintmax_t kMaxBytes = uintmax_t{256} << 20;  // the largest real ones are ~35 MB
+  std::error_code ec;
+  if (const uintmax_t size = std::filesystem::file_size(path, ec); !ec && size > kMaxBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": is ", size, " bytes; a tokenizer file is at most ", kMaxBytes, " (256 MiB)"));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::UnavailableError(absl::StrCat(path, ": cannot open for reading"));
   std::ostringstream ss;

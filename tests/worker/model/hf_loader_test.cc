@@ -391,6 +391,13 @@ TEST_F(HfLoaderTest, BadConfigFieldsAreInvalidArgumentNamingTheField) {
   const std::string path = dir_ + "/config.json";
   test::WriteFile(path, "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": ");
   EXPECT_TRUE(Contains(ReadHfConfig(path).status(), "invalid JSON"));
+  // Past 16 MiB, refused by its size before it is read; NUL bytes after the JSON are not JSON.
+  test::WriteFile(path, "{}");
+  std::filesystem::resize_file(path, (uintmax_t{16} << 20) + 1);
+  EXPECT_EQ(ReadHfConfig(path).status().message(),
+            path + ": is 16777217 bytes; a config.json is at most 16777216 (16 MiB)");
+  std::filesystem::resize_file(path, 4096);
+  EXPECT_EQ(ReadHfConfig(path).status().message(), path + ": invalid JSON: a NUL byte at byte 2");
   test::WriteFile(path, "{\"architectures\": [\"LlamaForCausalLM\"], \"intermediate_size\": 4}");
   auto c = ReadHfConfig(path);
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);

@@ -1,4 +1,6 @@
 // LoadTokenizer: dispatch by file name and directory contents.
+#include <filesystem>
+
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "tests/common/test_util.h"
@@ -57,6 +59,23 @@ TEST(LoadTokenizerTest, ALoopingTokenizerJsonIsNamed) {
   EXPECT_NE(tok.status().message().find(dir + "/tokenizer.json: cannot read (Too many levels"),
             std::string::npos)
       << tok.status();
+  std::filesystem::remove_all(dir);
+}
+
+// A tokenizer file past 256 MiB is refused by its size before it is read (sparse here: one of
+// 8 GiB was read whole, 8.5 GB of memory, before it was refused).
+TEST(LoadTokenizerTest, AFileOfGigabytesIsRefusedByItsSize) {
+  const std::string dir = ::recall::testing::MakeTempDir("load_tokenizer_huge");
+  for (const char* name : {"/tok.bin", "/tokenizer.model", "/tokenizer.json"}) {
+    const std::string path = dir + name;
+    testing::WriteFile(path, "x");
+    std::filesystem::resize_file(path, (uintmax_t{256} << 20) + 1);
+    auto tok = LoadTokenizer(path, 512);
+    ASSERT_FALSE(tok.ok()) << path;
+    EXPECT_EQ(tok.status().code(), absl::StatusCode::kInvalidArgument) << tok.status();
+    EXPECT_EQ(tok.status().message(),
+              path + ": is 268435457 bytes; a tokenizer file is at most 268435456 (256 MiB)");
+  }
   std::filesystem::remove_all(dir);
 }
 
