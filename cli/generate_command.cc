@@ -61,6 +61,7 @@ struct GenerateCliOptions {
 
 const flags::FlagSet<GenerateCliOptions>& GenerateFlags() {
   static const flags::FlagSet<GenerateCliOptions>* const kFlags = [] {
+    const GenerateCliOptions defaults;
     auto* f = new flags::FlagSet<GenerateCliOptions>();
     f->Include(
          service::ModelFlags(), [](auto& o) -> auto& { return o.model; })
@@ -97,8 +98,8 @@ const flags::FlagSet<GenerateCliOptions>& GenerateFlags() {
             SamplingFlagSet(), [](auto& o) -> auto& { return o.sampling; })
         .Include(
             service::EngineFlags(), [](auto& o) -> auto& { return o.engine; })
-        .Include(service::SessionCacheFlags(), [](auto& o) -> auto& { return o.cache; },
-                 {"recluster-turns"})
+        .Include(service::SessionCacheFlags(&defaults.shared),
+                 [](auto& o) -> auto& { return o.cache; }, {"recluster-turns"})
         .Int(
             "recent", "N", "episodic: sentences before the last kept uncompressed (default 4)",
             [](auto& o) -> auto& { return o.recent; }, 0, 1 << 20)

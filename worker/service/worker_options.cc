@@ -109,16 +109,22 @@ flags::FlagSet<runtime::EngineOptions> EngineFlags() {
   return f;
 }
 
-flags::FlagSet<serving::CacheRequest> SessionCacheFlags() {
+flags::FlagSet<serving::CacheRequest> SessionCacheFlags(const serving::CacheDefaults* defaults) {
+  // " (default V)", after a line end where the line would be too long.
+  const auto shown = [defaults](auto value, const char* before = " ") {
+    return defaults == nullptr ? std::string() : absl::StrCat(before, "(default ", value, ")");
+  };
+  const serving::CacheDefaults d = defaults != nullptr ? *defaults : serving::CacheDefaults();
   flags::FlagSet<serving::CacheRequest> f;
   f.Section("session cache")
       .String(
           "policy", "NAME",
           "full, lazy, lazy+, h2o, tova, streaming, snapkv, rkv, vase, or episodic\n"
-          "(EpiCache, one CPU rank: --budget in tokens)",
+          "(EpiCache, one CPU rank: --budget in tokens)" +
+              shown(d.policy),
           [](auto& o) -> auto& { return o.policy; })
       .Int(
-          "budget", "N", "KV budget in tokens per layer and KV head",
+          "budget", "N", "KV budget in tokens per layer and KV head" + shown(d.budget_tokens),
           [](auto& o) -> auto& { return o.budget_tokens; }, 1, 1 << 24)
       .Field("budget_tokens")
       .Double(
@@ -127,26 +133,31 @@ flags::FlagSet<serving::CacheRequest> SessionCacheFlags() {
       .Field("budget_fraction")
       .Exclusive("budget", "budget-frac")
       .Int(
-          "window", "W", "eviction window: lazy evicts every W steps and keeps the last W",
+          "window", "W",
+          "eviction window: lazy evicts every W steps and keeps the last W" + shown(d.window, "\n"),
           [](auto& o) -> auto& { return o.window; }, 1, 1 << 20)
       .Double(
-          "alpha", "A", "LazyEviction's importance threshold",
+          "alpha", "A", "LazyEviction's importance threshold" + shown(flags::FormatDouble(d.alpha)),
           [](auto& o) -> auto& { return o.alpha; }, 1e-12, 0.999999)
       .Choice("tp-eviction", "MODE",
               "how ranks and heads agree on evictions: uniform (per-head counts), shared (one\n"
-              "token set per layer), head-adaptive (one global top-k over all KV heads)",
+              "token set per layer), head-adaptive (one global top-k over all KV heads)" +
+                  shown(d.tp_eviction, "\n"),
               [](auto& o) -> auto& { return o.tp_eviction; },
               {"uniform", "shared", "head-adaptive"})
       .Int(
-          "episodes", "N", "episodic: episodes per session at most",
+          "episodes", "N", "episodic: episodes per session at most" + shown(d.episodes),
           [](auto& o) -> auto& { return o.episodes; }, 1, serving::kMaxEpisodes)
-      .Choice("embedder", "NAME", "episodic: model (mean-pooled hidden states) or tfidf",
+      .Choice("embedder", "NAME",
+              "episodic: model (mean-pooled hidden states) or tfidf" + shown(d.embedder),
               [](auto& o) -> auto& { return o.embedder; }, {"model", "tfidf"})
       .Int(
-          "block-tokens", "N", "episodic: tokens per block of the episodes' build",
+          "block-tokens", "N",
+          "episodic: tokens per block of the episodes' build" + shown(d.block_tokens),
           [](auto& o) -> auto& { return o.block_tokens; }, 16, 1 << 16)
       .Int(
-          "recluster-turns", "N", "episodic: turns between rebuilds of a session's episodes",
+          "recluster-turns", "N",
+          "episodic: turns between rebuilds of a session's episodes" + shown(d.recluster_turns),
           [](auto& o) -> auto& { return o.recluster_turns; }, 1, 1 << 20)
       .Choice("positions", "MODE",
               "at the model's context length: compact (re-position the cached tokens and go\n"
@@ -239,6 +250,7 @@ flags::FlagSet<serving::SchedulerOptions> SchedulingFlags() {
 
 const flags::FlagSet<WorkerOptions>& WorkerFlags() {
   static const flags::FlagSet<WorkerOptions>* const kFlags = [] {
+    const serving::CacheDefaults kWorkerCacheDefaults;  // a worker's without --calibration
     auto* f = new flags::FlagSet<WorkerOptions>();
     f->Include(
          ModelFlags(), [](auto& o) -> auto& { return o.model; })
@@ -290,7 +302,7 @@ const flags::FlagSet<WorkerOptions>& WorkerFlags() {
         .Include(
             SchedulingFlags(), [](auto& o) -> auto& { return o.scheduler; })
         .Include(
-            SessionCacheFlags(), [](auto& o) -> auto& { return o.cache; })
+            SessionCacheFlags(&kWorkerCacheDefaults), [](auto& o) -> auto& { return o.cache; })
         .String(
             "calibration", "FILE",
             "a `recall calibrate-window --out` file: its policy, budget fraction, window,\n"

@@ -52,8 +52,10 @@ flags::FlagSet<model::LoadOptions> ModelFlags();
 flags::FlagSet<runtime::EngineOptions> EngineFlags();
 // A session's cache settings (--policy, --budget | --budget-frac, --window, --alpha,
 // --tp-eviction, and the episodic ones): a worker's defaults, `recall chat`'s session,
-// `recall generate`'s sequence.
-flags::FlagSet<serving::CacheRequest> SessionCacheFlags();
+// `recall generate`'s sequence. Their help gives `defaults`' values as the defaults (none
+// when null: `recall chat`'s are the server's).
+flags::FlagSet<serving::CacheRequest> SessionCacheFlags(
+    const serving::CacheDefaults* defaults = nullptr);
 // What every session of a worker (or `recall generate`'s sequence) shares: --layer-budgets,
 // --layer-alpha, --tp-verify.
 flags::FlagSet<serving::CacheDefaults> SharedCacheFlags();

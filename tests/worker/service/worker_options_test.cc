@@ -475,5 +475,22 @@ TEST(WorkerOptionsTest, ACalibrationFileSetsTheSessionDefaultsUnlessTheFlagsDo) 
   EXPECT_EQ(ResolveWorkerOptions(&missing).code(), absl::StatusCode::kNotFound);
 }
 
+// The session cache flags' help gives the defaults they stand in for (a worker's; none where
+// they are another process's, as in `recall chat`).
+TEST(WorkerOptionsTest, TheSessionCacheHelpGivesTheDefaults) {
+  const std::string help = WorkerFlags().Help();
+  for (const char* line :
+       {"KV budget in tokens per layer and KV head (default 1024)",
+        "(EpiCache, one CPU rank: --budget in tokens) (default full)",
+        "importance threshold (default 0.0001)", "(default 32)", "(default uniform)",
+        "at most (default 4)", "or tfidf (default model)"}) {
+    EXPECT_NE(help.find(line), std::string::npos) << line << "\n" << help;
+  }
+  serving::CacheDefaults generate;
+  generate.budget_tokens = 256;
+  EXPECT_NE(SessionCacheFlags(&generate).Help().find("head (default 256)"), std::string::npos);
+  EXPECT_EQ(SessionCacheFlags().Help().find("(default"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace recall::service
