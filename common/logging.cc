@@ -14,6 +14,12 @@ LogLevel LevelFromEnv() {
   if (std::strcmp(env, "DEBUG") == 0) return LogLevel::kDebug;
   if (std::strcmp(env, "WARNING") == 0) return LogLevel::kWarning;
   if (std::strcmp(env, "ERROR") == 0) return LogLevel::kError;
+  if (std::strcmp(env, "INFO") != 0) {
+    std::fprintf(stderr,
+                 "RECALL_LOG_LEVEL=%s is not one of DEBUG, INFO, WARNING, ERROR; logging at "
+                 "INFO\n",
+                 env);
+  }
   return LogLevel::kInfo;
 }
 

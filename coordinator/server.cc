@@ -72,8 +72,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       RECALL_LOG(WARNING)
           << "--session-ttl " << config.options.session_ttl_seconds
           << " s is shorter than the turn lease (" << config.options.turn_lease_seconds
-          << " s): a turn whose coordinator died counts as idle from when it began, "
-             "so its session may be deleted before a retry resumes it";
+          << " s, recall-coordinator's --turn-lease): a turn whose coordinator died counts as "
+             "idle from when it began, so its session may be deleted before a retry resumes "
+             "it; give a ttl of at least the lease";
     }
     Conversations* conversations = s->conversations_.get();
     s->idle_sessions_ = std::make_unique<IdleSessions>(

@@ -324,7 +324,8 @@ void WorkerRegistry::SettleConflicts() {
     e.conflict_reason =
         conflict ? absl::StrCat("it serves \"", info.model(), "\" as ", shape(info), ", but ",
                                 used->second.workers, " worker(s) serve it as ", used->first, " (",
-                                used->second.address, "); give it another --served-model-name")
+                                used->second.address, used->second.workers > 1 ? " and others" : "",
+                                "); give it another --served-model-name")
                  : "";
     if (conflict && !e.conflict) {
       RECALL_LOG(ERROR) << "worker " << e.view.address << " not used: " << e.conflict_reason;
