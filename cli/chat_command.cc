@@ -24,6 +24,7 @@
 #include "common/files.h"
 #include "common/flags.h"
 #include "common/status.h"
+#include "common/tls/certificate.h"
 #include "common/utf8.h"
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
@@ -344,6 +345,16 @@ absl::StatusOr<std::unique_ptr<Client>> Connect(const ConnectOptions& c) {
     RECALL_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem(c.tls_ca, "tls-ca"));
     RECALL_ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadPem(c.tls_cert, "tls-cert"));
     RECALL_ASSIGN_OR_RETURN(ssl.pem_private_key, ReadPem(c.tls_key, "tls-key"));
+    // Checked here: gRPC said only "empty address list", after 6 s of failed handshakes.
+    if (!c.tls_ca.empty()) {
+      RECALL_RETURN_IF_ERROR(tls::CheckHoldsCertificate("--tls-ca", c.tls_ca, ssl.pem_root_certs));
+    }
+    if (!c.tls_cert.empty()) {
+      RECALL_RETURN_IF_ERROR(
+          tls::CheckHoldsCertificate("--tls-cert", c.tls_cert, ssl.pem_cert_chain));
+      RECALL_RETURN_IF_ERROR(tls::CheckKeyMatchesCertificate(c.tls_key, ssl.pem_private_key,
+                                                             c.tls_cert, ssl.pem_cert_chain));
+    }
     o.credentials = grpc::SslCredentials(ssl);
   }
   return Client::Connect(o);

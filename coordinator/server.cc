@@ -13,7 +13,7 @@
 #include "common/grpc/parse_errors.h"
 #include "common/logging.h"
 #include "common/status.h"
-#include "coordinator/certificate.h"
+#include "common/tls/certificate.h"
 #include "coordinator/turn_runner.h"
 
 namespace recall::coordinator {
@@ -98,14 +98,15 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     RECALL_ASSIGN_OR_RETURN(pair.private_key,
                             ReadSecretFile("--tls-key", config.tls_key, kMaxPemBytes));
     RECALL_ASSIGN_OR_RETURN(pair.cert_chain, read("tls-cert", config.tls_cert));
-    RECALL_RETURN_IF_ERROR(CheckCertificateDates("--tls-cert", config.tls_cert, pair.cert_chain));
-    RECALL_RETURN_IF_ERROR(CheckKeyMatchesCertificate(config.tls_key, pair.private_key,
-                                                      config.tls_cert, pair.cert_chain));
+    RECALL_RETURN_IF_ERROR(
+        tls::CheckCertificateDates("--tls-cert", config.tls_cert, pair.cert_chain));
+    RECALL_RETURN_IF_ERROR(tls::CheckKeyMatchesCertificate(config.tls_key, pair.private_key,
+                                                           config.tls_cert, pair.cert_chain));
     ssl.pem_key_cert_pairs.push_back(pair);
     if (!config.tls_client_ca.empty()) {
       RECALL_ASSIGN_OR_RETURN(ssl.pem_root_certs, read("tls-client-ca", config.tls_client_ca));
       RECALL_RETURN_IF_ERROR(
-          CheckHoldsCertificate("--tls-client-ca", config.tls_client_ca, ssl.pem_root_certs));
+          tls::CheckHoldsCertificate("--tls-client-ca", config.tls_client_ca, ssl.pem_root_certs));
     }
     creds = grpc::SslServerCredentials(ssl);
   }

@@ -11,6 +11,7 @@
 
 #include "common/subprocess.h"
 #include "gtest/gtest.h"
+#include "tests/common/test_certs.h"
 #include "tests/common/test_util.h"
 #include "tests/integration/serve_processes.h"
 
@@ -245,6 +246,25 @@ TEST(ChatCliTest, CommandsStayLocalAndAChatWithoutMessagesLeavesNoSession) {
     const testing::Exit e = sessions(args);
     EXPECT_EQ(e.code, 2) << args << ": " << e.output;
     EXPECT_NE(e.output.find(message), std::string::npos) << args << ": " << e.output;
+  }
+  // PEM files that are not what their flag needs are said at once by name (gRPC said "empty
+  // address list" after 6 s of failed handshakes).
+  if (testing::HaveOpenssl() && testing::MakeTestCertificates(dir + "/certs")) {
+    const std::string c = dir + "/certs";
+    for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+             {"list --tls-ca " + c + "/client.key",
+              "--tls-ca: " + c + "/client.key holds no PEM certificate OpenSSL can read"},
+             {"list --tls-ca " + c + "/ca.pem --tls-cert " + c + "/client.pem --tls-key " + c +
+                  "/server.key",
+              "--tls-key: " + c + "/server.key is not the key of the certificate in --tls-cert " +
+                  c + "/client.pem"},
+             {"list --tls-ca " + c + "/ca.pem --tls-cert " + c + "/client.key --tls-key " + c +
+                  "/client.key",
+              "--tls-cert: " + c + "/client.key holds no PEM certificate OpenSSL can read"}}) {
+      const testing::Exit e = sessions(args);
+      EXPECT_EQ(e.code, 2) << args << ": " << e.output;
+      EXPECT_NE(e.output.find(message), std::string::npos) << args << ": " << e.output;
+    }
   }
   // --session is checked at start (an empty id is refused: it started a new session), and a
   // new session's settings are refused with it.

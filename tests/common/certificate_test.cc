@@ -1,8 +1,8 @@
-// A server certificate's dates (coordinator/certificate.h), on self-signed certificates made
+// A server certificate's dates (common/tls/certificate.h), on self-signed certificates made
 // here with OpenSSL (its command line cannot backdate one): valid now passes; expired (the
 // server's or a chain's), not yet valid and no certificate at all are refused naming the flag
 // and the file.
-#include "coordinator/certificate.h"
+#include "common/tls/certificate.h"
 
 #include <openssl/evp.h>
 #include <openssl/pem.h>
@@ -12,7 +12,7 @@
 
 #include "gtest/gtest.h"
 
-namespace recall::coordinator {
+namespace recall::tls {
 namespace {
 
 // A self-signed P-256 certificate valid from now + from_days to now + to_days, as PEM; its
@@ -115,4 +115,4 @@ TEST(CertificateDatesTest, AnEmptyCaAndAKeyOfAnotherCertificateAreRefusedByName)
 }
 
 }  // namespace
-}  // namespace recall::coordinator
+}  // namespace recall::tls

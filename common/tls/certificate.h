@@ -1,13 +1,15 @@
-// A server certificate's dates, checked at start: a coordinator started with a certificate
-// that has expired (or is not valid yet) would serve TLS that every client refuses, each
-// with a handshake error of its own; it is refused at start instead, naming the flag.
+// TLS files checked before gRPC or the HTTP server takes them (each says only that it could
+// not listen, or "empty address list", after its handshakes failed): a certificate's dates (a
+// coordinator started with one that has expired would serve TLS that every client refuses),
+// a CA bundle holding a certificate, a key that is its certificate's. The coordinator checks
+// its files at start, `recall chat` and `recall sessions` theirs before they connect.
 #pragma once
 
 #include <string>
 
 #include "absl/status/status.h"
 
-namespace recall::coordinator {
+namespace recall::tls {
 
 // OK when every certificate of `pem` (the file at `path`, given by `flag`: the server's, then
 // its chain) is valid now; FailedPrecondition naming the flag, the file, the certificate and
@@ -28,4 +30,4 @@ absl::Status CheckHoldsCertificate(const std::string& flag, const std::string& p
 absl::Status CheckKeyMatchesCertificate(const std::string& key_path, const std::string& key_pem,
                                         const std::string& cert_path, const std::string& cert_pem);
 
-}  // namespace recall::coordinator
+}  // namespace recall::tls

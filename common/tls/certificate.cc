@@ -1,4 +1,4 @@
-#include "coordinator/certificate.h"
+#include "common/tls/certificate.h"
 
 #include <openssl/asn1.h>
 #include <openssl/bio.h>
@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace recall::coordinator {
+namespace recall::tls {
 namespace {
 
 // "Nov 28 10:00:00 2026 GMT".
@@ -102,4 +102,4 @@ absl::Status CheckKeyMatchesCertificate(const std::string& key_path, const std::
   return status;
 }
 
-}  // namespace recall::coordinator
+}  // namespace recall::tls
