@@ -192,8 +192,29 @@ absl::StatusOr<ModelConfig> ParseConfig(const std::string& path, const json& j) 
         it->is_object() && it->value("rope_type", it->value("type", "")) == "default";
     if (!plain) return FieldError(path, "rope_scaling", "= " + it->dump() + " is not supported");
   }
-  if (auto it = j.find("hidden_act"); it != j.end() && it->is_string() && *it != "silu") {
+  if (auto it = j.find("hidden_act"); it != j.end() && !it->is_null() && *it != "silu") {
     return FieldError(path, "hidden_act", "= " + it->dump() + " is not supported (only silu)");
+  }
+  // Sliding-window attention (Mistral; Qwen with use_sliding_window): within the window it is
+  // full attention, so the context is held to the window and every step is exact. (It was
+  // ignored: past the window the model attended to more than it was trained to.)
+  RECALL_ASSIGN_OR_RETURN(const bool use_window, GetBool(path, j, "use_sliding_window", false));
+  if (Present(j, "sliding_window") && (c.arch == Arch::kMistral || use_window)) {
+    RECALL_ASSIGN_OR_RETURN(const int window, GetInt(path, j, "sliding_window", true, 0));
+    if (window <= 0) return FieldError(path, "sliding_window", "must be positive");
+    c.max_seq_len = std::min(c.max_seq_len, window);
+  }
+  // Every EOS id of a list is a token (only the first stops a reply; the others were not
+  // checked at all).
+  if (auto it = j.find("eos_token_id"); it != j.end() && it->is_array()) {
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json& id = (*it)[i];
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= c.vocab_size) {
+        return FieldError(
+            path, absl::StrCat("eos_token_id[", i, "]"),
+            absl::StrCat("= ", id.dump(), " is not a token id (vocab_size ", c.vocab_size, ")"));
+      }
+    }
   }
   RECALL_RETURN_IF_ERROR(ParseQuantization(path, j, c));
   RECALL_RETURN_IF_ERROR(Annotate(c.Validate(), path));

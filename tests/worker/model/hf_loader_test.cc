@@ -416,6 +416,39 @@ TEST_F(HfLoaderTest, BadConfigFieldsAreInvalidArgumentNamingTheField) {
   EXPECT_TRUE(Contains(c.status(), path)) << c.status();
 }
 
+// Config fields that were ignored: a sliding window holds the context to it (within it the
+// attention is full, so every step is exact); an EOS list's every id is a token; hidden_act
+// of another type than "silu" is refused.
+TEST_F(HfLoaderTest, ASlidingWindowHoldsTheContextAndEveryEosIdIsChecked) {
+  const std::string path = dir_ + "/config.json";
+  const auto config = [&](const char* type, const std::string& more) {
+    test::WriteFile(path, "{\"model_type\": \"" + std::string(type) +
+                              "\", \"hidden_size\": 64, \"intermediate_size\": 96,"
+                              " \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
+                              " \"vocab_size\": 100, \"max_position_embeddings\": 4096" +
+                              more + "}");
+    return ReadHfConfig(path);
+  };
+  auto c = config("mistral", ", \"sliding_window\": 1024");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->max_seq_len, 1024);
+  EXPECT_EQ(config("mistral", ", \"sliding_window\": null")->max_seq_len, 4096);
+  EXPECT_EQ(config("qwen2", ", \"sliding_window\": 1024")->max_seq_len, 4096)
+      << "Qwen uses its window only with use_sliding_window";
+  EXPECT_EQ(
+      config("qwen2", ", \"sliding_window\": 1024, \"use_sliding_window\": true")->max_seq_len,
+      1024);
+  EXPECT_TRUE(Contains(config("mistral", ", \"sliding_window\": 0").status(),
+                       "field \"sliding_window\" must be positive"));
+  EXPECT_EQ(config("llama", ", \"eos_token_id\": [2, 7]")->eos_token_id, 2);
+  EXPECT_TRUE(Contains(config("llama", ", \"eos_token_id\": [2, 100]").status(),
+                       "field \"eos_token_id[1]\" = 100 is not a token id (vocab_size 100)"));
+  EXPECT_TRUE(Contains(config("llama", ", \"eos_token_id\": [2, 1.5]").status(),
+                       "field \"eos_token_id[1]\" = 1.5 is not a token id"));
+  EXPECT_TRUE(Contains(config("llama", ", \"hidden_act\": 3").status(),
+                       "field \"hidden_act\" = 3 is not supported (only silu)"));
+}
+
 TEST_F(HfLoaderTest, ModelTypeIsUsedWithoutArchitecturesAndDefaultsApply) {
   const std::string path = dir_ + "/config.json";
   test::WriteFile(path,
