@@ -235,7 +235,15 @@ absl::Status Run(const WindowOptions& o) {
     d.layer_budgets = o.layer_budgets;
     absl::StatusOr<serving::CacheFactory> f =
         serving::CacheFactory::Create(d, c, c.n_kv_heads, 1, eo.kv_dtype);
-    if (flags::FieldOf(f.status()) == "budget_tokens" && o.window >= tokens) {
+    // A floor that is the window itself and no fraction of the texts reaches: the window is
+    // what to change (other policies' floors, their sinks or query window, are not).
+    cache::eviction::PolicyOptions po;
+    po.name = o.policy;
+    po.window = o.window;
+    const auto policy = cache::eviction::CreatePolicy(po);
+    const bool window_floor =
+        policy.ok() && (*policy)->min_budget() == o.window && o.window >= tokens;
+    if (flags::FieldOf(f.status()) == "budget_tokens" && window_floor) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--window: ", o.window, " keeps at least as many tokens as the texts have (--tokens ",
           tokens, "): no budget evicts anything; give a window below ", tokens));

@@ -25,6 +25,7 @@
 #include "worker/runtime/engine.h"
 #include "worker/service/worker_options.h"
 #include "worker/serving/cache_factory.h"
+#include "worker/serving/turn_request.h"
 
 namespace recall::cli {
 namespace {
@@ -167,10 +168,14 @@ absl::Status Run(GenerateCliOptions o) {
   options.sampling.seed = static_cast<uint64_t>(
       std::chrono::steady_clock::now().time_since_epoch().count() & 0x7fffffff);
   ApplySampling(o.sampling, &options.sampling);
-  if (options.sampling.top_k > config.vocab_size) {  // as a server says (ValidateSampling)
-    return absl::InvalidArgumentError(absl::StrCat("--top-k: must be in [0, ", config.vocab_size,
-                                                   "] (0: off; the vocabulary's size), got ",
-                                                   options.sampling.top_k));
+  // As a server checks them (a --top-k above the vocabulary was taken as off), said by flag.
+  if (absl::Status st = serving::ValidateSampling(options.sampling, "", config.vocab_size);
+      !st.ok()) {
+    const std::string message(st.message());
+    std::string flag = message.substr(0, message.find(':'));
+    const size_t field_size = flag.size();
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, message.substr(field_size)));
   }
   options.stop_strings = o.stop;
   options.eviction = spec.evictor;

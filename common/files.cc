@@ -52,9 +52,13 @@ absl::Status NotAnotherKindOfFile(const std::string& flag, const std::string& pa
 
 absl::StatusOr<std::string> ReadFile(const std::string& flag, const std::string& path,
                                      size_t max_bytes, mode_t* mode) {
+  // With no flag the messages name the file only ("PATH: cannot read (...)").
+  const std::string who = flag.empty() ? path : absl::StrCat(flag, ": ", path);
   const auto cannot_read = [&] {
+    const std::string cause = std::strerror(errno);
     return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": cannot read ", path, " (", std::strerror(errno), ")"));
+        flag.empty() ? absl::StrCat(path, ": cannot read (", cause, ")")
+                     : absl::StrCat(flag, ": cannot read ", path, " (", cause, ")"));
   };
   // O_NONBLOCK: opening a FIFO does not wait for a writer (it is refused below).
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
@@ -63,11 +67,11 @@ absl::StatusOr<std::string> ReadFile(const std::string& flag, const std::string&
   struct stat st;
   if (::fstat(fd, &st) != 0) return cannot_read();
   if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat(flag, ": ", path, " is not a regular file"));
+    return absl::InvalidArgumentError(absl::StrCat(who, " is not a regular file"));
   }
   const auto too_large = [&](uint64_t size) {
     return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": ", path, " is ", size, " bytes; at most ", max_bytes));
+        absl::StrCat(who, " is ", size, " bytes; at most ", max_bytes));
   };
   if (static_cast<uint64_t>(st.st_size) > max_bytes) return too_large(st.st_size);
   if (mode != nullptr) *mode = st.st_mode;

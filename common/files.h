@@ -29,7 +29,8 @@ bool IsDirectory(const std::string& path);
 
 // The whole of a small regular file named by `flag` (for the errors: "--api-keys"). A path
 // that is not a regular file (a directory, a FIFO: never blocks), one that cannot be read or
-// one over `max_bytes` is an error naming the flag, the path and the cause.
+// one over `max_bytes` is an error naming the flag, the path and the cause (the path alone
+// when `flag` is empty: a file a flag names indirectly, as a model folder's).
 absl::StatusOr<std::string> ReadSmallFile(const std::string& flag, const std::string& path,
                                           size_t max_bytes);
 

@@ -46,8 +46,10 @@ struct IsOptional : std::false_type {};
 template <typename V>
 struct IsOptional<std::optional<V>> : std::true_type {};
 
-// A lower bound that takes any number above 0 (not 0 itself): its range reads "(0, HI]".
-inline constexpr double kAboveZero = std::numeric_limits<double>::denorm_min();
+// A lower bound that takes a number above 0 (not 0 itself): its range reads "(0, HI]". The
+// least normal float, so that a value taken stays above 0 where the field is sent as a float
+// (--top-p 1e-50 became 0 and was refused later, naming the proto's field).
+inline constexpr double kAboveZero = std::numeric_limits<float>::min();
 
 // Parsers of one value; errors say what was expected, without the flag's name.
 absl::Status ParseInt(absl::string_view text, int64_t lo, int64_t hi, int64_t* out);

@@ -4,6 +4,13 @@
 
 namespace recall::json_limits {
 
+absl::Status CheckJsonFile(std::string_view text) {
+  if (const size_t nul = text.find('\0'); nul != std::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("a NUL byte at byte ", nul, ": not JSON"));
+  }
+  return CheckJsonDepth(text);
+}
+
 absl::Status CheckJsonDepth(std::string_view text, int max_depth) {
   int depth = 0;
   bool in_string = false;

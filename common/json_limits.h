@@ -19,4 +19,9 @@ inline constexpr int kMaxDepth = 64;
 // not otherwise validated (the parser does that).
 absl::Status CheckJsonDepth(std::string_view text, int max_depth = kMaxDepth);
 
+// CheckJsonDepth of a JSON file's whole text, which also refuses a NUL byte ("a NUL byte at
+// byte K: not JSON"): the parser takes one as the end of its input, so a file's JSON followed
+// by anything at all was taken. (A safetensors header may be padded; it is checked alone.)
+absl::Status CheckJsonFile(std::string_view text);
+
 }  // namespace recall::json_limits

@@ -9,7 +9,6 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/utf8.h"
 #include "coordinator/grpc_status.h"
 
 namespace recall::coordinator {
@@ -31,27 +30,24 @@ std::optional<std::string> DecodePageToken(const std::string& token) {
   return absl::HexStringToBytes(hex);
 }
 
-// A stored text as a proto string field must be: valid UTF-8 (a row damaged on disk failed
-// the whole reply, every session of a listing with it).
-std::string Utf8(const std::string& text) {
-  return utf8::IsValid(text) ? text : utf8::ToValidLossy(text);
-}
-
 void ToProto(const SessionRecord& r, bool with_messages, v1::Session* out) {
-  out->set_session_id(Utf8(r.id));
-  out->set_model(Utf8(r.model));
+  // The id stays as stored in the record (it is the store's key); a damaged one is listed
+  // with U+FFFD in place of what is not UTF-8, and cannot be named back. (The store makes
+  // every other text valid as it reads it: StoredText.)
+  out->set_session_id(StoredText(r.id));
+  out->set_model(r.model);
   out->mutable_cache()->ParseFromString(r.cache_settings);
-  for (const auto& [key, value] : r.metadata) (*out->mutable_metadata())[Utf8(key)] = Utf8(value);
+  out->mutable_metadata()->insert(r.metadata.begin(), r.metadata.end());
   out->set_created_unix_ms(r.created_unix_ms);
   int complete = 0;  // replies that ended (not streaming, interrupted or failed)
   for (const StoredMessage& m : r.messages) {
     complete += m.role == "assistant" && m.state == TurnState::kComplete;
     if (with_messages) {
       v1::ChatMessage* pm = out->add_messages();
-      pm->set_role(Utf8(m.role));
-      pm->set_content(Utf8(m.content));
+      pm->set_role(m.role);
+      pm->set_content(m.content);
       pm->set_state(static_cast<v1::TurnState>(m.state));
-      pm->set_turn_id(Utf8(m.turn_id));
+      pm->set_turn_id(m.turn_id);
       // How a reply ended (a cut at max_tokens: LENGTH), as its turn's done said.
       if (m.role == "assistant" && v1::FinishReason_IsValid(m.finish)) {
         pm->set_finish_reason(static_cast<v1::FinishReason>(m.finish));

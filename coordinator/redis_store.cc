@@ -902,12 +902,12 @@ class RedisStore final : public SessionStore {
     }
     r->id = id;
     r->tenant = tenant;
-    r->model = field(1);
+    r->model = StoredText(field(1));
     r->cache_settings = field(2);
     int64_t created = 0;
     (void)absl::SimpleAtoi(field(4), &created);
     r->created_unix_ms = created;
-    r->worker = field(5);
+    r->worker = StoredText(field(5));
     RECALL_ASSIGN_OR_RETURN(r->metadata, ParseStoredMetadata(field(3), id));
     return absl::OkStatus();
   }

@@ -33,12 +33,13 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
                 config.allow_volatile_store));
   // Turns a previous run left streaming: their writer is gone, so they were interrupted. A
   // damaged store (said as it opened) is served as far as it can be read: where this cannot
-  // be done, such a turn reads as interrupted once its lease has passed, as in a shared store.
+  // be done, a turn in progress that no turn here runs is taken as interrupted anyway
+  // (Conversations::OwnOrphan: a store that keeps no writer, as SQLite).
   absl::StatusOr<int> interrupted = s->store_->InterruptInProgress();
   if (interrupted.status().code() == absl::StatusCode::kDataLoss) {
     RECALL_LOG(WARNING) << interrupted.status().message()
-                        << "; the turns a previous run left streaming read as interrupted once "
-                           "their lease has passed";
+                        << "; a turn a previous run left streaming is taken as interrupted when "
+                           "its session is next used";
     interrupted = 0;
   }
   RECALL_RETURN_IF_ERROR(interrupted.status());

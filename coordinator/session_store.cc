@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
 #include "common/status.h"
+#include "common/utf8.h"
 #include "nlohmann/json.hpp"
 
 namespace recall::coordinator {
@@ -181,6 +182,10 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenStore(const std::string& url,
   RECALL_ASSIGN_OR_RETURN(const StoreUrl parsed, ParseStoreUrl(url));
   if (parsed.redis) return OpenRedisStore(parsed.host, parsed.port, allow_volatile);
   return OpenSqliteStore(parsed.path);
+}
+
+std::string StoredText(std::string text) {
+  return utf8::IsValid(text) ? text : utf8::ToValidLossy(text);
 }
 
 absl::StatusOr<std::map<std::string, std::string>> ParseStoredMetadata(const std::string& text,

@@ -213,6 +213,10 @@ class SessionStore {
                                                 const std::string& name) = 0;
 };
 
+// A stored text as it is served (a proto string field, a prompt): valid UTF-8, with U+FFFD in
+// place of bytes that are not (a row damaged on disk failed every listing of its tenant).
+std::string StoredText(std::string text);
+
 // SQLite (WAL, synchronous=FULL) in `path`; the file is created if missing.
 // A session's stored metadata (a JSON object of strings) back as a map. DataLoss naming the
 // session when the stored text is not one: a damaged store is an error, never a crash.

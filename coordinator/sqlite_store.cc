@@ -131,6 +131,14 @@ class Stmt {
   int rc_;
 };
 
+// How an operator repairs a damaged store file.
+std::string RepairAdvice(const std::string& path) {
+  return absl::StrCat("To repair it, stop the coordinator, keep a copy of the file, then: sqlite3 ",
+                      path,
+                      " .recover | sqlite3 NEW.db, and serve NEW.db in its place (or restore it "
+                      "from a backup)");
+}
+
 class SqliteStore final : public SessionStore {
  public:
   // `lock_fd`: the open lock file this store holds (OpenSqliteStore), closed with it.
@@ -444,9 +452,8 @@ class SqliteStore final : public SessionStore {
     // so a client stops and an operator is called. Busy, full, I/O: retryable.
     const int primary = rc & 0xFF;
     if (primary == SQLITE_CORRUPT || primary == SQLITE_NOTADB) {
-      return absl::DataLossError(absl::StrCat(
-          "session store: ", what, ": ", sqlite3_errmsg(db_),
-          " (the file is damaged: the coordinator's log at its start says how to repair it)"));
+      return absl::DataLossError(absl::StrCat("session store: ", what, ": ", sqlite3_errmsg(db_),
+                                              " (the file is damaged. ", RepairAdvice(path_), ")"));
     }
     if (primary == SQLITE_READONLY || primary == SQLITE_CANTOPEN || primary == SQLITE_PERM) {
       // Retrying does not mend permissions either.
@@ -505,10 +512,10 @@ class SqliteStore final : public SessionStore {
   // filled.
   static absl::Status Fill(const Stmt& s, SessionRecord* r) {
     r->id = s.Text(0);
-    r->model = s.Text(1);
+    r->model = StoredText(s.Text(1));
     r->cache_settings = s.Text(2);
     r->created_unix_ms = s.Int(4);
-    r->worker = s.Text(5);
+    r->worker = StoredText(s.Text(5));
     // A message index past what a transcript reaches is a damaged row (it went through an int,
     // and a turn's planner found the session holding a negative number of messages).
     const int64_t count = s.Int(6);
@@ -526,7 +533,6 @@ class SqliteStore final : public SessionStore {
   absl::Status LoadMessages(const std::string& id, SessionRecord* r)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const int64_t first = r->first_message;
-    const int64_t now = UnixMillis();
     Stmt m(db_,
            "SELECT role, content, reply, state, lease_ms, turn_id FROM messages WHERE "
            "session_id = ? AND idx >= ? ORDER BY idx");
@@ -534,19 +540,13 @@ class SqliteStore final : public SessionStore {
     int rc;
     while ((rc = m.Step()) == SQLITE_ROW) {
       StoredMessage& msg = r->messages.emplace_back();
-      msg.role = m.Text(0);
-      msg.content = m.Text(1);
+      msg.role = StoredText(m.Text(0));
+      msg.content = m.Text(1);  // made valid once its parts are in
       DecodeReply(m.Text(2), &msg);
       const int64_t state = m.Int(3);
       msg.state = state >= 0 && state <= 3 ? static_cast<TurnState>(state) : TurnState::kFailed;
       msg.lease_unix_ms = m.Int(4);
-      msg.turn_id = m.Text(5);
-      // Its writer is gone (no lease renewed; one left by a run whose start could not mark
-      // it, in a damaged file): the turn was interrupted, as in a shared store.
-      if (msg.state == TurnState::kInProgress && msg.lease_unix_ms != 0 &&
-          msg.lease_unix_ms < now) {
-        msg.state = TurnState::kInterrupted;
-      }
+      msg.turn_id = StoredText(m.Text(5));
     }
     if (rc != SQLITE_DONE) return Check(rc, "read transcript");
     // Replies written part by part (AppendReply): their parts after what the row holds.
@@ -562,6 +562,7 @@ class SqliteStore final : public SessionStore {
       AppendIds(p.Text(2), &msg.token_ids);
     }
     if (rc != SQLITE_DONE) return Check(rc, "read reply parts");
+    for (StoredMessage& msg : r->messages) msg.content = StoredText(std::move(msg.content));
     return absl::OkStatus();
   }
 
@@ -638,14 +639,6 @@ std::string DiskFullHint(const std::string& path) {
   return absl::StrCat("; the disk holding it is full (", free_bytes, " bytes free)");
 }
 
-// How an operator repairs a damaged store file.
-std::string RepairAdvice(const std::string& path) {
-  return absl::StrCat("To repair it, stop the coordinator, keep a copy of the file, then: sqlite3 ",
-                      path,
-                      " .recover | sqlite3 NEW.db, and serve NEW.db as sessions.db (or "
-                      "restore it from a backup)");
-}
-
 // Runs `sql` on the store being opened; on failure closes it and says why (DataLoss: a file
 // whose schema cannot be set up), with how to repair a damaged one.
 absl::Status SetUp(sqlite3* db, const char* sql, const std::string& path) {
@@ -659,7 +652,9 @@ absl::Status SetUp(sqlite3* db, const char* sql, const std::string& path) {
   if ((rc & 0xFF) == SQLITE_CORRUPT) {
     advice = absl::StrCat(": the file is damaged. ", RepairAdvice(path));
   } else if ((rc & 0xFF) == SQLITE_NOTADB) {
-    advice = ": it is not an SQLite database (move it away, or give another --data-dir)";
+    advice =
+        ": it is not an SQLite database (move it away, or give another --data-dir or "
+        "--store)";
   }
   return absl::DataLossError(absl::StrCat("session store ", path, ": ", msg, advice));
 }

@@ -168,7 +168,9 @@ absl::StatusOr<CompactRun> TeacherForceCompact(runtime::ForwardPass& forward,
       offline::LocalSequence::Create(forward, pool, spec.evictor, spec.positions));
   if (!seq->endless()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("policy ", spec.policy, ": the cache is not compact (endless)"));
+        absl::StrCat("policy ", spec.policy,
+                     ": the session is not endless (its positions are original, or its policy "
+                     "evicts at the first prompt only)"));
   }
   CompactRun run;
   run.nll.assign(tokens.size(), kNaN);

@@ -3,6 +3,7 @@
 // the error on stderr, exit code 2).
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -249,7 +250,9 @@ TEST(ChatCliTest, CommandsStayLocalAndAChatWithoutMessagesLeavesNoSession) {
   }
   // PEM files that are not what their flag needs are said at once by name (gRPC said "empty
   // address list" after 6 s of failed handshakes).
-  if (testing::HaveOpenssl() && testing::MakeTestCertificates(dir + "/certs")) {
+  if (testing::HaveOpenssl()) {
+    std::filesystem::create_directories(dir + "/certs");
+    ASSERT_TRUE(testing::MakeTestCertificates(dir + "/certs"));
     const std::string c = dir + "/certs";
     for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
              {"list --tls-ca " + c + "/client.key",

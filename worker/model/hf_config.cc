@@ -225,24 +225,9 @@ absl::StatusOr<ModelConfig> ParseConfig(const std::string& path, const json& j) 
 
 absl::StatusOr<ModelConfig> ReadHfConfig(const std::string& config_json_path) {
   RECALL_RETURN_IF_ERROR(CheckRegularFile(config_json_path));
-  constexpr uintmax_t kMaxBytes = uintmax_t{16} << 20;  // real ones are a few KB
-  std::error_code ec;
-  if (const uintmax_t size = std::filesystem::file_size(config_json_path, ec);
-      !ec && size > kMaxBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(config_json_path, ": is ", size,
-                                                   " bytes; a config.json is at most ", kMaxBytes,
-                                                   " (16 MiB)"));
-  }
-  std::ifstream in(config_json_path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(config_json_path, ": cannot open"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
-  if (const size_t nul = text.find('\0'); nul != std::string::npos) {  // the parser stopped there
-    return absl::InvalidArgumentError(
-        absl::StrCat(config_json_path, ": invalid JSON: a NUL byte at byte ", nul));
-  }
-  if (absl::Status s = json_limits::CheckJsonDepth(text); !s.ok()) {
+  RECALL_ASSIGN_OR_RETURN(const std::string text,
+                          ReadSmallFile("", config_json_path, size_t{16} << 20));  // a few KB
+  if (absl::Status s = json_limits::CheckJsonFile(text); !s.ok()) {
     return Annotate(s, config_json_path);
   }
   try {

@@ -87,12 +87,8 @@ class TensorSource {
   absl::Status ReadIndex(const std::string& path) {
     index_path_ = path;
     RECALL_RETURN_IF_ERROR(CheckRegularFile(path));
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    const std::string text = ss.str();
-    if (absl::Status s = json_limits::CheckJsonDepth(text); !s.ok()) return Annotate(s, path);
+    RECALL_ASSIGN_OR_RETURN(const std::string text, ReadSmallFile("", path, size_t{64} << 20));
+    if (absl::Status s = json_limits::CheckJsonFile(text); !s.ok()) return Annotate(s, path);
     try {
       const json j = json::parse(text);
       auto wm = j.find("weight_map");

@@ -29,7 +29,7 @@ const char* FinishReasonName(FinishReason reason) {
 
 namespace {
 
-absl::Status ValidateOptions(const GenerateOptions& o) {
+absl::Status ValidateOptions(const GenerateOptions& o, int vocab_size) {
   if (o.max_tokens < 1) {
     return absl::InvalidArgumentError(absl::StrCat("max_tokens must be >= 1, got ", o.max_tokens));
   }
@@ -37,7 +37,7 @@ absl::Status ValidateOptions(const GenerateOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("prefill_chunk must be >= 1, got ", o.prefill_chunk));
   }
-  RECALL_RETURN_IF_ERROR(serving::ValidateSampling(o.sampling, ""));
+  RECALL_RETURN_IF_ERROR(serving::ValidateSampling(o.sampling, "", vocab_size));
   for (const std::string& stop : o.stop_strings) {
     if (stop.empty()) return absl::InvalidArgumentError("stop strings must not be empty");
   }
@@ -51,7 +51,7 @@ absl::StatusOr<GenerateResult> Generate(runtime::ForwardPass& forward, cache::Bl
                                         const std::vector<int32_t>& prompt,
                                         const GenerateOptions& options,
                                         const TextCallback& on_text) {
-  RECALL_RETURN_IF_ERROR(ValidateOptions(options));
+  RECALL_RETURN_IF_ERROR(ValidateOptions(options, forward.model().config.vocab_size));
   RECALL_ASSIGN_OR_RETURN(
       std::unique_ptr<LocalSequence> seq,
       LocalSequence::Create(forward, pool, options.eviction, options.positions));
@@ -65,7 +65,7 @@ absl::StatusOr<GenerateResult> Generate(Sequence& seq, kernels::Backend& backend
                                         const std::vector<int32_t>& prompt,
                                         const GenerateOptions& options,
                                         const TextCallback& on_text) {
-  RECALL_RETURN_IF_ERROR(ValidateOptions(options));
+  RECALL_RETURN_IF_ERROR(ValidateOptions(options, config.vocab_size));
   if (prompt.empty()) return absl::InvalidArgumentError("prompt: needs at least one token");
   if (!seq.endless() && static_cast<int>(prompt.size()) >= config.max_seq_len) {
     return absl::InvalidArgumentError(absl::StrCat("prompt: ", prompt.size(),

@@ -167,11 +167,11 @@ absl::StatusOr<SessionCacheSpec> CacheFactory::Make(const CacheDefaults& d, uint
   } else {
     o.budget.budget = d.budget_tokens;
   }
+  RECALL_ASSIGN_OR_RETURN(const std::unique_ptr<cache::eviction::EvictionPolicy> policy,
+                          cache::eviction::CreatePolicy(o.policy));
   if (!d.budget_fraction.has_value() && !episodic) {
     // A budget in tokens below what the policy always keeps would be raised to it silently
     // (BudgetOptions::reserved): the session would hold more than it was given.
-    RECALL_ASSIGN_OR_RETURN(const std::unique_ptr<cache::eviction::EvictionPolicy> policy,
-                            cache::eviction::CreatePolicy(o.policy));
     if (d.budget_tokens < policy->min_budget()) {
       return Invalid(prefix + "budget_tokens",
                      absl::StrCat(d.budget_tokens, " is below the ", policy->min_budget(),
@@ -186,16 +186,12 @@ absl::StatusOr<SessionCacheSpec> CacheFactory::Make(const CacheDefaults& d, uint
   o.verify_keep = d.verify_tp_keep && tp_ > 1;
   o.fraction_cap = config_.max_seq_len;
   RECALL_RETURN_IF_ERROR(cache::eviction::ApplyTpEvictionMode(d.tp_eviction, o));
-  {
-    // Said when the settings are given (a worker's start, a session's creation), not by
-    // every turn of a session made with them.
-    RECALL_ASSIGN_OR_RETURN(const std::unique_ptr<cache::eviction::EvictionPolicy> policy,
-                            cache::eviction::CreatePolicy(o.policy));
-    if (const std::string conflict = cache::eviction::TpEvictionConflict(*policy, o);
-        !conflict.empty()) {
-      return Invalid(prefix + "tp_eviction",
-                     absl::StrCat(conflict, prefix.empty() ? " ({policy})" : ""));
-    }
+  // Said when the settings are given (a worker's start, a session's creation), not by every
+  // turn of a session made with them.
+  if (const std::string conflict = cache::eviction::TpEvictionConflict(*policy, o);
+      !conflict.empty()) {
+    return Invalid(prefix + "tp_eviction",
+                   absl::StrCat(conflict, prefix.empty() ? " ({policy})" : ""));
   }
   spec.evictor = o;
   if (episodic) {

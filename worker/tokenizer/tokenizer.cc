@@ -22,18 +22,7 @@ absl::StatusOr<std::string> ReadFileBytes(const std::string& path) {
                : st;
   }
   // Read whole (and JSON copied again to parse): a file of gigabytes took the machine's memory.
-  constexpr uintmax_t kMaxBytes = uintmax_t{256} << 20;  // the largest real ones are ~35 MB
-  std::error_code ec;
-  if (const uintmax_t size = std::filesystem::file_size(path, ec); !ec && size > kMaxBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": is ", size, " bytes; a tokenizer file is at most ", kMaxBytes, " (256 MiB)"));
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::UnavailableError(absl::StrCat(path, ": cannot open for reading"));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return absl::UnavailableError(absl::StrCat(path, ": read error"));
-  return std::move(ss).str();
+  return ReadSmallFile("", path, size_t{256} << 20);  // the largest real ones are ~35 MB
 }
 
 std::vector<TextSegment> SplitOnLiterals(std::string_view text,

@@ -266,7 +266,7 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(const json& r
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadHfTokenizer(const std::string& tokenizer_json) {
   RECALL_ASSIGN_OR_RETURN(const std::string text, internal::ReadFileBytes(tokenizer_json));
-  if (absl::Status s = json_limits::CheckJsonDepth(text); !s.ok()) {
+  if (absl::Status s = json_limits::CheckJsonFile(text); !s.ok()) {
     return Annotate(s, tokenizer_json);
   }
   absl::StatusOr<std::unique_ptr<HfTokenizer>> tok;

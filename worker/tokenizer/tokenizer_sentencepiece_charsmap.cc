@@ -1,5 +1,6 @@
 #include "worker/tokenizer/tokenizer_sentencepiece_charsmap.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -43,8 +44,26 @@ class WireReader {
         pos_ += *len;
         return f;
       }
+      case 3:  // a group (none in a ModelProto, but the library skips one): to its end
+        for (int depth = 1; depth > 0;) {
+          const std::optional<uint64_t> inner = Varint();
+          if (!inner.has_value()) return std::nullopt;
+          const int type = static_cast<int>(*inner & 7);
+          if (type == 3) {
+            ++depth;
+          } else if (type == 4) {
+            --depth;
+          } else if ((type == 0 && !Varint().has_value()) || (type == 1 && !Skip(8)) ||
+                     (type == 5 && !Skip(4)) || type > 5) {
+            return std::nullopt;
+          } else if (type == 2) {
+            const std::optional<uint64_t> len = Varint();
+            if (!len.has_value() || !Skip(*len)) return std::nullopt;
+          }
+        }
+        return f;
       default:
-        return std::nullopt;  // groups: not in a ModelProto
+        return std::nullopt;
     }
   }
 
@@ -58,7 +77,7 @@ class WireReader {
     }
     return std::nullopt;
   }
-  bool Skip(size_t n) {
+  bool Skip(uint64_t n) {
     if (n > data_.size() - pos_) return false;
     pos_ += n;
     return true;
@@ -89,31 +108,60 @@ std::string CharsMapFault(std::string_view blob) {
   std::vector<uint32_t> units(n);
   std::memcpy(units.data(), blob.data() + 4, n * 4);  // little-endian, as the library reads it
   const std::string_view strings = blob.substr(4 + trie_bytes);
-  // Every state an input can reach: the unit a byte leads to is in the state's block of 256.
-  std::vector<bool> seen(n, false);
-  std::vector<uint32_t> todo = {Offset(units[0])};
-  while (!todo.empty()) {
-    const uint32_t state = todo.back();
-    todo.pop_back();
-    if ((static_cast<uint64_t>(state) | 0xff) >= n) {
-      return absl::StrCat("its trie leads past its ", n, " units (to ", state | 0xff, ")");
-    }
-    if (seen[state]) continue;
-    seen[state] = true;
-    for (uint32_t c = 0; c < 256; ++c) {
-      const uint32_t unit = units[state ^ c];
-      if (Label(unit) != c) continue;
-      const uint32_t next = (state ^ c) ^ Offset(unit);
-      if (HasLeaf(unit)) {
-        if (next >= n) return absl::StrCat("its trie leads past its ", n, " units (to ", next, ")");
-        const uint32_t value = Value(units[next]);
-        if (value >= strings.size() || strings.find('\0', value) == std::string_view::npos) {
-          return absl::StrCat("its trie names a string at byte ", value, " of its ", strings.size(),
-                              " bytes of strings, which does not end there");
-        }
+  // Every state an input can reach (darts-clone's commonPrefixSearch): the unit a byte leads
+  // to is in the state's block of 256. States may be shared (darts-clone merges common
+  // suffixes), but a state reached again on its own path is a cycle, along which an input
+  // finds matches without end; the normalizer keeps 32 matches of one input in an array on
+  // its stack and reads as many as the search counts. A depth-first walk: each state's most
+  // matches on any path from it, a cycle when a state on the path is reached.
+  constexpr int kMaxMatches = 32;  // sentencepiece's kMaxTrieResultsSize
+  const auto outside = [n](uint32_t state) { return (static_cast<uint64_t>(state) | 0xff) >= n; };
+  enum : uint8_t { kNew, kOnPath, kDone };
+  std::vector<uint8_t> color(n, kNew);
+  std::vector<uint8_t> most(n, 0);  // kDone: the most matches of an input from this state on
+  struct Frame {
+    uint32_t state;
+    uint32_t c = 0;  // the next byte to try
+    int best = 0;    // the most matches below it so far
+    int edge = 0;    // 1 when the byte that led here was a match
+  };
+  const uint32_t root = Offset(units[0]);
+  if (outside(root)) return absl::StrCat("its trie leads past its ", n, " units (to ", root, ")");
+  std::vector<Frame> path = {{root}};
+  color[root] = kOnPath;
+  while (!path.empty()) {
+    Frame& f = path.back();
+    if (f.c == 256) {
+      color[f.state] = kDone;
+      most[f.state] = static_cast<uint8_t>(f.best);
+      const int up = f.edge + f.best;
+      path.pop_back();
+      if (!path.empty()) path.back().best = std::max(path.back().best, up);
+      if (up > kMaxMatches) {
+        return absl::StrCat("an input matches more than ", kMaxMatches, " of its entries");
       }
-      todo.push_back(next);
+      continue;
     }
+    const uint32_t c = f.c++;
+    const uint32_t unit = units[f.state ^ c];
+    if (Label(unit) != c) continue;
+    const uint32_t next = (f.state ^ c) ^ Offset(unit);
+    if (outside(next)) return absl::StrCat("its trie leads past its ", n, " units (to ", next, ")");
+    const int edge = HasLeaf(unit) ? 1 : 0;
+    if (edge != 0) {
+      const uint32_t value = Value(units[next]);
+      if (value >= strings.size() || strings.find('\0', value) == std::string_view::npos) {
+        return absl::StrCat("its trie names a string at byte ", value, " of its ", strings.size(),
+                            " bytes of strings, which does not end there");
+      }
+    }
+    if (color[next] == kOnPath) return absl::StrCat("its trie has a cycle (at unit ", next, ")");
+    if (color[next] == kDone) {
+      f.best = std::max(f.best, edge + most[next]);
+      continue;
+    }
+    color[next] = kOnPath;
+    path.push_back({next, 0, 0, edge});
   }
   return "";
 }

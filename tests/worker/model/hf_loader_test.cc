@@ -394,10 +394,10 @@ TEST_F(HfLoaderTest, BadConfigFieldsAreInvalidArgumentNamingTheField) {
   // Past 16 MiB, refused by its size before it is read; NUL bytes after the JSON are not JSON.
   test::WriteFile(path, "{}");
   std::filesystem::resize_file(path, (uintmax_t{16} << 20) + 1);
-  EXPECT_EQ(ReadHfConfig(path).status().message(),
-            path + ": is 16777217 bytes; a config.json is at most 16777216 (16 MiB)");
+  EXPECT_EQ(ReadHfConfig(path).status().message(), path + " is 16777217 bytes; at most 16777216");
   std::filesystem::resize_file(path, 4096);
-  EXPECT_EQ(ReadHfConfig(path).status().message(), path + ": invalid JSON: a NUL byte at byte 2");
+  EXPECT_TRUE(Contains(ReadHfConfig(path).status(), "a NUL byte at byte 2: not JSON"))
+      << ReadHfConfig(path).status();
   test::WriteFile(path, "{\"architectures\": [\"LlamaForCausalLM\"], \"intermediate_size\": 4}");
   auto c = ReadHfConfig(path);
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);

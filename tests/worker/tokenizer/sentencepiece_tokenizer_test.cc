@@ -11,6 +11,7 @@
 #include "tests/worker/tokenizer/sp_reference.h"
 #include "tests/worker/tokenizer/tokenizer_test_util.h"
 #include "worker/tokenizer/tokenizer.h"
+#include "worker/tokenizer/tokenizer_sentencepiece_charsmap.h"
 
 namespace recall::model {
 namespace {
@@ -237,6 +238,61 @@ TEST(SentencePieceTokenizerErrorTest, NormalizationTablesAreCheckedBeforeTheLibr
     EXPECT_NE(tok.status().message().find(c.said), std::string::npos) << tok.status();
   }
   std::filesystem::remove_all(dir);
+}
+
+// Tries that stay inside their table but that the library would still walk off its stack: a
+// cycle (an input matching without end), and a path of more than 32 matches (its search keeps
+// 32 and reports them all). Built by hand, unit by unit, as darts-clone lays them out.
+std::string Varint(uint64_t v) {
+  std::string out;
+  for (; v >= 0x80; v >>= 7) out.push_back(static_cast<char>((v & 0x7f) | 0x80));
+  out.push_back(static_cast<char>(v));
+  return out;
+}
+
+// A ModelProto holding only a normalizer_spec with this table (`units`, then "x\0").
+std::string ModelWithTable(const std::vector<uint32_t>& units) {
+  std::string blob(4, '\0');
+  const uint32_t bytes = static_cast<uint32_t>(units.size() * 4);
+  std::memcpy(blob.data(), &bytes, 4);
+  blob.append(reinterpret_cast<const char*>(units.data()), bytes);
+  blob.append("x\0", 2);
+  const std::string spec = "\x12" + Varint(blob.size()) + blob;
+  return "\x1a" + Varint(spec.size()) + spec;
+}
+
+// Unit fields: a node with a match (has_leaf) for byte `label` whose children are at `offset`.
+uint32_t Node(uint32_t label, uint32_t offset) { return (offset << 10) | (1u << 8) | label; }
+constexpr uint32_t kValue0 = 1u << 31;  // a value unit: the string at byte 0
+
+// The root's children in block 1; each 'a' a match, leading to the next block.
+std::vector<uint32_t> ChainOfMatches(int matches) {
+  std::vector<uint32_t> units(256 * (matches + 2), 0);
+  units[0] = 256u << 10;  // the root: its children at 256
+  for (int k = 1; k <= matches; ++k) {
+    const uint32_t state = 256u * k, at = state ^ 'a', next = 256u * (k + 1);
+    units[state] = kValue0;  // (label 0 is no byte's)
+    units[at] = Node('a', at ^ next);
+  }
+  units[256u * (matches + 1)] = kValue0;
+  return units;
+}
+
+TEST(SentencePieceTokenizerErrorTest, TriesThatWouldOverrunTheLibrarysResultsAreRefused) {
+  EXPECT_TRUE(internal::CheckCharsMaps(ModelWithTable(ChainOfMatches(32))).ok());
+  const absl::Status long_chain = internal::CheckCharsMaps(ModelWithTable(ChainOfMatches(33)));
+  EXPECT_EQ(long_chain.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(long_chain.message(),
+            "normalizer_spec.precompiled_charsmap: an input matches more than 32 of its entries");
+  std::vector<uint32_t> loop = ChainOfMatches(1);
+  loop[256 ^ 'a'] = Node('a', (256 ^ 'a') ^ 256);  // 'a' leads back to the state it left
+  EXPECT_EQ(internal::CheckCharsMaps(ModelWithTable(loop)).message(),
+            "normalizer_spec.precompiled_charsmap: its trie has a cycle (at unit 256)");
+  // A group before the spec (the library skips it) does not hide the table.
+  EXPECT_EQ(internal::CheckCharsMaps("\x0b\x08\x01\x0c" + ModelWithTable(loop)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(
+      internal::CheckCharsMaps("\x0b\x08\x01\x0c" + ModelWithTable(ChainOfMatches(2))).ok());
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <sentencepiece_processor.h>
 
 #include <exception>
+#include <mutex>
 #include <string>
 
 #include "worker/tokenizer/tokenizer_sentencepiece_processor.h"
@@ -75,8 +76,11 @@ extern "C" __attribute__((visibility("default"))) recall::model::internal::Sente
 recall_new_sentencepiece_processor() {
   // The library's LOG writes to std::cerr, which in this deep-bound module is libstdc++'s own
   // copy, never constructed where the executable holds its own (a copy relocation): a model
-  // whose self-test failed (LOG(INFO)) crashed `recall generate`. What it logs below FATAL
-  // is said by the Status each call returns.
-  sentencepiece::logging::SetMinLogLevel(3);
+  // whose self-test failed (LOG(INFO)) crashed `recall generate`. Its log is off below FATAL
+  // (once, before any processor exists: other threads' calls read the level); a call's
+  // failure is still said by the Status it returns, without the log's detail (a failed
+  // self-test's samples, and warnings).
+  static std::once_flag quiet;
+  std::call_once(quiet, [] { sentencepiece::logging::SetMinLogLevel(3); });
   return new recall::model::internal::LibraryProcessor();
 }
