@@ -752,6 +752,39 @@ TEST_F(CoordinatorTest, AStoredTextThatIsNotUtf8IsListedAndReadNotAFailedReply) 
   EXPECT_EQ(got.messages(1).content(), "H\xEF\xBF\xBD");
 }
 
+// A store damaged in its messages' table starts (said, with how to repair it) and serves the
+// sessions it can read: marking the last run's turns interrupted meets the damage, which
+// stopped the start with exit 1 after it had said the readable sessions were served.
+TEST_F(CoordinatorTest, AStoreDamagedInItsMessagesStartsAndServesWhatItCanRead) {
+  if (testing::RunToExit("command -v sqlite3").code != 0) GTEST_SKIP() << "no sqlite3 CLI";
+  const std::string id = Create();
+  ASSERT_TRUE(Say(id, "Once upon a time").status.ok());
+  coordinator_.Stop();
+  const testing::Exit root = testing::RunToExit(
+      "sqlite3 " + dir_ + "/sessions.db \"PRAGMA wal_checkpoint(TRUNCATE); SELECT rootpage FROM " +
+      "sqlite_master WHERE name = 'messages'\" | tail -1");
+  ASSERT_EQ(root.code, 0) << root.output;
+  const int page = std::atoi(root.output.c_str());
+  ASSERT_GT(page, 1) << root.output;
+  {
+    std::fstream f(dir_ + "/sessions.db", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(page - 1) * 4096);
+    const std::string junk(4096, '\xab');
+    f.write(junk.data(), static_cast<std::streamsize>(junk.size()));
+  }
+  StartCoordinator();
+  grpc::ClientContext ctx;
+  Auth(&ctx, "key-a");
+  v1::ListSessionsResponse listed;
+  const grpc::Status list = stub_->ListSessions(&ctx, v1::ListSessionsRequest(), &listed);
+  ASSERT_TRUE(list.ok()) << list.error_message();
+  EXPECT_EQ(listed.sessions_size(), 1);
+  grpc::Status got;
+  Get(id, "key-a", &got);
+  EXPECT_EQ(got.error_code(), grpc::StatusCode::DATA_LOSS) << got.error_message();
+  EXPECT_NE(got.error_message().find(".recover"), std::string::npos) << got.error_message();
+}
+
 TEST(CoordinatorRedisTest, TwoCoordinatorsShareSessionsThroughRedis) {
   RECALL_REQUIRE_SHARED_FILE(kModel);
   if (!testing::RedisServer::Available()) GTEST_SKIP() << "redis-server is not installed";
