@@ -41,6 +41,14 @@ inline std::string ReadFileOrEmpty(const std::string& path) {
   return ss.str();
 }
 
+// Overwrites `n` bytes of the file at `path` from byte `at` with `with` (a disk fault).
+inline void OverwriteBytes(const std::string& path, int64_t at, size_t n, char with) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(static_cast<std::streamoff>(at));
+  const std::string junk(n, with);
+  f.write(junk.data(), static_cast<std::streamsize>(junk.size()));
+}
+
 // A fresh empty directory under the test temp dir, removed by the caller if it wants.
 inline std::string MakeTempDir(const std::string& name) {
   const std::string dir = ::testing::TempDir() + "recall_" + name + "_" +

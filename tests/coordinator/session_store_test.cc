@@ -614,12 +614,7 @@ TEST(SqliteDamageTest, APageOverwrittenIsDataLossWhereverItIs) {
     SCOPED_TRACE("page " + std::to_string(page));
     const std::string path = dir + "/damaged" + std::to_string(page) + ".db";
     std::filesystem::copy_file(clean, path);
-    {
-      std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-      f.seekp(static_cast<std::streamoff>(page * 4096));
-      const std::string junk(4096, '\xff');
-      f.write(junk.data(), static_cast<std::streamsize>(junk.size()));
-    }
+    testing::OverwriteBytes(path, static_cast<int64_t>(page * 4096), 4096, '\xff');
     auto store = OpenStore(path);
     if (!store.ok()) {
       EXPECT_NE(store.status().code(), absl::StatusCode::kUnavailable) << store.status();
@@ -655,12 +650,7 @@ TEST(SqliteDamageTest, ADamagedIndexIsSaidAtOpen) {
   const int root =
       QueryInt(path, "SELECT rootpage FROM sqlite_master WHERE name = 'sessions_by_tenant'");
   ASSERT_GT(root, 0);
-  {
-    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(static_cast<std::streamoff>((root - 1) * 4096));
-    const std::string junk(4096, '\xff');
-    f.write(junk.data(), static_cast<std::streamsize>(junk.size()));
-  }
+  testing::OverwriteBytes(path, int64_t{root - 1} * 4096, 4096, '\xff');
   ::testing::internal::CaptureStderr();
   auto store = OpenStore(path);
   const std::string said = ::testing::internal::GetCapturedStderr();
@@ -678,12 +668,7 @@ TEST(SqliteDamageTest, DamageSaysHowToRepairItAndAMessagesPageDoesNotStopTheOpen
   const std::string first = dir + "/first.db", messages = dir + "/messages.db";
   ASSERT_NO_FATAL_FAILURE(WriteSessions(first, /*message_bytes=*/300));
   std::filesystem::copy_file(first, messages);
-  {
-    std::fstream f(first, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(100);
-    const std::string junk(3900, '\xab');
-    f.write(junk.data(), static_cast<std::streamsize>(junk.size()));
-  }
+  testing::OverwriteBytes(first, 100, 3900, '\xab');
   auto refused = OpenStore(first);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kDataLoss);
@@ -693,12 +678,7 @@ TEST(SqliteDamageTest, DamageSaysHowToRepairItAndAMessagesPageDoesNotStopTheOpen
 
   const int root = QueryInt(messages, "SELECT rootpage FROM sqlite_master WHERE name = 'messages'");
   ASSERT_GT(root, 0);
-  {
-    std::fstream f(messages, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(static_cast<std::streamoff>((root - 1) * 4096));
-    const std::string junk(4096, '\xab');
-    f.write(junk.data(), static_cast<std::streamsize>(junk.size()));
-  }
+  testing::OverwriteBytes(messages, int64_t{root - 1} * 4096, 4096, '\xab');
   ::testing::internal::CaptureStderr();
   auto store = OpenStore(messages);
   const std::string said = ::testing::internal::GetCapturedStderr();

@@ -766,12 +766,7 @@ TEST_F(CoordinatorTest, AStoreDamagedInItsMessagesStartsAndServesWhatItCanRead) 
   ASSERT_EQ(root.code, 0) << root.output;
   const int page = std::atoi(root.output.c_str());
   ASSERT_GT(page, 1) << root.output;
-  {
-    std::fstream f(dir_ + "/sessions.db", std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(static_cast<std::streamoff>(page - 1) * 4096);
-    const std::string junk(4096, '\xab');
-    f.write(junk.data(), static_cast<std::streamsize>(junk.size()));
-  }
+  testing::OverwriteBytes(dir_ + "/sessions.db", int64_t{page - 1} * 4096, 4096, '\xab');
   StartCoordinator();
   grpc::ClientContext ctx;
   Auth(&ctx, "key-a");

@@ -206,19 +206,26 @@ TEST_F(GeneratorTest, BadEvictionOptionsAreRejected) {
 namespace recall::offline {
 namespace {
 
-TEST_F(GeneratorTest, SnapKvCompressesThePromptOnceThenGrows) {
-  // A 41-token prompt compressed to C = 16 right after prefill (W = 4 window queries), then
-  // 10 generated tokens (9 of them forwarded): 25 slots, i.e. 4 blocks of 8.
-  const std::vector<int32_t> prompt = tok_.Encode("abcdefghijklmnopqrstuvwxyzabcdefghijklmn", true);
-  ASSERT_EQ(prompt.size(), 41u);
+// Greedy generation with SnapKV keeping C = 16 of the prompt (W = 4 window queries).
+GenerateOptions SnapKv(int max_tokens, runtime::Positions positions) {
   GenerateOptions o;
-  o.max_tokens = 10;
+  o.max_tokens = max_tokens;
   o.sampling.temperature = 0;
+  o.positions = positions;
   cache::eviction::SessionEvictorOptions eo;
   eo.policy.name = "snapkv";
   eo.policy.window = 4;
   eo.budget.budget = 16;
   o.eviction = eo;
+  return o;
+}
+
+TEST_F(GeneratorTest, SnapKvCompressesThePromptOnceThenGrows) {
+  // A 41-token prompt compressed to C = 16 right after prefill (W = 4 window queries), then
+  // 10 generated tokens (9 of them forwarded): 25 slots, i.e. 4 blocks of 8.
+  const std::vector<int32_t> prompt = tok_.Encode("abcdefghijklmnopqrstuvwxyzabcdefghijklmn", true);
+  ASSERT_EQ(prompt.size(), 41u);
+  const GenerateOptions o = SnapKv(10, runtime::Positions::kOriginal);
   auto r = Generate(*forward_, *pool_, tok_, prompt, o);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->tokens.size(), 10u);
@@ -237,15 +244,7 @@ TEST_F(GeneratorTest, SnapKvCompressesThePromptOnceThenGrows) {
 // Its prompt is not compressed until it is all in, so a prompt must fit the context.
 TEST_F(GeneratorTest, CompactSnapKvEndsWhenItsCacheHoldsTheContext) {
   const std::vector<int32_t> prompt = tok_.Encode("abcdefghijklmnopqrstuvwxyzabcdefghijklmn", true);
-  GenerateOptions o;
-  o.max_tokens = 1000;
-  o.sampling.temperature = 0;
-  o.positions = runtime::Positions::kCompact;
-  cache::eviction::SessionEvictorOptions eo;
-  eo.policy.name = "snapkv";
-  eo.policy.window = 4;
-  eo.budget.budget = 16;
-  o.eviction = eo;
+  const GenerateOptions o = SnapKv(1000, runtime::Positions::kCompact);
   auto r = Generate(*forward_, *pool_, tok_, prompt, o);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->finish_reason, FinishReason::kContext);
