@@ -20,9 +20,9 @@ struct ReplyStops {
   std::vector<std::string> strings;
 };
 
-// The tokenizer's EOS; its BOS too when `bos_ends_sequence` (the llama2.c convention:
-// run.c stops at BOS); and, when `chat`, the format's stop strings: as token ids when the
-// vocabulary holds them as one piece (e.g. <|im_end|>), else as strings.
+// The tokenizer's EOS ids (end_ids()); its BOS too when `bos_ends_sequence` (the llama2.c
+// convention: run.c stops at BOS); and, when `chat`, the format's stop strings: as token ids when
+// the vocabulary holds them as one piece (e.g. <|im_end|>), else as strings.
 ReplyStops StopsFor(ChatFormat format, const Tokenizer& tok, bool bos_ends_sequence, bool chat);
 
 }  // namespace recall::model

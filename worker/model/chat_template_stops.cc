@@ -11,7 +11,7 @@ ChatFormat GuessChatFormat(const Tokenizer& tok) {
 
 ReplyStops StopsFor(ChatFormat format, const Tokenizer& tok, bool bos_ends_sequence, bool chat) {
   ReplyStops out;
-  if (tok.eos_id() >= 0) out.token_ids.push_back(tok.eos_id());
+  out.token_ids = tok.end_ids();
   if (bos_ends_sequence && tok.bos_id() >= 0) out.token_ids.push_back(tok.bos_id());
   if (!chat) return out;
   for (const std::string& stop : ChatStopStrings(format)) {

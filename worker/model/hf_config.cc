@@ -204,8 +204,7 @@ absl::StatusOr<ModelConfig> ParseConfig(const std::string& path, const json& j) 
     if (window <= 0) return FieldError(path, "sliding_window", "must be positive");
     c.max_seq_len = std::min(c.max_seq_len, window);
   }
-  // Every EOS id of a list is a token (only the first stops a reply; the others were not
-  // checked at all).
+  // Every EOS id of a list is a token (each ends a reply: Tokenizer::end_ids).
   if (auto it = j.find("eos_token_id"); it != j.end() && it->is_array()) {
     for (size_t i = 0; i < it->size(); ++i) {
       const json& id = (*it)[i];

@@ -37,6 +37,11 @@ class Tokenizer {
   virtual int vocab_size() const = 0;
   virtual int32_t bos_id() const = 0;  // -1 if none
   virtual int32_t eos_id() const = 0;  // -1 if none
+  // Every id that ends a sequence: eos_id() and, where the model names several (a Hugging
+  // Face eos_token_id list), the others too. Empty if none.
+  virtual std::vector<int32_t> end_ids() const {
+    return eos_id() >= 0 ? std::vector<int32_t>{eos_id()} : std::vector<int32_t>{};
+  }
   // The id of a piece written exactly as in the vocabulary (e.g. "<|im_end|>"), if any.
   virtual std::optional<int32_t> PieceToId(std::string_view piece) const = 0;
 };
@@ -79,9 +84,10 @@ class TokenStreamDecoder {
 // Hugging Face tokenizer.json (tokenizer_hf.cc): byte-level BPE only. bos_id() is what the
 // post_processor puts first (-1 if nothing, e.g. SmolLM2) and add_bos adds exactly that;
 // eos_id() comes from generation_config.json / config.json / tokenizer_config.json beside
-// the file (-1 if none). Decode replaces ill-formed UTF-8 with U+FFFD, as the library does.
-// Its ids must be below 2^24 and the file's size (the id table is sized by the largest), and
-// the JSON may nest at most json_limits::kMaxDepth levels.
+// the file (-1 if none); end_ids() has every id of an eos_token_id list there. Decode replaces
+// ill-formed UTF-8 with U+FFFD, as the library does. Its ids must be below 2^24 and the file's size
+// (the id table is sized by the largest), and the JSON may nest at most json_limits::kMaxDepth
+// levels.
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadLlama2cTokenizer(const std::string& path,
                                                                 int vocab_size);
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePieceTokenizer(const std::string& path);

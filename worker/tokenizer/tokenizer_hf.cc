@@ -90,8 +90,9 @@ absl::Status PrefixIds(const json& p, std::vector<int32_t>* prefix) {
   return absl::OkStatus();
 }
 
-// The EOS id named by the model files beside tokenizer.json, -1 if none.
-int32_t SiblingEosId(const std::string& tokenizer_path, const Tokenizer& tokenizer) {
+// The EOS ids named by the model files beside tokenizer.json (the first is eos_id()), in the
+// first file that names any; empty if none.
+std::vector<int32_t> SiblingEosIds(const std::string& tokenizer_path, const Tokenizer& tokenizer) {
   const std::filesystem::path dir = std::filesystem::path(tokenizer_path).parent_path();
   for (const char* name : {"generation_config.json", "config.json"}) {
     absl::StatusOr<std::string> text = internal::ReadFileBytes((dir / name).string());
@@ -99,10 +100,12 @@ int32_t SiblingEosId(const std::string& tokenizer_path, const Tokenizer& tokeniz
     const json config = json::parse(*text, nullptr, /*allow_exceptions=*/false);
     if (!config.is_object() || !config.contains("eos_token_id")) continue;
     const json& eos = config["eos_token_id"];
-    const json& first = eos.is_array() && !eos.empty() ? eos[0] : eos;
-    if (absl::StatusOr<int32_t> id = hf::TokenIdFromJson(first, "eos_token_id"); id.ok()) {
-      return *id;
+    std::vector<int32_t> ids;
+    for (const json& each : eos.is_array() ? eos : json::array({eos})) {
+      absl::StatusOr<int32_t> id = hf::TokenIdFromJson(each, "eos_token_id");
+      if (id.ok() && *id < tokenizer.vocab_size()) ids.push_back(*id);
     }
+    if (!ids.empty()) return ids;
   }
   absl::StatusOr<std::string> text =
       internal::ReadFileBytes((dir / "tokenizer_config.json").string());
@@ -115,10 +118,10 @@ int32_t SiblingEosId(const std::string& tokenizer_path, const Tokenizer& tokeniz
       if (eos.is_object() && eos.contains("content") && eos["content"].is_string()) {
         piece = eos["content"].get<std::string>();
       }
-      if (auto id = tokenizer.PieceToId(piece); id.has_value()) return *id;
+      if (auto id = tokenizer.PieceToId(piece); id.has_value()) return {*id};
     }
   }
-  return -1;
+  return {};
 }
 
 class HfTokenizer final : public Tokenizer {
@@ -179,7 +182,8 @@ class HfTokenizer final : public Tokenizer {
 
   int vocab_size() const override { return static_cast<int>(decoded_.size()); }
   int32_t bos_id() const override { return bos_id_; }
-  int32_t eos_id() const override { return eos_id_; }
+  int32_t eos_id() const override { return eos_ids_.empty() ? -1 : eos_ids_[0]; }
+  std::vector<int32_t> end_ids() const override { return eos_ids_; }
 
   std::optional<int32_t> PieceToId(std::string_view piece) const override {
     if (auto it = added_.find(piece); it != added_.end()) return it->second;
@@ -187,7 +191,7 @@ class HfTokenizer final : public Tokenizer {
     return std::nullopt;
   }
 
-  void set_eos_id(int32_t id) { eos_id_ = id >= 0 && id < vocab_size() ? id : -1; }
+  void set_eos_ids(std::vector<int32_t> ids) { eos_ids_ = std::move(ids); }
 
  private:
   std::unique_ptr<hf::BpeModel> bpe_;
@@ -199,7 +203,7 @@ class HfTokenizer final : public Tokenizer {
   hf::StringIdMap added_;                     // added token content -> id
   std::vector<int32_t> prefix_ids_;
   int32_t bos_id_ = -1;
-  int32_t eos_id_ = -1;
+  std::vector<int32_t> eos_ids_;  // each below vocab_size()
   bool nfc_ = false;  // normalizer: NFC
 };
 
@@ -283,7 +287,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadHfTokenizer(const std::string& to
         absl::StrCat(tokenizer_json, ": malformed tokenizer.json (", e.what(), ")"));
   }
   if (!tok.ok()) return Annotate(tok.status(), tokenizer_json);
-  (*tok)->set_eos_id(SiblingEosId(tokenizer_json, **tok));
+  (*tok)->set_eos_ids(SiblingEosIds(tokenizer_json, **tok));
   return std::unique_ptr<Tokenizer>(*std::move(tok));
 }
 

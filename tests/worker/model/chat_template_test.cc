@@ -3,6 +3,7 @@
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
+#include "worker/model/chat_stops.h"
 
 namespace recall::model {
 namespace {
@@ -89,6 +90,32 @@ TEST(ChatTemplateTest, FormatNamesRoundTrip) {
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("chatml"), std::string::npos) << bad.status();
+}
+
+// A model with several EOS ids (Llama 3, Qwen 2.5): every one ends a reply, before the BOS
+// (llama2.c) and the format's stop.
+class SeveralEndsTokenizer final : public Tokenizer {
+ public:
+  std::vector<int32_t> Encode(std::string_view, bool, bool) const override { return {}; }
+  std::string Decode(const std::vector<int32_t>&, bool) const override { return ""; }
+  std::string TokenBytes(int32_t, int32_t) const override { return ""; }
+  int vocab_size() const override { return 10; }
+  int32_t bos_id() const override { return 1; }
+  int32_t eos_id() const override { return 2; }
+  std::vector<int32_t> end_ids() const override { return {2, 7}; }
+  std::optional<int32_t> PieceToId(std::string_view piece) const override {
+    if (piece == "<|im_end|>") return 9;
+    return std::nullopt;
+  }
+};
+
+TEST(ReplyStopsTest, EveryEndIdStopsAReply) {
+  const SeveralEndsTokenizer tok;
+  ReplyStops stops = StopsFor(ChatFormat::kChatML, tok, /*bos_ends_sequence=*/true, true);
+  EXPECT_EQ(stops.token_ids, (std::vector<int32_t>{2, 7, 1, 9}));
+  EXPECT_TRUE(stops.strings.empty());
+  stops = StopsFor(ChatFormat::kPlain, tok, /*bos_ends_sequence=*/false, /*chat=*/false);
+  EXPECT_EQ(stops.token_ids, (std::vector<int32_t>{2, 7}));
 }
 
 }  // namespace

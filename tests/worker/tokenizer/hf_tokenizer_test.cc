@@ -337,6 +337,27 @@ TEST_F(HfTokenizerErrorTest, MalformedOrUnsupportedContentIsInvalidArgument) {
   EXPECT_EQ(LoadText("bad_type.json", bad_type.dump()).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Llama 3 and Qwen 2.5 name several EOS ids (generation_config.json "eos_token_id": [...]):
+// each ends a sequence (only the first did), and ids past the vocabulary are left out.
+TEST_F(HfTokenizerErrorTest, EveryEosIdOfTheModelFilesEndsASequence) {
+  const json minimal = {
+      {"model", {{"type", "BPE"}, {"vocab", {{"a", 0}, {"b", 1}, {"ab", 2}}}, {"merges", {"a b"}}}},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}}},
+      {"decoder", {{"type", "ByteLevel"}}}};
+  testing::WriteFile(dir_ + "/tokenizer.json", minimal.dump());
+  testing::WriteFile(dir_ + "/generation_config.json", R"({"eos_token_id": [2, 0, 9]})");
+  testing::WriteFile(dir_ + "/config.json", R"({"eos_token_id": 1})");
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tok = LoadHfTokenizer(dir_ + "/tokenizer.json");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->eos_id(), 2);
+  EXPECT_EQ((*tok)->end_ids(), (std::vector<int32_t>{2, 0}));
+
+  std::filesystem::remove(dir_ + "/generation_config.json");  // then config.json's one id
+  tok = LoadHfTokenizer(dir_ + "/tokenizer.json");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->end_ids(), (std::vector<int32_t>{1}));
+}
+
 TEST_F(HfTokenizerErrorTest, IdsBeyondTheFileSizeAreRefusedBeforeAllocating) {
   // The id table is sized by the largest id: one id of 2^31 - 1 asked for 64 GiB.
   const json minimal = {
