@@ -46,31 +46,6 @@ void OnInterrupt(int) {
 }
 
 // Streams one reply to stdout; Ctrl-C cancels it. The reply's end (or CANCELLED).
-// A server's error in this command's terms: a leading request field the chat's flags set
-// ("sampling.max_tokens: ...", "cache.budget_tokens: ...") becomes its flag ("--max-tokens:
-// ...", "--budget: ..."), so the user knows what to change.
-absl::Status InFlagTerms(const absl::Status& st) {
-  const absl::string_view message = st.message();
-  const size_t colon = message.find(": ");
-  if (colon == absl::string_view::npos) return st;
-  absl::string_view field = message.substr(0, colon);
-  if (!absl::ConsumePrefix(&field, "sampling.") && !absl::ConsumePrefix(&field, "cache.")) {
-    return st;
-  }
-  // "stop[2]": the third --stop.
-  int stop_index = 0;
-  if (absl::ConsumePrefix(&field, "stop[") && absl::ConsumeSuffix(&field, "]") &&
-      absl::SimpleAtoi(field, &stop_index)) {
-    return absl::Status(st.code(), absl::StrCat("--stop #", stop_index + 1, message.substr(colon)));
-  }
-  if (field.find_first_of(".[") != absl::string_view::npos) return st;
-  std::string flag = field == "budget_tokens"     ? "budget"
-                     : field == "budget_fraction" ? "budget-frac"
-                                                  : std::string(field);
-  std::replace(flag.begin(), flag.end(), '_', '-');
-  return absl::Status(st.code(), absl::StrCat("--", flag, message.substr(colon)));
-}
-
 // Text for a terminal: control characters but line ends and tabs as \xNN (C1 ones as \u00NN),
 // so that a message holding escape sequences shows them instead of acting on the terminal.
 std::string Printable(const std::string& text) {

@@ -169,14 +169,8 @@ absl::Status Run(GenerateCliOptions o) {
       std::chrono::steady_clock::now().time_since_epoch().count() & 0x7fffffff);
   ApplySampling(o.sampling, &options.sampling);
   // As a server checks them (a --top-k above the vocabulary was taken as off), said by flag.
-  if (absl::Status st = serving::ValidateSampling(options.sampling, "", config.vocab_size);
-      !st.ok()) {
-    const std::string message(st.message());
-    std::string flag = message.substr(0, message.find(':'));
-    const size_t field_size = flag.size();
-    std::replace(flag.begin(), flag.end(), '_', '-');
-    return absl::InvalidArgumentError(absl::StrCat("--", flag, message.substr(field_size)));
-  }
+  RECALL_RETURN_IF_ERROR(
+      InFlagTerms(serving::ValidateSampling(options.sampling, "sampling.", config.vocab_size)));
   options.stop_strings = o.stop;
   options.eviction = spec.evictor;
   options.positions = spec.positions;

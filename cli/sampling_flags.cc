@@ -1,6 +1,12 @@
 #include "cli/sampling_flags.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 
 namespace recall::cli {
 
@@ -66,6 +72,28 @@ void ApplySampling(const SamplingFlags& f, v1::SamplingParams* out) {
     out->set_presence_penalty(static_cast<float>(*f.presence_penalty));
   }
   if (f.seed.has_value()) out->set_seed(static_cast<uint64_t>(*f.seed));
+}
+
+absl::Status InFlagTerms(const absl::Status& st) {
+  const absl::string_view message = st.message();
+  const size_t colon = message.find(": ");
+  if (colon == absl::string_view::npos) return st;
+  absl::string_view field = message.substr(0, colon);
+  if (!absl::ConsumePrefix(&field, "sampling.") && !absl::ConsumePrefix(&field, "cache.")) {
+    return st;
+  }
+  // "stop[2]": the third --stop.
+  int stop_index = 0;
+  if (absl::ConsumePrefix(&field, "stop[") && absl::ConsumeSuffix(&field, "]") &&
+      absl::SimpleAtoi(field, &stop_index)) {
+    return absl::Status(st.code(), absl::StrCat("--stop #", stop_index + 1, message.substr(colon)));
+  }
+  if (field.find_first_of(".[") != absl::string_view::npos) return st;
+  std::string flag = field == "budget_tokens"     ? "budget"
+                     : field == "budget_fraction" ? "budget-frac"
+                                                  : std::string(field);
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  return absl::Status(st.code(), absl::StrCat("--", flag, message.substr(colon)));
 }
 
 }  // namespace recall::cli

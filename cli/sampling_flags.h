@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "absl/status/status.h"
 #include "common/flags.h"
 #include "kernels/sampling_params.h"
 #include "recall/v1/worker.pb.h"
@@ -29,5 +30,11 @@ const flags::FlagSet<SamplingFlags>& SamplingFlagSet();
 // The flags given, onto `out` (the other fields are left as they are).
 void ApplySampling(const SamplingFlags& f, kernels::SamplingParams* out);
 void ApplySampling(const SamplingFlags& f, v1::SamplingParams* out);
+
+// An error in the terms of a command's flags: a leading request field a flag sets
+// ("sampling.max_tokens: ...", "cache.budget_tokens: ...", "sampling.stop[2]: ...") becomes
+// the flag ("--max-tokens: ...", "--budget: ...", "--stop #3: ..."), so the user knows what
+// to change. Other errors are returned as they are.
+absl::Status InFlagTerms(const absl::Status& st);
 
 }  // namespace recall::cli
