@@ -11,8 +11,10 @@
 # the libraries the binaries link (found with ldd and dpkg -S in the build stage).
 # helm/README.md deploys the image with the chart in helm/recall.
 
-ARG BUILD_IMAGE=nvidia/cuda:12.6.3-devel-ubuntu24.04
-ARG RUNTIME_IMAGE=nvidia/cuda:12.6.3-runtime-ubuntu24.04
+# CUDA 13, as the project is built and tested with (cuBLAS 12.9 or later is needed for the
+# block-scaled FP8 GEMM, docs/gpu.md; with an older one that path is compiled out).
+ARG BUILD_IMAGE=nvidia/cuda:13.0.0-devel-ubuntu24.04
+ARG RUNTIME_IMAGE=nvidia/cuda:13.0.0-runtime-ubuntu24.04
 
 FROM ${BUILD_IMAGE} AS build
 ENV DEBIAN_FRONTEND=noninteractive

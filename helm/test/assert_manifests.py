@@ -443,8 +443,8 @@ def main():
     # Secrets' files are not for every user of the pod (the binaries warn when they are).
     modes = [v["secret"].get("defaultMode") for pod in (cpod, wpod)
              for v in pod.get("volumes") or []
-             if "secret" in v and v["name"] in ("cluster-token", "api-keys")]
-    c.check("the cluster token and API keys are mounted mode 0400 (0440 with fsGroup)",
+             if "secret" in v and v["name"] in ("cluster-token", "api-keys", "tls")]
+    c.check("the cluster token, API keys and TLS key are mounted mode 0400 (0440 with fsGroup)",
             modes and all(m == 0o400 for m in modes), f"{modes}")
     if not existing:
         import base64
@@ -603,8 +603,13 @@ def main():
     # ---- ConfigMap and rollouts -----------------------------------------------------------
     for w in (dep, sts):
         ann = w["spec"]["template"]["metadata"].get("annotations") or {}
-        c.check(f"{w['metadata']['name']} rolls when the ConfigMap changes (checksum/config)",
-                re.fullmatch(r"[0-9a-f]{64}", ann.get("checksum/config", "")) is not None)
+        for key in ("checksum/config", "checksum/cluster-token"):
+            c.check(f"{w['metadata']['name']} rolls when its settings or the cluster token change ({key})",
+                    re.fullmatch(r"[0-9a-f]{64}", ann.get(key, "")) is not None)
+    # One coordinator per data directory: a surge pod on a claimed /data is refused.
+    strategy = (dep["spec"].get("strategy") or {}).get("type", "RollingUpdate")
+    want = "Recreate" if C["persistence"]["existingClaim"] else "RollingUpdate"
+    c.check(f"the coordinator Deployment's strategy is {want}", strategy == want, strategy)
 
     # ---- NOTES.txt tells how to reach it with the recall CLI -----------------------------
     svc_name, port = dep["metadata"]["name"], C["ports"]["grpc"]

@@ -80,6 +80,7 @@ scenarios=(
   "gpu-tp2-ha|values/gpu-tp2-ha.yaml||prod|inference"
   "full|values/full.yaml|$monitoring|recall-production-eu-west-1-gpu-cluster-blue|inference"
   "cpu-external-redis|values/cpu-external-redis.yaml|$monitoring|cpu|default"
+  "sqlite-claim|values/sqlite-claim.yaml||recall|default"
 )
 good=()
 for s in "${scenarios[@]}"; do
@@ -116,6 +117,32 @@ for s in "${scenarios[@]}"; do
     cat "$out/schema.log"
     if [ $rc -ne 0 ] && ! grep -q '^FAIL' "$out/schema.log"; then fail "$name: validate_k8s.js crashed"; fi
     failures=$((failures + $(grep -c '^FAIL' "$out/schema.log")))
+  fi
+done
+
+# ---- Rollouts: a setting rolls only its own workload's pods ------------------------------
+# (one checksum of both tiers' settings replaced the coordinator, and with it an emptyDir
+# /data of sessions, whenever a worker setting changed)
+checksums() {  # the checksum/config annotation of each workload of a rendering
+  "$py" -c 'import sys, yaml
+for d in yaml.safe_load_all(open(sys.argv[1])):
+    if d and d["kind"] in ("Deployment", "StatefulSet"):
+        print(d["kind"], d["spec"]["template"]["metadata"]["annotations"]["checksum/config"])' "$1"
+}
+printf 'coordinator:\n  settings:\n    max-turns: 50\n' >"$work/roll-coordinator.yaml"
+printf 'worker:\n  settings:\n    window: 64\n' >"$work/roll-worker.yaml"
+base=$(checksums "$work/default/manifests.yaml" 2>/dev/null)
+for who in coordinator worker; do
+  if "$render" --chart "$chart" -f "$work/roll-$who.yaml" >"$work/roll-$who.out" 2>&1; then
+    changed=$(diff <(echo "$base") <(checksums "$work/roll-$who.out") | sed -n 's/^> //p' | cut -d' ' -f1 | tr '\n' ' ')
+    want=$([ "$who" = coordinator ] && echo "Deployment " || echo "StatefulSet ")
+    if [ -n "$base" ] && [ "$changed" = "$want" ]; then
+      pass "rollouts: a $who setting changes the checksum/config of the $who only"
+    else
+      fail "rollouts: a $who setting changed the checksum/config of: '${changed}' (want '$want')"
+    fi
+  else
+    fail "rollouts: $who setting: $(head -c 300 "$work/roll-$who.out")"
   fi
 done
 

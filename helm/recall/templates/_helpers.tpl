@@ -98,6 +98,12 @@ gives RECALL_WORKER_KV_CACHE_BYTES. */}}
 {{- if not (hasPrefix (printf "%s/" (trimSuffix "/" .Values.worker.model.mountPath)) .Values.worker.model.path) -}}
 {{- fail (printf "worker.model.path %s must lie under worker.model.mountPath %s" .Values.worker.model.path .Values.worker.model.mountPath) -}}
 {{- end -}}
+{{- if and .Values.coordinator.persistence.existingClaim (or (gt (int .Values.coordinator.replicas) 1) .Values.coordinator.autoscaling.enabled (include "recall.storeUrl" .)) -}}
+{{- fail "coordinator.persistence.existingClaim holds one coordinator's SQLite store: it needs coordinator.replicas 1, no autoscaling and no Redis" -}}
+{{- end -}}
+{{- if and .Values.redis.enabled (not .Values.networkPolicy.enabled) -}}
+{{- fail "redis.enabled needs networkPolicy.enabled: the chart's Redis has no password, only its NetworkPolicy keeps other pods from every tenant's sessions" -}}
+{{- end -}}
 {{- if and .Values.redis.enabled .Values.redis.externalUrl -}}
 {{- fail "set redis.enabled or redis.externalUrl, not both" -}}
 {{- end -}}
