@@ -8,26 +8,18 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
-#include <fstream>
 #include <iostream>
-#include <optional>
 #include <set>
-#include <sstream>
 #include <thread>
 
 #include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "cli/connection.h"
 #include "cli/sampling_flags.h"
 #include "client/client.h"
-#include "common/files.h"
 #include "common/flags.h"
 #include "common/status.h"
-#include "common/tls/certificate.h"
-#include "common/utf8.h"
-#include "google/protobuf/util/json_util.h"
-#include "nlohmann/json.hpp"
 #include "worker/service/worker_options.h"
 
 namespace recall::cli {
@@ -46,26 +38,6 @@ void OnInterrupt(int) {
 }
 
 // Streams one reply to stdout; Ctrl-C cancels it. The reply's end (or CANCELLED).
-// Text for a terminal: control characters but line ends and tabs as \xNN (C1 ones as \u00NN),
-// so that a message holding escape sequences shows them instead of acting on the terminal.
-std::string Printable(const std::string& text) {
-  std::string out;
-  out.reserve(text.size());
-  for (size_t i = 0; i < text.size(); ++i) {
-    const auto u = static_cast<unsigned char>(text[i]);
-    const auto next = i + 1 < text.size() ? static_cast<unsigned char>(text[i + 1]) : 0;
-    if ((u < 0x20 && u != '\n' && u != '\t') || u == 0x7f) {
-      absl::StrAppend(&out, "\\x", absl::Hex(u, absl::kZeroPad2));
-    } else if (u == 0xc2 && next >= 0x80 && next <= 0x9f) {  // C1 (U+009B is CSI)
-      absl::StrAppend(&out, "\\u00", absl::Hex(next, absl::kZeroPad2));
-      ++i;
-    } else {
-      out.push_back(text[i]);
-    }
-  }
-  return out;
-}
-
 // A reply's text as it streams in: escaped for a terminal, as the model wrote it for a program
 // reading the output. (Each piece is whole UTF-8, so a C1 character is never split.)
 std::string StreamedText(const std::string& text) {
@@ -166,21 +138,6 @@ bool ReadLine(bool tty, std::string* line) {
   return true;
 }
 
-// A reply whose turn did not complete, as a listing marks it (the turn is kept for the record
-// and left out of later prompts).
-const char* StateNote(const v1::ChatMessage& m) {
-  switch (m.state()) {
-    case v1::TURN_STATE_IN_PROGRESS:
-      return " (in progress)";
-    case v1::TURN_STATE_INTERRUPTED:
-      return " (interrupted: not in later prompts)";
-    case v1::TURN_STATE_FAILED:
-      return " (failed: not in later prompts)";
-    default:
-      return "";
-  }
-}
-
 constexpr char kChatUsageHead[] = R"(usage: recall chat --server HOST:PORT [options]
 
 A multi-turn chat with a Recall coordinator. Interactive on a terminal; otherwise reads one
@@ -195,39 +152,6 @@ Commands (a line starting with /; never sent to the model):
 The session is created with the first message: a chat left without one leaves none behind.
 
 )";
-
-constexpr char kSessionsUsageHead[] =
-    R"(usage: recall sessions list|ls|show ID [--json]|delete ID --server HOST:PORT [options]
-
-)";
-
-// How to reach the coordinator (chat and sessions).
-struct ConnectOptions {
-  std::string server = "127.0.0.1:50050";
-  std::string api_key;
-  std::string tls_ca, tls_cert, tls_key;
-};
-
-flags::FlagSet<ConnectOptions> ConnectFlags() {
-  flags::FlagSet<ConnectOptions> f;
-  f.Section("connection")
-      .String(
-          "server", "HOST:PORT", "the coordinator (default 127.0.0.1:50050)",
-          [](auto& o) -> auto& { return o.server; })
-      .String(
-          "api-key", "KEY", "sent as \"authorization: Bearer KEY\"",
-          [](auto& o) -> auto& { return o.api_key; })
-      .String(
-          "tls-ca", "FILE", "connect with TLS, trusting this CA (PEM)",
-          [](auto& o) -> auto& { return o.tls_ca; })
-      .String(
-          "tls-cert", "FILE", "client certificate for mTLS (PEM)",
-          [](auto& o) -> auto& { return o.tls_cert; })
-      .String(
-          "tls-key", "FILE", "the client certificate's key (PEM)",
-          [](auto& o) -> auto& { return o.tls_key; });
-  return f;
-}
 
 struct ChatOptions {
   ConnectOptions connect;
@@ -284,55 +208,6 @@ const flags::FlagSet<ChatOptions>& ChatFlags() {
     return f;
   }();
   return *kFlags;
-}
-
-absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag) {
-  if (path.empty()) return std::string();
-  RECALL_ASSIGN_OR_RETURN(std::string pem,
-                          ReadSmallFile(absl::StrCat("--", flag), path, kMaxPemBytes));
-  // gRPC's own word for a file that is no PEM is "empty address list".
-  if (pem.find("-----BEGIN ") == std::string::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", flag, ": ", path, " is not PEM (no -----BEGIN line)"));
-  }
-  return pem;
-}
-
-absl::StatusOr<std::unique_ptr<Client>> Connect(const ConnectOptions& c) {
-  if (absl::Status s = CheckApiKey(c.api_key); !s.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--api-key", absl::StripPrefix(s.message(), "api_key")));
-  }
-  RECALL_ASSIGN_OR_RETURN(const auto host_port, flags::SplitHostPort("--server", c.server));
-  if (host_port.second == 0) {  // (a listen address's "any free port"; nothing is there)
-    return absl::InvalidArgumentError(
-        "--server: port 0 names no server; give the port it listens on");
-  }
-  ClientOptions o;
-  o.address = c.server;
-  o.api_key = c.api_key;
-  if (c.tls_cert.empty() != c.tls_key.empty()) {
-    return absl::InvalidArgumentError(
-        "--tls-cert and --tls-key go together (a client certificate and its key, for mTLS)");
-  }
-  if (!c.tls_ca.empty() || !c.tls_cert.empty()) {
-    grpc::SslCredentialsOptions ssl;
-    RECALL_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem(c.tls_ca, "tls-ca"));
-    RECALL_ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadPem(c.tls_cert, "tls-cert"));
-    RECALL_ASSIGN_OR_RETURN(ssl.pem_private_key, ReadPem(c.tls_key, "tls-key"));
-    // Checked here: gRPC said only "empty address list", after 6 s of failed handshakes.
-    if (!c.tls_ca.empty()) {
-      RECALL_RETURN_IF_ERROR(tls::CheckHoldsCertificate("--tls-ca", c.tls_ca, ssl.pem_root_certs));
-    }
-    if (!c.tls_cert.empty()) {
-      RECALL_RETURN_IF_ERROR(
-          tls::CheckHoldsCertificate("--tls-cert", c.tls_cert, ssl.pem_cert_chain));
-      RECALL_RETURN_IF_ERROR(tls::CheckKeyMatchesCertificate(c.tls_key, ssl.pem_private_key,
-                                                             c.tls_cert, ssl.pem_cert_chain));
-    }
-    o.credentials = grpc::SslCredentials(ssl);
-  }
-  return Client::Connect(o);
 }
 
 // The settings the flags gave, as the wire's CacheSettings.
@@ -530,82 +405,6 @@ absl::Status Chat(const ChatOptions& o) {
   return absl::OkStatus();
 }
 
-// A session as JSON, its messages' text as text (protobuf's JSON prints bytes as base64).
-absl::StatusOr<std::string> SessionJson(const v1::Session& s) {
-  std::string out;
-  if (!google::protobuf::util::MessageToJsonString(s, &out).ok()) {
-    return absl::InternalError("cannot print the session as JSON");
-  }
-  nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
-  if (j.is_discarded()) return absl::InternalError("cannot print the session as JSON");
-  for (int i = 0; i < s.messages_size() && j.contains("messages"); ++i) {
-    j["messages"][i]["content"] = s.messages(i).content();
-  }
-  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-}
-
-absl::Status Sessions(const ConnectOptions& c, const std::vector<std::string>& pos, bool json) {
-  const std::string verb = pos.empty() ? "list" : pos[0] == "ls" ? "list" : pos[0];
-  const size_t args = pos.empty() ? 0 : pos.size() - 1;
-  if (verb == "list" && (args != 0 || json)) {
-    return absl::InvalidArgumentError("list: takes no session id and no --json");
-  }
-  if ((verb == "show" || verb == "delete") && args != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(verb, ": needs one session id, got ", args));
-  }
-  if (verb == "delete" && json) return absl::InvalidArgumentError("delete: takes no --json");
-  if (args == 1 && !utf8::IsValid(pos[1])) {
-    return absl::InvalidArgumentError(absl::StrCat(verb, ": the session id is not UTF-8"));
-  }
-  if (verb != "list" && verb != "show" && verb != "delete") {
-    return absl::InvalidArgumentError(absl::StrCat("unknown sessions command \"", verb,
-                                                   "\" (list, show ID [--json], delete ID)"));
-  }
-  RECALL_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(c));
-  if (verb == "list") {
-    std::string token;
-    do {
-      RECALL_ASSIGN_OR_RETURN(v1::ListSessionsResponse page, client->ListSessions(100, token));
-      for (const v1::Session& s : page.sessions()) {
-        std::cout << s.session_id() << "  " << s.model() << "  turns=" << s.turns() << "\n";
-      }
-      token = page.next_page_token();
-    } while (!token.empty());
-    return absl::OkStatus();
-  }
-  if (verb == "show") {
-    RECALL_ASSIGN_OR_RETURN(v1::Session s, client->GetSession(pos[1]));
-    if (json) {
-      RECALL_ASSIGN_OR_RETURN(const std::string out, SessionJson(s));
-      std::cout << out;
-      return absl::OkStatus();
-    }
-    // Exchanges, as `list` counts them; GetSession's turns are those whose reply completed.
-    const int exchanges = static_cast<int>(
-        std::count_if(s.messages().begin(), s.messages().end(),
-                      [](const v1::ChatMessage& m) { return m.role() == "assistant"; }));
-    std::cout << "session " << s.session_id() << "  model " << s.model() << "  turns " << exchanges
-              << (exchanges != s.turns() ? absl::StrCat(" (", s.turns(), " complete)") : "")
-              << "\n";
-    for (const v1::ChatMessage& m : s.messages()) {
-      std::cout << "\n" << m.role() << StateNote(m) << ":\n" << Printable(m.content()) << "\n";
-    }
-    return absl::OkStatus();
-  }
-  return client->DeleteSession(pos[1]);
-}
-
-// `usage` is printed after an invalid command line; null for errors of the run itself (a
-// server's INVALID_ARGUMENT is about the request, not the flags).
-int Report(const char* name, const absl::Status& st, const char* usage) {
-  if (st.ok()) return 0;
-  std::cerr << "recall " << name << ": " << st.message() << "\n";
-  if (usage != nullptr && st.code() == absl::StatusCode::kInvalidArgument) {
-    std::cerr << "\n" << usage;
-  }
-  return st.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
-}
-
 }  // namespace
 
 int RunChat(const std::vector<std::string>& argv) {
@@ -621,36 +420,6 @@ int RunChat(const std::vector<std::string>& argv) {
     return 2;
   }
   return Report("chat", Chat(options), nullptr);
-}
-
-int RunSessions(const std::vector<std::string>& argv) {
-  // The verb, the session id and the flags in any order (--json anywhere): every connection
-  // flag takes a value, the next word unless it has "=VALUE" (`show --server X ID` was
-  // refused).
-  std::vector<std::string> pos, rest;
-  bool json = false;
-  for (size_t i = 0; i < argv.size(); ++i) {
-    const std::string& a = argv[i];
-    if (a == "--help" || a == "-h") {
-      std::cout << kSessionsUsageHead << ConnectFlags().Help();
-      return 0;
-    }
-    if (a == "--json") {
-      json = true;
-      continue;
-    }
-    if (a.rfind("-", 0) != 0) {
-      pos.push_back(a);
-      continue;
-    }
-    rest.push_back(a);
-    if (a.find('=') == std::string::npos && i + 1 < argv.size()) rest.push_back(argv[++i]);
-  }
-  ConnectOptions options;
-  if (absl::Status st = ConnectFlags().Parse(rest, &options); !st.ok()) {
-    return Report("sessions", st, kSessionsUsageHead);
-  }
-  return Report("sessions", Sessions(options, pos, json), kSessionsUsageHead);
 }
 
 }  // namespace recall::cli

@@ -1,5 +1,5 @@
 // `recall chat`: a multi-turn chat against a coordinator (interactive, or one user message
-// per line on standard input), and `recall sessions` (list, show, delete).
+// per line on standard input).
 #pragma once
 
 #include <string>
@@ -8,6 +8,5 @@
 namespace recall::cli {
 
 int RunChat(const std::vector<std::string>& argv);
-int RunSessions(const std::vector<std::string>& argv);
 
 }  // namespace recall::cli

@@ -15,6 +15,7 @@
 #include "cli/chat_command.h"
 #include "cli/generate_command.h"
 #include "cli/serve_command.h"
+#include "cli/sessions_command.h"
 
 namespace {
 

@@ -166,10 +166,10 @@ TEST(ChatCliTest, StatsShowTheKvBytesAndThePolicysState) {
 // Runs `recall sessions ARGS --server ADDRESS`; returns its standard output.
 std::string RunSessions(const std::string& dir, const std::string& address,
                         const std::string& args) {
-  const std::string out = dir + "/sessions.txt";
+  const std::string out = dir + "/sessions.txt", err = dir + "/sessions.err";
   const std::string cmd = std::string("'") + RECALL_CLI_BINARY + "' sessions " + args +
-                          " --server " + address + " > '" + out + "' 2>&1";
-  EXPECT_EQ(std::system(cmd.c_str()), 0) << testing::ReadFileOrEmpty(out);
+                          " --server " + address + " > '" + out + "' 2> '" + err + "'";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << testing::ReadFileOrEmpty(err);
   return testing::ReadFileOrEmpty(out);
 }
 
@@ -188,6 +188,8 @@ TEST(ChatCliTest, CommandsStayLocalAndAChatWithoutMessagesLeavesNoSession) {
   EXPECT_NE(empty.err.find("unknown command /nonsense"), std::string::npos) << empty.err;
   EXPECT_EQ(empty.out.find("user:"), std::string::npos) << "no command reached the model";
   EXPECT_EQ(RunSessions(dir, address, "ls"), "") << "no session left behind";
+  // An empty list says so on stderr (it printed nothing at all), the list itself stays empty.
+  EXPECT_EQ(testing::ReadFileOrEmpty(dir + "/sessions.err"), "no sessions (of this tenant)\n");
 
   // A first message the server refuses leaves no session either.
   ChatRun refused = RunChat(dir, address, "bad \xff utf-8\n");
