@@ -40,9 +40,17 @@ absl::StatusOr<ApiKeys> ApiKeys::Load(const std::string& path) {
 
 absl::StatusOr<std::string> ApiKeys::Authenticate(const grpc::ServerContextBase& context) const {
   const auto& md = context.client_metadata();
+  RECALL_RETURN_IF_ERROR(CheckOneKey(md.count("authorization")));
   auto it = md.find("authorization");
   if (it == md.end()) return AuthenticateBearer(std::nullopt);
   return AuthenticateBearer(std::string(it->second.data(), it->second.size()));
+}
+
+absl::Status ApiKeys::CheckOneKey(size_t count) const {
+  // Two keys would make the tenant depend on their order (the first was taken).
+  if (!enabled_ || count <= 1) return absl::OkStatus();
+  return absl::UnauthenticatedError(
+      absl::StrCat("authorization: given ", count, " times; send one key"));
 }
 
 absl::StatusOr<std::string> ApiKeys::AuthenticateBearer(

@@ -22,11 +22,14 @@ class ApiKeys {
   static absl::StatusOr<ApiKeys> Load(const std::string& path);
   static constexpr size_t kMaxKeysFileBytes = 16 << 20;
 
-  // The caller's tenant, or UNAUTHENTICATED (missing or unknown key).
+  // The caller's tenant, or UNAUTHENTICATED (missing or unknown key, or more than one: the
+  // tenant would depend on their order).
   absl::StatusOr<std::string> Authenticate(const grpc::ServerContextBase& context) const;
   // The same from the header's value ("Bearer <key>"); nullopt: no header.
   absl::StatusOr<std::string> AuthenticateBearer(
       const std::optional<std::string>& authorization) const;
+  // UNAUTHENTICATED when keys are on: a request carried `count` > 1 keys.
+  absl::Status CheckOneKey(size_t count) const;
   bool enabled() const { return enabled_; }
 
  private:

@@ -54,6 +54,16 @@ v1::ChatMessage ToProto(const StoredMessage& m) {
 }
 
 // A seed for a turn whose request sets none (sampling then differs from turn to turn).
+// The workers whose limits apply: those answering (a stopped worker's --max-tokens-limit held
+// for every turn after it went), or all of them when none answers.
+std::vector<WorkerView> Answering(std::vector<WorkerView> all) {
+  std::vector<WorkerView> up;
+  for (WorkerView& w : all) {
+    if (w.healthy) up.push_back(std::move(w));
+  }
+  return up.empty() ? all : up;
+}
+
 uint64_t RandomSeed() {
   static std::mutex mu;
   static std::mt19937_64 rng(std::random_device{}());
@@ -573,7 +583,13 @@ absl::StatusOr<v1::CacheSettings> Conversations::CheckNewSession(
     const std::string& system_prompt) const {
   // No model named among several: which one serves the session is not known yet.
   if (model.empty() && Models().size() > 1) return cache;
-  for (const WorkerView& w : WorkersStoring(workers_.Snapshot(), cache.kv_dtype())) {
+  // Only a worker that runs the policy checks it (a worker without it, e.g. a TP worker asked
+  // for episodic, refused it as unknown while the workers that run it were down); one that no
+  // worker runs is unknown.
+  const std::vector<WorkerView> running =
+      WorkersServing(WorkersStoring(workers_.Snapshot(), cache.kv_dtype()), cache.policy());
+  if (running.empty()) RECALL_RETURN_IF_ERROR(CheckPolicy(cache));
+  for (const WorkerView& w : running) {
     if (!w.healthy || w.draining || w.stub == nullptr) continue;
     if (!model.empty() && w.info.model() != model) continue;
     grpc::ClientContext ctx;
@@ -601,19 +617,19 @@ absl::Status Conversations::UnknownModel(const std::string& model,
       absl::StrCat("model: no worker serves \"", model, "\"", ServedModelsSuffix(served)));
 }
 
-int Conversations::MaxTokensLimit(const std::string& model) const {
-  int limit = 0;
-  for (const WorkerView& w : workers_.Snapshot()) {
+Conversations::MaxTokens Conversations::MaxTokensLimit(const std::string& model) const {
+  MaxTokens limit;
+  for (const WorkerView& w : Answering(workers_.Snapshot())) {
     if (!model.empty() && w.info.model() != model) continue;
     const int l = w.info.max_tokens_limit();
-    if (l > 0 && (limit == 0 || l < limit)) limit = l;
+    if (l > 0 && (limit.limit == 0 || l < limit.limit)) limit = {l, w.address};
   }
   return limit;
 }
 
 int Conversations::LargestModelMaxTokens() const {
   std::map<std::string, int> per_model;  // each model's smallest limit
-  for (const WorkerView& w : workers_.Snapshot()) {
+  for (const WorkerView& w : Answering(workers_.Snapshot())) {
     const int l = w.info.max_tokens_limit();
     if (l <= 0) continue;
     auto [it, added] = per_model.emplace(w.info.model(), l);
@@ -627,12 +643,13 @@ int Conversations::LargestModelMaxTokens() const {
 absl::Status Conversations::CheckMaxTokens(const std::string& model,
                                            const v1::SamplingParams& sampling) const {
   if (!sampling.has_max_tokens()) return absl::OkStatus();
-  const int limit = MaxTokensLimit(model);
-  if (limit <= 0 || sampling.max_tokens() <= limit) return absl::OkStatus();
+  const MaxTokens limit = MaxTokensLimit(model);
+  if (limit.limit <= 0 || sampling.max_tokens() <= limit.limit) return absl::OkStatus();
   return flags::FieldError(
       "sampling.max_tokens",
-      absl::StrCat("must be in [1, ", limit, "]", model.empty() ? "" : " for \"" + model + "\"",
-                   ", got ", sampling.max_tokens(), " (not retryable)"));
+      absl::StrCat("must be in [1, ", limit.limit, "]",
+                   model.empty() ? "" : " for \"" + model + "\"", ", got ", sampling.max_tokens(),
+                   " (worker ", limit.worker, "'s limit; not retryable)"));
 }
 
 void Conversations::RememberEpisodes(const std::string& key, const v1::TurnDone& done) {

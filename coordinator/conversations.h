@@ -250,9 +250,14 @@ class Conversations {
   // "stories260K" learns the name is "stories260K.bin").
   static absl::Status UnknownModel(const std::string& model,
                                    const std::vector<std::string>& served);
-  // The smallest max_tokens limit among the workers serving `model` (all of them for ""; 0:
-  // none known).
-  int MaxTokensLimit(const std::string& model) const;
+  // The smallest max_tokens limit among the answering workers serving `model` (all models for
+  // ""; all workers when none answers; 0: none known) and the worker that sets it: a turn may
+  // go to any of them.
+  struct MaxTokens {
+    int limit = 0;
+    std::string worker;
+  };
+  MaxTokens MaxTokensLimit(const std::string& model) const;
   // The largest of the models' MaxTokensLimit (0: none known), from one look at the workers.
   int LargestModelMaxTokens() const;
   // InvalidArgument naming sampling.max_tokens when it passes that limit of `model`'s workers.

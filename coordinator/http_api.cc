@@ -319,6 +319,7 @@ absl::StatusOr<std::string> HttpApi::Admit(const httplib::Request& req) {
     if (stopping_) return absl::UnavailableError("the coordinator is shutting down; retryable");
   }
   std::optional<std::string> authorization;
+  RECALL_RETURN_IF_ERROR(keys_.CheckOneKey(req.get_header_value_count("Authorization")));
   if (req.has_header("Authorization")) authorization = req.get_header_value("Authorization");
   return keys_.AuthenticateBearer(authorization);
 }

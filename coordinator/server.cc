@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/files.h"
 #include "common/flags.h"
-#include "common/grpc/parse_errors.h"
+#include "common/grpc/status_interceptor.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "common/tls/certificate.h"
@@ -125,7 +125,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   // its field rather than by the transport.
   builder.SetMaxReceiveMessageSize(static_cast<int>(
       std::min<size_t>(4 * config.options.max_message_bytes + (1 << 20), 1 << 30)));
-  builder.experimental().SetInterceptorCreators(grpcutil::ParseErrorInterceptors(
+  builder.experimental().SetInterceptorCreators(grpcutil::StatusInterceptors(
       {v1::Chat::service_full_name(), v1::Registry::service_full_name()}));
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
+#include "google/protobuf/util/message_differencer.h"
 
 namespace recall::coordinator {
 namespace {
@@ -334,6 +335,26 @@ void WorkerRegistry::SettleConflicts() {
                           << "\" as most of its workers do now: used";
     }
     e.conflict = conflict;
+  }
+  std::map<std::string, const Entry*> first;  // name -> the first worker used for it
+  for (Entry& e : workers_) {
+    const v1::InfoResponse& info = e.view.info;
+    if (info.model().empty() || e.conflict) continue;
+    const Entry* ref = first.emplace(info.model(), &e).first->second;
+    const bool differ = !google::protobuf::util::MessageDifferencer::Equals(
+        info.default_cache(), ref->view.info.default_cache());
+    if (differ && !e.defaults_differ) {
+      RECALL_LOG(WARNING) << "worker " << e.view.address << "'s session defaults ("
+                          << info.default_cache().ShortDebugString() << ") differ from those of "
+                          << ref->view.address << " ("
+                          << ref->view.info.default_cache().ShortDebugString()
+                          << "), which serves \"" << info.model()
+                          << "\" too: a new session that names no cache settings takes the "
+                             "defaults of the first answering worker in --workers order, whichever "
+                             "worker then serves it; give every worker the same --policy, --budget "
+                             "and --window flags";
+    }
+    e.defaults_differ = differ;
   }
 }
 

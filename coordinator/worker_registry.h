@@ -105,6 +105,7 @@ class WorkerRegistry {
     bool conflict = false;     // serves a name another worker serves with another model
     std::string conflict_reason;  // while `conflict`: why it is not used
     bool down_logged = false;  // said so since it last answered
+    bool defaults_differ = false;  // said that its session defaults differ (SettleConflicts)
     absl::Time down_since = absl::InfiniteFuture();  // while marked down
   };
   void Loop();
@@ -112,7 +113,10 @@ class WorkerRegistry {
   // its worker failed over. For each name, the model (context length, vocabulary, chat
   // format) most of its workers serve is used, ties to the one registered first; a worker
   // serving another is not (Entry::conflict), said once. By count, not by who came first:
-  // after a coordinator restart the workers register again in any order.
+  // after a coordinator restart the workers register again in any order. A worker whose
+  // session defaults (Info.default_cache) differ from those of the first worker serving its
+  // name is used, and that is said once: a new session takes the defaults of the worker that
+  // checks it (the first answering), so the others' --policy/--budget apply to none.
   void SettleConflicts() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Polls these workers at once and waits for every answer (or its deadline).
   void Poll(const std::vector<std::string>& addresses, bool refresh_all_info);

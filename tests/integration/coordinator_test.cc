@@ -399,6 +399,17 @@ TEST_F(CoordinatorTest, KeysTenantsAndBadRequestsGetTheirCodes) {
   EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED);
   Get(id, "key-b", &st);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND) << "another tenant's session";
+  {  // Two keys: the tenant was the first one's, so it depended on the order.
+    grpc::ClientContext ctx;
+    Auth(&ctx, "key-a");
+    ctx.AddMetadata("authorization", "Bearer key-b");
+    v1::GetSessionRequest req;
+    req.set_session_id(id);
+    v1::Session s;
+    st = stub_->GetSession(&ctx, req, &s);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(st.error_message(), "authorization: given 2 times; send one key");
+  }
   EXPECT_EQ(Say(id, "hi", 5, "key-b").status.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(Say("s-nope", "hi").status.error_code(), grpc::StatusCode::NOT_FOUND);
 
@@ -510,6 +521,35 @@ TEST_F(CoordinatorTest, MalformedAndOutOfRangeRequestsAreInvalidArgumentNamingTh
   }
   EXPECT_EQ(testing::RawCall(channel.get(), "/recall.v1.Chat/Nope", "", "key-a").error_code(),
             grpc::StatusCode::UNIMPLEMENTED);
+  // An error quoting a 9000-byte value passed gRPC's 8 KiB metadata limit: the caller got
+  // RESOURCE_EXHAUSTED "received initial metadata size exceeds limit", and a worker's refusal
+  // (cache.positions) read as a worker that could not check the session, which was made.
+  // The message is cut at 2 KiB now; the code is the refusal's, and no session is made.
+  const auto sessions = [&] {
+    grpc::ClientContext ctx;
+    Auth(&ctx, "key-a");
+    v1::ListSessionsResponse resp;
+    EXPECT_TRUE(stub_->ListSessions(&ctx, v1::ListSessionsRequest(), &resp).ok());
+    return resp.sessions_size();
+  };
+  const int sessions_before = sessions();
+  for (const char* field : {"policy", "positions"}) {
+    grpc::ClientContext ctx;
+    Auth(&ctx, "key-a");
+    v1::CreateSessionRequest req;
+    const std::string value(9000, 'x');
+    if (std::string(field) == "policy") req.mutable_cache()->set_policy(value);
+    if (std::string(field) == "positions") req.mutable_cache()->set_positions(value);
+    v1::Session s;
+    const grpc::Status st = stub_->CreateSession(&ctx, req, &s);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << field << ": " << st.error_message();
+    EXPECT_EQ(st.error_message().rfind(std::string("cache.") + field + ": ", 0), 0u)
+        << st.error_message();
+    EXPECT_LE(st.error_message().size(), 2048u);
+    EXPECT_NE(st.error_message().find("... (cut: the message is "), std::string::npos);
+  }
+  EXPECT_EQ(sessions(), sessions_before) << "no session was made";
   {
     grpc::ClientContext ctx;
     Auth(&ctx, "key-a");
@@ -1240,6 +1280,20 @@ class DifferentDefaultsTest : public CoordinatorTest {
 };
 
 TEST_F(DifferentDefaultsTest, ASessionKeepsTheCacheSettingsItWasMadeWithOnEveryWorker) {
+  // That worker 1's defaults apply to no session made while worker 0 answers is said.
+  const std::string w0 = "127.0.0.1:" + std::to_string(workers_[0].port("grpc"));
+  const std::string w1 = "127.0.0.1:" + std::to_string(workers_[1].port("grpc"));
+  const std::string said =
+      testing::RunToExit("timeout 3 " + std::string(RECALL_COORDINATOR_BINARY) + " --workers " +
+                         w0 + "," + w1 + " --listen 127.0.0.1:0 --data-dir " +
+                         testing::MakeTempDir("coordinator_defaults"))
+          .output;
+  EXPECT_NE(
+      said.find("worker " + w1 + "'s session defaults (policy: \"streaming\" budget_tokens: 16"),
+      std::string::npos)
+      << said;
+  EXPECT_NE(said.find("differ from those of " + w0 + " (policy: \"full\""), std::string::npos)
+      << said;
   const std::string id = Create();  // checked by worker 0, the first listed
   const v1::Session made = Get(id);
   EXPECT_EQ(made.cache().policy(), "full");
@@ -1260,6 +1314,61 @@ TEST_F(DifferentDefaultsTest, ASessionKeepsTheCacheSettingsItWasMadeWithOnEveryW
   EXPECT_EQ(s.cache().policy(), "streaming") << "worker 1's default, the only worker left";
   EXPECT_EQ(s.cache().budget_tokens(), 16);
   EXPECT_EQ(s.cache().window(), 8);
+}
+
+// Worker 1 runs two TP ranks, so it cannot run episodic sessions (one CPU rank only). With
+// worker 0 down, a new episodic session was refused as "unknown policy" (worker 1 checked
+// it), as if the name were wrong; now only a worker that runs a policy checks it, the session
+// is made, and its turn waits for such a worker (retryable).
+class MixedRanksTest : public CoordinatorTest {
+ protected:
+  std::vector<std::string> WorkerExtraArgs(int i) override {
+    if (i == 1) return {"--tp", "2"};
+    return {};
+  }
+};
+
+TEST_F(MixedRanksTest, APolicyOnlyADownWorkerRunsIsNotCalledUnknown) {
+  workers_[0].Kill();
+  grpc::ClientContext ctx;
+  Auth(&ctx, "key-a");
+  v1::CreateSessionRequest req;
+  req.mutable_cache()->set_policy("episodic");
+  v1::Session s;
+  const grpc::Status st = stub_->CreateSession(&ctx, req, &s);
+  ASSERT_TRUE(st.ok()) << st.error_code() << ": " << st.error_message();
+  const Reply r = Say(s.session_id(), "Once upon a time", 8);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
+  EXPECT_NE(r.status.error_message().find("retryable"), std::string::npos)
+      << r.status.error_message();
+}
+
+// Worker 1 limits a reply to 100 tokens (--max-tokens-limit), worker 0 to its context (512):
+// a turn may go to either, so more than 100 is refused, naming worker 1; once worker 1 is
+// down its limit no longer applies (it was held for every turn after it went).
+class DifferentLimitsTest : public CoordinatorTest {
+ protected:
+  std::vector<std::string> WorkerExtraArgs(int i) override {
+    if (i == 1) return {"--max-tokens-limit", "100"};
+    return {};
+  }
+};
+
+TEST_F(DifferentLimitsTest, AStoppedWorkersReplyLimitNoLongerApplies) {
+  const std::string id = Create();
+  const std::string worker1 = "127.0.0.1:" + std::to_string(workers_[1].port("grpc"));
+  Reply r = Say(id, "Once upon a time", 300);
+  ASSERT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << r.status.error_message();
+  EXPECT_EQ(r.status.error_message(),
+            "sampling.max_tokens: must be in [1, 100] for \"stories260K.bin\", got 300 (worker " +
+                worker1 + "'s limit; not retryable)");
+  workers_[1].Kill();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  do {  // until the coordinator has seen it go (three missed heartbeats)
+    r = Say(id, "Once upon a time", 300);
+  } while (!r.status.ok() && std::chrono::steady_clock::now() < deadline);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.done.worker(), "127.0.0.1:" + std::to_string(workers_[0].port("grpc")));
 }
 
 // Workers with random weights of SmolLM2-135M's shape: tens of ms per token on the CPU, so

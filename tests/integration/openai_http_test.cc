@@ -580,6 +580,11 @@ TEST_F(OpenAiHttpTest, BadRequestsGetOpenAIErrorsNamingTheField) {
   // The scheme's name is case-insensitive.
   httplib::Headers lower = {{"Authorization", "bearer key-a"}};
   EXPECT_EQ(Send(*http_, "GET", "/v1/models", "", "", lower).status, 200);
+  // Two keys: the tenant would depend on their order.
+  httplib::Headers two = {{"Authorization", "Bearer key-a"}, {"Authorization", "Bearer key-b"}};
+  const HttpReply twice = Send(*http_, "GET", "/v1/models", "", "", two);
+  EXPECT_EQ(twice.status, 401) << twice.body;
+  EXPECT_EQ(twice.JsonBody()["error"]["message"], "authorization: given 2 times; send one key");
 
   // A session is its tenant's: another key finds nothing.
   const HttpReply mine = Post("/v1/chat/completions", ChatBody(hi, 4, false));

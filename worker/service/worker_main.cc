@@ -17,7 +17,7 @@
 #include "cache/eviction/session_evictor.h"
 #include "common/files.h"
 #include "common/flags.h"
-#include "common/grpc/parse_errors.h"
+#include "common/grpc/status_interceptor.h"
 #include "common/metrics/http_server.h"
 #include "common/status.h"
 #include "common/stop_signals.h"
@@ -203,7 +203,7 @@ absl::Status Run(const std::vector<std::string>& argv) {
   builder.RegisterService(&service);
   builder.SetMaxReceiveMessageSize(64 << 20);  // full transcripts
   builder.experimental().SetInterceptorCreators(
-      grpcutil::ParseErrorInterceptors({v1::Worker::service_full_name()}));
+      grpcutil::StatusInterceptors({v1::Worker::service_full_name()}));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("--listen: cannot listen on ", listen));

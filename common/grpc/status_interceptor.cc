@@ -1,4 +1,4 @@
-#include "common/grpc/parse_errors.h"
+#include "common/grpc/status_interceptor.h"
 
 #include <memory>
 #include <set>
@@ -11,9 +11,9 @@
 namespace recall::grpcutil {
 namespace {
 
-class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
+class StatusInterceptor final : public grpc::experimental::Interceptor {
  public:
-  ParseErrorInterceptor(std::string method, bool exists)
+  StatusInterceptor(std::string method, bool exists)
       : method_(std::move(method)), exists_(exists) {}
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
@@ -30,6 +30,9 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
             grpc::StatusCode::INVALID_ARGUMENT,
             absl::StrCat("request: cannot be parsed as the request message of ", method_,
                          " (malformed protobuf, or a string field that is not valid UTF-8)")));
+      } else if (st.error_message().size() > kMaxStatusMessageBytes) {
+        methods->ModifySendStatus(grpc::Status(
+            st.error_code(), CutStatusMessage(st.error_message()), st.error_details()));
       }
     }
     methods->Proceed();
@@ -40,15 +43,16 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
   const bool exists_;
 };
 
-class ParseErrorFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
+class StatusInterceptorFactory final
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
-  explicit ParseErrorFactory(std::set<std::string> methods) : methods_(std::move(methods)) {}
+  explicit StatusInterceptorFactory(std::set<std::string> methods) : methods_(std::move(methods)) {}
 
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo* info) override {
     const std::string method = info->method() != nullptr ? info->method() : "";
-    return new ParseErrorInterceptor(method.empty() ? "this method" : method,
-                                     methods_.count(method) > 0);
+    return new StatusInterceptor(method.empty() ? "this method" : method,
+                                 methods_.count(method) > 0);
   }
 
  private:
@@ -57,8 +61,17 @@ class ParseErrorFactory final : public grpc::experimental::ServerInterceptorFact
 
 }  // namespace
 
+std::string CutStatusMessage(const std::string& message) {
+  if (message.size() <= kMaxStatusMessageBytes) return message;
+  const std::string tail = absl::StrCat("... (cut: the message is ", message.size(), " bytes)");
+  size_t keep = kMaxStatusMessageBytes - tail.size();
+  // Not inside a character: back over its continuation bytes to its first.
+  while (keep > 0 && (static_cast<unsigned char>(message[keep]) & 0xC0) == 0x80) --keep;
+  return message.substr(0, keep) + tail;
+}
+
 std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
-ParseErrorInterceptors(const std::vector<std::string>& services) {
+StatusInterceptors(const std::vector<std::string>& services) {
   std::set<std::string> methods;
   for (const std::string& name : services) {
     const google::protobuf::ServiceDescriptor* service =
@@ -69,7 +82,7 @@ ParseErrorInterceptors(const std::vector<std::string>& services) {
     }
   }
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> out;
-  out.push_back(std::make_unique<ParseErrorFactory>(std::move(methods)));
+  out.push_back(std::make_unique<StatusInterceptorFactory>(std::move(methods)));
   return out;
 }
 
