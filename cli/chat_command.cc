@@ -376,12 +376,18 @@ absl::Status Chat(const ChatOptions& o) {
     if (replied) std::cout << "\n" << std::flush;
     if (!done.ok()) {
       done = InFlagTerms(done.status());
-      // A first message the server refused leaves no session behind (as a chat left without
-      // one); a turn cut short is kept in its session.
-      if (first_turn && done.status().code() == absl::StatusCode::kInvalidArgument) {
-        client->DeleteSession(session_id).IgnoreError();
-        std::cerr << "[session " << session_id << " removed: its first message was refused]\n";
-        session_id.clear();
+      // A first message the server did not take (refused, or no worker had room) leaves no
+      // session behind, as a chat left without one; a turn that stored anything (a reply cut
+      // short) is kept in its session.
+      if (first_turn) {
+        absl::StatusOr<v1::Session> made = client->GetSession(session_id);
+        if (made.ok() &&
+            std::all_of(made->messages().begin(), made->messages().end(),
+                        [](const v1::ChatMessage& m) { return m.role() == "system"; })) {
+          client->DeleteSession(session_id).IgnoreError();
+          std::cerr << "[session " << session_id << " removed: its first message was not taken]\n";
+          session_id.clear();
+        }
       }
       const absl::StatusCode code = done.status().code();
       if (tty && code == absl::StatusCode::kCancelled &&

@@ -2,11 +2,13 @@
 // transcript it prints, and a turn the server refuses (no empty reply before the error,
 // the error on stderr, exit code 2).
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -171,6 +173,38 @@ std::string RunSessions(const std::string& dir, const std::string& address,
                           " --server " + address + " > '" + out + "' 2> '" + err + "'";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << testing::ReadFileOrEmpty(err);
   return testing::ReadFileOrEmpty(out);
+}
+
+// A first message no worker had room for (RESOURCE_EXHAUSTED: the one worker runs one turn and
+// queues none) stores nothing, and its chat leaves no session (one was left, counting against
+// --max-sessions). Random weights of SmolLM2's shape: tens of ms a token, so the busy chat's
+// 400-token reply is still running when the second chat sends.
+TEST(ChatCliTest, AFirstMessageNoWorkerHadRoomForLeavesNoSession) {
+  RECALL_REQUIRE_SHARED_FILE("tokenizers/smollm2/config.json");
+  const std::string dir = testing::MakeTempDir("chat_cli_full");
+  const std::string busy_dir = testing::MakeTempDir("chat_cli_full_busy");
+  ServerProcess worker, coordinator;
+  std::string error;
+  const std::string address =
+      testing::StartServe(dir, worker, coordinator, &error,
+                          {"--model", testing::SharedPath("tokenizers/smollm2"), "--random-weights",
+                           "--kv-cache-bytes", "64M", "--max-active", "1", "--max-queued", "0"});
+  ASSERT_FALSE(address.empty()) << error;
+  std::thread busy([&] { RunChat(busy_dir, address, "Hello\n", "--max-tokens 400"); });
+  // The busy chat's session exists once its turn is on its way.
+  for (int i = 0; i < 200 && RunSessions(dir, address, "ls").empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const ChatRun full = RunChat(dir, address, "Hi\n");
+  busy.join();
+  EXPECT_EQ(full.exit_code, 1) << full.err;
+  EXPECT_NE(full.err.find("worker is full"), std::string::npos) << full.err;
+  EXPECT_NE(full.err.find("removed: its first message was not taken"), std::string::npos)
+      << full.err;
+  const std::string listed = RunSessions(dir, address, "ls");
+  EXPECT_EQ(std::count(listed.begin(), listed.end(), '\n'), 1)
+      << "only the busy chat's: " << listed;
 }
 
 TEST(ChatCliTest, CommandsStayLocalAndAChatWithoutMessagesLeavesNoSession) {
