@@ -123,26 +123,29 @@ done
 # ---- Rollouts: a setting rolls only its own workload's pods ------------------------------
 # (one checksum of both tiers' settings replaced the coordinator, and with it an emptyDir
 # /data of sessions, whenever a worker setting changed)
-checksums() {  # the checksum/config annotation of each workload of a rendering
+checksums() {  # "Kind" per workload whose checksum/* annotations are these, one line each
   "$py" -c 'import sys, yaml
 for d in yaml.safe_load_all(open(sys.argv[1])):
     if d and d["kind"] in ("Deployment", "StatefulSet"):
-        print(d["kind"], d["spec"]["template"]["metadata"]["annotations"]["checksum/config"])' "$1"
+        a = d["spec"]["template"]["metadata"]["annotations"]
+        print(d["kind"], " ".join(f"{k}={v}" for k, v in sorted(a.items()) if k != "checksum/cluster-token"))' "$1"
 }
-printf 'coordinator:\n  settings:\n    max-turns: 50\n' >"$work/roll-coordinator.yaml"
-printf 'worker:\n  settings:\n    window: 64\n' >"$work/roll-worker.yaml"
+# (the cluster token is random at each rendering here: without a cluster there is no lookup)
+printf 'coordinator:\n  settings:\n    max-turns: 50\n' >"$work/roll-coordinator-setting.yaml"
+printf 'worker:\n  settings:\n    window: 64\n' >"$work/roll-worker-setting.yaml"
+printf 'worker:\n  model:\n    download:\n      token:\n        value: hf_new\n' >"$work/roll-model-token.yaml"
 base=$(checksums "$work/default/manifests.yaml" 2>/dev/null)
-for who in coordinator worker; do
-  if "$render" --chart "$chart" -f "$work/roll-$who.yaml" >"$work/roll-$who.out" 2>&1; then
-    changed=$(diff <(echo "$base") <(checksums "$work/roll-$who.out") | sed -n 's/^> //p' | cut -d' ' -f1 | tr '\n' ' ')
-    want=$([ "$who" = coordinator ] && echo "Deployment " || echo "StatefulSet ")
+for change in "coordinator-setting|Deployment " "worker-setting|StatefulSet " "model-token|"; do
+  IFS='|' read -r what want <<<"$change"
+  if "$render" --chart "$chart" -f "$work/roll-$what.yaml" >"$work/roll-$what.out" 2>&1; then
+    changed=$(diff <(echo "$base") <(checksums "$work/roll-$what.out") | sed -n 's/^> //p' | cut -d' ' -f1 | tr '\n' ' ')
     if [ -n "$base" ] && [ "$changed" = "$want" ]; then
-      pass "rollouts: a $who setting changes the checksum/config of the $who only"
+      pass "rollouts: a ${what/-/ } change rolls ${want:-no workload}"
     else
-      fail "rollouts: a $who setting changed the checksum/config of: '${changed}' (want '$want')"
+      fail "rollouts: a ${what/-/ } change rolls '${changed}' (want '${want:-nothing}')"
     fi
   else
-    fail "rollouts: $who setting: $(head -c 300 "$work/roll-$who.out")"
+    fail "rollouts: ${what}: $(head -c 300 "$work/roll-$what.out")"
   fi
 done
 
