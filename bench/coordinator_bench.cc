@@ -15,10 +15,15 @@
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
+#include <set>
+#include <string>
+#include <system_error>
 #include <thread>
+#include <vector>
 
 #include "bench/bench_util.h"
 #include "bench/serving_util.h"
+#include "common/flags.h"
 #include "grpcpp/grpcpp.h"
 #include "recall/v1/chat.grpc.pb.h"
 #include "recall/v1/worker.grpc.pb.h"
@@ -194,18 +199,67 @@ bool StartWorkerProcess(ServerProcess& w) {
                       "--kv-cache-bytes", "64M", "--threads", "1"});
 }
 
+// Starts a coordinator with a new, empty store: in a fresh directory inside `scratch` (this
+// run's own directory, made by MakeScratchDir), so no earlier run's sessions are seen.
 bool StartCoordinatorProcess(ServerProcess& c, const std::vector<ServerProcess*>& workers,
-                             const std::string& dir) {
+                             const std::string& scratch) {
   std::string list;
   for (ServerProcess* w : workers) {
     list += (list.empty() ? "" : ",") + std::string("127.0.0.1:") + std::to_string(w->port("grpc"));
   }
-  std::filesystem::remove_all(dir);
+  static int starts = 0;
+  const std::string dir = scratch + "/store" + std::to_string(++starts);
   return StartServer(c, RECALL_COORDINATOR_BINARY,
                      {"--workers", list, "--listen", "127.0.0.1:0", "--data-dir", dir});
 }
 
-constexpr char kUsage[] =
+struct Options {
+  int sessions = 8;
+  int turns = 3;
+  int max_tokens = 64;
+  int long_turns = 2000;
+  std::string long_stop;
+};
+
+// Part 3 compares turns 21-120 with the middle and the last 100: it needs 220 turns.
+constexpr int kLongTurnsMin = 220;
+
+const flags::FlagSet<Options>& CoordinatorFlags() {
+  static const flags::FlagSet<Options> f = [] {
+    flags::FlagSet<Options> s;
+    s.Int(
+         "sessions", "N", "concurrent sessions (default 8; the scaling part runs 2N)",
+         [](auto& o) -> auto& { return o.sessions; }, 1, 10000)
+        .Int(
+            "turns", "N", "turns per session (default 3)", [](auto& o) -> auto& { return o.turns; },
+            1, 100000)
+        .Int(
+            "max-tokens", "N", "tokens generated per turn (default 64; at most 512, the context)",
+            [](auto& o) -> auto& { return o.max_tokens; }, 1, 512)
+        .Int(
+            "long-turns", "N",
+            "turns of part 3's session (default 2000; 0 skips part 3, else at\nleast 220: "
+            "its windows are turns 21-120, the middle 100 and\nthe last 100)",
+            [](auto& o) -> auto& { return o.long_turns; }, 0, 10000000)
+        .Text(
+            "long-stop", "S",
+            "a stop string for part 3's turns (e.g. \"e \": replies are cut\n"
+            "at it, and the worker gives back the tokens after the cut)",
+            [](auto& o) -> auto& { return o.long_stop; })
+        .Check([](const Options& o, const std::set<std::string>&) -> absl::Status {
+          if (o.long_turns != 0 && o.long_turns < kLongTurnsMin) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("--long-turns: must be 0 (no part 3) or at least ", kLongTurnsMin,
+                             ", got ", o.long_turns));
+          }
+          return absl::OkStatus();
+        });
+    return s;
+  }();
+  return f;
+}
+
+constexpr char kUsageHead[] =
     R"U(usage: recall_coordinator_bench [--sessions N] [--turns N] [--max-tokens N]
                                 [--long-turns N] [--long-stop S]
 
@@ -213,58 +267,73 @@ What the coordinator adds, on stories260K from
 )U" RECALL_SHARED_DIR_DEFAULT
     R"U(/models/stories260K (skipped when missing).
 Starts two recall-worker processes (one compute thread each) and a recall-coordinator on
-loopback (its store in /tmp/recall_coordinator_bench), then:
+loopback (its store in a new directory recall_coordinator_bench.XXXXXX in $TMPDIR or /tmp,
+removed at the end), then:
 1. latency: the sessions' turns sent straight to a worker and through the coordinator,
    greedy; client-side time to first token and per output token (p50, p99) and the ratios;
 2. scaling: twice the sessions through the coordinator with one and then two workers;
    generated tokens/s and the ratio.
+Exits 1 after its tables when a turn failed.
 
 options:
-  --sessions N            concurrent sessions (default 8; the scaling part runs 2N)
-  --turns N               turns per session (default 3)
-  --max-tokens N          tokens generated per turn (default 64)
-  --long-turns N          turns of part 3's session (default 2000; 0 skips part 3)
-  --long-stop S           a stop string for part 3's turns (e.g. "e ": replies are cut
-                          at it, and the worker gives back the tokens after the cut)
-  -h, --help              print this and exit
-
-3. a long session: one session (policy lazy, budget 128) of --long-turns turns of about
-   60 words each, 4 tokens generated per turn; the median turn time of turns 21-120 (the
-   base), of the middle 100 and of the last 100, and the ratios (1.00x: a turn costs the
-   same however long the session is); how many turns ended at a stop (token or string) and
-   how many were rebuilt.
 )U";
 
+constexpr char kUsageTail[] =
+    R"U(
+3. a long session (unless --long-turns 0): one session (policy lazy, budget 128) of
+   --long-turns turns of about 60 words each, 4 tokens generated per turn; the median turn
+   time of turns 21-120 (the base), of the middle 100 and of the last 100, and the ratios
+   (1.00x: a turn costs the same however long the session is); how many turns ended at a
+   stop (token or string) and how many were rebuilt.
+)U";
+
+// The exit code: 1 (after a line saying so) when turns failed, whose figures are then not
+// results.
+int Finish(int failed) {
+  if (failed == 0) return 0;
+  std::fprintf(stderr, "FAIL: %d turn(s) failed; the figures above are not results\n", failed);
+  return 1;
+}
+
+int Run(const Options& o, const std::string& scratch);
+
 int Main(int argc, char** argv) {
-  if (PrintHelpIfAsked(argc, argv, kUsage)) return 0;
-  int sessions = 8, turns = 3, max_tokens = 64, long_turns = 2000;
-  std::string long_stop;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    const int v = std::atoi(argv[i + 1]);
-    if (k == "--long-stop")
-      long_stop = argv[i + 1];
-    else if (k == "--sessions")
-      sessions = v;
-    else if (k == "--turns") turns = v;
-    else if (k == "--max-tokens") max_tokens = v;
-    else if (k == "--long-turns")
-      long_turns = v;
-    else {
-      std::printf("unknown flag %s\n", k.c_str());
-      return 2;
-    }
+  Options o;
+  if (int rc = ParseBenchFlags(argc, argv, "recall_coordinator_bench", kUsageHead,
+                               CoordinatorFlags(), &o, kUsageTail);
+      rc >= 0) {
+    return rc;
   }
-  if (!std::filesystem::exists(kShared + "/models/stories260K/stories260K.bin")) {
+  if (std::error_code ec;
+      !std::filesystem::exists(kShared + "/models/stories260K/stories260K.bin", ec)) {
     std::printf("SKIP: %s/models/stories260K is missing\n", kShared.c_str());
     return 0;
   }
+  std::error_code ec;
+  std::string tmp = std::filesystem::temp_directory_path(ec).string();
+  if (ec) tmp = "/tmp";
+  const absl::StatusOr<std::string> scratch =
+      MakeScratchDir("$TMPDIR", tmp, "recall_coordinator_bench");
+  if (!scratch.ok()) {
+    std::fprintf(stderr, "recall_coordinator_bench: %s\n",
+                 std::string(scratch.status().message()).c_str());
+    return 1;
+  }
+  const int rc = Run(o, *scratch);
+  RemoveScratchDir(*scratch);
+  return rc;
+}
+
+int Run(const Options& o, const std::string& scratch) {
+  const int sessions = o.sessions, turns = o.turns, max_tokens = o.max_tokens,
+            long_turns = o.long_turns;
+  const std::string& long_stop = o.long_stop;
   std::printf("coordinator benchmark: stories260K, %d concurrent sessions x %d turns x %d "
               "tokens, greedy, 1 compute thread per worker\n\n1. latency, one worker\n",
               sessions, turns, max_tokens);
   ServerProcess w1, w2, coordinator;
   if (!StartWorkerProcess(w1) || !StartWorkerProcess(w2)) return 1;
-  if (!StartCoordinatorProcess(coordinator, {&w1}, "/tmp/recall_coordinator_bench")) return 1;
+  if (!StartCoordinatorProcess(coordinator, {&w1}, scratch)) return 1;
   Direct(w1.port("grpc"), 2, 1, 8);  // warm up
   const Stats direct = Direct(w1.port("grpc"), sessions, turns, max_tokens);
   const Stats via = ViaCoordinator(coordinator.port("grpc"), sessions, turns, max_tokens);
@@ -280,10 +349,10 @@ int Main(int argc, char** argv) {
   coordinator.Stop();
 
   std::printf("\n2. scaling through the coordinator, %d sessions\n", 2 * sessions);
-  if (!StartCoordinatorProcess(coordinator, {&w1}, "/tmp/recall_coordinator_bench")) return 1;
+  if (!StartCoordinatorProcess(coordinator, {&w1}, scratch)) return 1;
   const Stats one = ViaCoordinator(coordinator.port("grpc"), 2 * sessions, turns, max_tokens);
   coordinator.Stop();
-  if (!StartCoordinatorProcess(coordinator, {&w1, &w2}, "/tmp/recall_coordinator_bench")) {
+  if (!StartCoordinatorProcess(coordinator, {&w1, &w2}, scratch)) {
     return 1;
   }
   const Stats two = ViaCoordinator(coordinator.port("grpc"), 2 * sessions, turns, max_tokens);
@@ -293,15 +362,16 @@ int Main(int argc, char** argv) {
               (two.generated / two.seconds) / (one.generated / one.seconds),
               std::thread::hardware_concurrency());
   coordinator.Stop();
-  if (long_turns < 220) return 0;
+  const int failed = direct.failed + via.failed + one.failed + two.failed;
+  if (long_turns == 0) return Finish(failed);
 
   std::printf("\n3. a long session, %d turns (lazy, budget 128)%s%s%s\n", long_turns,
               long_stop.empty() ? "" : ", stop string \"", long_stop.c_str(),
               long_stop.empty() ? "" : "\"");
-  if (!StartCoordinatorProcess(coordinator, {&w1}, "/tmp/recall_coordinator_bench")) return 1;
+  if (!StartCoordinatorProcess(coordinator, {&w1}, scratch)) return 1;
   const LongRun run = LongSession(coordinator.port("grpc"), long_turns, 60, long_stop);
   const std::vector<double>& t = run.seconds;
-  if (t.empty()) return 1;
+  if (t.empty()) return 1;  // a turn failed (printed)
   const std::vector<double> early(t.begin() + 20, t.begin() + 120);
   const auto half = t.begin() + static_cast<std::ptrdiff_t>(t.size() / 2);
   const std::vector<double> middle(half - 50, half + 50);
@@ -314,7 +384,7 @@ int Main(int argc, char** argv) {
               Percentile(late, 0.5) / Percentile(middle, 0.5));
   std::printf("  turns ended at a stop (token or string): %d of %d; rebuilt: %d\n", run.stopped,
               long_turns, run.rebuilt);
-  return 0;
+  return Finish(failed);
 }
 
 }  // namespace

@@ -6,15 +6,18 @@
 // run, alternating.
 //
 // usage: recall_journal_bench [--tokens 1000,4000,16000] [--dir DIR]
+// The store is made in a new directory inside DIR (mkdtemp), removed at the end; DIR itself
+// and everything else in it are left alone.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
+#include "absl/status/statusor.h"
 #include "bench/bench_util.h"
+#include "common/flags.h"
+#include "common/status.h"
 #include "coordinator/session_store.h"
 
 namespace recall::bench {
@@ -32,16 +35,17 @@ struct Timing {
 };
 
 // One reply of `tokens` tokens (" word" each) written token by token into a new session.
-Timing WriteReply(SessionStore& store, const std::string& session, int tokens, bool parts) {
+absl::StatusOr<Timing> WriteReply(SessionStore& store, const std::string& session, int tokens,
+                                  bool parts) {
   SessionRecord r;
   r.id = session;
   r.tenant = "t";
   r.model = "m";
-  if (!store.Create(r).ok()) std::abort();
+  RECALL_RETURN_IF_ERROR(store.Create(r));
   StoredMessage whole{"assistant", ""};
   whole.state = TurnState::kInProgress;
   whole.lease_unix_ms = 4102444800000;
-  if (!store.AppendAll("t", session, 0, {{"user", "hi"}, whole}).ok()) std::abort();
+  RECALL_RETURN_IF_ERROR(store.AppendAll("t", session, 0, {{"user", "hi"}, whole}));
   Timing t;
   const Clock::time_point start = Clock::now();
   Clock::time_point tail = start;
@@ -52,22 +56,43 @@ Timing WriteReply(SessionStore& store, const std::string& session, int tokens, b
     delta.token_ids = {i};
     whole.content += delta.content;
     whole.token_ids.push_back(i);
-    const absl::Status st = parts ? store.AppendReply("t", session, 1, delta, whole)
-                                  : store.Replace("t", session, 1, whole);
-    if (!st.ok()) {
-      std::fprintf(stderr, "write failed: %s\n", std::string(st.message()).c_str());
-      std::abort();
-    }
+    RECALL_RETURN_IF_ERROR(parts ? store.AppendReply("t", session, 1, delta, whole)
+                                 : store.Replace("t", session, 1, whole));
   }
   const Clock::time_point end = Clock::now();
   t.total_s = std::chrono::duration<double>(end - start).count();
   t.last_ms = std::chrono::duration<double, std::milli>(end - tail).count() / 100.0;
   whole.state = TurnState::kComplete;
-  if (!store.Replace("t", session, 1, whole).ok()) std::abort();
+  RECALL_RETURN_IF_ERROR(store.Replace("t", session, 1, whole));
   return t;
 }
 
-constexpr char kUsage[] =
+struct Options {
+  std::vector<int> tokens = {1000, 4000, 16000};
+  std::string dir;  // empty: the temporary directory ($TMPDIR or /tmp)
+};
+
+const flags::FlagSet<Options>& JournalFlags() {
+  static const flags::FlagSet<Options> f = [] {
+    flags::FlagSet<Options> s;
+    s.Value(
+         "tokens", "LIST",
+         "reply lengths in tokens, comma-separated, each at least 100\n"
+         "(default 1000,4000,16000)",
+         [](auto& o) -> auto& { return o.tokens; }, 100, 100000000)
+        .String(
+            "dir", "DIR",
+            "an existing directory in which the store is made, in a new directory\n"
+            "recall_journal_bench.XXXXXX (DIR/recall_journal_bench.XXXXXX/sessions.db)\n"
+            "removed at the end; nothing else in DIR is touched (default: the\n"
+            "temporary directory, $TMPDIR or /tmp)",
+            [](auto& o) -> auto& { return o.dir; });
+    return s;
+  }();
+  return f;
+}
+
+constexpr char kUsageHead[] =
     R"U(usage: recall_journal_bench [--tokens 1000,4000,16000] [--dir DIR]
 
 What storing a streaming reply costs the SQLite session store: each reply written token by
@@ -76,38 +101,9 @@ once appending the token as a reply part. Prints, per reply length, the seconds 
 reply, the mean time of the last 100 writes, and the ratio baseline / parts.
 
 options:
-  --tokens LIST           reply lengths in tokens, each at least 100 (default 1000,4000,16000)
-  --dir DIR               where the store (DIR/sessions.db) is made; emptied first and removed
-                          at the end (default: recall_journal_bench in the temporary directory,
-                          $TMPDIR or /tmp)
-  -h, --help              print this and exit
 )U";
 
-int Main(int argc, char** argv) {
-  if (PrintHelpIfAsked(argc, argv, kUsage)) return 0;
-  std::vector<int> lengths = {1000, 4000, 16000};
-  std::string dir = std::filesystem::temp_directory_path() / "recall_journal_bench";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i], v = argv[i + 1];
-    if (a == "--tokens") {
-      lengths.clear();
-      for (absl::string_view s : absl::StrSplit(v, ',')) {
-        int n = 0;
-        if (!absl::SimpleAtoi(s, &n) || n < 100) {
-          std::fprintf(stderr, "--tokens: %s is not a number >= 100\n", std::string(s).c_str());
-          return 2;
-        }
-        lengths.push_back(n);
-      }
-    } else if (a == "--dir") {
-      dir = v;
-    } else {
-      std::fprintf(stderr, "unknown flag %s\n", a.c_str());
-      return 2;
-    }
-  }
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+int Run(const Options& o, const std::string& dir) {
   auto store = coordinator::OpenStore(dir + "/sessions.db");
   if (!store.ok()) {
     std::fprintf(stderr, "%s\n", std::string(store.status().message()).c_str());
@@ -115,15 +111,45 @@ int Main(int argc, char** argv) {
   }
   std::printf("reply tokens | replace whole: s, last ms/write | parts: s, last ms/write | ratio\n");
   int n = 0;
-  for (const int tokens : lengths) {
-    const Timing whole = WriteReply(**store, "w" + std::to_string(n), tokens, false);
-    const Timing parts = WriteReply(**store, "p" + std::to_string(n), tokens, true);
+  for (const int tokens : o.tokens) {
+    const absl::StatusOr<Timing> whole =
+        WriteReply(**store, "w" + std::to_string(n), tokens, false);
+    if (!whole.ok()) {
+      std::fprintf(stderr, "write failed: %s\n", std::string(whole.status().message()).c_str());
+      return 1;
+    }
+    const absl::StatusOr<Timing> parts = WriteReply(**store, "p" + std::to_string(n), tokens, true);
+    if (!parts.ok()) {
+      std::fprintf(stderr, "write failed: %s\n", std::string(parts.status().message()).c_str());
+      return 1;
+    }
     ++n;
-    std::printf("%12d | %7.2f s, %6.3f ms | %7.2f s, %6.3f ms | %5.1fx\n", tokens, whole.total_s,
-                whole.last_ms, parts.total_s, parts.last_ms, whole.total_s / parts.total_s);
+    std::printf("%12d | %7.2f s, %6.3f ms | %7.2f s, %6.3f ms | %5.1fx\n", tokens, whole->total_s,
+                whole->last_ms, parts->total_s, parts->last_ms, whole->total_s / parts->total_s);
   }
-  std::filesystem::remove_all(dir);
   return 0;
+}
+
+int Main(int argc, char** argv) {
+  Options o;
+  if (int rc = ParseBenchFlags(argc, argv, "recall_journal_bench", kUsageHead, JournalFlags(), &o);
+      rc >= 0) {
+    return rc;
+  }
+  std::string parent = o.dir;
+  if (parent.empty()) {
+    std::error_code ec;
+    parent = std::filesystem::temp_directory_path(ec).string();
+    if (ec) parent = "/tmp";
+  }
+  const absl::StatusOr<std::string> dir = MakeScratchDir("--dir", parent, "recall_journal_bench");
+  if (!dir.ok()) {
+    std::fprintf(stderr, "recall_journal_bench: %s\n", std::string(dir.status().message()).c_str());
+    return dir.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  const int rc = Run(o, *dir);
+  RemoveScratchDir(*dir);
+  return rc;
 }
 
 }  // namespace

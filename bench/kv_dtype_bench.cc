@@ -28,6 +28,7 @@
 #include "cache/block_pool.h"
 #include "cache/sequence_cache.h"
 #include "common/clock.h"
+#include "common/flags.h"
 #include "common/status.h"
 #include "kernels/backend.h"
 #include "kernels/kv_rows.h"
@@ -49,6 +50,42 @@ struct Flags {
   int steps = 5;
   bool speed = true;
 };
+
+// Each capacity session is a 64-token prompt and then at least one generated token.
+constexpr int kCapacityPrompt = 64;
+
+const flags::FlagSet<Flags>& KvDtypeFlags() {
+  static const flags::FlagSet<Flags> f = [] {
+    flags::FlagSet<Flags> s;
+    s.Int(
+         "threads", "N", "CPU threads (default 0: all cores)",
+         [](auto& o) -> auto& { return o.threads; }, 0, 4096)
+        .Bytes(
+            "pool-bytes", "B",
+            "the capacity pool's size: bytes, or a number with K/M/G (binary),\n"
+            "KB/MB/GB (decimal) (default 256M = 268435456)",
+            [](auto& o) -> auto& { return o.pool_bytes; }, 1)
+        .Int(
+            "session-tokens", "N",
+            "tokens of each capacity session (default 2048; at least 65: a\n64-token prompt "
+            "and one generated token)",
+            [](auto& o) -> auto& { return o.session_tokens; }, kCapacityPrompt + 1, 1 << 24)
+        .Int(
+            "context", "N", "cached tokens per sequence in the speed part (default 4096)",
+            [](auto& o) -> auto& { return o.context; }, 1, 1 << 24)
+        .Int(
+            "batch", "N", "sequences per decode step in the speed part (default 8)",
+            [](auto& o) -> auto& { return o.batch; }, 1, 4096)
+        .Int(
+            "steps", "N", "timed decode steps per type, the best kept (default 5)",
+            [](auto& o) -> auto& { return o.steps; }, 1, 1000000)
+        .Switch(
+            "skip-speed", "run the capacity part only", [](auto& o) -> auto& { return o.speed; },
+            false);
+    return s;
+  }();
+  return f;
+}
 
 const kernels::KvDType kTypes[] = {kernels::KvDType::kF32, kernels::KvDType::kBF16,
                                    kernels::KvDType::kF16, kernels::KvDType::kInt8};
@@ -91,8 +128,8 @@ absl::StatusOr<Capacity> MeasureCapacity(const model::Model& model, const model:
   RECALL_ASSIGN_OR_RETURN(serving::CacheFactory factory,
                           serving::CacheFactory::Create(d, c, c.n_kv_heads, 1, t));
   RECALL_ASSIGN_OR_RETURN(serving::SessionCacheSpec spec, factory.Resolve({}, 0));
-  std::vector<int32_t> prompt(64);
-  for (int i = 0; i < 64; ++i) prompt[i] = 3 + (i * 37) % (c.vocab_size - 3);
+  std::vector<int32_t> prompt(kCapacityPrompt);
+  for (int i = 0; i < kCapacityPrompt; ++i) prompt[i] = 3 + (i * 37) % (c.vocab_size - 3);
   offline::GenerateOptions o;
   o.max_tokens = f.session_tokens - static_cast<int>(prompt.size());
   o.sampling.temperature = 1.0f;
@@ -282,7 +319,7 @@ int RunSpeed(const Flags& f) {
   return 0;
 }
 
-constexpr char kUsage[] =
+constexpr char kUsageHead[] =
     R"U(usage: recall_kv_dtype_bench [--threads N] [--pool-bytes B] [--session-tokens N]
                              [--context N] [--batch N] [--steps N] [--skip-speed]
 
@@ -297,41 +334,13 @@ same run:
    sequences of --context cached tokens: the attention alone and the whole step, per type.
 
 options:
-  --threads N             CPU threads (default 0: all cores)
-  --pool-bytes B          the capacity pool's size in bytes, a plain number (default 268435456:
-                          256 MiB)
-  --session-tokens N      tokens of each capacity session (default 2048)
-  --context N             cached tokens per sequence in the speed part (default 4096)
-  --batch N               sequences per decode step in the speed part (default 8)
-  --steps N               timed decode steps per type, the best kept (default 5)
-  --skip-speed            run the capacity part only
-  -h, --help              print this and exit
 )U";
 
 int Main(int argc, char** argv) {
-  if (PrintHelpIfAsked(argc, argv, kUsage)) return 0;
   Flags f;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const bool has_value = i + 1 < argc;
-    if (a == "--skip-speed")
-      f.speed = false;
-    else if (a == "--threads" && has_value)
-      f.threads = std::atoi(argv[++i]);
-    else if (a == "--pool-bytes" && has_value)
-      f.pool_bytes = std::atoll(argv[++i]);
-    else if (a == "--session-tokens" && has_value)
-      f.session_tokens = std::atoi(argv[++i]);
-    else if (a == "--context" && has_value)
-      f.context = std::atoi(argv[++i]);
-    else if (a == "--batch" && has_value)
-      f.batch = std::atoi(argv[++i]);
-    else if (a == "--steps" && has_value)
-      f.steps = std::atoi(argv[++i]);
-    else {
-      std::fprintf(stderr, "unknown flag or missing value: %s\n", a.c_str());
-      return 2;
-    }
+  if (int rc = ParseBenchFlags(argc, argv, "recall_kv_dtype_bench", kUsageHead, KvDtypeFlags(), &f);
+      rc >= 0) {
+    return rc;
   }
   if (int rc = RunCapacity(f); rc != 0) return rc;
   return f.speed ? RunSpeed(f) : 0;

@@ -10,13 +10,16 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "bench/bench_util.h"
 #include "bench/shapes.h"
 #include "common/clock.h"
+#include "common/flags.h"
 #include "kernels/backend.h"
 #include "worker/model/loader.h"
 #include "worker/model/random_model.h"
@@ -33,6 +36,26 @@ struct Flags {
   int budget = 96;
   int rounds = 3;
 };
+
+const flags::FlagSet<Flags>& ReplayFlags() {
+  static const flags::FlagSet<Flags> f = [] {
+    flags::FlagSet<Flags> s;
+    s.Int(
+         "turns", "N", "turns of the conversation (default 8; at least 2)",
+         [](auto& o) -> auto& { return o.turns; }, 2, 100000)
+        .Int(
+            "reply-tokens", "N", "tokens of each reply (default 48; at least 2)",
+            [](auto& o) -> auto& { return o.reply_tokens; }, 2, 100000)
+        .Int(
+            "budget", "N", "the lazy cache's budget in tokens (default 96; at least 16)",
+            [](auto& o) -> auto& { return o.budget; }, 16, 1 << 24)
+        .Int(
+            "rounds", "N", "rebuilds of each kind, the best kept (default 3; at least 1)",
+            [](auto& o) -> auto& { return o.rounds; }, 1, 100000);
+    return s;
+  }();
+  return f;
+}
 
 const char* const kUser[] = {"Once upon a time",   "What happened next?",
                              "Who was there?",     "Then the dog ran to the park.",
@@ -110,7 +133,7 @@ int Run(const std::string& name, const model::Model& model, const model::Tokeniz
   return 0;
 }
 
-constexpr char kUsage[] =
+constexpr char kUsageHead[] =
     R"U(usage: recall_replay_bench [--turns N] [--reply-tokens N] [--budget N] [--rounds N]
 
 What an exact rebuild costs against a plain prefill of the same transcript: a conversation
@@ -123,36 +146,27 @@ Models: stories260K from
 and SmolLM2-135M's shape with random bf16 weights and stories260K's vocabulary.
 
 options:
-  --turns N               turns of the conversation (default 8; at least 2)
-  --reply-tokens N        tokens of each reply (default 48; at least 2)
-  --budget N              the lazy cache's budget in tokens (default 96; at least 16)
-  --rounds N              rebuilds of each kind, the best kept (default 3; at least 1)
-  -h, --help              print this and exit
 )U";
 
 int Main(int argc, char** argv) {
-  if (PrintHelpIfAsked(argc, argv, kUsage)) return 0;
   Flags f;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    const int v = std::atoi(argv[i + 1]);
-    if (a == "--turns")
-      f.turns = std::max(2, v);
-    else if (a == "--reply-tokens")
-      f.reply_tokens = std::max(2, v);
-    else if (a == "--budget")
-      f.budget = std::max(16, v);
-    else if (a == "--rounds")
-      f.rounds = std::max(1, v);
-    else
-      return std::fprintf(stderr, "unknown flag %s\n", a.c_str()), 2;
+  if (int rc = ParseBenchFlags(argc, argv, "recall_replay_bench", kUsageHead, ReplayFlags(), &f);
+      rc >= 0) {
+    return rc;
   }
   const std::string dir = std::string(RECALL_SHARED_DIR_DEFAULT) + "/models/stories260K/";
+  std::error_code ec;
+  if (!std::filesystem::exists(dir + "tok512.bin", ec) ||
+      !std::filesystem::exists(dir + "stories260K.bin", ec)) {
+    std::printf("SKIP: stories260K not found under %s\n", dir.c_str());
+    return 0;
+  }
   auto tok = model::LoadTokenizer(dir + "tok512.bin", 512);
   auto model = model::LoadModel(dir + "stories260K.bin");
   if (!tok.ok() || !model.ok()) {
-    std::printf("SKIP: stories260K not found under %s\n", dir.c_str());
-    return 0;
+    std::fprintf(stderr, "%s\n",
+                 std::string((tok.ok() ? model.status() : tok.status()).message()).c_str());
+    return 1;
   }
   std::printf(
       "time to the first token of a rebuilt last turn (lazy, budget %d, window 16, "

@@ -22,6 +22,7 @@
 
 #include "bench/bench_util.h"
 #include "bench/serving_util.h"
+#include "common/flags.h"
 #include "grpcpp/grpcpp.h"
 #include "recall/v1/worker.grpc.pb.h"
 
@@ -45,6 +46,38 @@ struct Flags {
   bool capacity = true;                   // section 2 (counts: not timed)
   std::vector<std::string> worker_flags;  // extra recall-worker flags (--worker-flag X)
 };
+
+const flags::FlagSet<Flags>& ServingFlags() {
+  static const flags::FlagSet<Flags> f = [] {
+    flags::FlagSet<Flags> s;
+    s.Int(
+         "sessions", "N", "concurrent sessions in the throughput part (default 8)",
+         [](auto& o) -> auto& { return o.sessions; }, 1, 10000)
+        .Int(
+            "turns", "N", "turns per session (default 2)", [](auto& o) -> auto& { return o.turns; },
+            1, 100000)
+        .Int(
+            "max-tokens", "N", "tokens generated per turn (default 32)",
+            [](auto& o) -> auto& { return o.max_tokens; }, 1, 2048)
+        .Int(
+            "threads", "N",
+            "the worker's compute threads (default 1; 0: the worker's default,\nall cores)",
+            [](auto& o) -> auto& { return o.threads; }, 0, 4096)
+        .Int(
+            "throughput", "0|1", "run the throughput part (default 1)",
+            [](auto& o) -> auto& { return o.throughput; }, 0, 1)
+        .Int(
+            "capacity", "0|1", "run the capacity part (default 1)",
+            [](auto& o) -> auto& { return o.capacity; }, 0, 1)
+        .List(
+            "worker-flag", "FLAG",
+            "one more argument for every recall-worker started (repeatable, one\n"
+            "argument each: --worker-flag --kv-dtype --worker-flag f32)",
+            [](auto& o) -> auto& { return o.worker_flags; });
+    return s;
+  }();
+  return f;
+}
 
 struct TurnStats {
   bool ok = false;
@@ -166,6 +199,7 @@ void PrintRun(const char* name, const RunResult& r) {
 }
 
 struct Capacity {
+  int failed = 0;           // turns that failed
   int resident = -1;        // sessions still resident after all ran (measured)
   double mean_kv_bytes = 0; // KV bytes an idle session holds after its turn
   int64_t pool_bytes = 0;
@@ -178,7 +212,10 @@ Capacity MeasureCapacity(const Flags& f, const char* pool, int n, int gen,
                          const v1::CacheSettings* cache) {
   Capacity c;
   ServerProcess worker;
-  if (!StartWorker(worker, f, {"--kv-cache-bytes", pool, "--host-cache-bytes", "0"})) return c;
+  if (!StartWorker(worker, f, {"--kv-cache-bytes", pool, "--host-cache-bytes", "0"})) {
+    c.failed = n;
+    return c;
+  }
   Client client(worker.port("grpc"));
   double kv = 0;
   int ok = 0;
@@ -187,6 +224,7 @@ Capacity MeasureCapacity(const Flags& f, const char* pool, int n, int gen,
                               cache);
     if (!s.ok) {
       std::printf("  turn failed: %s\n", s.error.c_str());
+      ++c.failed;
       continue;
     }
     kv += s.kv_bytes;
@@ -199,7 +237,7 @@ Capacity MeasureCapacity(const Flags& f, const char* pool, int n, int gen,
   return c;
 }
 
-constexpr char kUsage[] =
+constexpr char kUsageHead[] =
     R"U(usage: recall_serving_bench [--sessions N] [--turns N] [--max-tokens N] [--threads N]
                             [--throughput 0|1] [--capacity 0|1] [--worker-flag FLAG]...
 
@@ -213,43 +251,30 @@ skipped when the config is missing):
 2. capacity: 20 sessions one after another, one long turn each, in a 32 MiB KV pool with no
    host offload; how many stay resident with FullKV (the baseline) and with lazy at a 30%
    budget, and the ratio.
+Exits 1 after its tables when a turn failed.
 
 options:
-  --sessions N            concurrent sessions in the throughput part (default 8)
-  --turns N               turns per session (default 2)
-  --max-tokens N          tokens generated per turn (default 32)
-  --threads N             the worker's compute threads (default 1; 0 or less: the worker's
-                          default, all cores)
-  --throughput 0|1        run the throughput part (default 1)
-  --capacity 0|1          run the capacity part (default 1)
-  --worker-flag FLAG      one more argument for every recall-worker started (repeatable, one
-                          argument each: --worker-flag --kv-dtype --worker-flag f32)
-  -h, --help              print this and exit
 )U";
 
+// The exit code: 1 (after a line saying so) when turns failed, whose figures are then not
+// results.
+int Finish(int failed) {
+  if (failed == 0) return 0;
+  std::fprintf(stderr, "FAIL: %d turn(s) failed; the figures above are not results\n", failed);
+  return 1;
+}
+
 int Main(int argc, char** argv) {
-  if (PrintHelpIfAsked(argc, argv, kUsage)) return 0;
   Flags f;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    const int v = std::atoi(argv[i + 1]);
-    if (k == "--worker-flag") f.worker_flags.push_back(argv[i + 1]);
-    else if (k == "--capacity") f.capacity = v != 0;
-    else if (k == "--throughput")
-      f.throughput = v != 0;
-    else if (k == "--sessions") f.sessions = v;
-    else if (k == "--turns") f.turns = v;
-    else if (k == "--max-tokens") f.max_tokens = v;
-    else if (k == "--threads") f.threads = v;
-    else {
-      std::printf("unknown flag %s\n", k.c_str());
-      return 2;
-    }
+  if (int rc = ParseBenchFlags(argc, argv, "recall_serving_bench", kUsageHead, ServingFlags(), &f);
+      rc >= 0) {
+    return rc;
   }
   if (!std::filesystem::exists(f.config_dir + "/config.json")) {
     std::printf("SKIP: %s/config.json is missing (set up ../shared)\n", f.config_dir.c_str());
     return 0;
   }
+  int failed = 0;  // turns that failed, in every part
   std::printf("serving benchmark: recall-worker, SmolLM2-135M shape, random bf16 weights, CPU, "
               "%d compute thread(s)\n", f.threads);
   if (f.throughput) {
@@ -265,8 +290,9 @@ int Main(int argc, char** argv) {
     PrintRun("continuous batching", all);
     std::printf("  ratio: continuous batching / one at a time = %.2fx generated tokens/s\n",
                 (all.generated / all.seconds) / (one.generated / one.seconds));
+    failed += one.failed + all.failed;
   }
-  if (!f.capacity) return 0;
+  if (!f.capacity) return Finish(failed);
 
   // A pool that neither FullKV nor lazy sessions fill with fewer than n (bf16 KV: 32M holds
   // what 64M held in f32, where these figures were first taken). The idle bytes include the
@@ -296,7 +322,7 @@ int Main(int argc, char** argv) {
                 static_cast<double>(lz.resident) / full.resident,
                 full.mean_kv_bytes / lz.mean_kv_bytes);
   }
-  return 0;
+  return Finish(failed + full.failed + lz.failed);
 }
 
 }  // namespace

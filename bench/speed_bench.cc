@@ -22,17 +22,22 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <string>
+#include <system_error>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
 #include "bench/policy_overhead.h"
 #include "bench/shapes.h"
 #include "cache/block_pool.h"
 #include "common/clock.h"
+#include "common/flags.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/int8.h"
 #include "worker/model/quantize.h"
@@ -53,6 +58,64 @@ struct Flags {
   double budget_gib = 4;      // the memory table's fixed budget
   int session_tokens = 4096;  // and its sessions' length
 };
+
+const flags::FlagSet<Flags>& SpeedFlags() {
+  static const flags::FlagSet<Flags> f = [] {
+    flags::FlagSet<Flags> s;
+    s.String(
+         "config", "PATH",
+         "the model's config.json (default:\n" RECALL_SHARED_DIR_DEFAULT
+         "/tokenizers/smollm2/config.json;\nskipped when the default is missing; an "
+         "error when a\ngiven one is)",
+         [](auto& o) -> auto& { return o.config; })
+        .Choice("shape", "NAME",
+                "a built-in shape instead of --config: smollm2-135m, qwen2.5-0.5b,\n"
+                "llama-3.2-1b or llama-3-8b",
+                [](auto& o) -> auto& { return o.shape; },
+                {"smollm2-135m", "qwen2.5-0.5b", "llama-3.2-1b", "llama-3-8b"})
+        .Int(
+            "threads", "N", "CPU threads of the model (default 0: all cores)",
+            [](auto& o) -> auto& { return o.threads; }, 0, 4096)
+        .Int(
+            "steps", "N",
+            "timed decode steps of the weight-type table (default 32; the eviction\n"
+            "table always times 64)",
+            [](auto& o) -> auto& { return o.steps; }, 1, 1000000)
+        .Int(
+            "prompt", "N",
+            "prompt tokens for prefill, and the eviction table's budget C\n(default 512; at "
+            "least 71: batch-8 decode's contexts are prompt\ntokens i..i+63, i < 8)",
+            [](auto& o) -> auto& { return o.prompt; }, 71, 1 << 20)
+        .String(
+            "dtypes", "LIST",
+            "weight types, comma-separated: f32, bf16, int8 (bf16 quantized at\n"
+            "load), int8-head (int8 with the LM head and embeddings left bf16)\n"
+            "(default f32,bf16,int8)",
+            [](auto& o) -> auto& { return o.dtypes; })
+        .Int(
+            "policies", "0|1", "print the eviction policies' decode step table (default 1)",
+            [](auto& o) -> auto& { return o.policies; }, 0, 1)
+        .Double(
+            "budget-gib", "G", "the memory table's budget in GiB (default 4)",
+            [](auto& o) -> auto& { return o.budget_gib; }, flags::kAboveZero, 1 << 20)
+        .Int(
+            "session-tokens", "N",
+            "the memory table's session length in tokens (FullKV, bf16 KV)\n(default 4096)",
+            [](auto& o) -> auto& { return o.session_tokens; }, 1, 1 << 24)
+        .Exclusive("config", "shape")
+        .Check([](const Flags& o, const std::set<std::string>&) -> absl::Status {
+          for (absl::string_view name : absl::StrSplit(o.dtypes, ',')) {
+            if (name != "f32" && name != "bf16" && name != "int8" && name != "int8-head") {
+              return absl::InvalidArgumentError(
+                  absl::StrCat("--dtypes: \"", name, "\" is not f32, bf16, int8 or int8-head"));
+            }
+          }
+          return absl::OkStatus();
+        });
+    return s;
+  }();
+  return f;
+}
 
 int64_t ResidentBytes() {
   std::ifstream statm("/proc/self/statm");
@@ -180,7 +243,7 @@ Result RunModel(const model::Model& model, kernels::Backend& backend, const Flag
   return r;
 }
 
-constexpr char kUsage[] =
+constexpr char kUsageHead[] =
     R"U(usage: recall_speed_bench [--config PATH | --shape NAME] [--threads N] [--steps N]
                           [--prompt N] [--dtypes f32,bf16,int8,int8-head] [--policies 0|1]
                           [--budget-gib G] [--session-tokens N]
@@ -192,56 +255,29 @@ resident bytes and the sessions that fit beside them; and the decode step time o
 eviction policy against FullKV.
 
 options:
-  --config PATH           the model's config.json (default:
-                          )U" RECALL_SHARED_DIR_DEFAULT
-    R"U(/tokenizers/smollm2/config.json; skipped when
-                          it cannot be read)
-  --shape NAME            a built-in shape instead of --config: smollm2-135m, qwen2.5-0.5b,
-                          llama-3.2-1b or llama-3-8b
-  --threads N             CPU threads of the model (default 0: all cores)
-  --steps N               timed decode steps (default 32)
-  --prompt N              prompt tokens for prefill, and the eviction table's budget C
-                          (default 512)
-  --dtypes LIST           weight types, comma-separated: f32, bf16, int8 (bf16 quantized at
-                          load), int8-head (int8 with the LM head and embeddings left bf16)
-                          (default f32,bf16,int8)
-  --policies 0|1          print the eviction policies' decode step table (default 1)
-  --budget-gib G          the memory table's budget in GiB (default 4)
-  --session-tokens N      the memory table's session length in tokens (FullKV, bf16 KV)
-                          (default 4096)
-  -h, --help              print this and exit
 )U";
 
+const std::string kDefaultConfig =
+    std::string(RECALL_SHARED_DIR_DEFAULT) + "/tokenizers/smollm2/config.json";
+
 int Main(int argc, char** argv) {
-  if (PrintHelpIfAsked(argc, argv, kUsage)) return 0;
   Flags f;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--config")) f.config = argv[i + 1];
-    else if (!std::strcmp(argv[i], "--threads")) f.threads = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--steps")) f.steps = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--prompt")) f.prompt = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--shape"))
-      f.shape = argv[i + 1];
-    else if (!std::strcmp(argv[i], "--dtypes"))
-      f.dtypes = argv[i + 1];
-    else if (!std::strcmp(argv[i], "--policies"))
-      f.policies = std::atoi(argv[i + 1]) != 0;
-    else if (!std::strcmp(argv[i], "--budget-gib"))
-      f.budget_gib = std::atof(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--session-tokens"))
-      f.session_tokens = std::atoi(argv[i + 1]);
-    else {
-      std::fprintf(stderr, "unknown flag %s\n", argv[i]);
-      return 2;
-    }
+  if (int rc = ParseBenchFlags(argc, argv, "recall_speed_bench", kUsageHead, SpeedFlags(), &f);
+      rc >= 0) {
+    return rc;
   }
   absl::StatusOr<model::ModelConfig> config = NamedShape(f.shape);
   if (f.shape.empty()) {
+    std::error_code ec;
+    if (f.config == kDefaultConfig && !std::filesystem::exists(f.config, ec)) {
+      std::printf("SKIP: the SmolLM2 config %s is missing (../shared is not set up)\n",
+                  f.config.c_str());
+      return 0;
+    }
     config = model::ReadHfConfig(f.config);
     if (!config.ok()) {
-      std::printf("SKIP: cannot read the SmolLM2 config (%s)\n",
-                  std::string(config.status().message()).c_str());
-      return 0;
+      std::fprintf(stderr, "--config: %s\n", std::string(config.status().message()).c_str());
+      return 2;
     }
   } else if (config->dim == 0) {
     std::fprintf(stderr, "--shape: unknown shape \"%s\"\n", f.shape.c_str());

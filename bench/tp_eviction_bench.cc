@@ -80,6 +80,40 @@ struct Flags {
   std::string tp_comm;       // CUDA ranks: nccl (default) or staged
 };
 
+const flags::FlagSet<Flags>& TpEvictionFlags() {
+  static const flags::FlagSet<Flags> f = [] {
+    flags::FlagSet<Flags> s;
+    s.Choice("shape", "NAME", "smollm2-135m, qwen2.5-0.5b (default), llama-3.2-1b or llama-3-8b",
+             [](auto& o) -> auto& { return o.shape; },
+             {"smollm2-135m", "qwen2.5-0.5b", "llama-3.2-1b", "llama-3-8b"})
+        .String(
+            "config", "PATH", "a config.json instead of --shape (wins over it)",
+            [](auto& o) -> auto& { return o.config; })
+        .Int(
+            "tp", "N", "ranks (default 2)", [](auto& o) -> auto& { return o.tp; }, 1, 1024)
+        .Int(
+            "prompt", "N", "prompt tokens, and the lazy budget C (default 512)",
+            [](auto& o) -> auto& { return o.prompt; }, 1, 1 << 20)
+        .Int(
+            "steps", "N", "decode steps (default 128)", [](auto& o) -> auto& { return o.steps; }, 1,
+            1 << 24)
+        .Int(
+            "window", "W", "lazy's window (default 32)", [](auto& o) -> auto& { return o.window; },
+            1, 1 << 20)
+        .Choice("dtype", "TYPE", "weight type: bf16 (default) or f32",
+                [](auto& o) -> auto& { return o.dtype; }, {"bf16", "f32"})
+        .Choice("device", "NAME", "cpu (default; ranks are threads) or cuda",
+                [](auto& o) -> auto& { return o.device; }, {"cpu", "cuda"})
+        .Value(
+            "devices", "LIST", "CUDA ranks' device ordinals, e.g. 0,0 (default 0..N-1)",
+            [](auto& o) -> auto& { return o.devices; }, 0, 1024)
+        .Choice("tp-comm", "KIND", "CUDA ranks' activation all-reduces: nccl (default) or staged",
+                [](auto& o) -> auto& { return o.tp_comm; }, {"nccl", "staged"});
+    return s;
+  }();
+  return f;
+}
+
 struct Row {
   double step_ms = 0, comm_ms = 0;            // mean per step
   double evict_step_ms = 0, evict_comm_ms = 0;  // mean over steps that evicted
@@ -173,7 +207,7 @@ Row RunMode(const model::Model& model, const Flags& f, const std::string& mode, 
   return row;
 }
 
-constexpr char kUsage[] =
+constexpr char kUsageHead[] =
     R"U(usage: recall_tp_eviction_bench [--shape NAME | --config PATH] [--tp N] [--prompt N]
                                 [--steps N] [--window W] [--dtype bf16|f32]
                                 [--device cpu|cuda] [--devices LIST] [--tp-comm nccl|staged]
@@ -185,44 +219,14 @@ on the steps where a layer evicted; and a FullKV step without an evictor for ref
 Random weights.
 
 options:
-  --shape NAME            smollm2-135m, qwen2.5-0.5b (default), llama-3.2-1b or llama-3-8b
-  --config PATH           a config.json instead of --shape (wins over it)
-  --tp N                  ranks (default 2)
-  --prompt N              prompt tokens, and the lazy budget C (default 512)
-  --steps N               decode steps (default 128)
-  --window W              lazy's window (default 32)
-  --dtype TYPE            weight type: bf16 (default) or f32; any other value means bf16
-  --device NAME           cpu (default; ranks are threads) or cuda
-  --devices LIST          CUDA ranks' device ordinals, e.g. 0,0 (default 0..N-1)
-  --tp-comm KIND          CUDA ranks' activation all-reduces: nccl (default) or staged
-  -h, --help              print this and exit
 )U";
 
 int Main(int argc, char** argv) {
-  if (PrintHelpIfAsked(argc, argv, kUsage)) return 0;
   Flags f;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--config") f.config = v;
-    else if (k == "--shape") f.shape = v;
-    else if (k == "--tp") f.tp = std::stoi(v);
-    else if (k == "--prompt") f.prompt = std::stoi(v);
-    else if (k == "--steps") f.steps = std::stoi(v);
-    else if (k == "--window") f.window = std::stoi(v);
-    else if (k == "--dtype") f.dtype = v;
-    else if (k == "--device" && (v == "cpu" || v == "cuda"))
-      f.device = v;
-    else if (k == "--tp-comm" && (v == "nccl" || v == "staged"))
-      f.tp_comm = v;
-    else if (k == "--devices") {
-      if (absl::Status st = flags::ParseIntList(v, 0, 1024, &f.devices); !st.ok()) {
-        std::fprintf(stderr, "--devices: %s\n", std::string(st.message()).c_str());
-        return 2;
-      }
-    } else {
-      std::fprintf(stderr, "unknown flag %s\n", k.c_str());
-      return 2;
-    }
+  if (int rc = ParseBenchFlags(argc, argv, "recall_tp_eviction_bench", kUsageHead,
+                               TpEvictionFlags(), &f);
+      rc >= 0) {
+    return rc;
   }
   absl::StatusOr<model::ModelConfig> config = NamedShape(f.shape);
   if (!f.config.empty()) config = model::ReadHfConfig(f.config);

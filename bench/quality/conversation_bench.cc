@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -139,6 +140,14 @@ int Main(int argc, char** argv) {
   if (PrintHelpIfAsked(argc, argv, kUsage)) return 0;
   Flags f;
   if (!ParseFlags(argc, argv, &f)) return 2;
+  if (!OutputPathsWritable({{"--out-json", f.out_json}, {"--out-png", f.out_png}})) return 2;
+  if (std::error_code ec; !std::filesystem::is_directory(f.model, ec)) {
+    std::fprintf(stderr,
+                 "--model: %s is not a directory (a model directory is needed: its "
+                 "tokenizer is read from it)\n",
+                 f.model.c_str());
+    return 2;
+  }
   auto model = model::LoadModel(f.model);
   if (!model.ok()) return Fail(model.status());
   const model::ModelConfig& mc = (*model)->config;
@@ -270,8 +279,7 @@ int Main(int argc, char** argv) {
                                  min_len, "-", max_len, " tokens), ",
                                  std::filesystem::path(f.model).filename().string()),
                     rows);
-  ReportPlot(s, f.out_png);
-  return 0;
+  return ReportPlot(s, f.out_png);
 }
 
 }  // namespace

@@ -24,7 +24,7 @@ nlohmann::json ConvRowsJson(const std::vector<ConvRow>& rows);
 
 // Writes png_path + ".dat" / ".gp" and runs gnuplot: accuracy and agreement with FullKV
 // against the budget (rows with a fraction), FullKV's accuracy as a line.
-// FailedPrecondition if gnuplot is absent or fails.
+// FailedPrecondition if gnuplot is absent, Internal if it fails.
 absl::Status WriteConvPlot(const std::string& png_path, const std::string& title,
                            const std::vector<ConvRow>& rows);
 

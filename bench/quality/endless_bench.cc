@@ -199,7 +199,14 @@ int Main(int argc, char** argv) {
   if (PrintHelpIfAsked(argc, argv, kUsage)) return 0;
   Flags f;
   if (!ParseFlags(argc, argv, &f)) return 2;
-  if (SkipWithoutStories260K(f.model, f.tokenizer)) return 0;
+  // The outputs are checked before the run (up to 20 minutes), not after it.
+  if (!OutputPathsWritable({{"--out-json", f.out_json}}) ||
+      (!f.out_txt.empty() && !OutputPathsWritable({{"--out-txt", f.out_txt}}))) {
+    return 2;
+  }
+  if (int rc = CheckStories260K(f.model, f.tokenizer, RECALL_SHARED_DIR_DEFAULT); rc >= 0) {
+    return rc;
+  }
   Stopwatch run_watch;
   auto model = model::LoadModel(f.model);
   if (!model.ok()) return Fail(model.status());

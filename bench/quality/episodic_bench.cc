@@ -188,7 +188,14 @@ int Main(int argc, char** argv) {
   if (PrintHelpIfAsked(argc, argv, kUsage)) return 0;
   Flags f;
   if (!ParseFlags(argc, argv, &f)) return 2;
-  if (SkipWithoutStories260K(f.model, f.tokenizer)) return 0;
+  // The outputs are checked before the run, not after it.
+  if (!OutputPathsWritable({{"--out-json", f.out_json}, {"--out-png", f.out_png}}) ||
+      (!f.out_txt.empty() && !OutputPathsWritable({{"--out-txt", f.out_txt}}))) {
+    return 2;
+  }
+  if (int rc = CheckStories260K(f.model, f.tokenizer, RECALL_SHARED_DIR_DEFAULT); rc >= 0) {
+    return rc;
+  }
   std::vector<Method> methods;
   for (const std::string& label : f.methods) {
     auto m = ParseMethod(label, f.recent);
@@ -313,8 +320,7 @@ int Main(int argc, char** argv) {
                                                 "stories260K, ",
                                                 convs.size(), " conversations of ", f.stories,
                                                 " stories, query restarts one"));
-  ReportPlot(st, f.out_png);
-  return 0;
+  return ReportPlot(st, f.out_png);
 }
 
 }  // namespace

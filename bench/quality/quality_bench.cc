@@ -280,7 +280,12 @@ int Main(int argc, char** argv) {
   if (PrintHelpIfAsked(argc, argv, kUsage)) return 0;
   Flags f;
   if (!ParseFlags(argc, argv, &f)) return 2;
-  if (SkipWithoutStories260K(f.model, f.tokenizer)) return 0;
+  // The outputs are checked before the run (minutes to hours), not after it.
+  if (!OutputPathsWritable({{"--out-json", f.out_json}, {"--out-png", f.out_png}})) return 2;
+  int plot_rc = 0;  // 1 when a PNG could not be written
+  if (int rc = CheckStories260K(f.model, f.tokenizer, RECALL_SHARED_DIR_DEFAULT); rc >= 0) {
+    return rc;
+  }
   auto model = model::LoadModel(f.model);
   if (!model.ok()) return Fail(model.status());
   const model::ModelConfig& mc = (*model)->config;
@@ -466,14 +471,15 @@ int Main(int argc, char** argv) {
                          : f.out_png,
                      "_bytes.png");
     const bool held = !equal_bytes_heldout.empty();
-    ReportPlot(WriteEqualPeakPlot(
-                   png,
-                   absl::StrCat("Every (policy, KV type) at the bytes it holds: stories260K, ",
-                                held ? "held-out texts of seed " : "texts of seed ",
-                                held ? f.heldout_seed : f.seed),
-                   "peak KV bytes held (% of the f32 FullKV bytes)",
-                   held ? equal_bytes_heldout : equal_bytes),
-               png);
+    plot_rc |=
+        ReportPlot(WriteEqualPeakPlot(
+                       png,
+                       absl::StrCat("Every (policy, KV type) at the bytes it holds: stories260K, ",
+                                    held ? "held-out texts of seed " : "texts of seed ",
+                                    held ? f.heldout_seed : f.seed),
+                       "peak KV bytes held (% of the f32 FullKV bytes)",
+                       held ? equal_bytes_heldout : equal_bytes),
+                   png);
   }
 
   nlohmann::json json;
@@ -540,8 +546,8 @@ int Main(int argc, char** argv) {
                 absl::StrCat("KV eviction quality vs FullKV: stories260K, ", f.texts,
                              " sampled 512-token texts, W=", f.window, ", alpha=", f.alpha),
                 configs, stats);
-  ReportPlot(s, f.out_png);
-  return 0;
+  plot_rc |= ReportPlot(s, f.out_png);
+  return plot_rc;
 }
 
 }  // namespace

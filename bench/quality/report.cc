@@ -1,12 +1,15 @@
 #include "bench/quality/report.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -101,7 +104,12 @@ void PrintTable(const std::vector<QualityConfig>& configs,
 
 absl::Status WriteText(const std::string& path, const std::string& text) {
   std::ofstream f(path);
-  if (!f) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open for writing"));
+  if (!f) {
+    const int err = errno;
+    return absl::Status(err == ENOENT || err == ENOTDIR ? absl::StatusCode::kNotFound
+                                                        : absl::StatusCode::kPermissionDenied,
+                        absl::StrCat(path, ": cannot open for writing: ", std::strerror(err)));
+  }
   f << text;
   if (!f) return absl::DataLossError(absl::StrCat(path, ": write failed"));
   return absl::OkStatus();
@@ -180,17 +188,22 @@ absl::Status RequireGnuplot() {
 absl::Status RunGnuplot(const std::string& gp_path) {
   const std::string cmd = absl::StrCat("gnuplot '", gp_path, "'");
   if (std::system(cmd.c_str()) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat("'", cmd, "' failed: no PNG written"));
+    return absl::InternalError(absl::StrCat("'", cmd, "' failed: no PNG written"));
   }
   return absl::OkStatus();
 }
 
-void ReportPlot(const absl::Status& plotted, const std::string& png_path) {
-  if (!plotted.ok()) {
-    std::printf("WARNING: %s\n", std::string(plotted.message()).c_str());
-  } else {
+int ReportPlot(const absl::Status& plotted, const std::string& png_path) {
+  if (plotted.ok()) {
     std::printf("wrote %s\n", png_path.c_str());
+    return 0;
   }
+  if (plotted.code() == absl::StatusCode::kFailedPrecondition) {  // no gnuplot, nothing to plot
+    std::printf("WARNING: %s\n", std::string(plotted.message()).c_str());
+    return 0;
+  }
+  std::fprintf(stderr, "error: %s: %s\n", png_path.c_str(), std::string(plotted.message()).c_str());
+  return 1;
 }
 
 bool ParseFlagPairs(
@@ -221,11 +234,36 @@ int Fail(const absl::Status& s) {
   return 1;
 }
 
-bool SkipWithoutStories260K(const std::string& model, const std::string& tokenizer) {
-  if (std::filesystem::exists(model) && std::filesystem::exists(tokenizer)) return false;
-  std::printf("SKIP: stories260K not found (%s, %s); ../shared is missing\n", model.c_str(),
-              tokenizer.c_str());
-  return true;
+int CheckStories260K(const std::string& model, const std::string& tokenizer,
+                     const std::string& shared_dir) {
+  std::error_code ec;
+  const bool have_model = std::filesystem::exists(model, ec);
+  const bool have_tokenizer = std::filesystem::exists(tokenizer, ec);
+  if (have_model && have_tokenizer) return -1;
+  const std::string default_model = shared_dir + "/models/stories260K/stories260K.bin";
+  const std::string default_tokenizer = shared_dir + "/models/stories260K/tok512.bin";
+  // A path the user gave that is not there is an error, not a skip.
+  auto given_but_missing = [&](const char* flag, const std::string& path, bool have,
+                               const std::string& def) {
+    if (have || path == def) return false;
+    std::fprintf(stderr, "%s: %s: no such file\n", flag, path.c_str());
+    return true;
+  };
+  if (given_but_missing("--model", model, have_model, default_model) ||
+      given_but_missing("--tokenizer", tokenizer, have_tokenizer, default_tokenizer)) {
+    return 2;
+  }
+  std::string missing;
+  for (const std::string* p : {&model, &tokenizer}) {
+    if (!std::filesystem::exists(*p, ec)) {
+      missing += (missing.empty() ? "" : ", ") + *p;
+    }
+  }
+  std::printf("SKIP: stories260K not found (missing: %s)%s\n", missing.c_str(),
+              std::filesystem::is_directory(shared_dir, ec)
+                  ? ""
+                  : ("; " + shared_dir + " is not set up").c_str());
+  return 0;
 }
 
 }  // namespace recall::bench

@@ -21,23 +21,31 @@ nlohmann::json ResultsJson(const std::vector<QualityConfig>& configs,
 void PrintTable(const std::vector<QualityConfig>& configs,
                 const std::vector<QualityStats>& stats);
 
-// Writes `text` to `path` (PermissionDenied when it cannot be opened, DataLoss when the write
-// fails); WriteJson writes the JSON indented.
+// Writes `text` to `path` (NotFound when its directory is missing, PermissionDenied when it
+// cannot be opened otherwise, DataLoss when the write fails); WriteJson writes the JSON
+// indented.
 absl::Status WriteText(const std::string& path, const std::string& text);
 absl::Status WriteJson(const std::string& path, const nlohmann::json& json);
 
 // The benchmarks' plotting and exit helpers. FailedPrecondition when gnuplot is not
-// installed / when `gnuplot GP_PATH` fails (no PNG written then).
+// installed / Internal when `gnuplot GP_PATH` fails (no PNG written then).
 absl::Status RequireGnuplot();
 absl::Status RunGnuplot(const std::string& gp_path);
-// Prints "wrote PNG" or, when the plot could not be drawn, a warning (the JSON is written).
-void ReportPlot(const absl::Status& plotted, const std::string& png_path);
+// Prints "wrote PNG" and returns 0; or, when gnuplot is not installed or there was nothing to
+// plot (FailedPrecondition), a warning and 0 (the JSON is written); or, when the plot failed
+// otherwise (its files or the PNG could not be written), an error on stderr and 1, the exit
+// code.
+[[nodiscard]] int ReportPlot(const absl::Status& plotted, const std::string& png_path);
 // Prints "error: ..." to stderr; returns the exit code 1.
 int Fail(const absl::Status& s);
 
-// True (after printing a SKIP line) when the stories260K model or tokenizer is missing, i.e.
-// ../shared is absent: the benchmarks on it then exit 0.
-bool SkipWithoutStories260K(const std::string& model, const std::string& tokenizer);
+// Whether the stories260K benchmarks can run: -1 when `model` and `tokenizer` both exist.
+// Otherwise it prints why and returns the exit code: 2 (an error naming the flag) when a
+// missing file was given with --model or --tokenizer, i.e. is not its default under
+// `shared_dir`; 0 (a SKIP line naming what is missing) when only defaults are missing, as
+// where ../shared is not set up (CI).
+int CheckStories260K(const std::string& model, const std::string& tokenizer,
+                     const std::string& shared_dir);
 
 // Parses "--name value" pairs: handle(name, value) returns nullopt for an unknown flag, else
 // whether the value was good. On a missing value, an unknown flag or a bad value it prints
@@ -48,7 +56,8 @@ bool ParseFlagPairs(
     const std::string& hint);
 
 // Writes path + ".dat" and path + ".gp" and runs gnuplot on them. FailedPrecondition if
-// gnuplot is absent or fails (the caller warns and goes on).
+// gnuplot is absent (the caller warns and goes on); Internal if it fails, the WriteText
+// errors if a file cannot be written (see ReportPlot).
 absl::Status WritePlot(const std::string& png_path, const std::string& title,
                        const std::vector<QualityConfig>& configs,
                        const std::vector<QualityStats>& stats);

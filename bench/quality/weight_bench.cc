@@ -17,8 +17,10 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -28,6 +30,7 @@
 #include "cache/block_pool.h"
 #include "cache/sequence_cache.h"
 #include "common/clock.h"
+#include "common/flags.h"
 #include "common/status.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/int8.h"
@@ -46,11 +49,43 @@ struct Flags {
       std::string(RECALL_SHARED_DIR_DEFAULT) + "/models/stories260K/stories260K.bin";
   std::string tokenizer = std::string(RECALL_SHARED_DIR_DEFAULT) + "/models/stories260K/tok512.bin";
   std::string tool = std::string(RECALL_SOURCE_DIR) + "/tools/convert_llama2c_to_hf.py";
-  std::string tmp = "/tmp/recall_weight_quality_bench";
+  std::string tmp;  // empty: the temporary directory ($TMPDIR or /tmp)
   int texts = 16;
-  uint64_t seed = 1;
+  int64_t seed = 1;
   int threads = 0;
 };
+
+const flags::FlagSet<Flags>& WeightFlags() {
+  static const flags::FlagSet<Flags> f = [] {
+    flags::FlagSet<Flags> s;
+    s.String(
+         "model", "PATH",
+         "(default " RECALL_SHARED_DIR_DEFAULT
+         "/models/stories260K/stories260K.bin;\n"
+         "skipped when the default is missing)",
+         [](auto& o) -> auto& { return o.model; })
+        .String(
+            "tokenizer", "PATH",
+            "(default " RECALL_SHARED_DIR_DEFAULT "/models/stories260K/tok512.bin)",
+            [](auto& o) -> auto& { return o.tokenizer; })
+        .Int(
+            "texts", "N", "texts (default 16)", [](auto& o) -> auto& { return o.texts; }, 1, 100000)
+        .Int(
+            "seed", "S", "the texts' seed (default 1)", [](auto& o) -> auto& { return o.seed; }, 0,
+            std::numeric_limits<int64_t>::max())
+        .Int(
+            "threads", "N", "CPU threads (default 0: all cores)",
+            [](auto& o) -> auto& { return o.threads; }, 0, 4096)
+        .String(
+            "tmp", "DIR",
+            "an existing directory in which the FP8 checkpoints are written, in a new\n"
+            "directory recall_weight_quality_bench.XXXXXX removed at the end; nothing\n"
+            "else in DIR is touched (default: the temporary directory, $TMPDIR or /tmp)",
+            [](auto& o) -> auto& { return o.tmp; });
+    return s;
+  }();
+  return f;
+}
 
 // The next-token log-probabilities after every token of every text (one decode step each).
 std::vector<std::vector<float>> TeacherForced(const model::Model& m, kernels::Backend& backend,
@@ -113,7 +148,7 @@ absl::Status FakeInt8(model::Model& m, int64_t block) {
   return absl::OkStatus();
 }
 
-constexpr char kUsage[] =
+constexpr char kUsageHead[] =
     R"U(usage: recall_weight_quality_bench [--model PATH] [--tokenizer PATH] [--texts N]
                                    [--seed S] [--threads N] [--tmp DIR]
 
@@ -124,37 +159,41 @@ and with the LM head or the embeddings left f32), of int8 per channel against pe
 as loaded and requantized to int8.
 
 options:
-)U" RECALL_BENCH_STORIES_FLAGS_HELP R"U(  --texts N               texts (default 16)
-  --seed S                the texts' seed (default 1)
-  --threads N             CPU threads (default 0: all cores)
-  --tmp DIR               where the FP8 checkpoints are written; removed at the end
-                          (default /tmp/recall_weight_quality_bench)
-  -h, --help              print this and exit
 )U";
 
+int Run(const Flags& f, const std::string& tmp_dir);
+
 int Main(int argc, char** argv) {
-  if (PrintHelpIfAsked(argc, argv, kUsage)) return 0;
   Flags f;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--model")
-      f.model = value;
-    else if (flag == "--tokenizer")
-      f.tokenizer = value;
-    else if (flag == "--texts")
-      f.texts = std::atoi(value.c_str());
-    else if (flag == "--seed")
-      f.seed = std::strtoull(value.c_str(), nullptr, 10);
-    else if (flag == "--threads")
-      f.threads = std::atoi(value.c_str());
-    else if (flag == "--tmp")
-      f.tmp = value;
-    else {
-      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
-      return 2;
-    }
+  if (int rc =
+          ParseBenchFlags(argc, argv, "recall_weight_quality_bench", kUsageHead, WeightFlags(), &f);
+      rc >= 0) {
+    return rc;
   }
-  if (SkipWithoutStories260K(f.model, f.tokenizer)) return 0;
+  if (int rc = CheckStories260K(f.model, f.tokenizer, RECALL_SHARED_DIR_DEFAULT); rc >= 0) {
+    return rc;
+  }
+  if (f.tmp.empty()) {
+    std::error_code ec;
+    f.tmp = std::filesystem::temp_directory_path(ec).string();
+    if (ec) f.tmp = "/tmp";
+  }
+  const absl::StatusOr<std::string> tmp =
+      MakeScratchDir("--tmp", f.tmp, "recall_weight_quality_bench");
+  if (!tmp.ok()) {
+    std::fprintf(stderr, "recall_weight_quality_bench: %s\n",
+                 std::string(tmp.status().message()).c_str());
+    return tmp.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  // The scratch directory goes however Run returns.
+  struct Remove {
+    std::string dir;
+    ~Remove() { RemoveScratchDir(dir); }
+  } remove{*tmp};
+  return Run(f, *tmp);
+}
+
+int Run(const Flags& f, const std::string& tmp_dir) {
   auto reference = model::LoadModel(f.model);
   if (!reference.ok()) return Fail(reference.status());
   auto tokenizer = model::LoadTokenizer(f.tokenizer, (*reference)->config.vocab_size);
@@ -227,7 +266,7 @@ int Main(int argc, char** argv) {
            variant(f.model, [block](model::Model& m) { return FakeInt8(m, block); }));
   }
   for (const int block : {32, 128}) {
-    const std::string dir = absl::StrCat(f.tmp, "/fp8_block", block);
+    const std::string dir = absl::StrCat(tmp_dir, "/fp8_block", block);
     const std::string cmd = absl::StrCat("python3 ", f.tool, " ", f.model, " ", dir,
                                          " --dtype fp8 --fp8-block ", block, " > /dev/null");
     if (std::system(cmd.c_str()) != 0) {
@@ -239,7 +278,6 @@ int Main(int argc, char** argv) {
     report(absl::StrCat("FP8 checkpoint, blocks ", block, "x", block, ", then int8"),
            variant(dir, int8({})));
   }
-  std::filesystem::remove_all(f.tmp);
   std::printf("\n(%.1f s)\n", watch.ElapsedSeconds());
   return 0;
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -82,6 +83,24 @@ TEST(EndlessBenchTest, ATinyRunPrintsFiniteFiguresAndTheRatioLine) {
 
   // --out-txt is what was printed.
   EXPECT_NE(testing::ReadFileOrEmpty(dir + "/e.txt").find(line), std::string::npos);
+}
+
+// The outputs are checked before the run (a full one takes about 20 minutes), not after it.
+TEST(EndlessBenchTest, BadOutputPathsAreRefusedBeforeTheRun) {
+  const std::string dir = testing::MakeTempDir("endless_bench_outputs");
+  const std::string bin = RECALL_ENDLESS_BENCH_BINARY;
+  testing::Exit e = testing::RunToExit(bin + " --texts 1 --out-json " + dir + "/nodir/e.json", 60);
+  EXPECT_EQ(e.code, 2) << e.output;
+  EXPECT_NE(e.output.find("--out-json: cannot write " + dir + "/nodir/e.json"), std::string::npos)
+      << e.output;
+  e = testing::RunToExit(
+      bin + " --texts 1 --out-json " + dir + "/e.json --out-txt " + dir + "/nodir/e.txt", 60);
+  EXPECT_EQ(e.code, 2) << e.output;
+  EXPECT_NE(e.output.find("--out-txt: cannot write"), std::string::npos) << e.output;
+  e = testing::RunToExit(bin + " --texts 1 --out-json " + dir, 60);
+  EXPECT_EQ(e.code, 2) << e.output;
+  EXPECT_NE(e.output.find("is a directory"), std::string::npos) << e.output;
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

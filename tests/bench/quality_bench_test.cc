@@ -3,6 +3,7 @@
 // stories260K that ends well, whose FullKV rows agree with FullKV, and whose JSON holds the
 // settings it ran with and the equal-peak comparison on both text sets.
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -99,6 +100,30 @@ TEST(QualityBenchTest, KvTypesAreComparedAtTheBytesTheyHold) {
     EXPECT_TRUE(f32["at"][0]["top1"].is_null()) << key;
     EXPECT_FALSE(bf16["at"][0]["top1"].is_null()) << key;
   }
+}
+
+// The outputs are checked before the run (a full one takes minutes), and a model given
+// explicitly that does not exist is an error, not a SKIP.
+TEST(QualityBenchTest, BadOutputPathsAndAMissingModelAreRefusedBeforeTheRun) {
+  const std::string dir = testing::MakeTempDir("quality_bench_outputs");
+  const std::string bin = RECALL_QUALITY_BENCH_BINARY;
+  testing::Exit e = testing::RunToExit(bin + " --texts 1 --out-json " + dir + "/nodir/q.json", 60);
+  EXPECT_EQ(e.code, 2) << e.output;
+  EXPECT_NE(e.output.find("--out-json: cannot write " + dir + "/nodir/q.json"), std::string::npos)
+      << e.output;
+  e = testing::RunToExit(
+      bin + " --texts 1 --out-json " + dir + "/q.json --out-png " + dir + "/nodir/q.png", 60);
+  EXPECT_EQ(e.code, 2) << e.output;
+  EXPECT_NE(e.output.find("--out-png: cannot write"), std::string::npos) << e.output;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/q.json")) << "nothing written before the run";
+  e = testing::RunToExit(bin + " --texts 1 --model /nonexistent/model.bin --out-json " + dir +
+                             "/q.json --out-png " + dir + "/q.png",
+                         60);
+  EXPECT_EQ(e.code, 2) << e.output;
+  EXPECT_NE(e.output.find("--model: /nonexistent/model.bin: no such file"), std::string::npos)
+      << e.output;
+  EXPECT_EQ(e.output.find("SKIP"), std::string::npos) << e.output;
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
