@@ -384,9 +384,14 @@ absl::Status Chat(const ChatOptions& o) {
         if (made.ok() &&
             std::all_of(made->messages().begin(), made->messages().end(),
                         [](const v1::ChatMessage& m) { return m.role() == "system"; })) {
-          client->DeleteSession(session_id).IgnoreError();
-          std::cerr << "[session " << session_id << " removed: its first message was not taken]\n";
-          session_id.clear();
+          if (const absl::Status gone = client->DeleteSession(session_id); gone.ok()) {
+            std::cerr << "[session " << session_id
+                      << " removed: its first message was not taken]\n";
+            session_id.clear();
+          } else {
+            std::cerr << "[session " << session_id << " kept: it could not be removed ("
+                      << gone.message() << ")]\n";
+          }
         }
       }
       const absl::StatusCode code = done.status().code();

@@ -53,7 +53,6 @@ v1::ChatMessage ToProto(const StoredMessage& m) {
   return out;
 }
 
-// A seed for a turn whose request sets none (sampling then differs from turn to turn).
 // The workers whose limits apply: those answering (a stopped worker's --max-tokens-limit held
 // for every turn after it went), or all of them when none answers.
 std::vector<WorkerView> Answering(std::vector<WorkerView> all) {
@@ -64,6 +63,7 @@ std::vector<WorkerView> Answering(std::vector<WorkerView> all) {
   return up.empty() ? all : up;
 }
 
+// A seed for a turn whose request sets none (sampling then differs from turn to turn).
 uint64_t RandomSeed() {
   static std::mutex mu;
   static std::mt19937_64 rng(std::random_device{}());
@@ -578,20 +578,42 @@ absl::Status Conversations::CheckPolicy(const v1::CacheSettings& cache) const {
                                                  "\" (one of ", absl::StrJoin(known, ", "), ")"));
 }
 
+absl::Status Conversations::CheckPolicyAmong(const std::vector<WorkerView>& candidates,
+                                             const v1::CacheSettings& cache) const {
+  if (!cache.has_policy()) return absl::OkStatus();
+  std::vector<std::string> run;  // what the candidates whose Info arrived run
+  bool not_known = false;        // a candidate's Info has not arrived
+  for (const WorkerView& w : candidates) {
+    not_known = not_known || w.info.policies().empty();
+    for (const std::string& p : w.info.policies()) {
+      if (p == cache.policy()) return absl::OkStatus();
+      if (std::find(run.begin(), run.end(), p) == run.end()) run.push_back(p);
+    }
+  }
+  RECALL_RETURN_IF_ERROR(CheckPolicy(cache));  // no worker that said runs it: unknown
+  // Known to some worker: a candidate not heard from yet may run it (its turn says); no
+  // candidate at all, the other checks say why.
+  if (not_known || run.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "cache.policy: the workers that could serve this session (its model and KV type) do not "
+      "run \"",
+      cache.policy(), "\" (they run ", absl::StrJoin(run, ", "), ")",
+      cache.policy() == "episodic" ? "; episodic runs only on workers of one CPU rank" : ""));
+}
+
 absl::StatusOr<v1::CacheSettings> Conversations::CheckNewSession(
     const std::string& model, const v1::CacheSettings& cache,
     const std::string& system_prompt) const {
   // No model named among several: which one serves the session is not known yet.
   if (model.empty() && Models().size() > 1) return cache;
-  // Only a worker that runs the policy checks it (a worker without it, e.g. a TP worker asked
-  // for episodic, refused it as unknown while the workers that run it were down); one that no
-  // worker runs is unknown.
-  const std::vector<WorkerView> running =
-      WorkersServing(WorkersStoring(workers_.Snapshot(), cache.kv_dtype()), cache.policy());
-  if (running.empty()) RECALL_RETURN_IF_ERROR(CheckPolicy(cache));
-  for (const WorkerView& w : running) {
+  // The workers that could serve it; of them, only one that runs its policy checks it (a
+  // worker without it, e.g. a TP worker asked for episodic, refused it as unknown while the
+  // workers that run it were down, answering or not).
+  const std::vector<WorkerView> candidates =
+      WorkersStoring(WorkersWithModel(workers_.Snapshot(), model), cache.kv_dtype());
+  RECALL_RETURN_IF_ERROR(CheckPolicyAmong(candidates, cache));
+  for (const WorkerView& w : WorkersServing(candidates, cache.policy())) {
     if (!w.healthy || w.draining || w.stub == nullptr) continue;
-    if (!model.empty() && w.info.model() != model) continue;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
     workers_.Attach(&ctx);
@@ -617,12 +639,12 @@ absl::Status Conversations::UnknownModel(const std::string& model,
       absl::StrCat("model: no worker serves \"", model, "\"", ServedModelsSuffix(served)));
 }
 
-Conversations::MaxTokens Conversations::MaxTokensLimit(const std::string& model) const {
-  MaxTokens limit;
+int Conversations::MaxTokensLimit(const std::string& model) const {
+  int limit = 0;
   for (const WorkerView& w : Answering(workers_.Snapshot())) {
     if (!model.empty() && w.info.model() != model) continue;
     const int l = w.info.max_tokens_limit();
-    if (l > 0 && (limit.limit == 0 || l < limit.limit)) limit = {l, w.address};
+    if (l > 0 && (limit == 0 || l < limit)) limit = l;
   }
   return limit;
 }
@@ -643,13 +665,14 @@ int Conversations::LargestModelMaxTokens() const {
 absl::Status Conversations::CheckMaxTokens(const std::string& model,
                                            const v1::SamplingParams& sampling) const {
   if (!sampling.has_max_tokens()) return absl::OkStatus();
-  const MaxTokens limit = MaxTokensLimit(model);
-  if (limit.limit <= 0 || sampling.max_tokens() <= limit.limit) return absl::OkStatus();
+  const int limit = MaxTokensLimit(model);
+  if (limit <= 0 || sampling.max_tokens() <= limit) return absl::OkStatus();
   return flags::FieldError(
       "sampling.max_tokens",
-      absl::StrCat("must be in [1, ", limit.limit, "]",
-                   model.empty() ? "" : " for \"" + model + "\"", ", got ", sampling.max_tokens(),
-                   " (worker ", limit.worker, "'s limit; not retryable)"));
+      absl::StrCat("must be in [1, ", limit, "]", model.empty() ? "" : " for \"" + model + "\"",
+                   ", got ", sampling.max_tokens(),
+                   " (the smallest limit of its answering workers: --max-tokens-limit, or the "
+                   "context; not retryable)"));
 }
 
 void Conversations::RememberEpisodes(const std::string& key, const v1::TurnDone& done) {

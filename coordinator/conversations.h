@@ -234,8 +234,14 @@ class Conversations {
   // routed with it found no worker: FailedPrecondition, as for a session made with it). Unset,
   // or no worker known yet, passes.
   absl::Status CheckPolicy(const v1::CacheSettings& cache) const;
+  // The same among the workers that could serve a session (`candidates`, down ones too):
+  // InvalidArgument when no worker that said runs its policy (unknown), or when the
+  // candidates that said do not run it and every candidate said; else OK.
+  absl::Status CheckPolicyAmong(const std::vector<WorkerView>& candidates,
+                                const v1::CacheSettings& cache) const;
   // A new session's cache settings and system prompt, checked by a worker serving `model`
-  // ("" for any) that stores its kv_dtype (Worker.CheckSession): InvalidArgument naming the
+  // ("" for any) that stores its kv_dtype and runs its policy (Worker.CheckSession; a policy
+  // those workers do not run, CheckPolicyAmong): InvalidArgument naming the
   // field as its first turn would be refused; else the settings to keep for the session,
   // resolved with that worker's defaults (so a worker with other defaults that serves or
   // rebuilds it later runs the same cache). When no such worker answers (a worker of an
@@ -251,13 +257,8 @@ class Conversations {
   static absl::Status UnknownModel(const std::string& model,
                                    const std::vector<std::string>& served);
   // The smallest max_tokens limit among the answering workers serving `model` (all models for
-  // ""; all workers when none answers; 0: none known) and the worker that sets it: a turn may
-  // go to any of them.
-  struct MaxTokens {
-    int limit = 0;
-    std::string worker;
-  };
-  MaxTokens MaxTokensLimit(const std::string& model) const;
+  // ""; all workers when none answers; 0: none known): a turn may go to any of them.
+  int MaxTokensLimit(const std::string& model) const;
   // The largest of the models' MaxTokensLimit (0: none known), from one look at the workers.
   int LargestModelMaxTokens() const;
   // InvalidArgument naming sampling.max_tokens when it passes that limit of `model`'s workers.

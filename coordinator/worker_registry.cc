@@ -341,18 +341,20 @@ void WorkerRegistry::SettleConflicts() {
     const v1::InfoResponse& info = e.view.info;
     if (info.model().empty() || e.conflict) continue;
     const Entry* ref = first.emplace(info.model(), &e).first->second;
-    const bool differ = !google::protobuf::util::MessageDifferencer::Equals(
-        info.default_cache(), ref->view.info.default_cache());
+    // The KV type may differ (a session naming none takes its worker's, wherever it runs).
+    v1::CacheSettings mine = info.default_cache(), theirs = ref->view.info.default_cache();
+    mine.clear_kv_dtype();
+    theirs.clear_kv_dtype();
+    const bool differ = !google::protobuf::util::MessageDifferencer::Equals(mine, theirs);
     if (differ && !e.defaults_differ) {
       RECALL_LOG(WARNING) << "worker " << e.view.address << "'s session defaults ("
-                          << info.default_cache().ShortDebugString() << ") differ from those of "
-                          << ref->view.address << " ("
-                          << ref->view.info.default_cache().ShortDebugString()
+                          << mine.ShortDebugString() << ") differ from those of "
+                          << ref->view.address << " (" << theirs.ShortDebugString()
                           << "), which serves \"" << info.model()
-                          << "\" too: a new session that names no cache settings takes the "
-                             "defaults of the first answering worker in --workers order, whichever "
-                             "worker then serves it; give every worker the same --policy, --budget "
-                             "and --window flags";
+                          << "\" too: a new session takes the defaults of the worker that checks "
+                             "it (the first answering one, in --workers order) and keeps them "
+                             "wherever it runs; give every worker of a model the same session "
+                             "flags (--policy, --budget, --window, --alpha, ...)";
     }
     e.defaults_differ = differ;
   }

@@ -1341,10 +1341,18 @@ TEST_F(MixedRanksTest, APolicyOnlyADownWorkerRunsIsNotCalledUnknown) {
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
   EXPECT_NE(r.status.error_message().find("retryable"), std::string::npos)
       << r.status.error_message();
+  // A policy no worker runs is still refused by name (no worker checks it now).
+  grpc::ClientContext typo_ctx;
+  Auth(&typo_ctx, "key-a");
+  req.mutable_cache()->set_policy("lazzy");
+  const grpc::Status typo = stub_->CreateSession(&typo_ctx, req, &s);
+  EXPECT_EQ(typo.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << typo.error_message();
+  EXPECT_EQ(typo.error_message().rfind("cache.policy: unknown policy \"lazzy\" (one of ", 0), 0u)
+      << typo.error_message();
 }
 
 // Worker 1 limits a reply to 100 tokens (--max-tokens-limit), worker 0 to its context (512):
-// a turn may go to either, so more than 100 is refused, naming worker 1; once worker 1 is
+// a turn may go to either, so more than 100 is refused; once worker 1 is
 // down its limit no longer applies (it was held for every turn after it went).
 class DifferentLimitsTest : public CoordinatorTest {
  protected:
@@ -1356,12 +1364,12 @@ class DifferentLimitsTest : public CoordinatorTest {
 
 TEST_F(DifferentLimitsTest, AStoppedWorkersReplyLimitNoLongerApplies) {
   const std::string id = Create();
-  const std::string worker1 = "127.0.0.1:" + std::to_string(workers_[1].port("grpc"));
   Reply r = Say(id, "Once upon a time", 300);
   ASSERT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << r.status.error_message();
   EXPECT_EQ(r.status.error_message(),
-            "sampling.max_tokens: must be in [1, 100] for \"stories260K.bin\", got 300 (worker " +
-                worker1 + "'s limit; not retryable)");
+            "sampling.max_tokens: must be in [1, 100] for \"stories260K.bin\", got 300 (the "
+            "smallest limit of its answering workers: --max-tokens-limit, or the context; not "
+            "retryable)");
   workers_[1].Kill();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   do {  // until the coordinator has seen it go (three missed heartbeats)
