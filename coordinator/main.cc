@@ -1,4 +1,5 @@
 // recall-coordinator: the public Chat API in front of one or more recall-workers.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 
@@ -46,6 +47,10 @@ const flags::FlagSet<CoordinatorConfig>& CoordinatorFlags() {
                 if (host_port->first.empty() || host_port->second == 0) {
                   return absl::InvalidArgumentError(absl::StrCat(
                       "expected HOST:PORT with a port in [1, 65535], got \"", w, "\""));
+                }
+                if (std::find(c.workers.begin(), c.workers.end(), w) != c.workers.end()) {
+                  // (It was counted as two workers, and failed over onto itself.)
+                  return absl::InvalidArgumentError(absl::StrCat("\"", w, "\" is listed twice"));
                 }
                 c.workers.emplace_back(w);
               }

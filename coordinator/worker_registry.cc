@@ -232,10 +232,19 @@ void WorkerRegistry::Poll(const std::vector<std::string>& addresses, bool refres
         } else if (++e.misses >= max_misses_) {
           if (!e.down_logged) {  // once, also after ReportFailure marked it down
             e.down_logged = true;
-            RECALL_LOG(WARNING) << "worker " << p->address << " does not answer ("
-                                << p->load_status.error_message()
-                                << "): no turn goes to it until it does (one loading its model "
-                                   "answers once it has)";
+            // (A server that is no worker, e.g. a coordinator's port, says UNIMPLEMENTED with
+            // no message: the warning read "does not answer ()".)
+            const grpc::Status& st = p->load_status;
+            const bool no_worker = st.error_code() == grpc::StatusCode::UNIMPLEMENTED;
+            RECALL_LOG(WARNING)
+                << "worker " << p->address << " does not answer ("
+                << (no_worker ? "UNIMPLEMENTED: no recall.v1.Worker service there; is it a "
+                                "recall-worker's --listen address?"
+                    : st.error_message().empty()
+                        ? absl::StrCat("gRPC status ", static_cast<int>(st.error_code()))
+                        : st.error_message())
+                << "): no turn goes to it until it does"
+                << (no_worker ? "" : " (one loading its model answers once it has)");
           }
           e.view.healthy = false;
           e.refresh_info = true;

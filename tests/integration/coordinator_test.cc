@@ -1076,6 +1076,7 @@ TEST(CoordinatorFlagsTest, AStoreListenOrPortFileItCannotUseStopsItNamingTheFlag
       // coordinator started with no worker.
       {"--workers 127.0.0.1:5,", "--workers: an empty address in \"127.0.0.1:5,\""},
       {"--workers ''", "--workers: an empty address in \"\""},
+      {"--workers 127.0.0.1:5,127.0.0.1:5", "--workers: \"127.0.0.1:5\" is listed twice"},
       // An empty value of a file flag turned it off (no API keys, no cluster token).
       {"--api-keys ''", "--api-keys: empty; omit the flag for its default"},
       {"--cluster-token-file ''", "--cluster-token-file: empty; omit the flag for its default"},
@@ -1314,6 +1315,22 @@ TEST_F(DifferentDefaultsTest, ASessionKeepsTheCacheSettingsItWasMadeWithOnEveryW
   EXPECT_EQ(s.cache().policy(), "streaming") << "worker 1's default, the only worker left";
   EXPECT_EQ(s.cache().budget_tokens(), 16);
   EXPECT_EQ(s.cache().window(), 8);
+}
+
+// A --workers address where a server that is no worker answers (here, a coordinator's port):
+// gRPC says UNIMPLEMENTED with no message, and the warning read "does not answer ()", with
+// advice about a worker loading its model.
+TEST_F(CoordinatorTest, AWorkerAddressThatIsNoWorkerIsSaidToBeNone) {
+  const std::string said =
+      testing::RunToExit("timeout 3 " + std::string(RECALL_COORDINATOR_BINARY) +
+                         " --workers 127.0.0.1:" + std::to_string(coordinator_.port("grpc")) +
+                         " --listen 127.0.0.1:0 --data-dir " +
+                         testing::MakeTempDir("coordinator_not_a_worker"))
+          .output;
+  EXPECT_NE(said.find("does not answer (UNIMPLEMENTED: no recall.v1.Worker service there; is it "
+                      "a recall-worker's --listen address?): no turn goes to it until it does\n"),
+            std::string::npos)
+      << said;
 }
 
 // Worker 1 runs two TP ranks, so it cannot run episodic sessions (one CPU rank only). With
