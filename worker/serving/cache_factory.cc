@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "cache/eviction/eviction_policy.h"
 #include "common/flags.h"
@@ -78,7 +79,19 @@ absl::StatusOr<SessionCacheSpec> CacheFactory::Resolve(const CacheRequest& reque
                              " (its --kv-dtype); a session cannot choose ", *request.kv_dtype)
               : absl::StrCat("\"", *request.kv_dtype, "\" is not one of f32, bf16, f16, int8"));
   }
-  return Make(defaults_.With(request), session_seed, "cache.");
+  absl::StatusOr<SessionCacheSpec> spec = Make(defaults_.With(request), session_seed, "cache.");
+  // A window past the worker's default budget: the field the session set is the one to name
+  // (the message named cache.budget_tokens, which the session had not given).
+  constexpr absl::string_view kBudget = "cache.budget_tokens: ";
+  if (!spec.ok() && request.window.has_value() && !request.budget_tokens.has_value() &&
+      absl::StartsWith(spec.status().message(), kBudget)) {
+    return Invalid("cache.window", absl::StrCat(*request.window,
+                                                " needs a larger budget: the worker's default "
+                                                "budget_tokens ",
+                                                spec.status().message().substr(kBudget.size()),
+                                                ", or a smaller window"));
+  }
+  return spec;
 }
 
 absl::StatusOr<SessionCacheSpec> CacheFactory::Make(const CacheDefaults& d, uint64_t seed,

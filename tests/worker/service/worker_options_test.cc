@@ -176,6 +176,15 @@ TEST(WorkerOptionsTest, ABudgetBelowWhatThePolicyAlwaysKeepsIsRefusedNotRaised) 
   r.window = 2;
   r.policy = "lazy";  // its smallest budget is its window
   EXPECT_TRUE(factory->Resolve(r, 1).ok());
+  // A window past the worker's default budget names the window, which the session set (it
+  // named cache.budget_tokens, which it had not).
+  serving::CacheRequest wide;
+  wide.policy = "lazy";
+  wide.window = 100;
+  EXPECT_EQ(factory->Resolve(wide, 1).status().message(),
+            "cache.window: 100 needs a larger budget: the worker's default budget_tokens 64 is "
+            "below the 100 tokens per layer and KV head that lazy always keeps (its window W; a "
+            "smaller window lowers it): give a budget of at least 100, or a smaller window");
 }
 
 // An episodic session's block is cut to what the context leaves beside the budget (the
