@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "common/files.h"
 #include "common/flags.h"
 
 namespace recall::bench {
@@ -105,34 +106,12 @@ inline void RemoveScratchDir(const std::string& dir) {
   }
 }
 
-// Checks, before a run, that a file can be written at `path` (the output of `flag`): its
-// directory exists and is writable, and `path` is not a directory. Nothing is created.
-// InvalidArgument naming the flag otherwise.
-inline absl::Status CheckOutputPath(const std::string& flag, const std::string& path) {
-  std::error_code ec;
-  const std::filesystem::path p(path);
-  if (std::filesystem::is_directory(p, ec)) {
-    return absl::InvalidArgumentError(absl::StrCat(flag, ": ", path, " is a directory"));
-  }
-  const std::filesystem::path parent = p.has_parent_path() ? p.parent_path() : ".";
-  if (!std::filesystem::is_directory(parent, ec)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        flag, ": cannot write ", path, ": ", parent.string(),
-        std::filesystem::exists(parent, ec) ? " is not a directory" : " does not exist"));
-  }
-  if (std::filesystem::exists(p, ec) ? access(path.c_str(), W_OK) != 0
-                                     : access(parent.c_str(), W_OK | X_OK) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": cannot write ", path, ": ", std::strerror(errno)));
-  }
-  return absl::OkStatus();
-}
-
-// CheckOutputPath of each (flag, path); prints the first error to stderr and returns false.
+// CheckOutputFile (common/files.h) of each (flag, path); prints the first error to stderr and
+// returns false.
 inline bool OutputPathsWritable(
     std::initializer_list<std::pair<const char*, std::string>> outputs) {
   for (const auto& [flag, path] : outputs) {
-    if (absl::Status st = CheckOutputPath(flag, path); !st.ok()) {
+    if (absl::Status st = CheckOutputFile(flag, path); !st.ok()) {
       std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
       return false;
     }
