@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/files.h"
 #include "common/flags.h"
+#include "common/grpc/server_start.h"
 #include "common/grpc/status_interceptor.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -129,13 +130,14 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       {v1::Chat::service_full_name(), v1::Registry::service_full_name()}));
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "--listen: cannot listen on ", config.listen,
+    return grpcutil::CannotListen(
+        "--listen", config.listen,
         config.tls_cert.empty() ? " (is the port free?)"
                                 : " (is the port free? are --tls-cert and --tls-key a matching "
-                                  "PEM certificate and key?)"));
+                                  "PEM certificate and key?)");
   }
-  s->server_->GetHealthCheckService()->SetServingStatus(true);
+  grpcutil::MarkServing(*s->server_,
+                        {v1::Chat::service_full_name(), v1::Registry::service_full_name()});
   if (config.metrics_port >= 0) {
     const std::string host = config.listen.substr(0, config.listen.find_last_of(':'));
     RECALL_ASSIGN_OR_RETURN(s->http_,

@@ -1,16 +1,13 @@
 #include "common/metrics/http_server.h"
 
 #include <arpa/inet.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
-
 #include "absl/strings/str_cat.h"
+#include "common/listen_socket.h"
 
 namespace recall::metrics {
 namespace {
@@ -36,27 +33,12 @@ void SendAll(int fd, const std::string& data) {
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string& host, int port,
                                                               const Registry* registry) {
-  const std::string where = absl::StrCat(host, ":", port);
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* res = nullptr;
-  const std::string port_str = std::to_string(port);
-  if (int rc = getaddrinfo(host.c_str(), port_str.c_str(), &hints, &res); rc != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("metrics address ", where, ": ", gai_strerror(rc)));
+  absl::StatusOr<int> listening = ListenSocket(host, port);
+  if (!listening.ok()) {
+    return absl::Status(listening.status().code(),
+                        absl::StrCat("metrics: ", listening.status().message()));
   }
-  int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  int one = 1;
-  if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (fd < 0 || bind(fd, res->ai_addr, res->ai_addrlen) != 0 || listen(fd, 16) != 0) {
-    const std::string err = std::strerror(errno);
-    if (fd >= 0) close(fd);
-    freeaddrinfo(res);
-    return absl::UnavailableError(absl::StrCat("metrics: cannot listen on ", where, ": ", err));
-  }
-  freeaddrinfo(res);
+  const int fd = *listening;
   sockaddr_storage bound{};
   socklen_t len = sizeof(bound);
   getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);

@@ -25,6 +25,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/subprocess.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -207,6 +208,28 @@ TEST_F(CoordinatorTest, MultiTurnChatsStickToTheirWorkerAndReuseTheCache) {
     EXPECT_EQ(stored.turns(), 3);
   }
   EXPECT_GE(used.size(), 1u);
+}
+
+// gRPC health: the server and each of its services SERVING (probes that name the service, as
+// grpc_health_probe -service= does), a service it does not serve NOT_FOUND.
+TEST_F(CoordinatorTest, HealthAnswersForTheServerAndEachService) {
+  auto health = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(coordinator_.port("grpc")),
+                          grpc::InsecureChannelCredentials()));
+  for (const char* service : {"", "recall.v1.Chat", "recall.v1.Registry", "recall.v1.Worker"}) {
+    SCOPED_TRACE(service);
+    grpc::health::v1::HealthCheckRequest req;
+    req.set_service(service);
+    grpc::health::v1::HealthCheckResponse resp;
+    grpc::ClientContext ctx;
+    const grpc::Status st = health->Check(&ctx, req, &resp);
+    if (std::string(service) == "recall.v1.Worker") {
+      EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
+    } else {
+      ASSERT_TRUE(st.ok()) << st.error_message();
+      EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+    }
+  }
 }
 
 TEST_F(CoordinatorTest, ASessionRebuiltAfterItsCacheIsDroppedRepliesAsIfKept) {

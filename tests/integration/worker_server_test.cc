@@ -8,6 +8,7 @@
 #include <limits>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/common/test_util.h"
@@ -37,6 +38,16 @@ TEST_F(WorkerServerTest, HealthAndInfo) {
   grpc::health::v1::HealthCheckResponse resp;
   ASSERT_TRUE(health->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &resp).ok());
   EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+  // Probes that name the service (grpc_health_probe -service=recall.v1.Worker) are answered
+  // too; a service the worker does not serve is NOT_FOUND.
+  grpc::health::v1::HealthCheckRequest named;
+  named.set_service("recall.v1.Worker");
+  grpc::ClientContext nctx;
+  ASSERT_TRUE(health->Check(&nctx, named, &resp).ok());
+  EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+  named.set_service("recall.v1.Chat");
+  grpc::ClientContext uctx;
+  EXPECT_EQ(health->Check(&uctx, named, &resp).error_code(), grpc::StatusCode::NOT_FOUND);
 
   grpc::ClientContext ictx;
   v1::InfoResponse info;
@@ -49,6 +60,20 @@ TEST_F(WorkerServerTest, HealthAndInfo) {
             info.policies().end());
   EXPECT_EQ(info.max_tokens_limit(), 512);
   EXPECT_EQ(info.model(), "stories260K.bin") << "the model path's last component";
+}
+
+// A second worker on a port the first holds exits saying why (the system's reason).
+TEST_F(WorkerServerTest, AWorkerOnATakenPortExitsSayingTheAddressIsInUse) {
+  const std::string address = worker_.address();
+  const testing::Exit taken = testing::RunToExit(
+      absl::StrCat(RECALL_WORKER_BINARY, " --model ", testing::SharedPath(kModel), " --tokenizer ",
+                   testing::SharedPath(kTokenizer), " --listen ", address,
+                   " --threads 1 --kv-cache-bytes 16M"),
+      60);
+  EXPECT_NE(taken.code, 0) << taken.output;
+  EXPECT_NE(taken.output.find("--listen: cannot listen on " + address + ": Address already in use"),
+            std::string::npos)
+      << taken.output;
 }
 
 // --served-model-name is the name the worker gives its model.

@@ -17,6 +17,7 @@
 #include "cache/eviction/session_evictor.h"
 #include "common/files.h"
 #include "common/flags.h"
+#include "common/grpc/server_start.h"
 #include "common/grpc/status_interceptor.h"
 #include "common/metrics/http_server.h"
 #include "common/status.h"
@@ -206,9 +207,9 @@ absl::Status Run(const std::vector<std::string>& argv) {
       grpcutil::StatusInterceptors({v1::Worker::service_full_name()}));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    return absl::UnavailableError(absl::StrCat("--listen: cannot listen on ", listen));
+    return grpcutil::CannotListen("--listen", listen, " (is the port free?)");
   }
-  server->GetHealthCheckService()->SetServingStatus(true);
+  grpcutil::MarkServing(*server, {v1::Worker::service_full_name()});
 
   std::unique_ptr<metrics::HttpServer> http;
   if (options.metrics_port.has_value()) {
