@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
@@ -222,6 +223,7 @@ void WorkerRegistry::Poll(const std::vector<std::string>& addresses, bool refres
           if (e.misses >= max_misses_) e.view.draining = false;
           e.misses = 0;
           e.down_logged = false;
+          e.down_code.clear();
           e.down_since = absl::InfiniteFuture();
           e.view.healthy = true;
           e.view.load = p->load;
@@ -230,12 +232,13 @@ void WorkerRegistry::Poll(const std::vector<std::string>& addresses, bool refres
             e.refresh_info = false;
           }
         } else if (++e.misses >= max_misses_) {
+          // (A server that is no worker, e.g. a coordinator's port, says UNIMPLEMENTED with
+          // no message: the warning read "does not answer ()".)
+          const grpc::Status& st = p->load_status;
+          const bool no_worker = st.error_code() == grpc::StatusCode::UNIMPLEMENTED;
+          e.down_code = absl::StatusCodeToString(static_cast<absl::StatusCode>(st.error_code()));
           if (!e.down_logged) {  // once, also after ReportFailure marked it down
             e.down_logged = true;
-            // (A server that is no worker, e.g. a coordinator's port, says UNIMPLEMENTED with
-            // no message: the warning read "does not answer ()".)
-            const grpc::Status& st = p->load_status;
-            const bool no_worker = st.error_code() == grpc::StatusCode::UNIMPLEMENTED;
             RECALL_LOG(WARNING)
                 << "worker " << p->address << " does not answer ("
                 << (no_worker ? "UNIMPLEMENTED: no recall.v1.Worker service there; is it a "
@@ -405,7 +408,12 @@ std::vector<WorkerView> WorkerRegistry::Snapshot() const {
 std::string WorkerRegistry::NotUsedReason(const std::string& address) const {
   absl::MutexLock lock(&mu_);
   for (const Entry& e : workers_) {
-    if (e.view.address == address) return e.conflict_reason;
+    if (e.view.address != address) continue;
+    if (!e.conflict_reason.empty() || e.view.healthy || e.down_code.empty()) {
+      return e.conflict_reason;
+    }
+    return absl::StrCat("the coordinator's heartbeats to ", address, " fail (", e.down_code,
+                        "): is --advertise an address the coordinator can reach?");
   }
   return "";
 }

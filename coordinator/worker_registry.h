@@ -76,7 +76,9 @@ class WorkerRegistry {
 
   // The workers (but one that serves a name in use with another model: not used).
   std::vector<WorkerView> Snapshot() const;
-  // Why the worker at `address` is known but not used (its model conflicts); "" otherwise.
+  // Why the worker at `address` is known but not used: its model conflicts, or it is marked
+  // down (told to a worker that registers: one whose --advertise address the coordinator
+  // cannot dial heard only "registered"); "" otherwise.
   std::string NotUsedReason(const std::string& address) const;
   // Whether the registry is young enough (kSettle) that workers of a model may not have
   // registered yet: after a coordinator's restart they register again within seconds.
@@ -105,6 +107,9 @@ class WorkerRegistry {
     bool conflict = false;     // serves a name another worker serves with another model
     std::string conflict_reason;  // while `conflict`: why it is not used
     bool down_logged = false;  // said so since it last answered
+    // While marked down: its last heartbeat's status code (a stable word, for NotUsedReason:
+    // gRPC's messages for a refused connection vary from one try to the next); "" otherwise.
+    std::string down_code;
     bool defaults_differ = false;  // said that its session defaults differ (SettleConflicts)
     absl::Time down_since = absl::InfiniteFuture();  // while marked down
   };

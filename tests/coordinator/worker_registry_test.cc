@@ -1,6 +1,7 @@
 // WorkerRegistry's bookkeeping without workers: a worker that registered itself and stays
-// down is forgotten after forget_after (its metric series too); one of --workers is kept; polling
-// addresses that do not answer takes one deadline, not one per address.
+// down is forgotten after forget_after (its metric series too); one of --workers is kept; one
+// the coordinator cannot reach is told why; polling addresses that do not answer takes one
+// deadline, not one per address.
 #include "coordinator/worker_registry.h"
 
 #include <chrono>
@@ -46,6 +47,19 @@ TEST(WorkerRegistryTest, ARegisteredWorkerThatStaysDownIsForgottenAListedOneIsKe
   registry.Add(registered, /*registered=*/true);
   EXPECT_NE(metrics.Render().find(up + registered + "\"} 0"), std::string::npos)
       << metrics.Render();
+}
+
+// A worker that registered at an address the coordinator cannot reach is told why it gets no
+// turn (it logged "registered" and waited): its Register response's not_used says so.
+TEST(WorkerRegistryTest, ARegisteredWorkerThatCannotBeReachedIsToldWhy) {
+  WorkerRegistry registry(nullptr, absl::Hours(1), /*max_misses=*/1);
+  const std::string address = Nobody();
+  registry.Add(address, /*registered=*/true);
+  registry.PollAll();
+  EXPECT_EQ(registry.NotUsedReason(address),
+            "the coordinator's heartbeats to " + address +
+                " fail (UNAVAILABLE): is --advertise an address the coordinator can reach?");
+  EXPECT_EQ(registry.NotUsedReason(Nobody()), "") << "an unknown address";
 }
 
 TEST(WorkerRegistryTest, AddressesThatDoNotAnswerArePolledAtOnce) {
