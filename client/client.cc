@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/retry_after.h"
 
 namespace recall {
 namespace {
@@ -349,9 +350,16 @@ bool ReplyStream::Next(std::string* text) {
     const bool cancelled = Cancelled();
     if (cancelled) status_ = absl::CancelledError("the reply was cancelled");
     const absl::StatusCode code = status_.code();
+    // The workers full: asked again after the wait they name (within the retry window).
+    const std::optional<int64_t> full_for = code == absl::StatusCode::kResourceExhausted
+                                                ? RetryAfterMs(status_.message())
+                                                : std::nullopt;
+    if (full_for.has_value()) {
+      retry_.backoff = std::max(retry_.backoff, std::chrono::milliseconds(*full_for));
+    }
     const bool retry =
         !cancelled &&
-        (Retryable(code) ||
+        (Retryable(code) || full_for.has_value() ||
          // This turn's id running from a broken attempt, or another turn of the session
          // still running (one this client cancelled, not yet ended on the server): conflicts
          // whose message says they are retryable.

@@ -18,7 +18,9 @@
 // reply passed on from where the broken attempt stopped; ConverseDone.replayed and
 // turn_state say how it ended; a turn the break interrupted is resumed, ConverseDone.resumed,
 // and its reply is whole) instead of sending the message twice; the iterator form
-// (ConverseStream, Session::Stream) alike. Every call has a deadline. Errors are absl::Status
+// (ConverseStream, Session::Stream) alike. A turn refused because the workers are full
+// (RESOURCE_EXHAUSTED "...; retry after N ms") is sent again after at least N ms, within the
+// same retries. Every call has a deadline. Errors are absl::Status
 // with the server's code and message.
 #pragma once
 

@@ -7,9 +7,9 @@
 #include <random>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
+#include "common/retry_after.h"
 #include "nlohmann/json.hpp"
 
 namespace recall::openai {
@@ -133,17 +133,10 @@ HttpError ErrorResponse(const absl::Status& status) {
   HttpError out;
   out.body = Dump(ErrorJson(status, &out.status));
   const absl::string_view message = status.message();
-  constexpr absl::string_view kAfter = "retry after ";
   if (absl::StrContains(message, "not retryable")) {
     out.should_retry = false;
-  } else if (const size_t at = message.find(kAfter); at != absl::string_view::npos) {
-    absl::string_view rest = message.substr(at + kAfter.size());
-    const size_t digits = std::min(rest.find_first_not_of("0123456789"), rest.size());
-    int64_t ms = 0;
-    if (digits > 0 && absl::StartsWith(rest.substr(digits), " ms") &&
-        absl::SimpleAtoi(rest.substr(0, digits), &ms)) {
-      out.retry_after_ms = ms;
-    }
+  } else if (absl::StrContains(message, "retry after ")) {
+    out.retry_after_ms = RetryAfterMs(message).value_or(-1);
     out.should_retry = true;
   } else if (absl::StrContains(message, "retryable") ||
              status.code() == absl::StatusCode::kUnavailable) {

@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "tests/common/redis_server.h"
 #include "tests/common/test_util.h"
+#include "tests/integration/http_get.h"
 #include "tests/integration/serve_processes.h"
 
 namespace recall {
@@ -141,6 +142,68 @@ TEST(ClientSdkTest, RetriesHaveTheirWholeWindowWhenTheServerIsBackEarly) {
   const auto next = (*session)->Send("What happened next?", nullptr);
   later.join();
   ASSERT_TRUE(next.ok()) << next.status();
+}
+
+// A turn refused because the worker is full (RESOURCE_EXHAUSTED "retry after N ms": one turn
+// runs, none may wait) is sent again after that wait and answered: four sessions at once on a
+// worker that runs one turn at a time all get their replies, and the worker did refuse some.
+TEST(ClientSdkTest, TurnsRefusedByAFullWorkerAreSentAgainAfterTheWaitItNames) {
+  RECALL_REQUIRE_SHARED_FILE(kModel);
+  const std::string dir = testing::MakeTempDir("sdk_full");
+  ServerProcess serve;
+  std::string error;
+  ASSERT_TRUE(serve.Start(RECALL_CLI_BINARY,
+                          {"serve",
+                           "--model",
+                           testing::SharedPath(kModel),
+                           "--tokenizer",
+                           testing::SharedPath("models/stories260K/tok512.bin"),
+                           "--listen",
+                           "127.0.0.1:0",
+                           "--http-listen",
+                           "off",
+                           "--data-dir",
+                           dir,
+                           "--kv-cache-bytes",
+                           "16M",
+                           "--threads",
+                           "1",
+                           "--max-active",
+                           "1",
+                           "--max-queued",
+                           "0",
+                           "--worker-metrics-port",
+                           "0"},
+                          dir, &error))
+      << error;
+  const std::string address = "127.0.0.1:" + std::to_string(serve.port("grpc"));
+  auto client = Client::Connect({.address = address, .retries = 8});
+  ASSERT_NE(serve.port("worker-metrics"), 0);
+  double rejected = 0;
+  for (int round = 0; round < 5 && rejected == 0; ++round) {
+    std::vector<std::thread> turns;
+    std::vector<absl::Status> results(4);
+    for (int i = 0; i < 4; ++i) {
+      turns.emplace_back([&, i] {
+        auto session = client->StartSession({});
+        if (!session.ok()) {
+          results[i] = session.status();
+          return;
+        }
+        (*session)->sampling().set_max_tokens(400);
+        (*session)->sampling().set_temperature(0);
+        auto done = (*session)->Send("Once upon a time", nullptr);
+        results[i] = done.ok() ? absl::OkStatus() : done.status();
+      });
+    }
+    for (std::thread& t : turns) t.join();
+    for (const absl::Status& r : results) EXPECT_TRUE(r.ok()) << r;
+    const std::string line =
+        testing::MetricLine(serve.port("worker-metrics"), "recall_worker_rejected_turns_total");
+    ASSERT_FALSE(line.empty());
+    rejected = std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  EXPECT_GT(rejected, 0) << "no turn was ever refused: the test did not run a full worker";
 }
 
 // Options no call can be made with are said by every call at once: a key with a space or a
