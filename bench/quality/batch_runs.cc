@@ -37,6 +37,8 @@ absl::StatusOr<std::vector<Run>> MakeRuns(runtime::ForwardPass& forward, cache::
     defaults.value_protection = knobs.value_protection;
     if (c.policy == "lazy+") defaults.alpha_uniform = knobs.alpha_uniform;
     defaults.tp_eviction = knobs.tp_eviction;
+    // Within the context (no session here goes past it): any budget up to it is a setting.
+    defaults.positions = "original";
     RECALL_ASSIGN_OR_RETURN(const serving::CacheFactory factory,
                             serving::CacheFactory::Create(defaults, mc, mc.n_kv_heads, 1));
     RECALL_ASSIGN_OR_RETURN(const serving::SessionCacheSpec spec,

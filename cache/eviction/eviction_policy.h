@@ -262,6 +262,10 @@ class EvictionPolicy {
 
   // Whether to evict at step t with `len` slots and budget `budget` tokens.
   virtual bool ShouldEvict(int len, int budget, int t) const = 0;
+  // The most decode steps a (layer, head) may grow past its budget before ShouldEvict says
+  // so: 0 for a policy that evicts at every step over budget, its window (or interval) for a
+  // lagged one. A session past the context needs budget + lag + 1 slots of it.
+  virtual int eviction_lag() const { return 0; }
 
   // Writes to *keep the strictly ascending slot indices to keep, exactly min(len, budget)
   // of them. REQUIRES: state.size() == len, budget >= min_budget(), ctx.scratch != null.

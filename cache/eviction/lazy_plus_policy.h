@@ -66,6 +66,7 @@ class LazyPlusPolicy final : public LazyPolicy {
   bool ShouldEvict(int len, int budget, int t) const override {
     return len > budget && t >= options().window;
   }
+  int eviction_lag() const override { return options().window; }
 
   // The recurrence score H1 + H2 of 1-3 (without the attention term of 5).
   static double Score(int t, int32_t ts, int32_t mri);

@@ -45,6 +45,7 @@ class VasePolicy : public EvictionPolicy {
   bool ShouldEvict(int len, int budget, int t) const override {
     return len > budget && t % options().window == 0;
   }
+  int eviction_lag() const override { return options().window; }
   void SelectKeep(const HeadState& state, int len, int budget, int t, const SelectContext& ctx,
                   std::vector<int32_t>* keep) const override;
 

@@ -83,13 +83,9 @@ absl::Status LocalSequence::Prefill(std::span<const int32_t> prompt, int chunk, 
     // Endless: chunks while the cache stays within its budget, its window and one chunk;
     // past that, one token per step with an eviction step after it.
     for (int fed = 0; fed < len;) {
-      int n = std::min(chunk, len - fed);
       bool step = false;
-      const int cap = evictor_->MaxBudget() + evictor_->policy().options().window + chunk;
-      if (cache_->max_length() + n > cap) {
-        n = 1;
-        step = true;
-      }
+      int n = runtime::CompactPiece(cache_->max_length(), *evictor_, config.max_seq_len, chunk,
+                                    std::min(chunk, len - fed), &step);
       if (runtime::NeedsCompaction(*cache_, config, n)) {
         MakeRoom(n);
         if (runtime::NeedsCompaction(*cache_, config, n)) {

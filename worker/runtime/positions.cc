@@ -1,5 +1,6 @@
 #include "worker/runtime/positions.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "common/logging.h"
@@ -32,6 +33,17 @@ void CompactPositions(kernels::Backend& backend, const model::ModelConfig& confi
   a.style = config.rope_style;
   backend.RerotateKeys(a);
   cache.MovePositions(to.data(), stride, next);
+}
+
+int CompactPiece(int length, cache::eviction::SessionEvictor& evictor, int context, int chunk,
+                 int n, bool* step) {
+  const int cap = evictor.MaxBudget() + evictor.policy().options().window + chunk;
+  const int room = context - evictor.policy().eviction_lag() - 1 - length;
+  if (length + n > cap || room < 1) {
+    *step = true;
+    return 1;
+  }
+  return std::min(n, room);
 }
 
 }  // namespace recall::runtime

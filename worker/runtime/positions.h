@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "cache/eviction/session_evictor.h"
 #include "cache/sequence_cache.h"
 #include "kernels/backend.h"
 #include "worker/model/model_config.h"
@@ -37,5 +38,15 @@ inline bool NeedsCompaction(const cache::SequenceCache& cache, const model::Mode
                             int n) {
   return cache.next_position() + n > config.max_seq_len;
 }
+
+// How many of a compact session's prompt tokens go into its next piece, `n` being the piece
+// it would feed (at most one chunk): n while the cache (`length` tokens, its longest row)
+// stays within the evictor's largest budget, its window and one chunk, cut so that the
+// context keeps room for the evictor's lag and one step; else 1 with *step set: one token per
+// step, each followed by an eviction step (prompt pieces do not evict). Then a session whose
+// budget + lag + 1 fit the context (CacheFactory refuses others) never fills it. `evictor`
+// must step (not a policy that compresses only at prefill).
+int CompactPiece(int length, cache::eviction::SessionEvictor& evictor, int context, int chunk,
+                 int n, bool* step);
 
 }  // namespace recall::runtime

@@ -222,8 +222,9 @@ absl::Status Run(const std::vector<std::string>& argv) {
                listen.c_str(), port, (*engine)->Summary().c_str(),
                http ? absl::StrCat("on port ", http->port()).c_str() : "off");
   {
-    // The session defaults a CacheRequest leaves unset (flags over --calibration's file).
-    const serving::CacheDefaults& d = options.scheduler.cache;
+    // The session defaults a CacheRequest leaves unset (flags over --calibration's file; the
+    // built-in budget lowered to fit the model's context).
+    const serving::CacheDefaults& d = scheduler->options().cache;
     const std::string budget = d.budget_fraction.has_value()
                                    ? absl::StrCat(*d.budget_fraction * 100, "%")
                                    : absl::StrCat(d.budget_tokens, " tokens");

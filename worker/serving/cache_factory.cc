@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "cache/eviction/budget.h"
 #include "cache/eviction/eviction_policy.h"
 #include "common/flags.h"
 #include "common/status.h"
@@ -21,6 +23,52 @@ std::string MinBudgetReason(const std::string& policy) {
   if (policy == "streaming" || policy == "vase") return "its sinks and one recent token";
   if (policy == "rkv") return "its query window";
   return "its window W; a smaller window lowers it";
+}
+
+// The most slots a (layer, KV head) of a session past the context holds: its layer's budget
+// at the context length (the largest layer's), then the policy's lag before it evicts, then
+// one step.
+int PeakPastContext(const cache::eviction::BudgetOptions& budget,
+                    const cache::eviction::EvictionPolicy& policy, int context, int n_layers) {
+  absl::StatusOr<cache::eviction::BudgetAllocator> allocator =
+      cache::eviction::BudgetAllocator::Create(budget, n_layers);
+  if (!allocator.ok()) return 0;  // said by the caller's own checks
+  std::vector<int32_t> budgets(static_cast<size_t>(n_layers));
+  allocator->Allocate(context, budgets.data());
+  return *std::max_element(budgets.begin(), budgets.end()) + policy.eviction_lag() + 1;
+}
+
+// A session with compact positions goes on past the context only if PeakPastContext fits it:
+// else its turns fail there ("its policy does not evict enough to go on"), after the session
+// was made. Refused naming the budget's field and the largest budget that fits.
+absl::Status CheckRoomPastContext(const cache::eviction::BudgetOptions& budget,
+                                  const cache::eviction::EvictionPolicy& policy, int context,
+                                  int n_layers, const std::string& field,
+                                  const std::string& given) {
+  if (PeakPastContext(budget, policy, context, n_layers) <= context) return absl::OkStatus();
+  cache::eviction::BudgetOptions tokens = budget;
+  tokens.unit = cache::eviction::BudgetOptions::Unit::kTokens;
+  int lo = 0, hi = context;  // the largest budget in tokens that fits: in [lo, hi)
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    tokens.budget = mid;
+    (PeakPastContext(tokens, policy, context, n_layers) <= context ? lo : hi) = mid;
+  }
+  const bool fraction = absl::EndsWith(field, "budget_fraction");
+  const std::string lag =
+      policy.eviction_lag() > 0
+          ? absl::StrCat(" and grows ", policy.eviction_lag(), " more before ", policy.name(),
+                         " evicts (its ", policy.name() == "rkv" ? "interval" : "window", ")")
+          : "";
+  return Invalid(
+      field,
+      absl::StrCat(given, " leaves no room to go on past the model's context length (", context,
+                   "): a session there keeps its budget in each layer", lag,
+                   ", so it would fill the context and stop; give ",
+                   lo < policy.min_budget() ? "a smaller window"
+                   : fraction ? absl::StrCat("at most ", std::floor(1000.0 * lo / context) / 1000)
+                              : absl::StrCat("at most ", lo),
+                   " (or positions original, which ends the session at the context)"));
 }
 
 }  // namespace
@@ -63,8 +111,23 @@ absl::StatusOr<CacheFactory> CacheFactory::Create(const CacheDefaults& defaults,
       !st.ok()) {
     return flags::FieldError("layer_budgets", st.message());
   }
-  // The defaults must make a cache by themselves.
-  RECALL_RETURN_IF_ERROR(f.Make(defaults, 0, "").status());
+  // The defaults must make a cache by themselves. The built-in budget (1024 tokens) on a model
+  // whose context leaves no room for it past the context is lowered to the largest that does
+  // (stories260K's 512: sessions made with it stopped after a few turns).
+  absl::Status made = f.Make(f.defaults_, 0, "").status();
+  if (!made.ok() && !defaults.budget_fraction.has_value() &&
+      defaults.budget_tokens == CacheDefaults().budget_tokens &&
+      flags::FieldOf(made) == "budget_tokens" &&
+      absl::StrContains(made.message(), "leaves no room")) {
+    int lo = 0, hi = defaults.budget_tokens;  // the largest that makes a cache: in [lo, hi)
+    while (hi - lo > 1) {
+      f.defaults_.budget_tokens = (lo + hi) / 2;
+      (f.Make(f.defaults_, 0, "").ok() ? lo : hi) = f.defaults_.budget_tokens;
+    }
+    f.defaults_.budget_tokens = std::max(lo, 1);
+    made = f.Make(f.defaults_, 0, "").status();
+  }
+  RECALL_RETURN_IF_ERROR(made);
   return f;
 }
 
@@ -182,16 +245,30 @@ absl::StatusOr<SessionCacheSpec> CacheFactory::Make(const CacheDefaults& d, uint
   }
   RECALL_ASSIGN_OR_RETURN(const std::unique_ptr<cache::eviction::EvictionPolicy> policy,
                           cache::eviction::CreatePolicy(o.policy));
-  if (!d.budget_fraction.has_value() && !episodic) {
+  const std::string budget_field =
+      prefix + (d.budget_fraction.has_value() ? "budget_fraction" : "budget_tokens");
+  if (!d.budget_fraction.has_value() || episodic) {
     // A budget in tokens below what the policy always keeps would be raised to it silently
-    // (BudgetOptions::reserved): the session would hold more than it was given.
-    if (d.budget_tokens < policy->min_budget()) {
-      return Invalid(prefix + "budget_tokens",
-                     absl::StrCat(d.budget_tokens, " is below the ", policy->min_budget(),
-                                  " tokens per layer and KV head that ", d.policy,
-                                  " always keeps (", MinBudgetReason(d.policy),
-                                  "): give a budget of at least ", policy->min_budget()));
+    // (BudgetOptions::reserved): the session would hold more than it was given. (An episode
+    // set's budget below lazy's window failed every build, said only in the worker's log.)
+    const int budget = static_cast<int>(o.budget.budget);
+    if (budget < policy->min_budget()) {
+      return Invalid(
+          budget_field,
+          absl::StrCat(
+              episodic && d.budget_fraction.has_value()
+                  ? absl::StrCat(*d.budget_fraction, " (", budget, " tokens of the context length)")
+                  : absl::StrCat(budget),
+              " is below the ", policy->min_budget(), " tokens per layer and KV head that ",
+              o.policy.name, " always keeps (", MinBudgetReason(o.policy.name),
+              "): give a budget of at least ", policy->min_budget()));
     }
+  }
+  if (spec.positions == runtime::Positions::kCompact && !policy->compresses_prefill()) {
+    RECALL_RETURN_IF_ERROR(
+        CheckRoomPastContext(o.budget, *policy, config_.max_seq_len, config_.n_layers, budget_field,
+                             d.budget_fraction.has_value() ? absl::StrCat(*d.budget_fraction)
+                                                           : absl::StrCat(d.budget_tokens)));
   }
   o.session = seed;
   o.total_kv_heads = total_kv_heads_;

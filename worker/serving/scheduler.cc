@@ -127,8 +127,10 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Make(
   RECALL_ASSIGN_OR_RETURN(CacheFactory caches,
                           CacheFactory::Create(options.cache, model.config, ranks.total_kv_heads,
                                                tp, ranks.ranks[0].pool->layout().dtype));
+  SchedulerOptions resolved = options;
+  resolved.cache = caches.defaults();  // the budget lowered to fit the model, if it was
   std::unique_ptr<Scheduler> s(new Scheduler(model, std::move(own), std::move(ranks), tokenizer,
-                                             options, std::move(caches), metrics));
+                                             resolved, std::move(caches), metrics));
   RECALL_RETURN_IF_ERROR(s->CheckDefaultPolicy());
   return s;
 }

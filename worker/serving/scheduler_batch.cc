@@ -41,11 +41,9 @@ absl::StatusOr<int> Scheduler::PlanFeed(Turn& t) {
   // at prefill: stepping would not evict.)
   const bool can_step = e != nullptr && !e->policy().compresses_prefill();
   if (!t.decoding && can_step) {
-    const int cap = e->MaxBudget() + e->policy().options().window + options_.prefill_chunk;
-    if (s.max_length() + n > cap) {
-      n = 1;
-      t.stepping = true;
-    }
+    bool step = false;
+    n = runtime::CompactPiece(s.max_length(), *e, c.max_seq_len, options_.prefill_chunk, n, &step);
+    if (step) t.stepping = true;
   }
   if (runtime::NeedsCompaction(*s.cache(), c, n)) {
     CompactSession(s);

@@ -132,7 +132,7 @@ TEST(WorkerOptionsTest, EngineAndCacheErrorsNameTheFlags) {
             "--devices: 1 devices for --tp 2; give one per rank");
   EXPECT_EQ(e.Validate().message(), "devices: 1 devices for tp 2; give one per rank");
 
-  const model::ModelConfig config = testing::TinyModelConfig(2, 64);
+  const model::ModelConfig config = testing::TinyModelConfig(2, 512);
   serving::CacheDefaults d;
   d.policy = "episodic";
   d.budget_fraction = 0.5;
@@ -148,7 +148,7 @@ TEST(WorkerOptionsTest, EngineAndCacheErrorsNameTheFlags) {
 }
 
 TEST(WorkerOptionsTest, ABudgetBelowWhatThePolicyAlwaysKeepsIsRefusedNotRaised) {
-  const model::ModelConfig config = testing::TinyModelConfig(2, 64);
+  const model::ModelConfig config = testing::TinyModelConfig(2, 512);
   serving::CacheDefaults d;
   d.policy = "lazy+";
   d.window = 32;
@@ -205,14 +205,66 @@ TEST(WorkerOptionsTest, AnEpisodicBlockIsCutToFitTheContextBesideTheBudget) {
   small.block_tokens = 96;
   EXPECT_EQ(factory->Resolve(small, 1)->block_tokens, 96);
   serving::CacheRequest huge;
-  huge.budget_tokens = 500;
+  huge.budget_tokens = 500;  // its decoding (lazy, window 32) past the context does not fit
+  EXPECT_EQ(factory->Resolve(huge, 1).status().message().substr(0, 40),
+            "cache.budget_tokens: 500 leaves no room ");
+  huge.window = 8;
+  huge.budget_tokens = 500;  // fits past the context, but leaves an episode's build no block
   EXPECT_EQ(factory->Resolve(huge, 1).status().message(),
             "cache.budget_tokens: an episode's budget of 500 tokens leaves no block of 16 in the "
             "context length 512");
 }
 
+// A compact session whose budget, with its policy's lag and one step, does not fit the context
+// would stop there: refused when it is made, naming the largest budget that fits. The
+// built-in default budget (1024) on a smaller model is lowered to that instead.
+TEST(WorkerOptionsTest, ABudgetThatLeavesNoRoomPastTheContextIsRefusedNamingTheLargestThatFits) {
+  const model::ModelConfig config = testing::TinyModelConfig(2, 512);
+  serving::CacheDefaults d;
+  d.policy = "lazy";
+  d.window = 32;
+  d.budget_tokens = 480;
+  const absl::Status st = serving::CacheFactory::Create(d, config, config.n_kv_heads, 1).status();
+  EXPECT_EQ(WorkerFlags().Explain(st).message(),
+            "--budget: 480 leaves no room to go on past the model's context length (512): a "
+            "session there keeps its budget in each layer and grows 32 more before lazy evicts "
+            "(its window), so it would fill the context and stop; give at most 479 (or positions "
+            "original, which ends the session at the context)")
+      << st;
+  d.budget_tokens = 479;
+  auto factory = serving::CacheFactory::Create(d, config, config.n_kv_heads, 1);
+  ASSERT_TRUE(factory.ok()) << factory.status();
+  serving::CacheRequest r;
+  r.policy = "h2o";  // evicts at every step: its budget may reach the context less one
+  r.budget_tokens = 511;
+  EXPECT_TRUE(factory->Resolve(r, 1).ok());
+  r.budget_tokens.reset();
+  r.budget_fraction = 0.999;
+  EXPECT_EQ(factory->Resolve(r, 1).status().message().substr(0, 80),
+            "cache.budget_fraction: 0.999 leaves no room to go on past the model's context le");
+  EXPECT_NE(factory->Resolve(r, 1).status().message().find("give at most 0.998"),
+            std::string::npos);
+  r.positions = "original";  // ends at the context: any budget
+  EXPECT_TRUE(factory->Resolve(r, 1).ok());
+  // An episode set decodes with lazy: a budget below its window is refused (every build
+  // failed), by the fraction when it was given as one.
+  serving::CacheRequest episodic;
+  episodic.policy = "episodic";
+  episodic.budget_fraction = 0.01;
+  EXPECT_EQ(factory->Resolve(episodic, 1).status().message(),
+            "cache.budget_fraction: 0.01 (5 tokens of the context length) is below the 32 tokens "
+            "per layer and KV head that lazy always keeps (its window W; a smaller window lowers "
+            "it): give a budget of at least 32");
+  // The built-in default, not given: lowered to the largest that fits.
+  serving::CacheDefaults built_in;
+  built_in.policy = "lazy";
+  auto lowered = serving::CacheFactory::Create(built_in, config, config.n_kv_heads, 1);
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  EXPECT_EQ(lowered->defaults().budget_tokens, 479);
+}
+
 TEST(WorkerOptionsTest, CaoteRescoresThePoliciesWithAnAttentionEstimateOnCpuRanks) {
-  const model::ModelConfig config = testing::TinyModelConfig(2, 64);
+  const model::ModelConfig config = testing::TinyModelConfig(2, 512);
   WorkerOptions o;
   ASSERT_TRUE(WorkerFlags()
                   .Parse({"--policy", "lazy+", "--budget", "32", "--meta-score", "caote"}, &o)

@@ -123,6 +123,35 @@ TEST_F(EndlessTest, APromptLongerThanTheContextIsFedWithinTheBound) {
   EXPECT_LE(c.summary.peak_kv_bytes, Bound());
 }
 
+// Budgets up to the largest that leaves the context room for lazy's window and one step go on
+// past the context, turn after turn and with a prompt longer than it (at half the context,
+// prompt pieces filled the context before any eviction step: "does not evict enough").
+TEST_F(EndlessTest, BudgetsUpToTheLargestThatFitsGoOnPastTheContext) {
+  if (model_ == nullptr) return;
+  runtime::Engine* e = testing::AddEngine(*model_, engines_, 1);
+  ASSERT_NE(e, nullptr);
+  std::string long_text;
+  for (int i = 0; i < 60; ++i) long_text += std::string(kLines[i % 6]) + " ";
+  const int context = model_->config.max_seq_len;
+  for (const int budget : {context / 2, context - testing::kCompactWindow - 1}) {
+    SCOPED_TRACE(budget);
+    SchedulerOptions so = testing::CompactLazyOptions();
+    so.cache.budget_tokens = budget;
+    std::unique_ptr<Scheduler> s = testing::StartCompactLazy(*e, *tok_, &metrics_, so);
+    ASSERT_NE(s, nullptr);
+    Collected big = Run(*s, Turn("big", long_text, 0));
+    ASSERT_TRUE(big.status.ok()) << big.status;
+    EXPECT_GT(big.summary.prompt_tokens, 2 * context);
+    int64_t consumed = 0;
+    for (int turn = 0; turn < 24; ++turn) {
+      Collected c = Run(*s, Turn("turns", kLines[turn % 6], 2 * turn));
+      ASSERT_TRUE(c.status.ok()) << "turn " << turn << ": " << c.status;
+      consumed += c.summary.prompt_tokens - c.summary.cached_tokens + c.summary.generated_tokens;
+    }
+    EXPECT_GT(consumed, context) << "the turns passed the context";
+  }
+}
+
 TEST_F(EndlessTest, AnOriginalSessionStillEndsAtTheContext) {
   if (model_ == nullptr) return;
   std::unique_ptr<Scheduler> s = Start();
