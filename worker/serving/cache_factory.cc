@@ -142,7 +142,24 @@ absl::StatusOr<SessionCacheSpec> CacheFactory::Resolve(const CacheRequest& reque
                              " (its --kv-dtype); a session cannot choose ", *request.kv_dtype)
               : absl::StrCat("\"", *request.kv_dtype, "\" is not one of f32, bf16, f16, int8"));
   }
-  absl::StatusOr<SessionCacheSpec> spec = Make(defaults_.With(request), session_seed, "cache.");
+  // Episode settings for a session that builds no episodes were dropped without a word.
+  const CacheDefaults settings = defaults_.With(request);
+  if (settings.policy != "episodic") {
+    for (const auto& [field, given] :
+         {std::pair<const char*, bool>{"episodes", request.episodes.has_value()},
+          {"embedder", request.embedder.has_value()},
+          {"block_tokens", request.block_tokens.has_value()},
+          {"recluster_turns", request.recluster_turns.has_value()}}) {
+      if (given) {
+        return Invalid(
+            absl::StrCat("cache.", field),
+            absl::StrCat("a setting of episodic sessions only; this session's policy is ",
+                         settings.policy,
+                         request.policy.has_value() ? "" : " (the worker's default)"));
+      }
+    }
+  }
+  absl::StatusOr<SessionCacheSpec> spec = Make(settings, session_seed, "cache.");
   // A window past the worker's default budget: the field the session set is the one to name
   // (the message named cache.budget_tokens, which the session had not given).
   constexpr absl::string_view kBudget = "cache.budget_tokens: ";

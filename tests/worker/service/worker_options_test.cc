@@ -255,6 +255,20 @@ TEST(WorkerOptionsTest, ABudgetThatLeavesNoRoomPastTheContextIsRefusedNamingTheL
             "cache.budget_fraction: 0.01 (5 tokens of the context length) is below the 32 tokens "
             "per layer and KV head that lazy always keeps (its window W; a smaller window lowers "
             "it): give a budget of at least 32");
+  // Episode settings for a session of another policy are refused (they were dropped).
+  serving::CacheRequest stray;
+  stray.episodes = 3;
+  EXPECT_EQ(factory->Resolve(stray, 1).status().message(),
+            "cache.episodes: a setting of episodic sessions only; this session's policy is lazy "
+            "(the worker's default)");
+  stray.episodes.reset();
+  stray.policy = "h2o";
+  stray.embedder = "tfidf";
+  EXPECT_EQ(factory->Resolve(stray, 1).status().message(),
+            "cache.embedder: a setting of episodic sessions only; this session's policy is h2o");
+  stray.policy = "episodic";
+  stray.budget_tokens = 64;
+  EXPECT_TRUE(factory->Resolve(stray, 1).ok()) << factory->Resolve(stray, 1).status();
   // The built-in default, not given: lowered to the largest that fits.
   serving::CacheDefaults built_in;
   built_in.policy = "lazy";
