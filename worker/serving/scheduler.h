@@ -106,7 +106,7 @@ struct LoadSnapshot {
   int queued_turns = 0;  // waiting for memory, or behind their session's aborted turn
   int resident_sessions = 0;
   int offloaded_sessions = 0;
-  double tokens_per_second = 0;  // prefill + decode tokens over the last ~10 s
+  double tokens_per_second = 0;  // prefill + decode tokens of the last 10 s, per second
   int64_t host_bytes_used = 0;
   // Policy state and turns' scratch counted against the pool (SessionMemory's side memory),
   // and the blocks lent to cover them (in kv_blocks_total, not in kv_blocks_free).
@@ -356,14 +356,18 @@ class Scheduler {
   int NotRunning() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t next_request_ ABSL_GUARDED_BY(mu_) = 0;
   LoadSnapshot load_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<int64_t, int64_t>> rate_seconds_ ABSL_GUARDED_BY(mu_);  // token_seconds_
 
   // Engine thread only.
   std::deque<std::shared_ptr<Turn>> waiting_;
   std::vector<std::shared_ptr<Turn>> active_;
   std::vector<float> logits_;
   int64_t step_ = 0;
-  std::deque<std::pair<double, int64_t>> token_times_;  // (seconds, tokens) for tokens/s
-  int64_t token_times_sum_ = 0;                         // the tokens in token_times_
+  // Tokens processed per whole second (second, tokens), the last kRateSeconds + 1 of them:
+  // published at each step into rate_seconds_, which Load() sums at the time it is asked (an
+  // idle worker's rate kept the value of its last step).
+  static constexpr int kRateSeconds = 10;
+  std::deque<std::pair<int64_t, int64_t>> token_seconds_;
 
   struct Metrics;
   std::unique_ptr<Metrics> metrics_;

@@ -221,8 +221,11 @@ void Scheduler::RunBatch() {
     for (Turn* t : owners) FinishTurn(*t, st);
     return;
   }
-  token_times_.emplace_back(RealClock::Get().NowNanos() * 1e-9, tokens);
-  token_times_sum_ += tokens;
+  const int64_t second = RealClock::Get().NowNanos() / 1000000000;
+  if (token_seconds_.empty() || token_seconds_.back().first != second) {
+    token_seconds_.emplace_back(second, 0);
+  }
+  token_seconds_.back().second += tokens;
 
   int li = 0;
   std::vector<std::pair<Turn*, absl::Status>> ended;

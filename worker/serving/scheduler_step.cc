@@ -68,14 +68,12 @@ bool Scheduler::Step() {
     memory_.Settle();  // its eviction steps grew the policies' state
   }
   // Publish the load.
-  const double now = RealClock::Get().NowNanos() * 1e-9;
-  // A running sum: adding up the window's entries at every step cost a fifth of a small
-  // model's CPU time (one entry per step, thousands in 10 s).
-  while (!token_times_.empty() && token_times_.front().first < now - 10) {
-    token_times_sum_ -= token_times_.front().second;
-    token_times_.pop_front();
+  // One entry per second (a step's entry each cost a fifth of a small model's CPU time to
+  // sum): at most kRateSeconds + 1 of them.
+  const int64_t second = RealClock::Get().NowNanos() / 1000000000;
+  while (!token_seconds_.empty() && token_seconds_.front().first < second - kRateSeconds) {
+    token_seconds_.pop_front();
   }
-  const int64_t tokens = token_times_sum_;
   int resident = 0, offloaded = 0;
   int64_t transcript_bytes = 0;
   for (const auto& [id, s] : memory_.sessions()) {
@@ -93,8 +91,7 @@ bool Scheduler::Step() {
   load_.side_bytes = memory_.side_bytes();
   load_.side_blocks = memory_.side_blocks();
   load_.transcript_bytes = transcript_bytes;
-  load_.tokens_per_second =
-      token_times_.empty() ? 0.0 : tokens / std::max(1.0, now - token_times_.front().first);
+  rate_seconds_.assign(token_seconds_.begin(), token_seconds_.end());
   return !active_.empty();
 }
 

@@ -172,6 +172,20 @@ TEST_F(SchedulerTest, TopLogprobsRankTheAlternativesAndSpellTheReply) {
   EXPECT_EQ(spelled, c.text);
 }
 
+// The load's tokens per second are those of the last 10 s at the time of asking: after a
+// turn, its tokens; on an idle worker, 0 within 11 s (it kept the last step's rate).
+TEST_F(SchedulerTest, TokensPerSecondFallToZeroOnAnIdleWorker) {
+  Start(512);
+  Collected c = Run(Turn("s", "Once upon a time", 40));
+  ASSERT_TRUE(c.status.ok()) << c.status;
+  const int tokens = c.summary.prompt_tokens + c.summary.generated_tokens;
+  const LoadSnapshot busy = WaitForLoad([](const LoadSnapshot& l) { return l.active_turns == 0; });
+  EXPECT_GT(busy.tokens_per_second, 0);
+  EXPECT_LE(busy.tokens_per_second, tokens / 10.0 + 1e-9) << "the turn's tokens over 10 s";
+  absl::SleepFor(absl::Seconds(11.2));
+  EXPECT_EQ(sched_->Load().tokens_per_second, 0) << "idle for 11 s";
+}
+
 TEST_F(SchedulerTest, FollowUpTurnPrefillsOnlyItsNewTokens) {
   Start(512);
   Collected first = Run(Turn("s", "Once upon a time", 20));
