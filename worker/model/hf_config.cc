@@ -13,6 +13,7 @@
 #include "common/status.h"
 #include "nlohmann/json.hpp"
 #include "worker/model/random_model.h"
+#include "worker/tokenizer/tokenizer_eos_ids.h"
 
 namespace recall::model {
 namespace {
@@ -205,15 +206,9 @@ absl::StatusOr<ModelConfig> ParseConfig(const std::string& path, const json& j) 
     c.max_seq_len = std::min(c.max_seq_len, window);
   }
   // Every EOS id of a list is a token (each ends a reply: Tokenizer::end_ids).
+  // The rule generation_config.json's eos_token_id is held to as well (tokenizer_eos_ids.h).
   if (auto it = j.find("eos_token_id"); it != j.end() && it->is_array()) {
-    for (size_t i = 0; i < it->size(); ++i) {
-      const json& id = (*it)[i];
-      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= c.vocab_size) {
-        return FieldError(
-            path, absl::StrCat("eos_token_id[", i, "]"),
-            absl::StrCat("= ", id.dump(), " is not a token id (vocab_size ", c.vocab_size, ")"));
-      }
-    }
+    RECALL_RETURN_IF_ERROR(hf::EosTokenIds(path, *it, c.vocab_size).status());
   }
   RECALL_RETURN_IF_ERROR(ParseQuantization(path, j, c));
   RECALL_RETURN_IF_ERROR(Annotate(c.Validate(), path));

@@ -79,6 +79,8 @@ class TokenStreamDecoder {
 // BOS = 1, EOS = 2; a byte whose fallback id (byte + 3) is past the vocabulary encodes as 0.
 // SentencePiece (tokenizer_sentencepiece.cc): Encode/Decode are libsentencepiece's; Decode
 // always drops control tokens. TokenBytes drops a piece's leading space only after BOS.
+// end_ids() has its EOS and, beside a Hugging Face model's files, every id of their
+// eos_token_id (as for tokenizer.json, below).
 // For both: with parse_special, literal "<s>"/"</s>" in the text become BOS/EOS and the text
 // between them is encoded segment by segment (how Meta's Llama 2 chat code encodes turns).
 // Hugging Face tokenizer.json (tokenizer_hf.cc): byte-level BPE only. bos_id() is what the
@@ -88,6 +90,10 @@ class TokenStreamDecoder {
 // ill-formed UTF-8 with U+FFFD, as the library does. Its ids must be below 2^24 and the file's size
 // (the id table is sized by the largest), and the JSON may nest at most json_limits::kMaxDepth
 // levels.
+// The eos_token_id of the model files beside tokenizer.json or tokenizer.model
+// (generation_config.json, else config.json) is read by one reader (tokenizer_eos_ids.h):
+// an id that is not a token of the vocabulary, or a generation_config.json that is not a
+// JSON object or whose eos_token_id names none, is InvalidArgument naming the file and field.
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadLlama2cTokenizer(const std::string& path,
                                                                 int vocab_size);
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePieceTokenizer(const std::string& path);

@@ -23,6 +23,7 @@
 #include "common/utf8.h"
 #include "nlohmann/json.hpp"
 #include "worker/tokenizer/tokenizer.h"
+#include "worker/tokenizer/tokenizer_eos_ids.h"
 #include "worker/tokenizer/tokenizer_hf_added.h"
 #include "worker/tokenizer/tokenizer_hf_bpe.h"
 #include "worker/tokenizer/tokenizer_hf_pretokenizer.h"
@@ -90,23 +91,15 @@ absl::Status PrefixIds(const json& p, std::vector<int32_t>* prefix) {
   return absl::OkStatus();
 }
 
-// The EOS ids named by the model files beside tokenizer.json (the first is eos_id()), in the
-// first file that names any; empty if none.
-std::vector<int32_t> SiblingEosIds(const std::string& tokenizer_path, const Tokenizer& tokenizer) {
+// The EOS ids named by the model files beside tokenizer.json (the first is eos_id()):
+// generation_config.json's or config.json's eos_token_id (ReadModelEosIds: an invalid one is
+// an error), else tokenizer_config.json's eos_token; empty if none.
+absl::StatusOr<std::vector<int32_t>> SiblingEosIds(const std::string& tokenizer_path,
+                                                   const Tokenizer& tokenizer) {
   const std::filesystem::path dir = std::filesystem::path(tokenizer_path).parent_path();
-  for (const char* name : {"generation_config.json", "config.json"}) {
-    absl::StatusOr<std::string> text = internal::ReadFileBytes((dir / name).string());
-    if (!text.ok() || !json_limits::CheckJsonDepth(*text).ok()) continue;
-    const json config = json::parse(*text, nullptr, /*allow_exceptions=*/false);
-    if (!config.is_object() || !config.contains("eos_token_id")) continue;
-    const json& eos = config["eos_token_id"];
-    std::vector<int32_t> ids;
-    for (const json& each : eos.is_array() ? eos : json::array({eos})) {
-      absl::StatusOr<int32_t> id = hf::TokenIdFromJson(each, "eos_token_id");
-      if (id.ok() && *id < tokenizer.vocab_size()) ids.push_back(*id);
-    }
-    if (!ids.empty()) return ids;
-  }
+  RECALL_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                          hf::ReadModelEosIds(dir.string(), tokenizer.vocab_size()));
+  if (!ids.empty()) return ids;
   absl::StatusOr<std::string> text =
       internal::ReadFileBytes((dir / "tokenizer_config.json").string());
   if (text.ok() && json_limits::CheckJsonDepth(*text).ok()) {
@@ -118,10 +111,10 @@ std::vector<int32_t> SiblingEosIds(const std::string& tokenizer_path, const Toke
       if (eos.is_object() && eos.contains("content") && eos["content"].is_string()) {
         piece = eos["content"].get<std::string>();
       }
-      if (auto id = tokenizer.PieceToId(piece); id.has_value()) return {*id};
+      if (auto id = tokenizer.PieceToId(piece); id.has_value()) return std::vector<int32_t>{*id};
     }
   }
-  return {};
+  return std::vector<int32_t>{};
 }
 
 class HfTokenizer final : public Tokenizer {
@@ -287,7 +280,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadHfTokenizer(const std::string& to
         absl::StrCat(tokenizer_json, ": malformed tokenizer.json (", e.what(), ")"));
   }
   if (!tok.ok()) return Annotate(tok.status(), tokenizer_json);
-  (*tok)->set_eos_ids(SiblingEosIds(tokenizer_json, **tok));
+  RECALL_ASSIGN_OR_RETURN(std::vector<int32_t> eos_ids, SiblingEosIds(tokenizer_json, **tok));
+  (*tok)->set_eos_ids(std::move(eos_ids));
   return std::unique_ptr<Tokenizer>(*std::move(tok));
 }
 

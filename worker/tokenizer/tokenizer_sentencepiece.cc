@@ -6,7 +6,12 @@
 // between them is encoded segment by segment (as Meta's Llama 2 chat code encodes turns).
 // TokenBytes follows llama2.c's run.c: "▁" is a space, a leading space is dropped only
 // after BOS, byte pieces "<0xHH>" are that byte, control tokens are empty.
+// end_ids(): the SentencePiece EOS and, in a Hugging Face model directory, every id of the
+// eos_token_id of generation_config.json (else config.json) beside the file, as for
+// tokenizer.json (tokenizer_eos_ids.h).
+#include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -14,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "worker/tokenizer/tokenizer.h"
+#include "worker/tokenizer/tokenizer_eos_ids.h"
 #include "worker/tokenizer/tokenizer_internal.h"
 #include "worker/tokenizer/tokenizer_sentencepiece_charsmap.h"
 #include "worker/tokenizer/tokenizer_sentencepiece_processor.h"
@@ -85,6 +91,15 @@ class SentencePieceTokenizer final : public Tokenizer {
   int vocab_size() const override { return sp_->GetPieceSize(); }
   int32_t bos_id() const override { return sp_->bos_id(); }
   int32_t eos_id() const override { return sp_->eos_id(); }
+  std::vector<int32_t> end_ids() const override { return end_ids_; }
+
+  // eos_id() (if any), then each of `model_ids` not already there.
+  void set_end_ids(const std::vector<int32_t>& model_ids) {
+    end_ids_ = Tokenizer::end_ids();
+    for (int32_t id : model_ids) {
+      if (std::find(end_ids_.begin(), end_ids_.end(), id) == end_ids_.end()) end_ids_.push_back(id);
+    }
+  }
 
   std::optional<int32_t> PieceToId(std::string_view piece) const override {
     const int id = sp_->PieceToId(piece);
@@ -103,6 +118,7 @@ class SentencePieceTokenizer final : public Tokenizer {
   std::unique_ptr<internal::SentencePieceProcessor> sp_;
   std::vector<std::pair<std::string, int32_t>> specials_;  // literal piece -> id
   std::vector<std::string> literals_;
+  std::vector<int32_t> end_ids_;  // each below vocab_size()
 };
 
 }  // namespace
@@ -122,7 +138,12 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePieceTokenizer(const std:
     return absl::DataLossError(
         absl::StrCat(path, ": not a valid SentencePiece model (", error, ")"));
   }
-  return std::unique_ptr<Tokenizer>(std::make_unique<SentencePieceTokenizer>(std::move(sp)));
+  auto tok = std::make_unique<SentencePieceTokenizer>(std::move(sp));
+  RECALL_ASSIGN_OR_RETURN(
+      const std::vector<int32_t> model_eos,
+      hf::ReadModelEosIds(std::filesystem::path(path).parent_path().string(), tok->vocab_size()));
+  tok->set_end_ids(model_eos);
+  return std::unique_ptr<Tokenizer>(std::move(tok));
 }
 
 }  // namespace recall::model

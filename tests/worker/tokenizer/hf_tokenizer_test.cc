@@ -338,14 +338,15 @@ TEST_F(HfTokenizerErrorTest, MalformedOrUnsupportedContentIsInvalidArgument) {
 }
 
 // Llama 3 and Qwen 2.5 name several EOS ids (generation_config.json "eos_token_id": [...]):
-// each ends a sequence (only the first did), and ids past the vocabulary are left out.
+// each ends a sequence (only the first did). Ids past the vocabulary are refused
+// (eos_ids_test.cc).
 TEST_F(HfTokenizerErrorTest, EveryEosIdOfTheModelFilesEndsASequence) {
   const json minimal = {
       {"model", {{"type", "BPE"}, {"vocab", {{"a", 0}, {"b", 1}, {"ab", 2}}}, {"merges", {"a b"}}}},
       {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}}},
       {"decoder", {{"type", "ByteLevel"}}}};
   testing::WriteFile(dir_ + "/tokenizer.json", minimal.dump());
-  testing::WriteFile(dir_ + "/generation_config.json", R"({"eos_token_id": [2, 0, 9]})");
+  testing::WriteFile(dir_ + "/generation_config.json", R"({"eos_token_id": [2, 0]})");
   testing::WriteFile(dir_ + "/config.json", R"({"eos_token_id": 1})");
   absl::StatusOr<std::unique_ptr<Tokenizer>> tok = LoadHfTokenizer(dir_ + "/tokenizer.json");
   ASSERT_TRUE(tok.ok()) << tok.status();
