@@ -175,6 +175,7 @@ absl::StatusOr<ModelConfig> ParseConfig(const std::string& path, const json& j) 
   RECALL_ASSIGN_OR_RETURN(c.rope_theta, GetFloat(path, j, "rope_theta", 10000.0f));
   RECALL_ASSIGN_OR_RETURN(c.norm_eps, GetFloat(path, j, "rms_norm_eps", 1e-6f));
   RECALL_ASSIGN_OR_RETURN(c.tied_embeddings, GetBool(path, j, "tie_word_embeddings", false));
+  c.tie_given = Present(j, "tie_word_embeddings");
   RECALL_ASSIGN_OR_RETURN(c.bos_token_id, GetTokenId(path, j, "bos_token_id", 1));
   RECALL_ASSIGN_OR_RETURN(c.eos_token_id, GetTokenId(path, j, "eos_token_id", 2));
   c.rope_style = kernels::RopeStyle::kHalfSplit;

@@ -9,12 +9,16 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "common/files.h"
 #include "common/json_limits.h"
 #include "common/status.h"
@@ -79,6 +83,20 @@ class TensorSource {
     return t;
   }
 
+  // Records that the model reads tensor `name` (CheckAllUsed passes it).
+  void MarkUsed(const std::string& name) { used_.insert(name); }
+  bool Used(const std::string& name) const { return used_.count(name) > 0; }
+
+  // Every tensor of the checkpoint (the index's and its shards'), by name, with its file.
+  std::map<std::string, std::string> AllTensors() const {
+    std::map<std::string, std::string> all;
+    for (const auto& [shard, file] : files_) {
+      for (const auto& [name, t] : file->tensors()) all.emplace(name, file->path());
+    }
+    for (const auto& [name, shard] : weight_map_) all.emplace(name, index_path_);
+    return all;
+  }
+
   void MoveStorageInto(Model* model) {
     for (auto& [name, file] : files_) model->storage.push_back(file->ReleaseStorage());
   }
@@ -118,6 +136,7 @@ class TensorSource {
   const SafetensorsFile* single_ = nullptr;
   std::string index_path_;
   std::map<std::string, std::string> weight_map_;
+  std::set<std::string> used_;
 };
 
 std::string Shape(std::initializer_list<int64_t> dims) {
@@ -127,7 +146,7 @@ std::string Shape(std::initializer_list<int64_t> dims) {
 // Builds the Model's views, checking every tensor against the config.
 class Builder {
  public:
-  Builder(const TensorSource& source, Model* model, bool keep_fp8)
+  Builder(TensorSource& source, Model* model, bool keep_fp8)
       : source_(source), model_(model), keep_fp8_(keep_fp8) {}
 
   // A [rows, cols] matrix in the file's dtype; a view unless the data is misaligned. An FP8
@@ -166,6 +185,7 @@ class Builder {
                                               "_scale_inv\" (the scales of F8_E4M3 \"", name,
                                               "\")"));
     }
+    source_.MarkUsed(name + "_scale_inv");
     const int(&block)[2] = model_->config.fp8_block;
     RECALL_ASSIGN_OR_RETURN(kernels::Matrix m,
                             keep ? KeepFp8(file, name, t, *scale, rows, cols, block, *model_)
@@ -188,9 +208,9 @@ class Builder {
     return m;
   }
 
-  absl::StatusOr<bool> Has(const std::string& name) const {
-    std::string file;
-    RECALL_ASSIGN_OR_RETURN(const SafetensorsTensor* t, source_.Find(name, &file));
+  // Whether the checkpoint holds `name`; `file` gets the file that holds it, or would.
+  absl::StatusOr<bool> Has(const std::string& name, std::string* file) const {
+    RECALL_ASSIGN_OR_RETURN(const SafetensorsTensor* t, source_.Find(name, file));
     return t != nullptr;
   }
 
@@ -216,6 +236,7 @@ class Builder {
     if (t == nullptr) {
       return absl::NotFoundError(absl::StrCat(file, ": missing tensor \"", name, "\""));
     }
+    source_.MarkUsed(name);
     if (!std::equal(t->shape.begin(), t->shape.end(), shape.begin(), shape.end())) {
       return absl::InvalidArgumentError(absl::StrCat(file, ": tensor \"", name, "\" has shape ",
                                                      t->ShapeString(), ", expected ", Shape(shape),
@@ -232,7 +253,7 @@ class Builder {
   }
 
   static constexpr int kDTypes = static_cast<int>(kernels::DType::kF8E4M3) + 1;
-  const TensorSource& source_;
+  TensorSource& source_;
   Model* model_;
   bool keep_fp8_;
   int64_t elements_[kDTypes] = {};
@@ -264,6 +285,46 @@ absl::Status LoadLayer(Builder& b, const ModelConfig& c, int l, LayerWeights& w)
   return absl::OkStatus();
 }
 
+// Why config `c` reads no tensor `name` (which the loader did not read).
+std::string WhyUnused(const ModelConfig& c, absl::string_view name) {
+  const std::string arch = ArchName(c.arch);
+  if (absl::string_view rest = name; absl::ConsumePrefix(&rest, "model.layers.")) {
+    int layer = 0;
+    if (absl::SimpleAtoi(rest.substr(0, rest.find('.')), &layer) && layer >= c.n_layers) {
+      return absl::StrCat("num_hidden_layers ", c.n_layers);
+    }
+  }
+  if (absl::EndsWith(name, "q_proj.bias") || absl::EndsWith(name, "k_proj.bias") ||
+      absl::EndsWith(name, "v_proj.bias")) {
+    return absl::StrCat("architecture ", arch, " without attention_bias takes no q/k/v bias");
+  }
+  if (absl::EndsWith(name, ".bias"))
+    return absl::StrCat("architecture ", arch, " takes no such bias");
+  if (absl::EndsWith(name, "q_norm.weight") || absl::EndsWith(name, "k_norm.weight")) {
+    return absl::StrCat("architecture ", arch, " has no q/k norm");
+  }
+  if (absl::EndsWith(name, "_scale_inv")) {
+    return c.fp8 ? "the weight it scales is not F8_E4M3"
+                 : "no quantization_config with quant_method \"fp8\"";
+  }
+  return absl::StrCat("architecture ", arch, " has no such tensor");
+}
+
+// Refuses a checkpoint holding a tensor the model did not read: weights left out silently (a
+// layer past num_hidden_layers, a bias the architecture has none of) mean the config does
+// not describe the file. Accepted unread: lm_head.weight of a tied model (Hugging Face ties
+// the head over whatever is stored) and rotary inv_freq buffers (computed from the config).
+absl::Status CheckAllUsed(const TensorSource& source, const ModelConfig& c) {
+  for (const auto& [name, file] : source.AllTensors()) {
+    if (source.Used(name)) continue;
+    if (name == "lm_head.weight" && c.tied_embeddings) continue;
+    if (absl::EndsWith(name, "rotary_emb.inv_freq")) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        file, ": tensor \"", name, "\" is not used by config.json (", WhyUnused(c, name), ")"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Model>> LoadHuggingFace(const std::string& dir, bool keep_fp8) {
@@ -288,8 +349,17 @@ absl::StatusOr<std::unique_ptr<Model>> LoadHuggingFace(const std::string& dir, b
     RECALL_RETURN_IF_ERROR(LoadLayer(b, c, l, model->layers[l]));
   }
   RECALL_ASSIGN_OR_RETURN(model->final_norm, b.Vector("model.norm.weight", c.dim));
-  RECALL_ASSIGN_OR_RETURN(bool has_lm_head, b.Has("lm_head.weight"));
-  if (!has_lm_head) c.tied_embeddings = true;
+  std::string head_file;
+  RECALL_ASSIGN_OR_RETURN(bool has_lm_head, b.Has("lm_head.weight", &head_file));
+  if (!has_lm_head) {
+    // Without the key, a checkpoint lacking the head is tied; an explicit false is not.
+    if (c.tie_given && !c.tied_embeddings) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          config_path, ": field \"tie_word_embeddings\" is false, but ", head_file,
+          " has no tensor \"lm_head.weight\" (set it true to use the embeddings as the head)"));
+    }
+    c.tied_embeddings = true;
+  }
   if (c.tied_embeddings) {
     model->lm_head = model->tok_embeddings;
   } else {
@@ -297,6 +367,7 @@ absl::StatusOr<std::unique_ptr<Model>> LoadHuggingFace(const std::string& dir, b
   }
   // A model whose linear weights were kept in FP8 runs only where FP8 matmuls do, whatever
   // the embeddings' share of the elements.
+  RECALL_RETURN_IF_ERROR(CheckAllUsed(source, c));
   c.weight_dtype = b.Kept(kernels::DType::kF8E4M3) ? kernels::DType::kF8E4M3 : b.MainDType();
   model->source = dir;
   source.MoveStorageInto(model.get());

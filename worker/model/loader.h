@@ -21,7 +21,11 @@ absl::StatusOr<std::unique_ptr<Model>> LoadLlama2c(const std::string& path);
 // model-0000x-of-0000y.safetensors with model.safetensors.index.json. Llama, Mistral,
 // Qwen2 and Qwen3 families; f32, f16, bf16 tensors, and FP8 checkpoints (fp8.h), whose
 // linear weights are widened to bf16 or, with keep_fp8, kept as DType::kF8E4M3 (the
-// embeddings and LM head are widened either way). RoPE half-split.
+// embeddings and LM head are widened either way). RoPE half-split. InvalidArgument naming
+// the tensor and why for one the model does not read (a layer past num_hidden_layers, a bias
+// the architecture has none of; a tied model's lm_head.weight and rotary inv_freq buffers
+// are accepted unread), and naming config.json's tie_word_embeddings when it is false and
+// there is no lm_head.weight (without the key such a checkpoint is tied).
 absl::StatusOr<std::unique_ptr<Model>> LoadHuggingFace(const std::string& dir,
                                                        bool keep_fp8 = false);
 

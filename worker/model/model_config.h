@@ -25,6 +25,9 @@ struct ModelConfig {
   float norm_eps = 1e-5f;
   kernels::RopeStyle rope_style = kernels::RopeStyle::kHalfSplit;
   bool tied_embeddings = false;  // lm_head shares the token embedding
+  // Hugging Face: config.json gives tie_word_embeddings (false then needs an lm_head.weight;
+  // without the key a checkpoint lacking one is tied).
+  bool tie_given = false;
   bool qkv_bias = false;         // Qwen2
   bool qk_norm = false;          // Qwen3: RMSNorm over each q/k head before RoPE
   kernels::DType weight_dtype = kernels::DType::kF32;
