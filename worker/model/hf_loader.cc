@@ -109,9 +109,14 @@ class TensorSource {
     if (absl::Status s = json_limits::CheckJsonFile(text); !s.ok()) return Annotate(s, path);
     try {
       const json j = json::parse(text);
+      if (!j.is_object()) return absl::InvalidArgumentError(path + ": not a JSON object");
       auto wm = j.find("weight_map");
-      if (!j.is_object() || wm == j.end() || !wm->is_object()) {
+      if (wm == j.end()) {
         return absl::InvalidArgumentError(path + ": missing object \"weight_map\"");
+      }
+      if (!wm->is_object()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ": field \"weight_map\" is not an object (got ", wm->dump(), ")"));
       }
       for (const auto& [name, shard] : wm->items()) {
         if (!shard.is_string()) {

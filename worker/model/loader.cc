@@ -1,5 +1,8 @@
 #include "worker/model/loader.h"
 
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
 #include "common/files.h"
 #include "common/status.h"
 
@@ -8,6 +11,19 @@ namespace recall::model {
 absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& path, bool keep_fp8) {
   if (IsDirectory(path)) return LoadHuggingFace(path, keep_fp8);
   RECALL_RETURN_IF_ERROR(CheckRegularFile(path));
+  // A file of a Hugging Face directory read as a llama2.c checkpoint gave "header field dim =
+  // 538970747 is invalid": name the mistake instead.
+  const std::filesystem::path p(path);
+  const std::string name = p.filename().string();
+  if (name == "config.json" || name == "model.safetensors.index.json" ||
+      p.extension() == ".safetensors") {
+    const std::string dir = p.parent_path().empty() ? "." : p.parent_path().string();
+    return absl::InvalidArgumentError(
+        absl::StrCat(path,
+                     " is a file of a Hugging Face model directory, not a llama2.c "
+                     "checkpoint: give the directory (",
+                     dir, ") as the model"));
+  }
   return LoadLlama2c(path);
 }
 

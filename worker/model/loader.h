@@ -29,7 +29,9 @@ absl::StatusOr<std::unique_ptr<Model>> LoadLlama2c(const std::string& path);
 absl::StatusOr<std::unique_ptr<Model>> LoadHuggingFace(const std::string& dir,
                                                        bool keep_fp8 = false);
 
-// A directory is loaded as Hugging Face, a file as llama2.c. keep_fp8: as LoadHuggingFace.
+// A directory is loaded as Hugging Face, a file as llama2.c (InvalidArgument, saying to give
+// the directory, for a file named config.json, model.safetensors.index.json or *.safetensors).
+// keep_fp8: as LoadHuggingFace.
 absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& path, bool keep_fp8 = false);
 
 }  // namespace recall::model

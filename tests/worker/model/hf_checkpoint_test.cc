@@ -1,7 +1,8 @@
 // LoadHuggingFace / LoadModel: a checkpoint that config.json does not describe exactly is
-// refused by name (tensors the model would not read, an untied model without its head),
-// while what real checkpoints hold and Recall rightly leaves unread (a tied model's stored
-// lm_head.weight, rotary inv_freq buffers) still loads.
+// refused by name (tensors the model would not read, an untied model without its head, a
+// file of the directory given for the directory), while what real checkpoints hold and
+// Recall rightly leaves unread (a tied model's stored lm_head.weight, rotary inv_freq
+// buffers) still loads.
 #include <filesystem>
 #include <string>
 
@@ -129,6 +130,36 @@ TEST_F(HfCheckpointTest, ExplicitlyUntiedWithoutLmHeadIsRefused) {
   m = LoadHuggingFace(dir_);
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_TRUE((*m)->config.tied_embeddings);
+}
+
+// weight_map: 3 was called a missing object.
+TEST_F(HfCheckpointTest, AWeightMapThatIsNoObjectIsSaidSo) {
+  TinyHf spec;
+  spec.WriteConfig(dir_);
+  test::WriteFile(dir_ + "/model.safetensors.index.json", "{\"weight_map\": 3}");
+  auto m = LoadHuggingFace(dir_);
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument) << m.status();
+  EXPECT_EQ(m.status().message(), dir_ +
+                                      "/model.safetensors.index.json: field \"weight_map\" "
+                                      "is not an object (got 3)");
+}
+
+// -m DIR/config.json was read as a llama2.c checkpoint ("header field dim = 538970747").
+TEST_F(HfCheckpointTest, AFileOfTheDirectoryGivenAsTheModelSaysToGiveTheDirectory) {
+  TinyHf spec;
+  spec.Write(dir_);
+  test::WriteFile(dir_ + "/model-00001-of-00002.safetensors", "x");
+  for (const char* name :
+       {"config.json", "model.safetensors", "model-00001-of-00002.safetensors"}) {
+    const std::string path = dir_ + "/" + name;
+    auto m = LoadModel(path);
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument) << m.status();
+    EXPECT_EQ(m.status().message(),
+              path +
+                  " is a file of a Hugging Face model directory, not a llama2.c checkpoint: "
+                  "give the directory (" +
+                  dir_ + ") as the model");
+  }
 }
 
 }  // namespace
