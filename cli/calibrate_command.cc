@@ -183,6 +183,19 @@ double Kl(const std::vector<double>& logp, const float* q_logits, std::vector<do
 absl::Status Run(const WindowOptions& o) {
   RECALL_ASSIGN_OR_RETURN(const std::vector<double> alphas, ParseAlphas(o.alphas));
   RECALL_ASSIGN_OR_RETURN(const std::vector<double> uniform, ParseUniformAlphas(o.alphas_uniform));
+  // What --calibration takes (serving/calibration.cc): a file written for another policy was
+  // refused by recall serve after the whole run.
+  const auto& names = cache::eviction::PolicyNames();
+  if (!alphas.empty() &&
+      (o.policy == "full" || std::find(names.begin(), names.end(), o.policy) == names.end())) {
+    std::string known;
+    for (const std::string& n : names) {
+      if (n != "full") absl::StrAppend(&known, known.empty() ? "" : ", ", n);
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("--policy: ", o.policy,
+                     " is not an evicting policy a calibration applies to (", known, ")"));
+  }
   if (!uniform.empty() && (alphas.empty() || o.policy != "lazy+")) {
     return absl::InvalidArgumentError(
         "--alphas-uniform: lazy+'s relative thresholds, tried beside --alphas; give --policy "
@@ -233,6 +246,7 @@ absl::Status Run(const WindowOptions& o) {
     d.value_protection = o.value_protection;
     d.meta_score = o.meta_score;
     d.layer_budgets = o.layer_budgets;
+    d.positions = "original";  // the texts fit the context
     absl::StatusOr<serving::CacheFactory> f =
         serving::CacheFactory::Create(d, c, c.n_kv_heads, 1, eo.kv_dtype);
     // A floor that is the window itself and no fraction of the texts reaches: the window is

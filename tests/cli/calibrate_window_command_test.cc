@@ -129,7 +129,17 @@ TEST(CalibrateWindowCommandTest, ABadAlphaListOrAPolicyThatKeepsEverythingIsUsag
   EXPECT_EQ(RunCalibrateWindow(Flags({"--policy", "full"})), 2);
   ::testing::internal::GetCapturedStdout();
   err = ::testing::internal::GetCapturedStderr();
-  EXPECT_NE(err.find("--policy: full does not evict"), std::string::npos) << err;
+  EXPECT_NE(err.find("--policy: full is not an evicting policy a calibration applies to"),
+            std::string::npos)
+      << err;
+  // Episodic: recall serve's --calibration takes no such file (it wrote one after the run).
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(RunCalibrateWindow(Flags({"--policy", "episodic", "--out", "/tmp/never.json"})), 2);
+  err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("--policy: episodic is not an evicting policy a calibration applies to "
+                     "(streaming, h2o"),
+            std::string::npos)
+      << err;
   // --alphas none: the window only.
   ::testing::internal::CaptureStdout();
   EXPECT_EQ(RunCalibrateWindow(Flags({"--alphas", "none"})), 0);
