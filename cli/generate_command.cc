@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <iostream>
 #include <optional>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "cli/sampling_flags.h"
@@ -54,6 +55,8 @@ struct GenerateCliOptions {
   runtime::EngineOptions engine;
   serving::CacheRequest cache;
   serving::CacheDefaults shared;
+  // The KV pool: unset (neither its bytes nor its fraction given), one full context.
+  bool pool_fraction_given = false;
   GenerateCliOptions() {
     shared.budget_tokens = 256;  // one sequence: a smaller default budget than a worker's
     engine.forward.max_batch_tokens = 256;
@@ -199,14 +202,23 @@ absl::Status Run(GenerateCliOptions o) {
         "--prompt: empty, and the tokenizer has no BOS to start from");
   }
 
-  // Default pool: one full context in every layer.
-  if (!o.engine.kv_cache_bytes.has_value()) {
+  // Default pool: one full context in every layer (a fraction, when given, as the worker's).
+  const bool full_context_pool = !o.engine.kv_cache_bytes.has_value() && !o.pool_fraction_given;
+  if (full_context_pool) {
     o.engine.kv_cache_bytes =
         runtime::FullContextKvBytes(config, o.engine.block_tokens, o.engine.kv_dtype) +
         4096 * o.engine.tp;
   }
   absl::StatusOr<std::unique_ptr<runtime::Engine>> created =
       runtime::Engine::Create(*loaded->model, o.engine);
+  if (!created.ok() && full_context_pool) {
+    // The pool sized by the context: say so, and what sizes it instead (a model claiming a
+    // context of millions asked for tens of GB, naming neither).
+    return absl::Status(
+        created.status().code(),
+        absl::StrCat(created.status().message(), " (the default pool holds one full context of ",
+                     config.max_seq_len, " tokens; give --kv-cache-bytes or --kv-cache-fraction)"));
+  }
   if (!created.ok()) return flags.Explain(created.status());
   runtime::Engine& engine = **created;
 
@@ -272,11 +284,13 @@ int RunGenerate(const std::vector<std::string>& argv) {
     }
   }
   GenerateCliOptions options;
-  if (absl::Status st = GenerateFlags().Parse(argv, &options); !st.ok()) {
+  std::set<std::string> given;
+  if (absl::Status st = GenerateFlags().Parse(argv, &options, &given); !st.ok()) {
     std::cerr << "recall generate: " << st.message()
               << " (recall generate --help lists the flags)\n";
     return 2;
   }
+  options.pool_fraction_given = given.count("kv-cache-fraction") > 0;
   const absl::Status st = Run(std::move(options));
   if (!st.ok()) {
     std::cerr << "recall generate: " << st.message() << "\n";
