@@ -182,6 +182,10 @@ absl::Status Run(GenerateCliOptions o) {
   model::ChatFormat format = model::GuessChatFormat(tok);
   if (o.chat_format.has_value()) {
     RECALL_ASSIGN_OR_RETURN(format, model::ParseChatFormat(*o.chat_format));
+    if (const std::string misfit = model::ChatFormatMisfit(format, tok); !misfit.empty()) {
+      std::cerr << "recall generate: warning: --chat-format " << *o.chat_format << ": " << misfit
+                << "\n";
+    }
   }
   std::string prompt_text = o.prompt;
   if (chat) {

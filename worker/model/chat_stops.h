@@ -15,6 +15,12 @@ namespace recall::model {
 // [INST], else plain.
 ChatFormat GuessChatFormat(const Tokenizer& tok);
 
+// "" when `format` fits the vocabulary; for ChatML and Llama 3 (whose markers are special
+// tokens of the models that use them) without their marker token, why the format does not
+// fit: each marker is spelled out in pieces and the end-of-turn marker can never be sampled
+// as one token (a --chat-format the model was not trained on).
+std::string ChatFormatMisfit(ChatFormat format, const Tokenizer& tok);
+
 struct ReplyStops {
   std::vector<int32_t> token_ids;
   std::vector<std::string> strings;

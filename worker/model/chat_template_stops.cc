@@ -9,6 +9,16 @@ ChatFormat GuessChatFormat(const Tokenizer& tok) {
   return ChatFormat::kPlain;
 }
 
+std::string ChatFormatMisfit(ChatFormat format, const Tokenizer& tok) {
+  const char* marker = format == ChatFormat::kChatML   ? "<|im_start|>"
+                       : format == ChatFormat::kLlama3 ? "<|start_header_id|>"
+                                                       : nullptr;
+  if (marker == nullptr || tok.PieceToId(marker)) return "";
+  return std::string("the vocabulary has no ") + marker + " token: the " + ChatFormatName(format) +
+         " format's markers are spelled out in pieces, and a reply ends only at a stop string "
+         "or the model's EOS";
+}
+
 ReplyStops StopsFor(ChatFormat format, const Tokenizer& tok, bool bos_ends_sequence, bool chat) {
   ReplyStops out;
   out.token_ids = tok.end_ids();

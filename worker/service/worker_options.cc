@@ -416,6 +416,10 @@ absl::Status ApplyModel(const model::ModelConfig& config, const model::Tokenizer
   s.chat_format = model::GuessChatFormat(tokenizer);
   if (o->chat_format.has_value()) {
     RECALL_ASSIGN_OR_RETURN(s.chat_format, model::ParseChatFormat(*o->chat_format));
+    if (const std::string misfit = model::ChatFormatMisfit(s.chat_format, tokenizer);
+        !misfit.empty()) {
+      RECALL_LOG(WARNING) << "--chat-format " << *o->chat_format << ": " << misfit;
+    }
   }
   const model::ReplyStops stops =
       model::StopsFor(s.chat_format, tokenizer, /*bos_ends_sequence=*/!hf_tokenizer, true);

@@ -118,5 +118,19 @@ TEST(ReplyStopsTest, EveryEndIdStopsAReply) {
   EXPECT_EQ(stops.token_ids, (std::vector<int32_t>{2, 7}));
 }
 
+// A format named for a vocabulary without its marker token is said not to fit (ChatML, Llama
+// 3); one whose marker is there, plain, and Llama 2 (whose [INST] real vocabularies spell in
+// pieces) fit.
+TEST(ReplyStopsTest, AFormatWhoseMarkerIsNoTokenIsSaidNotToFit) {
+  const SeveralEndsTokenizer tok;  // has <|im_end|> only
+  EXPECT_EQ(ChatFormatMisfit(ChatFormat::kChatML, tok),
+            "the vocabulary has no <|im_start|> token: the chatml format's markers are spelled "
+            "out in pieces, and a reply ends only at a stop string or the model's EOS");
+  EXPECT_NE(ChatFormatMisfit(ChatFormat::kLlama3, tok).find("no <|start_header_id|> token"),
+            std::string::npos);
+  EXPECT_EQ(ChatFormatMisfit(ChatFormat::kPlain, tok), "");
+  EXPECT_EQ(ChatFormatMisfit(ChatFormat::kLlama2, tok), "");
+}
+
 }  // namespace
 }  // namespace recall::model
