@@ -79,6 +79,13 @@ const flags::FlagSet<GenerateCliOptions>& GenerateFlags() {
         .List(
             "stop", "TEXT", "stop before this text (repeatable)",
             [](auto& o) -> auto& { return o.stop; })
+        .Check([](const GenerateCliOptions& o, const std::set<std::string>&) -> absl::Status {
+          for (const std::string& s : o.stop) {
+            if (s.empty())
+              return absl::InvalidArgumentError("--stop: empty; give the text to stop at");
+          }
+          return absl::OkStatus();
+        })
         .Switch(
             "chat", "wrap the prompt in the model's chat template",
             [](auto& o) -> auto& { return o.chat; })

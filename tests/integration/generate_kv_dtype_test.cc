@@ -89,6 +89,14 @@ TEST(GenerateKvDtypeTest, ATopKAboveTheVocabularyIsRefusedAsByAServer) {
       << over.err;
   const CliRun at = Generate(dir, "Once", 4, "f32", "--top-k 512");
   EXPECT_EQ(at.exit_code, 0) << at.err;
+  // An empty --stop names the flag (it said "stop strings must not be empty").
+  const CliRun stop = Generate(dir, "Once", 4, "f32", "--stop ''");
+  EXPECT_EQ(stop.exit_code, 2) << stop.err;
+  EXPECT_NE(stop.err.find("--stop: empty; give the text to stop at"), std::string::npos)
+      << stop.err;
+  // A fraction of memory for the pool is taken (it was one full context whatever it said).
+  const CliRun fraction = Generate(dir, "Once", 4, "f32", "--kv-cache-fraction 0.01");
+  EXPECT_EQ(fraction.exit_code, 0) << fraction.err;
 }
 
 }  // namespace
