@@ -357,9 +357,13 @@ bool ReplyStream::Next(std::string* text) {
     if (full_for.has_value()) {
       retry_.backoff = std::max(retry_.backoff, std::chrono::milliseconds(*full_for));
     }
+    // Not asked again before the wait it names: a window ending sooner ends the retries.
+    const bool wait_fits =
+        !full_for.has_value() || !retry_.until.has_value() ||
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(*full_for) <= *retry_.until;
     const bool retry =
         !cancelled &&
-        (Retryable(code) || full_for.has_value() ||
+        (Retryable(code) || (full_for.has_value() && wait_fits) ||
          // This turn's id running from a broken attempt, or another turn of the session
          // still running (one this client cancelled, not yet ended on the server): conflicts
          // whose message says they are retryable.

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/flags.h"
+#include "common/listen_socket.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "common/utf8.h"
@@ -264,10 +265,12 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpOptions& optio
     api->port_ = s.bind_to_port(host, port) ? port : -1;
   }
   if (api->port_ <= 0) {
+    const std::string reason = ReasonCannotListen(options.listen);
     return flags::FieldError(
         "http_listen",
         absl::StrCat("cannot listen on ", options.listen,
-                     " (is the port free? is the host an address of this machine?)"),
+                     reason.empty() ? " (is the port free? is the host an address of this machine?)"
+                                    : absl::StrCat(": ", reason)),
         absl::StatusCode::kUnavailable);
   }
   // The library listens with a backlog of 5: a burst of new connections overflowed it and

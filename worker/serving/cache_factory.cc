@@ -26,16 +26,23 @@ std::string MinBudgetReason(const std::string& policy) {
 }
 
 // The most slots a (layer, KV head) of a session past the context holds: its layer's budget
-// at the context length (the largest layer's), then the policy's lag before it evicts, then
-// one step.
-int PeakPastContext(const cache::eviction::BudgetOptions& budget,
-                    const cache::eviction::EvictionPolicy& policy, int context, int n_layers) {
+// at the context length (the largest layer's, every layer given at least what the policy
+// always keeps, as SessionEvictor::Create does), then the policy's lag before it evicts, then
+// one step. Head-adaptive (Ada-KV) layers share budget x KV heads slots among their heads, so
+// one head may hold up to all of them.
+int PeakPastContext(cache::eviction::BudgetOptions budget,
+                    const cache::eviction::EvictionPolicy& policy, int context, int n_layers,
+                    int kv_heads) {
+  budget.reserved = std::max(budget.reserved, policy.min_budget());
   absl::StatusOr<cache::eviction::BudgetAllocator> allocator =
       cache::eviction::BudgetAllocator::Create(budget, n_layers);
   if (!allocator.ok()) return 0;  // said by the caller's own checks
   std::vector<int32_t> budgets(static_cast<size_t>(n_layers));
   allocator->Allocate(context, budgets.data());
-  return *std::max_element(budgets.begin(), budgets.end()) + policy.eviction_lag() + 1;
+  const int64_t largest = *std::max_element(budgets.begin(), budgets.end());
+  return static_cast<int>(
+      std::min<int64_t>(largest * (budget.head_adaptive ? kv_heads : 1), int64_t{1} << 30) +
+      policy.eviction_lag() + 1);
 }
 
 // A session with compact positions goes on past the context only if PeakPastContext fits it:
@@ -43,16 +50,18 @@ int PeakPastContext(const cache::eviction::BudgetOptions& budget,
 // was made. Refused naming the budget's field and the largest budget that fits.
 absl::Status CheckRoomPastContext(const cache::eviction::BudgetOptions& budget,
                                   const cache::eviction::EvictionPolicy& policy, int context,
-                                  int n_layers, const std::string& field,
+                                  int n_layers, int kv_heads, const std::string& field,
                                   const std::string& given) {
-  if (PeakPastContext(budget, policy, context, n_layers) <= context) return absl::OkStatus();
+  if (PeakPastContext(budget, policy, context, n_layers, kv_heads) <= context) {
+    return absl::OkStatus();
+  }
   cache::eviction::BudgetOptions tokens = budget;
   tokens.unit = cache::eviction::BudgetOptions::Unit::kTokens;
   int lo = 0, hi = context;  // the largest budget in tokens that fits: in [lo, hi)
   while (hi - lo > 1) {
     const int mid = (lo + hi) / 2;
     tokens.budget = mid;
-    (PeakPastContext(tokens, policy, context, n_layers) <= context ? lo : hi) = mid;
+    (PeakPastContext(tokens, policy, context, n_layers, kv_heads) <= context ? lo : hi) = mid;
   }
   const bool fraction = absl::EndsWith(field, "budget_fraction");
   const std::string lag =
@@ -62,13 +71,20 @@ absl::Status CheckRoomPastContext(const cache::eviction::BudgetOptions& budget,
           : "";
   return Invalid(
       field,
-      absl::StrCat(given, " leaves no room to go on past the model's context length (", context,
-                   "): a session there keeps its budget in each layer", lag,
-                   ", so it would fill the context and stop; give ",
-                   lo < policy.min_budget() ? "a smaller window"
-                   : fraction ? absl::StrCat("at most ", std::floor(1000.0 * lo / context) / 1000)
-                              : absl::StrCat("at most ", lo),
-                   " (or positions original, which ends the session at the context)"));
+      absl::StrCat(
+          given, " leaves no room to go on past the model's context length (", context,
+          "): a session there keeps its budget in each ",
+          budget.head_adaptive ? "layer, all of it in one KV head at worst (head-adaptive)"
+                               : "layer",
+          lag, ", so it would fill the context and stop; give ",
+          lo >= policy.min_budget()
+              ? (fraction ? absl::StrCat("at most ", std::floor(1000.0 * lo / context) / 1000)
+                          : absl::StrCat("at most ", lo))
+          : policy.min_budget() == policy.options().window ? "a smaller window"
+                                                           : "positions original",
+          lo >= policy.min_budget() || policy.min_budget() == policy.options().window
+              ? " (or positions original, which ends the session at the context)"
+              : " (it ends the session at the context)"));
 }
 
 }  // namespace
@@ -114,21 +130,30 @@ absl::StatusOr<CacheFactory> CacheFactory::Create(const CacheDefaults& defaults,
   // The defaults must make a cache by themselves. The built-in budget (1024 tokens) on a model
   // whose context leaves no room for it past the context is lowered to the largest that does
   // (stories260K's 512: sessions made with it stopped after a few turns).
-  absl::Status made = f.Make(f.defaults_, 0, "").status();
-  if (!made.ok() && !defaults.budget_fraction.has_value() &&
-      defaults.budget_tokens == CacheDefaults().budget_tokens &&
-      flags::FieldOf(made) == "budget_tokens" &&
-      absl::StrContains(made.message(), "leaves no room")) {
-    int lo = 0, hi = defaults.budget_tokens;  // the largest that makes a cache: in [lo, hi)
-    while (hi - lo > 1) {
-      f.defaults_.budget_tokens = (lo + hi) / 2;
-      (f.Make(f.defaults_, 0, "").ok() ? lo : hi) = f.defaults_.budget_tokens;
-    }
-    f.defaults_.budget_tokens = std::max(lo, 1);
-    made = f.Make(f.defaults_, 0, "").status();
+  if (defaults.budget_tokens == CacheDefaults().budget_tokens) {
+    f.defaults_ = f.FitBudget(f.defaults_, "");
   }
-  RECALL_RETURN_IF_ERROR(made);
+  RECALL_RETURN_IF_ERROR(f.Make(f.defaults_, 0, "").status());
   return f;
+}
+
+CacheDefaults CacheFactory::FitBudget(CacheDefaults d, const std::string& prefix) const {
+  // Monotone in the budget, unlike Make's success (a budget below what the policy keeps
+  // fails too): the search keeps to the room refusal.
+  const auto room_refused = [&](const CacheDefaults& x) {
+    const absl::Status st = Make(x, 0, prefix).status();
+    return !st.ok() && flags::FieldOf(st) == prefix + "budget_tokens" &&
+           absl::StrContains(st.message(), "leaves no room");
+  };
+  if (d.budget_fraction.has_value() || !room_refused(d)) return d;
+  int lo = 0, hi = d.budget_tokens;  // the largest budget that leaves room: in [lo, hi)
+  while (hi - lo > 1) {
+    CacheDefaults x = d;
+    x.budget_tokens = (lo + hi) / 2;
+    (room_refused(x) ? hi : lo) = x.budget_tokens;
+  }
+  d.budget_tokens = std::max(lo, 1);
+  return d;
 }
 
 absl::StatusOr<SessionCacheSpec> CacheFactory::Resolve(const CacheRequest& request,
@@ -143,7 +168,12 @@ absl::StatusOr<SessionCacheSpec> CacheFactory::Resolve(const CacheRequest& reque
               : absl::StrCat("\"", *request.kv_dtype, "\" is not one of f32, bf16, f16, int8"));
   }
   // Episode settings for a session that builds no episodes were dropped without a word.
-  const CacheDefaults settings = defaults_.With(request);
+  CacheDefaults settings = defaults_.With(request);
+  // A session choosing another policy without a budget takes the worker's default lowered to
+  // fit (refused naming cache.budget_tokens, which it had not given).
+  if (!request.budget_tokens.has_value() && !request.budget_fraction.has_value()) {
+    settings = FitBudget(settings, "cache.");
+  }
   if (settings.policy != "episodic") {
     for (const auto& [field, given] :
          {std::pair<const char*, bool>{"episodes", request.episodes.has_value()},
@@ -281,12 +311,6 @@ absl::StatusOr<SessionCacheSpec> CacheFactory::Make(const CacheDefaults& d, uint
               "): give a budget of at least ", policy->min_budget()));
     }
   }
-  if (spec.positions == runtime::Positions::kCompact && !policy->compresses_prefill()) {
-    RECALL_RETURN_IF_ERROR(
-        CheckRoomPastContext(o.budget, *policy, config_.max_seq_len, config_.n_layers, budget_field,
-                             d.budget_fraction.has_value() ? absl::StrCat(*d.budget_fraction)
-                                                           : absl::StrCat(d.budget_tokens)));
-  }
   o.session = seed;
   o.total_kv_heads = total_kv_heads_;
   o.n_heads = config_.n_heads;
@@ -299,6 +323,12 @@ absl::StatusOr<SessionCacheSpec> CacheFactory::Make(const CacheDefaults& d, uint
       !conflict.empty()) {
     return Invalid(prefix + "tp_eviction",
                    absl::StrCat(conflict, prefix.empty() ? " ({policy})" : ""));
+  }
+  if (spec.positions == runtime::Positions::kCompact && !policy->compresses_prefill()) {
+    RECALL_RETURN_IF_ERROR(CheckRoomPastContext(
+        o.budget, *policy, config_.max_seq_len, config_.n_layers, total_kv_heads_, budget_field,
+        d.budget_fraction.has_value() ? absl::StrCat(*d.budget_fraction)
+                                      : absl::StrCat(d.budget_tokens)));
   }
   spec.evictor = o;
   if (episodic) {

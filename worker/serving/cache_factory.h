@@ -97,6 +97,11 @@ class CacheFactory {
   // The settings of `d` (the defaults with a request applied); `prefix` names the fields.
   absl::StatusOr<SessionCacheSpec> Make(const CacheDefaults& d, uint64_t session_seed,
                                         const std::string& prefix) const;
+  // `d` with its budget in tokens lowered to the largest whose sessions go on past the
+  // context, when that is what Make refuses it for ("leaves no room"); else `d`. For a budget
+  // nobody chose: the built-in default at the worker's start, the worker's default for a
+  // session of another policy.
+  CacheDefaults FitBudget(CacheDefaults d, const std::string& prefix) const;
 
   CacheDefaults defaults_;
   model::ModelConfig config_;

@@ -432,11 +432,11 @@ LoadSnapshot Scheduler::Load() const {
   absl::MutexLock lock(&mu_);
   LoadSnapshot l = load_;
   l.queued_turns += static_cast<int>(after_abort_.size());  // parked behind an aborted turn
-  // The tokens of the last kRateSeconds whole seconds and of this one so far, at the time of
-  // asking: an idle worker's rate falls to 0 within them.
+  // The tokens of this second so far and of the kRateSeconds - 1 before it, at the time of
+  // asking: an idle worker's rate falls to 0 within kRateSeconds.
   const int64_t second = RealClock::Get().NowNanos() / 1000000000;
   int64_t tokens = 0;
-  for (const auto& [at, n] : rate_seconds_) tokens += at >= second - kRateSeconds ? n : 0;
+  for (const auto& [at, n] : rate_seconds_) tokens += at > second - kRateSeconds ? n : 0;
   l.tokens_per_second = static_cast<double>(tokens) / kRateSeconds;
   return l;
 }

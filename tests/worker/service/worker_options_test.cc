@@ -275,6 +275,26 @@ TEST(WorkerOptionsTest, ABudgetThatLeavesNoRoomPastTheContextIsRefusedNamingTheL
   auto lowered = serving::CacheFactory::Create(built_in, config, config.n_kv_heads, 1);
   ASSERT_TRUE(lowered.ok()) << lowered.status();
   EXPECT_EQ(lowered->defaults().budget_tokens, 479);
+  // A worker keeping every token by default (policy full, budget 1024 unused): a session
+  // choosing lazy without a budget gets that default lowered to fit (it was refused naming
+  // cache.budget_tokens, which it had not given); one giving the budget is held to it.
+  auto full = serving::CacheFactory::Create(serving::CacheDefaults(), config, config.n_kv_heads, 1);
+  ASSERT_TRUE(full.ok()) << full.status();
+  serving::CacheRequest lazy;
+  lazy.policy = "lazy";
+  auto fitted = full->Resolve(lazy, 1);
+  ASSERT_TRUE(fitted.ok()) << fitted.status();
+  EXPECT_EQ(fitted->evictor->budget.budget, 479);
+  lazy.budget_tokens = 1024;
+  EXPECT_EQ(full->Resolve(lazy, 1).status().message().substr(0, 40),
+            "cache.budget_tokens: 1024 leaves no room");
+  // A fraction below the window is raised to the window by the evictor (reserved): the check
+  // counts the raised budget (0.1 of 512 is 52, but lazy keeps 300, then grows 300 more).
+  lazy.budget_tokens.reset();
+  lazy.budget_fraction = 0.1;
+  lazy.window = 300;
+  EXPECT_EQ(full->Resolve(lazy, 1).status().message().substr(0, 42),
+            "cache.budget_fraction: 0.1 leaves no room ");
 }
 
 TEST(WorkerOptionsTest, CaoteRescoresThePoliciesWithAnAttentionEstimateOnCpuRanks) {
