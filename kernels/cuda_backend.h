@@ -59,6 +59,11 @@ struct CudaBackendOptions {
   // CreateCudaBackend has checked it (CheckFp8ManyRows, kernels/cpu/matmul_check.h); a failed
   // check falls back the same way (CudaFp8OnCublasLt says which).
   bool no_fp8_gemm = false;
+  // Chunks of 8 weights each lane of the batch-invariant matmul loads before their FMAs, at up
+  // to 4 rows (decode): 1, 2 or 4, or 0 for the default of the weights' type
+  // (kernels/cuda/matmul.cu). Every value gives the same bits; only the speed differs (for
+  // benchmarks: recall_gpu_matmul_bench, recall_gpu_decode_bench --chunks-in-flight).
+  int skinny_chunks_in_flight = 0;
 };
 
 // FailedPrecondition when no CUDA device is present (or `device` is out of range);

@@ -12,7 +12,8 @@ for d in /.gpu/ /.gpuz/; do grep -qx "$d" .git/info/exclude 2>/dev/null || echo 
 [ -f build-gpu/CMakeCache.txt ] ||
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DRECALL_NATIVE=OFF
 TARGETS=(tests/cuda/recall_cuda_test tests/cuda/recall_cuda_tp_test tests/cuda/recall_cuda_serving_test
-         bench/recall_gpu_decode_bench bench/recall_gpu_fp8_gemm_bench bench/recall_tp_eviction_bench)
+         bench/recall_gpu_decode_bench bench/recall_gpu_fp8_gemm_bench bench/recall_gpu_matmul_bench
+         bench/recall_tp_eviction_bench)
 ninja -C build-gpu "${TARGETS[@]##*/}"
 rm -rf .gpu && mkdir -p .gpu/bin/tests/cuda .gpu/bin/bench .gpu/lib .gpu/shared/models
 for t in "${TARGETS[@]}"; do cp "build-gpu/$t" ".gpu/bin/$t"; done

@@ -15,7 +15,7 @@
 //   recall_gpu_decode_bench [--shapes smollm2-135m,qwen2.5-0.5b,llama-3-8b] [--batches 1,16,64]
 //       [--contexts 1024,8192] [--steps 32] [--out-json FILE] [--time-ops 1]
 //       [--temperature T] [--top-k K] [--top-p P] [--kv-dtype f32|bf16|f16|int8]
-//       [--weight-dtype bf16|int8|fp8]
+//       [--weight-dtype bf16|int8|fp8] [--chunks-in-flight 0|1|2|4]
 // --temperature > 0 samples on the device instead (Backend::SampleRows, with --top-k and
 // --top-p), to see what sampling adds to a step against a greedy run.
 // --time-ops 1 prints each configuration's GPU time per op (CudaOpTimes; the events add a
@@ -384,6 +384,7 @@ constexpr char kUsage[] =
                                [--steps N] [--out-json FILE] [--time-ops 0|1] [--graphs 0|1]
                                [--temperature T] [--top-k K] [--top-p P]
                                [--kv-dtype f32|bf16|f16|int8] [--weight-dtype bf16|int8|fp8]
+                               [--chunks-in-flight 0|1|2|4]
 
 Decode speed of the CUDA backend against the HBM roofline, random weights, paged KV of random
 rows (no prefill). Per (shape, batch, context): decode tokens/s and the fraction of the
@@ -409,6 +410,8 @@ options:
   --kv-dtype TYPE         the KV cache's type: f32 (default), bf16, f16 or int8
   --weight-dtype TYPE     the layers' linear weights: bf16 (default), int8 or fp8 (with their
                           scales; embeddings and LM head bf16)
+  --chunks-in-flight N    chunks of 8 weights each lane of the few-rows matmul loads before its
+                          FMAs: 1, 2 or 4, or 0 for the weights' type's default (default 0)
   -h, --help              print this and exit
 )U";
 
@@ -418,6 +421,7 @@ int Main(int argc, char** argv) {
   std::vector<int> batches = {1, 16, 64}, contexts = {1024, 8192};
   int steps = 32;
   bool time_ops = false, graphs = true;
+  int chunks_in_flight = 0;
   kernels::SamplingParams sampling;
   sampling.temperature = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -429,6 +433,8 @@ int Main(int argc, char** argv) {
     else if (a == "--out-json") out_json = v;
     else if (a == "--time-ops") time_ops = v == "1";
     else if (a == "--graphs") graphs = v == "1";
+    else if (a == "--chunks-in-flight")
+      chunks_in_flight = std::stoi(v);
     else if (a == "--temperature") sampling.temperature = std::stof(v);
     else if (a == "--top-k") sampling.top_k = std::stoi(v);
     else if (a == "--top-p") sampling.top_p = std::stof(v);
@@ -460,6 +466,7 @@ int Main(int argc, char** argv) {
   }
   kernels::CudaBackendOptions backend_options;
   backend_options.time_ops = time_ops;
+  backend_options.skinny_chunks_in_flight = chunks_in_flight;
   auto gpu = kernels::CreateCudaBackend(backend_options);
   if (!gpu.ok()) {
     std::printf("SKIP: %s\n", std::string(gpu.status().message()).c_str());

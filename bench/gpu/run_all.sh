@@ -7,7 +7,9 @@
 # CUDA graphs), OPS=0 (skip the per-op GPU times), TP_BENCH=0 (skip the TP benchmark),
 # KV_DTYPES="bf16 int8" (the decode benchmark again per KV type, beside bench.log's f32),
 # WEIGHT_DTYPES="int8 fp8" (again per type of the layers' weights, beside a bf16 run),
-# FP8_GEMM=0 (skip the FP8 prefill matmul benchmark).
+# FP8_GEMM=0 (skip the FP8 prefill matmul benchmark), MATMUL=0 (skip decode's matmuls under
+# each count of chunks in flight), CHUNKS="2 4" (the WEIGHT_DTYPES decode runs again with
+# each count of chunks in flight, beside the default's).
 set -u
 OUT=${OUT:-/tmp/recall-gpu}; mkdir -p "$OUT"
 # BIN: the build folder with tests/cuda/ and bench/ (default: build/);
@@ -72,7 +74,18 @@ for d in ${WEIGHT_DTYPES:-}; do
       --batches 1,16 --contexts 1024 --weight-dtype "$w" > "$OUT"/weights_"$w".txt 2>&1
     echo "weights $w rc=$?"; grep -E "^recall|FAIL|weights read" "$OUT"/weights_"$w".txt | head -12
   done
+  for u in ${CHUNKS:-}; do
+    timeout ${WEIGHTS_TIMEOUT:-120} "$BIN"/bench/recall_gpu_decode_bench --shapes qwen2.5-0.5b,llama-3-8b \
+      --batches 1 --contexts 1024 --weight-dtype "$d" --chunks-in-flight "$u" > "$OUT"/weights_"$d"_u"$u".txt 2>&1
+    echo "weights $d chunks in flight $u rc=$?"; grep -E "^recall|FAIL" "$OUT"/weights_"$d"_u"$u".txt | head -4
+  done
 done
+if [ "${BENCH:-1}" = 1 ] && [ "${MATMUL:-1}" = 1 ]; then
+  # Decode's matmuls (1 and 4 rows) on bf16, int8 and FP8 weights under 1, 2 and 4 chunks in
+  # flight: time, bytes per second against the copy bandwidth, and bit equality.
+  timeout ${MATMUL_TIMEOUT:-120} "$BIN"/bench/recall_gpu_matmul_bench > "$OUT"/matmul.txt 2>&1
+  echo "matmul rc=$?"; cat "$OUT"/matmul.txt | head -100
+fi
 if [ "${BENCH:-1}" = 1 ] && [ "${FP8_GEMM:-1}" = 1 ]; then
   # FP8 matmuls of many rows (prefill): cuBLASLt's FP8 GEMM against our kernel and bf16 cuBLAS.
   timeout ${FP8_GEMM_TIMEOUT:-120} "$BIN"/bench/recall_gpu_fp8_gemm_bench > "$OUT"/fp8_gemm.txt 2>&1

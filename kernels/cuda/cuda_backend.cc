@@ -43,7 +43,8 @@ class CudaBackend final : public Backend {
         cublas_matmuls_(options.cublas_matmuls),
         int8_weights_(!options.refuse_int8_weights),
         fp8_weights_(!options.refuse_fp8_weights),
-        host_rerotate_(options.host_rerotate) {
+        host_rerotate_(options.host_rerotate),
+        chunks_in_flight_(options.skinny_chunks_in_flight) {
     if (options.time_ops) timer_ = std::make_unique<OpTimer>();
   }
   ~CudaBackend() override {
@@ -125,7 +126,7 @@ class CudaBackend final : public Backend {
     const Timed timed(this, timer_ == nullptr ? std::string()
                                               : absl::StrCat("matmul x", count, " ",
                                                              DTypeName(w[0].dtype), " n", n));
-    LaunchSkinnyMatMul(x, n, w, y, count, s());
+    LaunchSkinnyMatMul(x, n, w, y, count, chunks_in_flight_, s());
     Launched("matmul (skinny, several)");
   }
   void AddBias(float* x, const float* bias, int n, int dim) override {
@@ -529,6 +530,7 @@ class CudaBackend final : public Backend {
   bool int8_weights_;    // !CudaBackendOptions::refuse_int8_weights
   bool fp8_weights_;     // !CudaBackendOptions::refuse_fp8_weights
   bool host_rerotate_;   // CudaBackendOptions::host_rerotate
+  int chunks_in_flight_;  // CudaBackendOptions::skinny_chunks_in_flight
   std::vector<int32_t> host_ts_, host_mri_, host_keep_;  // EvictOnHost's row
   cpu::LazyKeepScratch keep_scratch_;
   std::unique_ptr<OpTimer> timer_;  // CudaBackendOptions::time_ops
@@ -605,7 +607,7 @@ void CudaBackend::MatMul(const float* x, int n, const Matrix& w, float* y) {
   // GEMM).
   if (w.dtype == DType::kI8 || w.dtype == DType::kF8E4M3 ||
       (!cublas_matmuls_ && n <= kSkinnyRows)) {
-    LaunchSkinnyMatMul(x, n, &w, &y, 1, s());
+    LaunchSkinnyMatMul(x, n, &w, &y, 1, chunks_in_flight_, s());
     Launched("matmul (skinny)");
     return;
   }
@@ -738,6 +740,11 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOpti
   if (options.device < 0 || options.device >= count) {
     return absl::FailedPreconditionError(absl::StrCat("device cuda: device ", options.device,
                                                       " does not exist (", count, " visible)"));
+  }
+  if (!cuda::ValidChunksInFlight(options.skinny_chunks_in_flight)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device cuda: skinny_chunks_in_flight is ", options.skinny_chunks_in_flight,
+                     "; it takes 0 (the default for the weights' type), 1, 2 or 4"));
   }
   RECALL_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, Build(options));
   // The device's picks and eviction kernels against the host reference; a kernel that fails

@@ -34,10 +34,15 @@ void LaunchRoundTo(const float* x, int64_t count, DType to, void* out, cudaStrea
 // ---- matmul.cu
 // Backend::MatMul / MatMulMany for few rows (kernels/cuda/matmul.cu): batch-invariant, weights
 // read once per 16 rows, x in fp32 (not rounded to the weights' type); y[i] = x * w[i]^T for
-// i < count. REQUIRES: count <= kMaxProjections; every w[i] of w[0]'s dtype and cols.
+// i < count. chunks_in_flight: how many of its chunks of 8 weights each lane loads before
+// their FMAs at up to 4 rows (1, 2 or 4; 0: DefaultChunksInFlight); every count gives the same
+// bits. REQUIRES: count <= kMaxProjections; every w[i] of w[0]'s dtype and cols;
+// ValidChunksInFlight(chunks_in_flight).
 constexpr int kMaxProjections = 3;
 void LaunchSkinnyMatMul(const float* x, int n, const Matrix* w, float* const* y, int count,
-                        cudaStream_t stream);
+                        int chunks_in_flight, cudaStream_t stream);
+bool ValidChunksInFlight(int chunks_in_flight);
+int DefaultChunksInFlight(DType weights);
 
 // ---- fp8_gemm_inputs.cu (the inputs of kernels/cuda/fp8_gemm.h's cuBLASLt call)
 // q [n, cols] = E4M3(x / scale) per row and block of 128 columns, scale = the block's largest

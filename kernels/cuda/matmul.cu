@@ -20,6 +20,14 @@
 // reads, is read half as often (measured on an H100: at 16 rows x's re-reads through L2, not
 // the weights, set the time). How many outputs a warp holds never changes an output's
 // arithmetic.
+//
+// Chunks in flight (up to 4 rows): each lane may load the weights of kU of its chunks (c,
+// c + 32, ..., c + 32 (kU - 1)) before the FMAs of the first, so a warp has kU times the
+// weight bytes in flight; the FMAs still take the chunks in increasing order, so every kU
+// gives the same bits. A 1-byte weight loads 8 bytes per lane per chunk, half of bf16's, and
+// the kernel at batch 1 is latency bound: on an H200 int8 decode (kU 1) read its weights at
+// 22% of the copy roofline and ran 0.82x bf16's speed (bench/gpu/NOTES.md). Which kU pays is
+// measured by recall_gpu_matmul_bench; CudaBackendOptions::skinny_chunks_in_flight picks it.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -142,9 +150,28 @@ __device__ inline T Pick3(const T (&a)[kMaxProjections], int m) {
   return m == 0 ? a[0] : (m == 1 ? a[1] : a[2]);
 }
 
+// The 32 lanes' partial sums of each output meet in a fixed butterfly; lane 0 stores them
+// (times the row's scale for int8 weights).
+template <typename W, int kO>
+__device__ inline void StoreSums(float (&acc)[kO][kR], int rows, int lane, int o0, int O, int r0,
+                                 const float* scales, float* y) {
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    if (r >= rows) break;
+    for (int i = 0; i < kO; ++i) {
+      float v = acc[i][r];
+      for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+      if (lane == 0 && o0 + i < O) {
+        if constexpr (std::is_same_v<W, int8_t>) v *= scales[o0 + i];
+        y[static_cast<int64_t>(r0 + r) * O + o0 + i] = v;
+      }
+    }
+  }
+}
+
 // blockIdx.x * kWarps + warp: the output group (kO outputs of one matrix); blockIdx.y: the
-// group of kR rows.
-template <typename W, bool kVector, int kO>
+// group of kR rows. kU: chunks each lane loads before their FMAs (above).
+template <typename W, bool kVector, int kO, int kU>
 __global__ void SkinnyMatMulKernel(const float* x, int n, int64_t K, const Projections<W> p) {
   const int lane = threadIdx.x & 31;
   const int g = blockIdx.x * kWarps + (threadIdx.x >> 5);
@@ -164,37 +191,35 @@ __global__ void SkinnyMatMulKernel(const float* x, int n, int64_t K, const Proje
     for (int r = 0; r < kR; ++r) acc[i][r] = 0.0f;
   }
   const int64_t chunks = (K + 7) / 8;
-  for (int64_t c = lane; c < chunks; c += 32) {
-    float wv[kO][8];
-    for (int i = 0; i < kO; ++i) {
-      if (o0 + i < O) {
-        LoadWeights8<W, kVector>(w, o0 + i, K, c, scales, scale_cols, scale_block, wv[i]);
-      } else {
-        for (int e = 0; e < 8; ++e) wv[i][e] = 0.0f;
-      }
-    }
+  for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kU) {
+    float wv[kU][kO][8];  // every load first, then the FMAs in chunk order
 #pragma unroll
-    for (int r = 0; r < kR; ++r) {
-      if (r >= rows) break;
-      float xv[8];
-      Load8<kVector>(x + static_cast<int64_t>(r0 + r) * K, c, K, xv);
+    for (int u = 0; u < kU; ++u) {
+      const int64_t c = c0 + 32 * u;
       for (int i = 0; i < kO; ++i) {
-        for (int e = 0; e < 8; ++e) acc[i][r] = fmaf(xv[e], wv[i][e], acc[i][r]);
+        if (c < chunks && o0 + i < O) {
+          LoadWeights8<W, kVector>(w, o0 + i, K, c, scales, scale_cols, scale_block, wv[u][i]);
+        } else {
+          for (int e = 0; e < 8; ++e) wv[u][i][e] = 0.0f;
+        }
       }
     }
-  }
 #pragma unroll
-  for (int r = 0; r < kR; ++r) {
-    if (r >= rows) break;
-    for (int i = 0; i < kO; ++i) {
-      float v = acc[i][r];
-      for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-      if (lane == 0 && o0 + i < O) {
-        if constexpr (std::is_same_v<W, int8_t>) v *= scales[o0 + i];
-        y[static_cast<int64_t>(r0 + r) * O + o0 + i] = v;
+    for (int u = 0; u < kU; ++u) {
+      const int64_t c = c0 + 32 * u;
+      if (c >= chunks) break;
+#pragma unroll
+      for (int r = 0; r < kR; ++r) {
+        if (r >= rows) break;
+        float xv[8];
+        Load8<kVector>(x + static_cast<int64_t>(r0 + r) * K, c, K, xv);
+        for (int i = 0; i < kO; ++i) {
+          for (int e = 0; e < 8; ++e) acc[i][r] = fmaf(xv[e], wv[u][i][e], acc[i][r]);
+        }
       }
     }
   }
+  StoreSums<W, kO>(acc, rows, lane, o0, O, r0, scales, y);
 }
 
 // Above 4 rows the kernel above stalls on x: its warps are at different points of K, so the
@@ -273,23 +298,15 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
   }
   if (!active) return;
-#pragma unroll
-  for (int r = 0; r < kR; ++r) {
-    if (r >= rows) break;
-    for (int i = 0; i < kO; ++i) {
-      float v = acc[i][r];
-      for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-      if (lane == 0 && o0 + i < O) {
-        if constexpr (std::is_same_v<W, int8_t>) v *= scales[o0 + i];
-        y[static_cast<int64_t>(r0 + r) * O + o0 + i] = v;
-      }
-    }
-  }
+  StoreSums<W, kO>(acc, rows, lane, o0, O, r0, scales, y);
 }
 
-template <typename W, int kO>
+// Up to 4 rows: SkinnyMatMulKernel with 2 outputs per warp and kU chunks in flight; above
+// that StagedMatMulKernel with 4.
+template <typename W, int kO, int kU>
 void Launch(const float* x, int n, const Matrix* w, float* const* y, int count,
             cudaStream_t stream) {
+  static_assert(kO == 2 || kU == 1, "chunks in flight are the skinny kernel's");
   const int64_t K = w[0].cols;
   Projections<W> p{};
   p.count = count;
@@ -309,39 +326,53 @@ void Launch(const float* x, int n, const Matrix* w, float* const* y, int count,
   for (int m = count; m < kMaxProjections; ++m) p.group_end[m] = groups;
   if (groups == 0) return;
   const dim3 grid((groups + kWarps - 1) / kWarps, (n + kR - 1) / kR);
-  const bool staged = n > 4;
-  if (vector) {
-    (staged ? StagedMatMulKernel<W, true, kO>
-            : SkinnyMatMulKernel<W, true, kO>)<<<grid, kWarps * 32, 0, stream>>>(x, n, K, p);
+  if constexpr (kO == 4) {
+    (vector ? StagedMatMulKernel<W, true, kO>
+            : StagedMatMulKernel<W, false, kO>)<<<grid, kWarps * 32, 0, stream>>>(x, n, K, p);
   } else {
-    (staged ? StagedMatMulKernel<W, false, kO>
-            : SkinnyMatMulKernel<W, false, kO>)<<<grid, kWarps * 32, 0, stream>>>(x, n, K, p);
+    (vector ? SkinnyMatMulKernel<W, true, kO, kU>
+            : SkinnyMatMulKernel<W, false, kO, kU>)<<<grid, kWarps * 32, 0, stream>>>(x, n, K, p);
   }
 }
 
 template <typename W>
 void Launch(const float* x, int n, const Matrix* w, float* const* y, int count,
-            cudaStream_t stream) {
-  if (n <= 4) return Launch<W, 2>(x, n, w, y, count, stream);
-  Launch<W, 4>(x, n, w, y, count, stream);
+            int chunks_in_flight, cudaStream_t stream) {
+  if (n > 4) return Launch<W, 4, 1>(x, n, w, y, count, stream);
+  switch (chunks_in_flight) {
+    case 2:
+      return Launch<W, 2, 2>(x, n, w, y, count, stream);
+    case 4:
+      return Launch<W, 2, 4>(x, n, w, y, count, stream);
+    default:
+      return Launch<W, 2, 1>(x, n, w, y, count, stream);
+  }
 }
 
 }  // namespace
 
+bool ValidChunksInFlight(int chunks_in_flight) {
+  return chunks_in_flight == 0 || chunks_in_flight == 1 || chunks_in_flight == 2 ||
+         chunks_in_flight == 4;
+}
+
+int DefaultChunksInFlight(DType /*weights*/) { return 1; }
+
 void LaunchSkinnyMatMul(const float* x, int n, const Matrix* w, float* const* y, int count,
-                        cudaStream_t stream) {
+                        int chunks_in_flight, cudaStream_t stream) {
   if (n <= 0 || count <= 0) return;
+  const int u = chunks_in_flight > 0 ? chunks_in_flight : DefaultChunksInFlight(w[0].dtype);
   switch (w[0].dtype) {
     case DType::kF32:
-      return Launch<float>(x, n, w, y, count, stream);
+      return Launch<float>(x, n, w, y, count, u, stream);
     case DType::kBF16:
-      return Launch<__nv_bfloat16>(x, n, w, y, count, stream);
+      return Launch<__nv_bfloat16>(x, n, w, y, count, u, stream);
     case DType::kF16:
-      return Launch<__half>(x, n, w, y, count, stream);
+      return Launch<__half>(x, n, w, y, count, u, stream);
     case DType::kI8:
-      return Launch<int8_t>(x, n, w, y, count, stream);
+      return Launch<int8_t>(x, n, w, y, count, u, stream);
     case DType::kF8E4M3:
-      return Launch<__nv_fp8_e4m3>(x, n, w, y, count, stream);
+      return Launch<__nv_fp8_e4m3>(x, n, w, y, count, u, stream);
   }
 }
 

@@ -490,6 +490,73 @@ TEST_F(CudaTest, MatMulManyOfQuantizedWeightsEqualsOneMatMulPerMatrix) {
   EXPECT_TRUE(gpu_->Health().ok()) << gpu_->Health();
 }
 
+// Chunks in flight (CudaBackendOptions::skinny_chunks_in_flight) change only when the weights
+// are loaded, never the FMAs' order: for every weight type, at 1 and 3 rows (the skinny
+// kernel) and at 7 (the staged one, which ignores it), on widths with a 16-byte tail, a short
+// one (one element at a time) and fewer chunks than lanes, MatMul and MatMulMany under 1, 2
+// and 4 give the bits of the default (0). Any other count is refused by name.
+TEST(CudaChunksInFlight, EveryCountGivesTheSameBits) {
+  RECALL_REQUIRE_GPU();
+  CudaBackendOptions bad;
+  bad.skinny_chunks_in_flight = 3;
+  const auto refused = CreateCudaBackend(bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_NE(refused.status().message().find("skinny_chunks_in_flight"), std::string::npos);
+  // Outputs by (count, case) in the order computed; case = dtype, width, rows, matrix.
+  std::vector<std::vector<std::vector<float>>> outputs;
+  for (const int count : {0, 1, 2, 4}) {
+    CudaBackendOptions options;
+    options.skinny_chunks_in_flight = count;
+    auto made = CreateCudaBackend(options);
+    ASSERT_TRUE(made.ok()) << made.status();
+    Backend& gpu = **made;
+    std::vector<std::vector<float>>& got = outputs.emplace_back();
+    for (const DType dt : {DType::kF32, DType::kBF16, DType::kF16, DType::kI8, DType::kF8E4M3}) {
+      for (const int64_t cols : {int64_t{4864 + 8}, int64_t{1000 + 3}, int64_t{96}}) {
+        const bool quantized = dt == DType::kI8 || dt == DType::kF8E4M3;
+        // Quantized and plain matrices of 3 heights (the last not a multiple of 2 outputs).
+        std::vector<std::unique_ptr<QuantizedMatrix>> q;
+        std::vector<std::unique_ptr<TestMatrix>> plain;
+        Matrix w[3];
+        const int64_t heights[3] = {256, 64, 33};
+        for (int i = 0; i < 3; ++i) {
+          if (quantized) {
+            q.push_back(std::make_unique<QuantizedMatrix>(gpu, dt, heights[i], cols, 60 + i, 16));
+            w[i] = q.back()->device;
+          } else {
+            plain.push_back(std::make_unique<TestMatrix>(gpu, dt, heights[i], cols, 60 + i));
+            w[i] = plain.back()->device;
+          }
+        }
+        for (const int n : {1, 3, 7}) {
+          const auto x = RandomVec(static_cast<size_t>(n * cols), 70 + n);
+          DeviceVec<float> dx(gpu, x);
+          std::vector<DeviceVec<float>> many;
+          float* outs[3];
+          for (int i = 0; i < 3; ++i) {
+            many.push_back(DeviceVec<float>::Poisoned(gpu, static_cast<size_t>(n) * heights[i]));
+            outs[i] = many.back().get();
+          }
+          auto one = DeviceVec<float>::Poisoned(gpu, static_cast<size_t>(n) * heights[0]);
+          gpu.MatMul(dx.get(), n, w[0], one.get());
+          gpu.MatMulMany(dx.get(), n, w, outs, 3);
+          got.push_back(one.Download());
+          for (int i = 0; i < 3; ++i) got.push_back(many[i].Download());
+        }
+      }
+    }
+    EXPECT_TRUE(gpu.Health().ok()) << gpu.Health();
+  }
+  for (size_t u = 1; u < outputs.size(); ++u) {
+    ASSERT_EQ(outputs[u].size(), outputs[0].size());
+    for (size_t i = 0; i < outputs[0].size(); ++i) {
+      for (const float v : outputs[0][i]) ASSERT_FALSE(std::isnan(v)) << "output " << i;
+      EXPECT_EQ(outputs[u][i], outputs[0][i]) << "count index " << u << ", output " << i;
+    }
+  }
+}
+
 // Every E4M3 code (both zeros, the subnormals, the largest, the NaNs) widens on the device to
 // exactly the host's E4M3ToF32: row r of a 256 x K matrix holds code r in column 0 and zeros
 // elsewhere (scale 1), times x = (1, 0, ..., 0). K = 16 takes the 16-byte loads, K = 13 the
