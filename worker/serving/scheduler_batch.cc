@@ -194,13 +194,17 @@ void Scheduler::RunBatch() {
     }
     if (MakeRoom(need, nullptr)) break;
     if (!PreemptOne()) {
-      // A single turn that outgrew the pool: end it rather than hang.
-      FinishTurn(*active_.back(), absl::ResourceExhaustedError(absl::StrCat(
-                                      "the KV pool is exhausted (", memory_.PoolBlocks(),
-                                      " blocks, ", memory_.side_blocks(),
-                                      " of them holding the policies' state and the turns' "
-                                      "scratch); retry after ",
-                                      options_.retry_after_ms, " ms")));
+      // A single turn that outgrew the pool: end it rather than hang. Every other session
+      // is already out of the pool (MakeRoom), so the same turn would outgrow it again: a
+      // retry hint sent clients back for nothing.
+      FinishTurn(*active_.back(),
+                 absl::ResourceExhaustedError(absl::StrCat(
+                     "the turn outgrew the KV pool: its session needs more than the pool's ",
+                     memory_.PoolBlocks(), " blocks (", memory_.side_blocks(),
+                     " of them holding the policies' state and the turns' scratch) with every "
+                     "other session moved out; use a smaller cache.budget_tokens or "
+                     "cache.window, lower sampling.max_tokens or give the worker more KV "
+                     "memory (not retryable)")));
       if (active_.empty()) return;
     }
   }

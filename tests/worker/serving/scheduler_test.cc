@@ -649,6 +649,33 @@ TEST_F(SchedulerTest, TurnWhoseFullCacheCanNeverFitIsRefusedBeforeAnyToken) {
   EXPECT_GT(l.token_ids.size(), 100u);
 }
 
+// A lazy session whose budget and window (65 tokens: 5 blocks in each of 5 layers) plus the
+// policy's state and the turn's scratch outgrow a pool of 15-25 blocks once decoding: the
+// turn ends RESOURCE_EXHAUSTED, not retryable (nothing else holds the pool: the same turn
+// would fail again; it asked clients to retry after 1 s), naming what to change. One block
+// more per layer holds it.
+TEST_F(SchedulerTest, AnEvictingTurnThatOutgrowsThePoolIsNotRetryable) {
+  auto lazy = [] {
+    TurnRequest r = Turn("lazy", "Once upon a time", 300);
+    r.cache.policy = "lazy";
+    r.cache.budget_tokens = 48;
+    r.cache.window = 16;
+    return r;
+  };
+  for (const int blocks : {3, 5}) {
+    Start(blocks);
+    Collected c = Run(lazy());
+    EXPECT_EQ(c.status.code(), absl::StatusCode::kResourceExhausted) << c.status;
+    EXPECT_NE(c.status.message().find("not retryable"), std::string::npos) << c.status;
+    EXPECT_EQ(c.status.message().find("retry after"), std::string::npos) << c.status;
+    EXPECT_NE(c.status.message().find("cache.budget_tokens"), std::string::npos) << c.status;
+  }
+  Start(6);
+  Collected fits = Run(lazy());
+  ASSERT_TRUE(fits.status.ok()) << fits.status;
+  EXPECT_EQ(fits.token_ids.size(), 300u);
+}
+
 TEST_F(SchedulerTest, TurnLongerThanTheContextIsInvalidArgument) {
   Start(64);
   std::string text;
