@@ -94,6 +94,7 @@ CacheDefaults CacheDefaults::With(const CacheRequest& r) const {
   if (r.policy.has_value()) d.policy = *r.policy;
   if (r.budget_tokens.has_value()) {
     d.budget_tokens = *r.budget_tokens;
+    d.budget_given = true;
     d.budget_fraction.reset();
   }
   if (r.budget_fraction.has_value()) d.budget_fraction = *r.budget_fraction;
@@ -129,8 +130,9 @@ absl::StatusOr<CacheFactory> CacheFactory::Create(const CacheDefaults& defaults,
   }
   // The defaults must make a cache by themselves. The built-in budget (1024 tokens) on a model
   // whose context leaves no room for it past the context is lowered to the largest that does
-  // (stories260K's 512: sessions made with it stopped after a few turns).
-  if (defaults.budget_tokens == CacheDefaults().budget_tokens) {
+  // (stories260K's 512: sessions made with it stopped after a few turns). A budget given as
+  // --budget, whatever its value, is refused naming the largest that fits.
+  if (!defaults.budget_given && defaults.budget_tokens == CacheDefaults().budget_tokens) {
     f.defaults_ = f.FitBudget(f.defaults_, "");
   }
   RECALL_RETURN_IF_ERROR(f.Make(f.defaults_, 0, "").status());

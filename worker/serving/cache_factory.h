@@ -23,6 +23,9 @@ namespace recall::serving {
 struct CacheDefaults {
   std::string policy = "full";            // an eviction policy, "full" or "episodic"
   int budget_tokens = 1024;               // per layer and KV head
+  // budget_tokens was chosen (With a request that sets it): CacheFactory::Create refuses it
+  // when it leaves no room past the context instead of lowering it as it does the built-in.
+  bool budget_given = false;
   std::optional<double> budget_fraction;  // when set, the default budget is this fraction
   int window = 32;
   double alpha = 1e-4;

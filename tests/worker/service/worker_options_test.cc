@@ -275,6 +275,16 @@ TEST(WorkerOptionsTest, ABudgetThatLeavesNoRoomPastTheContextIsRefusedNamingTheL
   auto lowered = serving::CacheFactory::Create(built_in, config, config.n_kv_heads, 1);
   ASSERT_TRUE(lowered.ok()) << lowered.status();
   EXPECT_EQ(lowered->defaults().budget_tokens, 479);
+  // The same value given (--budget 1024): refused, naming the largest that fits (it was
+  // lowered as if not given).
+  serving::CacheRequest given;
+  given.budget_tokens = 1024;
+  const absl::Status chosen =
+      serving::CacheFactory::Create(built_in.With(given), config, config.n_kv_heads, 1).status();
+  EXPECT_EQ(WorkerFlags().Explain(chosen).message().substr(0, 48),
+            "--budget: 1024 leaves no room to go on past the ")
+      << chosen;
+  EXPECT_NE(chosen.message().find("give at most 479"), std::string::npos) << chosen;
   // A worker keeping every token by default (policy full, budget 1024 unused): a session
   // choosing lazy without a budget gets that default lowered to fit (it was refused naming
   // cache.budget_tokens, which it had not given); one giving the budget is held to it.
