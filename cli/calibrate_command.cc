@@ -185,16 +185,10 @@ absl::Status Run(const WindowOptions& o) {
   RECALL_ASSIGN_OR_RETURN(const std::vector<double> uniform, ParseUniformAlphas(o.alphas_uniform));
   // What --calibration takes (serving/calibration.cc): a file written for another policy was
   // refused by recall serve after the whole run.
-  const auto& names = cache::eviction::PolicyNames();
-  if (!alphas.empty() &&
-      (o.policy == "full" || std::find(names.begin(), names.end(), o.policy) == names.end())) {
-    std::string known;
-    for (const std::string& n : names) {
-      if (n != "full") absl::StrAppend(&known, known.empty() ? "" : ", ", n);
-    }
-    return absl::InvalidArgumentError(
-        absl::StrCat("--policy: ", o.policy,
-                     " is not an evicting policy a calibration applies to (", known, ")"));
+  if (!alphas.empty() && !cache::eviction::IsEvictingPolicy(o.policy)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--policy: ", o.policy, " is not an evicting policy a calibration applies to (",
+        cache::eviction::EvictingPolicyList(), ")"));
   }
   if (!uniform.empty() && (alphas.empty() || o.policy != "lazy+")) {
     return absl::InvalidArgumentError(

@@ -104,6 +104,19 @@ const std::vector<std::string>& PolicyNames() {
   return *kNames;
 }
 
+bool IsEvictingPolicy(const std::string& name) {
+  const std::vector<std::string>& names = PolicyNames();
+  return name != "full" && std::find(names.begin(), names.end(), name) != names.end();
+}
+
+std::string EvictingPolicyList() {
+  std::string list;
+  for (const std::string& n : PolicyNames()) {
+    if (n != "full") absl::StrAppend(&list, list.empty() ? "" : ", ", n);
+  }
+  return list;
+}
+
 bool TakesCaote(const std::string& policy) {
   return policy == "h2o" || policy == "tova" || policy == "snapkv" || policy == "lazy" ||
          policy == "lazy+";

@@ -280,6 +280,10 @@ class EvictionPolicy {
 
 // The names CreatePolicy accepts, in order, for messages and parameterized tests.
 const std::vector<std::string>& PolicyNames();
+// Whether `name` is one of PolicyNames() other than full (one that evicts), and those names
+// joined by ", " for messages.
+bool IsEvictingPolicy(const std::string& name);
+std::string EvictingPolicyList();
 
 // Whether the policy's score is a non-negative attention estimate, which CAOTE
 // (MetaScore::kCaote) rescores: h2o, tova, snapkv, lazy, lazy+.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "cache/eviction/session_evictor.h"
 #include "common/logging.h"
 
 namespace recall::runtime {

@@ -12,10 +12,13 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "cache/eviction/session_evictor.h"
 #include "cache/sequence_cache.h"
 #include "kernels/backend.h"
 #include "worker/model/model_config.h"
+
+namespace recall::cache::eviction {
+class SessionEvictor;
+}  // namespace recall::cache::eviction
 
 namespace recall::runtime {
 

@@ -61,14 +61,9 @@ absl::StatusOr<EvictionCalibration> ReadEvictionCalibration(const std::string& p
   }
   c.alpha = alpha->get<double>();
   if (const nlohmann::json* p = field("policy"); p != nullptr) {
-    const auto& names = cache::eviction::PolicyNames();
-    if (!p->is_string() || p->get<std::string>() == "full" ||
-        std::find(names.begin(), names.end(), p->get<std::string>()) == names.end()) {
-      std::string known;
-      for (const std::string& n : names) {
-        if (n != "full") absl::StrAppend(&known, known.empty() ? "" : ", ", n);
-      }
-      return Bad(path, absl::StrCat("\"policy\" must be an evicting policy (", known, ")"));
+    if (!p->is_string() || !cache::eviction::IsEvictingPolicy(p->get<std::string>())) {
+      return Bad(path, absl::StrCat("\"policy\" must be an evicting policy (",
+                                    cache::eviction::EvictingPolicyList(), ")"));
     }
     c.policy = p->get<std::string>();
   }
