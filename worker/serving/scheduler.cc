@@ -25,11 +25,14 @@ Scheduler::Metrics::Metrics(metrics::Registry* r) {
   }
   registry = r;
   const std::string turns = "recall_worker_turns_total";
-  const std::string turns_help = "Turns ended, by outcome";
+  const std::string turns_help =
+      "Turns ended, by outcome (refused: the request's own error or no room for it, as its "
+      "status says; error: the worker failed)";
   finished_length = r->GetCounter(turns, turns_help, "outcome=\"length\"");
   finished_stop = r->GetCounter(turns, turns_help, "outcome=\"stop\"");
   finished_context = r->GetCounter(turns, turns_help, "outcome=\"context\"");
   failed = r->GetCounter(turns, turns_help, "outcome=\"error\"");
+  refused = r->GetCounter(turns, turns_help, "outcome=\"refused\"");
   cancelled = r->GetCounter(turns, turns_help, "outcome=\"cancelled\"");
   rejected = r->GetCounter("recall_worker_rejected_turns_total",
                            "Turns refused because the waiting queue was full");

@@ -244,6 +244,14 @@ absl::Status Scheduler::PrepareEpisodes(Turn& t) {
 
 namespace {
 
+// A turn ended by its own fault or for want of room (a prompt past the context, a session
+// whose policy cannot go on, a pool it outgrew), not by the worker's failure: counted apart
+// in recall_worker_turns_total, so an operator's error rate is the worker's.
+bool RefusedTurn(const absl::Status& status) {
+  return absl::IsInvalidArgument(status) || absl::IsFailedPrecondition(status) ||
+         absl::IsResourceExhausted(status) || absl::IsOutOfRange(status);
+}
+
 // The messages of the request's history past the session's copy, when the history is that
 // copy and those messages more, none a reply the model gave: the cache has not seen them
 // (a stopped turn's messages: the user's, sent again with the part of the reply the client
@@ -684,7 +692,10 @@ void Scheduler::FinishTurn(Turn& t, absl::Status status) {
         ->Increment();
     t.stream->Finish(absl::OkStatus(), std::move(sum));
   } else {
-    (absl::IsCancelled(status) ? metrics_->cancelled : metrics_->failed)->Increment();
+    (absl::IsCancelled(status) ? metrics_->cancelled
+     : RefusedTurn(status)     ? metrics_->refused
+                               : metrics_->failed)
+        ->Increment();
     t.stream->Finish(status);
     // A partly run turn leaves the cache out of step with the transcript: an aborted one
     // gives back what it fed where that is exact, else the cache is dropped.

@@ -150,7 +150,8 @@ struct Scheduler::Metrics {
   metrics::Counter* finished_length;
   metrics::Counter* finished_stop;
   metrics::Counter* finished_context;
-  metrics::Counter* failed;
+  metrics::Counter* failed;   // the worker's own failure (a forward pass, a restore, ...)
+  metrics::Counter* refused;  // the turn's own fault or no room (RefusedTurn)
   metrics::Counter* cancelled;
   metrics::Counter* rejected;
   metrics::Counter* prompt_tokens;  // tokens prefilled

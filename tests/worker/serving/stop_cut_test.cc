@@ -204,6 +204,25 @@ TEST_F(StopCutTest, ACutAtATokenBoundaryLeavesWhatASessionStoppedThereHolds) {
 // reply: the next turn continues the cache (no rebuild, the same cached tokens) and replies
 // as a session that never had the aborted turn does. The first turn ends by length, so its
 // last token is still to be fed (pending): the aborted turn fed it, and gives it back too.
+// recall_worker_turns_total counts a turn ended by its own fault (a prompt past the context)
+// as outcome "refused", not "error" (the worker's failures), and a turn that ran as "length".
+TEST_F(StopCutTest, ATurnRefusedForItsPromptIsCountedRefusedNotError) {
+  std::unique_ptr<Scheduler> s = StartFull();
+  ASSERT_NE(s, nullptr);
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "the cat sat. ";
+  Collected c = Run(*s, Turn("long", text, 0));
+  ASSERT_EQ(c.status.code(), absl::StatusCode::kInvalidArgument) << c.status;
+  const auto outcome = [&](const std::string& o) {
+    return metrics_.GetCounter("recall_worker_turns_total", "", "outcome=\"" + o + "\"")->value();
+  };
+  EXPECT_EQ(outcome("refused"), 1);
+  EXPECT_EQ(outcome("error"), 0);
+  ASSERT_TRUE(Run(*s, Turn("short", "Once upon a time", 0, {}, 5)).status.ok());
+  EXPECT_EQ(outcome("length"), 1);
+  EXPECT_EQ(outcome("refused"), 1);
+}
+
 TEST_F(StopCutTest, AnAbortedTurnGivesBackWhatItFed) {
   auto sched = StartFull();
   ASSERT_NE(sched, nullptr);
