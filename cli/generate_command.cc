@@ -222,9 +222,10 @@ absl::Status Run(GenerateCliOptions o) {
   }
   absl::StatusOr<std::unique_ptr<runtime::Engine>> created =
       runtime::Engine::Create(*loaded->model, o.engine);
-  if (!created.ok() && full_context_pool) {
-    // The pool sized by the context: say so, and what sizes it instead (a model claiming a
-    // context of millions asked for tens of GB, naming neither).
+  if (!created.ok() && full_context_pool && absl::IsResourceExhausted(created.status())) {
+    // The pool sized by the context could not be had: say so, and what sizes it instead (a
+    // model claiming a context of millions asked for tens of GB, naming neither). Other
+    // errors (a weight type the device lacks, no CUDA device) are the flags' to explain.
     return absl::Status(
         created.status().code(),
         absl::StrCat(created.status().message(), " (the default pool holds one full context of ",

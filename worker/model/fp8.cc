@@ -50,10 +50,24 @@ absl::StatusOr<BlockScales> ReadScales(const std::string& file, const std::strin
                                 " (scales must be finite and positive)"));
     }
   }
+  // Every weight times its scale must be a finite bf16 (what WidenFp8 stores; the CUDA
+  // kernel widens to f32, a wider range): a finite scale of 1e38 made every weight infinite,
+  // and every reply <unk>s without an error.
   const auto* src = static_cast<const uint8_t*>(w.data);
-  for (int64_t i = 0; i < rows * cols; ++i) {
-    if ((src[i] & 0x7F) == 0x7F) {
-      return error(absl::StrCat("weight [", i / cols, ", ", i % cols, "] is NaN"));
+  float table[256];
+  for (int c = 0; c < 256; ++c) table[c] = E4M3ToF32(static_cast<uint8_t>(c));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* srow = s.grid.data() + (r / s.br) * s.grid_cols;
+    for (int64_t c = 0; c < cols; ++c) {
+      const uint8_t code = src[r * cols + c];
+      if ((code & 0x7F) == 0x7F) return error(absl::StrCat("weight [", r, ", ", c, "] is NaN"));
+      const float scale = srow[c / s.bc];
+      const float v = table[code] * scale;
+      if (!std::isfinite(kernels::Bf16ToF32(kernels::F32ToBf16(v)))) {
+        return error(absl::StrCat("weight [", r, ", ", c, "] = ", table[code], " x its scale ",
+                                  scale, " overflows (bf16 and f32 hold at most about 3.4e38): ",
+                                  "its _scale_inv is too large"));
+      }
     }
   }
   return s;

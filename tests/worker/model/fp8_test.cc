@@ -176,6 +176,10 @@ TEST_F(Fp8LoaderTest, MalformedCheckpointsAreRefusedByName) {
        config, "must be finite and positive"},
       {"a NaN weight", [&](auto& w) { w.tensors()[q].raw[9] = '\x7f'; }, config,
        "weight [1, 1] is NaN"},
+      // Finite, but the weights it scales are not (they widened to infinities: <unk>s).
+      {"a scale the weights overflow",
+       [&](auto& w) { w.tensors()[q + "_scale_inv"].values[0] = 1e38f; }, config,
+       "overflows (bf16 and f32 hold at most about 3.4e38): its _scale_inv is too large"},
       {"FP8 without quantization_config", [](auto&) {}, "null",
        "no quantization_config with quant_method \"fp8\""},
       {"an FP8 norm",
