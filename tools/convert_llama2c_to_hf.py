@@ -222,13 +222,18 @@ def main():
     ap.add_argument("checkpoint")
     ap.add_argument("out_dir")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="f32")
-    ap.add_argument("--fp8-block", type=int, default=128)
+    ap.add_argument("--fp8-block", type=int, default=None)
     ap.add_argument("--shards", type=int, default=1)
     args = ap.parse_args()
     if args.shards < 1:
         raise SystemExit("--shards must be >= 1")
-    if args.fp8_block < 1:
-        raise SystemExit("--fp8-block must be >= 1")
+    if args.fp8_block is not None and args.dtype != "fp8":
+        raise SystemExit("--fp8-block: only with --dtype fp8 (its block scales)")
+    if args.fp8_block is None:
+        args.fp8_block = 128
+    # The loader's limit (quantization_config.weight_block_size, worker/model/hf_config.cc).
+    if not 1 <= args.fp8_block <= 1 << 20:
+        raise SystemExit(f"--fp8-block must be in [1, {1 << 20}], got {args.fp8_block}")
 
     cfg, weights = read_checkpoint(args.checkpoint)
     tensors = as_stored(hf_tensors(cfg, split_weights(cfg, weights)), args.dtype, args.fp8_block)

@@ -177,14 +177,16 @@ std::string Engine::Summary() const {
         absl::StrAppend(&where, r == 0 ? " " : ",", group_->cuda_device(r));
       absl::StrAppend(&where, ", ", group_->collectives());
     }
-    return absl::StrCat("tp ", options_.tp, " (", where, " ranks); ", weights, " weights; KV pool ",
-                        p.num_blocks(), " blocks of ", p.block_bytes(), " bytes per rank");
+    return absl::StrCat("tp ", options_.tp, " (", where, " ranks); ", weights, " weights; ",
+                        kernels::KvDTypeName(options_.kv_dtype), " KV pool ", p.num_blocks(),
+                        " blocks of ", p.block_bytes(), " bytes per rank");
   }
   if (options_.device == Device::kCuda) {
     absl::StrAppend(&where, " ", options_.devices.empty() ? 0 : options_.devices[0]);
   }
-  return absl::StrCat(where, "; ", weights, " weights; KV pool ", p.num_blocks(), " blocks of ",
-                      p.block_bytes(), " bytes (", kv_bytes_ / 1048576.0, " MiB)");
+  return absl::StrCat(where, "; ", weights, " weights; ", kernels::KvDTypeName(options_.kv_dtype),
+                      " KV pool ", p.num_blocks(), " blocks of ", p.block_bytes(), " bytes (",
+                      kv_bytes_ / 1048576.0, " MiB)");
 }
 
 }  // namespace recall::runtime

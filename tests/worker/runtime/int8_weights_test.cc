@@ -118,12 +118,19 @@ TEST_F(Int8WeightsTest, EnginesOfOneAndTwoCpuRanksTakeInt8Weights) {
   ASSERT_TRUE(model::QuantizeWeightsInt8(*model_).ok());
   EngineOptions one;
   one.kv_cache_bytes = int64_t{8} << 20;
+  one.kv_dtype = kernels::KvDType::kBF16;
   auto engine = Engine::Create(*model_, one);
-  EXPECT_TRUE(engine.ok()) << engine.status();
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  // The start-up line names both types (the KV type was left to be inferred from the block
+  // size).
+  EXPECT_NE((*engine)->Summary().find("int8 weights; bf16 KV pool "), std::string::npos)
+      << (*engine)->Summary();
   EngineOptions tp2 = one;
   tp2.tp = 2;
   auto group = Engine::Create(*model_, tp2);
-  EXPECT_TRUE(group.ok()) << group.status();
+  ASSERT_TRUE(group.ok()) << group.status();
+  EXPECT_NE((*group)->Summary().find("int8 weights; bf16 KV pool "), std::string::npos)
+      << (*group)->Summary();
 }
 
 // This process's resident bytes (/proc/self/statm).
