@@ -114,6 +114,12 @@ const flags::FlagSet<CoordinatorConfig>& CoordinatorFlags() {
             "start even when the --store Redis keeps nothing on disk (appendonly no, no\n"
             "save points), with a warning; by default the coordinator refuses to start",
             [](auto& o) -> auto& { return o.allow_volatile_store; })
+        .Switch(
+            "allow-store-loss",
+            "start on an SQLite store that lost sessions (a damaged sessions.db-wal or page,\n"
+            "a file emptied to 0 bytes), serving what can be read, with a warning; by default\n"
+            "the coordinator refuses to start, before anything is written to the file",
+            [](auto& o) -> auto& { return o.allow_store_loss; })
         .String(
             "api-keys", "FILE",
             "\"<key> <tenant>\" per line; without it every caller is tenant \"default\"",

@@ -31,7 +31,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   RECALL_ASSIGN_OR_RETURN(
       s->store_,
       OpenStore(config.store_url.empty() ? config.data_dir + "/sessions.db" : config.store_url,
-                config.allow_volatile_store));
+                StoreRisks{.allow_volatile = config.allow_volatile_store,
+                           .allow_loss = config.allow_store_loss}));
   // Turns a previous run left streaming: their writer is gone, so they were interrupted. A
   // damaged store (said as it opened) is served as far as it can be read: where this cannot
   // be done, a turn in progress that no turn here runs is taken as interrupted anyway

@@ -32,6 +32,7 @@ struct CoordinatorConfig {
   std::string data_dir = ".";         // the SQLite file sessions.db lives here
   std::string store_url;              // "redis://HOST:PORT" for a shared store; empty: SQLite
   bool allow_volatile_store = false;  // a Redis without persistence: warn instead of refusing
+  bool allow_store_loss = false;  // an SQLite store that lost sessions: warn instead of refusing
   std::string api_keys_path;          // empty: no auth (tenant "default")
   std::string cluster_token_file;     // the workers' and the registry's credential; empty: none
   int metrics_port = -1;              // -1: off; 0: any free port

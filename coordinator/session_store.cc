@@ -177,11 +177,13 @@ absl::StatusOr<StoreUrl> ParseStoreUrl(const std::string& url) {
 absl::Status CheckStoreUrl(const std::string& url) { return ParseStoreUrl(url).status(); }
 
 absl::StatusOr<std::unique_ptr<SessionStore>> OpenStore(const std::string& url,
-                                                        bool allow_volatile) {
-  if (url.find("://") == std::string::npos) return OpenSqliteStore(url);  // a file's path
+                                                        const StoreRisks& risks) {
+  if (url.find("://") == std::string::npos) {
+    return OpenSqliteStore(url, risks.allow_loss);  // a file's path
+  }
   RECALL_ASSIGN_OR_RETURN(const StoreUrl parsed, ParseStoreUrl(url));
-  if (parsed.redis) return OpenRedisStore(parsed.host, parsed.port, allow_volatile);
-  return OpenSqliteStore(parsed.path);
+  if (parsed.redis) return OpenRedisStore(parsed.host, parsed.port, risks.allow_volatile);
+  return OpenSqliteStore(parsed.path, risks.allow_loss);
 }
 
 std::string StoredText(std::string text) {

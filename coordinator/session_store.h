@@ -223,7 +223,13 @@ std::string StoredText(std::string text);
 absl::StatusOr<std::map<std::string, std::string>> ParseStoredMetadata(const std::string& text,
                                                                        const std::string& id);
 
-absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string& path);
+// A file that lost what it held is refused, FailedPrecondition saying what was lost and how
+// to repair it, unless `allow_loss` (then a warning, and the sessions that can be read are
+// served; SQLite drops a damaged log's frames for good): a damaged sessions.db-wal, damaged
+// pages (PRAGMA quick_check), a file emptied to 0 bytes beside an earlier coordinator's lock.
+// Refused before SQLite writes to the file, so the damaged log can still be recovered.
+absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string& path,
+                                                              bool allow_loss = false);
 
 // Redis at host:port (redis_store.cc); Unavailable when it cannot connect. A server that
 // keeps nothing on disk (appendonly no and no RDB save points) loses every session when it
@@ -235,8 +241,14 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenRedisStore(const std::string& 
 // naming the field store_url otherwise (a bare HOST:PORT or path among them).
 absl::Status CheckStoreUrl(const std::string& url);
 
+// What a coordinator takes of a store that cannot keep everything (its --allow-* switches).
+struct StoreRisks {
+  bool allow_volatile = false;  // a Redis that keeps nothing on disk (OpenRedisStore)
+  bool allow_loss = false;      // an SQLite file that lost sessions (OpenSqliteStore)
+};
+
 // A --store value (CheckStoreUrl), or a bare path: SQLite there.
 absl::StatusOr<std::unique_ptr<SessionStore>> OpenStore(const std::string& url,
-                                                        bool allow_volatile = false);
+                                                        const StoreRisks& risks = {});
 
 }  // namespace recall::coordinator

@@ -667,45 +667,83 @@ std::set<std::string> Columns(sqlite3* db, const char* table) {
   return out;
 }
 
-// A damaged page that the queries may read rarely or never (an index's: a lookup that no longer
-// finds a session) is said at start, with how to repair it; the sessions that can be read
-// are served (each that cannot answers DATA_LOSS). PRAGMA quick_check reads the whole file.
-void WarnIfDamaged(sqlite3* db, const std::string& path) {
+// Damaged pages that the queries may read rarely or never (an index's: a lookup that no longer
+// finds a session), found by PRAGMA quick_check, which reads the whole file, on a read-only
+// connection (closing it writes nothing: a writer's close checkpoints the log into the file).
+// Empty for a sound file, and for one that is no database (its open says so).
+std::vector<std::string> DamagedPages(const std::string& path) {
   std::vector<std::string> problems;
-  Stmt check(db, "PRAGMA quick_check(5)");
-  int rc;
-  while ((rc = check.Step()) == SQLITE_ROW) {
-    std::string problem = check.Text(0);
-    if (problem == "ok" || problem == "*** in database main ***") continue;
-    std::replace(problem.begin(), problem.end(), '\n', ' ');
-    problems.push_back(std::move(problem));
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
+    sqlite3_close(db);
+    return problems;  // the writer's open says why
   }
-  if (rc != SQLITE_DONE) problems.push_back(sqlite3_errstr(rc));
-  if (problems.empty()) return;
-  RECALL_LOG(WARNING) << "session store " << path << " is damaged ("
-                      << absl::StrJoin(problems, "; ")
-                      << "); the sessions that can be read are served. " << RepairAdvice(path);
+  sqlite3_busy_timeout(db, 5000);
+  {
+    Stmt check(db, "PRAGMA quick_check(5)");
+    int rc;
+    while ((rc = check.Step()) == SQLITE_ROW) {
+      std::string problem = check.Text(0);
+      if (problem == "ok" || problem == "*** in database main ***") continue;
+      std::replace(problem.begin(), problem.end(), '\n', ' ');
+      problems.push_back(std::move(problem));
+    }
+    if (rc != SQLITE_DONE && (rc & 0xFF) != SQLITE_NOTADB) {
+      problems.push_back(sqlite3_errstr(rc));
+    }
+  }
+  sqlite3_close(db);
+  return problems;
+}
+
+// What a store that lost sessions says: refused (DataLoss) unless `allow_loss`, then warned.
+absl::Status SayLoss(const std::string& path, const std::string& what, const std::string& fix,
+                     bool allow_loss) {
+  if (!allow_loss) {
+    return absl::DataLossError(absl::StrCat(
+        "session store ", path, ": ", what, ". Nothing was written to it. ", fix,
+        "; or pass --allow-store-loss to start serving what can be read (what was lost is then "
+        "gone for good)"));
+  }
+  RECALL_LOG(WARNING) << "session store " << path << ": " << what
+                      << "; starting anyway (--allow-store-loss): the sessions that can be read "
+                         "are served. "
+                      << fix;
+  return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string& path) {
+absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string& path,
+                                                              bool allow_loss) {
   // A store file of 0 bytes beside the lock an earlier coordinator left: the file was emptied
   // (a coordinator writes the schema as it opens one), and SQLite would take it as new.
   struct stat file;
   const bool emptied =
       ::stat(path.c_str(), &file) == 0 && file.st_size == 0 && Exists(path + ".lock");
   RECALL_ASSIGN_OR_RETURN(const int lock_fd, LockStoreFile(path));
-  if (emptied) {
-    RECALL_LOG(WARNING) << "session store " << path
-                        << " is empty (0 bytes), though a coordinator used it before (" << path
-                        << ".lock): the sessions it held are gone (restore the file from a "
-                           "backup); starting with an empty store";
-  }
   absl::Cleanup unlock = [lock_fd] { close(lock_fd); };  // unless the store takes it
+  if (emptied) {
+    RECALL_RETURN_IF_ERROR(
+        SayLoss(path,
+                absl::StrCat("it is empty (0 bytes), though a coordinator used it before (", path,
+                             ".lock): the sessions it held are gone"),
+                "Restore the file from a backup", allow_loss));
+  }
   // Read before SQLite replays the log (and drops a damaged log's frames without a word).
   if (std::optional<std::string> damage = DescribeWalDamage(path + "-wal"); damage.has_value()) {
-    RECALL_LOG(WARNING) << "session store " << path << ": " << *damage;
+    RECALL_RETURN_IF_ERROR(SayLoss(path, *damage,
+                                   absl::StrCat("Keep a copy of ", path, " and ", path,
+                                                "-wal now (the frames past the damage can be "
+                                                "read from the copy by hand)"),
+                                   allow_loss));
+  }
+  if (struct stat now; ::stat(path.c_str(), &now) == 0 && now.st_size > 0) {
+    if (const std::vector<std::string> pages = DamagedPages(path); !pages.empty()) {
+      RECALL_RETURN_IF_ERROR(
+          SayLoss(path, absl::StrCat("it is damaged (", absl::StrJoin(pages, "; "), ")"),
+                  absl::StrCat("Keep a copy of it. ", RepairAdvice(path)), allow_loss));
+    }
   }
   sqlite3* db = nullptr;
   if (sqlite3_open_v2(path.c_str(), &db,
@@ -760,7 +798,6 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string&
                 .c_str(),
             path));
   RECALL_RETURN_IF_ERROR(SetUp(db, kIndexes, path));
-  WarnIfDamaged(db, path);
   std::move(unlock).Cancel();
   return std::unique_ptr<SessionStore>(new SqliteStore(db, lock_fd, path));
 }

@@ -285,8 +285,17 @@ void TurnRunner::NextAttempt() {
     route_ = Route(snapshot, spec_.request.session_id(), sticky_, excluded_);
     if (!route_.has_value() && excluded_.empty() && !snapshot.empty()) {
       // Known, none tried: they are down, draining or stopping (not "none known").
+      // Named by what narrowed them (a session's KV type or policy leaves out workers of the
+      // model that are up: "the 1 worker(s) serving" it read as if the others were gone).
+      std::string narrowed;
+      if (!kv_dtype.empty() && typed.size() < all.size()) {
+        absl::StrAppend(&narrowed, " storing ", kv_dtype, " KV (the session's cache.kv_dtype)");
+      }
+      if (snapshot.size() < typed.size()) {
+        absl::StrAppend(&narrowed, narrowed.empty() ? " " : " and ", "serving policy ", policy);
+      }
       last_error_ = absl::StrCat("the ", snapshot.size(), " worker(s) serving ",
-                                 model.empty() ? "it" : "\"" + model + "\"",
+                                 model.empty() ? "it" : "\"" + model + "\"", narrowed,
                                  " are not answering, draining or shutting down");
     }
     for (const WorkerView& w : snapshot) {

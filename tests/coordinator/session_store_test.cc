@@ -615,7 +615,7 @@ TEST(SqliteDamageTest, APageOverwrittenIsDataLossWhereverItIs) {
     const std::string path = dir + "/damaged" + std::to_string(page) + ".db";
     std::filesystem::copy_file(clean, path);
     testing::OverwriteBytes(path, static_cast<int64_t>(page * 4096), 4096, '\xff');
-    auto store = OpenStore(path);
+    auto store = OpenStore(path, StoreRisks{.allow_loss = true});  // the calls' answers
     if (!store.ok()) {
       EXPECT_NE(store.status().code(), absl::StatusCode::kUnavailable) << store.status();
       ++refused;
@@ -638,8 +638,9 @@ TEST(SqliteDamageTest, APageOverwrittenIsDataLossWhereverItIs) {
   EXPECT_GT(refused + failed, 0) << "the damage was seen somewhere";
 }
 
-// A damaged index page (a lookup that silently misses sessions) is said at open, naming the
-// file and the repair; the store still opens and serves what it can read.
+// A damaged index page (a lookup that silently misses sessions) is refused at open (DataLoss),
+// naming the file, the repair and --allow-store-loss, with nothing written to the file; with
+// allow_loss it is said, and the store opens and serves what it can read.
 TEST(SqliteDamageTest, ADamagedIndexIsSaidAtOpen) {
   const std::string path = testing::MakeTempDir("store_index_damage") + "/sessions.db";
   ASSERT_NO_FATAL_FAILURE(WriteSessions(path, /*message_bytes=*/0));
@@ -651,11 +652,20 @@ TEST(SqliteDamageTest, ADamagedIndexIsSaidAtOpen) {
       QueryInt(path, "SELECT rootpage FROM sqlite_master WHERE name = 'sessions_by_tenant'");
   ASSERT_GT(root, 0);
   testing::OverwriteBytes(path, int64_t{root - 1} * 4096, 4096, '\xff');
+  const auto before = std::filesystem::last_write_time(path);
+  auto refused = OpenStore(path);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kDataLoss) << refused.status();
+  for (const std::string& part : {"session store " + path + ": it is damaged (",
+                                  std::string(".recover"), std::string("--allow-store-loss")}) {
+    EXPECT_NE(refused.status().message().find(part), std::string::npos) << refused.status();
+  }
+  EXPECT_EQ(std::filesystem::last_write_time(path), before) << "nothing written";
   ::testing::internal::CaptureStderr();
-  auto store = OpenStore(path);
+  auto store = OpenStore(path, StoreRisks{.allow_loss = true});
   const std::string said = ::testing::internal::GetCapturedStderr();
   ASSERT_TRUE(store.ok()) << store.status();
-  EXPECT_NE(said.find("session store " + path + " is damaged"), std::string::npos) << said;
+  EXPECT_NE(said.find("session store " + path + ": it is damaged"), std::string::npos) << said;
   EXPECT_NE(said.find(".recover"), std::string::npos) << said;
   EXPECT_TRUE((*store)->Get("a", "s1").ok()) << "its sessions are served";
 }
@@ -679,8 +689,9 @@ TEST(SqliteDamageTest, DamageSaysHowToRepairItAndAMessagesPageDoesNotStopTheOpen
   const int root = QueryInt(messages, "SELECT rootpage FROM sqlite_master WHERE name = 'messages'");
   ASSERT_GT(root, 0);
   testing::OverwriteBytes(messages, int64_t{root - 1} * 4096, 4096, '\xab');
+  EXPECT_EQ(OpenStore(messages).status().code(), absl::StatusCode::kDataLoss);
   ::testing::internal::CaptureStderr();
-  auto store = OpenStore(messages);
+  auto store = OpenStore(messages, StoreRisks{.allow_loss = true});
   const std::string said = ::testing::internal::GetCapturedStderr();
   ASSERT_TRUE(store.ok()) << store.status();
   EXPECT_NE(said.find(".recover"), std::string::npos) << said;

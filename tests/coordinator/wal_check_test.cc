@@ -38,8 +38,9 @@ uint64_t PageSize(const std::string& wal) {
   return uint64_t{b[8]} << 24 | uint64_t{b[9]} << 16 | uint64_t{b[10]} << 8 | b[11];
 }
 
+// The sessions a copy serves, past its damage (allow_loss; refused otherwise).
 int Sessions(const std::string& dir) {
-  auto store = OpenSqliteStore(dir + "/sessions.db");
+  auto store = OpenSqliteStore(dir + "/sessions.db", /*allow_loss=*/true);
   EXPECT_TRUE(store.ok()) << store.status();
   if (!store.ok()) return -1;
   auto n = (*store)->CountSessions("a");
@@ -74,6 +75,16 @@ TEST(WalCheckTest, ADamagedLogIsDescribedAndAWholeOneIsNot) {
   ASSERT_TRUE(said.has_value());
   EXPECT_NE(said->find(flipped + " has a damaged frame at byte "), std::string::npos) << *said;
   EXPECT_NE(said->find("committed transaction(s)"), std::string::npos) << *said;
+  // Refused by default, before SQLite replays (and drops) the log: the log is left whole.
+  const uint64_t before = fs::file_size(flipped);
+  auto refused = OpenSqliteStore(dir + "/flipped/sessions.db");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kDataLoss) << refused.status();
+  EXPECT_NE(refused.status().message().find("has a damaged frame at byte "), std::string::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("--allow-store-loss"), std::string::npos)
+      << refused.status();
+  EXPECT_EQ(fs::file_size(flipped), before) << "the log left as it was";
   EXPECT_LT(Sessions(dir + "/flipped"), 40) << "what the description says was lost is";
 
   // A frame's salts damaged: the log does not end there, as this log's frames follow.

@@ -71,16 +71,16 @@ class CoordinatorTest : public ::testing::Test {
   // Flags worker i gets besides the model, the address and a 16M pool.
   virtual std::vector<std::string> WorkerExtraArgs(int) { return {}; }
 
-  void StartCoordinator() {
+  void StartCoordinator(const std::vector<std::string>& extra = {}) {
     std::string error;
     const std::string workers = "127.0.0.1:" + std::to_string(workers_[0].port("grpc")) +
                                 ",127.0.0.1:" + std::to_string(workers_[1].port("grpc"));
-    ASSERT_TRUE(coordinator_.Start(RECALL_COORDINATOR_BINARY,
-                                   {"--workers", workers, "--listen", "127.0.0.1:0", "--data-dir",
-                                    dir_, "--api-keys", dir_ + "/keys", "--max-message-bytes",
-                                    "2000", "--max-sessions", "20"},
-                                   dir_, &error))
-        << error;
+    std::vector<std::string> args = {"--workers",   workers,          "--listen",
+                                     "127.0.0.1:0", "--data-dir",     dir_,
+                                     "--api-keys",  dir_ + "/keys",   "--max-message-bytes",
+                                     "2000",        "--max-sessions", "20"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    ASSERT_TRUE(coordinator_.Start(RECALL_COORDINATOR_BINARY, args, dir_, &error)) << error;
     stub_ = v1::Chat::NewStub(grpc::CreateChannel(
         "127.0.0.1:" + std::to_string(coordinator_.port("grpc")),
         grpc::InsecureChannelCredentials()));
@@ -815,9 +815,11 @@ TEST_F(CoordinatorTest, AStoredTextThatIsNotUtf8IsListedAndReadNotAFailedReply) 
   EXPECT_EQ(got.messages(1).content(), "H\xEF\xBF\xBD");
 }
 
-// A store damaged in its messages' table starts (said, with how to repair it) and serves the
-// sessions it can read: marking the last run's turns interrupted meets the damage, which
-// stopped the start with exit 1 after it had said the readable sessions were served.
+// A store damaged in its messages' table is refused at start (exit 1, naming the file, the
+// repair and --allow-store-loss; it served, and wrote to, the damaged file), and starts with
+// --allow-store-loss (said, with how to repair it), serving the sessions it can read: marking
+// the last run's turns interrupted meets the damage, which stopped the start with exit 1
+// after it had said the readable sessions were served.
 TEST_F(CoordinatorTest, AStoreDamagedInItsMessagesStartsAndServesWhatItCanRead) {
   if (testing::RunToExit("command -v sqlite3").code != 0) GTEST_SKIP() << "no sqlite3 CLI";
   const std::string id = Create();
@@ -830,7 +832,16 @@ TEST_F(CoordinatorTest, AStoreDamagedInItsMessagesStartsAndServesWhatItCanRead) 
   const int page = std::atoi(root.output.c_str());
   ASSERT_GT(page, 1) << root.output;
   testing::OverwriteBytes(dir_ + "/sessions.db", int64_t{page - 1} * 4096, 4096, '\xab');
-  StartCoordinator();
+  const testing::Exit refused =
+      testing::RunToExit("timeout 10 " + std::string(RECALL_COORDINATOR_BINARY) +
+                         " --listen 127.0.0.1:0 --data-dir " + dir_);
+  EXPECT_EQ(refused.code, 1) << refused.output;
+  EXPECT_NE(refused.output.find("session store " + dir_ + "/sessions.db: it is damaged ("),
+            std::string::npos)
+      << refused.output;
+  EXPECT_NE(refused.output.find(".recover"), std::string::npos) << refused.output;
+  EXPECT_NE(refused.output.find("--allow-store-loss"), std::string::npos) << refused.output;
+  StartCoordinator({"--allow-store-loss"});
   grpc::ClientContext ctx;
   Auth(&ctx, "key-a");
   v1::ListSessionsResponse listed;
@@ -1028,7 +1039,9 @@ TEST(CoordinatorRedisTest, ARedisThatKeepsNothingOnDiskIsRefusedUnlessAllowed) {
 }
 
 // A sessions.db emptied while the coordinator was down (truncated to 0 bytes) was taken as a
-// new store without a word: the coordinator starts and says the sessions are gone.
+// new store without a word: the coordinator refuses to start, saying the sessions are gone
+// (it started with a warning, and the next start said nothing); --allow-store-loss starts
+// with an empty store, saying so.
 TEST(CoordinatorStoreTest, AnEmptiedStoreFileIsSaidAtStart) {
   const std::string dir = testing::MakeTempDir("coordinator_emptied_store");
   const std::string start = "timeout 3 " + std::string(RECALL_COORDINATOR_BINARY) +
@@ -1039,12 +1052,20 @@ TEST(CoordinatorStoreTest, AnEmptiedStoreFileIsSaidAtStart) {
   EXPECT_EQ(testing::RunToExit(start).output.find("is empty (0 bytes)"), std::string::npos)
       << "a store opened again";
   std::filesystem::resize_file(dir + "/sessions.db", 0);
-  const std::string out = testing::RunToExit(start).output;
-  EXPECT_NE(out.find("session store " + dir +
-                     "/sessions.db is empty (0 bytes), though a "
-                     "coordinator used it before"),
+  const testing::Exit refused = testing::RunToExit(start);
+  EXPECT_EQ(refused.code, 1) << refused.output;
+  EXPECT_NE(refused.output.find("session store " + dir +
+                                "/sessions.db: it is empty (0 bytes), though a coordinator used "
+                                "it before"),
             std::string::npos)
-      << out;
+      << refused.output;
+  EXPECT_NE(refused.output.find("Nothing was written to it. Restore the file from a backup"),
+            std::string::npos)
+      << refused.output;
+  EXPECT_EQ(std::filesystem::file_size(dir + "/sessions.db"), 0u) << "left as it was";
+  const std::string out = testing::RunToExit(start + " --allow-store-loss").output;
+  EXPECT_NE(out.find("is empty (0 bytes)"), std::string::npos) << out;
+  EXPECT_NE(out.find("starting anyway (--allow-store-loss)"), std::string::npos) << out;
 }
 
 // A Redis that keeps snapshots only, or an AOF it does not fsync at every write, can lose
@@ -1456,6 +1477,22 @@ TEST_F(MixedKvTypesTest, ASessionNamingAKvTypeRunsOnAWorkerOfThatType) {
       EXPECT_EQ(r.done.worker(), address[want]) << "session " << s << " turn " << turn;
     }
   }
+  // The int8 worker down: an int8 session's turn is not sent to the f32 worker, and the
+  // refusal says what narrowed the workers (it read "the 1 worker(s) serving" the model, with
+  // two serving it).
+  const std::string int8_session = Create("key-a", nullptr, "int8");
+  workers_[1].Kill();
+  Reply r;
+  const auto gone = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  do {  // until the coordinator has seen it go
+    r = Say(int8_session, "Once upon a time", 5);
+  } while (r.status.error_message().find("are not answering") == std::string::npos &&
+           std::chrono::steady_clock::now() < gone);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
+  EXPECT_NE(r.status.error_message().find(
+                "\" storing int8 KV (the session's cache.kv_dtype) are not answering"),
+            std::string::npos)
+      << r.status.error_message();
 }
 
 class FailoverTest : public CoordinatorTest {

@@ -89,9 +89,9 @@ TEST_F(OpenAiHttpTest, ANamedSessionsKeyIsFoundInTheStoreAfterARestart) {
 }
 
 // A store damaged on disk (the table of streamed reply parts zeroed while the coordinator was
-// down): it starts and serves what it can read, and a turn that cannot store its reply fails
-// as not retryable. It said "retryable" (503, x-should-retry: true): OpenAI's SDKs and recall
-// chat sent it again and again, to fail the same way.
+// down): with --allow-store-loss it starts and serves what it can read, and a turn that cannot
+// store its reply fails as not retryable. It said "retryable" (503, x-should-retry: true): OpenAI's
+// SDKs and recall chat sent it again and again, to fail the same way.
 TEST_F(OpenAiHttpTest, ATurnADamagedStoreCannotKeepIsNotRetryable) {
   const std::vector<Json> first = {Message("user", "Once upon a time")};
   ASSERT_EQ(Post("/v1/chat/completions", ChatBody(first, 8, false)).status, 200);
@@ -103,7 +103,7 @@ TEST_F(OpenAiHttpTest, ATurnADamagedStoreCannotKeepIsNotRetryable) {
       ".fetchone()[0]; size=c.execute('pragma page_size').fetchone()[0]; c.close(); "
       "f=open(p,'r+b'); f.seek((root-1)*size); f.write(bytes(size)); f.close(); print(root)\"");
   ASSERT_EQ(damaged.code, 0) << damaged.output;
-  StartCoordinator();
+  StartCoordinator({"--allow-store-loss"});  // refused otherwise
   const HttpReply r = Post("/v1/chat/completions", ChatBody(first, 8, false));
   EXPECT_GE(r.status, 500) << r.body;
   EXPECT_EQ(r.Header("x-should-retry"), "false") << r.body;
