@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <set>
 #include <tuple>
 #include <utility>
@@ -668,33 +669,76 @@ std::set<std::string> Columns(sqlite3* db, const char* table) {
 }
 
 // Damaged pages that the queries may read rarely or never (an index's: a lookup that no longer
-// finds a session), found by PRAGMA quick_check, which reads the whole file, on a read-only
-// connection (closing it writes nothing: a writer's close checkpoints the log into the file).
-// Empty for a sound file, and for one that is no database (its open says so).
-std::vector<std::string> DamagedPages(const std::string& path) {
+// finds a session), found by PRAGMA quick_check, which reads the whole file. Empty for a sound
+// file, and for one that is no database (its open says so).
+std::vector<std::string> DamagedPages(sqlite3* db) {
   std::vector<std::string> problems;
-  sqlite3* db = nullptr;
-  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
-    sqlite3_close(db);
-    return problems;  // the writer's open says why
+  Stmt check(db, "PRAGMA quick_check(5)");
+  int rc;
+  while ((rc = check.Step()) == SQLITE_ROW) {
+    std::string problem = check.Text(0);
+    if (problem == "ok" || problem == "*** in database main ***") continue;
+    std::replace(problem.begin(), problem.end(), '\n', ' ');
+    problems.push_back(std::move(problem));
   }
-  sqlite3_busy_timeout(db, 5000);
-  {
-    Stmt check(db, "PRAGMA quick_check(5)");
-    int rc;
-    while ((rc = check.Step()) == SQLITE_ROW) {
-      std::string problem = check.Text(0);
-      if (problem == "ok" || problem == "*** in database main ***") continue;
-      std::replace(problem.begin(), problem.end(), '\n', ' ');
-      problems.push_back(std::move(problem));
-    }
-    if (rc != SQLITE_DONE && (rc & 0xFF) != SQLITE_NOTADB) {
-      problems.push_back(sqlite3_errstr(rc));
-    }
-  }
-  sqlite3_close(db);
+  if (rc != SQLITE_DONE && (rc & 0xFF) != SQLITE_NOTADB) problems.push_back(sqlite3_errstr(rc));
   return problems;
 }
+
+// A store's tables and the columns every version of them has (later ones are added at open).
+const std::vector<std::pair<std::string, std::vector<std::string>>>& StoreTables() {
+  static const auto* const kTables =
+      new std::vector<std::pair<std::string, std::vector<std::string>>>{
+          {"sessions", {"id", "tenant", "model", "cache", "metadata", "created_ms", "worker"}},
+          {"messages", {"session_id", "idx", "role", "content"}},
+          {"records", {"tenant", "name", "value", "written_ms"}},
+          {"reply_parts", {"session_id", "idx", "seq", "content", "ids"}}};
+  return *kTables;
+}
+
+// A file holding other tables, or these under other columns (another program's database, or
+// hand-made), was taken over (its tables kept beside ours) or failed at its first index
+// ("no such column: tenant"): FailedPrecondition naming what is foreign or missing.
+absl::Status CheckTables(sqlite3* db, const std::string& path) {
+  const std::string not_ours =
+      "not a Recall session store; move it away, or give another "
+      "--data-dir or --store";
+  std::vector<std::string> foreign;
+  {
+    Stmt tables(db,
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE "
+                "'sqlite\\_%' ESCAPE '\\'");
+    while (tables.Step() == SQLITE_ROW) {
+      const std::string name = tables.Text(0);
+      bool ours = false;
+      for (const auto& [table, columns] : StoreTables()) ours = ours || table == name;
+      if (!ours) foreign.push_back(name);
+    }
+  }
+  if (!foreign.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("session store ", path, " holds table(s) ",
+                                                      absl::StrJoin(foreign, ", "),
+                                                      " of no session store: ", not_ours));
+  }
+  for (const auto& [table, wanted] : StoreTables()) {
+    const std::set<std::string> have = Columns(db, table.c_str());
+    if (have.empty()) continue;  // made at open
+    for (const std::string& column : wanted) {
+      if (have.count(column) == 0) {
+        return absl::FailedPreconditionError(absl::StrCat("session store ", path, ": its table ",
+                                                          table, " has no column ", column, ": ",
+                                                          not_ours));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// An existing file, read before a writer opens it, on a read-only connection (closing it
+// writes nothing; a writer's close checkpoints the log into the file): its damaged pages
+// (SayLoss) and its tables (CheckTables). A file SQLite cannot read is left to the writer's
+// open, which says why.
+absl::Status CheckExistingFile(const std::string& path, bool allow_loss);
 
 // What a store that lost sessions says: refused (DataLoss) unless `allow_loss`, then warned.
 absl::Status SayLoss(const std::string& path, const std::string& what, const std::string& fix,
@@ -712,10 +756,40 @@ absl::Status SayLoss(const std::string& path, const std::string& what, const std
   return absl::OkStatus();
 }
 
+absl::Status CheckExistingFile(const std::string& path, bool allow_loss) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
+    sqlite3_close(db);
+    return absl::OkStatus();
+  }
+  absl::Cleanup close_db = [db] { sqlite3_close(db); };
+  sqlite3_busy_timeout(db, 5000);
+  if (const std::vector<std::string> pages = DamagedPages(db); !pages.empty()) {
+    RECALL_RETURN_IF_ERROR(
+        SayLoss(path, absl::StrCat("it is damaged (", absl::StrJoin(pages, "; "), ")"),
+                absl::StrCat("Keep a copy of it. ", RepairAdvice(path)), allow_loss));
+  }
+  return CheckTables(db, path);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string& path,
                                                               bool allow_loss) {
+  // Said by name (SQLite said "unable to open database file", the lock "cannot open
+  // PATH.lock").
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session store ", path, " is a directory; name the database file (",
+                     (std::filesystem::path(path) / "sessions.db").string(), ")"));
+  }
+  if (const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+      !dir.empty() && !std::filesystem::is_directory(dir, ec)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session store ", path, ": its directory ", dir.string(),
+                     std::filesystem::exists(dir, ec) ? " is not a directory" : " does not exist"));
+  }
   // A store file of 0 bytes beside the lock an earlier coordinator left: the file was emptied
   // (a coordinator writes the schema as it opens one), and SQLite would take it as new.
   struct stat file;
@@ -739,11 +813,7 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string&
                                    allow_loss));
   }
   if (struct stat now; ::stat(path.c_str(), &now) == 0 && now.st_size > 0) {
-    if (const std::vector<std::string> pages = DamagedPages(path); !pages.empty()) {
-      RECALL_RETURN_IF_ERROR(
-          SayLoss(path, absl::StrCat("it is damaged (", absl::StrJoin(pages, "; "), ")"),
-                  absl::StrCat("Keep a copy of it. ", RepairAdvice(path)), allow_loss));
-    }
+    RECALL_RETURN_IF_ERROR(CheckExistingFile(path, allow_loss));
   }
   sqlite3* db = nullptr;
   if (sqlite3_open_v2(path.c_str(), &db,
@@ -756,23 +826,6 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string&
   }
   sqlite3_busy_timeout(db, 5000);
   RECALL_RETURN_IF_ERROR(SetUp(db, kSchema, path));
-  // A file with these tables under other columns (another program's, or hand-made) would
-  // fail every request later with a retryable error: refused here, naming what is missing.
-  const std::pair<const char*, std::vector<const char*>> kColumns[] = {
-      {"sessions", {"id", "tenant", "model", "cache", "metadata", "created_ms", "worker"}},
-      {"messages", {"session_id", "idx", "role", "content"}},  // the others are added below
-      {"records", {"tenant", "name", "value", "written_ms"}},
-      {"reply_parts", {"session_id", "idx", "seq", "content", "ids"}}};
-  for (const auto& [table, wanted] : kColumns) {
-    const std::set<std::string> have = Columns(db, table);
-    for (const char* column : wanted) {
-      if (have.count(column) != 0) continue;
-      sqlite3_close(db);
-      return absl::FailedPreconditionError(
-          absl::StrCat("session store ", path, ": its table ", table, " has no column ", column,
-                       ": not a Recall session store; move it away, or give another --data-dir"));
-    }
-  }
   // Files from before replies' tokens (empty: replayed as text), turn states (complete), turn
   // ids (none) and activity were kept get the columns.
   const std::set<std::string> messages = Columns(db, "messages");

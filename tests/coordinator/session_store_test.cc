@@ -903,6 +903,47 @@ TEST(SqliteStoreTest, AFileWithOtherColumnsIsRefusedAtOpen) {
       << "no column was added to a file that is not the store's";
 }
 
+// Another program's database (a table of its own) was taken over without a word, our tables
+// made beside its; a sessions table without tenant failed at its index ("no such column:
+// tenant"). Both are refused by name, and the file is left as it was.
+TEST(SqliteStoreTest, AnotherProgramsDatabaseIsRefusedNamingWhatIsForeign) {
+  const std::string dir = testing::MakeTempDir("store_other_program");
+  for (const auto& [sql, expect] :
+       {std::pair<const char*, const char*>{"CREATE TABLE foo(a, b)",
+                                            "holds table(s) foo of no session store: not a "
+                                            "Recall session store"},
+        {"CREATE TABLE sessions(id TEXT PRIMARY KEY, name TEXT)",
+         "its table sessions has no column tenant: not a Recall session store"}}) {
+    const std::string path = dir + "/" + std::to_string(std::hash<std::string>()(sql)) + ".db";
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), SQLITE_OK);
+    sqlite3_close(db);
+    const auto store = OpenStore(path);
+    ASSERT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition) << store.status();
+    EXPECT_NE(store.status().message().find(expect), std::string::npos) << store.status();
+    EXPECT_EQ(QueryInt(path, "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table'"), 1)
+        << "no table was added";
+  }
+}
+
+// A store path that is a directory, or under a directory that does not exist, is said so
+// (SQLite said "unable to open database file", the lock "cannot open PATH.lock").
+TEST(SqliteStoreTest, APathThatIsADirectoryOrUnderNoneIsSaidSo) {
+  const std::string dir = testing::MakeTempDir("store_paths");
+  auto a = OpenStore(dir);
+  EXPECT_EQ(a.status().message(), "session store " + dir +
+                                      " is a directory; name the database "
+                                      "file (" +
+                                      dir + "/sessions.db)")
+      << a.status();
+  auto b = OpenStore("sqlite://" + dir + "/nope/x/s.db");
+  EXPECT_EQ(b.status().message(), "session store " + dir + "/nope/x/s.db: its directory " + dir +
+                                      "/nope/x does not exist")
+      << b.status();
+  EXPECT_FALSE(std::filesystem::exists(dir + "/nope"));
+}
+
 TEST(SqliteStoreTest, RecordsOlderThanADayAreForgotten) {
   const std::string path = testing::MakeTempDir("store_keys") + "/sessions.db";
   {
