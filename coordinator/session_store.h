@@ -223,8 +223,8 @@ std::string StoredText(std::string text);
 absl::StatusOr<std::map<std::string, std::string>> ParseStoredMetadata(const std::string& text,
                                                                        const std::string& id);
 
-// A file that lost what it held is refused, FailedPrecondition saying what was lost and how
-// to repair it, unless `allow_loss` (then a warning, and the sessions that can be read are
+// A file that lost what it held is refused, DataLoss saying what was lost and how to repair
+// it, unless `allow_loss` (then a warning, and the sessions that can be read are
 // served; SQLite drops a damaged log's frames for good): a damaged sessions.db-wal, damaged
 // pages (PRAGMA quick_check), a file emptied to 0 bytes beside an earlier coordinator's lock.
 // Refused before SQLite writes to the file, so the damaged log can still be recovered.

@@ -31,6 +31,11 @@
 namespace recall::coordinator {
 namespace {
 
+// The layout this code writes, in PRAGMA user_version (0: a file from before it was kept,
+// whose missing columns are added at open). A file of a later version is refused: this code
+// would drop what it does not know of.
+constexpr int kSchemaVersion = 1;
+
 constexpr char kSchema[] = R"sql(
 PRAGMA journal_mode=WAL;
 PRAGMA synchronous=FULL;
@@ -628,6 +633,16 @@ absl::StatusOr<int> LockStoreFile(const std::string& path) {
   return fd;
 }
 
+// What the lock file holds once a store was made in its file (OpenSqliteStore's `emptied`).
+constexpr char kStoreMade[] = "a Recall session store was made in this lock's file\n";
+
+void MarkStoreMade(int lock_fd) {
+  // Best effort: a lock without it only leaves an emptied file unsaid.
+  if (ftruncate(lock_fd, 0) == 0) {
+    [[maybe_unused]] const ssize_t n = pwrite(lock_fd, kStoreMade, sizeof(kStoreMade) - 1, 0);
+  }
+}
+
 // "; the disk holding PATH is full (N bytes free)" when it has under 1 MiB free, else "":
 // SQLite says only "disk I/O error" when it cannot make its log on a full disk.
 std::string DiskFullHint(const std::string& path) {
@@ -670,8 +685,9 @@ std::set<std::string> Columns(sqlite3* db, const char* table) {
 
 // Damaged pages that the queries may read rarely or never (an index's: a lookup that no longer
 // finds a session), found by PRAGMA quick_check, which reads the whole file. Empty for a sound
-// file, and for one that is no database (its open says so).
-std::vector<std::string> DamagedPages(sqlite3* db) {
+// file, and for one that is no database (its open says so). A check that could not run (the
+// file locked past the timeout, an I/O error) is Unavailable naming why, not damage.
+absl::StatusOr<std::vector<std::string>> DamagedPages(sqlite3* db, const std::string& path) {
   std::vector<std::string> problems;
   Stmt check(db, "PRAGMA quick_check(5)");
   int rc;
@@ -681,8 +697,13 @@ std::vector<std::string> DamagedPages(sqlite3* db) {
     std::replace(problem.begin(), problem.end(), '\n', ' ');
     problems.push_back(std::move(problem));
   }
-  if (rc != SQLITE_DONE && (rc & 0xFF) != SQLITE_NOTADB) problems.push_back(sqlite3_errstr(rc));
-  return problems;
+  if (rc == SQLITE_DONE || (rc & 0xFF) == SQLITE_NOTADB) return problems;
+  if ((rc & 0xFF) == SQLITE_CORRUPT) {
+    problems.push_back(sqlite3_errstr(rc));
+    return problems;
+  }
+  return absl::UnavailableError(absl::StrCat("session store ", path, ": cannot check it (",
+                                             sqlite3_errstr(rc), ")", DiskFullHint(path)));
 }
 
 // A store's tables and the columns every version of them has (later ones are added at open).
@@ -712,6 +733,7 @@ absl::Status CheckTables(sqlite3* db, const std::string& path) {
       const std::string name = tables.Text(0);
       bool ours = false;
       for (const auto& [table, columns] : StoreTables()) ours = ours || table == name;
+      ours = ours || name == "key_records";  // an older store's (idempotency keys), unused
       if (!ours) foreign.push_back(name);
     }
   }
@@ -764,10 +786,20 @@ absl::Status CheckExistingFile(const std::string& path, bool allow_loss) {
   }
   absl::Cleanup close_db = [db] { sqlite3_close(db); };
   sqlite3_busy_timeout(db, 5000);
-  if (const std::vector<std::string> pages = DamagedPages(db); !pages.empty()) {
+  RECALL_ASSIGN_OR_RETURN(const std::vector<std::string> pages, DamagedPages(db, path));
+  if (!pages.empty()) {
     RECALL_RETURN_IF_ERROR(
         SayLoss(path, absl::StrCat("it is damaged (", absl::StrJoin(pages, "; "), ")"),
                 absl::StrCat("Keep a copy of it. ", RepairAdvice(path)), allow_loss));
+  }
+  {
+    Stmt version(db, "PRAGMA user_version");
+    if (version.Step() == SQLITE_ROW && version.Int(0) > kSchemaVersion) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "session store ", path, " was written by a newer coordinator (store version ",
+          version.Int(0), "; this one knows up to ", kSchemaVersion,
+          "): run that version, or move the file away"));
+    }
   }
   return CheckTables(db, path);
 }
@@ -790,11 +822,12 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string&
         absl::StrCat("session store ", path, ": its directory ", dir.string(),
                      std::filesystem::exists(dir, ec) ? " is not a directory" : " does not exist"));
   }
-  // A store file of 0 bytes beside the lock an earlier coordinator left: the file was emptied
-  // (a coordinator writes the schema as it opens one), and SQLite would take it as new.
-  struct stat file;
-  const bool emptied =
-      ::stat(path.c_str(), &file) == 0 && file.st_size == 0 && Exists(path + ".lock");
+  // A store file of 0 bytes beside the lock of a coordinator that had made it (kStoreMade in
+  // the lock: a first start that failed before its schema was written leaves an empty file
+  // and lock, and no store was lost): the file was emptied, and SQLite would take it as new.
+  struct stat file, lock;
+  const bool emptied = ::stat(path.c_str(), &file) == 0 && file.st_size == 0 &&
+                       ::stat((path + ".lock").c_str(), &lock) == 0 && lock.st_size > 0;
   RECALL_ASSIGN_OR_RETURN(const int lock_fd, LockStoreFile(path));
   absl::Cleanup unlock = [lock_fd] { close(lock_fd); };  // unless the store takes it
   if (emptied) {
@@ -805,13 +838,22 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string&
                 "Restore the file from a backup", allow_loss));
   }
   // Read before SQLite replays the log (and drops a damaged log's frames without a word).
-  if (std::optional<std::string> damage = DescribeWalDamage(path + "-wal"); damage.has_value()) {
-    RECALL_RETURN_IF_ERROR(SayLoss(path, *damage,
-                                   absl::StrCat("Keep a copy of ", path, " and ", path,
-                                                "-wal now (the frames past the damage can be "
-                                                "read from the copy by hand)"),
-                                   allow_loss));
+  if (std::optional<WalDamage> damage = DescribeWalDamage(path + "-wal"); damage.has_value()) {
+    if (damage->last_transaction_only) {
+      // A power cut in a commit leaves this (the commit frame on disk, an earlier frame of
+      // its transaction not), never acknowledged: a start is not refused for it.
+      RECALL_LOG(WARNING) << "session store " << path << ": " << damage->what
+                          << " (only the log's last transaction: the one a crash in its commit "
+                             "cuts short, never acknowledged)";
+    } else {
+      RECALL_RETURN_IF_ERROR(SayLoss(path, damage->what,
+                                     absl::StrCat("Keep a copy of ", path, " and ", path,
+                                                  "-wal now (the frames past the damage can be "
+                                                  "read from the copy by hand)"),
+                                     allow_loss));
+    }
   }
+
   if (struct stat now; ::stat(path.c_str(), &now) == 0 && now.st_size > 0) {
     RECALL_RETURN_IF_ERROR(CheckExistingFile(path, allow_loss));
   }
@@ -851,6 +893,9 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string&
                 .c_str(),
             path));
   RECALL_RETURN_IF_ERROR(SetUp(db, kIndexes, path));
+  RECALL_RETURN_IF_ERROR(
+      SetUp(db, absl::StrCat("PRAGMA user_version = ", kSchemaVersion).c_str(), path));
+  MarkStoreMade(lock_fd);
   std::move(unlock).Cancel();
   return std::unique_ptr<SessionStore>(new SqliteStore(db, lock_fd, path));
 }

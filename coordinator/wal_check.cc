@@ -35,15 +35,15 @@ void Checksum(bool big_endian, const unsigned char* p, size_t n, uint32_t* s0, u
 }
 
 // A log SQLite ignores whole.
-std::string Lost(const std::string& wal_path, const std::string& what) {
-  return absl::StrCat("the write-ahead log ", wal_path, " ", what,
-                      "; SQLite ignores it, so whatever it held (the sessions and turns stored "
-                      "since the last checkpoint) is lost");
+WalDamage Lost(const std::string& wal_path, const std::string& what) {
+  return WalDamage{absl::StrCat("the write-ahead log ", wal_path, " ", what,
+                                "; SQLite ignores it, so whatever it held (the sessions and turns "
+                                "stored since the last checkpoint) is lost")};
 }
 
 }  // namespace
 
-std::optional<std::string> DescribeWalDamage(const std::string& wal_path) {
+std::optional<WalDamage> DescribeWalDamage(const std::string& wal_path) {
   struct stat st;
   if (::stat(wal_path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) {
     return std::nullopt;
@@ -107,11 +107,13 @@ std::optional<std::string> DescribeWalDamage(const std::string& wal_path) {
   // never acknowledged.
   if (bad_at < 0 || salts_bad || commits_after == 0) return std::nullopt;
   const uint64_t lost = ours_end - static_cast<uint64_t>(bad_at);
-  return absl::StrCat("the write-ahead log ", wal_path, " has a damaged frame at byte ", bad_at,
-                      ": SQLite drops it and the ", lost / frame.size() - 1, " frame(s) after it (",
-                      lost, " bytes, ", commits_after,
-                      " committed transaction(s); the last may be one a crash cut short, never "
-                      "acknowledged), so the sessions and turns they stored are lost");
+  return WalDamage{
+      absl::StrCat("the write-ahead log ", wal_path, " has a damaged frame at byte ", bad_at,
+                   ": SQLite drops it and the ", lost / frame.size() - 1, " frame(s) after it (",
+                   lost, " bytes, ", commits_after,
+                   " committed transaction(s); the last may be one a crash cut short, never "
+                   "acknowledged), so the sessions and turns they stored are lost"),
+      commits_after == 1};
 }
 
 }  // namespace recall::coordinator

@@ -19,9 +19,17 @@
 
 namespace recall::coordinator {
 
-// What SQLite will drop from the log at `wal_path` because it is damaged: a description
-// (the offset, the frames and committed transactions lost, in bytes), or nullopt when the
+// What SQLite will drop from a damaged log.
+struct WalDamage {
+  std::string what;  // the offset, the frames and committed transactions lost, in bytes
+  // The damage is in the log's last transaction, with no other after it: what a power cut
+  // leaves when the commit frame reached the disk and an earlier frame of it did not (so it
+  // was never acknowledged), or a later fault in the last turn written.
+  bool last_transaction_only = false;
+};
+
+// What SQLite will drop from the log at `wal_path` because it is damaged, or nullopt when the
 // log is absent, empty or whole (stale frames and an uncommitted tail are not damage).
-std::optional<std::string> DescribeWalDamage(const std::string& wal_path);
+std::optional<WalDamage> DescribeWalDamage(const std::string& wal_path);
 
 }  // namespace recall::coordinator

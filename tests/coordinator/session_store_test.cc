@@ -927,6 +927,42 @@ TEST(SqliteStoreTest, AnotherProgramsDatabaseIsRefusedNamingWhatIsForeign) {
   }
 }
 
+// A first start that failed before its schema was written (a full disk, a kill) leaves an
+// empty file beside an empty lock: no store was lost, and the next start makes it (it was
+// refused as an emptied store, "restore the file from a backup"). Once made, the lock says
+// so, and the same file emptied is refused.
+TEST(SqliteStoreTest, AnEmptyFileNoStoreWasMadeInOpensAndAnEmptiedOneIsRefused) {
+  const std::string path = testing::MakeTempDir("store_never_made") + "/sessions.db";
+  std::ofstream(path).close();
+  std::ofstream(path + ".lock").close();
+  { ASSERT_TRUE(OpenStore(path).ok()) << OpenStore(path).status(); }
+  std::filesystem::resize_file(path, 0);
+  std::filesystem::remove(path + "-wal");
+  std::filesystem::remove(path + "-shm");
+  const auto refused = OpenStore(path);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kDataLoss) << refused.status();
+}
+
+// A store records its layout's version (PRAGMA user_version); one written by a newer
+// coordinator is refused by an older one instead of being changed under it.
+TEST(SqliteStoreTest, AStoreOfANewerVersionIsRefused) {
+  const std::string path = testing::MakeTempDir("store_version") + "/sessions.db";
+  { ASSERT_TRUE(OpenStore(path).ok()); }
+  EXPECT_EQ(QueryInt(path, "PRAGMA user_version"), 1);
+  { ASSERT_TRUE(OpenStore(path).ok()) << "its own version opens"; }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "PRAGMA user_version = 7", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  const auto store = OpenStore(path);
+  ASSERT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition) << store.status();
+  EXPECT_NE(store.status().message().find("was written by a newer coordinator (store version 7; "
+                                          "this one knows up to 1)"),
+            std::string::npos)
+      << store.status();
+  EXPECT_EQ(QueryInt(path, "PRAGMA user_version"), 7) << "left as it was";
+}
+
 // A store path that is a directory, or under a directory that does not exist, is said so
 // (SQLite said "unable to open database file", the lock "cannot open PATH.lock").
 TEST(SqliteStoreTest, APathThatIsADirectoryOrUnderNoneIsSaidSo) {

@@ -55,7 +55,7 @@ TEST(WalCheckTest, ADamagedLogIsDescribedAndAWholeOneIsNot) {
   ASSERT_TRUE(store.ok()) << store.status();
   ASSERT_NO_FATAL_FAILURE(AddTestSessions(**store, /*message_bytes=*/3000));
   // Taken while the store is open: its last transactions are in the log only.
-  for (const char* copy : {"whole", "flipped", "salt", "header", "cut"}) {
+  for (const char* copy : {"whole", "flipped", "salt", "header", "cut", "last"}) {
     CopyStore(dir + "/live", dir + "/" + copy);
   }
   const uint64_t size = fs::file_size(dir + "/whole/sessions.db-wal");
@@ -71,10 +71,12 @@ TEST(WalCheckTest, ADamagedLogIsDescribedAndAWholeOneIsNot) {
   const uint64_t frame = 24 + PageSize(flipped);
   const uint64_t frames = (size - 32) / frame;
   Overwrite(flipped, 32 + frames / 2 * frame + 24 + 100, "\xde\xad\xbe\xef");
-  const std::optional<std::string> said = DescribeWalDamage(flipped);
+  const std::optional<WalDamage> said = DescribeWalDamage(flipped);
   ASSERT_TRUE(said.has_value());
-  EXPECT_NE(said->find(flipped + " has a damaged frame at byte "), std::string::npos) << *said;
-  EXPECT_NE(said->find("committed transaction(s)"), std::string::npos) << *said;
+  EXPECT_NE(said->what.find(flipped + " has a damaged frame at byte "), std::string::npos)
+      << said->what;
+  EXPECT_NE(said->what.find("committed transaction(s)"), std::string::npos) << said->what;
+  EXPECT_FALSE(said->last_transaction_only) << said->what;
   // Refused by default, before SQLite replays (and drops) the log: the log is left whole.
   const uint64_t before = fs::file_size(flipped);
   auto refused = OpenSqliteStore(dir + "/flipped/sessions.db");
@@ -89,28 +91,43 @@ TEST(WalCheckTest, ADamagedLogIsDescribedAndAWholeOneIsNot) {
 
   // A frame's salts damaged: the log does not end there, as this log's frames follow.
   Overwrite(dir + "/salt/sessions.db-wal", 32 + frames / 2 * frame + 8, "\xde\xad\xbe\xef");
-  const std::optional<std::string> salt = DescribeWalDamage(dir + "/salt/sessions.db-wal");
+  const std::optional<WalDamage> salt = DescribeWalDamage(dir + "/salt/sessions.db-wal");
   ASSERT_TRUE(salt.has_value());
-  EXPECT_NE(salt->find("has a damaged frame at byte " + std::to_string(32 + frames / 2 * frame)),
-            std::string::npos)
-      << *salt;
+  EXPECT_NE(
+      salt->what.find("has a damaged frame at byte " + std::to_string(32 + frames / 2 * frame)),
+      std::string::npos)
+      << salt->what;
   EXPECT_LT(Sessions(dir + "/salt"), 40);
 
   Overwrite(dir + "/header/sessions.db-wal", 0, std::string(32, 'z'));
-  const std::optional<std::string> header = DescribeWalDamage(dir + "/header/sessions.db-wal");
+  const std::optional<WalDamage> header = DescribeWalDamage(dir + "/header/sessions.db-wal");
   ASSERT_TRUE(header.has_value());
-  EXPECT_NE(header->find("has no valid header (" + std::to_string(size) + " bytes)"),
+  EXPECT_NE(header->what.find("has no valid header (" + std::to_string(size) + " bytes)"),
             std::string::npos)
-      << *header;
+      << header->what;
+
+  // The last frame's page damaged (the last transaction's commit frame, as a power cut in its
+  // commit can leave it): said, but a store opens on it (a crash must not stop the start),
+  // without the last transaction.
+  const std::string last = dir + "/last/sessions.db-wal";
+  Overwrite(last, 32 + (frames - 1) * frame + 24 + 100, "\xde\xad\xbe\xef");
+  const std::optional<WalDamage> torn = DescribeWalDamage(last);
+  ASSERT_TRUE(torn.has_value());
+  EXPECT_TRUE(torn->last_transaction_only) << torn->what;
+  {
+    auto store = OpenSqliteStore(dir + "/last/sessions.db");
+    ASSERT_TRUE(store.ok()) << store.status();
+  }
 
   // Cut at a frame's end: what remains is whole (an uncommitted tail, as a crash leaves one),
   // so nothing is said; what was past the cut is lost without a trace (usage.md says so).
   fs::resize_file(dir + "/cut/sessions.db-wal", 32 + frames / 2 * frame);
   EXPECT_EQ(DescribeWalDamage(dir + "/cut/sessions.db-wal"), std::nullopt);
   fs::resize_file(dir + "/cut/sessions.db-wal", 20);
-  const std::optional<std::string> cut = DescribeWalDamage(dir + "/cut/sessions.db-wal");
+  const std::optional<WalDamage> cut = DescribeWalDamage(dir + "/cut/sessions.db-wal");
   ASSERT_TRUE(cut.has_value());
-  EXPECT_NE(cut->find("is cut short (20 bytes, its header is 32)"), std::string::npos) << *cut;
+  EXPECT_NE(cut->what.find("is cut short (20 bytes, its header is 32)"), std::string::npos)
+      << cut->what;
 }
 
 }  // namespace
