@@ -177,8 +177,11 @@ std::string RunSessions(const std::string& dir, const std::string& address,
 
 // A first message no worker had room for (RESOURCE_EXHAUSTED: the one worker runs one turn and
 // queues none) stores nothing, and its chat leaves no session (one was left, counting against
-// --max-sessions). Random weights of SmolLM2's shape: tens of ms a token, so the busy chat's
-// 400-token reply is still running when the second chat sends.
+// --max-sessions). Random weights of SmolLM2's shape: 10-30 ms a token, so the busy chat's
+// 2000-token reply is still running when the second chat has sent and retried for as long as
+// the SDK's retry window (about 3 s: it retries a full worker after the wait it names; a
+// 400-token reply ended within it on an idle machine, and the second chat's turn was taken);
+// the busy chat is ended by stopping the servers.
 TEST(ChatCliTest, AFirstMessageNoWorkerHadRoomForLeavesNoSession) {
   RECALL_REQUIRE_SHARED_FILE("tokenizers/smollm2/config.json");
   const std::string dir = testing::MakeTempDir("chat_cli_full");
@@ -190,14 +193,13 @@ TEST(ChatCliTest, AFirstMessageNoWorkerHadRoomForLeavesNoSession) {
                           {"--model", testing::SharedPath("tokenizers/smollm2"), "--random-weights",
                            "--kv-cache-bytes", "64M", "--max-active", "1", "--max-queued", "0"});
   ASSERT_FALSE(address.empty()) << error;
-  std::thread busy([&] { RunChat(busy_dir, address, "Hello\n", "--max-tokens 400"); });
+  std::thread busy([&] { RunChat(busy_dir, address, "Hello\n", "--max-tokens 2000"); });
   // The busy chat's session exists once its turn is on its way.
   for (int i = 0; i < 200 && RunSessions(dir, address, "ls").empty(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   const ChatRun full = RunChat(dir, address, "Hi\n");
-  busy.join();
   EXPECT_EQ(full.exit_code, 1) << full.err;
   EXPECT_NE(full.err.find("worker is full"), std::string::npos) << full.err;
   EXPECT_NE(full.err.find("removed: its first message was not taken"), std::string::npos)
@@ -205,6 +207,9 @@ TEST(ChatCliTest, AFirstMessageNoWorkerHadRoomForLeavesNoSession) {
   const std::string listed = RunSessions(dir, address, "ls");
   EXPECT_EQ(std::count(listed.begin(), listed.end(), '\n'), 1)
       << "only the busy chat's: " << listed;
+  worker.Kill();
+  coordinator.Kill();
+  busy.join();
 }
 
 TEST(ChatCliTest, CommandsStayLocalAndAChatWithoutMessagesLeavesNoSession) {
