@@ -11,6 +11,7 @@
 #include <optional>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "cli/sampling_flags.h"
 #include "common/flags.h"
@@ -222,10 +223,12 @@ absl::Status Run(GenerateCliOptions o) {
   }
   absl::StatusOr<std::unique_ptr<runtime::Engine>> created =
       runtime::Engine::Create(*loaded->model, o.engine);
-  if (!created.ok() && full_context_pool && absl::IsResourceExhausted(created.status())) {
-    // The pool sized by the context could not be had: say so, and what sizes it instead (a
-    // model claiming a context of millions asked for tens of GB, naming neither). Other
-    // errors (a weight type the device lacks, no CUDA device) are the flags' to explain.
+  if (!created.ok() && full_context_pool && absl::IsResourceExhausted(created.status()) &&
+      absl::StrContains(created.status().message(), "block pool: cannot allocate")) {
+    // The pool sized by the context could not be had (BlockPool's words): say so, and what
+    // sizes it instead (a model claiming a context of millions asked for tens of GB, naming
+    // neither). Other errors (weights too large for the device, a weight type it lacks, no
+    // CUDA device) are the flags' to explain.
     return absl::Status(
         created.status().code(),
         absl::StrCat(created.status().message(), " (the default pool holds one full context of ",

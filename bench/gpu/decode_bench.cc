@@ -433,9 +433,15 @@ int Main(int argc, char** argv) {
     else if (a == "--out-json") out_json = v;
     else if (a == "--time-ops") time_ops = v == "1";
     else if (a == "--graphs") graphs = v == "1";
-    else if (a == "--chunks-in-flight")
+    else if (a == "--chunks-in-flight") {
       chunks_in_flight = std::stoi(v);
-    else if (a == "--temperature") sampling.temperature = std::stof(v);
+      if (chunks_in_flight != 0 && chunks_in_flight != 1 && chunks_in_flight != 2 &&
+          chunks_in_flight != 4) {
+        std::fprintf(stderr, "--chunks-in-flight: %s is not one of 0, 1, 2, 4\n", v.c_str());
+        return 2;
+      }
+    } else if (a == "--temperature")
+      sampling.temperature = std::stof(v);
     else if (a == "--top-k") sampling.top_k = std::stoi(v);
     else if (a == "--top-p") sampling.top_p = std::stof(v);
     else if (a == "--kv-dtype") {

@@ -10,6 +10,8 @@
 // baseline: the kernel as it ran on the H200 on 2026-11-30). Every count's output is compared
 // with 1's bit for bit; a difference is a failure (exit 1).
 //
+// Each case's matmuls run as one recorded CUDA graph, so launches do not set the time.
+//
 //   recall_gpu_matmul_bench [--rows 1,4] [--iters 50]
 #include <cuda_runtime_api.h>
 
@@ -97,13 +99,29 @@ struct Copies {
   }
 };
 
-// Seconds per matmul: one pass over the copies to warm up, then `iters` matmuls, each on the
-// next copy, between device-wide waits.
+// Seconds per matmul: `iters` matmuls, each on the next copy, recorded as one CUDA graph
+// (Backend::Record; launched one by one, the smaller shapes' few microseconds would time
+// their launches), replayed once to warm up and then timed between device-wide waits.
 double Time(Backend& backend, const Copies& w, const float* x, int n, float* y, int iters) {
-  for (const Matrix& m : w.m) backend.MatMul(x, n, m, y);
+  const auto ops = [&] {
+    for (int i = 0; i < iters; ++i) backend.MatMul(x, n, w.m[i % w.m.size()], y);
+  };
+  absl::StatusOr<std::unique_ptr<kernels::OpGraph>> graph = backend.Record(ops);
+  if (!graph.ok() || *graph == nullptr) {
+    std::fprintf(stderr, "FAIL: the matmuls could not be recorded as a graph: %s\n",
+                 graph.ok() ? "not recordable" : graph.status().ToString().c_str());
+    std::exit(1);
+  }
+  const auto replay = [&] {
+    if (const absl::Status st = (*graph)->Replay(); !st.ok()) {
+      std::fprintf(stderr, "FAIL: replay: %s\n", st.ToString().c_str());
+      std::exit(1);
+    }
+  };
+  replay();
   cudaDeviceSynchronize();
   const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < iters; ++i) backend.MatMul(x, n, w.m[i % w.m.size()], y);
+  replay();
   cudaDeviceSynchronize();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
 }
@@ -148,8 +166,12 @@ int Run(const std::vector<int>& row_counts, int iters) {
       std::fprintf(stderr, "cuda backend: %s\n", made.status().ToString().c_str());
       return 1;
     }
-    if (!(*made)->RunsInt8Weights() || !(*made)->RunsFp8Weights()) {
-      std::fprintf(stderr, "FAIL: the int8 or FP8 matmul failed its start-up check\n");
+    if (!(*made)->RunsInt8Weights() || !(*made)->RunsFp8Weights() ||
+        kernels::CudaMatMulsOnCublas(**made)) {
+      std::fprintf(stderr,
+                   "FAIL: with %d chunk(s) in flight a matmul failed its start-up check (the "
+                   "log says which): it would time another path\n",
+                   count);
       return 1;
     }
     backends.push_back(*std::move(made));

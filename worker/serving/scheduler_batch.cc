@@ -195,16 +195,22 @@ void Scheduler::RunBatch() {
     if (MakeRoom(need, nullptr)) break;
     if (!PreemptOne()) {
       // A single turn that outgrew the pool: end it rather than hang. Every other session
-      // is already out of the pool (MakeRoom), so the same turn would outgrow it again: a
-      // retry hint sent clients back for nothing.
+      // is already out of the pool (MakeRoom), so unless a preempted turn waiting to resume
+      // still holds its scratch there, the same turn would outgrow it again: a retry hint
+      // sent clients back for nothing.
+      const bool others_scratch =
+          std::any_of(waiting_.begin(), waiting_.end(), [](const auto& w) { return w->touched; });
       FinishTurn(*active_.back(),
                  absl::ResourceExhaustedError(absl::StrCat(
                      "the turn outgrew the KV pool: its session needs more than the pool's ",
                      memory_.PoolBlocks(), " blocks (", memory_.side_blocks(),
                      " of them holding the policies' state and the turns' scratch) with every "
-                     "other session moved out; use a smaller cache.budget_tokens or "
-                     "cache.window, lower sampling.max_tokens or give the worker more KV "
-                     "memory (not retryable)")));
+                     "other session moved out",
+                     others_scratch ? absl::StrCat(" but a paused turn's scratch; retry after ",
+                                                   options_.retry_after_ms, " ms")
+                                    : "; use a smaller cache.budget_tokens or cache.window, lower "
+                                      "sampling.max_tokens or give the worker more KV memory (not "
+                                      "retryable)")));
       if (active_.empty()) return;
     }
   }
@@ -222,7 +228,10 @@ void Scheduler::RunBatch() {
   metrics_->batch_tokens->Observe(tokens);
   if (!st.ok()) {
     RECALL_LOG(ERROR) << "forward pass failed: " << st;
-    for (Turn* t : owners) FinishTurn(*t, st);
+    for (Turn* t : owners) {
+      t->worker_failed = true;
+      FinishTurn(*t, st);
+    }
     return;
   }
   const int64_t second = RealClock::Get().NowNanos() / 1000000000;

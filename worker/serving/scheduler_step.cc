@@ -205,6 +205,7 @@ void Scheduler::Admit() {
     }
     if (!MakeRoom(need, t->session)) {
       if (active_.empty()) {  // nothing will free memory: should not happen, never hang
+        t->worker_failed = true;
         FinishTurn(*t, absl::ResourceExhaustedError(absl::StrCat(
                            "cannot free ", most, " KV blocks",
                            memory_.side_deficit() > 0
@@ -219,6 +220,7 @@ void Scheduler::Admit() {
     }
     absl::Status st = EnsureResident(*t);
     if (!st.ok()) {
+      t->worker_failed = true;  // a restore from host memory
       FinishTurn(*t, st);
       continue;
     }
@@ -692,9 +694,9 @@ void Scheduler::FinishTurn(Turn& t, absl::Status status) {
         ->Increment();
     t.stream->Finish(absl::OkStatus(), std::move(sum));
   } else {
-    (absl::IsCancelled(status) ? metrics_->cancelled
-     : RefusedTurn(status)     ? metrics_->refused
-                               : metrics_->failed)
+    (absl::IsCancelled(status)                 ? metrics_->cancelled
+     : RefusedTurn(status) && !t.worker_failed ? metrics_->refused
+                                               : metrics_->failed)
         ->Increment();
     t.stream->Finish(status);
     // A partly run turn leaves the cache out of step with the transcript: an aborted one

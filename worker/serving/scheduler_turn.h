@@ -48,6 +48,9 @@ struct Scheduler::Turn {
 
   // Running.
   bool touched = false;  // admitted at least once: the session's cache holds this turn
+  // Ended by the worker's own failure (a forward pass, a restore): counted as an error
+  // whatever its status code (a device out of memory is RESOURCE_EXHAUSTED too).
+  bool worker_failed = false;
   int64_t admitted_at = 0;
   size_t fed = 0;  // prompt tokens fed
   int chunk = 0;   // tokens of this turn in the current batch

@@ -200,10 +200,6 @@ TEST_F(StopCutTest, ACutAtATokenBoundaryLeavesWhatASessionStoppedThereHolds) {
   EXPECT_EQ(Rebuilds(), 0);
 }
 
-// An aborted turn (its client left) gives back every token it fed, in its prefill or its
-// reply: the next turn continues the cache (no rebuild, the same cached tokens) and replies
-// as a session that never had the aborted turn does. The first turn ends by length, so its
-// last token is still to be fed (pending): the aborted turn fed it, and gives it back too.
 // recall_worker_turns_total counts a turn ended by its own fault (a prompt past the context)
 // as outcome "refused", not "error" (the worker's failures), and a turn that ran as "length".
 TEST_F(StopCutTest, ATurnRefusedForItsPromptIsCountedRefusedNotError) {
@@ -223,6 +219,10 @@ TEST_F(StopCutTest, ATurnRefusedForItsPromptIsCountedRefusedNotError) {
   EXPECT_EQ(outcome("refused"), 1);
 }
 
+// An aborted turn (its client left) gives back every token it fed, in its prefill or its
+// reply: the next turn continues the cache (no rebuild, the same cached tokens) and replies
+// as a session that never had the aborted turn does. The first turn ends by length, so its
+// last token is still to be fed (pending): the aborted turn fed it, and gives it back too.
 TEST_F(StopCutTest, AnAbortedTurnGivesBackWhatItFed) {
   auto sched = StartFull();
   ASSERT_NE(sched, nullptr);
