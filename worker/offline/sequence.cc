@@ -84,21 +84,13 @@ absl::Status LocalSequence::Prefill(std::span<const int32_t> prompt, int chunk, 
     // past that, one token per step with an eviction step after it.
     for (int fed = 0; fed < len;) {
       bool step = false;
-      int n = runtime::CompactPiece(cache_->max_length(), *evictor_, config.max_seq_len, chunk,
-                                    std::min(chunk, len - fed), &step);
-      if (runtime::NeedsCompaction(*cache_, config, n)) {
-        MakeRoom(n);
-        if (runtime::NeedsCompaction(*cache_, config, n)) {
-          n = 1;
-          step = true;
-        }
+      const int want = std::min(chunk, len - fed);
+      absl::StatusOr<int> piece = runtime::NextCompactPiece(*cache_, config, evictor_.get(), chunk,
+                                                            want, &step, [&] { MakeRoom(want); });
+      if (!piece.ok()) {
+        return absl::FailedPreconditionError(absl::StrCat("prompt: ", piece.status().message()));
       }
-      if (runtime::NeedsCompaction(*cache_, config, n)) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("prompt: the cache holds ", cache_->max_length(),
-                         " tokens, which fill the model's context length (", config.max_seq_len,
-                         "); the policy does not evict enough to go on"));
-      }
+      const int n = *piece;
       if (step) {
         RECALL_RETURN_IF_ERROR(Decode(prompt[fed], logits));
       } else {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "cache/eviction/session_evictor.h"
 #include "common/logging.h"
 
@@ -45,6 +46,30 @@ int CompactPiece(int length, cache::eviction::SessionEvictor& evictor, int conte
     return 1;
   }
   return std::min(n, room);
+}
+
+absl::StatusOr<int> NextCompactPiece(const cache::SequenceCache& cache,
+                                     const model::ModelConfig& config,
+                                     cache::eviction::SessionEvictor* stepping, int chunk, int n,
+                                     bool* step, absl::FunctionRef<void()> compact) {
+  *step = false;
+  if (stepping != nullptr) {
+    n = CompactPiece(cache.max_length(), *stepping, config.max_seq_len, chunk, n, step);
+  }
+  if (NeedsCompaction(cache, config, n)) {
+    compact();
+    if (NeedsCompaction(cache, config, n) && stepping != nullptr) {
+      n = 1;
+      *step = true;
+    }
+    if (NeedsCompaction(cache, config, n)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the cache holds ", cache.max_length(), " tokens, which with ", n,
+                       " more fill the model's context length (", config.max_seq_len,
+                       "); its policy does not evict enough to go on"));
+    }
+  }
+  return n;
 }
 
 }  // namespace recall::runtime

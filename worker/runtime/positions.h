@@ -11,7 +11,9 @@
 
 #include <cstdint>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "cache/sequence_cache.h"
 #include "kernels/backend.h"
 #include "worker/model/model_config.h"
@@ -51,5 +53,16 @@ inline bool NeedsCompaction(const cache::SequenceCache& cache, const model::Mode
 // must step (not a policy that compresses only at prefill).
 int CompactPiece(int length, cache::eviction::SessionEvictor& evictor, int context, int chunk,
                  int n, bool* step);
+
+// The piece a compact sequence feeds next, `n` being the piece it would feed: for prompt
+// tokens of a sequence whose evictor steps (`stepping` non-null), CompactPiece's; then, when
+// the piece would pass the context, `compact` re-positions the cache (CompactPositions), and
+// if that is not enough a stepping sequence feeds one token with *step set. FailedPrecondition
+// when even that fills the context: its policy does not evict enough to go on. Shared by the
+// scheduler and the offline sequence, so both go on (and stop) alike.
+absl::StatusOr<int> NextCompactPiece(const cache::SequenceCache& cache,
+                                     const model::ModelConfig& config,
+                                     cache::eviction::SessionEvictor* stepping, int chunk, int n,
+                                     bool* step, absl::FunctionRef<void()> compact);
 
 }  // namespace recall::runtime

@@ -40,25 +40,15 @@ absl::StatusOr<int> Scheduler::PlanFeed(Turn& t) {
   // one per step, each followed by an eviction step. (Not for a policy that compresses only
   // at prefill: stepping would not evict.)
   const bool can_step = e != nullptr && !e->policy().compresses_prefill();
-  if (!t.decoding && can_step) {
-    bool step = false;
-    n = runtime::CompactPiece(s.max_length(), *e, c.max_seq_len, options_.prefill_chunk, n, &step);
-    if (step) t.stepping = true;
+  bool step = false;
+  absl::StatusOr<int> piece =
+      runtime::NextCompactPiece(*s.cache(), c, !t.decoding && can_step ? e : nullptr,
+                                options_.prefill_chunk, n, &step, [&] { CompactSession(s); });
+  if (!piece.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("cache: ", piece.status().message()));
   }
-  if (runtime::NeedsCompaction(*s.cache(), c, n)) {
-    CompactSession(s);
-    if (runtime::NeedsCompaction(*s.cache(), c, n) && !t.decoding && can_step) {
-      n = 1;
-      t.stepping = true;
-    }
-    if (runtime::NeedsCompaction(*s.cache(), c, n)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("cache: the session's cache holds ", s.max_length(), " tokens, which with ",
-                       n, " more fill the model's context length (", c.max_seq_len,
-                       "); its policy does not evict enough to go on"));
-    }
-  }
-  return n;
+  if (step) t.stepping = true;
+  return *piece;
 }
 
 void Scheduler::CompactSession(Session& s) {
