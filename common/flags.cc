@@ -91,8 +91,9 @@ absl::Status ParseIntList(absl::string_view text, int64_t lo, int64_t hi, std::v
   for (absl::string_view part : absl::StrSplit(text, ',')) {
     int64_t v = 0;
     if (absl::Status st = ParseInt(part, lo, hi, &v); !st.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "\"", text, "\": a comma-separated list of integers in [", lo, ", ", hi, "], e.g. 0,1"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("\"", text, "\": a comma-separated list of integers in [", lo, ", ", hi,
+                       "], e.g. ", lo, ",", std::min(hi, lo + 1)));
     }
     values.push_back(static_cast<int>(v));
   }

@@ -20,6 +20,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
+#include "bench/gpu/device_buffers.h"
 #include "kernels/cuda_backend.h"
 #include "kernels/fp8.h"
 #include "worker/model/half.h"
@@ -37,17 +38,6 @@ struct Shape {
   int64_t rows, cols;
 };
 
-// A host vector's copy in a backend's memory.
-Buffer Upload(Backend& backend, const void* host, size_t bytes) {
-  auto b = Buffer::Allocate(backend.memory(), bytes);
-  if (!b.ok()) {
-    std::fprintf(stderr, "allocate %zu bytes: %s\n", bytes, b.status().ToString().c_str());
-    std::exit(1);
-  }
-  backend.memory().CopyIn(b->get(), host, bytes);
-  return *std::move(b);
-}
-
 // Seconds per call: 2 calls to warm up, then `iters` timed between device-wide waits.
 double Time(const std::function<void()>& call, int iters) {
   call();
@@ -57,12 +47,6 @@ double Time(const std::function<void()>& call, int iters) {
   for (int i = 0; i < iters; ++i) call();
   cudaDeviceSynchronize();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
-}
-
-std::vector<float> Download(Backend& backend, const Buffer& b, size_t count) {
-  std::vector<float> out(count);
-  backend.memory().CopyOut(out.data(), b.get(), count * sizeof(float));
-  return out;
 }
 
 int Run(const std::vector<int>& row_counts, int iters) {
@@ -103,9 +87,9 @@ int Run(const std::vector<int>& row_counts, int iters) {
       const float w = kernels::E4M3ToF32(bytes[i]) * scales[i / 128];  // cols % 128 == 0
       bf16[i] = model::F32ToBf16(w);
     }
-    const Buffer w8 = Upload(**lt, bytes.data(), bytes.size());
-    const Buffer s8 = Upload(**lt, scales.data(), scales.size() * sizeof(float));
-    const Buffer w16 = Upload(**lt, bf16.data(), bf16.size() * 2);
+    const Buffer w8 = bench::UploadOrExit(**lt, bytes.data(), bytes.size());
+    const Buffer s8 = bench::UploadOrExit(**lt, scales.data(), scales.size() * sizeof(float));
+    const Buffer w16 = bench::UploadOrExit(**lt, bf16.data(), bf16.size() * 2);
     fp8.data = w8.get();
     fp8.scales = s8.as<float>();
     const Matrix half{w16.get(), DType::kBF16, s.rows, s.cols};
@@ -113,18 +97,19 @@ int Run(const std::vector<int>& row_counts, int iters) {
       std::vector<float> x(static_cast<size_t>(n) * s.cols);
       std::normal_distribution<float> normal(0.0f, 1.0f);
       for (float& v : x) v = normal(rng);
-      const Buffer dx = Upload(**lt, x.data(), x.size() * sizeof(float));
+      const Buffer dx = bench::UploadOrExit(**lt, x.data(), x.size() * sizeof(float));
       const size_t out = static_cast<size_t>(n) * s.rows;
       const std::vector<float> zeros(out, 0.0f);
-      const Buffer y_lt = Upload(**lt, zeros.data(), out * 4);
-      const Buffer y_kernel = Upload(**lt, zeros.data(), out * 4);
-      const Buffer y_bf16 = Upload(**lt, zeros.data(), out * 4);
+      const Buffer y_lt = bench::UploadOrExit(**lt, zeros.data(), out * 4);
+      const Buffer y_kernel = bench::UploadOrExit(**lt, zeros.data(), out * 4);
+      const Buffer y_bf16 = bench::UploadOrExit(**lt, zeros.data(), out * 4);
       const float* xf = dx.as<float>();
       const double t_bf16 = Time([&] { (*lt)->MatMul(xf, n, half, y_bf16.as<float>()); }, iters);
       const double t_lt = Time([&] { (*lt)->MatMul(xf, n, fp8, y_lt.as<float>()); }, iters);
       const double t_kernel =
           Time([&] { (*kernel)->MatMul(xf, n, fp8, y_kernel.as<float>()); }, iters);
-      const std::vector<float> a = Download(**lt, y_lt, out), b = Download(**lt, y_kernel, out);
+      const std::vector<float> a = bench::DownloadFloats(**lt, y_lt, out),
+                               b = bench::DownloadFloats(**lt, y_kernel, out);
       double diff = 0, norm = 0;
       for (size_t i = 0; i < out; ++i) {
         diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);

@@ -25,9 +25,9 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
+#include "bench/gpu/device_buffers.h"
+#include "common/flags.h"
 #include "kernels/cuda_backend.h"
 #include "worker/model/half.h"
 
@@ -46,15 +46,6 @@ struct Shape {
   const char* name;
   int64_t rows, cols;
 };
-
-Buffer Allocate(Backend& backend, size_t bytes) {
-  auto b = Buffer::Allocate(backend.memory(), bytes);
-  if (!b.ok()) {
-    std::fprintf(stderr, "allocate %zu bytes: %s\n", bytes, b.status().ToString().c_str());
-    std::exit(1);
-  }
-  return *std::move(b);
-}
 
 // `copies` device copies of one matrix of `dtype`: random weights (bf16 from N(0, 0.02), int8
 // and E4M3 random bytes), with their scales.
@@ -84,12 +75,12 @@ struct Copies {
     bytes = host.size() + host_scales.size() * sizeof(float);
     const size_t copies = std::max<size_t>(2, (kPastL2 + bytes - 1) / bytes);
     for (size_t c = 0; c < copies; ++c) {
-      data.push_back(Allocate(backend, host.size()));
+      data.push_back(bench::AllocateOrExit(backend, host.size()));
       backend.memory().CopyIn(data.back().get(), host.data(), host.size());
       Matrix w = proto;
       w.data = data.back().get();
       if (scale_count > 0) {
-        scales.push_back(Allocate(backend, scale_count * sizeof(float)));
+        scales.push_back(bench::AllocateOrExit(backend, scale_count * sizeof(float)));
         backend.memory().CopyIn(scales.back().get(), host_scales.data(),
                                 scale_count * sizeof(float));
         w.scales = scales.back().as<float>();
@@ -130,7 +121,7 @@ double Time(Backend& backend, const Copies& w, const float* x, int n, float* y, 
 // 1 GiB.
 double CopyBandwidth(Backend& backend) {
   const size_t bytes = size_t{1} << 30;
-  const Buffer a = Allocate(backend, bytes), b = Allocate(backend, bytes);
+  const Buffer a = bench::AllocateOrExit(backend, bytes), b = bench::AllocateOrExit(backend, bytes);
   cudaMemset(a.get(), 0, bytes);
   std::vector<double> t;
   for (int i = 0; i < 12; ++i) {
@@ -144,12 +135,6 @@ double CopyBandwidth(Backend& backend) {
   }
   std::sort(t.begin(), t.end());
   return 2.0 * bytes / t[t.size() / 2];
-}
-
-std::vector<float> Download(Backend& backend, const Buffer& b, size_t count) {
-  std::vector<float> out(count);
-  backend.memory().CopyOut(out.data(), b.get(), count * sizeof(float));
-  return out;
 }
 
 int Run(const std::vector<int>& row_counts, int iters) {
@@ -201,10 +186,10 @@ int Run(const std::vector<int>& row_counts, int iters) {
       std::vector<float> x(static_cast<size_t>(n) * s.cols);
       std::normal_distribution<float> normal(0.0f, 1.0f);
       for (float& v : x) v = normal(rng);
-      const Buffer dx = Allocate(first, x.size() * sizeof(float));
+      const Buffer dx = bench::AllocateOrExit(first, x.size() * sizeof(float));
       first.memory().CopyIn(dx.get(), x.data(), x.size() * sizeof(float));
       const size_t out = static_cast<size_t>(n) * s.rows;
-      const Buffer y = Allocate(first, out * sizeof(float));
+      const Buffer y = bench::AllocateOrExit(first, out * sizeof(float));
       double baseline = 0;
       for (const Copies& w : weights) {
         std::vector<float> reference;
@@ -213,7 +198,7 @@ int Run(const std::vector<int>& row_counts, int iters) {
           const double t = Time(backend, w, dx.as<float>(), n, y.as<float>(), iters);
           if (baseline == 0) baseline = t;
           backend.MatMul(dx.as<float>(), n, w.m[0], y.as<float>());
-          const std::vector<float> got = Download(backend, y, out);
+          const std::vector<float> got = bench::DownloadFloats(backend, y, out);
           const bool equal =
               u == 0 || std::memcmp(got.data(), reference.data(), out * sizeof(float)) == 0;
           if (u == 0) reference = got;
@@ -238,7 +223,27 @@ int Run(const std::vector<int>& row_counts, int iters) {
   return same ? 0 : 1;
 }
 
-constexpr char kUsage[] =
+struct MatmulFlags {
+  std::vector<int> rows = {1, 4};
+  int iters = 50;
+};
+
+const flags::FlagSet<MatmulFlags>& Flags() {
+  static const flags::FlagSet<MatmulFlags> f = [] {
+    flags::FlagSet<MatmulFlags> s;
+    s.Custom(
+         "rows", "LIST", "rows of x per matmul, counts from 1 to 4 (default 1,4)",
+         [](MatmulFlags& o, absl::string_view v) { return flags::ParseIntList(v, 1, 4, &o.rows); },
+         [](const MatmulFlags&) { return std::vector<std::string>(); })
+        .Int(
+            "iters", "N", "matmuls per case, recorded as one graph (default 50)",
+            [](auto& o) -> auto& { return o.iters; }, 1, 100000);
+    return s;
+  }();
+  return f;
+}
+
+constexpr char kUsageHead[] =
     R"U(usage: recall_gpu_matmul_bench [--rows 1,4] [--iters 50]
 
 Decode's matmuls on a CUDA device: our batch-invariant kernel at few rows on bf16, int8 and
@@ -248,44 +253,17 @@ bytes read per second and their fraction of the device-to-device copy bandwidth,
 against bf16 with 1 chunk in flight, and whether its bits equal 1's (exit 1 if not).
 
 options:
-  --rows LIST             rows of x per matmul, from 1 to 4 (default 1,4)
-  --iters N               timed matmuls per case, after one warm-up pass (default 50)
-  -h, --help              print this and exit
 )U";
 
 }  // namespace
 }  // namespace recall
 
 int main(int argc, char** argv) {
-  if (recall::bench::PrintHelpIfAsked(argc, argv, recall::kUsage)) return 0;
-  std::vector<int> rows = {1, 4};
-  int iters = 50;
-  for (int i = 1; i < argc; i += 2) {
-    const std::string a = argv[i];
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "%s needs a value\n", a.c_str());
-      return 2;
-    }
-    const std::string v = argv[i + 1];
-    if (a == "--rows") {
-      rows.clear();
-      for (const absl::string_view part : absl::StrSplit(v, ',')) {
-        int n = 0;
-        if (!absl::SimpleAtoi(part, &n) || n < 1 || n > 4) {
-          std::fprintf(stderr, "--rows: %s is not a list of counts from 1 to 4\n", v.c_str());
-          return 2;
-        }
-        rows.push_back(n);
-      }
-    } else if (a == "--iters") {
-      if (!absl::SimpleAtoi(v, &iters) || iters <= 0) {
-        std::fprintf(stderr, "--iters: %s is not a positive count\n", v.c_str());
-        return 2;
-      }
-    } else {
-      std::fprintf(stderr, "unknown flag %s (flags: --rows, --iters)\n", a.c_str());
-      return 2;
-    }
+  recall::MatmulFlags o;
+  if (const int rc = recall::bench::ParseBenchFlags(argc, argv, "recall_gpu_matmul_bench",
+                                                    recall::kUsageHead, recall::Flags(), &o);
+      rc >= 0) {
+    return rc;
   }
-  return recall::Run(rows, iters);
+  return recall::Run(o.rows, o.iters);
 }
