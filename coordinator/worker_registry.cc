@@ -369,6 +369,18 @@ void WorkerRegistry::SettleConflicts() {
                              "flags (--policy, --budget, --window, --alpha, ...)";
     }
     e.defaults_differ = differ;
+    const std::string& weights = info.weights();
+    const std::string& ref_weights = ref->view.info.weights();
+    const bool weights_differ = !weights.empty() && !ref_weights.empty() && weights != ref_weights;
+    if (weights_differ && !e.weights_differ) {
+      RECALL_LOG(WARNING) << "worker " << e.view.address << " serves \"" << info.model()
+                          << "\" with " << weights << " weights, " << ref->view.address << " with "
+                          << ref_weights
+                          << ": a session's replies change when it fails over between them; "
+                             "give every worker of a model the same --weight-dtype (or another "
+                             "--served-model-name)";
+    }
+    e.weights_differ = weights_differ;
   }
 }
 

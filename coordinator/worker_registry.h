@@ -111,6 +111,7 @@ class WorkerRegistry {
     // gRPC's messages for a refused connection vary from one try to the next); "" otherwise.
     std::string down_code;
     bool defaults_differ = false;  // said that its session defaults differ (SettleConflicts)
+    bool weights_differ = false;   // said that its weights' type differs (SettleConflicts)
     absl::Time down_since = absl::InfiniteFuture();  // while marked down
   };
   void Loop();
@@ -121,7 +122,9 @@ class WorkerRegistry {
   // after a coordinator restart the workers register again in any order. A worker whose
   // session defaults (Info.default_cache) differ from those of the first worker serving its
   // name is used, and that is said once: a new session takes the defaults of the worker that
-  // checks it (the first answering), so the others' --policy/--budget apply to none.
+  // checks it (the first answering), so the others' --policy/--budget apply to none. So is
+  // one whose weights (Info.weights: int8 beside bf16) differ: a session's replies change
+  // when it fails over between them.
   void SettleConflicts() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Polls these workers at once and waits for every answer (or its deadline).
   void Poll(const std::vector<std::string>& addresses, bool refresh_all_info);

@@ -1312,14 +1312,14 @@ TEST(CoordinatorRegistrationTest, AWorkerBackAfterADowntimeIsUsedOnceItRegisters
   EXPECT_LT(after, 5.0) << "used once it registers, not after the old channel's backoff";
 }
 
-// Workers whose session defaults differ: worker 1 evicts (streaming, 16 tokens), worker 0
-// keeps everything. A session keeps the settings it was made with (the checking worker's
+// Workers whose session defaults differ: worker 1 evicts (streaming, 16 tokens; int8 weights),
+// worker 0 keeps everything. A session keeps the settings it was made with (the checking worker's
 // defaults filled in), so on any worker it runs the same cache: before, a session failed
 // over or rebuilt on worker 1 took worker 1's defaults and its reply changed.
 class DifferentDefaultsTest : public CoordinatorTest {
  protected:
   std::vector<std::string> WorkerExtraArgs(int i) override {
-    if (i == 1) return {"--policy", "streaming", "--budget", "16"};
+    if (i == 1) return {"--policy", "streaming", "--budget", "16", "--weight-dtype", "int8"};
     return {};
   }
 };
@@ -1338,6 +1338,11 @@ TEST_F(DifferentDefaultsTest, ASessionKeepsTheCacheSettingsItWasMadeWithOnEveryW
       std::string::npos)
       << said;
   EXPECT_NE(said.find("differ from those of " + w0 + " (policy: \"full\""), std::string::npos)
+      << said;
+  // Other weights (worker 1's int8) are said too: failover changes a session's replies.
+  EXPECT_NE(said.find("worker " + w1 + " serves \"stories260K.bin\" with int8 weights, " + w0 +
+                      " with f32: a session's replies change"),
+            std::string::npos)
       << said;
   const std::string id = Create();  // checked by worker 0, the first listed
   const v1::Session made = Get(id);

@@ -93,4 +93,10 @@ absl::Status ModelConfig::Validate() const {
   return absl::OkStatus();
 }
 
+std::string ModelConfig::WeightsName() const {
+  std::string name = kernels::DTypeName(weight_dtype);
+  if (fp8) absl::StrAppend(&name, " (from FP8)");
+  return name;
+}
+
 }  // namespace recall::model

@@ -44,6 +44,10 @@ struct ModelConfig {
   // consistent (n_kv_heads divides n_heads, head_dim even, n_heads * head_dim bounded,
   // bos/eos ids inside the vocabulary); the message names the field and the limit.
   absl::Status Validate() const;
+
+  // The layers' linear weights as served: "bf16", "int8", "int8 (from FP8)", ... (the
+  // worker's start-up line and Info.weights).
+  std::string WeightsName() const;
 };
 
 }  // namespace recall::model

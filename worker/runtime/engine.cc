@@ -169,8 +169,7 @@ absl::Status Engine::RunAll(const std::function<absl::Status(int)>& fn) {
 std::string Engine::Summary() const {
   const cache::BlockPool& p = group_ ? group_->pool(0) : *pool_;
   std::string where = DeviceName(options_.device);
-  std::string weights = kernels::DTypeName(model_.config.weight_dtype);
-  if (model_.config.fp8) absl::StrAppend(&weights, " (from FP8)");
+  const std::string weights = model_.config.WeightsName();
   if (group_) {
     if (options_.device == Device::kCuda) {
       for (int r = 0; r < options_.tp; ++r)

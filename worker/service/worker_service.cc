@@ -293,6 +293,7 @@ grpc::ServerUnaryReactor* WorkerService::Info(grpc::CallbackServerContext* conte
   response->set_max_tokens_limit(o.limits.max_tokens);
   response->set_chat_format(model::ChatFormatName(o.chat_format));
   response->set_vocab_size(scheduler_.model().config.vocab_size);
+  response->set_weights(scheduler_.model().config.WeightsName());
   response->set_version(identity_.version);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
