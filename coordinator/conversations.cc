@@ -130,17 +130,6 @@ absl::Status Conversations::CheckWorkerKnown() const {
 absl::StatusOr<SessionRecord> Conversations::Create(
     const std::string& tenant, const std::string& model, const v1::CacheSettings& cache,
     const std::map<std::string, std::string>& metadata, const std::string& system_prompt) {
-  RECALL_ASSIGN_OR_RETURN(const int count, store_.CountSessions(tenant));
-  if (count >= options_.max_sessions_per_tenant) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "tenant has ", count, " sessions, the limit is ", options_.max_sessions_per_tenant,
-        options_.session_ttl_seconds > 0
-            ? absl::StrCat("; delete some (sessions idle for ", options_.session_ttl_seconds,
-                           " s are deleted: --session-ttl)")
-            : std::string("; delete some, or have the coordinator delete idle ones "
-                          "(--session-ttl)"),
-        " (not retryable)"));
-  }
   const std::vector<WorkerView> workers = workers_.Snapshot();
   std::set<std::string> served;
   for (const WorkerView& w : workers) {
@@ -166,7 +155,21 @@ absl::StatusOr<SessionRecord> Conversations::Create(
   kept.SerializeToString(&r.cache_settings);
   r.metadata = metadata;
   r.created_unix_ms = UnixMillis();
-  RECALL_RETURN_IF_ERROR(store_.Create(r));
+  {
+    absl::MutexLock lock(&create_mu_[std::hash<std::string>()(tenant) % kCreateStripes]);
+    RECALL_ASSIGN_OR_RETURN(const int count, store_.CountSessions(tenant));
+    if (count >= options_.max_sessions_per_tenant) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "tenant has ", count, " sessions, the limit is ", options_.max_sessions_per_tenant,
+          options_.session_ttl_seconds > 0
+              ? absl::StrCat("; delete some (sessions idle for ", options_.session_ttl_seconds,
+                             " s are deleted: --session-ttl)")
+              : std::string("; delete some, or have the coordinator delete idle ones "
+                            "(--session-ttl)"),
+          " (not retryable)"));
+    }
+    RECALL_RETURN_IF_ERROR(store_.Create(r));
+  }
   if (!system_prompt.empty()) {
     RECALL_RETURN_IF_ERROR(store_.Append(tenant, r.id, 0, {"system", system_prompt}));
     r.messages.push_back({"system", system_prompt});

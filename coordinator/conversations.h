@@ -316,6 +316,12 @@ class Conversations {
   metrics::Registry& metrics_;
   mutable absl::Mutex mu_;
   std::set<std::string> running_ ABSL_GUARDED_BY(mu_);
+  // Create's count and store write under its tenant's stripe: concurrent creations each saw
+  // the count before the others' writes (a burst of HTTP requests naming no session left a
+  // tenant 10 sessions under a limit of 3). Within one coordinator; replicas sharing Redis
+  // can still pass it by one each.
+  static constexpr int kCreateStripes = 64;
+  absl::Mutex create_mu_[kCreateStripes];
   std::atomic<bool> stopping_{false};                     // StopTakingTurns
   std::set<std::string> finishing_ ABSL_GUARDED_BY(mu_);  // running, in Finish
   WorkPool journal_pool_;  // the journals' store writes

@@ -9,6 +9,10 @@
 
 #include <sqlite3.h>
 
+#include <atomic>
+#include <thread>
+#include <vector>
+
 #include "absl/strings/cord.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
@@ -59,6 +63,36 @@ class ConversationsTest : public ::testing::Test {
   std::string path_;
   std::string id_;
 };
+
+// A tenant's sessions stay within --max-sessions under concurrent creation: 16 threads each
+// make sessions at once and exactly the limit are made, the rest refused RESOURCE_EXHAUSTED
+// (a burst of HTTP requests naming no session left 10 under a limit of 3). Another tenant is
+// not held back by them.
+TEST_F(ConversationsTest, ConcurrentCreationsStayWithinTheTenantsLimit) {
+  CoordinatorOptions options;
+  options.max_sessions_per_tenant = 3;
+  Conversations limited(*store_, workers_, options, metrics_);
+  std::atomic<int> made{0}, refused{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 16; ++i) {
+    threads.emplace_back([&] {
+      for (int k = 0; k < 4; ++k) {
+        auto s = limited.Create("burst", "", v1::CacheSettings(), {}, "");
+        if (s.ok()) {
+          ++made;
+        } else {
+          EXPECT_EQ(s.status().code(), absl::StatusCode::kResourceExhausted) << s.status();
+          ++refused;
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(made.load(), 3);
+  EXPECT_EQ(refused.load(), 61);
+  EXPECT_EQ(*store_->CountSessions("burst"), 3);
+  EXPECT_TRUE(limited.Create("other", "", v1::CacheSettings(), {}, "").ok());
+}
 
 TEST_F(ConversationsTest, ATurnStoresItsMessagesFirstAndTheReplyAfter) {
   auto turn =
