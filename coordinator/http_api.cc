@@ -192,9 +192,19 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpOptions& optio
   s.set_pre_routing_handler([self](const httplib::Request& req, httplib::Response& res) {
     // (PUT and PATCH too: cpp-httplib reads their bodies the same way.)
     const bool with_body = req.method == "POST" || req.method == "PUT" || req.method == "PATCH";
-    if (!with_body || req.has_header("Content-Length") || req.has_header("Transfer-Encoding")) {
+    if (with_body && (req.has_header("Content-Length") || req.has_header("Transfer-Encoding"))) {
+      // The caller's key, before the body is read: a client without one made the server read
+      // (and hold) a body of up to the 64 MiB limit per connection before its 401.
+      if (req.method == "POST" && AllowedMethod(req.path) == "POST") {
+        if (const absl::StatusOr<std::string> tenant = self->Admit(req); !tenant.ok()) {
+          self->Fail(res, tenant.status());
+          res.set_header("Connection", "close");
+          return httplib::Server::HandlerResponse::Handled;
+        }
+      }
       return httplib::Server::HandlerResponse::Unhandled;
     }
+    if (!with_body) return httplib::Server::HandlerResponse::Unhandled;
     if (req.method != "POST" || AllowedMethod(req.path) != "POST") {  // no route: as with a body
       const absl::Status st = NoRoute(req, res);
       const int status = res.status;

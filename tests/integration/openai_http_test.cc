@@ -456,6 +456,32 @@ TEST_F(OpenAiHttpTest, APostWithoutABodyIsToldItHasNone) {
   }
 }
 
+// A POST without a valid API key is answered 401 from its headers, before its body is read:
+// a client sending no key made the server read and hold up to 64 MiB per connection first.
+// Here the body (50 MB by its Content-Length) is never sent, and the 401 comes at once.
+TEST_F(OpenAiHttpTest, APostWithoutAKeyIsRefusedBeforeItsBodyIsRead) {
+  for (const std::string& auth : {std::string(), std::string("Authorization: Bearer nope\r\n")}) {
+    const int fd = ConnectLoopback(coordinator_.port("http"));
+    ASSERT_GE(fd, 0);
+    const std::string request =
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
+        auth + "Content-Length: 50000000\r\n\r\n{\"model\":";
+    ASSERT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(request.size()));
+    const absl::Time start = absl::Now();
+    std::string response;
+    char buf[4096];
+    for (ssize_t n; (n = recv(fd, buf, sizeof(buf), 0)) > 0;)
+      response.append(buf, static_cast<size_t>(n));
+    close(fd);
+    EXPECT_EQ(response.rfind("HTTP/1.1 401", 0), 0u) << response;
+    EXPECT_NE(response.find("invalid_api_key"), std::string::npos) << response;
+    EXPECT_LT(absl::ToDoubleSeconds(absl::Now() - start), 4.0) << "not after the read timeout";
+  }
+  // A request with its key is served as before.
+  EXPECT_EQ(Post("/v1/chat/completions", ChatBody({Message("user", "Hi")}, 4, false)).status, 200);
+}
+
 // 100 clients that send half a request and wait (slow or stalled clients: a connection holds
 // its thread while open) keep no one else waiting. On a pool of 64 threads the API answered no
 // one until they left (found by probing).
