@@ -23,7 +23,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     const CoordinatorConfig& config) {
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
   std::error_code ec;
-  std::filesystem::create_directories(config.data_dir, ec);
+  // Made the owner's only: it holds the session store (every tenant's transcripts).
+  if (std::filesystem::create_directories(config.data_dir, ec) && !ec) {
+    std::filesystem::permissions(config.data_dir, std::filesystem::perms::owner_all,
+                                 std::filesystem::perm_options::replace, ec);
+  }
   if (ec) {
     return absl::InvalidArgumentError(
         absl::StrCat("--data-dir: cannot create ", config.data_dir, ": ", ec.message()));

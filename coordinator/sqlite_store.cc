@@ -18,6 +18,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
@@ -612,7 +613,7 @@ class SqliteStore final : public SessionStore {
 // process dies, however).
 absl::StatusOr<int> LockStoreFile(const std::string& path) {
   const std::string lock_path = path + ".lock";
-  const int fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  const int fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (fd < 0) {
     return absl::UnavailableError(
         absl::StrCat("session store ", path, ": cannot open ", lock_path, ": ", strerror(errno)));
@@ -830,6 +831,20 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string&
                        ::stat((path + ".lock").c_str(), &lock) == 0 && lock.st_size > 0;
   RECALL_ASSIGN_OR_RETURN(const int lock_fd, LockStoreFile(path));
   absl::Cleanup unlock = [lock_fd] { close(lock_fd); };  // unless the store takes it
+  // Every tenant's transcripts: a new file is its owner's only (SQLite gives its log and
+  // shared memory the file's mode; they were 0644, readable by every local user), and an
+  // existing one that others may read is said.
+  if (const int made = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+      made >= 0) {
+    close(made);
+  } else if (struct stat mode;
+             ::stat(path.c_str(), &mode) == 0 && (mode.st_mode & (S_IRGRP | S_IROTH)) != 0) {
+    RECALL_LOG(WARNING) << "session store " << path
+                        << " holds every tenant's transcripts and other users of this machine "
+                           "may read it (mode "
+                        << absl::StrFormat("%04o", mode.st_mode & 07777) << "): chmod 600 " << path
+                        << "*";
+  }
   if (emptied) {
     RECALL_RETURN_IF_ERROR(
         SayLoss(path,

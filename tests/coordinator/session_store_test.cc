@@ -3,6 +3,7 @@
 
 #include <signal.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -941,6 +942,33 @@ TEST(SqliteStoreTest, AnEmptyFileNoStoreWasMadeInOpensAndAnEmptiedOneIsRefused) 
   std::filesystem::remove(path + "-shm");
   const auto refused = OpenStore(path);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kDataLoss) << refused.status();
+}
+
+// A new store file, its log and its lock are their owner's only (they were 0644: every local
+// user could read every tenant's transcripts); an existing file others may read is said.
+TEST(SqliteStoreTest, ANewStoreIsItsOwnersOnlyAndAReadableOneIsSaid) {
+  const std::string path = testing::MakeTempDir("store_mode") + "/sessions.db";
+  {
+    auto store = OpenStore(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    SessionRecord r;
+    r.id = "s1";
+    r.tenant = "a";
+    r.model = "m";
+    ASSERT_TRUE((*store)->Create(r).ok());
+    for (const std::string& file : {path, path + "-wal", path + ".lock"}) {
+      struct stat st;
+      ASSERT_EQ(::stat(file.c_str(), &st), 0) << file;
+      EXPECT_EQ(st.st_mode & 0777, 0600u) << file;
+    }
+  }
+  ASSERT_EQ(::chmod(path.c_str(), 0644), 0);
+  ::testing::internal::CaptureStderr();
+  { ASSERT_TRUE(OpenStore(path).ok()); }
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("other users of this machine may read it (mode 0644): chmod 600"),
+            std::string::npos)
+      << said;
 }
 
 // A store records its layout's version (PRAGMA user_version); one written by a newer
