@@ -17,16 +17,18 @@ void Note(int sig) { g_taken.store(sig); }
 
 }  // namespace
 
-StopSignals::StopSignals() {
+StopSignals::StopSignals(bool hangup) {
   sigemptyset(&set_);
   sigaddset(&set_, SIGINT);
   sigaddset(&set_, SIGTERM);
+  if (hangup) sigaddset(&set_, SIGHUP);
   struct sigaction action = {};
   action.sa_handler = Note;
   action.sa_flags = SA_RESTART;  // a slow call in the thread that runs it goes on
   sigemptyset(&action.sa_mask);
   sigaction(SIGINT, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);
+  if (hangup) sigaction(SIGHUP, &action, nullptr);
   pthread_sigmask(SIG_BLOCK, &set_, nullptr);
 }
 
@@ -45,6 +47,7 @@ int StopSignals::Wait(absl::Duration timeout) {
 void StopSignals::Ignore() {
   std::signal(SIGINT, SIG_IGN);
   std::signal(SIGTERM, SIG_IGN);
+  if (sigismember(&set_, SIGHUP) == 1) std::signal(SIGHUP, SIG_IGN);
 }
 
 }  // namespace recall

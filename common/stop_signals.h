@@ -16,9 +16,10 @@ namespace recall {
 class StopSignals {
  public:
   // Installs the handler and blocks the signals in the calling thread (and in the threads it
-  // starts from then on). Once per process.
-  StopSignals();
-  // The next SIGINT or SIGTERM (its number), or 0 after `timeout`.
+  // starts from then on). Once per process. With `hangup`, SIGHUP is taken too (Wait returns
+  // it: a reload, not a stop); otherwise its default action ends the process.
+  explicit StopSignals(bool hangup = false);
+  // The next SIGINT or SIGTERM (or SIGHUP, when taken) (its number), or 0 after `timeout`.
   int Wait(absl::Duration timeout = absl::InfiniteDuration());
   // From now on they are ignored (nothing waits for them any more).
   void Ignore();

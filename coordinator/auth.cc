@@ -15,6 +15,7 @@ absl::StatusOr<ApiKeys> ApiKeys::Load(const std::string& path) {
   std::istringstream in(text);
   ApiKeys keys;
   keys.enabled_ = true;
+  auto tenant_by_key = std::make_shared<Map>();
   std::string line;
   for (int n = 1; std::getline(in, line); ++n) {
     const size_t hash = line.find('#');
@@ -26,16 +27,30 @@ absl::StatusOr<ApiKeys> ApiKeys::Load(const std::string& path) {
       return absl::InvalidArgumentError(
           absl::StrCat(path, ":", n, ": expected \"<key> <tenant>\""));
     }
-    if (!keys.tenant_by_key_.emplace(key, tenant).second) {
+    if (!tenant_by_key->emplace(key, tenant).second) {
       // Which tenant the key is would depend on the order of the lines.
       return absl::InvalidArgumentError(
           absl::StrCat(path, ":", n, ": the key is given twice (once per tenant)"));
     }
   }
-  if (keys.tenant_by_key_.empty()) {
+  if (tenant_by_key->empty()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": no keys"));
   }
+  keys.tenant_by_key_ = std::move(tenant_by_key);
   return keys;
+}
+
+std::shared_ptr<const ApiKeys::Map> ApiKeys::Current() const {
+  absl::MutexLock lock(mu_.get());
+  return tenant_by_key_;
+}
+
+size_t ApiKeys::size() const { return Current()->size(); }
+
+void ApiKeys::Replace(const ApiKeys& other) {
+  std::shared_ptr<const Map> keys = other.Current();
+  absl::MutexLock lock(mu_.get());
+  tenant_by_key_ = std::move(keys);
 }
 
 absl::StatusOr<std::string> ApiKeys::Authenticate(const grpc::ServerContextBase& context) const {
@@ -66,8 +81,9 @@ absl::StatusOr<std::string> ApiKeys::AuthenticateBearer(
     return absl::UnauthenticatedError("authorization: expected \"Bearer <api key>\"");
   }
   value = value.substr(prefix.size());
-  auto key = tenant_by_key_.find(value);
-  if (key == tenant_by_key_.end()) {
+  const std::shared_ptr<const Map> keys = Current();
+  auto key = keys->find(value);
+  if (key == keys->end()) {
     return absl::UnauthenticatedError("authorization: unknown API key");
   }
   return key->second;

@@ -1,14 +1,17 @@
 // API keys: a file of "<key> <tenant>" lines ('#' comments, blank lines ignored). A call
 // carries its key as "Bearer <key>": in the "authorization" metadata on gRPC, in the
 // Authorization header on HTTP; both map to the same tenants. Without a key file (local use,
-// `recall serve`) every caller is the tenant "default".
+// `recall serve`) every caller is the tenant "default". Replace swaps in a file read again
+// (SIGHUP) while calls go on.
 #pragma once
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
 
 namespace recall::coordinator {
@@ -31,10 +34,20 @@ class ApiKeys {
   // UNAUTHENTICATED when keys are on: a request carried `count` > 1 keys.
   absl::Status CheckOneKey(size_t count) const;
   bool enabled() const { return enabled_; }
+  size_t size() const;
+
+  // The keys of `other` (a file read again: recall-coordinator's SIGHUP) in place of these,
+  // for every call from now on; calls already authenticated keep their tenant. REQUIRES: both
+  // enabled.
+  void Replace(const ApiKeys& other);
 
  private:
+  using Map = std::map<std::string, std::string>;
+  std::shared_ptr<const Map> Current() const;
+
   bool enabled_ = false;
-  std::map<std::string, std::string> tenant_by_key_;
+  std::unique_ptr<absl::Mutex> mu_ = std::make_unique<absl::Mutex>();
+  std::shared_ptr<const Map> tenant_by_key_ = std::make_shared<const Map>();  // under *mu_
 };
 
 }  // namespace recall::coordinator

@@ -183,7 +183,7 @@ absl::Status Run(const std::vector<std::string>& argv) {
   CoordinatorConfig c;
   RECALL_RETURN_IF_ERROR(CoordinatorFlags().Parse(argv, &c));
 
-  StopSignals stop;  // before any thread starts
+  StopSignals stop(/*hangup=*/true);  // before any thread starts
   absl::StatusOr<std::unique_ptr<CoordinatorServer>> started = CoordinatorServer::Start(c);
   if (!started.ok()) return CoordinatorFlags().Explain(started.status());
   std::unique_ptr<CoordinatorServer> server = std::move(*started);
@@ -211,10 +211,19 @@ absl::Status Run(const std::vector<std::string>& argv) {
       return written;
     }
   }
-  const int sig = stop.Wait();
+  int sig;
+  while ((sig = stop.Wait()) == SIGHUP) {  // the API keys read again
+    if (const absl::Status reloaded = server->ReloadApiKeys(); reloaded.ok()) {
+      std::fprintf(stderr, "recall-coordinator: SIGHUP: %s read again\n", c.api_keys_path.c_str());
+    } else {
+      std::fprintf(stderr, "recall-coordinator: SIGHUP: %s\n",
+                   std::string(reloaded.message()).c_str());
+    }
+  }
   std::fprintf(stderr, "recall-coordinator: signal %d, shutting down\n", sig);
   const int left = server->Drain(absl::Seconds(c.shutdown_grace_seconds), [&stop] {
-    return stop.Wait(absl::Milliseconds(100)) != 0;  // a second signal
+    const int again = stop.Wait(absl::Milliseconds(100));
+    return again != 0 && again != SIGHUP;  // a second stop
   });
   if (left > 0) std::fprintf(stderr, "recall-coordinator: ending %d running turn(s)\n", left);
   stop.Ignore();

@@ -57,6 +57,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   }
   if (!config.api_keys_path.empty()) {
     RECALL_ASSIGN_OR_RETURN(s->keys_, ApiKeys::Load(config.api_keys_path));
+    s->api_keys_path_ = config.api_keys_path;
   }
   grpcutil::ClusterCredential cluster = grpcutil::ClusterCredential::Open();
   if (!config.cluster_token_file.empty()) {
@@ -204,6 +205,21 @@ void CoordinatorServer::Shutdown(std::chrono::milliseconds grace) {
   server_->GetHealthCheckService()->SetServingStatus(false);
   server_->Shutdown(std::chrono::system_clock::now() + grace);
   server_.reset();
+}
+
+absl::Status CoordinatorServer::ReloadApiKeys() {
+  if (api_keys_path_.empty()) {
+    return absl::FailedPreconditionError(
+        "no --api-keys: every caller is the tenant \"default\" (restart with --api-keys to "
+        "turn keys on)");
+  }
+  absl::StatusOr<ApiKeys> loaded = ApiKeys::Load(api_keys_path_);
+  if (!loaded.ok()) {
+    return absl::Status(loaded.status().code(),
+                        absl::StrCat(loaded.status().message(), " (the keys in use are kept)"));
+  }
+  keys_.Replace(*loaded);
+  return absl::OkStatus();
 }
 
 CoordinatorServer::~CoordinatorServer() { Shutdown(); }

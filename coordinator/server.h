@@ -65,6 +65,10 @@ class CoordinatorServer {
   // Stops accepting calls; running gRPC streams get `grace` to finish, running HTTP turns are
   // cancelled.
   void Shutdown(std::chrono::milliseconds grace = std::chrono::seconds(5));
+  // Reads the API key file again (recall-coordinator's SIGHUP): its keys replace those in use
+  // for every call from now on (a key removed no longer works, one added does). An error
+  // (no --api-keys, or a file that cannot be read or parsed) keeps the keys in use.
+  absl::Status ReloadApiKeys();
 
  private:
   CoordinatorServer() = default;
@@ -73,6 +77,7 @@ class CoordinatorServer {
   std::unique_ptr<SessionStore> store_;
   std::unique_ptr<WorkerRegistry> registry_;
   ApiKeys keys_ = ApiKeys::Open();
+  std::string api_keys_path_;  // CoordinatorConfig::api_keys_path
   std::unique_ptr<Conversations> conversations_;
   std::unique_ptr<IdleSessions> idle_sessions_;  // with --session-ttl
   std::unique_ptr<ChatService> service_;

@@ -205,6 +205,48 @@ TEST(ClusterCredentialRegistryTest, ApiKeysWithoutAClusterTokenCloseTheRegistry)
   }
 }
 
+// SIGHUP reads the API key file again: a key removed no longer works, one added does, and a
+// file that cannot be parsed keeps the keys in use (it ended the coordinator, unsaid, and a
+// revoked key worked until a restart).
+TEST(ApiKeysReloadTest, SighupReadsTheKeyFileAgain) {
+  const std::string dir = testing::MakeTempDir("api_keys_reload");
+  std::ofstream(dir + "/keys") << "key-a tenant-a\nkey-b tenant-b\n";
+  ServerProcess coordinator;
+  std::string error;
+  ASSERT_TRUE(coordinator.Start(
+      RECALL_COORDINATOR_BINARY,
+      {"--listen", "127.0.0.1:0", "--data-dir", dir, "--api-keys", dir + "/keys"}, dir, &error))
+      << error;
+  auto stub = v1::Chat::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(coordinator.port("grpc")), grpc::InsecureChannelCredentials()));
+  const auto list = [&](const std::string& key) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer " + key);
+    v1::ListSessionsResponse resp;
+    return stub->ListSessions(&ctx, v1::ListSessionsRequest(), &resp).error_code();
+  };
+  using C = grpc::StatusCode;
+  EXPECT_EQ(list("key-a"), C::OK);
+  EXPECT_EQ(list("key-c"), C::UNAUTHENTICATED);
+  const auto hangup_until = [&](const std::function<bool()>& done) {
+    ASSERT_EQ(kill(coordinator.pid(), SIGHUP), 0);
+    for (int i = 0; i < 100 && !done(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  };
+  std::ofstream(dir + "/keys", std::ios::trunc) << "key-b tenant-b\nkey-c tenant-c\n";
+  hangup_until([&] { return list("key-c") == C::OK; });
+  EXPECT_EQ(list("key-c"), C::OK);
+  EXPECT_EQ(list("key-a"), C::UNAUTHENTICATED) << "a removed key no longer works";
+  EXPECT_EQ(list("key-b"), C::OK);
+  std::ofstream(dir + "/keys", std::ios::trunc) << "key-d\n";  // malformed: kept as it was
+  ASSERT_EQ(kill(coordinator.pid(), SIGHUP), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(list("key-c"), C::OK) << "the keys in use are kept";
+  EXPECT_EQ(list("key-d"), C::UNAUTHENTICATED);
+  EXPECT_EQ(coordinator.Stop(), 0) << "still running, and stops cleanly";
+}
+
 TEST(ClusterCredentialFileTest, AShortOrMissingTokenFileStopsTheWorkerAtStart) {
   RECALL_REQUIRE_SHARED_FILE(kModel);
   const std::string dir = testing::MakeTempDir("cluster_token_bad");
