@@ -27,6 +27,15 @@ absl::StatusOr<ApiKeys> ApiKeys::Load(const std::string& path) {
       return absl::InvalidArgumentError(
           absl::StrCat(path, ":", n, ": expected \"<key> <tenant>\""));
     }
+    // What gRPC metadata can carry (an HTTP-only key was refused by every gRPC client).
+    for (const char c : key) {
+      if (c < 0x21 || c > 0x7E) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ":", n,
+                         ": the key must be printable ASCII without spaces (gRPC carries no "
+                         "other)"));
+      }
+    }
     if (!tenant_by_key->emplace(key, tenant).second) {
       // Which tenant the key is would depend on the order of the lines.
       return absl::InvalidArgumentError(
@@ -46,6 +55,8 @@ std::shared_ptr<const ApiKeys::Map> ApiKeys::Current() const {
 }
 
 size_t ApiKeys::size() const { return Current()->size(); }
+
+bool ApiKeys::Has(const std::string& key) const { return Current()->count(key) > 0; }
 
 void ApiKeys::Replace(const ApiKeys& other) {
   std::shared_ptr<const Map> keys = other.Current();

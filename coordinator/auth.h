@@ -35,6 +35,7 @@ class ApiKeys {
   absl::Status CheckOneKey(size_t count) const;
   bool enabled() const { return enabled_; }
   size_t size() const;
+  bool Has(const std::string& key) const;
 
   // The keys of `other` (a file read again: recall-coordinator's SIGHUP) in place of these,
   // for every call from now on; calls already authenticated keep their tenant. REQUIRES: both

@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/files.h"
 #include "common/flags.h"
@@ -201,6 +202,24 @@ absl::Status Run(const std::vector<std::string>& argv) {
                      ? "recall.v1.Registry takes Register and Drain from anyone who can reach it"
                      : "recall.v1.Registry is closed (API keys are on), and the workers' ports "
                        "need their own protection");
+  }
+  if (c.api_keys_path.empty()) {
+    // Every caller is then the one tenant "default": said where others can reach the ports.
+    std::vector<std::string> open;
+    for (const std::string& address : {c.listen, c.http_listen}) {
+      if (address.empty()) continue;
+      const std::string host = address.substr(0, address.rfind(':'));
+      if (host != "127.0.0.1" && host != "localhost" && host != "[::1]" && host != "::1") {
+        open.push_back(address);
+      }
+    }
+    if (!open.empty()) {
+      std::fprintf(stderr,
+                   "recall-coordinator: WARNING: no --api-keys, and %s takes calls from other "
+                   "machines: every caller is the tenant \"default\" and can read, continue and "
+                   "delete every session\n",
+                   absl::StrJoin(open, " and ").c_str());
+    }
   }
   if (!c.port_file.empty()) {
     const absl::Status written = WritePortFile(

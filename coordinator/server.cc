@@ -62,7 +62,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   grpcutil::ClusterCredential cluster = grpcutil::ClusterCredential::Open();
   if (!config.cluster_token_file.empty()) {
     RECALL_ASSIGN_OR_RETURN(cluster, grpcutil::ClusterCredential::Load(config.cluster_token_file));
+    s->cluster_token_ = cluster.token();
   }
+  RECALL_RETURN_IF_ERROR(s->CheckKeysApartFromToken(s->keys_));
   s->registry_ =
       std::make_unique<WorkerRegistry>(&s->metrics_, absl::Milliseconds(500), 3, cluster);
   for (const std::string& w : config.workers) s->registry_->Add(w);
@@ -207,6 +209,17 @@ void CoordinatorServer::Shutdown(std::chrono::milliseconds grace) {
   server_.reset();
 }
 
+absl::Status CoordinatorServer::CheckKeysApartFromToken(const ApiKeys& keys) const {
+  // The two credentials are apart: a tenant holding the token could register and drain
+  // workers, and the workers' holder could act as that tenant.
+  if (!cluster_token_.empty() && keys.Has(cluster_token_)) {
+    return absl::InvalidArgumentError(
+        "--api-keys: one of its keys is the cluster token (--cluster-token-file); give "
+        "tenants keys of their own");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CoordinatorServer::ReloadApiKeys() {
   if (api_keys_path_.empty()) {
     return absl::FailedPreconditionError(
@@ -214,9 +227,10 @@ absl::Status CoordinatorServer::ReloadApiKeys() {
         "turn keys on)");
   }
   absl::StatusOr<ApiKeys> loaded = ApiKeys::Load(api_keys_path_);
-  if (!loaded.ok()) {
-    return absl::Status(loaded.status().code(),
-                        absl::StrCat(loaded.status().message(), " (the keys in use are kept)"));
+  absl::Status st = loaded.status();
+  if (st.ok()) st = CheckKeysApartFromToken(*loaded);
+  if (!st.ok()) {
+    return absl::Status(st.code(), absl::StrCat(st.message(), " (the keys in use are kept)"));
   }
   keys_.Replace(*loaded);
   return absl::OkStatus();

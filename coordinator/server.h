@@ -78,6 +78,9 @@ class CoordinatorServer {
   std::unique_ptr<WorkerRegistry> registry_;
   ApiKeys keys_ = ApiKeys::Open();
   std::string api_keys_path_;  // CoordinatorConfig::api_keys_path
+  std::string cluster_token_;  // --cluster-token-file's token ("" none)
+  // InvalidArgument when a key of `keys` is the cluster token.
+  absl::Status CheckKeysApartFromToken(const ApiKeys& keys) const;
   std::unique_ptr<Conversations> conversations_;
   std::unique_ptr<IdleSessions> idle_sessions_;  // with --session-ttl
   std::unique_ptr<ChatService> service_;

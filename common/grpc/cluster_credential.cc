@@ -9,6 +9,7 @@
 #include <random>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/files.h"
 #include "common/status.h"
@@ -62,8 +63,10 @@ grpc::Status ClusterCredential::Check(const grpc::ServerContextBase& context,
                                      " accepts only the cluster token (--cluster-token-file)"));
   }
   const std::string value(it->second.data(), it->second.size());
-  const std::string presented =
-      value.rfind(kBearer, 0) == 0 ? value.substr(sizeof(kBearer) - 1) : std::string();
+  // The scheme's name is case-insensitive (RFC 9110 11.1), as for API keys.
+  const std::string presented = absl::StartsWithIgnoreCase(value, kBearer)
+                                    ? value.substr(sizeof(kBearer) - 1)
+                                    : std::string();
   if (!SameSecret(token_, presented)) {
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                         absl::StrCat(what,

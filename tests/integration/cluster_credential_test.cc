@@ -5,6 +5,7 @@
 // on the worker, nor register or drain workers); the worker registers with the token and
 // tenants chat through the coordinator as before. Without a token, API keys close the
 // registry.
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -179,6 +180,11 @@ TEST_F(ClusterCredentialTest, OnlyTheClusterTokenReachesTheWorkerAndTheRegistry)
   // The cluster token itself works on both.
   EXPECT_EQ(WorkerCodes(kToken)[3], C::OK);
   EXPECT_EQ(RegistryCodes(kToken), std::vector<C>(2, C::OK));
+  // Its scheme in any case, as for API keys ("bearer TOKEN" was PERMISSION_DENIED, "not it").
+  grpc::ClientContext lower;
+  lower.AddMetadata("authorization", std::string("bearer ") + kToken);
+  v1::LoadReport load;
+  EXPECT_TRUE(worker_stub_->GetLoad(&lower, v1::GetLoadRequest(), &load).ok());
 }
 
 TEST(ClusterCredentialRegistryTest, ApiKeysWithoutAClusterTokenCloseTheRegistry) {
@@ -203,6 +209,21 @@ TEST(ClusterCredentialRegistryTest, ApiKeysWithoutAClusterTokenCloseTheRegistry)
     EXPECT_NE(st.error_message().find("--cluster-token-file"), std::string::npos)
         << st.error_message();
   }
+}
+
+// The cluster token as a tenant's API key is refused at start (it was taken: that tenant could
+// then register and drain workers, and the workers' holder act as the tenant).
+TEST(ClusterCredentialFileTest, TheClusterTokenAsAnApiKeyIsRefused) {
+  const std::string dir = testing::MakeTempDir("cluster_token_as_key");
+  std::ofstream(dir + "/token") << kToken << "\n";
+  std::ofstream(dir + "/keys") << "key-a tenant-a\n" << kToken << " tenant-x\n";
+  ::chmod((dir + "/token").c_str(), 0600);
+  ::chmod((dir + "/keys").c_str(), 0600);
+  const auto [code, out] = testing::RunToExit(
+      std::string("timeout 10 ") + RECALL_COORDINATOR_BINARY + " --listen 127.0.0.1:0 --data-dir " +
+      dir + " --api-keys " + dir + "/keys --cluster-token-file " + dir + "/token");
+  EXPECT_GT(code, 0) << out;
+  EXPECT_NE(out.find("--api-keys: one of its keys is the cluster token"), std::string::npos) << out;
 }
 
 // SIGHUP reads the API key file again: a key removed no longer works, one added does, and a
