@@ -39,7 +39,7 @@ absl::StatusOr<ApiKeys> ApiKeys::Load(const std::string& path) {
     if (!tenant_by_key->emplace(key, tenant).second) {
       // Which tenant the key is would depend on the order of the lines.
       return absl::InvalidArgumentError(
-          absl::StrCat(path, ":", n, ": the key is given twice (once per tenant)"));
+          absl::StrCat(path, ":", n, ": the key is given twice (a key is one tenant's)"));
     }
   }
   if (tenant_by_key->empty()) {

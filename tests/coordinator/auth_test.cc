@@ -20,7 +20,7 @@ TEST(ApiKeysTest, KeysMapToTenantsAndBadFilesAreRefusedNamingTheLine) {
             absl::StatusCode::kUnauthenticated);
 
   const std::pair<std::string, std::string> bad[] = {
-      {"k1 alice\nk1 bob\n", "/twice:2: the key is given twice"},
+      {"k1 alice\nk1 bob\n", "/twice:2: the key is given twice (a key is one tenant's)"},
       {"k1\n", "/one_word:1: expected \"<key> <tenant>\""},
       {"# nothing\n", "/no_keys: no keys"},
       // Usable over HTTP only (gRPC clients refused it): refused naming the line.

@@ -78,7 +78,13 @@ class Registration {
                 st.ok() ? (resp.not_used().empty()
                                ? ""
                                : absl::StrCat(", which sends it no turn: ", resp.not_used()))
-                        : absl::StrCat(": ", st.error_message()));
+                        : absl::StrCat(": ", st.error_message(),
+                                       // A TLS coordinator closes a plaintext connection.
+                                       st.error_code() == grpc::StatusCode::UNAVAILABLE
+                                           ? " (is it up and reachable? a worker registers "
+                                             "over plaintext: a coordinator serving TLS closes "
+                                             "its connection)"
+                                           : ""));
             // Said when it changes: by its code and the reason it is not used, not by gRPC's
             // words for a refused connection, which vary from one try to the next.
             const std::string key = absl::StrCat(st.error_code(), "/", resp.not_used());
