@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <set>
 #include <tuple>
 #include <utility>
@@ -634,13 +635,21 @@ absl::StatusOr<int> LockStoreFile(const std::string& path) {
   return fd;
 }
 
-// What the lock file holds once a store was made in its file (OpenSqliteStore's `emptied`).
-constexpr char kStoreMade[] = "a Recall session store was made in this lock's file\n";
+// What the lock file holds once a store was made in its file (OpenSqliteStore's `emptied`):
+// that file's identity, so a file moved away and made anew is not taken for an emptied one.
+std::string StoreMark(const struct stat& file) {
+  return absl::StrCat("a Recall session store was made in device ", file.st_dev, " inode ",
+                      file.st_ino, "\n");
+}
 
-void MarkStoreMade(int lock_fd) {
-  // Best effort: a lock without it only leaves an emptied file unsaid.
-  if (ftruncate(lock_fd, 0) == 0) {
-    [[maybe_unused]] const ssize_t n = pwrite(lock_fd, kStoreMade, sizeof(kStoreMade) - 1, 0);
+void MarkStoreMade(int lock_fd, const std::string& path) {
+  // Best effort (a lock without it only leaves an emptied file unsaid); written before the
+  // old mark is cut, so a full disk does not erase it.
+  struct stat file;
+  if (::stat(path.c_str(), &file) != 0) return;
+  const std::string mark = StoreMark(file);
+  if (pwrite(lock_fd, mark.data(), mark.size(), 0) == static_cast<ssize_t>(mark.size())) {
+    [[maybe_unused]] const int cut = ftruncate(lock_fd, static_cast<off_t>(mark.size()));
   }
 }
 
@@ -687,7 +696,8 @@ std::set<std::string> Columns(sqlite3* db, const char* table) {
 // Damaged pages that the queries may read rarely or never (an index's: a lookup that no longer
 // finds a session), found by PRAGMA quick_check, which reads the whole file. Empty for a sound
 // file, and for one that is no database (its open says so). A check that could not run (the
-// file locked past the timeout, an I/O error) is Unavailable naming why, not damage.
+// file locked past the timeout, out of memory) is Unavailable naming why, not damage; an I/O
+// error reading it is damage (an unreadable sector).
 absl::StatusOr<std::vector<std::string>> DamagedPages(sqlite3* db, const std::string& path) {
   std::vector<std::string> problems;
   Stmt check(db, "PRAGMA quick_check(5)");
@@ -699,12 +709,12 @@ absl::StatusOr<std::vector<std::string>> DamagedPages(sqlite3* db, const std::st
     problems.push_back(std::move(problem));
   }
   if (rc == SQLITE_DONE || (rc & 0xFF) == SQLITE_NOTADB) return problems;
-  if ((rc & 0xFF) == SQLITE_CORRUPT) {
-    problems.push_back(sqlite3_errstr(rc));
-    return problems;
+  if ((rc & 0xFF) == SQLITE_BUSY || (rc & 0xFF) == SQLITE_LOCKED || (rc & 0xFF) == SQLITE_NOMEM) {
+    return absl::UnavailableError(absl::StrCat("session store ", path, ": cannot check it (",
+                                               sqlite3_errstr(rc), "); retryable"));
   }
-  return absl::UnavailableError(absl::StrCat("session store ", path, ": cannot check it (",
-                                             sqlite3_errstr(rc), ")", DiskFullHint(path)));
+  problems.push_back(sqlite3_errstr(rc));  // damage, an unreadable sector (I/O) among it
+  return problems;
 }
 
 // A store's tables and the columns every version of them has (later ones are added at open).
@@ -826,9 +836,15 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string&
   // A store file of 0 bytes beside the lock of a coordinator that had made it (kStoreMade in
   // the lock: a first start that failed before its schema was written leaves an empty file
   // and lock, and no store was lost): the file was emptied, and SQLite would take it as new.
-  struct stat file, lock;
-  const bool emptied = ::stat(path.c_str(), &file) == 0 && file.st_size == 0 &&
-                       ::stat((path + ".lock").c_str(), &lock) == 0 && lock.st_size > 0;
+  struct stat file;
+  bool emptied = false;
+  if (::stat(path.c_str(), &file) == 0 && file.st_size == 0) {
+    std::ifstream lock(path + ".lock", std::ios::binary);
+    std::string mark(256, '\0');
+    lock.read(mark.data(), static_cast<std::streamsize>(mark.size()));
+    mark.resize(static_cast<size_t>(lock.gcount()));
+    emptied = mark == StoreMark(file);
+  }
   RECALL_ASSIGN_OR_RETURN(const int lock_fd, LockStoreFile(path));
   absl::Cleanup unlock = [lock_fd] { close(lock_fd); };  // unless the store takes it
   // Every tenant's transcripts: a new file is its owner's only (SQLite gives its log and
@@ -910,7 +926,7 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string&
   RECALL_RETURN_IF_ERROR(SetUp(db, kIndexes, path));
   RECALL_RETURN_IF_ERROR(
       SetUp(db, absl::StrCat("PRAGMA user_version = ", kSchemaVersion).c_str(), path));
-  MarkStoreMade(lock_fd);
+  MarkStoreMade(lock_fd, path);
   std::move(unlock).Cancel();
   return std::unique_ptr<SessionStore>(new SqliteStore(db, lock_fd, path));
 }

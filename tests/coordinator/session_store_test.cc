@@ -942,6 +942,11 @@ TEST(SqliteStoreTest, AnEmptyFileNoStoreWasMadeInOpensAndAnEmptiedOneIsRefused) 
   std::filesystem::remove(path + "-shm");
   const auto refused = OpenStore(path);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kDataLoss) << refused.status();
+  // Moved away (as a refusal advises) and a new empty file in its place, as a first start
+  // that failed leaves it: a new store, not an emptied one (the lock names the old file).
+  std::filesystem::rename(path, path + ".old");
+  std::ofstream(path).close();
+  EXPECT_TRUE(OpenStore(path).ok()) << OpenStore(path).status();
 }
 
 // A new store file, its log and its lock are their owner's only (they were 0644: every local

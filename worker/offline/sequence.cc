@@ -85,8 +85,9 @@ absl::Status LocalSequence::Prefill(std::span<const int32_t> prompt, int chunk, 
     for (int fed = 0; fed < len;) {
       bool step = false;
       const int want = std::min(chunk, len - fed);
-      absl::StatusOr<int> piece = runtime::NextCompactPiece(*cache_, config, evictor_.get(), chunk,
-                                                            want, &step, [&] { MakeRoom(want); });
+      absl::StatusOr<int> piece =
+          runtime::NextCompactPiece(*cache_, cache_->max_length(), config, evictor_.get(), chunk,
+                                    want, &step, [&] { MakeRoom(want); });
       if (!piece.ok()) {
         return absl::FailedPreconditionError(absl::StrCat("prompt: ", piece.status().message()));
       }

@@ -48,13 +48,13 @@ int CompactPiece(int length, cache::eviction::SessionEvictor& evictor, int conte
   return std::min(n, room);
 }
 
-absl::StatusOr<int> NextCompactPiece(const cache::SequenceCache& cache,
+absl::StatusOr<int> NextCompactPiece(const cache::SequenceCache& cache, int length,
                                      const model::ModelConfig& config,
                                      cache::eviction::SessionEvictor* stepping, int chunk, int n,
                                      bool* step, absl::FunctionRef<void()> compact) {
   *step = false;
   if (stepping != nullptr) {
-    n = CompactPiece(cache.max_length(), *stepping, config.max_seq_len, chunk, n, step);
+    n = CompactPiece(length, *stepping, config.max_seq_len, chunk, n, step);
   }
   if (NeedsCompaction(cache, config, n)) {
     compact();
@@ -64,7 +64,7 @@ absl::StatusOr<int> NextCompactPiece(const cache::SequenceCache& cache,
     }
     if (NeedsCompaction(cache, config, n)) {
       return absl::FailedPreconditionError(
-          absl::StrCat("the cache holds ", cache.max_length(), " tokens, which with ", n,
+          absl::StrCat("the cache holds ", length, " tokens, which with ", n,
                        " more fill the model's context length (", config.max_seq_len,
                        "); its policy does not evict enough to go on"));
     }

@@ -54,13 +54,14 @@ inline bool NeedsCompaction(const cache::SequenceCache& cache, const model::Mode
 int CompactPiece(int length, cache::eviction::SessionEvictor& evictor, int context, int chunk,
                  int n, bool* step);
 
-// The piece a compact sequence feeds next, `n` being the piece it would feed: for prompt
+// The piece a compact sequence feeds next, `n` being the piece it would feed and `length`
+// its longest row (over every rank's cache under TP; `cache` positions them): for prompt
 // tokens of a sequence whose evictor steps (`stepping` non-null), CompactPiece's; then, when
 // the piece would pass the context, `compact` re-positions the cache (CompactPositions), and
 // if that is not enough a stepping sequence feeds one token with *step set. FailedPrecondition
 // when even that fills the context: its policy does not evict enough to go on. Shared by the
 // scheduler and the offline sequence, so both go on (and stop) alike.
-absl::StatusOr<int> NextCompactPiece(const cache::SequenceCache& cache,
+absl::StatusOr<int> NextCompactPiece(const cache::SequenceCache& cache, int length,
                                      const model::ModelConfig& config,
                                      cache::eviction::SessionEvictor* stepping, int chunk, int n,
                                      bool* step, absl::FunctionRef<void()> compact);

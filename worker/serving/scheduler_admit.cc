@@ -146,7 +146,10 @@ absl::Status Scheduler::EnsureResident(Turn& t) {
     RECALL_RETURN_IF_ERROR(CreateCache(s, t));
     fresh = true;
   } else if (s.offloaded()) {
-    RECALL_RETURN_IF_ERROR(memory_.Restore(s));
+    if (absl::Status restored = memory_.Restore(s); !restored.ok()) {
+      t.worker_failed = true;  // the worker's own failure, whatever its code
+      return restored;
+    }
   }
   if (t.touched) return absl::OkStatus();  // resuming after preemption
   s.last_turn.reset();                     // a later turn: the last can no longer be taken back

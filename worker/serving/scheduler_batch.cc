@@ -41,9 +41,9 @@ absl::StatusOr<int> Scheduler::PlanFeed(Turn& t) {
   // at prefill: stepping would not evict.)
   const bool can_step = e != nullptr && !e->policy().compresses_prefill();
   bool step = false;
-  absl::StatusOr<int> piece =
-      runtime::NextCompactPiece(*s.cache(), c, !t.decoding && can_step ? e : nullptr,
-                                options_.prefill_chunk, n, &step, [&] { CompactSession(s); });
+  absl::StatusOr<int> piece = runtime::NextCompactPiece(
+      *s.cache(), s.max_length(), c, !t.decoding && can_step ? e : nullptr, options_.prefill_chunk,
+      n, &step, [&] { CompactSession(s); });
   if (!piece.ok()) {
     return absl::FailedPreconditionError(absl::StrCat("cache: ", piece.status().message()));
   }
@@ -186,10 +186,13 @@ void Scheduler::RunBatch() {
     if (!PreemptOne()) {
       // A single turn that outgrew the pool: end it rather than hang. Every other session
       // is already out of the pool (MakeRoom), so unless a preempted turn waiting to resume
-      // still holds its scratch there, the same turn would outgrow it again: a retry hint
-      // sent clients back for nothing.
-      const bool others_scratch =
-          std::any_of(waiting_.begin(), waiting_.end(), [](const auto& w) { return w->touched; });
+      // still holds scratch there (counted by SettleScratch), the same turn would outgrow it
+      // again: a retry hint sent clients back for nothing.
+      const bool others_scratch = std::any_of(waiting_.begin(), waiting_.end(), [](const auto& w) {
+        const auto held = [](const std::vector<float>& v) { return v.capacity() > 0; };
+        return held(w->raw_logits) || std::any_of(w->probs.begin(), w->probs.end(), held) ||
+               std::any_of(w->window_queries.begin(), w->window_queries.end(), held);
+      });
       FinishTurn(*active_.back(),
                  absl::ResourceExhaustedError(absl::StrCat(
                      "the turn outgrew the KV pool: its session needs more than the pool's ",
@@ -243,6 +246,7 @@ void Scheduler::RunBatch() {
       // cache is dropped and rebuilt from the transcript next time.
       RECALL_LOG(ERROR) << "eviction failed for session " << t.session->id << ": "
                         << evict_status[i];
+      t.worker_failed = true;
       ended.emplace_back(&t, evict_status[i]);
       continue;
     }

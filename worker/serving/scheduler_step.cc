@@ -220,8 +220,7 @@ void Scheduler::Admit() {
     }
     absl::Status st = EnsureResident(*t);
     if (!st.ok()) {
-      t->worker_failed = true;  // a restore from host memory
-      FinishTurn(*t, st);
+      FinishTurn(*t, st);  // a restore's failure is the worker's (EnsureResident says)
       continue;
     }
     waiting_.pop_front();
