@@ -191,6 +191,11 @@ absl::StatusOr<OpenTurn> Conversations::Open(
   turn.edge = edge;
   RECALL_RETURN_IF_ERROR(TakingTurns());
   if (!MarkRunning(turn.key)) {
+    // A session this tenant does not have answers NOT_FOUND however many of its turns come
+    // at once (the second of two said one of its turns was running).
+    if (absl::Status st = store_.Get(tenant, session_id).status(); absl::IsNotFound(st)) {
+      return st;
+    }
     return absl::FailedPreconditionError(
         "session_id: a turn of this session is running; send the next when it ends "
         "(retryable)");

@@ -549,6 +549,19 @@ TEST_F(ConversationsTest, DamagedCacheSettingsRefuseAResume) {
   EXPECT_EQ(t[2].state, TurnState::kInterrupted) << "left as it was";
 }
 
+// A turn on a session that is not there is NOT_FOUND even while a turn runs under its key (a
+// tenant sending turns at once on an id it does not have was told, for all but the first,
+// that one of its turns was running); a session that is there says its turn runs.
+TEST_F(ConversationsTest, ATurnOnASessionThatIsNotThereIsNotFoundWhileAnotherRuns) {
+  auto first = conversations_->Begin("t", id_, Plan(1, {{"user", "Hi"}}), {}, "http");
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto busy = conversations_->Begin("t", id_, Plan(1, {{"user", "Hi"}}), {}, "http");
+  EXPECT_EQ(busy.status().code(), absl::StatusCode::kFailedPrecondition) << busy.status();
+  ASSERT_TRUE(store_->Delete("t", id_).ok());
+  auto gone = conversations_->Begin("t", id_, Plan(1, {{"user", "Hi"}}), {}, "http");
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound) << gone.status();
+}
+
 TEST_F(ConversationsTest, TheTurnLimitAndOtherTenants) {
   auto other = conversations_->Begin("u", id_, Plan(1, {{"user", "Hi"}}), {}, "http");
   EXPECT_EQ(other.status().code(), absl::StatusCode::kNotFound) << "another tenant's session";

@@ -21,6 +21,18 @@
 namespace recall::coordinator {
 namespace {
 
+// A store at `path` holding one session ("s1" of tenant "a").
+absl::StatusOr<std::unique_ptr<SessionStore>> StoreWithOneSession(const std::string& path) {
+  absl::StatusOr<std::unique_ptr<SessionStore>> store = OpenStore(path);
+  if (!store.ok()) return store;
+  SessionRecord r;
+  r.id = "s1";
+  r.tenant = "a";
+  r.model = "m";
+  if (absl::Status made = (*store)->Create(r); !made.ok()) return made;
+  return store;
+}
+
 // The integer a one-value query gives on the SQLite file at `path` (-1 for none).
 int QueryInt(const std::string& path, const std::string& sql) {
   sqlite3* db = nullptr;
@@ -858,15 +870,7 @@ TEST(SqliteStoreTest, AMessageIndexPastAnyTranscriptIsDataLoss) {
 // and not a crash.
 TEST(SqliteStoreTest, ADamagedPageIsDataLoss) {
   const std::string path = testing::MakeTempDir("store_damaged") + "/sessions.db";
-  {
-    auto store = OpenStore(path);
-    ASSERT_TRUE(store.ok()) << store.status();
-    SessionRecord r;
-    r.id = "s1";
-    r.tenant = "a";
-    r.model = "m";
-    ASSERT_TRUE((*store)->Create(r).ok());
-  }
+  ASSERT_TRUE(StoreWithOneSession(path).ok());  // closed again
   const int root = QueryInt(path, "SELECT rootpage FROM sqlite_master WHERE name = 'sessions'");
   const int page_size = QueryInt(path, "PRAGMA page_size");
   ASSERT_GT(root, 1);
@@ -954,14 +958,9 @@ TEST(SqliteStoreTest, AnEmptyFileNoStoreWasMadeInOpensAndAnEmptiedOneIsRefused) 
 TEST(SqliteStoreTest, ANewStoreIsItsOwnersOnlyAndAReadableOneIsSaid) {
   const std::string path = testing::MakeTempDir("store_mode") + "/sessions.db";
   {
-    auto store = OpenStore(path);
+    auto store = StoreWithOneSession(path);
     ASSERT_TRUE(store.ok()) << store.status();
-    SessionRecord r;
-    r.id = "s1";
-    r.tenant = "a";
-    r.model = "m";
-    ASSERT_TRUE((*store)->Create(r).ok());
-    for (const std::string& file : {path, path + "-wal", path + ".lock"}) {
+    for (const std::string& file : {path, path + "-wal", path + ".lock"}) {  // while open
       struct stat st;
       ASSERT_EQ(::stat(file.c_str(), &st), 0) << file;
       EXPECT_EQ(st.st_mode & 0777, 0600u) << file;

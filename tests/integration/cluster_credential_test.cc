@@ -187,17 +187,24 @@ TEST_F(ClusterCredentialTest, OnlyTheClusterTokenReachesTheWorkerAndTheRegistry)
   EXPECT_TRUE(worker_stub_->GetLoad(&lower, v1::GetLoadRequest(), &load).ok());
 }
 
-TEST(ClusterCredentialRegistryTest, ApiKeysWithoutAClusterTokenCloseTheRegistry) {
-  const std::string dir = testing::MakeTempDir("cluster_registry_closed");
-  std::ofstream(dir + "/keys") << "key-a tenant-a\n";
-  ServerProcess coordinator;
+// A coordinator on `dir` with `dir`/keys holding `keys` (no workers, no cluster token), and a
+// channel to it.
+std::shared_ptr<grpc::Channel> StartKeyed(ServerProcess& coordinator, const std::string& dir,
+                                          const std::string& keys) {
+  std::ofstream(dir + "/keys") << keys;
   std::string error;
-  ASSERT_TRUE(coordinator.Start(
+  EXPECT_TRUE(coordinator.Start(
       RECALL_COORDINATOR_BINARY,
       {"--listen", "127.0.0.1:0", "--data-dir", dir, "--api-keys", dir + "/keys"}, dir, &error))
       << error;
-  auto stub = v1::Registry::NewStub(grpc::CreateChannel(
-      "127.0.0.1:" + std::to_string(coordinator.port("grpc")), grpc::InsecureChannelCredentials()));
+  return grpc::CreateChannel("127.0.0.1:" + std::to_string(coordinator.port("grpc")),
+                             grpc::InsecureChannelCredentials());
+}
+
+TEST(ClusterCredentialRegistryTest, ApiKeysWithoutAClusterTokenCloseTheRegistry) {
+  const std::string dir = testing::MakeTempDir("cluster_registry_closed");
+  ServerProcess coordinator;
+  auto stub = v1::Registry::NewStub(StartKeyed(coordinator, dir, "key-a tenant-a\n"));
   for (const std::string& bearer : {std::string(), std::string("key-a")}) {
     grpc::ClientContext ctx;
     if (!bearer.empty()) ctx.AddMetadata("authorization", "Bearer " + bearer);
@@ -231,15 +238,8 @@ TEST(ClusterCredentialFileTest, TheClusterTokenAsAnApiKeyIsRefused) {
 // revoked key worked until a restart).
 TEST(ApiKeysReloadTest, SighupReadsTheKeyFileAgain) {
   const std::string dir = testing::MakeTempDir("api_keys_reload");
-  std::ofstream(dir + "/keys") << "key-a tenant-a\nkey-b tenant-b\n";
   ServerProcess coordinator;
-  std::string error;
-  ASSERT_TRUE(coordinator.Start(
-      RECALL_COORDINATOR_BINARY,
-      {"--listen", "127.0.0.1:0", "--data-dir", dir, "--api-keys", dir + "/keys"}, dir, &error))
-      << error;
-  auto stub = v1::Chat::NewStub(grpc::CreateChannel(
-      "127.0.0.1:" + std::to_string(coordinator.port("grpc")), grpc::InsecureChannelCredentials()));
+  auto stub = v1::Chat::NewStub(StartKeyed(coordinator, dir, "key-a tenant-a\nkey-b tenant-b\n"));
   const auto list = [&](const std::string& key) {
     grpc::ClientContext ctx;
     ctx.AddMetadata("authorization", "Bearer " + key);
