@@ -42,6 +42,7 @@ struct ServeOptions {
   int metrics_port = 0;                        // the coordinator's /metrics: 0 a free port, -1 off
   std::string api_keys;   // "<key> <tenant>" lines; empty: no auth
   std::string port_file;  // "grpc=PORT http=PORT" once ready
+  bool allow_store_loss = false;           // CoordinatorConfig::allow_store_loss
   coordinator::CoordinatorOptions limits;  // the coordinator's limits (the --max-* flags)
   service::WorkerOptions worker;
   ServeOptions() {
@@ -86,6 +87,11 @@ const flags::FlagSet<ServeOptions>& ServeFlags() {
             "write \"grpc=PORT http=PORT\" once ready (http=0: off; then\n"
             "\" worker-metrics=PORT\" with --worker-metrics-port)",
             [](auto& o) -> auto& { return o.port_file; })
+        .Switch(
+            "allow-store-loss",
+            "start on a session store that lost sessions (a damaged or emptied sessions.db),\n"
+            "serving what can be read, with a warning; by default serve refuses to start",
+            [](auto& o) -> auto& { return o.allow_store_loss; })
         .Include(
             coordinator::LimitFlags(), [](auto& o) -> auto& { return o.limits; })
         .Include(service::WorkerFlags(), [](auto& o) -> auto& { return o.worker; },
@@ -134,7 +140,12 @@ absl::Status Serve(const ServeOptions& o) {
   }
   const std::string data_dir = o.data_dir.empty() ? DefaultDataDir() : o.data_dir;
   std::error_code ec;
-  std::filesystem::create_directories(data_dir, ec);
+  // Made the owner's only, as recall-coordinator makes its --data-dir: it holds the session
+  // store (every session's transcript) and the cluster token.
+  if (std::filesystem::create_directories(data_dir, ec) && !ec) {
+    std::filesystem::permissions(data_dir, std::filesystem::perms::owner_all,
+                                 std::filesystem::perm_options::replace, ec);
+  }
   if (ec) {
     return absl::InvalidArgumentError(
         absl::StrCat("--data-dir: cannot create ", data_dir, ": ", ec.message()));
@@ -163,6 +174,7 @@ absl::Status Serve(const ServeOptions& o) {
   c.listen = o.listen;
   c.data_dir = data_dir;
   c.api_keys_path = o.api_keys;
+  c.allow_store_loss = o.allow_store_loss;
   c.cluster_token_file = worker_options.cluster_token_file;
   c.metrics_port = o.metrics_port;
   c.options = o.limits;
