@@ -1,5 +1,6 @@
 #include "coordinator/auth.h"
 
+#include <set>
 #include <sstream>
 
 #include "absl/strings/match.h"
@@ -54,7 +55,11 @@ std::shared_ptr<const ApiKeys::Map> ApiKeys::Current() const {
   return tenant_by_key_;
 }
 
-size_t ApiKeys::size() const { return Current()->size(); }
+size_t ApiKeys::tenants() const {
+  std::set<std::string> names;
+  for (const auto& [key, tenant] : *Current()) names.insert(tenant);
+  return names.size();
+}
 
 bool ApiKeys::Has(const std::string& key) const { return Current()->count(key) > 0; }
 

@@ -34,7 +34,8 @@ class ApiKeys {
   // UNAUTHENTICATED when keys are on: a request carried `count` > 1 keys.
   absl::Status CheckOneKey(size_t count) const;
   bool enabled() const { return enabled_; }
-  size_t size() const;
+  // How many tenants the keys name (a tenant may hold several keys).
+  size_t tenants() const;
   bool Has(const std::string& key) const;
 
   // The keys of `other` (a file read again: recall-coordinator's SIGHUP) in place of these,

@@ -95,6 +95,7 @@ TurnRunnerOptions Conversations::RunnerOptions() const {
   TurnRunnerOptions o;
   o.max_attempts = options_.max_attempts;
   o.default_max_tokens = options_.default_max_tokens;
+  o.tenant_turns = &tenant_turns_;
   return o;
 }
 
@@ -190,6 +191,8 @@ absl::StatusOr<OpenTurn> Conversations::Open(
   turn.writer = instance_id_;
   turn.edge = edge;
   RECALL_RETURN_IF_ERROR(TakingTurns());
+  // A tenant at its limit is refused before the store is touched (its runner counts the turn).
+  RECALL_RETURN_IF_ERROR(tenant_turns_.Check(tenant));
   if (!MarkRunning(turn.key)) {
     // A session this tenant does not have answers NOT_FOUND however many of its turns come
     // at once (the second of two said one of its turns was running).
@@ -259,6 +262,7 @@ void Conversations::BuildSpec(const SessionRecord& rec, int index,
   }
   spec.bound = rec.worker;
   spec.model = rec.model;
+  spec.tenant = turn.tenant;
   v1::RunTurnRequest& request = spec.request;
   request.set_session_id(turn.session_id);
   for (size_t i = replayed; i < messages.size(); ++i)
@@ -484,6 +488,7 @@ TurnSpec Conversations::OneOff(const std::string& tenant, const std::string& mod
   static std::atomic<int64_t> counter{0};
   TurnSpec spec;
   spec.model = model;
+  spec.tenant = tenant;
   spec.request.set_session_id(
       absl::StrCat("gen-", tenant, "-", counter++, "-", RealClock::Get().NowNanos()));
   v1::ChatMessage* user = spec.request.add_messages();

@@ -47,6 +47,7 @@
 #include "coordinator/lease_keeper.h"
 #include "coordinator/recent_map.h"
 #include "coordinator/session_store.h"
+#include "coordinator/tenant_turns.h"
 #include "coordinator/turn_runner.h"
 #include "coordinator/work_pool.h"
 #include "coordinator/worker_registry.h"
@@ -58,6 +59,9 @@ struct CoordinatorOptions {
   size_t max_message_bytes = 256 << 10;  // user message / system prompt
   int max_turns = 10000;                 // exchanges per session
   int max_sessions_per_tenant = 100000;
+  // Turns a tenant may have running at once through this coordinator (TenantTurns); 0: no
+  // limit.
+  int max_running_per_tenant = 0;
   int max_attempts = 4;          // workers tried for one turn
   int default_max_tokens = 256;  // the workers' default when a turn leaves it unset
   int store_threads = 4;         // threads for Converse's session store steps
@@ -323,6 +327,8 @@ class Conversations {
   static constexpr int kCreateStripes = 64;
   absl::Mutex create_mu_[kCreateStripes];
   std::atomic<bool> stopping_{false};                     // StopTakingTurns
+  // Each tenant's running turns, counted by their runners (RunnerOptions).
+  mutable TenantTurns tenant_turns_{options_.max_running_per_tenant};
   std::set<std::string> finishing_ ABSL_GUARDED_BY(mu_);  // running, in Finish
   WorkPool journal_pool_;  // the journals' store writes
   LeaseKeeper lease_keeper_;  // renews silent journals' leases every eighth of a lease

@@ -58,6 +58,13 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   if (!config.api_keys_path.empty()) {
     RECALL_ASSIGN_OR_RETURN(s->keys_, ApiKeys::Load(config.api_keys_path));
     s->api_keys_path_ = config.api_keys_path;
+    if (s->keys_.tenants() > 1 && config.options.max_running_per_tenant == 0) {
+      std::fprintf(stderr,
+                   "recall-coordinator: WARNING: %zu tenants share the workers with no "
+                   "--max-running-per-tenant: one tenant's burst of turns can fill every "
+                   "worker's queue and leave the others refused\n",
+                   s->keys_.tenants());
+    }
   }
   grpcutil::ClusterCredential cluster = grpcutil::ClusterCredential::Open();
   if (!config.cluster_token_file.empty()) {
@@ -251,6 +258,13 @@ const flags::FlagSet<CoordinatorOptions>& LimitFlags() {
         .Int(
             "max-sessions", "N", "sessions per tenant (default 100000)",
             [](auto& o) -> auto& { return o.max_sessions_per_tenant; }, 1, 1 << 30)
+        .Int(
+            "max-running-per-tenant", "N",
+            "turns one tenant may have running at once through this coordinator (session\n"
+            "turns and Generate / completions); past it RESOURCE_EXHAUSTED (HTTP 429),\n"
+            "retryable, while other tenants' turns go on (default 0: no limit; set it when\n"
+            "tenants share workers, or one tenant's burst fills every worker's queue)",
+            [](auto& o) -> auto& { return o.max_running_per_tenant; }, 0, 1 << 20)
         .Double(
             "session-ttl", "SECONDS",
             "delete a session idle this long (since its last turn began or ended),\n"

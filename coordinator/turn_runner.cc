@@ -197,10 +197,20 @@ TurnRunner::~TurnRunner() = default;
 
 void TurnRunner::Start() {
   running_->Add(1);
+  if (options_.tenant_turns != nullptr) {
+    if (absl::Status st = options_.tenant_turns->Acquire(spec_.tenant); !st.ok()) {
+      Fail(std::move(st));
+      return;
+    }
+    counted_ = true;
+  }
   NextAttempt();
 }
 
-void TurnRunner::Ended() { running_->Add(-1); }
+void TurnRunner::Ended() {
+  running_->Add(-1);
+  if (counted_) options_.tenant_turns->Release(spec_.tenant);
+}
 
 metrics::Gauge* TurnRunner::RunningTurns(metrics::Registry& metrics) {
   return metrics.GetGauge("recall_coordinator_turns_running",

@@ -57,6 +57,7 @@
 #include "common/metrics/registry.h"
 #include "coordinator/router.h"
 #include "coordinator/session_store.h"
+#include "coordinator/tenant_turns.h"
 #include "coordinator/worker_registry.h"
 #include "grpcpp/grpcpp.h"
 #include "recall/v1/worker.grpc.pb.h"
@@ -66,6 +67,9 @@ namespace recall::coordinator {
 struct TurnRunnerOptions {
   int max_attempts = 4;          // workers tried for one turn (failover, RESOURCE_EXHAUSTED)
   int default_max_tokens = 256;  // the workers' default when the turn leaves it unset
+  // Counts the turn under its tenant (TurnSpec::tenant) from Start to its end; a tenant at its
+  // limit ends the turn at Start with RESOURCE_EXHAUSTED. Null: not counted.
+  TenantTurns* tenant_turns = nullptr;
 };
 
 // How a TurnSpec's history is handed over when it is read late (TurnSpec::fetch_history).
@@ -84,6 +88,7 @@ struct TurnSpec {
   std::function<void(HistoryCallback)> fetch_history;
   std::string bound;                     // the session's worker; empty: none yet
   std::string model;                     // only workers serving this model; empty: any
+  std::string tenant;                    // whose turn (TurnRunnerOptions::tenant_turns)
   bool drop_after = false;               // a one-turn session: drop its cache when done
   // Send the history from the first attempt, so the worker compares it with its copy: the
   // transcript was rewritten (a client's diverging message list), and a worker's copy of the
@@ -185,6 +190,7 @@ class TurnRunner : public std::enable_shared_from_this<TurnRunner> {
   const TurnSpec spec_;
   TurnSink* const sink_;
   metrics::Gauge* const running_;  // RunningTurns
+  bool counted_ = false;           // under options_.tenant_turns (Start, Ended)
 
   // The attempt loop's state. Touched by Start and then only by the attempt in flight,
   // whose reactions are serialized, and by the next attempt after it ended.

@@ -65,11 +65,13 @@ class CoordinatorTest : public ::testing::Test {
       for (const std::string& a : WorkerExtraArgs(i)) args.push_back(a);
       ASSERT_TRUE(workers_[i].Start(RECALL_WORKER_BINARY, args, dir_, &error)) << error;
     }
-    StartCoordinator();
+    StartCoordinator(CoordinatorExtraArgs());
   }
 
   // Flags worker i gets besides the model, the address and a 16M pool.
   virtual std::vector<std::string> WorkerExtraArgs(int) { return {}; }
+  // Flags the coordinator gets at SetUp besides the workers, keys and limits.
+  virtual std::vector<std::string> CoordinatorExtraArgs() { return {}; }
 
   void StartCoordinator(const std::vector<std::string>& extra = {}) {
     std::string error;
@@ -140,6 +142,25 @@ class CoordinatorTest : public ::testing::Test {
     }
     r.status = reader->Finish();
     return r;
+  }
+
+  // One Generate call of the tenant holding `key` (greedy, `max_tokens`), `set` changing the
+  // request; the text streamed into *text.
+  grpc::Status Generate(const std::string& key, int max_tokens, std::string* text,
+                        const std::function<void(v1::GenerateRequest*)>& set = nullptr) {
+    grpc::ClientContext ctx;
+    Auth(&ctx, key);
+    v1::GenerateRequest req;
+    req.set_prompt("Once upon a time");
+    req.mutable_sampling()->set_max_tokens(max_tokens);
+    req.mutable_sampling()->set_temperature(0);
+    if (set) set(&req);
+    auto reader = stub_->Generate(&ctx, req);
+    v1::ConverseEvent ev;
+    while (reader->Read(&ev)) {
+      if (ev.has_tokens()) *text += ev.tokens().text();
+    }
+    return reader->Finish();
   }
 
   v1::Session Get(const std::string& session, const std::string& key = "key-a",
@@ -467,21 +488,7 @@ TEST_F(CoordinatorTest, KeysTenantsAndBadRequestsGetTheirCodes) {
 // (an unknown model was ignored; a bad kv_dtype got advice about creating a session).
 TEST_F(CoordinatorTest, GenerateAnswersAPromptAndChecksItsModelAndCache) {
   const auto generate = [&](const std::function<void(v1::GenerateRequest*)>& set,
-                            std::string* text) {
-    grpc::ClientContext ctx;
-    Auth(&ctx, "key-a");
-    v1::GenerateRequest req;
-    req.set_prompt("Once upon a time");
-    req.mutable_sampling()->set_max_tokens(8);
-    req.mutable_sampling()->set_temperature(0);
-    set(&req);
-    auto reader = stub_->Generate(&ctx, req);
-    v1::ConverseEvent ev;
-    while (reader->Read(&ev)) {
-      if (ev.has_tokens()) *text += ev.tokens().text();
-    }
-    return reader->Finish();
-  };
+                            std::string* text) { return Generate("key-a", 8, text, set); };
   std::string text;
   const grpc::Status ok = generate([](v1::GenerateRequest*) {}, &text);
   ASSERT_TRUE(ok.ok()) << ok.error_message();
@@ -1506,7 +1513,7 @@ class FailoverTest : public CoordinatorTest {
     const std::string config = testing::SharedPath("tokenizers/smollm2/config.json");
     if (!std::filesystem::exists(config)) GTEST_SKIP() << "shared data missing: " << config;
     dir_ = testing::MakeTempDir("failover");
-    std::ofstream(dir_ + "/keys") << "key-a tenant-a\n";
+    std::ofstream(dir_ + "/keys") << "key-a tenant-a\nkey-b tenant-b\n";
     for (int i = 0; i < 2; ++i) {
       std::string error;
       ASSERT_TRUE(workers_[i].Start(RECALL_WORKER_BINARY,
@@ -1516,9 +1523,51 @@ class FailoverTest : public CoordinatorTest {
                                     dir_, &error))
           << error;
     }
-    StartCoordinator();
+    StartCoordinator(CoordinatorExtraArgs());
   }
 };
+
+class TenantLimitTest : public FailoverTest {
+ protected:
+  std::vector<std::string> CoordinatorExtraArgs() override {
+    return {"--max-running-per-tenant", "1"};
+  }
+};
+
+// A tenant at --max-running-per-tenant is refused RESOURCE_EXHAUSTED (retryable), a session
+// turn before anything is stored, while another tenant's turn runs: before, nothing kept one
+// tenant's burst from filling every worker's queue. Random weights of SmolLM2's shape: the
+// 200-token reply runs for seconds after its first tokens (10-30 ms a token), the calls made
+// then take a fraction of that.
+TEST_F(TenantLimitTest, ATenantAtItsLimitIsRefusedWhileAnotherTenantsTurnRuns) {
+  const std::string waiting = Create("key-a");
+  const std::string busy = Create("key-a");
+  grpc::Status refused_turn, refused_generate, other;
+  std::string refused_text, other_text;
+  const Reply r = Say(busy, "Once upon a time", 200, "key-a", [&] {
+    refused_turn = Say(waiting, "Hello", 8, "key-a").status;
+    refused_generate = Generate("key-a", 8, &refused_text);
+    other = Generate("key-b", 8, &other_text);
+  });
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  ASSERT_GT(r.tokens.size(), 100u) << "the busy reply ran past the hook's calls";
+  for (const grpc::Status& st : {refused_turn, refused_generate}) {
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+    EXPECT_NE(st.error_message().find("the tenant has 1 turns running, the limit is 1"),
+              std::string::npos)
+        << st.error_message();
+    EXPECT_NE(st.error_message().find("(retryable)"), std::string::npos) << st.error_message();
+  }
+  EXPECT_TRUE(refused_text.empty());
+  EXPECT_TRUE(other.ok()) << "another tenant's turn runs: " << other.error_message();
+  EXPECT_FALSE(other_text.empty());
+  EXPECT_EQ(Get(waiting).messages_size(), 1) << "the refused turn stored nothing";
+  // The busy turn ended: the tenant's turns run again.
+  const Reply next = Say(waiting, "Hello", 8, "key-a");
+  EXPECT_TRUE(next.status.ok()) << next.status.error_message();
+  std::string text;
+  EXPECT_TRUE(Generate("key-a", 8, &text).ok());
+}
 
 TEST_F(FailoverTest, WorkerKilledMidReplyTheStreamCompletesElsewhereWithNothingLost) {
   // Reference: the same first turn, uninterrupted (greedy is deterministic, and both
