@@ -131,6 +131,10 @@ class Conversations {
   // turn (Begin, Resume). Not undone.
   void StopTakingTurns() { stopping_.store(true); }
   absl::Status TakingTurns() const;
+  // ResourceExhausted (retryable) while `tenant` has max_running_per_tenant turns running here.
+  absl::Status CheckRunningTurns(const std::string& tenant) const {
+    return tenant_turns_.Check(tenant);
+  }
   // Whether `reply` (of session `key`) is in progress by this coordinator (or a store that
   // keeps no writer: SQLite, one coordinator's) with no turn of the session running here: an
   // orphan, a turn whose end could not be stored (a store outage), to be taken as interrupted

@@ -520,6 +520,8 @@ absl::StatusOr<OpenTurn> HttpApi::BeginUnnamed(const std::string& tenant, const 
   // Stopping: refused here, not by each candidate's Begin, which fell through to a new
   // session made and deleted again.
   RECALL_RETURN_IF_ERROR(conversations_.TakingTurns());
+  // A tenant at its running-turns limit: refused before a session is looked for or made.
+  RECALL_RETURN_IF_ERROR(conversations_.CheckRunningTurns(tenant));
   const auto candidates = index_.Find(tenant, messages);
   bool waited = false;  // for a running candidate, once per request
   for (const auto& [length, id] : candidates) {
@@ -553,6 +555,8 @@ absl::StatusOr<OpenTurn> HttpApi::BeginUnnamed(const std::string& tenant, const 
       waited = true;
       if (conversations_.AwaitNotRunning(tenant + "/" + id, absl::Seconds(2))) open = begin();
     }
+    // The tenant at its running-turns limit: so is every candidate's turn and a new session's.
+    if (absl::IsResourceExhausted(open.status())) return open.status();
     // Running, deleted or gone on since it was recorded: the next candidate, or a new session.
     if (open.ok()) return open;
   }

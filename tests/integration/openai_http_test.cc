@@ -898,6 +898,58 @@ TEST_F(OpenAiHttpTlsTest, MutualTlsRequiresAClientCertificate) {
   EXPECT_EQ(Models("ca.pem", false), 0);
 }
 
+class OpenAiHttpTenantLimitTest : public OpenAiHttpCancelTest {
+ protected:
+  std::vector<std::string> ExtraCoordinatorFlags() const override {
+    return {"--max-running-per-tenant", "1"};
+  }
+};
+
+// A tenant at --max-running-per-tenant (here the one tenant "default") gets 429 with a
+// Retry-After, and its refused new conversation leaves no session; once its turn ended it is
+// served again. The first reply runs for seconds after its first text (200 tokens at tens of
+// ms each), the refused requests take milliseconds.
+TEST_F(OpenAiHttpTenantLimitTest, ATenantAtItsLimitGets429AndNoNewSession) {
+  httplib::Client client("127.0.0.1", coordinator_.port("http"));
+  client.set_read_timeout(120, 0);
+  httplib::Client other("127.0.0.1", coordinator_.port("http"));
+  other.set_read_timeout(120, 0);
+  HttpReply chat, completion;
+  int sessions_then = -1;
+  bool asked = false;
+  const HttpReply first =
+      Send(client, "POST", "/v1/chat/completions",
+           ChatBody({Message("user", "Once upon a time")}, 200, true), "", {},
+           [&](const std::string& so_far) {
+             if (asked || so_far.find("\"content\":\"", 60) == std::string::npos) return true;
+             asked = true;
+             chat = Send(other, "POST", "/v1/chat/completions",
+                         ChatBody({Message("user", "Tom went out")}, 4, false), "");
+             completion =
+                 Send(other, "POST", "/v1/completions", R"({"prompt": "x", "max_tokens": 2})", "");
+             grpc::ClientContext ctx;
+             v1::ListSessionsResponse page;
+             if (ChatStub()->ListSessions(&ctx, v1::ListSessionsRequest(), &page).ok()) {
+               sessions_then = page.sessions_size();
+             }
+             return true;
+           });
+  ASSERT_EQ(first.status, 200) << first.body;
+  ASSERT_TRUE(asked) << "no text came: " << first.body;
+  EXPECT_NE(first.body.find("\"finish_reason\":\"length\""), std::string::npos)
+      << "the reply ran its 200 tokens, past the refused requests";
+  for (const HttpReply* r : {&chat, &completion}) {
+    EXPECT_EQ(r->status, 429) << r->body;
+    EXPECT_EQ(r->Header("Retry-After"), "1") << r->body;
+    EXPECT_EQ(r->Header("x-should-retry"), "true") << r->body;
+    EXPECT_NE(r->body.find("the limit is 1 at once"), std::string::npos) << r->body;
+  }
+  EXPECT_EQ(sessions_then, 1) << "only the running conversation's session";
+  const HttpReply after = Send(client, "POST", "/v1/chat/completions",
+                               ChatBody({Message("user", "Tom went out")}, 4, false), "");
+  EXPECT_EQ(after.status, 200) << after.body;
+}
+
 TEST_F(OpenAiHttpCancelTest, AClientLeavingMidStreamCancelsTheWorkersTurn) {
   // Up to 200 tokens at tens of ms each; the client hangs up after the first text.
   httplib::Client client("127.0.0.1", coordinator_.port("http"));

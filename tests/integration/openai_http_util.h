@@ -231,16 +231,19 @@ class OpenAiHttpCancelTest : public ::testing::Test {
                                       "1"};
     for (const std::string& f : ExtraWorkerFlags()) flags.push_back(f);
     ASSERT_TRUE(worker_.Start(RECALL_WORKER_BINARY, flags, dir_, &error)) << error;
-    ASSERT_TRUE(coordinator_.Start(
-        RECALL_COORDINATOR_BINARY,
-        {"--workers", "127.0.0.1:" + std::to_string(worker_.port("grpc")), "--listen",
-         "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--data-dir", dir_, "--metrics-port", "0"},
-        dir_, &error))
-        << error;
+    std::vector<std::string> coordinator = {
+        "--workers",      "127.0.0.1:" + std::to_string(worker_.port("grpc")),
+        "--listen",       "127.0.0.1:0",
+        "--http-listen",  "127.0.0.1:0",
+        "--data-dir",     dir_,
+        "--metrics-port", "0"};
+    for (const std::string& f : ExtraCoordinatorFlags()) coordinator.push_back(f);
+    ASSERT_TRUE(coordinator_.Start(RECALL_COORDINATOR_BINARY, coordinator, dir_, &error)) << error;
   }
 
-  // More recall-worker flags (a fixture's session defaults).
+  // More recall-worker flags (a fixture's session defaults), recall-coordinator flags.
   virtual std::vector<std::string> ExtraWorkerFlags() const { return {}; }
+  virtual std::vector<std::string> ExtraCoordinatorFlags() const { return {}; }
 
   // POSTs a streaming chat `body` and hangs up once the role chunk and one chunk of text have
   // come whole (the client stopped the reply); the reply's body is empty when no text came.
