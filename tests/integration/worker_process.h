@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -66,11 +67,14 @@ class Worker {
     stub_ = v1::Worker::NewStub(channel_);
   }
 
-  TurnResult Run(const v1::RunTurnRequest& request, int read_delay_ms = 0) {
+  // One RunTurn read to its end; `before_read` runs after the call starts, before its first
+  // read (a slow reader).
+  TurnResult Run(const v1::RunTurnRequest& request,
+                 const std::function<void()>& before_read = nullptr) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
     auto reader = stub_->RunTurn(&ctx, request);
-    if (read_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(read_delay_ms));
+    if (before_read) before_read();
     TurnResult r;
     v1::TurnEvent ev;
     while (reader->Read(&ev)) {

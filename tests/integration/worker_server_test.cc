@@ -210,7 +210,20 @@ TEST_F(WorkerServerTest, ASlowReaderGetsCoalescedTokensAndTheWholeText) {
   TurnResult fast = worker_.Run(Turn("fast", "Once upon a time", 200));
   ASSERT_TRUE(fast.status.ok());
   worker_.UseSmallWindow();
-  TurnResult slow = worker_.Run(Turn("slow", "Once upon a time", 200), /*read_delay_ms=*/1500);
+  // The reader starts once the turn has decoded all its tokens (its session is resident and
+  // nothing runs), so most of them wait for a window that holds a few: a fixed 1.5 s wait was
+  // shorter than the decode on a loaded machine, and then tokens went out one by one.
+  const int resident = worker_.Load().resident_sessions();
+  bool decoded = false;
+  TurnResult slow = worker_.Run(Turn("slow", "Once upon a time", 200), [&] {
+    for (int i = 0; i < 6000 && !decoded; ++i) {
+      const v1::LoadReport load = worker_.Load();
+      decoded = load.resident_sessions() > resident && load.active_turns() == 0 &&
+                load.queued_turns() == 0;
+      if (!decoded) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  });
+  ASSERT_TRUE(decoded) << "the turn did not end its decode within 60 s";
   ASSERT_TRUE(slow.status.ok());
   EXPECT_EQ(slow.text, fast.text);
   EXPECT_EQ(slow.tokens, fast.tokens);
