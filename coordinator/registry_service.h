@@ -51,7 +51,13 @@ class RegistryService final : public v1::Registry::Service {
   grpc::Status Drain(grpc::ServerContext* context, const v1::DrainRequest* request,
                      v1::DrainResponse*) override {
     if (grpc::Status st = Admit(*context); !st.ok()) return st;
-    workers_.Drain(request->address());
+    // (An unknown address was OK: a worker advertising another address than the one it
+    // registered or was listed with heard nothing of it, and went on getting turns.)
+    if (!workers_.Drain(request->address())) {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                          "address: no worker \"" + request->address().substr(0, 256) +
+                              "\" is known to this coordinator (registered or in --workers)");
+    }
     return grpc::Status::OK;
   }
 

@@ -125,11 +125,13 @@ void WorkerRegistry::ForgetSeries(const std::vector<std::string>& addresses) {
   }
 }
 
-void WorkerRegistry::Drain(const std::string& address) {
+bool WorkerRegistry::Drain(const std::string& address) {
   absl::MutexLock lock(&mu_);
+  bool known = false;
   for (Entry& e : workers_) {
-    if (e.view.address == address) e.view.draining = true;
+    if (e.view.address == address) e.view.draining = known = true;
   }
+  return known;
 }
 
 void WorkerRegistry::ReportFailure(const std::string& address) {

@@ -62,7 +62,8 @@ class WorkerRegistry {
   // another instance is a restarted worker: polled again (its Info read anew) and no longer
   // draining; as the same one (the periodic repeat), nothing changes.
   void Add(const std::string& address, bool registered = false, const std::string& instance = "");
-  void Drain(const std::string& address);
+  // Whether a worker of that address is known (a drain of an unknown one does nothing).
+  bool Drain(const std::string& address);
   // Marks a worker down at once (a stream to it broke); the heartbeat revives it.
   void ReportFailure(const std::string& address);
   // Polls every worker once now (also done by the background thread).

@@ -1242,6 +1242,16 @@ TEST(CoordinatorRegistrationTest, AWorkerRegistersItselfAndServes) {
   drain.set_address(worker_address);
   v1::DrainResponse drained;
   ASSERT_TRUE(registry->Drain(&dctx, drain, &drained).ok());
+  {
+    grpc::ClientContext uctx;
+    v1::DrainRequest unknown;
+    unknown.set_address("127.0.0.1:1");
+    const grpc::Status st = registry->Drain(&uctx, unknown, &drained);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_EQ(st.error_message(),
+              "address: no worker \"127.0.0.1:1\" is known to this coordinator (registered or in "
+              "--workers)");
+  }
   // The worker registers again every 5 s as it runs: that repeat keeps it drained.
   std::this_thread::sleep_for(std::chrono::seconds(6));
   {
