@@ -103,8 +103,9 @@ const flags::FlagSet<GenerateCliOptions>& GenerateFlags() {
             [](auto& o) -> auto& { return o.echo; })
         .Switch(
             "stats",
-            "print token counts and speed to stderr, and the kv: line (KV bytes, evictions),\n"
-            "which a policy that evicts prints anyway",
+            "print the engine (device, weight and KV types), token counts and speed to\n"
+            "stderr, and the kv: line (KV bytes, evictions), which a policy that evicts\n"
+            "prints anyway",
             [](auto& o) -> auto& { return o.stats; })
         .Include(
             SamplingFlagSet(), [](auto& o) -> auto& { return o.sampling; })
@@ -236,6 +237,8 @@ absl::Status Run(GenerateCliOptions o) {
   }
   if (!created.ok()) return flags.Explain(created.status());
   runtime::Engine& engine = **created;
+  // What runs (the device, the weights' and the KV's types), as a worker's start-up line says.
+  if (o.stats) std::fprintf(stderr, "engine: %s\n", engine.Summary().c_str());
 
   if (o.echo) std::cout << tok.Decode(prompt) << std::flush;
   const auto print = [](const std::string& delta) { std::cout << delta << std::flush; };

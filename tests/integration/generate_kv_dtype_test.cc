@@ -67,6 +67,11 @@ TEST(GenerateKvDtypeTest, F32ReproducesTheGoldenTextsAndEveryTypeRuns) {
           t, c.prompt, CommonPrefix(r.out, golden), golden.size());
     }
   }
+  // --stats names the types that ran.
+  const CliRun stats = Generate(dir, "Once", 4, "int8", "--stats --weight-dtype int8");
+  ASSERT_EQ(stats.exit_code, 0) << stats.err;
+  EXPECT_NE(stats.err.find("engine: cpu; int8 weights; int8 KV pool"), std::string::npos)
+      << stats.err;
   // A type that does not exist is a usage error naming the flag.
   const CliRun bad = Generate(dir, "Once", 4, "fp8");
   EXPECT_NE(bad.exit_code, 0);
