@@ -35,7 +35,7 @@ state (no eviction), and prints the given percentile of the maximum recurrence i
 It also suggests alpha: beside the full cache, one cache of --policy at --budget-frac of
 the text per alpha of --alphas decodes the same tokens; the alpha whose cache agrees best
 with the full one (lowest mean KL of the next-token distributions after its first eviction)
-is suggested. --alphas none skips this. With lazy+, --alphas-uniform also tries thresholds
+is suggested (lazy and lazy+; the other policies take no alpha). --alphas none skips this. With lazy+, --alphas-uniform also tries thresholds
 relative to the uniform share of the cache (K / len, recall serve's --alpha-uniform), and
 --value-protection / --meta-score give every tried cache those settings.
 
@@ -51,7 +51,7 @@ struct WindowOptions {
   int64_t seed = 1;
   int threads = 0;
   // The alpha search: the candidates, and the cache each is tried with.
-  std::string alphas = "1e-4,3e-4,1e-3,3e-3,1e-2,3e-2";
+  std::string alphas;  // "": kDefaultAlphas for a policy that takes an alpha, else none
   std::string alphas_uniform = "none";
   std::string policy = "lazy+";
   double value_protection = 0;
@@ -93,7 +93,8 @@ const flags::FlagSet<WindowOptions>& WindowFlags() {
         .Section("alpha search")
         .String(
             "alphas", "LIST",
-            "alphas to try, comma-separated, or none (default 1e-4,3e-4,1e-3,3e-3,1e-2,3e-2)",
+            "alphas to try, comma-separated, or none (default 1e-4,3e-4,1e-3,3e-3,1e-2,3e-2\n"
+            "for lazy and lazy+, none for the policies that take no alpha)",
             [](auto& o) -> auto& { return o.alphas; })
         .String(
             "alphas-uniform", "LIST",
@@ -180,16 +181,30 @@ double Kl(const std::vector<double>& logp, const float* q_logits, std::vector<do
   return std::max(kl, 0.0);
 }
 
+constexpr char kDefaultAlphas[] = "1e-4,3e-4,1e-3,3e-3,1e-2,3e-2";
+
 absl::Status Run(const WindowOptions& o) {
-  RECALL_ASSIGN_OR_RETURN(const std::vector<double> alphas, ParseAlphas(o.alphas));
-  RECALL_ASSIGN_OR_RETURN(const std::vector<double> uniform, ParseUniformAlphas(o.alphas_uniform));
+  // A policy without an alpha (h2o, tova, ...) gives every alpha the same cache: the search
+  // ran one cache per alpha for a tie, and suggested the first.
+  const bool takes_alpha = cache::eviction::TakesAlpha(o.policy);
   // What --calibration takes (serving/calibration.cc): a file written for another policy was
   // refused by recall serve after the whole run.
-  if (!alphas.empty() && !cache::eviction::IsEvictingPolicy(o.policy)) {
+  if (o.alphas != "none" && !cache::eviction::IsEvictingPolicy(o.policy)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--policy: ", o.policy, " is not an evicting policy a calibration applies to (",
         cache::eviction::EvictingPolicyList(), ")"));
   }
+  if (!o.alphas.empty() && o.alphas != "none" && !takes_alpha) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--alphas: --policy ", o.policy,
+        " takes no alpha (lazy and lazy+ do): every alpha would keep the same cache; drop "
+        "--alphas"));
+  }
+  RECALL_ASSIGN_OR_RETURN(const std::vector<double> alphas,
+                          ParseAlphas(!o.alphas.empty() ? o.alphas
+                                      : takes_alpha     ? kDefaultAlphas
+                                                        : "none"));
+  RECALL_ASSIGN_OR_RETURN(const std::vector<double> uniform, ParseUniformAlphas(o.alphas_uniform));
   if (!uniform.empty() && (alphas.empty() || o.policy != "lazy+")) {
     return absl::InvalidArgumentError(
         "--alphas-uniform: lazy+'s relative thresholds, tried beside --alphas; give --policy "
@@ -197,7 +212,9 @@ absl::Status Run(const WindowOptions& o) {
   }
   if (alphas.empty() && !o.out.empty()) {
     return absl::InvalidArgumentError(
-        "--out: writes the alpha search's result; drop --alphas none");
+        takes_alpha ? std::string("--out: writes the alpha search's result; drop --alphas none")
+                    : absl::StrCat("--out: writes the alpha search's result, and --policy ",
+                                   o.policy, " takes no alpha (lazy and lazy+ do)"));
   }
   if (!o.out.empty()) RECALL_RETURN_IF_ERROR(CheckOutputFile("--out", o.out));
   absl::StatusOr<model::Loaded> loaded_or = model::LoadAll(o.model);

@@ -122,6 +122,8 @@ bool TakesCaote(const std::string& policy) {
          policy == "lazy+";
 }
 
+bool TakesAlpha(const std::string& policy) { return policy == "lazy" || policy == "lazy+"; }
+
 absl::StatusOr<std::unique_ptr<EvictionPolicy>> CreatePolicy(const PolicyOptions& options) {
   if (options.window < 1) {
     return absl::InvalidArgumentError(

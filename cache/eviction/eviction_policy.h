@@ -288,6 +288,8 @@ std::string EvictingPolicyList();
 // Whether the policy's score is a non-negative attention estimate, which CAOTE
 // (MetaScore::kCaote) rescores: h2o, tova, snapkv, lazy, lazy+.
 bool TakesCaote(const std::string& policy);
+// Whether the policy reads PolicyOptions::alpha (its importance threshold): lazy, lazy+.
+bool TakesAlpha(const std::string& policy);
 
 // InvalidArgument for an unknown name (the message lists the valid names) or an
 // out-of-range option (the message names the field and the limit).

@@ -140,6 +140,25 @@ TEST(CalibrateWindowCommandTest, ABadAlphaListOrAPolicyThatKeepsEverythingIsUsag
                      "(streaming, h2o"),
             std::string::npos)
       << err;
+  // A policy that takes no alpha: no search by default (every alpha kept the same cache, and
+  // the first of the tie was suggested), and an --alphas list or --out is refused naming it.
+  ::testing::internal::CaptureStdout();
+  EXPECT_EQ(RunCalibrateWindow(Flags({"--policy", "h2o"})), 0);
+  std::string h2o = ::testing::internal::GetCapturedStdout();
+  EXPECT_NE(h2o.find("suggested --window "), std::string::npos) << h2o;
+  EXPECT_EQ(h2o.find("alpha search"), std::string::npos) << h2o;
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(RunCalibrateWindow(Flags({"--policy", "h2o", "--alphas", "1e-3"})), 2);
+  err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("--alphas: --policy h2o takes no alpha (lazy and lazy+ do)"),
+            std::string::npos)
+      << err;
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(RunCalibrateWindow(Flags({"--policy", "tova", "--out", "/tmp/never.json"})), 2);
+  err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("--out: writes the alpha search's result, and --policy tova takes no alpha"),
+            std::string::npos)
+      << err;
   // --alphas none: the window only.
   ::testing::internal::CaptureStdout();
   EXPECT_EQ(RunCalibrateWindow(Flags({"--alphas", "none"})), 0);
