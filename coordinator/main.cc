@@ -188,8 +188,12 @@ absl::Status Run(const std::vector<std::string>& argv) {
   absl::StatusOr<std::unique_ptr<CoordinatorServer>> started = CoordinatorServer::Start(c);
   if (!started.ok()) return CoordinatorFlags().Explain(started.status());
   std::unique_ptr<CoordinatorServer> server = std::move(*started);
-  std::fprintf(stderr, "recall-coordinator: serving on %s (port %d), %zu worker(s), store %s\n",
-               c.listen.c_str(), server->port(), c.workers.size(),
+  std::fprintf(stderr, "recall-coordinator: serving on %s (port %d%s), %zu worker(s), store %s\n",
+               c.listen.c_str(), server->port(),
+               c.tls_cert.empty()        ? ", plaintext"
+               : c.tls_client_ca.empty() ? ", TLS"
+                                         : ", TLS with client certificates",
+               c.workers.size(),
                c.store_url.empty() ? (c.data_dir + "/sessions.db").c_str() : c.store_url.c_str());
   if (server->http_port() > 0) {
     const std::string host = c.http_listen.substr(0, c.http_listen.rfind(':'));

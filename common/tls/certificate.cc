@@ -24,6 +24,25 @@ std::string TimeText(const ASN1_TIME* t) {
   return text;
 }
 
+// FailedPrecondition naming `which` certificate of `path` when it is not valid now, and
+// what follows from that (`consequence`).
+absl::Status CheckDates(X509* cert, const std::string& flag, const std::string& path,
+                        const std::string& which, const std::string& consequence) {
+  const ASN1_TIME* not_before = X509_get0_notBefore(cert);
+  const ASN1_TIME* not_after = X509_get0_notAfter(cert);
+  if (X509_cmp_current_time(not_after) < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(flag, ": ", which, " in ", path,
+                                                      " expired on ", TimeText(not_after), "; ",
+                                                      consequence, " (renew it)"));
+  }
+  if (X509_cmp_current_time(not_before) > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(flag, ": ", which, " in ", path,
+                                                      " is not valid before ", TimeText(not_before),
+                                                      "; ", consequence, " until then"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status CheckCertificateDates(const std::string& flag, const std::string& path,
@@ -38,17 +57,7 @@ absl::Status CheckCertificateDates(const std::string& flag, const std::string& p
     const std::string which =
         read == 0 ? "the certificate" : absl::StrCat("certificate ", read + 1);
     ++read;
-    const ASN1_TIME* not_before = X509_get0_notBefore(cert);
-    const ASN1_TIME* not_after = X509_get0_notAfter(cert);
-    if (X509_cmp_current_time(not_after) < 0) {
-      status = absl::FailedPreconditionError(
-          absl::StrCat(flag, ": ", which, " in ", path, " expired on ", TimeText(not_after),
-                       "; every client would refuse it (renew it)"));
-    } else if (X509_cmp_current_time(not_before) > 0) {
-      status = absl::FailedPreconditionError(
-          absl::StrCat(flag, ": ", which, " in ", path, " is not valid before ",
-                       TimeText(not_before), "; every client would refuse it until then"));
-    }
+    status = CheckDates(cert, flag, path, which, "every client would refuse it");
     X509_free(cert);
   }
   BIO_free(in);
@@ -64,14 +73,31 @@ absl::Status CheckHoldsCertificate(const std::string& flag, const std::string& p
                                    const std::string& pem) {
   BIO* in = BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size()));
   if (in == nullptr) return absl::ResourceExhaustedError("out of memory");
-  X509* cert = PEM_read_bio_X509(in, nullptr, nullptr, nullptr);
-  const bool read = cert != nullptr;
-  X509_free(cert);
+  int read = 0;
+  bool valid = false;
+  absl::Status first_invalid;
+  while (!valid) {
+    X509* cert = PEM_read_bio_X509(in, nullptr, nullptr, nullptr);
+    if (cert == nullptr) break;
+    ++read;
+    absl::Status st = CheckDates(cert, flag, path,
+                                 read == 1 ? "the certificate" : absl::StrCat("certificate ", read),
+                                 "no certificate it signed can be verified");
+    X509_free(cert);
+    valid = st.ok();
+    if (first_invalid.ok()) first_invalid = std::move(st);
+  }
   BIO_free(in);
   ERR_clear_error();
-  if (read) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(flag, ": ", path, " holds no PEM certificate OpenSSL can read"));
+  if (read == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": ", path, " holds no PEM certificate OpenSSL can read"));
+  }
+  if (valid) return absl::OkStatus();
+  // (A bundle of expired certificates only was taken: every peer it was to verify failed.)
+  return absl::FailedPreconditionError(absl::StrCat(
+      first_invalid.message(),
+      read > 1 ? absl::StrCat("; none of its ", read, " certificates is valid now") : ""));
 }
 
 absl::Status CheckKeyMatchesCertificate(const std::string& key_path, const std::string& key_pem,

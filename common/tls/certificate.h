@@ -19,8 +19,10 @@ absl::Status CheckCertificateDates(const std::string& flag, const std::string& p
                                    const std::string& pem);
 
 // OK when `pem` (the file at `path`, given by `flag`: a CA bundle) holds a certificate
-// OpenSSL reads; InvalidArgument naming the flag and the file otherwise (an empty or garbage
-// --tls-client-ca started a server whose every client was refused).
+// OpenSSL reads that is valid now; InvalidArgument naming the flag and the file when it holds
+// none (an empty or garbage --tls-client-ca started a server whose every client was refused),
+// FailedPrecondition naming a certificate's dates when none is valid now (a bundle of expired
+// certificates was taken alike).
 absl::Status CheckHoldsCertificate(const std::string& flag, const std::string& path,
                                    const std::string& pem);
 

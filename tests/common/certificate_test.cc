@@ -83,6 +83,20 @@ TEST(CertificateDatesTest, AnEmptyCaAndAKeyOfAnotherCertificateAreRefusedByName)
   const absl::Status empty = CheckHoldsCertificate("--tls-client-ca", "ca.pem", "");
   EXPECT_EQ(empty.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(empty.message(), "--tls-client-ca: ca.pem holds no PEM certificate OpenSSL can read");
+  // A bundle of expired certificates only verifies no one (it was taken); one valid among
+  // expired ones passes.
+  const absl::Status expired = CheckHoldsCertificate("--tls-client-ca", "old.pem",
+                                                     Certificate(-3, -2) + Certificate(-3, -1));
+  EXPECT_EQ(expired.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(expired.message().find("--tls-client-ca: the certificate in old.pem expired on "),
+            std::string::npos)
+      << expired;
+  EXPECT_NE(expired.message().find("no certificate it signed can be verified (renew it); none of "
+                                   "its 2 certificates is valid now"),
+            std::string::npos)
+      << expired;
+  EXPECT_TRUE(
+      CheckHoldsCertificate("--tls-client-ca", "mixed.pem", Certificate(-3, -1) + cert).ok());
 
   EXPECT_TRUE(CheckKeyMatchesCertificate("key.pem", key, "cert.pem", cert).ok());
   const absl::Status other = CheckKeyMatchesCertificate("other.pem", other_key, "cert.pem", cert);
