@@ -156,20 +156,21 @@ absl::StatusOr<SessionRecord> Conversations::Create(
   kept.SerializeToString(&r.cache_settings);
   r.metadata = metadata;
   r.created_unix_ms = UnixMillis();
-  {
-    absl::MutexLock lock(&create_mu_[std::hash<std::string>()(tenant) % kCreateStripes]);
-    RECALL_ASSIGN_OR_RETURN(const int count, store_.CountSessions(tenant));
-    if (count >= options_.max_sessions_per_tenant) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "tenant has ", count, " sessions, the limit is ", options_.max_sessions_per_tenant,
-          options_.session_ttl_seconds > 0
-              ? absl::StrCat("; delete some (sessions idle for ", options_.session_ttl_seconds,
-                             " s are deleted: --session-ttl)")
-              : std::string("; delete some, or have the coordinator delete idle ones "
-                            "(--session-ttl)"),
-          " (not retryable)"));
-    }
-    RECALL_RETURN_IF_ERROR(store_.Create(r));
+  // Counted and created as one step of the store: concurrent creations (a burst of HTTP
+  // requests naming no session, replicas sharing Redis) each saw the count before the others'
+  // writes and passed the limit.
+  if (absl::Status made = store_.Create(r, options_.max_sessions_per_tenant);
+      absl::IsResourceExhausted(made)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the tenant has reached its limit of ", options_.max_sessions_per_tenant, " sessions",
+        options_.session_ttl_seconds > 0
+            ? absl::StrCat("; delete some (sessions idle for ", options_.session_ttl_seconds,
+                           " s are deleted: --session-ttl)")
+            : std::string("; delete some, or have the coordinator delete idle ones "
+                          "(--session-ttl)"),
+        " (not retryable)"));
+  } else if (!made.ok()) {
+    return made;
   }
   if (!system_prompt.empty()) {
     RECALL_RETURN_IF_ERROR(store_.Append(tenant, r.id, 0, {"system", system_prompt}));

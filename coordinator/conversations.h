@@ -324,12 +324,6 @@ class Conversations {
   metrics::Registry& metrics_;
   mutable absl::Mutex mu_;
   std::set<std::string> running_ ABSL_GUARDED_BY(mu_);
-  // Create's count and store write under its tenant's stripe: concurrent creations each saw
-  // the count before the others' writes (a burst of HTTP requests naming no session left a
-  // tenant 10 sessions under a limit of 3). Within one coordinator; replicas sharing Redis
-  // can still pass it by one each.
-  static constexpr int kCreateStripes = 64;
-  absl::Mutex create_mu_[kCreateStripes];
   std::atomic<bool> stopping_{false};                     // StopTakingTurns
   // Each tenant's running turns, counted by their runners (RunnerOptions).
   mutable TenantTurns tenant_turns_{options_.max_running_per_tenant};

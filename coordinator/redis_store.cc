@@ -45,10 +45,12 @@ namespace {
 using Reply = std::unique_ptr<redisReply, decltype(&freeReplyObject)>;
 
 // KEYS: session, tenant set, turn ids, unfinished, activity. ARGV: tenant, model, cache,
-// metadata, created_ms, worker, id, now. The index sets go first (a coordinator from before
-// them deleted a session of this id without them).
+// metadata, created_ms, worker, id, now, the tenant's session limit. 0: the id exists; -1:
+// the tenant is at its limit. The index sets go first (a coordinator from before them
+// deleted a session of this id without them).
 constexpr char kCreate[] = R"lua(
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[9]) then return -1 end
 redis.call('DEL', KEYS[3], KEYS[4])
 redis.call('HSET', KEYS[1], 'tenant', ARGV[1], 'model', ARGV[2], 'cache', ARGV[3],
            'metadata', ARGV[4], 'created_ms', ARGV[5], 'worker', ARGV[6], 'ix', '0')
@@ -457,17 +459,20 @@ class RedisStore final : public SessionStore {
     return absl::OkStatus();
   }
 
-  absl::Status Create(const SessionRecord& r) override {
+  using SessionStore::Create;
+  absl::Status Create(const SessionRecord& r, int tenant_limit) override {
     nlohmann::json meta = r.metadata;
     absl::MutexLock lock(&mu_);
     RECALL_ASSIGN_OR_RETURN(
-        Reply rep, Command({"EVAL", kCreate, "5", SessionKey(r.id), TenantKey(r.tenant),
-                            TurnIdsKey(r.id), UnfinishedKey(r.id), kActivityKey, r.tenant, r.model,
-                            r.cache_settings, meta.dump(), std::to_string(r.created_unix_ms),
-                            r.worker, r.id, std::to_string(UnixMillis())}));
+        Reply rep,
+        Command({"EVAL", kCreate, "5", SessionKey(r.id), TenantKey(r.tenant), TurnIdsKey(r.id),
+                 UnfinishedKey(r.id), kActivityKey, r.tenant, r.model, r.cache_settings,
+                 meta.dump(), std::to_string(r.created_unix_ms), r.worker, r.id,
+                 std::to_string(UnixMillis()), std::to_string(tenant_limit)}));
     if (rep->integer == 0) {
       return absl::AlreadyExistsError(absl::StrCat("session_id: \"", r.id, "\" exists"));
     }
+    if (rep->integer < 0) return TenantFull(tenant_limit);
     return absl::OkStatus();
   }
 

@@ -174,6 +174,11 @@ absl::StatusOr<StoreUrl> ParseStoreUrl(const std::string& url) {
 
 }  // namespace
 
+absl::Status TenantFull(int tenant_limit) {
+  return absl::ResourceExhaustedError(
+      absl::StrCat("the tenant has reached its limit of ", tenant_limit, " sessions"));
+}
+
 absl::Status CheckStoreUrl(const std::string& url) { return ParseStoreUrl(url).status(); }
 
 absl::StatusOr<std::unique_ptr<SessionStore>> OpenStore(const std::string& url,

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -122,12 +123,20 @@ struct IdleSession {
   std::string worker;  // the worker it was bound to ("" none): its cache is dropped there
 };
 
+// A store's Create refusal for a tenant at its session limit (Conversations words it).
+absl::Status TenantFull(int tenant_limit);
+
 class SessionStore {
  public:
   virtual ~SessionStore() = default;
 
-  // AlreadyExists if the id is taken (by any tenant).
-  virtual absl::Status Create(const SessionRecord& record) = 0;
+  // AlreadyExists if the id is taken (by any tenant); ResourceExhausted when the record's
+  // tenant already has `tenant_limit` sessions, counted and created as one step of the store
+  // (coordinator replicas sharing Redis each passed a count-then-create limit by one).
+  virtual absl::Status Create(const SessionRecord& record, int tenant_limit) = 0;
+  absl::Status Create(const SessionRecord& record) {
+    return Create(record, std::numeric_limits<int>::max());
+  }
   // With the transcript.
   virtual absl::StatusOr<SessionRecord> Get(const std::string& tenant,
                                             const std::string& id) = 0;

@@ -157,20 +157,26 @@ class SqliteStore final : public SessionStore {
     close(lock_fd_);
   }
 
-  absl::Status Create(const SessionRecord& r) override {
+  using SessionStore::Create;
+  absl::Status Create(const SessionRecord& r, int tenant_limit) override {
     absl::MutexLock lock(&mu_);
+    // Counted and inserted in one statement; a taken id is tried (and refused) first.
     Stmt s(db_,
            "INSERT INTO sessions (id, tenant, model, cache, metadata, created_ms, worker, "
-           "active_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
+           "active_ms) SELECT ?, ?, ?, ?, ?, ?, ?, ? "
+           "WHERE EXISTS (SELECT 1 FROM sessions WHERE id = ?1) "
+           "OR (SELECT COUNT(*) FROM sessions WHERE tenant = ?2) < ?9");
     nlohmann::json meta = r.metadata;
     s.BindText(1, r.id).BindText(2, r.tenant).BindText(3, r.model).Bind(4, r.cache_settings)
         .BindText(5, meta.dump()).Bind(6, r.created_unix_ms).BindText(7, r.worker);
-    s.Bind(8, UnixMillis());
+    s.Bind(8, UnixMillis()).Bind(9, int64_t{tenant_limit});
     const int rc = s.Step();
     if (rc == SQLITE_CONSTRAINT) {
       return absl::AlreadyExistsError(absl::StrCat("session_id: \"", r.id, "\" exists"));
     }
-    return Check(rc, "create session");
+    RECALL_RETURN_IF_ERROR(Check(rc, "create session"));
+    if (sqlite3_changes(db_) == 0) return TenantFull(tenant_limit);
+    return absl::OkStatus();
   }
 
   absl::StatusOr<SessionRecord> Get(const std::string& tenant, const std::string& id) override {

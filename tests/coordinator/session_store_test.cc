@@ -6,12 +6,14 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "gtest/gtest.h"
 #include "tests/common/redis_server.h"
@@ -291,6 +293,38 @@ TEST_P(SessionStoreTest, TenantsSeeOnlyTheirSessions) {
   ASSERT_TRUE(store_->Delete("a", "s1").ok());
   EXPECT_EQ(store_->Get("a", "s1").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(*store_->CountSessions("a"), 0);
+}
+
+// A tenant's session limit is counted and kept in the store's one step: with Redis, the
+// stores of two coordinators creating at once hold it (each passed a count-then-create by one).
+TEST_P(SessionStoreTest, CreateHoldsTheTenantsLimitAcrossStores) {
+  ASSERT_TRUE(store_->Create(Record("s1", "a"), 2).ok());
+  ASSERT_TRUE(store_->Create(Record("s2", "a"), 2).ok());
+  const absl::Status full = store_->Create(Record("s3", "a"), 2);
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_EQ(full.message(), "the tenant has reached its limit of 2 sessions");
+  EXPECT_EQ(store_->Get("a", "s3").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->Create(Record("s1", "a"), 2).code(), absl::StatusCode::kAlreadyExists)
+      << "a taken id is said first";
+  EXPECT_TRUE(store_->Create(Record("b1", "b"), 2).ok()) << "another tenant's count";
+  ASSERT_TRUE(store_->Delete("a", "s1").ok());
+  EXPECT_TRUE(store_->Create(Record("s3", "a"), 2).ok());
+  if (GetParam() != "redis") return;  // one coordinator per SQLite file
+  auto other = OpenStore(url_);
+  ASSERT_TRUE(other.ok()) << other.status();
+  std::atomic<int> made{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      SessionStore& store = t % 2 == 0 ? *store_ : **other;
+      for (int i = 0; i < 8; ++i) {
+        if (store.Create(Record(absl::StrCat("c", t, "-", i), "c"), 5).ok()) ++made;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(made.load(), 5);
+  EXPECT_EQ(*store_->CountSessions("c"), 5);
 }
 
 TEST_P(SessionStoreTest, ListPagesInIdOrder) {
@@ -1067,6 +1101,7 @@ TEST_P(SessionStoreTest, IdleSessionsAreDeletedOldestFirstButNotOneWhoseReplyIsB
   ASSERT_EQ(gone->size(), 1u);
   EXPECT_EQ((*gone)[0].id, "new") << "busy stays while its lease is live; new is the oldest then";
   reply.lease_unix_ms = 1;  // its coordinator died long ago (a write: activity)
+  tick();                   // (in talking's millisecond, the two tied and came in either order)
   ASSERT_TRUE(store_->Replace("a", "busy", 1, reply).ok());
   ASSERT_TRUE(store_->Bind("a", "busy", "w:1").ok());
   gone = store_->DeleteIdle(UnixMillis() + 1, 10);
