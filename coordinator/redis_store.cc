@@ -362,6 +362,11 @@ std::string PartsKey(const std::string& id) { return "recall:p:" + id; }
 std::string TurnIdsKey(const std::string& id) { return "recall:u:" + id; }
 std::string UnfinishedKey(const std::string& id) { return "recall:n:" + id; }
 constexpr char kActivityKey[] = "recall:a";
+// The layout this code writes, set at the first open (a store from before it was kept has
+// none and is taken as this one). A store of a later layout is refused: this code would
+// drop what it does not know of.
+constexpr char kLayoutKey[] = "recall:layout";
+constexpr int kLayoutVersion = 1;
 constexpr char kActivityDoneKey[] = "recall:a:complete";  // KeepActivityOfOlderSessions ran
 
 // The command that runs `script` on session `id`'s transcript, whose KEYS are its session,
@@ -433,6 +438,33 @@ class RedisStore final : public SessionStore {
     RECALL_ASSIGN_OR_RETURN(Reply rep, Command({"GET", RecordKey(tenant, name)}));
     if (rep->type != REDIS_REPLY_STRING) return absl::NotFoundError("no record");
     return std::string(rep->str, rep->len);
+  }
+
+  // FailedPrecondition for a store of a layout later than this code's (or a recall:layout
+  // key holding something else); a store without one is marked with this code's.
+  absl::Status CheckLayout() {
+    absl::MutexLock lock(&mu_);
+    RECALL_RETURN_IF_ERROR(
+        Command({"SET", kLayoutKey, std::to_string(kLayoutVersion), "NX"}).status());
+    RECALL_ASSIGN_OR_RETURN(Reply rep, Command({"GET", kLayoutKey}));
+    const std::string value =
+        rep->type == REDIS_REPLY_STRING ? std::string(rep->str, rep->len) : std::string();
+    int version = 0;
+    if (!absl::SimpleAtoi(value, &version) || version < 1) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the Redis store at ", host_, ":", port_, ": its key ", kLayoutKey,
+                       " holds \"", value.substr(0, 64),
+                       "\", not a layout version a coordinator wrote (another "
+                       "program's data? --store redis:// needs a Redis of its own)"));
+    }
+    if (version > kLayoutVersion) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the Redis store at ", host_, ":", port_,
+                       " was written by a newer coordinator (store "
+                       "layout ",
+                       version, "; this one knows up to ", kLayoutVersion, "): run that version"));
+    }
+    return absl::OkStatus();
   }
 
   // Connects, and checks that the server answers PING as Redis does (a port of another
@@ -930,6 +962,7 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenRedisStore(const std::string& 
   auto store = std::make_unique<RedisStore>(host, port);
   absl::Status st = store->Connect();
   if (!st.ok()) return st;
+  RECALL_RETURN_IF_ERROR(store->CheckLayout());
   const absl::StatusOr<RedisStore::Persistence> persistence = store->PersistenceOf();
   const std::string where = absl::StrCat("--store redis://", host, ":", port);
   if (!persistence.ok()) {

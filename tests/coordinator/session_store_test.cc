@@ -98,6 +98,12 @@ class SessionStoreTest : public ::testing::TestWithParam<std::string> {
     return r;
   }
 
+  // redis-cli's exit status for `args` on the test's Redis.
+  int RedisCli(const std::string& args) {
+    return std::system(
+        ("redis-cli -p " + std::to_string(redis_.port()) + " " + args + " > /dev/null").c_str());
+  }
+
   std::string dir_, url_;
   testing::RedisServer redis_;
   std::unique_ptr<SessionStore> store_;
@@ -223,10 +229,6 @@ TEST_P(SessionStoreTest, GetRecentGivesTheLastTurnsAndCountsTheEarlierOnesAsAPro
 TEST_P(SessionStoreTest, ARedisIndexBehindAnOlderCoordinatorsWritesIsDerivedAgain) {
   if (GetParam() != "redis") GTEST_SKIP() << "Redis only";
   ASSERT_EQ(std::system("command -v redis-cli > /dev/null"), 0) << "redis-cli is missing";
-  const auto cli = [&](const std::string& args) {
-    return std::system(
-        ("redis-cli -p " + std::to_string(redis_.port()) + " " + args + " > /dev/null").c_str());
-  };
   const auto complete_count = [&](const std::string& id, const std::string& turn_id) {
     auto full = store_->Get("a", id);
     auto recent = store_->GetRecent("a", id, turn_id);
@@ -252,18 +254,18 @@ TEST_P(SessionStoreTest, ARedisIndexBehindAnOlderCoordinatorsWritesIsDerivedAgai
                   .ok());
   EXPECT_EQ(complete_count("s1", ""), 4);
   // An old coordinator's append (the length changes), then one of ours: derived again.
-  ASSERT_EQ(cli("RPUSH recall:m:s1 '{\"content\":\"old\",\"role\":\"user\"}'"), 0);
+  ASSERT_EQ(RedisCli("RPUSH recall:m:s1 '{\"content\":\"old\",\"role\":\"user\"}'"), 0);
   ASSERT_TRUE(store_->Append("a", "s1", 7, {"assistant", "a4"}).ok());
   EXPECT_EQ(complete_count("s1", ""), 6);
   // An old coordinator's rewrite of a message in place (the length stays): the failed reply
   // is now complete, which the index does not know.
-  ASSERT_EQ(cli("LSET recall:m:s1 1 '{\"content\":\"fixed\",\"role\":\"assistant\"}'"), 0);
+  ASSERT_EQ(RedisCli("LSET recall:m:s1 1 '{\"content\":\"fixed\",\"role\":\"assistant\"}'"), 0);
   EXPECT_EQ(complete_count("s1", "t1"), 0);  // t1 is message 0
   EXPECT_EQ(complete_count("s1", ""), 6);
   // An old coordinator's delete leaves the index sets; the session made again under the id
   // does not inherit them.
-  ASSERT_EQ(cli("DEL recall:s:s1 recall:m:s1"), 0);
-  ASSERT_EQ(cli("ZREM recall:t:a s1"), 0);
+  ASSERT_EQ(RedisCli("DEL recall:s:s1 recall:m:s1"), 0);
+  ASSERT_EQ(RedisCli("ZREM recall:t:a s1"), 0);
   ASSERT_TRUE(store_->Create(Record("s1", "a")).ok());
   StoredMessage late{"user", "again"};
   late.turn_id = "t1";
@@ -1127,18 +1129,35 @@ TEST_P(SessionStoreTest, IdleSessionsAreDeletedOldestFirstButNotOneWhoseReplyIsB
   EXPECT_TRUE(store_->DeleteIdle(before_end, 10)->empty());
 }
 
+// Redis: the store's layout version is written at the first open (recall:layout); a store of a
+// newer layout, or a key of that name holding something else, is refused naming it.
+TEST_P(SessionStoreTest, ARedisStoreOfANewerLayoutIsRefused) {
+  if (GetParam() != "redis") GTEST_SKIP() << "Redis only (SQLite: SqliteStoreTest)";
+  ASSERT_EQ(std::system("command -v redis-cli > /dev/null"), 0) << "redis-cli is missing";
+  ASSERT_EQ(RedisCli("GET recall:layout | grep -qx 1"), 0) << "written at the first open";
+  ASSERT_TRUE(OpenStore(url_).ok()) << "the same layout opens again";
+  ASSERT_EQ(RedisCli("SET recall:layout 2"), 0);
+  absl::StatusOr<std::unique_ptr<SessionStore>> newer = OpenStore(url_);
+  EXPECT_EQ(newer.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(newer.status().message().find(
+                "was written by a newer coordinator (store layout 2; this one knows up to 1)"),
+            std::string::npos)
+      << newer.status();
+  ASSERT_EQ(RedisCli("SET recall:layout banana"), 0);
+  absl::StatusOr<std::unique_ptr<SessionStore>> other = OpenStore(url_);
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(other.status().message().find("recall:layout holds \"banana\""), std::string::npos)
+      << other.status();
+}
+
 // Redis: sessions an older coordinator made (not in recall:a) count as active from the first
 // open of the store that keeps activity, once; later ones are not touched again.
 TEST_P(SessionStoreTest, RedisSessionsFromBeforeActivityWasKeptCountAsActiveFromTheFirstOpen) {
   if (GetParam() != "redis") GTEST_SKIP() << "Redis only (SQLite: the test below)";
   ASSERT_EQ(std::system("command -v redis-cli > /dev/null"), 0) << "redis-cli is missing";
-  const auto cli = [&](const std::string& args) {
-    return std::system(
-        ("redis-cli -p " + std::to_string(redis_.port()) + " " + args + " > /dev/null").c_str());
-  };
   ASSERT_TRUE(store_->Create(Record("old", "a")).ok());
-  ASSERT_EQ(cli("ZREM recall:a old"), 0);  // as an older coordinator left it
-  ASSERT_EQ(cli("DEL recall:a:complete"), 0);
+  ASSERT_EQ(RedisCli("ZREM recall:a old"), 0);  // as an older coordinator left it
+  ASSERT_EQ(RedisCli("DEL recall:a:complete"), 0);
   EXPECT_TRUE(DeleteIdleIds(*store_, UnixMillis() + 1).empty()) << "not known to be idle";
   const int64_t before_open = UnixMillis();
   auto reopened = OpenStore(url_);
