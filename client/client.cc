@@ -144,26 +144,14 @@ grpc::Status Client::WithRetries(Call call) const {
 }
 
 absl::StatusOr<v1::Session> Client::CreateSession(const v1::CreateSessionRequest& request) {
-  if (absl::Status usable = Usable(); !usable.ok()) return usable;
-  // Not idempotent (a lost reply would leave a session behind), so not retried: sent once the
-  // server is reachable, waiting as long as the retries of the other calls would (a server
-  // starting or restarting).
-  RetryState retry;  // one window, the wait for the server included
-  retry.until = std::chrono::steady_clock::now() + RetryWindow();
-  channel_->WaitForConnected(std::chrono::system_clock::now() + RetryWindow());
+  // Idempotent by its request id (one is made when the request has none): retried like the
+  // other calls, a retry of a request whose reply was lost gets the session it made (it was
+  // sent once only, as a lost reply left a second session behind).
+  v1::CreateSessionRequest req = request;
+  if (req.request_id().empty()) req.set_request_id(NewTurnId());
   v1::Session out;
-  grpc::Status s;
-  while (true) {
-    grpc::ClientContext ctx;
-    Prepare(&ctx);
-    s = stub_->CreateSession(&ctx, request, &out);
-    // Refused before any session was made (no worker yet: one loading its model): again.
-    if (s.error_code() != grpc::StatusCode::UNAVAILABLE ||
-        s.error_message().find("no worker is registered yet") == std::string::npos ||
-        !NextTry(&retry)) {
-      break;
-    }
-  }
+  const grpc::Status s =
+      WithRetries([&](grpc::ClientContext* ctx) { return stub_->CreateSession(ctx, req, &out); });
   if (!s.ok()) return Failure(s);
   return out;
 }

@@ -45,8 +45,9 @@ struct ClientOptions {
   std::string api_key;
   std::chrono::milliseconds deadline{600'000};  // per call
   // For idempotent calls and Converse on UNAVAILABLE or a CANCELLED the client did not ask
-  // for (backoff 0.1 s, doubling: 6.3 s in all, a coordinator's restart). CreateSession, not
-  // idempotent, waits as long for the server to be reachable before it is sent once.
+  // for (backoff 0.1 s, doubling: 6.3 s in all, a coordinator's restart). CreateSession is
+  // one of them: it carries a request id (CreateSessionRequest.request_id, made when unset),
+  // so a retry gets the session a lost reply's request made.
   int retries = 6;
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // default: insecure (loopback)
 };

@@ -3,13 +3,18 @@
 #include "coordinator/chat_service.h"
 
 #include <chrono>
+#include <map>
 #include <optional>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "coordinator/digest.h"
 #include "coordinator/grpc_status.h"
+#include "coordinator/turn_ids.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 
 namespace recall::coordinator {
 namespace {
@@ -68,7 +73,29 @@ ChatService::ChatService(Conversations& conversations, SessionStore& store, Work
       options_(conversations.options()),
       metrics_(metrics),
       end_pool_(options_.store_threads),
-      store_pool_(options_.store_threads) {}
+      store_pool_(options_.store_threads),
+      create_requests_(store) {}
+
+namespace {
+
+// What a CreateSession asks, its request_id aside (CreateRequests): hex SHA-256.
+std::string RequestDigest(const v1::CreateSessionRequest& request) {
+  std::string cache;
+  {
+    google::protobuf::io::StringOutputStream out(&cache);
+    google::protobuf::io::CodedOutputStream coded(&out);
+    coded.SetSerializationDeterministic(true);
+    request.cache().SerializeToCodedStream(&coded);
+  }
+  Sha256 sha;
+  sha.AddField(request.model()).AddField(request.system_prompt()).AddField(cache);
+  const std::map<std::string, std::string> sorted(request.metadata().begin(),
+                                                  request.metadata().end());
+  for (const auto& [key, value] : sorted) sha.AddField(key).AddField(value);
+  return Hex(sha.Digest());
+}
+
+}  // namespace
 
 grpc::Status ChatService::CreateSession(grpc::ServerContext* context,
                                         const v1::CreateSessionRequest* request,
@@ -97,12 +124,20 @@ grpc::Status ChatService::CreateSession(grpc::ServerContext* context,
                                             kMaxMetadataBytes));
   }
   RECALL_GRPC_RETURN_IF_ERROR(conversations_.CheckWorkerKnown());
-  RECALL_GRPC_ASSIGN_OR_RETURN(
-      const SessionRecord r,
-      conversations_.Create(tenant, request->model(), request->cache(),
-                            {request->metadata().begin(), request->metadata().end()},
-                            request->system_prompt()));
-  ToProto(r, true, response);
+  const auto create = [&] {
+    return conversations_.Create(tenant, request->model(), request->cache(),
+                                 {request->metadata().begin(), request->metadata().end()},
+                                 request->system_prompt());
+  };
+  absl::StatusOr<SessionRecord> made;
+  if (request->request_id().empty()) {
+    made = create();
+  } else {
+    RECALL_GRPC_RETURN_IF_ERROR(CheckTurnId("request_id", request->request_id()));
+    made = create_requests_.Once(tenant, request->request_id(), RequestDigest(*request), create);
+  }
+  if (!made.ok()) return ToGrpc(made.status());
+  ToProto(*made, true, response);
   return grpc::Status::OK;
 }
 

@@ -22,6 +22,7 @@
 #include "common/metrics/registry.h"
 #include "coordinator/auth.h"
 #include "coordinator/conversations.h"
+#include "coordinator/create_requests.h"
 #include "coordinator/session_store.h"
 #include "coordinator/turn_runner.h"
 #include "coordinator/work_pool.h"
@@ -74,6 +75,7 @@ class ChatService final : public v1::Chat::WithCallbackMethod_Converse<
   // after their 10 s. (Declared first: store_pool_, whose steps start turns, goes first.)
   WorkPool end_pool_;
   WorkPool store_pool_;  // Converse's store steps before the turn runs
+  CreateRequests create_requests_;  // CreateSession's request ids
 };
 
 }  // namespace recall::coordinator

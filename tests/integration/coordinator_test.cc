@@ -385,6 +385,61 @@ TEST_F(CoordinatorTest, SessionsSurviveACoordinatorRestart) {
   EXPECT_EQ(Get(id).messages_size(), 5);
 }
 
+// A CreateSession sent again with the request_id of one that made a session (its reply lost)
+// gets that session, across a coordinator restart, instead of a second one; another tenant's
+// id is its own; the id with other fields, or a bad id, is refused naming request_id; once
+// its session is deleted the id makes a new one.
+TEST_F(CoordinatorTest, ACreateSessionSentAgainWithItsRequestIdGetsTheSameSession) {
+  const auto create = [&](const std::string& key, const std::string& request_id,
+                          const std::string& system_prompt, grpc::Status* st) {
+    grpc::ClientContext ctx;
+    Auth(&ctx, key);
+    v1::CreateSessionRequest req;
+    req.set_request_id(request_id);
+    req.set_system_prompt(system_prompt);
+    (*req.mutable_metadata())["user"] = "ann";
+    (*req.mutable_metadata())["app"] = "notes";
+    v1::Session s;
+    *st = stub_->CreateSession(&ctx, req, &s);
+    return s.session_id();
+  };
+  grpc::Status st;
+  const std::string first = create("key-a", "req-1", "Tell a story.", &st);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(create("key-a", "req-1", "Tell a story.", &st), first);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  coordinator_.Stop();
+  StartCoordinator();
+  EXPECT_EQ(create("key-a", "req-1", "Tell a story.", &st), first) << "after a restart too";
+  const std::string other_tenant = create("key-b", "req-1", "Tell a story.", &st);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_NE(other_tenant, first);
+  create("key-a", "req-1", "Tell a poem.", &st);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(st.error_message().find("request_id: a CreateSession with this id asked for another"),
+            std::string::npos)
+      << st.error_message();
+  create("key-a", "bad id", "Tell a story.", &st);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(st.error_message(), "request_id: may hold only A-Z a-z 0-9 . _ : -");
+  create("key-a", std::string(129, 'x'), "Tell a story.", &st);
+  EXPECT_EQ(st.error_message(), "request_id: 129 bytes; at most 128");
+  grpc::ClientContext list_ctx;
+  Auth(&list_ctx, "key-a");
+  v1::ListSessionsResponse listed;
+  ASSERT_TRUE(stub_->ListSessions(&list_ctx, v1::ListSessionsRequest(), &listed).ok());
+  EXPECT_EQ(listed.sessions_size(), 1) << "one session for the three requests of req-1";
+  grpc::ClientContext del_ctx;
+  Auth(&del_ctx, "key-a");
+  v1::DeleteSessionRequest del;
+  del.set_session_id(first);
+  v1::DeleteSessionResponse deleted;
+  ASSERT_TRUE(stub_->DeleteSession(&del_ctx, del, &deleted).ok());
+  const std::string again = create("key-a", "req-1", "Tell a story.", &st);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_NE(again, first) << "its session deleted, the id makes a new one";
+}
+
 // A Converse naming a turn the session has (ConverseRequest.turn_id) streams it back as
 // stored instead of running it again, across a coordinator restart; a different message under
 // that id, or an id out of its alphabet or length, is refused naming the field.
