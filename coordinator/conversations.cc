@@ -469,8 +469,19 @@ absl::Status Conversations::Finish(const OpenTurn& turn, const absl::StatusOr<Tu
     stored = store_.Replace(turn.tenant, turn.session_id, turn.reply_index, reply);
     if (stored.ok() && outcome->worker != turn.spec.bound) {
       store_.Bind(turn.tenant, turn.session_id, outcome->worker).IgnoreError();
+      // The session moved (its worker failed, was full, or was not known yet after a
+      // restart): the copy it left there is stale, and was held there until memory pressure
+      // pushed it out.
+      workers_.DropLater(turn.spec.bound, turn.session_id);
+      workers_.KeepSession(outcome->worker, turn.session_id);
     }
     if (stored.ok()) RememberEpisodes(turn.key, outcome->done);
+  }
+  // Deleted while its turn ran: the workers that ran it (its own, one it failed over to)
+  // keep its cache unless told (DeleteSession dropped it on the bound worker only, before
+  // the turn ended).
+  if (absl::IsNotFound(stored)) {
+    workers_.DropEverywhere(turn.session_id);
   }
   LogTurn(turn, outcome, sent);
   ClearRunning(turn.key);

@@ -407,6 +407,62 @@ void WorkerRegistry::Loop() {
       if (stop_) return;
     }
     PollAll();
+    DeliverDrops();
+  }
+}
+
+void WorkerRegistry::DropLater(const std::string& address, const std::string& id) {
+  if (address.empty()) return;
+  absl::MutexLock lock(&mu_);
+  if (pending_count_ >= kMaxPendingDrops) return;
+  auto [it, added] = pending_drops_.try_emplace(address);
+  if (added) it->second.since = absl::Now();
+  if (it->second.ids.insert(id).second) ++pending_count_;
+}
+
+void WorkerRegistry::KeepSession(const std::string& address, const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  auto it = pending_drops_.find(address);
+  if (it == pending_drops_.end() || it->second.ids.erase(id) == 0) return;
+  --pending_count_;
+  if (it->second.ids.empty()) pending_drops_.erase(it);
+}
+
+void WorkerRegistry::DropEverywhere(const std::string& id) {
+  std::vector<std::string> addresses;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const Entry& e : workers_) addresses.push_back(e.view.address);
+  }
+  for (const std::string& a : addresses) DropLater(a, id);
+}
+
+size_t WorkerRegistry::PendingDrops() const {
+  absl::MutexLock lock(&mu_);
+  return pending_count_;
+}
+
+void WorkerRegistry::DeliverDrops() {
+  std::vector<std::pair<std::string, std::set<std::string>>> due;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = pending_drops_.begin(); it != pending_drops_.end();) {
+      const auto known = std::find_if(workers_.begin(), workers_.end(),
+                                      [&](const Entry& e) { return e.view.address == it->first; });
+      const bool up = known != workers_.end() && known->view.healthy;
+      // Up: sent now. Not known for forget_after (gone for good): let go. Else kept.
+      if (!up && (known != workers_.end() || absl::Now() - it->second.since < forget_after_)) {
+        ++it;
+        continue;
+      }
+      pending_count_ -= it->second.ids.size();
+      if (up) due.emplace_back(it->first, std::move(it->second.ids));
+      it = pending_drops_.erase(it);
+    }
+  }
+  // One at a time, 2 s each at most (DropSession): rare (a session moved or deleted mid-turn).
+  for (const auto& [address, ids] : due) {
+    for (const std::string& id : ids) DropSession(address, id);
   }
 }
 

@@ -20,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -96,6 +97,18 @@ class WorkerRegistry {
   // up to 2 s, unless it is down; best effort: the cache is derived state and would age out
   // anyway.
   void DropSession(const std::string& address, const std::string& id) const;
+  // Has the worker at `address` drop session `id`'s cache once it answers (the registry's
+  // thread sends it after the next heartbeat that finds the worker up; kept while the worker is
+  // down or not known yet, as after a coordinator's restart): a copy left behind when its
+  // session moved to another worker, or was deleted while a turn of it ran. At most
+  // kMaxPendingDrops wait (more are not kept: such copies age out of a worker's memory
+  // anyway). KeepSession forgets one (its session came back to that worker).
+  void DropLater(const std::string& address, const std::string& id);
+  void KeepSession(const std::string& address, const std::string& id);
+  // DropLater on every known worker.
+  void DropEverywhere(const std::string& id);
+  static constexpr size_t kMaxPendingDrops = 100000;
+  size_t PendingDrops() const;
 
  private:
   struct Entry {
@@ -116,6 +129,8 @@ class WorkerRegistry {
     absl::Time down_since = absl::InfiniteFuture();  // while marked down
   };
   void Loop();
+  // Sends the pending drops of the workers that are up (DropLater).
+  void DeliverDrops();
   // Two models under one name: a session would move between them (and its tokens change) when
   // its worker failed over. For each name, the model (context length, vocabulary, chat
   // format) most of its workers serve is used, ties to the one registered first; a worker
@@ -151,6 +166,12 @@ class WorkerRegistry {
   };
   std::map<uint64_t, Watcher> watchers_ ABSL_GUARDED_BY(mu_);
   uint64_t next_watch_ ABSL_GUARDED_BY(mu_) = 0;
+  struct Pending {
+    std::set<std::string> ids;
+    absl::Time since;  // the first kept: an address not known for forget_after is let go
+  };
+  std::map<std::string, Pending> pending_drops_ ABSL_GUARDED_BY(mu_);  // by address
+  size_t pending_count_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread thread_;
 };
 

@@ -175,6 +175,30 @@ class CoordinatorTest : public ::testing::Test {
     return s;
   }
 
+  // Deletes `session` as the tenant of `key`.
+  grpc::Status Delete(const std::string& session, const std::string& key = "key-a") {
+    grpc::ClientContext ctx;
+    Auth(&ctx, key);
+    v1::DeleteSessionRequest req;
+    req.set_session_id(session);
+    v1::DeleteSessionResponse resp;
+    return stub_->DeleteSession(&ctx, req, &resp);
+  }
+
+  // Whether worker i holds no session (resident or offloaded) within 10 s: the coordinator's
+  // drops reach a worker at its heartbeats.
+  bool HoldsNoSession(int i) {
+    for (int tries = 0; tries < 1000; ++tries) {
+      const v1::LoadReport load = Load(i);
+      if (load.kv_blocks_total() > 0 && load.resident_sessions() == 0 &&
+          load.offloaded_sessions() == 0) {
+        return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+
   // Worker i's load report (empty if it does not answer).
   v1::LoadReport Load(int i) {
     auto stub = v1::Worker::NewStub(
@@ -1591,6 +1615,72 @@ class FailoverTest : public CoordinatorTest {
     StartCoordinator(CoordinatorExtraArgs());
   }
 };
+
+// A session deleted while its turn runs leaves no cache on any worker: the turn ends
+// NOT_FOUND where it ran (it was failed over to the other worker, which kept a copy, as did
+// the first when the session had no worker bound yet).
+TEST_F(FailoverTest, ASessionDeletedMidTurnLeavesNoCacheOnAnyWorker) {
+  for (const bool bound : {false, true}) {
+    SCOPED_TRACE(bound ? "a session bound to a worker" : "a session's first turn");
+    const std::string id = Create();
+    if (bound) {
+      ASSERT_TRUE(Say(id, "Once upon a time", 4).status.ok());
+    }
+    grpc::Status deleted;
+    const Reply r = Say(id, "Tell me more.", 200, "key-a", [&] { deleted = Delete(id); });
+    EXPECT_TRUE(deleted.ok()) << deleted.error_message();
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::NOT_FOUND) << r.status.error_message();
+    EXPECT_LT(r.tokens.size(), 150u) << "the turn ended with the delete";
+    EXPECT_TRUE(HoldsNoSession(0) && HoldsNoSession(1))
+        << "worker 0: " << Load(0).ShortDebugString() << "; 1: " << Load(1).ShortDebugString();
+  }
+}
+
+// A session that moved to another worker (here: its worker not known to a restarted
+// coordinator at its next turn) has its copy on the worker it left dropped once that worker
+// is known and up; it was kept until memory pressure pushed it out.
+TEST_F(CoordinatorTest, ASessionThatMovedHasItsOldCopyDroppedOnceItsWorkerIsUp) {
+  const std::string id = Create();
+  const Reply first = Say(id, "Once upon a time", 8);
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  const int was =
+      first.done.worker() == "127.0.0.1:" + std::to_string(workers_[0].port("grpc")) ? 0 : 1;
+  const std::string other = "127.0.0.1:" + std::to_string(workers_[1 - was].port("grpc"));
+  // A coordinator that knows the other worker only (with a cluster token, which opens its
+  // registry beside the API keys; workers without one take calls that carry it).
+  coordinator_.Stop();
+  const std::string token = "cluster-token-of-at-least-32-bytes-0123456789";
+  std::ofstream(dir_ + "/token") << token << "\n";
+  std::filesystem::permissions(
+      dir_ + "/token", std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  std::string error;
+  ASSERT_TRUE(
+      coordinator_.Start(RECALL_COORDINATOR_BINARY,
+                         {"--workers", other, "--listen", "127.0.0.1:0", "--data-dir", dir_,
+                          "--api-keys", dir_ + "/keys", "--cluster-token-file", dir_ + "/token"},
+                         dir_, &error))
+      << error;
+  stub_ = v1::Chat::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(coordinator_.port("grpc")),
+                          grpc::InsecureChannelCredentials()));
+  const Reply moved = Say(id, "What happened next?", 8);
+  ASSERT_TRUE(moved.status.ok()) << moved.status.error_message();
+  EXPECT_EQ(moved.done.worker(), other);
+  EXPECT_TRUE(moved.done.rebuilt());
+  EXPECT_EQ(Load(was).resident_sessions(), 1) << "the old copy, while its worker is unknown";
+  // The old worker registers (as a worker started with --coordinator does).
+  auto registry = v1::Registry::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(coordinator_.port("grpc")),
+                          grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer " + token);
+  v1::RegisterRequest reg;
+  reg.set_address("127.0.0.1:" + std::to_string(workers_[was].port("grpc")));
+  v1::RegisterResponse registered;
+  ASSERT_TRUE(registry->Register(&ctx, reg, &registered).ok());
+  EXPECT_TRUE(HoldsNoSession(was)) << Load(was).ShortDebugString();
+  EXPECT_EQ(Load(1 - was).resident_sessions(), 1) << "the session's copy where it is now";
+}
 
 class TenantLimitTest : public FailoverTest {
  protected:

@@ -139,12 +139,20 @@ void Scheduler::ApplyCommands() {
         it = after_abort_.erase(it);
       }
     }
-    for (auto& t : hit) {
-      FinishTurn(*t, absl::CancelledError(absl::StrCat("turn ", t->req.request_id, " aborted")));
-    }
+    // A dropped session's turns end NOT_FOUND, the session's answer: as CANCELLED (a broken
+    // stream to a coordinator) they were failed over to another worker, which the coordinator
+    // marked down for it, and ran there on a session being deleted.
+    const auto ended = [&c](const Turn& t) {
+      return c.kind == Command::Kind::kDrop
+                 ? absl::NotFoundError(absl::StrCat("session_id: session \"", c.key,
+                                                    "\" was dropped while its turn ",
+                                                    t.req.request_id, " ran"))
+                 : absl::CancelledError(absl::StrCat("turn ", t.req.request_id, " aborted"));
+    };
+    for (auto& t : hit) FinishTurn(*t, ended(*t));
     for (auto& t : hit_after_abort) {
       metrics_->cancelled->Increment();
-      t->stream->Finish(absl::CancelledError(absl::StrCat("turn ", t->req.request_id, " aborted")));
+      t->stream->Finish(ended(*t));
       hit.push_back(std::move(t));  // counted
     }
     auto answer = [&c](absl::StatusOr<int64_t> result) {
