@@ -335,13 +335,23 @@ void WorkerRegistry::SettleConflicts() {
         used = it;
       }
     }
-    const bool conflict = used->first != shape(info);
+    // One process under two addresses (localhost:P beside 127.0.0.1:P): its load counted
+    // twice, a session failed over from it to itself. The first listed is used.
+    const Entry* same = nullptr;
+    for (const Entry& o : workers_) {
+      if (&o == &e) break;
+      if (!info.instance().empty() && o.view.info.instance() == info.instance()) same = &o;
+    }
+    const bool conflict = used->first != shape(info) || same != nullptr;
     e.conflict_reason =
-        conflict ? absl::StrCat("it serves \"", info.model(), "\" as ", shape(info), ", but ",
-                                used->second.workers, " worker(s) serve it as ", used->first, " (",
-                                used->second.address, used->second.workers > 1 ? " and others" : "",
-                                "); give it another --served-model-name")
-                 : "";
+        same != nullptr ? absl::StrCat("it is the worker at ", same->view.address,
+                                       " (the same process under another address); list it once")
+        : conflict
+            ? absl::StrCat("it serves \"", info.model(), "\" as ", shape(info), ", but ",
+                           used->second.workers, " worker(s) serve it as ", used->first, " (",
+                           used->second.address, used->second.workers > 1 ? " and others" : "",
+                           "); give it another --served-model-name")
+            : "";
     if (conflict && !e.conflict) {
       RECALL_LOG(ERROR) << "worker " << e.view.address << " not used: " << e.conflict_reason;
     } else if (!conflict && e.conflict) {

@@ -318,6 +318,43 @@ TEST(ModelNameConflictTest, ASecondModelUnderANameInUseServesNothing) {
   }
 }
 
+// One worker under two addresses (localhost:P and 127.0.0.1:P in --workers) is one worker:
+// /v1/models counted it twice, and a session failed over from it to itself.
+TEST(ModelNameConflictTest, OneWorkerUnderTwoAddressesIsUsedOnce) {
+  RECALL_REQUIRE_SHARED_FILE(kModel);
+  const std::string dir = testing::MakeTempDir("same_worker");
+  ServerProcess worker, coordinator;
+  std::string error;
+  ASSERT_TRUE(StartNamedWorker(worker, /*stories=*/true, "stories", dir, &error)) << error;
+  const std::string port = std::to_string(worker.port("grpc"));
+  ASSERT_TRUE(coordinator.Start(RECALL_COORDINATOR_BINARY,
+                                {"--workers", "127.0.0.1:" + port + ",localhost:" + port,
+                                 "--listen", "127.0.0.1:0", "--data-dir", dir},
+                                dir, &error))
+      << error;
+  const auto registry = v1::Registry::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(coordinator.port("grpc")), grpc::InsecureChannelCredentials()));
+  const auto chat = v1::Chat::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(coordinator.port("grpc")), grpc::InsecureChannelCredentials()));
+  v1::ListModelsResponse models;
+  for (int i = 0; i < 100; ++i) {  // both polled, their Info read
+    grpc::ClientContext ctx;
+    models.Clear();
+    ASSERT_TRUE(chat->ListModels(&ctx, v1::ListModelsRequest(), &models).ok());
+    if (models.models_size() == 1 && models.models(0).workers() == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(models.models_size(), 1) << models.ShortDebugString();
+  EXPECT_EQ(models.models(0).workers(), 1) << "one process";
+  grpc::ClientContext ctx;
+  v1::RegisterRequest req;
+  req.set_address("localhost:" + port);
+  v1::RegisterResponse resp;
+  ASSERT_TRUE(registry->Register(&ctx, req, &resp).ok());
+  EXPECT_EQ(resp.not_used(), "it is the worker at 127.0.0.1:" + port +
+                                 " (the same process under another address); list it once");
+}
+
 // Two workers serving one model and a third another under the same name, the odd one listed
 // first: the model most of them serve is used. Whoever came first won, and after a coordinator
 // restart the workers register in any order: an odd worker that came back first locked out

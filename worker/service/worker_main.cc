@@ -49,17 +49,14 @@ override the session cache defaults below.
 class Registration {
  public:
   Registration(const std::string& coordinator, const std::string& advertise,
-               grpcutil::ClusterCredential cluster)
+               const std::string& instance, grpcutil::ClusterCredential cluster)
       : stub_(v1::Registry::NewStub(grpc::CreateCustomChannel(
             coordinator, grpc::InsecureChannelCredentials(), ReconnectWithin5s()))),
         cluster_(std::move(cluster)),
         coordinator_(coordinator),
         advertise_(advertise),
-        thread_([this, coordinator, advertise] {
+        thread_([this, coordinator, advertise, instance] {
           std::optional<std::string> reported;  // the last outcome's key told (none yet)
-          std::random_device rd;
-          const std::string instance =
-              absl::StrCat(absl::Hex(rd(), absl::kZeroPad8), absl::Hex(rd(), absl::kZeroPad8));
           absl::MutexLock lock(&mu_);
           while (!stop_) {
             grpc::ClientContext ctx;
@@ -195,7 +192,11 @@ absl::Status Run(const std::vector<std::string>& argv) {
   if (!options.cluster_token_file.empty()) {
     RECALL_ASSIGN_OR_RETURN(cluster, grpcutil::ClusterCredential::Load(options.cluster_token_file));
   }
-  WorkerService service(*scheduler, {model_name, options.engine.tp, "0.1.0"}, cluster);
+  // This process's id, in Info and in its registrations.
+  std::random_device rd;
+  const std::string instance =
+      absl::StrCat(absl::Hex(rd(), absl::kZeroPad8), absl::Hex(rd(), absl::kZeroPad8));
+  WorkerService service(*scheduler, {model_name, options.engine.tp, "0.1.0", instance}, cluster);
   // Signals: waited for below (until here, while the model loads, one ends the worker).
   StopSignals stop;
 
@@ -267,7 +268,8 @@ absl::Status Run(const std::vector<std::string>& argv) {
         !options.advertise.empty()
             ? options.advertise
             : absl::StrCat(listen.substr(0, listen.find_last_of(':')), ":", port);
-    registration = std::make_unique<Registration>(options.coordinator, advertise, cluster);
+    registration =
+        std::make_unique<Registration>(options.coordinator, advertise, instance, cluster);
   }
 
   const int sig = stop.Wait();

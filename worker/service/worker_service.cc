@@ -295,6 +295,7 @@ grpc::ServerUnaryReactor* WorkerService::Info(grpc::CallbackServerContext* conte
   response->set_vocab_size(scheduler_.model().config.vocab_size);
   response->set_weights(scheduler_.model().config.WeightsName());
   response->set_version(identity_.version);
+  response->set_instance(identity_.instance);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

@@ -20,6 +20,7 @@ struct WorkerIdentity {
   std::string model;       // e.g. the model path's last component
   int tp_size = 1;
   std::string version;
+  std::string instance;  // InfoResponse.instance: this process's random id
 };
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
