@@ -473,7 +473,10 @@ absl::Status Conversations::Finish(const OpenTurn& turn, const absl::StatusOr<Tu
       // restart): the copy it left there is stale, and was held there until memory pressure
       // pushed it out.
       workers_.DropLater(turn.spec.bound, turn.session_id);
-      workers_.KeepSession(outcome->worker, turn.session_id);
+    }
+    // So were the copies the workers it failed on (or that were full) began.
+    for (const std::string& w : outcome->tried) {
+      if (stored.ok() && w != outcome->worker) workers_.DropLater(w, turn.session_id);
     }
     if (stored.ok()) RememberEpisodes(turn.key, outcome->done);
   }

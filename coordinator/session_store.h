@@ -208,9 +208,10 @@ class SessionStore {
   virtual absl::StatusOr<std::vector<IdleSession>> DeleteIdle(int64_t before_unix_ms,
                                                               int limit) = 0;
 
-  // Small named records of a tenant, for the HTTP edge's requests that name no session, so
+  // Small named records of a tenant, for requests that name no session yet, so
   // that what one coordinator learnt holds on any coordinator that shares the store and after
-  // a restart: its Idempotency-Key records (idempotency_keys.h, names "k:KEY") and its index of
+  // a restart: CreateSession's request ids (create_requests.h, names "c:ID"), the
+  // Idempotency-Key records (idempotency_keys.h, names "k:KEY") and its index of
   // transcripts (transcript_match.h, names "t:DIGEST"). Binary safe. A record is kept
   // kRecordTtlMs after it was last written, then forgotten (SQLite purges old records as it
   // writes new ones; Redis lets them expire). Durable on return.

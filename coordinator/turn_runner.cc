@@ -326,6 +326,9 @@ void TurnRunner::NextAttempt() {
 }
 
 void TurnRunner::Send(std::shared_ptr<v1::Worker::Stub> stub) {
+  // The session is in use on this worker again: a drop of its copy there still pending (it
+  // had moved away) would end this turn or the copy it builds.
+  workers_.KeepSession(route_->worker, spec_.request.session_id());
   const bool with_history = send_history_ || !route_->sticky;
   if (with_history && spec_.fetch_history && !fetched_.has_value()) {
     // Read first; this attempt goes on when the history is here (on the reader's thread).
@@ -498,6 +501,7 @@ void MergeTokens(const v1::TokenEvent& from, v1::TokenEvent* into) {
 
 void TurnRunner::Succeed() {
   result_.seconds = since_start_.ElapsedSeconds();
+  result_.tried = excluded_;
   result_.request_id = request_id_;
   std::shared_ptr<v1::Worker::Stub> stub =
       spec_.drop_after ? workers_.Stub(result_.worker) : nullptr;

@@ -107,6 +107,7 @@ struct TurnResult {
   std::string worker;           // who finished it (empty when failover found it complete)
   std::string request_id;       // its RunTurn's there (for an Abort that takes it back)
   int failovers = 0;            // workers lost during the turn
+  std::vector<std::string> tried;  // workers that failed the turn or were full, in order
   std::vector<int32_t> tokens;  // the whole reply, as reported to the sink
   std::string text;
   double first_token_seconds = 0;  // from Start to the first token (0: none)

@@ -453,26 +453,48 @@ size_t WorkerRegistry::PendingDrops() const {
 }
 
 void WorkerRegistry::DeliverDrops() {
-  std::vector<std::pair<std::string, std::set<std::string>>> due;
+  struct Due {
+    std::shared_ptr<v1::Worker::Stub> stub;
+    std::string id;
+  };
+  std::vector<Due> due;
   {
     absl::MutexLock lock(&mu_);
     for (auto it = pending_drops_.begin(); it != pending_drops_.end();) {
       const auto known = std::find_if(workers_.begin(), workers_.end(),
                                       [&](const Entry& e) { return e.view.address == it->first; });
       const bool up = known != workers_.end() && known->view.healthy;
-      // Up: sent now. Not known for forget_after (gone for good): let go. Else kept.
-      if (!up && (known != workers_.end() || absl::Now() - it->second.since < forget_after_)) {
-        ++it;
-        continue;
+      // Up: sent now (kDropsPerHeartbeat at most). Not known for forget_after (gone for
+      // good): let go. Else kept.
+      if (up) {
+        std::set<std::string>& ids = it->second.ids;
+        while (!ids.empty() && due.size() < kDropsPerHeartbeat) {
+          due.push_back({known->view.stub, *ids.begin()});
+          ids.erase(ids.begin());
+          --pending_count_;
+        }
+      } else if (known == workers_.end() && absl::Now() - it->second.since >= forget_after_) {
+        pending_count_ -= it->second.ids.size();
+        it->second.ids.clear();
       }
-      pending_count_ -= it->second.ids.size();
-      if (up) due.emplace_back(it->first, std::move(it->second.ids));
-      it = pending_drops_.erase(it);
+      it = it->second.ids.empty() ? pending_drops_.erase(it) : std::next(it);
     }
   }
-  // One at a time, 2 s each at most (DropSession): rare (a session moved or deleted mid-turn).
-  for (const auto& [address, ids] : due) {
-    for (const std::string& id : ids) DropSession(address, id);
+  // Sent without waiting (the heartbeat thread polls every worker on time), each only while
+  // the session is idle there (if_idle): a turn that came back to that worker since keeps it.
+  for (Due& d : due) {
+    struct Call {
+      grpc::ClientContext context;
+      v1::DropSessionRequest request;
+      v1::DropSessionResponse response;
+    };
+    auto call = std::make_shared<Call>();
+    call->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    Attach(&call->context);
+    call->request.set_session_id(d.id);
+    call->request.set_if_idle(true);
+    d.stub->async()->DropSession(&call->context, &call->request, &call->response,
+                                 [call, stub = d.stub](grpc::Status) {});
   }
 }
 

@@ -98,9 +98,11 @@ class WorkerRegistry {
   // anyway.
   void DropSession(const std::string& address, const std::string& id) const;
   // Has the worker at `address` drop session `id`'s cache once it answers (the registry's
-  // thread sends it after the next heartbeat that finds the worker up; kept while the worker is
-  // down or not known yet, as after a coordinator's restart): a copy left behind when its
-  // session moved to another worker, or was deleted while a turn of it ran. At most
+  // thread sends it, without waiting for the answer, after the next heartbeat that finds the
+  // worker up; kept while the worker is down or not known yet, as after a coordinator's
+  // restart), unless a turn of the session runs there then (DropSessionRequest.if_idle): a
+  // copy left behind when its session moved to another worker, or was deleted while a turn
+  // of it ran. At most
   // kMaxPendingDrops wait (more are not kept: such copies age out of a worker's memory
   // anyway). KeepSession forgets one (its session came back to that worker).
   void DropLater(const std::string& address, const std::string& id);
@@ -108,6 +110,7 @@ class WorkerRegistry {
   // DropLater on every known worker.
   void DropEverywhere(const std::string& id);
   static constexpr size_t kMaxPendingDrops = 100000;
+  static constexpr size_t kDropsPerHeartbeat = 256;
   size_t PendingDrops() const;
 
  private:

@@ -176,11 +176,13 @@ grpc::ServerUnaryReactor* WorkerService::DropSession(grpc::CallbackServerContext
     return reactor;
   }
   // Finished on the engine thread once the drop is applied; `response` lives until then.
-  scheduler_.DropSessionAsync(request->session_id(),
-                              [reactor, response](absl::StatusOr<int64_t> freed) {
-                                if (freed.ok()) response->set_freed_bytes(*freed);
-                                reactor->Finish(ToGrpcStatus(freed.status()));
-                              });
+  scheduler_.DropSessionAsync(
+      request->session_id(),
+      [reactor, response](absl::StatusOr<int64_t> freed) {
+        if (freed.ok()) response->set_freed_bytes(*freed);
+        reactor->Finish(ToGrpcStatus(freed.status()));
+      },
+      request->if_idle());
   return reactor;
 }
 

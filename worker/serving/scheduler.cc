@@ -425,8 +425,9 @@ void Scheduler::AbortAllAsync(std::function<void(int)> done) {
 }
 
 void Scheduler::DropSessionAsync(const std::string& session_id,
-                                 std::function<void(absl::StatusOr<int64_t>)> done) {
-  PostAsync({Command::Kind::kDrop, session_id, std::move(done)});
+                                 std::function<void(absl::StatusOr<int64_t>)> done, bool if_idle) {
+  PostAsync(
+      {if_idle ? Command::Kind::kDropIfIdle : Command::Kind::kDrop, session_id, std::move(done)});
 }
 
 void Scheduler::WaitForEpisodeBuilds() const { episodes_.WaitIdle(); }

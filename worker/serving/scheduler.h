@@ -188,8 +188,10 @@ class Scheduler {
   std::optional<TakenBackTurn> TakeTakenBack(const std::string& request_id);
   void AbortSessionAsync(const std::string& session_id, std::function<void(int)> done = nullptr);
   void AbortAllAsync(std::function<void(int)> done = nullptr);
+  // With `if_idle`, a session with a turn running or waiting is kept (FailedPrecondition): a
+  // stale copy's drop that must not end a turn that came since.
   void DropSessionAsync(const std::string& session_id,
-                        std::function<void(absl::StatusOr<int64_t>)> done);
+                        std::function<void(absl::StatusOr<int64_t>)> done, bool if_idle = false);
 
   // Blocks until the background builder of episodes (policy "episodic") has nothing queued
   // or building; returns at once when it was never started. For tests and benchmarks.

@@ -116,6 +116,7 @@ void Scheduler::ApplyCommands() {
           return t.req.request_id == c.key;
         case Command::Kind::kAbortSession:
         case Command::Kind::kDrop:
+        case Command::Kind::kDropIfIdle:
           return t.req.session_id == c.key;
         case Command::Kind::kAbortAll:
           return true;
@@ -126,6 +127,26 @@ void Scheduler::ApplyCommands() {
       if (matches(*t)) hit.push_back(t);
     for (auto& t : waiting_)
       if (matches(*t)) hit.push_back(t);
+    auto answer = [&c](absl::StatusOr<int64_t> result) {
+      if (c.done) c.done(std::move(result));
+    };
+    const bool drop = c.kind == Command::Kind::kDrop || c.kind == Command::Kind::kDropIfIdle;
+    if (c.kind == Command::Kind::kDropIfIdle) {
+      bool parked = false;
+      {
+        absl::MutexLock lock(&mu_);
+        for (const auto& [id, t] : after_abort_) parked |= matches(*t);
+      }
+      if (!hit.empty() || parked) {
+        // A turn came since the coordinator found this copy stale: it is in use again.
+        answer(absl::FailedPreconditionError(
+            absl::StrCat("session_id: session \"", c.key, "\" has a turn running; not dropped")));
+        continue;
+      }
+    }
+    // What the drop frees, as held before its turns end (a touched turn's end drops it).
+    Session* held = drop ? memory_.Find(c.key) : nullptr;
+    const int64_t freed = held != nullptr && held->resident() ? held->bytes_held() : 0;
     std::vector<std::shared_ptr<Turn>> hit_after_abort;  // never queued: nothing to undo
     {
       absl::MutexLock lock(&mu_);
@@ -142,22 +163,21 @@ void Scheduler::ApplyCommands() {
     // A dropped session's turns end NOT_FOUND, the session's answer: as CANCELLED (a broken
     // stream to a coordinator) they were failed over to another worker, which the coordinator
     // marked down for it, and ran there on a session being deleted.
-    const auto ended = [&c](const Turn& t) {
-      return c.kind == Command::Kind::kDrop
-                 ? absl::NotFoundError(absl::StrCat("session_id: session \"", c.key,
-                                                    "\" was dropped while its turn ",
-                                                    t.req.request_id, " ran"))
-                 : absl::CancelledError(absl::StrCat("turn ", t.req.request_id, " aborted"));
+    const auto ended = [&c, drop](const Turn& t) {
+      return drop ? absl::NotFoundError(absl::StrCat("session_id: session \"", c.key,
+                                                     "\" was dropped while its turn ",
+                                                     t.req.request_id, " ran"))
+                  : absl::CancelledError(absl::StrCat("turn ", t.req.request_id, " aborted"));
     };
-    for (auto& t : hit) FinishTurn(*t, ended(*t));
+    for (auto& t : hit) {
+      t->dropped = drop;  // counted as cancelled
+      FinishTurn(*t, ended(*t));
+    }
     for (auto& t : hit_after_abort) {
       metrics_->cancelled->Increment();
       t->stream->Finish(ended(*t));
       hit.push_back(std::move(t));  // counted
     }
-    auto answer = [&c](absl::StatusOr<int64_t> result) {
-      if (c.done) c.done(std::move(result));
-    };
     if (c.kind == Command::Kind::kAbortRequest && hit.empty()) {
       // It had ended as its client left: taken back all the same.
       Session* ended = nullptr;
@@ -169,19 +189,16 @@ void Scheduler::ApplyCommands() {
         continue;
       }
     }
-    if (c.kind != Command::Kind::kDrop) {
+    if (!drop) {
       answer(static_cast<int64_t>(hit.size()));
       continue;
     }
-    Session* s = memory_.Find(c.key);
-    if (s == nullptr) {
-      answer(hit.empty() ? absl::NotFoundError(absl::StrCat(
-                               "session_id: this worker holds no session \"", c.key, "\""))
-                         : absl::StatusOr<int64_t>(0));
+    if (held == nullptr && hit.empty()) {
+      answer(absl::NotFoundError(
+          absl::StrCat("session_id: this worker holds no session \"", c.key, "\"")));
       continue;
     }
-    const int64_t freed = s->resident() ? s->bytes_held() : 0;
-    memory_.Drop(*s);
+    if (Session* s = memory_.Find(c.key)) memory_.Drop(*s);  // (a touched turn's end dropped it)
     answer(freed);
   }
 }
@@ -701,7 +718,7 @@ void Scheduler::FinishTurn(Turn& t, absl::Status status) {
         ->Increment();
     t.stream->Finish(absl::OkStatus(), std::move(sum));
   } else {
-    (absl::IsCancelled(status)                 ? metrics_->cancelled
+    (absl::IsCancelled(status) || t.dropped    ? metrics_->cancelled
      : RefusedTurn(status) && !t.worker_failed ? metrics_->refused
                                                : metrics_->failed)
         ->Increment();

@@ -51,6 +51,7 @@ struct Scheduler::Turn {
   // Ended by the worker's own failure (a forward pass, a restore): counted as an error
   // whatever its status code (a device out of memory is RESOURCE_EXHAUSTED too).
   bool worker_failed = false;
+  bool dropped = false;  // ended by its session's drop (NOT_FOUND): counted as cancelled
   int64_t admitted_at = 0;
   size_t fed = 0;  // prompt tokens fed
   int chunk = 0;   // tokens of this turn in the current batch
@@ -138,7 +139,8 @@ struct Scheduler::Turn {
 };
 
 struct Scheduler::Command {
-  enum class Kind { kAbortRequest, kAbortSession, kAbortAll, kDrop };
+  // kDropIfIdle: kDrop unless a turn of the session runs or waits (FailedPrecondition then).
+  enum class Kind { kAbortRequest, kAbortSession, kAbortAll, kDrop, kDropIfIdle };
   Kind kind;
   std::string key;
   // Gets the result on the engine thread once the command is applied; may be empty.

@@ -290,6 +290,57 @@ TEST_F(SchedulerTest, TheNonBlockingControlCallsAnswerOnTheEngineThread) {
   EXPECT_EQ(freed.status().code(), absl::StatusCode::kNotFound);
 }
 
+// A drop of a session whose turn runs ends the turn NOT_FOUND (not CANCELLED, which a
+// coordinator fails over to another worker) and answers the bytes it freed; a drop "if idle"
+// (a stale copy's) leaves a session with a turn running alone.
+TEST_F(SchedulerTest, ADropEndsTheSessionsTurnNotFoundUnlessOnlyIfIdle) {
+  Start(512);
+  const int64_t free_before = pool_->free_blocks();
+  auto stream = sched_->Submit(Turn("busy", "Once upon a time", 400));
+  ASSERT_TRUE(stream.ok());
+  TurnUpdate u;
+  ASSERT_TRUE((*stream)->Next(absl::Seconds(30), &u));  // generation has started
+  const auto drop = [&](bool if_idle) {
+    absl::Notification done;
+    absl::StatusOr<int64_t> freed;
+    sched_->DropSessionAsync(
+        "busy",
+        [&](absl::StatusOr<int64_t> f) {
+          freed = f;
+          done.Notify();
+        },
+        if_idle);
+    EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+    return freed;
+  };
+  const absl::StatusOr<int64_t> kept = drop(/*if_idle=*/true);
+  EXPECT_EQ(kept.status().code(), absl::StatusCode::kFailedPrecondition) << kept.status();
+  const absl::StatusOr<int64_t> freed = drop(/*if_idle=*/false);
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_GT(*freed, 0) << "what the session held as its turn ended";
+  const Collected rest = CollectTurn(**stream);
+  EXPECT_EQ(rest.status.code(), absl::StatusCode::kNotFound) << rest.status;
+  EXPECT_NE(rest.status.message().find("session_id: session \"busy\" was dropped while its turn"),
+            std::string::npos)
+      << rest.status;
+  EXPECT_EQ(pool_->free_blocks(), free_before);
+  // Idle, a drop "if idle" drops it.
+  ASSERT_TRUE(Run(Turn("idle", "Once upon a time", 8)).status.ok());
+  absl::Notification done;
+  absl::StatusOr<int64_t> idle;
+  sched_->DropSessionAsync(
+      "idle",
+      [&](absl::StatusOr<int64_t> f) {
+        idle = f;
+        done.Notify();
+      },
+      /*if_idle=*/true);
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  ASSERT_TRUE(idle.ok()) << idle.status();
+  EXPECT_GT(*idle, 0);
+  EXPECT_EQ(pool_->free_blocks(), free_before);
+}
+
 TEST_F(SchedulerTest, SecondTurnWhileOneRunsIsRefused) {
   Start(512);
   auto first = sched_->Submit(Turn("busy", "Once upon a time", 200));
