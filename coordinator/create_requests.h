@@ -3,8 +3,9 @@
 // a client's retry) gets that session instead of a second one: without it a retried
 // CreateSession left an orphan session behind, counted against --max-sessions. What an id
 // made is a store record (SessionStore::PutRecord, names "c:ID", kept a day), so a retry finds
-// it on any coordinator sharing the store and after a restart; concurrent requests of one id
-// on one coordinator run one at a time (replicas sharing Redis could each make one).
+// it on any coordinator sharing the store and after a restart. The record is claimed before
+// the session is made (SessionStore::AddRecord): of requests of one id that reach replicas
+// at once, one makes the session and the others wait for it (two replicas each made one).
 //
 // Thread safety: thread safe.
 #pragma once
@@ -33,6 +34,8 @@ class CreateRequests {
                                      const std::function<absl::StatusOr<SessionRecord>()>& create);
 
   static constexpr absl::Duration kRunningWait = absl::Seconds(10);
+  // A claim this old (its coordinator died before it recorded the session) is taken over.
+  static constexpr absl::Duration kStaleClaim = absl::Seconds(60);
 
  private:
   absl::StatusOr<SessionRecord> Run(const std::string& tenant, const std::string& request_id,

@@ -432,6 +432,20 @@ class RedisStore final : public SessionStore {
         .status();
   }
 
+  absl::Status AddRecord(const std::string& tenant, const std::string& name,
+                         const std::string& value) override {
+    absl::MutexLock lock(&mu_);
+    RECALL_ASSIGN_OR_RETURN(Reply rep, Command({"SET", RecordKey(tenant, name), value, "PX",
+                                                std::to_string(kRecordTtlMs), "NX"}));
+    if (rep->type == REDIS_REPLY_NIL) return absl::AlreadyExistsError("the record is kept");
+    return absl::OkStatus();
+  }
+
+  absl::Status DeleteRecord(const std::string& tenant, const std::string& name) override {
+    absl::MutexLock lock(&mu_);
+    return Command({"DEL", RecordKey(tenant, name)}).status();
+  }
+
   absl::StatusOr<std::string> GetRecord(const std::string& tenant,
                                         const std::string& name) override {
     absl::MutexLock lock(&mu_);

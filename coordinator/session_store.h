@@ -221,6 +221,12 @@ class SessionStore {
   // NotFound when there is none (or it is older than kRecordTtlMs).
   virtual absl::StatusOr<std::string> GetRecord(const std::string& tenant,
                                                 const std::string& name) = 0;
+  // PutRecord unless the record is kept already: AlreadyExists then. Of writers racing on any
+  // coordinators sharing the store, one adds it (a claim).
+  virtual absl::Status AddRecord(const std::string& tenant, const std::string& name,
+                                 const std::string& value) = 0;
+  // Forgets a record (OK when there is none).
+  virtual absl::Status DeleteRecord(const std::string& tenant, const std::string& name) = 0;
 };
 
 // A stored text as it is served (a proto string field, a prompt): valid UTF-8, with U+FFFD in

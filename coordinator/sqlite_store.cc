@@ -449,6 +449,28 @@ class SqliteStore final : public SessionStore {
     return Check(s.Step(), "write record");
   }
 
+  absl::Status AddRecord(const std::string& tenant, const std::string& name,
+                         const std::string& value) override {
+    absl::MutexLock lock(&mu_);
+    const int64_t now = UnixMillis();
+    Stmt purge(db_, "DELETE FROM records WHERE written_ms < ?");
+    purge.Bind(1, now - kRecordTtlMs);
+    RECALL_RETURN_IF_ERROR(Check(purge.Step(), "forget old records"));
+    Stmt s(db_,
+           "INSERT OR IGNORE INTO records (tenant, name, value, written_ms) VALUES (?, ?, ?, ?)");
+    s.BindText(1, tenant).BindText(2, name).Bind(3, value).Bind(4, now);
+    RECALL_RETURN_IF_ERROR(Check(s.Step(), "add record"));
+    if (sqlite3_changes(db_) == 0) return absl::AlreadyExistsError("the record is kept");
+    return absl::OkStatus();
+  }
+
+  absl::Status DeleteRecord(const std::string& tenant, const std::string& name) override {
+    absl::MutexLock lock(&mu_);
+    Stmt s(db_, "DELETE FROM records WHERE tenant = ? AND name = ?");
+    s.BindText(1, tenant).BindText(2, name);
+    return Check(s.Step(), "delete record");
+  }
+
   absl::StatusOr<std::string> GetRecord(const std::string& tenant,
                                         const std::string& name) override {
     absl::MutexLock lock(&mu_);

@@ -15,6 +15,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
+#include "common/status.h"
+#include "coordinator/create_requests.h"
 #include "gtest/gtest.h"
 #include "tests/common/redis_server.h"
 #include "tests/common/test_util.h"
@@ -327,6 +329,52 @@ TEST_P(SessionStoreTest, CreateHoldsTheTenantsLimitAcrossStores) {
   for (std::thread& t : threads) t.join();
   EXPECT_EQ(made.load(), 5);
   EXPECT_EQ(*store_->CountSessions("c"), 5);
+}
+
+// AddRecord adds a record only when none is kept (a claim); DeleteRecord forgets one.
+TEST_P(SessionStoreTest, AddRecordClaimsOnceAndDeleteRecordForgets) {
+  ASSERT_TRUE(store_->AddRecord("a", "c:x", "first").ok());
+  EXPECT_EQ(store_->AddRecord("a", "c:x", "second").code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(*store_->GetRecord("a", "c:x"), "first");
+  EXPECT_TRUE(store_->AddRecord("b", "c:x", "b's").ok()) << "per tenant";
+  ASSERT_TRUE(store_->DeleteRecord("a", "c:x").ok());
+  EXPECT_TRUE(store_->DeleteRecord("a", "c:x").ok()) << "none: OK";
+  EXPECT_EQ(store_->GetRecord("a", "c:x").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(store_->AddRecord("a", "c:x", "again").ok());
+}
+
+// One CreateSession request id sent to two coordinators at once (two stores on one Redis;
+// on SQLite, two CreateRequests on its one store) makes one session, which every request
+// gets: each replica made one.
+TEST_P(SessionStoreTest, ARequestIdSentToTwoCoordinatorsAtOnceMakesOneSession) {
+  std::unique_ptr<SessionStore> second;
+  if (GetParam() == "redis") {
+    auto opened = OpenStore(url_);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    second = std::move(*opened);
+  }
+  SessionStore& other = second != nullptr ? *second : *store_;
+  CreateRequests replicas[2] = {CreateRequests(*store_), CreateRequests(other)};
+  std::atomic<int> made{0};
+  std::vector<std::string> ids(8);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      SessionStore& store = t % 2 == 0 ? *store_ : other;
+      auto got =
+          replicas[t % 2].Once("a", "req-1", "digest", [&]() -> absl::StatusOr<SessionRecord> {
+            SessionRecord r = Record(absl::StrCat("s", t), "a");
+            RECALL_RETURN_IF_ERROR(store.Create(r));
+            ++made;
+            return r;
+          });
+      ids[t] = got.ok() ? got->id : got.status().ToString();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(made.load(), 1);
+  for (const std::string& id : ids) EXPECT_EQ(id, ids[0]);
+  EXPECT_EQ(*store_->CountSessions("a"), 1);
 }
 
 TEST_P(SessionStoreTest, ListPagesInIdOrder) {
