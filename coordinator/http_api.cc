@@ -384,11 +384,13 @@ void HttpApi::ChatCompletions(const httplib::Request& req, httplib::Response& re
     std::vector<StoredMessage> messages = ToStored(chat.messages);
     std::optional<OpenTurn> resumed_turn;
     std::string session = named;
+    bool new_key = false;  // a key no session was known for, naming no session
     if (!asked_key.empty()) {
       RECALL_RETURN_IF_ERROR(ClaimKey(tenant, asked_key));
       messages.back().turn_id = asked_key;  // the user's (ParseChatRequest checks it)
       key = asked_key;
       const std::string known = named.empty() ? idempotency_.Find(tenant, key) : named;
+      new_key = known.empty();
       if (!known.empty()) {
         KeyedState keyed;
         RECALL_ASSIGN_OR_RETURN(const std::optional<StoredMessage> done,
@@ -440,7 +442,21 @@ void HttpApi::ChatCompletions(const httplib::Request& req, httplib::Response& re
               },
               chat.sampling, "http"));
     }
-    if (!key.empty()) idempotency_.Put(tenant, key, open->session_id);
+    if (new_key) {
+      // Added, not put: the same key sent to two coordinators at once began a turn on each
+      // (two sessions). The one that comes second takes its turn back.
+      if (absl::Status st = idempotency_.Add(tenant, key, open->session_id);
+          absl::IsAlreadyExists(st)) {
+        const absl::Status running = absl::FailedPreconditionError(absl::StrCat(
+            kKeyHeader, " \"", key,
+            "\": a request with this key is running on another coordinator; send it again once "
+            "it has ended (retryable)"));
+        conversations_.Finish(*open, running, StoredMessage()).IgnoreError();
+        return running;
+      }
+    } else if (!key.empty()) {
+      idempotency_.Put(tenant, key, open->session_id);
+    }
     res.set_header(kSessionHeader, open->session_id);
     // The model that serves the session (the request's name when the session has none).
     auto reply =
@@ -662,7 +678,18 @@ void HttpApi::Completions(const httplib::Request& req, httplib::Response& res) {
           kept.has_value() ? kept->reply : StoredMessage{"assistant", ""}};
       reply->running->reply.state = TurnState::kInProgress;
       reply->running->reply.seed = reply->seed;
-      RenewLease(*reply, tenant, key);
+      if (kept.has_value()) {
+        RenewLease(*reply, tenant, key);
+      } else {
+        // Added, not put: the same key sent to two coordinators at once ran on each.
+        reply->running->reply.lease_unix_ms = UnixMillis() + options_.completion_lease_ms;
+        if (absl::IsAlreadyExists(idempotency_.AddCompletion(tenant, key, *reply->running))) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              kKeyHeader, " \"", key,
+              "\": a request with this key is running on another coordinator; send it again "
+              "once it has ended (retryable)"));
+        }
+      }
     }
     reply->key = std::move(key);  // released when the reply concludes
     key.clear();

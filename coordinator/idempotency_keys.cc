@@ -120,6 +120,22 @@ void IdempotencyKeys::Put(const std::string& tenant, const std::string& key,
   }
 }
 
+absl::Status IdempotencyKeys::Add(const std::string& tenant, const std::string& key,
+                                  const std::string& session_id) {
+  if (store_ != nullptr) {
+    const absl::Status st = store_->AddRecord(tenant, RecordName(key), kSessionRecord + session_id);
+    if (absl::IsAlreadyExists(st) && Find(tenant, key) != session_id) return st;
+    if (!st.ok() && !absl::IsAlreadyExists(st)) {
+      RECALL_LOG(WARNING) << "Idempotency-Key \"" << key << "\" of session " << QuotedId(session_id)
+                          << " is not in the store (a retry elsewhere may run the turn again): "
+                          << st;
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  Remember(Of(tenant, key), session_id);
+  return absl::OkStatus();
+}
+
 std::string IdempotencyKeys::Find(const std::string& tenant, const std::string& key) {
   const std::string k = Of(tenant, key);
   {
@@ -171,6 +187,24 @@ void IdempotencyKeys::PutCompletion(const std::string& tenant, const std::string
                            "it again): "
                         << st;
   }
+}
+
+absl::Status IdempotencyKeys::AddCompletion(const std::string& tenant, const std::string& key,
+                                            Completion completion) {
+  if (store_ != nullptr) {
+    const absl::Status st =
+        store_->AddRecord(tenant, RecordName(key), EncodeCompletion(completion));
+    if (absl::IsAlreadyExists(st)) return st;
+    if (!st.ok()) {
+      RECALL_LOG(WARNING) << "Idempotency-Key \"" << key
+                          << "\": the completion is not in the store (a retry elsewhere may run "
+                             "it again): "
+                          << st;
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  RememberCompletion(Of(tenant, key), std::move(completion));
+  return absl::OkStatus();
 }
 
 std::optional<IdempotencyKeys::Completion> IdempotencyKeys::FindCompletion(

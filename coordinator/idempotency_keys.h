@@ -24,6 +24,7 @@
 #include <unordered_map>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "coordinator/session_store.h"
@@ -49,6 +50,11 @@ class IdempotencyKeys {
   void Put(const std::string& tenant, const std::string& key, const std::string& session_id);
   // The session `tenant`'s `key` ran in, or "" when none is known.
   std::string Find(const std::string& tenant, const std::string& key);
+  // Put for a key no request had when it was looked for (Find said ""): AlreadyExists when
+  // a request with the key on another coordinator recorded another session since (both ran
+  // at once); the store's failure is logged, as Put's.
+  absl::Status Add(const std::string& tenant, const std::string& key,
+                   const std::string& session_id);
 
   // /v1/completions, whose requests no session keeps: what a key's request gave, the digest
   // of the prompt (Digest) and the model it was for, and its reply as far as it went
@@ -68,6 +74,10 @@ class IdempotencyKeys {
   static std::optional<Completion> DecodeCompletion(const std::string& bytes);
   static constexpr size_t kCompletionBytes = 64 << 20;
   void PutCompletion(const std::string& tenant, const std::string& key, Completion completion);
+  // PutCompletion for a key no request had (FindCompletion said none): AlreadyExists when a
+  // request with the key on another coordinator recorded one since.
+  absl::Status AddCompletion(const std::string& tenant, const std::string& key,
+                             Completion completion);
   std::optional<Completion> FindCompletion(const std::string& tenant, const std::string& key);
 
  private:

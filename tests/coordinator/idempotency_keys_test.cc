@@ -57,6 +57,28 @@ TEST(IdempotencyKeysTest, WhatOneCoordinatorPutsAnotherFindsInTheStore) {
 
 // A key's request running is refused to a second at once; one whose client left (Ending) is
 // waited for, and the second gets the key when the first lets it go.
+// A key two coordinators took at once (neither found it): the first to add its session or
+// completion keeps it, the second is told (AlreadyExists) and takes its turn back; adding
+// the session the key holds already is no conflict.
+TEST(IdempotencyKeysTest, OfTwoCoordinatorsAddingOneKeyTheFirstKeepsIt) {
+  const std::string path = testing::MakeTempDir("idempotency_add") + "/sessions.db";
+  auto store = OpenStore(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  IdempotencyKeys first(16, store->get()), second(16, store->get());
+  EXPECT_EQ(first.Find("a", "k1"), "");
+  EXPECT_EQ(second.Find("a", "k1"), "");
+  ASSERT_TRUE(first.Add("a", "k1", "session-1").ok());
+  EXPECT_EQ(second.Add("a", "k1", "session-2").code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(second.Find("a", "k1"), "session-1");
+  EXPECT_TRUE(second.Add("a", "k1", "session-1").ok());
+  EXPECT_TRUE(second.Add("b", "k1", "session-3").ok()) << "another tenant's key";
+
+  ASSERT_TRUE(first.AddCompletion("a", "k2", SomeCompletion()).ok());
+  EXPECT_EQ(second.AddCompletion("a", "k2", SomeCompletion()).code(),
+            absl::StatusCode::kAlreadyExists);
+  ASSERT_TRUE(second.FindCompletion("a", "k2").has_value());
+}
+
 TEST(IdempotencyKeysTest, ARequestWhoseClientLeftIsWaitedFor) {
   IdempotencyKeys keys(16, nullptr);
   ASSERT_TRUE(keys.Claim("t", "k"));
