@@ -326,7 +326,10 @@ class Conversations {
   std::set<std::string> running_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> stopping_{false};                     // StopTakingTurns
   // Each tenant's running turns, counted by their runners (RunnerOptions).
-  mutable TenantTurns tenant_turns_{options_.max_running_per_tenant};
+  mutable TenantTurns tenant_turns_{
+      options_.max_running_per_tenant,
+      metrics_.GetCounter("recall_coordinator_tenant_limited_total",
+                          "Turns refused for their tenant's --max-running-per-tenant")};
   std::set<std::string> finishing_ ABSL_GUARDED_BY(mu_);  // running, in Finish
   WorkPool journal_pool_;  // the journals' store writes
   LeaseKeeper lease_keeper_;  // renews silent journals' leases every eighth of a lease

@@ -6,6 +6,7 @@ namespace recall::coordinator {
 
 absl::Status TenantTurns::AtLimit(int running) const {
   if (limit_ <= 0 || running < limit_) return absl::OkStatus();
+  if (refused_ != nullptr) refused_->Increment();
   return absl::ResourceExhaustedError(
       absl::StrCat("the tenant has ", running, " turns running, the limit is ", limit_,
                    " at once (the coordinator's max_running_per_tenant); retry after ",

@@ -14,13 +14,16 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "common/metrics/registry.h"
 
 namespace recall::coordinator {
 
 class TenantTurns {
  public:
-  // `limit`: turns a tenant may have running at once; 0 for no limit.
-  explicit TenantTurns(int limit) : limit_(limit) {}
+  // `limit`: turns a tenant may have running at once; 0 for no limit. `refused` (may be null)
+  // counts the turns refused for it (by Acquire or Check: once per request).
+  explicit TenantTurns(int limit, metrics::Counter* refused = nullptr)
+      : limit_(limit), refused_(refused) {}
 
   // Counts a turn of `tenant` as running: ResourceExhausted (retryable, naming the limit) when
   // the tenant already has `limit` running. Each OK is matched by one Release.
@@ -38,6 +41,7 @@ class TenantTurns {
   absl::Status AtLimit(int running) const;
 
   const int limit_;
+  metrics::Counter* const refused_;
   mutable absl::Mutex mu_;
   std::map<std::string, int> running_ ABSL_GUARDED_BY(mu_);  // tenants with turns running only
 };

@@ -8,7 +8,8 @@ namespace {
 // Each tenant is counted apart: one at its limit is refused (retryable, naming the limit), the
 // others are not, and a release lets it in again.
 TEST(TenantTurnsTest, ATenantAtItsLimitIsRefusedAndTheOthersAreNot) {
-  TenantTurns turns(2);
+  metrics::Counter counted;
+  TenantTurns turns(2, &counted);
   ASSERT_TRUE(turns.Acquire("a").ok());
   ASSERT_TRUE(turns.Acquire("a").ok());
   const absl::Status refused = turns.Acquire("a");
@@ -28,6 +29,7 @@ TEST(TenantTurnsTest, ATenantAtItsLimitIsRefusedAndTheOthersAreNot) {
   turns.Release("a");  // one too many: stays at 0
   EXPECT_EQ(turns.Running("a"), 0);
   EXPECT_EQ(turns.Running("b"), 1);
+  EXPECT_EQ(counted.value(), 2) << "the refused Acquire and Check";
 }
 
 TEST(TenantTurnsTest, NoLimitRefusesNothing) {
