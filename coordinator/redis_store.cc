@@ -460,11 +460,17 @@ class RedisStore final : public SessionStore {
     absl::MutexLock lock(&mu_);
     RECALL_RETURN_IF_ERROR(
         Command({"SET", kLayoutKey, std::to_string(kLayoutVersion), "NX"}).status());
-    RECALL_ASSIGN_OR_RETURN(Reply rep, Command({"GET", kLayoutKey}));
-    const std::string value =
-        rep->type == REDIS_REPLY_STRING ? std::string(rep->str, rep->len) : std::string();
+    absl::StatusOr<Reply> rep = Command({"GET", kLayoutKey});
+    // A key of another type answers WRONGTYPE.
+    if (!rep.ok() && !absl::StrContains(rep.status().message(), "WRONGTYPE")) {
+      return rep.status();
+    }
+    const std::string value = !rep.ok() ? std::string("(not a string)")
+                              : (*rep)->type == REDIS_REPLY_STRING
+                                  ? std::string((*rep)->str, (*rep)->len)
+                                  : std::string();
     int version = 0;
-    if (!absl::SimpleAtoi(value, &version) || version < 1) {
+    if (!absl::SimpleAtoi(value, &version) || version < 1 || value != std::to_string(version)) {
       return absl::FailedPreconditionError(
           absl::StrCat("the Redis store at ", host_, ":", port_, ": its key ", kLayoutKey,
                        " holds \"", value.substr(0, 64),

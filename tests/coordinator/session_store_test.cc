@@ -1196,6 +1196,15 @@ TEST_P(SessionStoreTest, ARedisStoreOfANewerLayoutIsRefused) {
   EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(other.status().message().find("recall:layout holds \"banana\""), std::string::npos)
       << other.status();
+  ASSERT_EQ(RedisCli("SET recall:layout 01"), 0);
+  EXPECT_EQ(OpenStore(url_).status().code(), absl::StatusCode::kFailedPrecondition)
+      << "not as a coordinator writes it";
+  ASSERT_EQ(RedisCli("DEL recall:layout"), 0);
+  ASSERT_EQ(RedisCli("RPUSH recall:layout 1"), 0);
+  absl::StatusOr<std::unique_ptr<SessionStore>> list = OpenStore(url_);
+  EXPECT_NE(list.status().message().find("recall:layout holds \"(not a string)\""),
+            std::string::npos)
+      << list.status();
 }
 
 // Redis: sessions an older coordinator made (not in recall:a) count as active from the first
