@@ -150,8 +150,14 @@ absl::StatusOr<v1::Session> Client::CreateSession(const v1::CreateSessionRequest
   v1::CreateSessionRequest req = request;
   if (req.request_id().empty()) req.set_request_id(NewTurnId());
   v1::Session out;
-  const grpc::Status s =
-      WithRetries([&](grpc::ClientContext* ctx) { return stub_->CreateSession(ctx, req, &out); });
+  RetryState retry;
+  grpc::Status s;
+  // A request of the same id still running (on another coordinator, or this one's earlier
+  // try) answers ABORTED, retryable: asked again after the usual wait.
+  do {
+    s = WithRetries([&](grpc::ClientContext* ctx) { return stub_->CreateSession(ctx, req, &out); });
+  } while (s.error_code() == grpc::StatusCode::ABORTED &&
+           s.error_message().find("(retryable)") != std::string::npos && NextTry(&retry));
   if (!s.ok()) return Failure(s);
   return out;
 }
