@@ -1,12 +1,17 @@
 #include "coordinator/create_requests.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/clock.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "coordinator/random_id.h"
 
 namespace recall::coordinator {
 namespace {
@@ -14,6 +19,8 @@ namespace {
 std::string RecordName(const std::string& request_id) { return "c:" + request_id; }
 
 }  // namespace
+
+CreateRequests::CreateRequests(SessionStore& store) : store_(store), instance_(RandomId("")) {}
 
 absl::StatusOr<SessionRecord> CreateRequests::Once(
     const std::string& tenant, const std::string& request_id, const std::string& digest,
@@ -38,32 +45,29 @@ absl::StatusOr<SessionRecord> CreateRequests::Once(
 absl::StatusOr<SessionRecord> CreateRequests::Run(
     const std::string& tenant, const std::string& request_id, const std::string& digest,
     const std::function<absl::StatusOr<SessionRecord>()>& create) {
-  // The record: the digest (64 hex digits), a space, then the session id, or "pending:" and
-  // the time its claim was made while a coordinator creates it. The claim is added (one of
-  // the coordinators sharing the store gets it), so two replicas given the request at once
-  // make one session: the other waits for the id.
+  // The record: the digest (64 hex digits), a space, then the session id, or "pending:", the
+  // time its claim was made and the claiming coordinator's instance while it creates it. The
+  // claim is added (one of the coordinators sharing the store gets it), so two replicas given
+  // the request at once make one session: the others wait for its id.
   const std::string name = RecordName(request_id);
   const absl::Time deadline = absl::Now() + kRunningWait;
+  absl::Duration pause = absl::Milliseconds(10);
+  bool claim = true;  // no record read yet, or it was let go
   while (true) {
-    const absl::Status claimed =
-        store_.AddRecord(tenant, name, absl::StrCat(digest, " pending:", UnixMillis()));
-    if (claimed.ok()) {
-      absl::StatusOr<SessionRecord> made = create();
-      if (!made.ok()) {
-        store_.DeleteRecord(tenant, name).IgnoreError();  // not made: a retry may make it
-        return made.status();
-      }
-      if (absl::Status st = store_.PutRecord(tenant, name, absl::StrCat(digest, " ", made->id));
-          !st.ok()) {
-        // The session is made and answered; a retry of this request waits out the claim.
-        RECALL_LOG(WARNING) << "CreateSession request_id " << request_id
-                            << ": cannot record session " << made->id << " (" << st << ")";
-      }
-      return made;
+    if (absl::Now() >= deadline) {
+      return absl::AbortedError(
+          "request_id: a CreateSession with this id is still running; send it again once it "
+          "has ended (retryable)");
     }
-    if (!absl::IsAlreadyExists(claimed)) return claimed;
+    if (claim) {
+      const std::string mine = absl::StrCat(digest, " pending:", UnixMillis(), ":", instance_);
+      const absl::Status claimed = store_.AddRecord(tenant, name, mine);
+      if (claimed.ok()) return CreateClaimed(tenant, name, digest, mine, create);
+      if (!absl::IsAlreadyExists(claimed)) return claimed;
+    }
     absl::StatusOr<std::string> record = store_.GetRecord(tenant, name);
-    if (absl::IsNotFound(record.status())) continue;  // released since: claim it
+    claim = absl::IsNotFound(record.status());  // let go since: claimed again
+    if (claim) continue;
     if (!record.ok()) return record.status();
     const size_t space = record->find(' ');
     if (space == std::string::npos || record->substr(0, space) != digest) {
@@ -72,27 +76,50 @@ absl::StatusOr<SessionRecord> CreateRequests::Run(
           "system prompt, cache or metadata differ); a new session needs a new id");
     }
     const std::string rest = record->substr(space + 1);
-    int64_t since = 0;
-    if (absl::StartsWith(rest, "pending:") &&
-        absl::SimpleAtoi(absl::string_view(rest).substr(8), &since)) {
-      if (UnixMillis() - since > absl::ToInt64Milliseconds(kStaleClaim)) {
-        // Its coordinator died before it recorded the session: taken over.
-        store_.DeleteRecord(tenant, name).IgnoreError();
+    if (absl::StartsWith(rest, "pending:")) {
+      const std::vector<std::string> parts = absl::StrSplit(rest, ':');
+      int64_t since = 0;
+      const bool parsed = parts.size() == 3 && absl::SimpleAtoi(parts[1], &since);
+      // Left by a coordinator that died before it recorded the session (or by this one's
+      // earlier failure): taken over. This coordinator's own claims run under Once's mark, so
+      // one of them seen here is no longer running.
+      if (!parsed || parts[2] == instance_ ||
+          UnixMillis() - since > absl::ToInt64Milliseconds(kStaleClaim)) {
+        RECALL_RETURN_IF_ERROR(store_.DeleteRecord(tenant, name, *record));
+        claim = true;
         continue;
       }
-      if (absl::Now() >= deadline) {
-        return absl::AbortedError(
-            "request_id: a CreateSession with this id is still running; send it again once "
-            "it has ended (retryable)");
-      }
-      absl::SleepFor(absl::Milliseconds(20));
+      absl::SleepFor(pause);
+      pause = std::min(pause * 2, absl::Milliseconds(200));
       continue;
     }
     absl::StatusOr<SessionRecord> made = store_.Get(tenant, rest);
     if (!absl::IsNotFound(made.status())) return made;
     // Its session was deleted since: this request makes a new one.
-    store_.DeleteRecord(tenant, name).IgnoreError();
+    RECALL_RETURN_IF_ERROR(store_.DeleteRecord(tenant, name, *record));
+    claim = true;
   }
+}
+
+absl::StatusOr<SessionRecord> CreateRequests::CreateClaimed(
+    const std::string& tenant, const std::string& name, const std::string& digest,
+    const std::string& claim, const std::function<absl::StatusOr<SessionRecord>()>& create) {
+  absl::StatusOr<SessionRecord> made = create();
+  if (!made.ok()) {
+    // Not made: a retry may make it (a claim left here is this instance's: taken over).
+    store_.DeleteRecord(tenant, name, claim).IgnoreError();
+    return made.status();
+  }
+  const std::string record = absl::StrCat(digest, " ", made->id);
+  absl::Status st = store_.PutRecord(tenant, name, record);
+  if (!st.ok()) st = store_.PutRecord(tenant, name, record);  // once more
+  if (!st.ok()) {
+    // The session is made and answered; a retry of this request waits out the claim (or, on
+    // this coordinator, takes it over) and makes another.
+    RECALL_LOG(WARNING) << "CreateSession " << name << ": cannot record session " << made->id
+                        << " (" << st << ")";
+  }
+  return made;
 }
 
 }  // namespace recall::coordinator

@@ -23,7 +23,7 @@ namespace recall::coordinator {
 
 class CreateRequests {
  public:
-  explicit CreateRequests(SessionStore& store) : store_(store) {}
+  explicit CreateRequests(SessionStore& store);
 
   // The session `tenant`'s request `request_id` made, when the store still holds it; else
   // `create`'s, recorded under the id. `digest` is what the request asks (its fields but the
@@ -34,15 +34,22 @@ class CreateRequests {
                                      const std::function<absl::StatusOr<SessionRecord>()>& create);
 
   static constexpr absl::Duration kRunningWait = absl::Seconds(10);
-  // A claim this old (its coordinator died before it recorded the session) is taken over.
-  static constexpr absl::Duration kStaleClaim = absl::Seconds(60);
+  // Another coordinator's claim this old (it died before it recorded the session) is taken
+  // over; this coordinator's own claims, once none of its requests of the id runs.
+  static constexpr absl::Duration kStaleClaim = absl::Seconds(30);
 
  private:
   absl::StatusOr<SessionRecord> Run(const std::string& tenant, const std::string& request_id,
                                     const std::string& digest,
                                     const std::function<absl::StatusOr<SessionRecord>()>& create);
+  // Creates the session of a claimed id and records it in place of the claim (`claim`: its
+  // value).
+  absl::StatusOr<SessionRecord> CreateClaimed(
+      const std::string& tenant, const std::string& name, const std::string& digest,
+      const std::string& claim, const std::function<absl::StatusOr<SessionRecord>()>& create);
 
   SessionStore& store_;
+  const std::string instance_;  // this coordinator's, in its claims
   absl::Mutex mu_;
   std::set<std::string> running_ ABSL_GUARDED_BY(mu_);  // tenant-size-prefixed ids
 };

@@ -123,9 +123,16 @@ void IdempotencyKeys::Put(const std::string& tenant, const std::string& key,
 absl::Status IdempotencyKeys::Add(const std::string& tenant, const std::string& key,
                                   const std::string& session_id) {
   if (store_ != nullptr) {
-    const absl::Status st = store_->AddRecord(tenant, RecordName(key), kSessionRecord + session_id);
-    if (absl::IsAlreadyExists(st) && Find(tenant, key) != session_id) return st;
-    if (!st.ok() && !absl::IsAlreadyExists(st)) {
+    const std::string record = kSessionRecord + session_id;
+    absl::Status st = store_->AddRecord(tenant, RecordName(key), record);
+    if (absl::IsAlreadyExists(st)) {
+      // Another session's record: that request ran the turn. One of another kind (the key
+      // used for a completion) or damaged is put over, as before there were two writers.
+      const std::string found = Find(tenant, key);
+      if (!found.empty() && found != session_id) return st;
+      st = found.empty() ? store_->PutRecord(tenant, RecordName(key), record) : absl::OkStatus();
+    }
+    if (!st.ok()) {
       RECALL_LOG(WARNING) << "Idempotency-Key \"" << key << "\" of session " << QuotedId(session_id)
                           << " is not in the store (a retry elsewhere may run the turn again): "
                           << st;
@@ -192,9 +199,15 @@ void IdempotencyKeys::PutCompletion(const std::string& tenant, const std::string
 absl::Status IdempotencyKeys::AddCompletion(const std::string& tenant, const std::string& key,
                                             Completion completion) {
   if (store_ != nullptr) {
-    const absl::Status st =
-        store_->AddRecord(tenant, RecordName(key), EncodeCompletion(completion));
-    if (absl::IsAlreadyExists(st)) return st;
+    const std::string record = EncodeCompletion(completion);
+    absl::Status st = store_->AddRecord(tenant, RecordName(key), record);
+    if (absl::IsAlreadyExists(st)) {
+      // Another request's completion: it runs or ran. One of another kind or damaged is put
+      // over, as before there were two writers.
+      absl::StatusOr<std::string> kept = store_->GetRecord(tenant, RecordName(key));
+      if (kept.ok() && DecodeCompletion(*kept).has_value()) return st;
+      st = store_->PutRecord(tenant, RecordName(key), record);
+    }
     if (!st.ok()) {
       RECALL_LOG(WARNING) << "Idempotency-Key \"" << key
                           << "\": the completion is not in the store (a retry elsewhere may run "

@@ -441,9 +441,13 @@ class RedisStore final : public SessionStore {
     return absl::OkStatus();
   }
 
-  absl::Status DeleteRecord(const std::string& tenant, const std::string& name) override {
+  absl::Status DeleteRecord(const std::string& tenant, const std::string& name,
+                            const std::string& value) override {
     absl::MutexLock lock(&mu_);
-    return Command({"DEL", RecordKey(tenant, name)}).status();
+    return Command({"EVAL",
+                    "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end",
+                    "1", RecordKey(tenant, name), value})
+        .status();
   }
 
   absl::StatusOr<std::string> GetRecord(const std::string& tenant,

@@ -225,8 +225,10 @@ class SessionStore {
   // coordinators sharing the store, one adds it (a claim).
   virtual absl::Status AddRecord(const std::string& tenant, const std::string& name,
                                  const std::string& value) = 0;
-  // Forgets a record (OK when there is none).
-  virtual absl::Status DeleteRecord(const std::string& tenant, const std::string& name) = 0;
+  // Forgets a record while it holds `value` (OK when it holds another or there is none): a
+  // claim or a stale record taken over, not what another writer put there since.
+  virtual absl::Status DeleteRecord(const std::string& tenant, const std::string& name,
+                                    const std::string& value) = 0;
 };
 
 // A stored text as it is served (a proto string field, a prompt): valid UTF-8, with U+FFFD in

@@ -464,10 +464,11 @@ class SqliteStore final : public SessionStore {
     return absl::OkStatus();
   }
 
-  absl::Status DeleteRecord(const std::string& tenant, const std::string& name) override {
+  absl::Status DeleteRecord(const std::string& tenant, const std::string& name,
+                            const std::string& value) override {
     absl::MutexLock lock(&mu_);
-    Stmt s(db_, "DELETE FROM records WHERE tenant = ? AND name = ?");
-    s.BindText(1, tenant).BindText(2, name);
+    Stmt s(db_, "DELETE FROM records WHERE tenant = ? AND name = ? AND value = ?");
+    s.BindText(1, tenant).BindText(2, name).Bind(3, value);
     return Check(s.Step(), "delete record");
   }
 

@@ -55,8 +55,6 @@ TEST(IdempotencyKeysTest, WhatOneCoordinatorPutsAnotherFindsInTheStore) {
   EXPECT_EQ(memory_only.Find("a", "k1"), "");
 }
 
-// A key's request running is refused to a second at once; one whose client left (Ending) is
-// waited for, and the second gets the key when the first lets it go.
 // A key two coordinators took at once (neither found it): the first to add its session or
 // completion keeps it, the second is told (AlreadyExists) and takes its turn back; adding
 // the session the key holds already is no conflict.
@@ -77,8 +75,17 @@ TEST(IdempotencyKeysTest, OfTwoCoordinatorsAddingOneKeyTheFirstKeepsIt) {
   EXPECT_EQ(second.AddCompletion("a", "k2", SomeCompletion()).code(),
             absl::StatusCode::kAlreadyExists);
   ASSERT_TRUE(second.FindCompletion("a", "k2").has_value());
+  // A key used for the other kind of request (or a damaged record) is put over, not refused
+  // (a chat under a completion's key got 409 until the record's day passed).
+  IdempotencyKeys third(16, store->get());
+  EXPECT_TRUE(third.Add("a", "k2", "session-4").ok());
+  EXPECT_EQ(IdempotencyKeys(16, store->get()).Find("a", "k2"), "session-4");
+  EXPECT_TRUE(third.AddCompletion("a", "k1", SomeCompletion()).ok()) << "over a chat's record";
+  EXPECT_TRUE(IdempotencyKeys(16, store->get()).FindCompletion("a", "k1").has_value());
 }
 
+// A key's request running is refused to a second at once; one whose client left (Ending) is
+// waited for, and the second gets the key when the first lets it go.
 TEST(IdempotencyKeysTest, ARequestWhoseClientLeftIsWaitedFor) {
   IdempotencyKeys keys(16, nullptr);
   ASSERT_TRUE(keys.Claim("t", "k"));

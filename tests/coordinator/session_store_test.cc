@@ -331,14 +331,17 @@ TEST_P(SessionStoreTest, CreateHoldsTheTenantsLimitAcrossStores) {
   EXPECT_EQ(*store_->CountSessions("c"), 5);
 }
 
-// AddRecord adds a record only when none is kept (a claim); DeleteRecord forgets one.
+// AddRecord adds a record only when none is kept (a claim); DeleteRecord forgets one while it
+// holds the value given.
 TEST_P(SessionStoreTest, AddRecordClaimsOnceAndDeleteRecordForgets) {
   ASSERT_TRUE(store_->AddRecord("a", "c:x", "first").ok());
   EXPECT_EQ(store_->AddRecord("a", "c:x", "second").code(), absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(*store_->GetRecord("a", "c:x"), "first");
   EXPECT_TRUE(store_->AddRecord("b", "c:x", "b's").ok()) << "per tenant";
-  ASSERT_TRUE(store_->DeleteRecord("a", "c:x").ok());
-  EXPECT_TRUE(store_->DeleteRecord("a", "c:x").ok()) << "none: OK";
+  ASSERT_TRUE(store_->DeleteRecord("a", "c:x", "other").ok());
+  EXPECT_EQ(*store_->GetRecord("a", "c:x"), "first") << "another value is kept";
+  ASSERT_TRUE(store_->DeleteRecord("a", "c:x", "first").ok());
+  EXPECT_TRUE(store_->DeleteRecord("a", "c:x", "first").ok()) << "none: OK";
   EXPECT_EQ(store_->GetRecord("a", "c:x").status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(store_->AddRecord("a", "c:x", "again").ok());
 }
