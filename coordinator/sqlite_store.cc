@@ -437,30 +437,32 @@ class SqliteStore final : public SessionStore {
 
   absl::Status PutRecord(const std::string& tenant, const std::string& name,
                          const std::string& value) override {
-    absl::MutexLock lock(&mu_);
-    const int64_t now = UnixMillis();
-    Stmt purge(db_, "DELETE FROM records WHERE written_ms < ?");
-    purge.Bind(1, now - kRecordTtlMs);
-    RECALL_RETURN_IF_ERROR(Check(purge.Step(), "forget old records"));
-    Stmt s(db_,
-           "INSERT OR REPLACE INTO records (tenant, name, value, written_ms) "
-           "VALUES (?, ?, ?, ?)");
-    s.BindText(1, tenant).BindText(2, name).Bind(3, value).Bind(4, now);
-    return Check(s.Step(), "write record");
+    return WriteRecord(tenant, name, value, /*replace=*/true);
   }
 
   absl::Status AddRecord(const std::string& tenant, const std::string& name,
                          const std::string& value) override {
+    return WriteRecord(tenant, name, value, /*replace=*/false);
+  }
+
+  // Writes a record after forgetting those past their day; without `replace`, AlreadyExists
+  // when one of that name is kept.
+  absl::Status WriteRecord(const std::string& tenant, const std::string& name,
+                           const std::string& value, bool replace) {
     absl::MutexLock lock(&mu_);
     const int64_t now = UnixMillis();
     Stmt purge(db_, "DELETE FROM records WHERE written_ms < ?");
     purge.Bind(1, now - kRecordTtlMs);
     RECALL_RETURN_IF_ERROR(Check(purge.Step(), "forget old records"));
-    Stmt s(db_,
-           "INSERT OR IGNORE INTO records (tenant, name, value, written_ms) VALUES (?, ?, ?, ?)");
+    Stmt s(db_, replace ? "INSERT OR REPLACE INTO records (tenant, name, value, written_ms) "
+                          "VALUES (?, ?, ?, ?)"
+                        : "INSERT OR IGNORE INTO records (tenant, name, value, written_ms) "
+                          "VALUES (?, ?, ?, ?)");
     s.BindText(1, tenant).BindText(2, name).Bind(3, value).Bind(4, now);
-    RECALL_RETURN_IF_ERROR(Check(s.Step(), "add record"));
-    if (sqlite3_changes(db_) == 0) return absl::AlreadyExistsError("the record is kept");
+    RECALL_RETURN_IF_ERROR(Check(s.Step(), "write record"));
+    if (!replace && sqlite3_changes(db_) == 0) {
+      return absl::AlreadyExistsError("the record is kept");
+    }
     return absl::OkStatus();
   }
 
