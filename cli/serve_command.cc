@@ -15,6 +15,7 @@
 #include "common/files.h"
 #include "common/flags.h"
 #include "common/grpc/cluster_credential.h"
+#include "common/grpc/quiet_handshakes.h"
 #include "common/status.h"
 #include "common/stop_signals.h"
 #include "common/subprocess.h"
@@ -166,6 +167,7 @@ absl::Status Serve(const ServeOptions& o) {
   // Before any thread starts (the coordinator's inherit the mask): Ctrl-C and SIGTERM are
   // waited for below, whichever thread takes them (common/stop_signals.h).
   StopSignals stop;
+  grpcutil::QuietHandshakeLogs();
 
   // The coordinator first: its flags, its store (a data directory another serve holds) and
   // its ports are refused before the worker spends minutes loading the model. It knows the

@@ -8,6 +8,7 @@
 #include "absl/strings/str_split.h"
 #include "common/files.h"
 #include "common/flags.h"
+#include "common/grpc/quiet_handshakes.h"
 #include "common/status.h"
 #include "common/stop_signals.h"
 #include "coordinator/server.h"
@@ -185,6 +186,7 @@ absl::Status Run(const std::vector<std::string>& argv) {
   RECALL_RETURN_IF_ERROR(CoordinatorFlags().Parse(argv, &c));
 
   StopSignals stop(/*hangup=*/true);  // before any thread starts
+  grpcutil::QuietHandshakeLogs();
   absl::StatusOr<std::unique_ptr<CoordinatorServer>> started = CoordinatorServer::Start(c);
   if (!started.ok()) return CoordinatorFlags().Explain(started.status());
   std::unique_ptr<CoordinatorServer> server = std::move(*started);
