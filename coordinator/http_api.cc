@@ -621,11 +621,12 @@ void HttpApi::Completions(const httplib::Request& req, httplib::Response& res) {
     // A key: the completion it gave is replayed, one that broke off is resumed (the part
     // sent, then the rest with the same draws), a running one is waited for (409).
     std::optional<IdempotencyKeys::Completion> kept;
+    std::string kept_record;  // its stored bytes ("" from memory)
     RECALL_ASSIGN_OR_RETURN(const std::string asked_key, KeyOf(req));
     if (!asked_key.empty()) {
       RECALL_RETURN_IF_ERROR(ClaimKey(tenant, asked_key));
       key = asked_key;
-      kept = idempotency_.FindCompletion(tenant, key);
+      kept = idempotency_.FindCompletion(tenant, key, &kept_record);
       if (kept.has_value() && kept->prompt_digest != IdempotencyKeys::Digest(completion.prompt)) {
         return flags::FieldError(kKeyHeader,
                                  absl::StrCat("\"", key, "\" was sent with another prompt"));
@@ -678,12 +679,14 @@ void HttpApi::Completions(const httplib::Request& req, httplib::Response& res) {
           kept.has_value() ? kept->reply : StoredMessage{"assistant", ""}};
       reply->running->reply.state = TurnState::kInProgress;
       reply->running->reply.seed = reply->seed;
-      if (kept.has_value()) {
-        RenewLease(*reply, tenant, key);
+      if (kept.has_value() && kept_record.empty()) {
+        RenewLease(*reply, tenant, key);  // memory's copy (the store did not answer)
       } else {
-        // Added, not put: the same key sent to two coordinators at once ran on each.
+        // Added, not put (in place of the record read, for one resumed): the same key sent to
+        // two coordinators at once ran on each.
         reply->running->reply.lease_unix_ms = UnixMillis() + options_.completion_lease_ms;
-        if (absl::IsAlreadyExists(idempotency_.AddCompletion(tenant, key, *reply->running))) {
+        if (absl::IsAlreadyExists(
+                idempotency_.AddCompletion(tenant, key, *reply->running, kept_record))) {
           return absl::FailedPreconditionError(absl::StrCat(
               kKeyHeader, " \"", key,
               "\": a request with this key is running on another coordinator; send it again "

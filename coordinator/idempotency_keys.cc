@@ -197,10 +197,14 @@ void IdempotencyKeys::PutCompletion(const std::string& tenant, const std::string
 }
 
 absl::Status IdempotencyKeys::AddCompletion(const std::string& tenant, const std::string& key,
-                                            Completion completion) {
+                                            Completion completion, const std::string& was) {
   if (store_ != nullptr) {
     const std::string record = EncodeCompletion(completion);
-    absl::Status st = store_->AddRecord(tenant, RecordName(key), record);
+    // Taken over: let go only while it is what was read, then added like a new one.
+    absl::Status st =
+        was.empty() ? absl::OkStatus() : store_->DeleteRecord(tenant, RecordName(key), was);
+    if (st.ok()) st = store_->AddRecord(tenant, RecordName(key), record);
+    if (absl::IsAlreadyExists(st) && !was.empty()) return st;
     if (absl::IsAlreadyExists(st)) {
       // Another request's completion: it runs or ran. One of another kind or damaged is put
       // over, as before there were two writers.
@@ -221,7 +225,8 @@ absl::Status IdempotencyKeys::AddCompletion(const std::string& tenant, const std
 }
 
 std::optional<IdempotencyKeys::Completion> IdempotencyKeys::FindCompletion(
-    const std::string& tenant, const std::string& key) {
+    const std::string& tenant, const std::string& key, std::string* record) {
+  if (record != nullptr) record->clear();
   // A completion's record changes (in progress, interrupted, complete) on whichever
   // coordinator runs it: the store is asked first; the memory copy answers only without a
   // store, or when the store does not.
@@ -229,6 +234,7 @@ std::optional<IdempotencyKeys::Completion> IdempotencyKeys::FindCompletion(
     absl::StatusOr<std::string> rec = store_->GetRecord(tenant, RecordName(key));
     if (rec.ok()) {
       std::optional<Completion> c = DecodeCompletion(*rec);
+      if (c.has_value() && record != nullptr) *record = *rec;
       if (!c.has_value() && !rec->empty() && (*rec)[0] == kCompletionRecord) {
         RECALL_LOG(WARNING) << "Idempotency-Key \"" << key
                             << "\": its stored completion is damaged; ignored";

@@ -74,11 +74,14 @@ class IdempotencyKeys {
   static std::optional<Completion> DecodeCompletion(const std::string& bytes);
   static constexpr size_t kCompletionBytes = 64 << 20;
   void PutCompletion(const std::string& tenant, const std::string& key, Completion completion);
-  // PutCompletion for a key no request had (FindCompletion said none): AlreadyExists when a
-  // request with the key on another coordinator recorded one since.
+  // PutCompletion for a key no request had (FindCompletion said none), or in place of the
+  // stored record `was` (FindCompletion's *record: a completion to resume): AlreadyExists when
+  // a request with the key on another coordinator recorded one since (both took it at once).
   absl::Status AddCompletion(const std::string& tenant, const std::string& key,
-                             Completion completion);
-  std::optional<Completion> FindCompletion(const std::string& tenant, const std::string& key);
+                             Completion completion, const std::string& was = "");
+  // With `record`, the stored bytes it was read from ("" when it came from memory).
+  std::optional<Completion> FindCompletion(const std::string& tenant, const std::string& key,
+                                           std::string* record = nullptr);
 
  private:
   static std::string Of(const std::string& tenant, const std::string& key);

@@ -82,6 +82,16 @@ TEST(IdempotencyKeysTest, OfTwoCoordinatorsAddingOneKeyTheFirstKeepsIt) {
   EXPECT_EQ(IdempotencyKeys(16, store->get()).Find("a", "k2"), "session-4");
   EXPECT_TRUE(third.AddCompletion("a", "k1", SomeCompletion()).ok()) << "over a chat's record";
   EXPECT_TRUE(IdempotencyKeys(16, store->get()).FindCompletion("a", "k1").has_value());
+  // A completion to resume (its coordinator gone) taken over by two at once: one gets it.
+  std::string was_first, was_second;
+  ASSERT_TRUE(first.FindCompletion("a", "k1", &was_first).has_value());
+  ASSERT_TRUE(second.FindCompletion("a", "k1", &was_second).has_value());
+  ASSERT_FALSE(was_first.empty());
+  IdempotencyKeys::Completion resumed = SomeCompletion();
+  resumed.reply.state = TurnState::kInProgress;
+  EXPECT_TRUE(first.AddCompletion("a", "k1", resumed, was_first).ok());
+  EXPECT_EQ(second.AddCompletion("a", "k1", resumed, was_second).code(),
+            absl::StatusCode::kAlreadyExists);
 }
 
 // A key's request running is refused to a second at once; one whose client left (Ending) is
