@@ -445,14 +445,16 @@ void HttpApi::ChatCompletions(const httplib::Request& req, httplib::Response& re
     if (new_key) {
       // Added, not put: the same key sent to two coordinators at once began a turn on each
       // (two sessions). The one that comes second takes its turn back.
-      if (absl::Status st = idempotency_.Add(tenant, key, open->session_id);
-          absl::IsAlreadyExists(st)) {
-        const absl::Status running = absl::FailedPreconditionError(absl::StrCat(
-            kKeyHeader, " \"", key,
-            "\": a request with this key is running on another coordinator; send it again once "
-            "it has ended (retryable)"));
-        conversations_.Finish(*open, running, StoredMessage()).IgnoreError();
-        return running;
+      if (absl::Status st = idempotency_.Add(tenant, key, open->session_id); !st.ok()) {
+        const absl::Status refused =
+            absl::IsAlreadyExists(st)
+                ? absl::FailedPreconditionError(absl::StrCat(
+                      kKeyHeader, " \"", key,
+                      "\": a request with this key is running on another coordinator; send it "
+                      "again once it has ended (retryable)"))
+                : st;
+        conversations_.Finish(*open, refused, StoredMessage()).IgnoreError();
+        return refused;
       }
     } else if (!key.empty()) {
       idempotency_.Put(tenant, key, open->session_id);
@@ -685,8 +687,10 @@ void HttpApi::Completions(const httplib::Request& req, httplib::Response& res) {
         // Added, not put (in place of the record read, for one resumed): the same key sent to
         // two coordinators at once ran on each.
         reply->running->reply.lease_unix_ms = UnixMillis() + options_.completion_lease_ms;
-        if (absl::IsAlreadyExists(
-                idempotency_.AddCompletion(tenant, key, *reply->running, kept_record))) {
+        const absl::Status added =
+            idempotency_.AddCompletion(tenant, key, *reply->running, kept_record);
+        if (!added.ok() && !absl::IsAlreadyExists(added)) return added;
+        if (absl::IsAlreadyExists(added)) {
           return absl::FailedPreconditionError(absl::StrCat(
               kKeyHeader, " \"", key,
               "\": a request with this key is running on another coordinator; send it again "

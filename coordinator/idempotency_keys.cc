@@ -120,17 +120,28 @@ void IdempotencyKeys::Put(const std::string& tenant, const std::string& key,
   }
 }
 
+absl::Status IdempotencyKeys::OtherRequest(const std::string& key, const char* endpoint) {
+  return absl::InvalidArgumentError(absl::StrCat("Idempotency-Key: \"", key, "\" was sent with a ",
+                                                 endpoint,
+                                                 " request; a new request needs a new key"));
+}
+
 absl::Status IdempotencyKeys::Add(const std::string& tenant, const std::string& key,
                                   const std::string& session_id) {
   if (store_ != nullptr) {
     const std::string record = kSessionRecord + session_id;
     absl::Status st = store_->AddRecord(tenant, RecordName(key), record);
     if (absl::IsAlreadyExists(st)) {
-      // Another session's record: that request ran the turn. One of another kind (the key
-      // used for a completion) or damaged is put over, as before there were two writers.
+      // Another session's record: that request ran the turn. A completion's: the key names
+      // another request (put over, its retry ran again). A damaged one is put over.
       const std::string found = Find(tenant, key);
       if (!found.empty() && found != session_id) return st;
-      st = found.empty() ? store_->PutRecord(tenant, RecordName(key), record) : absl::OkStatus();
+      if (found.empty()) {
+        absl::StatusOr<std::string> kept = store_->GetRecord(tenant, RecordName(key));
+        if (kept.ok() && DecodeCompletion(*kept).has_value())
+          return OtherRequest(key, "/v1/completions");
+        st = store_->PutRecord(tenant, RecordName(key), record);
+      }
     }
     if (!st.ok()) {
       RECALL_LOG(WARNING) << "Idempotency-Key \"" << key << "\" of session " << QuotedId(session_id)
@@ -206,10 +217,13 @@ absl::Status IdempotencyKeys::AddCompletion(const std::string& tenant, const std
     if (st.ok()) st = store_->AddRecord(tenant, RecordName(key), record);
     if (absl::IsAlreadyExists(st) && !was.empty()) return st;
     if (absl::IsAlreadyExists(st)) {
-      // Another request's completion: it runs or ran. One of another kind or damaged is put
-      // over, as before there were two writers.
+      // Another request's completion: it runs or ran. A chat's session: the key names another
+      // request (put over, its retry ran again). A damaged one is put over.
       absl::StatusOr<std::string> kept = store_->GetRecord(tenant, RecordName(key));
       if (kept.ok() && DecodeCompletion(*kept).has_value()) return st;
+      if (kept.ok() && kept->size() >= 2 && (*kept)[0] == kSessionRecord) {
+        return OtherRequest(key, "/v1/chat/completions");
+      }
       st = store_->PutRecord(tenant, RecordName(key), record);
     }
     if (!st.ok()) {

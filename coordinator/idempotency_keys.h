@@ -52,7 +52,8 @@ class IdempotencyKeys {
   std::string Find(const std::string& tenant, const std::string& key);
   // Put for a key no request had when it was looked for (Find said ""): AlreadyExists when
   // a request with the key on another coordinator recorded another session since (both ran
-  // at once); the store's failure is logged, as Put's.
+  // at once); InvalidArgument when the key is a completion's (OtherRequest); the store's
+  // failure is logged, as Put's.
   absl::Status Add(const std::string& tenant, const std::string& key,
                    const std::string& session_id);
 
@@ -76,7 +77,8 @@ class IdempotencyKeys {
   void PutCompletion(const std::string& tenant, const std::string& key, Completion completion);
   // PutCompletion for a key no request had (FindCompletion said none), or in place of the
   // stored record `was` (FindCompletion's *record: a completion to resume): AlreadyExists when
-  // a request with the key on another coordinator recorded one since (both took it at once).
+  // a request with the key on another coordinator recorded one since (both took it at once);
+  // InvalidArgument when the key is a chat's (OtherRequest).
   absl::Status AddCompletion(const std::string& tenant, const std::string& key,
                              Completion completion, const std::string& was = "");
   // With `record`, the stored bytes it was read from ("" when it came from memory).
@@ -85,6 +87,9 @@ class IdempotencyKeys {
 
  private:
   static std::string Of(const std::string& tenant, const std::string& key);
+  // InvalidArgument naming the header: the key was sent with a request to `endpoint` (a chat
+  // and a completion share the key's record: one put over the other ran its retry again).
+  static absl::Status OtherRequest(const std::string& key, const char* endpoint);
 
   void Remember(const std::string& k, const std::string& session_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -75,22 +75,30 @@ TEST(IdempotencyKeysTest, OfTwoCoordinatorsAddingOneKeyTheFirstKeepsIt) {
   EXPECT_EQ(second.AddCompletion("a", "k2", SomeCompletion()).code(),
             absl::StatusCode::kAlreadyExists);
   ASSERT_TRUE(second.FindCompletion("a", "k2").has_value());
-  // A key used for the other kind of request (or a damaged record) is put over, not refused
-  // (a chat under a completion's key got 409 until the record's day passed).
+  // A key of the other kind of request is refused naming it (it got 409 until the record's
+  // day passed; then, put over, the other request's retry ran again); a damaged record is put
+  // over.
   IdempotencyKeys third(16, store->get());
-  EXPECT_TRUE(third.Add("a", "k2", "session-4").ok());
-  EXPECT_EQ(IdempotencyKeys(16, store->get()).Find("a", "k2"), "session-4");
-  EXPECT_TRUE(third.AddCompletion("a", "k1", SomeCompletion()).ok()) << "over a chat's record";
-  EXPECT_TRUE(IdempotencyKeys(16, store->get()).FindCompletion("a", "k1").has_value());
+  const absl::Status chat = third.Add("a", "k2", "session-4");
+  EXPECT_EQ(chat.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(chat.message(),
+            "Idempotency-Key: \"k2\" was sent with a /v1/completions request; a new request needs "
+            "a new key");
+  EXPECT_EQ(third.AddCompletion("a", "k1", SomeCompletion()).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(IdempotencyKeys(16, store->get()).FindCompletion("a", "k2").has_value()) << "kept";
+  ASSERT_TRUE((*store)->PutRecord("a", "k:k3", "c\x01garbage").ok());
+  EXPECT_TRUE(third.Add("a", "k3", "session-5").ok()) << "over a damaged record";
+  EXPECT_EQ(IdempotencyKeys(16, store->get()).Find("a", "k3"), "session-5");
   // A completion to resume (its coordinator gone) taken over by two at once: one gets it.
   std::string was_first, was_second;
-  ASSERT_TRUE(first.FindCompletion("a", "k1", &was_first).has_value());
-  ASSERT_TRUE(second.FindCompletion("a", "k1", &was_second).has_value());
+  ASSERT_TRUE(first.FindCompletion("a", "k2", &was_first).has_value());
+  ASSERT_TRUE(second.FindCompletion("a", "k2", &was_second).has_value());
   ASSERT_FALSE(was_first.empty());
   IdempotencyKeys::Completion resumed = SomeCompletion();
   resumed.reply.state = TurnState::kInProgress;
-  EXPECT_TRUE(first.AddCompletion("a", "k1", resumed, was_first).ok());
-  EXPECT_EQ(second.AddCompletion("a", "k1", resumed, was_second).code(),
+  EXPECT_TRUE(first.AddCompletion("a", "k2", resumed, was_first).ok());
+  EXPECT_EQ(second.AddCompletion("a", "k2", resumed, was_second).code(),
             absl::StatusCode::kAlreadyExists);
 }
 
