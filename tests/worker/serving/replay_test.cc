@@ -221,12 +221,15 @@ TEST_F(ReplayTest, AbortedTurnsAreReplayedAsTheirTurnsGaveThemBack) {
     ASSERT_TRUE(first.status.ok()) << policy << ": " << first.status;
     TurnRequest stopped = Turn(id, kTurns[1], 2, policy);
     stopped.request_id = "stopped-" + policy;
+    // Long enough to be running when the reader has its first 8 tokens (60 ended in 6 ms,
+    // all of it in the reader's first update, on an idle machine now and then).
+    stopped.max_tokens = 300;
     auto stream = sched_->Submit(stopped);
     ASSERT_TRUE(stream.ok()) << stream.status();
     size_t streamed = 0;  // a few decode steps in
     for (TurnUpdate update; streamed < 8;) {
       ASSERT_TRUE((*stream)->Next(absl::Seconds(30), &update));
-      ASSERT_FALSE(update.done) << policy << ": a reply of 60 tokens";
+      ASSERT_FALSE(update.done) << policy << ": a reply of 300 tokens";
       streamed += update.token_ids.size();
     }
     ASSERT_EQ(sched_->AbortRequest(stopped.request_id), 1);
@@ -288,6 +291,7 @@ TEST_F(ReplayTest, ATakenBackTurnWhoseRecordNobodyCollectedIsRebuilt) {
   ASSERT_TRUE(first.status.ok()) << first.status;
   TurnRequest stopped = Turn(id, kTurns[1], 2, "lazy");
   stopped.request_id = "uncollected-stopped";
+  stopped.max_tokens = 300;  // running when the abort comes (60 tokens could be done by then)
   auto stream = sched_->Submit(stopped);
   ASSERT_TRUE(stream.ok()) << stream.status();
   TurnUpdate update;
