@@ -134,14 +134,13 @@ absl::Status IdempotencyKeys::Add(const std::string& tenant, const std::string& 
     if (absl::IsAlreadyExists(st)) {
       // Another session's record: that request ran the turn. A completion's: the key names
       // another request (put over, its retry ran again). A damaged one is put over.
-      const std::string found = Find(tenant, key);
-      if (!found.empty() && found != session_id) return st;
-      if (found.empty()) {
-        absl::StatusOr<std::string> kept = store_->GetRecord(tenant, RecordName(key));
-        if (kept.ok() && DecodeCompletion(*kept).has_value())
-          return OtherRequest(key, "/v1/completions");
-        st = store_->PutRecord(tenant, RecordName(key), record);
+      absl::StatusOr<std::string> kept = store_->GetRecord(tenant, RecordName(key));
+      const bool session = kept.ok() && kept->size() >= 2 && (*kept)[0] == kSessionRecord;
+      if (session && *kept != record) return st;
+      if (kept.ok() && DecodeCompletion(*kept).has_value()) {
+        return OtherRequest(key, "/v1/completions");
       }
+      st = session ? absl::OkStatus() : store_->PutRecord(tenant, RecordName(key), record);
     }
     if (!st.ok()) {
       RECALL_LOG(WARNING) << "Idempotency-Key \"" << key << "\" of session " << QuotedId(session_id)

@@ -61,6 +61,21 @@ class SchedulerTest : public recall::testing::Stories260KTest {
     return CollectTurn(**stream);
   }
 
+  // DropSessionAsync's answer (on the engine thread), waited for (30 s at most).
+  absl::StatusOr<int64_t> DropAsync(const std::string& session, bool if_idle = false) {
+    absl::Notification done;
+    absl::StatusOr<int64_t> freed = absl::DeadlineExceededError("no answer in 30 s");
+    sched_->DropSessionAsync(
+        session,
+        [&](absl::StatusOr<int64_t> f) {
+          freed = f;
+          done.Notify();
+        },
+        if_idle);
+    done.WaitForNotificationWithTimeout(absl::Seconds(30));
+    return freed;
+  }
+
   // The load once `done` holds for it (it is published after each engine step), or the last
   // one seen after 10 s.
   LoadSnapshot WaitForLoad(const std::function<bool(const LoadSnapshot&)>& done) {
@@ -271,22 +286,11 @@ TEST_F(SchedulerTest, TheNonBlockingControlCallsAnswerOnTheEngineThread) {
   EXPECT_EQ(pool_->free_blocks(), free_before);
 
   ASSERT_TRUE(Run(Turn("kept", "Once upon a time", 8)).status.ok());
-  absl::Notification dropped;
-  absl::StatusOr<int64_t> freed;
-  sched_->DropSessionAsync("kept", [&](absl::StatusOr<int64_t> f) {
-    freed = f;
-    dropped.Notify();
-  });
-  ASSERT_TRUE(dropped.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  absl::StatusOr<int64_t> freed = DropAsync("kept");
   ASSERT_TRUE(freed.ok()) << freed.status();
   EXPECT_GT(*freed, 0);
   EXPECT_EQ(pool_->free_blocks(), free_before);
-  absl::Notification missing;
-  sched_->DropSessionAsync("kept", [&](absl::StatusOr<int64_t> f) {
-    freed = f;
-    missing.Notify();
-  });
-  ASSERT_TRUE(missing.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  freed = DropAsync("kept");
   EXPECT_EQ(freed.status().code(), absl::StatusCode::kNotFound);
 }
 
@@ -300,22 +304,9 @@ TEST_F(SchedulerTest, ADropEndsTheSessionsTurnNotFoundUnlessOnlyIfIdle) {
   ASSERT_TRUE(stream.ok());
   TurnUpdate u;
   ASSERT_TRUE((*stream)->Next(absl::Seconds(30), &u));  // generation has started
-  const auto drop = [&](bool if_idle) {
-    absl::Notification done;
-    absl::StatusOr<int64_t> freed;
-    sched_->DropSessionAsync(
-        "busy",
-        [&](absl::StatusOr<int64_t> f) {
-          freed = f;
-          done.Notify();
-        },
-        if_idle);
-    EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
-    return freed;
-  };
-  const absl::StatusOr<int64_t> kept = drop(/*if_idle=*/true);
+  const absl::StatusOr<int64_t> kept = DropAsync("busy", /*if_idle=*/true);
   EXPECT_EQ(kept.status().code(), absl::StatusCode::kFailedPrecondition) << kept.status();
-  const absl::StatusOr<int64_t> freed = drop(/*if_idle=*/false);
+  const absl::StatusOr<int64_t> freed = DropAsync("busy", /*if_idle=*/false);
   ASSERT_TRUE(freed.ok()) << freed.status();
   EXPECT_GT(*freed, 0) << "what the session held as its turn ended";
   const Collected rest = CollectTurn(**stream);
@@ -326,16 +317,7 @@ TEST_F(SchedulerTest, ADropEndsTheSessionsTurnNotFoundUnlessOnlyIfIdle) {
   EXPECT_EQ(pool_->free_blocks(), free_before);
   // Idle, a drop "if idle" drops it.
   ASSERT_TRUE(Run(Turn("idle", "Once upon a time", 8)).status.ok());
-  absl::Notification done;
-  absl::StatusOr<int64_t> idle;
-  sched_->DropSessionAsync(
-      "idle",
-      [&](absl::StatusOr<int64_t> f) {
-        idle = f;
-        done.Notify();
-      },
-      /*if_idle=*/true);
-  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  const absl::StatusOr<int64_t> idle = DropAsync("idle", /*if_idle=*/true);
   ASSERT_TRUE(idle.ok()) << idle.status();
   EXPECT_GT(*idle, 0);
   EXPECT_EQ(pool_->free_blocks(), free_before);
