@@ -12,6 +12,8 @@
 //                        the first message with the id)
 //   recall:n:<id>        sorted set: the replies that are not complete (member and score:
 //                        their index)
+//   recall:o:<id>        hash: the session's records (PutSessionRecord), record key -> value
+//                        (deleted with the session while they hold it; expires with them)
 //   recall:a             sorted set of every session id, scored by when its last turn began
 //                        or its reply ended (or it was made): DeleteIdle's order; sessions
 //                        from before it, by when a coordinator first opened the store with
@@ -186,14 +188,29 @@ std::string ToJson(const StoredMessage& message) {
   return m.dump();
 }
 
-// KEYS: session, messages, tenant set, parts, turn ids, unfinished, activity. ARGV: tenant,
-// id.
-// Lua: deletes the session (KEYS as kDelete's, ARGV[2] its id); returns 1.
-#define RECALL_DELETE_LUA                                            \
-  "redis.call('DEL', KEYS[1], KEYS[2], KEYS[4], KEYS[5], KEYS[6])\n" \
-  "redis.call('ZREM', KEYS[3], ARGV[2])\n"                           \
-  "redis.call('ZREM', KEYS[7], ARGV[2])\n"                           \
+// KEYS: session, messages, tenant set, parts, turn ids, unfinished, activity, records. ARGV:
+// tenant, id.
+// Lua: deletes the session (KEYS as kDelete's, ARGV[2] its id) and the records it owns that
+// still hold what it wrote; returns 1.
+#define RECALL_DELETE_LUA                                                                   \
+  "redis.call('DEL', KEYS[1], KEYS[2], KEYS[4], KEYS[5], KEYS[6])\n"                        \
+  "redis.call('ZREM', KEYS[3], ARGV[2])\n"                                                  \
+  "redis.call('ZREM', KEYS[7], ARGV[2])\n"                                                  \
+  "local owned = redis.call('HGETALL', KEYS[8])\n"                                          \
+  "for j = 1, #owned, 2 do\n"                                                               \
+  "  if redis.call('GET', owned[j]) == owned[j + 1] then redis.call('DEL', owned[j]) end\n" \
+  "end\n"                                                                                   \
+  "redis.call('DEL', KEYS[8])\n"                                                            \
   "return 1"
+
+// KEYS: session, record, the session's records. ARGV: tenant, value, ttl in ms. Writes the
+// record if the session is the tenant's (1; else -1, nothing written).
+constexpr char kPutSessionRecord[] = R"lua(
+if redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[1] then return -1 end
+redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+redis.call('HSET', KEYS[3], KEYS[2], ARGV[2])
+redis.call('PEXPIRE', KEYS[3], ARGV[3])
+return 1)lua";
 
 constexpr char kDelete[] = R"lua(
 if redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[1] then return -1 end
@@ -361,6 +378,7 @@ std::string TenantKey(const std::string& t) { return "recall:t:" + t; }
 std::string PartsKey(const std::string& id) { return "recall:p:" + id; }
 std::string TurnIdsKey(const std::string& id) { return "recall:u:" + id; }
 std::string UnfinishedKey(const std::string& id) { return "recall:n:" + id; }
+std::string RecordsKey(const std::string& id) { return "recall:o:" + id; }
 constexpr char kActivityKey[] = "recall:a";
 // The layout this code writes, set at the first open (a store from before it was kept has
 // none and is taken as this one). A store of a later layout is refused: this code would
@@ -391,10 +409,19 @@ std::vector<std::string> TranscriptEval(const char* script, const std::string& i
 // ARGV tenant, id, then `more`.
 std::vector<std::string> DeleteEval(const char* script, const std::string& tenant,
                                     const std::string& id, std::vector<std::string> more) {
-  std::vector<std::string> args = {"EVAL",         script,          "7",
-                                   SessionKey(id), MessagesKey(id), TenantKey(tenant),
-                                   PartsKey(id),   TurnIdsKey(id),  UnfinishedKey(id),
-                                   kActivityKey,   tenant,          id};
+  std::vector<std::string> args = {"EVAL",
+                                   script,
+                                   "8",
+                                   SessionKey(id),
+                                   MessagesKey(id),
+                                   TenantKey(tenant),
+                                   PartsKey(id),
+                                   TurnIdsKey(id),
+                                   UnfinishedKey(id),
+                                   kActivityKey,
+                                   RecordsKey(id),
+                                   tenant,
+                                   id};
   args.insert(args.end(), std::make_move_iterator(more.begin()),
               std::make_move_iterator(more.end()));
   return args;
@@ -448,6 +475,15 @@ class RedisStore final : public SessionStore {
                     "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end",
                     "1", RecordKey(tenant, name), value})
         .status();
+  }
+
+  absl::Status PutSessionRecord(const std::string& tenant, const std::string& id,
+                                const std::string& name, const std::string& value) override {
+    absl::MutexLock lock(&mu_);
+    RECALL_ASSIGN_OR_RETURN(
+        Reply rep, Command({"EVAL", kPutSessionRecord, "3", SessionKey(id), RecordKey(tenant, name),
+                            RecordsKey(id), tenant, value, std::to_string(kRecordTtlMs)}));
+    return rep->integer < 0 ? NotFound(id) : absl::OkStatus();
   }
 
   absl::StatusOr<std::string> GetRecord(const std::string& tenant,

@@ -229,6 +229,13 @@ class SessionStore {
   // claim or a stale record taken over, not what another writer put there since.
   virtual absl::Status DeleteRecord(const std::string& tenant, const std::string& name,
                                     const std::string& value) = 0;
+  // PutRecord of a record that belongs to `tenant`'s session `id`: forgotten with the session
+  // (Delete, DeleteIdle) while it holds `value`, or kRecordTtlMs after it was written,
+  // whichever comes first, so that records of deleted sessions do not pile up for a day.
+  // NotFound (nothing written) when the session is not there. A later PutRecord or
+  // PutSessionRecord of the name takes the record over.
+  virtual absl::Status PutSessionRecord(const std::string& tenant, const std::string& id,
+                                        const std::string& name, const std::string& value) = 0;
 };
 
 // A stored text as it is served (a proto string field, a prompt): valid UTF-8, with U+FFFD in

@@ -66,6 +66,7 @@ CREATE TABLE IF NOT EXISTS records (
   name TEXT NOT NULL,
   value BLOB NOT NULL,
   written_ms INTEGER NOT NULL,
+  session TEXT NOT NULL DEFAULT '',
   PRIMARY KEY (tenant, name));
 CREATE INDEX IF NOT EXISTS records_by_age ON records(written_ms);
 CREATE TABLE IF NOT EXISTS reply_parts (
@@ -84,6 +85,7 @@ CREATE INDEX IF NOT EXISTS sessions_by_activity ON sessions(active_ms);
 CREATE INDEX IF NOT EXISTS messages_not_complete ON messages(session_id, idx) WHERE state != 0;
 CREATE INDEX IF NOT EXISTS messages_by_turn_id ON messages(session_id, turn_id)
   WHERE turn_id != '';
+CREATE INDEX IF NOT EXISTS records_by_session ON records(session) WHERE session != '';
 )sql";
 
 // Token ids as little-endian int32 bytes, and back (a reply part's ids).
@@ -289,11 +291,13 @@ class SqliteStore final : public SessionStore {
 
   absl::Status Delete(const std::string& tenant, const std::string& id) override {
     absl::MutexLock lock(&mu_);
-    Stmt s(db_, "DELETE FROM sessions WHERE tenant = ? AND id = ?");
-    s.BindText(1, tenant).BindText(2, id);
-    RECALL_RETURN_IF_ERROR(Check(s.Step(), "delete session"));
-    if (sqlite3_changes(db_) == 0) return NotFound(id);
-    return absl::OkStatus();
+    return InTransaction("delete session", [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      Stmt s(db_, "DELETE FROM sessions WHERE tenant = ? AND id = ?");
+      s.BindText(1, tenant).BindText(2, id);
+      RECALL_RETURN_IF_ERROR(Check(s.Step(), "delete session"));
+      if (sqlite3_changes(db_) == 0) return NotFound(id);
+      return DeleteSessionRecords(id);
+    });
   }
 
   absl::StatusOr<std::vector<IdleSession>> DeleteIdle(int64_t before_unix_ms, int limit) override {
@@ -314,6 +318,7 @@ class SqliteStore final : public SessionStore {
             Stmt d(db_, "DELETE FROM sessions WHERE id = ?");
             d.BindText(1, gone.id);
             RECALL_RETURN_IF_ERROR(Check(d.Step(), "delete idle sessions"));
+            RECALL_RETURN_IF_ERROR(DeleteSessionRecords(gone.id));
           }
           return absl::OkStatus();
         }));
@@ -445,25 +450,45 @@ class SqliteStore final : public SessionStore {
     return WriteRecord(tenant, name, value, /*replace=*/false);
   }
 
+  absl::Status PutSessionRecord(const std::string& tenant, const std::string& id,
+                                const std::string& name, const std::string& value) override {
+    return WriteRecord(tenant, name, value, /*replace=*/true, &id);
+  }
+
   // Writes a record after forgetting those past their day; without `replace`, AlreadyExists
-  // when one of that name is kept.
+  // when one of that name is kept. With `session`, a record of that session of `tenant`
+  // (NotFound when there is none).
   absl::Status WriteRecord(const std::string& tenant, const std::string& name,
-                           const std::string& value, bool replace) {
+                           const std::string& value, bool replace,
+                           const std::string* session = nullptr) {
     absl::MutexLock lock(&mu_);
     const int64_t now = UnixMillis();
     Stmt purge(db_, "DELETE FROM records WHERE written_ms < ?");
     purge.Bind(1, now - kRecordTtlMs);
     RECALL_RETURN_IF_ERROR(Check(purge.Step(), "forget old records"));
-    Stmt s(db_, replace ? "INSERT OR REPLACE INTO records (tenant, name, value, written_ms) "
-                          "VALUES (?, ?, ?, ?)"
-                        : "INSERT OR IGNORE INTO records (tenant, name, value, written_ms) "
-                          "VALUES (?, ?, ?, ?)");
+    Stmt s(db_, session != nullptr
+                    ? "INSERT OR REPLACE INTO records (tenant, name, value, written_ms, session) "
+                      "SELECT ?1, ?2, ?3, ?4, ?5 WHERE EXISTS (SELECT 1 FROM sessions WHERE "
+                      "id = ?5 AND tenant = ?1)"
+                : replace ? "INSERT OR REPLACE INTO records (tenant, name, value, written_ms) "
+                            "VALUES (?, ?, ?, ?)"
+                          : "INSERT OR IGNORE INTO records (tenant, name, value, written_ms) "
+                            "VALUES (?, ?, ?, ?)");
     s.BindText(1, tenant).BindText(2, name).Bind(3, value).Bind(4, now);
+    if (session != nullptr) s.BindText(5, *session);
     RECALL_RETURN_IF_ERROR(Check(s.Step(), "write record"));
-    if (!replace && sqlite3_changes(db_) == 0) {
-      return absl::AlreadyExistsError("the record is kept");
+    if (sqlite3_changes(db_) == 0) {
+      if (session != nullptr) return NotFound(*session);
+      if (!replace) return absl::AlreadyExistsError("the record is kept");
     }
     return absl::OkStatus();
+  }
+
+  // Forgets the records of session `id` (PutSessionRecord), within a write.
+  absl::Status DeleteSessionRecords(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Stmt s(db_, "DELETE FROM records WHERE session = ? AND session != ''");  // its index
+    s.BindText(1, id);
+    return Check(s.Step(), "delete the session's records");
   }
 
   absl::Status DeleteRecord(const std::string& tenant, const std::string& name,
@@ -931,9 +956,10 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string&
   sqlite3_busy_timeout(db, 5000);
   RECALL_RETURN_IF_ERROR(SetUp(db, kSchema, path));
   // Files from before replies' tokens (empty: replayed as text), turn states (complete), turn
-  // ids (none) and activity were kept get the columns.
+  // ids (none), activity and records' sessions (none) were kept get the columns.
   const std::set<std::string> messages = Columns(db, "messages");
   const std::set<std::string> sessions = Columns(db, "sessions");
+  const std::set<std::string> records = Columns(db, "records");
   for (const auto& [have, column, sql] :
        {std::tuple<const std::set<std::string>*, const char*, const char*>{
             &messages, "reply", "ALTER TABLE messages ADD COLUMN reply BLOB NOT NULL DEFAULT x''"},
@@ -942,7 +968,8 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string&
          "ALTER TABLE messages ADD COLUMN lease_ms INTEGER NOT NULL DEFAULT 0"},
         {&messages, "turn_id", "ALTER TABLE messages ADD COLUMN turn_id TEXT NOT NULL DEFAULT ''"},
         {&sessions, "active_ms",
-         "ALTER TABLE sessions ADD COLUMN active_ms INTEGER NOT NULL DEFAULT 0"}}) {
+         "ALTER TABLE sessions ADD COLUMN active_ms INTEGER NOT NULL DEFAULT 0"},
+        {&records, "session", "ALTER TABLE records ADD COLUMN session TEXT NOT NULL DEFAULT ''"}}) {
     if (have->count(column) != 0) continue;
     RECALL_RETURN_IF_ERROR(SetUp(db, sql, path));
   }

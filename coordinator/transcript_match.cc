@@ -130,8 +130,8 @@ void TranscriptIndex::Record(const std::string& tenant, const std::string& diges
                              const std::string& id, const char* what) {
   if (store_ == nullptr) return;
   if (absl::Status st =
-          store_->PutRecord(tenant, RecordName(digest), absl::StrCat(length, ":", id));
-      !st.ok()) {
+          store_->PutSessionRecord(tenant, id, RecordName(digest), absl::StrCat(length, ":", id));
+      !st.ok() && !absl::IsNotFound(st)) {  // NotFound: the session was deleted since
     RECALL_LOG(WARNING) << "the " << what << " of session " << QuotedId(id)
                         << " is not in the store's index (its next request may start a new "
                            "session elsewhere): "

@@ -16,11 +16,11 @@
 // a request whose list extends a recorded transcript continues that session. Several
 // candidates are returned, longest first; the caller verifies each against the store (a
 // digest is not proof). Records are written through to the session store (named records
-// "t:DIGEST", kept a day), so a plain OpenAI client keeps its session and warm cache when its
-// next request reaches another coordinator sharing the store, or this one after a restart;
-// a bounded memory copy (least recently used first out) answers without a store read, and
-// the store is asked for at most the kStoreLookups longest prefixes longer than the longest
-// the memory knows.
+// "t:DIGEST" of the session, kept a day or until the session is deleted), so a plain OpenAI client
+// keeps its session and warm cache when its next request reaches another coordinator sharing the
+// store, or this one after a restart; a bounded memory copy (least recently used first out) answers
+// without a store read, and the store is asked for at most the kStoreLookups longest prefixes
+// longer than the longest the memory knows.
 //
 // Thread safety: MatchTranscript is pure; TranscriptIndex is thread safe.
 #pragma once

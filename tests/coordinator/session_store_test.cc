@@ -346,6 +346,40 @@ TEST_P(SessionStoreTest, AddRecordClaimsOnceAndDeleteRecordForgets) {
   EXPECT_TRUE(store_->AddRecord("a", "c:x", "again").ok());
 }
 
+// A session's records go with it (Delete and DeleteIdle), unless another writer took them
+// over since; none is written for a session that is not there.
+TEST_P(SessionStoreTest, ASessionsRecordsAreForgottenWithIt) {
+  for (const char* id : {"s1", "s2", "s3"}) ASSERT_TRUE(store_->Create(Record(id, "a")).ok());
+  EXPECT_EQ(store_->PutSessionRecord("a", "none", "t:0", "x").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->PutSessionRecord("b", "s1", "t:0", "x").code(), absl::StatusCode::kNotFound)
+      << "another tenant's session";
+  EXPECT_EQ(store_->GetRecord("a", "t:0").status().code(), absl::StatusCode::kNotFound);
+  for (const char* name : {"t:1", "t:2", "t:3", "t:4"}) {
+    ASSERT_TRUE(store_->PutSessionRecord("a", "s1", name, "1:s1").ok());
+  }
+  ASSERT_TRUE(store_->PutSessionRecord("a", "s2", "t:2", "1:s2").ok()) << "s2's now";
+  ASSERT_TRUE(store_->PutRecord("a", "t:3", "plain").ok()) << "nobody's now";
+  ASSERT_TRUE(store_->PutSessionRecord("a", "s3", "t:5", "1:s3").ok());
+  ASSERT_TRUE(store_->PutRecord("a", "k:1", "kept").ok());
+
+  ASSERT_TRUE(store_->Delete("a", "s1").ok());
+  for (const char* name : {"t:1", "t:4"}) {
+    EXPECT_EQ(store_->GetRecord("a", name).status().code(), absl::StatusCode::kNotFound) << name;
+  }
+  EXPECT_EQ(*store_->GetRecord("a", "t:2"), "1:s2");
+  EXPECT_EQ(*store_->GetRecord("a", "t:3"), "plain");
+  EXPECT_EQ(*store_->GetRecord("a", "k:1"), "kept");
+
+  std::vector<std::string> idle = DeleteIdleIds(*store_, UnixMillis() + 1);
+  std::sort(idle.begin(), idle.end());  // made in one millisecond, maybe
+  EXPECT_EQ(idle, std::vector<std::string>({"s2", "s3"}));
+  for (const char* name : {"t:2", "t:5"}) {
+    EXPECT_EQ(store_->GetRecord("a", name).status().code(), absl::StatusCode::kNotFound) << name;
+  }
+  EXPECT_EQ(*store_->GetRecord("a", "t:3"), "plain");
+  EXPECT_EQ(*store_->GetRecord("a", "k:1"), "kept");
+}
+
 // One CreateSession request id sent to two coordinators at once (two stores on one Redis;
 // on SQLite, two CreateRequests on its one store) makes one session, which every request
 // gets: each replica made one.
@@ -1293,6 +1327,39 @@ INSERT INTO messages (session_id, idx, role, content) VALUES ('s1', 0, 'user', '
   EXPECT_EQ(rec->messages[0].content, "old");
   EXPECT_EQ(rec->messages[0].turn_id, "");
   EXPECT_EQ(rec->messages[1].turn_id, "t2");
+}
+
+// A file whose records were kept before they had sessions gets the column: its records are
+// read as before and new ones go with their sessions.
+TEST(SqliteStoreTest, AFileFromBeforeSessionRecordsGetsTheColumn) {
+  const std::string path = testing::MakeTempDir("store_old_records") + "/sessions.db";
+  {
+    auto store = OpenStore(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    SessionRecord r;
+    r.id = "s1";
+    r.tenant = "a";
+    r.model = "m";
+    ASSERT_TRUE((*store)->Create(r).ok());
+    ASSERT_TRUE((*store)->PutRecord("a", "t:old", "1:s1").ok());
+  }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  char* err = nullptr;
+  ASSERT_EQ(sqlite3_exec(db,
+                         "DROP INDEX records_by_session; ALTER TABLE records DROP COLUMN session; "
+                         "PRAGMA user_version = 0",
+                         nullptr, nullptr, &err),
+            SQLITE_OK)
+      << err;
+  sqlite3_close(db);
+  auto store = OpenStore(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ(*(*store)->GetRecord("a", "t:old"), "1:s1");
+  ASSERT_TRUE((*store)->PutSessionRecord("a", "s1", "t:new", "2:s1").ok());
+  ASSERT_TRUE((*store)->Delete("a", "s1").ok());
+  EXPECT_EQ((*store)->GetRecord("a", "t:new").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(*(*store)->GetRecord("a", "t:old"), "1:s1") << "nobody's: kept its day";
 }
 
 // Which messages a prompt may hold: complete turns, system messages, the turn being asked.

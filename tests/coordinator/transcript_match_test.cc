@@ -16,6 +16,17 @@ std::vector<StoredMessage> List(std::initializer_list<std::pair<const char*, con
   return out;
 }
 
+// Sessions `ids` of tenant "t" in `store`: the index records transcripts of sessions only.
+void MakeSessions(SessionStore& store, std::initializer_list<const char*> ids) {
+  for (const char* id : ids) {
+    SessionRecord r;
+    r.id = id;
+    r.tenant = "t";
+    r.model = "m";
+    ASSERT_TRUE(store.Create(r).ok()) << id;
+  }
+}
+
 const std::vector<StoredMessage> kStored =
     List({{"system", "Tell a story."}, {"user", "Hi"}, {"assistant", " Once"}});
 
@@ -182,6 +193,7 @@ TEST(TranscriptIndexTest, ASessionIsRecordedOnceAndTheOldestEntriesGoFirst) {
 TEST(TranscriptIndexTest, AnotherIndexOverTheSameStoreFindsWhatOneRecorded) {
   auto store = OpenStore(testing::MakeTempDir("transcript_index") + "/sessions.db");
   ASSERT_TRUE(store.ok()) << store.status();
+  MakeSessions(**store, {"s1", "s2"});
   const auto one = List({{"user", "a"}, {"assistant", "b"}});
   const auto two = List({{"user", "a"}, {"assistant", "b"}, {"user", "c"}, {"assistant", "d"}});
   {
@@ -223,6 +235,7 @@ TEST(TranscriptIndexTest, TheStoreIsAskedOnlyForPrefixesLongerThanTheMemorysLong
   auto three = two;
   three.push_back({"user", "e"});
   three.push_back({"assistant", "f"});
+  MakeSessions(**store, {"s1", "s2", "s3"});
   TranscriptIndex other(100, store->get());
   other.Put("t", "s1", one);
   other.Put("t", "s3", three);
@@ -236,6 +249,15 @@ TEST(TranscriptIndexTest, TheStoreIsAskedOnlyForPrefixesLongerThanTheMemorysLong
   request.push_back({"user", "g"});
   EXPECT_EQ(index.Find("t", request),
             (std::vector<std::pair<int, std::string>>{{6, "s3"}, {4, "s2"}}));
+  // A deleted session's records went with it: a coordinator that never saw it finds none.
+  ASSERT_TRUE((*store)->Delete("t", "s3").ok());
+  TranscriptIndex fresh(100, store->get());
+  EXPECT_EQ(fresh.Find("t", request),
+            (std::vector<std::pair<int, std::string>>{{4, "s2"}, {2, "s1"}}));
+  other.Put("t", "s3", three);  // written after the delete: not kept
+  TranscriptIndex later(100, store->get());
+  EXPECT_EQ(later.Find("t", request),
+            (std::vector<std::pair<int, std::string>>{{4, "s2"}, {2, "s1"}}));
 }
 
 }  // namespace
