@@ -316,12 +316,14 @@ TEST_F(OpenAiHttpTest, ASessionIdleLongerThanTheTtlIsDeleted) {
   const std::string id = first.Header("X-Session-Id");
   EXPECT_EQ(SessionCount(), 1);
   EXPECT_EQ(WorkerLoad(worker_).resident_sessions(), 1);
+  EXPECT_EQ(StoredRecords("t:"), 2) << "its transcript and its opening, in the index";
   int count = 1;
   for (int i = 0; i < 200 && count > 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     count = SessionCount();
   }
   EXPECT_EQ(count, 0) << "deleted within 20 s (a 2 s ttl, swept every second)";
+  EXPECT_EQ(StoredRecords("t:"), 0) << "its index records went with it";
   int cached = 1;  // the cache goes after the store's record (the worker's DropSession)
   for (int i = 0; i < 50 && cached > 0; ++i) {
     const v1::LoadReport load = WorkerLoad(worker_);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <httplib.h>
+#include <sqlite3.h>
 
 #include <filesystem>
 #include <fstream>
@@ -202,6 +203,27 @@ class OpenAiHttpTest : public ::testing::Test {
     const grpc::Status st = chat_->ListSessions(&ctx, req, &page);
     EXPECT_TRUE(st.ok()) << st.error_message();
     return page.sessions_size();
+  }
+
+  // How many records named `prefix`... the coordinator's SQLite store holds (read beside it:
+  // WAL readers do not block its writer).
+  int StoredRecords(const std::string& prefix) {
+    sqlite3* db = nullptr;
+    int count = -1;
+    if (sqlite3_open_v2((dir_ + "/sessions.db").c_str(), &db, SQLITE_OPEN_READONLY, nullptr) ==
+        SQLITE_OK) {
+      sqlite3_stmt* s = nullptr;
+      if (sqlite3_prepare_v2(db, "SELECT count(*) FROM records WHERE substr(name, 1, ?1) = ?2", -1,
+                             &s, nullptr) == SQLITE_OK) {
+        sqlite3_bind_int(s, 1, static_cast<int>(prefix.size()));
+        sqlite3_bind_text(s, 2, prefix.data(), static_cast<int>(prefix.size()), SQLITE_TRANSIENT);
+        if (sqlite3_step(s) == SQLITE_ROW) count = sqlite3_column_int(s, 0);
+      }
+      sqlite3_finalize(s);
+    }
+    sqlite3_close(db);
+    EXPECT_GE(count, 0) << "the store at " << dir_ << "/sessions.db could not be read";
+    return count;
   }
 
   std::string dir_;
