@@ -389,12 +389,25 @@ void HttpApi::ChatCompletions(const httplib::Request& req, httplib::Response& re
       RECALL_RETURN_IF_ERROR(ClaimKey(tenant, asked_key));
       messages.back().turn_id = asked_key;  // the user's (ParseChatRequest checks it)
       key = asked_key;
-      const std::string known = named.empty() ? idempotency_.Find(tenant, key) : named;
+      std::string known = named.empty() ? idempotency_.Find(tenant, key) : named;
+      KeyedState keyed;
+      std::optional<StoredMessage> done;
+      if (!known.empty()) {
+        RECALL_ASSIGN_OR_RETURN(done, KeyedTurn(tenant, known, key, messages.back(), &keyed));
+      }
+      if (keyed.gone && named.empty()) {
+        // The key's session was deleted since: the key is free again, claimed anew below
+        // unless a request with it ran on another coordinator since.
+        idempotency_.Forget(tenant, key, known);
+        known = idempotency_.Find(tenant, key);
+        if (known.empty()) RECALL_RETURN_IF_ERROR(conversations_.CheckModel(chat.model));
+        keyed = KeyedState();
+        if (!known.empty()) {
+          RECALL_ASSIGN_OR_RETURN(done, KeyedTurn(tenant, known, key, messages.back(), &keyed));
+        }
+      }
       new_key = known.empty();
       if (!known.empty()) {
-        KeyedState keyed;
-        RECALL_ASSIGN_OR_RETURN(const std::optional<StoredMessage> done,
-                                KeyedTurn(tenant, known, key, messages.back(), &keyed));
         // The key's turn ran for its session's model: not replayed nor resumed for another.
         RECALL_RETURN_IF_ERROR(CheckSessionModel(keyed.model, chat.model));
         if (done.has_value()) {
@@ -485,7 +498,10 @@ absl::StatusOr<std::optional<StoredMessage>> HttpApi::KeyedTurn(const std::strin
                                                                 KeyedState* state) {
   *state = KeyedState();
   absl::StatusOr<SessionRecord> rec = conversations_.Load(tenant, session_id);
-  if (absl::IsNotFound(rec.status())) return std::nullopt;  // Begin says so (or a new session)
+  if (absl::IsNotFound(rec.status())) {  // Begin says so (or a new session)
+    state->gone = true;
+    return std::nullopt;
+  }
   RECALL_RETURN_IF_ERROR(rec.status());
   state->model = rec->model;
   const int i = FindTurn(*rec, key);

@@ -149,6 +149,7 @@ class HttpApi {
     std::string model;    // the session's
     bool resume = false;  // the key's turn did not complete and is the session's last
     bool rerun = false;   // it did not complete and the session went on after it
+    bool gone = false;    // the session is not there (deleted)
   };
   // The completed turn `key` names in `tenant`'s session `session_id`, when there is one to
   // replay (nullopt: no such turn, or one that did not complete; `*state` says which).

@@ -112,8 +112,9 @@ void IdempotencyKeys::Put(const std::string& tenant, const std::string& key,
     Remember(Of(tenant, key), session_id);
   }
   if (store_ == nullptr) return;
-  if (absl::Status st = store_->PutRecord(tenant, RecordName(key), kSessionRecord + session_id);
-      !st.ok()) {
+  if (absl::Status st = store_->PutSessionRecord(tenant, session_id, RecordName(key),
+                                                 kSessionRecord + session_id);
+      !st.ok() && !absl::IsNotFound(st)) {  // NotFound: the session was deleted since
     RECALL_LOG(WARNING) << "Idempotency-Key \"" << key << "\" of session " << QuotedId(session_id)
                         << " is not in the store (a retry elsewhere may run the turn again): "
                         << st;
@@ -130,7 +131,8 @@ absl::Status IdempotencyKeys::Add(const std::string& tenant, const std::string& 
                                   const std::string& session_id) {
   if (store_ != nullptr) {
     const std::string record = kSessionRecord + session_id;
-    absl::Status st = store_->AddRecord(tenant, RecordName(key), record);
+    absl::Status st = store_->AddSessionRecord(tenant, session_id, RecordName(key), record);
+    if (absl::IsNotFound(st)) st = absl::OkStatus();  // the session was deleted since
     if (absl::IsAlreadyExists(st)) {
       // Another session's record: that request ran the turn. A completion's: the key names
       // another request (put over, its retry ran again). A damaged one is put over.
@@ -140,7 +142,9 @@ absl::Status IdempotencyKeys::Add(const std::string& tenant, const std::string& 
       if (kept.ok() && DecodeCompletion(*kept).has_value()) {
         return OtherRequest(key, "/v1/completions");
       }
-      st = session ? absl::OkStatus() : store_->PutRecord(tenant, RecordName(key), record);
+      st = session ? absl::OkStatus()
+                   : store_->PutSessionRecord(tenant, session_id, RecordName(key), record);
+      if (absl::IsNotFound(st)) st = absl::OkStatus();
     }
     if (!st.ok()) {
       RECALL_LOG(WARNING) << "Idempotency-Key \"" << key << "\" of session " << QuotedId(session_id)
@@ -153,12 +157,27 @@ absl::Status IdempotencyKeys::Add(const std::string& tenant, const std::string& 
   return absl::OkStatus();
 }
 
+void IdempotencyKeys::Forget(const std::string& tenant, const std::string& key,
+                             const std::string& session_id) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = session_of_.find(Of(tenant, key));
+    // Left in place (empty: unknown, Find asks the store) for order_, which names it.
+    if (it != session_of_.end() && it->second == session_id) it->second.clear();
+  }
+  if (store_ == nullptr) return;
+  if (absl::Status st = store_->DeleteRecord(tenant, RecordName(key), kSessionRecord + session_id);
+      !st.ok()) {
+    RECALL_LOG(WARNING) << "Idempotency-Key \"" << key << "\": " << st;
+  }
+}
+
 std::string IdempotencyKeys::Find(const std::string& tenant, const std::string& key) {
   const std::string k = Of(tenant, key);
   {
     absl::MutexLock lock(&mu_);
     auto it = session_of_.find(k);
-    if (it != session_of_.end()) return it->second;
+    if (it != session_of_.end() && !it->second.empty()) return it->second;
   }
   if (store_ == nullptr) return "";
   absl::StatusOr<std::string> rec = store_->GetRecord(tenant, RecordName(key));

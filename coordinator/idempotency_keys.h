@@ -3,15 +3,16 @@
 // session, this says which session a key's turn went to (and for /v1/completions, which has
 // no session, what the request gave), and which keys have a request running now, so a
 // request sent again while the first still runs is told to wait instead of starting the turn
-// twice. What a key's request gave is written through to the session store
-// (SessionStore::PutRecord, kept a day), so a retry finds it on any coordinator sharing
-// the store and after a restart. A bounded in-memory copy (the oldest go first) saves the
-// store a read for a key's session, which never changes; a completion's record, which does,
-// is read from the store, the copy answering only when there is no store or it fails. The running
-// marks are per coordinator; other coordinators see a running request in the store: a chat turn as
-// its stored turn in progress, a keyed completion as its record in progress, under a lease its
-// coordinator renews (http_api.cc). A request that names its session (X-Session-Id) finds its key
-// in the session's transcript.
+// twice. What a key's request gave is written through to the session store (a chat turn's
+// session as a record of that session, SessionStore::PutSessionRecord, kept a day or until
+// the session is deleted; a completion's SessionStore::PutRecord, kept a day), so a retry finds it
+// on any coordinator sharing the store and after a restart. A bounded in-memory copy (the oldest go
+// first) saves the store a read for a key's session, which never changes; a completion's record,
+// which does, is read from the store, the copy answering only when there is no store or it fails.
+// The running marks are per coordinator; other coordinators see a running request in the store: a
+// chat turn as its stored turn in progress, a keyed completion as its record in progress, under a
+// lease its coordinator renews (http_api.cc). A request that names its session (X-Session-Id) finds
+// its key in the session's transcript.
 //
 // Thread safety: thread safe.
 #pragma once
@@ -50,6 +51,9 @@ class IdempotencyKeys {
   void Put(const std::string& tenant, const std::string& key, const std::string& session_id);
   // The session `tenant`'s `key` ran in, or "" when none is known.
   std::string Find(const std::string& tenant, const std::string& key);
+  // `tenant`'s `key` no longer names session `session_id` (deleted since): its record is
+  // forgotten while it names it, so the key is free again (Add claims it anew).
+  void Forget(const std::string& tenant, const std::string& key, const std::string& session_id);
   // Put for a key no request had when it was looked for (Find said ""): AlreadyExists when
   // a request with the key on another coordinator recorded another session since (both ran
   // at once); InvalidArgument when the key is a completion's (OtherRequest); the store's

@@ -203,10 +203,12 @@ std::string ToJson(const StoredMessage& message) {
   "redis.call('DEL', KEYS[8])\n"                                                            \
   "return 1"
 
-// KEYS: session, record, the session's records. ARGV: tenant, value, ttl in ms. Writes the
-// record if the session is the tenant's (1; else -1, nothing written).
+// KEYS: session, record, the session's records. ARGV: tenant, value, ttl in ms, "1" to add
+// only. Writes the record if the session is the tenant's (1; else -1, nothing written) and,
+// adding, there is none (else 0).
 constexpr char kPutSessionRecord[] = R"lua(
 if redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[1] then return -1 end
+if ARGV[4] == '1' and redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
 redis.call('HSET', KEYS[3], KEYS[2], ARGV[2])
 redis.call('PEXPIRE', KEYS[3], ARGV[3])
@@ -479,11 +481,24 @@ class RedisStore final : public SessionStore {
 
   absl::Status PutSessionRecord(const std::string& tenant, const std::string& id,
                                 const std::string& name, const std::string& value) override {
+    return WriteSessionRecord(tenant, id, name, value, false);
+  }
+
+  absl::Status AddSessionRecord(const std::string& tenant, const std::string& id,
+                                const std::string& name, const std::string& value) override {
+    return WriteSessionRecord(tenant, id, name, value, true);
+  }
+
+  absl::Status WriteSessionRecord(const std::string& tenant, const std::string& id,
+                                  const std::string& name, const std::string& value, bool add) {
     absl::MutexLock lock(&mu_);
     RECALL_ASSIGN_OR_RETURN(
-        Reply rep, Command({"EVAL", kPutSessionRecord, "3", SessionKey(id), RecordKey(tenant, name),
-                            RecordsKey(id), tenant, value, std::to_string(kRecordTtlMs)}));
-    return rep->integer < 0 ? NotFound(id) : absl::OkStatus();
+        Reply rep,
+        Command({"EVAL", kPutSessionRecord, "3", SessionKey(id), RecordKey(tenant, name),
+                 RecordsKey(id), tenant, value, std::to_string(kRecordTtlMs), add ? "1" : "0"}));
+    if (rep->integer < 0) return NotFound(id);
+    if (rep->integer == 0) return absl::AlreadyExistsError("the record is kept");
+    return absl::OkStatus();
   }
 
   absl::StatusOr<std::string> GetRecord(const std::string& tenant,

@@ -236,6 +236,10 @@ class SessionStore {
   // PutSessionRecord of the name takes the record over.
   virtual absl::Status PutSessionRecord(const std::string& tenant, const std::string& id,
                                         const std::string& name, const std::string& value) = 0;
+  // PutSessionRecord unless the record is kept already: AlreadyExists then (a claim, as
+  // AddRecord's).
+  virtual absl::Status AddSessionRecord(const std::string& tenant, const std::string& id,
+                                        const std::string& name, const std::string& value) = 0;
 };
 
 // A stored text as it is served (a proto string field, a prompt): valid UTF-8, with U+FFFD in

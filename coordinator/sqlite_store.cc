@@ -455,6 +455,11 @@ class SqliteStore final : public SessionStore {
     return WriteRecord(tenant, name, value, /*replace=*/true, &id);
   }
 
+  absl::Status AddSessionRecord(const std::string& tenant, const std::string& id,
+                                const std::string& name, const std::string& value) override {
+    return WriteRecord(tenant, name, value, /*replace=*/false, &id);
+  }
+
   // Writes a record after forgetting those past their day; without `replace`, AlreadyExists
   // when one of that name is kept. With `session`, a record of that session of `tenant`
   // (NotFound when there is none).
@@ -466,20 +471,22 @@ class SqliteStore final : public SessionStore {
     Stmt purge(db_, "DELETE FROM records WHERE written_ms < ?");
     purge.Bind(1, now - kRecordTtlMs);
     RECALL_RETURN_IF_ERROR(Check(purge.Step(), "forget old records"));
-    Stmt s(db_, session != nullptr
-                    ? "INSERT OR REPLACE INTO records (tenant, name, value, written_ms, session) "
-                      "SELECT ?1, ?2, ?3, ?4, ?5 WHERE EXISTS (SELECT 1 FROM sessions WHERE "
-                      "id = ?5 AND tenant = ?1)"
-                : replace ? "INSERT OR REPLACE INTO records (tenant, name, value, written_ms) "
-                            "VALUES (?, ?, ?, ?)"
-                          : "INSERT OR IGNORE INTO records (tenant, name, value, written_ms) "
-                            "VALUES (?, ?, ?, ?)");
+    if (session != nullptr) {  // no other writer: one coordinator per file, under mu_
+      Stmt find(db_, "SELECT 1 FROM sessions WHERE id = ? AND tenant = ?");
+      find.BindText(1, *session).BindText(2, tenant);
+      const int rc = find.Step();
+      if (rc == SQLITE_DONE) return NotFound(*session);
+      RECALL_RETURN_IF_ERROR(Check(rc, "write record"));
+    }
+    Stmt s(db_, replace ? "INSERT OR REPLACE INTO records (tenant, name, value, written_ms, "
+                          "session) VALUES (?, ?, ?, ?, ?)"
+                        : "INSERT OR IGNORE INTO records (tenant, name, value, written_ms, "
+                          "session) VALUES (?, ?, ?, ?, ?)");
     s.BindText(1, tenant).BindText(2, name).Bind(3, value).Bind(4, now);
-    if (session != nullptr) s.BindText(5, *session);
+    s.BindText(5, session != nullptr ? *session : std::string());
     RECALL_RETURN_IF_ERROR(Check(s.Step(), "write record"));
-    if (sqlite3_changes(db_) == 0) {
-      if (session != nullptr) return NotFound(*session);
-      if (!replace) return absl::AlreadyExistsError("the record is kept");
+    if (!replace && sqlite3_changes(db_) == 0) {
+      return absl::AlreadyExistsError("the record is kept");
     }
     return absl::OkStatus();
   }

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/common/test_util.h"
 
@@ -26,10 +27,25 @@ IdempotencyKeys::Completion SomeCompletion() {
   return c;
 }
 
+// Sessions "session-1".."session-5" of tenants "a" and "b" in `store`: a chat key's record is
+// a record of its session.
+void MakeSessions(SessionStore& store) {
+  for (const char* tenant : {"a", "b"}) {
+    for (int i = 1; i <= 5; ++i) {
+      SessionRecord r;
+      r.id = absl::StrCat("session-", i, tenant == std::string("a") ? "" : "b");
+      r.tenant = tenant;
+      r.model = "m";
+      ASSERT_TRUE(store.Create(r).ok()) << r.id;
+    }
+  }
+}
+
 TEST(IdempotencyKeysTest, WhatOneCoordinatorPutsAnotherFindsInTheStore) {
   const std::string path = testing::MakeTempDir("idempotency") + "/sessions.db";
   auto store = OpenStore(path);
   ASSERT_TRUE(store.ok()) << store.status();
+  MakeSessions(**store);
   IdempotencyKeys first(16, store->get());
   first.Put("a", "k1", "session-1");
   first.PutCompletion("a", "k2", SomeCompletion());
@@ -62,6 +78,7 @@ TEST(IdempotencyKeysTest, OfTwoCoordinatorsAddingOneKeyTheFirstKeepsIt) {
   const std::string path = testing::MakeTempDir("idempotency_add") + "/sessions.db";
   auto store = OpenStore(path);
   ASSERT_TRUE(store.ok()) << store.status();
+  MakeSessions(**store);
   IdempotencyKeys first(16, store->get()), second(16, store->get());
   EXPECT_EQ(first.Find("a", "k1"), "");
   EXPECT_EQ(second.Find("a", "k1"), "");
@@ -69,7 +86,7 @@ TEST(IdempotencyKeysTest, OfTwoCoordinatorsAddingOneKeyTheFirstKeepsIt) {
   EXPECT_EQ(second.Add("a", "k1", "session-2").code(), absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(second.Find("a", "k1"), "session-1");
   EXPECT_TRUE(second.Add("a", "k1", "session-1").ok());
-  EXPECT_TRUE(second.Add("b", "k1", "session-3").ok()) << "another tenant's key";
+  EXPECT_TRUE(second.Add("b", "k1", "session-3b").ok()) << "another tenant's key";
 
   ASSERT_TRUE(first.AddCompletion("a", "k2", SomeCompletion()).ok());
   EXPECT_EQ(second.AddCompletion("a", "k2", SomeCompletion()).code(),
@@ -104,6 +121,35 @@ TEST(IdempotencyKeysTest, OfTwoCoordinatorsAddingOneKeyTheFirstKeepsIt) {
 
 // A key's request running is refused to a second at once; one whose client left (Ending) is
 // waited for, and the second gets the key when the first lets it go.
+// A chat key's record goes with its session: once the session is deleted the key is free on
+// every coordinator, claimed again by one of two that add it at once. One whose memory still
+// names the deleted session forgets it (Forget) and finds what the store says since.
+TEST(IdempotencyKeysTest, AKeyOfADeletedSessionIsFreeAgain) {
+  auto store = OpenStore(testing::MakeTempDir("idempotency_gone") + "/sessions.db");
+  ASSERT_TRUE(store.ok()) << store.status();
+  MakeSessions(**store);
+  IdempotencyKeys first(16, store->get()), second(16, store->get());
+  first.Put("a", "k1", "session-1");
+  EXPECT_EQ(second.Find("a", "k1"), "session-1");
+  ASSERT_TRUE((*store)->Delete("a", "session-1").ok());
+  EXPECT_EQ(IdempotencyKeys(16, store->get()).Find("a", "k1"), "") << "its record went with it";
+  EXPECT_EQ(first.Find("a", "k1"), "session-1") << "the memory still names it";
+  first.Forget("a", "k1", "session-1");
+  EXPECT_EQ(first.Find("a", "k1"), "");
+  ASSERT_TRUE(second.Add("a", "k1", "session-2").ok()) << "claimed anew";
+  second.Forget("a", "k1", "session-1");  // names another session now: kept
+  EXPECT_EQ(second.Find("a", "k1"), "session-2");
+  EXPECT_EQ(first.Add("a", "k1", "session-3").code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(first.Find("a", "k1"), "session-2") << "read from the store, not the forgotten copy";
+  // A record a coordinator from before session records wrote (no session of its own) is let
+  // go by Forget while it names the deleted session.
+  ASSERT_TRUE((*store)->PutRecord("a", "k:k2", "ssession-gone").ok());
+  EXPECT_EQ(first.Add("a", "k2", "session-4").code(), absl::StatusCode::kAlreadyExists);
+  first.Forget("a", "k2", "session-gone");
+  EXPECT_TRUE(first.Add("a", "k2", "session-4").ok());
+  EXPECT_EQ(IdempotencyKeys(16, store->get()).Find("a", "k2"), "session-4");
+}
+
 TEST(IdempotencyKeysTest, ARequestWhoseClientLeftIsWaitedFor) {
   IdempotencyKeys keys(16, nullptr);
   ASSERT_TRUE(keys.Claim("t", "k"));

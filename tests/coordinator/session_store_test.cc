@@ -359,7 +359,11 @@ TEST_P(SessionStoreTest, ASessionsRecordsAreForgottenWithIt) {
   }
   ASSERT_TRUE(store_->PutSessionRecord("a", "s2", "t:2", "1:s2").ok()) << "s2's now";
   ASSERT_TRUE(store_->PutRecord("a", "t:3", "plain").ok()) << "nobody's now";
-  ASSERT_TRUE(store_->PutSessionRecord("a", "s3", "t:5", "1:s3").ok());
+  ASSERT_TRUE(store_->AddSessionRecord("a", "s3", "t:5", "1:s3").ok());
+  EXPECT_EQ(store_->AddSessionRecord("a", "s3", "t:5", "2:s3").code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(store_->AddSessionRecord("a", "none", "t:6", "1").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(*store_->GetRecord("a", "t:5"), "1:s3");
   ASSERT_TRUE(store_->PutRecord("a", "k:1", "kept").ok());
 
   ASSERT_TRUE(store_->Delete("a", "s1").ok());

@@ -70,6 +70,26 @@ TEST_F(OpenAiHttpTest, AKeySentAgainGetsTheStoredTurnNotASecondRun) {
                            {{"Idempotency-Key", "turn-1"}})),
             text);
   EXPECT_EQ(GetSession(id).messages_size(), 4);
+
+  // Deleted, the session takes its keys' records along (those of tenant b's session stay);
+  // the key then runs its turn anew, in a new session, for this coordinator remembered it.
+  EXPECT_EQ(StoredRecords("k:"), 3);
+  {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer key-a");
+    v1::DeleteSessionRequest del;
+    del.set_session_id(id);
+    v1::DeleteSessionResponse ignored;
+    ASSERT_TRUE(chat_->DeleteSession(&ctx, del, &ignored).ok());
+  }
+  EXPECT_EQ(StoredRecords("k:"), 1);
+  const HttpReply anew = Post("/v1/chat/completions", ChatBody(first, 8, false), "key-a",
+                              {{"Idempotency-Key", "turn-1"}});
+  ASSERT_EQ(anew.status, 200) << anew.body;
+  EXPECT_EQ(anew.Header("Idempotent-Replayed"), "");
+  EXPECT_NE(anew.Header("X-Session-Id"), id);
+  EXPECT_EQ(ReplyText(anew), text) << "greedy: the same reply";
+  EXPECT_EQ(StoredRecords("k:"), 2);
 }
 
 TEST_F(OpenAiHttpTest, ANamedSessionsKeyIsFoundInTheStoreAfterARestart) {
