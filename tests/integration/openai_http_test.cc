@@ -523,6 +523,54 @@ TEST_F(OpenAiHttpTest, APostWithoutAKeyIsNotHeldInMemory) {
   EXPECT_EQ(Post("/v1/chat/completions", ChatBody({Message("user", "Hi")}, 4, false)).status, 200);
 }
 
+// A chunked body (no Content-Length) past the 64 MiB limit is refused 413 once the limit is
+// read, and its connection closed; the coordinator read and held all of one (400 MiB: 240 to
+// 1886 MB), then answered 400 for its content.
+TEST_F(OpenAiHttpTest, AChunkedBodyPastTheLimitIs413) {
+  for (const char* key : {"key-a", "nope"}) {
+    const int fd = ConnectLoopback(coordinator_.port("http"));
+    ASSERT_GE(fd, 0);
+    std::thread sender([fd, key] {
+      std::string out = absl::StrCat(
+          "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+          "Authorization: Bearer ",
+          key, "\r\nTransfer-Encoding: chunked\r\n\r\n");
+      const std::string chunk = "100000\r\n" + std::string(1 << 20, ' ') + "\r\n";
+      for (int i = 0; i < 96 && send(fd, out.data(), out.size(), MSG_NOSIGNAL) > 0; ++i) {
+        out = chunk;  // 96 MiB at most; a send fails once the server closed
+      }
+      shutdown(fd, SHUT_WR);
+    });
+    std::string response;
+    char buf[4096];
+    for (ssize_t n; (n = recv(fd, buf, sizeof(buf), 0)) > 0;)
+      response.append(buf, static_cast<size_t>(n));
+    sender.join();
+    close(fd);
+    EXPECT_EQ(response.rfind("HTTP/1.1 413", 0), 0u) << key << ": " << response.substr(0, 300);
+    EXPECT_NE(response.find("larger than 67108864 bytes"), std::string::npos) << response;
+  }
+  EXPECT_EQ(Post("/v1/chat/completions", ChatBody({Message("user", "Hi")}, 4, false)).status, 200);
+  // A Content-Length that is no count is told so (it read as a huge one: 413).
+  for (const char* length : {"-5", "12abc", "99999999999999999999999"}) {
+    const int fd = ConnectLoopback(coordinator_.port("http"));
+    ASSERT_GE(fd, 0);
+    const std::string req = absl::StrCat(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer key-a\r\n"
+        "Connection: close\r\nContent-Length: ",
+        length, "\r\n\r\n");
+    ASSERT_EQ(send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+    std::string response;
+    char buf[4096];
+    for (ssize_t n; (n = recv(fd, buf, sizeof(buf), 0)) > 0;)
+      response.append(buf, static_cast<size_t>(n));
+    close(fd);
+    EXPECT_EQ(response.rfind("HTTP/1.1 400", 0), 0u) << length << ": " << response;
+    EXPECT_NE(response.find("\"param\":\"Content-Length\""), std::string::npos) << response;
+    EXPECT_NE(response.find("is not a byte count"), std::string::npos) << response;
+  }
+}
+
 // 100 clients that send half a request and wait (slow or stalled clients: a connection holds
 // its thread while open) keep no one else waiting. On a pool of 64 threads the API answered no
 // one until they left (found by probing).
