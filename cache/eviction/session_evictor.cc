@@ -373,6 +373,11 @@ absl::StatusOr<bool> SessionEvictor::CompactHeadAdaptive(int layer, int budget,
   return compacted;
 }
 
+void SessionEvictor::EvictAtNextStep() {
+  const int lag = policy_->eviction_lag();
+  if (lag > 0) step_ = (step_ / lag + 1) * lag - 1;
+}
+
 int SessionEvictor::MaxBudget() {
   allocator_.Allocate(FractionLength(), budgets_.data());
   return *std::max_element(budgets_.begin(), budgets_.end());

@@ -181,6 +181,13 @@ class SessionEvictor {
   // leaves it out (the states grow as they need and give back what they stop using).
   void Reserve(int max_len);
 
+  // The cache may hold past its budget already, left mid-lag by another evictor (an episode's
+  // parked cache, switched back to): the next Step is one at which a lagged policy
+  // (EvictionPolicy::eviction_lag) evicts, so the cache holds at most budget + lag + 1 as it
+  // would under one evictor. (Made afresh, the evictor waited up to a whole lag: an episodic
+  // session at the largest budget its context allows filled the context and failed its turn.)
+  void EvictAtNextStep();
+
   int step() const { return step_; }
   const EvictionPolicy& policy() const { return *policy_; }
   // Number of (layer, KV head) compactions performed, and slots evicted in total.

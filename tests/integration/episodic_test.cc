@@ -177,6 +177,29 @@ TEST_F(EpisodicServingTest, AnEpisodicConversationGoesFourTimesPastTheContext) {
   EXPECT_EQ(Get(id).total_tokens(), tokens);
 }
 
+// At the largest budget its context allows (479 of 512 with lazy's window of 32), a session
+// switching between its episodes goes on: an episode's cache parked mid-lag (past its budget)
+// got a fresh evictor that waited up to a whole window before it evicted, and the cache
+// filled the context ("its policy does not evict enough to go on") at turns 8 to 15.
+TEST_F(EpisodicServingTest, TheLargestBudgetGoesOnAcrossEpisodeSwitches) {
+  v1::CacheSettings cache = Episodic();
+  cache.set_budget_tokens(479);
+  cache.set_window(32);
+  const std::string id = Create(cache);
+  v1::ConverseDone done;
+  int64_t tokens = 0;
+  int turn = 0, with_episodes = 0;
+  for (; turn < 60 && tokens < 6 * 512; ++turn) {
+    SCOPED_TRACE(turn);
+    const grpc::Status st = Say(id, kStories[(turn * 3) % 4], &done, 100);
+    ASSERT_TRUE(st.ok()) << st.error_code() << " " << st.error_message();
+    tokens = done.usage().prompt_tokens() + done.usage().generated_tokens();
+    with_episodes += done.has_episodes() ? 1 : 0;
+  }
+  EXPECT_GE(tokens, 6 * 512);
+  EXPECT_GT(with_episodes, 0);
+}
+
 // Refused when the session is made (a worker checks its settings), naming the field.
 TEST_F(EpisodicServingTest, BadEpisodicSettingsAreInvalidArgumentNamingTheField) {
   grpc::ClientContext ctx;

@@ -132,6 +132,7 @@ absl::Status EpisodeServing::Switch(Session& s, int episode) {
   RECALL_ASSIGN_OR_RETURN(std::unique_ptr<cache::eviction::SessionEvictor> evictor,
                           cache::eviction::SessionEvictor::Create(
                               EvictorOptions(s), e.parked[static_cast<size_t>(episode)].get()));
+  evictor->EvictAtNextStep();  // the parked cache may be mid-lag, past its budget
   if (!s.caches.empty()) {
     // An offloaded cache's host bytes are counted by memory_ whether it is the
     // session's or parked; only offloading and dropping change the count. An offloaded

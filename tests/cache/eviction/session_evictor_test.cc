@@ -136,6 +136,44 @@ TEST_F(SessionEvictorTest, LazyHoldsExactlyTheBudgetAfterEachEviction) {
   EXPECT_EQ(ev->budgets(), (std::vector<int32_t>{8, 8}));
 }
 
+// A lagged policy's evictor made on a cache that its previous evictor left mid-lag (an
+// episode's parked cache, 11 slots for a budget of 8 and a window of 4): EvictAtNextStep
+// evicts at its first step, so the cache never holds more than budget + window. Made afresh,
+// it waited up to a whole window (to 15 slots here; an episodic session at the largest budget
+// its context allows filled the context and failed). For lazy, lazy+ and rkv (interval 4).
+TEST_F(SessionEvictorTest, AnEvictorMadeOnACacheMidLagEvictsAtItsFirstStep) {
+  for (const char* policy : {"lazy", "lazy+", "rkv"}) {
+    for (const bool aligned : {false, true}) {
+      SequenceCache seq(pool_.get());
+      SessionEvictorOptions o;
+      o.policy.name = policy;
+      o.policy.window = 4;
+      o.policy.interval = 4;
+      o.policy.query_window = 2;
+      o.budget.budget = 8;
+      o.n_heads = kHeads;
+      absl::StatusOr<std::unique_ptr<SessionEvictor>> made = SessionEvictor::Create(o, &seq);
+      ASSERT_TRUE(made.ok()) << made.status();
+      std::unique_ptr<SessionEvictor> ev = std::move(*made);
+      Append(seq, 11);
+      if (aligned) ev->EvictAtNextStep();
+      std::vector<float> probs;
+      int max_len = 0;
+      for (int t = 1; t <= 12; ++t) {
+        Append(seq, 1);
+        max_len = std::max(max_len, seq.max_length());
+        FillProbs(seq, t, &probs);
+        ASSERT_TRUE(ev->Step(probs.data(), kStride).ok());
+      }
+      if (aligned) {
+        EXPECT_EQ(max_len, 12) << policy << ": budget + window, at the first step";
+      } else {
+        EXPECT_GT(max_len, 12) << policy << ": the lag the alignment takes away";
+      }
+    }
+  }
+}
+
 // The peak counts the policy's per-slot state beside the KV blocks: the bytes of the arrays
 // it keeps (none for streaming; one score per layer for TOVA, whose layers share one token
 // set), at every step's peak (the step's slots in the cache and the states), and what the
