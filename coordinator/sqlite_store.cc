@@ -27,6 +27,7 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "coordinator/session_store.h"
+#include "coordinator/sqlite_salvage.h"
 #include "coordinator/wal_check.h"
 #include "nlohmann/json.hpp"
 
@@ -832,9 +833,9 @@ absl::Status CheckTables(sqlite3* db, const std::string& path) {
 
 // An existing file, read before a writer opens it, on a read-only connection (closing it
 // writes nothing; a writer's close checkpoints the log into the file): its damaged pages
-// (SayLoss) and its tables (CheckTables). A file SQLite cannot read is left to the writer's
-// open, which says why.
-absl::Status CheckExistingFile(const std::string& path, bool allow_loss);
+// (SayLoss; *damaged then, when allowed) and its tables (CheckTables). A file SQLite cannot
+// read is left to the writer's open, which says why.
+absl::Status CheckExistingFile(const std::string& path, bool allow_loss, bool* damaged);
 
 // What a store that lost sessions says: refused (DataLoss) unless `allow_loss`, then warned.
 absl::Status SayLoss(const std::string& path, const std::string& what, const std::string& fix,
@@ -852,7 +853,7 @@ absl::Status SayLoss(const std::string& path, const std::string& what, const std
   return absl::OkStatus();
 }
 
-absl::Status CheckExistingFile(const std::string& path, bool allow_loss) {
+absl::Status CheckExistingFile(const std::string& path, bool allow_loss, bool* damaged) {
   sqlite3* db = nullptr;
   if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
     sqlite3_close(db);
@@ -865,6 +866,7 @@ absl::Status CheckExistingFile(const std::string& path, bool allow_loss) {
     RECALL_RETURN_IF_ERROR(
         SayLoss(path, absl::StrCat("it is damaged (", absl::StrJoin(pages, "; "), ")"),
                 absl::StrCat("Keep a copy of it. ", RepairAdvice(path)), allow_loss));
+    *damaged = true;
   }
   {
     Stmt version(db, "PRAGMA user_version");
@@ -949,7 +951,12 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string&
   }
 
   if (struct stat now; ::stat(path.c_str(), &now) == 0 && now.st_size > 0) {
-    RECALL_RETURN_IF_ERROR(CheckExistingFile(path, allow_loss));
+    bool damaged = false;
+    RECALL_RETURN_IF_ERROR(CheckExistingFile(path, allow_loss, &damaged));
+    if (damaged) {  // allowed: what can be read, into a new file (sqlite_salvage.h)
+      RECALL_ASSIGN_OR_RETURN(const std::string salvaged, SalvageSqliteFile(path));
+      RECALL_LOG(WARNING) << "session store " << path << ": " << salvaged;
+    }
   }
   sqlite3* db = nullptr;
   if (sqlite3_open_v2(path.c_str(), &db,

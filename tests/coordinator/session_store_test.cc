@@ -833,9 +833,75 @@ TEST(SqliteDamageTest, DamageSaysHowToRepairItAndAMessagesPageDoesNotStopTheOpen
   const std::string said = ::testing::internal::GetCapturedStderr();
   ASSERT_TRUE(store.ok()) << store.status();
   EXPECT_NE(said.find(".recover"), std::string::npos) << said;
-  EXPECT_EQ((*store)->InterruptInProgress().status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_TRUE((*store)->List("a", "", 100).ok()) << "its sessions are listed";
-  EXPECT_EQ((*store)->Get("a", "s1").status().code(), absl::StatusCode::kDataLoss);
+  // What could be read went into a new file (sqlite_salvage.h), which takes writes: the
+  // damaged one failed them (DATA_LOSS) and is kept beside it.
+  EXPECT_NE(said.find("copied what could be read into a new " + messages), std::string::npos)
+      << said;
+  EXPECT_TRUE((*store)->InterruptInProgress().ok());
+  auto listed = (*store)->List("a", "", 100);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(listed->size(), 40u) << "every session, whose rows were not on the damaged page";
+  EXPECT_TRUE((*store)->Get("a", "s1").ok());
+  EXPECT_TRUE((*store)->Append("a", "s1", 0, {"user", "again"}).ok() ||
+              (*store)->Append("a", "s1", 1, {"user", "again"}).ok());
+  int kept = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    kept += entry.path().filename().string().rfind("messages.db.damaged-", 0) == 0;
+  }
+  EXPECT_GE(kept, 1) << "the damaged file is kept";
+}
+
+// --allow-store-loss on a file with a damaged page of messages in the middle of a long
+// transcript: the rows past the page are read again (a scan stopped at it), and the transcript
+// keeps the messages before the first it lost (a hole would be served as a conversation that
+// never happened); another session is whole.
+TEST(SqliteDamageTest, SalvageReadsPastADamagedPageAndCutsATranscriptAtItsHole) {
+  const std::string path = testing::MakeTempDir("store_salvage") + "/sessions.db";
+  {
+    auto store = OpenStore(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    for (const char* id : {"long", "other"}) {
+      SessionRecord r;
+      r.id = id;
+      r.tenant = "a";
+      r.model = "m";
+      ASSERT_TRUE((*store)->Create(r).ok());
+    }
+    for (int i = 0; i < 200; ++i) {
+      ASSERT_TRUE((*store)
+                      ->Append("a", "long", i,
+                               {i % 2 == 0 ? "user" : "assistant",
+                                absl::StrCat("m", i, "-", std::string(300, 'x'))})
+                      .ok());
+    }
+    ASSERT_TRUE((*store)->Append("a", "other", 0, {"user", "hello"}).ok());
+  }
+  // The page holding message 100.
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const size_t at = bytes.find("m100-x");
+  ASSERT_NE(at, std::string::npos);
+  testing::OverwriteBytes(path, static_cast<int64_t>(at / 4096 * 4096), 4096, '\xee');
+  ::testing::internal::CaptureStderr();
+  auto store = OpenStore(path, StoreRisks{.allow_loss = true});
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_NE(said.find("1 transcript(s) cut at a lost message"), std::string::npos) << said;
+  auto rec = (*store)->Get("a", "long");
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  EXPECT_GT(rec->messages.size(), 80u);
+  EXPECT_LE(rec->messages.size(), 100u);
+  for (size_t i = 0; i < rec->messages.size(); ++i) {
+    EXPECT_EQ(rec->messages[i].content.substr(0, rec->messages[i].content.find('-')),
+              absl::StrCat("m", i));
+  }
+  auto other = (*store)->Get("a", "other");
+  ASSERT_TRUE(other.ok()) << other.status();
+  ASSERT_EQ(other->messages.size(), 1u);
+  EXPECT_EQ(other->messages[0].content, "hello") << "past the damaged page, read again";
 }
 
 // A reply's bytes with a seed, and bytes written before seeds were kept (finish, then ids),
