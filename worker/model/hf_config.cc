@@ -227,7 +227,12 @@ absl::StatusOr<ModelConfig> ReadHfConfig(const std::string& config_json_path) {
   }
   try {
     const json j = json::parse(text);
-    return ParseConfig(config_json_path, j);
+    RECALL_ASSIGN_OR_RETURN(ModelConfig c, ParseConfig(config_json_path, j));
+    // generation_config.json beside it is the model's too: held to its rule whether or not
+    // the tokenizer read is beside it (one elsewhere left it unread, a bad one unsaid).
+    const std::string dir = std::filesystem::path(config_json_path).parent_path().string();
+    RECALL_RETURN_IF_ERROR(hf::ReadModelEosIds(dir.empty() ? "." : dir, c.vocab_size).status());
+    return c;
   } catch (const json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(config_json_path, ": invalid JSON: ", e.what()));
   }

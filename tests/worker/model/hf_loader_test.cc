@@ -448,6 +448,16 @@ TEST_F(HfLoaderTest, ASlidingWindowHoldsTheContextAndEveryEosIdIsChecked) {
                        "field \"eos_token_id[1]\" = 1.5 is not a token id"));
   EXPECT_TRUE(Contains(config("llama", ", \"hidden_act\": 3").status(),
                        "field \"hidden_act\" = 3 is not supported (only silu)"));
+  // generation_config.json beside it, whichever tokenizer is read (it was checked only by a
+  // tokenizer beside it).
+  test::WriteFile(dir_ + "/generation_config.json", "{\"eos_token_id\": \"x\"}");
+  EXPECT_TRUE(Contains(config("llama", "").status(),
+                       "generation_config.json: field \"eos_token_id\" = \"x\" is not a token id"))
+      << config("llama", "").status();
+  test::WriteFile(dir_ + "/generation_config.json", "{\"eos_token_id\": 99999999}");
+  EXPECT_TRUE(Contains(config("llama", "").status(), "is not a token id (vocab_size 100)"));
+  test::WriteFile(dir_ + "/generation_config.json", "{\"eos_token_id\": [2, 5]}");
+  EXPECT_TRUE(config("llama", "").ok());
 }
 
 TEST_F(HfLoaderTest, ModelTypeIsUsedWithoutArchitecturesAndDefaultsApply) {
