@@ -37,6 +37,15 @@ absl::StatusOr<ApiKeys> ApiKeys::Load(const std::string& path) {
                          "other)"));
       }
     }
+    // A request's metadata is at most 8 KiB by gRPC's default: a longer key never got through.
+    if (key.size() > kMaxKeyBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ":", n, ": the key is ", key.size(),
+                                                     " bytes; at most ", kMaxKeyBytes));
+    }
+    if (tenant.size() > kMaxTenantBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ":", n, ": the tenant is ", tenant.size(), " bytes; at most ", kMaxTenantBytes));
+    }
     if (!tenant_by_key->emplace(key, tenant).second) {
       // Which tenant the key is would depend on the order of the lines.
       return absl::InvalidArgumentError(

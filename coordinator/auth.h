@@ -24,6 +24,10 @@ class ApiKeys {
   // missing, not a regular file or over kMaxKeysFileBytes.
   static absl::StatusOr<ApiKeys> Load(const std::string& path);
   static constexpr size_t kMaxKeysFileBytes = 16 << 20;
+  // A key travels in a request's metadata (gRPC's default bound: 8 KiB in all); a tenant
+  // names its sessions in the store, logs and metrics.
+  static constexpr size_t kMaxKeyBytes = 4096;
+  static constexpr size_t kMaxTenantBytes = 256;
 
   // The caller's tenant, or UNAUTHENTICATED (missing or unknown key, or more than one: the
   // tenant would depend on their order).

@@ -25,8 +25,13 @@ TEST(ApiKeysTest, KeysMapToTenantsAndBadFilesAreRefusedNamingTheLine) {
       {"# nothing\n", "/no_keys: no keys"},
       // Usable over HTTP only (gRPC clients refused it): refused naming the line.
       {"k1 alice\nk\xc3\xa9y bob\n", "/not_ascii:2: the key must be printable ASCII"},
+      // A key past what a request's metadata carries was taken, and no request got through.
+      {std::string(4097, 'k') + " alice\n", "/long_key:1: the key is 4097 bytes; at most 4096"},
+      {"k1 " + std::string(257, 't') + "\n",
+       "/long_tenant:1: the tenant is 257 bytes; at most 256"},
   };
-  const std::string names[] = {"twice", "one_word", "no_keys", "not_ascii"};
+  const std::string names[] = {"twice",     "one_word", "no_keys",
+                               "not_ascii", "long_key", "long_tenant"};
   for (size_t i = 0; i < std::size(bad); ++i) {
     const std::string path = dir + "/" + names[i];
     std::ofstream(path) << bad[i].first;
