@@ -2,6 +2,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/flags.h"
 #include "common/logging.h"
 #include "coordinator/digest.h"
 
@@ -122,9 +123,9 @@ void IdempotencyKeys::Put(const std::string& tenant, const std::string& key,
 }
 
 absl::Status IdempotencyKeys::OtherRequest(const std::string& key, const char* endpoint) {
-  return absl::InvalidArgumentError(absl::StrCat("Idempotency-Key: \"", key, "\" was sent with a ",
-                                                 endpoint,
-                                                 " request; a new request needs a new key"));
+  return flags::FieldError("Idempotency-Key",
+                           absl::StrCat("\"", key, "\" was sent with a ", endpoint,
+                                        " request; a new request needs a new key"));
 }
 
 absl::Status IdempotencyKeys::Add(const std::string& tenant, const std::string& key,

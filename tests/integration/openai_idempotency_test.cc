@@ -20,6 +20,15 @@
 namespace recall {
 namespace {
 
+// A completion body at temperature 1 (`seed` < 0: none).
+std::string CompletionBody(int max_tokens, bool stream, int seed,
+                           const std::string& prompt = "Once upon a time") {
+  Json body = {
+      {"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 1}, {"stream", stream}};
+  if (seed >= 0) body["seed"] = seed;
+  return body.dump();
+}
+
 TEST_F(OpenAiHttpTest, AKeySentAgainGetsTheStoredTurnNotASecondRun) {
   const std::vector<Json> first = {Message("user", "Once upon a time")};
   const HttpReply one = Post("/v1/chat/completions", ChatBody(first, 8, false), "key-a",
@@ -70,6 +79,12 @@ TEST_F(OpenAiHttpTest, AKeySentAgainGetsTheStoredTurnNotASecondRun) {
                            {{"Idempotency-Key", "turn-1"}})),
             text);
   EXPECT_EQ(GetSession(id).messages_size(), 4);
+
+  // The key sent with a completion names another request: 400 naming the header as its param.
+  const HttpReply completion = Post("/v1/completions", CompletionBody(4, false, 5), "key-a",
+                                    {{"Idempotency-Key", "turn-1"}});
+  EXPECT_EQ(completion.status, 400) << completion.body;
+  EXPECT_EQ(completion.JsonBody()["error"]["param"], "Idempotency-Key") << completion.body;
 
   // Deleted, the session takes its keys' records along (those of tenant b's session stay);
   // the key then runs its turn anew, in a new session, for this coordinator remembered it.
@@ -363,15 +378,6 @@ TEST_F(OpenAiHttpCancelTest, AnInterruptedStreamIsResumedAsAStream) {
   EXPECT_EQ(again.Header("X-Session-Id"), r.Header("X-Session-Id"));
   EXPECT_EQ(StreamedText(again.body), ReplyText(reference));
   EXPECT_EQ(Events(again.body).back(), "[DONE]");
-}
-
-// A completion body at temperature 1 (`seed` < 0: none).
-std::string CompletionBody(int max_tokens, bool stream, int seed,
-                           const std::string& prompt = "Once upon a time") {
-  Json body = {
-      {"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 1}, {"stream", stream}};
-  if (seed >= 0) body["seed"] = seed;
-  return body.dump();
 }
 
 // The text of a completion: its body's, or its stream's deltas.
