@@ -2,7 +2,9 @@
 // client that cannot complete TLS (a port scanner, plaintext on a TLS port, an expired client
 // certificate) made gRPC log an ERROR line, so a probe loop flooded the coordinator's log and
 // hid everything else. The first of a window is printed; the count of those held back is said
-// with the next one printed. Other gRPC lines print as gRPC prints them.
+// with the next one printed. Its "No address added" line for a port it could not bind is
+// left out (the server's start says so, naming the flag). Other gRPC lines print as gRPC
+// prints them.
 #pragma once
 
 #include <cstdint>

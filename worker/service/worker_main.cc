@@ -17,6 +17,7 @@
 #include "cache/eviction/session_evictor.h"
 #include "common/files.h"
 #include "common/flags.h"
+#include "common/grpc/quiet_handshakes.h"
 #include "common/grpc/server_start.h"
 #include "common/grpc/status_interceptor.h"
 #include "common/metrics/http_server.h"
@@ -199,6 +200,7 @@ absl::Status Run(const std::vector<std::string>& argv) {
   WorkerService service(*scheduler, {model_name, options.engine.tp, "0.1.0", instance}, cluster);
   // Signals: waited for below (until here, while the model loads, one ends the worker).
   StopSignals stop;
+  grpcutil::QuietHandshakeLogs();
 
   const std::string& listen = options.listen;
   grpc::EnableDefaultHealthCheckService(true);
