@@ -1,7 +1,9 @@
 #include "worker/model/loader.h"
 
 #include <filesystem>
+#include <fstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/files.h"
 #include "common/status.h"
@@ -24,7 +26,26 @@ absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& path, bool k
                      "checkpoint: give the directory (",
                      dir, ") as the model"));
   }
-  return LoadLlama2c(path);
+  // Another format's file (GGUF, random bytes) failed on its "dim": said for what it is.
+  constexpr const char* kFormats =
+      "Recall reads llama2.c checkpoints and Hugging Face model directories (config.json and "
+      "safetensors)";
+  std::string magic(4, '\0');
+  {
+    std::ifstream in(path, std::ios::binary);
+    in.read(magic.data(), 4);
+    magic.resize(static_cast<size_t>(in.gcount()));
+  }
+  if (magic == "GGUF") {
+    return absl::InvalidArgumentError(absl::StrCat(path, " is a GGUF file: ", kFormats));
+  }
+  absl::StatusOr<std::unique_ptr<Model>> model = LoadLlama2c(path);
+  if (!model.ok() && absl::StrContains(model.status().message(), ": header field dim = ")) {
+    return absl::Status(
+        model.status().code(),
+        absl::StrCat(model.status().message(), " (is it a llama2.c checkpoint? ", kFormats, ")"));
+  }
+  return model;
 }
 
 }  // namespace recall::model

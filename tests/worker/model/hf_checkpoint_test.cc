@@ -162,5 +162,25 @@ TEST_F(HfCheckpointTest, AFileOfTheDirectoryGivenAsTheModelSaysToGiveTheDirector
   }
 }
 
+// Another format's file said "header field dim = 1179993927 is invalid" (GGUF's magic read as
+// a dimension): named for what it is, or asked whether it is a llama2.c checkpoint.
+TEST_F(HfCheckpointTest, AnotherFormatsFileIsSaidToBeOne) {
+  const std::string gguf = dir_ + "/model.gguf", noise = dir_ + "/noise.bin";
+  test::WriteFile(gguf, std::string("GGUF\x03\0\0\0", 8) + std::string(200, '\x07'));
+  auto m = LoadModel(gguf);
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument) << m.status();
+  EXPECT_EQ(m.status().message(),
+            gguf +
+                " is a GGUF file: Recall reads llama2.c checkpoints and Hugging Face model "
+                "directories (config.json and safetensors)");
+  test::WriteFile(noise, std::string(4096, '\x7f'));
+  m = LoadModel(noise);
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument) << m.status();
+  EXPECT_NE(m.status().message().find(": header field dim = "), std::string::npos) << m.status();
+  EXPECT_NE(m.status().message().find("(is it a llama2.c checkpoint? Recall reads"),
+            std::string::npos)
+      << m.status();
+}
+
 }  // namespace
 }  // namespace recall::model
