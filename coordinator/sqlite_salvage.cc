@@ -265,11 +265,10 @@ absl::StatusOr<std::string> SalvageSqliteFile(const std::string& path) {
     return absl::UnavailableError(
         absl::StrCat("salvage: cannot move ", path, " to ", kept, ": ", ec.message()));
   }
-  for (const char* suffix : {"-wal", "-shm"}) {
-    if (std::filesystem::exists(path + suffix, ec)) {
-      std::filesystem::rename(path + suffix, kept + suffix, ec);
-    }
+  if (std::filesystem::exists(path + "-wal", ec)) {
+    std::filesystem::rename(path + "-wal", kept + "-wal", ec);
   }
+  std::filesystem::remove(path + "-shm", ec);  // an index of the log, made again from it
   std::filesystem::rename(fresh, path, ec);
   if (ec) {
     std::filesystem::rename(kept, path, ec);  // back as it was
