@@ -245,8 +245,9 @@ absl::Status Run(GenerateCliOptions o) {
   offline::GenerateResult result;
   std::optional<offline::EpisodicStats> episodic_stats;
   if (engine.tp() > 1) {
-    RECALL_ASSIGN_OR_RETURN(std::unique_ptr<offline::TpSequence> seq,
-                            offline::TpSequence::Create(*engine.group(), spec.evictor));
+    RECALL_ASSIGN_OR_RETURN(
+        std::unique_ptr<offline::TpSequence> seq,
+        offline::TpSequence::Create(*engine.group(), spec.evictor, options.positions));
     RECALL_ASSIGN_OR_RETURN(
         result, offline::Generate(*seq, engine.backend(0), config, tok, prompt, options, print));
   } else if (episodic) {

@@ -69,6 +69,17 @@ bool LocalSequence::endless() const {
          !evictor_->policy().compresses_prefill();
 }
 
+void LocalSequence::CompactTo(int32_t next) {
+  runtime::CompactPositions(forward_.backend(), forward_.model().config, *cache_, next);
+}
+
+absl::Status LocalSequence::Feed(std::span<const int32_t> tokens, float* logits) {
+  const int n = static_cast<int>(tokens.size());
+  RECALL_RETURN_IF_ERROR(runtime::RunChunked(forward_, cache_, tokens, n, logits, nullptr, 0));
+  peak_bytes_ = std::max(peak_bytes_, HeldBytes());
+  return absl::OkStatus();
+}
+
 void LocalSequence::MakeRoom(int n) {
   const model::ModelConfig& config = forward_.model().config;
   if (positions_ == runtime::Positions::kCompact && runtime::NeedsCompaction(*cache_, config, n)) {
@@ -95,9 +106,7 @@ absl::Status LocalSequence::Prefill(std::span<const int32_t> prompt, int chunk, 
       if (step) {
         RECALL_RETURN_IF_ERROR(Decode(prompt[fed], logits));
       } else {
-        RECALL_RETURN_IF_ERROR(runtime::RunChunked(forward_, cache_, prompt.subspan(fed, n), n,
-                                                   fed + n == len ? logits : nullptr, nullptr, 0));
-        peak_bytes_ = std::max(peak_bytes_, HeldBytes());
+        RECALL_RETURN_IF_ERROR(Feed(prompt.subspan(fed, n), fed + n == len ? logits : nullptr));
       }
       fed += n;
     }

@@ -82,8 +82,13 @@ class LocalSequence final : public Sequence {
   const cache::eviction::SessionEvictor* evictor() const { return evictor_.get(); }
 
  private:
+  friend class TpSequence;  // drives its ranks' compact positions as one (tp_sequence.h)
   LocalSequence(runtime::ForwardPass& forward, std::unique_ptr<cache::SequenceCache> owned,
                 cache::SequenceCache* cache);
+  // Re-positions the cache so that its next token is at `next` (>= its longest row).
+  void CompactTo(int32_t next);
+  // Runs `tokens` in one forward pass (no re-positioning, no eviction step).
+  absl::Status Feed(std::span<const int32_t> tokens, float* logits);
   absl::Status MakeEvictor(const std::optional<cache::eviction::SessionEvictorOptions>& eviction);
   // Grows probs_ so each head's row holds `len` slots (bounded by the cache, not the context).
   void EnsureProbs(int len);

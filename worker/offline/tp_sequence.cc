@@ -1,5 +1,8 @@
 #include "worker/offline/tp_sequence.h"
 
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
 #include "common/status.h"
 
 namespace recall::offline {
@@ -15,25 +18,76 @@ cache::eviction::SessionEvictorOptions RankEvictorOptions(
 
 absl::StatusOr<std::unique_ptr<TpSequence>> TpSequence::Create(
     runtime::tp::TpGroup& group,
-    const std::optional<cache::eviction::SessionEvictorOptions>& eviction) {
+    const std::optional<cache::eviction::SessionEvictorOptions>& eviction,
+    runtime::Positions positions) {
   std::unique_ptr<TpSequence> seq(new TpSequence(group));
   for (int r = 0; r < group.tp(); ++r) {
     std::optional<cache::eviction::SessionEvictorOptions> o;
     if (eviction.has_value()) o = RankEvictorOptions(group, r, *eviction);
     RECALL_ASSIGN_OR_RETURN(std::unique_ptr<LocalSequence> rank,
-                            LocalSequence::Create(group.forward(r), group.pool(r), o));
+                            LocalSequence::Create(group.forward(r), group.pool(r), o, positions));
     seq->ranks_.push_back(std::move(rank));
   }
   return seq;
 }
 
-absl::Status TpSequence::Prefill(std::span<const int32_t> prompt, int chunk, float* logits) {
+int32_t TpSequence::MaxLength() const {
+  int32_t longest = 0;
+  for (const auto& rank : ranks_) longest = std::max(longest, rank->cache().max_length());
+  return longest;
+}
+
+int32_t TpSequence::context_used() const { return compact() ? MaxLength() : next_position(); }
+
+absl::Status TpSequence::MakeRoom(int n) {
+  if (!compact() || !runtime::NeedsCompaction(ranks_[0]->cache(), group_.full_model().config, n)) {
+    return absl::OkStatus();
+  }
+  const int32_t next = MaxLength();
   return group_.Run([&](int r) {
-    return ranks_[static_cast<size_t>(r)]->Prefill(prompt, chunk, r == 0 ? logits : nullptr);
+    ranks_[static_cast<size_t>(r)]->CompactTo(next);
+    return absl::OkStatus();
   });
 }
 
+absl::Status TpSequence::Prefill(std::span<const int32_t> prompt, int chunk, float* logits) {
+  LocalSequence& first = *ranks_[0];
+  if (!endless()) {
+    return group_.Run([&](int r) {
+      return ranks_[static_cast<size_t>(r)]->Prefill(prompt, chunk, r == 0 ? logits : nullptr);
+    });
+  }
+  // As LocalSequence::Prefill, decided once for the group (see the top).
+  const model::ModelConfig& config = group_.full_model().config;
+  const int len = static_cast<int>(prompt.size());
+  for (int fed = 0; fed < len;) {
+    bool step = false;
+    const int want = std::min(chunk, len - fed);
+    absl::Status room;
+    absl::StatusOr<int> piece =
+        runtime::NextCompactPiece(first.cache(), MaxLength(), config, first.evictor_.get(), chunk,
+                                  want, &step, [&] { room = MakeRoom(want); });
+    RECALL_RETURN_IF_ERROR(room);
+    if (!piece.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat("prompt: ", piece.status().message()));
+    }
+    const int n = *piece;
+    if (step) {
+      RECALL_RETURN_IF_ERROR(Decode(prompt[fed], logits));
+    } else {
+      const std::span<const int32_t> tokens = prompt.subspan(fed, n);
+      const bool last = fed + n == len;
+      RECALL_RETURN_IF_ERROR(group_.Run([&](int r) {
+        return ranks_[static_cast<size_t>(r)]->Feed(tokens, r == 0 && last ? logits : nullptr);
+      }));
+    }
+    fed += n;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status TpSequence::Decode(int32_t token, float* logits) {
+  RECALL_RETURN_IF_ERROR(MakeRoom(1));
   return group_.Run([&](int r) {
     return ranks_[static_cast<size_t>(r)]->Decode(token, r == 0 ? logits : nullptr);
   });

@@ -183,6 +183,36 @@ TEST_F(TpChecksumTest, ReplicatedKvHeadsThatDisagreeFailLoudly) {
   EXPECT_NE(st.message().find("ranks 2 and 3"), std::string::npos) << st;
 }
 
+// Compact positions on TP ranks (TpSequence decides pieces, steps and re-positioning for the
+// group): a prompt of twice the context and a reply past it give the one-rank tokens, with
+// ranks whose lengths differ (head-adaptive h2o) and whose budgets are uniform (lazy). Each
+// rank deciding alone, `recall generate --tp 2` ended at the context (508 tokens).
+TEST_F(TpChecksumTest, CompactPositionsGoPastTheContextAsOneRankDoes) {
+  std::string prompt;
+  for (int i = 0; i < 80; ++i) prompt += "Once upon a time there was a little girl. ";
+  for (const auto& [policy, mode] :
+       {std::pair{"h2o", Mode::kHeadAdaptive}, std::pair{"lazy", Mode::kUniform}}) {
+    std::vector<int32_t> one;
+    for (const int tp : {1, 2}) {
+      std::unique_ptr<runtime::tp::TpGroup> group = MakeGroup(tp);
+      ASSERT_NE(group, nullptr);
+      auto seq = TpSequence::Create(*group, Options(policy, mode), runtime::Positions::kCompact);
+      ASSERT_TRUE(seq.ok()) << seq.status();
+      EXPECT_TRUE((*seq)->endless());
+      auto result = Greedy(*group, **seq, prompt, 300);
+      ASSERT_TRUE(result.ok()) << policy << " tp " << tp << ": " << result.status();
+      EXPECT_EQ(result->finish_reason, FinishReason::kLength) << policy << " tp " << tp;
+      EXPECT_EQ(result->tokens.size(), 300u);
+      EXPECT_GT(result->prompt_tokens + 300, 2 * model_->config.max_seq_len);
+      if (tp == 1) {
+        one = result->tokens;
+      } else {
+        EXPECT_EQ(result->tokens, one) << policy;
+      }
+    }
+  }
+}
+
 TEST_F(TpChecksumTest, OptionsThatCannotShareTokensAreRejected) {
   std::unique_ptr<runtime::tp::TpGroup> group = MakeGroup(2);
   ASSERT_NE(group, nullptr);
