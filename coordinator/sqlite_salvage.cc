@@ -1,9 +1,14 @@
 #include "coordinator/sqlite_salvage.h"
 
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <optional>
 #include <system_error>
@@ -16,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "common/clock.h"
+#include "common/status.h"
 
 namespace recall::coordinator {
 namespace {
@@ -56,6 +62,40 @@ absl::Status Exec(sqlite3* db, const std::string& sql, const std::string& what) 
   const std::string msg = err != nullptr ? err : sqlite3_errmsg(db);
   sqlite3_free(err);
   return absl::UnavailableError(absl::StrCat(what, ": ", msg));
+}
+
+constexpr char kSwapSuffix[] = ".salvage-done";
+
+// fsync of a file (by path); false when it cannot be opened or synced.
+bool SyncFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool ok = ::fsync(fd) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// fsync of the directory holding `path` (its renames and links durable); best effort.
+void SyncDirectory(const std::string& path) {
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+// The marker that the new file is complete: PATH.salvage-done holding the kept file's name.
+bool WriteMarker(const std::string& path, const std::string& kept) {
+  const std::string marker = path + kSwapSuffix;
+  {
+    std::ofstream out(marker, std::ios::trunc);
+    out << kept << "\n";
+    if (!out.flush()) return false;
+  }
+  if (!SyncFile(marker)) return false;
+  SyncDirectory(path);
+  return true;
 }
 
 // `path` and the files SQLite keeps beside it.
@@ -122,6 +162,13 @@ absl::StatusOr<std::string> CopyRows(sqlite3* from, sqlite3* to, const std::stri
     // past them succeeds).
     ++gaps;
     constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+    // A row that can be found but not read (its payload or overflow page damaged): skipped
+    // alone. (Searched for as below, each such row cost a step per rowid before it.)
+    if (const std::optional<int64_t> next = FirstRowidAfter(from, table, last); next.has_value()) {
+      if (*next == kMax) break;
+      last = *next;
+      continue;
+    }
     int64_t lo = last, step = 1;  // seeks from lo fail
     bool reachable = true;
     while (!FirstRowidAfter(from, table, SaturatingAdd(lo, step)).has_value()) {
@@ -185,9 +232,45 @@ int KeepUnbrokenTranscripts(sqlite3* db) {
 
 }  // namespace
 
+absl::StatusOr<std::string> FinishSalvage(const std::string& path) {
+  const std::string marker = path + kSwapSuffix, fresh = path + ".salvage";
+  std::string kept;
+  {
+    std::ifstream in(marker);
+    if (!in) return std::string();  // no salvage to finish
+    std::getline(in, kept);
+  }
+  std::error_code ec;
+  if (std::filesystem::exists(fresh, ec)) {
+    for (const char* suffix : {"-wal", "-shm", "-journal"}) {
+      std::filesystem::remove(path + suffix, ec);  // kept's (linked) or made again
+      if (ec) {
+        return absl::UnavailableError(
+            absl::StrCat("salvage: cannot remove ", path, suffix, ": ", ec.message()));
+      }
+    }
+    std::filesystem::rename(fresh, path, ec);
+    if (ec) {
+      return absl::UnavailableError(
+          absl::StrCat("salvage: cannot move ", fresh, " to ", path, ": ", ec.message()));
+    }
+    SyncDirectory(path);
+  }
+  std::filesystem::remove(marker, ec);
+  SyncDirectory(path);
+  return kept;
+}
+
 absl::StatusOr<std::string> SalvageSqliteFile(const std::string& path) {
   const std::string fresh = path + ".salvage";
   RemoveFiles(fresh);
+  // Every tenant's transcripts: its owner's only, as the store's own file (sqlite_store.cc).
+  if (const int made = ::open(fresh.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+      made >= 0) {
+    ::close(made);
+  } else {
+    return absl::UnavailableError(absl::StrCat("salvage into ", fresh, ": ", std::strerror(errno)));
+  }
   sqlite3* db = nullptr;
   if (sqlite3_open_v2(fresh.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr) !=
       SQLITE_OK) {
@@ -257,25 +340,28 @@ absl::StatusOr<std::string> SalvageSqliteFile(const std::string& path) {
   old = nullptr;
   sqlite3_close(db);
   db = nullptr;
-  // The damaged file (and its log) aside, the new one in its place.
+  if (!SyncFile(fresh)) {
+    return absl::UnavailableError(absl::StrCat("salvage: cannot sync ", fresh));
+  }
+  // The damaged file and its log kept under another name (hard links: nothing is moved yet),
+  // then the new file said complete (the marker), then the damaged log out of its way (SQLite
+  // would replay it into the new file) and the new file over the damaged one in one rename.
+  // A start that finds the marker finishes the swap (FinishSalvage), whatever was done of it.
   const std::string kept = absl::StrCat(path, ".damaged-", UnixMillis());
-  std::error_code ec;
-  std::filesystem::rename(path, kept, ec);
-  if (ec) {
+  if (::link(path.c_str(), kept.c_str()) != 0 ||
+      (::access((path + "-wal").c_str(), F_OK) == 0 &&
+       ::link((path + "-wal").c_str(), (kept + "-wal").c_str()) != 0)) {
+    const std::string err = std::strerror(errno);
+    RemoveFiles(kept);
     return absl::UnavailableError(
-        absl::StrCat("salvage: cannot move ", path, " to ", kept, ": ", ec.message()));
+        absl::StrCat("salvage: cannot keep ", path, " as ", kept, ": ", err));
   }
-  if (std::filesystem::exists(path + "-wal", ec)) {
-    std::filesystem::rename(path + "-wal", kept + "-wal", ec);
+  if (!WriteMarker(path, kept)) {
+    RemoveFiles(kept);
+    return absl::UnavailableError(absl::StrCat("salvage: cannot write ", path, kSwapSuffix));
   }
-  std::filesystem::remove(path + "-shm", ec);  // an index of the log, made again from it
-  std::filesystem::rename(fresh, path, ec);
-  if (ec) {
-    std::filesystem::rename(kept, path, ec);  // back as it was
-    return absl::UnavailableError(
-        absl::StrCat("salvage: cannot move ", fresh, " to ", path, ": ", ec.message()));
-  }
-  done = true;
+  done = true;  // the swap is finished from here on, now or at the next start
+  RECALL_RETURN_IF_ERROR(FinishSalvage(path).status());
   return absl::StrCat(
       "copied what could be read into a new ", path, " (", absl::StrJoin(copied, "; "),
       orphans > 0 ? absl::StrCat("; ", orphans, " rows whose parent was lost") : "",

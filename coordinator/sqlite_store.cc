@@ -912,6 +912,14 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string&
   }
   RECALL_ASSIGN_OR_RETURN(const int lock_fd, LockStoreFile(path));
   absl::Cleanup unlock = [lock_fd] { close(lock_fd); };  // unless the store takes it
+  // A salvage (--allow-store-loss) stopped after its new file was complete: finished first.
+  RECALL_ASSIGN_OR_RETURN(const std::string finished, FinishSalvage(path));
+  if (!finished.empty()) {
+    RECALL_LOG(WARNING) << "session store " << path
+                        << ": finished the salvage an earlier start began (the damaged file is "
+                           "kept as "
+                        << finished << ")";
+  }
   // Every tenant's transcripts: a new file is its owner's only (SQLite gives its log and
   // shared memory the file's mode; they were 0644, readable by every local user), and an
   // existing one that others may read is said.

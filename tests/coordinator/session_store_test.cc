@@ -902,6 +902,44 @@ TEST(SqliteDamageTest, SalvageReadsPastADamagedPageAndCutsATranscriptAtItsHole) 
   ASSERT_TRUE(other.ok()) << other.status();
   ASSERT_EQ(other->messages.size(), 1u);
   EXPECT_EQ(other->messages[0].content, "hello") << "past the damaged page, read again";
+  struct stat mode;
+  ASSERT_EQ(::stat(path.c_str(), &mode), 0);
+  EXPECT_EQ(mode.st_mode & 0777, 0600u) << "its owner's only, as the damaged one was";
+}
+
+// A salvage stopped after its new file was complete (its marker written) is finished at the
+// next start: the new file takes the damaged one's place, the damaged log goes (SQLite would
+// replay it into the new file), the marker too. Without the marker a leftover new file is
+// not used.
+TEST(SqliteDamageTest, ASalvageStoppedMidSwapIsFinishedAtTheNextStart) {
+  const std::string dir = testing::MakeTempDir("store_swap");
+  const std::string path = dir + "/sessions.db";
+  ASSERT_NO_FATAL_FAILURE(WriteSessions(dir + "/new.db", /*message_bytes=*/10));
+  ASSERT_NO_FATAL_FAILURE(WriteSessions(path, /*message_bytes=*/0));
+  {
+    auto store = OpenStore(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->Delete("a", "s5").ok());  // tells the two files apart
+  }
+  std::filesystem::copy_file(dir + "/new.db", path + ".salvage");
+  std::ofstream(path + "-wal") << "the damaged file's log";
+  std::ofstream(path + ".salvage-done") << path << ".damaged-1\n";
+  ::testing::internal::CaptureStderr();
+  auto store = OpenStore(path);
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_NE(said.find("finished the salvage an earlier start began"), std::string::npos) << said;
+  EXPECT_TRUE((*store)->Get("a", "s5").ok()) << "the new file is served";
+  EXPECT_FALSE(std::filesystem::exists(path + ".salvage"));
+  EXPECT_FALSE(std::filesystem::exists(path + ".salvage-done"));
+  ASSERT_TRUE((*store)->Delete("a", "s5").ok());
+  store->reset();
+  std::filesystem::copy_file(dir + "/new.db", path + ".salvage",
+                             std::filesystem::copy_options::overwrite_existing);
+  auto again = OpenStore(path);  // no marker: the leftover is not the store
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)->Get("a", "s5").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(std::filesystem::exists(path + ".salvage")) << "left for the next salvage";
 }
 
 // A reply's bytes with a seed, and bytes written before seeds were kept (finish, then ids),
