@@ -179,39 +179,44 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpOptions& optio
   // its 401 (six such took the coordinator from 24 to 394 MB). Its body is read and dropped
   // as it comes (the connection stays in step for its next request), and a client that asks
   // first (Expect: 100-continue, as curl does past 1 MB) hears the 401 without sending it.
-  // The library holds a body with a Content-Length to the limit (413 past it), not a chunked
-  // one (Transfer-Encoding: chunked): that is counted here (a 400 MiB one took the
-  // coordinator from 240 to 1886 MB), and the connection closed on the rest of it.
+  // The library holds a body with a Content-Length to the limit (413 past it, the rest read
+  // and dropped), not a chunked one (Transfer-Encoding: chunked): that is counted here (a 400
+  // MiB one took the coordinator from 240 to 1886 MB), and past the limit its rest is read and
+  // dropped as well, then 413, so the connection stays in step (cpp-httplib 0.11 closes a
+  // connection on the request's word only: a body left unread was read as ~800 requests, each
+  // answered 400). Past kDropBytes more the read stops (the connection then ends at the first
+  // line that is no request).
   using Handle = void (HttpApi::*)(const httplib::Request&, httplib::Response&);
   const auto keyed = [self, max = options.max_body_bytes](Handle handle) {
     return [self, handle, max](const httplib::Request& req, httplib::Response& res,
                                const httplib::ContentReader& read) {
+      constexpr size_t kDropBytes = size_t{1} << 30;
       size_t bytes = 0;
       const auto too_large = [&]() {
         self->Fail(res, absl::InvalidArgumentError(
                             absl::StrCat("the request body is larger than ", max, " bytes")));
         res.status = 413;
-        res.set_header("Connection", "close");
       };
-      if (const absl::StatusOr<std::string> tenant = self->Admit(req); !tenant.ok()) {
-        if (read([&bytes, max](const char*, size_t n) { return (bytes += n) <= max; })) {
-          self->Fail(res, tenant.status());
-        } else if (bytes > max) {
-          too_large();
-        }
+      // Every byte counted; none kept past `max`, none read past `max` + kDropBytes.
+      std::string body;
+      const bool keyed_ok = self->Admit(req).ok();
+      const bool whole = read([&](const char* data, size_t n) {
+        bytes += n;
+        if (keyed_ok && bytes <= max) body.append(data, n);
+        return bytes <= max + kDropBytes;
+      });
+      if (!keyed_ok) {
+        if (whole) self->Fail(res, self->Admit(req).status());
         return;  // (a body cut short: the library's 400)
       }
-      httplib::Request whole = req;
-      bool over = false;
-      if (!read([&whole, &over, max](const char* data, size_t n) {
-            over = whole.body.size() + n > max;
-            if (!over) whole.body.append(data, n);
-            return !over;
-          })) {
-        if (over) too_large();
-        return;  // (else a body cut short: the library's 400)
+      if (bytes > max) {
+        too_large();
+        return;
       }
-      (self->*handle)(whole, res);
+      if (!whole) return;  // a body cut short: the library's 400
+      httplib::Request with_body = req;
+      with_body.body = std::move(body);
+      (self->*handle)(with_body, res);
     };
   };
   s.Post("/v1/chat/completions", keyed(&HttpApi::ChatCompletions));
@@ -232,8 +237,9 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpOptions& optio
   s.Get("/health",
         [self](const httplib::Request& req, httplib::Response& res) { self->Health(req, res); });
   // A POST that says nothing of a body (curl -X POST URL): cpp-httplib would read until the
-  // connection's read timeout (5 s) and answer "cannot be read". Told at once, and the
-  // connection closed (a body sent anyway, HTTP/1.0 style, is not read as the next request).
+  // connection's read timeout (5 s) and answer "cannot be read". Told at once, with
+  // "Connection: close" asked of the client (cpp-httplib 0.11 does not close on its own word:
+  // what follows on the connection is read as the next request).
   s.set_pre_routing_handler([self](const httplib::Request& req, httplib::Response& res) {
     // (PUT and PATCH too: cpp-httplib reads their bodies the same way.)
     const bool with_body = req.method == "POST" || req.method == "PUT" || req.method == "PATCH";
