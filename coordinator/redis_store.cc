@@ -12,8 +12,9 @@
 //                        the first message with the id)
 //   recall:n:<id>        sorted set: the replies that are not complete (member and score:
 //                        their index)
-//   recall:o:<id>        hash: the session's records (PutSessionRecord), record key -> value
-//                        (deleted with the session while they hold it; expires with them)
+//   recall:o:<id>        sorted set: the session's records (PutSessionRecord), "LEN:KEY" and
+//                        the value written, scored by when it expires (deleted with the
+//                        session while they hold it; the expired pruned at each write)
 //   recall:a             sorted set of every session id, scored by when its last turn began
 //                        or its reply ended (or it was made): DeleteIdle's order; sessions
 //                        from before it, by when a coordinator first opened the store with
@@ -192,25 +193,35 @@ std::string ToJson(const StoredMessage& message) {
 // tenant, id.
 // Lua: deletes the session (KEYS as kDelete's, ARGV[2] its id) and the records it owns that
 // still hold what it wrote; returns 1.
-#define RECALL_DELETE_LUA                                                                   \
-  "redis.call('DEL', KEYS[1], KEYS[2], KEYS[4], KEYS[5], KEYS[6])\n"                        \
-  "redis.call('ZREM', KEYS[3], ARGV[2])\n"                                                  \
-  "redis.call('ZREM', KEYS[7], ARGV[2])\n"                                                  \
-  "local owned = redis.call('HGETALL', KEYS[8])\n"                                          \
-  "for j = 1, #owned, 2 do\n"                                                               \
-  "  if redis.call('GET', owned[j]) == owned[j + 1] then redis.call('DEL', owned[j]) end\n" \
-  "end\n"                                                                                   \
-  "redis.call('DEL', KEYS[8])\n"                                                            \
+#define RECALL_DELETE_LUA                                                \
+  "redis.call('DEL', KEYS[1], KEYS[2], KEYS[4], KEYS[5], KEYS[6])\n"     \
+  "redis.call('ZREM', KEYS[3], ARGV[2])\n"                               \
+  "redis.call('ZREM', KEYS[7], ARGV[2])\n"                               \
+  "for _, m in ipairs(redis.call('ZRANGE', KEYS[8], 0, -1)) do\n"        \
+  "  local colon = string.find(m, ':', 1, true)\n"                       \
+  "  local n = colon and tonumber(string.sub(m, 1, colon - 1))\n"        \
+  "  if n then\n"                                                        \
+  "    local key = string.sub(m, colon + 1, colon + n)\n"                \
+  "    if redis.call('GET', key) == string.sub(m, colon + n + 1) then\n" \
+  "      redis.call('DEL', key)\n"                                       \
+  "    end\n"                                                            \
+  "  end\n"                                                              \
+  "end\n"                                                                \
+  "redis.call('DEL', KEYS[8])\n"                                         \
   "return 1"
 
 // KEYS: session, record, the session's records. ARGV: tenant, value, ttl in ms, "1" to add
-// only. Writes the record if the session is the tenant's (1; else -1, nothing written) and,
-// adding, there is none (else 0).
+// only, now (ms). Writes the record if the session is the tenant's (1; else -1, nothing
+// written) and, adding, there is none (else 0). The session's records are a sorted set of
+// "LEN:KEY" + value, scored by when each expires; those expired go at each write, so a
+// session that lives for weeks keeps a day of them.
 constexpr char kPutSessionRecord[] = R"lua(
 if redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[1] then return -1 end
 if ARGV[4] == '1' and redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
-redis.call('HSET', KEYS[3], KEYS[2], ARGV[2])
+local now = tonumber(ARGV[5])
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+redis.call('ZADD', KEYS[3], now + tonumber(ARGV[3]), string.len(KEYS[2]) .. ':' .. KEYS[2] .. ARGV[2])
 redis.call('PEXPIRE', KEYS[3], ARGV[3])
 return 1)lua";
 
@@ -493,9 +504,9 @@ class RedisStore final : public SessionStore {
                                   const std::string& name, const std::string& value, bool add) {
     absl::MutexLock lock(&mu_);
     RECALL_ASSIGN_OR_RETURN(
-        Reply rep,
-        Command({"EVAL", kPutSessionRecord, "3", SessionKey(id), RecordKey(tenant, name),
-                 RecordsKey(id), tenant, value, std::to_string(kRecordTtlMs), add ? "1" : "0"}));
+        Reply rep, Command({"EVAL", kPutSessionRecord, "3", SessionKey(id), RecordKey(tenant, name),
+                            RecordsKey(id), tenant, value, std::to_string(kRecordTtlMs),
+                            add ? "1" : "0", std::to_string(UnixMillis())}));
     if (rep->integer < 0) return NotFound(id);
     if (rep->integer == 0) return absl::AlreadyExistsError("the record is kept");
     return absl::OkStatus();

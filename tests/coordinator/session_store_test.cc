@@ -384,6 +384,23 @@ TEST_P(SessionStoreTest, ASessionsRecordsAreForgottenWithIt) {
   EXPECT_EQ(*store_->GetRecord("a", "k:1"), "kept");
 }
 
+// Redis: a session's list of its records keeps those of the last day only (each write prunes
+// the expired), so a session that lives for weeks does not hold one entry per turn.
+TEST_P(SessionStoreTest, ARedisSessionsRecordListDropsTheExpired) {
+  if (GetParam() != "redis") GTEST_SKIP() << "Redis's list of a session's records";
+  ASSERT_TRUE(store_->Create(Record("s1", "a")).ok());
+  const std::string cli = "redis-cli -p " + std::to_string(redis_.port()) + " ";
+  // An entry that expired an hour ago (its record long gone).
+  ASSERT_EQ(RedisCli("ZADD recall:o:s1 1 5:gone!x"), 0);
+  ASSERT_TRUE(store_->PutSessionRecord("a", "s1", "t:1", "1:s1").ok());
+  ASSERT_TRUE(store_->PutSessionRecord("a", "s1", "t:2", "2:s1").ok());
+  const testing::Exit count = testing::RunToExit(cli + "ZCARD recall:o:s1");
+  EXPECT_EQ(count.output, "2\n") << "the expired entry went with the first write";
+  ASSERT_TRUE(store_->Delete("a", "s1").ok());
+  EXPECT_EQ(store_->GetRecord("a", "t:2").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(testing::RunToExit(cli + "EXISTS recall:o:s1").output, "0\n");
+}
+
 // One CreateSession request id sent to two coordinators at once (two stores on one Redis;
 // on SQLite, two CreateRequests on its one store) makes one session, which every request
 // gets: each replica made one.
