@@ -7,12 +7,12 @@
 // session as a record of that session, SessionStore::PutSessionRecord, kept a day or until
 // the session is deleted; a completion's SessionStore::PutRecord, kept a day), so a retry finds it
 // on any coordinator sharing the store and after a restart. A bounded in-memory copy (the oldest go
-// first) saves the store a read for a key's session, which never changes; a completion's record,
-// which does, is read from the store, the copy answering only when there is no store or it fails.
-// The running marks are per coordinator; other coordinators see a running request in the store: a
-// chat turn as its stored turn in progress, a keyed completion as its record in progress, under a
-// lease its coordinator renews (http_api.cc). A request that names its session (X-Session-Id) finds
-// its key in the session's transcript.
+// first) saves the store a read for a key's session, which changes only when that session is
+// deleted (Forget); a completion's record, which does, is read from the store, the copy answering
+// only when there is no store or it fails. The running marks are per coordinator; other
+// coordinators see a running request in the store: a chat turn as its stored turn in progress, a
+// keyed completion as its record in progress, under a lease its coordinator renews (http_api.cc). A
+// request that names its session (X-Session-Id) finds its key in the session's transcript.
 //
 // Thread safety: thread safe.
 #pragma once
