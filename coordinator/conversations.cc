@@ -602,6 +602,12 @@ absl::Status Conversations::CheckPolicy(const v1::CacheSettings& cache) const {
     }
   }
   if (known.empty()) return absl::OkStatus();
+  if (cache.policy() == "episodic") {  // a policy, that no worker here runs
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cache.policy: no worker serves episodic sessions (they run on a worker of one CPU rank, "
+        "without --tp or --device cuda); the workers serve ",
+        absl::StrJoin(known, ", ")));
+  }
   return absl::InvalidArgumentError(absl::StrCat("cache.policy: unknown policy \"", cache.policy(),
                                                  "\" (one of ", absl::StrJoin(known, ", "), ")"));
 }

@@ -171,6 +171,12 @@ absl::Status ValidateCacheRequest(const CacheRequest& c,
                                   const std::vector<std::string>& known_policies) {
   if (c.policy.has_value() &&
       std::find(known_policies.begin(), known_policies.end(), *c.policy) == known_policies.end()) {
+    if (*c.policy == "episodic") {  // a policy, not of this worker's (it was "unknown")
+      return Invalid("cache.policy",
+                     absl::StrCat("episodic sessions run on a worker of one CPU rank; this one "
+                                  "runs tensor-parallel or GPU ranks (one of ",
+                                  absl::StrJoin(known_policies, ", "), ")"));
+    }
     return Invalid("cache.policy", absl::StrCat("unknown policy \"", *c.policy, "\" (one of ",
                                                 absl::StrJoin(known_policies, ", "), ")"));
   }

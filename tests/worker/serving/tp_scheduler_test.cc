@@ -271,6 +271,17 @@ TEST_F(TpSchedulerTest, AModeThePolicyCannotTakeIsRefusedWhenTheSessionIsMade) {
     EXPECT_EQ(checked.status().message().rfind("cache.tp_eviction: ", 0), 0u) << checked.status();
     EXPECT_NE(checked.status().message().find(why), std::string::npos) << checked.status();
   }
+  // Episodic sessions run on one CPU rank: said so, not "unknown policy" (a tester).
+  CacheRequest episodic;
+  episodic.policy = "episodic";
+  const absl::StatusOr<int> checked = s->CheckSession(episodic, "");
+  EXPECT_EQ(checked.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(checked.status().message().rfind(
+                "cache.policy: episodic sessions run on a worker of one CPU rank; this one runs "
+                "tensor-parallel or GPU ranks (one of full, ",
+                0),
+            0u)
+      << checked.status();
 }
 
 }  // namespace
