@@ -374,12 +374,12 @@ void Scheduler::AfterForward(Turn& t, float* logits) {
       t.DecodeGenerated(t.prompt[i]);
     }
     t.stop_text.TakeReady();
-    if (t.resume_stop >= 0) {  // the reply had ended at a stop string (Prepare)
+    if (t.resume_stop >= 0) {  // the reply had ended at a stop string or the context (Prepare)
       t.generated.push_back(t.resume_stop);
       t.next = t.resume_stop;
       t.DecodeGenerated(t.resume_stop);
       t.stop_text.TakeReady();
-      t.finish = TurnFinish::kStop;
+      t.finish = t.resume_finish;
       t.done = true;
       return;
     }

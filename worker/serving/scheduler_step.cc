@@ -496,12 +496,25 @@ absl::Status Scheduler::Prepare(Turn& t) {
     const size_t next = t.session->cache() != nullptr
                             ? static_cast<size_t>(t.session->cache()->next_position())
                             : 0;
-    if (t.session->positions == runtime::Positions::kOriginal &&
-        next + t.prompt.size() - t.GivenBack() + fed_resume >=
-            static_cast<size_t>(model_.config.max_seq_len)) {
-      t.session->busy = false;
-      return absl::InvalidArgumentError("resume_tokens: do not fit the context");
+    // Reply token i is fed at base + i. A reply that ended at the context sampled its last
+    // token at the context's end, never fed: resumed whole (a worker died as it ended), that
+    // token ends it again, unfed (it was refused, not retryable: a tester's turns near the
+    // context's end never completed after a failover).
+    const size_t base = next + t.prompt.size() - t.GivenBack();
+    const size_t context = static_cast<size_t>(model_.config.max_seq_len);
+    if (t.session->positions == runtime::Positions::kOriginal && base + fed_resume > context) {
+      if (base + fed_resume > context + 1) {
+        t.session->busy = false;
+        return absl::InvalidArgumentError(absl::StrCat("resume_tokens: ", resume.size(),
+                                                       " reply tokens after ", base,
+                                                       " do not fit the context length ", context));
+      }
+      --fed_resume;
+      t.resume_stop = resume[fed_resume];
+      t.resume_finish = TurnFinish::kContext;
     }
+  }
+  if (fed_resume > 0) {
     // The reply tokens the client has were fed as decode steps: so are they here.
     t.step_ranges.emplace_back(t.prompt.size(), t.prompt.size() + fed_resume);
     t.prompt.insert(t.prompt.end(), resume.begin(),

@@ -31,7 +31,9 @@ struct Scheduler::Turn {
   Session* session = nullptr;
   std::vector<int32_t> prompt;  // tokens fed this turn before generating (resume included)
   int n_resume = 0;             // of them, the reply tokens the client already has
-  int32_t resume_stop = -1;     // a resumed token that completed a stop string (not fed)
+  int32_t resume_stop = -1;     // a resumed token that ended the reply (not fed): a stop
+                                // string's last, or the one sampled at the context's end
+  TurnFinish resume_finish = TurnFinish::kStop;  // how the reply ended, with resume_stop
   int n_replay = 0;             // leading tokens the session has already (an episode's gap)
   int cached_tokens = 0;
   int prompt_tokens = 0;

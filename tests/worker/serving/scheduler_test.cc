@@ -825,6 +825,39 @@ TEST_F(SchedulerTest, ResumedTurnContinuesWithoutRepeatingDeliveredTokens) {
   EXPECT_NE(std::string(Run(bad).status.message()).find("resume_tokens[0]"), std::string::npos);
 }
 
+// A reply that ended at the context (its last token sampled at the context's end, never fed)
+// resumed whole, as a failover does when the worker died as it ended: it ends there again, the
+// same reply; resumed short of its end it goes on to it. Whole, it was refused ("resume_tokens:
+// do not fit the context", not retryable: a tester's turns near the context's end never
+// completed after their worker died).
+TEST_F(SchedulerTest, AReplyThatEndedAtTheContextResumesToItsEnd) {
+  Start(512);
+  const Collected whole = Run(Turn("ended", "Once upon a time", 600));
+  ASSERT_TRUE(whole.status.ok()) << whole.status;
+  ASSERT_EQ(whole.summary.finish, TurnFinish::kContext) << "the reply must reach the context";
+  for (const size_t have : {whole.token_ids.size(), whole.token_ids.size() - 5}) {
+    TurnRequest r = Turn("resumed-" + std::to_string(have), "Once upon a time", 600);
+    r.resume_tokens.assign(whole.token_ids.begin(),
+                           whole.token_ids.begin() + static_cast<std::ptrdiff_t>(have));
+    const Collected rest = Run(r);
+    ASSERT_TRUE(rest.status.ok()) << have << ": " << rest.status;
+    EXPECT_EQ(rest.summary.finish, TurnFinish::kContext) << have;
+    EXPECT_EQ(rest.summary.text, whole.summary.text) << have;
+    EXPECT_EQ(rest.token_ids,
+              std::vector<int32_t>(whole.token_ids.begin() + static_cast<std::ptrdiff_t>(have),
+                                   whole.token_ids.end()))
+        << have;
+  }
+  // One more token than the context could have given is refused, by name.
+  TurnRequest over = Turn("over", "Once upon a time", 600);
+  over.resume_tokens = whole.token_ids;
+  over.resume_tokens.push_back(whole.token_ids.back());
+  const Collected refused = Run(over);
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kInvalidArgument) << refused.status;
+  EXPECT_NE(refused.status.message().find("do not fit the context length 512"), std::string::npos)
+      << refused.status;
+}
+
 TEST_F(SchedulerTest, BadRequestsNameTheField) {
   Start(64);
   TurnRequest r = Turn("x", "hi", 5);
