@@ -81,7 +81,7 @@ bool Scheduler::PreemptOne() {
   std::shared_ptr<Turn> t = *newest;
   active_.erase(newest);
   Session& s = *t->session;
-  memory_.OffloadPinned(s);  // kept even past the host budget: the turn must resume
+  memory_.OffloadPinned(s);  // idle ones dropped for it, else past the host budget: it resumes
   metrics_->preemptions->Increment();
   RECALL_LOG(INFO) << "preempted turn " << t->req.request_id << " of session " << s.id
                    << " to host memory (" << s.host_bytes() << " bytes)";

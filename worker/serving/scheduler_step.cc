@@ -747,6 +747,7 @@ void Scheduler::FinishTurn(Turn& t, absl::Status status) {
     held->last_used = step_;
     memory_.DropIfUncached(held->id);  // never got a cache
   }
+  memory_.TrimHost();  // pinned offloads may have passed the host budget while it ran
   // Its scratch goes with it (`keep` may be the last owner, or a caller's loop the next).
   t.probs.clear();
   t.window_queries.clear();

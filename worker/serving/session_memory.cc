@@ -156,7 +156,22 @@ void SessionMemory::OffloadOrDrop(Session& s) {
   Drop(s);
 }
 
+bool SessionMemory::MakeHostRoom(int64_t extra) {
+  while (!HostFits(extra)) {
+    Session* victim = nullptr;
+    for (auto& [id, held] : sessions_) {
+      if (held->busy || !held->offloaded()) continue;
+      if (victim == nullptr || held->last_used < victim->last_used) victim = held.get();
+    }
+    if (victim == nullptr) return false;
+    counters_.drops->Increment();
+    Drop(*victim);
+  }
+  return true;
+}
+
 void SessionMemory::OffloadPinned(Session& s) {
+  if (!s.offloaded()) MakeHostRoom(s.bytes_held() + s.state_bytes());  // its host_bytes() then
   s.Offload();
   host_bytes_ += s.host_bytes();
   Settle();

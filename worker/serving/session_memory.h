@@ -67,9 +67,15 @@ class SessionMemory {
   // Offloads while the host budget allows (the cache's copy and the policy's state, which
   // an offloaded session holds in host memory), drops the session otherwise.
   void OffloadOrDrop(Session& s);
-  // Offloads even past the host budget (a preempted or waiting turn's session). Counts no
-  // offload: the caller says what it was.
+  // Offloads a preempted or waiting turn's session, which its turn must find again: idle
+  // offloaded sessions are dropped for it first (least recently used first: they are rebuilt
+  // from their transcripts), and only when none is left does it pass the host budget. (It
+  // passed it with idle sessions on the host: a tester's 1 MiB budget held 1.69 MB under
+  // preemptions.) Counts no offload: the caller says what it was.
   void OffloadPinned(Session& s);
+  // Drops idle offloaded sessions until the host bytes are within the budget again (after
+  // pinned offloads passed it), least recently used first.
+  void TrimHost() { MakeHostRoom(0); }
   // Moves an offloaded cache back to the pools (the blocks must be free).
   absl::Status Restore(Session& s);
 
@@ -92,6 +98,9 @@ class SessionMemory {
   int64_t side_deficit() const;  // blocks it lacks, the most of any rank
 
   // Host memory.
+  // Drops idle offloaded sessions, least recently used first, until `extra` more host bytes
+  // fit the budget; whether they do.
+  bool MakeHostRoom(int64_t extra);
   int64_t host_bytes() const { return host_bytes_; }
   int64_t host_budget() const { return host_budget_; }
   // Whether `extra` more host bytes fit the budget once `freed` are given back.

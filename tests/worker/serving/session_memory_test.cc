@@ -110,15 +110,35 @@ TEST_F(SessionMemoryTest, AnIdleSessionIsDroppedWhenTheHostBudgetIsSpent) {
   EXPECT_EQ(Count("drops"), 1);
   EXPECT_EQ(m->host_bytes(), a.host_bytes());
   EXPECT_FALSE(m->HostFits(1));
-  // A pinned offload may pass the budget.
+  // A pinned offload (a preempted or waiting turn's session) drops idle offloaded sessions
+  // for its room first: a goes (it passed the budget beside them).
   Session* c = m->Find("c");
   ASSERT_NE(c, nullptr);
+  c->busy = true;
   m->OffloadPinned(*c);
   EXPECT_TRUE(c->offloaded());
+  EXPECT_EQ(m->Find("a"), nullptr);
+  EXPECT_EQ(dropped, (std::vector<std::string>{"b", "a"}));
+  EXPECT_EQ(m->host_bytes(), c->host_bytes());
+  // With no idle one left on the host it passes the budget: its turn must find it.
+  Session* d = m->Find("d");
+  ASSERT_NE(d, nullptr);
+  d->busy = true;
+  m->OffloadPinned(*d);
+  EXPECT_TRUE(d->offloaded());
   EXPECT_GT(m->host_bytes(), m->host_budget());
+  // Their turns over (both idle, offloaded), the host is trimmed back to the budget: the
+  // least recently used goes.
+  c->busy = false;
+  d->busy = false;
+  c->last_used = 7;
+  d->last_used = 6;
+  m->TrimHost();
+  EXPECT_EQ(m->Find("d"), nullptr);
+  EXPECT_LE(m->host_bytes(), m->host_budget());
   // Dropping an offloaded session gives its host bytes back.
-  m->Drop(*c);
-  EXPECT_EQ(m->host_bytes(), a.host_bytes());
+  m->Drop(*m->Find("c"));
+  EXPECT_EQ(m->host_bytes(), 0);
   EXPECT_EQ(m->Find("c"), nullptr);
 }
 
