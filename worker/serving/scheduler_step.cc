@@ -54,6 +54,9 @@ bool Scheduler::Step() {
   for (auto& t : waiting_) {
     if (Session* s = memory_.Find(t->req.session_id)) s->busy = true;
   }
+  // Pinned offloads may have passed the host budget while turns ran: back within it, by idle
+  // caches (those of sessions with a turn waiting are busy now, and kept).
+  memory_.TrimHost();
   episodes_.Collect();
   Admit();
   {
@@ -500,10 +503,11 @@ absl::Status Scheduler::Prepare(Turn& t) {
     // token at the context's end, never fed: resumed whole (a worker died as it ended), that
     // token ends it again, unfed (it was refused, not retryable: a tester's turns near the
     // context's end never completed after a failover).
+    // (A stop string found in them ended the reply first: then nothing past the context fits.)
     const size_t base = next + t.prompt.size() - t.GivenBack();
     const size_t context = static_cast<size_t>(model_.config.max_seq_len);
     if (t.session->positions == runtime::Positions::kOriginal && base + fed_resume > context) {
-      if (base + fed_resume > context + 1) {
+      if (base + fed_resume > context + 1 || t.resume_stop >= 0) {
         t.session->busy = false;
         return absl::InvalidArgumentError(absl::StrCat("resume_tokens: ", resume.size(),
                                                        " reply tokens after ", base,
@@ -747,7 +751,6 @@ void Scheduler::FinishTurn(Turn& t, absl::Status status) {
     held->last_used = step_;
     memory_.DropIfUncached(held->id);  // never got a cache
   }
-  memory_.TrimHost();  // pinned offloads may have passed the host budget while it ran
   // Its scratch goes with it (`keep` may be the last owner, or a caller's loop the next).
   t.probs.clear();
   t.window_queries.clear();
