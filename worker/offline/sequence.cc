@@ -81,6 +81,7 @@ absl::Status LocalSequence::Feed(std::span<const int32_t> tokens, float* logits)
 }
 
 void LocalSequence::MakeRoom(int n) {
+  if (group_positions_) return;
   const model::ModelConfig& config = forward_.model().config;
   if (positions_ == runtime::Positions::kCompact && runtime::NeedsCompaction(*cache_, config, n)) {
     runtime::CompactPositions(forward_.backend(), config, *cache_, cache_->max_length());

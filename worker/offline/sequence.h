@@ -103,6 +103,9 @@ class LocalSequence final : public Sequence {
   int64_t probs_stride_ = 0;
   bool wants_probs_ = false;
   runtime::Positions positions_ = runtime::Positions::kOriginal;
+  // A TP rank: its group re-positions it (TpSequence::MakeRoom), never the rank alone (to its
+  // own longest row, which would part the ranks' positions).
+  bool group_positions_ = false;
   // The cache's bytes and the eviction state's (SessionEvictor::held_bytes()).
   int64_t HeldBytes() const {
     return evictor_ != nullptr ? evictor_->held_bytes() : cache_->bytes_held();

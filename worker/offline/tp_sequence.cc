@@ -26,6 +26,7 @@ absl::StatusOr<std::unique_ptr<TpSequence>> TpSequence::Create(
     if (eviction.has_value()) o = RankEvictorOptions(group, r, *eviction);
     RECALL_ASSIGN_OR_RETURN(std::unique_ptr<LocalSequence> rank,
                             LocalSequence::Create(group.forward(r), group.pool(r), o, positions));
+    rank->group_positions_ = true;
     seq->ranks_.push_back(std::move(rank));
   }
   return seq;
