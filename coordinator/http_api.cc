@@ -199,14 +199,14 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpOptions& optio
       };
       // Every byte counted; none kept past `max`, none read past `max` + kDropBytes.
       std::string body;
-      const bool keyed_ok = self->Admit(req).ok();
+      const absl::StatusOr<std::string> tenant = self->Admit(req);
       const bool whole = read([&](const char* data, size_t n) {
         bytes += n;
-        if (keyed_ok && bytes <= max) body.append(data, n);
+        if (tenant.ok() && bytes <= max) body.append(data, n);
         return bytes <= max + kDropBytes;
       });
-      if (!keyed_ok) {
-        if (whole) self->Fail(res, self->Admit(req).status());
+      if (!tenant.ok()) {
+        if (whole) self->Fail(res, tenant.status());
         return;  // (a body cut short: the library's 400)
       }
       if (bytes > max) {

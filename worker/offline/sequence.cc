@@ -92,26 +92,18 @@ absl::Status LocalSequence::Prefill(std::span<const int32_t> prompt, int chunk, 
   const model::ModelConfig& config = forward_.model().config;
   const int len = static_cast<int>(prompt.size());
   if (positions_ == runtime::Positions::kCompact && !evictor_->policy().compresses_prefill()) {
-    // Endless: chunks while the cache stays within its budget, its window and one chunk;
-    // past that, one token per step with an eviction step after it.
-    for (int fed = 0; fed < len;) {
-      bool step = false;
-      const int want = std::min(chunk, len - fed);
-      absl::StatusOr<int> piece =
-          runtime::NextCompactPiece(*cache_, cache_->max_length(), config, evictor_.get(), chunk,
-                                    want, &step, [&] { MakeRoom(want); });
-      if (!piece.ok()) {
-        return absl::FailedPreconditionError(absl::StrCat("prompt: ", piece.status().message()));
-      }
-      const int n = *piece;
-      if (step) {
-        RECALL_RETURN_IF_ERROR(Decode(prompt[fed], logits));
-      } else {
-        RECALL_RETURN_IF_ERROR(Feed(prompt.subspan(fed, n), fed + n == len ? logits : nullptr));
-      }
-      fed += n;
-    }
-    return absl::OkStatus();
+    return FeedCompactPrompt(
+        {.cache = *cache_,
+         .evictor = evictor_.get(),
+         .length = [this] { return cache_->max_length(); },
+         .make_room =
+             [this](int n) {
+               MakeRoom(n);
+               return absl::OkStatus();
+             },
+         .feed = [this](std::span<const int32_t> t, float* l) { return Feed(t, l); },
+         .step = [this](int32_t token, float* l) { return Decode(token, l); }},
+        config, prompt, chunk, logits);
   }
   // Prefill-time compression (SnapKV) scores the prompt by its last `window` queries.
   std::vector<float> window_queries;
@@ -126,6 +118,31 @@ absl::Status LocalSequence::Prefill(std::span<const int32_t> prompt, int chunk, 
                                              window_w));
   peak_bytes_ = std::max(peak_bytes_, HeldBytes());
   if (window_w > 0) return evictor_->CompressPrefill(window_queries.data(), window_w);
+  return absl::OkStatus();
+}
+
+absl::Status FeedCompactPrompt(const CompactPrompt& p, const model::ModelConfig& config,
+                               std::span<const int32_t> prompt, int chunk, float* logits) {
+  const int len = static_cast<int>(prompt.size());
+  for (int fed = 0; fed < len;) {
+    bool step = false;
+    const int want = std::min(chunk, len - fed);
+    absl::Status room;
+    absl::StatusOr<int> piece =
+        runtime::NextCompactPiece(p.cache, p.length(), config, p.evictor, chunk, want, &step,
+                                  [&] { room = p.make_room(want); });
+    RECALL_RETURN_IF_ERROR(room);
+    if (!piece.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat("prompt: ", piece.status().message()));
+    }
+    const int n = *piece;
+    if (step) {
+      RECALL_RETURN_IF_ERROR(p.step(prompt[fed], logits));
+    } else {
+      RECALL_RETURN_IF_ERROR(p.feed(prompt.subspan(fed, n), fed + n == len ? logits : nullptr));
+    }
+    fed += n;
+  }
   return absl::OkStatus();
 }
 

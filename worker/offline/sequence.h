@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -28,6 +29,24 @@ struct SequenceStats {
   int64_t evictions = 0;      // (layer, KV head) compactions (all ranks)
   int64_t evicted_slots = 0;  // slots evicted (all ranks)
 };
+
+// Feeds a prompt to a sequence with compact positions whose policy evicts as it goes (an
+// endless one): pieces of at most `chunk` while the cache (`length()`, its longest row) stays
+// within the evictor's largest budget, its window and one chunk, else one token per step with
+// an eviction step after it (runtime::NextCompactPiece), the cache re-positioned first when a
+// piece would pass the context (`make_room(n)`). LocalSequence runs it on its cache, TpSequence
+// once for its ranks (their longest row). `feed` runs a piece, `step` one token as a decode
+// step; each gets `logits` for the prompt's last token only.
+struct CompactPrompt {
+  const cache::SequenceCache& cache;  // the next position's (the same on every rank)
+  cache::eviction::SessionEvictor* evictor;
+  std::function<int32_t()> length;
+  std::function<absl::Status(int n)> make_room;
+  std::function<absl::Status(std::span<const int32_t> tokens, float* logits)> feed;
+  std::function<absl::Status(int32_t token, float* logits)> step;
+};
+absl::Status FeedCompactPrompt(const CompactPrompt& p, const model::ModelConfig& config,
+                               std::span<const int32_t> prompt, int chunk, float* logits);
 
 class Sequence {
  public:

@@ -59,32 +59,19 @@ absl::Status TpSequence::Prefill(std::span<const int32_t> prompt, int chunk, flo
     });
   }
   // As LocalSequence::Prefill, decided once for the group (see the top).
-  const model::ModelConfig& config = group_.full_model().config;
-  const int len = static_cast<int>(prompt.size());
-  for (int fed = 0; fed < len;) {
-    bool step = false;
-    const int want = std::min(chunk, len - fed);
-    absl::Status room;
-    absl::StatusOr<int> piece =
-        runtime::NextCompactPiece(first.cache(), MaxLength(), config, first.evictor_.get(), chunk,
-                                  want, &step, [&] { room = MakeRoom(want); });
-    RECALL_RETURN_IF_ERROR(room);
-    if (!piece.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat("prompt: ", piece.status().message()));
-    }
-    const int n = *piece;
-    if (step) {
-      RECALL_RETURN_IF_ERROR(Decode(prompt[fed], logits));
-    } else {
-      const std::span<const int32_t> tokens = prompt.subspan(fed, n);
-      const bool last = fed + n == len;
-      RECALL_RETURN_IF_ERROR(group_.Run([&](int r) {
-        return ranks_[static_cast<size_t>(r)]->Feed(tokens, r == 0 && last ? logits : nullptr);
-      }));
-    }
-    fed += n;
-  }
-  return absl::OkStatus();
+  return FeedCompactPrompt({.cache = first.cache(),
+                            .evictor = first.evictor_.get(),
+                            .length = [this] { return MaxLength(); },
+                            .make_room = [this](int n) { return MakeRoom(n); },
+                            .feed =
+                                [this](std::span<const int32_t> tokens, float* l) {
+                                  return group_.Run([&](int r) {
+                                    return ranks_[static_cast<size_t>(r)]->Feed(
+                                        tokens, r == 0 ? l : nullptr);
+                                  });
+                                },
+                            .step = [this](int32_t token, float* l) { return Decode(token, l); }},
+                           group_.full_model().config, prompt, chunk, logits);
 }
 
 absl::Status TpSequence::Decode(int32_t token, float* logits) {
